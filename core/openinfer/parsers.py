@@ -1,0 +1,223 @@
+"""Output parsing contract: split generated text into reasoning, content and tool calls.
+
+A model line provides a ChatFormat naming its ReasoningParser and ToolCallParser classes. The
+server makes one OutputParser per choice (ChatFormat.stream_parser) and feeds it text deltas
+after stop-string handling; reasoning is split off first, and the tool parser only sees content.
+Every parser is a streaming state machine that holds back partial tags, so the concatenated
+deltas are the same whatever the split points; the non-streaming parse() runs the same machine
+over the whole text.
+"""
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from openinfer.detokenize import partial_suffix_len
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the OpenAI API carries it
+
+
+@dataclass
+class ToolCallDelta:
+    """One streamed piece of a call. The first delta of a call has id and name (arguments may be
+    empty); later deltas with the same index append argument text."""
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass
+class ParsedDelta:
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.reasoning or self.content or self.tool_calls)
+
+    def extend(self, other: ParsedDelta) -> ParsedDelta:
+        """Append `other` in place (argument fragments of the same call coalesce); returns self."""
+        self.reasoning += other.reasoning
+        self.content += other.content
+        for d in other.tool_calls:
+            last = self.tool_calls[-1] if self.tool_calls else None
+            if last is not None and last.index == d.index and d.id is None and d.name is None:
+                last.arguments += d.arguments
+            else:
+                self.tool_calls.append(ToolCallDelta(d.index, d.id, d.name, d.arguments))
+        return self
+
+
+def collect_tool_calls(deltas: list[ToolCallDelta]) -> list[ToolCall]:
+    """Assemble complete calls from a stream of deltas."""
+    calls: dict[int, ToolCall] = {}
+    for d in deltas:
+        call = calls.setdefault(d.index, ToolCall(d.id or new_call_id(), d.name or "", ""))
+        call.name = d.name or call.name
+        call.arguments += d.arguments
+    return [calls[i] for i in sorted(calls)]
+
+
+class ReasoningParser(ABC):
+    """Splits one choice's output into reasoning and content. starts_in_reasoning is True when
+    the prompt already opened the reasoning block (ChatFormat.starts_in_reasoning)."""
+
+    def __init__(self, starts_in_reasoning: bool = False) -> None:
+        self.starts_in_reasoning = starts_in_reasoning
+
+    @abstractmethod
+    def feed(self, text: str) -> ParsedDelta: ...
+
+    @abstractmethod
+    def finish(self) -> ParsedDelta: ...
+
+    def parse(self, text: str) -> tuple[str, str]:
+        """Non-streaming: (reasoning, content) of a whole output."""
+        p = type(self)(self.starts_in_reasoning)
+        out = p.feed(text).extend(p.finish())
+        return out.reasoning, out.content
+
+
+class ToolCallParser(ABC):
+    """Extracts tool calls from one choice's content stream. `tools` is the request's tool list
+    (formats that write arguments as text, like XML, need the schemas to type the values)."""
+
+    def __init__(self, tools: list[dict]) -> None:
+        self.tools = tools
+
+    @abstractmethod
+    def feed(self, text: str) -> ParsedDelta: ...
+
+    @abstractmethod
+    def finish(self) -> ParsedDelta: ...
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """Non-streaming: (content outside calls, stripped; complete calls)."""
+        p = type(self)(self.tools)
+        out = p.feed(text).extend(p.finish())
+        return out.content.strip(), collect_tool_calls(out.tool_calls)
+
+
+class ThinkTagReasoningParser(ReasoningParser):
+    """`<think>…</think>` reasoning, shared by most lines (override the tags as class attributes).
+
+    The block counts only at the start of the output (leading whitespace allowed), or from the
+    first character when starts_in_reasoning; a later tag is ordinary content. Newlines right
+    inside the tags and right after the closing tag are dropped, as chat templates write them.
+    Output that never closes the block is all reasoning.
+    """
+    start_tag = "<think>"
+    end_tag = "</think>"
+
+    def __init__(self, starts_in_reasoning: bool = False) -> None:
+        super().__init__(starts_in_reasoning)
+        self._state = "reasoning" if starts_in_reasoning else "start"
+        self._buf = ""
+        self._lead = True  # at the start of the reasoning / content section: drop newlines
+
+    def feed(self, text: str) -> ParsedDelta:
+        self._buf += text
+        out = ParsedDelta()
+        if self._state == "start":
+            head = self._buf.lstrip()
+            if head.startswith(self.start_tag):
+                self._state, self._buf = "reasoning", head[len(self.start_tag):]
+            elif not self.start_tag.startswith(head):  # not (a prefix of) the tag: plain content
+                self._state, self._lead = "content", False
+            else:
+                return out
+        if self._state == "reasoning":
+            if self._lead:
+                self._buf = self._buf.lstrip("\n")
+                self._lead = not self._buf
+            i = self._buf.find(self.end_tag)
+            if i < 0:
+                keep = partial_suffix_len(self._buf, [self.end_tag])
+                emit = self._buf[:len(self._buf) - keep].rstrip("\n")  # trailing newlines may precede the tag
+                out.reasoning, self._buf = emit, self._buf[len(emit):]
+                return out
+            out.reasoning = self._buf[:i].rstrip("\n")
+            self._state, self._buf, self._lead = "content", self._buf[i + len(self.end_tag):], True
+        if self._lead:
+            self._buf = self._buf.lstrip("\n")
+            self._lead = not self._buf
+        out.content, self._buf = self._buf, ""
+        return out
+
+    def finish(self) -> ParsedDelta:
+        buf, self._buf = self._buf, ""
+        if self._state == "reasoning":
+            return ParsedDelta(reasoning=buf.rstrip("\n"))
+        return ParsedDelta(content=buf)
+
+
+@dataclass
+class ChatOutput:
+    reasoning: str
+    content: str
+    tool_calls: list[ToolCall]
+
+
+class OutputParser:
+    """One choice's reasoning parser and tool parser chained (either may be absent)."""
+
+    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None) -> None:
+        self.reasoning, self.tools = reasoning, tools
+
+    def _tools(self, out: ParsedDelta, final: bool) -> ParsedDelta:
+        if self.tools is None:
+            return out
+        parsed = self.tools.feed(out.content)
+        if final:
+            parsed.extend(self.tools.finish())
+        return ParsedDelta(reasoning=out.reasoning).extend(parsed)
+
+    def feed(self, text: str) -> ParsedDelta:
+        return self._tools(self.reasoning.feed(text) if self.reasoning else ParsedDelta(content=text), False)
+
+    def finish(self) -> ParsedDelta:
+        return self._tools(self.reasoning.finish() if self.reasoning else ParsedDelta(), True)
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """What a model line declares about its output text. assistant_prefix marks where the final
+    assistant turn of a rendered prompt starts, so tags inside user text are not mistaken for an
+    open reasoning block."""
+    reasoning_parser: type[ReasoningParser] | None = None
+    tool_parser: type[ToolCallParser] | None = None
+    think_start: str = "<think>"
+    think_end: str = "</think>"
+    assistant_prefix: str | None = None
+
+    def starts_in_reasoning(self, prompt_text: str) -> bool:
+        """True if the rendered prompt ends inside an open reasoning block."""
+        if self.reasoning_parser is None:
+            return False
+        if self.assistant_prefix is not None and (i := prompt_text.rfind(self.assistant_prefix)) >= 0:
+            prompt_text = prompt_text[i:]
+        return prompt_text.rfind(self.think_start) > prompt_text.rfind(self.think_end)
+
+    def stream_parser(self, prompt_text: str, tools: list[dict] | None = None) -> OutputParser:
+        """A fresh parser for one choice; pass tools only when the request allows tool calls."""
+        reasoning = self.reasoning_parser(self.starts_in_reasoning(prompt_text)) if self.reasoning_parser else None
+        calls = self.tool_parser(tools) if self.tool_parser and tools else None
+        return OutputParser(reasoning, calls)
+
+    def parse(self, prompt_text: str, text: str, tools: list[dict] | None = None) -> ChatOutput:
+        """Non-streaming: the whole output of one choice."""
+        p = self.stream_parser(prompt_text, tools)
+        out = p.feed(text).extend(p.finish())
+        return ChatOutput(out.reasoning, out.content.strip() if p.tools else out.content,
+                          collect_tool_calls(out.tool_calls))

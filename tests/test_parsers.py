@@ -1,0 +1,121 @@
+"""Generic output-parsing contract: ParsedDelta, the <think> parser, ChatFormat, OutputParser."""
+import random
+
+import pytest
+
+from openinfer.parsers import (ChatFormat, ParsedDelta, ThinkTagReasoningParser, ToolCall, ToolCallDelta,
+                               ToolCallParser, collect_tool_calls)
+
+
+def split_feed(parser, text, rng):
+    cuts = sorted(rng.randint(0, len(text)) for _ in range(rng.randint(0, 8)))
+    out, prev = ParsedDelta(), 0
+    for cut in cuts + [len(text)]:
+        out.extend(parser.feed(text[prev:cut]))
+        prev = cut
+    return out.extend(parser.finish())
+
+
+def test_parsed_delta_extend_coalesces():
+    d = ParsedDelta(content="a", tool_calls=[ToolCallDelta(0, "call_x", "f")])
+    d.extend(ParsedDelta(reasoning="r", content="b", tool_calls=[ToolCallDelta(0, arguments='{"a"'),
+                                                                  ToolCallDelta(0, arguments=": 1}"),
+                                                                  ToolCallDelta(1, "call_y", "g", "{}")]))
+    assert (d.reasoning, d.content) == ("r", "ab")
+    assert d.tool_calls == [ToolCallDelta(0, "call_x", "f", '{"a": 1}'), ToolCallDelta(1, "call_y", "g", "{}")]
+    assert not ParsedDelta() and ParsedDelta(content="x")
+    assert collect_tool_calls(d.tool_calls) == [ToolCall("call_x", "f", '{"a": 1}'), ToolCall("call_y", "g", "{}")]
+
+
+@pytest.mark.parametrize("text, starts, expected", [
+    ("<think>\nhmm\n</think>\n\nHello!", False, ("hmm", "Hello!")),
+    ("  <think>a</think>b", False, ("a", "b")),
+    ("Hello <think>x</think>", False, ("", "Hello <think>x</think>")),  # a late tag is content
+    ("plain answer", False, ("", "plain answer")),
+    ("\n\nplain", False, ("", "\n\nplain")),
+    ("still thinking\n", False, ("", "still thinking\n")),
+    ("<think>\nnever closed\n\n", False, ("never closed", "")),
+    ("reasoning first\n</think>\n\nanswer", True, ("reasoning first", "answer")),
+    ("no close at all", True, ("no close at all", "")),
+    ("<thi", False, ("", "<thi")),
+    ("<think>a</thi", False, ("a</thi", "")),
+    ("<think>a\n\nb\n</think>c</think>", False, ("a\n\nb", "c</think>")),
+])
+def test_think_parser_cases(text, starts, expected):
+    assert ThinkTagReasoningParser(starts).parse(text) == expected
+    rng = random.Random(0)
+    for _ in range(50):
+        out = split_feed(ThinkTagReasoningParser(starts), text, rng)
+        assert (out.reasoning, out.content) == expected
+
+
+def test_think_parser_random_splits():
+    rng = random.Random(3)
+    pieces = ["<think>", "</think>", "\n", "\n\n", "abc", " ", "<thi", "</th", "x<", "nk>", "é"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+        starts = rng.random() < 0.3
+        expected = ThinkTagReasoningParser(starts).parse(text)
+        out = split_feed(ThinkTagReasoningParser(starts), text, rng)
+        assert (out.reasoning, out.content) == expected, (text, starts)
+
+
+def test_think_parser_streams_early():
+    p = ThinkTagReasoningParser()
+    assert p.feed("<th") == ParsedDelta()
+    assert p.feed("ink>\nab") == ParsedDelta(reasoning="ab")
+    assert p.feed("c\n</thi") == ParsedDelta(reasoning="c")
+    assert p.feed("nk>\n\nHel") == ParsedDelta(content="Hel")
+    assert p.feed("lo") == ParsedDelta(content="lo")
+    assert p.finish() == ParsedDelta()
+
+
+def test_chat_format_starts_in_reasoning():
+    fmt = ChatFormat(ThinkTagReasoningParser, None, assistant_prefix="<|im_start|>assistant")
+    assert fmt.starts_in_reasoning("<|im_start|>assistant\n<think>\n")
+    assert not fmt.starts_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not fmt.starts_in_reasoning("<|im_start|>assistant\n")
+    # a tag typed by the user does not open the assistant's reasoning
+    assert not fmt.starts_in_reasoning("<|im_start|>user\nwhat is <think>?<|im_end|>\n<|im_start|>assistant\n")
+    assert not ChatFormat(None, None).starts_in_reasoning("<think>")
+
+
+class BracketCalls(ToolCallParser):
+    """A toy format for the contract test: [[name]] is a call without arguments."""
+
+    def __init__(self, tools):
+        super().__init__(tools)
+        self.buf, self.index = "", 0
+
+    def feed(self, text):
+        self.buf += text
+        out = ParsedDelta()
+        while (i := self.buf.find("[[")) >= 0 and (j := self.buf.find("]]", i)) >= 0:
+            out.content += self.buf[:i]
+            out.tool_calls.append(ToolCallDelta(self.index, f"call_{self.index}", self.buf[i + 2:j], "{}"))
+            self.index, self.buf = self.index + 1, self.buf[j + 2:]
+        if "[" not in self.buf:
+            out.content, self.buf = out.content + self.buf, ""
+        return out
+
+    def finish(self):
+        out, self.buf = ParsedDelta(content=self.buf), ""
+        return out
+
+
+def test_output_parser_chains_reasoning_then_tools():
+    fmt = ChatFormat(ThinkTagReasoningParser, BracketCalls)
+    text = "<think>\nuse [[not_a_call]]\n</think>\n\nok [[f]] then [[g]] "
+    got = fmt.parse("prompt", text, tools=[{"type": "function"}])
+    assert got.reasoning == "use [[not_a_call]]"  # tool syntax inside reasoning is left alone
+    assert got.content == "ok  then"
+    assert [(c.name, c.arguments) for c in got.tool_calls] == [("f", "{}"), ("g", "{}")]
+    no_tools = fmt.parse("prompt", text)  # no tools in the request: no tool parsing
+    assert no_tools.content == "ok [[f]] then [[g]] " and no_tools.tool_calls == []
+    assert BracketCalls([]).parse(" a [[h]] ") == ("a", [ToolCall("call_0", "h", "{}")])
+    rng = random.Random(4)
+    for _ in range(200):
+        p = fmt.stream_parser("prompt", tools=[{}])
+        out = split_feed(p, text, rng)
+        assert (out.reasoning, out.content.strip()) == (got.reasoning, got.content)
+        assert [(c.name, c.arguments) for c in collect_tool_calls(out.tool_calls)] == [("f", "{}"), ("g", "{}")]
