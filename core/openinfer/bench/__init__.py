@@ -1,0 +1,1 @@
+"""Benchmark instruments: `openinfer bench serve | latency | startup | prefix` (entry point: cli.add_parser)."""

@@ -1,0 +1,127 @@
+"""`openinfer bench latency`: in-process batch x input x output sweep of one engine, stepped synchronously —
+prefill time (until every prompt token is computed) and per-step decode time, no HTTP in the way."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass
+class PointTiming:
+    """One (batch, input, output) point over `iters` timed runs; times in seconds."""
+
+    batch_size: int
+    input_len: int
+    output_len: int
+    prefill_s: list[float] = field(default_factory=list)
+    decode_step_s: list[float] = field(default_factory=list)
+    total_s: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        def ms(xs: list[float], q: float) -> float:
+            return float(np.percentile(np.array(xs) * 1000.0, q)) if xs else 0.0
+
+        mean_step = float(np.mean(self.decode_step_s)) if self.decode_step_s else 0.0
+        return {
+            "batch_size": self.batch_size, "input_len": self.input_len, "output_len": self.output_len,
+            "median_prefill_ms": ms(self.prefill_s, 50),
+            "mean_decode_step_ms": mean_step * 1000.0,
+            "median_decode_step_ms": ms(self.decode_step_s, 50),
+            "p99_decode_step_ms": ms(self.decode_step_s, 99),
+            "decode_tokens_per_s": self.batch_size / mean_step if mean_step else 0.0,
+            "median_total_ms": ms(self.total_s, 50),
+            "prefill_tokens_per_s": self.batch_size * self.input_len / float(np.median(self.prefill_s))
+            if self.prefill_s else 0.0,
+        }
+
+
+def run_once(engine: Any, prompts: list[list[int]], params: Any, point: PointTiming,
+             clock: Callable[[], float] = time.perf_counter) -> None:
+    """Adds the batch, steps until done. The prefill phase ends at the step where the computed tokens
+    reach the prompt total; with a token budget smaller than the batch's prompts some rows decode while
+    others still prefill, and those mixed steps count as prefill."""
+    prompt_tokens = sum(len(p) for p in prompts)
+    t0 = clock()
+    for p in prompts:
+        engine.add_request(p, params)
+    computed, steps = 0, []
+    while engine.has_unfinished():
+        ts = clock()
+        stats = engine.step()
+        te = clock()
+        if computed < prompt_tokens:
+            computed += stats.num_tokens
+            if computed >= prompt_tokens:
+                point.prefill_s.append(te - t0)
+        else:
+            steps.append(te - ts)
+    point.total_s.append(clock() - t0)
+    point.decode_step_s.extend(steps)
+
+
+def vocab_size_of(model: str | None, override: int | None) -> int:
+    """Prompt ids must be valid for the model: --vocab-size, else config.json's, else 1000 (demo model)."""
+    if override:
+        return override
+    cfg = Path(model) / "config.json" if model else None
+    if cfg is not None and cfg.is_file():
+        data = json.loads(cfg.read_text())
+        return int(data.get("vocab_size") or data.get("text_config", {}).get("vocab_size") or 1000)
+    return 1000
+
+
+def sweep(engine: Any, make_params: Callable[[int], Any], batch_sizes: list[int], input_lens: list[int],
+          output_lens: list[int], vocab: int, warmup: int, iters: int, seed: int) -> list[PointTiming]:
+    rng = np.random.default_rng(seed)
+    points = []
+    for b, i, o in itertools.product(batch_sizes, input_lens, output_lens):
+        point = PointTiming(b, i, o)
+        for k in range(warmup + iters):
+            # Fresh prompts every run: a prefix-cache hit would make prefill look free.
+            prompts = [rng.integers(0, vocab, i).tolist() for _ in range(b)]
+            target = point if k >= warmup else PointTiming(b, i, o)
+            run_once(engine, prompts, make_params(o), target)
+        points.append(point)
+    return points
+
+
+def format_points(rows: list[dict[str, Any]]) -> str:
+    head = f"{'batch':>5} {'in':>6} {'out':>5} {'prefill ms':>11} {'step ms':>9} {'p99 step':>9} " \
+           f"{'dec tok/s':>10} {'total ms':>10}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['batch_size']:>5} {r['input_len']:>6} {r['output_len']:>5} {r['median_prefill_ms']:>11.2f} "
+                     f"{r['median_decode_step_ms']:>9.2f} {r['p99_decode_step_ms']:>9.2f} "
+                     f"{r['decode_tokens_per_s']:>10.1f} {r['median_total_ms']:>10.2f}")
+    return "\n".join(lines)
+
+
+def run_latency(args: argparse.Namespace) -> int:
+    # Imported here: the engine pulls in the model runtime, which the HTTP benchmarks never need.
+    from openinfer.engine import EngineArgs, build_engine
+    from openinfer.sampling import SamplingParams
+
+    budget = args.max_num_batched_tokens or max(b * i for b in args.batch_sizes for i in args.input_lens)
+    engine = build_engine(args.model, EngineArgs(device=args.device, max_num_batched_tokens=budget,
+                                                 max_num_seqs=max(args.batch_sizes)))
+
+    def make_params(max_tokens: int) -> Any:
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    points = sweep(engine, make_params, args.batch_sizes, args.input_lens, args.output_lens,
+                   vocab_size_of(args.model, args.vocab_size), args.num_iters_warmup, args.num_iters, args.seed)
+    rows = [p.summary() for p in points]
+    print(format_points(rows))
+    if args.output_json:
+        detail = [{**r, **{k: v for k, v in asdict(p).items() if k.endswith("_s")}} for r, p in zip(rows, points)]
+        args.output_json.write_text(json.dumps({"model": args.model, "device": args.device,
+                                                "max_num_batched_tokens": budget, "points": detail}, indent=2))
+    return 0
