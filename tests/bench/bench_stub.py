@@ -121,7 +121,9 @@ class StubServer:
 
     def __init__(self, state: StubState) -> None:
         self.state = state
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets only when the listening
+        # socket says TCP; with proto 0, Nagle + delayed ACK add ~40 ms to every keep-alive response.
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))  # a free port chosen by the OS
         self.port = self._sock.getsockname()[1]

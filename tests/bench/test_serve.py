@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_stub import MODEL, StubServer, StubState
+from bench_stub import MODEL
 from conftest import run_cli
 from test_units import make_word_tokenizer
 

@@ -125,3 +125,11 @@ def test_progress_bar() -> None:
     silent = io.StringIO()
     Progress(2, stream=silent, disable=True).update(2)
     assert silent.getvalue() == ""
+
+
+def test_plot_without_matplotlib_errors_clearly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from openinfer.bench.plot import plot_sweep
+
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # makes `import matplotlib` fail
+    with pytest.raises(RuntimeError, match="needs matplotlib"):
+        plot_sweep([{"request_rate": 1.0}], tmp_path / "x.png")
