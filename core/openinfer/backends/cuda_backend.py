@@ -1,0 +1,126 @@
+"""The CUDA backend: CuPy arrays on one GPU, one non-default stream, pinned host staging.
+
+cupy is imported when a CudaBackend is built, never at module import, so CPU-only installs and
+CI can import the package. Every failure to start says what is missing and what to install.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .numpy_backend import Backend
+
+INSTALL_HINT = "install openinfer[cuda13] (CUDA 13 driver, >= 580) or openinfer[cuda12] (CUDA 12 driver)"
+PINNED_BYTES = 16 << 20   # transfers up to this size go through pinned buffers; bigger ones copy directly
+DTYPES = ("bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    free: int          # bytes the driver reports free
+    total: int         # the card's memory
+    pool_used: int     # bytes held by live CuPy arrays
+    pool_cached: int   # bytes CuPy's pool keeps for reuse (free to us, used to the driver)
+
+
+def _import_cupy() -> tuple[Any, Any]:
+    try:
+        import cupy
+        import ml_dtypes
+    except ImportError as e:
+        raise RuntimeError(f"the CUDA backend needs cupy and ml_dtypes ({e}); {INSTALL_HINT}") from e
+    return cupy, ml_dtypes
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, index: int = 0, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.90) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"the CUDA backend stores {' or '.join(DTYPES)}; --dtype {dtype} is not supported")
+        cp, ml_dtypes = _import_cupy()
+        try:
+            count = cp.cuda.runtime.getDeviceCount()
+        except Exception as e:  # no driver, or one too old for this cupy build
+            raise RuntimeError(f"no usable NVIDIA GPU: {e}; check the driver (nvidia-smi), or {INSTALL_HINT}") from e
+        if not 0 <= index < count:
+            raise RuntimeError(f"cuda:{index} requested but {count} GPU(s) are visible")
+        self.xp, self.index, self.dtype = cp, index, dtype
+        self.utilization = gpu_memory_utilization
+        self._dtypes = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
+        self.device = cp.cuda.Device(index)
+        with self.device:
+            # blocking (synchronizes with the legacy default stream), so work launched by a thread
+            # that never called activate() still orders correctly against our copies
+            self.stream = cp.cuda.Stream(non_blocking=False)
+            self._pinned = {d: cp.cuda.alloc_pinned_memory(PINNED_BYTES) for d in ("h2d", "d2h")}
+            self._h2d_done = cp.cuda.Event()
+            self._h2d_done.record(self.stream)
+        self.activate()
+
+    def activate(self) -> None:
+        """Make this GPU and the step stream current for the calling thread (CuPy keeps both per
+        thread): call it at the start of the thread that runs forward passes or captures graphs."""
+        self.device.use()
+        self.stream.use()
+
+    def _np_dtype(self, dtype: str | None) -> np.dtype:
+        return self._dtypes.get(dtype or self.dtype) or np.dtype(dtype)
+
+    def asarray(self, host: np.ndarray, dtype: str | None = None) -> Any:
+        """Host -> device on the step stream; floats become the model dtype unless `dtype` says."""
+        host = np.asarray(host)
+        target = self._np_dtype(dtype) if host.dtype.kind == "f" or dtype else host.dtype
+        host = np.ascontiguousarray(host.astype(target, copy=False))  # convert on the host: halves the copy
+        with self.device, self.stream:
+            out = self.xp.empty(host.shape, dtype=target)
+            if host.nbytes > PINNED_BYTES:
+                out.set(host, self.stream)
+                return out
+            self._h2d_done.synchronize()  # the previous upload has left the staging buffer
+            staged = np.frombuffer(self._pinned["h2d"], dtype=target, count=host.size).reshape(host.shape)
+            staged[...] = host
+            out.set(staged, self.stream)
+            self._h2d_done.record(self.stream)
+        return out
+
+    def to_host(self, x: Any) -> np.ndarray:
+        """Device -> host after everything queued on the step stream (a fresh array the caller owns)."""
+        with self.device, self.stream:
+            x = self.xp.ascontiguousarray(x)
+            if x.nbytes > PINNED_BYTES:
+                return x.get(self.stream)
+            staged = np.frombuffer(self._pinned["d2h"], dtype=x.dtype, count=x.size).reshape(x.shape)
+            x.get(self.stream, out=staged)
+            return staged.copy()
+
+    def empty(self, shape: tuple[int, ...], dtype: str | None = None) -> Any:
+        with self.device:
+            return self.xp.empty(shape, dtype=self._np_dtype(dtype))
+
+    def zeros(self, shape: tuple[int, ...], dtype: str | None = None) -> Any:
+        with self.device, self.stream:
+            return self.xp.zeros(shape, dtype=self._np_dtype(dtype))
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def memory_info(self) -> MemoryInfo:
+        with self.device:
+            free, total = self.xp.cuda.runtime.memGetInfo()
+        pool = self.xp.get_default_memory_pool()
+        return MemoryInfo(free, total, pool.used_bytes(), pool.free_bytes())
+
+    def kv_budget_bytes(self, requested: int | None) -> int:
+        """`requested`, or what --gpu-memory-utilization leaves once weights and buffers are in:
+        utilization * total - (everything in use, the pool's reusable cache counted as free)."""
+        m = self.memory_info()
+        available = m.free + m.pool_cached
+        budget = requested if requested is not None else int(self.utilization * m.total) - (m.total - available)
+        if budget <= 0 or budget > available:
+            raise RuntimeError(f"KV budget {budget / 2**30:.2f} GiB does not fit cuda:{self.index}: "
+                               f"{available / 2**30:.2f} GiB of {m.total / 2**30:.2f} GiB free "
+                               f"(utilization {self.utilization}); lower the model size or raise the limits")
+        return budget

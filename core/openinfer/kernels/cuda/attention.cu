@@ -1,0 +1,304 @@
+// Causal GQA attention over paged KV. Query j of a run of n tokens sits at position L - n + j
+// (L = context length) and sees keys 0 .. L - n + j (the numpy reference's rule).
+//   prefill: flash-attention tiling with an online softmax; a block owns 32 (token, head) rows of
+//            one KV head, so a K/V tile is loaded once for every query head of its group.
+//   decode:  one query token per sequence; a block owns (split of the context, KV head, sequence)
+//            and all query heads of the group; splits are merged by paged_combine.
+// Scores live in the log2 domain: q is pre-scaled by scale * log2(e) and exp2f is used.
+#include "common.cuh"
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+constexpr int NWARPS = 4, BN = 32, ROWS = 8, GMAX = 8;
+
+struct KvLayout {  // a [num_blocks, block_size, nkv, D] cache view with an arbitrary block stride
+    long long block_stride, token_stride;
+    int block_size;
+    __device__ long long offset(const int* table, int t, int kvh, int d) const {
+        return (long long)table[t / block_size] * block_stride + (long long)(t % block_size) * token_stride +
+               (long long)kvh * d;
+    }
+};
+
+template <typename T, int D>
+__device__ void paged_prefill(const T* q, long long q_stride, const T* kc, const T* vc, KvLayout kv,
+                              const int* tables, int table_stride, const int* qstart, const int* ctx,
+                              T* out, int nh, int nkv, float scale) {
+    constexpr int E = Pack<T>::N, DW = D / E, NWL = DW / 32, BM = NWARPS * ROWS;
+    extern __shared__ float smem[];
+    float* qsm = smem;                                        // [BM][D]
+    unsigned int* ksm = (unsigned int*)(qsm + BM * D);        // [BN][DW + 1], padded against bank conflicts
+    unsigned int* vsm = ksm + BN * (DW + 1);                  // [BN][DW]
+    const int b = blockIdx.z, kvh = blockIdx.y, G = nh / nkv;
+    const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
+    const int rows = n * G, row0 = blockIdx.x * BM;
+    if (row0 >= rows) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int* table = tables + (long long)b * table_stride;
+
+    for (int i = threadIdx.x; i < BM * DW; i += blockDim.x) {
+        const int r = i / DW, w = i % DW, row = row0 + r;
+        float f[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) f[e] = 0.f;
+        if (row < rows) {
+            const T* src = q + (long long)(q0 + row / G) * q_stride + (long long)(kvh * G + row % G) * D;
+            Pack<T>::unpack(((const unsigned int*)src)[w], f);
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) qsm[r * D + w * E + e] = f[e] * scale;
+    }
+    const int kend = L - n + (min(row0 + BM, rows) - 1) / G + 1;  // keys any row of this block sees
+
+    float m[ROWS], l[ROWS], acc[ROWS][NWL * E];
+    int qpos[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int row = row0 + warp * ROWS + r;
+        qpos[r] = row < rows ? L - n + row / G : -1;
+        m[r] = NEG_INF;
+        l[r] = 0.f;
+#pragma unroll
+        for (int i = 0; i < NWL * E; ++i) acc[r][i] = 0.f;
+    }
+    for (int k0 = 0; k0 < kend; k0 += BN) {
+        __syncthreads();  // the previous tile is consumed (and, the first time, q is stored)
+        for (int i = threadIdx.x; i < BN * DW; i += blockDim.x) {
+            const int jj = i / DW, w = i % DW, t = k0 + jj;
+            unsigned int kw = 0, vw = 0;  // keys past kend are zeros: masked, and 0 * V stays finite
+            if (t < kend) {
+                const long long off = kv.offset(table, t, kvh, D);
+                kw = ((const unsigned int*)(kc + off))[w];
+                vw = ((const unsigned int*)(vc + off))[w];
+            }
+            ksm[jj * (DW + 1) + w] = kw;
+            vsm[jj * DW + w] = vw;
+        }
+        __syncthreads();
+        float s[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) s[r] = 0.f;
+        const unsigned int* krow = ksm + lane * (DW + 1);  // lane = key within the tile
+        for (int w = 0; w < DW; ++w) {
+            float kf[E];
+            Pack<T>::unpack(krow[w], kf);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                for (int e = 0; e < E; ++e) s[r] += qsm[(warp * ROWS + r) * D + w * E + e] * kf[e];
+        }
+        float p[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const float sr = k0 + lane <= qpos[r] ? s[r] : NEG_INF;
+            const float mn = fmaxf(m[r], warp_max(sr));
+            if (mn == NEG_INF) { p[r] = 0.f; continue; }  // warp-uniform: the row sees nothing yet
+            p[r] = exp2f(sr - mn);
+            const float alpha = exp2f(m[r] - mn);
+            l[r] = l[r] * alpha + warp_sum(p[r]);
+#pragma unroll
+            for (int i = 0; i < NWL * E; ++i) acc[r][i] *= alpha;
+            m[r] = mn;
+        }
+        const int kn = min(BN, kend - k0);
+        for (int jj = 0; jj < kn; ++jj) {
+            float pj[ROWS];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) pj[r] = __shfl_sync(0xffffffffu, p[r], jj);
+#pragma unroll
+            for (int i = 0; i < NWL; ++i) {
+                float vf[E];
+                Pack<T>::unpack(vsm[jj * DW + lane + 32 * i], vf);
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                    for (int e = 0; e < E; ++e) acc[r][i * E + e] += pj[r] * vf[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int row = row0 + warp * ROWS + r;
+        if (row >= rows) continue;
+        const float inv = 1.f / l[r];
+        unsigned int* dst = (unsigned int*)(out + ((long long)(q0 + row / G) * nh + kvh * G + row % G) * D);
+#pragma unroll
+        for (int i = 0; i < NWL; ++i) {
+            float f[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) f[e] = acc[r][i * E + e] * inv;
+            dst[lane + 32 * i] = Pack<T>::pack(f);
+        }
+    }
+}
+
+template <typename T, int D>
+__device__ void paged_decode(const T* q, long long q_stride, const T* kc, const T* vc, KvLayout kv,
+                             const int* tables, int table_stride, const int* qstart, const int* ctx, T* out,
+                             float* part_o, float* part_m, float* part_l, int nh, int nkv, float scale,
+                             int split_len, int num_splits) {
+    constexpr int E = Pack<T>::N, DW = D / E, NWL = DW / 32;
+    extern __shared__ float smem[];
+    __shared__ float wm[NWARPS][GMAX], wl[NWARPS][GMAX];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* qsm = smem;                                                           // [GMAX][D]
+    unsigned int* ksm = (unsigned int*)(qsm + GMAX * D) + warp * BN * (DW + 1);  // this warp's K tile
+    const int b = blockIdx.z, split = blockIdx.x, G = nh / nkv, chunks = (G + GMAX - 1) / GMAX;
+    const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * GMAX, gc = min(GMAX, G - g0);
+    const int q0 = qstart[b];
+    if (qstart[b + 1] == q0) return;  // no query this step
+    const int L = ctx[b], kbeg = split * split_len, kend = min(L, kbeg + split_len);
+    const int* table = tables + (long long)b * table_stride;
+
+    for (int i = threadIdx.x; i < GMAX * DW; i += blockDim.x) {
+        const int g = i / DW, w = i % DW;
+        float f[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) f[e] = 0.f;
+        if (g < gc) Pack<T>::unpack(((const unsigned int*)(q + (long long)q0 * q_stride + (long long)(kvh * G + g0 + g) * D))[w], f);
+#pragma unroll
+        for (int e = 0; e < E; ++e) qsm[g * D + w * E + e] = f[e] * scale;
+    }
+    __syncthreads();
+
+    float m[GMAX], l[GMAX], acc[GMAX][NWL * E];
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) {
+        m[g] = NEG_INF;
+        l[g] = 0.f;
+#pragma unroll
+        for (int i = 0; i < NWL * E; ++i) acc[g][i] = 0.f;
+    }
+    for (int k0 = kbeg + warp * BN; k0 < kend; k0 += NWARPS * BN) {
+        __syncwarp();  // the previous tile is consumed
+        for (int i = lane; i < BN * DW; i += 32) {
+            const int jj = i / DW, w = i % DW, t = k0 + jj;
+            ksm[jj * (DW + 1) + w] = t < kend ? ((const unsigned int*)(kc + kv.offset(table, t, kvh, D)))[w] : 0u;
+        }
+        __syncwarp();
+        float s[GMAX];
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) s[g] = 0.f;
+        const unsigned int* krow = ksm + lane * (DW + 1);
+        for (int w = 0; w < DW; ++w) {
+            float kf[E];
+            Pack<T>::unpack(krow[w], kf);
+#pragma unroll
+            for (int g = 0; g < GMAX; ++g)
+                if (g < gc)
+#pragma unroll
+                    for (int e = 0; e < E; ++e) s[g] += qsm[g * D + w * E + e] * kf[e];
+        }
+        float p[GMAX];
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) {  // key k0 < kend is always valid, so mn is finite
+            if (g >= gc) continue;        // gc is warp-uniform
+            const float sr = k0 + lane < kend ? s[g] : NEG_INF;
+            const float mn = fmaxf(m[g], warp_max(sr));
+            p[g] = exp2f(sr - mn);
+            const float alpha = exp2f(m[g] - mn);
+            l[g] = l[g] * alpha + warp_sum(p[g]);
+#pragma unroll
+            for (int i = 0; i < NWL * E; ++i) acc[g][i] *= alpha;
+            m[g] = mn;
+        }
+        const int kn = min(BN, kend - k0);
+#pragma unroll 4
+        for (int jj = 0; jj < kn; ++jj) {  // V rows straight from global: each lane reads its words
+            const unsigned int* vrow = (const unsigned int*)(vc + kv.offset(table, k0 + jj, kvh, D));
+            float pj[GMAX];
+#pragma unroll
+            for (int g = 0; g < GMAX; ++g) pj[g] = g < gc ? __shfl_sync(0xffffffffu, p[g], jj) : 0.f;
+#pragma unroll
+            for (int i = 0; i < NWL; ++i) {
+                float vf[E];
+                Pack<T>::unpack(vrow[lane + 32 * i], vf);
+#pragma unroll
+                for (int g = 0; g < GMAX; ++g)
+                    if (g < gc)
+#pragma unroll
+                        for (int e = 0; e < E; ++e) acc[g][i * E + e] += pj[g] * vf[e];
+            }
+        }
+    }
+    // merge the warps: their K tiles are done, so that shared memory holds the accumulators now
+    __syncthreads();
+    float* asm_ = qsm + GMAX * D;  // [NWARPS][GMAX][D]
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) {
+        if (g >= gc) continue;
+#pragma unroll
+        for (int i = 0; i < NWL; ++i)
+#pragma unroll
+            for (int e = 0; e < E; ++e) asm_[(warp * GMAX + g) * D + (lane + 32 * i) * E + e] = acc[g][i * E + e];
+        if (lane == 0) { wm[warp][g] = m[g]; wl[warp][g] = l[g]; }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < gc * D; idx += blockDim.x) {
+        const int g = idx / D, dd = idx % D, head = kvh * G + g0 + g;
+        float M = NEG_INF, lsum = 0.f, o = 0.f;
+        for (int w = 0; w < NWARPS; ++w) M = fmaxf(M, wm[w][g]);
+        if (M != NEG_INF)
+            for (int w = 0; w < NWARPS; ++w) {
+                const float f = exp2f(wm[w][g] - M);
+                lsum += f * wl[w][g];
+                o += f * asm_[(w * GMAX + g) * D + dd];
+            }
+        if (num_splits == 1) {
+            out[((long long)q0 * nh + head) * D + dd] = from_f32<T>(o / lsum);
+        } else {
+            const long long p = ((long long)b * nh + head) * num_splits + split;
+            part_o[p * D + dd] = lsum > 0.f ? o / lsum : 0.f;
+            if (dd == 0) { part_m[p] = M; part_l[p] = lsum; }
+        }
+    }
+}
+
+// out = softmax-weighted mean of the splits' normalized partial outputs; grid (nh, B).
+template <typename T>
+__device__ void paged_combine(const float* part_o, const float* part_m, const float* part_l, const int* qstart,
+                              T* out, int nh, int d, int num_splits) {
+    const int b = blockIdx.y, head = blockIdx.x, q0 = qstart[b];
+    if (qstart[b + 1] == q0) return;
+    const long long base = ((long long)b * nh + head) * num_splits;
+    float M = NEG_INF;
+    for (int s = 0; s < num_splits; ++s) M = fmaxf(M, part_m[base + s]);
+    for (int dd = threadIdx.x; dd < d; dd += blockDim.x) {
+        float o = 0.f, lsum = 0.f;
+        for (int s = 0; s < num_splits; ++s) {
+            const float l = part_l[base + s];
+            if (l == 0.f) continue;  // an empty split (past this sequence's context)
+            const float w = exp2f(part_m[base + s] - M) * l;
+            o += w * part_o[(base + s) * d + dd];
+            lsum += w;
+        }
+        out[((long long)q0 * nh + head) * d + dd] = from_f32<T>(o / lsum);
+    }
+}
+
+#define ATTN_ARGS(T) const T *q, long long q_stride, const T *kc, const T *vc, long long block_stride, \
+    long long token_stride, int block_size, const int *tables, int table_stride, const int *qstart, \
+    const int *ctx, T *out
+#define KV_LAYOUT KvLayout{block_stride, token_stride, block_size}
+
+#define ATTN_HEAD_DIM(suffix, T, D)                                                                       \
+    extern "C" __global__ void __launch_bounds__(NWARPS * 32)                                             \
+        paged_prefill_##suffix##_d##D(ATTN_ARGS(T), int nh, int nkv, float scale) {                          \
+        paged_prefill<T, D>(q, q_stride, kc, vc, KV_LAYOUT, tables, table_stride, qstart, ctx, out, nh,   \
+                            nkv, scale);                                                                  \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(NWARPS * 32)                                             \
+        paged_decode_##suffix##_d##D(ATTN_ARGS(T), float* part_o, float* part_m, float* part_l, int nh,      \
+                                     int nkv, float scale, int split_len, int num_splits) {               \
+        paged_decode<T, D>(q, q_stride, kc, vc, KV_LAYOUT, tables, table_stride, qstart, ctx, out,        \
+                           part_o, part_m, part_l, nh, nkv, scale, split_len, num_splits);                \
+    }
+
+#define ATTN_KERNELS(suffix, T)                                                                           \
+    ATTN_HEAD_DIM(suffix, T, 64) ATTN_HEAD_DIM(suffix, T, 128) ATTN_HEAD_DIM(suffix, T, 256)              \
+    extern "C" __global__ void paged_combine_##suffix(const float* part_o, const float* part_m,           \
+                                                      const float* part_l, const int* qstart, T* out,     \
+                                                      int nh, int d, int num_splits) {                    \
+        paged_combine<T>(part_o, part_m, part_l, qstart, out, nh, d, num_splits);                         \
+    }
+
+FOR_EACH_DTYPE(ATTN_KERNELS)

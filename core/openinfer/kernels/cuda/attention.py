@@ -1,0 +1,71 @@
+"""paged_attention on CUDA: the decode kernel (split-KV) for one-token steps, the prefill kernel
+(flash-style tiles) for everything else, with attention.cu's launch constants mirrored here."""
+from __future__ import annotations
+
+import math
+
+import cupy as cp
+import numpy as np
+
+from ...batch import ForwardBatch
+from .module import NULL, as_index, heads3d, launch, sm_count, suffix
+
+NWARPS, BN, ROWS, GMAX = 4, 32, 8, 8   # must match attention.cu
+HEAD_DIMS = (64, 128, 256)
+MIN_SPLIT = NWARPS * BN                # a split is a multiple of one pass of the block's warps
+LOG2E = 1.4426950408889634
+
+
+def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int) -> tuple[int, int]:
+    """(num_splits, split_len): enough blocks for ~2 waves over the SMs, no split under MIN_SPLIT keys."""
+    want = max(1, math.ceil(2 * sm_count() / max(1, num_seqs * kv_blocks)))
+    splits = max(1, min(want, math.ceil(max_context_len / MIN_SPLIT)))
+    split_len = math.ceil(math.ceil(max_context_len / splits) / MIN_SPLIT) * MIN_SPLIT
+    return max(1, math.ceil(max_context_len / split_len)), split_len
+
+
+def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, batch: ForwardBatch,
+                    scale: float) -> cp.ndarray:
+    T, nh, d = q.shape
+    nb, bs, nkv, _ = k_cache.shape
+    it = q.itemsize
+    if d not in HEAD_DIMS:
+        raise ValueError(f"paged_attention: head dim {d} not compiled (have {HEAD_DIMS})")
+    if nh % nkv:
+        raise ValueError(f"paged_attention: {nh} query heads do not group over {nkv} KV heads")
+    if k_cache.strides[1:] != (nkv * d * it, d * it, it) or v_cache.strides != k_cache.strides:
+        raise ValueError("paged_attention: caches must be packed inside a block; only the block stride may differ")
+    q3, q_stride = heads3d(q)
+    out = cp.empty(q.shape, dtype=q.dtype)
+    B = batch.num_seqs
+    if T == 0 or B == 0:
+        return out
+    tables = as_index(batch.block_tables, np.int32)
+    dtype, words = suffix(q.dtype), d * it // 4
+    qstart = as_index(batch.query_start, np.int32)
+    common = (q3, np.int64(q_stride), k_cache, v_cache, np.int64(k_cache.strides[0] // it),
+              np.int64(nkv * d), np.int32(bs), tables, np.int32(tables.strides[0] // tables.itemsize),
+              qstart, as_index(batch.context_lens, np.int32), out)
+    qscale = np.float32(scale * LOG2E)
+    G = nh // nkv
+    if batch.max_query_len == 1:
+        chunks = math.ceil(G / GMAX)
+        splits, split_len = decode_splits(B, nkv * chunks, batch.max_context_len)
+        parts = (NULL, NULL, NULL)
+        if splits > 1:
+            part_o = cp.empty((B, nh, splits, d), dtype=cp.float32)
+            part_ml = cp.empty((2, B, nh, splits), dtype=cp.float32)
+            parts = (part_o, part_ml[0], part_ml[1])
+        smem = (GMAX * d + NWARPS * BN * (words + 1)) * 4
+        launch("attention", f"paged_decode_{dtype}_d{d}", (splits, nkv * chunks, B), NWARPS * 32,
+               (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(split_len), np.int32(splits)), smem)
+        if splits > 1:
+            launch("attention", f"paged_combine_{dtype}", (nh, B), min(d, 128),
+                   (*parts, qstart, out, np.int32(nh), np.int32(d), np.int32(splits)))
+        return out
+    rows_per_block = NWARPS * ROWS
+    smem = (rows_per_block * d + BN * (words + 1) + BN * words) * 4
+    launch("attention", f"paged_prefill_{dtype}_d{d}",
+           (math.ceil(batch.max_query_len * G / rows_per_block), nkv, B), NWARPS * 32,
+           (*common, np.int32(nh), np.int32(nkv), qscale), smem)
+    return out

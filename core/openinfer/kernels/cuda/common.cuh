@@ -1,0 +1,64 @@
+// Shared device helpers. NVRTC ships no cuda_bf16.h, so bf16 is a 16-bit storage type with
+// explicit fp32 conversions: every kernel loads to float, computes in fp32 and rounds on store.
+#pragma once
+
+struct bf16 { unsigned short bits; };
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __uint_as_float(((unsigned int)x.bits) << 16); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
+    unsigned int u = __float_as_uint(x);
+    bf16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) { r.bits = 0x7fc0; return r; }  // NaN stays a quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                                      // round to nearest even
+    r.bits = (unsigned short)(u >> 16);
+    return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // partial[] may still be read by a previous call
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? partial[lane] : 0.f;
+    return warp_sum(v);
+}
+
+// 32-bit words of packed elements: attention moves K/V/Q rows as words (2 bf16 or 1 float each).
+template <typename T> struct Pack;
+template <> struct Pack<float> {
+    static constexpr int N = 1;
+    __device__ static void unpack(unsigned int w, float* f) { f[0] = __uint_as_float(w); }
+    __device__ static unsigned int pack(const float* f) { return __float_as_uint(f[0]); }
+};
+template <> struct Pack<bf16> {
+    static constexpr int N = 2;  // little-endian: element 0 in the low half
+    __device__ static void unpack(unsigned int w, float* f) {
+        f[0] = __uint_as_float(w << 16);
+        f[1] = __uint_as_float(w & 0xffff0000u);
+    }
+    __device__ static unsigned int pack(const float* f) {
+        return (unsigned int)from_f32<bf16>(f[0]).bits | ((unsigned int)from_f32<bf16>(f[1]).bits << 16);
+    }
+};
+
+// Instantiates KERNEL(suffix, T) for the two storage types; each expands to extern "C" entry points.
+#define FOR_EACH_DTYPE(KERNEL) KERNEL(bf16, bf16) KERNEL(f32, float)

@@ -1,0 +1,90 @@
+"""NVRTC compile layer: every .cu source here -> a cubin for one arch, cached on disk.
+
+Cubins, not PTX: the driver then never JIT-compiles at start, and NVRTC needs no GPU, so CI
+compile-checks every source for sm_90a (`compile_all`). The cache key covers the source, the
+headers it may include, the options and the NVRTC version, so a toolkit upgrade recompiles.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).parent
+OPTIONS = ("-std=c++17", "-default-device")
+INSTALL_HINT = ("NVRTC is needed to compile openinfer's CUDA kernels: install openinfer[cuda13] "
+                "(nvidia-cuda-nvrtc 13) or openinfer[cuda12] (nvidia-cuda-nvrtc-cu12), or a CUDA toolkit")
+
+
+class KernelCompileError(RuntimeError):
+    pass
+
+
+def sources() -> list[str]:
+    """Names (without .cu) of every kernel source."""
+    return sorted(p.stem for p in SOURCE_DIR.glob("*.cu"))
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("OPENINFER_CACHE_DIR")
+    return Path(root) / "kernels" if root else Path.home() / ".cache" / "openinfer" / "kernels"
+
+
+def arch_for(major: int, minor: int) -> str:
+    """sm_90a on Hopper (wgmma/setmaxnreg need the arch-specific target), sm_XY elsewhere."""
+    return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
+
+
+def _nvrtc():
+    try:
+        from cupy.cuda import nvrtc
+        nvrtc.getVersion()
+    except ImportError as e:
+        raise KernelCompileError(f"cupy is not installed ({e}); {INSTALL_HINT}") from e
+    except Exception as e:  # cuda-pathfinder raises its own DynamicLibNotFoundError
+        raise KernelCompileError(f"no NVRTC library found ({e}); {INSTALL_HINT}") from e
+    return nvrtc
+
+
+def _headers() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(SOURCE_DIR.glob("*.cuh"))}
+
+
+def compile_source(name: str, arch: str) -> Path:
+    """The cubin path of source `name` for `arch`, compiling it on a cache miss."""
+    nvrtc = _nvrtc()
+    src = (SOURCE_DIR / f"{name}.cu").read_text()
+    headers = _headers()
+    options = (*OPTIONS, f"-arch={arch}")
+    key = hashlib.sha256(repr((src, sorted(headers.items()), options, nvrtc.getVersion())).encode()).hexdigest()[:24]
+    path = cache_dir() / f"{name}-{arch}-{key}.cubin"
+    if path.exists():
+        return path
+    t0 = time.perf_counter()
+    prog = nvrtc.createProgram(src, f"{name}.cu", [h.encode() for h in headers.values()],
+                               [n.encode() for n in headers])
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(options))
+        except nvrtc.NVRTCError as e:
+            raise KernelCompileError(f"NVRTC failed on {name}.cu for {arch}:\n{nvrtc.getProgramLog(prog)}") from e
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # write then rename, so a concurrent process never loads half a file
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
+        f.write(cubin)
+    os.replace(f.name, path)
+    log.info("compiled %s.cu for %s in %.2f s (%d bytes)", name, arch, time.perf_counter() - t0, len(cubin))
+    return path
+
+
+def compile_all(arch: str = "sm_90a") -> dict[str, Path]:
+    """Compile every source for `arch`; needs NVRTC, not a GPU (the CI compile check)."""
+    return {name: compile_source(name, arch) for name in sources()}

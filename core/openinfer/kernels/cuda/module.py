@@ -1,0 +1,81 @@
+"""Loading compiled kernels onto the current device and launching them on the current stream."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+from .compile import arch_for, compile_source
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+_SUFFIX = {BF16: "bf16", np.dtype(np.float32): "f32"}
+_DEFAULT_SMEM = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
+NULL = np.uint64(0)        # a null pointer argument
+
+_modules: dict[tuple[int, str], Any] = {}
+_functions: dict[tuple[int, str, str], Any] = {}
+_smem_optin: dict[tuple[int, str, str], int] = {}
+_sm_count: dict[int, int] = {}
+
+
+def suffix(dtype: np.dtype) -> str:
+    """The kernel-name suffix of a storage dtype; a clear error for anything else."""
+    try:
+        return _SUFFIX[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"CUDA kernels take bfloat16 or float32 arrays, not {dtype}") from None
+
+
+def _function(source: str, name: str) -> Any:
+    dev = cp.cuda.Device().id
+    key = (dev, source, name)
+    fn = _functions.get(key)
+    if fn is None:
+        mod = _modules.get((dev, source))
+        if mod is None:
+            cc = cp.cuda.Device(dev).compute_capability
+            mod = _modules[(dev, source)] = cp.RawModule(path=str(compile_source(source, arch_for(int(cc[:-1]), int(cc[-1])))))
+        fn = _functions[key] = mod.get_function(name)
+    return fn
+
+
+def launch(source: str, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
+    """Launch kernel `name` of `source`.cu on the current stream (so CUDA-graph capture sees it)."""
+    fn = _function(source, name)
+    if smem > _DEFAULT_SMEM:
+        key = (cp.cuda.Device().id, source, name)
+        if _smem_optin.get(key, 0) < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+            _smem_optin[key] = smem
+    fn(tuple(int(g) for g in grid), (block,), args, shared_mem=smem)
+
+
+def sm_count() -> int:
+    dev = cp.cuda.Device().id
+    if dev not in _sm_count:
+        _sm_count[dev] = cp.cuda.Device(dev).attributes["MultiProcessorCount"]
+    return _sm_count[dev]
+
+
+def rows2d(x: cp.ndarray) -> tuple[cp.ndarray, int]:
+    """x as [rows, last] with a unit last stride, and its row stride in elements (no copy if possible)."""
+    if x.ndim == 2 and x.strides[1] == x.itemsize and x.strides[0] % x.itemsize == 0:
+        return x, x.strides[0] // x.itemsize
+    x = cp.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    return x, x.shape[1]
+
+
+def heads3d(x: cp.ndarray) -> tuple[cp.ndarray, int]:
+    """x [T, heads, d] with heads packed inside a token (any token stride), and that stride in elements."""
+    it = x.itemsize
+    if not (x.strides[2] == it and x.strides[1] == x.shape[2] * it and x.strides[0] % 4 == 0):
+        x = cp.ascontiguousarray(x)
+    return x, x.strides[0] // it
+
+
+def as_index(a: Any, dtype: type) -> cp.ndarray:
+    """A device index array of `dtype` (host arrays and other int widths are converted)."""
+    a = cp.asarray(a)
+    return a if a.dtype == dtype else a.astype(dtype)

@@ -1,0 +1,147 @@
+"""CUDA wrappers of the shared ops: the numpy reference signatures, on CuPy arrays (bf16 or f32).
+
+Each wrapper checks layouts, picks a launch shape and launches on the current stream; strided
+views (a slice of the fused qkv output, a layer's slice of the KV pool) are used in place.
+`linear` lives in blas.py and `paged_attention` in attention.py.
+"""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from .attention import paged_attention
+from .blas import linear
+from .module import NULL, as_index, heads3d, launch, rows2d, suffix
+
+__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "write_kv",
+           "paged_attention", "gather_rows", "argmax", "top_logprobs"]
+
+
+def _threads(n: int, cap: int = 1024) -> int:
+    """A block size covering n elements, a multiple of 32."""
+    return max(32, min(cap, (n + 31) // 32 * 32))
+
+
+def gather_rows(x: cp.ndarray, rows) -> cp.ndarray:
+    """x[rows] for x [N, ...]: copies whole rows in the widest aligned unit (any dtype)."""
+    rows = as_index(rows, np.int32)
+    if not x[:1].flags.c_contiguous:  # rows must be packed inside; the row stride may be anything
+        x = cp.ascontiguousarray(x)
+    out = cp.empty((rows.shape[0], *x.shape[1:]), dtype=x.dtype)
+    row_bytes = out[0].nbytes if out.size else 0
+    if row_bytes == 0 or rows.shape[0] == 0:
+        return out
+    stride = x.strides[0] if x.ndim > 1 else x.itemsize
+    unit = next(u for u in (16, 4, 2, 1) if (row_bytes | stride | x.data.ptr | out.data.ptr) % u == 0)
+    units = row_bytes // unit
+    threads = _threads(units, 256)
+    launch("elementwise", f"gather_rows_u{unit}", (rows.shape[0], min((units + threads - 1) // threads, 64)),
+           threads, (x, np.int64(stride // unit), rows, out, np.int32(units)))
+    return out
+
+
+def embedding(table: cp.ndarray, ids) -> cp.ndarray:
+    return gather_rows(table, ids)
+
+
+def rms_norm(x: cp.ndarray, w: cp.ndarray, eps: float) -> cp.ndarray:
+    x2, stride = rows2d(x)
+    out = cp.empty(x.shape, dtype=x.dtype)
+    n = x.shape[-1]
+    if x2.shape[0]:
+        launch("norm", f"rms_norm_{suffix(x.dtype)}", (x2.shape[0],), _threads(n // 4, 512),
+               (x2, np.int64(stride), w, out, np.int32(n), np.float32(eps)))
+    return out
+
+
+def add_rms_norm(x: cp.ndarray, residual: cp.ndarray, w: cp.ndarray, eps: float) -> tuple[cp.ndarray, cp.ndarray]:
+    """residual += x, in place (the fused kernel writes it back); returns (rms_norm(residual) * w, residual)."""
+    x2, xs = rows2d(x)
+    r2, rs = rows2d(residual)
+    if r2.data.ptr != residual.data.ptr or r2.shape[0] != x2.shape[0]:
+        raise ValueError("add_rms_norm updates residual in place: pass a [T, H] array with a unit last stride")
+    out = cp.empty(x.shape, dtype=x.dtype)
+    n = x.shape[-1]
+    if x2.shape[0]:
+        launch("norm", f"add_rms_norm_{suffix(x.dtype)}", (x2.shape[0],), _threads(n // 4, 512),
+               (x2, np.int64(xs), r2, np.int64(rs), w, out, np.int32(n), np.float32(eps)))
+    return out, residual
+
+
+def _norm_rope(q, k, q_w, k_w, eps, positions, cos, sin) -> tuple[cp.ndarray, cp.ndarray]:
+    q3, qs = heads3d(q)
+    k3, ks = heads3d(k)
+    (T, nh, d), nkv = q.shape, k.shape[1]
+    cos = cp.ascontiguousarray(cos, dtype=cp.float32)  # tables are built float32; converting copies
+    sin = cp.ascontiguousarray(sin, dtype=cp.float32)
+    q_out = cp.empty(q.shape, dtype=q.dtype)
+    k_out = cp.empty(k.shape, dtype=k.dtype)
+    heads = T * (nh + nkv)
+    if heads:
+        launch("rope", f"qk_norm_rope_{suffix(q.dtype)}", ((heads + 3) // 4,), 128,
+               (q3, np.int64(qs), k3, np.int64(ks), q_out, k_out,
+                NULL if q_w is None else q_w, NULL if k_w is None else k_w, np.float32(eps),
+                as_index(positions, np.int32), cos, sin, np.int32(cos.shape[1]),
+                np.int32(T), np.int32(nh), np.int32(nkv), np.int32(d)))
+    return q_out, k_out
+
+
+def rope(q: cp.ndarray, k: cp.ndarray, positions, cos: cp.ndarray, sin: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
+    return _norm_rope(q, k, None, None, 0.0, positions, cos, sin)
+
+
+def qk_norm_rope(q: cp.ndarray, k: cp.ndarray, q_w: cp.ndarray, k_w: cp.ndarray, eps: float, positions,
+                 cos: cp.ndarray, sin: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
+    return _norm_rope(q, k, q_w, k_w, eps, positions, cos, sin)
+
+
+def silu_mul(gate_up: cp.ndarray) -> cp.ndarray:
+    g2, stride = rows2d(gate_up)
+    inter = gate_up.shape[-1] // 2
+    out = cp.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype)
+    if g2.shape[0] and inter:
+        threads = _threads(inter, 256)
+        launch("elementwise", f"silu_mul_{suffix(gate_up.dtype)}",
+               (g2.shape[0], min((inter + threads - 1) // threads, 64)), threads,
+               (g2, np.int64(stride), out, np.int32(inter)))
+    return out
+
+
+def write_kv(k_cache: cp.ndarray, v_cache: cp.ndarray, k: cp.ndarray, v: cp.ndarray, slot_mapping) -> None:
+    """Scatter k/v [T, nkv, d] into [num_blocks, block_size, nkv, d] caches; negative slots are skipped."""
+    nb, bs, nkv, d = k_cache.shape
+    it = k_cache.itemsize
+    inner = (nkv * d * it, d * it, it)
+    if k_cache.strides[1:] != inner or v_cache.strides != k_cache.strides:
+        raise ValueError(f"write_kv: caches must be packed inside a block (strides {k_cache.strides}, "
+                         f"{v_cache.strides}); only the block stride may differ")
+    k3, ks = heads3d(k)
+    v3, vs = heads3d(v)
+    T = k.shape[0]
+    if T:
+        launch("kv", f"write_kv_{suffix(k.dtype)}", (T,), _threads(nkv * d, 256),
+               (k_cache, v_cache, np.int64(k_cache.strides[0] // it), np.int32(bs), k3, np.int64(ks), v3,
+                np.int64(vs), as_index(slot_mapping, np.int64), np.int32(nkv * d)))
+
+
+def argmax(logits: cp.ndarray) -> cp.ndarray:
+    """Greedy token per row of [S, vocab] logits -> int32 [S] (ties: the lowest index)."""
+    x, stride = rows2d(logits)
+    out = cp.empty((x.shape[0],), dtype=cp.int32)
+    if x.shape[0]:
+        launch("sampling", f"argmax_{suffix(x.dtype)}", (x.shape[0],), 1024,
+               (x, np.int64(stride), np.int32(x.shape[1]), out))
+    return out
+
+
+def top_logprobs(logits: cp.ndarray, k: int) -> tuple[cp.ndarray, cp.ndarray]:
+    """log_softmax then top-k per row: (float32 values [S, k], int32 indices [S, k]), best first."""
+    x, stride = rows2d(logits)
+    if not 0 < k <= x.shape[1]:
+        raise ValueError(f"top_logprobs: k={k} must be in 1..{x.shape[1]}")
+    values = cp.empty((x.shape[0], k), dtype=cp.float32)
+    indices = cp.empty((x.shape[0], k), dtype=cp.int32)
+    if x.shape[0]:
+        launch("sampling", f"top_logprobs_{suffix(x.dtype)}", (x.shape[0],), 1024,
+               (x, np.int64(stride), np.int32(x.shape[1]), np.int32(k), values, indices))
+    return values, indices

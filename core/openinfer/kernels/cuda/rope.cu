@@ -1,0 +1,50 @@
+// Rotate-half RoPE on the first 2*half dims of every q and k head, optionally preceded by a
+// per-head RMSNorm (Qwen3's QK-norm) so the head is read once and written once.
+// One warp per (token, head); warps [0, T*nh) take q heads, the rest k heads.
+#include "common.cuh"
+
+template <typename T>
+__device__ void norm_rope_head(const T* __restrict__ x, T* __restrict__ out, const T* __restrict__ w,
+                               float eps, int d, const float* __restrict__ c, const float* __restrict__ s,
+                               int half) {
+    const int lane = threadIdx.x & 31;
+    float inv = 1.f;
+    if (w != nullptr) {
+        float ss = 0.f;
+        for (int i = lane; i < d; i += 32) { float v = to_f32(x[i]); ss += v * v; }
+        inv = 1.f / sqrtf(warp_sum(ss) / d + eps);
+    }
+    // the head is read fully above before any lane writes, so out may alias x
+    __syncwarp();
+    for (int p = lane; p < half; p += 32) {
+        float a = to_f32(x[p]) * inv, b = to_f32(x[p + half]) * inv;
+        if (w != nullptr) { a *= to_f32(w[p]); b *= to_f32(w[p + half]); }
+        out[p] = from_f32<T>(a * c[p] - b * s[p]);
+        out[p + half] = from_f32<T>(b * c[p] + a * s[p]);
+    }
+    for (int i = 2 * half + lane; i < d; i += 32) {
+        float v = to_f32(x[i]) * inv;
+        if (w != nullptr) v *= to_f32(w[i]);
+        out[i] = from_f32<T>(v);
+    }
+}
+
+#define ROPE_KERNELS(suffix, T)                                                                           \
+    extern "C" __global__ void qk_norm_rope_##suffix(                                                      \
+        const T* q, long long q_stride, const T* k, long long k_stride, T* q_out, T* k_out,                \
+        const T* q_w, const T* k_w, float eps, const int* positions, const float* cos_t,                   \
+        const float* sin_t, int half, int num_tokens, int nh, int nkv, int d) {                            \
+        const long long head = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);           \
+        const long long nq = (long long)num_tokens * nh;                                                   \
+        if (head >= nq + (long long)num_tokens * nkv) return;                                              \
+        const bool is_q = head < nq;                                                                       \
+        const long long hk = is_q ? head : head - nq;                                                      \
+        const int heads = is_q ? nh : nkv;                                                                 \
+        const long long t = hk / heads, h = hk % heads;                                                    \
+        const T* src = (is_q ? q + t * q_stride : k + t * k_stride) + h * d;                               \
+        T* dst = (is_q ? q_out : k_out) + hk * d;                                                          \
+        const long long row = (long long)positions[t] * half;                                              \
+        norm_rope_head<T>(src, dst, is_q ? q_w : k_w, eps, d, cos_t + row, sin_t + row, half);             \
+    }
+
+FOR_EACH_DTYPE(ROPE_KERNELS)

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# On a GPU machine: install openinfer (plus any carried wheels in .whl/, e.g. nvmath-python),
+# run the CUDA kernel tests, print a result table and a few kernel timings. Logs go to $OUT.
+#   bash scripts/gpu_kernels.sh            (exit status: pytest's)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/openinfer-gpu}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OPENINFER_CACHE_DIR=${OPENINFER_CACHE_DIR:-/tmp/openinfer-cache}
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+$PY -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+    || { echo "editable install failed (see install.log); using PYTHONPATH=core"; export PYTHONPATH=core:${PYTHONPATH:-}; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+$PY -m pytest tests/kernels -q -p no:cacheprovider --junitxml "$OUT/kernels.xml" 2>&1 | tee "$OUT/kernels.log"
+rc=${PIPESTATUS[0]}
+
+$PY - "$OUT/kernels.xml" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+rows = []
+for case in ET.parse(sys.argv[1]).iter("testcase"):
+    status = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+    rows.append((case.get("classname").rsplit(".", 1)[-1], case.get("name"), status, float(case.get("time", 0))))
+print(f"\n{'module':<20} {'test':<58} {'result':<8} {'s':>6}")
+for mod, name, status, t in rows:
+    print(f"{mod:<20} {name[:58]:<58} {status:<8} {t:6.2f}")
+counts = {s: sum(r[2] == s for r in rows) for s in ("passed", "failure", "error", "skipped")}
+print(" ".join(f"{k}={v}" for k, v in counts.items()))
+EOF
+
+$PY - <<'EOF' 2>&1 | tee "$OUT/timings.log"
+# Kernel timings on Qwen3-4B shapes (bf16): mean of 50 launches between CUDA events.
+import math
+import cupy as cp, ml_dtypes, numpy as np
+from openinfer.batch import ForwardBatch
+from openinfer.kernels.cuda import ops
+bf = np.dtype(ml_dtypes.bfloat16)
+
+def bench(fn, n=50):
+    fn(); cp.cuda.Device().synchronize()
+    s, e = cp.cuda.Event(), cp.cuda.Event()
+    s.record()
+    for _ in range(n):
+        fn()
+    e.record(); e.synchronize()
+    return cp.cuda.get_elapsed_time(s, e) / n * 1e3  # microseconds
+
+def rand(*shape):
+    return cp.random.standard_normal(shape, dtype=cp.float32).astype(bf)
+
+def batch(ctx, nq, bs=16):
+    B = len(ctx)
+    nblk = [math.ceil(c / bs) for c in ctx]
+    tables = np.zeros((B, max(nblk)), np.int32)
+    at = 0
+    for i, n in enumerate(nblk):
+        tables[i, :n] = np.arange(at, at + n); at += n
+    qs = np.concatenate([[0], np.cumsum(nq)]).astype(np.int32)
+    lens = np.asarray(ctx, np.int32)
+    z = cp.zeros(int(qs[-1]), cp.int32)
+    return ForwardBatch(z, z, z.astype(cp.int64), cp.asarray(tables), cp.asarray(qs), cp.asarray(lens), z,
+                        qs, lens, bs, int(max(nq)), int(max(ctx))), at
+
+nh, nkv, d, H, I = 32, 8, 128, 2560, 9728
+print(f"\n{'op':<44} {'us':>9} {'GB/s':>8} {'TFLOP/s':>8}")
+def row(name, us, nbytes=0, flops=0):
+    print(f"{name:<44} {us:9.1f} {nbytes / us / 1e3:8.0f} {flops / us / 1e6:8.1f}")
+
+for m, k, n in ((1, H, 2 * I), (1, I, H), (1, H, (nh + 2 * nkv) * d), (32, H, 2 * I), (1024, H, 2 * I)):
+    x, w = rand(m, k), rand(n, k)
+    row(f"linear M={m} {k}->{n}", bench(lambda: ops.linear(x, w)), 2 * (n * k + m * (k + n)), 2 * m * n * k)
+for B, ctx in ((1, 1024), (1, 8192), (1, 32768), (32, 1024), (64, 4096)):
+    b, blocks = batch([ctx] * B, [1] * B)
+    kc, vc, q = rand(blocks, 16, nkv, d), rand(blocks, 16, nkv, d), rand(B, nh, d)
+    row(f"decode attention B={B} ctx={ctx}", bench(lambda: ops.paged_attention(q, kc, vc, b, d ** -0.5)),
+        2 * B * ctx * nkv * d * 2)
+for n in (1024, 4096):
+    b, blocks = batch([n], [n])
+    kc, vc, q = rand(blocks, 16, nkv, d), rand(blocks, 16, nkv, d), rand(n, nh, d)
+    row(f"prefill attention {n} tokens", bench(lambda: ops.paged_attention(q, kc, vc, b, d ** -0.5), 5),
+        flops=4 * nh * d * n * n / 2)
+x, r, w = rand(1, H), rand(1, H), rand(H)
+row("add_rms_norm T=1 H=2560", bench(lambda: ops.add_rms_norm(x, r, w, 1e-6)))
+logits = rand(1, 151936)
+row("argmax 1x151936", bench(lambda: ops.argmax(logits)), logits.nbytes)
+row("top_logprobs k=20 1x151936", bench(lambda: ops.top_logprobs(logits, 20)), 21 * logits.nbytes)
+EOF
+exit "$rc"

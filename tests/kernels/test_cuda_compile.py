@@ -1,0 +1,104 @@
+"""CPU-only checks of the CUDA kernel layer: every .cu compiles to an sm_90a cubin with NVRTC
+(no GPU needed), the cache works, and importing the package touches neither cupy nor a GPU."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from openinfer.kernels.cuda import DTYPES, OPS, compile as kc, register
+from openinfer.kernels.registry import KernelRegistry
+
+WRAPPERS = Path(kc.__file__).parent
+
+
+def _nvrtc_or_skip() -> None:
+    try:
+        kc._nvrtc()
+    except kc.KernelCompileError as e:
+        pytest.skip(f"no NVRTC library to compile with: {e}")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
+    return tmp_path / "kernels"
+
+
+def _launched_names() -> set[str]:
+    """Every kernel name the Python wrappers launch, with f-string parts expanded."""
+    text = "\n".join(p.read_text() for p in WRAPPERS.glob("*.py"))
+    names = set()
+    for source, name in re.findall(r'launch\("(\w+)", f?"([\w{}.()]+)"', text):
+        variants = [name]
+        for field, values in (("{suffix(x.dtype)}", ("bf16", "f32")), ("{suffix(q.dtype)}", ("bf16", "f32")),
+                              ("{suffix(k.dtype)}", ("bf16", "f32")), ("{suffix(gate_up.dtype)}", ("bf16", "f32")),
+                              ("{dtype}", ("bf16", "f32")), ("{d}", ("64", "128", "256")),
+                              ("{unit}", ("16", "4", "2", "1"))):
+            variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
+        names |= {(source, v) for v in variants}
+    return names
+
+
+def test_every_source_compiles_to_sm90a_cubin(cache):
+    _nvrtc_or_skip()
+    cubins = kc.compile_all("sm_90a")
+    assert set(cubins) == set(kc.sources()) >= {"attention", "elementwise", "kv", "norm", "rope", "sampling"}
+    for name, path in cubins.items():
+        data = path.read_bytes()
+        assert data[:4] == b"\x7fELF", f"{name}: not a cubin"
+        assert path.parent == cache
+
+
+def test_every_launched_kernel_exists(cache):
+    _nvrtc_or_skip()
+    cubins = {name: path.read_bytes() for name, path in kc.compile_all("sm_90a").items()}
+    launched = _launched_names()
+    assert len(launched) > 30
+    for source, name in launched:
+        assert "{" not in name, f"unexpanded kernel name {name}"
+        assert name.encode() + b"\0" in cubins[source], f"{source}.cu has no kernel {name}"
+
+
+def test_cache_hit_skips_nvrtc(cache, monkeypatch):
+    _nvrtc_or_skip()
+    first = kc.compile_source("kv", "sm_90a")
+    mtime = first.stat().st_mtime_ns
+    with monkeypatch.context() as m:
+        m.setattr(kc._nvrtc(), "compileProgram", lambda *a: pytest.fail("recompiled on a cache hit"))
+        assert kc.compile_source("kv", "sm_90a") == first and first.stat().st_mtime_ns == mtime
+    assert kc.compile_source("kv", "sm_90") != first  # the arch is part of the key
+
+
+def test_compile_error_shows_the_log(cache, monkeypatch, tmp_path):
+    _nvrtc_or_skip()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "broken.cu").write_text('extern "C" __global__ void k() { undefined_thing(); }\n')
+    monkeypatch.setattr(kc, "SOURCE_DIR", src)
+    with pytest.raises(kc.KernelCompileError, match="undefined_thing"):
+        kc.compile_source("broken", "sm_90a")
+
+
+def test_arch_for():
+    assert kc.arch_for(9, 0) == "sm_90a"
+    assert kc.arch_for(8, 6) == "sm_86"
+
+
+def test_import_touches_no_gpu_library():
+    code = ("import sys, openinfer.kernels.cuda, openinfer.backends.cuda_backend; "
+            "bad = [m for m in ('cupy', 'nvmath', 'cuda') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_register_is_lazy_and_complete():
+    reg = KernelRegistry()
+    register(reg.register)
+    for op in OPS:
+        for dtype in DTYPES:
+            impl = reg.candidates(op, "cuda", dtype)[0]
+            assert impl.impl == f"openinfer.kernels.cuda.ops:{op}"
+    assert not reg.candidates("rms_norm", "cuda", "float16")

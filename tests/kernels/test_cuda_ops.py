@@ -1,0 +1,236 @@
+"""Every CUDA op against the numpy reference on random inputs (GPU only; skipped elsewhere).
+
+bf16 cases round the inputs to bf16 first, so both sides see identical data and only the
+kernel's own rounding (fp32 accumulation, bf16 stores) is measured; f32 cases are tight.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from openinfer.batch import ForwardBatch
+from openinfer.kernels import numpy_ops as ref
+
+pytestmark = pytest.mark.cuda
+cp = pytest.importorskip("cupy", reason="cupy is not installed")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+try:
+    if cp.cuda.runtime.getDeviceCount() < 1:
+        raise RuntimeError("no device")
+except Exception as e:  # no driver or no GPU
+    pytest.skip(f"no usable NVIDIA GPU: {e}", allow_module_level=True)
+
+from openinfer.kernels.cuda import ops  # noqa: E402  (imports cupy-dependent modules)
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = {"bfloat16": (BF16, 2e-2, 2e-2), "float32": (np.dtype(np.float32), 1e-5, 1e-4)}
+
+
+@pytest.fixture(params=list(DTYPES))
+def dt(request):
+    return DTYPES[request.param]
+
+
+def rnd(rng, *shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def dev(x: np.ndarray, dtype) -> "cp.ndarray":
+    return cp.asarray(x.astype(dtype)) if x.dtype.kind == "f" else cp.asarray(x)
+
+
+def host(x) -> np.ndarray:
+    return cp.asnumpy(x).astype(np.float32)
+
+
+def exact(x: np.ndarray, dtype) -> np.ndarray:
+    """x as the kernel sees it after storage rounding."""
+    return x.astype(dtype).astype(np.float32)
+
+
+def close(got, want, dt, scale=1.0):
+    _, atol, rtol = dt
+    np.testing.assert_allclose(host(got), want, atol=atol * scale, rtol=rtol)
+
+
+def test_gather_and_embedding(dt):
+    rng = np.random.default_rng(0)
+    table = rnd(rng, 50, 24)
+    ids = rng.integers(0, 50, 9).astype(np.int32)
+    np.testing.assert_array_equal(host(ops.embedding(dev(table, dt[0]), cp.asarray(ids))), exact(table, dt[0])[ids])
+    x = dev(rnd(rng, 7, 3, 5), dt[0])  # odd row bytes: narrow copy units
+    np.testing.assert_array_equal(host(ops.gather_rows(x, np.array([6, 0, 6]))), host(x)[[6, 0, 6]])
+
+
+@pytest.mark.parametrize("hidden", [64, 100, 2560])
+def test_rms_norm_and_add(dt, hidden):
+    rng = np.random.default_rng(hidden)
+    wide = rnd(rng, 5, hidden + 8)
+    x, w, res = exact(wide, dt[0])[:, :hidden], exact(rnd(rng, hidden), dt[0]), exact(rnd(rng, 5, hidden), dt[0])
+    xd = dev(wide, dt[0])[:, :hidden]  # a strided view, used in place
+    close(ops.rms_norm(xd, dev(w, dt[0]), 1e-6), ref.rms_norm(x, w, 1e-6), dt)
+    rd = dev(res, dt[0])
+    out, rd2 = ops.add_rms_norm(xd, rd, dev(w, dt[0]), 1e-6)
+    want_out, want_res = ref.add_rms_norm(x, res, w, 1e-6)
+    assert rd2 is rd
+    close(rd, want_res, dt)
+    close(out, ref.rms_norm(exact(host(rd), dt[0]), w, 1e-6), dt)
+    close(out, want_out, dt, scale=2)
+
+
+@pytest.mark.parametrize("rot", ["full", "partial"])
+def test_rope_and_qk_norm_rope(dt, rot):
+    rng = np.random.default_rng(1)
+    T, nh, nkv, d, max_pos = 6, 4, 2, 128, 64
+    half = d // 2 if rot == "full" else d // 4
+    inv = 1e4 ** (-np.arange(half) / half)
+    ang = np.arange(max_pos)[:, None] * inv[None]
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    qkv = exact(rnd(rng, T, (nh + 2 * nkv) * d), dt[0])
+    q, k = qkv[:, : nh * d].reshape(T, nh, d), qkv[:, nh * d: (nh + nkv) * d].reshape(T, nkv, d)
+    qkv_d = dev(qkv, dt[0])
+    qd, kd = qkv_d[:, : nh * d].reshape(T, nh, d), qkv_d[:, nh * d: (nh + nkv) * d].reshape(T, nkv, d)
+    pos = rng.integers(0, max_pos, T).astype(np.int32)
+    qw, kw = exact(rnd(rng, d), dt[0]), exact(rnd(rng, d), dt[0])
+    args = (cp.asarray(pos), cp.asarray(cos), cp.asarray(sin))
+    for got, want in zip(ops.rope(qd, kd, *args), ref.rope(q, k, pos, cos, sin)):
+        close(got, want, dt, scale=5)
+    got = ops.qk_norm_rope(qd, kd, dev(qw, dt[0]), dev(kw, dt[0]), 1e-6, *args)
+    for g, w in zip(got, ref.qk_norm_rope(q, k, qw, kw, 1e-6, pos, cos, sin)):
+        close(g, w, dt, scale=5)
+
+
+def test_silu_mul(dt):
+    rng = np.random.default_rng(2)
+    x = exact(rnd(rng, 5, 2 * 300, scale=3), dt[0])
+    close(ops.silu_mul(dev(x, dt[0])), ref.silu_mul(x), dt, scale=5)
+
+
+def test_write_kv_into_strided_pool(dt):
+    rng = np.random.default_rng(3)
+    nb, layers, bs, nkv, d, T = 6, 3, 4, 2, 64, 7
+    pool_k = cp.zeros((nb, layers, bs, nkv, d), dtype=dt[0])
+    pool_v = cp.zeros_like(pool_k)
+    kv = exact(rnd(rng, T, 2 * nkv * d), dt[0])
+    k, v = kv[:, : nkv * d].reshape(T, nkv, d), kv[:, nkv * d:].reshape(T, nkv, d)
+    kvd = dev(kv, dt[0])
+    slots = rng.permutation(nb * bs)[:T].astype(np.int64)
+    slots_dev = slots.copy()
+    slots_dev[3] = -1  # padding: skipped
+    ops.write_kv(pool_k[:, 1], pool_v[:, 1], kvd[:, : nkv * d].reshape(T, nkv, d), kvd[:, nkv * d:].reshape(T, nkv, d),
+                 cp.asarray(slots_dev))
+    want_k, want_v = np.zeros((nb, bs, nkv, d), np.float32), np.zeros((nb, bs, nkv, d), np.float32)
+    keep = slots_dev >= 0
+    ref.write_kv(want_k, want_v, k[keep], v[keep], slots[keep])
+    np.testing.assert_array_equal(host(pool_k[:, 1]), want_k)
+    np.testing.assert_array_equal(host(pool_v[:, 1]), want_v)
+    assert not host(pool_k[:, 0]).any() and not host(pool_k[:, 2]).any()
+
+
+@pytest.mark.parametrize("m", [1, 7, 64])
+def test_linear(dt, m):
+    rng = np.random.default_rng(m)
+    x, w = exact(rnd(rng, m, 96), dt[0]), exact(rnd(rng, 160, 96), dt[0])
+    close(ops.linear(dev(x, dt[0]), dev(w, dt[0])), ref.linear(x, w), dt, scale=10)
+
+
+def _batch(runs, block_size, rng, num_blocks):
+    """runs: (context_len, query_len) per sequence; blocks are shuffled across sequences."""
+    need = [-(-L // block_size) for L, _ in runs]
+    perm = rng.permutation(num_blocks)
+    tables = np.zeros((len(runs), max(need)), np.int32)
+    at = 0
+    for i, nbk in enumerate(need):
+        tables[i, :nbk] = perm[at: at + nbk]
+        at += nbk
+    qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
+    lens = np.array([L for L, _ in runs], np.int32)
+    pos = np.concatenate([np.arange(L - n, L) for L, n in runs]).astype(np.int32)
+    host_b = dict(token_ids=np.zeros(qs[-1], np.int32), positions=pos, slot_mapping=np.zeros(qs[-1], np.int64),
+                  block_tables=tables, query_start=qs, context_lens=lens, sample_rows=np.zeros(0, np.int32))
+    meta = dict(query_start_host=qs, context_lens_host=lens, block_size=block_size,
+                max_query_len=int(np.diff(qs).max()), max_context_len=int(lens.max()))
+    return (ForwardBatch(**host_b, **meta),
+            ForwardBatch(**{k: cp.asarray(v) for k, v in host_b.items()}, **meta))
+
+
+ATTN_CASES = {
+    "prefill_varlen_prefix": ([(37, 37), (100, 30), (5, 1), (70, 64), (16, 16)], 8, 2, 128),
+    "prefill_mha_d64": ([(33, 33), (90, 41)], 4, 4, 64),
+    "prefill_big_group_d256": ([(40, 21), (9, 9)], 16, 1, 256),
+    "decode_split_kv": ([(3000, 1), (17, 1), (1, 1), (513, 1), (4100, 1)], 8, 2, 128),
+    "decode_group16_d64": ([(700, 1), (129, 1)], 32, 2, 64),
+    "decode_no_split": ([(60, 1)] * 40, 8, 8, 128),
+    "decode_d256": ([(1000, 1), (3, 1)], 8, 2, 256),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTN_CASES))
+def test_paged_attention(dt, case):
+    runs, nh, nkv, d = ATTN_CASES[case]
+    rng = np.random.default_rng(len(case))
+    bs, layers = 16, 2
+    num_blocks = sum(-(-L // bs) for L, _ in runs) + 3
+    hb, db = _batch(runs, bs, rng, num_blocks)
+    T = int(hb.query_start_host[-1])
+    pool = exact(rnd(rng, 2, num_blocks, layers, bs, nkv, d), dt[0])
+    pool_d = dev(pool, dt[0])
+    q = exact(rnd(rng, T, nh, d), dt[0])
+    scale = d ** -0.5
+    want = ref.paged_attention(q, pool[0][:, 1], pool[1][:, 1], hb, scale)
+    got = ops.paged_attention(dev(q, dt[0]), pool_d[0][:, 1], pool_d[1][:, 1], db, scale)
+    close(got, want, dt)
+
+
+def test_decode_splits_cover_long_contexts():
+    from openinfer.kernels.cuda.attention import MIN_SPLIT, decode_splits
+    splits, split_len = decode_splits(1, 8, 4100)
+    assert splits > 1 and splits * split_len >= 4100 and split_len % MIN_SPLIT == 0
+    assert decode_splits(64, 8, 100) == (1, MIN_SPLIT)
+
+
+def test_argmax_and_top_logprobs(dt):
+    rng = np.random.default_rng(4)
+    S, V, k = 5, 3001, 7
+    logits = exact(rnd(rng, S, V, scale=4), dt[0])
+    logits[2, [10, 500, 2000]] = logits[2].max() + 1  # ties: the lowest index wins
+    ld = dev(logits, dt[0])
+    np.testing.assert_array_equal(cp.asnumpy(ops.argmax(ld)), logits.argmax(axis=1))
+    values, indices = ops.top_logprobs(ld, k)
+    lsm = logits - (logits.max(1, keepdims=True) + np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)))
+    order = np.stack([np.lexsort((np.arange(V), -row))[:k] for row in logits])
+    np.testing.assert_array_equal(cp.asnumpy(indices), order)
+    np.testing.assert_allclose(cp.asnumpy(values), np.take_along_axis(lsm, order, 1), atol=1e-4, rtol=1e-5)
+
+
+def test_graph_capture_replays_cublas_and_kernels():
+    rng = np.random.default_rng(5)
+    x, w, nw = (dev(rnd(rng, *s), BF16) for s in ((4, 256), (512, 256), (512,)))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        eager = ops.rms_norm(ops.linear(x, w), nw, 1e-6)  # warms the pool and the cuBLAS handle
+        stream.begin_capture()
+        y = ops.rms_norm(ops.linear(x, w), nw, 1e-6)
+        graph = stream.end_capture()
+        x[...] = dev(rnd(rng, 4, 256), BF16)
+        graph.launch(stream)
+        again = ops.rms_norm(ops.linear(x, w), nw, 1e-6)
+        stream.synchronize()
+    assert not np.array_equal(host(eager), host(again))
+    np.testing.assert_array_equal(host(y), host(again))
+
+
+def test_backend_round_trip_and_memory():
+    from openinfer.backends.cuda_backend import CudaBackend
+    be = CudaBackend(0, "bfloat16")
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    d = be.asarray(a)
+    assert d.dtype == BF16 and be.asarray(a.astype(np.int32)).dtype == np.int32
+    np.testing.assert_array_equal(be.to_host(d).astype(np.float32), a)
+    big = rnd(np.random.default_rng(6), 3000, 2000)  # over the pinned-buffer size: direct copy
+    np.testing.assert_array_equal(be.to_host(be.asarray(big, "float32")), big)
+    assert be.zeros((2, 3)).dtype == BF16 and not be.to_host(be.zeros((2, 3))).astype(np.float32).any()
+    m = be.memory_info()
+    assert 0 < m.free <= m.total
+    assert 0 < be.kv_budget_bytes(None) < m.total
+    assert be.kv_budget_bytes(1 << 20) == 1 << 20
