@@ -1,0 +1,44 @@
+"""The per-step input every model's forward receives (attention metadata included).
+
+One flat batch of T tokens from B sequences; each sequence contributes a contiguous run of query
+tokens (a prefill chunk or a single decode token) whose K/V land in paged blocks. The same
+shape serves prefill, decode, mixed steps and prefix hits, on every backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Array = Any  # a backend array: numpy.ndarray on the CPU, cupy.ndarray on CUDA
+
+
+@dataclass
+class ForwardBatch:
+    token_ids: Array        # [T] int32
+    positions: Array        # [T] int32, absolute position of each token in its sequence
+    slot_mapping: Array     # [T] int64, where each token's K/V goes: block * block_size + offset
+    block_tables: Array     # [B, max_blocks] int32, padded with 0
+    query_start: Array      # [B + 1] int32, offsets of each sequence's tokens in the flat batch
+    context_lens: Array     # [B] int32, KV length of each sequence after this step
+    sample_rows: Array      # [S] int32, rows of the flat batch whose logits are needed
+    # host copies of the per-sequence metadata (the numpy kernels loop over sequences)
+    query_start_host: np.ndarray
+    context_lens_host: np.ndarray
+    block_size: int
+    max_query_len: int
+    max_context_len: int
+    state_slots: np.ndarray | None = None  # [B] slot of each sequence in bounded state groups
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query_start_host[-1])
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.context_lens_host)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.max_query_len == 1

@@ -1,0 +1,44 @@
+"""Reading a checkpoint folder's JSON files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} not found") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    return data
+
+
+def read_model_config(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise ConfigError(f"model path {path} is not a directory (expected a checkpoint folder with config.json)")
+    return read_json(path / "config.json")
+
+
+def read_generation_config(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir) / "generation_config.json"
+    return read_json(path) if path.exists() else {}
+
+
+def require(config: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    """Fetch a required config.json field with a type check that names it."""
+    if key not in config:
+        raise ConfigError(f"config.json lacks {key!r}")
+    value = config[key]
+    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+        raise ConfigError(f"config.json field {key!r} has type {type(value).__name__}, expected {kind}")
+    return value

@@ -1,0 +1,217 @@
+"""The Engine: one model on one device, a step loop in its own thread, an event stream per request.
+
+submit()/abort() are thread-safe and never block on the GPU; the step loop drains them between
+steps. An error inside a step fails only that step's requests; an error outside one kills the
+engine (is_alive() goes False, every request gets Failed) so /health can report it.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .engine_args import EngineArgs
+from .kv.block_manager import BlockManager
+from .model_runner import ModelRunner
+from .request import Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens
+from .sampling import SamplingParams, sample_row
+from .scheduler import Scheduler, StepPlan
+
+log = logging.getLogger("openinfer.engine")
+__all__ = ["Engine", "EngineArgs", "EngineStats", "StepStats", "build_engine"]
+
+
+@dataclass
+class StepStats:
+    num_tokens: int
+    num_seqs: int
+    seconds: float
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    prefix_queries: int
+    prefix_hits: int
+    prompt_tokens: int
+    generation_tokens: int
+    num_blocks: int
+    block_size: int
+
+
+class Engine:
+    def __init__(self, name: str, runner: ModelRunner, blocks: BlockManager, args: EngineArgs, *,
+                 tokenizer: Any, chat_format: Any, max_model_len: int, vocab_size: int,
+                 eos_token_ids: frozenset[int]) -> None:
+        self.name, self.runner, self.blocks, self.args = name, runner, blocks, args
+        self.tokenizer, self.chat_format = tokenizer, chat_format
+        self.max_model_len, self.vocab_size, self.eos_token_ids = max_model_len, vocab_size, eos_token_ids
+        self.scheduler = Scheduler(blocks, args.max_num_batched_tokens, args.max_num_seqs)
+        self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.dead_reason: str | None = None
+        self.prompt_tokens = self.generation_tokens = 0
+
+    # ---- client side (any thread) ------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+               cache_salt: str = "") -> RequestStream:
+        rid = request_id or f"req-{next(self._ids)}"
+        stream = RequestStream(rid)
+        reason = self._never_fits(prompt_ids, params)
+        if reason is not None:
+            stream.put(Rejected(*reason))
+            return stream
+        if self.dead_reason is not None:
+            stream.put(Failed(f"engine is dead: {self.dead_reason}"))
+            return stream
+        req = Request(rid, list(prompt_ids), params, stream, time.monotonic(), cache_salt=cache_salt,
+                      rng=np.random.default_rng(params.seed))
+        self._inbox.put(req)
+        self._wake.set()
+        return stream
+
+    add_request = submit
+
+    def abort(self, request_id: str) -> None:
+        self._aborts.put(request_id)
+        self._wake.set()
+
+    def _never_fits(self, prompt_ids: list[int], params: SamplingParams) -> tuple[str, str] | None:
+        n = len(prompt_ids)
+        if n == 0:
+            return "the prompt is empty", "prompt"
+        if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in prompt_ids):
+            return f"prompt token ids must be integers in [0, {self.vocab_size})", "prompt"
+        total = n + params.max_tokens
+        if total > self.max_model_len:
+            return (f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                    f"{total} tokens ({n} in the prompt, {params.max_tokens} for the completion). "
+                    "Reduce the prompt or max_tokens.", "max_tokens")
+        if self.blocks.blocks_for(total) > self.blocks.usable_blocks:
+            cap = self.blocks.usable_blocks * self.blocks.block_size
+            return (f"the request needs {total} tokens of KV cache but the whole pool holds {cap}; "
+                    "reduce the prompt or max_tokens, or give the server more KV memory", "max_tokens")
+        return None
+
+    def is_alive(self) -> bool:
+        return self.dead_reason is None and (self._thread is None or self._thread.is_alive() or self._stop)
+
+    def stats(self) -> EngineStats:
+        s = self.blocks.stats
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting) + self._inbox.qsize(),
+                           self.blocks.usage(), s.queries, s.hits, self.prompt_tokens, self.generation_tokens,
+                           self.blocks.num_blocks, self.blocks.block_size)
+
+    # ---- the step loop (engine thread) -------------------------------------------------------
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"engine-{self.name}", daemon=True)
+            self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop:
+                if not self.has_unfinished():
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                self.step()
+        except Exception as e:  # noqa: BLE001 — a bug outside a step: the engine is dead
+            self.dead_reason = f"{type(e).__name__}: {e}"
+            log.error("engine %s died:\n%s", self.name, traceback.format_exc())
+            for req in list(self._requests.values()):
+                self._end(req, Failed(f"engine died: {self.dead_reason}"))
+            while not self._inbox.empty():
+                self._inbox.get().stream.put(Failed(f"engine died: {self.dead_reason}"))
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work() or not self._inbox.empty() or not self._aborts.empty()
+
+    def step(self) -> StepStats:
+        t0 = time.perf_counter()
+        self._drain()
+        plan = self.scheduler.schedule()
+        for req in plan.newly_scheduled:
+            req.stream.put(Scheduled(req.cached_tokens))
+            self.prompt_tokens += len(req.prompt_ids)
+        if plan.runs:
+            try:
+                logits = self.runner.run(plan)
+            except Exception as e:  # noqa: BLE001 — fail this step's requests, keep serving
+                log.error("step failed:\n%s", traceback.format_exc())
+                for run in plan.runs:
+                    self._end(run.req, Failed(f"engine step failed: {type(e).__name__}: {e}"))
+            else:
+                self._advance(plan, logits)
+        return StepStats(plan.num_tokens, len(plan.runs), time.perf_counter() - t0)
+
+    def _drain(self) -> None:
+        while not self._inbox.empty():
+            req = self._inbox.get()
+            self._requests[req.request_id] = req
+            self.scheduler.add(req)
+        while not self._aborts.empty():
+            req = self._requests.get(self._aborts.get())
+            if req is not None:
+                req.aborted = True
+                self._end(req, self._finished(req, "abort"))
+
+    def _advance(self, plan: StepPlan, logits: np.ndarray) -> None:
+        row = 0
+        now = time.monotonic()
+        for run in plan.runs:
+            req = run.req
+            req.num_computed = run.start + run.length
+            self.blocks.commit(req)
+            if not run.samples:
+                continue
+            p = req.params
+            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+            blocked = stops if len(req.output_ids) < p.min_tokens else frozenset()
+            s = sample_row(logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked)
+            row += 1
+            req.output_ids.append(s.token)
+            self.generation_tokens += 1
+            req.first_token_time = req.first_token_time or now
+            req.last_token_time = now
+            req.stream.put(Tokens([s.token], [s]))
+            if s.token in stops:
+                self._end(req, self._finished(req, "stop", s.token))
+            elif len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
+                self._end(req, self._finished(req, "length"))
+
+    def _finished(self, req: Request, reason: str, stop_token: int | None = None) -> Finished:
+        return Finished(reason, len(req.prompt_ids), len(req.output_ids), req.cached_tokens, stop_token)
+
+    def _end(self, req: Request, ev: Finished | Failed) -> None:
+        self.scheduler.finish(req)
+        self._requests.pop(req.request_id, None)
+        if not req.stream.done:
+            req.stream.put(ev)
+
+
+def build_engine(model: str | None, args: EngineArgs | None = None, plugins: Any = None) -> Engine:
+    """Load a checkpoint folder (None: the built-in demo model) into an Engine (not started)."""
+    from .loader import load_engine
+    return load_engine(model, args or EngineArgs(), plugins)

@@ -1,0 +1,33 @@
+"""Engine configuration (the `openinfer serve` flags that shape an engine)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineArgs:
+    device: str = "cpu"                     # cpu | cuda | cuda:N
+    dtype: str | None = None                # None: the backend's default (float32 on CPU, bfloat16 on CUDA)
+    load_format: str = "auto"               # auto: the checkpoint's safetensors; dummy: random weights of the real shapes
+    max_model_len: int | None = None        # None: the model's max_position_embeddings
+    max_num_batched_tokens: int = 1024      # per-step token budget (chunked prefill)
+    max_num_seqs: int = 64
+    block_size: int = 16
+    kv_cache_memory_gib: float | None = None  # KV pool size; None: CPU 1 GiB cap / GPU from --gpu-memory-utilization
+    gpu_memory_utilization: float = 0.90
+    enable_prefix_caching: bool = True
+    served_model_name: str | None = None
+    seed: int = 0                           # dummy-weight seed
+    enforce_eager: bool = False             # CUDA: no graph capture
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a power of two")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"unknown load_format {self.load_format!r}: use auto or dummy")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")

@@ -1,0 +1,106 @@
+"""numpy reference implementations of the shared ops (float32 compute).
+
+These are both the CPU backend and the specification every CUDA kernel is tested against, so
+they favour clarity over speed. Shapes: T tokens, H hidden, nh query heads, nkv KV heads, d head dim.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..batch import ForwardBatch
+
+
+def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    return table[ids]
+
+
+def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [T, in] @ w[out, in].T -> [T, out] (checkpoint layout, no copy)."""
+    return x @ w.T
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    var = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+    return (x / np.sqrt(var + eps)) * w
+
+
+def add_rms_norm(x: np.ndarray, residual: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """residual += x; returns (rms_norm(residual) * w, residual)."""
+    residual = residual + x
+    return rms_norm(residual, w, eps), residual
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half ("neox") RoPE on the first 2*len(cos) dims of the last axis; the rest pass through."""
+    half = cos.shape[-1]
+    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s, rest], axis=-1)
+
+
+def rope(q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """q [T, nh, d], k [T, nkv, d]; cos/sin [max_pos, rotary_dim / 2] tables."""
+    c, s = cos[positions], sin[positions]
+    return _rotate(q, c, s), _rotate(k, c, s)
+
+
+def qk_norm_rope(q: np.ndarray, k: np.ndarray, q_w: np.ndarray, k_w: np.ndarray, eps: float,
+                 positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-head RMSNorm of q and k (Qwen3's QK-norm), then RoPE."""
+    return rope(rms_norm(q, q_w, eps), rms_norm(k, k_w, eps), positions, cos, sin)
+
+
+def silu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """[T, 2I] -> silu(gate) * up, with gate the first half."""
+    gate, up = np.split(gate_up, 2, axis=-1)
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
+def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """Scatter k/v [T, nkv, d] into paged caches [num_blocks, block_size, nkv, d] at the slots."""
+    nb, bs = k_cache.shape[:2]
+    blocks, offsets = np.divmod(slot_mapping, bs)
+    k_cache[blocks, offsets] = k
+    v_cache[blocks, offsets] = v
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, batch: ForwardBatch,
+                    scale: float) -> np.ndarray:
+    """Causal GQA attention of each sequence's query run over its paged KV.
+
+    Query j of a run of n tokens sits at position L - n + j of its sequence (L = context length)
+    and sees keys 0 .. L - n + j: this one rule covers prefill chunks, prefix hits and decode.
+    """
+    T, nh, d = q.shape
+    nkv, bs = k_cache.shape[2], k_cache.shape[1]
+    group = nh // nkv
+    out = np.empty_like(q)
+    qs, lens, tables = batch.query_start_host, batch.context_lens_host, batch.block_tables
+    for i in range(len(lens)):
+        start, end, L = int(qs[i]), int(qs[i + 1]), int(lens[i])
+        n = end - start
+        if n == 0:
+            continue
+        blocks = tables[i, : (L + bs - 1) // bs]
+        k = k_cache[blocks].reshape(-1, nkv, d)[:L]
+        v = v_cache[blocks].reshape(-1, nkv, d)[:L]
+        qh = q[start:end].reshape(n, nkv, group, d)
+        scores = np.einsum("nkgd,lkd->kgnl", qh, k) * scale
+        masked = np.arange(L)[None, :] > (L - n + np.arange(n))[:, None]
+        scores = np.where(masked, -np.inf, scores)
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs = scores / scores.sum(axis=-1, keepdims=True)
+        out[start:end] = np.einsum("kgnl,lkd->nkgd", probs, v).reshape(n, nh, d)
+    return out
+
+
+def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    return x[rows]
+
+
+def register(register_kernel) -> None:
+    """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
+    for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
+                 "write_kv", "paged_attention", "gather_rows"):
+        register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

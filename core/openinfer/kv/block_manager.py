@@ -1,0 +1,149 @@
+"""Block allocation with lifetime reservations and a prefix cache.
+
+Admission reserves a request's whole lifetime of blocks (prompt + max_tokens, minus prefix hits),
+so a running request never waits for memory and nothing needs preempting; blocks are taken from
+the reservation as the sequence grows. Full blocks are registered under chained hashes (parent
+hash, token ids, salt); unreferenced cached blocks stay reusable until evicted in LRU order.
+Block 0 is never handed out: padding rows of a batch point at it.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Callable
+
+from ..request import Request
+
+
+@dataclass
+class CacheStats:
+    queries: int = 0   # prompt tokens looked up
+    hits: int = 0      # of which served from the cache
+
+
+def block_hashes(tokens: list[int], block_size: int, salt: str = "", start: int = 0,
+                 parent: int | None = None) -> list[int]:
+    """Chained hashes of the full blocks of `tokens` from block `start`."""
+    out, h = [], parent
+    for i in range(start, len(tokens) // block_size):
+        h = hash((h, tuple(tokens[i * block_size:(i + 1) * block_size]), salt))
+        out.append(h)
+    return out
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True) -> None:
+        if num_blocks < 2:
+            raise ValueError("the KV pool needs at least 2 blocks; raise the KV memory budget")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_cache = enable_prefix_cache
+        self.ref = [0] * num_blocks
+        self.free: deque[int] = deque(range(1, num_blocks))
+        self.evictable: OrderedDict[int, None] = OrderedDict()   # cached, unreferenced; LRU first
+        self.by_hash: dict[int, int] = {}
+        self.hash_of: dict[int, int] = {}
+        self.tokens_of: dict[int, tuple[int, ...]] = {}
+        self.reserved = 0
+        self.stats = CacheStats()
+        self.on_evict: Callable[[int, int], None] | None = None   # (block, hash): seam for a host tier
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_available(self) -> int:
+        return len(self.free) + len(self.evictable) - self.reserved
+
+    def usage(self) -> float:
+        """Fraction of usable blocks referenced by requests or reserved for them."""
+        used = self.usable_blocks - len(self.free) - len(self.evictable) + self.reserved
+        return used / self.usable_blocks
+
+    def _match(self, req: Request) -> list[int]:
+        if not self.enable_prefix_cache:
+            return []
+        max_blocks = (len(req.prompt_ids) - 1) // self.block_size   # recompute >= 1 prompt token
+        req.block_hashes = block_hashes(req.prompt_ids[: max_blocks * self.block_size], self.block_size, req.cache_salt)
+        hits = []
+        for i, h in enumerate(req.block_hashes):
+            b = self.by_hash.get(h)
+            if b is None or self.tokens_of[b] != tuple(req.prompt_ids[i * self.block_size:(i + 1) * self.block_size]):
+                break
+            hits.append(b)
+        return hits
+
+    def try_admit(self, req: Request) -> bool:
+        """Take the prefix hits and reserve the rest of the lifetime, or change nothing."""
+        hits = self._match(req)
+        need = self.blocks_for(req.max_total_tokens) - len(hits)
+        revived = sum(1 for b in hits if self.ref[b] == 0)
+        if need + revived > self.num_available():
+            return False
+        for b in hits:
+            if self.ref[b] == 0:
+                del self.evictable[b]
+            self.ref[b] += 1
+        req.block_ids = hits
+        req.num_hashed_blocks = len(hits)
+        req.num_computed = req.cached_tokens = len(hits) * self.block_size
+        req.reserved_blocks = need
+        self.reserved += need
+        self.stats.queries += len(req.prompt_ids)
+        self.stats.hits += req.cached_tokens
+        return True
+
+    def allocate(self, req: Request, num_tokens: int) -> None:
+        """Grow the block table to hold `num_tokens` tokens (always within the reservation)."""
+        while len(req.block_ids) * self.block_size < num_tokens:
+            if req.reserved_blocks <= 0:
+                raise RuntimeError(f"{req.request_id} outgrew its KV reservation")
+            req.reserved_blocks -= 1
+            self.reserved -= 1
+            b = self._take()
+            self.ref[b] = 1
+            req.block_ids.append(b)
+
+    def _take(self) -> int:
+        if self.free:
+            return self.free.popleft()
+        b, _ = self.evictable.popitem(last=False)
+        h = self.hash_of.pop(b)
+        del self.by_hash[h], self.tokens_of[b]
+        if self.on_evict is not None:
+            self.on_evict(b, h)
+        return b
+
+    def commit(self, req: Request) -> None:
+        """Register the request's newly completed full blocks in the prefix cache."""
+        if not self.enable_prefix_cache:
+            return
+        full = min(req.num_computed, req.num_tokens) // self.block_size
+        if full <= req.num_hashed_blocks:
+            return
+        tokens = req.all_ids
+        parent = req.block_hashes[req.num_hashed_blocks - 1] if req.num_hashed_blocks else None
+        new = block_hashes(tokens[: full * self.block_size], self.block_size, req.cache_salt,
+                           start=req.num_hashed_blocks, parent=parent)
+        req.block_hashes = req.block_hashes[: req.num_hashed_blocks] + new
+        for i, h in enumerate(new, start=req.num_hashed_blocks):
+            b = req.block_ids[i]
+            if h not in self.by_hash and b not in self.hash_of:
+                self.by_hash[h] = b
+                self.hash_of[b] = h
+                self.tokens_of[b] = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+        req.num_hashed_blocks = full
+
+    def release(self, req: Request) -> None:
+        """Return a finished or aborted request's blocks and reservation at once."""
+        for b in reversed(req.block_ids):   # tail blocks become the first eviction candidates
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                if b in self.hash_of:
+                    self.evictable[b] = None
+                else:
+                    self.free.append(b)
+        self.reserved -= req.reserved_blocks
+        req.block_ids, req.reserved_blocks = [], 0

@@ -1,0 +1,1 @@
+"""Building blocks shared by several model lines (RoPE variants, GQA attention, SwiGLU)."""

@@ -1,0 +1,105 @@
+"""From a checkpoint folder (or the demo model) to a ready Engine."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from .backends import get_backend
+from .config import read_generation_config, read_model_config
+from .detect import detect_line
+from .engine import Engine
+from .engine_args import EngineArgs
+from .kv.block_manager import BlockManager
+from .kv.pool import StatePools, bytes_per_block
+from .model_line import ModelLine
+from .model_runner import ModelRunner
+from .plugins import Plugins, get_plugins
+from .tokenizer import Tokenizer
+from .weights import Checkpoint, DummyWeights, WeightSource
+
+log = logging.getLogger("openinfer.loader")
+DEMO_NAME = "openinfer-demo"
+
+
+class LoadError(RuntimeError):
+    pass
+
+
+def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = None) -> Engine:
+    plugins = plugins or get_plugins()
+    t0 = time.perf_counter()
+    if model is None:
+        line, config, tok_dir = _demo(plugins)
+        weights: WeightSource = DummyWeights(line.weight_shapes(line.parse_config(config)), seed=args.seed)
+        name, gen_config = args.served_model_name or DEMO_NAME, {}
+        log.info("no --model given: serving the built-in demo model %r (tiny random weights, %s tokenizer); "
+                 "its output is noise — pass --model PATH to serve a real checkpoint", name, line.name)
+    else:
+        config = read_model_config(model)
+        line = detect_line(config, plugins, f"{model}/config.json")
+        tok_dir, gen_config = Path(model), read_generation_config(model)
+        name = args.served_model_name or Path(model).name
+    cfg = line.parse_config(config)
+    shapes = line.weight_shapes(cfg)
+    if model is not None:
+        weights = DummyWeights(shapes, seed=args.seed) if args.load_format == "dummy" else Checkpoint(model)
+        if args.load_format != "dummy":
+            _check_weights(line, cfg, weights, shapes, model)
+    backend = get_backend(args.device, args.dtype)
+    ops = plugins.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype)
+    built = line.build(cfg, weights, backend, ops)
+    groups = line.state_spec(cfg)
+    max_len = min(args.max_model_len or line.max_model_len(cfg), line.max_model_len(cfg))
+    itemsize = {g.name: (4 if g.dtype == "float32" else _itemsize(backend.dtype)) for g in groups}
+    per_block = bytes_per_block(groups, args.block_size, itemsize)
+    budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None else int(args.kv_cache_memory_gib * 2**30))
+    if args.kv_cache_memory_gib is None and backend.name == "numpy":
+        # CPU: enough for max_num_seqs full-length sequences, capped by the backend's default budget
+        budget = min(budget, (args.max_num_seqs * -(-max_len // args.block_size) + 1) * per_block)
+    num_blocks = max(2, budget // per_block)
+    pools = StatePools(backend, groups, num_blocks, args.block_size)
+    blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+    tokenizer = Tokenizer.from_dir(tok_dir)
+    eos = set(tokenizer.eos_token_ids)
+    gen_eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
+    eos |= set(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
+    log.info("loaded %s (%s line) on %s in %.2fs: %d KV blocks of %d tokens (%.1f MiB), max_model_len %d",
+             name, line.name, args.device, time.perf_counter() - t0, num_blocks, args.block_size,
+             num_blocks * per_block / 2**20, max_len)
+    return Engine(name, ModelRunner(built, backend, pools, args.block_size), blocks, args,
+                  tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=max_len,
+                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos))
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+
+
+def _demo(plugins: Plugins) -> tuple[ModelLine, dict[str, Any], Path]:
+    for line in plugins.lines.values():
+        demo = getattr(line, "demo_checkpoint", None)
+        if demo is not None:
+            config, tok_dir = demo()
+            return line, config, tok_dir
+    raise LoadError("no installed model line provides a demo model: `pip install openinfer-qwen3`, "
+                    "or pass --model PATH")
+
+
+def _check_weights(line: ModelLine, cfg: Any, weights: Checkpoint, shapes: dict[str, tuple[int, ...]],
+                   model: str) -> None:
+    have = set(weights.names())
+    missing = sorted(set(shapes) - have)
+    if missing:
+        raise LoadError(f"{model}: checkpoint lacks {len(missing)} tensor(s) the {line.name} line needs, "
+                        f"e.g. {', '.join(missing[:5])}")
+    for name, shape in shapes.items():
+        _, got, _ = weights.raw(name)
+        if tuple(got) != tuple(shape):
+            raise LoadError(f"{model}: tensor {name} has shape {tuple(got)}, config.json implies {tuple(shape)}")
+    ignored = line.ignored_weights(cfg)
+    extra = [n for n in have - set(shapes) if not n.startswith(ignored)] if ignored else sorted(have - set(shapes))
+    if extra:
+        log.warning("%s: %d checkpoint tensor(s) are not used by the %s line, e.g. %s", model, len(extra),
+                    line.name, ", ".join(sorted(extra)[:3]))

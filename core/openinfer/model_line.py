@@ -1,0 +1,104 @@
+"""The ModelLine contract: everything a plugin provides for one family of checkpoints.
+
+A model line is detected from config.json (`probe`), parses it into a frozen config, names the
+checkpoint tensors it needs, declares its per-request state (the KV manager's state groups) and
+the ops it calls (its kernel plan), and builds a Model whose `forward` runs on any backend.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Mapping
+
+if TYPE_CHECKING:
+    from .backends.numpy_backend import Backend
+    from .batch import Array, ForwardBatch
+    from .kernels.registry import Ops
+    from .kv.pool import StatePools
+    from .parsers import ChatFormat
+    from .weights import WeightSource
+
+
+@dataclass(frozen=True)
+class StateGroup:
+    """One kind of per-request state the KV manager allocates.
+
+    kind "paged": grows with the sequence in fixed-size blocks (attention K/V, MLA latents,
+    indexer keys); `parts` maps a part name to its per-token, per-layer element shape.
+    kind "slots": bounded state of fixed size per request (Gated DeltaNet conv + recurrent
+    state); `parts` gives its per-layer shape. `checkpointable` says a snapshot can be kept at
+    block boundaries so prefix reuse restores it together with the paged groups.
+    """
+    name: str
+    kind: Literal["paged", "slots"]
+    layers: int
+    parts: Mapping[str, tuple[int, ...]]
+    dtype: str = "model"               # "model": the compute dtype; or an explicit one ("float32")
+    checkpointable: bool = True
+
+    def elements_per_unit(self) -> int:
+        """Elements per token (paged) or per request (slots), over all layers and parts."""
+        total = 0
+        for shape in self.parts.values():
+            n = 1
+            for s in shape:
+                n *= s
+            total += n
+        return total * self.layers
+
+
+class Model(ABC):
+    """A built model on one backend. `forward` writes its state and returns the logits of the
+    batch's sample rows as a backend array [S, vocab]."""
+
+    @abstractmethod
+    def forward(self, batch: ForwardBatch, state: StatePools) -> Array: ...
+
+
+@dataclass(frozen=True)
+class Probe:
+    ok: bool
+    reason: str = ""
+
+
+class ModelLine(ABC):
+    name: str = ""
+    model_types: tuple[str, ...] = ()           # config.json model_type values it knows
+    presets: Mapping[str, Mapping[str, Any]] = {}   # preset name -> config.json of a real checkpoint shape
+
+    def probe(self, config: Mapping[str, Any]) -> Probe:
+        mt = config.get("model_type")
+        if mt in self.model_types:
+            return Probe(True)
+        return Probe(False, f"model_type {mt!r} is not one of {', '.join(self.model_types)}")
+
+    @abstractmethod
+    def parse_config(self, config: Mapping[str, Any]) -> Any:
+        """A validated, frozen config object; raise ValueError naming the bad field."""
+
+    @abstractmethod
+    def weight_shapes(self, cfg: Any) -> dict[str, tuple[int, ...]]:
+        """Checkpoint tensor name -> shape, for every tensor the model loads (dummy weights and
+        synth use this too)."""
+
+    def ignored_weights(self, cfg: Any) -> tuple[str, ...]:
+        """Name prefixes present in real checkpoints that this line deliberately skips (MTP, vision)."""
+        return ()
+
+    @abstractmethod
+    def state_spec(self, cfg: Any) -> list[StateGroup]: ...
+
+    @abstractmethod
+    def kernel_plan(self, cfg: Any) -> list[str]: ...
+
+    @abstractmethod
+    def build(self, cfg: Any, weights: WeightSource, backend: Backend, ops: Ops) -> Model: ...
+
+    @abstractmethod
+    def chat_format(self) -> ChatFormat: ...
+
+    def max_model_len(self, cfg: Any) -> int:
+        return int(getattr(cfg, "max_position_embeddings"))
+
+    def vocab_size(self, cfg: Any) -> int:
+        return int(getattr(cfg, "vocab_size"))

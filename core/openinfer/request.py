@@ -1,0 +1,165 @@
+"""A request inside the engine, and the ordered event stream its client reads.
+
+Events: Scheduled -> Tokens... -> exactly one terminal (Finished, Failed or Rejected). The order
+is enforced by `RequestStream.put`; a client reads with `for ev in stream` (threads) or
+`async for ev in stream` (asyncio), and the engine thread never blocks on a slow reader.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterator
+
+import numpy as np
+
+from .sampling import SamplingParams, SampleResult
+
+
+@dataclass
+class Scheduled:
+    cached_tokens: int            # prompt tokens served from the prefix cache
+
+
+@dataclass
+class Tokens:
+    token_ids: list[int]
+    samples: list[SampleResult]   # logprob details, one per token
+
+
+@dataclass
+class Finished:
+    reason: str                   # "stop" (eos / stop token), "length", "abort"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    stop_token: int | None = None
+
+
+@dataclass
+class Failed:
+    message: str                  # an engine error during this request's step
+
+
+@dataclass
+class Rejected:
+    reason: str                   # why it can never run (context length, KV budget)
+    param: str | None = None
+
+
+Event = Scheduled | Tokens | Finished | Failed | Rejected
+TERMINAL = (Finished, Failed, Rejected)
+
+
+class EventOrderError(RuntimeError):
+    pass
+
+
+class RequestStream:
+    """Thread-safe, ordered, single-consumer event queue of one request."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._events: deque[Event] = deque()
+        self._cond = threading.Condition()
+        self._state = "new"            # new -> scheduled -> done
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._state == "done"
+
+    def put(self, ev: Event) -> None:
+        with self._cond:
+            if self._state == "done":
+                raise EventOrderError(f"{self.request_id}: {type(ev).__name__} after the terminal event")
+            if isinstance(ev, Scheduled):
+                if self._state != "new":
+                    raise EventOrderError(f"{self.request_id}: scheduled twice")
+                self._state = "scheduled"
+            elif isinstance(ev, Tokens):
+                if self._state != "scheduled":
+                    raise EventOrderError(f"{self.request_id}: tokens before scheduled")
+            elif isinstance(ev, Finished) and self._state == "new" and ev.reason != "abort":
+                raise EventOrderError(f"{self.request_id}: finished before scheduled")
+            if isinstance(ev, TERMINAL):
+                self._state = "done"
+            self._events.append(ev)
+            self._cond.notify_all()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, fut = waiter
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+
+    def get(self, timeout: float | None = None) -> Event:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._events, timeout):
+                raise TimeoutError(f"no event for {self.request_id} within {timeout}s")
+            return self._events.popleft()
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            ev = self.get()
+            yield ev
+            if isinstance(ev, TERMINAL):
+                return
+
+    async def aget(self) -> Event:
+        while True:
+            with self._cond:
+                if self._events:
+                    return self._events.popleft()
+                loop = asyncio.get_running_loop()
+                fut = loop.create_future()
+                self._waiter = (loop, fut)
+            await fut
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while True:
+            ev = await self.aget()
+            yield ev
+            if isinstance(ev, TERMINAL):
+                return
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    """Scheduling state of one sequence. `num_computed` tokens have their KV in the cache."""
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: RequestStream
+    arrival: float
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    cached_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    reserved_blocks: int = 0        # lifetime blocks reserved at admission, not yet allocated
+    num_hashed_blocks: int = 0      # leading full blocks already registered in the prefix cache
+    block_hashes: list[int] = field(default_factory=list)
+    cache_salt: str = ""
+    rng: np.random.Generator | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    aborted: bool = False
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_ids) + self.params.max_tokens

@@ -1,0 +1,137 @@
+"""SamplingParams (honour-or-reject validation) and the numpy sampler.
+
+Every field is honoured by the engine or rejected at validation with the parameter's name, so a
+client is never silently ignored. The sampler runs per step over the rows that sample.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class ParamError(ValueError):
+    """A request parameter that cannot be honoured; `param` names it for the 400 response."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1                  # -1 or 0: disabled
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None      # None: none; k >= 0: the chosen token's logprob + top-k alternatives
+
+    def validate(self, vocab_size: int | None = None) -> SamplingParams:
+        def check(ok: bool, param: str, message: str) -> None:
+            if not ok:
+                raise ParamError(param, message)
+
+        check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "max_tokens must be an integer >= 1")
+        check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+              "min_tokens must be an integer between 0 and max_tokens")
+        check(0.0 <= self.temperature <= 2.0, "temperature", "temperature must be between 0 and 2")
+        check(0.0 < self.top_p <= 1.0, "top_p", "top_p must be in (0, 1]")
+        check(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0), "top_k",
+              "top_k must be -1 (disabled), 0 (disabled) or a positive integer")
+        check(0.0 <= self.min_p <= 1.0, "min_p", "min_p must be between 0 and 1")
+        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "presence_penalty must be between -2 and 2")
+        check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "frequency_penalty must be between -2 and 2")
+        check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "repetition_penalty must be in (0, 2]")
+        check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "logprobs",
+              "logprobs must be between 0 and 20")
+        check(self.seed is None or isinstance(self.seed, int), "seed", "seed must be an integer")
+        for tid, bias in self.logit_bias.items():
+            check(isinstance(tid, int) and (vocab_size is None or 0 <= tid < vocab_size), "logit_bias",
+                  f"logit_bias token id {tid} is outside the vocabulary")
+            check(-100.0 <= bias <= 100.0, "logit_bias", "logit_bias values must be between -100 and 100")
+        for tid in self.stop_token_ids:
+            check(isinstance(tid, int) and (vocab_size is None or 0 <= tid < vocab_size), "stop_token_ids",
+                  f"stop token id {tid} is outside the vocabulary")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class SampleResult:
+    token: int
+    logprob: float | None = None                     # of the chosen token, when logprobs was asked
+    top: list[tuple[int, float]] | None = None       # top-k (token, logprob), best first
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+def apply_penalties(logits: np.ndarray, p: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> np.ndarray:
+    """vLLM semantics: repetition over prompt+output, presence/frequency over the output only."""
+    if p.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(prompt_ids + output_ids, dtype=np.int64))
+        vals = logits[seen]
+        logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and output_ids:
+        ids, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
+        logits[ids] -= p.frequency_penalty * counts + p.presence_penalty
+    return logits
+
+
+def sample_row(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, prompt_ids: list[int],
+               output_ids: list[int], blocked: frozenset[int] | set[int] = frozenset()) -> SampleResult:
+    """Sample one token from one row of float32 logits. `blocked` (eos while min_tokens is unmet)
+    is masked before sampling. Logprobs are those of the processed distribution before the
+    temperature/top-k/top-p/min-p filters (penalties and biases included), as vLLM reports them."""
+    x = logits.astype(np.float32, copy=True)
+    x = apply_penalties(x, p, prompt_ids, output_ids)
+    for tid, bias in p.logit_bias.items():
+        x[tid] += bias
+    if blocked:
+        x[list(blocked)] = -np.inf
+    logp = _log_softmax(x) if p.logprobs is not None else None
+    if p.greedy:
+        token = int(np.argmax(x))
+    else:
+        token = _sample_filtered(x / p.temperature, p, rng)
+    if logp is None:
+        return SampleResult(token)
+    top = None
+    if p.logprobs:
+        idx = np.argpartition(-logp, p.logprobs - 1)[: p.logprobs]
+        idx = idx[np.argsort(-logp[idx], kind="stable")]
+        top = [(int(i), float(logp[i])) for i in idx]
+    return SampleResult(token, float(logp[token]), top)
+
+
+def _sample_filtered(x: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
+    probs = np.exp(x - x.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    sorted_p = probs[order]
+    keep = np.ones(len(order), dtype=bool)
+    if p.top_k > 0:
+        keep[p.top_k:] = False
+    if p.top_p < 1.0:
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        before = np.cumsum(sorted_p) - sorted_p
+        keep &= before < p.top_p
+    if p.min_p > 0.0:
+        keep &= sorted_p >= p.min_p * sorted_p[0]
+    kept = np.where(keep, sorted_p, 0.0)
+    kept /= kept.sum()
+    return int(order[rng.choice(len(order), p=kept)])

@@ -1,0 +1,149 @@
+"""Checkpoint tensors: safetensors read through mmap (bf16 included, no torch), shards, dummy weights.
+
+A WeightSource hands out host arrays by checkpoint name; the backend stages them to the device.
+safetensors' numpy API cannot read bf16, so the header is parsed here and the raw bytes mapped.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Protocol
+
+import numpy as np
+
+# safetensors dtype -> (numpy storage dtype, itemsize); bf16 is stored as uint16 bit patterns
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
+           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even float32 -> bf16 bit patterns (uint16)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = u + 0x7FFF + ((u >> 16) & 1)
+    return (rounded >> 16).astype(np.uint16)
+
+
+class WeightSource(Protocol):
+    def names(self) -> Iterable[str]: ...
+    def get(self, name: str) -> np.ndarray:
+        """The tensor as float32 (or its integer dtype), host memory."""
+    def raw(self, name: str) -> tuple[str, tuple[int, ...], np.ndarray]:
+        """(safetensors dtype, shape, storage array without conversion), for staging bf16 as is."""
+
+
+class SafetensorsFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        header.pop("__metadata__", None)
+        self._base = 8 + n
+        self.entries: dict[str, dict] = header
+
+    def raw(self, name: str) -> tuple[str, tuple[int, ...], np.ndarray]:
+        e = self.entries[name]
+        dtype = e["dtype"]
+        if dtype not in _DTYPES:
+            raise ValueError(f"{self.path}: tensor {name} has unsupported dtype {dtype}")
+        start, end = e["data_offsets"]
+        arr = np.frombuffer(self._mm, dtype=_DTYPES[dtype], count=(end - start) // np.dtype(_DTYPES[dtype]).itemsize,
+                            offset=self._base + start)
+        return dtype, tuple(e["shape"]), arr.reshape(e["shape"])
+
+
+class Checkpoint:
+    """All safetensors files of a folder (single file or sharded with an index)."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        d = Path(model_dir)
+        index = d / "model.safetensors.index.json"
+        if index.exists():
+            weight_map: Mapping[str, str] = json.loads(index.read_text())["weight_map"]
+            files = {f: SafetensorsFile(d / f) for f in sorted(set(weight_map.values()))}
+            self._where = {name: files[f] for name, f in weight_map.items()}
+        else:
+            paths = sorted(d.glob("*.safetensors"))
+            if not paths:
+                raise FileNotFoundError(f"no *.safetensors files in {d}")
+            self._where = {}
+            for p in paths:
+                sf = SafetensorsFile(p)
+                for name in sf.entries:
+                    self._where[name] = sf
+
+    def names(self) -> Iterable[str]:
+        return self._where.keys()
+
+    def raw(self, name: str) -> tuple[str, tuple[int, ...], np.ndarray]:
+        if name not in self._where:
+            raise KeyError(f"checkpoint has no tensor {name!r}")
+        return self._where[name].raw(name)
+
+    def get(self, name: str) -> np.ndarray:
+        dtype, _, arr = self.raw(name)
+        if dtype == "BF16":
+            return bf16_to_f32(arr)
+        if dtype in ("F16", "F64"):
+            return arr.astype(np.float32)
+        return arr
+
+
+class DummyWeights:
+    """Random weights of the real shapes (`--load-format dummy`), generated lazily per tensor.
+    Norm weights (1-D) are centred on 1 so activations stay in range."""
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], seed: int = 0, std: float = 0.02) -> None:
+        self.shapes = dict(shapes)
+        self.seed, self.std = seed, std
+
+    def names(self) -> Iterable[str]:
+        return self.shapes.keys()
+
+    def get(self, name: str) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, _stable_hash(name)])
+        shape = self.shapes[name]
+        if len(shape) == 1:
+            return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        return (self.std * rng.standard_normal(shape, dtype=np.float32))
+
+    def raw(self, name: str) -> tuple[str, tuple[int, ...], np.ndarray]:
+        return "F32", self.shapes[name], self.get(name)
+
+
+def _stable_hash(name: str) -> int:
+    h = 0
+    for ch in name.encode():
+        h = (h * 131 + ch) % (1 << 61)
+    return h
+
+
+def save_safetensors(path: str | Path, shapes: Mapping[str, tuple[int, ...]], get: Callable[[str], np.ndarray],
+                     dtype: str = "BF16") -> None:
+    """Write float tensors as one safetensors file in `dtype` (BF16, F16 or F32), fetching and
+    writing one tensor at a time so a multi-GB checkpoint never sits in memory whole."""
+    names = sorted(shapes)
+    header, offset = {}, 0
+    itemsize = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
+    for name in names:
+        size = int(np.prod(shapes[name])) * itemsize
+        header[name] = {"dtype": dtype, "shape": list(shapes[name]), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name in names:
+            arr = get(name)
+            if dtype == "BF16":
+                f.write(f32_to_bf16(arr).tobytes())
+            else:
+                f.write(np.ascontiguousarray(arr, dtype=np.float16 if dtype == "F16" else np.float32).tobytes())

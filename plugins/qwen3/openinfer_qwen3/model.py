@@ -1,0 +1,63 @@
+"""The Qwen3 dense decoder, written against the op registry (runs on every backend)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from openinfer.batch import Array, ForwardBatch
+from openinfer.kernels.registry import Ops
+from openinfer.kv.pool import StatePools
+from openinfer.layers.attention import AttentionWeights, GQAAttention, fuse_rows
+from openinfer.layers.rope import cos_sin
+from openinfer.model_line import Model
+from openinfer.weights import WeightSource
+
+from .config import Qwen3Config
+
+
+@dataclass
+class Layer:
+    input_norm: Array
+    post_norm: Array
+    attn: GQAAttention
+    gate_up: Array      # [2I, H]: gate and up fused at load
+    down: Array         # [H, I]
+
+
+class Qwen3Model(Model):
+    def __init__(self, cfg: Qwen3Config, weights: WeightSource, backend, ops: Ops) -> None:
+        self.cfg, self.ops = cfg, ops
+        get = weights.get
+        up = backend.asarray
+        cos, sin = cos_sin(cfg.rope, cfg.max_position_embeddings)
+        cos, sin = up(cos, "float32"), up(sin, "float32")
+        self.embed = up(get("model.embed_tokens.weight"))
+        self.lm_head = self.embed if cfg.tie_word_embeddings else up(get("lm_head.weight"))
+        self.norm = up(get("model.norm.weight"))
+        self.layers = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            attn_w = AttentionWeights(
+                qkv=fuse_rows(backend, get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight"),
+                              get(p + "self_attn.v_proj.weight")),
+                o=up(get(p + "self_attn.o_proj.weight")),
+                q_norm=up(get(p + "self_attn.q_norm.weight")), k_norm=up(get(p + "self_attn.k_norm.weight")))
+            self.layers.append(Layer(
+                input_norm=up(get(p + "input_layernorm.weight")),
+                post_norm=up(get(p + "post_attention_layernorm.weight")),
+                attn=GQAAttention(ops, i, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
+                                  cos, sin, attn_w),
+                gate_up=fuse_rows(backend, get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")),
+                down=up(get(p + "mlp.down_proj.weight"))))
+
+    def forward(self, batch: ForwardBatch, state: StatePools) -> Array:
+        ops, eps = self.ops, self.cfg.rms_norm_eps
+        h = ops.embedding(self.embed, batch.token_ids)
+        residual = h
+        x = ops.rms_norm(h, self.layers[0].input_norm, eps)
+        for i, layer in enumerate(self.layers):
+            a = layer.attn(x, batch, state)
+            x, residual = ops.add_rms_norm(a, residual, layer.post_norm, eps)
+            m = ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up)), layer.down)
+            next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            x, residual = ops.add_rms_norm(m, residual, next_norm, eps)
+        return ops.linear(ops.gather_rows(x, batch.sample_rows), self.lm_head)
