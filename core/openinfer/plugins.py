@@ -101,6 +101,7 @@ class Plugins:
             self.infos.append(info)
         except Exception as e:  # noqa: BLE001
             self.lines = lines_before
+            self.line_owner = {k: v for k, v in self.line_owner.items() if k in self.lines}
             self.kernels.remove_provider(name)
             if self.pm.is_registered(module):
                 self.pm.unregister(module)

@@ -1,0 +1,169 @@
+"""`openinfer serve | generate | plugins | synth | bench`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .engine_args import EngineArgs
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default=None, help="compute dtype (CPU: float32; CUDA: bfloat16 or float32)")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-memory-gib", type=float, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--enforce-eager", action="store_true", help="CUDA: no graph capture")
+    p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
+
+
+def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
+    return EngineArgs(device=a.device, dtype=a.dtype, load_format=a.load_format, max_model_len=a.max_model_len,
+                      max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
+                      block_size=a.block_size, kv_cache_memory_gib=a.kv_cache_memory_gib,
+                      gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=not a.no_prefix_caching,
+                      served_model_name=name, seed=a.seed, enforce_eager=a.enforce_eager)
+
+
+def _parse_model(spec: str) -> tuple[str | None, str]:
+    """NAME=PATH or PATH."""
+    name, sep, path = spec.partition("=")
+    return (name, path) if sep and not Path(spec).exists() else (None, spec)
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from .engine import build_engine
+    from .server.host import ModelHost
+    from .server.run import serve
+    specs = [_parse_model(m) for m in a.model] or [(None, None)]
+    engines = [build_engine(path, _engine_args(a, name)) for name, path in specs]
+    host = ModelHost(engines)
+    serve(host, a.host, a.port, a.log_level)
+    return 0
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from .detokenize import IncrementalDetokenizer, StopStringMatcher
+    from .engine import build_engine
+    from .request import Failed, Finished, Rejected, Tokens
+    from .sampling import SamplingParams
+    eng = build_engine(a.model, _engine_args(a)).start()
+    tok = eng.tokenizer
+    text = a.prompt
+    if a.chat:
+        text = tok.apply_chat_template([{"role": "user", "content": a.prompt}], add_generation_prompt=True)
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p,
+                            seed=a.sampling_seed).validate(eng.vocab_size)
+    stream = eng.submit(tok.encode(text), params)
+    detok, stops = IncrementalDetokenizer(tok), StopStringMatcher(a.stop or [])
+    try:
+        for ev in stream:
+            if isinstance(ev, Tokens):
+                out, matched = stops.feed(detok.add(ev.token_ids))
+                sys.stdout.write(out)
+                sys.stdout.flush()
+                if matched:
+                    eng.abort(stream.request_id)
+                    break
+            elif isinstance(ev, (Failed, Rejected)):
+                print(f"\nerror: {getattr(ev, 'message', None) or ev.reason}", file=sys.stderr)
+                return 1
+            elif isinstance(ev, Finished):
+                sys.stdout.write(stops.feed(detok.flush())[0] + stops.flush())
+        print()
+        return 0
+    finally:
+        eng.shutdown()
+
+
+def cmd_plugins(a: argparse.Namespace) -> int:
+    from .plugins import get_plugins
+    plugins = get_plugins()
+    print("plugins:")
+    for info in plugins.infos:
+        lines = f" model lines: {', '.join(info.model_lines)}" if info.model_lines else ""
+        print(f"  {info.name} ({info.distribution} {info.version}){lines}")
+    if plugins.errors:
+        print("failed to load:")
+        for err in plugins.errors:
+            print(f"  {err.plugin} ({err.distribution}): {err.error}")
+    if a.plan:
+        from .backends import get_backend
+        from .config import read_model_config
+        from .detect import detect_line
+        line = detect_line(read_model_config(a.plan), plugins, f"{a.plan}/config.json")
+        backend = get_backend(a.device)
+        ops = plugins.kernels.resolve(line.kernel_plan(line.parse_config(read_model_config(a.plan))),
+                                      backend.name, backend.dtype)
+        print(f"kernel plan of {a.plan} ({line.name} line, {backend.name}/{backend.dtype}):")
+        for op, impl in ops.describe().items():
+            print(f"  {op:18s} {impl}")
+    return 1 if plugins.errors and a.strict else 0
+
+
+def cmd_synth(a: argparse.Namespace) -> int:
+    from .synth import synthesize
+    synthesize(a.preset, Path(a.out), seed=a.seed, dtype=a.dtype)
+    print(f"wrote {a.preset} checkpoint to {a.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="openinfer", description="A framework-free LLM inference engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve models over an OpenAI-compatible HTTP API")
+    s.add_argument("--model", action="append", default=[], metavar="[NAME=]PATH",
+                   help="a checkpoint folder, optionally named; repeat to host several (none: the demo model)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--log-level", default="info")
+    _engine_flags(s)
+    s.set_defaults(func=cmd_serve)
+    g = sub.add_parser("generate", help="one prompt in, text out (streamed to the terminal)")
+    g.add_argument("prompt")
+    g.add_argument("--model", default=None, help="checkpoint folder (none: the demo model)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--sampling-seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=None)
+    _engine_flags(g)
+    g.set_defaults(func=cmd_generate)
+    p = sub.add_parser("plugins", help="installed plugins, their model lines and load errors")
+    p.add_argument("--plan", metavar="MODEL_DIR", help="also print which implementation each op of this model gets")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a plugin failed to load")
+    p.set_defaults(func=cmd_plugins)
+    y = sub.add_parser("synth", help="write a random-weight checkpoint with a preset's real shapes")
+    y.add_argument("--preset", required=True, help="e.g. qwen3-4b, qwen3-8b, qwen3-tiny")
+    y.add_argument("--out", required=True)
+    y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--dtype", default="BF16", choices=["BF16", "F16", "F32"])
+    y.set_defaults(func=cmd_synth)
+    from .bench.cli import add_parser as add_bench
+    add_bench(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"openinfer: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""`openinfer synth`: a random-weight checkpoint with a preset's real shapes, config and tokenizer."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .plugins import get_plugins
+from .weights import DummyWeights, save_safetensors
+
+
+def synthesize(preset: str, out: Path, seed: int = 0, dtype: str = "BF16") -> None:
+    plugins = get_plugins()
+    owners = {name: line for line in plugins.lines.values() for name in line.presets}
+    if preset not in owners:
+        raise ValueError(f"unknown preset {preset!r}; installed presets: {', '.join(sorted(owners)) or 'none'}")
+    line = owners[preset]
+    config = dict(line.presets[preset])
+    shapes = line.weight_shapes(line.parse_config(config))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    weights = DummyWeights(shapes, seed=seed)
+    save_safetensors(out / "model.safetensors", shapes, weights.get, dtype)
+    demo = getattr(line, "demo_checkpoint", None)
+    if demo is not None:
+        _, tok_dir = demo()
+        for f in Path(tok_dir).iterdir():
+            shutil.copy(f, out / f.name)
