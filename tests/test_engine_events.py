@@ -1,0 +1,127 @@
+"""Engine behaviour on the demo model: event order, rejection reasons, abort frees KV, sampling
+parameters (seeded reproducibility, stop tokens, min_tokens, logprobs)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from openinfer.engine import EngineArgs, build_engine
+from openinfer.request import EventOrderError, Finished, Rejected, RequestStream, Scheduled, Tokens
+from openinfer.sampling import ParamError, SamplingParams
+from openinfer.testing.engine import collect, generate, greedy, run_to_completion
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return build_engine(None, EngineArgs(max_model_len=256, kv_cache_memory_gib=0.01))
+
+
+PROMPT = [9707, 11, 1879, 0, 358, 1079]
+
+
+def test_event_order_is_enforced():
+    s = RequestStream("x")
+    with pytest.raises(EventOrderError):
+        s.put(Tokens([1], []))
+    s.put(Scheduled(0))
+    s.put(Finished("length", 1, 1, 0))
+    with pytest.raises(EventOrderError):
+        s.put(Tokens([1], []))
+
+
+def test_events_arrive_in_order(engine):
+    s = engine.submit(PROMPT, greedy(5))
+    run_to_completion(engine, [s])
+    events = list(s)
+    assert isinstance(events[0], Scheduled) and isinstance(events[-1], Finished)
+    assert all(isinstance(e, Tokens) for e in events[1:-1]) and len(events) == 7
+
+
+def test_rejections_name_the_reason(engine):
+    [ev] = list(engine.submit(list(range(250)), SamplingParams(max_tokens=10)))
+    assert isinstance(ev, Rejected) and ev.param == "max_tokens" and "maximum context length is 256" in ev.reason
+    [ev] = list(engine.submit([], SamplingParams()))
+    assert isinstance(ev, Rejected) and ev.param == "prompt"
+    [ev] = list(engine.submit([10**9], SamplingParams()))
+    assert isinstance(ev, Rejected) and "token ids" in ev.reason
+
+
+def test_kv_budget_rejection():
+    small = build_engine(None, EngineArgs(max_model_len=4096, kv_cache_memory_gib=0.0005, block_size=16))
+    [ev] = list(small.submit(PROMPT, SamplingParams(max_tokens=3000)))
+    assert isinstance(ev, Rejected) and "KV cache" in ev.reason
+
+
+def test_abort_frees_kv_at_once(engine):
+    engine.start()
+    try:
+        s = engine.submit(PROMPT, greedy(200))
+        first = s.get(timeout=30)
+        assert isinstance(first, Scheduled)
+        s.get(timeout=30)
+        assert engine.blocks.usage() > 0
+        engine.abort(s.request_id)
+        engine.abort(s.request_id)          # idempotent
+        rest = list(s)
+        assert isinstance(rest[-1], Finished) and rest[-1].reason == "abort"
+        deadline = threading.Event()
+        for _ in range(100):
+            if engine.blocks.usage() == 0.0:
+                break
+            deadline.wait(0.05)
+        assert engine.blocks.usage() == 0.0
+    finally:
+        engine.shutdown()
+
+
+def test_seed_reproducible_and_distinct(engine):
+    p = dict(max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, ignore_eos=True)
+    [(a, _, _), (b, _, _), (c, _, _)] = generate(engine, [PROMPT] * 3, [SamplingParams(seed=1, **p),
+                                                                       SamplingParams(seed=1, **p),
+                                                                       SamplingParams(seed=2, **p)])
+    assert a == b and a != c
+
+
+def test_stop_token_and_min_tokens(engine):
+    [(tokens, _, _)] = generate(engine, [PROMPT], greedy(6))
+    stop = tokens[2]
+    [(t, fin, _)] = generate(engine, [PROMPT], SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[stop],
+                                                              ignore_eos=True))
+    assert t == tokens[:3] and fin.reason == "stop" and fin.stop_token == stop
+    [(t, fin, _)] = generate(engine, [PROMPT], SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[stop],
+                                                              min_tokens=4, ignore_eos=True))
+    assert stop not in t[:4] and len(t) >= 4
+
+
+def test_logprobs_are_log_softmax(engine):
+    [(t, _, _)] = generate(engine, [PROMPT], greedy(3, logprobs=5))
+    s = engine.submit(PROMPT, greedy(3, logprobs=5))
+    run_to_completion(engine, [s])
+    samples = [smp for ev in s if isinstance(ev, Tokens) for smp in ev.samples]
+    for smp in samples:
+        assert smp.top[0][0] == smp.token and abs(smp.top[0][1] - smp.logprob) < 1e-6
+        assert all(a[1] >= b[1] for a, b in zip(smp.top, smp.top[1:])) and smp.logprob <= 0
+
+
+def test_parameter_validation_names_the_field():
+    for kw, param in [(dict(temperature=3), "temperature"), (dict(top_p=0), "top_p"), (dict(max_tokens=0), "max_tokens"),
+                      (dict(logprobs=21), "logprobs"), (dict(logit_bias={10**9: 1.0}), "logit_bias"),
+                      (dict(presence_penalty=5), "presence_penalty")]:
+        with pytest.raises(ParamError) as e:
+            SamplingParams(**kw).validate(1000)
+        assert e.value.param == param
+
+
+def test_penalties_and_bias_change_the_distribution():
+    from openinfer.sampling import sample_row
+    rng = np.random.default_rng(0)
+    logits = np.zeros(10, dtype=np.float32)
+    logits[3] = 5.0
+    assert sample_row(logits, SamplingParams(temperature=0), rng, [], []).token == 3
+    assert sample_row(logits, SamplingParams(temperature=0, logit_bias={7: 10.0}), rng, [], []).token == 7
+    assert sample_row(logits, SamplingParams(temperature=0, frequency_penalty=2.0), rng, [], [3, 3, 3]).token != 3
+    assert sample_row(logits, SamplingParams(temperature=0, repetition_penalty=2.0), rng, [3], []).token == 3
+    assert sample_row(logits, SamplingParams(temperature=1.0, top_k=1), rng, [], []).token == 3
+    assert sample_row(logits, SamplingParams(temperature=1.0, min_p=0.5), rng, [], []).token == 3

@@ -1,0 +1,91 @@
+"""Block manager, prefix cache and scheduler, with no model (CPU, fast)."""
+from __future__ import annotations
+
+import pytest
+
+from openinfer.kv.block_manager import BlockManager
+from openinfer.request import Request, RequestStream, Status
+from openinfer.sampling import SamplingParams
+from openinfer.scheduler import Scheduler
+
+
+def req(rid: str, prompt: list[int], max_tokens: int = 4) -> Request:
+    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens), RequestStream(rid), 0.0)
+
+
+def compute_all(bm: BlockManager, r: Request) -> None:
+    bm.allocate(r, r.num_tokens)
+    r.num_computed = r.num_tokens
+    bm.commit(r)
+
+
+def test_reservation_covers_the_whole_lifetime():
+    bm = BlockManager(num_blocks=9, block_size=4)          # 8 usable
+    a = req("a", list(range(10)), max_tokens=6)             # 16 tokens -> 4 blocks
+    assert bm.try_admit(a) and bm.reserved == 4
+    b = req("b", list(range(100, 110)), max_tokens=10)      # 20 tokens -> 5 blocks: does not fit now
+    assert not bm.try_admit(b) and b.block_ids == []
+    bm.allocate(a, 16)
+    assert bm.reserved == 0 and len(a.block_ids) == 4
+    with pytest.raises(RuntimeError, match="outgrew"):
+        bm.allocate(a, 17)
+    bm.release(a)
+    assert bm.try_admit(b)
+
+
+def test_prefix_hit_needs_identical_tokens_and_recomputes_one_token():
+    bm = BlockManager(num_blocks=32, block_size=4)
+    a = req("a", list(range(12)))
+    assert bm.try_admit(a)
+    compute_all(bm, a)
+    bm.release(a)
+    same = req("same", list(range(12)))                     # 12 tokens: 2 full blocks reusable (not the 3rd)
+    assert bm.try_admit(same) and same.cached_tokens == 8 and same.num_computed == 8
+    other_salt = req("salt", list(range(12)))
+    other_salt.cache_salt = "tenant-2"
+    assert bm.try_admit(other_salt) and other_salt.cached_tokens == 0
+    diverge = req("div", [0, 1, 2, 3, 9, 9, 9, 9, 8, 8])
+    assert bm.try_admit(diverge) and diverge.cached_tokens == 4
+    assert bm.stats.hits == 12
+
+
+def test_lru_eviction_drops_unreferenced_cached_blocks_and_reports_them():
+    bm = BlockManager(num_blocks=5, block_size=4)            # 4 usable
+    evicted = []
+    bm.on_evict = lambda b, h: evicted.append(b)
+    a = req("a", list(range(8)), max_tokens=1)
+    assert bm.try_admit(a)
+    compute_all(bm, a)
+    bm.release(a)
+    assert len(bm.evictable) == 2 and bm.usage() == 0.0
+    b = req("b", list(range(50, 62)), max_tokens=4)          # 16 tokens: needs all 4 blocks
+    assert bm.try_admit(b)
+    bm.allocate(b, 16)
+    assert len(evicted) == 2 and not bm.by_hash
+    c = req("c", list(range(8)), max_tokens=1)
+    assert not bm.try_admit(c)
+
+
+def test_scheduler_chunks_prefill_and_mixes_decode_rows():
+    bm = BlockManager(num_blocks=64, block_size=4)
+    s = Scheduler(bm, max_num_batched_tokens=8, max_num_seqs=4)
+    a, b = req("a", list(range(5))), req("b", list(range(20, 40)))
+    s.add(a)
+    s.add(b)
+    plan = s.schedule()
+    assert [(r.req.request_id, r.start, r.length, r.samples) for r in plan.runs] == [("a", 0, 5, True), ("b", 0, 3, False)]
+    a.num_computed, b.num_computed = 5, 3
+    a.output_ids.append(7)
+    plan = s.schedule()
+    assert [(r.req.request_id, r.start, r.length) for r in plan.runs] == [("a", 5, 1), ("b", 3, 7)]
+    s.finish(a)
+    assert a.status == Status.FINISHED and a.block_ids == [] and bm.reserved == b.reserved_blocks
+
+
+def test_scheduler_caps_running_sequences():
+    bm = BlockManager(num_blocks=64, block_size=4)
+    s = Scheduler(bm, max_num_batched_tokens=100, max_num_seqs=2)
+    for i in range(3):
+        s.add(req(str(i), [1, 2, 3]))
+    plan = s.schedule()
+    assert len(plan.runs) == 2 and len(s.waiting) == 1
