@@ -1,0 +1,131 @@
+"""create_app(host): the Starlette application and its routes.
+
+Every route answers errors with the OpenAI envelope (errors.py), including unknown paths and
+unexpected exceptions (a 500 that names no internals beyond the exception's message). The
+generation routes run raced against the client's disconnect (submission.until_disconnect).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from openinfer.tokenizer import ChatTemplateError
+
+from . import metrics
+from .chat import create_chat_completion
+from .completions import create_completion
+from .errors import APIError, bad_request, model_not_found
+from .fields import parse_json_object
+from .host import ModelHost
+from .protocol import parse_detokenize, parse_tokenize
+from .submission import ClientDisconnected, until_disconnect
+
+log = logging.getLogger("openinfer.server")
+CLIENT_GONE = 499  # nginx's code for "client closed request"; nobody reads it
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def endpoint(fn: Handler) -> Handler:
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except APIError as e:
+            return e.response()
+        except (ClientDisconnect, ClientDisconnected):
+            return Response(status_code=CLIENT_GONE)
+        except Exception as e:
+            log.exception("unexpected error on %s", request.url.path)
+            return APIError(500, f"Internal server error: {type(e).__name__}: {e}", code="internal_error").response()
+    return wrapped
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    return parse_json_object(await request.body())
+
+
+def create_app(host: ModelHost) -> Starlette:
+    def generation(handler: Callable[[ModelHost, dict[str, Any]], Awaitable[Response]]) -> Handler:
+        @endpoint
+        async def route(request: Request) -> Response:
+            body = await read_json(request)
+            return await until_disconnect(request.receive, handler(host, body))
+        return route
+
+    @endpoint
+    async def list_models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [m.card() for m in host]})
+
+    @endpoint
+    async def get_model(request: Request) -> Response:
+        name = request.path_params["model"]
+        for m in host:
+            if m.name == name:
+                return JSONResponse(m.card())
+        raise model_not_found(name)
+
+    @endpoint
+    async def tokenize(request: Request) -> Response:
+        req = parse_tokenize(await read_json(request))
+        model = host.get(req.model)
+        tokenizer = model.engine.tokenizer
+
+        def encode() -> list[int]:
+            text = req.prompt
+            if req.messages is not None:
+                try:
+                    text = tokenizer.apply_chat_template(req.messages, tools=req.tools,
+                                                         add_generation_prompt=req.add_generation_prompt,
+                                                         **req.template_kwargs)
+                except (ChatTemplateError, TypeError) as e:
+                    raise bad_request(f"The chat template rejected the messages: {e}", "messages") from None
+            return tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+
+        tokens = await asyncio.to_thread(encode)
+        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": model.engine.max_model_len})
+
+    @endpoint
+    async def detokenize(request: Request) -> Response:
+        name, tokens = parse_detokenize(await read_json(request))
+        model = host.get(name)
+        if bad := [t for t in tokens if not 0 <= t < model.engine.vocab_size]:
+            raise bad_request(f"Token id {bad[0]} is outside the vocabulary.", "tokens")
+        text = await asyncio.to_thread(model.engine.tokenizer.decode, tokens)
+        return JSONResponse({"prompt": text})
+
+    @endpoint
+    async def health(_: Request) -> Response:
+        dead = [f"'{m.name}': {m.engine.dead_reason}" for m in host if not m.engine.is_alive()]
+        if dead:
+            return APIError(503, "Engine dead: " + "; ".join(dead), code="engine_dead").response()
+        return Response(status_code=200)
+
+    @endpoint
+    async def metrics_text(_: Request) -> Response:
+        text = metrics.render([(m.name, m.metrics, m.engine.stats()) for m in host])
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return APIError(exc.status_code, exc.detail, code="not_found" if exc.status_code == 404 else None).response()
+
+    routes = [
+        Route("/v1/models", list_models),
+        Route("/v1/models/{model:path}", get_model),
+        Route("/v1/completions", generation(create_completion), methods=["POST"]),
+        Route("/v1/chat/completions", generation(create_chat_completion), methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/health", health),
+        Route("/metrics", metrics_text),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app.state.host = host
+    return app

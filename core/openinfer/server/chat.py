@@ -1,0 +1,113 @@
+"""POST /v1/chat/completions: chat template -> engine -> reasoning / content / tool calls.
+
+Streaming follows serving.md §5.4: `role` rides on each choice's first delta (sent with the first
+real output, so a client's TTFT is not a fake early chunk); a tool call's first delta carries
+index, id, type and name, later ones index and the next `arguments` text (never null); the
+choice ends with finish_reason "tool_calls" when calls were produced.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.responses import Response
+
+from openinfer.parsers import ToolCallDelta, collect_tool_calls
+from openinfer.sampling import SamplingParams
+from openinfer.tokenizer import ChatTemplateError
+
+from .errors import bad_request
+from .generate import max_tokens_for, respond
+from .host import ModelHost, ServedModel
+from .output import ChoiceOutput, Piece, finite
+from .protocol import ChatRequest, parse_chat
+from .submission import Choice
+
+
+def _tool_delta(d: ToolCallDelta) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": d.index}
+    if d.id is not None:
+        out.update(id=d.id, type="function")
+        out["function"] = {"name": d.name, "arguments": d.arguments}
+    else:
+        out["function"] = {"arguments": d.arguments}
+    return out
+
+
+class ChatCompletionFormat:
+    prefix = "chatcmpl"
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, model: ServedModel, req: ChatRequest, prompt_text: str) -> None:
+        self.engine = model.engine
+        self.req = req
+        self.prompt_text = prompt_text
+        self._role_sent: set[int] = set()
+
+    def output(self, params: SamplingParams) -> ChoiceOutput:
+        parser = self.engine.chat_format.stream_parser(self.prompt_text, self.req.tools)
+        return ChoiceOutput(self.engine.tokenizer, self.engine.eos_token_ids, self.req.gen, params, parser)
+
+    def _logprobs(self, samples: list) -> dict[str, Any] | None:
+        if self.req.gen.logprobs is None:
+            return None
+        tok = self.engine.tokenizer
+
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            return {"token": tok.token_text(token), "logprob": finite(logprob), "bytes": tok.token_bytes(token)}
+
+        return {"content": [{**entry(s.token, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top or []]}
+                            for s, _ in samples]}
+
+    def chunk_choice(self, c: Choice, piece: Piece) -> dict[str, Any] | None:
+        d = piece.parsed
+        delta: dict[str, Any] = {}
+        if d.reasoning:
+            delta["reasoning_content"] = d.reasoning
+        if d.content:
+            delta["content"] = d.content
+        if d.tool_calls:
+            delta["tool_calls"] = [_tool_delta(t) for t in d.tool_calls]
+        if not delta and not piece.samples and piece.finish_reason is None:
+            return None  # the parser held the text back (a partial tag)
+        if c.index not in self._role_sent:
+            self._role_sent.add(c.index)
+            delta = {"role": "assistant", **delta}
+        return {"index": c.index, "delta": delta, "logprobs": self._logprobs(piece.samples),
+                "finish_reason": piece.finish_reason}
+
+    def final_choice(self, c: Choice) -> dict[str, Any]:
+        out = c.out.parsed
+        calls = collect_tool_calls(out.tool_calls)
+        message: dict[str, Any] = {"role": "assistant", "content": out.content or (None if calls else ""),
+                                   "reasoning_content": out.reasoning or None}
+        if calls:
+            message["tool_calls"] = [{"id": t.id, "type": "function",
+                                      "function": {"name": t.name, "arguments": t.arguments}} for t in calls]
+        return {"index": c.index, "message": message, "logprobs": self._logprobs(c.out.samples),
+                "finish_reason": c.out.finish_reason}
+
+
+def _render(model: ServedModel, req: ChatRequest) -> tuple[str, list[int]]:
+    tokenizer = model.engine.tokenizer
+    try:
+        text = tokenizer.apply_chat_template(req.messages, tools=req.tools,
+                                             add_generation_prompt=req.add_generation_prompt, **req.template_kwargs)
+    except ChatTemplateError as e:
+        raise bad_request(f"The chat template rejected the messages: {e}", "messages") from None
+    ids = tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+    if not ids:
+        raise bad_request("The chat template rendered an empty prompt.", "messages")
+    return text, ids
+
+
+async def create_chat_completion(host: ModelHost, body: dict[str, Any]) -> Response:
+    arrival = time.perf_counter()
+    req = parse_chat(body)
+    model = host.get(req.gen.model)
+    text, ids = await asyncio.to_thread(_render, model, req)  # templating + encoding off the event loop
+    max_tokens = max_tokens_for(model, len(ids), req.gen, None, "messages")
+    plan = [(0, ids, req.gen.params(j, max_tokens, model.engine.vocab_size)) for j in range(req.gen.n)]
+    return await respond(model, req.gen, ChatCompletionFormat(model, req, text), arrival, plan, [len(ids)])

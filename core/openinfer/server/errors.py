@@ -1,0 +1,45 @@
+"""The OpenAI error envelope: `{"error": {"message", "type", "param", "code"}}`.
+
+Client mistakes are 400 (openai-python retries >= 500, so a 500 for bad input would triple the
+load); an unknown model is 404 `model_not_found`. Every error the server returns, before or
+after the first byte of a stream, goes through this module.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+_TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "server_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    """An error that becomes one HTTP response (or one mid-stream error event)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param, code or "invalid_value")
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found",
+                    type="invalid_request_error")
+
+
+def engine_error(message: str) -> APIError:
+    return APIError(500, message, code="engine_error")

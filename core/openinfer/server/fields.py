@@ -1,0 +1,104 @@
+"""Typed, named reads of a JSON request object, so every mistake is a 400 naming its field.
+
+A `Fields` remembers which keys were read; `finish()` rejects whatever is left, so a parameter is
+either honoured (read) or refused by name, never silently dropped. JSON null means "absent"
+(as OpenAI's optional fields allow), so an unknown key set to null is not an error.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import bad_request
+
+# OpenAI metadata that never changes the output: accepted and ignored.
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
+
+_KINDS: dict[str, tuple[type, ...]] = {
+    "bool": (bool,), "int": (int,), "number": (int, float), "str": (str,), "list": (list,), "object": (dict,)}
+_NAMES = {"bool": "a boolean", "int": "an integer", "number": "a number", "str": "a string", "list": "an array",
+          "object": "an object"}
+
+
+def is_kind(value: Any, kind: str) -> bool:
+    if isinstance(value, bool) and kind != "bool":  # JSON true is not the number 1
+        return False
+    return isinstance(value, _KINDS[kind])
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"The request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+class Fields:
+    def __init__(self, data: dict[str, Any], prefix: str = "") -> None:
+        self.data = data
+        self.prefix = prefix
+        self._read: set[str] = set()
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def take(self, key: str) -> Any:
+        """The raw value, marking the key as handled."""
+        self._read.add(key)
+        return self.data.get(key)
+
+    def get(self, key: str, kind: str, default: Any = None, required: bool = False) -> Any:
+        value = self.take(key)
+        if value is None:
+            if required:
+                raise bad_request(f"'{self.name(key)}' is a required property.", self.name(key), "missing_required")
+            return default
+        if not is_kind(value, kind):
+            raise bad_request(f"'{self.name(key)}' must be {_NAMES[kind]}, got {json.dumps(value)[:80]}.",
+                              self.name(key), "invalid_type")
+        return value
+
+    def ranged(self, key: str, kind: str, lo: float, hi: float, default: Any = None) -> Any:
+        value = self.get(key, kind, default)
+        if value is not None and not lo <= value <= hi:
+            raise bad_request(f"'{self.name(key)}' must be between {lo} and {hi}, got {value}.", self.name(key))
+        return value
+
+    def only(self, key: str, *noops: Any) -> None:
+        """A field we do not implement: accepted only at a value that leaves the output unchanged."""
+        value = self.take(key)
+        if value is not None and value not in noops:
+            raise bad_request(f"'{self.name(key)}' = {json.dumps(value)[:80]} is not supported by this server.",
+                              self.name(key), "unsupported_parameter")
+
+    def sub(self, key: str, required: bool = False) -> Fields | None:
+        value = self.get(key, "object", required=required)
+        return None if value is None else Fields(value, self.name(key))
+
+    def finish(self, ignored: frozenset[str] = frozenset()) -> None:
+        for key, value in self.data.items():
+            if key not in self._read and key not in ignored and value is not None:
+                raise bad_request(f"Unsupported parameter: '{self.name(key)}'.", self.name(key),
+                                  "unsupported_parameter")
+
+
+def str_list(f: Fields, key: str) -> list[str]:
+    """A string or a list of strings (OpenAI's `stop`)."""
+    value = f.take(key)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return value
+    raise bad_request(f"'{f.name(key)}' must be a string or an array of strings.", f.name(key), "invalid_type")
+
+
+def int_list(f: Fields, key: str) -> list[int] | None:
+    value = f.get(key, "list")
+    if value is not None and not all(is_kind(v, "int") for v in value):
+        raise bad_request(f"'{f.name(key)}' must be an array of integers.", f.name(key), "invalid_type")
+    return value

@@ -1,0 +1,91 @@
+"""The request path both generation endpoints share, after their own parsing and prompt building:
+length check -> submit every choice -> wait until the engine took them -> stream or collect.
+
+An endpoint supplies a Format (how a choice becomes JSON); this module owns the order of
+things and the abort-on-every-exit rule (the SSE response takes over `close` once returned).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, AsyncIterator, Protocol
+
+from starlette.responses import JSONResponse, Response
+
+from openinfer.sampling import SamplingParams
+
+from .errors import APIError, bad_request
+from .host import ServedModel
+from .output import ChoiceOutput, Piece
+from .protocol import Generation
+from .sse import DONE, SSEResponse, error_event, event
+from .submission import Choice, Submission
+
+log = logging.getLogger("openinfer.server")
+
+
+class Format(Protocol):
+    prefix: str          # response id prefix
+    object: str          # response object type
+    chunk_object: str    # stream chunk object type
+
+    def output(self, params: SamplingParams) -> ChoiceOutput: ...
+    def chunk_choice(self, c: Choice, piece: Piece) -> dict[str, Any] | None: ...
+    def final_choice(self, c: Choice) -> dict[str, Any]: ...
+
+
+def max_tokens_for(model: ServedModel, prompt_len: int, gen: Generation, default: int | None,
+                   prompt_param: str) -> int:
+    """The request's max_tokens, else `default` (None: fill the context) clamped to what fits;
+    400 with the numbers when the prompt plus max_tokens exceed the context (serving.md §7.6)."""
+    limit = model.engine.max_model_len
+    if prompt_len >= limit:
+        raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {prompt_param} "
+                          f"has {prompt_len} tokens, which leaves no room for the completion. Please reduce the "
+                          f"length of the {prompt_param}.", prompt_param, "context_length_exceeded")
+    if gen.max_tokens is None:
+        return min(default or limit, limit - prompt_len)
+    if gen.max_tokens >= 1 and prompt_len + gen.max_tokens > limit:
+        raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
+                          f"{prompt_len + gen.max_tokens} tokens ({prompt_len} in the {prompt_param}, "
+                          f"{gen.max_tokens} for the completion). Please reduce the length of the {prompt_param} "
+                          f"or '{gen.max_tokens_param}'.", gen.max_tokens_param, "context_length_exceeded")
+    return gen.max_tokens
+
+
+async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: float,
+                  plan: list[tuple[int, list[int], SamplingParams]], prompt_lens: list[int]) -> Response:
+    """plan: (prompt index, prompt ids, params) per choice, all validated before anything runs."""
+    sub = Submission(model.engine, model.metrics, arrival, fmt.prefix)
+    head = {"id": sub.id, "object": fmt.chunk_object, "created": int(time.time()), "model": model.name}
+    streaming = False
+    try:
+        for prompt_index, ids, params in plan:
+            sub.add(prompt_index, ids, params, fmt.output(params))
+        await sub.started()
+        if gen.stream:
+            streaming = True
+            return SSEResponse(_events(sub, gen, fmt, head, prompt_lens), sub.close)
+        async for _ in sub.pieces():
+            pass  # each ChoiceOutput accumulates its whole output
+        return JSONResponse({**head, "object": fmt.object, "choices": [fmt.final_choice(c) for c in sub.choices],
+                             "usage": sub.usage(prompt_lens)})
+    finally:
+        if not streaming:
+            sub.close()
+
+
+async def _events(sub: Submission, gen: Generation, fmt: Format, head: dict[str, Any],
+                  prompt_lens: list[int]) -> AsyncIterator[str]:
+    try:
+        async for c, piece in sub.pieces():
+            if (choice := fmt.chunk_choice(c, piece)) is not None:
+                yield event({**head, "choices": [choice], "usage": None})
+        if gen.include_usage:
+            yield event({**head, "choices": [], "usage": sub.usage(prompt_lens)})
+    except APIError as e:  # after the first byte an error can only be an event
+        yield error_event(e)
+    except Exception as e:
+        log.exception("stream %s failed", sub.id)
+        yield error_event(APIError(500, f"Internal server error: {type(e).__name__}: {e}", code="internal_error"))
+    yield DONE

@@ -1,0 +1,99 @@
+"""One choice's text pipeline: tokens -> IncrementalDetokenizer -> StopStringMatcher -> (chat) OutputParser.
+
+The engine ends a request on eos / stop_token_ids; stop strings are ours: on a match the choice
+ends with finish_reason "stop" (the caller aborts the engine request) and the stop text is never
+emitted unless include_stop_str_in_output. The engine's stop token is dropped from the text for
+the same reason (vLLM does the same). Stop strings count only once min_tokens were generated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from openinfer.detokenize import IncrementalDetokenizer, StopStringMatcher
+from openinfer.parsers import OutputParser, ParsedDelta
+from openinfer.sampling import SampleResult, SamplingParams
+from openinfer.tokenizer import Tokenizer
+
+from .protocol import Generation
+
+
+def finite(logprob: float) -> float:
+    """A logprob for JSON, which has no -inf (vLLM clamps the same way)."""
+    return max(logprob, -9999.0)
+
+
+@dataclass
+class Piece:
+    """What one engine event added to one choice."""
+    text: str = ""                                   # visible text after stop handling
+    parsed: ParsedDelta | None = None                # chat: text split into reasoning / content / tool calls
+    samples: list[tuple[SampleResult, int]] = field(default_factory=list)  # (logprobs, text offset)
+    finish_reason: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.samples or self.finish_reason or (self.parsed if self.parsed is not None else self.text))
+
+
+class ChoiceOutput:
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: frozenset[int], gen: Generation,
+                 params: SamplingParams, parser: OutputParser | None = None) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer, gen.skip_special_tokens)
+        self.stops = StopStringMatcher(gen.stop, gen.include_stop)
+        self.include_stop = gen.include_stop
+        eos = frozenset() if params.ignore_eos else eos_token_ids
+        self.stop_ids = eos | set(params.stop_token_ids)
+        self.min_tokens = params.min_tokens
+        self.want_logprobs = params.logprobs is not None
+        self.parser = parser
+        self.num_tokens = 0
+        self.finish_reason: str | None = None
+        # the whole output so far, for non-streaming responses
+        self.text = ""
+        self.parsed = ParsedDelta()
+        self.samples: list[tuple[SampleResult, int]] = []
+
+    def _visible(self, delta: str) -> str:
+        if self.num_tokens <= self.min_tokens or not delta:
+            return delta
+        text, matched = self.stops.feed(delta)
+        if matched:
+            self.finish_reason = "stop"
+        return text
+
+    def add(self, token_ids: list[int], samples: list[SampleResult]) -> Piece:
+        """New tokens. If a stop string matched, the returned piece is the choice's last."""
+        piece = Piece()
+        for i, tok in enumerate(token_ids):
+            if self.finish_reason is not None:
+                break  # tokens the engine produced past a stop string
+            self.num_tokens += 1
+            if self.want_logprobs and i < len(samples):
+                piece.samples.append((samples[i], len(self.text) + len(piece.text)))
+            if tok in self.stop_ids and self.num_tokens > self.min_tokens and not self.include_stop:
+                continue  # the engine's stop token: it ends the output and shows no text
+            piece.text += self._visible(self.detok.add([tok]))
+        if self.finish_reason is not None:
+            return self._close(piece, self.finish_reason)
+        return self._record(piece, final=False)
+
+    def finish(self, reason: str) -> Piece:
+        """The engine ended the request ("stop", "length" or "abort")."""
+        piece = Piece(text=self._visible(self.detok.flush()))
+        if self.finish_reason is None:
+            piece.text += self.stops.flush()
+        return self._close(piece, self.finish_reason or reason)
+
+    def _close(self, piece: Piece, reason: str) -> Piece:
+        self._record(piece, final=True)
+        self.finish_reason = piece.finish_reason = "tool_calls" if self.parsed.tool_calls else reason
+        return piece
+
+    def _record(self, piece: Piece, final: bool) -> Piece:
+        if self.parser is not None:
+            piece.parsed = self.parser.feed(piece.text)
+            if final:
+                piece.parsed.extend(self.parser.finish())
+            self.parsed.extend(piece.parsed)
+        self.text += piece.text
+        self.samples += piece.samples
+        return piece

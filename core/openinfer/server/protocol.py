@@ -1,0 +1,250 @@
+"""Request parsing and validation for every endpoint: honour each field or reject it by name.
+
+Accepted and ignored: the OpenAI metadata in fields.IGNORED. Accepted only at their no-op
+value (anything else is a 400): `best_of` 1, `echo` false, `suffix`, `use_beam_search` false,
+`prompt_logprobs`, `response_format` {"type": "text"}, `parallel_tool_calls` true,
+`continue_final_message` false, `modalities` ["text"] — we have no structured output, beam
+search, prompt logprobs or suffix insertion. `tool_choice` "required" or a named function is
+refused too: without constrained decoding we cannot guarantee a call. Everything else unknown
+is a 400 naming it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from openinfer.sampling import ParamError, SamplingParams
+
+from .errors import bad_request
+from .fields import IGNORED, Fields, int_list, is_kind, str_list
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# chat_template_kwargs that would collide with the arguments the server passes itself
+_RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt")
+
+
+@dataclass
+class Generation:
+    """The generation fields both endpoints share; `params(i, …)` builds choice i's SamplingParams."""
+    model: str
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None            # None: the endpoint's default
+    max_tokens_param: str = "max_tokens"     # the name the client used, for error messages
+    sampling: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    logprobs: int | None = None              # engine top-k; None: no logprobs
+    stop: list[str] = field(default_factory=list)
+    include_stop: bool = False
+    skip_special_tokens: bool = True
+
+    def params(self, choice: int, max_tokens: int, vocab_size: int) -> SamplingParams:
+        seed = None if self.seed is None else self.seed + choice  # n choices must differ, reproducibly
+        p = SamplingParams(max_tokens=max_tokens, seed=seed, logprobs=self.logprobs, **self.sampling)
+        try:
+            return p.validate(vocab_size)
+        except ParamError as e:
+            param = self.max_tokens_param if e.param == "max_tokens" else e.param
+            raise bad_request(str(e), param) from None
+
+
+@dataclass
+class CompletionRequest:
+    gen: Generation
+    prompts: list[str | list[int]]
+    add_special_tokens: bool = True
+
+
+@dataclass
+class ChatRequest:
+    gen: Generation
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None       # None when tool calls are off (no tools, or tool_choice "none")
+    template_kwargs: dict[str, Any]
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False
+
+
+def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
+    g = Generation(model=f.get("model", "str", required=True))
+    g.n = f.ranged("n", "int", 1, 128, 1)
+    g.stream = f.get("stream", "bool", False)
+    if (opts := f.sub("stream_options")) is not None:
+        if not g.stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+        g.include_usage = opts.get("include_usage", "bool", False)
+        opts.get("include_obfuscation", "bool")  # padding against side channels; we send none
+        opts.finish()
+    for key in max_tokens_keys:  # the first one present wins (max_completion_tokens over max_tokens)
+        if (value := f.get(key, "int")) is not None and g.max_tokens is None:
+            g.max_tokens, g.max_tokens_param = value, key
+    s = g.sampling
+    for key in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        if (value := f.get(key, "number")) is not None:
+            s[key] = float(value)
+    for key in ("top_k", "min_tokens"):
+        if (value := f.get(key, "int")) is not None:
+            s[key] = value
+    s["ignore_eos"] = f.get("ignore_eos", "bool", False)
+    s["stop_token_ids"] = int_list(f, "stop_token_ids") or []
+    s["logit_bias"] = _logit_bias(f)
+    g.seed = f.get("seed", "int")
+    g.stop = [x for x in str_list(f, "stop") if x]
+    g.include_stop = f.get("include_stop_str_in_output", "bool", False)
+    g.skip_special_tokens = f.get("skip_special_tokens", "bool", True)
+    f.only("best_of", 1)
+    f.only("use_beam_search", False)
+    f.only("prompt_logprobs")
+    f.only("response_format", {"type": "text"})
+    return g
+
+
+def _logit_bias(f: Fields) -> dict[int, float]:
+    raw = f.get("logit_bias", "object", {})
+    out: dict[int, float] = {}
+    for key, value in raw.items():
+        if not (isinstance(key, str) and key.lstrip("-").isdigit()) or not is_kind(value, "number"):
+            raise bad_request("'logit_bias' must map token ids to numbers.", "logit_bias", "invalid_type")
+        out[int(key)] = float(value)
+    return out
+
+
+def parse_completion(body: dict[str, Any]) -> CompletionRequest:
+    f = Fields(body)
+    gen = _generation(f, ("max_tokens",))
+    if (k := f.ranged("logprobs", "int", 0, 20)) is not None:
+        gen.logprobs = k
+    req = CompletionRequest(gen, _prompts(f), f.get("add_special_tokens", "bool", True))
+    f.only("echo", False)
+    f.only("suffix", "")
+    f.finish(IGNORED)
+    return req
+
+
+def _prompts(f: Fields) -> list[str | list[int]]:
+    """A string, a list of strings, a list of token ids, or a list of token-id lists."""
+    prompt = f.data.get("prompt")
+    f.get("prompt", "str" if isinstance(prompt, str) else "list", required=True)
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(is_kind(p, "int") for p in prompt):
+        return [prompt]
+    if prompt and all(isinstance(p, str) or (isinstance(p, list) and p and all(is_kind(t, "int") for t in p))
+                      for p in prompt):
+        return prompt
+    raise bad_request("'prompt' must be a string, an array of strings, a non-empty array of token ids, "
+                      "or an array of non-empty token-id arrays.", "prompt", "invalid_type")
+
+
+def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    f = Fields(body)
+    gen = _generation(f, ("max_completion_tokens", "max_tokens"))
+    if f.get("logprobs", "bool", False):
+        gen.logprobs = f.ranged("top_logprobs", "int", 0, 20, 0)
+    elif f.get("top_logprobs", "int") is not None:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
+    messages = parse_messages(f)
+    tools = _tools(f)
+    kwargs = f.get("chat_template_kwargs", "object", {})
+    for key in _RESERVED_TEMPLATE_KWARGS:
+        if key in kwargs:
+            raise bad_request(f"'chat_template_kwargs.{key}' is set by the server; pass it as a request field.",
+                              f"chat_template_kwargs.{key}")
+    req = ChatRequest(gen, messages, tools, kwargs, f.get("add_generation_prompt", "bool", True),
+                      f.get("add_special_tokens", "bool", False))
+    f.only("parallel_tool_calls", True)
+    f.only("continue_final_message", False)
+    f.only("modalities", ["text"])
+    f.finish(IGNORED)
+    return req
+
+
+def parse_messages(f: Fields) -> list[dict[str, Any]]:
+    raw = f.get("messages", "list", required=True)
+    if not raw:
+        raise bad_request("'messages' must not be empty.", "messages")
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise bad_request(f"'messages[{i}]' must be an object.", f"messages[{i}]", "invalid_type")
+        mf = Fields(m, f"messages[{i}]")
+        role = mf.get("role", "str", required=True)
+        if role not in ROLES:
+            raise bad_request(f"'messages[{i}].role' must be one of {', '.join(ROLES)}; got '{role}'.",
+                              f"messages[{i}].role")
+        content = m.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(mf.get("content", "list")):
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise bad_request(f"'messages[{i}].content[{j}]': only text parts are supported.",
+                                      f"messages[{i}].content[{j}]")
+        else:
+            mf.get("content", "str")
+        for key in ("name", "tool_call_id", "reasoning_content", "reasoning"):
+            mf.get(key, "str")
+        mf.get("tool_calls", "list")
+        mf.only("refusal", "")
+        mf.finish()
+        # "developer" is OpenAI's newer name for the system role; templates know only "system".
+        messages.append({**m, "role": "system"} if role == "developer" else m)
+    return messages
+
+
+def _tools(f: Fields) -> list[dict[str, Any]] | None:
+    tools = f.get("tools", "list")
+    for i, tool in enumerate(tools or []):
+        name = f"tools[{i}]"
+        if not (isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("function"), dict)
+                and isinstance(tool["function"].get("name"), str) and tool["function"]["name"]):
+            raise bad_request(f"'{name}' must be {{\"type\": \"function\", \"function\": {{\"name\": …}}}}.", name)
+        if not isinstance(tool["function"].get("parameters", {}), dict):
+            raise bad_request(f"'{name}.function.parameters' must be a JSON Schema object.",
+                              f"{name}.function.parameters")
+    choice = f.data.get("tool_choice")
+    f.get("tool_choice", "object" if isinstance(choice, dict) else "str")
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if choice == "none":
+        return None
+    if choice != "auto":
+        raise bad_request(f"tool_choice {choice!r} is not supported: this server cannot force a tool call "
+                          "(use \"auto\" or \"none\").", "tool_choice", "unsupported_parameter")
+    if not tools:
+        raise bad_request("tool_choice \"auto\" needs a non-empty 'tools' list.", "tool_choice")
+    return tools
+
+
+@dataclass
+class TokenizeRequest:
+    model: str
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+    template_kwargs: dict[str, Any]
+    tools: list[dict[str, Any]] | None
+
+
+def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
+    f = Fields(body)
+    model = f.get("model", "str", required=True)
+    if ("prompt" in body) == ("messages" in body):
+        raise bad_request("Give exactly one of 'prompt' and 'messages'.", "prompt")
+    prompt = f.get("prompt", "str") if "prompt" in body else None
+    messages = parse_messages(f) if "messages" in body else None
+    req = TokenizeRequest(model, prompt, messages, f.get("add_special_tokens", "bool", messages is None),
+                          f.get("add_generation_prompt", "bool", True), f.get("chat_template_kwargs", "object", {}),
+                          f.get("tools", "list"))
+    f.finish()
+    return req
+
+
+def parse_detokenize(body: dict[str, Any]) -> tuple[str, list[int]]:
+    f = Fields(body)
+    model = f.get("model", "str", required=True)
+    tokens = int_list(f, "tokens")
+    if tokens is None:
+        raise bad_request("'tokens' is a required property.", "tokens", "missing_required")
+    f.finish()
+    return model, tokens

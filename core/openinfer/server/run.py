@@ -1,0 +1,19 @@
+"""serve(): run the OpenAI-compatible server in this process until interrupted."""
+from __future__ import annotations
+
+import uvicorn
+
+from .app import create_app
+from .host import ModelHost
+
+
+def serve(host: ModelHost, address: str, port: int, log_level: str = "info") -> None:
+    """Start the host's engines, serve HTTP on address:port until SIGINT/SIGTERM, then shut the
+    engines down. In-flight requests get 5 s to finish; the rest are aborted with their engine."""
+    host.start()
+    try:
+        config = uvicorn.Config(create_app(host), host=address, port=port, log_level=log_level,
+                                lifespan="off", timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run()
+    finally:
+        host.shutdown()

@@ -1,0 +1,169 @@
+"""The engine requests behind one API request (n choices per prompt), read as one merged stream.
+
+Abort discipline (serving.md §7.1-2, §7.14): every exit path — client disconnect, cancellation,
+an error in another choice — ends in `close()`, which aborts exactly the engine requests that
+have not finished (no flood of no-op aborts). A stop-string match aborts its request at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
+
+from openinfer.request import Event, Failed, Finished, Rejected, RequestStream, Scheduled, Tokens
+from openinfer.sampling import SamplingParams
+
+from .errors import bad_request, engine_error
+from .metrics import ModelMetrics
+from .output import ChoiceOutput, Piece
+
+T = TypeVar("T")
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt_index: int
+    request_id: str
+    stream: RequestStream
+    out: ChoiceOutput
+    first: Event | None = None       # read by started(), handled by the run loop
+    done: bool = False
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Submission:
+    def __init__(self, engine, metrics: ModelMetrics, arrival: float, prefix: str) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.arrival = arrival
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.choices: list[Choice] = []
+
+    def add(self, prompt_index: int, prompt_ids: list[int], params: SamplingParams, out: ChoiceOutput) -> None:
+        index = len(self.choices)
+        request_id = f"{self.id}-{index}"
+        stream = self.engine.submit(prompt_ids, params, request_id)
+        self.choices.append(Choice(index, prompt_index, request_id, stream, out))
+
+    async def started(self) -> None:
+        """Wait for each choice's first event, so a request the engine refuses becomes a plain 400
+        (or 500) before any streamed byte."""
+        for c in self.choices:
+            c.first = ev = await c.stream.aget()
+            if isinstance(ev, Rejected):
+                c.done = True
+                raise bad_request(ev.reason, ev.param, "context_length_exceeded" if ev.param else None)
+            if isinstance(ev, Failed):
+                c.done = True
+                raise engine_error(ev.message)
+
+    async def pieces(self) -> AsyncIterator[tuple[Choice, Piece]]:
+        """Every choice's pieces, interleaved as they come; raises the first choice error."""
+        queue: asyncio.Queue[tuple[Choice, Piece | BaseException | None]] = asyncio.Queue()
+
+        async def run(c: Choice) -> None:
+            try:
+                await self._run(c, lambda piece: queue.put_nowait((c, piece)))
+                queue.put_nowait((c, None))
+            except Exception as e:  # handed to the reader, which raises it
+                queue.put_nowait((c, e))
+
+        tasks = [asyncio.ensure_future(run(c)) for c in self.choices]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                c, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield c, item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _run(self, c: Choice, emit: Callable[[Piece], None]) -> None:
+        last = None
+        while True:
+            ev = c.first if c.first is not None else await c.stream.aget()
+            c.first = None
+            if isinstance(ev, Scheduled):
+                c.cached_tokens = ev.cached_tokens
+            elif isinstance(ev, Tokens):
+                now = time.perf_counter()
+                if last is None:
+                    self.metrics.ttft.observe(now - self.arrival)
+                else:
+                    self.metrics.itl.observe(now - last)
+                last = now
+                piece = c.out.add(ev.token_ids, ev.samples)
+                if c.out.finish_reason is not None:  # a stop string: the engine need not go on
+                    c.done, c.completion_tokens = True, c.out.num_tokens
+                    self.engine.abort(c.request_id)
+                    self._finished(c)
+                    emit(piece)
+                    return
+                if piece:
+                    emit(piece)
+            elif isinstance(ev, Finished):
+                c.done, c.completion_tokens = True, ev.completion_tokens
+                c.cached_tokens = ev.cached_tokens or c.cached_tokens
+                emit(c.out.finish(ev.reason))
+                self._finished(c)
+                return
+            elif isinstance(ev, Failed):
+                c.done = True
+                raise engine_error(ev.message)
+            elif isinstance(ev, Rejected):
+                c.done = True
+                raise bad_request(ev.reason, ev.param)
+
+    def _finished(self, c: Choice) -> None:
+        self.metrics.e2e.observe(time.perf_counter() - self.arrival)
+        self.metrics.success[c.out.finish_reason] += 1
+
+    def close(self) -> None:
+        for c in self.choices:
+            if not c.done:
+                c.done = True
+                self.engine.abort(c.request_id)
+
+    def usage(self, num_prompt_tokens: list[int]) -> dict:
+        """OpenAI usage: each prompt counted once however many choices it has."""
+        completion = sum(c.completion_tokens for c in self.choices)
+        cached = sum(next(c.cached_tokens for c in self.choices if c.prompt_index == i)
+                     for i in range(len(num_prompt_tokens)))
+        prompt = sum(num_prompt_tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+async def until_disconnect(receive: Callable[[], Awaitable[dict]], work: Awaitable[T]) -> T:
+    """Run `work`, cancelling it if the client disconnects first. Starlette never cancels a
+    non-streaming handler on disconnect, so the handler races `http.disconnect` itself; the
+    body must already have been read."""
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # let its cleanup (the aborts) run before we return
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()

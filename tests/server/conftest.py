@@ -1,0 +1,47 @@
+"""Fixtures: one live server over two fake engines for the session; engines reset per test."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from fake_engine import FakeEngine
+from openinfer.server import ModelHost
+from server_harness import LiveServer
+
+
+@pytest.fixture(scope="session")
+def engines() -> Iterator[dict[str, FakeEngine]]:
+    es = {"fake": FakeEngine("fake"), "other": FakeEngine("other", max_model_len=64)}
+    for e in es.values():
+        e.start()
+    yield es
+    for e in es.values():
+        e.shutdown()
+
+
+@pytest.fixture(scope="session")
+def server(engines: dict[str, FakeEngine]) -> Iterator[str]:
+    with LiveServer(ModelHost(engines)) as url:
+        yield url
+
+
+@pytest.fixture
+def fake(engines: dict[str, FakeEngine]) -> FakeEngine:
+    for e in engines.values():
+        e.reset()
+    return engines["fake"]
+
+
+@pytest.fixture
+def client(server: str, fake: FakeEngine) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture
+def http(server: str, fake: FakeEngine) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server, timeout=30) as c:
+        yield c

@@ -1,0 +1,48 @@
+"""/tokenize, /detokenize, /health and /metrics over raw HTTP."""
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from fake_engine import FakeEngine
+
+
+def test_tokenize_prompt_and_messages(http: httpx.Client, fake: FakeEngine) -> None:
+    r = http.post("/tokenize", json={"model": "fake", "prompt": "Hello world"}).json()
+    assert r == {"tokens": fake.tokenizer.encode("Hello world"), "count": 2, "max_model_len": 4096}
+    messages = [{"role": "user", "content": "hi"}]
+    r = http.post("/tokenize", json={"model": "other", "messages": messages,
+                                     "chat_template_kwargs": {"enable_thinking": False}}).json()
+    text = fake.tokenizer.apply_chat_template(messages, enable_thinking=False)
+    assert r["tokens"] == fake.tokenizer.encode(text) and r["max_model_len"] == 64
+    # what /v1/chat/completions would send for the same conversation
+    http.post("/v1/chat/completions", json={"model": "fake", "messages": messages, "max_tokens": 1,
+                                            "chat_template_kwargs": {"enable_thinking": False}})
+    assert fake.submitted[-1][1] == r["tokens"]
+
+
+def test_detokenize(http: httpx.Client, fake: FakeEngine) -> None:
+    ids = fake.tokenizer.encode("Round trip, ok?")
+    assert http.post("/detokenize", json={"model": "fake", "tokens": ids}).json() == {"prompt": "Round trip, ok?"}
+
+
+def test_metrics_exposition(http: httpx.Client) -> None:
+    http.post("/v1/completions", json={"model": "fake", "prompt": "metrics please", "max_tokens": 3})
+    r = http.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = r.text
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:request_success_total"):
+        assert re.search(rf'^{name}{{.*model_name="fake".*}} \d', text, re.M), name
+    for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                 "vllm:e2e_request_latency_seconds"):
+        assert f"# TYPE {name} histogram" in text
+        count = float(re.search(rf'^{name}_count{{model_name="fake"}} (\S+)$', text, re.M).group(1))
+        inf = float(re.search(rf'^{name}_bucket{{le="\+Inf",model_name="fake"}} (\S+)$', text, re.M).group(1))
+        assert count == inf > 0
+    assert 'vllm:request_success_total{finished_reason="length",model_name="fake"}' in text
+    # every sample line is `name{labels} number`
+    for line in text.splitlines():
+        assert line.startswith("# ") or re.fullmatch(r'[a-z0-9_:]+(\{[^}]*\})? (\S+)', line), line

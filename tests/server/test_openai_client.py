@@ -1,0 +1,194 @@
+"""The server driven by the official `openai` client over real HTTP (fake engines, scripted outputs)."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from fake_engine import FakeEngine
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>')
+
+
+def test_models(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == ["fake", "other"]
+    assert client.models.retrieve("other").id == "other"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+def test_completion_string_prompt_defaults(client: openai.OpenAI, fake: FakeEngine) -> None:
+    r = client.completions.create(model="fake", prompt="Say hello")
+    assert r.object == "text_completion" and r.model == "fake"
+    assert r.choices[0].text == "Hello from the fake engine." and r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens == len(fake.tokenizer.encode("Say hello"))
+    assert r.usage.completion_tokens == len(fake.tokenizer.encode("Hello from the fake engine.")) + 1  # + eos
+    assert fake.submitted[-1][2].max_tokens == 16  # OpenAI's default for completions
+
+
+def test_completion_token_ids_and_batch_with_n_and_seed(client: openai.OpenAI, fake: FakeEngine) -> None:
+    tok = fake.tokenizer
+    fake.script = lambda prompt, p: tok.encode(f"{tok.decode(prompt)} seed={p.seed}") + [fake.eos]
+    r = client.completions.create(model="fake", prompt=tok.encode("ids"), max_tokens=10)
+    assert r.choices[0].text == "ids seed=None"
+    r = client.completions.create(model="fake", prompt=["a", "b"], n=2, seed=7, max_tokens=10)
+    assert [(c.index, c.text) for c in sorted(r.choices, key=lambda c: c.index)] == [
+        (0, "a seed=7"), (1, "a seed=8"), (2, "b seed=7"), (3, "b seed=8")]
+    assert r.usage.prompt_tokens == 2 and r.usage.completion_tokens == 4 * 5
+
+
+def test_completion_logprobs(client: openai.OpenAI, fake: FakeEngine) -> None:
+    r = client.completions.create(model="fake", prompt="x", logprobs=2, max_tokens=3)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == ["Hello", " from", " the"]
+    assert lp.token_logprobs == [0.0, -0.5, -1.0]
+    assert all(1 <= len(top) <= 3 and tok in top for top, tok in zip(lp.top_logprobs, lp.tokens))
+    assert lp.text_offset == [0, 5, 10]
+
+
+def test_completion_stream_with_usage(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model="fake", prompt="x", stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello from the fake engine."
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert all(c.usage is None for c in chunks[:-1]) and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 7
+
+
+def test_chat_basic_and_default_max_tokens(client: openai.OpenAI, fake: FakeEngine) -> None:
+    r = client.chat.completions.create(model="fake", messages=USER)
+    m = r.choices[0].message
+    assert (m.role, m.content, m.tool_calls, r.choices[0].finish_reason) == \
+        ("assistant", "Hello from the fake engine.", None, "stop")
+    _, prompt, params = fake.submitted[-1]
+    assert params.max_tokens == fake.max_model_len - len(prompt)  # absent: fill the context
+    assert fake.tokenizer.decode(prompt, False).endswith("<|im_start|>assistant\n")
+
+
+def test_chat_content_parts_and_developer_role(client: openai.OpenAI, fake: FakeEngine) -> None:
+    client.chat.completions.create(model="fake", max_completion_tokens=5, messages=[
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]}])
+    text = fake.tokenizer.decode(fake.submitted[-1][1], False)
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in text and "part one\npart two" in text
+    assert fake.submitted[-1][2].max_tokens == 5
+
+
+def test_chat_reasoning_and_enable_thinking(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say("<think>\nTwo plus two.\n</think>\n\nIt is 4.")
+    r = client.chat.completions.create(model="fake", messages=USER)
+    m = r.choices[0].message
+    assert m.content == "It is 4." and m.model_extra["reasoning_content"] == "Two plus two."
+    chunks = list(client.chat.completions.create(model="fake", messages=USER, stream=True))
+    deltas = [c.choices[0].delta for c in chunks]
+    assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "Two plus two."
+    assert "".join(d.content or "" for d in deltas) == "It is 4."
+    assert deltas[0].role == "assistant" and all(d.role is None for d in deltas[1:])
+
+    fake.say("Plain answer.")
+    client.chat.completions.create(model="fake", messages=USER, extra_body={"chat_template_kwargs": {
+        "enable_thinking": False}})
+    assert fake.tokenizer.decode(fake.submitted[-1][1], False).endswith("<think>\n\n</think>\n\n")
+
+
+def test_chat_tool_calls(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say(CALLS)
+    r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    assert [(t.type, t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == [
+        ("function", "get_weather", {"city": "Paris"}), ("function", "get_weather", {"city": "Lyon"})]
+    assert len({t.id for t in c.message.tool_calls}) == 2
+    assert "get_weather" in fake.tokenizer.decode(fake.submitted[-1][1], False)  # the template saw the tools
+
+
+def test_chat_streamed_tool_call_deltas(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say(CALLS)
+    chunks = list(client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, stream=True,
+                                                 stream_options={"include_usage": True}))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        assert d.index is not None and d.function.arguments is not None
+        if d.index not in calls:  # first delta of a call: id, type and name
+            assert d.id and d.type == "function" and d.function.name == "get_weather"
+            calls[d.index] = {"id": d.id, "args": ""}
+        else:
+            assert d.id is None and d.function.name is None
+        calls[d.index]["args"] += d.function.arguments
+    assert [json.loads(c["args"]) for c in calls.values()] == [{"city": "Paris"}, {"city": "Lyon"}]
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["tool_calls"] and chunks[-1].usage.completion_tokens > 0
+
+
+def test_tool_choice_none_keeps_calls_as_text(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say(CALLS)
+    r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice="none")
+    assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
+    assert "get_weather" not in fake.tokenizer.decode(fake.submitted[-1][1], False)
+
+
+def test_chat_logprobs_and_n_streaming(client: openai.OpenAI, fake: FakeEngine) -> None:
+    r = client.chat.completions.create(model="fake", messages=USER, logprobs=True, top_logprobs=2, max_tokens=2)
+    content = r.choices[0].logprobs.content
+    assert [e.token for e in content] == ["Hello", " from"] and content[0].bytes == list(b"Hello")
+    assert [len(e.top_logprobs) for e in content] == [2, 2] and content[1].top_logprobs[0].logprob == -0.5
+    chunks = list(client.chat.completions.create(model="fake", messages=USER, n=3, seed=1, stream=True))
+    by_index: dict[int, str] = {}
+    for c in chunks:
+        ch = c.choices[0]
+        if ch.index not in by_index:
+            assert ch.delta.role == "assistant"
+        by_index[ch.index] = by_index.get(ch.index, "") + (ch.delta.content or "")
+    assert by_index == {i: "Hello from the fake engine." for i in range(3)}
+    assert sorted(p.seed for _, _, p in fake.submitted[-3:]) == [1, 2, 3]
+
+
+def test_stop_strings(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say("Hello world, this is a stop test.")
+    r = client.completions.create(model="fake", prompt="x", stop=[" is a", "zzz"], max_tokens=50)
+    assert (r.choices[0].text, r.choices[0].finish_reason) == ("Hello world, this", "stop")
+    assert fake.aborted == [fake.submitted[-1][0]]  # the engine request was cut short
+    r = client.completions.create(model="fake", prompt="x", stop=" is a", max_tokens=50,
+                                  extra_body={"include_stop_str_in_output": True})
+    assert r.choices[0].text == "Hello world, this is a"
+    chunks = list(client.chat.completions.create(model="fake", messages=USER, stop="s a s", stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello world, this i"
+    r = client.completions.create(model="fake", prompt="x", stop="Hello", extra_body={"min_tokens": 1})
+    assert r.choices[0].text.startswith("Hello world")  # stop strings wait for min_tokens
+
+
+def test_stop_token_ids_skip_special_and_ignore_eos(client: openai.OpenAI, fake: FakeEngine) -> None:
+    tok = fake.tokenizer
+    fake.say("one, two<|object_ref_start|> three")
+    comma = tok.encode(",")[0]
+    r = client.completions.create(model="fake", prompt="x", extra_body={"stop_token_ids": [comma]})
+    assert (r.choices[0].text, r.choices[0].finish_reason) == ("one", "stop")
+    r = client.completions.create(model="fake", prompt="x", extra_body={"skip_special_tokens": False})
+    assert r.choices[0].text == "one, two<|object_ref_start|> three"  # the eos stop token still omitted
+    assert client.completions.create(model="fake", prompt="x").choices[0].text == "one, two three"
+    r = client.completions.create(model="fake", prompt="x", max_tokens=12, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 12
+
+
+def test_sampling_params_reach_the_engine(client: openai.OpenAI, fake: FakeEngine) -> None:
+    client.chat.completions.create(model="fake", messages=USER, temperature=0.5, top_p=0.9, presence_penalty=0.1,
+                                   frequency_penalty=0.2, logit_bias={"42": 5}, seed=3, extra_body={
+                                       "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 2})
+    p = fake.submitted[-1][2]
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.presence_penalty, p.frequency_penalty,
+            p.repetition_penalty, p.logit_bias, p.seed, p.min_tokens) == (0.5, 0.9, 20, 0.05, 0.1, 0.2, 1.1,
+                                                                            {42: 5.0}, 3, 2)
+
+
+def test_cached_tokens_and_model_selection(client: openai.OpenAI, engines: dict[str, FakeEngine]) -> None:
+    prompt = "a long shared prefix for the prefix cache " * 3
+    client.completions.create(model="other", prompt=prompt, max_tokens=2)
+    r = client.completions.create(model="other", prompt=prompt, max_tokens=2)
+    assert r.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
+    assert engines["other"].submitted and not engines["fake"].submitted

@@ -1,0 +1,90 @@
+"""The server over the real engine (the built-in demo model: tiny random Qwen3, real tokenizer)."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from server_harness import LiveServer, post, wait_until
+from openinfer.engine import Engine, EngineArgs, build_engine
+from openinfer.server import ModelHost
+
+USER = [{"role": "user", "content": "Tell me a story."}]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    e = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=0.05)).start()
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture(scope="module")
+def url(engine: Engine) -> Iterator[str]:
+    with LiveServer(ModelHost({"demo": engine})) as url:
+        yield url
+
+
+@pytest.fixture
+def client(url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+def test_completion_and_chat(client: openai.OpenAI) -> None:
+    r = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=8, temperature=0,
+                                  logprobs=3, extra_body={"ignore_eos": True})
+    c = r.choices[0]
+    assert r.usage.completion_tokens == 8 and c.finish_reason == "length" and len(c.logprobs.tokens) == 8
+    assert all(lp <= 0 for lp in c.logprobs.token_logprobs)
+    again = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=8, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert again.choices[0].text == c.text  # greedy is deterministic
+    chunks = list(client.chat.completions.create(model="demo", messages=USER, max_tokens=6, stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 6 and chunks[-1].usage.prompt_tokens > 0
+
+
+def test_seeded_choices(client: openai.OpenAI) -> None:
+    kw = dict(model="demo", prompt="The seed", max_tokens=6, temperature=1.0, extra_body={"ignore_eos": True})
+    both = client.completions.create(n=2, seed=5, **kw)
+    second = client.completions.create(seed=6, **kw)
+    assert sorted(both.choices, key=lambda c: c.index)[1].text == second.choices[0].text  # choice i: seed + i
+
+
+def test_stop_string_cuts_and_aborts(client: openai.OpenAI, engine: Engine) -> None:
+    kw = dict(model="demo", prompt="Stop somewhere", temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(max_tokens=12, **kw).choices[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    cut = client.completions.create(max_tokens=200, stop=[stop], **kw).choices[0]
+    assert cut.finish_reason == "stop" and cut.text == full[:full.find(stop)]
+    assert wait_until(lambda: engine.stats().num_running == 0 and engine.stats().kv_usage == 0.0)
+
+
+def test_prefix_cache_reported(client: openai.OpenAI) -> None:
+    prompt = "A shared prefix that spans more than a few KV blocks of sixteen tokens each. " * 4
+    client.completions.create(model="demo", prompt=prompt, max_tokens=1)
+    r = client.completions.create(model="demo", prompt=prompt, max_tokens=1)
+    assert r.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 16
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_returns_kv_to_the_pool(url: str, engine: Engine, stream: bool) -> None:
+    sock = post(url, "/v1/chat/completions", {"model": "demo", "messages": USER, "n": 2, "stream": stream,
+                                              "ignore_eos": True, "max_tokens": 400})
+    assert wait_until(lambda: engine.stats().num_running == 2 and engine.stats().kv_usage > 0)
+    sock.close()
+    assert wait_until(lambda: engine.stats().num_running == 0 and engine.stats().kv_usage == 0.0)
+
+
+def test_errors_from_the_real_engine(url: str) -> None:
+    with httpx.Client(base_url=url) as http:
+        r = http.post("/v1/completions", json={"model": "demo", "prompt": "x", "max_tokens": 600})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+        r = http.post("/v1/completions", json={"model": "demo", "prompt": [151935], "max_tokens": 2})
+        assert r.status_code == 200  # ids past the tokenizer's vocabulary but inside the model's are fine
+        assert http.get("/health").status_code == 200
+        assert 'vllm:kv_cache_usage_perc{model_name="demo"}' in http.get("/metrics").text
