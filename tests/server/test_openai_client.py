@@ -105,6 +105,14 @@ def test_chat_tool_calls(client: openai.OpenAI, fake: FakeEngine) -> None:
         ("function", "get_weather", {"city": "Paris"}), ("function", "get_weather", {"city": "Lyon"})]
     assert len({t.id for t in c.message.tool_calls}) == 2
     assert "get_weather" in fake.tokenizer.decode(fake.submitted[-1][1], False)  # the template saw the tools
+    # the next turn sends the calls back (content null) with the tool results
+    fake.say("Sunny in both.")
+    turn = [*USER, c.message.model_dump(exclude_none=True) | {"content": None},
+            *({"role": "tool", "tool_call_id": t.id, "content": "sunny"} for t in c.message.tool_calls)]
+    r = client.chat.completions.create(model="fake", messages=turn, tools=TOOLS)
+    assert r.choices[0].message.content == "Sunny in both."
+    prompt = fake.tokenizer.decode(fake.submitted[-1][1], False)
+    assert '{"name": "get_weather", "arguments": {"city": "Lyon"}}' in prompt and "<tool_response>\nsunny" in prompt
 
 
 def test_chat_streamed_tool_call_deltas(client: openai.OpenAI, fake: FakeEngine) -> None:

@@ -3,7 +3,8 @@
 Streaming follows serving.md §5.4: `role` rides on each choice's first delta (sent with the first
 real output, so a client's TTFT is not a fake early chunk); a tool call's first delta carries
 index, id, type and name, later ones index and the next `arguments` text (never null); the
-choice ends with finish_reason "tool_calls" when calls were produced.
+choice ends with finish_reason "tool_calls" when calls were produced. With tool_choice "none" the
+template does not see the tools and the output is plain content.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "server_error", 503: "service_unavailable"}
+_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error", 500: "server_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):

@@ -6,7 +6,10 @@ value (anything else is a 400): `best_of` 1, `echo` false, `suffix`, `use_beam_s
 `continue_final_message` false, `modalities` ["text"] — we have no structured output, beam
 search, prompt logprobs or suffix insertion. `tool_choice` "required" or a named function is
 refused too: without constrained decoding we cannot guarantee a call. Everything else unknown
-is a 400 naming it.
+(e.g. `reasoning_effort`, `functions`, `spaces_between_special_tokens`, `cache_salt`) is a 400
+naming it. Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens,
+ignore_eos, stop_token_ids, include_stop_str_in_output, skip_special_tokens, add_special_tokens,
+chat_template_kwargs, add_generation_prompt; `logprobs` works on completion batches too.
 """
 from __future__ import annotations
 
@@ -187,7 +190,9 @@ def parse_messages(f: Fields) -> list[dict[str, Any]]:
         mf.only("refusal", "")
         mf.finish()
         # "developer" is OpenAI's newer name for the system role; templates know only "system".
-        messages.append({**m, "role": "system"} if role == "developer" else m)
+        # Null content (an assistant turn that only called tools) renders as "", as in vLLM:
+        # templates read message.content unguarded.
+        messages.append({**m, "role": "system" if role == "developer" else role, "content": content or ""})
     return messages
 
 
