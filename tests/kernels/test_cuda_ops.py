@@ -191,13 +191,15 @@ def test_decode_splits_cover_long_contexts():
 
 def test_argmax_and_top_logprobs(dt):
     rng = np.random.default_rng(4)
-    S, V, k = 5, 3001, 7
+    S, V, k = 5, 10007, 7  # several first-stage chunks per row
     logits = exact(rnd(rng, S, V, scale=4), dt[0])
-    logits[2, [10, 500, 2000]] = logits[2].max() + 1  # ties: the lowest index wins
+    logits[2, [9000, 10, 5000]] = logits[2].max() + 1  # ties across chunks: the lowest index wins
+    logits[3, 4096:8192] = -np.inf                      # a fully masked chunk
     ld = dev(logits, dt[0])
     np.testing.assert_array_equal(cp.asnumpy(ops.argmax(ld)), logits.argmax(axis=1))
     values, indices = ops.top_logprobs(ld, k)
-    lsm = logits - (logits.max(1, keepdims=True) + np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)))
+    mx = logits.max(1, keepdims=True)
+    lsm = logits - (mx + np.log(np.exp(logits - mx).sum(1, keepdims=True)))
     order = np.stack([np.lexsort((np.arange(V), -row))[:k] for row in logits])
     np.testing.assert_array_equal(cp.asnumpy(indices), order)
     np.testing.assert_allclose(cp.asnumpy(values), np.take_along_axis(lsm, order, 1), atol=1e-4, rtol=1e-5)

@@ -19,6 +19,28 @@ struct KvLayout {  // a [num_blocks, block_size, nkv, D] cache view with an arbi
     }
 };
 
+// Row starts are computed once per key (one block-table read each) and shared; rows then move
+// as 16-byte loads into [BN][DW + PAD] words of shared memory (PAD = 1 breaks bank conflicts).
+template <typename T, int D, int PAD>
+__device__ __forceinline__ void store_row_chunk(unsigned int* dst, int row, int c, uint4 v) {
+    unsigned int* d = dst + row * (D * (int)sizeof(T) / 4 + PAD) + 4 * c;
+    d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
+}
+
+// One warp loads a K tile; lane j holds the row start of key j (valid == 0: a zero row).
+template <typename T, int D>
+__device__ __forceinline__ void warp_load_tile(unsigned int* dst, const T* cache, long long off, int valid) {
+    constexpr int VW = D * (int)sizeof(T) / 16;  // 16-byte chunks per row
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int it = 0; it < BN * VW / 32; ++it) {
+        const int idx = it * 32 + lane, row = idx / VW, c = idx % VW;
+        const long long o = __shfl_sync(0xffffffffu, off, row);
+        const uint4 v = __shfl_sync(0xffffffffu, valid, row) ? ((const uint4*)(cache + o))[c] : make_uint4(0, 0, 0, 0);
+        store_row_chunk<T, D, 1>(dst, row, c, v);
+    }
+}
+
 template <typename T, int D>
 __device__ void paged_prefill(const T* q, long long q_stride, const T* kc, const T* vc, KvLayout kv,
                               const int* tables, int table_stride, const int* qstart, const int* ctx,
@@ -60,18 +82,22 @@ __device__ void paged_prefill(const T* q, long long q_stride, const T* kc, const
 #pragma unroll
         for (int i = 0; i < NWL * E; ++i) acc[r][i] = 0.f;
     }
+    __shared__ long long offs[BN];
+    constexpr int VW = DW / 4;  // 16-byte chunks per row
     for (int k0 = 0; k0 < kend; k0 += BN) {
         __syncthreads();  // the previous tile is consumed (and, the first time, q is stored)
-        for (int i = threadIdx.x; i < BN * DW; i += blockDim.x) {
-            const int jj = i / DW, w = i % DW, t = k0 + jj;
-            unsigned int kw = 0, vw = 0;  // keys past kend are zeros: masked, and 0 * V stays finite
-            if (t < kend) {
-                const long long off = kv.offset(table, t, kvh, D);
-                kw = ((const unsigned int*)(kc + off))[w];
-                vw = ((const unsigned int*)(vc + off))[w];
+        if (threadIdx.x < BN) offs[threadIdx.x] = k0 + threadIdx.x < kend ? kv.offset(table, k0 + threadIdx.x, kvh, D) : -1;
+        __syncthreads();
+        for (int i = threadIdx.x; i < BN * VW; i += blockDim.x) {
+            const int jj = i / VW, c = i % VW;
+            const long long off = offs[jj];
+            uint4 kw = make_uint4(0, 0, 0, 0), vw = kw;  // keys past kend are zeros: masked, and 0 * V stays finite
+            if (off >= 0) {
+                kw = ((const uint4*)(kc + off))[c];
+                vw = ((const uint4*)(vc + off))[c];
             }
-            ksm[jj * (DW + 1) + w] = kw;
-            vsm[jj * DW + w] = vw;
+            store_row_chunk<T, D, 1>(ksm, jj, c, kw);
+            ((uint4*)vsm)[jj * VW + c] = vw;
         }
         __syncthreads();
         float s[ROWS];
@@ -169,11 +195,10 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
         for (int i = 0; i < NWL * E; ++i) acc[g][i] = 0.f;
     }
     for (int k0 = kbeg + warp * BN; k0 < kend; k0 += NWARPS * BN) {
+        const int valid = k0 + lane < kend;
+        const long long off = valid ? kv.offset(table, k0 + lane, kvh, D) : 0;
         __syncwarp();  // the previous tile is consumed
-        for (int i = lane; i < BN * DW; i += 32) {
-            const int jj = i / DW, w = i % DW, t = k0 + jj;
-            ksm[jj * (DW + 1) + w] = t < kend ? ((const unsigned int*)(kc + kv.offset(table, t, kvh, D)))[w] : 0u;
-        }
+        warp_load_tile<T, D>(ksm, kc, off, valid);
         __syncwarp();
         float s[GMAX];
 #pragma unroll
@@ -192,7 +217,7 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
 #pragma unroll
         for (int g = 0; g < GMAX; ++g) {  // key k0 < kend is always valid, so mn is finite
             if (g >= gc) continue;        // gc is warp-uniform
-            const float sr = k0 + lane < kend ? s[g] : NEG_INF;
+            const float sr = valid ? s[g] : NEG_INF;
             const float mn = fmaxf(m[g], warp_max(sr));
             p[g] = exp2f(sr - mn);
             const float alpha = exp2f(m[g] - mn);
@@ -202,9 +227,9 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
             m[g] = mn;
         }
         const int kn = min(BN, kend - k0);
-#pragma unroll 4
+#pragma unroll 8
         for (int jj = 0; jj < kn; ++jj) {  // V rows straight from global: each lane reads its words
-            const unsigned int* vrow = (const unsigned int*)(vc + kv.offset(table, k0 + jj, kvh, D));
+            const unsigned int* vrow = (const unsigned int*)(vc + __shfl_sync(0xffffffffu, off, jj));
             float pj[GMAX];
 #pragma unroll
             for (int g = 0; g < GMAX; ++g) pj[g] = g < gc ? __shfl_sync(0xffffffffu, p[g], jj) : 0.f;

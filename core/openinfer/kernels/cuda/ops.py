@@ -124,24 +124,37 @@ def write_kv(k_cache: cp.ndarray, v_cache: cp.ndarray, k: cp.ndarray, v: cp.ndar
                 np.int64(vs), as_index(slot_mapping, np.int64), np.int32(nkv * d)))
 
 
+SAMPLE_CHUNK = 4096  # logits per block in the first sampling stage (152k vocab -> 38 blocks a row)
+
+
 def argmax(logits: cp.ndarray) -> cp.ndarray:
     """Greedy token per row of [S, vocab] logits -> int32 [S] (ties: the lowest index)."""
     x, stride = rows2d(logits)
-    out = cp.empty((x.shape[0],), dtype=cp.int32)
-    if x.shape[0]:
-        launch("sampling", f"argmax_{suffix(x.dtype)}", (x.shape[0],), 1024,
-               (x, np.int64(stride), np.int32(x.shape[1]), out))
+    S, n = x.shape
+    out = cp.empty((S,), dtype=cp.int32)
+    if S:
+        chunks = -(-n // SAMPLE_CHUNK)
+        cv, ci = cp.empty((S, chunks), cp.float32), cp.empty((S, chunks), cp.int32)
+        launch("sampling", f"argmax_chunks_{suffix(x.dtype)}", (chunks, S), 256,
+               (x, np.int64(stride), np.int32(n), np.int32(SAMPLE_CHUNK), cv, ci))
+        launch("sampling", "argmax_merge", (S,), 64, (cv, ci, np.int32(chunks), out))
     return out
 
 
 def top_logprobs(logits: cp.ndarray, k: int) -> tuple[cp.ndarray, cp.ndarray]:
     """log_softmax then top-k per row: (float32 values [S, k], int32 indices [S, k]), best first."""
     x, stride = rows2d(logits)
-    if not 0 < k <= x.shape[1]:
-        raise ValueError(f"top_logprobs: k={k} must be in 1..{x.shape[1]}")
-    values = cp.empty((x.shape[0], k), dtype=cp.float32)
-    indices = cp.empty((x.shape[0], k), dtype=cp.int32)
-    if x.shape[0]:
-        launch("sampling", f"top_logprobs_{suffix(x.dtype)}", (x.shape[0],), 1024,
-               (x, np.int64(stride), np.int32(x.shape[1]), np.int32(k), values, indices))
+    S, n = x.shape
+    if not 0 < k <= n:
+        raise ValueError(f"top_logprobs: k={k} must be in 1..{n}")
+    values = cp.empty((S, k), dtype=cp.float32)
+    indices = cp.empty((S, k), dtype=cp.int32)
+    if S:
+        chunks = -(-n // SAMPLE_CHUNK)
+        cm, cs = cp.empty((S, chunks), cp.float32), cp.empty((S, chunks), cp.float32)
+        cv, ci = cp.empty((S, chunks, k), cp.float32), cp.empty((S, chunks, k), cp.int32)
+        launch("sampling", f"top_logprobs_chunks_{suffix(x.dtype)}", (chunks, S), 256,
+               (x, np.int64(stride), np.int32(n), np.int32(SAMPLE_CHUNK), np.int32(k), cm, cs, cv, ci))
+        launch("sampling", "top_logprobs_merge", (S,), 256,
+               (cm, cs, cv, ci, np.int32(chunks), np.int32(k), values, indices))
     return values, indices

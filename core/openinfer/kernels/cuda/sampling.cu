@@ -1,7 +1,7 @@
 // On-device sampling helpers over [S, vocab] logits: greedy argmax and top-k log-probabilities.
-// One block per row. Order is (value descending, index ascending), so ties pick the lowest index
-// as numpy's argmax does, and top-k takes k passes that each find the best element ranked below
-// the previous pick: no sort and no per-row scratch, and k is small (OpenAI allows at most 20).
+// Order is (value descending, index ascending), so ties pick the lowest index as numpy's argmax
+// does, and top-k takes k passes that each find the best element ranked below the previous pick:
+// no sort, and k is small (OpenAI allows at most 20).
 #include "common.cuh"
 
 #define NEG_INF (-__int_as_float(0x7f800000))
@@ -33,42 +33,87 @@ __device__ void block_best(float& v, int& i) {
     }
 }
 
-// The best element ranked strictly below (pv, pi); (+inf, -1) for the first pick.
+// The best element of row[begin, end) ranked strictly below (pv, pi); (+inf, -1) for the first pick.
 template <typename T>
-__device__ void best_below(const T* row, int n, float pv, int pi, float& v, int& i) {
+__device__ void best_below(const T* row, int begin, int end, float pv, int pi, float& v, int& i) {
     v = NEG_INF;
     i = NO_INDEX;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
         const float x = to_f32(row[j]);
         if (better(pv, pi, x, j) && better(x, j, v, i)) { v = x; i = j; }
     }
     block_best(v, i);
 }
 
-#define SAMPLING_KERNELS(suffix, T)                                                                     \
-    extern "C" __global__ void argmax_##suffix(const T* logits, long long stride, int n, int* out) {   \
-        float v;                                                                                        \
-        int i;                                                                                          \
-        best_below<T>(logits + blockIdx.x * stride, n, __int_as_float(0x7f800000), -1, v, i);           \
-        if (threadIdx.x == 0) out[blockIdx.x] = i;                                                      \
-    }                                                                                                   \
-    extern "C" __global__ void top_logprobs_##suffix(const T* logits, long long stride, int n, int k,  \
-                                                     float* values, int* indices) {                     \
-        const T* row = logits + blockIdx.x * stride;                                                    \
-        float v;                                                                                        \
-        int i;                                                                                          \
-        best_below<T>(row, n, __int_as_float(0x7f800000), -1, v, i);                                    \
-        const float mx = v;                                                                             \
-        float se = 0.f;                                                                                 \
-        for (int j = threadIdx.x; j < n; j += blockDim.x) se += expf(to_f32(row[j]) - mx);              \
-        const float lse = mx + logf(block_sum(se));                                                     \
-        for (int r = 0; r < k; ++r) {                                                                   \
-            if (r > 0) best_below<T>(row, n, v, i, v, i);                                               \
-            if (threadIdx.x == 0) {                                                                     \
-                values[(long long)blockIdx.x * k + r] = v - lse;                                        \
-                indices[(long long)blockIdx.x * k + r] = i;                                             \
-            }                                                                                           \
-        }                                                                                               \
+// The same over a candidate list (values cv, their indices ci).
+__device__ void best_below_list(const float* cv, const int* ci, int m, float pv, int pi, float& v, int& i) {
+    v = NEG_INF;
+    i = NO_INDEX;
+    for (int j = threadIdx.x; j < m; j += blockDim.x)
+        if (better(pv, pi, cv[j], ci[j]) && better(cv[j], ci[j], v, i)) { v = cv[j]; i = ci[j]; }
+    block_best(v, i);
+}
+
+#define POS_INF __int_as_float(0x7f800000)
+
+// Two stages, so a row is spread over many blocks: stage 1 (grid: chunks x rows) reduces a chunk
+// of `chunk` logits to candidates, stage 2 (grid: rows) merges a row's candidates.
+#define SAMPLING_KERNELS(suffix, T)                                                                        \
+    extern "C" __global__ void argmax_chunks_##suffix(const T* logits, long long stride, int n, int chunk,  \
+                                                      float* cv, int* ci) {                                \
+        const int c = blockIdx.x, begin = c * chunk;                                                       \
+        float v;                                                                                           \
+        int i;                                                                                             \
+        best_below<T>(logits + blockIdx.y * stride, begin, min(n, begin + chunk), POS_INF, -1, v, i);      \
+        if (threadIdx.x == 0) { cv[blockIdx.y * gridDim.x + c] = v; ci[blockIdx.y * gridDim.x + c] = i; }  \
+    }                                                                                                      \
+    /* per chunk: its max, sum(exp(x - max)), and its top k (value, index) */                              \
+    extern "C" __global__ void top_logprobs_chunks_##suffix(const T* logits, long long stride, int n,      \
+                                                            int chunk, int k, float* cm, float* cs,        \
+                                                            float* cv, int* ci) {                          \
+        const T* row = logits + blockIdx.y * stride;                                                       \
+        const int c = blockIdx.x, begin = c * chunk, end = min(n, begin + chunk);                          \
+        const long long slot = (long long)blockIdx.y * gridDim.x + c;                                      \
+        float v;                                                                                           \
+        int i;                                                                                             \
+        best_below<T>(row, begin, end, POS_INF, -1, v, i);                                                 \
+        const float mx = v;                                                                                \
+        float se = 0.f;                                                                                    \
+        if (mx != NEG_INF) /* an all -inf chunk adds nothing */                                          \
+            for (int j = begin + threadIdx.x; j < end; j += blockDim.x) se += expf(to_f32(row[j]) - mx);   \
+        se = block_sum(se);                                                                                \
+        if (threadIdx.x == 0) { cm[slot] = mx; cs[slot] = se; }                                            \
+        for (int r = 0; r < k; ++r) {                                                                      \
+            if (r > 0) best_below<T>(row, begin, end, v, i, v, i);                                         \
+            if (threadIdx.x == 0) { cv[slot * k + r] = v; ci[slot * k + r] = i; }                          \
+        }                                                                                                  \
     }
 
 FOR_EACH_DTYPE(SAMPLING_KERNELS)
+
+extern "C" __global__ void argmax_merge(const float* cv, const int* ci, int chunks, int* out) {
+    float v;
+    int i;
+    best_below_list(cv + blockIdx.x * chunks, ci + blockIdx.x * chunks, chunks, POS_INF, -1, v, i);
+    if (threadIdx.x == 0) out[blockIdx.x] = i;
+}
+
+// log-sum-exp from the chunk partials, then the row's top k among chunks * k candidates.
+extern "C" __global__ void top_logprobs_merge(const float* cm, const float* cs, const float* cv, const int* ci,
+                                              int chunks, int k, float* values, int* indices) {
+    const long long r0 = (long long)blockIdx.x * chunks;
+    float mx = NEG_INF;
+    for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, cm[r0 + c]);
+    float se = 0.f;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) se += cs[r0 + c] > 0.f ? cs[r0 + c] * expf(cm[r0 + c] - mx) : 0.f;
+    const float lse = mx + logf(block_sum(se));
+    float v = POS_INF;
+    int i = -1;
+    for (int r = 0; r < k; ++r) {
+        best_below_list(cv + r0 * k, ci + r0 * k, chunks * k, v, i, v, i);
+        if (threadIdx.x == 0) {
+            values[(long long)blockIdx.x * k + r] = v - lse;
+            indices[(long long)blockIdx.x * k + r] = i;
+        }
+    }
+}
