@@ -105,17 +105,19 @@ class ModelRunner:
     def run(self, plan: StepPlan, logits_rows: list[int] | tuple[int, ...] = ()) -> StepOutput:
         """Greedy tokens of every sampled row, and float32 logits of the sampled rows listed."""
         h = self.prepare_host(plan)
-        S = len(h.sample_rows)
-        if self.graphs is not None and h.is_decode and self.graphs.bucket(S) is not None:
+        B, be = len(h.context_lens), self.backend
+        if self.graphs is not None and h.is_decode and self.graphs.bucket(B) is not None:
             logits, tokens = self.graphs.replay(h.token_ids, h.positions, h.slot_mapping, h.context_lens,
                                                 h.block_tables)
+            rows = h.sample_rows      # a graph computes every row: pick the sampled ones
+            host_tokens = be.to_host(tokens[:B])[rows]
         else:
             logits, tokens = self._forward(self.upload(h))
-        be = self.backend
-        host_tokens = be.to_host(tokens[:S]).astype(np.int64)
+            rows = np.arange(len(h.sample_rows), dtype=np.int32)
+            host_tokens = be.to_host(tokens)
         picked = {}
         if logits_rows:
-            rows = list(logits_rows)
-            got = np.asarray(be.to_host(logits[be.asarray(np.asarray(rows, dtype=np.int32))]), dtype=np.float32)
-            picked = dict(zip(rows, got))
-        return StepOutput(host_tokens, picked)
+            wanted = list(logits_rows)
+            got = be.to_host(logits[be.asarray(rows[wanted])])
+            picked = dict(zip(wanted, np.asarray(got, dtype=np.float32)))
+        return StepOutput(host_tokens.astype(np.int64), picked)
