@@ -59,6 +59,8 @@ if has serve; then
         $OI bench startup --base-url http://127.0.0.1:$PORT --vocab-size 151000 --output-json "$OUT/startup_$run.json" \
             -- $SERVE 2>&1 | tail -6
     done
+    log "RSS by start-up stage"
+    $PY scripts/rss_breakdown.py "$MODEL" 2>"$OUT/rss.err" | tee "$OUT/rss.log"
     log "server: torch check, prefix ladder"
     $SERVE >"$OUT/serve.log" 2>&1 &
     pid=$!
