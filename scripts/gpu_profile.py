@@ -49,7 +49,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"{'batch':>5} {'step wall':>10} {'prepare':>8} {'graph gpu':>10} {'eager gpu':>10} {'eager wall':>11}  (ms)")
     for B in sizes:
-        params = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_tokens=2 * a.context, temperature=0.0, ignore_eos=True)
         streams = [eng.submit(rng.integers(0, 150000, a.context).tolist(), params) for _ in range(B)]
         while any(r.num_computed < r.num_tokens - 1 for r in eng.scheduler.running) or eng.scheduler.waiting \
                 or len(eng.scheduler.running) < B:

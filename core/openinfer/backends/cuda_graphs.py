@@ -42,7 +42,7 @@ class DecodeGraphs:
         self.block_size, self.max_model_len = block_size, max_model_len
         n = self.max_b = self.sizes[-1]
         self.width = -(-max_model_len // block_size)
-        # host mirror [tokens | positions | context_lens | slot_mapping (int64, as 2 int32)]
+        # host mirror [slot_mapping (int64, as 2 int32, first: 8-byte aligned) | tokens | positions | context_lens]
         self._host_mem = cp.cuda.alloc_pinned_memory(5 * n * 4)
         self.host = np.frombuffer(self._host_mem, np.int32, 5 * n)
         self._tables_mem = cp.cuda.alloc_pinned_memory(n * self.width * 4)
@@ -56,8 +56,8 @@ class DecodeGraphs:
     def _batch(self, b: int) -> ForwardBatch:
         n, m = self.max_b, self.meta
         return ForwardBatch(
-            token_ids=m[:b], positions=m[n: n + b], context_lens=m[2 * n: 2 * n + b],
-            slot_mapping=m[3 * n:].view(self.cp.int64)[:b], block_tables=self.tables[:b],
+            slot_mapping=m[: 2 * n].view(self.cp.int64)[:b], token_ids=m[2 * n: 2 * n + b],
+            positions=m[3 * n: 3 * n + b], context_lens=m[4 * n: 4 * n + b], block_tables=self.tables[:b],
             query_start=self.arange[: b + 1], sample_rows=self.arange[:b],
             query_start_host=np.arange(b + 1, dtype=np.int32), context_lens_host=np.ones(b, np.int32),
             block_size=self.block_size, max_query_len=1, max_context_len=self.max_model_len)
@@ -93,9 +93,9 @@ class DecodeGraphs:
         n, B = self.max_b, len(tokens)
         h = self.host
         h[:] = 0
-        h[:B], h[n: n + B], h[2 * n: 2 * n + B] = tokens, positions, ctx
-        h[2 * n + B: 3 * n] = 1
-        h[3 * n:].view(np.int64)[:B] = slots
+        h[: 2 * n].view(np.int64)[:B] = slots
+        h[2 * n: 2 * n + B], h[3 * n: 3 * n + B], h[4 * n: 4 * n + B] = tokens, positions, ctx
+        h[4 * n + B: 5 * n] = 1
         width = max(1, tables.shape[1])
         self.host_tables[:n, :width] = 0
         self.host_tables[:B, : tables.shape[1]] = tables
