@@ -12,6 +12,7 @@ from .detect import detect_line
 from .engine import Engine
 from .engine_args import EngineArgs
 from .kv.block_manager import BlockManager
+from .kv.host_tier import HostTier, offloadable_arrays
 from .kv.pool import StatePools, bytes_per_block
 from .model_line import ModelLine
 from .model_runner import ModelRunner
@@ -61,6 +62,11 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     num_blocks = max(2, budget // per_block)
     pools = StatePools(backend, groups, num_blocks, args.block_size)
     blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+    host_tier = None
+    if args.kv_offload:
+        host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
+        host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
+        log.info("KV offload: %d host blocks (%.1f GiB)", host_blocks, host_blocks * per_block / 2**30)
     tokenizer = Tokenizer.from_dir(tok_dir)
     eos = set(tokenizer.eos_token_ids)
     gen_eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
@@ -70,7 +76,7 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
              num_blocks * per_block / 2**20, max_len)
     return Engine(name, ModelRunner(built, backend, pools, args.block_size), blocks, args,
                   tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=max_len,
-                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos))
+                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier)
 
 
 def _itemsize(dtype: str) -> int:

@@ -1,0 +1,85 @@
+"""Whole-block copies between the device state pools and a host pool of the same layout.
+
+The host offload tier (kv/host_tier.py) moves KV blocks with these primitives; a backend builds
+the copier for its own memory (numpy: a second pool of plain arrays, copies done at once; CUDA:
+pinned host arrays, a dedicated copy stream, events saying when a copy landed). Each array is
+[num_blocks, ...] on the device and [num_host_blocks, ...] on the host, so block i of every array
+is one contiguous slice and a run of consecutive blocks is one copy.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import numpy as np
+
+Pairs = Sequence[tuple[int, int]]   # (device block, host slot)
+
+
+class Transfer(ABC):
+    """One batch of copies in flight."""
+
+    @abstractmethod
+    def done(self) -> bool:
+        """True once every copy of the batch landed (never blocks)."""
+
+    @abstractmethod
+    def wait(self) -> None:
+        """Block the calling thread until the batch landed."""
+
+
+class DoneTransfer(Transfer):
+    """A batch that landed before it was returned (synchronous copies)."""
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+
+class BlockCopier(ABC):
+    """save(): device blocks -> host slots; restore(): host slots -> device blocks. Copies are
+    issued in call order on one queue, so a restore reads what an earlier save wrote and a save
+    into a reused slot never overtakes an earlier restore from it. A save also holds its device
+    blocks: work queued on the device after save() returns does not touch them before the copy
+    landed, so the caller may hand the blocks out at once."""
+
+    host: list[np.ndarray]   # the host pool, one array per device array
+
+    @abstractmethod
+    def save(self, pairs: Pairs) -> Transfer: ...
+
+    @abstractmethod
+    def restore(self, pairs: Pairs) -> Transfer: ...
+
+
+def runs(pairs: Pairs) -> list[tuple[int, int, int]]:
+    """(device start, host start, count): maximal runs where both sides advance by one."""
+    out: list[tuple[int, int, int]] = []
+    for d, h in pairs:
+        if out and out[-1][0] + out[-1][2] == d and out[-1][1] + out[-1][2] == h:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((d, h, 1))
+    return out
+
+
+class HostPoolCopier(BlockCopier):
+    """The numpy backend's copier: the host tier is a second pool of numpy arrays."""
+
+    def __init__(self, device_arrays: Sequence[Any], num_host_blocks: int) -> None:
+        self.device = list(device_arrays)
+        self.host = [np.zeros((num_host_blocks, *a.shape[1:]), dtype=a.dtype) for a in self.device]
+
+    def save(self, pairs: Pairs) -> Transfer:
+        for dev, host in zip(self.device, self.host):
+            for d, h, n in runs(pairs):
+                host[h:h + n] = dev[d:d + n]
+        return DoneTransfer()
+
+    def restore(self, pairs: Pairs) -> Transfer:
+        for dev, host in zip(self.device, self.host):
+            for d, h, n in runs(pairs):
+                dev[d:d + n] = host[h:h + n]
+        return DoneTransfer()
