@@ -66,7 +66,7 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     if args.kv_offload:
         host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
         host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
-        log.info("KV offload: %d host blocks (%.1f GiB)", host_blocks, host_blocks * per_block / 2**30)
+        log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
     tokenizer = Tokenizer.from_dir(tok_dir)
     eos = set(tokenizer.eos_token_ids)
     gen_eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
