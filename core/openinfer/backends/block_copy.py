@@ -39,11 +39,12 @@ class DoneTransfer(Transfer):
 
 
 class BlockCopier(ABC):
-    """save(): device blocks -> host slots; restore(): host slots -> device blocks. Copies are
-    issued in call order on one queue, so a restore reads what an earlier save wrote and a save
-    into a reused slot never overtakes an earlier restore from it. A save also holds its device
-    blocks: work queued on the device after save() returns does not touch them before the copy
-    landed, so the caller may hand the blocks out at once."""
+    """save(): device blocks -> host slots; restore(): host slots -> device blocks.
+    Guarantees: a restore reads what earlier saves wrote to its host slots, and does not overwrite
+    a device block before an earlier save of it has read it; device work queued after save()
+    returns does not touch the saved blocks before the copy landed, so the caller may hand them
+    out at once. The caller's duty: no save into a host slot that a restore whose Transfer is
+    not done yet still reads."""
 
     host: list[np.ndarray]   # the host pool, one array per device array
 

@@ -1,14 +1,16 @@
-"""The CUDA backend's block copier: pinned host pool, one copy stream, events for landing.
+"""The CUDA backend's block copier: pinned host pool, a device->host and a host->device copy stream,
+events for landing and ordering.
 
-Ordering, all on the GPU (the engine thread never blocks on a copy):
-- the copy stream waits for the step stream before each batch, so it reads finished KV and
+Saves and restores run on their own streams so a restore overlaps the saves that make room for it
+(PCIe moves both directions at once). Ordering, all on the GPU (the engine thread never blocks):
+- both copy streams wait for the step stream before each batch, so a copy reads finished KV and
   overwrites no block a queued kernel still reads;
-- after a save the step stream waits for the save's event, so the evicted device blocks (handed
-  to a new owner at once) are not written before their old contents left;
-- one copy stream, so batches land in issue order (save -> restore of the same slot, restore ->
-  save into a reused slot).
-A restore is not waited for by the step stream: its request is scheduled only once done() says
-the batch landed.
+- after a save the step stream waits for it, so the evicted device blocks (handed to a new owner
+  at once) are not written before their old contents left;
+- a save is issued in chunks, each with an event; a restore chunk waits for the events of the
+  saves still reading its device blocks or still filling its host slots.
+The host tier never saves into a slot a restore still reads (it pins them until landed), and a
+restore is not waited for by the step stream: its request is scheduled once done() says so.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .block_copy import BlockCopier, Pairs, Transfer, runs
+
+CHUNK_BLOCKS = 32   # blocks per save/restore chunk: fine-grained enough to pipeline saves into restores
 
 
 class CudaTransfer(Transfer):
@@ -36,8 +40,11 @@ class CudaBlockCopier(BlockCopier):
         self._cp, self._device, self._step_stream = cp, backend.device, backend.stream
         self.dev = list(device_arrays)
         self.host, self._pinned = [], []
+        self._block_saved: dict[int, Any] = {}   # device block -> event of the last save reading it
+        self._slot_saved: dict[int, Any] = {}    # host slot -> event of the last save writing it
         with self._device:
-            self._stream = cp.cuda.Stream(non_blocking=True)
+            self._d2h = cp.cuda.Stream(non_blocking=True)
+            self._h2d = cp.cuda.Stream(non_blocking=True)
             for a in self.dev:
                 if not a.flags.c_contiguous:
                     raise ValueError("offloaded state arrays must be C-contiguous")
@@ -47,30 +54,48 @@ class CudaBlockCopier(BlockCopier):
                 self._pinned.append(mem)   # keeps the page-locked allocation alive
                 self.host.append(np.frombuffer(mem, dtype=a.dtype, count=count).reshape(shape))
 
-    def _copy(self, pairs: Pairs, to_host: bool) -> CudaTransfer:
-        cp = self._cp
-        rt = cp.cuda.runtime
+    def _event(self, stream: Any) -> Any:
+        e = self._cp.cuda.Event(block=False, disable_timing=True)
+        e.record(stream)
+        return e
+
+    def _issue(self, pairs: Pairs, stream: Any, to_host: bool) -> None:
+        rt = self._cp.cuda.runtime
         kind = rt.memcpyDeviceToHost if to_host else rt.memcpyHostToDevice
         spans = runs(pairs)
-        with self._device:
-            ready = cp.cuda.Event(block=False, disable_timing=True)
-            ready.record(self._step_stream)
-            self._stream.wait_event(ready)
-            for dev, host in zip(self.dev, self.host):
-                block_bytes = dev.strides[0]
-                dbase, hbase = dev.data.ptr, host.ctypes.data
-                for d, h, n in spans:
-                    dptr, hptr = dbase + d * block_bytes, hbase + h * block_bytes
-                    dst, src = (hptr, dptr) if to_host else (dptr, hptr)
-                    rt.memcpyAsync(dst, src, n * block_bytes, kind, self._stream.ptr)
-            landed = cp.cuda.Event(block=False, disable_timing=True)
-            landed.record(self._stream)
-            if to_host:
-                self._step_stream.wait_event(landed)
-        return CudaTransfer(landed)
+        for dev, host in zip(self.dev, self.host):
+            block_bytes = dev.strides[0]
+            dbase, hbase = dev.data.ptr, host.ctypes.data
+            for d, h, n in spans:
+                dptr, hptr = dbase + d * block_bytes, hbase + h * block_bytes
+                dst, src = (hptr, dptr) if to_host else (dptr, hptr)
+                rt.memcpyAsync(dst, src, n * block_bytes, kind, stream.ptr)
 
     def save(self, pairs: Pairs) -> Transfer:
-        return self._copy(pairs, to_host=True)
+        with self._device:
+            self._d2h.wait_event(self._event(self._step_stream))
+            landed = None
+            for i in range(0, len(pairs), CHUNK_BLOCKS):
+                chunk = pairs[i:i + CHUNK_BLOCKS]
+                self._issue(chunk, self._d2h, to_host=True)
+                landed = self._event(self._d2h)
+                for d, h in chunk:
+                    self._block_saved[d] = self._slot_saved[h] = landed
+            if landed is None:
+                landed = self._event(self._d2h)
+            self._step_stream.wait_event(landed)
+        return CudaTransfer(landed)
 
     def restore(self, pairs: Pairs) -> Transfer:
-        return self._copy(pairs, to_host=False)
+        with self._device:
+            self._h2d.wait_event(self._event(self._step_stream))
+            for i in range(0, len(pairs), CHUNK_BLOCKS):
+                chunk = pairs[i:i + CHUNK_BLOCKS]
+                pending = {id(e): e for d, h in chunk
+                           for e in (self._block_saved.pop(d, None), self._slot_saved.get(h)) if e is not None}
+                for e in pending.values():
+                    if not e.done:
+                        self._h2d.wait_event(e)
+                self._issue(chunk, self._h2d, to_host=False)
+            landed = self._event(self._h2d)
+        return CudaTransfer(landed)
