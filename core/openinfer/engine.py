@@ -20,9 +20,9 @@ import numpy as np
 from .engine_args import EngineArgs
 from .kv.block_manager import BlockManager
 from .kv.host_tier import HostTier, OffloadStats
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, StepOutput
 from .request import Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens
-from .sampling import SamplingParams, sample_row
+from .sampling import SampleResult, SamplingParams, sample_row
 from .scheduler import Scheduler, StepPlan
 
 log = logging.getLogger("openinfer.engine")
@@ -161,14 +161,16 @@ class Engine:
             req.stream.put(Scheduled(req.cached_tokens))
             self.prompt_tokens += len(req.prompt_ids)
         if plan.runs:
+            sampled = [run.req for run in plan.runs if run.samples]
+            host_rows = [i for i, r in enumerate(sampled) if not self._device_greedy(r)]
             try:
-                logits = self.runner.run(plan)
+                out = self.runner.run(plan, host_rows)
             except Exception as e:  # noqa: BLE001 — fail this step's requests, keep serving
                 log.error("step failed:\n%s", traceback.format_exc())
                 for run in plan.runs:
                     self._end(run.req, Failed(f"engine step failed: {type(e).__name__}: {e}"))
             else:
-                self._advance(plan, logits)
+                self._advance(plan, out)
         elif self.host_tier is not None and self.host_tier.busy():
             self.host_tier.wait()   # only restores in flight: wait for one instead of spinning
         return StepStats(plan.num_tokens, len(plan.runs), time.perf_counter() - t0)
@@ -184,7 +186,16 @@ class Engine:
                 req.aborted = True
                 self._end(req, self._finished(req, "abort"))
 
-    def _advance(self, plan: StepPlan, logits: np.ndarray) -> None:
+    def _stops(self, req: Request) -> set[int]:
+        p = req.params
+        return set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+
+    def _device_greedy(self, req: Request) -> bool:
+        """The row's token is the plain argmax of its logits, which the device computes."""
+        p = req.params
+        return (p.is_plain_greedy() and (len(req.output_ids) >= p.min_tokens or not self._stops(req)))
+
+    def _advance(self, plan: StepPlan, out: StepOutput) -> None:
         row = 0
         now = time.monotonic()
         for run in plan.runs:
@@ -194,9 +205,12 @@ class Engine:
             if not run.samples:
                 continue
             p = req.params
-            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
-            blocked = stops if len(req.output_ids) < p.min_tokens else frozenset()
-            s = sample_row(logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked)
+            stops = self._stops(req)
+            if row in out.logits:
+                blocked = stops if len(req.output_ids) < p.min_tokens else frozenset()
+                s = sample_row(out.logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked)
+            else:
+                s = SampleResult(int(out.tokens[row]))
             row += 1
             req.output_ids.append(s.token)
             self.generation_tokens += 1

@@ -48,14 +48,20 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
         weights = DummyWeights(shapes, seed=args.seed) if args.load_format == "dummy" else Checkpoint(model)
         if args.load_format != "dummy":
             _check_weights(line, cfg, weights, shapes, model)
-    backend = get_backend(args.device, args.dtype)
+    backend = get_backend(args.device, args.dtype, args.gpu_memory_utilization)
     ops = plugins.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype)
+    t_weights = time.perf_counter()
     built = line.build(cfg, weights, backend, ops)
+    backend.loaded()
+    t_weights = time.perf_counter() - t_weights
+    del weights  # a checkpoint's file maps close with it: nothing of it stays in host memory
     groups = line.state_spec(cfg)
     max_len = min(args.max_model_len or line.max_model_len(cfg), line.max_model_len(cfg))
     itemsize = {g.name: (4 if g.dtype == "float32" else _itemsize(backend.dtype)) for g in groups}
     per_block = bytes_per_block(groups, args.block_size, itemsize)
-    budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None else int(args.kv_cache_memory_gib * 2**30))
+    reserve = _activation_bytes(built, backend, groups, args, max_len) if backend.name == "cuda" else 0
+    budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None else int(args.kv_cache_memory_gib * 2**30),
+                                     reserve)
     if args.kv_cache_memory_gib is None and backend.name == "numpy":
         # CPU: enough for max_num_seqs full-length sequences, capped by the backend's default budget
         budget = min(budget, (args.max_num_seqs * -(-max_len // args.block_size) + 1) * per_block)
@@ -67,16 +73,40 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
         host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
         host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
         log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
+    runner = ModelRunner(built, backend, pools, args.block_size)
+    if backend.name == "cuda" and not args.enforce_eager:
+        runner.capture_graphs(args.max_num_seqs, max_len)
     tokenizer = Tokenizer.from_dir(tok_dir)
     eos = set(tokenizer.eos_token_ids)
     gen_eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
     eos |= set(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
-    log.info("loaded %s (%s line) on %s in %.2fs: %d KV blocks of %d tokens (%.1f MiB), max_model_len %d",
-             name, line.name, args.device, time.perf_counter() - t0, num_blocks, args.block_size,
-             num_blocks * per_block / 2**20, max_len)
-    return Engine(name, ModelRunner(built, backend, pools, args.block_size), blocks, args,
+    log.info("loaded %s (%s line) on %s in %.2fs (weights %.2fs): %d KV blocks of %d tokens (%.1f MiB), "
+             "max_model_len %d", name, line.name, args.device, time.perf_counter() - t0, t_weights, num_blocks,
+             args.block_size, num_blocks * per_block / 2**20, max_len)
+    return Engine(name, runner, blocks, args,
                   tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=max_len,
                   vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier)
+
+
+def _activation_bytes(model: Any, backend: Any, groups: list, args: EngineArgs, max_len: int) -> int:
+    """Device memory that steps need beyond weights and KV, measured: a forward of a full token
+    budget, plus (for the CUDA graphs' own pool) one of a full decode batch."""
+    bs, seqs = args.block_size, args.max_num_seqs
+    each = min(args.max_num_batched_tokens, max_len)
+    prefill_seqs = -(-args.max_num_batched_tokens // each)
+    num_blocks = max(prefill_seqs * -(-each // bs), seqs) + 2
+    total = 0
+    for batch_seqs, tokens in ((prefill_seqs, each), (0 if args.enforce_eager else seqs, 1)):
+        if batch_seqs:
+            backend.release_cached()
+            runner = ModelRunner(model, backend, StatePools(backend, groups, num_blocks, bs), bs)
+            before = backend.pool_bytes()   # freed blocks stay in the pool, so its size is the peak
+            runner.profile(runner.dummy_batch(batch_seqs, tokens))
+            total += backend.pool_bytes() - before
+            del runner
+    backend.release_cached()
+    log.info("step activations need %.1f MiB of device memory (measured)", total / 2**20)
+    return total
 
 
 def _itemsize(dtype: str) -> int:

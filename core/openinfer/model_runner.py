@@ -1,5 +1,13 @@
-"""Turns a StepPlan into a ForwardBatch, runs the model, returns the sampled rows' logits."""
+"""Turns a StepPlan into a ForwardBatch, runs the model, returns what the sampler needs.
+
+Greedy tokens are taken on the device (one int per sampled row crosses to the host); full logits
+rows cross only for the rows whose sampling needs them (temperature, penalties, logprobs...).
+Decode-only steps replay a captured CUDA graph when the backend has them.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -10,20 +18,48 @@ from .model_line import Model
 from .scheduler import StepPlan
 
 
+@dataclass
+class HostBatch:
+    """A step's inputs in host memory, before upload."""
+    token_ids: np.ndarray     # [T] int32
+    positions: np.ndarray     # [T] int32
+    slot_mapping: np.ndarray  # [T] int64
+    block_tables: np.ndarray  # [B, width] int32
+    query_start: np.ndarray   # [B + 1] int32
+    context_lens: np.ndarray  # [B] int32
+    sample_rows: np.ndarray   # [S] int32
+
+    @property
+    def is_decode(self) -> bool:
+        return len(self.token_ids) == len(self.context_lens)
+
+
+@dataclass
+class StepOutput:
+    tokens: np.ndarray                 # [S] argmax of each sampled row's logits
+    logits: dict[int, np.ndarray]      # sampled row index -> float32 logits, for the rows asked for
+
+
 class ModelRunner:
     def __init__(self, model: Model, backend: Backend, pools: StatePools, block_size: int) -> None:
         self.model, self.backend, self.pools = model, backend, pools
         self.block_size = block_size
+        self.graphs: Any = None
 
-    def prepare(self, plan: StepPlan) -> ForwardBatch:
+    def capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        self.graphs = self.backend.decode_graphs(self._forward, max_num_seqs, max_model_len, self.block_size)
+
+    def _forward(self, batch: ForwardBatch) -> tuple[Any, Any]:
+        logits = self.model.forward(batch, self.pools)
+        return logits, self.backend.argmax(logits)
+
+    def prepare_host(self, plan: StepPlan) -> HostBatch:
         bs = self.block_size
-        ids, pos, slots, qstart, lens, rows = [], [], [], [0], [], []
-        tables = []
+        ids, pos, slots, qstart, lens, rows, tables = [], [], [], [0], [], [], []
         for run in plan.runs:
             r = run.req
-            tokens = r.all_ids
             p = np.arange(run.start, run.start + run.length)
-            ids.append(np.asarray(tokens[run.start: run.start + run.length], dtype=np.int32))
+            ids.append(np.asarray(r.all_ids[run.start: run.start + run.length], dtype=np.int32))
             pos.append(p)
             blocks = np.asarray(r.block_ids, dtype=np.int64)
             slots.append(blocks[p // bs] * bs + p % bs)
@@ -32,21 +68,56 @@ class ModelRunner:
             tables.append(r.block_ids)
             if run.samples:
                 rows.append(qstart[-1] - 1)
-        width = max(len(t) for t in tables)
-        table = np.zeros((len(tables), width), dtype=np.int32)
+        table = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
         for i, t in enumerate(tables):
             table[i, : len(t)] = t
-        qs, cl = np.asarray(qstart, dtype=np.int32), np.asarray(lens, dtype=np.int32)
+        return HostBatch(np.concatenate(ids), np.concatenate(pos).astype(np.int32),
+                         np.concatenate(slots).astype(np.int64), table, np.asarray(qstart, dtype=np.int32),
+                         np.asarray(lens, dtype=np.int32), np.asarray(rows, dtype=np.int32))
+
+    def dummy_batch(self, num_seqs: int, tokens_each: int) -> HostBatch:
+        """Sequences of `tokens_each` prefill tokens in consecutive blocks from block 1 (profiling)."""
+        bs, per = self.block_size, -(-tokens_each // self.block_size)
+        tables = 1 + np.arange(num_seqs * per, dtype=np.int32).reshape(num_seqs, per)
+        pos = np.tile(np.arange(tokens_each, dtype=np.int32), num_seqs)
+        slots = (tables[:, :, None] * bs + np.arange(bs)).reshape(num_seqs, -1)[:, :tokens_each].reshape(-1)
+        qs = np.arange(num_seqs + 1, dtype=np.int32) * tokens_each
+        return HostBatch(np.zeros(len(pos), np.int32), pos, slots.astype(np.int64), tables, qs,
+                         np.full(num_seqs, tokens_each, np.int32), qs[1:] - 1)
+
+    def profile(self, h: HostBatch) -> None:
+        """One forward of a made-up batch (its K/V is garbage: profile on throw-away pools)."""
+        self._forward(self.upload(h))
+        self.backend.synchronize()
+
+    def upload(self, h: HostBatch) -> ForwardBatch:
         to = self.backend.asarray
         return ForwardBatch(
-            token_ids=to(np.concatenate(ids)), positions=to(np.concatenate(pos).astype(np.int32)),
-            slot_mapping=to(np.concatenate(slots).astype(np.int64)), block_tables=to(table),
-            query_start=to(qs), context_lens=to(cl), sample_rows=to(np.asarray(rows, dtype=np.int32)),
-            query_start_host=qs, context_lens_host=cl, block_size=bs,
-            max_query_len=int(np.diff(qs).max()), max_context_len=int(cl.max()))
+            token_ids=to(h.token_ids), positions=to(h.positions), slot_mapping=to(h.slot_mapping),
+            block_tables=to(h.block_tables), query_start=to(h.query_start), context_lens=to(h.context_lens),
+            sample_rows=to(h.sample_rows), query_start_host=h.query_start, context_lens_host=h.context_lens,
+            block_size=self.block_size, max_query_len=int(np.diff(h.query_start).max()),
+            max_context_len=int(h.context_lens.max()))
 
-    def run(self, plan: StepPlan) -> np.ndarray:
-        """Logits [S, vocab] as float32 host memory, one row per sampling run in plan order."""
-        batch = self.prepare(plan)
-        logits = self.model.forward(batch, self.pools)
-        return np.asarray(self.backend.to_host(logits), dtype=np.float32)
+    def prepare(self, plan: StepPlan) -> ForwardBatch:
+        return self.upload(self.prepare_host(plan))
+
+    def run(self, plan: StepPlan, logits_rows: list[int] | tuple[int, ...] = ()) -> StepOutput:
+        """Greedy tokens of every sampled row, and float32 logits of the sampled rows listed."""
+        h = self.prepare_host(plan)
+        B, be = len(h.context_lens), self.backend
+        if self.graphs is not None and h.is_decode and self.graphs.bucket(B) is not None:
+            logits, tokens = self.graphs.replay(h.token_ids, h.positions, h.slot_mapping, h.context_lens,
+                                                h.block_tables)
+            rows = h.sample_rows      # a graph computes every row: pick the sampled ones
+            host_tokens = be.to_host(tokens[:B])[rows]
+        else:
+            logits, tokens = self._forward(self.upload(h))
+            rows = np.arange(len(h.sample_rows), dtype=np.int32)
+            host_tokens = be.to_host(tokens)
+        picked = {}
+        if logits_rows:
+            wanted = list(logits_rows)
+            got = be.to_host(logits[be.asarray(rows[wanted])])
+            picked = dict(zip(wanted, np.asarray(got, dtype=np.float32)))
+        return StepOutput(host_tokens.astype(np.int64), picked)

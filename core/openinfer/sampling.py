@@ -67,6 +67,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def is_plain_greedy(self) -> bool:
+        """The token is the argmax of the raw logits: nothing reshapes them and no logprobs are asked."""
+        return (self.greedy and self.logprobs is None and not self.logit_bias and self.repetition_penalty == 1.0
+                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0)
+
 
 @dataclass
 class SampleResult:

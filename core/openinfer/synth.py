@@ -9,7 +9,8 @@ from .plugins import get_plugins
 from .weights import DummyWeights, save_safetensors
 
 
-def synthesize(preset: str, out: Path, seed: int = 0, dtype: str = "BF16") -> None:
+def synthesize(preset: str, out: Path, seed: int = 0, dtype: str = "BF16", device: str = "cpu") -> None:
+    """`device` "cuda" draws the weights on the GPU (seconds for a 4B model instead of minutes)."""
     plugins = get_plugins()
     owners = {name: line for line in plugins.lines.values() for name in line.presets}
     if preset not in owners:
@@ -20,7 +21,14 @@ def synthesize(preset: str, out: Path, seed: int = 0, dtype: str = "BF16") -> No
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     weights = DummyWeights(shapes, seed=seed)
-    save_safetensors(out / "model.safetensors", shapes, weights.get, dtype)
+    get = weights.get
+    if device != "cpu":
+        from .backends import get_backend
+        backend = get_backend(device, "float32")
+
+        def get(name: str):
+            return backend.to_host(backend.load(weights, name))
+    save_safetensors(out / "model.safetensors", shapes, get, dtype)
     demo = getattr(line, "demo_checkpoint", None)
     if demo is not None:
         _, tok_dir = demo()

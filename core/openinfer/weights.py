@@ -108,7 +108,7 @@ class DummyWeights:
         return self.shapes.keys()
 
     def get(self, name: str) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, _stable_hash(name)])
+        rng = np.random.default_rng([self.seed, stable_hash(name)])
         shape = self.shapes[name]
         if len(shape) == 1:
             return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
@@ -118,7 +118,7 @@ class DummyWeights:
         return "F32", self.shapes[name], self.get(name)
 
 
-def _stable_hash(name: str) -> int:
+def stable_hash(name: str) -> int:
     h = 0
     for ch in name.encode():
         h = (h * 131 + ch) % (1 << 61)

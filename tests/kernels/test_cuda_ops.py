@@ -184,9 +184,25 @@ def test_paged_attention(dt, case):
 
 def test_decode_splits_cover_long_contexts():
     from openinfer.kernels.cuda.attention import MIN_SPLIT, decode_splits
-    splits, split_len = decode_splits(1, 8, 4100)
-    assert splits > 1 and splits * split_len >= 4100 and split_len % MIN_SPLIT == 0
-    assert decode_splits(64, 8, 100) == (1, MIN_SPLIT)
+    assert 1 < decode_splits(1, 8, 4100) <= -(-4100 // MIN_SPLIT)
+    assert decode_splits(64, 8, 100) == 1
+
+
+def test_decode_grid_sized_for_a_longer_context(dt):
+    """A decode grid sized for the longest context a CUDA graph may see (max_context_len far above
+    the real lengths) gives the same result: each sequence splits its own length."""
+    import dataclasses
+    runs, nh, nkv, d = [(3000, 1), (17, 1), (1, 1), (513, 1)], 8, 2, 128
+    rng = np.random.default_rng(11)
+    bs = 16
+    num_blocks = sum(-(-L // bs) for L, _ in runs) + 3
+    hb, db = _batch(runs, bs, rng, num_blocks)
+    pool = exact(rnd(rng, 2, num_blocks, bs, nkv, d), dt[0])
+    pool_d = dev(pool, dt[0])
+    q = exact(rnd(rng, len(runs), nh, d), dt[0])
+    want = ref.paged_attention(q, pool[0], pool[1], hb, d ** -0.5)
+    wide = dataclasses.replace(db, max_context_len=40960)
+    close(ops.paged_attention(dev(q, dt[0]), pool_d[0], pool_d[1], wide, d ** -0.5), want, dt)
 
 
 def test_argmax_and_top_logprobs(dt):

@@ -6,12 +6,15 @@ CI can import the package. Every failure to start says what is missing and what 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from .block_copy import BlockCopier
 from .numpy_backend import Backend
+
+if TYPE_CHECKING:
+    from ..weights import WeightSource
 
 INSTALL_HINT = "install openinfer[cuda13] (CUDA 13 driver, >= 580) or openinfer[cuda12] (CUDA 12 driver)"
 PINNED_BYTES = 16 << 20   # transfers up to this size go through pinned buffers; bigger ones copy directly
@@ -59,6 +62,7 @@ class CudaBackend(Backend):
             self._pinned = {d: cp.cuda.alloc_pinned_memory(PINNED_BYTES) for d in ("h2d", "d2h")}
             self._h2d_done = cp.cuda.Event()
             self._h2d_done.record(self.stream)
+        self._uploader: Any = None
         self.activate()
 
     def activate(self) -> None:
@@ -87,6 +91,18 @@ class CudaBackend(Backend):
             self._h2d_done.record(self.stream)
         return out
 
+    def load(self, weights: WeightSource, *names: str) -> Any:
+        if self._uploader is None:
+            from .cuda_weights import WeightUploader
+            self._uploader = WeightUploader(self.xp, self.stream, self._dtypes)
+        with self.device:
+            return self._uploader.load(weights, names, self._np_dtype(None))
+
+    def loaded(self) -> None:
+        self.stream.synchronize()
+        self._uploader = None
+        self.xp.get_default_pinned_memory_pool().free_all_blocks()  # its staging buffers leave host RSS
+
     def to_host(self, x: Any) -> np.ndarray:
         """Device -> host after everything queued on the step stream (a fresh array the caller owns)."""
         with self.device, self.stream:
@@ -112,18 +128,37 @@ class CudaBackend(Backend):
         from .cuda_block_copy import CudaBlockCopier
         return CudaBlockCopier(self, device_arrays, num_host_blocks)
 
+    def argmax(self, logits: Any) -> Any:
+        from ..kernels.cuda.ops import argmax
+        return argmax(logits)
+
+    def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int) -> Any:
+        from .cuda_graphs import DecodeGraphs
+        with self.device:
+            graphs = DecodeGraphs(self.xp, self.stream, forward, max_num_seqs, max_model_len, block_size)
+            graphs.capture()
+        return graphs
+
     def memory_info(self) -> MemoryInfo:
         with self.device:
             free, total = self.xp.cuda.runtime.memGetInfo()
         pool = self.xp.get_default_memory_pool()
         return MemoryInfo(free, total, pool.used_bytes(), pool.free_bytes())
 
-    def kv_budget_bytes(self, requested: int | None) -> int:
-        """`requested`, or what --gpu-memory-utilization leaves once weights and buffers are in:
-        utilization * total - (everything in use, the pool's reusable cache counted as free)."""
+    def pool_bytes(self) -> int:
+        return self.xp.get_default_memory_pool().total_bytes()
+
+    def release_cached(self) -> None:
+        self.xp.get_default_memory_pool().free_all_blocks()
+
+    def kv_budget_bytes(self, requested: int | None, reserve: int = 0) -> int:
+        """`requested`, or what --gpu-memory-utilization leaves once weights and buffers are in and
+        `reserve` bytes are kept for step activations: utilization * total - in use - reserve
+        (the pool's reusable cache counted as free)."""
         m = self.memory_info()
         available = m.free + m.pool_cached
-        budget = requested if requested is not None else int(self.utilization * m.total) - (m.total - available)
+        budget = (requested if requested is not None else
+                  int(self.utilization * m.total) - (m.total - available) - reserve)
         if budget <= 0 or budget > available:
             raise RuntimeError(f"KV budget {budget / 2**30:.2f} GiB does not fit cuda:{self.index}: "
                                f"{available / 2**30:.2f} GiB of {m.total / 2**30:.2f} GiB free "

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from .block_copy import BlockCopier, HostPoolCopier
+
+if TYPE_CHECKING:
+    from ..weights import WeightSource
 
 
 class Backend(ABC):
@@ -21,13 +24,38 @@ class Backend(ABC):
     @abstractmethod
     def to_host(self, x: Any) -> np.ndarray: ...
 
+    def load(self, weights: WeightSource, *names: str) -> Any:
+        """Checkpoint tensors on the device in the model dtype; several names are concatenated
+        along their first axis (fused projections, one GEMM). Backends override this to stream
+        the checkpoint's raw bytes instead of converting on the host."""
+        parts = [weights.get(n) for n in names]
+        return self.asarray(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+
+    def loaded(self) -> None:
+        """Weights are all in: release whatever loading needed (staging buffers)."""
+
     @abstractmethod
     def zeros(self, shape: tuple[int, ...], dtype: str | None = None) -> Any: ...
 
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on the CPU)."""
 
-    def kv_budget_bytes(self, requested: int | None) -> int:
+    @abstractmethod
+    def argmax(self, logits: Any) -> Any:
+        """The greedy token of each row of [S, vocab] logits (ties: the lowest index)."""
+
+    def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int) -> Any:
+        """Captured decode steps (see backends/cuda_graphs.py), or None where a backend has none."""
+        return None
+
+    def pool_bytes(self) -> int:
+        """Bytes the device allocator holds (in use or cached for reuse); 0 where nothing is tracked."""
+        return 0
+
+    def release_cached(self) -> None:
+        """Hand the allocator's cached free blocks back to the device."""
+
+    def kv_budget_bytes(self, requested: int | None, reserve: int = 0) -> int:
         """Bytes the KV pools may take; the CPU backend has no natural limit so it needs one."""
         return requested if requested is not None else 1 << 30
 
@@ -51,3 +79,6 @@ class NumpyBackend(Backend):
 
     def zeros(self, shape: tuple[int, ...], dtype: str | None = None) -> np.ndarray:
         return np.zeros(shape, dtype=dtype or self.dtype)
+
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        return np.argmax(logits, axis=-1)

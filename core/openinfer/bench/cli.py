@@ -106,6 +106,10 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint dir (omit for the built-in demo model)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--kv-cache-memory-gib", type=float, default=None)
+    p.add_argument("--enforce-eager", action="store_true", help="CUDA: no graph capture")
     p.add_argument("--batch-sizes", type=_ints, default=[1, 4])
     p.add_argument("--input-lens", type=_ints, default=[128, 512])
     p.add_argument("--output-lens", type=_ints, default=[32])

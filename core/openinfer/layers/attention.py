@@ -3,8 +3,6 @@ the op registry so it runs on every backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 from ..batch import Array, ForwardBatch
 from ..kernels.registry import Ops
 from ..kv.pool import StatePools
@@ -44,8 +42,3 @@ class GQAAttention:
         o = ops.paged_attention(q, k_cache, v_cache, batch, self.scale)
         return ops.linear(o.reshape(T, self.nh * self.d), self.w.o)
 
-
-def fuse_rows(backend: Any, *parts: Any) -> Array:
-    """Concatenate [out_i, in] host weights into one [sum out_i, in] device weight (one GEMM)."""
-    import numpy as np
-    return backend.asarray(np.concatenate(parts, axis=0))

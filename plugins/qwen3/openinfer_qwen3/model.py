@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from openinfer.batch import Array, ForwardBatch
 from openinfer.kernels.registry import Ops
 from openinfer.kv.pool import StatePools
-from openinfer.layers.attention import AttentionWeights, GQAAttention, fuse_rows
+from openinfer.layers.attention import AttentionWeights, GQAAttention
 from openinfer.layers.rope import cos_sin
 from openinfer.model_line import Model
 from openinfer.weights import WeightSource
@@ -26,28 +26,29 @@ class Layer:
 class Qwen3Model(Model):
     def __init__(self, cfg: Qwen3Config, weights: WeightSource, backend, ops: Ops) -> None:
         self.cfg, self.ops = cfg, ops
-        get = weights.get
-        up = backend.asarray
+
+        def load(*names: str) -> Array:
+            return backend.load(weights, *names)
+
         cos, sin = cos_sin(cfg.rope, cfg.max_position_embeddings)
-        cos, sin = up(cos, "float32"), up(sin, "float32")
-        self.embed = up(get("model.embed_tokens.weight"))
-        self.lm_head = self.embed if cfg.tie_word_embeddings else up(get("lm_head.weight"))
-        self.norm = up(get("model.norm.weight"))
+        cos, sin = backend.asarray(cos, "float32"), backend.asarray(sin, "float32")
+        self.embed = load("model.embed_tokens.weight")
+        self.lm_head = self.embed if cfg.tie_word_embeddings else load("lm_head.weight")
+        self.norm = load("model.norm.weight")
         self.layers = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             attn_w = AttentionWeights(
-                qkv=fuse_rows(backend, get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight"),
-                              get(p + "self_attn.v_proj.weight")),
-                o=up(get(p + "self_attn.o_proj.weight")),
-                q_norm=up(get(p + "self_attn.q_norm.weight")), k_norm=up(get(p + "self_attn.k_norm.weight")))
+                qkv=load(p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
+                o=load(p + "self_attn.o_proj.weight"),
+                q_norm=load(p + "self_attn.q_norm.weight"), k_norm=load(p + "self_attn.k_norm.weight"))
             self.layers.append(Layer(
-                input_norm=up(get(p + "input_layernorm.weight")),
-                post_norm=up(get(p + "post_attention_layernorm.weight")),
+                input_norm=load(p + "input_layernorm.weight"),
+                post_norm=load(p + "post_attention_layernorm.weight"),
                 attn=GQAAttention(ops, i, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
                                   cos, sin, attn_w),
-                gate_up=fuse_rows(backend, get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")),
-                down=up(get(p + "mlp.down_proj.weight"))))
+                gate_up=load(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                down=load(p + "mlp.down_proj.weight")))
 
     def forward(self, batch: ForwardBatch, state: StatePools) -> Array:
         ops, eps = self.ops, self.cfg.rms_norm_eps

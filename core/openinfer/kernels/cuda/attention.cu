@@ -161,7 +161,7 @@ template <typename T, int D>
 __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const T* vc, KvLayout kv,
                              const int* tables, int table_stride, const int* qstart, const int* ctx, T* out,
                              float* part_o, float* part_m, float* part_l, int nh, int nkv, float scale,
-                             int split_len, int num_splits) {
+                             int num_splits) {
     constexpr int E = Pack<T>::N, DW = D / E, NWL = DW / 32;
     extern __shared__ float smem[];
     __shared__ float wm[NWARPS][GMAX], wl[NWARPS][GMAX];
@@ -172,7 +172,11 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
     const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * GMAX, gc = min(GMAX, G - g0);
     const int q0 = qstart[b];
     if (qstart[b + 1] == q0) return;  // no query this step
-    const int L = ctx[b], kbeg = split * split_len, kend = min(L, kbeg + split_len);
+    // each sequence divides its own context over the splits (whole passes of the warps), so a grid
+    // sized once (a CUDA graph's) serves any mix of lengths; splits past the context stay empty
+    const int L = ctx[b], pass = NWARPS * BN;
+    const int split_len = ((L + num_splits - 1) / num_splits + pass - 1) / pass * pass;
+    const int kbeg = split * split_len, kend = min(L, kbeg + split_len);
     const int* table = tables + (long long)b * table_stride;
 
     for (int i = threadIdx.x; i < GMAX * DW; i += blockDim.x) {
@@ -313,9 +317,9 @@ __device__ void paged_combine(const float* part_o, const float* part_m, const fl
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(NWARPS * 32)                                             \
         paged_decode_##suffix##_d##D(ATTN_ARGS(T), float* part_o, float* part_m, float* part_l, int nh,      \
-                                     int nkv, float scale, int split_len, int num_splits) {               \
+                                     int nkv, float scale, int num_splits) {                              \
         paged_decode<T, D>(q, q_stride, kc, vc, KV_LAYOUT, tables, table_stride, qstart, ctx, out,        \
-                           part_o, part_m, part_l, nh, nkv, scale, split_len, num_splits);                \
+                           part_o, part_m, part_l, nh, nkv, scale, num_splits);                     \
     }
 
 #define ATTN_KERNELS(suffix, T)                                                                           \

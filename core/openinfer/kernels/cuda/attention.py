@@ -16,12 +16,12 @@ MIN_SPLIT = NWARPS * BN                # a split is a multiple of one pass of th
 LOG2E = 1.4426950408889634
 
 
-def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int) -> tuple[int, int]:
-    """(num_splits, split_len): enough blocks for ~2 waves over the SMs, no split under MIN_SPLIT keys."""
+def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int) -> int:
+    """Splits of each context: enough blocks for ~2 waves over the SMs, none under MIN_SPLIT keys.
+    The kernel divides each sequence's own length, so a CUDA graph captured with the longest
+    context it may see (`max_context_len`) stays right for shorter ones."""
     want = max(1, math.ceil(2 * sm_count() / max(1, num_seqs * kv_blocks)))
-    splits = max(1, min(want, math.ceil(max_context_len / MIN_SPLIT)))
-    split_len = math.ceil(math.ceil(max_context_len / splits) / MIN_SPLIT) * MIN_SPLIT
-    return max(1, math.ceil(max_context_len / split_len)), split_len
+    return max(1, min(want, math.ceil(max_context_len / MIN_SPLIT)))
 
 
 def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, batch: ForwardBatch,
@@ -50,7 +50,7 @@ def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, bat
     G = nh // nkv
     if batch.max_query_len == 1:
         chunks = math.ceil(G / GMAX)
-        splits, split_len = decode_splits(B, nkv * chunks, batch.max_context_len)
+        splits = decode_splits(B, nkv * chunks, batch.max_context_len)
         parts = (NULL, NULL, NULL)
         if splits > 1:
             part_o = cp.empty((B, nh, splits, d), dtype=cp.float32)
@@ -58,7 +58,7 @@ def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, bat
             parts = (part_o, part_ml[0], part_ml[1])
         smem = (GMAX * d + NWARPS * BN * (words + 1)) * 4
         launch("attention", f"paged_decode_{dtype}_d{d}", (splits, nkv * chunks, B), NWARPS * 32,
-               (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(split_len), np.int32(splits)), smem)
+               (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits)), smem)
         if splits > 1:
             launch("attention", f"paged_combine_{dtype}", (nh, B), min(d, 128),
                    (*parts, qstart, out, np.int32(nh), np.int32(d), np.int32(splits)))

