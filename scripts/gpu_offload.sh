@@ -13,7 +13,7 @@ OUT=${OUT:-/tmp/openinfer-gpu}
 PY=${PYTHON:-python3}
 LENGTHS=${LENGTHS:-1024,4096,16384} REPEATS=${REPEATS:-5} KV_GIB=${KV_GIB:-4} HOST_GIB=${HOST_GIB:-16}
 PORT=${PORT:-8011} PRESET=${PRESET:-qwen3-4b} DEVICE=${DEVICE:-cuda}
-MODEL_DIR=${MODEL_DIR:-/tmp/openinfer-$PRESET}
+MODEL_DIR=${MODEL_DIR:-/tmp/${PRESET}}   # /tmp/qwen3-4b: the checkpoint gpu_bench.sh synthesizes too
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPENINFER_CACHE_DIR=${OPENINFER_CACHE_DIR:-/tmp/openinfer-cache}
 
@@ -23,14 +23,15 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 $PY -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 >"$OUT/install.log" 2>&1 \
     || { echo "editable install failed (see install.log); using PYTHONPATH"; export PYTHONPATH=core:plugins/qwen3:${PYTHONPATH:-}; }
-OPENINFER=("$PY" -m openinfer.cli)
+OPENINFER=("$PY" -m openinfer)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 $PY -m pytest tests/test_kv_offload_cuda.py tests/test_kv_offload.py -q -p no:cacheprovider \
     --junitxml "$OUT/offload_tests.xml" 2>&1 | tee "$OUT/offload_tests.log"
 rc=${PIPESTATUS[0]}
 
-[ -f "$MODEL_DIR/config.json" ] || "${OPENINFER[@]}" synth --preset "$PRESET" --out "$MODEL_DIR" >"$OUT/synth.log" 2>&1 \
+[ -f "$MODEL_DIR/model.safetensors" ] || "${OPENINFER[@]}" synth --preset "$PRESET" --out "$MODEL_DIR" --device "$DEVICE" \
+    >"$OUT/synth.log" 2>&1 \
     || { echo "synth failed (see synth.log)"; exit 1; }
 "${OPENINFER[@]}" serve --model "$MODEL_DIR" --device "$DEVICE" --load-format dummy --port "$PORT" \
     --kv-offload --kv-offload-host-gib "$HOST_GIB" --kv-cache-memory-gib "$KV_GIB" ${SERVE_ARGS:-} \

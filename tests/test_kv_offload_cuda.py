@@ -48,7 +48,7 @@ def test_copier_round_trip_and_ordering():
 
 
 def test_cold_device_hit_and_host_restore_give_identical_tokens_on_gpu():
-    engine = build_engine(None, EngineArgs(device="cuda", max_model_len=512,
+    engine = build_engine(None, EngineArgs(device="cuda", max_model_len=512, max_num_seqs=4,
                                            kv_cache_memory_gib=24 * BLOCK_BYTES_BF16 / 2**30, kv_offload=True,
                                            kv_offload_host_gib=64 * BLOCK_BYTES_BF16 / 2**30))
     engine.runner.backend.activate()
