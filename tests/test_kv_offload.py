@@ -220,7 +220,7 @@ def test_cold_device_hit_and_host_restore_give_identical_tokens():
     assert [res[t] for t in res] == [(cold, 0), (cold, 80), (cold, 80), (cold, 80)]
     stats = engine.stats().offload
     assert stats.restored_blocks == 5 and stats.hits == 80 and stats.saved_blocks >= 5
-    assert stats.used_blocks > 0 and 0 < stats.usage <= 1
+    assert stats.used_blocks > 0 and 0 < stats.usage <= 1 and stats.hit_rate == 80 / stats.queries
     text = render([("demo", ModelMetrics(), engine.stats())])
     assert 'openinfer:kv_offload_restored_blocks_total{model_name="demo"} 5.0' in text
     assert 'openinfer:kv_offload_hits_total{model_name="demo"} 80.0' in text

@@ -32,7 +32,7 @@ def test_offload_metrics_are_exported(url: str) -> None:
     text = httpx.get(url + "/metrics").text
     assert 'vllm:cache_config_info{block_size="16",model_name="demo",num_gpu_blocks="40",num_cpu_blocks="256"} 1' in text
     for name in ("saved_blocks_total", "restored_blocks_total", "dropped_blocks_total", "host_usage_perc",
-                 "host_capacity_blocks", "queries_total", "hits_total"):
+                 "host_capacity_blocks", "queries_total", "hits_total", "hit_rate"):
         assert f'openinfer:kv_offload_{name}{{model_name="demo"}}' in text
 
 

@@ -37,6 +37,10 @@ class OffloadStats:
     def usage(self) -> float:
         return self.used_blocks / self.capacity_blocks
 
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
 
 @dataclass
 class _Entry:

@@ -131,5 +131,7 @@ def _offload_families(out: list[str], models: list[tuple[str, object]]) -> None:
              "capacity_blocks"),
             ("openinfer:kv_offload_queries_total", "counter",
              "Prompt tokens looked up in the host tier (past the device prefix-cache hits).", "queries"),
-            ("openinfer:kv_offload_hits_total", "counter", "Prompt tokens restored from the host tier.", "hits")):
+            ("openinfer:kv_offload_hits_total", "counter", "Prompt tokens restored from the host tier.", "hits"),
+            ("openinfer:kv_offload_hit_rate", "gauge",
+             "Host tier hits / queries since start (rate() of the two counters gives it per interval).", "hit_rate")):
         _family(out, name, kind, help, ((name, _labels(model_name=m), getattr(o, attr)) for m, o in models))
