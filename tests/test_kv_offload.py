@@ -166,15 +166,16 @@ def test_pinned_host_slots_are_not_reused_while_restoring():
 
 def test_runs_and_numpy_host_pool_round_trip():
     assert runs([(3, 0), (4, 1), (5, 2), (9, 3), (2, 4), (3, 5)]) == [(3, 0, 3), (9, 3, 1), (2, 4, 2)]
+    assert runs([(9, 7), (8, 6), (7, 5), (8, 9), (1, 1), (2, 2), (1, 3)]) == [(7, 5, 3), (8, 9, 1), (1, 1, 2), (1, 3, 1)]
     rng = np.random.default_rng(0)
     k, v = rng.standard_normal((6, 2, 4, 3)).astype(np.float32), rng.standard_normal((6, 2, 4, 3)).astype(np.float32)
     want = k.copy(), v.copy()
     copier = HostPoolCopier([k, v], 4)
     assert copier.save([(1, 0), (2, 1), (5, 3)]).done()
     k[:] = v[:] = 0
-    copier.restore([(4, 0), (3, 1), (0, 3)]).wait()
+    copier.restore([(4, 1), (3, 0), (0, 3)]).wait()
     for dev, orig in zip((k, v), want):
-        np.testing.assert_array_equal(dev[[4, 3, 0]], orig[[1, 2, 5]])
+        np.testing.assert_array_equal(dev[[4, 3, 0]], orig[[2, 1, 5]])
 
 
 def test_a_group_that_cannot_be_checkpointed_refuses_the_tier():

@@ -56,14 +56,21 @@ class BlockCopier(ABC):
 
 
 def runs(pairs: Pairs) -> list[tuple[int, int, int]]:
-    """(device start, host start, count): maximal runs where both sides advance by one."""
-    out: list[tuple[int, int, int]] = []
+    """(device start, host start, count): maximal runs where both sides step by +1, or both by -1
+    (a chain evicted tail first sits in descending blocks and slots); each run is one copy, since
+    the pairs of one batch are independent of each other's order."""
+    out: list[list[int]] = []   # [device low, host low, count, direction (0: one pair so far)]
     for d, h in pairs:
-        if out and out[-1][0] + out[-1][2] == d and out[-1][1] + out[-1][2] == h:
-            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
-        else:
-            out.append((d, h, 1))
-    return out
+        if out:
+            lo_d, lo_h, n, step = out[-1]
+            if step >= 0 and d == lo_d + n and h == lo_h + n:
+                out[-1] = [lo_d, lo_h, n + 1, 1]
+                continue
+            if step <= 0 and d == lo_d - 1 and h == lo_h - 1:
+                out[-1] = [d, h, n + 1, -1]
+                continue
+        out.append([d, h, 1, 0])
+    return [(d, h, n) for d, h, n, _ in out]
 
 
 class HostPoolCopier(BlockCopier):

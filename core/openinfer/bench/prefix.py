@@ -174,6 +174,9 @@ def run_prefix(args: argparse.Namespace, model: str) -> int:
                                  args.seed, args.host_restore, args.evict_tokens, args.evict_concurrency))
     rows = summarize_ladder(samples)
     print(format_ladder(rows))
+    if args.host_restore and all(s.restored_blocks is None for s in samples if s.tier == "host"):
+        print(f"warning: the server exports no {RESTORED} counter (is it serving with --kv-offload?); "
+              "host samples cannot be told from device hits or cold prefills", file=sys.stderr)
     for s in not_restored(samples):
         print(f"warning: a host sample of {s.length} tokens restored no block from the host tier "
               f"(cached {s.cached_tokens}); raise --evict-tokens or the server's --kv-offload-host-gib",
