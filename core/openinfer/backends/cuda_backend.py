@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..weights import WeightSource
 
 INSTALL_HINT = "install openinfer[cuda13] (CUDA 13 driver, >= 580) or openinfer[cuda12] (CUDA 12 driver)"
-PINNED_BYTES = 16 << 20   # transfers up to this size go through pinned buffers; bigger ones copy directly
+PINNED_BYTES = 4 << 20    # transfers up to this size go through pinned buffers; bigger ones copy directly
 DTYPES = ("bfloat16", "float32")
 
 
@@ -100,6 +100,8 @@ class CudaBackend(Backend):
 
     def loaded(self) -> None:
         self.stream.synchronize()
+        if self._uploader is not None:
+            self._uploader.close()
         self._uploader = None
         self.xp.get_default_pinned_memory_pool().free_all_blocks()  # its staging buffers leave host RSS
 

@@ -21,10 +21,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "max_position_embeddings": 40960, "tie_word_embeddings": False},
     # tiny shapes with the real vocabulary: the demo model and quick tests
     "qwen3-tiny": {**_BASE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 151936,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 151936,
                    "max_position_embeddings": 4096, "tie_word_embeddings": True},
     "qwen3-tiny-untied": {**_BASE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 151936,
+                          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 151936,
                           "max_position_embeddings": 4096, "tie_word_embeddings": False},
 }
 

@@ -8,6 +8,7 @@ import pytest
 from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import hf_greedy, hf_logits
 
+from conftest import _build
 from test_fidelity import _prompts, assert_logits_close, chat_prompt, engine_for
 
 pytestmark = pytest.mark.cuda
@@ -19,6 +20,17 @@ except Exception as e:  # no driver or no GPU
     pytest.skip(f"no usable NVIDIA GPU: {e}", allow_module_level=True)
 
 GPU = dict(device="cuda", kv_cache_memory_gib=0.25, max_num_seqs=16)
+
+
+# the CUDA attention kernels take head_dim 64, 128 or 256 (the CPU tests' tiny models use 32)
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+    return _build(tmp_path_factory, "qwen3-untied-d64", tie_word_embeddings=False, head_dim=64)
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory):
+    return _build(tmp_path_factory, "qwen3-bf16-d64", tie_word_embeddings=True, head_dim=64, save_dtype="bfloat16")
 
 
 def gpu_engine(ckpt, **kw):
