@@ -17,7 +17,7 @@ from openinfer.model_line import StateGroup
 from openinfer.request import Status
 from openinfer.scheduler import Scheduler
 from openinfer.server.metrics import ModelMetrics, render
-from openinfer.testing.engine import generate, greedy
+from openinfer.testing.engine import demo_kv_gib, generate, greedy
 from test_kv_and_scheduler import compute_all, req
 
 
@@ -212,8 +212,8 @@ def ladder(engine, prompt: Sequence[int]) -> dict[str, tuple[list[int], int]]:
 
 
 def test_cold_device_hit_and_host_restore_give_identical_tokens():
-    engine = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=24 * 16384 / 2**30,
-                                           kv_offload=True, kv_offload_host_gib=64 * 16384 / 2**30))
+    engine = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=demo_kv_gib(24),
+                                           kv_offload=True, kv_offload_host_gib=demo_kv_gib(64)))
     assert engine.blocks.usable_blocks == 23 and engine.host_tier.stats.capacity_blocks == 64
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, 150000, 83)]   # 5 full blocks reusable
     res = ladder(engine, prompt)

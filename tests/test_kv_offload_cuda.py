@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from openinfer.engine import EngineArgs, build_engine
+from openinfer.testing.engine import demo_kv_gib
 from test_kv_offload import ladder
 
 pytestmark = pytest.mark.cuda
@@ -17,8 +18,6 @@ except Exception as e:  # no driver or no GPU
     pytest.skip(f"no usable NVIDIA GPU: {e}", allow_module_level=True)
 
 from openinfer.backends import get_backend  # noqa: E402
-
-BLOCK_BYTES_BF16 = 8192   # the demo model's KV bytes per 16-token block in bfloat16
 
 
 def test_copier_round_trip_and_ordering():
@@ -49,8 +48,8 @@ def test_copier_round_trip_and_ordering():
 
 def test_cold_device_hit_and_host_restore_give_identical_tokens_on_gpu():
     engine = build_engine(None, EngineArgs(device="cuda", max_model_len=512, max_num_seqs=4,
-                                           kv_cache_memory_gib=24 * BLOCK_BYTES_BF16 / 2**30, kv_offload=True,
-                                           kv_offload_host_gib=64 * BLOCK_BYTES_BF16 / 2**30))
+                                           kv_cache_memory_gib=demo_kv_gib(24, 2), kv_offload=True,
+                                           kv_offload_host_gib=demo_kv_gib(64, 2)))
     engine.runner.backend.activate()
     assert engine.blocks.usable_blocks == 23
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, 150000, 83)]

@@ -13,14 +13,14 @@ from server_harness import LiveServer
 from openinfer.cli import main
 from openinfer.engine import EngineArgs, build_engine
 from openinfer.server import ModelHost
+from openinfer.testing.engine import demo_kv_gib
 
-BLOCK_BYTES = 16384   # the demo model's KV bytes per 16-token block (float32 on the CPU)
 
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    engine = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=40 * BLOCK_BYTES / 2**30,
-                                           kv_offload=True, kv_offload_host_gib=256 * BLOCK_BYTES / 2**30)).start()
+    engine = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=demo_kv_gib(40),
+                                           kv_offload=True, kv_offload_host_gib=demo_kv_gib(256))).start()
     try:
         with LiveServer(ModelHost({"demo": engine})) as url:
             yield url
