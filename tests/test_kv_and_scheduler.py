@@ -52,7 +52,7 @@ def test_prefix_hit_needs_identical_tokens_and_recomputes_one_token():
 def test_lru_eviction_drops_unreferenced_cached_blocks_and_reports_them():
     bm = BlockManager(num_blocks=5, block_size=4)            # 4 usable
     evicted = []
-    bm.on_evict = lambda b, h: evicted.append(b)
+    bm.on_evict = lambda blocks: evicted.extend(b for b, _, _ in blocks)
     a = req("a", list(range(8)), max_tokens=1)
     assert bm.try_admit(a)
     compute_all(bm, a)

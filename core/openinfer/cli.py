@@ -22,6 +22,10 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: no graph capture")
     p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
+    p.add_argument("--kv-offload", action="store_true",
+                   help="save KV blocks evicted from the device to host memory and restore them at admission")
+    p.add_argument("--kv-offload-host-gib", type=float, default=8.0,
+                   help="host memory for --kv-offload (pinned on CUDA)")
 
 
 def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
@@ -29,7 +33,8 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
                       block_size=a.block_size, kv_cache_memory_gib=a.kv_cache_memory_gib,
                       gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=not a.no_prefix_caching,
-                      served_model_name=name, seed=a.seed, enforce_eager=a.enforce_eager)
+                      served_model_name=name, seed=a.seed, enforce_eager=a.enforce_eager,
+                      kv_offload=a.kv_offload, kv_offload_host_gib=a.kv_offload_host_gib)
 
 
 def _parse_model(spec: str) -> tuple[str | None, str]:

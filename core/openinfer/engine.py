@@ -12,13 +12,14 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .engine_args import EngineArgs
 from .kv.block_manager import BlockManager
+from .kv.host_tier import HostTier, OffloadStats
 from .model_runner import ModelRunner, StepOutput
 from .request import Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens
 from .sampling import SampleResult, SamplingParams, sample_row
@@ -46,16 +47,18 @@ class EngineStats:
     generation_tokens: int
     num_blocks: int
     block_size: int
+    offload: OffloadStats | None = None    # the host offload tier's, when --kv-offload is on
 
 
 class Engine:
     def __init__(self, name: str, runner: ModelRunner, blocks: BlockManager, args: EngineArgs, *,
                  tokenizer: Any, chat_format: Any, max_model_len: int, vocab_size: int,
-                 eos_token_ids: frozenset[int]) -> None:
+                 eos_token_ids: frozenset[int], host_tier: HostTier | None = None) -> None:
         self.name, self.runner, self.blocks, self.args = name, runner, blocks, args
         self.tokenizer, self.chat_format = tokenizer, chat_format
         self.max_model_len, self.vocab_size, self.eos_token_ids = max_model_len, vocab_size, eos_token_ids
-        self.scheduler = Scheduler(blocks, args.max_num_batched_tokens, args.max_num_seqs)
+        self.host_tier = host_tier
+        self.scheduler = Scheduler(blocks, args.max_num_batched_tokens, args.max_num_seqs, host_tier)
         self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -112,9 +115,11 @@ class Engine:
 
     def stats(self) -> EngineStats:
         s = self.blocks.stats
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting) + self._inbox.qsize(),
+        sch = self.scheduler
+        return EngineStats(len(sch.running) + len(sch.restoring), len(sch.waiting) + self._inbox.qsize(),
                            self.blocks.usage(), s.queries, s.hits, self.prompt_tokens, self.generation_tokens,
-                           self.blocks.num_blocks, self.blocks.block_size)
+                           self.blocks.num_blocks, self.blocks.block_size,
+                           None if self.host_tier is None else replace(self.host_tier.stats))
 
     # ---- the step loop (engine thread) -------------------------------------------------------
     def start(self) -> Engine:
@@ -166,6 +171,8 @@ class Engine:
                     self._end(run.req, Failed(f"engine step failed: {type(e).__name__}: {e}"))
             else:
                 self._advance(plan, out)
+        elif self.host_tier is not None and self.host_tier.busy():
+            self.host_tier.wait()   # only restores in flight: wait for one instead of spinning
         return StepStats(plan.num_tokens, len(plan.runs), time.perf_counter() - t0)
 
     def _drain(self) -> None:

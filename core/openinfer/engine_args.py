@@ -19,6 +19,8 @@ class EngineArgs:
     served_model_name: str | None = None
     seed: int = 0                           # dummy-weight seed
     enforce_eager: bool = False             # CUDA: no graph capture
+    kv_offload: bool = False                # save evicted KV blocks to host memory, restore them at admission
+    kv_offload_host_gib: float = 8.0        # the host tier's size (pinned memory on CUDA)
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -29,5 +31,9 @@ class EngineArgs:
             raise ValueError("block_size must be a power of two")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"unknown load_format {self.load_format!r}: use auto or dummy")
+        if self.kv_offload and self.kv_offload_host_gib <= 0:
+            raise ValueError("kv_offload_host_gib must be > 0")
+        if self.kv_offload and not self.enable_prefix_caching:
+            raise ValueError("kv_offload needs the prefix cache: it restores evicted prefix-cache blocks")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")

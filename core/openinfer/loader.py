@@ -12,6 +12,7 @@ from .detect import detect_line
 from .engine import Engine
 from .engine_args import EngineArgs
 from .kv.block_manager import BlockManager
+from .kv.host_tier import HostTier, offloadable_arrays
 from .kv.pool import StatePools, bytes_per_block
 from .model_line import ModelLine
 from .model_runner import ModelRunner
@@ -67,6 +68,11 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     num_blocks = max(2, budget // per_block)
     pools = StatePools(backend, groups, num_blocks, args.block_size)
     blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+    host_tier = None
+    if args.kv_offload:
+        host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
+        host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
+        log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
     runner = ModelRunner(built, backend, pools, args.block_size)
     if backend.name == "cuda" and not args.enforce_eager:
         runner.capture_graphs(args.max_num_seqs, max_len)
@@ -79,7 +85,7 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
              args.block_size, num_blocks * per_block / 2**20, max_len)
     return Engine(name, runner, blocks, args,
                   tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=max_len,
-                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos))
+                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier)
 
 
 def _activation_bytes(model: Any, backend: Any, groups: list, args: EngineArgs, max_len: int) -> int:

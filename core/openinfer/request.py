@@ -126,6 +126,7 @@ class RequestStream:
 
 class Status(enum.Enum):
     WAITING = "waiting"
+    RESTORING = "restoring"     # admitted; its prefix is being copied back from the host tier
     RUNNING = "running"
     FINISHED = "finished"
 

@@ -3,7 +3,9 @@
 Each step: every running request in decode gets one token, then running prefills continue and
 waiting requests are admitted (FCFS) into the remaining budget. Admission reserves the request's
 whole KV lifetime (block_manager), so running requests never stall; requests that cannot fit yet
-wait, and those that can never fit were rejected at submit.
+wait, and those that can never fit were rejected at submit. With a host offload tier, a request
+whose prefix is being restored from host memory waits in `restoring` (holding its blocks) and
+starts in the first step after the copies landed.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .kv.block_manager import BlockManager
+from .kv.host_tier import HostTier
 from .request import Request, Status
 
 
@@ -33,21 +36,27 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
-        self.blocks = blocks
+    def __init__(self, blocks: BlockManager, max_num_batched_tokens: int, max_num_seqs: int,
+                 host_tier: HostTier | None = None) -> None:
+        self.blocks, self.host_tier = blocks, host_tier
         self.max_tokens = max_num_batched_tokens
         self.max_seqs = max_num_seqs
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.restoring: list[Request] = []
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.restoring) or (
+            self.host_tier is not None and self.host_tier.busy())
 
     def schedule(self) -> StepPlan:
         plan, budget = StepPlan(), self.max_tokens
+        tier = self.host_tier
+        if tier is not None:
+            tier.poll()
         decoding = [r for r in self.running if r.num_computed >= r.num_tokens - 1]
         prefilling = [r for r in self.running if r.num_computed < r.num_tokens - 1]
         for r in decoding:
@@ -61,18 +70,31 @@ class Scheduler:
             n = min(r.num_tokens - r.num_computed, budget)
             plan.runs.append(self._run(r, n))
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+        if tier is not None:
+            for r in [r for r in self.restoring if tier.landed(r)]:
+                self.restoring.remove(r)
+                budget = self._start(r, plan, budget)
+        while self.waiting and budget > 0 and len(self.running) + len(self.restoring) < self.max_seqs:
             r = self.waiting[0]
             if not self.blocks.try_admit(r):
                 break
             self.waiting.popleft()
-            r.status = Status.RUNNING
-            self.running.append(r)
-            plan.newly_scheduled.append(r)
-            n = min(r.num_tokens - r.num_computed, budget)
-            plan.runs.append(self._run(r, n))
-            budget -= n
+            if tier is not None and not tier.landed(r):
+                r.status = Status.RESTORING
+                self.restoring.append(r)
+                continue
+            budget = self._start(r, plan, budget)
         return plan
+
+    def _start(self, r: Request, plan: StepPlan, budget: int) -> int:
+        """Move an admitted request to running and give it what is left of the budget."""
+        r.status = Status.RUNNING
+        self.running.append(r)
+        plan.newly_scheduled.append(r)
+        n = min(r.num_tokens - r.num_computed, budget)
+        if n:
+            plan.runs.append(self._run(r, n))
+        return budget - n
 
     def _run(self, r: Request, n: int) -> ScheduledRun:
         self.blocks.allocate(r, r.num_computed + n)
@@ -83,6 +105,9 @@ class Scheduler:
         if req.status == Status.RUNNING:
             self.running.remove(req)
             self.blocks.release(req)
+        elif req.status == Status.RESTORING:
+            self.restoring.remove(req)
+            self.host_tier.abort(req)
         elif req.status == Status.WAITING:
             self.waiting.remove(req)
         req.status = Status.FINISHED

@@ -32,6 +32,7 @@ class StubState:
     itl_s: float = 0.0
     fail_keys: set[str] = field(default_factory=set)
     export_metrics: bool = True
+    pool_blocks: int | None = None   # exported as vllm:cache_config_info (blocks of 16 tokens) when set
     seen: list[list[Any]] = field(default_factory=list)
     queries: int = 0
     hits: int = 0
@@ -66,6 +67,8 @@ def make_app(state: StubState) -> Starlette:
         text = ("# TYPE vllm:prefix_cache_queries counter\n"
                 f'vllm:prefix_cache_queries_total{{model_name="{MODEL}"}} {state.queries}\n'
                 f'vllm:prefix_cache_hits_total{{model_name="{MODEL}"}} {state.hits}\n')
+        if state.pool_blocks is not None:
+            text += f'vllm:cache_config_info{{block_size="16",model_name="{MODEL}",num_gpu_blocks="{state.pool_blocks}"}} 1\n'
         return PlainTextResponse(text)
 
     async def tokenize(request: Request) -> JSONResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -81,5 +82,10 @@ def test_prefix_ladder(stub, tmp_path: Path) -> None:
     assert len(cold) == 6 and len(set(cold)) == 6 and all(b["max_tokens"] == 1 for b in state.bodies)
 
 
-def test_prefix_flags() -> None:
-    assert run_cli("bench", "prefix", "--base-url", "http://127.0.0.1:1", "--model", "m", "--host-restore") == 2
+def test_prefix_host_rung_sizes_the_fillers_from_the_server(stub) -> None:
+    url, state = stub
+    args = ("bench", "prefix", "--base-url", url, "--lengths", "32", "--repeats", "1", "--host-restore")
+    assert run_cli(*args) == 1                       # no --evict-tokens and no pool size on /metrics
+    state.pool_blocks, state.bodies = 10, []         # 160 tokens: fillers of 160 + 32 tokens
+    assert run_cli(*args) == 0
+    assert len(state.bodies) == 1 + 2 + math.ceil(192 / 32) + 1

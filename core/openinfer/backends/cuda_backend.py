@@ -6,10 +6,11 @@ CI can import the package. Every failure to start says what is missing and what 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from .block_copy import BlockCopier
 from .numpy_backend import Backend
 
 if TYPE_CHECKING:
@@ -124,6 +125,10 @@ class CudaBackend(Backend):
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def block_copier(self, device_arrays: Sequence[Any], num_host_blocks: int) -> BlockCopier:
+        from .cuda_block_copy import CudaBlockCopier
+        return CudaBlockCopier(self, device_arrays, num_host_blocks)
 
     def argmax(self, logits: Any) -> Any:
         from ..kernels.cuda.ops import argmax

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+from .block_copy import BlockCopier, HostPoolCopier
 
 if TYPE_CHECKING:
     from ..weights import WeightSource
@@ -56,6 +58,11 @@ class Backend(ABC):
     def kv_budget_bytes(self, requested: int | None, reserve: int = 0) -> int:
         """Bytes the KV pools may take; the CPU backend has no natural limit so it needs one."""
         return requested if requested is not None else 1 << 30
+
+    def block_copier(self, device_arrays: Sequence[Any], num_host_blocks: int) -> BlockCopier:
+        """A host pool of `num_host_blocks` blocks for these [num_blocks, ...] device arrays, and
+        the copies between them (the host offload tier's primitives)."""
+        return HostPoolCopier(device_arrays, num_host_blocks)
 
 
 class NumpyBackend(Backend):

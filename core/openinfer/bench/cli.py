@@ -163,7 +163,9 @@ def _prefix_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=1)
     p.add_argument("--host-restore", action="store_true",
                    help="also measure restore from the host offload tier (evict with filler prompts first)")
-    p.add_argument("--evict-tokens", type=int, default=0, help="filler tokens sent to evict the device cache")
+    p.add_argument("--evict-tokens", type=int, default=0,
+                   help="filler tokens sent to evict the device cache (default: the device pool the server "
+                        "reports on /metrics, plus one prompt)")
     p.add_argument("--evict-concurrency", type=int, default=8)
     p.add_argument("--output-json", type=Path, default=None)
     p.set_defaults(func=_run_prefix)
@@ -172,9 +174,6 @@ def _prefix_args(p: argparse.ArgumentParser) -> None:
 def _run_prefix(args: argparse.Namespace) -> int:
     from openinfer.bench.prefix import run_prefix
 
-    if args.host_restore and args.evict_tokens <= 0:
-        print("error: --host-restore needs --evict-tokens N (more than the device prefix cache holds)", file=sys.stderr)
-        return 2
     try:
         return run_prefix(args, resolve_model(args.base_url, args.model))
     except (ValueError, RuntimeError, OSError, httpx.HTTPError) as e:

@@ -45,7 +45,11 @@ class BlockManager:
         self.tokens_of: dict[int, tuple[int, ...]] = {}
         self.reserved = 0
         self.stats = CacheStats()
-        self.on_evict: Callable[[int, int], None] | None = None   # (block, hash): seam for a host tier
+        # seams for the host offload tier (kv/host_tier.py): the cached blocks one allocate()
+        # evicted, as (block, hash, tokens), reported before anything can write them; and every
+        # admitted request, after its device hits were taken
+        self.on_evict: Callable[[list[tuple[int, int, tuple[int, ...]]]], None] | None = None
+        self.on_admit: Callable[[Request], None] | None = None
 
     @property
     def usable_blocks(self) -> int:
@@ -93,27 +97,31 @@ class BlockManager:
         self.reserved += need
         self.stats.queries += len(req.prompt_ids)
         self.stats.hits += req.cached_tokens
+        if self.on_admit is not None:
+            self.on_admit(req)
         return True
 
     def allocate(self, req: Request, num_tokens: int) -> None:
         """Grow the block table to hold `num_tokens` tokens (always within the reservation)."""
+        evicted: list[tuple[int, int, tuple[int, ...]]] = []
         while len(req.block_ids) * self.block_size < num_tokens:
             if req.reserved_blocks <= 0:
                 raise RuntimeError(f"{req.request_id} outgrew its KV reservation")
             req.reserved_blocks -= 1
             self.reserved -= 1
-            b = self._take()
+            b = self._take(evicted)
             self.ref[b] = 1
             req.block_ids.append(b)
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)
 
-    def _take(self) -> int:
+    def _take(self, evicted: list[tuple[int, int, tuple[int, ...]]]) -> int:
         if self.free:
             return self.free.popleft()
         b, _ = self.evictable.popitem(last=False)
         h = self.hash_of.pop(b)
-        del self.by_hash[h], self.tokens_of[b]
-        if self.on_evict is not None:
-            self.on_evict(b, h)
+        del self.by_hash[h]
+        evicted.append((b, h, self.tokens_of.pop(b)))
         return b
 
     def commit(self, req: Request) -> None:

@@ -92,6 +92,10 @@ def render(models: list[tuple[str, ModelMetrics, object]]) -> str:
     gauge_or_counter("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt_tokens")
     gauge_or_counter("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
                      "generation_tokens")
+    _family(out, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
+            (("vllm:cache_config_info", _cache_labels(m, s), 1) for m, _, s in models
+             if getattr(s, "num_blocks", None) is not None))
+    _offload_families(out, [(m, s.offload) for m, _, s in models if getattr(s, "offload", None) is not None])
     _family(out, "vllm:request_success_total", "counter", "Count of successfully processed requests.",
             (("vllm:request_success_total", _labels(finished_reason=r, model_name=m), n)
              for m, mm, _ in models for r, n in sorted(mm.success.items())))
@@ -101,3 +105,33 @@ def render(models: list[tuple[str, ModelMetrics, object]]) -> str:
             ("vllm:e2e_request_latency_seconds", "e2e", "Histogram of end to end request latency in seconds.")):
         _family(out, name, "histogram", help, _histogram(name, [(m, getattr(mm, attr)) for m, mm, _ in models]))
     return "\n".join(out) + "\n"
+
+
+def _cache_labels(model: str, s: object) -> str:
+    """vLLM's cache_config_info labels that apply here; clients size workloads from them (bench prefix)."""
+    offload = getattr(s, "offload", None)
+    cpu = {} if offload is None else {"num_cpu_blocks": str(offload.capacity_blocks)}
+    return _labels(block_size=str(s.block_size), model_name=model, num_gpu_blocks=str(s.num_blocks), **cpu)
+
+
+def _offload_families(out: list[str], models: list[tuple[str, object]]) -> None:
+    """The host offload tier (--kv-offload), for the models that run one; no vLLM names exist for it."""
+    if not models:
+        return
+    for name, kind, help, attr in (
+            ("openinfer:kv_offload_saved_blocks_total", "counter", "KV blocks copied from device to host memory.",
+             "saved_blocks"),
+            ("openinfer:kv_offload_restored_blocks_total", "counter",
+             "KV blocks copied from host memory back to the device.", "restored_blocks"),
+            ("openinfer:kv_offload_dropped_blocks_total", "counter",
+             "Evicted KV blocks not saved because every host slot was being restored.", "dropped_blocks"),
+            ("openinfer:kv_offload_host_usage_perc", "gauge", "Host offload tier usage. 1 means 100 percent usage.",
+             "usage"),
+            ("openinfer:kv_offload_host_capacity_blocks", "gauge", "Blocks the host offload tier holds.",
+             "capacity_blocks"),
+            ("openinfer:kv_offload_queries_total", "counter",
+             "Prompt tokens looked up in the host tier (past the device prefix-cache hits).", "queries"),
+            ("openinfer:kv_offload_hits_total", "counter", "Prompt tokens restored from the host tier.", "hits"),
+            ("openinfer:kv_offload_hit_rate", "gauge",
+             "Host tier hits / queries since start (rate() of the two counters gives it per interval).", "hit_rate")):
+        _family(out, name, kind, help, ((name, _labels(model_name=m), getattr(o, attr)) for m, o in models))

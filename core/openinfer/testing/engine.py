@@ -62,3 +62,14 @@ def prompt_logits(engine: Engine, ids: list[int]) -> np.ndarray:
         return np.asarray(engine.runner.backend.to_host(logits), dtype=np.float32)
     finally:
         blocks.release(req)
+
+
+def demo_kv_gib(blocks: int, itemsize: int = 4, block_size: int = 16) -> float:
+    """--kv-cache-memory-gib (or --kv-offload-host-gib) that holds exactly `blocks` KV blocks of the
+    built-in demo model (itemsize 4: float32, the CPU; 2: bfloat16), so tests can size pools in blocks."""
+    from ..kv.pool import bytes_per_block
+    from ..loader import _demo
+    from ..plugins import get_plugins
+    line, config, _ = _demo(get_plugins())
+    groups = line.state_spec(line.parse_config(config))
+    return blocks * bytes_per_block(groups, block_size, {g.name: itemsize for g in groups}) / 2**30

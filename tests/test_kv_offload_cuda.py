@@ -1,0 +1,60 @@
+"""The host offload tier on a GPU: the pinned-memory copier's ordering, and identical greedy output for
+cold / device hit / host restore on the demo model (GPU only; skipped elsewhere)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from openinfer.engine import EngineArgs, build_engine
+from openinfer.testing.engine import demo_kv_gib
+from test_kv_offload import ladder
+
+pytestmark = pytest.mark.cuda
+cp = pytest.importorskip("cupy", reason="cupy is not installed")
+try:
+    if cp.cuda.runtime.getDeviceCount() < 1:
+        raise RuntimeError("no device")
+except Exception as e:  # no driver or no GPU
+    pytest.skip(f"no usable NVIDIA GPU: {e}", allow_module_level=True)
+
+from openinfer.backends import get_backend  # noqa: E402
+
+
+def test_copier_round_trip_and_ordering():
+    backend = get_backend("cuda")
+    backend.activate()
+    rng = np.random.default_rng(0)
+    host_k = rng.standard_normal((8, 2, 16, 2, 32)).astype(np.float32)
+    k = backend.asarray(host_k)                       # [blocks, layers, block_size, heads, dim] in bf16
+    v = backend.asarray(-host_k)
+    want_k, want_v = backend.to_host(k).copy(), backend.to_host(v).copy()
+    copier = backend.block_copier([k, v], 6)
+    assert all(h.shape == (6, 2, 16, 2, 32) and h.dtype == want_k.dtype for h in copier.host)
+    saved = copier.save([(1, 0), (2, 1), (3, 2), (6, 5)])
+    with backend.stream:                              # queued after the save: must not reach the saved copy
+        k[...] = 0
+        v[...] = 0
+    saved.wait()
+    np.testing.assert_array_equal(copier.host[0][[0, 1, 2, 5]], want_k[[1, 2, 3, 6]])
+    np.testing.assert_array_equal(copier.host[1][[0, 1, 2, 5]], want_v[[1, 2, 3, 6]])
+    restored = copier.restore([(7, 0), (4, 5), (5, 1)])
+    restored.wait()
+    assert restored.done()
+    got_k, got_v = backend.to_host(k), backend.to_host(v)
+    np.testing.assert_array_equal(got_k[[7, 4, 5]], want_k[[1, 6, 2]])
+    np.testing.assert_array_equal(got_v[[7, 4, 5]], want_v[[1, 6, 2]])
+    assert not got_k[[0, 1, 2, 3, 6]].astype(np.float32).any()
+
+
+def test_cold_device_hit_and_host_restore_give_identical_tokens_on_gpu():
+    engine = build_engine(None, EngineArgs(device="cuda", max_model_len=512, max_num_seqs=4,
+                                           kv_cache_memory_gib=demo_kv_gib(24, 2), kv_offload=True,
+                                           kv_offload_host_gib=demo_kv_gib(64, 2)))
+    engine.runner.backend.activate()
+    assert engine.blocks.usable_blocks == 23
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 150000, 83)]
+    res = ladder(engine, prompt)
+    cold = res["cold"][0]
+    assert [res[t] for t in res] == [(cold, 0), (cold, 80), (cold, 80), (cold, 80)]
+    stats = engine.stats().offload
+    assert stats.restored_blocks == 5 and stats.hits == 80 and stats.saved_blocks >= 5
