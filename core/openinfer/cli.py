@@ -103,8 +103,10 @@ def cmd_plugins(a: argparse.Namespace) -> int:
         ops = plugins.kernels.resolve(line.kernel_plan(line.parse_config(read_model_config(a.plan))),
                                       backend.name, backend.dtype)
         print(f"kernel plan of {a.plan} ({line.name} line, {backend.name}/{backend.dtype}):")
-        for op, impl in ops.describe().items():
-            print(f"  {op:18s} {impl}")
+        plan = ops.describe()
+        width = max(map(len, plan))
+        for op, impl in plan.items():
+            print(f"  {op:{width}s} {impl}")
     return 1 if plugins.errors and a.strict else 0
 
 

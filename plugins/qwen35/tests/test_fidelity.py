@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from openinfer.engine import EngineArgs, build_engine
-from openinfer.testing.engine import generate, greedy, prompt_logits
+from openinfer.testing.engine import collect, generate, greedy, prompt_logits, run_to_completion
 from openinfer.testing.hf_reference import hf_greedy_stepwise, hf_logits
 
 
@@ -47,10 +47,24 @@ def test_short_prompts_and_single_token_prompt(untied):
 
 def test_concurrent_requests_of_different_lengths(untied):
     ckpt, hf = untied
-    eng = engine_for(ckpt)
     prompts = [tokens(3 + 11 * i, seed=10 + i) for i in range(6)]
-    for p, (out, _, _) in zip(prompts, generate(eng, prompts, greedy(24))):
-        assert out == hf_greedy_stepwise(hf, p, 24)
+    want = [hf_greedy_stepwise(hf, p, 24) for p in prompts]
+    assert [out for out, _, _ in generate(engine_for(ckpt), prompts, greedy(24))] == want
+    # two state slots for six requests: later ones reuse rows that hold a finished request's state
+    assert [out for out, _, _ in generate(engine_for(ckpt, max_num_seqs=2), prompts, greedy(24))] == want
+
+
+def test_abort_frees_the_state_slot(untied):
+    ckpt, hf = untied
+    eng = engine_for(ckpt, max_num_seqs=1)
+    first = eng.submit(tokens(20, seed=30), greedy(50))
+    second = eng.submit(tokens(9, seed=31), greedy(8))
+    for _ in range(3):
+        eng.step()
+    eng.abort(first.request_id)
+    run_to_completion(eng, [first, second])
+    assert collect(first)[1].reason == "abort"
+    assert collect(second)[0] == hf_greedy_stepwise(hf, tokens(9, seed=31), 8)
 
 
 def test_chunked_prefill_matches(untied):
