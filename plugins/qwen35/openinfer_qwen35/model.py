@@ -1,7 +1,9 @@
 """The Qwen3.5 hybrid decoder, written against the op registry (runs on every backend).
 
 Zero-centred RMSNorms (`x̂ · (1 + w)`: input/post-attention/final norms and q_norm/k_norm) are
-folded to `1 + w` at load, so the shared rms_norm ops apply them unchanged. M-RoPE reduces to
+folded to `1 + w` at load, so the shared rms_norm ops apply them unchanged. (In bf16 the folded
+weight is rounded as a whole, coarser than w itself, while transformers adds 1 in fp32: keep these
+weights in fp32 if a CUDA fidelity check shows it matters.) M-RoPE reduces to
 plain RoPE for text (its three position streams are equal), on the first rotary_dim dims.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 from openinfer.batch import Array, ForwardBatch
 from openinfer.kernels.registry import Ops
 from openinfer.kv.pool import StatePools
-from openinfer.layers.attention import AttentionWeights, fuse_rows
+from openinfer.layers.attention import AttentionWeights
 from openinfer.layers.rope import cos_sin
 from openinfer.model_line import Model
 from openinfer.weights import WeightSource
@@ -34,18 +36,22 @@ class Layer:
 class Qwen35Model(Model):
     def __init__(self, cfg: Qwen35Config, weights: WeightSource, backend, ops: Ops) -> None:
         self.cfg, self.ops = cfg, ops
-        up = backend.asarray
 
-        def get(name: str) -> np.ndarray:
-            return weights.get(cfg.prefix + name)
+        def load(*names: str) -> Array:
+            return backend.load(weights, *(cfg.prefix + n for n in names))
 
         def norm1p(name: str) -> Array:
-            return up(1.0 + get(name).astype(np.float32))
+            return load(name) + 1.0
 
         cos, sin = cos_sin(cfg.rope, cfg.max_position_embeddings)
-        cos, sin = up(cos, "float32"), up(sin, "float32")
-        self.embed = up(get("embed_tokens.weight"))
-        self.lm_head = self.embed if cfg.tie_word_embeddings else up(weights.get("lm_head.weight"))
+        cos, sin = backend.asarray(cos, "float32"), backend.asarray(sin, "float32")
+        nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        # q_proj interleaves [q_h | gate_h] per head: rows reordered to [q | k | v | gate] (one GEMM)
+        heads = np.arange(nh)[:, None] * 2 * d
+        q_rows, gate_rows = (heads + np.arange(d)).ravel(), (heads + d + np.arange(d)).ravel()
+        qkvg_order = backend.asarray(np.concatenate([q_rows, 2 * nh * d + np.arange(2 * nkv * d), gate_rows]))
+        self.embed = load("embed_tokens.weight")
+        self.lm_head = self.embed if cfg.tie_word_embeddings else backend.load(weights, "lm_head.weight")
         self.norm = norm1p("norm.weight")
         self.layers: list[Layer] = []
         n_linear = n_full = 0
@@ -54,28 +60,25 @@ class Qwen35Model(Model):
             if kind == "linear_attention":
                 la = p + "linear_attn."
                 mixer: GatedDeltaNet | GatedAttention = GatedDeltaNet(ops, cfg, n_linear, GDNWeights(
-                    in_proj=fuse_rows(backend, get(la + "in_proj_qkv.weight"), get(la + "in_proj_z.weight"),
-                                      get(la + "in_proj_b.weight"), get(la + "in_proj_a.weight")),
-                    conv=up(get(la + "conv1d.weight").reshape(cfg.conv_dim, cfg.conv_kernel)),
-                    A_log=up(get(la + "A_log"), "float32"), dt_bias=up(get(la + "dt_bias"), "float32"),
-                    norm=up(get(la + "norm.weight")), out_proj=up(get(la + "out_proj.weight"))))
+                    in_proj=load(la + "in_proj_qkv.weight", la + "in_proj_z.weight", la + "in_proj_b.weight",
+                                 la + "in_proj_a.weight"),
+                    conv=load(la + "conv1d.weight").reshape(cfg.conv_dim, cfg.conv_kernel),
+                    A_log=backend.asarray(weights.get(cfg.prefix + la + "A_log"), "float32"),
+                    dt_bias=backend.asarray(weights.get(cfg.prefix + la + "dt_bias"), "float32"),
+                    norm=load(la + "norm.weight"), out_proj=load(la + "out_proj.weight")))
                 n_linear += 1
             else:
                 sa = p + "self_attn."
-                q_gate = get(sa + "q_proj.weight").reshape(cfg.num_heads, 2, cfg.head_dim, cfg.hidden_size)
                 w = AttentionWeights(
-                    qkv=fuse_rows(backend, q_gate[:, 0].reshape(-1, cfg.hidden_size), get(sa + "k_proj.weight"),
-                                  get(sa + "v_proj.weight"), q_gate[:, 1].reshape(-1, cfg.hidden_size)),
-                    o=up(get(sa + "o_proj.weight")), q_norm=norm1p(sa + "q_norm.weight"),
+                    qkv=load(sa + "q_proj.weight", sa + "k_proj.weight", sa + "v_proj.weight")[qkvg_order],
+                    o=load(sa + "o_proj.weight"), q_norm=norm1p(sa + "q_norm.weight"),
                     k_norm=norm1p(sa + "k_norm.weight"))
-                mixer = GatedAttention(ops, n_full, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
-                                       cos, sin, w)
+                mixer = GatedAttention(ops, n_full, nh, nkv, d, cfg.rms_norm_eps, cos, sin, w)
                 n_full += 1
             self.layers.append(Layer(
                 input_norm=norm1p(p + "input_layernorm.weight"), post_norm=norm1p(p + "post_attention_layernorm.weight"),
-                mixer=mixer,
-                gate_up=fuse_rows(backend, get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")),
-                down=up(get(p + "mlp.down_proj.weight"))))
+                mixer=mixer, gate_up=load(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                down=load(p + "mlp.down_proj.weight")))
 
     def forward(self, batch: ForwardBatch, state: StatePools) -> Array:
         ops, eps = self.ops, self.cfg.rms_norm_eps
