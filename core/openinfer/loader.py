@@ -73,6 +73,8 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     num_blocks = max(2, (budget - state_bytes) // per_block)
     pools = StatePools(backend, groups, num_blocks, args.block_size, rows)
     if rows:
+        log.info("bounded state: %d rows (%d running sequences, %d prefix checkpoints, 1 padding), %.1f MiB",
+                 rows, args.max_num_seqs, checkpoints, state_bytes / 2**20)
         blocks: BlockManager = HybridBlockManager(num_blocks, args.block_size, args.enable_prefix_caching,
                                                   args.max_num_seqs, checkpoints)
     else:
