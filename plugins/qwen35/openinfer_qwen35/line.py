@@ -11,7 +11,8 @@ from .layers import GDN_GROUP
 from .ops import OPS
 
 
-def _preset(hidden: int, layers: int, inter: int, heads: int, v_heads: int, tied: bool) -> dict[str, Any]:
+def _preset(hidden: int, layers: int, inter: int, heads: int, v_heads: int, tied: bool, **text_overrides: Any
+            ) -> dict[str, Any]:
     """config.json of a real Qwen3.5 checkpoint shape (text part; the vision tower is ignored)."""
     text = {"model_type": "qwen3_5_text", "hidden_size": hidden, "num_hidden_layers": layers,
             "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
@@ -22,7 +23,7 @@ def _preset(hidden: int, layers: int, inter: int, heads: int, v_heads: int, tied
             "attention_bias": False, "attn_output_gate": True, "mamba_ssm_dtype": "float32",
             "tie_word_embeddings": tied, "eos_token_id": 248044,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
-                                "mrope_section": [11, 11, 10], "mrope_interleaved": True}}
+                                "mrope_section": [11, 11, 10], "mrope_interleaved": True}, **text_overrides}
     return {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
             "tie_word_embeddings": tied, "torch_dtype": "bfloat16", "text_config": text}
 
@@ -31,6 +32,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen3.5-4b": _preset(2560, 32, 9216, 16, 32, tied=True),
     "qwen3.5-9b": _preset(4096, 32, 12288, 16, 32, tied=False),
     "qwen3.5-27b": _preset(5120, 64, 17408, 24, 48, tied=False),
+    # tiny shapes with the real vocabulary, for quick runs and kernel work (head_dim 64 as on CUDA)
+    "qwen3.5-tiny": _preset(64, 4, 128, 4, 4, tied=True, num_key_value_heads=2, head_dim=64,
+                            linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32,
+                            max_position_embeddings=4096,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                             "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
 }
 
 SHARED_OPS = ["embedding", "rms_norm", "add_rms_norm", "linear", "qk_norm_rope", "write_kv", "paged_attention",

@@ -50,3 +50,21 @@ def test_real_layout_skips_vision_and_mtp_tensors(untied, tmp_path, caplog):
     assert not caplog.records
     ids = [5, 6, 7, 8, 9]
     np.testing.assert_array_equal(prompt_logits(eng, ids), prompt_logits(build_engine(str(ckpt), EngineArgs()), ids))
+
+
+def test_synthesized_tiny_preset_serves_consistently(tmp_path):
+    """`openinfer synth` output of the tiny preset (dummy weights) loads and decodes the same
+    alone, batched, chunked and from a prefix hit."""
+    from openinfer.synth import synthesize
+    from openinfer.testing.engine import generate, greedy
+    from openinfer.testing.tokenizers import genuine_qwen3_tokenizer_dir
+    synthesize("qwen3.5-tiny", tmp_path, dtype="F32")
+    for f in genuine_qwen3_tokenizer_dir().iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    prompts = [[int(t) for t in np.random.default_rng(i).integers(0, 151000, size=20 + 7 * i)] for i in range(3)]
+    eng = build_engine(str(tmp_path), EngineArgs(block_size=16))
+    alone = [generate(eng, [p], greedy(10))[0][0] for p in prompts]
+    batched = generate(eng, prompts, greedy(10))
+    assert [out for out, _, _ in batched] == alone and [c for _, _, c in batched] == [16, 16, 32]
+    chunked = build_engine(str(tmp_path), EngineArgs(max_num_batched_tokens=6, enable_prefix_caching=False))
+    assert [out for out, _, _ in generate(chunked, prompts, greedy(10))] == alone
