@@ -20,6 +20,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory-gib", type=float, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--num-state-checkpoints", type=int, default=None,
+                   help="hybrid models: prefix checkpoints of the recurrent state kept (default: --max-num-seqs)")
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: no graph capture")
     p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
 
@@ -29,7 +31,8 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
                       block_size=a.block_size, kv_cache_memory_gib=a.kv_cache_memory_gib,
                       gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=not a.no_prefix_caching,
-                      served_model_name=name, seed=a.seed, enforce_eager=a.enforce_eager)
+                      num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed,
+                      enforce_eager=a.enforce_eager)
 
 
 def _parse_model(spec: str) -> tuple[str | None, str]:
