@@ -103,5 +103,5 @@ class Qwen35Line(ModelLine):
         try:   # the Qwen3.5 chat format (XML tool calls) lands in .chat separately
             from .chat import Qwen35ChatFormat
         except ImportError:
-            return ChatFormat(ThinkTagReasoningParser, None, assistant_prefix="<|im_start|>assistant\n")
-        return Qwen35ChatFormat() if isinstance(Qwen35ChatFormat, type) else Qwen35ChatFormat
+            return ChatFormat(ThinkTagReasoningParser, None, assistant_prefix="<|im_start|>assistant")
+        return Qwen35ChatFormat()
