@@ -116,3 +116,21 @@ def test_prefix_hit_needs_a_state_checkpoint(untied):
     generate(no_ckpt, [long], greedy(1))
     [(out2, _, cached2)] = generate(no_ckpt, [long], greedy(8))
     assert cached2 == 0 and out2 == hf_greedy_stepwise(hf, long, 8)
+
+
+def test_prefix_hits_under_slot_and_checkpoint_pressure(untied):
+    """Few slots and checkpoints, small blocks and budget: checkpoints are evicted and rows
+    reused while saves and restores are queued; outputs equal the uncached engine's."""
+    ckpt, _ = untied
+    base = tokens(40, seed=40)
+    waves = [[base[:m] + tokens(5 + m % 7, seed=m) for m in (8, 17, 24, 33, 40)],
+             [base[:m] + tokens(3, seed=100 + m) for m in (16, 40, 9, 33, 25, 24)]]
+    kw = dict(block_size=8, max_num_batched_tokens=16, max_num_seqs=3)
+    cached = engine_for(ckpt, num_state_checkpoints=2, **kw)
+    plain = engine_for(ckpt, enable_prefix_caching=False, **kw)
+    hits = 0
+    for wave in waves:
+        got = generate(cached, wave, greedy(10))
+        assert [out for out, _, _ in got] == [out for out, _, _ in generate(plain, wave, greedy(10))]
+        hits += sum(c for _, _, c in got)
+    assert hits > 0
