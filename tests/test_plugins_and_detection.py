@@ -62,8 +62,11 @@ def test_failed_kernel_registration_is_rolled_back():
                                                 ("deepseek_v3", "openinfer-kimi-k2"),
                                                 ("glm_moe_dsa", "openinfer-glm52")])
 def test_known_family_without_plugin_names_the_package(model_type, package):
+    plugins = _plugins()
+    for name in [n for n, line in plugins.lines.items() if line.probe({"model_type": model_type}).ok]:
+        del plugins.lines[name]   # as if its package were not installed
     with pytest.raises(DetectionError) as e:
-        detect_line({"model_type": model_type}, _plugins())
+        detect_line({"model_type": model_type}, plugins)
     msg = str(e.value)
     assert f"pip install {package}" in msg
     assert "qwen3: model_type" in msg   # every installed line's reason is listed

@@ -29,7 +29,7 @@ class ForwardBatch:
     block_size: int
     max_query_len: int
     max_context_len: int
-    state_slots: np.ndarray | None = None  # [B] slot of each sequence in bounded state groups
+    state_slots: Array | None = None  # [B] int32, each sequence's row in the "slots" state groups
 
     @property
     def num_tokens(self) -> int:

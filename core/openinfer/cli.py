@@ -20,6 +20,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory-gib", type=float, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--num-state-checkpoints", type=int, default=None,
+                   help="hybrid models: prefix checkpoints of the recurrent state kept (default: --max-num-seqs)")
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: no graph capture")
     p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
     p.add_argument("--kv-offload", action="store_true",
@@ -33,8 +35,8 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
                       block_size=a.block_size, kv_cache_memory_gib=a.kv_cache_memory_gib,
                       gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=not a.no_prefix_caching,
-                      served_model_name=name, seed=a.seed, enforce_eager=a.enforce_eager,
-                      kv_offload=a.kv_offload, kv_offload_host_gib=a.kv_offload_host_gib)
+                      num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed,
+                      enforce_eager=a.enforce_eager, kv_offload=a.kv_offload, kv_offload_host_gib=a.kv_offload_host_gib)
 
 
 def _parse_model(spec: str) -> tuple[str | None, str]:
@@ -108,8 +110,10 @@ def cmd_plugins(a: argparse.Namespace) -> int:
         ops = plugins.kernels.resolve(line.kernel_plan(line.parse_config(read_model_config(a.plan))),
                                       backend.name, backend.dtype)
         print(f"kernel plan of {a.plan} ({line.name} line, {backend.name}/{backend.dtype}):")
-        for op, impl in ops.describe().items():
-            print(f"  {op:18s} {impl}")
+        plan = ops.describe()
+        width = max(map(len, plan))
+        for op, impl in plan.items():
+            print(f"  {op:{width}s} {impl}")
     return 1 if plugins.errors and a.strict else 0
 
 

@@ -16,6 +16,7 @@ class EngineArgs:
     kv_cache_memory_gib: float | None = None  # KV pool size; None: CPU 1 GiB cap / GPU from --gpu-memory-utilization
     gpu_memory_utilization: float = 0.90
     enable_prefix_caching: bool = True
+    num_state_checkpoints: int | None = None  # hybrid models: prefix checkpoints of the bounded state; None: max_num_seqs
     served_model_name: str | None = None
     seed: int = 0                           # dummy-weight seed
     enforce_eager: bool = False             # CUDA: no graph capture
@@ -29,6 +30,8 @@ class EngineArgs:
             raise ValueError("max_num_seqs must be >= 1")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a power of two")
+        if self.num_state_checkpoints is not None and self.num_state_checkpoints < 0:
+            raise ValueError("num_state_checkpoints must be >= 0")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"unknown load_format {self.load_format!r}: use auto or dummy")
         if self.kv_offload and self.kv_offload_host_gib <= 0:

@@ -13,8 +13,9 @@ from .engine import Engine
 from .engine_args import EngineArgs
 from .kv.block_manager import BlockManager
 from .kv.host_tier import HostTier, offloadable_arrays
-from .kv.pool import StatePools, bytes_per_block
-from .model_line import ModelLine
+from .kv.hybrid import HybridBlockManager, num_state_rows
+from .kv.pool import StatePools, bytes_per_block, bytes_per_state_row
+from .model_line import ModelLine, StateGroup
 from .model_runner import ModelRunner
 from .plugins import Plugins, get_plugins
 from .tokenizer import Tokenizer
@@ -59,22 +60,33 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     max_len = min(args.max_model_len or line.max_model_len(cfg), line.max_model_len(cfg))
     itemsize = {g.name: (4 if g.dtype == "float32" else _itemsize(backend.dtype)) for g in groups}
     per_block = bytes_per_block(groups, args.block_size, itemsize)
+    rows, checkpoints = _state_rows(groups, args)
+    state_bytes = rows * bytes_per_state_row(groups, itemsize)
     reserve = _activation_bytes(built, backend, groups, args, max_len) if backend.name == "cuda" else 0
     budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None else int(args.kv_cache_memory_gib * 2**30),
                                      reserve)
     if args.kv_cache_memory_gib is None and backend.name == "numpy":
         # CPU: enough for max_num_seqs full-length sequences, capped by the backend's default budget
-        budget = min(budget, (args.max_num_seqs * -(-max_len // args.block_size) + 1) * per_block)
-    num_blocks = max(2, budget // per_block)
-    pools = StatePools(backend, groups, num_blocks, args.block_size)
-    blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        budget = min(budget, (args.max_num_seqs * -(-max_len // args.block_size) + 1) * per_block + state_bytes)
+    if state_bytes >= budget:
+        raise LoadError(f"the bounded state of {args.max_num_seqs} sequences + {checkpoints} checkpoints needs "
+                        f"{state_bytes / 2**20:.0f} MiB, more than the KV budget; lower --max-num-seqs or raise it")
+    num_blocks = max(2, (budget - state_bytes) // per_block)
+    pools = StatePools(backend, groups, num_blocks, args.block_size, rows)
+    if rows:
+        log.info("bounded state: %d rows (%d running sequences, %d prefix checkpoints, 1 padding), %.1f MiB",
+                 rows, args.max_num_seqs, checkpoints, state_bytes / 2**20)
+        blocks: BlockManager = HybridBlockManager(num_blocks, args.block_size, args.enable_prefix_caching,
+                                                  args.max_num_seqs, checkpoints)
+    else:
+        blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
     host_tier = None
     if args.kv_offload:
         host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
         host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
         log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
     runner = ModelRunner(built, backend, pools, args.block_size)
-    if backend.name == "cuda" and not args.enforce_eager:
+    if backend.name == "cuda" and not args.enforce_eager and not rows:   # graphs lack state_slots yet
         runner.capture_graphs(args.max_num_seqs, max_len)
     tokenizer = Tokenizer.from_dir(tok_dir)
     eos = set(tokenizer.eos_token_ids)
@@ -88,6 +100,18 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
                   vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier)
 
 
+def _state_rows(groups: list[StateGroup], args: EngineArgs) -> tuple[int, int]:
+    """(state rows, of which checkpoints) for the "slots" groups: one row per running request
+    plus prefix checkpoints (kv/hybrid.py); (0, 0) for a model without bounded state."""
+    slots = [g for g in groups if g.kind == "slots"]
+    if not slots:
+        return 0, 0
+    checkpoints = 0
+    if args.enable_prefix_caching and all(g.checkpointable for g in slots):
+        checkpoints = args.max_num_seqs if args.num_state_checkpoints is None else args.num_state_checkpoints
+    return num_state_rows(args.max_num_seqs, checkpoints), checkpoints
+
+
 def _activation_bytes(model: Any, backend: Any, groups: list, args: EngineArgs, max_len: int) -> int:
     """Device memory that steps need beyond weights and KV, measured: a forward of a full token
     budget, plus (for the CUDA graphs' own pool) one of a full decode batch."""
@@ -99,7 +123,8 @@ def _activation_bytes(model: Any, backend: Any, groups: list, args: EngineArgs, 
     for batch_seqs, tokens in ((prefill_seqs, each), (0 if args.enforce_eager else seqs, 1)):
         if batch_seqs:
             backend.release_cached()
-            runner = ModelRunner(model, backend, StatePools(backend, groups, num_blocks, bs), bs)
+            rows = 1 + batch_seqs if any(g.kind == "slots" for g in groups) else 0   # dummy_batch's slots
+            runner = ModelRunner(model, backend, StatePools(backend, groups, num_blocks, bs, rows), bs)
             before = backend.pool_bytes()   # freed blocks stay in the pool, so its size is the peak
             runner.profile(runner.dummy_batch(batch_seqs, tokens))
             total += backend.pool_bytes() - before

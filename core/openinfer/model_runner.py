@@ -28,6 +28,7 @@ class HostBatch:
     query_start: np.ndarray   # [B + 1] int32
     context_lens: np.ndarray  # [B] int32
     sample_rows: np.ndarray   # [S] int32
+    state_slots: np.ndarray | None = None   # [B] int32, rows of the "slots" state groups (hybrid models)
 
     @property
     def is_decode(self) -> bool:
@@ -55,7 +56,7 @@ class ModelRunner:
 
     def prepare_host(self, plan: StepPlan) -> HostBatch:
         bs = self.block_size
-        ids, pos, slots, qstart, lens, rows, tables = [], [], [], [0], [], [], []
+        ids, pos, slots, qstart, lens, rows, tables, state_slots = [], [], [], [0], [], [], [], []
         for run in plan.runs:
             r = run.req
             p = np.arange(run.start, run.start + run.length)
@@ -66,6 +67,7 @@ class ModelRunner:
             qstart.append(qstart[-1] + run.length)
             lens.append(run.start + run.length)
             tables.append(r.block_ids)
+            state_slots.append(r.state_slot)
             if run.samples:
                 rows.append(qstart[-1] - 1)
         table = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
@@ -73,7 +75,8 @@ class ModelRunner:
             table[i, : len(t)] = t
         return HostBatch(np.concatenate(ids), np.concatenate(pos).astype(np.int32),
                          np.concatenate(slots).astype(np.int64), table, np.asarray(qstart, dtype=np.int32),
-                         np.asarray(lens, dtype=np.int32), np.asarray(rows, dtype=np.int32))
+                         np.asarray(lens, dtype=np.int32), np.asarray(rows, dtype=np.int32),
+                         None if state_slots[0] is None else np.asarray(state_slots, dtype=np.int32))
 
     def dummy_batch(self, num_seqs: int, tokens_each: int) -> HostBatch:
         """Sequences of `tokens_each` prefill tokens in consecutive blocks from block 1 (profiling)."""
@@ -82,8 +85,9 @@ class ModelRunner:
         pos = np.tile(np.arange(tokens_each, dtype=np.int32), num_seqs)
         slots = (tables[:, :, None] * bs + np.arange(bs)).reshape(num_seqs, -1)[:, :tokens_each].reshape(-1)
         qs = np.arange(num_seqs + 1, dtype=np.int32) * tokens_each
+        state_slots = 1 + np.arange(num_seqs, dtype=np.int32) if self.pools.slots else None
         return HostBatch(np.zeros(len(pos), np.int32), pos, slots.astype(np.int64), tables, qs,
-                         np.full(num_seqs, tokens_each, np.int32), qs[1:] - 1)
+                         np.full(num_seqs, tokens_each, np.int32), qs[1:] - 1, state_slots)
 
     def profile(self, h: HostBatch) -> None:
         """One forward of a made-up batch (its K/V is garbage: profile on throw-away pools)."""
@@ -97,13 +101,15 @@ class ModelRunner:
             block_tables=to(h.block_tables), query_start=to(h.query_start), context_lens=to(h.context_lens),
             sample_rows=to(h.sample_rows), query_start_host=h.query_start, context_lens_host=h.context_lens,
             block_size=self.block_size, max_query_len=int(np.diff(h.query_start).max()),
-            max_context_len=int(h.context_lens.max()))
+            max_context_len=int(h.context_lens.max()),
+            state_slots=None if h.state_slots is None else to(h.state_slots))
 
     def prepare(self, plan: StepPlan) -> ForwardBatch:
         return self.upload(self.prepare_host(plan))
 
     def run(self, plan: StepPlan, logits_rows: list[int] | tuple[int, ...] = ()) -> StepOutput:
         """Greedy tokens of every sampled row, and float32 logits of the sampled rows listed."""
+        self.pools.copy_state_rows(plan.state_copies)
         h = self.prepare_host(plan)
         B, be = len(h.context_lens), self.backend
         if self.graphs is not None and h.is_decode and self.graphs.bucket(B) is not None:

@@ -147,6 +147,7 @@ class Request:
     reserved_blocks: int = 0        # lifetime blocks reserved at admission, not yet allocated
     num_hashed_blocks: int = 0      # leading full blocks already registered in the prefix cache
     block_hashes: list[int] = field(default_factory=list)
+    state_slot: int | None = None   # row of its bounded state (hybrid models), held while running
     cache_salt: str = ""
     rng: np.random.Generator | None = None
     first_token_time: float | None = None

@@ -29,6 +29,7 @@ class ScheduledRun:
 class StepPlan:
     runs: list[ScheduledRun] = field(default_factory=list)
     newly_scheduled: list[Request] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)   # run before the forward
 
     @property
     def num_tokens(self) -> int:
@@ -67,7 +68,7 @@ class Scheduler:
         for r in prefilling:
             if budget == 0:
                 break
-            n = min(r.num_tokens - r.num_computed, budget)
+            n = self.blocks.prefill_chunk(r, min(r.num_tokens - r.num_computed, budget))
             plan.runs.append(self._run(r, n))
             budget -= n
         if tier is not None:
@@ -84,6 +85,8 @@ class Scheduler:
                 self.restoring.append(r)
                 continue
             budget = self._start(r, plan, budget)
+        if plan.runs:   # an empty plan is not run, so its copies wait for the next one
+            plan.state_copies = self.blocks.take_state_copies()
         return plan
 
     def _start(self, r: Request, plan: StepPlan, budget: int) -> int:
@@ -91,7 +94,7 @@ class Scheduler:
         r.status = Status.RUNNING
         self.running.append(r)
         plan.newly_scheduled.append(r)
-        n = min(r.num_tokens - r.num_computed, budget)
+        n = self.blocks.prefill_chunk(r, min(r.num_tokens - r.num_computed, budget))
         if n:
             plan.runs.append(self._run(r, n))
         return budget - n

@@ -155,3 +155,12 @@ class BlockManager:
                     self.free.append(b)
         self.reserved -= req.reserved_blocks
         req.block_ids, req.reserved_blocks = [], 0
+
+    # ---- bounded-state hooks: kv/hybrid.py overrides them; paged-only models need none ----
+    def prefill_chunk(self, req: Request, n: int) -> int:
+        """How many of the `n` tokens the scheduler offers a prefill run to actually take."""
+        return n
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        """State-row copies (src, dst) to run, in order, before the next forward."""
+        return []

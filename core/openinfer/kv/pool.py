@@ -1,7 +1,7 @@
 """The device arrays of every state group, allocated once at load."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from ..model_line import StateGroup
 
@@ -10,21 +10,48 @@ def bytes_per_block(groups: list[StateGroup], block_size: int, itemsize: dict[st
     return sum(g.elements_per_unit() * block_size * itemsize[g.name] for g in groups if g.kind == "paged")
 
 
+def bytes_per_state_row(groups: list[StateGroup], itemsize: dict[str, int]) -> int:
+    """Bytes of one row of every "slots" group (one request's bounded state, or one checkpoint)."""
+    return sum(g.elements_per_unit() * itemsize[g.name] for g in groups if g.kind == "slots")
+
+
 class StatePools:
     """Paged groups: part -> array [num_blocks, layers, block_size, *shape]; one block holds
     every layer's slice, so a block moves (offload, restore) as a unit per part.
-    `layer(group, part, i)` is the [num_blocks, block_size, *shape] view kernels index."""
+    Slots groups: part -> array [num_state_rows, layers, *shape]; a row is one request's live
+    bounded state or one prefix checkpoint of it (kv/hybrid.py assigns the rows), so saving or
+    restoring a checkpoint is a row copy.
+    `layer(group, part, i)` is the view kernels index: [num_blocks, block_size, *shape] (paged)
+    or [num_state_rows, *shape] (slots)."""
 
-    def __init__(self, backend: Any, groups: list[StateGroup], num_blocks: int, block_size: int) -> None:
+    def __init__(self, backend: Any, groups: list[StateGroup], num_blocks: int, block_size: int,
+                 num_state_rows: int = 0) -> None:
         self.groups = {g.name: g for g in groups}
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_state_rows = num_state_rows
         self.paged: dict[str, dict[str, Any]] = {}
+        self.slots: dict[str, dict[str, Any]] = {}
         for g in groups:
-            if g.kind != "paged":
-                raise NotImplementedError(f"state group {g.name}: kind {g.kind!r} is not supported by this engine yet")
             dtype = None if g.dtype == "model" else g.dtype
-            self.paged[g.name] = {part: backend.zeros((num_blocks, g.layers, block_size, *shape), dtype)
-                                  for part, shape in g.parts.items()}
+            if g.kind == "paged":
+                lead: tuple[int, ...] = (num_blocks, g.layers, block_size)
+                target = self.paged
+            elif g.kind == "slots":
+                if num_state_rows < 1:
+                    raise ValueError(f"state group {g.name!r} needs state rows; none were allotted")
+                lead, target = (num_state_rows, g.layers), self.slots
+            else:
+                raise ValueError(f"state group {g.name}: unknown kind {g.kind!r}")
+            target[g.name] = {part: backend.zeros((*lead, *shape), dtype) for part, shape in g.parts.items()}
 
     def layer(self, group: str, part: str, index: int) -> Any:
-        return self.paged[group][part][:, index]
+        arrays = self.paged.get(group) or self.slots[group]
+        return arrays[part][:, index]
+
+    def copy_state_rows(self, copies: Iterable[tuple[int, int]]) -> None:
+        """Copy (src, dst) rows of every slots group, in order: a later copy may read a row an
+        earlier one wrote (a checkpoint saved, then restored into a new request)."""
+        for src, dst in copies:
+            for parts in self.slots.values():
+                for arr in parts.values():
+                    arr[dst] = arr[src]

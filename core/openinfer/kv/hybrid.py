@@ -1,0 +1,128 @@
+"""Block manager for hybrid models: paged KV plus a bounded per-request state (kind "slots").
+
+Every running request owns one state row (its Gated DeltaNet conv window and recurrent
+matrices); admission needs a free row, and at most `num_slots` are handed out. The attention KV
+of a prefix is worthless without the recurrent state *at the same token*, and that state cannot
+be rebuilt from blocks: it summarises the whole prefix. So a prefix hit is valid only at a block
+boundary where a state checkpoint exists, and a hit is cut back to the last such boundary.
+
+Which boundaries get a checkpoint. A checkpoint is a whole row (tens of MB for a real model,
+about a hundred attention blocks' worth), so keeping one per block is out of the question.
+We keep them only where reuse is likely and the state is at hand for free:
+  * the last full block of each prompt (`prefill_chunk` cuts the prefill there, so the state
+    passes through that boundary at a step end) — the same prompt sent again hits it;
+  * any other prefill chunk that ends on a block boundary (long prompts chunked by the budget)
+    — a long shared prefix (system prompt, document) hits the last one below the divergence;
+  * during decode, one rolling checkpoint per request: each boundary the sequence crosses
+    replaces the request's previous one, so when it finishes, its last full block has a
+    checkpoint and turn 2 of the conversation (prompt + answer + new message) reuses turn 1.
+Checkpoints live in their own rows of the same state arrays, in an LRU keyed by the chained
+block hash (which already covers the tokens, the parent chain and the salt); they are plain
+cache entries, never pinned. Saving and restoring are row copies queued here in order and run
+by the model runner before the next forward (`take_state_copies`): the order keeps a save
+ahead of a restore of the same row, and a restore ahead of a later overwrite.
+
+Row 0 is never handed out (padding rows of a batch may point at it), like block 0.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from ..request import Request
+from .block_manager import BlockManager
+
+
+def num_state_rows(num_slots: int, num_checkpoints: int) -> int:
+    return 1 + num_slots + num_checkpoints
+
+
+class CheckpointLRU:
+    """Checkpoint rows keyed by block hash, least recently used first."""
+
+    def __init__(self, first_row: int, count: int) -> None:
+        self.free: deque[int] = deque(range(first_row, first_row + count))
+        self.rows: OrderedDict[int, int] = OrderedDict()   # block hash -> row
+
+    def find(self, h: int) -> int | None:
+        row = self.rows.get(h)
+        if row is not None:
+            self.rows.move_to_end(h)
+        return row
+
+    def take(self, h: int) -> int | None:
+        """A row for a new checkpoint under `h`, evicting the least recently used if needed."""
+        if not self.free and not self.rows:
+            return None
+        row = self.free.popleft() if self.free else self.rows.popitem(last=False)[1]
+        self.rows[h] = row
+        return row
+
+    def drop(self, h: int) -> None:
+        row = self.rows.pop(h, None)
+        if row is not None:
+            self.free.append(row)
+
+
+class HybridBlockManager(BlockManager):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool, num_slots: int,
+                 num_checkpoints: int) -> None:
+        super().__init__(num_blocks, block_size, enable_prefix_cache)
+        if num_slots < 1:
+            raise ValueError("a hybrid model needs at least one state slot")
+        self.free_slots: deque[int] = deque(range(1, num_slots + 1))
+        self.checkpointing = enable_prefix_cache and num_checkpoints > 0
+        self.checkpoints = CheckpointLRU(1 + num_slots, num_checkpoints)
+        self.rolling: dict[str, int] = {}      # request id -> hash of its decode checkpoint
+        self.copies: list[tuple[int, int]] = []
+
+    def _match(self, req: Request) -> list[int]:
+        hits = super()._match(req) if self.checkpointing else []
+        while hits and self.checkpoints.find(req.block_hashes[len(hits) - 1]) is None:
+            hits.pop()
+        return hits
+
+    def try_admit(self, req: Request) -> bool:
+        if not self.free_slots or not super().try_admit(req):
+            return False
+        req.state_slot = self.free_slots.popleft()
+        if req.num_computed:
+            # _match only keeps hits that end on a checkpoint, and nothing evicted it since
+            row = self.checkpoints.rows[req.block_hashes[req.num_computed // self.block_size - 1]]
+            self.copies.append((row, req.state_slot))
+        return True
+
+    def prefill_chunk(self, req: Request, n: int) -> int:
+        """End the prefill run at the prompt's last full block, so its state can be saved."""
+        if not self.checkpointing:
+            return n
+        start, boundary = req.num_computed, (len(req.prompt_ids) - 1) // self.block_size * self.block_size
+        return boundary - start if start < boundary < start + n else n
+
+    def commit(self, req: Request) -> None:
+        super().commit(req)
+        n = req.num_computed
+        if not self.checkpointing or n == 0 or n % self.block_size:
+            return
+        h = req.block_hashes[n // self.block_size - 1]
+        if self.checkpoints.find(h) is not None:
+            return   # the same tokens' state is already kept (identical by construction)
+        decoding = n > len(req.prompt_ids)
+        if decoding and req.request_id in self.rolling:
+            self.checkpoints.drop(self.rolling.pop(req.request_id))
+        row = self.checkpoints.take(h)
+        if row is None:
+            return
+        self.copies.append((req.state_slot, row))
+        if decoding:
+            self.rolling[req.request_id] = h
+
+    def release(self, req: Request) -> None:
+        super().release(req)
+        self.rolling.pop(req.request_id, None)   # its last checkpoint stays for the next turn
+        if req.state_slot is not None:
+            self.free_slots.append(req.state_slot)
+            req.state_slot = None
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        copies, self.copies = self.copies, []
+        return copies

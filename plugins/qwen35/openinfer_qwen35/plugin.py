@@ -1,0 +1,15 @@
+"""openinfer entry point of the qwen35 plugin: the model line and its numpy ops."""
+from openinfer.hookspecs import hookimpl
+
+from .ops import OPS
+
+
+@hookimpl
+def register_model_lines(register) -> None:
+    register("openinfer_qwen35.line:Qwen35Line")
+
+
+@hookimpl
+def register_kernels(register) -> None:
+    for op in OPS:
+        register(op, "numpy", f"openinfer_qwen35.ops:{op}", dtypes=("float32",))
