@@ -67,9 +67,7 @@ def _structured(text: str) -> Any:
     except ValueError:
         pass
     try:  # the template renders nested values with tojson, but models also write Python literals
-        value = ast.literal_eval(text)
-        json.dumps(value)
-        return value
+        return json.loads(json.dumps(ast.literal_eval(text)))  # tuples become lists; sets, bytes fail
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
 
@@ -78,6 +76,8 @@ def convert_value(value: str, types: list[str]) -> Any:
     """A parameter's text as the first of `types` it parses as; the text itself if none fits."""
     text = value.strip()
     for t in types:
+        if t == "string":
+            return value
         if t == "null" and text in ("null", "None"):
             return None
         if t == "boolean" and text.lower() in ("true", "false"):
@@ -241,26 +241,33 @@ class Qwen35ToolCallParser(ToolCallParser):
                 self._close_call(out)
                 self._buf, self._state = head[len("</function>"):], "block"
                 return True
+            if head.startswith(("<function=", self.start_tag)):  # the next call began without closing this one
+                self._close_call(out)
+                self._buf, self._state = head, "block"
+                return True
             if m := _PARAMETER.match(head):
                 self._open_param(out, m.group(1).strip())
                 self._buf = head[m.end():]
                 return True
-            if _partial(head, ("<parameter=", "</function>", self.end_tag)):
+            if _partial(head, ("<parameter=", "</function>", self.end_tag, "<function=", self.start_tag)):
                 return False
             nxt = head.find("<", 1)  # stray text between parameters: skip it
             self._buf = head[nxt:] if nxt > 0 else ""
             return nxt > 0
         # state "block": a function must come next
+        if head.startswith(self.start_tag):  # a new block although this one was not closed
+            self._buf, self._block_calls = head[len(self.start_tag):], 0
+            return True
         if (m := _FUNCTION.match(head)) and m.group(1).strip():
             self._open_call(out, m.group(1).strip())
             self._buf = head[m.end():]
             return True
-        if _partial(head, ("<function=", self.end_tag)):
+        if _partial(head, ("<function=", self.end_tag, self.start_tag)):
             return False
-        if self._block_calls:  # junk after a call inside the block: drop up to the block's end
-            j = buf.find(self.end_tag)
-            self._buf = buf[j:] if j >= 0 else buf[len(buf) - partial_suffix_len(buf, [self.end_tag]):]
-            return j >= 0
+        if self._block_calls:  # junk after a call inside the block: skip to the next tag
+            nxt = head.find("<", 1)
+            self._buf = head[nxt:] if nxt > 0 else ""
+            return nxt > 0
         j = buf.find(self.end_tag)  # not a call: held until the block ends, then kept verbatim
         if j < 0:
             return False
