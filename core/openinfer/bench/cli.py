@@ -61,6 +61,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--num-warmups", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="send ignore_eos so outputs have exactly --output-len tokens; --no-ignore-eos for servers "
+                        "that reject the field (transformers serve), whose outputs may then end early at EOS")
     p.add_argument("--extra-body", type=json.loads, default={}, help="JSON object merged into every request")
     p.add_argument("--goodput", nargs="+", default=None, help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:10000")
     p.add_argument("--metric-percentiles", type=_floats, default=[99.0], help="e.g. 50,90,99")
@@ -90,7 +93,8 @@ def _run_serve(args: argparse.Namespace) -> int:
             multi_turn_turns=args.multi_turn_turns, multi_turn_system_len=args.multi_turn_system_len,
             multi_turn_user_len=args.multi_turn_user_len, request_rate=args.request_rate,
             burstiness=args.burstiness, max_concurrency=args.max_concurrency, seed=args.seed,
-            num_warmups=args.num_warmups, temperature=args.temperature, extra_body=args.extra_body,
+            num_warmups=args.num_warmups, temperature=args.temperature, ignore_eos=args.ignore_eos,
+            extra_body=args.extra_body,
             goodput=parse_goodput(args.goodput), metric_percentiles=args.metric_percentiles,
             percentile_metrics=[m for m in args.percentile_metrics.split(",") if m],
             ready_check_timeout_sec=args.ready_check_timeout_sec, disable_tqdm=args.disable_tqdm,
