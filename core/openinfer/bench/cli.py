@@ -1,4 +1,5 @@
-"""`openinfer bench serve | latency | startup | prefix`: argument parsing only; each command lives in its module."""
+"""`openinfer bench serve | latency | startup | prefix | compare`: argument parsing only; each command lives in
+its module."""
 
 from __future__ import annotations
 
@@ -182,15 +183,34 @@ def _run_prefix(args: argparse.Namespace) -> int:
         return 1
 
 
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sides", nargs=2, metavar="NAME=DIR", help="two servers' sweep result directories")
+    p.add_argument("--md", type=Path, default=None, help="write the table here (Markdown)")
+    p.add_argument("--png", type=Path, default=None, help="write the side-by-side plot here")
+    p.add_argument("--percentile", type=float, default=99.0, help="the tail percentile shown next to the mean")
+    p.set_defaults(func=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from openinfer.bench.compare import run_compare
+
+    try:
+        return run_compare(args.sides, args.md, args.png, args.percentile)
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
 def add_parser(subparsers: Any) -> None:
     """Adds `bench` (serve | latency | startup | prefix) to the main CLI's subparsers; each sets func(args) -> int."""
     bench = subparsers.add_parser("bench", help="benchmarks: serving, in-process latency, start-up, prefix cache")
-    sub = bench.add_subparsers(dest="bench_command", metavar="{serve,latency,startup,prefix}")
+    sub = bench.add_subparsers(dest="bench_command", metavar="{serve,latency,startup,prefix,compare}")
     sub.required = True
     for name, helptext, add in (
         ("serve", "vLLM-compatible serving benchmark (one rate or a --sweep)", _serve_args),
         ("latency", "in-process batch x input x output sweep: prefill and per-step decode time", _latency_args),
         ("startup", "time to ready and process-tree RSS of a server command", _startup_args),
         ("prefix", "TTFT ladder: cold prefill, warm device hit, host restore", _prefix_args),
+        ("compare", "two servers' serve sweeps side by side: table with ratios, plot", _compare_args),
     ):
         add(sub.add_parser(name, help=helptext, description=helptext))
