@@ -36,6 +36,9 @@ def test_table_ratios_and_plot(tmp_path: Path, capsys) -> None:
     assert inf[8:11] == ["400", "1200", "3.00"] and inf[14:17] == ["10", "10", "1.00"]
     assert "p99 TTFT ms fast" in md.read_text() and png.stat().st_size > 10_000
     assert "| inf |" in capsys.readouterr().out
+    assert run_cli("bench", "compare", f"fast={a}", f"slow={b}", "--short") == 0
+    short = capsys.readouterr().out.splitlines()
+    assert short[0].count("×") == 3 and "| inf | 10/10 | 800 | 200 | 4.00 | 400 | 1200 | 3.00 | 10 | 10 | 1.00 |" in short
 
     assert run_cli("bench", "compare", f"a={a}", f"b={tmp_path / 'missing'}") == 1
     assert run_cli("bench", "compare", f"a={a}", f"b={tmp_path / 'out'}") == 1  # no results there

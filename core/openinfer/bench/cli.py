@@ -188,6 +188,7 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--md", type=Path, default=None, help="write the table here (Markdown)")
     p.add_argument("--png", type=Path, default=None, help="write the side-by-side plot here")
     p.add_argument("--percentile", type=float, default=99.0, help="the tail percentile shown next to the mean")
+    p.add_argument("--short", action="store_true", help="print only output tok/s, mean TTFT and mean TPOT")
     p.set_defaults(func=_run_compare)
 
 
@@ -195,7 +196,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     from openinfer.bench.compare import run_compare
 
     try:
-        return run_compare(args.sides, args.md, args.png, args.percentile)
+        return run_compare(args.sides, args.md, args.png, args.percentile, args.short)
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -50,12 +50,17 @@ def _ratio(a: float | None, b: float | None, higher_better: bool) -> float | Non
     return a / b if higher_better else b / a
 
 
+SHORT = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms")
+
+
 def compare_table(names: tuple[str, str], a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]],
-                  tail: str = "p99") -> str:
-    """Markdown: per rate, each metric for both servers and the ratio (>1: the first is better)."""
+                  tail: str = "p99", short: bool = False) -> str:
+    """Markdown: per rate, each metric for both servers and the ratio (>1: the first is better);
+    `short` keeps output tok/s, mean TTFT and mean TPOT."""
+    metrics = [m for m in METRICS if not short or m[0] in SHORT]
     rows_b = {_rate(r): r for r in b}
     head = ["rate", f"ok {names[0]}/{names[1]}"]
-    for _, title, _ in METRICS:
+    for _, title, _ in metrics:
         t = title.format(tail=tail)
         head += [f"{t} {names[0]}", f"{t} {names[1]}", "×"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -64,7 +69,7 @@ def compare_table(names: tuple[str, str], a: Sequence[dict[str, Any]], b: Sequen
         if rb is None:
             continue
         cells = [str(ra["request_rate"]), f"{ra['completed']}/{rb['completed']}"]
-        for key, _, higher in METRICS:
+        for key, _, higher in metrics:
             k = key.format(tail=tail)
             va, vb = ra.get(k), rb.get(k)
             ratio = _ratio(va, vb, higher)
@@ -111,8 +116,10 @@ def plot_compare(names: tuple[str, str], a: Sequence[dict[str, Any]], b: Sequenc
     return path
 
 
-def run_compare(sides: Sequence[str], md: Path | None, png: Path | None, percentile: float) -> int:
-    """sides: two NAME=DIR specs. Prints the table; writes it and the plot where asked."""
+def run_compare(sides: Sequence[str], md: Path | None, png: Path | None, percentile: float,
+                short: bool = False) -> int:
+    """sides: two NAME=DIR specs. Prints the table (`short`: three metrics); writes the full one and the
+    plot where asked."""
     names, sweeps = [], []
     for spec in sides:
         name, sep, directory = spec.partition("=")
@@ -126,7 +133,7 @@ def run_compare(sides: Sequence[str], md: Path | None, png: Path | None, percent
     pair = (names[0], names[1])
     tail = percentile_key(percentile)
     table = compare_table(pair, sweeps[0], sweeps[1], tail)
-    print(table)
+    print(compare_table(pair, sweeps[0], sweeps[1], tail, short) if short else table)
     if md is not None:
         md.parent.mkdir(parents=True, exist_ok=True)
         md.write_text(f"{names[0]} vs {names[1]} (×: above 1 means {names[0]} is better)\n\n{table}\n")
