@@ -127,7 +127,11 @@ for name in openinfer transformers; do
     [ -n "$png" ] && cp "$png" "$OUT/$name-sweep.png"
 done
 { echo "# openinfer vs transformers serve: $PRESET, $INPUT_LEN in / $OUTPUT_LEN out, $NUM_PROMPTS prompts per rate"
-  echo; sed 's/^/    /' "$LOGS/env.txt"; echo; } >"$OUT/summary.md"
+  echo; sed 's/^/    /' "$LOGS/env.txt"
+  echo "    openinfer serve --device $DEVICE (engine defaults); bench with ignore_eos"
+  echo "    transformers serve --continuous-batching --attn-implementation sdpa --dtype bfloat16 --device $DEVICE"
+  echo "    both: bench serve --prompt-format text (same prompts, same seed), temperature 0, 4 warm-ups per rate"
+  echo; } >"$OUT/summary.md"
 "${OI[@]}" bench compare "openinfer=$WORK/openinfer" "transformers=$WORK/transformers" --md "$WORK/table.md" \
     --png "$OUT/compare.png" --short
 rc=$?
