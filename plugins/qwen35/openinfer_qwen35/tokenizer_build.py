@@ -5,9 +5,11 @@ pre-tokenized piece by taking it whole if it is a token, else by repeatedly merg
 pair whose concatenation has the lowest rank (the leftmost on ties). An HF BPE reproduces that when
 (a) `ignore_merges` is on (whole-piece lookup first) and (b) the merge list holds *every* split
 (a, b) of every token t with a and b in the vocabulary, ordered by rank(t): a merge whose result is
-t must fire exactly when tiktoken would form t, whichever parts it is formed from. The usual
-"one merge per token" conversion keeps a single split per token and misses the tokens that are
-formed from other splits (232 of them here).
+t must fire exactly when tiktoken would form t, whichever parts it is formed from (500 709 merges for
+248 044 tokens). The usual "one merge per token" conversion keeps a single split per token: 112 tokens
+have no split into two lower-ranked tokens and 83 have no split at all, and such a tokenizer disagrees
+with the ranks on about a quarter of the test corpus's texts. This one agreed with tiktoken on 14 M
+tokens of that corpus.
 
     python -m openinfer_qwen35.tokenizer_build            # rewrite tokenizer/tokenizer.json.gz
     python -m openinfer_qwen35.tokenizer_build --check    # rebuild and compare with the vendored file
@@ -88,8 +90,9 @@ def byte_level(token: bytes) -> str:
 
 def merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     """Every split of every multi-byte token into two tokens, by the rank of the token; splits of
-    one token by the length of their left part (ties between them need two overlapping candidate
-    pairs of equal rank, which the test corpus shows never to change a result)."""
+    one token by the length of their left part (tiktoken breaks such ties by position instead; that
+    could only matter for two overlapping candidate pairs forming the same token, and never did in
+    the 14 M-token check)."""
     out = []
     for token, rank in ranks.items():
         for k in range(1, len(token)):
