@@ -7,7 +7,8 @@
 # (every JSON, log and plot). Knobs (env): NUM_PROMPTS (40 per rate), RATES (1,2,4,8,16,32,inf),
 # INPUT_LEN (1024), OUTPUT_LEN (128), PRESET (qwen3-4b), DEVICE (cuda), MODEL_DIR (synthesized once),
 # SWEEP_S (200: each server's sweep budget, cut further to end by TOTAL_S; points done by then are kept),
-# SKIP_INSTALL=1 (use the current environment).
+# SKIP_INSTALL=1 (use the current environment), SYNTH_ONLY=1 (install and synthesize, then stop: synthesizing
+# the 8 GB checkpoint takes minutes, so a first call can do it and a second, on the still-warm machine, the sweeps).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/openinfer-compare}
@@ -49,6 +50,11 @@ if [ ! -f "$MODEL_DIR/config.json" ]; then
 fi
 # transformers reads tokenizer.json, not the gzip openinfer vendors
 [ -f "$MODEL_DIR/tokenizer.json" ] || gzip -dkc "$MODEL_DIR/tokenizer.json.gz" >"$MODEL_DIR/tokenizer.json"
+if [ -n "${SYNTH_ONLY:-}" ]; then
+    log "synthesized $MODEL_DIR in ${SECONDS}s: $(du -sh "$MODEL_DIR" | cut -f1)"
+    rm -rf "$WORK"
+    exit 0
+fi
 
 wait_ready() {  # url pid seconds: poll GET url until 200, the server dies, or time runs out
     $PY - "$@" <<'EOF'
