@@ -201,6 +201,12 @@ class ChatFormat:
     think_end: str = "</think>"
     assistant_prefix: str | None = None
 
+    def template_messages(self, messages: list[dict]) -> list[dict]:
+        """The request's messages as this line's chat template expects them (a hook for template
+        quirks, e.g. tool-call arguments the template wants as objects, not JSON text); raise
+        ChatTemplateError for messages it cannot take."""
+        return messages
+
     def starts_in_reasoning(self, prompt_text: str) -> bool:
         """True if the rendered prompt ends inside an open reasoning block."""
         if self.reasoning_parser is None:

@@ -142,6 +142,19 @@ def test_random_chat_with_tokenizer_and_no_metrics(stub, tmp_path: Path) -> None
     assert _serve(url, tmp_path, "--backend", "openai-chat", "--num-prompts", "2") == 1  # needs --tokenizer
 
 
+def test_text_prompts_without_ignore_eos(stub, tmp_path: Path) -> None:
+    """What a server that takes only text prompts and rejects ignore_eos (transformers serve) gets."""
+    url, state = stub
+    tok = make_word_tokenizer(tmp_path / "tok")
+    rc = _serve(url, tmp_path, "--prompt-format", "text", "--tokenizer", str(tok), "--no-ignore-eos",
+                "--num-prompts", "3", "--input-len", "10", "--output-len", "2", "--save-result",
+                "--result-filename", "t.json")
+    assert rc == 0
+    assert json.loads((tmp_path / "t.json").read_text())["total_input_tokens"] == 30
+    assert all(isinstance(b["prompt"], str) and len(b["prompt"].split()) == 10 and "ignore_eos" not in b
+               for b in state.bodies)
+
+
 def test_server_down_fails_cleanly(tmp_path: Path) -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -1,4 +1,5 @@
-"""`openinfer bench serve | latency | startup | prefix`: argument parsing only; each command lives in its module."""
+"""`openinfer bench serve | latency | startup | prefix | compare`: argument parsing only; each command lives in
+its module."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--num-warmups", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="send ignore_eos so outputs have exactly --output-len tokens; --no-ignore-eos for servers "
+                        "that reject the field (transformers serve), whose outputs may then end early at EOS")
     p.add_argument("--extra-body", type=json.loads, default={}, help="JSON object merged into every request")
     p.add_argument("--goodput", nargs="+", default=None, help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:10000")
     p.add_argument("--metric-percentiles", type=_floats, default=[99.0], help="e.g. 50,90,99")
@@ -90,7 +94,8 @@ def _run_serve(args: argparse.Namespace) -> int:
             multi_turn_turns=args.multi_turn_turns, multi_turn_system_len=args.multi_turn_system_len,
             multi_turn_user_len=args.multi_turn_user_len, request_rate=args.request_rate,
             burstiness=args.burstiness, max_concurrency=args.max_concurrency, seed=args.seed,
-            num_warmups=args.num_warmups, temperature=args.temperature, extra_body=args.extra_body,
+            num_warmups=args.num_warmups, temperature=args.temperature, ignore_eos=args.ignore_eos,
+            extra_body=args.extra_body,
             goodput=parse_goodput(args.goodput), metric_percentiles=args.metric_percentiles,
             percentile_metrics=[m for m in args.percentile_metrics.split(",") if m],
             ready_check_timeout_sec=args.ready_check_timeout_sec, disable_tqdm=args.disable_tqdm,
@@ -181,15 +186,35 @@ def _run_prefix(args: argparse.Namespace) -> int:
         return 1
 
 
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sides", nargs=2, metavar="NAME=DIR", help="two servers' sweep result directories")
+    p.add_argument("--md", type=Path, default=None, help="write the table here (Markdown)")
+    p.add_argument("--png", type=Path, default=None, help="write the side-by-side plot here")
+    p.add_argument("--percentile", type=float, default=99.0, help="the tail percentile shown next to the mean")
+    p.add_argument("--short", action="store_true", help="print only output tok/s, mean TTFT and mean TPOT")
+    p.set_defaults(func=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from openinfer.bench.compare import run_compare
+
+    try:
+        return run_compare(args.sides, args.md, args.png, args.percentile, args.short)
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
 def add_parser(subparsers: Any) -> None:
     """Adds `bench` (serve | latency | startup | prefix) to the main CLI's subparsers; each sets func(args) -> int."""
     bench = subparsers.add_parser("bench", help="benchmarks: serving, in-process latency, start-up, prefix cache")
-    sub = bench.add_subparsers(dest="bench_command", metavar="{serve,latency,startup,prefix}")
+    sub = bench.add_subparsers(dest="bench_command", metavar="{serve,latency,startup,prefix,compare}")
     sub.required = True
     for name, helptext, add in (
         ("serve", "vLLM-compatible serving benchmark (one rate or a --sweep)", _serve_args),
         ("latency", "in-process batch x input x output sweep: prefill and per-step decode time", _latency_args),
         ("startup", "time to ready and process-tree RSS of a server command", _startup_args),
         ("prefix", "TTFT ladder: cold prefill, warm device hit, host restore", _prefix_args),
+        ("compare", "two servers' serve sweeps side by side: table with ratios, plot", _compare_args),
     ):
         add(sub.add_parser(name, help=helptext, description=helptext))

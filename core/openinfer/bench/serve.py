@@ -50,6 +50,7 @@ class ServeConfig:
     seed: int = 0
     num_warmups: int = 0
     temperature: float = 0.0
+    ignore_eos: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
     goodput: dict[str, float] = field(default_factory=dict)
     metric_percentiles: list[float] = field(default_factory=lambda: [99.0])
@@ -66,7 +67,8 @@ class ServeConfig:
     @property
     def sampling(self) -> dict[str, Any]:
         # ignore_eos: synthetic prompts must produce exactly the requested output length (vLLM forces it too).
-        return {"temperature": self.temperature, "ignore_eos": True, **self.extra_body}
+        eos = {"ignore_eos": True} if self.ignore_eos else {}
+        return {"temperature": self.temperature, **eos, **self.extra_body}
 
 
 @dataclass

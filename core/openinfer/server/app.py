@@ -81,7 +81,8 @@ def create_app(host: ModelHost) -> Starlette:
             text = req.prompt
             if req.messages is not None:
                 try:
-                    text = tokenizer.apply_chat_template(req.messages, tools=req.tools,
+                    messages = model.engine.chat_format.template_messages(req.messages)
+                    text = tokenizer.apply_chat_template(messages, tools=req.tools,
                                                          add_generation_prompt=req.add_generation_prompt,
                                                          **req.template_kwargs)
                 except (ChatTemplateError, TypeError) as e:

@@ -94,7 +94,8 @@ class ChatCompletionFormat:
 def _render(model: ServedModel, req: ChatRequest) -> tuple[str, list[int]]:
     tokenizer = model.engine.tokenizer
     try:
-        text = tokenizer.apply_chat_template(req.messages, tools=req.tools,
+        messages = model.engine.chat_format.template_messages(req.messages)
+        text = tokenizer.apply_chat_template(messages, tools=req.tools,
                                              add_generation_prompt=req.add_generation_prompt, **req.template_kwargs)
     except ChatTemplateError as e:
         raise bad_request(f"The chat template rejected the messages: {e}", "messages") from None

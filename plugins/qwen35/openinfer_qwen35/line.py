@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from openinfer.model_line import ModelLine, StateGroup
-from openinfer.parsers import ChatFormat, ThinkTagReasoningParser
+from openinfer.parsers import ChatFormat
 
 from .config import Qwen35Config
 from .layers import GDN_GROUP
@@ -100,8 +100,5 @@ class Qwen35Line(ModelLine):
         return Qwen35Model(cfg, weights, backend, ops)
 
     def chat_format(self) -> ChatFormat:
-        try:   # the Qwen3.5 chat format (XML tool calls) lands in .chat separately
-            from .chat import Qwen35ChatFormat
-        except ImportError:
-            return ChatFormat(ThinkTagReasoningParser, None, assistant_prefix="<|im_start|>assistant")
+        from .chat import Qwen35ChatFormat
         return Qwen35ChatFormat()
