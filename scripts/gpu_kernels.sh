@@ -92,11 +92,15 @@ for B, ctx in ((1, 1024), (1, 8192), (1, 32768), (32, 1024), (64, 4096)):
     kc, vc, q = rand(blocks, 16, nkv, d), rand(blocks, 16, nkv, d), rand(B, nh, d)
     row(f"decode attention B={B} ctx={ctx}", bench(lambda: ops.paged_attention(q, kc, vc, b, d ** -0.5)),
         2 * B * ctx * nkv * d * 2)
-for n in (1024, 4096):
+from openinfer.kernels.cuda import attention as attn
+for n, kernels in ((1024, (True, False)), (4096, (True, False)), (16384, (True,))):
     b, blocks = batch([n], [n])
     kc, vc, q = rand(blocks, 16, nkv, d), rand(blocks, 16, nkv, d), rand(n, nh, d)
-    row(f"prefill attention {n} tokens", bench(lambda: ops.paged_attention(q, kc, vc, b, d ** -0.5), 5),
-        flops=4 * nh * d * n * n / 2)
+    for mma in kernels:  # the tensor-core kernel, then (shorter prompts) the fp32-core one it replaced
+        attn.PREFILL_MMA = mma
+        row(f"prefill attention {n} tok {'mma' if mma else 'fp32'}",
+            bench(lambda: ops.paged_attention(q, kc, vc, b, d ** -0.5), 5), flops=4 * nh * d * n * n / 2)
+    attn.PREFILL_MMA = True
 x, r, w = rand(1, H), rand(1, H), rand(H)
 row("add_rms_norm T=1 H=2560", bench(lambda: ops.add_rms_norm(x, r, w, 1e-6)))
 logits = rand(1, 151936)
