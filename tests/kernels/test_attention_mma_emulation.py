@@ -14,7 +14,6 @@ from openinfer.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
 
 NW = 4
-BM = 16 * NW
 LANE = np.arange(32)
 G_ID, T_ID = LANE >> 2, LANE & 3
 
@@ -27,7 +26,9 @@ def bf(x):
 
 
 def tile_cfg(D):
-    return (64 if D <= 128 else 32), D <= 128, D + 8   # BN, Q_IN_REGS, LD
+    """MmaTile<D>: MT m-tiles per warp, BM rows per block, BN keys per tile, Q_IN_REGS, LD."""
+    MT = 2 if D <= 128 else 1
+    return MT, 16 * MT * NW, (64 if D <= 128 else 32), D <= 64, D + 8
 
 
 def ldmatrix_x4(smem, addr, trans=False):
@@ -67,7 +68,8 @@ def pack(lo, hi):
 def emulate(q, q_stride, kflat, vflat, cache_base, block_stride, token_stride, bs, tables, qstart, ctx, nh, nkv,
             scale, D, T_out):
     """q: flat bf16 values; caches: flat arrays with a layer's view starting at cache_base."""
-    BN, QREGS, LD = tile_cfg(D)
+    MT, BM, BN, QREGS, LD = tile_cfg(D)
+    WR = 16 * MT
     VW, NT, DT, KC, RPW = D // 8, BN // 8, D // 8, D // 16, BN // NW
     out = np.full((T_out, nh, D), np.nan, np.float32)
     G = nh // nkv
@@ -117,73 +119,82 @@ def emulate(q, q_stride, kflat, vflat, cache_base, block_stride, token_stride, b
                                     vs[dst: dst + 8] = 0
 
                 load_kv_tile(0, 0)
-                warps = []
-                for warp in range(NW):
-                    wrow = warp * 16
-                    ra = row0 + wrow + (LANE >> 2)
-                    rb = ra + 8
-                    warps.append(dict(
-                        wrow=wrow,
-                        qpos_a=np.where(ra < rows, L - n + ra // G, -1),
-                        qpos_b=np.where(rb < rows, L - n + rb // G, -1),
-                        qmin=L - n + (row0 + wrow) // G, tail=row0 + wrow + 16 > rows,
-                        o=np.zeros((32, DT, 4)), m=np.full((32, 2), -np.inf), l=np.zeros((32, 2)),
-                        qa=(wrow + (LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8, qf=None))
                 koff = ((LANE & 7) + ((LANE >> 4) & 1) * 8) * LD + ((LANE >> 3) & 1) * 8
                 voff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
                 kcol = 2 * (LANE & 3)
+                warps = []
+                for warp in range(NW):
+                    wrow = warp * WR
+                    qpos = np.empty((MT, 2, 32), np.int64)
+                    for mt in range(MT):
+                        for h in range(2):
+                            r = row0 + wrow + mt * 16 + (LANE >> 2) + 8 * h
+                            qpos[mt, h] = np.where(r < rows, L - n + r // G, -1)
+                    warps.append(dict(
+                        wrow=wrow, qpos=qpos, qmin=L - n + (row0 + wrow) // G, tail=row0 + wrow + WR > rows,
+                        o=np.zeros((MT, 32, DT, 4)), m=np.full((MT, 32, 2), -np.inf), l=np.zeros((MT, 32, 2)),
+                        qa=(wrow + (LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8, qf=None))
                 for t in range(ntiles):
                     k0, st = t * BN, t & 1
                     if t + 1 < ntiles:
                         load_kv_tile(st ^ 1, k0 + BN)
                     for w in warps:
                         if QREGS and t == 0:
-                            w["qf"] = [ldmatrix_x4(qs, w["qa"] + kk * 16) for kk in range(KC)]
-                        s = np.zeros((32, NT, 4))
+                            w["qf"] = [[ldmatrix_x4(qs, w["qa"] + mt * 16 * LD + kk * 16) for kk in range(KC)]
+                                       for mt in range(MT)]
+                        s = np.zeros((MT, 32, NT, 4))
                         for kk in range(KC):
-                            a = w["qf"][kk] if QREGS else ldmatrix_x4(qs, w["qa"] + kk * 16)
+                            a = [w["qf"][mt][kk] if QREGS else ldmatrix_x4(qs, w["qa"] + mt * 16 * LD + kk * 16)
+                                 for mt in range(MT)]
                             for jp in range(NT // 2):
                                 bk = ldmatrix_x4(ks, st * BN * LD + jp * 16 * LD + koff + kk * 16)
-                                mma(s[:, 2 * jp], a, bk[:, 0], bk[:, 1])
-                                mma(s[:, 2 * jp + 1], a, bk[:, 2], bk[:, 3])
+                                for mt in range(MT):
+                                    mma(s[mt][:, 2 * jp], a[mt], bk[:, 0], bk[:, 1])
+                                    mma(s[mt][:, 2 * jp + 1], a[mt], bk[:, 2], bk[:, 3])
                         if w["tail"] or k0 + BN - 1 > w["qmin"]:
-                            for j in range(NT):
-                                for e in range(4):
-                                    qp = w["qpos_a"] if e < 2 else w["qpos_b"]
-                                    s[:, j, e] = np.where(k0 + 8 * j + kcol + (e & 1) > qp, -np.inf, s[:, j, e])
-                        mx = np.stack([np.maximum(w["m"][:, 0], s[:, :, :2].max(axis=(1, 2))),
-                                       np.maximum(w["m"][:, 1], s[:, :, 2:].max(axis=(1, 2)))], 1)
-                        mx = np.maximum(mx, mx[LANE ^ 1])
-                        mx = np.maximum(mx, mx[LANE ^ 2])
-                        base = np.where(mx == -np.inf, 0.0, mx * scale)
-                        with np.errstate(invalid="ignore"):
-                            alpha = np.exp2(w["m"] * scale - base)
-                        w["m"] = mx
-                        w["l"] = w["l"] * alpha
-                        p = np.exp2(s * scale - np.repeat(base, 2, axis=1)[:, None, :])
-                        w["l"] += np.stack([p[:, :, :2].sum((1, 2)), p[:, :, 2:].sum((1, 2))], 1)
-                        w["o"] *= np.repeat(alpha, 2, axis=1)[:, None, :]
+                            for mt in range(MT):
+                                for j in range(NT):
+                                    for e in range(4):
+                                        qp = w["qpos"][mt, e >> 1]
+                                        s[mt][:, j, e] = np.where(k0 + 8 * j + kcol + (e & 1) > qp, -np.inf,
+                                                                  s[mt][:, j, e])
+                        p = np.empty_like(s)
+                        for mt in range(MT):
+                            sm, m = s[mt], w["m"][mt]
+                            mx = np.stack([np.maximum(m[:, 0], sm[:, :, :2].max(axis=(1, 2))),
+                                           np.maximum(m[:, 1], sm[:, :, 2:].max(axis=(1, 2)))], 1)
+                            mx = np.maximum(mx, mx[LANE ^ 1])
+                            mx = np.maximum(mx, mx[LANE ^ 2])
+                            base = np.where(mx == -np.inf, 0.0, mx * scale)
+                            with np.errstate(invalid="ignore"):
+                                alpha = np.exp2(m * scale - base)
+                            w["m"][mt] = mx
+                            w["l"][mt] *= alpha
+                            p[mt] = np.exp2(sm * scale - np.repeat(base, 2, axis=1)[:, None, :])
+                            w["l"][mt] += np.stack([p[mt][:, :, :2].sum((1, 2)), p[mt][:, :, 2:].sum((1, 2))], 1)
+                            w["o"][mt] *= np.repeat(alpha, 2, axis=1)[:, None, :]
                         for kk in range(BN // 16):
-                            a = np.stack([pack(p[:, 2 * kk, 0], p[:, 2 * kk, 1]), pack(p[:, 2 * kk, 2], p[:, 2 * kk, 3]),
-                                          pack(p[:, 2 * kk + 1, 0], p[:, 2 * kk + 1, 1]),
-                                          pack(p[:, 2 * kk + 1, 2], p[:, 2 * kk + 1, 3])], 1)
+                            a = [np.stack([pack(pm[:, 2 * kk, 0], pm[:, 2 * kk, 1]), pack(pm[:, 2 * kk, 2], pm[:, 2 * kk, 3]),
+                                           pack(pm[:, 2 * kk + 1, 0], pm[:, 2 * kk + 1, 1]),
+                                           pack(pm[:, 2 * kk + 1, 2], pm[:, 2 * kk + 1, 3])], 1) for pm in p]
                             for dp in range(D // 16):
                                 bv = ldmatrix_x4(vs, st * BN * LD + kk * 16 * LD + voff + dp * 16, trans=True)
-                                mma(w["o"][:, 2 * dp], a, bv[:, 0], bv[:, 1])
-                                mma(w["o"][:, 2 * dp + 1], a, bv[:, 2], bv[:, 3])
+                                for mt in range(MT):
+                                    mma(w["o"][mt][:, 2 * dp], a[mt], bv[:, 0], bv[:, 1])
+                                    mma(w["o"][mt][:, 2 * dp + 1], a[mt], bv[:, 2], bv[:, 3])
                 for w in warps:
-                    l = w["l"] + w["l"][LANE ^ 1]
-                    l = l + l[LANE ^ 2]
-                    inv = np.where(l > 0, 1 / np.where(l > 0, l, 1), 0)
-                    srow_a = (w["wrow"] + (LANE >> 2)) * LD  # element index (the kernel's word index * 2)
-                    srow_b = srow_a + 8 * LD
-                    for j in range(DT):
-                        for ln in range(32):
-                            wa = srow_a[ln] + 2 * (4 * j + (ln & 3))
-                            wb = srow_b[ln] + 2 * (4 * j + (ln & 3))
-                            qs[wa: wa + 2] = bf(w["o"][ln, j, :2] * inv[ln, 0])
-                            qs[wb: wb + 2] = bf(w["o"][ln, j, 2:] * inv[ln, 1])
-                    for idx in range(16 * VW):
+                    for mt in range(MT):
+                        for h in range(2):
+                            lh = w["l"][mt][:, h]
+                            lh = lh + lh[LANE ^ 1]
+                            lh = lh + lh[LANE ^ 2]
+                            inv = np.where(lh > 0, 1 / np.where(lh > 0, lh, 1), 0)
+                            srow = (w["wrow"] + mt * 16 + (LANE >> 2) + 8 * h) * LD  # elements (word index * 2)
+                            for j in range(DT):
+                                for ln in range(32):
+                                    wd = srow[ln] + 2 * (4 * j + (ln & 3))
+                                    qs[wd: wd + 2] = bf(w["o"][mt][ln, j, 2 * h: 2 * h + 2] * inv[ln])
+                    for idx in range(WR * VW):
                         r, c = idx // VW, idx % VW
                         row = row0 + w["wrow"] + r
                         if row < rows:

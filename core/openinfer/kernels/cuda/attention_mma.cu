@@ -17,11 +17,15 @@
 #include "common.cuh"
 
 #define NEG_INF (-__int_as_float(0x7f800000))
-constexpr int MMA_WARPS = 4, MMA_BM = 16 * MMA_WARPS;
+constexpr int MMA_WARPS = 4;
 
+// Per head dim: MT m-tiles of 16 rows per warp (2: every K/V fragment feeds two mma, halving the
+// ldmatrix traffic per flop), BN keys per tile, Q fragments kept in registers or re-read from smem.
 template <int D> struct MmaTile {
-    static constexpr int BN = D <= 128 ? 64 : 32;    // keys per tile (d256: fewer, for registers and smem)
-    static constexpr bool Q_IN_REGS = D <= 128;      // d256 re-reads Q fragments from smem every tile
+    static constexpr int MT = D <= 128 ? 2 : 1;
+    static constexpr int BM = 16 * MT * MMA_WARPS;   // rows per block
+    static constexpr int BN = D <= 128 ? 64 : 32;    // keys per tile
+    static constexpr bool Q_IN_REGS = D <= 64;       // else Q is re-read from smem every tile (registers)
     static constexpr int LD = D + 8;                 // smem row stride in bf16 elements
 };
 
@@ -93,7 +97,8 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
                             const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
                             int nh, int nkv, float scale) {
     using C = MmaTile<D>;
-    constexpr int BM = MMA_BM, BN = C::BN, LD = C::LD, VW = D / 8, NT = BN / 8, DT = D / 8, KC = D / 16;
+    constexpr int MT = C::MT, WR = 16 * MT, BM = C::BM, BN = C::BN, LD = C::LD;
+    constexpr int VW = D / 8, NT = BN / 8, DT = D / 8, KC = D / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* qs = (bf16*)smem_raw;   // [BM][LD]
     bf16* ks = qs + BM * LD;      // [2][BN][LD]
@@ -117,17 +122,29 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
     load_kv_tile<D>(ks, vs, kc, vc, kv, table, kvh, 0, kend);
     cp_async_commit();
 
-    // this thread's two rows: g = lane / 4 and g + 8 of the warp's 16; its key columns 2 * (lane % 4) + {0, 1}
-    const int wrow = warp * 16, ra = row0 + wrow + (lane >> 2), rb = ra + 8;
-    const int qpos_a = ra < rows ? L - n + ra / G : -1, qpos_b = rb < rows ? L - n + rb / G : -1;
-    const int qmin_warp = L - n + (row0 + wrow) / G;  // the warp's smallest position
-    const bool warp_tail = row0 + wrow + 16 > rows;    // the warp has rows past the end (always masked)
-    const int kcol = 2 * (lane & 3);
-
-    float o[DT][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    // The warp's rows wrow .. wrow + WR - 1 form MT m-tiles of 16; in m-tile mt this thread holds rows
+    // g = lane / 4 and g + 8 (h = 0, 1) and key columns 2 * (lane % 4) + {0, 1} of every 8-wide n-tile.
+    const int wrow = warp * WR, kcol = 2 * (lane & 3);
+    int qpos[MT][2];
 #pragma unroll
-    for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    unsigned int qf[C::Q_IN_REGS ? KC : 1][4];
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + wrow + mt * 16 + (lane >> 2) + 8 * h;
+            qpos[mt][h] = r < rows ? L - n + r / G : -1;  // -1: past the end, sees nothing
+        }
+    const int qmin_warp = L - n + (row0 + wrow) / G;  // the warp's smallest position
+    const bool warp_tail = row0 + wrow + WR > rows;    // the warp has rows past the end (always masked)
+
+    float o[MT][DT][4], m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        m[mt][0] = m[mt][1] = NEG_INF;
+        l[mt][0] = l[mt][1] = 0.f;
+#pragma unroll
+        for (int j = 0; j < DT; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+    }
+    unsigned int qf[C::Q_IN_REGS ? MT : 1][C::Q_IN_REGS ? KC : 1][4];
     // ldmatrix row addresses: A (Q) fragments, B (K) for two n-tiles, B (V, transposed) for two d-tiles
     const bf16* qa = qs + (wrow + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
     const int koff = ((lane & 7) + ((lane >> 4) & 1) * 8) * LD + ((lane >> 3) & 1) * 8;
@@ -142,103 +159,126 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
         __syncthreads();
         if constexpr (C::Q_IN_REGS) if (t == 0) {
 #pragma unroll
-            for (int kk = 0; kk < KC; ++kk) ldmatrix_x4(qf[kk], qa + kk * 16);
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < KC; ++kk) ldmatrix_x4(qf[mt][kk], qa + mt * 16 * LD + kk * 16);
         }
         const bf16* kt = ks + st * BN * LD;
         const bf16* vt = vs + st * BN * LD;
 
-        float s[NT][4];
+        float s[MT][NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < KC; ++kk) {
-            unsigned int a[4];
-            if constexpr (C::Q_IN_REGS) {
-                a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
-            } else {
-                ldmatrix_x4(a, qa + kk * 16);
+            unsigned int a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                if constexpr (C::Q_IN_REGS) {
+                    a[mt][0] = qf[mt][kk][0]; a[mt][1] = qf[mt][kk][1];
+                    a[mt][2] = qf[mt][kk][2]; a[mt][3] = qf[mt][kk][3];
+                } else {
+                    ldmatrix_x4(a[mt], qa + mt * 16 * LD + kk * 16);
+                }
             }
 #pragma unroll
             for (int jp = 0; jp < NT / 2; ++jp) {
                 unsigned int bk[4];
                 ldmatrix_x4(bk, kt + jp * 16 * LD + koff + kk * 16);
-                mma_bf16(s[2 * jp], a, bk[0], bk[1]);
-                mma_bf16(s[2 * jp + 1], a, bk[2], bk[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_bf16(s[mt][2 * jp], a[mt], bk[0], bk[1]);
+                    mma_bf16(s[mt][2 * jp + 1], a[mt], bk[2], bk[3]);
+                }
             }
         }
         if (warp_tail || k0 + BN - 1 > qmin_warp) {  // causal mask (and keys past kend, rows past the end)
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (k0 + 8 * j + kcol + (e & 1) > (e < 2 ? qpos_a : qpos_b)) s[j][e] = NEG_INF;
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (k0 + 8 * j + kcol + (e & 1) > qpos[mt][e >> 1]) s[mt][j][e] = NEG_INF;
         }
         // online softmax: m in raw score units (scale > 0), probabilities exp2(s * scale - m * scale)
-        float mx[2] = {m[0], m[1]};
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
-        }
-        float base[2], alpha[2];
+        for (int mt = 0; mt < MT; ++mt) {
+            float mx[2] = {m[mt][0], m[mt][1]};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            base[h] = mx[h] == NEG_INF ? 0.f : mx[h] * scale;  // a row that has seen nothing yet
-            alpha[h] = exp2f(m[h] * scale - base[h]);           // m = -inf: 0
-            m[h] = mx[h];
-            l[h] *= alpha[h];
-        }
+            for (int j = 0; j < NT; ++j) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[mt][j][0], s[mt][j][1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[mt][j][2], s[mt][j][3]));
+            }
+            float base[2], alpha[2];
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = exp2f(fmaf(s[j][e], scale, -base[e >> 1]));
-                l[e >> 1] += s[j][e];
+            for (int h = 0; h < 2; ++h) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                base[h] = mx[h] == NEG_INF ? 0.f : mx[h] * scale;  // a row that has seen nothing yet
+                alpha[h] = exp2f(m[mt][h] * scale - base[h]);       // m = -inf: 0
+                m[mt][h] = mx[h];
+                l[mt][h] *= alpha[h];
             }
 #pragma unroll
-        for (int j = 0; j < DT; ++j) {
-            o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[mt][j][e] = exp2f(fmaf(s[mt][j][e], scale, -base[e >> 1]));
+                    l[mt][e >> 1] += s[mt][j][e];
+                }
+#pragma unroll
+            for (int j = 0; j < DT; ++j) {
+                o[mt][j][0] *= alpha[0]; o[mt][j][1] *= alpha[0];
+                o[mt][j][2] *= alpha[1]; o[mt][j][3] *= alpha[1];
+            }
         }
         // O += P V: the S accumulators of n-tiles 2kk, 2kk + 1 are the A fragment of keys 16kk .. 16kk + 15
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            unsigned int a[4];
-            a[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            unsigned int a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                a[mt][0] = pack_bf16x2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack_bf16x2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack_bf16x2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack_bf16x2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 unsigned int bv[4];
                 ldmatrix_x4_trans(bv, vt + kk * 16 * LD + voff + dp * 16);
-                mma_bf16(o[2 * dp], a, bv[0], bv[1]);
-                mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_bf16(o[mt][2 * dp], a[mt], bv[0], bv[1]);
+                    mma_bf16(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+                }
             }
         }
         __syncthreads();  // stage st is consumed before the next iteration refills it
     }
     cp_async_wait<0>();  // only empty groups remain; keeps the tail tidy
 
-    // normalize; stage the warp's 16 rows in its own Q rows (only this warp ever read them), then 16-byte stores
+    // normalize; stage the warp's rows in its own Q rows (only this warp ever read them), then 16-byte stores
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-        l[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;  // 0: a row past the end (never stored)
-    }
-    unsigned int* srow_a = (unsigned int*)(qs + (wrow + (lane >> 2)) * LD);
-    unsigned int* srow_b = srow_a + 8 * LD / 2;
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int j = 0; j < DT; ++j) {
-        srow_a[4 * j + (lane & 3)] = pack_bf16x2(o[j][0] * l[0], o[j][1] * l[0]);
-        srow_b[4 * j + (lane & 3)] = pack_bf16x2(o[j][2] * l[1], o[j][3] * l[1]);
+        for (int h = 0; h < 2; ++h) {
+            float lh = l[mt][h];
+            lh += __shfl_xor_sync(0xffffffffu, lh, 1);
+            lh += __shfl_xor_sync(0xffffffffu, lh, 2);
+            lh = lh > 0.f ? 1.f / lh : 0.f;  // 0: a row past the end (never stored)
+            unsigned int* srow = (unsigned int*)(qs + (wrow + mt * 16 + (lane >> 2) + 8 * h) * LD);
+#pragma unroll
+            for (int j = 0; j < DT; ++j)
+                srow[4 * j + (lane & 3)] = pack_bf16x2(o[mt][j][2 * h] * lh, o[mt][j][2 * h + 1] * lh);
+        }
     }
     __syncwarp();
 #pragma unroll
-    for (int idx = lane; idx < 16 * VW; idx += 32) {
+    for (int idx = lane; idx < WR * VW; idx += 32) {
         const int r = idx / VW, c = idx % VW, row = row0 + wrow + r;
         if (row < rows)
             *(uint4*)(out + ((long long)(q0 + row / G) * nh + kvh * G + row % G) * D + c * 8) =
