@@ -25,10 +25,9 @@ def bf(x):
     return u.astype(np.uint32).view(np.float32)
 
 
-def tile_cfg(D):
-    """MmaTile<D>: MT m-tiles per warp, BM rows per block, BN keys per tile, Q_IN_REGS, LD."""
-    MT = 2 if D <= 128 else 1
-    return MT, 16 * MT * NW, (64 if D <= 128 else 32), D <= 64, D + 8
+def tile_cfg(D, MT):
+    """MmaTile<D, MT>: MT m-tiles per warp, BM rows per block, BN keys per tile, Q_IN_REGS, LD."""
+    return MT, 16 * MT * NW, (64 if D <= 128 else 32), D * MT <= 128, D + 8
 
 
 def ldmatrix_x4(smem, addr, trans=False):
@@ -66,9 +65,9 @@ def pack(lo, hi):
 
 
 def emulate(q, q_stride, kflat, vflat, cache_base, block_stride, token_stride, bs, tables, qstart, ctx, nh, nkv,
-            scale, D, T_out):
+            scale, D, T_out, MT):
     """q: flat bf16 values; caches: flat arrays with a layer's view starting at cache_base."""
-    MT, BM, BN, QREGS, LD = tile_cfg(D)
+    MT, BM, BN, QREGS, LD = tile_cfg(D, MT)
     WR = 16 * MT
     VW, NT, DT, KC, RPW = D // 8, BN // 8, D // 8, D // 16, BN // NW
     out = np.full((T_out, nh, D), np.nan, np.float32)
@@ -212,8 +211,9 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("variant", ["", "_m1"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_mma_prefill_emulation_matches_reference(case):
+def test_mma_prefill_emulation_matches_reference(case, variant):
     runs, nh, nkv, D = CASES[case]
     rng = np.random.default_rng(7)
     bs, layers, layer = 16, 2, 1
@@ -239,6 +239,6 @@ def test_mma_prefill_emulation_matches_reference(case):
     want = ref.paged_attention(q, pool[0][:, layer], pool[1][:, layer], batch, scale)
     got = emulate(qbuf.reshape(-1), nh * D + q_extra, pool[0].reshape(-1), pool[1].reshape(-1),
                   layer * bs * nkv * D, layers * bs * nkv * D, nkv * D, bs, tables, qs, lens, nh, nkv,
-                  scale * 1.4426950408889634, D, T)
+                  scale * 1.4426950408889634, D, T, 1 if variant == "_m1" or D > 128 else 2)
     assert live and not np.isnan(got).any()
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)

@@ -211,6 +211,16 @@ def test_prefill_attention_strided_q(dt, q_offset):
     close(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5), want, dt)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_prefill_attention_one_mtile_variant(monkeypatch, d):
+    """The one-m-tile-per-warp mma kernels (kept for A/B timings) agree with the reference too."""
+    from openinfer.kernels.cuda import attention
+    monkeypatch.setattr(attention, "MMA_VARIANT", "_m1")
+    dt = DTYPES["bfloat16"]
+    qd, kc, vc, db, want = _prefill_inputs(dt, [(300, 200), (90, 90), (7, 2)], 16, 4, d, 14)
+    close(ops.paged_attention(qd, kc, vc, db, d ** -0.5), want, dt)
+
+
 def test_prefill_attention_graph_capture(dt):
     """The prefill path (the mma kernel for bf16) captures into a CUDA graph and replays like eager."""
     qd, kc, vc, db, want = _prefill_inputs(dt, [(260, 130), (70, 70)], 8, 2, 128, 13)

@@ -17,13 +17,18 @@ MIN_SPLIT = NWARPS * BN                # a split is a multiple of one pass of th
 LOG2E = 1.4426950408889634
 PREFILL_MMA = True                     # bf16 prefill on the tensor cores (False: the fp32-core kernel)
 MMA_WARPS = 4                          # must match attention_mma.cu
-MMA_BM = {64: 128, 128: 128, 256: 64}  # (token, head) rows per block: 16 * MmaTile::MT * MMA_WARPS
+MMA_MT = {64: 2, 128: 2, 256: 1}       # 16-row m-tiles per warp of the default kernels
 MMA_BN = {64: 64, 128: 64, 256: 32}    # keys per K/V tile
+MMA_VARIANT = ""                       # "_m1": the one-m-tile-per-warp kernels (for A/B timings)
 
 
-def mma_prefill_smem(d: int) -> int:
+def mma_rows_per_block(d: int, variant: str = "") -> int:
+    return 16 * MMA_WARPS * (1 if variant == "_m1" else MMA_MT[d])
+
+
+def mma_prefill_smem(d: int, variant: str = "") -> int:
     """Bytes of shared memory of the mma prefill kernel: Q and two K/V stages, rows padded by 8 bf16."""
-    return (MMA_BM[d] + 4 * MMA_BN[d]) * (d + 8) * 2
+    return (mma_rows_per_block(d, variant) + 4 * MMA_BN[d]) * (d + 8) * 2
 
 
 def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int) -> int:
@@ -80,9 +85,10 @@ def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, bat
                    (*parts, qstart, out, np.int32(nh), np.int32(d), np.int32(splits)))
         return out
     if PREFILL_MMA and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache):
-        launch("attention_mma", f"paged_prefill_mma_bf16_d{d}",
-               (math.ceil(batch.max_query_len * G / MMA_BM[d]), nkv, B), MMA_WARPS * 32,
-               (*common, np.int32(nh), np.int32(nkv), qscale), mma_prefill_smem(d))
+        variant = MMA_VARIANT
+        launch("attention_mma", f"paged_prefill_mma_bf16_d{d}{variant}",
+               (math.ceil(batch.max_query_len * G / mma_rows_per_block(d, variant)), nkv, B), MMA_WARPS * 32,
+               (*common, np.int32(nh), np.int32(nkv), qscale), mma_prefill_smem(d, variant))
         return out
     rows_per_block = NWARPS * ROWS
     smem = (rows_per_block * d + BN * (words + 1) + BN * words) * 4

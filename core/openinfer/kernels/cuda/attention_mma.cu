@@ -13,19 +13,20 @@
 //         loads while tile t computes. Keys past the block's last visible key are zero-filled.
 //   out   normalized rows are staged in the warp's own Q rows and stored as 16-byte words.
 //
-// Mirrored in attention.py: MMA_WARPS, the BN per head dim, the shared-memory size, the kernel names.
+// Mirrored in attention.py: MMA_WARPS, MT and BN per head dim, the shared-memory size, the kernel names.
 #include "common.cuh"
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 constexpr int MMA_WARPS = 4;
 
-// Per head dim: MT m-tiles of 16 rows per warp (2: every K/V fragment feeds two mma, halving the
-// ldmatrix traffic per flop), BN keys per tile, Q fragments kept in registers or re-read from smem.
-template <int D> struct MmaTile {
-    static constexpr int MT = D <= 128 ? 2 : 1;
+// MT m-tiles of 16 rows per warp (2: every K/V fragment feeds two mma, halving the ldmatrix traffic
+// per flop; the default for d64/d128, d256 has no registers for it), BN keys per tile, Q fragments
+// kept in registers or re-read from smem every tile.
+template <int D, int MT_> struct MmaTile {
+    static constexpr int MT = MT_;
     static constexpr int BM = 16 * MT * MMA_WARPS;   // rows per block
     static constexpr int BN = D <= 128 ? 64 : 32;    // keys per tile
-    static constexpr bool Q_IN_REGS = D <= 64;       // else Q is re-read from smem every tile (registers)
+    static constexpr bool Q_IN_REGS = D * MT <= 128;
     static constexpr int LD = D + 8;                 // smem row stride in bf16 elements
 };
 
@@ -76,7 +77,7 @@ __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
 template <int D>
 __device__ __forceinline__ void load_kv_tile(bf16* ks, bf16* vs, const bf16* kc, const bf16* vc, const KvLayout& kv,
                                              const int* table, int kvh, int k0, int kend) {
-    constexpr int BN = MmaTile<D>::BN, LD = MmaTile<D>::LD, VW = D / 8, RPW = BN / MMA_WARPS;
+    constexpr int BN = MmaTile<D, 1>::BN, LD = MmaTile<D, 1>::LD, VW = D / 8, RPW = BN / MMA_WARPS;
     static_assert(RPW <= 32 && (RPW * VW) % 32 == 0, "tile rows must split evenly over the lanes");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int key = k0 + warp * RPW + lane % RPW;
@@ -92,11 +93,11 @@ __device__ __forceinline__ void load_kv_tile(bf16* ks, bf16* vs, const bf16* kc,
     }
 }
 
-template <int D>
+template <int D, int MT_>
 __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
                             const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
                             int nh, int nkv, float scale) {
-    using C = MmaTile<D>;
+    using C = MmaTile<D, MT_>;
     constexpr int MT = C::MT, WR = 16 * MT, BM = C::BM, BN = C::BN, LD = C::LD;
     constexpr int VW = D / 8, NT = BN / 8, DT = D / 8, KC = D / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -286,15 +287,19 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
     }
 }
 
-#define MMA_HEAD_DIM(D)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) paged_prefill_mma_bf16_d##D(                   \
+// paged_prefill_mma_bf16_d<D><variant>: "" the default tiling of D, "_m1" one m-tile per warp (for A/B timing)
+#define MMA_KERNEL(D, MT, VARIANT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) paged_prefill_mma_bf16_d##D##VARIANT(          \
         const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
         const int* ctx, bf16* out, int nh, int nkv, float scale) {                                             \
-        prefill_mma<D>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,            \
-                       table_stride, qstart, ctx, out, nh, nkv, scale);                                        \
+        prefill_mma<D, MT>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,        \
+                           table_stride, qstart, ctx, out, nh, nkv, scale);                                    \
     }
 
-MMA_HEAD_DIM(64)
-MMA_HEAD_DIM(128)
-MMA_HEAD_DIM(256)
+MMA_KERNEL(64, 2, )
+MMA_KERNEL(128, 2, )
+MMA_KERNEL(256, 1, )
+MMA_KERNEL(64, 1, _m1)
+MMA_KERNEL(128, 1, _m1)
+MMA_KERNEL(256, 1, _m1)
