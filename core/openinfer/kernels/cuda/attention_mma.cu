@@ -7,7 +7,7 @@
 //         memory serves every query head of the group. Tiles run longest-first (reversed x).
 //   warp  owns 16 rows: S = Q K^T and O += P V with mma.sync m16n8k16 (bf16 in, fp32 accumulate),
 //         fragments by ldmatrix (.trans for V), P re-packed from the S accumulators in registers,
-//         online softmax in the log2 domain (S scaled by scale * log2(e) in fp32, exp2f).
+//         online softmax in the log2 domain (S scaled by scale * log2(e) in fp32, ex2.approx).
 //   smem  Q [BM][D + 8] and two stages of K, V [BN][D + 8] (bf16; the 16-byte row pad keeps the
 //         8 rows of every ldmatrix on distinct banks), filled by cp.async 16-byte copies: tile t + 1
 //         loads while tile t computes. Keys past the block's last visible key are zero-filled.
@@ -62,6 +62,14 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned int* a, unsign
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x on the SFU, denormal results flushed to zero (exp2f adds a range fix-up around every call);
+// 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+    return r;
 }
 
 // Two floats -> a bf16x2 word (lo in the low half), round to nearest even.
@@ -219,7 +227,7 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
                 base[h] = mx[h] == NEG_INF ? 0.f : mx[h] * scale;  // a row that has seen nothing yet
-                alpha[h] = exp2f(m[mt][h] * scale - base[h]);       // m = -inf: 0
+                alpha[h] = fast_exp2(m[mt][h] * scale - base[h]);       // m = -inf: 0
                 m[mt][h] = mx[h];
                 l[mt][h] *= alpha[h];
             }
@@ -227,7 +235,7 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[mt][j][e] = exp2f(fmaf(s[mt][j][e], scale, -base[e >> 1]));
+                    s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale, -base[e >> 1]));
                     l[mt][e >> 1] += s[mt][j][e];
                 }
 #pragma unroll
