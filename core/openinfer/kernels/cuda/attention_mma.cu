@@ -2,10 +2,11 @@
 // Same semantics as paged_prefill in attention.cu: query j of a run of n tokens sits at position
 // L - n + j (L = context length) and sees keys 0 .. L - n + j.
 //
-//   grid  (q tiles, kv head, sequence); block MMA_WARPS warps; a block owns BM = 16 * MMA_WARPS rows,
-//         a row being a (token, head-in-group) pair (row = token * G + g), so one K/V tile in shared
-//         memory serves every query head of the group. Tiles run longest-first (reversed x).
-//   warp  owns 16 rows: S = Q K^T and O += P V with mma.sync m16n8k16 (bf16 in, fp32 accumulate),
+//   grid  (q tiles, kv head, sequence); block MMA_WARPS warps; a block owns BM = 16 * MT * MMA_WARPS
+//         rows, a row being a (token, head-in-group) pair (row = token * G + g), so one K/V tile in
+//         shared memory serves every query head of the group. Tiles run longest-first (reversed x).
+//   warp  owns MT m-tiles of 16 rows (MT = 2 for d64/d128: each K/V fragment feeds two mma; 1 for
+//         d256): S = Q K^T and O += P V with mma.sync m16n8k16 (bf16 in, fp32 accumulate),
 //         fragments by ldmatrix (.trans for V), P re-packed from the S accumulators in registers,
 //         online softmax in the log2 domain (S scaled by scale * log2(e) in fp32, ex2.approx).
 //   smem  Q [BM][D + 8] and two stages of K, V [BN][D + 8] (bf16; the 16-byte row pad keeps the
