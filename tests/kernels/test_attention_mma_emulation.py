@@ -33,6 +33,8 @@ def tile_cfg(D, MT):
 def ldmatrix_x4(smem, addr, trans=False):
     """addr[32]: element index of the 8-element row each lane supplies; returns [32, 4, 2] (lo, hi) pairs."""
     assert (addr % 8 == 0).all(), "ldmatrix rows must be 16-byte aligned"
+    for i in range(4):  # the 8 rows of each matrix on distinct 16-byte bank groups: no bank conflict
+        assert len({(a * 2 // 16) % 8 for a in addr[8 * i: 8 * i + 8]}) == 8, "ldmatrix bank conflict"
     regs = np.empty((32, 4, 2), np.float32)
     for i in range(4):
         mat = np.stack([smem[a: a + 8] for a in addr[8 * i: 8 * i + 8]])  # [8 rows][8 cols]
