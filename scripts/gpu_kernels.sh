@@ -92,11 +92,16 @@ for B, ctx in ((1, 1024), (1, 8192), (1, 32768), (32, 1024), (64, 4096)):
     kc, vc, q = rand(blocks, 16, nkv, d), rand(blocks, 16, nkv, d), rand(B, nh, d)
     row(f"decode attention B={B} ctx={ctx}", bench(lambda: ops.paged_attention(q, kc, vc, b, d ** -0.5)),
         2 * B * ctx * nkv * d * 2)
-for n in (1024, 4096):
+from openinfer.kernels.cuda import attention as attn
+# the tensor-core kernel (default tiling, then one m-tile per warp), then the fp32-core one it replaced
+for n, kernels in ((1024, ("mma", "mma_m1", "fp32")), (4096, ("mma", "mma_m1", "fp32")), (16384, ("mma", "mma_m1"))):
     b, blocks = batch([n], [n])
     kc, vc, q = rand(blocks, 16, nkv, d), rand(blocks, 16, nkv, d), rand(n, nh, d)
-    row(f"prefill attention {n} tokens", bench(lambda: ops.paged_attention(q, kc, vc, b, d ** -0.5), 5),
-        flops=4 * nh * d * n * n / 2)
+    for kern in kernels:
+        attn.PREFILL_MMA, attn.MMA_VARIANT = kern != "fp32", "_m1" if kern == "mma_m1" else ""
+        row(f"prefill attention {n} tok {kern}",
+            bench(lambda: ops.paged_attention(q, kc, vc, b, d ** -0.5), 5), flops=4 * nh * d * n * n / 2)
+    attn.PREFILL_MMA, attn.MMA_VARIANT = True, ""
 x, r, w = rand(1, H), rand(1, H), rand(H)
 row("add_rms_norm T=1 H=2560", bench(lambda: ops.add_rms_norm(x, r, w, 1e-6)))
 logits = rand(1, 151936)

@@ -158,6 +158,12 @@ ATTN_CASES = {
     "prefill_varlen_prefix": ([(37, 37), (100, 30), (5, 1), (70, 64), (16, 16)], 8, 2, 128),
     "prefill_mha_d64": ([(33, 33), (90, 41)], 4, 4, 64),
     "prefill_big_group_d256": ([(40, 21), (9, 9)], 16, 1, 256),
+    # bf16 prefill runs on the tensor-core kernel (64-row tiles of (token, head) rows, 64-key tiles; d256: 32)
+    "prefill_long_g4_d128": ([(700, 700), (1500, 300)], 32, 8, 128),
+    "prefill_long_g2_d256": ([(600, 600), (300, 100), (45, 45)], 8, 4, 256),
+    "prefill_g1_partial_d64": ([(130, 130), (77, 13), (50, 0), (1, 1), (64, 64)], 4, 4, 64),
+    "prefill_g8_d128": ([(200, 200), (129, 65), (8, 3)], 16, 2, 128),
+    "prefill_g16_d128": ([(300, 150), (33, 33)], 16, 1, 128),
     "decode_split_kv": ([(3000, 1), (17, 1), (1, 1), (513, 1), (4100, 1)], 8, 2, 128),
     "decode_group16_d64": ([(700, 1), (129, 1)], 32, 2, 64),
     "decode_no_split": ([(60, 1)] * 40, 8, 8, 128),
@@ -180,6 +186,55 @@ def test_paged_attention(dt, case):
     want = ref.paged_attention(q, pool[0][:, 1], pool[1][:, 1], hb, scale)
     got = ops.paged_attention(dev(q, dt[0]), pool_d[0][:, 1], pool_d[1][:, 1], db, scale)
     close(got, want, dt)
+
+
+def _prefill_inputs(dt, runs, nh, nkv, d, seed, q_offset=0):
+    """A prefill batch whose q is a strided view of a fused qkv-like buffer (as the model passes it),
+    starting q_offset elements into each row (2: not 16-byte aligned, so the mma kernel is skipped)."""
+    rng = np.random.default_rng(seed)
+    bs, layers = 16, 3
+    num_blocks = sum(-(-L // bs) for L, _ in runs) + 3
+    hb, db = _batch(runs, bs, rng, num_blocks)
+    T = int(hb.query_start_host[-1])
+    pool = exact(rnd(rng, 2, num_blocks, layers, bs, nkv, d), dt[0])
+    wide = exact(rnd(rng, T, (nh + 2 * nkv) * d + q_offset), dt[0])
+    q = wide[:, q_offset: q_offset + nh * d].reshape(T, nh, d)
+    qd = dev(wide, dt[0])[:, q_offset: q_offset + nh * d].reshape(T, nh, d)
+    want = ref.paged_attention(q, pool[0][:, 2], pool[1][:, 2], hb, d ** -0.5)
+    pool_d = dev(pool, dt[0])
+    return qd, pool_d[0][:, 2], pool_d[1][:, 2], db, want
+
+
+@pytest.mark.parametrize("q_offset", [0, 2])
+def test_prefill_attention_strided_q(dt, q_offset):
+    qd, kc, vc, db, want = _prefill_inputs(dt, [(300, 200), (90, 90)], 16, 4, 128, 12, q_offset)
+    close(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5), want, dt)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_prefill_attention_one_mtile_variant(monkeypatch, d):
+    """The one-m-tile-per-warp mma kernels (kept for A/B timings) agree with the reference too."""
+    from openinfer.kernels.cuda import attention
+    monkeypatch.setattr(attention, "MMA_VARIANT", "_m1")
+    dt = DTYPES["bfloat16"]
+    qd, kc, vc, db, want = _prefill_inputs(dt, [(300, 200), (90, 90), (7, 2)], 16, 4, d, 14)
+    close(ops.paged_attention(qd, kc, vc, db, d ** -0.5), want, dt)
+
+
+def test_prefill_attention_graph_capture(dt):
+    """The prefill path (the mma kernel for bf16) captures into a CUDA graph and replays like eager."""
+    qd, kc, vc, db, want = _prefill_inputs(dt, [(260, 130), (70, 70)], 8, 2, 128, 13)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        eager = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
+        stream.begin_capture()
+        got = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
+        graph = stream.end_capture()
+        got[...] = 0
+        graph.launch(stream)
+        stream.synchronize()
+    close(got, want, dt)
+    np.testing.assert_array_equal(host(got), host(eager))
 
 
 def test_decode_splits_cover_long_contexts():

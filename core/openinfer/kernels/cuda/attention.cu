@@ -10,15 +10,6 @@
 #define NEG_INF (-__int_as_float(0x7f800000))
 constexpr int NWARPS = 4, BN = 32, ROWS = 8, GMAX = 8;
 
-struct KvLayout {  // a [num_blocks, block_size, nkv, D] cache view with an arbitrary block stride
-    long long block_stride, token_stride;
-    int block_size;
-    __device__ long long offset(const int* table, int t, int kvh, int d) const {
-        return (long long)table[t / block_size] * block_stride + (long long)(t % block_size) * token_stride +
-               (long long)kvh * d;
-    }
-};
-
 // Row starts are computed once per key (one block-table read each) and shared; rows then move
 // as 16-byte loads into [BN][DW + PAD] words of shared memory (PAD = 1 breaks bank conflicts).
 template <typename T, int D, int PAD>

@@ -1,5 +1,6 @@
-"""paged_attention on CUDA: the decode kernel (split-KV) for one-token steps, the prefill kernel
-(flash-style tiles) for everything else, with attention.cu's launch constants mirrored here."""
+"""paged_attention on CUDA: the decode kernel (split-KV) for one-token steps; for everything else the
+tensor-core prefill kernel (attention_mma.cu, bf16) or the fp32 flash-style one (attention.cu), with
+the kernels' launch constants mirrored here."""
 from __future__ import annotations
 
 import math
@@ -14,6 +15,20 @@ NWARPS, BN, ROWS, GMAX = 4, 32, 8, 8   # must match attention.cu
 HEAD_DIMS = (64, 128, 256)
 MIN_SPLIT = NWARPS * BN                # a split is a multiple of one pass of the block's warps
 LOG2E = 1.4426950408889634
+PREFILL_MMA = True                     # bf16 prefill on the tensor cores (False: the fp32-core kernel)
+MMA_WARPS = 4                          # must match attention_mma.cu
+MMA_MT = {64: 2, 128: 2, 256: 1}       # 16-row m-tiles per warp of the default kernels
+MMA_BN = {64: 64, 128: 64, 256: 32}    # keys per K/V tile
+MMA_VARIANT = ""                       # "_m1": the one-m-tile-per-warp kernels (for A/B timings)
+
+
+def mma_rows_per_block(d: int, variant: str = "") -> int:
+    return 16 * MMA_WARPS * (1 if variant == "_m1" else MMA_MT[d])
+
+
+def mma_prefill_smem(d: int, variant: str = "") -> int:
+    """Bytes of shared memory of the mma prefill kernel: Q and two K/V stages, rows padded by 8 bf16."""
+    return (mma_rows_per_block(d, variant) + 4 * MMA_BN[d]) * (d + 8) * 2
 
 
 def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int) -> int:
@@ -22,6 +37,12 @@ def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int) -> int:
     context it may see (`max_context_len`) stays right for shorter ones."""
     want = max(1, math.ceil(2 * sm_count() / max(1, num_seqs * kv_blocks)))
     return max(1, min(want, math.ceil(max_context_len / MIN_SPLIT)))
+
+
+def _aligned16(q3: cp.ndarray, q_stride: int, k_cache: cp.ndarray, v_cache: cp.ndarray) -> bool:
+    """The mma kernel copies Q, K and V rows in 16-byte units."""
+    it = q3.itemsize
+    return not ((q3.data.ptr | q_stride * it | k_cache.data.ptr | v_cache.data.ptr | k_cache.strides[0]) % 16)
 
 
 def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, batch: ForwardBatch,
@@ -62,6 +83,12 @@ def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, bat
         if splits > 1:
             launch("attention", f"paged_combine_{dtype}", (nh, B), min(d, 128),
                    (*parts, qstart, out, np.int32(nh), np.int32(d), np.int32(splits)))
+        return out
+    if PREFILL_MMA and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache):
+        variant = MMA_VARIANT
+        launch("attention_mma", f"paged_prefill_mma_bf16_d{d}{variant}",
+               (math.ceil(batch.max_query_len * G / mma_rows_per_block(d, variant)), nkv, B), MMA_WARPS * 32,
+               (*common, np.int32(nh), np.int32(nkv), qscale), mma_prefill_smem(d, variant))
         return out
     rows_per_block = NWARPS * ROWS
     smem = (rows_per_block * d + BN * (words + 1) + BN * words) * 4

@@ -60,5 +60,16 @@ template <> struct Pack<bf16> {
     }
 };
 
+// Where key t of a sequence sits in a paged cache: a [num_blocks, block_size, nkv, D] view with an
+// arbitrary block stride (a layer's slice of the KV pool), rows packed inside a block.
+struct KvLayout {
+    long long block_stride, token_stride;
+    int block_size;
+    __device__ long long offset(const int* table, int t, int kvh, int d) const {
+        return (long long)table[t / block_size] * block_stride + (long long)(t % block_size) * token_stride +
+               (long long)kvh * d;
+    }
+};
+
 // Instantiates KERNEL(suffix, T) for the two storage types; each expands to extern "C" entry points.
 #define FOR_EACH_DTYPE(KERNEL) KERNEL(bf16, bf16) KERNEL(f32, float)
