@@ -1,4 +1,6 @@
-"""`linear` through cublasGemmEx, called directly via ctypes.
+"""`linear`: a tensor-core GEMV kernel (gemv.cu) for bf16 with M <= 8 rows, cublasGemmEx otherwise.
+
+cuBLAS is called directly via ctypes.
 
 CuPy's own cuBLAS wrappers refuse CUDA-graph capture; direct cublasGemmEx calls capture and
 replay bit-identically (reference/gpu-notes.md). Four entry points are all we need, so they are
@@ -10,12 +12,13 @@ Row-major y[T, out] = x[T, in] @ w[out, in].T is, column-major, y^T = op_T(w) @ 
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import cupy as cp
 import numpy as np
 
-from .module import BF16
+from .module import BF16, NULL, _function, launch, sm_count
 
 WORKSPACE_BYTES = 32 << 20
 _CUDA_R_32F, _CUDA_R_16BF = 0, 14            # cudaDataType_t
@@ -84,8 +87,112 @@ def _check(status: int, what: str) -> None:
 _handles: dict[int, _Handle] = {}
 
 
+# --- the small-M GEMV path (gemv.cu) ---------------------------------------------------------
+GEMV_MAX_M = 8
+GEMV_ENABLED = os.environ.get("OPENINFER_GEMV", "1") != "0"
+GEMV_PDL = os.environ.get("OPENINFER_GEMV_PDL", "0") == "1"  # programmatic dependent launch
+GEMV_U = 4                   # 16-byte chunks per thread per iteration (2U weight loads in flight): 2, 4 or 8
+GEMV_WARPS_PER_SM = 24       # split K until about this many warps per SM are busy
+GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split
+GEMV_PREFETCH = 2            # with PDL: chunk groups per warp prefetched into L2 before waiting
+_COUNTER_SLOTS = 4096        # tiles a split-K launch may have
+_counters: dict[int, cp.ndarray] = {}
+
+
+def gemv_splits(n: int, k: int, sms: int) -> int:
+    """Split-K factor for an N x K weight: 1 when N alone fills the GPU. Static per shape (graphs)."""
+    tiles = -(-n // 16)
+    target = sms * GEMV_WARPS_PER_SM // 4          # CTAs of 4 warps
+    if tiles >= target or tiles > _COUNTER_SLOTS:
+        return 1
+    return max(1, min(-(-target // tiles), k // GEMV_MIN_SPLIT_K, 16))
+
+
+def _gemv_counters(splits: int) -> cp.ndarray | None:
+    """Per-device tile counters for split-K (zeroed once; each launch leaves them zero)."""
+    dev = cp.cuda.Device().id
+    c = _counters.get(dev)
+    if c is None and splits > 1:
+        if cp.cuda.get_current_stream().is_capturing():
+            return None  # first use inside a capture: run unsplit rather than capture a memset
+        c = _counters[dev] = cp.zeros(_COUNTER_SLOTS, dtype=cp.int32)
+        cp.cuda.get_current_stream().synchronize()
+    return c
+
+
+def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
+    return (GEMV_ENABLED and x2.dtype == BF16 and 1 <= m <= GEMV_MAX_M and k % 8 == 0 and k > 0
+            and (m == 1 or (x2.strides[0] >= 0 and x2.strides[0] % 16 == 0)) and w.strides[0] % 16 == 0
+            and x2.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
+
+
+class _LaunchAttr(ctypes.Structure):    # CUlaunchAttribute: id, padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttr)), ("num_attrs", ctypes.c_uint)]
+
+
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_GEMV_ARG_TYPES = (ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p,
+                   ctypes.c_longlong, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_int)
+_libcuda: ctypes.CDLL | None = None
+_pdl_attr = _LaunchAttr(_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+_pdl_attr.value[0] = 1   # programmaticStreamSerializationAllowed
+
+
+def _launch_pdl(name: str, grid: tuple[int, int], args: tuple) -> None:
+    """cuLaunchKernelEx with programmatic stream serialization: the kernel may start while the previous
+    kernel in the stream finishes (it waits in griddepcontrol.wait before reading x); captured into
+    CUDA graphs as a programmatic edge."""
+    global _libcuda
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        lib.cuLaunchKernelEx.restype = ctypes.c_int
+        _libcuda = lib
+    cfg = _LaunchConfig((ctypes.c_uint * 3)(grid[0], grid[1], 1), (ctypes.c_uint * 3)(128, 1, 1), 0,
+                        cp.cuda.get_current_stream().ptr, ctypes.pointer(_pdl_attr), 1)
+    values = [t(v) for t, v in zip(_GEMV_ARG_TYPES, args)]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    status = _libcuda.cuLaunchKernelEx(ctypes.byref(cfg), _function("gemv", name).ptr, params, None)
+    if status:
+        raise RuntimeError(f"cuLaunchKernelEx({name}) failed with CUresult {status}")
+
+
+def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
+    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
+    m, k = x2.shape
+    n = w.shape[0]
+    splits = gemv_splits(n, k, sm_count())
+    counters = _gemv_counters(splits)
+    if counters is None:
+        splits = 1
+    tiles = -(-n // 16)
+    partial = cp.empty(splits * tiles * 128, dtype=cp.float32) if splits > 1 else None
+    ldx = x2.strides[0] // 2 if m > 1 else 0
+    name = f"gemv_bf16_u{GEMV_U}"
+    if GEMV_PDL:
+        args = (x2.data.ptr, ldx, w.data.ptr, w.strides[0] // 2, out2.data.ptr, out2.strides[0] // 2,
+                partial.data.ptr if partial is not None else 0, counters.data.ptr if splits > 1 else 0,
+                m, n, k // 8, GEMV_PREFETCH)
+        _launch_pdl(name, (tiles, splits), args)
+        return
+    launch("gemv", name, (tiles, splits), 128,
+           (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), out2, np.int64(out2.strides[0] // 2),
+            partial if partial is not None else NULL, counters if splits > 1 else NULL,
+            np.int32(m), np.int32(n), np.int32(k // 8), np.int32(0)))
+
+
 def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
-    """x [..., in] @ w[out, in].T -> [..., out]; bf16 or f32 in and out, fp32 accumulation."""
+    """x [..., in] @ w[out, in].T -> [..., out]; bf16 or f32 in and out, fp32 accumulation.
+
+    bf16 with at most GEMV_MAX_M rows, K % 8 == 0 and 16-byte aligned rows runs the GEMV kernel
+    (gemv.cu); everything else runs cublasGemmEx."""
     n_out, k = w.shape
     if x.dtype != w.dtype or x.dtype not in _DATA_TYPE:
         raise TypeError(f"linear: x {x.dtype} and w {w.dtype} must both be bfloat16 or float32")
@@ -98,6 +205,9 @@ def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     m = x2.shape[0]
     out = cp.empty((*x.shape[:-1], n_out), dtype=x.dtype)
     if m == 0 or n_out == 0:
+        return out
+    if _gemv_usable(x2, w, m, k):
+        gemv(x2, w, out.reshape(m, n_out))
         return out
     dev = cp.cuda.Device().id
     handle: Any = _handles.get(dev) or _handles.setdefault(dev, _Handle())
