@@ -97,7 +97,7 @@ def chain_rows(sweep=False):
     configs = [("cuBLAS", False, {}), ("GEMV", True, {"GEMV_PDL": False}), ("GEMV + PDL", True, {"GEMV_PDL": True})]
     if sweep:
         for u in (2, 4, 8):
-            for wps in (16, 24, 32, 48):
+            for wps in (8, 16, 20, 32):
                 for pdl in (False, True):
                     configs.append((f"U={u} warps/SM={wps} pdl={int(pdl)}", True,
                                     {"GEMV_U": u, "GEMV_WARPS_PER_SM": wps, "GEMV_PDL": pdl}))

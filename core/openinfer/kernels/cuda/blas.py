@@ -92,7 +92,7 @@ GEMV_MAX_M = 8
 GEMV_ENABLED = os.environ.get("OPENINFER_GEMV", "1") != "0"
 GEMV_PDL = os.environ.get("OPENINFER_GEMV_PDL", "0") == "1"  # programmatic dependent launch
 GEMV_U = 4                   # 16-byte chunks per thread per iteration (2U weight loads in flight): 2, 4 or 8
-GEMV_WARPS_PER_SM = 24       # split K until about this many warps per SM are busy
+GEMV_WARPS_PER_SM = 16       # split K until about this many warps per SM are busy (<= resident: 5 CTAs at 94 regs)
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split
 GEMV_PREFETCH = 2            # with PDL: chunk groups per warp prefetched into L2 before waiting
 _COUNTER_SLOTS = 4096        # tiles a split-K launch may have

@@ -4,7 +4,7 @@
 // * One CTA = 4 warps = one 16-row tile of w (rows n0..n0+15) over one K range ("split");
 //   the 4 warps split that range again and reduce through shared memory.
 // * The math runs on the tensor cores (mma.sync m16n8k16 bf16 -> fp32): A = 16 rows of w,
-//   B = x^T (its 8 columns are the M <= 8 rows of x, absent rows read as zeros). Thread
+//   B = x^T (its 8 columns are the M <= 8 rows of x; columns past M repeat row M-1, never stored). Thread
 //   (g = lane/4, q = lane%4) loads one 16-byte chunk of w rows g and g+8 and the same chunk of
 //   x row g; since a k-sum may be taken in any order, a chunk's 8 physical k values serve as the
 //   logical k slots {2q, 2q+1, 2q+8, 2q+9} of two mma k-steps. Loads are exactly the 16-byte
@@ -73,7 +73,8 @@ __device__ __forceinline__ void gemv_tile(const bf16* __restrict__ x, long long 
     const int n0 = tile * 16;
     const uint4* wa = reinterpret_cast<const uint4*>(w + (long long)min(n0 + g, N - 1) * ldw);      // rows past N
     const uint4* wb = reinterpret_cast<const uint4*>(w + (long long)min(n0 + g + 8, N - 1) * ldw);  // repeat N-1
-    const bool has_x = g < M;
+    // B column g is output row m = g: groups g >= M read row M-1 and their columns are never stored
+    // (branch-free loads keep the weight loads of one iteration in flight together)
     const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)min(g, M - 1) * ldx);
 
 #if __CUDA_ARCH__ >= 900
@@ -96,7 +97,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* __restrict__ x, long long 
             b[u] = ld_stream(wb + base + 4 * u + q);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) xv[u] = has_x ? __ldg(xr + base + 4 * u + q) : zero;
+        for (int u = 0; u < U; ++u) xv[u] = __ldg(xr + base + 4 * u + q);
 #pragma unroll
         for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
     }
@@ -104,11 +105,15 @@ __device__ __forceinline__ void gemv_tile(const bf16* __restrict__ x, long long 
         uint4 a[U], b[U], xv[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
+            // the load asm is not volatile, so the compiler may execute it unconditionally:
+            // clamp the address into the range and zero the value instead of skipping the load
             const int c = base + 4 * u + q;
             const bool ok = c < hi;
-            a[u] = ok ? ld_stream(wa + c) : zero;
-            b[u] = ok ? ld_stream(wb + c) : zero;
-            xv[u] = ok && has_x ? __ldg(xr + c) : zero;
+            const int cc = ok ? c : lo;
+            a[u] = ld_stream(wa + cc);
+            b[u] = ld_stream(wb + cc);
+            xv[u] = __ldg(xr + cc);
+            if (!ok) a[u] = b[u] = xv[u] = zero;
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
@@ -149,7 +154,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* __restrict__ x, long long 
 // grid (ceil(N / 16), splits), block 128. partial: fp32 [splits, grid.x, 16 * 8] (unused when
 // splits == 1), counters: int32 [grid.x], all zero on entry and left zero on exit.
 #define GEMV_KERNEL(U)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(128) gemv_bf16_u##U(                                      \
+    extern "C" __global__ void __launch_bounds__(128, 1) gemv_bf16_u##U(                                      \
         const bf16* __restrict__ x, long long ldx, const bf16* __restrict__ w, long long ldw,              \
         bf16* __restrict__ y, long long ldy, float* __restrict__ partial, int* __restrict__ counters,      \
         int M, int N, int chunks, int prefetch) {                                                          \
