@@ -1,7 +1,7 @@
 """GEMV vs cuBLAS on Qwen3 decode shapes, and the 145-GEMM Qwen3-4B decode chain (GPU only).
 
     python scripts/gemv_bench.py            # the table gpu_kernels.sh prints
-    python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (U, warps/SM, PDL) on the chain
+    python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (U, split-K fill, PDL) on the chain
 
 Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s counts weight + x + y bytes.
 """
@@ -25,7 +25,7 @@ def rand(*shape, scale=1.0):
 
 
 def graph_us(fn, reps=20, inner=1):
-    """Mean us per fn() call, fn captured `inner` times in one graph and the graph replayed `reps` times."""
+    """Mean us per fn() call: fn captured `inner` times in one graph, the graph replayed `reps` times."""
     with stream:
         fn(); stream.synchronize()
         stream.begin_capture()
@@ -59,18 +59,27 @@ SHAPES_8B = {"8B qkv": (4096, 6144), "8B o": (4096, 4096), "8B gate_up": (4096, 
 
 
 def shape_rows(shapes, ms=(1, 8)):
-    print(f"\n{'GEMM (K->N)':<28} {'M':>2} {'split':>5} {'gemv us':>8} {'GB/s':>6} {'cublas us':>9} {'GB/s':>6} {'speedup':>7}")
+    print(f"\nresident GEMV CTAs: {blas.gemv_resident(f'gemv_bf16_u{blas.GEMV_U}')} (U={blas.GEMV_U})")
+    print(f"\n{'GEMM (K->N)':<28} {'M':>2} {'split':>5} {'gemv us':>8} {'GB/s':>6} {'+PDL us':>8} {'GB/s':>6} "
+          f"{'cublas us':>9} {'GB/s':>6} {'speedup':>7}")
     for name, (k, n) in shapes.items():
-        w = rand(n, k, scale=k ** -0.5)
+        # distinct weight copies, together well over the 50 MB L2, so no call reads another's leftovers
+        copies = min(8, -(-150_000_000 // (2 * n * k)))
+        ws = [rand(n, k, scale=k ** -0.5) for _ in range(copies)]
         for m in ms:
             x = rand(m, k)
             nbytes = 2 * (n * k + m * (k + n))
-            inner = 5 if n * k < 1e8 else 1
-            g = with_gemv(True, lambda: graph_us(lambda: ops.linear(x, w), inner=inner))
-            c = with_gemv(False, lambda: graph_us(lambda: ops.linear(x, w), inner=inner))
-            print(f"{name + f' {k}->{n}':<28} {m:>2} {blas.gemv_splits(n, k, blas.sm_count()):>5} {g:8.1f} "
-                  f"{nbytes / g / 1e3:6.0f} {c:9.1f} {nbytes / c / 1e3:6.0f} {c / g:7.2f}")
-        del w
+
+            def fn():
+                for w in ws:
+                    ops.linear(x, w)
+            g = with_gemv(True, lambda: graph_us(fn), GEMV_PDL=False) / copies
+            p = with_gemv(True, lambda: graph_us(fn), GEMV_PDL=True) / copies
+            c = with_gemv(False, lambda: graph_us(fn)) / copies
+            splits = blas.gemv_splits(n, k, blas.gemv_resident(f"gemv_bf16_u{blas.GEMV_U}"))
+            print(f"{name + f' {k}->{n}':<28} {m:>2} {splits:>5} {g:8.1f} {nbytes / g / 1e3:6.0f} {p:8.1f} "
+                  f"{nbytes / p / 1e3:6.0f} {c:9.1f} {nbytes / c / 1e3:6.0f} {c / min(g, p):7.2f}")
+        del ws
 
 
 def decode_chain(m=1):
@@ -97,10 +106,10 @@ def chain_rows(sweep=False):
     configs = [("cuBLAS", False, {}), ("GEMV", True, {"GEMV_PDL": False}), ("GEMV + PDL", True, {"GEMV_PDL": True})]
     if sweep:
         for u in (2, 4, 8):
-            for wps in (8, 16, 20, 32):
+            for fill, min_k in ((0.5, 1024), (1.0, 1024), (1.0, 512), (2.0, 512)):
                 for pdl in (False, True):
-                    configs.append((f"U={u} warps/SM={wps} pdl={int(pdl)}", True,
-                                    {"GEMV_U": u, "GEMV_WARPS_PER_SM": wps, "GEMV_PDL": pdl}))
+                    configs.append((f"U={u} fill={fill} min_split_k={min_k} pdl={int(pdl)}", True,
+                                    {"GEMV_U": u, "GEMV_FILL": fill, "GEMV_MIN_SPLIT_K": min_k, "GEMV_PDL": pdl}))
     for label, on, knobs in configs:
         try:
             us = with_gemv(on, lambda: graph_us(run, reps=10), **knobs)

@@ -313,14 +313,14 @@ def test_argmax_and_top_logprobs(dt):
 
 def test_graph_capture_replays_cublas_and_kernels():
     rng = np.random.default_rng(5)
-    x, w, nw = (dev(rnd(rng, *s), BF16) for s in ((4, 256), (512, 256), (512,)))
+    x, w, nw = (dev(rnd(rng, *s), BF16) for s in ((12, 256), (512, 256), (512,)))  # 12 rows: cuBLAS, not GEMV
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         eager = ops.rms_norm(ops.linear(x, w), nw, 1e-6)  # warms the pool and the cuBLAS handle
         stream.begin_capture()
         y = ops.rms_norm(ops.linear(x, w), nw, 1e-6)
         graph = stream.end_capture()
-        x[...] = dev(rnd(rng, 4, 256), BF16)
+        x[...] = dev(rnd(rng, 12, 256), BF16)
         graph.launch(stream)
         again = ops.rms_norm(ops.linear(x, w), nw, 1e-6)
         stream.synchronize()

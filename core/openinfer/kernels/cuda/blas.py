@@ -92,38 +92,12 @@ GEMV_MAX_M = 8
 GEMV_ENABLED = os.environ.get("OPENINFER_GEMV", "1") != "0"
 GEMV_PDL = os.environ.get("OPENINFER_GEMV_PDL", "0") == "1"  # programmatic dependent launch
 GEMV_U = 4                   # 16-byte chunks per thread per iteration (2U weight loads in flight): 2, 4 or 8
-GEMV_WARPS_PER_SM = 16       # split K until about this many warps per SM are busy (<= resident: 5 CTAs at 94 regs)
-GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split
+GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the resident CTA slots (one wave)
+GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
 GEMV_PREFETCH = 2            # with PDL: chunk groups per warp prefetched into L2 before waiting
 _COUNTER_SLOTS = 4096        # tiles a split-K launch may have
 _counters: dict[int, cp.ndarray] = {}
-
-
-def gemv_splits(n: int, k: int, sms: int) -> int:
-    """Split-K factor for an N x K weight: 1 when N alone fills the GPU. Static per shape (graphs)."""
-    tiles = -(-n // 16)
-    target = sms * GEMV_WARPS_PER_SM // 4          # CTAs of 4 warps
-    if tiles >= target or tiles > _COUNTER_SLOTS:
-        return 1
-    return max(1, min(-(-target // tiles), k // GEMV_MIN_SPLIT_K, 16))
-
-
-def _gemv_counters(splits: int) -> cp.ndarray | None:
-    """Per-device tile counters for split-K (zeroed once; each launch leaves them zero)."""
-    dev = cp.cuda.Device().id
-    c = _counters.get(dev)
-    if c is None and splits > 1:
-        if cp.cuda.get_current_stream().is_capturing():
-            return None  # first use inside a capture: run unsplit rather than capture a memset
-        c = _counters[dev] = cp.zeros(_COUNTER_SLOTS, dtype=cp.int32)
-        cp.cuda.get_current_stream().synchronize()
-    return c
-
-
-def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
-    return (GEMV_ENABLED and x2.dtype == BF16 and 1 <= m <= GEMV_MAX_M and k % 8 == 0 and k > 0
-            and (m == 1 or (x2.strides[0] >= 0 and x2.strides[0] % 16 == 0)) and w.strides[0] % 16 == 0
-            and x2.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
+_resident: dict[tuple[int, str], int] = {}
 
 
 class _LaunchAttr(ctypes.Structure):    # CUlaunchAttribute: id, padding, a 64-byte value union
@@ -139,27 +113,79 @@ _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 _GEMV_ARG_TYPES = (ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p,
                    ctypes.c_longlong, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                    ctypes.c_int)
-_libcuda: ctypes.CDLL | None = None
 _pdl_attr = _LaunchAttr(_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
 _pdl_attr.value[0] = 1   # programmaticStreamSerializationAllowed
+_libcuda: ctypes.CDLL | None = None
+
+
+def _driver() -> ctypes.CDLL:
+    """The CUDA driver library (already loaded by CuPy), for the two calls CuPy does not wrap."""
+    global _libcuda
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                                                                    ctypes.c_int, ctypes.c_size_t]
+        lib.cuLaunchKernelEx.restype = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.restype = ctypes.c_int
+        _libcuda = lib
+    return _libcuda
+
+
+def gemv_resident(name: str) -> int:
+    """CTAs of GEMV kernel `name` that fit on the whole GPU at once (occupancy x SMs)."""
+    key = (cp.cuda.Device().id, name)
+    if key not in _resident:
+        per_sm = ctypes.c_int(0)
+        status = _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(per_sm), _function("gemv", name).ptr, 128, 0)
+        _resident[key] = max(1, per_sm.value if status == 0 else 4) * sm_count()
+    return _resident[key]
+
+
+def gemv_splits(n: int, k: int, resident: int) -> int:
+    """Split-K factor for an N x K weight, static per shape (CUDA graphs): the most splits whose CTAs
+    still run in one wave (N alone filling the GPU gets 1), each split at least GEMV_MIN_SPLIT_K deep."""
+    tiles = -(-n // 16)
+    if tiles > _COUNTER_SLOTS:
+        return 1
+    return max(1, min(int(resident * GEMV_FILL) // tiles, k // GEMV_MIN_SPLIT_K, 16))
+
+
+def _gemv_counters() -> cp.ndarray | None:
+    """Per-device split-K tile counters: zeroed once, and each launch leaves them zero. Raw device
+    memory outside any pool (a graph's private pool may go away). Allocated on the first GEMV call
+    outside a capture; a split GEMV met first inside a capture runs unsplit (correct, but slower:
+    run the forward once eagerly before capturing, as cuda_graphs.py does)."""
+    dev = cp.cuda.Device().id
+    c = _counters.get(dev)
+    if c is None:
+        stream = cp.cuda.get_current_stream()
+        if stream.is_capturing():
+            return None
+        nbytes = _COUNTER_SLOTS * 4
+        mem = cp.cuda.Memory(nbytes)
+        cp.cuda.runtime.memsetAsync(mem.ptr, 0, nbytes, stream.ptr)
+        stream.synchronize()
+        c = _counters[dev] = cp.ndarray((_COUNTER_SLOTS,), cp.int32, cp.cuda.MemoryPointer(mem, 0))
+    return c
+
+
+def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
+    return (GEMV_ENABLED and x2.dtype == BF16 and 1 <= m <= GEMV_MAX_M and k % 8 == 0 and k > 0
+            and (m == 1 or (x2.strides[0] >= 0 and x2.strides[0] % 16 == 0)) and w.strides[0] % 16 == 0
+            and x2.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
 def _launch_pdl(name: str, grid: tuple[int, int], args: tuple) -> None:
     """cuLaunchKernelEx with programmatic stream serialization: the kernel may start while the previous
     kernel in the stream finishes (it waits in griddepcontrol.wait before reading x); captured into
     CUDA graphs as a programmatic edge."""
-    global _libcuda
-    if _libcuda is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
-                                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-        lib.cuLaunchKernelEx.restype = ctypes.c_int
-        _libcuda = lib
     cfg = _LaunchConfig((ctypes.c_uint * 3)(grid[0], grid[1], 1), (ctypes.c_uint * 3)(128, 1, 1), 0,
                         cp.cuda.get_current_stream().ptr, ctypes.pointer(_pdl_attr), 1)
     values = [t(v) for t, v in zip(_GEMV_ARG_TYPES, args)]
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    status = _libcuda.cuLaunchKernelEx(ctypes.byref(cfg), _function("gemv", name).ptr, params, None)
+    status = _driver().cuLaunchKernelEx(ctypes.byref(cfg), _function("gemv", name).ptr, params, None)
     if status:
         raise RuntimeError(f"cuLaunchKernelEx({name}) failed with CUresult {status}")
 
@@ -168,14 +194,14 @@ def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
     """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
     m, k = x2.shape
     n = w.shape[0]
-    splits = gemv_splits(n, k, sm_count())
-    counters = _gemv_counters(splits)
+    name = f"gemv_bf16_u{GEMV_U}"
+    splits = gemv_splits(n, k, gemv_resident(name))
+    counters = _gemv_counters()
     if counters is None:
         splits = 1
     tiles = -(-n // 16)
     partial = cp.empty(splits * tiles * 128, dtype=cp.float32) if splits > 1 else None
     ldx = x2.strides[0] // 2 if m > 1 else 0
-    name = f"gemv_bf16_u{GEMV_U}"
     if GEMV_PDL:
         args = (x2.data.ptr, ldx, w.data.ptr, w.strides[0] // 2, out2.data.ptr, out2.strides[0] // 2,
                 partial.data.ptr if partial is not None else 0, counters.data.ptr if splits > 1 else 0,
