@@ -94,7 +94,7 @@ GEMV_PDL = os.environ.get("OPENINFER_GEMV_PDL", "0") == "1"  # programmatic depe
 GEMV_U = 4                   # 16-byte chunks per thread per iteration (2U weight loads in flight): 2, 4 or 8
 GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the resident CTA slots (one wave)
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
-GEMV_PREFETCH = 2            # with PDL: chunk groups per warp prefetched into L2 before waiting
+GEMV_PREFETCH = 8            # with PDL: 4-chunk groups per warp prefetched into L2 before griddepcontrol.wait
 _COUNTER_SLOTS = 4096        # tiles a split-K launch may have
 _counters: dict[int, cp.ndarray] = {}
 _resident: dict[tuple[int, str], int] = {}

@@ -10,8 +10,8 @@
 //   logical k slots {2q, 2q+1, 2q+8, 2q+9} of two mma k-steps. Loads are exactly the 16-byte
 //   vectors the memory wants; no shuffles, no shared-memory staging, 4 fp32 accumulators.
 // * U chunks per thread per iteration: 2U independent 16-byte weight loads in flight
-//   (ld.global.nc, no L1 allocation: w is streamed once), x through L1 (__ldg; it is tiny and
-//   read by every CTA).
+//   (ld.global.nc, no L1 allocation: w is streamed once), x by ordinary loads through L1 (it is
+//   tiny and read by every CTA).
 // * Split-K across CTAs (gridDim.y > 1, for N small against the SM count): each split stores its
 //   fp32 partial tile to a workspace; the last CTA of a tile to arrive (a per-tile counter) sums
 //   the partials in split order (deterministic) and writes bf16, then resets the counter to 0,
@@ -28,6 +28,14 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 v;
     asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// x is written by the previous kernel, which under PDL may still be running when this grid starts:
+// an ordinary (coherent) load, kept after griddepcontrol.wait by being volatile, not ld.global.nc.
+__device__ __forceinline__ uint4 ld_x(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
 
@@ -61,7 +69,7 @@ __device__ __forceinline__ void store_tile(bf16* y, long long ldy, float4 s, int
 constexpr int WARPS = 4;
 
 template <int U>
-__device__ __forceinline__ void gemv_tile(const bf16* __restrict__ x, long long ldx, const bf16* __restrict__ w,
+__device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w,
                                           long long ldw, bf16* __restrict__ y, long long ldy,
                                           float* __restrict__ partial, int* __restrict__ counters,
                                           int M, int N, int chunks, int prefetch) {
@@ -97,7 +105,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* __restrict__ x, long long 
             b[u] = ld_stream(wb + base + 4 * u + q);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) xv[u] = __ldg(xr + base + 4 * u + q);
+        for (int u = 0; u < U; ++u) xv[u] = ld_x(xr + base + 4 * u + q);
 #pragma unroll
         for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
     }
@@ -112,7 +120,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* __restrict__ x, long long 
             const int cc = ok ? c : lo;
             a[u] = ld_stream(wa + cc);
             b[u] = ld_stream(wb + cc);
-            xv[u] = __ldg(xr + cc);
+            xv[u] = ld_x(xr + cc);
             if (!ok) a[u] = b[u] = xv[u] = zero;
         }
 #pragma unroll
@@ -155,7 +163,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* __restrict__ x, long long 
 // splits == 1), counters: int32 [grid.x], all zero on entry and left zero on exit.
 #define GEMV_KERNEL(U)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128, 1) gemv_bf16_u##U(                                      \
-        const bf16* __restrict__ x, long long ldx, const bf16* __restrict__ w, long long ldw,              \
+        const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,              \
         bf16* __restrict__ y, long long ldy, float* __restrict__ partial, int* __restrict__ counters,      \
         int M, int N, int chunks, int prefetch) {                                                          \
         gemv_tile<U>(x, ldx, w, ldw, y, ldy, partial, counters, M, N, chunks, prefetch);                   \
