@@ -1,7 +1,7 @@
 """GEMV vs cuBLAS on Qwen3 decode shapes, and the 145-GEMM Qwen3-4B decode chain (GPU only).
 
     python scripts/gemv_bench.py            # the table gpu_kernels.sh prints
-    python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (U, split-K fill, PDL) on the chain
+    python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill, PDL) on the chain
 
 Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s counts weight + x + y bytes.
 """
@@ -59,7 +59,7 @@ SHAPES_8B = {"8B qkv": (4096, 6144), "8B o": (4096, 4096), "8B gate_up": (4096, 
 
 
 def shape_rows(shapes, ms=(1, 8)):
-    print(f"\nresident GEMV CTAs: {blas.gemv_resident(f'gemv_bf16_u{blas.GEMV_U}')} (U={blas.GEMV_U})")
+    print(f"\nresident GEMV CTAs: {blas.gemv_resident(f'gemv_bf16_{blas.GEMV_VARIANT}')} ({blas.GEMV_VARIANT})")
     print(f"\n{'GEMM (K->N)':<28} {'M':>2} {'split':>5} {'gemv us':>8} {'GB/s':>6} {'+PDL us':>8} {'GB/s':>6} "
           f"{'cublas us':>9} {'GB/s':>6} {'speedup':>7}")
     for name, (k, n) in shapes.items():
@@ -76,7 +76,7 @@ def shape_rows(shapes, ms=(1, 8)):
             g = with_gemv(True, lambda: graph_us(fn), GEMV_PDL=False) / copies
             p = with_gemv(True, lambda: graph_us(fn), GEMV_PDL=True) / copies
             c = with_gemv(False, lambda: graph_us(fn)) / copies
-            splits = blas.gemv_splits(n, k, blas.gemv_resident(f"gemv_bf16_u{blas.GEMV_U}"))
+            splits = blas.gemv_splits(n, k, blas.gemv_resident(f"gemv_bf16_{blas.GEMV_VARIANT}"))
             print(f"{name + f' {k}->{n}':<28} {m:>2} {splits:>5} {g:8.1f} {nbytes / g / 1e3:6.0f} {p:8.1f} "
                   f"{nbytes / p / 1e3:6.0f} {c:9.1f} {nbytes / c / 1e3:6.0f} {c / min(g, p):7.2f}")
         del ws
@@ -105,11 +105,12 @@ def chain_rows(sweep=False):
           f"floor {floor:.0f} us at {FLOOR_BW / 1e12:.1f} TB/s (graph-replayed)")
     configs = [("cuBLAS", False, {}), ("GEMV", True, {"GEMV_PDL": False}), ("GEMV + PDL", True, {"GEMV_PDL": True})]
     if sweep:
-        for u in (2, 4, 8):
+        for variant in ("u2", "u4", "u8", "u4_o8"):
             for fill, min_k in ((0.5, 1024), (1.0, 1024), (1.0, 512), (2.0, 512)):
                 for pdl in (False, True):
-                    configs.append((f"U={u} fill={fill} min_split_k={min_k} pdl={int(pdl)}", True,
-                                    {"GEMV_U": u, "GEMV_FILL": fill, "GEMV_MIN_SPLIT_K": min_k, "GEMV_PDL": pdl}))
+                    configs.append((f"{variant} fill={fill} min_split_k={min_k} pdl={int(pdl)}", True,
+                                    {"GEMV_VARIANT": variant, "GEMV_FILL": fill, "GEMV_MIN_SPLIT_K": min_k,
+                                     "GEMV_PDL": pdl}))
     for label, on, knobs in configs:
         try:
             us = with_gemv(on, lambda: graph_us(run, reps=10), **knobs)

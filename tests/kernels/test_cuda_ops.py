@@ -161,6 +161,20 @@ def test_linear_gemv(m, n, k, gemv_calls):
     np.testing.assert_array_equal(host(ops.linear(xd, wd)), host(got))  # split-K sums in a fixed order
 
 
+@pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_calls):
+    """Every kernel variant the benchmark sweeps, eager with and without PDL, split-K and tails."""
+    from openinfer.kernels.cuda import blas
+    monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
+    monkeypatch.setattr(blas, "GEMV_PDL", pdl)
+    rng = np.random.default_rng(3)
+    for m, n, k in ((1, 2560, 4096), (8, 2560, 9728), (3, 77, 1000), (6, 1000, 2056)):
+        x, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
+        close(ops.linear(dev(x, BF16), dev(w, BF16)), ref.linear(x, w), DTYPES["bfloat16"], scale=2)
+    assert len(gemv_calls) == 4
+
+
 def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
     rng = np.random.default_rng(7)
     dt = DTYPES["bfloat16"]

@@ -91,7 +91,8 @@ _handles: dict[int, _Handle] = {}
 GEMV_MAX_M = 8
 GEMV_ENABLED = os.environ.get("OPENINFER_GEMV", "1") != "0"
 GEMV_PDL = os.environ.get("OPENINFER_GEMV_PDL", "0") == "1"  # programmatic dependent launch
-GEMV_U = 4                   # 16-byte chunks per thread per iteration (2U weight loads in flight): 2, 4 or 8
+GEMV_VARIANT = "u4"          # gemv.cu kernel gemv_bf16_<variant>: u2/u4/u8 = 2U weight loads in flight per
+                             # thread, u4_o8 = u4 capped at 64 registers for 8 CTAs per SM
 GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the resident CTA slots (one wave)
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
 GEMV_PREFETCH = 8            # with PDL: 4-chunk groups per warp prefetched into L2 before griddepcontrol.wait
@@ -194,7 +195,7 @@ def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
     """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
     m, k = x2.shape
     n = w.shape[0]
-    name = f"gemv_bf16_u{GEMV_U}"
+    name = f"gemv_bf16_{GEMV_VARIANT}"
     splits = gemv_splits(n, k, gemv_resident(name))
     counters = _gemv_counters()
     if counters is None:

@@ -87,6 +87,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#pragma unroll 1
     for (int i = 0; i < prefetch; ++i) {  // weights only: they do not depend on the previous kernel
         const int c = lo + 4 * i + q;
         if (c < hi) { prefetch_l2(wa + c); prefetch_l2(wb + c); }
@@ -149,6 +150,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
     if (!last) return;
     __threadfence();
     s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4  // 4 loads in flight; fully unrolled it needed 64 registers, costing occupancy
     for (int i = 0; i < splits; ++i) {  // split order, whichever CTA came last: deterministic
         const float4 t = __ldcg(part + ((long long)i * gridDim.x + tile) * 32 + lane);
         s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
@@ -161,13 +163,17 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 
 // grid (ceil(N / 16), splits), block 128. partial: fp32 [splits, grid.x, 16 * 8] (unused when
 // splits == 1), counters: int32 [grid.x], all zero on entry and left zero on exit.
-#define GEMV_KERNEL(U)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(128, 1) gemv_bf16_u##U(                                      \
-        const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,              \
+// gemv_bf16_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
+// iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
+// for B CTAs per SM (more warps, fewer registers).
+#define GEMV_KERNEL(NAME, U, MIN_BLOCKS)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
+        const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,                           \
         bf16* __restrict__ y, long long ldy, float* __restrict__ partial, int* __restrict__ counters,      \
         int M, int N, int chunks, int prefetch) {                                                          \
         gemv_tile<U>(x, ldx, w, ldw, y, ldy, partial, counters, M, N, chunks, prefetch);                   \
     }
-GEMV_KERNEL(2)
-GEMV_KERNEL(4)
-GEMV_KERNEL(8)
+GEMV_KERNEL(gemv_bf16_u2, 2, 1)
+GEMV_KERNEL(gemv_bf16_u4, 4, 1)
+GEMV_KERNEL(gemv_bf16_u8, 8, 1)
+GEMV_KERNEL(gemv_bf16_u4_o8, 4, 8)
