@@ -1,5 +1,11 @@
 """`linear`: a tensor-core GEMV kernel (gemv.cu) for bf16 with M <= 8 rows, cublasGemmEx otherwise.
 
+The GEMV path (decode at small batch is weight-bandwidth bound, where cuBLAS reached ~72 % of HBM
+bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strides); split-K for
+weights with few rows, sized to one resident wave and reduced by the last CTA per tile (bit-
+deterministic, graph-safe). OPENINFER_GEMV=0 turns it off; OPENINFER_GEMV_PDL=1 launches it with
+programmatic dependent launch (weights prefetched while the previous kernel drains).
+
 cuBLAS is called directly via ctypes.
 
 CuPy's own cuBLAS wrappers refuse CUDA-graph capture; direct cublasGemmEx calls capture and
