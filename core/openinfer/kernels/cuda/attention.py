@@ -4,6 +4,7 @@ the kernels' launch constants mirrored here."""
 from __future__ import annotations
 
 import math
+import os
 
 import cupy as cp
 import numpy as np
@@ -15,7 +16,7 @@ NWARPS, BN, ROWS, GMAX = 4, 32, 8, 8   # must match attention.cu
 HEAD_DIMS = (64, 128, 256)
 MIN_SPLIT = NWARPS * BN                # a split is a multiple of one pass of the block's warps
 LOG2E = 1.4426950408889634
-PREFILL_MMA = True                     # bf16 prefill on the tensor cores (False: the fp32-core kernel)
+PREFILL_MMA = os.environ.get("OPENINFER_PREFILL_MMA", "1") != "0"   # bf16 prefill on the tensor cores (0: the fp32-core kernel)
 MMA_WARPS = 4                          # must match attention_mma.cu
 MMA_MT = {64: 2, 128: 2, 256: 1}       # 16-row m-tiles per warp of the default kernels
 MMA_BN = {64: 64, 128: 64, 256: 32}    # keys per K/V tile
