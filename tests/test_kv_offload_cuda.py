@@ -6,16 +6,12 @@ import numpy as np
 import pytest
 
 from openinfer.engine import EngineArgs, build_engine
+from openinfer.testing.cuda import require_gpu
 from openinfer.testing.engine import demo_kv_gib
 from test_kv_offload import ladder
 
 pytestmark = pytest.mark.cuda
-cp = pytest.importorskip("cupy", reason="cupy is not installed")
-try:
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        raise RuntimeError("no device")
-except Exception as e:  # no driver or no GPU
-    pytest.skip(f"no usable NVIDIA GPU: {e}", allow_module_level=True)
+cp = require_gpu()
 
 from openinfer.backends import get_backend  # noqa: E402
 

@@ -89,6 +89,25 @@ class ReasoningParser(ABC):
         return out.reasoning, out.content
 
 
+class ContentTrimmer:
+    """The content around tool calls, as streamed: leading whitespace dropped, trailing whitespace
+    held back until it is known whether a call follows (then it is dropped too)."""
+
+    def __init__(self) -> None:
+        self.held = ""
+        self.emitted = False
+
+    def emit(self, out: ParsedDelta, text: str, before_call: bool) -> None:
+        text = self.held + text
+        body = text.rstrip()
+        self.held = "" if before_call else text[len(body):]
+        if not self.emitted:
+            body = body.lstrip()
+        if body:
+            out.content += body
+            self.emitted = True
+
+
 class ToolCallParser(ABC):
     """Extracts tool calls from one choice's content stream. `tools` is the request's tool list
     (formats that write arguments as text, like XML, need the schemas to type the values)."""

@@ -10,15 +10,11 @@ import pytest
 
 from openinfer.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
+from openinfer.testing.cuda import require_gpu
 
 pytestmark = pytest.mark.cuda
-cp = pytest.importorskip("cupy", reason="cupy is not installed")
+cp = require_gpu()
 ml_dtypes = pytest.importorskip("ml_dtypes")
-try:
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        raise RuntimeError("no device")
-except Exception as e:  # no driver or no GPU
-    pytest.skip(f"no usable NVIDIA GPU: {e}", allow_module_level=True)
 
 from openinfer.kernels.cuda import ops  # noqa: E402  (imports cupy-dependent modules)
 

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from openinfer.detokenize import partial_suffix_len
-from openinfer.parsers import (ChatFormat, ParsedDelta, ThinkTagReasoningParser, ToolCallDelta,
+from openinfer.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ThinkTagReasoningParser, ToolCallDelta,
                                ToolCallParser, new_call_id)
 
 # The genuine Qwen3 tokenizer vendored for the built-in demo model (see demo_tokenizer/NOTICE).
@@ -75,21 +75,13 @@ class Qwen3ToolCallParser(ToolCallParser):
         super().__init__(tools)
         self._buf = ""
         self._in_call = False
-        self._ws = ""  # trailing whitespace of the content, held until we know what follows
-        self._emitted = False
+        self._content = ContentTrimmer()
         self._index = 0
         self._id = ""
         self._header: tuple[str, int] | None = None  # (name, header end) once the name was streamed
 
     def _text(self, out: ParsedDelta, text: str, before_call: bool) -> None:
-        text = self._ws + text
-        body = text.rstrip()
-        self._ws = "" if before_call else text[len(body):]
-        if not self._emitted:
-            body = body.lstrip()
-        if body:
-            out.content += body
-            self._emitted = True
+        self._content.emit(out, text, before_call)
 
     def _close(self, out: ParsedDelta, body: str, verbatim: str) -> None:
         header = self._header or _header_name(body)
@@ -138,7 +130,7 @@ class Qwen3ToolCallParser(ToolCallParser):
             self._close(out, body, self.start_tag + self._buf)
         else:
             self._text(out, self._buf, before_call=False)
-        self._buf, self._ws, self._in_call = "", "", False
+        self._buf, self._content.held, self._in_call = "", "", False
         return out
 
 

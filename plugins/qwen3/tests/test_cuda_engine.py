@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from openinfer.testing.cuda import require_gpu
 from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import hf_greedy, hf_logits
 
@@ -12,12 +13,7 @@ from conftest import _build
 from test_fidelity import _prompts, assert_logits_close, chat_prompt, engine_for
 
 pytestmark = pytest.mark.cuda
-cp = pytest.importorskip("cupy", reason="cupy is not installed")
-try:
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        raise RuntimeError("no device")
-except Exception as e:  # no driver or no GPU
-    pytest.skip(f"no usable NVIDIA GPU: {e}", allow_module_level=True)
+cp = require_gpu()
 
 GPU = dict(device="cuda", kv_cache_memory_gib=0.25, max_num_seqs=16)
 

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from openinfer.detokenize import partial_suffix_len
-from openinfer.parsers import (ChatFormat, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCallDelta,
-                               ToolCallParser, new_call_id)
+from openinfer.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser,
+                               ToolCallDelta, ToolCallParser, new_call_id)
 from openinfer.tokenizer import ChatTemplateError
 
 # The genuine Qwen3.5 tokenizer (built by tokenizer_build.py) and chat template; see tokenizer/NOTICE.
@@ -134,8 +134,7 @@ class Qwen35ToolCallParser(ToolCallParser):
         self._types = _param_types(tools)
         self._buf = ""
         self._state = "text"   # text | block (awaiting a function) | params | value
-        self._ws = ""          # trailing whitespace of the content, held until we know what follows
-        self._emitted = False
+        self._content = ContentTrimmer()
         self._index = 0
         self._block_calls = 0  # functions seen in the current <tool_call> block
         self._fn_types: dict[str, list[str]] = {}
@@ -147,14 +146,7 @@ class Qwen35ToolCallParser(ToolCallParser):
 
     # ---- content outside calls (as Qwen3ToolCallParser) ----
     def _text(self, out: ParsedDelta, text: str, before_call: bool) -> None:
-        text = self._ws + text
-        body = text.rstrip()
-        self._ws = "" if before_call else text[len(body):]
-        if not self._emitted:
-            body = body.lstrip()
-        if body:
-            out.content += body
-            self._emitted = True
+        self._content.emit(out, text, before_call)
 
     # ---- calls ----
     def _args(self, out: ParsedDelta, text: str) -> None:
@@ -292,7 +284,7 @@ class Qwen35ToolCallParser(ToolCallParser):
             if self._state == "value":
                 self._close_value(out, self._buf[:len(self._buf) - partial_suffix_len(self._buf, list(_VALUE_ENDS))])
             self._close_call(out)
-        self._buf, self._ws, self._state = "", "", "text"
+        self._buf, self._content.held, self._state = "", "", "text"
         return out
 
 
