@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 if TYPE_CHECKING:
@@ -96,6 +97,11 @@ class ModelLine(ABC):
 
     @abstractmethod
     def chat_format(self) -> ChatFormat: ...
+
+    def tokenizer_dir(self) -> Path | None:
+        """A folder with this line's genuine tokenizer (tokenizer.json[.gz], tokenizer_config.json),
+        which `openinfer synth` copies beside the weights; None if the line ships none."""
+        return None
 
     def max_model_len(self, cfg: Any) -> int:
         return int(getattr(cfg, "max_position_embeddings"))

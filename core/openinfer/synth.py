@@ -29,8 +29,8 @@ def synthesize(preset: str, out: Path, seed: int = 0, dtype: str = "BF16", devic
         def get(name: str):
             return backend.to_host(backend.load(weights, name))
     save_safetensors(out / "model.safetensors", shapes, get, dtype)
-    demo = getattr(line, "demo_checkpoint", None)
-    if demo is not None:
-        _, tok_dir = demo()
+    tok_dir = line.tokenizer_dir()
+    if tok_dir is not None:
         for f in Path(tok_dir).iterdir():
-            shutil.copy(f, out / f.name)
+            if f.is_file():
+                shutil.copy(f, out / f.name)

@@ -85,4 +85,7 @@ class Qwen3Line(ModelLine):
     def demo_checkpoint(self) -> tuple[dict[str, Any], Path]:
         """The built-in demo: tiny random weights with the genuine Qwen3 tokenizer (untied, so
         the random model does not just echo its last input token)."""
-        return dict(PRESETS["qwen3-tiny-untied"]), Path(__file__).parent / "demo_tokenizer"
+        return dict(PRESETS["qwen3-tiny-untied"]), self.tokenizer_dir()
+
+    def tokenizer_dir(self) -> Path:
+        return Path(__file__).parent / "demo_tokenizer"

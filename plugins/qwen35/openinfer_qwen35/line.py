@@ -1,6 +1,7 @@
 """The Qwen3.5 model line: detection, tensor names, state groups, kernel plan, presets."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping
 
 from openinfer.model_line import ModelLine, StateGroup
@@ -98,6 +99,10 @@ class Qwen35Line(ModelLine):
     def build(self, cfg: Qwen35Config, weights, backend, ops):
         from .model import Qwen35Model
         return Qwen35Model(cfg, weights, backend, ops)
+
+    def tokenizer_dir(self) -> Path:
+        from .chat import TOKENIZER_DIR
+        return TOKENIZER_DIR
 
     def chat_format(self) -> ChatFormat:
         from .chat import Qwen35ChatFormat

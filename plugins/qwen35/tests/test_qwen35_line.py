@@ -57,10 +57,7 @@ def test_synthesized_tiny_preset_serves_consistently(tmp_path):
     alone, batched, chunked and from a prefix hit."""
     from openinfer.synth import synthesize
     from openinfer.testing.engine import generate, greedy
-    from openinfer.testing.tokenizers import genuine_qwen3_tokenizer_dir
-    synthesize("qwen3.5-tiny", tmp_path, dtype="F32")
-    for f in genuine_qwen3_tokenizer_dir().iterdir():
-        shutil.copy(f, tmp_path / f.name)
+    synthesize("qwen3.5-tiny", tmp_path, dtype="F32")   # writes the genuine Qwen3.5 tokenizer too
     prompts = [[int(t) for t in np.random.default_rng(i).integers(0, 151000, size=20 + 7 * i)] for i in range(3)]
     eng = build_engine(str(tmp_path), EngineArgs(block_size=16))
     alone = [generate(eng, [p], greedy(10))[0][0] for p in prompts]
