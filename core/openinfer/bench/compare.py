@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from openinfer.bench.plot import pyplot, save_figure
 from openinfer.bench.stats import percentile_key
 
 # (result key template, column title, higher is better); "{tail}" becomes e.g. p99
@@ -80,13 +81,7 @@ def compare_table(names: tuple[str, str], a: Sequence[dict[str, Any]], b: Sequen
 
 def plot_compare(names: tuple[str, str], a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], path: Path,
                  tail: str = "p99") -> Path:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise RuntimeError("the comparison plot needs matplotlib: pip install 'openinfer[plot]'") from e
+    plt = pyplot("the comparison plot")
     rates = sorted({_rate(r) for r in a} | {_rate(r) for r in b})
     x = {rate: i for i, rate in enumerate(rates)}  # categorical: uneven rates and inf
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
@@ -109,11 +104,7 @@ def plot_compare(names: tuple[str, str], a: Sequence[dict[str, Any]], b: Sequenc
         ax.legend(fontsize=8)
     model = next((r.get("model_id", "") for r in [*a, *b]), "")
     fig.suptitle(f"{names[0]} vs {names[1]}: bench serve sweep, {model}")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run_compare(sides: Sequence[str], md: Path | None, png: Path | None, percentile: float,

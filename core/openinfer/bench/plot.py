@@ -8,13 +8,7 @@ from typing import Any, Sequence
 
 def plot_sweep(results: Sequence[dict[str, Any]], path: Path, tail: str = "p99") -> Path:
     """`tail` names the high percentile drawn next to the mean (the key must be in the results)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display on servers / CI
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise RuntimeError("the sweep plot needs matplotlib: pip install 'openinfer[plot]'") from e
+    plt = pyplot("the sweep plot")
     # Categorical x positions: the rates are spread unevenly and include inf, which no numeric axis holds.
     labels = [str(r["request_rate"]) for r in results]
     x = list(range(len(results)))
@@ -34,6 +28,25 @@ def plot_sweep(results: Sequence[dict[str, Any]], path: Path, tail: str = "p99")
         ax.grid(alpha=0.3)
     model = results[0].get("model_id", "") if results else ""
     fig.suptitle(f"bench serve sweep: {model}")
+    return save_figure(fig, path)
+
+
+def pyplot(what: str) -> Any:
+    """matplotlib.pyplot on the file-only backend (no display on servers / CI), or an error naming
+    `what` needs it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise RuntimeError(f"{what} needs matplotlib: pip install 'openinfer[plot]'") from e
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Write a matplotlib figure as a PNG (creating its folder) and release it."""
+    plt = pyplot("saving a figure")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.detokenize import IncrementalDetokenizer, StopStringMatcher
 from openinfer.parsers import ParsedDelta, ToolCall, collect_tool_calls
+from openinfer.testing.chat import stream_output
 from openinfer.tokenizer import Tokenizer
 from openinfer_qwen3.chat import (DEMO_TOKENIZER_DIR, QWEN3_CHAT_FORMAT, Qwen3ReasoningParser,
                                   Qwen3ToolCallParser)
@@ -127,14 +127,7 @@ def test_end_to_end_streaming(tok, thinking):
     ids = tok.encode(output)
     assert 151667 in ids if thinking else 151667 not in ids
 
-    detok, stops = IncrementalDetokenizer(tok), StopStringMatcher(["Observation:"])
-    parser, out = QWEN3_CHAT_FORMAT.stream_parser(prompt, TOOLS), ParsedDelta()
-    for i in ids:
-        text, matched = stops.feed(detok.add([i]))
-        out.extend(parser.feed(text))
-        assert not matched
-    out.extend(parser.feed(stops.feed(detok.flush())[0] + stops.flush()))
-    out.extend(parser.finish())
+    out = stream_output(QWEN3_CHAT_FORMAT, tok, prompt, ids, TOOLS, stop=["Observation:"])
 
     full = QWEN3_CHAT_FORMAT.parse(prompt, tok.decode(ids), TOOLS)
     assert full.reasoning == ("The user wants the weather — 天气 🌤." if thinking else "")

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from openinfer.detokenize import IncrementalDetokenizer, StopStringMatcher
 from openinfer.parsers import ParsedDelta, collect_tool_calls
+from openinfer.testing.chat import stream_output
 from openinfer.tokenizer import ChatTemplateError, Tokenizer
 from openinfer_qwen35.chat import (TOKENIZER_DIR, Qwen35ChatFormat, Qwen35ReasoningParser, Qwen35ToolCallParser,
                                    convert_value)
@@ -218,14 +218,7 @@ def test_end_to_end_streaming(tok, thinking):
     ids = tok.encode(output)
     assert (248069 in ids) is thinking and 248058 in ids
 
-    detok, stops = IncrementalDetokenizer(tok), StopStringMatcher(["Observation:"])
-    parser, out = FORMAT.stream_parser(prompt, TOOLS), ParsedDelta()
-    for i in ids:
-        text, matched = stops.feed(detok.add([i]))
-        out.extend(parser.feed(text))
-        assert not matched
-    out.extend(parser.feed(stops.feed(detok.flush())[0] + stops.flush()))
-    out.extend(parser.finish())
+    out = stream_output(FORMAT, tok, prompt, ids, TOOLS, stop=["Observation:"])
 
     full = FORMAT.parse(prompt, tok.decode(ids), TOOLS)
     assert full.reasoning == ("The user wants the weather — 天气 🌤." if thinking else "")
