@@ -46,7 +46,7 @@ fi
 
 if [ ! -f "$MODEL_DIR/config.json" ]; then
     log "synthesizing $PRESET into $MODEL_DIR"
-    "${OI[@]}" synth --preset "$PRESET" --out "$MODEL_DIR" >"$LOGS/synth.log" 2>&1 || { cat "$LOGS/synth.log"; exit 1; }
+    "${OI[@]}" synth --preset "$PRESET" --out "$MODEL_DIR" --device "$DEVICE" >"$LOGS/synth.log" 2>&1 || { cat "$LOGS/synth.log"; exit 1; }
 fi
 # transformers reads tokenizer.json, not the gzip openinfer vendors
 [ -f "$MODEL_DIR/tokenizer.json" ] || gzip -dkc "$MODEL_DIR/tokenizer.json.gz" >"$MODEL_DIR/tokenizer.json"

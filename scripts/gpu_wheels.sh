@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SERVE=(starlette==1.10.0 uvicorn==0.55.0 h11==0.16.0 httptools==0.9.0 click==8.5.1 anyio==4.16.0 idna==3.20
-       sniffio==1.3.1 typing-extensions==4.16.0 nvmath-python==1.0.0)
+       sniffio==1.3.1 typing-extensions==4.16.0)
 PLOT=(matplotlib==3.11.2 contourpy==1.4.0 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0
       pyparsing==3.3.3 python-dateutil==2.9.0.post0 six==1.17.0)
 # openai 3.x moved to httpx2, which the image lacks; 2.54 still uses httpx (transformers wants >=1.98).
