@@ -122,7 +122,7 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
                    help="per-step token budget (default: batch x input, so prefill is one step)")
     p.add_argument("--num-iters-warmup", type=int, default=1)
     p.add_argument("--num-iters", type=int, default=3)
-    p.add_argument("--vocab-size", type=int, default=None, help="default: config.json's, else 1000")
+    p.add_argument("--vocab-size", type=int, default=None, help="token ids are drawn below this (default: the model's vocabulary)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", type=Path, default=None)
     p.set_defaults(func=_run_latency)
