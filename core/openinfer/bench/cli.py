@@ -109,7 +109,9 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _latency_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="checkpoint dir (omit for the built-in demo model)")
+    p.add_argument("--model", default=None,
+                   help="checkpoint dir, or a preset name (e.g. qwen3.5-4b) with --load-format dummy "
+                        "(omit for the built-in demo model)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     p.add_argument("--max-model-len", type=int, default=None)
