@@ -18,7 +18,7 @@ from .kv.hybrid import HybridBlockManager, num_state_rows
 from .kv.pool import StatePools, bytes_per_block, bytes_per_state_row
 from .model_line import ModelLine, StateGroup
 from .model_runner import ModelRunner
-from .phases import in_background, phase, release_free_heap
+from .phases import phase, release_free_heap
 from .plugins import Plugins, get_plugins
 from .tokenizer import Tokenizer
 from .weights import Checkpoint, DummyWeights, WeightSource
@@ -53,8 +53,10 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
             weights = DummyWeights(shapes, seed=args.seed) if args.load_format == "dummy" else Checkpoint(model)
             if args.load_format != "dummy":
                 _check_weights(line, cfg, weights, shapes, model)
-    # the tokenizer needs nothing of the device: it parses (Rust, GIL released) while the GPU loads
-    tokenizer_future = in_background("tokenizer", Tokenizer.from_dir, tok_dir)
+    # before the device: the parse holds the GIL (~0.3 s), which an early CUDA context being created
+    # on a thread (cuda_context.py) does not need
+    with phase("tokenizer"):
+        tokenizer = Tokenizer.from_dir(tok_dir)
     with phase("backend (device context)") as p:
         backend = get_backend(args.device, args.dtype, args.gpu_memory_utilization)
         ops = plugins.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype)
@@ -106,8 +108,6 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     if backend.name == "cuda" and not args.enforce_eager and not rows:   # graphs lack state_slots yet
         with phase("graph capture"):
             runner.capture_graphs(args.max_num_seqs, max_len)
-    with phase("wait for the tokenizer"):
-        tokenizer = tokenizer_future.result()
     with phase("return freed host heap") as p:
         p.detail = f"{release_free_heap()} MB of freed heap back to the OS"
     eos = set(tokenizer.eos_token_ids)

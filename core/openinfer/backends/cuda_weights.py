@@ -28,10 +28,10 @@ class WeightUploader:
     def __init__(self, cp: Any, device: Any, stream: Any, dtypes: dict[str, np.dtype]) -> None:
         self.cp, self.device, self.stream, self.dtypes = cp, device, stream, dtypes
         threads = copy_threads()
-        self._pinned = [cp.cuda.alloc_pinned_memory(CHUNK_BYTES) for _ in range(2 * threads)]
-        buffers = [np.frombuffer(m, dtype=np.uint8, count=CHUNK_BYTES) for m in self._pinned]
+        self._buffers = [np.frombuffer(cp.cuda.alloc_pinned_memory(CHUNK_BYTES), dtype=np.uint8, count=CHUNK_BYTES)
+                         for _ in range(2 * threads)]
         self._local = threading.local()
-        self._reader = StagedReader(buffers, self._upload, threads, self._thread_setup)
+        self._reader: StagedReader | None = StagedReader(self._buffers, self._upload, threads, self._thread_setup)
 
     def load(self, weights: WeightSource, names: Sequence[str], dtype: np.dtype) -> Any:
         """The tensors concatenated along axis 0, as one device array of `dtype`, ready for the step stream."""
@@ -95,5 +95,7 @@ class WeightUploader:
         return done
 
     def close(self) -> None:
-        """Wait for every copy, stop the threads; the pinned buffers go with this object."""
+        """Wait for every copy, stop the threads and drop the pinned buffers (the reader refers back
+        to us through its sink: dropping it here frees them now rather than at a later GC)."""
         self._reader.finish()
+        self._reader, self._buffers = None, []
