@@ -147,6 +147,8 @@ def _startup_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burst-output-len", type=int, default=16)
     p.add_argument("--vocab-size", type=int, default=1000, help="burst prompt ids are drawn below this")
     p.add_argument("--output-json", type=Path, default=None)
+    p.add_argument("--server-log", type=Path, default=None,
+                   help="save the server's output here (openinfer serve logs one line per start-up phase)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the server command line")
     p.set_defaults(func=_run_startup)
 
