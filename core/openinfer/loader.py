@@ -81,28 +81,8 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
             reserve = _activation_bytes(built, backend, groups, args, max_len)
             p.detail = f"step activations need {reserve / 2**20:.1f} MiB of device memory (measured)"
     with phase("KV cache") as p:
-        budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None
-                                         else int(args.kv_cache_memory_gib * 2**30), reserve)
-        if args.kv_cache_memory_gib is None and backend.name == "numpy":
-            # CPU: enough for max_num_seqs full-length sequences, capped by the backend's default budget
-            budget = min(budget, (args.max_num_seqs * -(-max_len // args.block_size) + 1) * per_block + state_bytes)
-        if state_bytes >= budget:
-            raise LoadError(f"the bounded state of {args.max_num_seqs} sequences + {checkpoints} checkpoints needs "
-                            f"{state_bytes / 2**20:.0f} MiB, more than the KV budget; lower --max-num-seqs or raise it")
-        num_blocks = max(2, (budget - state_bytes) // per_block)
-        pools = StatePools(backend, groups, num_blocks, args.block_size, rows)
-        if rows:
-            log.info("bounded state: %d rows (%d running sequences, %d prefix checkpoints, 1 padding), %.1f MiB",
-                     rows, args.max_num_seqs, checkpoints, state_bytes / 2**20)
-            blocks: BlockManager = HybridBlockManager(num_blocks, args.block_size, args.enable_prefix_caching,
-                                                      args.max_num_seqs, checkpoints)
-        else:
-            blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
-        host_tier = None
-        if args.kv_offload:
-            host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
-            host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
-            log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
+        num_blocks, pools, blocks, host_tier = _kv_cache(backend, groups, args, per_block, state_bytes, reserve,
+                                                         max_len, rows, checkpoints)
         p.detail = f"{num_blocks} blocks of {args.block_size} tokens, {num_blocks * per_block / 2**30:.2f} GiB"
     runner = ModelRunner(built, backend, pools, args.block_size)
     if backend.name == "cuda" and not args.enforce_eager and not rows:   # graphs lack state_slots yet
@@ -119,6 +99,35 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     return Engine(name, runner, blocks, args,
                   tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=max_len,
                   vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier)
+
+
+def _kv_cache(backend: Any, groups: list[StateGroup], args: EngineArgs, per_block: int, state_bytes: int,
+              reserve: int, max_len: int, rows: int, checkpoints: int
+              ) -> tuple[int, StatePools, BlockManager, HostTier | None]:
+    """The KV budget -> (number of blocks, the device pools, their block manager, the host offload tier)."""
+    budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None
+                                     else int(args.kv_cache_memory_gib * 2**30), reserve)
+    if args.kv_cache_memory_gib is None and backend.name == "numpy":
+        # CPU: enough for max_num_seqs full-length sequences, capped by the backend's default budget
+        budget = min(budget, (args.max_num_seqs * -(-max_len // args.block_size) + 1) * per_block + state_bytes)
+    if state_bytes >= budget:
+        raise LoadError(f"the bounded state of {args.max_num_seqs} sequences + {checkpoints} checkpoints needs "
+                        f"{state_bytes / 2**20:.0f} MiB, more than the KV budget; lower --max-num-seqs or raise it")
+    num_blocks = max(2, (budget - state_bytes) // per_block)
+    pools = StatePools(backend, groups, num_blocks, args.block_size, rows)
+    if rows:
+        log.info("bounded state: %d rows (%d running sequences, %d prefix checkpoints, 1 padding), %.1f MiB",
+                 rows, args.max_num_seqs, checkpoints, state_bytes / 2**20)
+        blocks: BlockManager = HybridBlockManager(num_blocks, args.block_size, args.enable_prefix_caching,
+                                                  args.max_num_seqs, checkpoints)
+    else:
+        blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+    host_tier = None
+    if args.kv_offload:
+        host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
+        host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
+        log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
+    return num_blocks, pools, blocks, host_tier
 
 
 def _state_rows(groups: list[StateGroup], args: EngineArgs) -> tuple[int, int]:

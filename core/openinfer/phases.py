@@ -6,7 +6,8 @@
 logs `start-up: weights 0.38 s (ends 1.92 s after process start), RSS 512 MB (anon 300, file 200,
 shmem 12): 8.05 GB at 21.3 GB/s`. Every phase is also kept in `PHASES` (in the order they end), so
 scripts/rss_breakdown.py prints the same table from one run. Phases may run on several threads at
-once (the tokenizer loads beside the weights): each line says which thread when it is not the main one.
+once (the CUDA context is created on a thread while the main one imports): each line says which
+thread when it is not the main one.
 """
 from __future__ import annotations
 
