@@ -46,17 +46,19 @@ def _parse_model(spec: str) -> tuple[str | None, str]:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    from .cuda_context import create_context_early
+    create_context_early(a.device)   # on a thread, while the imports below and the tokenizer run
     from .engine import build_engine
-    from .server.host import ModelHost
-    from .server.run import serve
+    from .server import ModelHost, serve
     specs = [_parse_model(m) for m in a.model] or [(None, None)]
     engines = [build_engine(path, _engine_args(a, name)) for name, path in specs]
-    host = ModelHost(engines)
-    serve(host, a.host, a.port, a.log_level)
+    serve(ModelHost(engines), a.host, a.port, a.log_level)
     return 0
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
+    from .cuda_context import create_context_early
+    create_context_early(a.device)
     from .detokenize import IncrementalDetokenizer, StopStringMatcher
     from .engine import build_engine
     from .request import Failed, Finished, Rejected, Tokens

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from .kv.hybrid import HybridBlockManager, num_state_rows
 from .kv.pool import StatePools, bytes_per_block, bytes_per_state_row
 from .model_line import ModelLine, StateGroup
 from .model_runner import ModelRunner
+from .phases import phase, release_free_heap
 from .plugins import Plugins, get_plugins
 from .tokenizer import Tokenizer
 from .weights import Checkpoint, DummyWeights, WeightSource
@@ -30,40 +32,51 @@ class LoadError(RuntimeError):
 
 
 def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = None) -> Engine:
-    plugins = plugins or get_plugins()
     t0 = time.perf_counter()
-    if model is None:
-        line, config, tok_dir = _demo(plugins)
-        weights: WeightSource = DummyWeights(line.weight_shapes(line.parse_config(config)), seed=args.seed)
-        name, gen_config = args.served_model_name or DEMO_NAME, {}
-        log.info("no --model given: serving the built-in demo model %r (tiny random weights, %s tokenizer); "
-                 "its output is noise — pass --model PATH to serve a real checkpoint", name, line.name)
-    elif not Path(model).is_dir() and plugins.preset(model) is not None:
-        # a preset name: the real shapes with random weights, no checkpoint on disk (benchmarks)
-        line, config = plugins.preset(model)
-        if args.load_format != "dummy":
-            raise LoadError(f"{model!r} is a preset, not a checkpoint folder: add --load-format dummy (random "
-                            f"weights of its real shapes) or write one with `openinfer synth --preset {model} --out DIR`")
-        tok_dir, gen_config, name = line.tokenizer_dir(), {}, args.served_model_name or model
-        if tok_dir is None:
-            raise LoadError(f"the {line.name} line ships no tokenizer, so preset {model!r} cannot be served")
-    else:
-        config = read_model_config(model)
-        line = detect_line(config, plugins, f"{model}/config.json")
-        tok_dir, gen_config = Path(model), read_generation_config(model)
-        name = args.served_model_name or Path(model).name
-    cfg = line.parse_config(config)
-    shapes = line.weight_shapes(cfg)
-    if model is not None:
-        weights = DummyWeights(shapes, seed=args.seed) if args.load_format == "dummy" else Checkpoint(model)
-        if args.load_format != "dummy":
-            _check_weights(line, cfg, weights, shapes, model)
-    backend = get_backend(args.device, args.dtype, args.gpu_memory_utilization)
-    ops = plugins.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype)
-    t_weights = time.perf_counter()
-    built = line.build(cfg, weights, backend, ops)
-    backend.loaded()
-    t_weights = time.perf_counter() - t_weights
+    with phase("plugins"):
+        plugins = plugins or get_plugins()
+    with phase("config and checkpoint index"):
+        if model is None:
+            line, config, tok_dir = _demo(plugins)
+            weights: WeightSource = DummyWeights(line.weight_shapes(line.parse_config(config)), seed=args.seed)
+            name, gen_config = args.served_model_name or DEMO_NAME, {}
+            log.info("no --model given: serving the built-in demo model %r (tiny random weights, %s tokenizer); "
+                     "its output is noise — pass --model PATH to serve a real checkpoint", name, line.name)
+        elif not Path(model).is_dir() and plugins.preset(model) is not None:
+            # a preset name: the real shapes with random weights, no checkpoint on disk (benchmarks)
+            line, config = plugins.preset(model)
+            if args.load_format != "dummy":
+                raise LoadError(f"{model!r} is a preset, not a checkpoint folder: add --load-format dummy (random "
+                                f"weights of its real shapes) or write one with `openinfer synth --preset {model} --out DIR`")
+            tok_dir, gen_config, name = line.tokenizer_dir(), {}, args.served_model_name or model
+            if tok_dir is None:
+                raise LoadError(f"the {line.name} line ships no tokenizer, so preset {model!r} cannot be served")
+        else:
+            config = read_model_config(model)
+            line = detect_line(config, plugins, f"{model}/config.json")
+            tok_dir, gen_config = Path(model), read_generation_config(model)
+            name = args.served_model_name or Path(model).name
+        cfg = line.parse_config(config)
+        shapes = line.weight_shapes(cfg)
+        if model is not None:
+            weights = DummyWeights(shapes, seed=args.seed) if args.load_format == "dummy" else Checkpoint(model)
+            if args.load_format != "dummy":
+                _check_weights(line, cfg, weights, shapes, model)
+    # before the device: the parse holds the GIL (~0.3 s), which an early CUDA context being created
+    # on a thread (cuda_context.py) does not need
+    with phase("tokenizer"):
+        tokenizer = Tokenizer.from_dir(tok_dir)
+    with phase("backend (device context)") as p:
+        backend = get_backend(args.device, args.dtype, args.gpu_memory_utilization)
+        ops = plugins.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype)
+        p.detail = f"{backend.name} {backend.dtype}"
+    with phase("weights") as p:
+        t_weights = time.perf_counter()
+        built = line.build(cfg, weights, backend, ops)
+        backend.loaded()
+        t_weights = time.perf_counter() - t_weights
+        nbytes = sum(math.prod(s) for s in shapes.values()) * _itemsize(backend.dtype)
+        p.detail = f"{nbytes / 1e9:.2f} GB at {nbytes / 1e9 / max(t_weights, 1e-9):.1f} GB/s"
     del weights  # a checkpoint's file maps close with it: nothing of it stays in host memory
     groups = line.state_spec(cfg)
     max_len = min(args.max_model_len or line.max_model_len(cfg), line.max_model_len(cfg))
@@ -71,9 +84,38 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     per_block = bytes_per_block(groups, args.block_size, itemsize)
     rows, checkpoints = _state_rows(groups, args)
     state_bytes = rows * bytes_per_state_row(groups, itemsize)
-    reserve = _activation_bytes(built, backend, groups, args, max_len) if backend.name == "cuda" else 0
-    budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None else int(args.kv_cache_memory_gib * 2**30),
-                                     reserve)
+    reserve = 0
+    if backend.name == "cuda":
+        with phase("activation profile") as p:
+            reserve = _activation_bytes(built, backend, groups, args, max_len)
+            p.detail = f"step activations need {reserve / 2**20:.1f} MiB of device memory (measured)"
+    with phase("KV cache") as p:
+        num_blocks, pools, blocks, host_tier = _kv_cache(backend, groups, args, per_block, state_bytes, reserve,
+                                                         max_len, rows, checkpoints)
+        p.detail = f"{num_blocks} blocks of {args.block_size} tokens, {num_blocks * per_block / 2**30:.2f} GiB"
+    runner = ModelRunner(built, backend, pools, args.block_size)
+    if backend.name == "cuda" and not args.enforce_eager:
+        with phase("graph capture"):
+            runner.capture_graphs(args.max_num_seqs, max_len)
+    with phase("return freed host heap") as p:
+        p.detail = f"{release_free_heap()} MB of freed heap back to the OS"
+    eos = set(tokenizer.eos_token_ids)
+    gen_eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
+    eos |= set(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
+    log.info("loaded %s (%s line) on %s in %.2fs (weights %.2fs): %d KV blocks of %d tokens (%.1f MiB), "
+             "max_model_len %d", name, line.name, args.device, time.perf_counter() - t0, t_weights, num_blocks,
+             args.block_size, num_blocks * per_block / 2**20, max_len)
+    return Engine(name, runner, blocks, args,
+                  tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=max_len,
+                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier)
+
+
+def _kv_cache(backend: Any, groups: list[StateGroup], args: EngineArgs, per_block: int, state_bytes: int,
+              reserve: int, max_len: int, rows: int, checkpoints: int
+              ) -> tuple[int, StatePools, BlockManager, HostTier | None]:
+    """The KV budget -> (number of blocks, the device pools, their block manager, the host offload tier)."""
+    budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None
+                                     else int(args.kv_cache_memory_gib * 2**30), reserve)
     if args.kv_cache_memory_gib is None and backend.name == "numpy":
         # CPU: enough for max_num_seqs full-length sequences, capped by the backend's default budget
         budget = min(budget, (args.max_num_seqs * -(-max_len // args.block_size) + 1) * per_block + state_bytes)
@@ -94,19 +136,7 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
         host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
         host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
         log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
-    runner = ModelRunner(built, backend, pools, args.block_size)
-    if backend.name == "cuda" and not args.enforce_eager:
-        runner.capture_graphs(args.max_num_seqs, max_len)
-    tokenizer = Tokenizer.from_dir(tok_dir)
-    eos = set(tokenizer.eos_token_ids)
-    gen_eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
-    eos |= set(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
-    log.info("loaded %s (%s line) on %s in %.2fs (weights %.2fs): %d KV blocks of %d tokens (%.1f MiB), "
-             "max_model_len %d", name, line.name, args.device, time.perf_counter() - t0, t_weights, num_blocks,
-             args.block_size, num_blocks * per_block / 2**20, max_len)
-    return Engine(name, runner, blocks, args,
-                  tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=max_len,
-                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier)
+    return num_blocks, pools, blocks, host_tier
 
 
 def _state_rows(groups: list[StateGroup], args: EngineArgs) -> tuple[int, int]:
@@ -139,7 +169,6 @@ def _activation_bytes(model: Any, backend: Any, groups: list, args: EngineArgs, 
             total += backend.pool_bytes() - before
             del runner
     backend.release_cached()
-    log.info("step activations need %.1f MiB of device memory (measured)", total / 2**20)
     return total
 
 

@@ -58,6 +58,11 @@ class SafetensorsFile:
                             offset=self._base + start)
         return dtype, tuple(e["shape"]), arr.reshape(e["shape"])
 
+    def span(self, name: str) -> tuple[int, int]:
+        """(file offset, byte count) of a tensor's data, for reading it without the map."""
+        start, end = self.entries[name]["data_offsets"]
+        return self._base + start, end - start
+
 
 class Checkpoint:
     """All safetensors files of a folder (single file or sharded with an index)."""
@@ -86,6 +91,13 @@ class Checkpoint:
         if name not in self._where:
             raise KeyError(f"checkpoint has no tensor {name!r}")
         return self._where[name].raw(name)
+
+    def span(self, name: str) -> tuple[str, int, int]:
+        """(file path, offset, byte count) of a tensor's raw data."""
+        if name not in self._where:
+            raise KeyError(f"checkpoint has no tensor {name!r}")
+        f = self._where[name]
+        return (str(f.path), *f.span(name))
 
     def get(self, name: str) -> np.ndarray:
         dtype, _, arr = self.raw(name)

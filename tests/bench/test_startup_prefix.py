@@ -30,9 +30,10 @@ def test_startup_probe(tmp_path: Path) -> None:
     out = tmp_path / "startup.json"
     script = str(Path(__file__).with_name("tiny_server.py"))
     rc = run_cli("bench", "startup", "--base-url", f"http://127.0.0.1:{port}", "--idle-wait", "0.1", "--burst", "4",
-                 "--burst-output-len", "3", "--timeout", "30", "--output-json", str(out), "--",
-                 sys.executable, script, str(port))
+                 "--burst-output-len", "3", "--timeout", "30", "--output-json", str(out),
+                 "--server-log", str(tmp_path / "server.log"), "--", sys.executable, script, str(port))
     assert rc == 0
+    assert b"tiny server listening" in (tmp_path / "server.log").read_bytes()
     res = json.loads(out.read_text())
     assert res["ready_s"] > 0 and res["idle_rss_mb"] > 0
     assert res["idle_processes"] == 2  # the server and its child

@@ -55,6 +55,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     time.sleep(0.3)
+    print(f"tiny server listening on {port}", flush=True)   # output for bench startup --server-log
     server.serve_forever()
 
 

@@ -94,7 +94,7 @@ class CudaBackend(Backend):
     def load(self, weights: WeightSource, *names: str) -> Any:
         if self._uploader is None:
             from .cuda_weights import WeightUploader
-            self._uploader = WeightUploader(self.xp, self.stream, self._dtypes)
+            self._uploader = WeightUploader(self.xp, self.device, self.stream, self._dtypes)
         with self.device:
             return self._uploader.load(weights, names, self._np_dtype(None))
 

@@ -1,38 +1,40 @@
 """Checkpoint tensors onto the GPU without passing the checkpoint through Python objects.
 
-Raw safetensors bytes go mmap -> a pinned staging buffer -> the device slice they belong to; a
-few buffers in turn, filled by a small thread pool (one thread copies page-cache pages at ~6 GB/s,
-the upload runs at ~50), so host copies overlap each other and the uploads; a dtype change
-(an F32 or F16 checkpoint served in bf16) happens on the device. Dummy weights are drawn on the
-GPU itself. Nothing of the checkpoint stays in host memory afterwards.
+Raw safetensors bytes go file -> a pinned staging buffer -> the device slice they belong to. A
+pool of reading threads (staged_read.py) does both steps: each reads a piece with pread and starts
+its H2D copy on a stream of its own, so reads overlap each other and the uploads. Ordering with the
+step stream runs both ways through events: a tensor's copies wait for the step-stream work queued
+before its buffer was allocated (the pool may hand out memory a queued kernel still reads), and the
+step stream waits for the copies before load() returns, so callers may use the array at once (the
+Qwen3.5 line adds 1 to its norms at load). A dtype change (an F32 or F16 checkpoint served in bf16)
+happens on the device. Dummy weights are drawn on the GPU itself. Nothing of the checkpoint stays
+in host memory afterwards: finish() frees the threads, close() lets the buffers go.
 """
 from __future__ import annotations
 
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..weights import DummyWeights, WeightSource, stable_hash
+from ..weights import Checkpoint, DummyWeights, WeightSource, stable_hash
+from .staged_read import StagedReader, copy_threads
 
-CHUNK_BYTES = 32 << 20
-BUFFERS = 4
+CHUNK_BYTES = 8 << 20   # per staging buffer; two per reading thread (128 MiB of pinned memory at 8 threads)
 _STORAGE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
 class WeightUploader:
-    def __init__(self, cp: Any, stream: Any, dtypes: dict[str, np.dtype]) -> None:
-        self.cp, self.stream, self.dtypes = cp, stream, dtypes
-        self._buffers = [cp.cuda.alloc_pinned_memory(CHUNK_BYTES) for _ in range(BUFFERS)]
-        self._done = [cp.cuda.Event() for _ in range(BUFFERS)]
-        for e in self._done:
-            e.record(stream)
-        self._turn = 0
-        self._copiers = ThreadPoolExecutor(BUFFERS, thread_name_prefix="weights")
+    def __init__(self, cp: Any, device: Any, stream: Any, dtypes: dict[str, np.dtype]) -> None:
+        self.cp, self.device, self.stream, self.dtypes = cp, device, stream, dtypes
+        threads = copy_threads()
+        self._buffers = [np.frombuffer(cp.cuda.alloc_pinned_memory(CHUNK_BYTES), dtype=np.uint8, count=CHUNK_BYTES)
+                         for _ in range(2 * threads)]
+        self._local = threading.local()
+        self._reader: StagedReader | None = StagedReader(self._buffers, self._upload, threads, self._thread_setup)
 
     def load(self, weights: WeightSource, names: Sequence[str], dtype: np.dtype) -> Any:
-        """The tensors concatenated along axis 0, as one device array of `dtype`."""
+        """The tensors concatenated along axis 0, as one device array of `dtype`, ready for the step stream."""
         cp = self.cp
         shapes = [self._shape(weights, n) for n in names]
         rest = shapes[0][1:]
@@ -63,32 +65,37 @@ class WeightUploader:
         x = rng.standard_normal(view.shape, dtype=cp.float32)
         view[...] = (1.0 + 0.1 * x) if view.ndim == 1 else weights.std * x
 
-    def _copy(self, weights: WeightSource, name: str, view: Any) -> None:
+    def _copy(self, weights: Checkpoint, name: str, view: Any) -> None:
         cp = self.cp
         kind, _, raw = weights.raw(name)
         storage = self.dtypes.get(_STORAGE.get(kind, ""), raw.dtype)
         target = view if storage == view.dtype else cp.empty(view.shape, dtype=storage)
-        src = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
         dst = target.reshape(-1).view(cp.uint8)
-        pending: deque[tuple[Future, int, int, np.ndarray]] = deque()
-        for start in range(0, src.nbytes, CHUNK_BYTES):
-            n = min(CHUNK_BYTES, src.nbytes - start)
-            i, self._turn = self._turn, (self._turn + 1) % BUFFERS
-            self._done[i].synchronize()  # the upload that last used this buffer has finished
-            staged = np.frombuffer(self._buffers[i], dtype=np.uint8, count=n)
-            pending.append((self._copiers.submit(np.copyto, staged, src[start: start + n]), i, start, staged))
-            if len(pending) == BUFFERS:
-                self._upload(pending.popleft(), dst)
-        while pending:
-            self._upload(pending.popleft(), dst)
+        allocated = cp.cuda.Event(disable_timing=True)
+        allocated.record(self.stream)
+        path, offset, nbytes = weights.span(name)
+        for done in self._reader.read(path, offset, nbytes, dst, allocated):
+            self.stream.wait_event(done.result())
         if target is not view:
             view[...] = target.astype(view.dtype)
 
-    def _upload(self, item: tuple[Future, int, int, np.ndarray], dst: Any) -> None:
-        copied, i, start, staged = item
-        copied.result()
-        dst[start: start + staged.nbytes].set(staged, self.stream)
-        self._done[i].record(self.stream)
+    def _thread_setup(self) -> None:
+        self.device.use()
+        self._local.stream = self.cp.cuda.Stream(non_blocking=True)
+
+    def _upload(self, staged: np.ndarray, dst: Any, at: int, allocated: Any) -> Any:
+        """On a reading thread: H2D of one filled buffer, after the step-stream work queued before
+        `dst` was allocated; returns the event that marks the copy done."""
+        cp, stream = self.cp, self._local.stream
+        stream.wait_event(allocated)
+        cp.cuda.runtime.memcpyAsync(dst.data.ptr + at, staged.ctypes.data, staged.nbytes,
+                                    cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(stream)
+        return done
 
     def close(self) -> None:
-        self._copiers.shutdown()
+        """Wait for every copy, stop the threads and drop the pinned buffers (the reader refers back
+        to us through its sink: dropping it here frees them now rather than at a later GC)."""
+        self._reader.finish()
+        self._reader, self._buffers = None, []

@@ -10,10 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from openinfer.bench.stats import parse_goodput
-
 
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
@@ -25,6 +21,7 @@ def _ints(text: str) -> list[int]:
 
 def resolve_model(base_url: str, model: str | None) -> str:
     """--model defaults to the first id the server lists, as vLLM's client does."""
+    import httpx
     if model:
         return model
     resp = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=30.0)
@@ -82,7 +79,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    import httpx
+
     from openinfer.bench.serve import ServeConfig, run
+    from openinfer.bench.stats import parse_goodput
 
     try:
         cfg = ServeConfig(
@@ -149,6 +149,8 @@ def _startup_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burst-output-len", type=int, default=16)
     p.add_argument("--vocab-size", type=int, default=1000, help="burst prompt ids are drawn below this")
     p.add_argument("--output-json", type=Path, default=None)
+    p.add_argument("--server-log", type=Path, default=None,
+                   help="save the server's output here (openinfer serve logs one line per start-up phase)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the server command line")
     p.set_defaults(func=_run_startup)
 
@@ -179,6 +181,8 @@ def _prefix_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_prefix(args: argparse.Namespace) -> int:
+    import httpx
+
     from openinfer.bench.prefix import run_prefix
 
     try:

@@ -170,6 +170,9 @@ def run_startup(args: argparse.Namespace, cmd: list[str]) -> int:
     finally:
         terminate_tree(proc)
         res["exit_code"] = proc.returncode
+        if args.server_log:
+            log.seek(0)
+            args.server_log.write_bytes(log.read())
         log.close()
     print(f"ready in {res['ready_s']:.2f} s; idle RSS {res['idle_rss_mb']} MB over {res['idle_processes']} process(es)")
     if args.burst > 0:

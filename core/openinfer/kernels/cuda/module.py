@@ -7,6 +7,7 @@ import cupy as cp
 import ml_dtypes
 import numpy as np
 
+from ...phases import phase
 from .compile import arch_for, compile_source
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -35,9 +36,14 @@ def _function(source: str, name: str) -> Any:
     if fn is None:
         mod = _modules.get((dev, source))
         if mod is None:
-            cc = cp.cuda.Device(dev).compute_capability
-            mod = _modules[(dev, source)] = cp.RawModule(path=str(compile_source(source, arch_for(int(cc[:-1]), int(cc[-1])))))
-        fn = _functions[key] = mod.get_function(name)
+            with phase(f"kernel module {source}.cu"):   # a start-up phase: cache lookup (or compile) and load
+                cc = cp.cuda.Device(dev).compute_capability
+                mod = cp.RawModule(path=str(compile_source(source, arch_for(int(cc[:-1]), int(cc[-1])))))
+                fn = mod.get_function(name)   # a cubin module loads at its first lookup
+            _modules[(dev, source)] = mod
+        else:
+            fn = mod.get_function(name)
+        _functions[key] = fn
     return fn
 
 
