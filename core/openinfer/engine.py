@@ -171,8 +171,10 @@ class Engine:
                     self._end(run.req, Failed(f"engine step failed: {type(e).__name__}: {e}"))
             else:
                 self._advance(plan, out)
-        elif self.host_tier is not None and self.host_tier.busy():
-            self.host_tier.wait()   # only restores in flight: wait for one instead of spinning
+        if self.host_tier is not None:
+            self.host_tier.top_up()     # after the step's releases: save ahead what the next ones evict
+            if not plan.runs and self.host_tier.busy():
+                self.host_tier.wait()   # only restores in flight: wait for one instead of spinning
         return StepStats(plan.num_tokens, len(plan.runs), time.perf_counter() - t0)
 
     def _drain(self) -> None:

@@ -83,7 +83,9 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     host_tier = None
     if args.kv_offload:
         host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
-        host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
+        # watermark: the largest restore admission can ask for, so a restore never waits for a save
+        host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks,
+                             watermark_blocks=min(blocks.blocks_for(max_len), blocks.usable_blocks))
         log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
     runner = ModelRunner(built, backend, pools, args.block_size)
     if backend.name == "cuda" and not args.enforce_eager and not rows:   # graphs lack state_slots yet
