@@ -227,12 +227,15 @@ def test_restore_evictions_are_saved_first_not_reused_and_reported(caplog):
     s.schedule()                                            # the restore takes the free block and evicts b's tail
     assert len(copier.reused) == 1 and tier.stats.saved_blocks == 3
     assert tier.restoring["again"].saved_first == 1 and again.status == Status.RESTORING
+    tier.top_up()
+    assert tier.stats.saved_ahead_blocks == 0               # no background save while a restore is in flight
     copier.restores[0][1].landed = True
     plan = s.schedule()
     assert plan.newly_scheduled == [again]
+    assert tier.stats.saved_blocks == 4 and len(copier.reused) == 2   # its last block evicted b1: saved, reused
     again.first_token_time = tier.reporting[0].landed + 0.004
     with caplog.at_level("INFO", logger="openinfer.kv.host_tier"):
-        s.schedule()
+        tier.after_step()
     assert not tier.reporting
     [msg] = [r.getMessage() for r in caplog.records]
     assert msg.startswith("KV restore again: 2 blocks (0.00 GB), copies untimed, 1 of its evicted blocks saved first")

@@ -172,7 +172,7 @@ class Engine:
             else:
                 self._advance(plan, out)
         if self.host_tier is not None:
-            self.host_tier.top_up()     # after the step's releases: save ahead what the next ones evict
+            self.host_tier.after_step()   # restore reports; save ahead what the next allocations evict
             if not plan.runs and self.host_tier.busy():
                 self.host_tier.wait()   # only restores in flight: wait for one instead of spinning
         return StepStats(plan.num_tokens, len(plan.runs), time.perf_counter() - t0)

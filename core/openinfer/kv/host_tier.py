@@ -68,7 +68,8 @@ class _Restore:
     req: Request
     transfer: Transfer
     entries: list[_Entry] = field(default_factory=list)
-    issued: float = 0.0        # time.monotonic() when its copies were queued
+    admitted: float = 0.0      # time.monotonic() when admission handed it to the tier
+    issued: float = 0.0        # when its copies were queued (after the host lookups and the allocation)
     saved_first: int = 0       # blocks evicted for it that had no host copy yet (saved just before)
     landed: float = 0.0        # when landed() saw the copies done
 
@@ -120,10 +121,12 @@ class HostTier:
     def top_up(self) -> None:
         """Save the cached blocks the next allocations will evict (LRU first) that have no host
         copy yet: enough that the reservations plus the watermark find free or clean blocks. One
-        background batch at a time; a pool state already found clean is not scanned again."""
+        background batch at a time, none while a restore is in flight (its request waits for it;
+        PCIe is full duplex, but host memory and the copy engines are shared); a pool state
+        already found clean is not scanned again."""
         bm = self.blocks
         want = min(bm.reserved + self.watermark - len(bm.free), len(bm.evictable), self.stats.capacity_blocks // 2)
-        if want <= 0 or (self._ahead is not None and not self._ahead.done()):
+        if want <= 0 or self.restoring or (self._ahead is not None and not self._ahead.done()):
             return
         state = (len(bm.free), len(bm.evictable), bm.reserved, self.stats.saved_blocks, self.stats.restored_blocks)
         if state == self._clean_at:
@@ -172,7 +175,7 @@ class HostTier:
 
     # ---- restore -------------------------------------------------------------------------------
     def _admitted(self, req: Request) -> None:
-        bs, start = self.block_size, req.num_hashed_blocks
+        admitted, bs, start = time.monotonic(), self.block_size, req.num_hashed_blocks
         chain = req.block_hashes[start:]
         self.stats.queries += len(chain) * bs
         found: list[_Entry] = []
@@ -195,7 +198,7 @@ class HostTier:
         req.num_computed = req.cached_tokens = end * bs
         self.stats.hits += len(found) * bs
         self.stats.restored_blocks += len(found)
-        self.restoring[req.request_id] = _Restore(req, transfer, found, time.monotonic(),
+        self.restoring[req.request_id] = _Restore(req, transfer, found, admitted, time.monotonic(),
                                                   self.stats.saved_blocks - saved)
 
     def landed(self, req: Request) -> bool:
@@ -224,16 +227,21 @@ class HostTier:
         self.blocks.release(req)
 
     def poll(self) -> None:
-        """Free the blocks of aborted restores that landed; log the restores whose first token came."""
+        """Free the blocks of aborted restores that landed."""
         for r in [r for r in self.orphans if r.transfer.done()]:
             self.orphans.remove(r)
             self._unpin(r)
             self.blocks.release(r.req)
+
+    def after_step(self) -> None:
+        """The engine's call after each step: report the restores whose first token came, then
+        top_up() (after the step's releases, so it sees what the next allocations will evict)."""
         for r in list(self.reporting):
             if r.req.first_token_time is not None:
                 log.info("%s", restore_report(r, self.block_bytes))
             if r.req.first_token_time is not None or r.req.status is Status.FINISHED:
                 self.reporting.remove(r)
+        self.top_up()
 
     def busy(self) -> bool:
         return bool(self.restoring or self.orphans)
@@ -250,12 +258,13 @@ class HostTier:
 
 
 def restore_report(r: _Restore, block_bytes: int) -> str:
-    """Where a restored request's time to first token went: its copies on the copy stream (device
-    time, where the copier times them), admission to landing seen, landing to first token (the step)."""
+    """Where a restored request's time to first token went: queueing its copies (host lookups,
+    allocation, issue), the copies on the copy stream (device time, where the copier times them),
+    queued to landing seen by the scheduler, landing to first token (the step that computes it)."""
     n, ms = len(r.entries), r.transfer.copy_ms()
     gb = n * block_bytes / 1e9
     copies = "untimed" if ms is None else f"{ms:.1f} ms on the copy stream ({gb / ms * 1e3 if ms else 0:.1f} GB/s)"
     return (f"KV restore {r.req.request_id}: {n} blocks ({gb:.2f} GB), copies {copies}, "
-            f"{r.saved_first} of its evicted blocks saved first; admission to landing "
-            f"{(r.landed - r.issued) * 1e3:.1f} ms, landing to first token "
+            f"{r.saved_first} of its evicted blocks saved first; queueing {(r.issued - r.admitted) * 1e3:.1f} ms, "
+            f"queued to landing {(r.landed - r.issued) * 1e3:.1f} ms, landing to first token "
             f"{(r.req.first_token_time - r.landed) * 1e3:.1f} ms")
