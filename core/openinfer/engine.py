@@ -19,7 +19,8 @@ import numpy as np
 
 from .engine_args import EngineArgs
 from .kv.block_manager import BlockManager
-from .kv.host_tier import HostTier, OffloadStats
+from .kv.host_tier import HostTier
+from .kv.offload_stats import OffloadStats
 from .model_runner import ModelRunner, StepOutput
 from .request import Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens
 from .sampling import SampleResult, SamplingParams, sample_row

@@ -11,7 +11,8 @@ directions at once). Ordering, all on the GPU (the engine thread never blocks):
 - a save is issued in chunks, each with an event; a restore chunk waits for the events of the
   saves still reading its device blocks or still filling its host slots, and for nothing else,
   so a restore into freshly evicted blocks pipelines behind their saves instead of queueing
-  after all of them.
+  after all of them (a restore queued after a reuse() of blocks still being saved does wait for
+  those saves, through the step stream; the host tier's saving ahead keeps such reuses rare).
 The host tier never saves into a slot a restore still reads (it pins them until landed), and a
 restore is not waited for by the step stream: its request is scheduled once done() says so.
 Each batch is one cudaMemcpyAsync per array per run of consecutive blocks (block_copy.runs): a

@@ -30,30 +30,11 @@ from typing import Any
 from ..backends.block_copy import BlockCopier, Transfer
 from ..request import Request, Status
 from .block_manager import BlockManager
+from .offload_stats import OffloadStats, restore_report
 from .pool import StatePools
 
 log = logging.getLogger("openinfer.kv.host_tier")
 Evicted = list[tuple[int, int, tuple[int, ...]]]   # (device block, hash, tokens)
-
-
-@dataclass
-class OffloadStats:
-    capacity_blocks: int
-    used_blocks: int = 0
-    saved_blocks: int = 0      # device -> host copies issued
-    saved_ahead_blocks: int = 0   # of which by top_up(), before the device pool evicted them
-    restored_blocks: int = 0   # host -> device copies issued
-    dropped_blocks: int = 0    # evicted blocks not saved: every host slot was pinned by a restore
-    queries: int = 0           # prompt tokens looked up in host memory (past the device hits)
-    hits: int = 0              # of which restored from it
-
-    @property
-    def usage(self) -> float:
-        return self.used_blocks / self.capacity_blocks
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
 
 
 @dataclass
@@ -134,12 +115,14 @@ class HostTier:
         dirty = [(b, bm.hash_of[b], bm.tokens_of[b]) for b in islice(bm.evictable, want)
                  if bm.hash_of[b] not in self.entries]
         before = self.stats.saved_blocks
-        self._ahead = self._save(dirty) if dirty else None
+        self._ahead = self._save(dirty, ahead=True) if dirty else None
         self.stats.saved_ahead_blocks += self.stats.saved_blocks - before
         if self._ahead is None:
             self._clean_at = state
 
-    def _save(self, evicted: Evicted) -> Transfer | None:
+    def _save(self, evicted: Evicted, ahead: bool = False) -> Transfer | None:
+        """Copy the blocks the host does not hold yet; a block that finds no slot is dropped, or
+        (saved ahead: still on the device) left for a later save."""
         pairs = []
         for block, h, tokens in evicted:
             e = self.entries.get(h)
@@ -147,14 +130,14 @@ class HostTier:
                 self.entries.move_to_end(h)     # already in host memory
                 continue
             if e is not None and e.pins:        # a hash collision with a slot being restored: keep it
-                self.stats.dropped_blocks += 1
+                self.stats.dropped_blocks += int(not ahead)
                 continue
             if e is not None:
                 del self.entries[h]
                 self.free_slots.append(e.slot)
             slot = self._free_slot()
             if slot is None:
-                self.stats.dropped_blocks += 1
+                self.stats.dropped_blocks += int(not ahead)
                 continue
             self.entries[h] = _Entry(slot, tokens)
             pairs.append((block, slot))
@@ -238,7 +221,9 @@ class HostTier:
         top_up() (after the step's releases, so it sees what the next allocations will evict)."""
         for r in list(self.reporting):
             if r.req.first_token_time is not None:
-                log.info("%s", restore_report(r, self.block_bytes))
+                log.info("%s", restore_report(r.req.request_id, len(r.entries) * self.block_bytes,
+                                              len(r.entries), r.transfer.copy_ms(), r.saved_first,
+                                              (r.admitted, r.issued, r.landed, r.req.first_token_time)))
             if r.req.first_token_time is not None or r.req.status is Status.FINISHED:
                 self.reporting.remove(r)
         self.top_up()
@@ -256,15 +241,3 @@ class HostTier:
         for e in r.entries:
             e.pins -= 1
 
-
-def restore_report(r: _Restore, block_bytes: int) -> str:
-    """Where a restored request's time to first token went: queueing its copies (host lookups,
-    allocation, issue), the copies on the copy stream (device time, where the copier times them),
-    queued to landing seen by the scheduler, landing to first token (the step that computes it)."""
-    n, ms = len(r.entries), r.transfer.copy_ms()
-    gb = n * block_bytes / 1e9
-    copies = "untimed" if ms is None else f"{ms:.1f} ms on the copy stream ({gb / ms * 1e3 if ms else 0:.1f} GB/s)"
-    return (f"KV restore {r.req.request_id}: {n} blocks ({gb:.2f} GB), copies {copies}, "
-            f"{r.saved_first} of its evicted blocks saved first; queueing {(r.issued - r.admitted) * 1e3:.1f} ms, "
-            f"queued to landing {(r.landed - r.issued) * 1e3:.1f} ms, landing to first token "
-            f"{(r.req.first_token_time - r.landed) * 1e3:.1f} ms")
