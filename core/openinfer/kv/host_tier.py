@@ -112,8 +112,10 @@ class HostTier:
         state = (len(bm.free), len(bm.evictable), bm.reserved, self.stats.saved_blocks, self.stats.restored_blocks)
         if state == self._clean_at:
             return
+        # set arithmetic first (C speed: the window is often the whole pool, and every clean one)
+        missing = set(map(bm.hash_of.__getitem__, islice(bm.evictable, want))).difference(self.entries)
         dirty = [(b, bm.hash_of[b], bm.tokens_of[b]) for b in islice(bm.evictable, want)
-                 if bm.hash_of[b] not in self.entries]
+                 if bm.hash_of[b] in missing] if missing else []
         before = self.stats.saved_blocks
         self._ahead = self._save(dirty, ahead=True) if dirty else None
         self.stats.saved_ahead_blocks += self.stats.saved_blocks - before
