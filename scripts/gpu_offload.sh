@@ -26,7 +26,7 @@ $PY -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 >"$OU
 OPENINFER=("$PY" -m openinfer)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
-$PY -m pytest tests/test_kv_offload_cuda.py tests/test_kv_offload.py -q -p no:cacheprovider \
+$PY -m pytest tests/test_kv_offload_cuda.py tests/test_kv_offload.py tests/test_cuda_block_copy_emulation.py -q -p no:cacheprovider \
     --junitxml "$OUT/offload_tests.xml" 2>&1 | tee "$OUT/offload_tests.log"
 rc=${PIPESTATUS[0]}
 
@@ -50,6 +50,8 @@ done
 brc=${PIPESTATUS[0]}
 get "http://127.0.0.1:$PORT/metrics" >"$OUT/metrics.txt"
 grep -E '^(openinfer:kv_offload|vllm:cache_config_info)' "$OUT/metrics.txt"
+# the server's per-restore report: copy time on the copy stream vs queueing, landing and the first step
+grep -o 'KV restore .*' "$OUT/server.log" | tee "$OUT/restore_report.txt"
 
 $PY - "$OUT" "$KV_GIB" "$HOST_GIB" "${SERVE_ARGS:-}" "$PRESET" "$DEVICE" <<'EOF'
 import json, subprocess, sys
@@ -78,6 +80,10 @@ if host16:
     ok = host16[0]["p50_ttft_ms"] <= 80
     lines += ["", f"Target host restore at 16k <= 80 ms: p50 {host16[0]['p50_ttft_ms']:.1f} ms "
                   f"({'met' if ok else 'NOT met'})."]
+report = out / "restore_report.txt"
+if report.exists() and report.read_text().strip():
+    lines += ["", "Server's per-restore report (one line per host-rung sample, in order):", "", "```",
+              *report.read_text().strip().splitlines(), "```"]
 (out / "kv-offload.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF

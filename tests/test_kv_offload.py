@@ -39,13 +39,20 @@ class RecordingCopier(BlockCopier):
 
     def __init__(self) -> None:
         self.saves: list[list[tuple[int, int]]] = []
+        self.save_transfers: list[HeldTransfer] = []
+        self.reused: list[list[int]] = []
         self.restores: list[tuple[list[tuple[int, int]], HeldTransfer]] = []
+        self.hold_saves = False
 
     def save(self, pairs: Pairs) -> Transfer:
         self.saves.append(list(pairs))
         t = HeldTransfer()
-        t.landed = True
+        t.landed = not self.hold_saves
+        self.save_transfers.append(t)
         return t
+
+    def reuse(self, blocks: Sequence[int]) -> None:
+        self.reused.append(list(blocks))
 
     def restore(self, pairs: Pairs) -> Transfer:
         t = HeldTransfer()
@@ -53,10 +60,11 @@ class RecordingCopier(BlockCopier):
         return t
 
 
-def tiered(num_blocks: int = 5, capacity: int = 8) -> tuple[BlockManager, HostTier, RecordingCopier]:
+def tiered(num_blocks: int = 5, capacity: int = 8, watermark: int = 0
+           ) -> tuple[BlockManager, HostTier, RecordingCopier]:
     bm = BlockManager(num_blocks=num_blocks, block_size=4)
     copier = RecordingCopier()
-    return bm, HostTier(bm, copier, capacity), copier
+    return bm, HostTier(bm, copier, capacity, watermark), copier
 
 
 def cache_and_release(bm: BlockManager, rid: str, prompt: list[int], max_tokens: int = 1) -> None:
@@ -164,6 +172,76 @@ def test_pinned_host_slots_are_not_reused_while_restoring():
     assert tier.stats.dropped_blocks == 1 and tier.stats.saved_blocks == 2 and tier.stats.used_blocks == 2
 
 
+def test_top_up_saves_the_lru_front_ahead_of_eviction_and_eviction_then_copies_nothing():
+    bm, tier, copier = tiered(num_blocks=7, capacity=16, watermark=3)
+    cache_and_release(bm, "a", list(range(9)))              # 2 cached blocks, released tail first
+    cache_and_release(bm, "b", list(range(100, 109)))       # 2 more
+    a1, a0, b1, b0 = bm.evictable
+    assert len(bm.free) == 2
+    tier.top_up()                                           # the watermark needs 1 clean block beyond the 2 free
+    assert copier.saves == [[(a1, 0)]] and tier.stats.saved_ahead_blocks == tier.stats.saved_blocks == 1
+    tier.top_up()                                           # nothing new to save
+    assert len(copier.saves) == 1 and not copier.reused and len(bm.evictable) == 4   # still device hits
+    r = req("r", list(range(500, 508)), max_tokens=4)       # reserves 3 blocks: 3 + 3 - 2 free = 4 clean wanted
+    assert bm.try_admit(r)
+    tier.top_up()
+    assert copier.saves[1:] == [[(a0, 1), (b1, 2), (b0, 3)]] and tier.stats.saved_ahead_blocks == 4
+    bm.allocate(r, 12)                                      # 2 free blocks, then evicts a1: its copy is on the host
+    assert tier.stats.saved_blocks == 4 and copier.reused == [[a1]]   # no copy; ordered after its save
+    again = req("again", list(range(9)), max_tokens=1)
+    assert bm.try_admit(again) and again.cached_tokens == 8   # a0 is still a device hit; a1 comes from the host
+    assert bm.stats.hits == 4 and copier.restores[0][0] == [(again.block_ids[1], 0)]
+
+
+def test_top_up_runs_one_batch_at_a_time_within_half_the_host_capacity():
+    bm, tier, copier = tiered(num_blocks=11, capacity=6, watermark=10)
+    assert tier.watermark == 3
+    copier.hold_saves = True
+    cache_and_release(bm, "a", list(range(13)))             # 3 cached blocks (a2 a1 a0 in LRU order), 7 free
+    r = req("r", list(range(500, 528)), max_tokens=4)       # reserves 8 blocks: 1 more than are free
+    assert bm.try_admit(r)
+    tier.top_up()
+    assert [len(p) for p in copier.saves] == [3]            # capped at 3 (half the host)
+    cache_and_release(bm, "b", list(range(200, 205)))       # b0 cached behind them
+    tier.top_up()
+    assert len(copier.saves) == 1                           # the last batch has not landed
+    copier.save_transfers[0].landed = True
+    tier.top_up()
+    assert len(copier.saves) == 1                           # the front 3 are clean: b0 is beyond the cap
+    bm.allocate(r, 32)                                      # the 6 free blocks, then evicts a2 a1: no copy
+    assert tier.stats.saved_blocks == 3 and copier.reused == [[b for b, _ in copier.saves[0][:2]]]
+    tier.top_up()
+    a0, b0 = bm.evictable
+    assert copier.saves[1:] == [[(b0, 3)]]                  # the window of 3 now reaches b0
+
+
+def test_restore_evictions_are_saved_first_not_reused_and_reported(caplog):
+    bm, tier, copier = tiered(num_blocks=5, capacity=8)
+    cache_and_release(bm, "a", list(range(9)))
+    fill(bm, "fill", 100)                                   # evicts a's blocks: saved, then reused by the filler
+    assert [len(p) for p in copier.reused] == [2]
+    cache_and_release(bm, "b", list(range(200, 213)))       # 3 cached blocks, 1 free
+    s = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=4, host_tier=tier)
+    again = req("again", list(range(9)), max_tokens=1)
+    s.add(again)
+    s.schedule()                                            # the restore takes the free block and evicts b's tail
+    assert len(copier.reused) == 1 and tier.stats.saved_blocks == 3
+    assert tier.restoring["again"].saved_first == 1 and again.status == Status.RESTORING
+    tier.top_up()
+    assert tier.stats.saved_ahead_blocks == 0               # no background save while a restore is in flight
+    copier.restores[0][1].landed = True
+    plan = s.schedule()
+    assert plan.newly_scheduled == [again]
+    assert tier.stats.saved_blocks == 4 and len(copier.reused) == 2   # its last block evicted b1: saved, reused
+    again.first_token_time = tier.reporting[0].landed + 0.004
+    with caplog.at_level("INFO", logger="openinfer.kv.host_tier"):
+        tier.after_step()
+    assert not tier.reporting
+    [msg] = [r.getMessage() for r in caplog.records]
+    assert msg.startswith("KV restore again: 2 blocks (0.00 GB), copies untimed, 1 of its evicted blocks saved first")
+    assert msg.endswith("landing to first token 4.0 ms")
+
+
 def test_runs_and_numpy_host_pool_round_trip():
     assert runs([(3, 0), (4, 1), (5, 2), (9, 3), (2, 4), (3, 5)]) == [(3, 0, 3), (9, 3, 1), (2, 4, 2)]
     assert runs([(9, 7), (8, 6), (7, 5), (8, 9), (1, 1), (2, 2), (1, 3)]) == [(7, 5, 3), (8, 9, 1), (1, 1, 2), (1, 3, 1)]
@@ -211,17 +289,24 @@ def ladder(engine, prompt: Sequence[int]) -> dict[str, tuple[list[int], int]]:
     return out
 
 
-def test_cold_device_hit_and_host_restore_give_identical_tokens():
+def test_cold_device_hit_and_host_restore_give_identical_tokens(caplog):
     engine = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=demo_kv_gib(24),
                                            kv_offload=True, kv_offload_host_gib=demo_kv_gib(64)))
     assert engine.blocks.usable_blocks == 23 and engine.host_tier.stats.capacity_blocks == 64
+    assert engine.host_tier.watermark == 23                  # the largest restore: the whole pool
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, 150000, 83)]   # 5 full blocks reusable
-    res = ladder(engine, prompt)
+    with caplog.at_level("INFO", logger="openinfer.kv.host_tier"):
+        res = ladder(engine, prompt)
     cold = res["cold"][0]
     assert [res[t] for t in res] == [(cold, 0), (cold, 80), (cold, 80), (cold, 80)]
     stats = engine.stats().offload
     assert stats.restored_blocks == 5 and stats.hits == 80 and stats.saved_blocks >= 5
+    # every block was saved ahead of its eviction, so the restore found clean blocks to take
+    assert stats.saved_ahead_blocks == stats.saved_blocks
+    [report] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("KV restore")]
+    assert ": 5 blocks" in report and "0 of its evicted blocks saved first" in report
     assert stats.used_blocks > 0 and 0 < stats.usage <= 1 and stats.hit_rate == 80 / stats.queries
     text = render([("demo", ModelMetrics(), engine.stats())])
     assert 'openinfer:kv_offload_restored_blocks_total{model_name="demo"} 5.0' in text
     assert 'openinfer:kv_offload_hits_total{model_name="demo"} 80.0' in text
+    assert f'openinfer:kv_offload_saved_ahead_blocks_total{{model_name="demo"}} {stats.saved_ahead_blocks:.1f}' in text

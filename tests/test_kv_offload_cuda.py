@@ -27,7 +27,8 @@ def test_copier_round_trip_and_ordering():
     copier = backend.block_copier([k, v], 6)
     assert all(h.shape == (6, 2, 16, 2, 32) and h.dtype == want_k.dtype for h in copier.host)
     saved = copier.save([(1, 0), (2, 1), (3, 2), (6, 5)])
-    with backend.stream:                              # queued after the save: must not reach the saved copy
+    copier.reuse([1, 2, 3, 6])                        # handed to new owners: their writes wait for the save
+    with backend.stream:                              # queued after reuse(): must not reach the saved copy
         k[...] = 0
         v[...] = 0
     saved.wait()
@@ -35,11 +36,30 @@ def test_copier_round_trip_and_ordering():
     np.testing.assert_array_equal(copier.host[1][[0, 1, 2, 5]], want_v[[1, 2, 3, 6]])
     restored = copier.restore([(7, 0), (4, 5), (5, 1)])
     restored.wait()
-    assert restored.done()
+    assert restored.done() and restored.copy_ms() > 0  # timed on the copy stream (the restore report's figure)
     got_k, got_v = backend.to_host(k), backend.to_host(v)
     np.testing.assert_array_equal(got_k[[7, 4, 5]], want_k[[1, 6, 2]])
     np.testing.assert_array_equal(got_v[[7, 4, 5]], want_v[[1, 6, 2]])
     assert not got_k[[0, 1, 2, 3, 6]].astype(np.float32).any()
+
+
+def test_a_restore_into_blocks_still_being_saved_waits_for_those_saves():
+    backend = get_backend("cuda")
+    backend.activate()
+    n = 64
+    host_k = np.random.default_rng(1).standard_normal((n, 4, 16, 8, 64)).astype(np.float32)   # 128 KiB blocks
+    k, v = backend.asarray(host_k), backend.asarray(-host_k)
+    want_k, want_v = backend.to_host(k).copy(), backend.to_host(v).copy()
+    copier = backend.block_copier([k, v], 2 * n)
+    copier.save([(b, b) for b in range(n)]).wait()                  # slots 0..n-1: the blocks as they are
+    ahead = copier.save([(b, n + b) for b in range(n)])             # a background save, in flight
+    restored = copier.restore([(b, n - 1 - b) for b in range(n)])   # overwrites every block being saved
+    restored.wait()
+    ahead.wait()
+    np.testing.assert_array_equal(copier.host[0][n:], want_k)       # the save read the blocks first
+    np.testing.assert_array_equal(copier.host[1][n:], want_v)
+    np.testing.assert_array_equal(backend.to_host(k), want_k[::-1])
+    np.testing.assert_array_equal(backend.to_host(v), want_v[::-1])
 
 
 def test_cold_device_hit_and_host_restore_give_identical_tokens_on_gpu():
@@ -54,3 +74,4 @@ def test_cold_device_hit_and_host_restore_give_identical_tokens_on_gpu():
     assert [res[t] for t in res] == [(cold, 0), (cold, 80), (cold, 80), (cold, 80)]
     stats = engine.stats().offload
     assert stats.restored_blocks == 5 and stats.hits == 80 and stats.saved_blocks >= 5
+    assert stats.saved_ahead_blocks == stats.saved_blocks          # the restore evicted only clean blocks

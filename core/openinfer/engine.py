@@ -19,7 +19,8 @@ import numpy as np
 
 from .engine_args import EngineArgs
 from .kv.block_manager import BlockManager
-from .kv.host_tier import HostTier, OffloadStats
+from .kv.host_tier import HostTier
+from .kv.offload_stats import OffloadStats
 from .model_runner import ModelRunner, StepOutput
 from .request import Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens
 from .sampling import SampleResult, SamplingParams, sample_row
@@ -171,8 +172,10 @@ class Engine:
                     self._end(run.req, Failed(f"engine step failed: {type(e).__name__}: {e}"))
             else:
                 self._advance(plan, out)
-        elif self.host_tier is not None and self.host_tier.busy():
-            self.host_tier.wait()   # only restores in flight: wait for one instead of spinning
+        if self.host_tier is not None:
+            self.host_tier.after_step()   # restore reports; save ahead what the next allocations evict
+            if not plan.runs and self.host_tier.busy():
+                self.host_tier.wait()   # only restores in flight: wait for one instead of spinning
         return StepStats(plan.num_tokens, len(plan.runs), time.perf_counter() - t0)
 
     def _drain(self) -> None:

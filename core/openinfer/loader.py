@@ -134,7 +134,9 @@ def _kv_cache(backend: Any, groups: list[StateGroup], args: EngineArgs, per_bloc
     host_tier = None
     if args.kv_offload:
         host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
-        host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
+        # watermark: the largest restore admission can ask for, so a restore never waits for a save
+        host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks,
+                             watermark_blocks=min(blocks.blocks_for(max_len), blocks.usable_blocks))
         log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
     return num_blocks, pools, blocks, host_tier
 

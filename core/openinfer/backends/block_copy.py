@@ -27,6 +27,11 @@ class Transfer(ABC):
     def wait(self) -> None:
         """Block the calling thread until the batch landed."""
 
+    def copy_ms(self) -> float | None:
+        """Device time from the batch's start on its copy stream to its landing, once landed; None
+        where copies are synchronous or untimed."""
+        return None
+
 
 class DoneTransfer(Transfer):
     """A batch that landed before it was returned (synchronous copies)."""
@@ -40,16 +45,21 @@ class DoneTransfer(Transfer):
 
 class BlockCopier(ABC):
     """save(): device blocks -> host slots; restore(): host slots -> device blocks.
-    Guarantees: a restore reads what earlier saves wrote to its host slots, and does not overwrite
-    a device block before an earlier save of it has read it; device work queued after save()
-    returns does not touch the saved blocks before the copy landed, so the caller may hand them
-    out at once. The caller's duty: no save into a host slot that a restore whose Transfer is
-    not done yet still reads."""
+    Guarantees: a save reads the blocks as device work queued before it left them; a restore
+    reads what earlier saves wrote to its host slots, and does not overwrite a device block
+    before an earlier save of it has read it; device work queued after reuse(blocks) returns
+    does not write those blocks before the saves reading them landed. A save alone orders no
+    device work after it (its blocks stay cached, unwritten): saving ahead of eviction costs the
+    step nothing. The caller's duties: reuse() before handing saved blocks to a new owner other
+    than a restore; no save into a host slot that a restore whose Transfer is not done yet reads."""
 
     host: list[np.ndarray]   # the host pool, one array per device array
 
     @abstractmethod
     def save(self, pairs: Pairs) -> Transfer: ...
+
+    @abstractmethod
+    def reuse(self, blocks: Sequence[int]) -> None: ...
 
     @abstractmethod
     def restore(self, pairs: Pairs) -> Transfer: ...
@@ -85,6 +95,9 @@ class HostPoolCopier(BlockCopier):
             for d, h, n in runs(pairs):
                 host[h:h + n] = dev[d:d + n]
         return DoneTransfer()
+
+    def reuse(self, blocks: Sequence[int]) -> None:
+        pass   # every save landed before save() returned: nothing left to order
 
     def restore(self, pairs: Pairs) -> Transfer:
         for dev, host in zip(self.device, self.host):

@@ -1,45 +1,40 @@
 """Host-memory offload tier (`--kv-offload`): a second-level prefix cache for evicted blocks.
 
-Save: each cached block the device pool evicts gets a host slot (the tier's own LRU, its own
-capacity) and is copied there by the backend's copier, which holds the device block until the
-copy landed (backends/block_copy.py). A block whose hash and tokens the tier already holds is
-not copied again.
+Save: a cached block gets a host slot (the tier's own LRU, its own capacity) and is copied there
+by the backend's copier (backends/block_copy.py), ahead of demand or at the latest when the
+device pool evicts it. Ahead: after each engine step `top_up()` saves, in the background, the
+cached blocks that the next allocations would evict (the LRU front of the device cache, as many
+as the reservations plus a watermark need beyond the free blocks). They stay in the device prefix
+cache; evicting one later costs no copy, since a block whose hash and tokens the tier already
+holds is not copied again. A restore then finds clean blocks to evict and never waits for a save
+(with a full pool, each block it takes would otherwise first be copied out: twice the traffic).
 Restore: at admission, after the device hits, the tier continues the request's chain of block
 hashes in host memory (stored tokens compared, as on the device), allocates device blocks from
 the request's reservation and copies the blocks back. The request waits in the scheduler's
 restoring list until `landed()`; the blocks are then committed to the device prefix cache again.
+Evicted blocks handed to any other owner are `reuse()`d (the copier orders later device work
+after their pending saves); those handed to a restore need not be (the copier orders each
+restore chunk after the saves of its own blocks).
 A request aborted while restoring keeps its blocks until the copies landed (`poll()` frees them),
 so admission never hands out a block a copy is still writing.
 """
 from __future__ import annotations
 
+import logging
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from ..backends.block_copy import BlockCopier, Transfer
-from ..request import Request
+from ..request import Request, Status
 from .block_manager import BlockManager
+from .offload_stats import OffloadStats, restore_report
 from .pool import StatePools
 
-
-@dataclass
-class OffloadStats:
-    capacity_blocks: int
-    used_blocks: int = 0
-    saved_blocks: int = 0      # device -> host copies issued
-    restored_blocks: int = 0   # host -> device copies issued
-    dropped_blocks: int = 0    # evicted blocks not saved: every host slot was pinned by a restore
-    queries: int = 0           # prompt tokens looked up in host memory (past the device hits)
-    hits: int = 0              # of which restored from it
-
-    @property
-    def usage(self) -> float:
-        return self.used_blocks / self.capacity_blocks
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
+log = logging.getLogger("openinfer.kv.host_tier")
+Evicted = list[tuple[int, int, tuple[int, ...]]]   # (device block, hash, tokens)
 
 
 @dataclass
@@ -54,6 +49,10 @@ class _Restore:
     req: Request
     transfer: Transfer
     entries: list[_Entry] = field(default_factory=list)
+    admitted: float = 0.0      # time.monotonic() when admission handed it to the tier
+    issued: float = 0.0        # when its copies were queued (after the host lookups and the allocation)
+    saved_first: int = 0       # blocks evicted for it that had no host copy yet (saved just before)
+    landed: float = 0.0        # when landed() saw the copies done
 
 
 def offloadable_arrays(pools: StatePools) -> list[Any]:
@@ -70,22 +69,62 @@ def offloadable_arrays(pools: StatePools) -> list[Any]:
 
 
 class HostTier:
-    def __init__(self, blocks: BlockManager, copier: BlockCopier, capacity_blocks: int) -> None:
+    def __init__(self, blocks: BlockManager, copier: BlockCopier, capacity_blocks: int,
+                 watermark_blocks: int = 0) -> None:
+        """watermark_blocks: clean blocks (free, or cached with a host copy) to keep ready beyond
+        the reservations; the largest restore admission can ask for is the natural size. At most
+        half the host capacity, so saving ahead never crowds out host-only prefixes."""
         if not blocks.enable_prefix_cache:
             raise ValueError("--kv-offload needs the prefix cache (drop --no-prefix-caching)")
         if capacity_blocks < 1:
             raise ValueError("--kv-offload-host-gib holds no block; raise it")
         self.blocks, self.copier, self.block_size = blocks, copier, blocks.block_size
+        self.block_bytes = sum(h.strides[0] for h in copier.host)
+        self.watermark = min(watermark_blocks, capacity_blocks // 2)
         self.entries: OrderedDict[int, _Entry] = OrderedDict()   # block hash -> entry; LRU first
         self.free_slots: deque[int] = deque(range(capacity_blocks))
         self.restoring: dict[str, _Restore] = {}    # request id -> its restore in flight
         self.orphans: list[_Restore] = []           # aborted while restoring: blocks held until landed
+        self.reporting: list[_Restore] = []         # landed, logged once the first token came
         self.stats = OffloadStats(capacity_blocks)
+        self._ahead: Transfer | None = None         # the last top_up() save
+        self._clean_at: tuple[int, ...] = ()        # pool state when top_up() last found nothing to save
+        self._for_restore = False                   # inside the allocation of a restore's blocks
         blocks.on_evict = self._evicted
         blocks.on_admit = self._admitted
 
     # ---- save ----------------------------------------------------------------------------------
-    def _evicted(self, evicted: list[tuple[int, int, tuple[int, ...]]]) -> None:
+    def _evicted(self, evicted: Evicted) -> None:
+        self._save(evicted)
+        if not self._for_restore:
+            self.copier.reuse([b for b, _, _ in evicted])
+
+    def top_up(self) -> None:
+        """Save the cached blocks the next allocations will evict (LRU first) that have no host
+        copy yet: enough that the reservations plus the watermark find free or clean blocks. One
+        background batch at a time, none while a restore is in flight (its request waits for it;
+        PCIe is full duplex, but host memory and the copy engines are shared); a pool state
+        already found clean is not scanned again."""
+        bm = self.blocks
+        want = min(bm.reserved + self.watermark - len(bm.free), len(bm.evictable), self.stats.capacity_blocks // 2)
+        if want <= 0 or self.restoring or (self._ahead is not None and not self._ahead.done()):
+            return
+        state = (len(bm.free), len(bm.evictable), bm.reserved, self.stats.saved_blocks, self.stats.restored_blocks)
+        if state == self._clean_at:
+            return
+        # set arithmetic first (C speed: the window is often the whole pool, and every clean one)
+        missing = set(map(bm.hash_of.__getitem__, islice(bm.evictable, want))).difference(self.entries)
+        dirty = [(b, bm.hash_of[b], bm.tokens_of[b]) for b in islice(bm.evictable, want)
+                 if bm.hash_of[b] in missing] if missing else []
+        before = self.stats.saved_blocks
+        self._ahead = self._save(dirty, ahead=True) if dirty else None
+        self.stats.saved_ahead_blocks += self.stats.saved_blocks - before
+        if self._ahead is None:
+            self._clean_at = state
+
+    def _save(self, evicted: Evicted, ahead: bool = False) -> Transfer | None:
+        """Copy the blocks the host does not hold yet; a block that finds no slot is dropped, or
+        (saved ahead: still on the device) left for a later save."""
         pairs = []
         for block, h, tokens in evicted:
             e = self.entries.get(h)
@@ -93,21 +132,22 @@ class HostTier:
                 self.entries.move_to_end(h)     # already in host memory
                 continue
             if e is not None and e.pins:        # a hash collision with a slot being restored: keep it
-                self.stats.dropped_blocks += 1
+                self.stats.dropped_blocks += int(not ahead)
                 continue
             if e is not None:
                 del self.entries[h]
                 self.free_slots.append(e.slot)
             slot = self._free_slot()
             if slot is None:
-                self.stats.dropped_blocks += 1
+                self.stats.dropped_blocks += int(not ahead)
                 continue
             self.entries[h] = _Entry(slot, tokens)
             pairs.append((block, slot))
-        if pairs:
-            self.copier.save(pairs)
-            self.stats.saved_blocks += len(pairs)
         self.stats.used_blocks = len(self.entries)
+        if not pairs:
+            return None
+        self.stats.saved_blocks += len(pairs)
+        return self.copier.save(pairs)
 
     def _free_slot(self) -> int | None:
         if self.free_slots:
@@ -120,7 +160,7 @@ class HostTier:
 
     # ---- restore -------------------------------------------------------------------------------
     def _admitted(self, req: Request) -> None:
-        bs, start = self.block_size, req.num_hashed_blocks
+        admitted, bs, start = time.monotonic(), self.block_size, req.num_hashed_blocks
         chain = req.block_hashes[start:]
         self.stats.queries += len(chain) * bs
         found: list[_Entry] = []
@@ -133,13 +173,18 @@ class HostTier:
             found.append(e)
         if not found:
             return
-        end = start + len(found)
-        self.blocks.allocate(req, end * bs)      # its evictions are saved before the restore is issued
+        end, saved = start + len(found), self.stats.saved_blocks
+        self._for_restore = True                 # its evictions are saved (if need be) before the restore
+        try:
+            self.blocks.allocate(req, end * bs)
+        finally:
+            self._for_restore = False
         transfer = self.copier.restore([(req.block_ids[i], e.slot) for i, e in enumerate(found, start)])
         req.num_computed = req.cached_tokens = end * bs
         self.stats.hits += len(found) * bs
         self.stats.restored_blocks += len(found)
-        self.restoring[req.request_id] = _Restore(req, transfer, found)
+        self.restoring[req.request_id] = _Restore(req, transfer, found, admitted, time.monotonic(),
+                                                  self.stats.saved_blocks - saved)
 
     def landed(self, req: Request) -> bool:
         """True when `req` has no restore in flight; a restore that landed is finished here (its
@@ -150,6 +195,8 @@ class HostTier:
         if not r.transfer.done():
             return False
         del self.restoring[req.request_id]
+        r.landed = time.monotonic()
+        self.reporting.append(r)
         self._unpin(r)
         self.blocks.commit(req)
         return True
@@ -171,6 +218,18 @@ class HostTier:
             self._unpin(r)
             self.blocks.release(r.req)
 
+    def after_step(self) -> None:
+        """The engine's call after each step: report the restores whose first token came, then
+        top_up() (after the step's releases, so it sees what the next allocations will evict)."""
+        for r in list(self.reporting):
+            if r.req.first_token_time is not None:
+                log.info("%s", restore_report(r.req.request_id, len(r.entries) * self.block_bytes,
+                                              len(r.entries), r.transfer.copy_ms(), r.saved_first,
+                                              (r.admitted, r.issued, r.landed, r.req.first_token_time)))
+            if r.req.first_token_time is not None or r.req.status is Status.FINISHED:
+                self.reporting.remove(r)
+        self.top_up()
+
     def busy(self) -> bool:
         return bool(self.restoring or self.orphans)
 
@@ -183,3 +242,4 @@ class HostTier:
     def _unpin(self, r: _Restore) -> None:
         for e in r.entries:
             e.pins -= 1
+

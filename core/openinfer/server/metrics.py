@@ -121,6 +121,9 @@ def _offload_families(out: list[str], models: list[tuple[str, object]]) -> None:
     for name, kind, help, attr in (
             ("openinfer:kv_offload_saved_blocks_total", "counter", "KV blocks copied from device to host memory.",
              "saved_blocks"),
+            ("openinfer:kv_offload_saved_ahead_blocks_total", "counter",
+             "Of the saved KV blocks, those saved ahead of eviction (in the background, to keep clean blocks ready).",
+             "saved_ahead_blocks"),
             ("openinfer:kv_offload_restored_blocks_total", "counter",
              "KV blocks copied from host memory back to the device.", "restored_blocks"),
             ("openinfer:kv_offload_dropped_blocks_total", "counter",
