@@ -68,7 +68,8 @@ def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, spli
         ring = warp * RING
         for s in range(S - 1):
             if s < ntiles:
-                warp_load_kv(smem, ring + s * STAGE, kflat, vflat, offset, kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend, D)
+                warp_load_kv(smem, ring + s * STAGE, kflat, vflat, offset, kbeg + (warp + s * DEC_WARPS) * DEC_BN,
+                             kend, D)
         qf = [q_fragment(q, lo, hi, kk) for kk in range(KC)]
         o, m, l = np.zeros((32, DT, 4)), np.full((32, 2), -np.inf), np.zeros((32, 2))
         for t in range(ntiles):
