@@ -96,6 +96,36 @@ def test_rope_and_qk_norm_rope(dt, rot):
         close(g, w, dt, scale=5)
 
 
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("d,rot", [(128, "full"), (64, "partial"), (256, "partial")])
+def test_rope_write_kv_is_rope_then_write_kv(dt, norm, d, rot):
+    """The fused op stores exactly what qk_norm_rope / rope + write_kv store (a strided pool layer,
+    q/k/v views of one fused qkv row, a padded slot skipped) and returns the same q."""
+    rng = np.random.default_rng(d)
+    T, nh, nkv, max_pos, nb, layers, bs = 9, 8, 2, 64, 8, 3, 4
+    half = d // 2 if rot == "full" else d // 4
+    ang = np.arange(max_pos)[:, None] * (1e4 ** (-np.arange(half) / half))[None]
+    cos, sin = cp.asarray(np.cos(ang).astype(np.float32)), cp.asarray(np.sin(ang).astype(np.float32))
+    qkv = dev(rnd(rng, T, (nh + 2 * nkv) * d), dt[0])
+    q, k, v = (qkv[:, a * d: b * d].reshape(T, -1, d) for a, b in ((0, nh), (nh, nh + nkv), (nh + nkv, nh + 2 * nkv)))
+    pos = cp.asarray(rng.integers(0, max_pos, T).astype(np.int32))
+    slots = rng.permutation(nb * bs)[:T].astype(np.int64)
+    slots[4] = -1
+    slots = cp.asarray(slots)
+    w = (dev(rnd(rng, d), dt[0]), dev(rnd(rng, d), dt[0])) if norm else (None, None)
+    pools = [cp.zeros((nb, layers, bs, nkv, d), dtype=dt[0]) for _ in range(4)]
+    if norm:
+        q_want, k_roped = ops.qk_norm_rope(q, k, *w, 1e-6, pos, cos, sin)
+    else:
+        q_want, k_roped = ops.rope(q, k, pos, cos, sin)
+    ops.write_kv(pools[0][:, 1], pools[1][:, 1], k_roped, v, slots)
+    q_got = ops.rope_write_kv(q, k, v, *w, 1e-6, pos, cos, sin, pools[2][:, 1], pools[3][:, 1], slots)
+    np.testing.assert_array_equal(host(q_got), host(q_want))
+    np.testing.assert_array_equal(host(pools[2]), host(pools[0]))
+    np.testing.assert_array_equal(host(pools[3]), host(pools[1]))
+    assert host(pools[2][:, 1]).any() and not host(pools[2][:, 0]).any()
+
+
 def test_silu_mul(dt):
     rng = np.random.default_rng(2)
     x = exact(rnd(rng, 5, 2 * 300, scale=3), dt[0])
