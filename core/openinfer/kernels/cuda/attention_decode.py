@@ -35,6 +35,7 @@ class DecodeKernel:
     pass_len: int    # splits are whole multiples of this many keys
     smem: int        # dynamic shared memory, bytes
     threads: int     # per block
+    resident: int    # blocks an SM holds at once, as the split count counts them (0: ask the occupancy calculator)
 
 
 def mma_decode_smem(d: int) -> int:
@@ -45,12 +46,14 @@ def mma_decode_smem(d: int) -> int:
 
 
 def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool) -> DecodeKernel:
+    """The tensor-core kernel, or the fp32 one, whose split count keeps its original tuning (one
+    block an SM counted)."""
     if mma:
         return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_d{d}", DEC_ROWS, DEC_PASS,
-                            mma_decode_smem(d), 32 * DEC_WARPS)
+                            mma_decode_smem(d), 32 * DEC_WARPS, 0)
     words = d * itemsize // 4
     return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, MIN_SPLIT,
-                        (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS)
+                        (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 1)
 
 
 def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int, pass_len: int = MIN_SPLIT,
@@ -67,7 +70,7 @@ def paged_decode(common: tuple, out: cp.ndarray, qstart: cp.ndarray, dtype: str,
     when contexts are split, paged_combine into `out`."""
     d = out.shape[-1]
     kv_blocks = nkv * math.ceil(nh // nkv / kernel.rows)
-    resident = blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
+    resident = kernel.resident or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
     splits = decode_splits(num_seqs, kv_blocks, max_context_len, kernel.pass_len, resident)
     parts = (NULL, NULL, NULL)
     if splits > 1:
