@@ -59,3 +59,30 @@ def test_token_slice_is_the_all_ids_slice():
     for start in range(6):
         for end in range(start, 6):
             assert r.token_slice(start, end) == r.all_ids[start:end]
+
+
+def test_block_tables_follow_growth_departures_and_replaced_lists():
+    from openinfer.kv.block_tables import BlockTables
+    tables = BlockTables(rows=2, width=2)
+    a, b, c = request("a", [1], [], [5]), request("b", [1], [], [6, 7]), request("c", [1], [], [8])
+
+    def check(*reqs):
+        got = tables.gather(reqs)
+        width = max(len(r.block_ids) for r in reqs)
+        want = [r.block_ids + [0] * (width - len(r.block_ids)) for r in reqs]
+        np.testing.assert_array_equal(got, np.asarray(want, np.int32))
+
+    check(a, b)
+    a.block_ids.append(9)                 # grows in place
+    check(b, a)
+    check(a, b, c)                        # a third row: the table grows
+    a.block_ids += [10, 11, 12]           # wider than the table
+    check(c, a)                           # b left: its row is zeroed and reused
+    b.block_ids = [13]                    # b returns with a new list
+    c.block_ids = [14, 3]                 # replaced, same length as before plus one
+    check(a, b, c)
+    c = request("c", [1], [], [7, 3])     # a new request under c's id, its last block where c's was
+    check(a, b, c)
+    c.block_ids = [15]                    # replaced by a shorter list
+    check(c)
+    assert not tables.table[[r for r in range(tables.table.shape[0]) if r != tables.held["c"][1]]].any()

@@ -14,6 +14,7 @@ import numpy as np
 
 from .backends.numpy_backend import Backend
 from .batch import ForwardBatch
+from .kv.block_tables import BlockTables
 from .kv.pool import StatePools
 from .model_line import Model
 from .scheduler import StepPlan
@@ -47,6 +48,7 @@ class ModelRunner:
         self.model, self.backend, self.pools = model, backend, pools
         self.block_size = block_size
         self.graphs: Any = None
+        self.tables = BlockTables()
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         self.graphs = self.backend.decode_graphs(self._forward, max_num_seqs, max_model_len, self.block_size)
@@ -56,8 +58,8 @@ class ModelRunner:
         return logits, self.backend.argmax(logits)
 
     def prepare_host(self, plan: StepPlan) -> HostBatch:
-        """The step's inputs, built with numpy over all runs at once: at batch 128 a per-run Python
-        loop of small arrays cost ~3 ms a step, longer than a whole decode step's GPU time."""
+        """The step's inputs, built with numpy over all runs at once (block tables kept from step to
+        step): at batch 128 a per-run Python loop of small arrays cost ~3 ms a step."""
         bs, runs = self.block_size, plan.runs
         B = len(runs)
         starts = np.fromiter((run.start for run in runs), np.int64, B)
@@ -69,7 +71,7 @@ class ModelRunner:
         pos = np.arange(T, dtype=np.int64) - np.repeat(qstart[:-1] - starts, lengths)
         ids = np.fromiter(chain.from_iterable(run.req.token_slice(run.start, run.start + run.length) for run in runs),
                           np.int32, T)
-        table = self._block_table([run.req.block_ids for run in runs])
+        table = self.tables.gather([run.req for run in runs])
         slots = table[np.repeat(np.arange(B), lengths), pos // bs].astype(np.int64) * bs + pos % bs
         sampled = np.fromiter((run.samples for run in runs), bool, B)
         state_slots = None
@@ -77,15 +79,6 @@ class ModelRunner:
             state_slots = np.fromiter((run.req.state_slot for run in runs), np.int32, B)
         return HostBatch(ids, pos.astype(np.int32), slots, table, qstart, (starts + lengths).astype(np.int32),
                          qstart[1:][sampled] - 1, state_slots)
-
-    @staticmethod
-    def _block_table(block_ids: list[list[int]]) -> np.ndarray:
-        """[B, longest] int32, rows padded with block 0; one C-level pass over all the ids."""
-        counts = np.fromiter(map(len, block_ids), np.int64, len(block_ids))
-        table = np.zeros((len(block_ids), int(counts.max())), np.int32)
-        table[np.arange(table.shape[1]) < counts[:, None]] = np.fromiter(
-            chain.from_iterable(block_ids), np.int32, int(counts.sum()))
-        return table
 
     def dummy_batch(self, num_seqs: int, tokens_each: int) -> HostBatch:
         """Sequences of `tokens_each` prefill tokens in consecutive blocks from block 1 (profiling)."""
