@@ -18,9 +18,9 @@ STAGES = {64: 3, 128: 3, 256: 2}
 GID, TQ = LANE >> 2, LANE & 3
 
 
-def decode_splits(num_seqs, kv_blocks, max_context_len, sms=132, resident=2):
+def decode_splits(num_seqs, kv_blocks, max_context_len, sms=132, per_sm=2):
     """attention_decode.decode_splits with the H200's SM count and the d128 kernel's residency."""
-    want = math.ceil(2 * resident * sms / max(1, num_seqs * kv_blocks))
+    want = math.ceil(per_sm * sms / max(1, num_seqs * kv_blocks))
     return max(1, min(want, math.ceil(max_context_len / (DEC_WARPS * DEC_BN))))
 
 
@@ -55,6 +55,8 @@ def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, spli
     STAGE, RING, PASS = 2 * DEC_BN * LD, S * 2 * DEC_BN * LD, DEC_WARPS * DEC_BN
     split_len = ((L + num_splits - 1) // num_splits + PASS - 1) // PASS * PASS
     kbeg, kend = split * split_len, min(L, split * split_len + split_len)
+    if kbeg >= kend:  # an empty split stores m and l only: its o stays unwritten
+        return np.full((gc, D), np.nan), np.full(gc, -np.inf), np.zeros(gc)
     nall = (kend - kbeg + DEC_BN - 1) // DEC_BN if kend > kbeg else 0
     smem = np.full(DEC_WARPS * RING, np.nan, np.float32)
     koff = ((LANE & 7) + ((LANE >> 4) & 1) * 8) * LD + ((LANE >> 3) & 1) * 8
@@ -151,10 +153,11 @@ def emulate(q, q_stride, kflat, vflat, cache_base, block_stride, token_stride, b
 
             parts = [emulate_block(q, q_stride, kflat, vflat, offset, b, int(ctx[b]), kvh, g0, gc, G, s,
                                    num_splits, scale, D) for s in range(num_splits)]
-            for g in range(gc):  # paged_combine (the one-split kernel stores the same o / lsum itself)
+            for g in range(gc):  # paged_combine, which skips l = 0 (the one-split kernel stores o / lsum itself)
                 M = max(p[1][g] for p in parts)
-                w = np.array([np.exp2(p[1][g] - M) * p[2][g] if p[2][g] != 0 else 0.0 for p in parts])
-                out[b, kvh * G + g0 + g] = (w[:, None] * np.stack([p[0][g] for p in parts])).sum(0) / w.sum()
+                live = [p for p in parts if p[2][g] != 0]
+                w = np.array([np.exp2(p[1][g] - M) * p[2][g] for p in live])
+                out[b, kvh * G + g0 + g] = (w[:, None] * np.stack([p[0][g] for p in live])).sum(0) / w.sum()
     return out
 
 

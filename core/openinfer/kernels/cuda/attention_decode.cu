@@ -6,7 +6,8 @@
 //          and up to 16 of its query heads (the rows of one m16 tile, zero-padded past the group), so
 //          each K/V byte is read from HBM once per step, whatever the GQA ratio. Each sequence divides
 //          its own context over the splits in whole passes (DEC_WARPS * DEC_BN keys), so a grid sized
-//          for the longest context (a CUDA graph's) serves shorter ones; splits past the end are empty.
+//          for the longest context (a CUDA graph's) serves shorter ones; splits past the end only mark
+//          themselves empty (l = 0) and exit.
 //   warp   takes every DEC_WARPS-th tile of DEC_BN = 16 keys of the split and streams them through its
 //          own STAGES-deep cp.async ring in shared memory: no block barrier in the loop, STAGES - 1
 //          tiles of every warp in flight, which is what keeps HBM busy. S = Q K^T and O += P V by
@@ -75,6 +76,14 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     const int L = ctx[b];
     const int split_len = ((L + num_splits - 1) / num_splits + PASS - 1) / PASS * PASS;
     const int kbeg = split * split_len, kend = min(L, kbeg + split_len);
+    if (kbeg >= kend) {  // a split past this context (never the only one): paged_combine skips l = 0
+        if (threadIdx.x < gc) {
+            const long long p = ((long long)b * nh + kvh * G + g0 + threadIdx.x) * num_splits + split;
+            part_m[p] = NEG_INF;
+            part_l[p] = 0.f;
+        }
+        return;
+    }
     const int* table = tables + (long long)b * table_stride;
     // this warp's tiles start at kbeg + (warp + i * DEC_WARPS) * DEC_BN, i < ntiles
     const int nall = kend > kbeg ? (kend - kbeg + DEC_BN - 1) / DEC_BN : 0;

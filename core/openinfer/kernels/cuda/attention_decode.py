@@ -35,7 +35,7 @@ class DecodeKernel:
     pass_len: int    # splits are whole multiples of this many keys
     smem: int        # dynamic shared memory, bytes
     threads: int     # per block
-    resident: int    # blocks an SM holds at once, as the split count counts them (0: ask the occupancy calculator)
+    per_sm: int      # blocks per SM the grid should fill before splitting (0: what one SM holds at once)
 
 
 def mma_decode_smem(d: int) -> int:
@@ -46,21 +46,22 @@ def mma_decode_smem(d: int) -> int:
 
 
 def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool) -> DecodeKernel:
-    """The tensor-core kernel, or the fp32 one, whose split count keeps its original tuning (one
-    block an SM counted)."""
+    """The tensor-core kernel (split until one wave of resident blocks is full), or the fp32 one,
+    whose split count keeps its original tuning (two blocks an SM)."""
     if mma:
         return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_d{d}", DEC_ROWS, DEC_PASS,
                             mma_decode_smem(d), 32 * DEC_WARPS, 0)
     words = d * itemsize // 4
     return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, MIN_SPLIT,
-                        (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 1)
+                        (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 2)
 
 
 def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int, pass_len: int = MIN_SPLIT,
-                  resident: int = 1) -> int:
-    """Splits of each context: none where batch x KV-head blocks alone fill two waves of the SMs
-    (`resident` blocks each), else enough for that; never a split under `pass_len` keys."""
-    want = math.ceil(2 * resident * sm_count() / max(1, num_seqs * kv_blocks))
+                  per_sm: int = 2) -> int:
+    """Splits of each context: none where batch x KV-head blocks alone give `per_sm` blocks to every
+    SM, else enough for that; never a split under `pass_len` keys. Splits past a sequence's own
+    context exit at once, but each costs a block launch, so no more than fill the machine."""
+    want = math.ceil(per_sm * sm_count() / max(1, num_seqs * kv_blocks))
     return max(1, min(want, math.ceil(max_context_len / pass_len)))
 
 
@@ -70,8 +71,8 @@ def paged_decode(common: tuple, out: cp.ndarray, qstart: cp.ndarray, dtype: str,
     when contexts are split, paged_combine into `out`."""
     d = out.shape[-1]
     kv_blocks = nkv * math.ceil(nh // nkv / kernel.rows)
-    resident = kernel.resident or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
-    splits = decode_splits(num_seqs, kv_blocks, max_context_len, kernel.pass_len, resident)
+    per_sm = kernel.per_sm or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
+    splits = decode_splits(num_seqs, kv_blocks, max_context_len, kernel.pass_len, per_sm)
     parts = (NULL, NULL, NULL)
     if splits > 1:
         part_o = cp.empty((num_seqs, nh, splits, d), dtype=cp.float32)
