@@ -97,7 +97,7 @@ class DecodeGraphs:
         h[2 * n: 2 * n + B], h[3 * n: 3 * n + B], h[4 * n: 4 * n + B] = tokens, positions, ctx
         h[4 * n + B: 5 * n] = 1
         width = max(1, tables.shape[1])
-        self.host_tables[:n, :width] = 0
+        self.host_tables[B:n, :width] = 0   # padding rows: block 0 (the batch's rows are overwritten whole)
         self.host_tables[:B, : tables.shape[1]] = tables
         cp = self.cp
         self.meta.data.copy_from_host_async(self.host.ctypes.data, self.host.nbytes, self.stream)
