@@ -108,4 +108,6 @@ logits = rand(1, 151936)
 row("argmax 1x151936", bench(lambda: ops.argmax(logits)), logits.nbytes)
 row("top_logprobs k=20 1x151936", bench(lambda: ops.top_logprobs(logits, 20)), logits.nbytes)
 EOF
+# decode attention, old (fp32 cores) against new (tensor cores), as the engine's graphs size it
+$PY scripts/attn_bench.py 2>&1 | tee "$OUT/attn_bench.log"
 exit "$rc"

@@ -29,10 +29,10 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 
 def _launched_names() -> set[str]:
-    """Every kernel name the Python wrappers launch, with f-string parts expanded."""
+    """Every kernel name the Python wrappers launch (or name in a DecodeKernel), f-string parts expanded."""
     text = "\n".join(p.read_text() for p in WRAPPERS.glob("*.py"))
     names = set()
-    for source, name in re.findall(r'launch\("(\w+)", f?"([\w{}.()]+)"', text):
+    for source, name in re.findall(r'(?:launch|DecodeKernel)\("(\w+)", f?"([\w{}.()]+)"', text):
         variants = [name]
         for field, values in (("{suffix(x.dtype)}", ("bf16", "f32")), ("{suffix(q.dtype)}", ("bf16", "f32")),
                               ("{suffix(k.dtype)}", ("bf16", "f32")), ("{suffix(gate_up.dtype)}", ("bf16", "f32")),

@@ -123,6 +123,36 @@ def test_norms_with_float32_weights_beside_bfloat16():
         ops.rms_norm(dev(x, np.float32), dev(w, BF16), 1e-6)
 
 
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("d,rot", [(128, "full"), (64, "partial"), (256, "partial")])
+def test_rope_write_kv_is_rope_then_write_kv(dt, norm, d, rot):
+    """The fused op stores exactly what qk_norm_rope / rope + write_kv store (a strided pool layer,
+    q/k/v views of one fused qkv row, a padded slot skipped) and returns the same q."""
+    rng = np.random.default_rng(d)
+    T, nh, nkv, max_pos, nb, layers, bs = 9, 8, 2, 64, 8, 3, 4
+    half = d // 2 if rot == "full" else d // 4
+    ang = np.arange(max_pos)[:, None] * (1e4 ** (-np.arange(half) / half))[None]
+    cos, sin = cp.asarray(np.cos(ang).astype(np.float32)), cp.asarray(np.sin(ang).astype(np.float32))
+    qkv = dev(rnd(rng, T, (nh + 2 * nkv) * d), dt[0])
+    q, k, v = (qkv[:, a * d: b * d].reshape(T, -1, d) for a, b in ((0, nh), (nh, nh + nkv), (nh + nkv, nh + 2 * nkv)))
+    pos = cp.asarray(rng.integers(0, max_pos, T).astype(np.int32))
+    slots = rng.permutation(nb * bs)[:T].astype(np.int64)
+    slots[4] = -1
+    slots = cp.asarray(slots)
+    w = (dev(rnd(rng, d), dt[0]), dev(rnd(rng, d), dt[0])) if norm else (None, None)
+    pools = [cp.zeros((nb, layers, bs, nkv, d), dtype=dt[0]) for _ in range(4)]
+    if norm:
+        q_want, k_roped = ops.qk_norm_rope(q, k, *w, 1e-6, pos, cos, sin)
+    else:
+        q_want, k_roped = ops.rope(q, k, pos, cos, sin)
+    ops.write_kv(pools[0][:, 1], pools[1][:, 1], k_roped, v, slots)
+    q_got = ops.rope_write_kv(q, k, v, *w, 1e-6, pos, cos, sin, pools[2][:, 1], pools[3][:, 1], slots)
+    np.testing.assert_array_equal(host(q_got), host(q_want))
+    np.testing.assert_array_equal(host(pools[2]), host(pools[0]))
+    np.testing.assert_array_equal(host(pools[3]), host(pools[1]))
+    assert host(pools[2][:, 1]).any() and not host(pools[2][:, 0]).any()
+
+
 def test_silu_mul(dt):
     rng = np.random.default_rng(2)
     x = exact(rnd(rng, 5, 2 * 300, scale=3), dt[0])
@@ -261,26 +291,73 @@ def test_prefill_attention_graph_capture(dt):
 
 
 def test_decode_splits_cover_long_contexts():
-    from openinfer.kernels.cuda.attention import MIN_SPLIT, decode_splits
+    from openinfer.kernels.cuda.attention_decode import DEC_PASS, MIN_SPLIT, decode_splits
     assert 1 < decode_splits(1, 8, 4100) <= -(-4100 // MIN_SPLIT)
     assert decode_splits(64, 8, 100) == 1
+    assert decode_splits(128, 8, 20480, DEC_PASS, 2) == 1   # batch x KV heads fill the SMs alone
+    assert decode_splits(1, 8, 20480, DEC_PASS, 2) == decode_splits(1, 8, 20480) > 8
 
 
-def test_decode_grid_sized_for_a_longer_context(dt):
-    """A decode grid sized for the longest context a CUDA graph may see (max_context_len far above
-    the real lengths) gives the same result: each sequence splits its own length."""
-    import dataclasses
-    runs, nh, nkv, d = [(3000, 1), (17, 1), (1, 1), (513, 1)], 8, 2, 128
-    rng = np.random.default_rng(11)
-    bs = 16
-    num_blocks = sum(-(-L // bs) for L, _ in runs) + 3
-    hb, db = _batch(runs, bs, rng, num_blocks)
-    pool = exact(rnd(rng, 2, num_blocks, bs, nkv, d), dt[0])
+# decode over ragged contexts (1 .. 20k keys, block size 16): GQA ratios 1/4/8/16, head dims 64/128/256
+DECODE_CASES = {
+    "qwen3_4b_g4_d128": ([1024, 1, 17, 20000, 333, 4096, 16, 15], 32, 8, 128),
+    "mha_g1_d64": ([5000, 1, 64, 65, 129], 4, 4, 64),
+    "g8_d256": ([2048, 3, 700], 16, 2, 256),
+    "g8_d128_long": ([12000, 31], 8, 1, 128),
+    "g16_d128": ([900, 2], 16, 1, 128),
+    "g4_d64_tiny": ([1, 2, 3, 4, 100], 8, 2, 64),
+}
+
+
+def _decode_inputs(dt, ctx, nh, nkv, d, seed):
+    rng = np.random.default_rng(seed)
+    bs, layers = 16, 2
+    num_blocks = sum(-(-L // bs) for L in ctx) + 3
+    hb, db = _batch([(L, 1) for L in ctx], bs, rng, num_blocks)
+    pool = exact(rnd(rng, 2, num_blocks, layers, bs, nkv, d), dt[0])
+    q = exact(rnd(rng, len(ctx), nh, d), dt[0])
+    want = ref.paged_attention(q, pool[0][:, 1], pool[1][:, 1], hb, d ** -0.5)
     pool_d = dev(pool, dt[0])
-    q = exact(rnd(rng, len(runs), nh, d), dt[0])
-    want = ref.paged_attention(q, pool[0], pool[1], hb, d ** -0.5)
-    wide = dataclasses.replace(db, max_context_len=40960)
-    close(ops.paged_attention(dev(q, dt[0]), pool_d[0], pool_d[1], wide, d ** -0.5), want, dt)
+    return dev(q, dt[0]), pool_d[0][:, 1], pool_d[1][:, 1], db, want
+
+
+@pytest.mark.parametrize("kernel", ["mma", "fp32"])
+@pytest.mark.parametrize("graph_width", [False, True])
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_decode_attention(dt, case, graph_width, kernel, monkeypatch):
+    """Both decode kernels (bf16: the tensor-core one unless OPENINFER_DECODE_MMA=0; float32: the fp32
+    one) against the reference, with the grid sized for this batch or, as a CUDA graph sizes it, for a
+    20480-token context (most splits then empty; each sequence splits its own length)."""
+    import dataclasses
+
+    from openinfer.kernels.cuda import attention
+    if kernel == "mma" and dt[0] != BF16:
+        pytest.skip("the tensor-core decode kernel is bf16 only")
+    monkeypatch.setattr(attention, "DECODE_MMA", kernel == "mma")
+    ctx, nh, nkv, d = DECODE_CASES[case]
+    qd, kc, vc, db, want = _decode_inputs(dt, ctx, nh, nkv, d, len(case))
+    if graph_width:
+        db = dataclasses.replace(db, max_context_len=20480)
+    close(ops.paged_attention(qd, kc, vc, db, d ** -0.5), want, dt)
+
+
+def test_decode_attention_graph_capture():
+    """The bf16 decode path (tensor-core kernel + combine) captures into a CUDA graph and replays like eager."""
+    import dataclasses
+    dt = DTYPES["bfloat16"]
+    qd, kc, vc, db, want = _decode_inputs(dt, [3000, 1, 40, 17], 32, 8, 128, 21)
+    db = dataclasses.replace(db, max_context_len=20480)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        eager = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
+        stream.begin_capture()
+        got = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
+        graph = stream.end_capture()
+        got[...] = 0
+        graph.launch(stream)
+        stream.synchronize()
+    close(got, want, dt)
+    np.testing.assert_array_equal(host(got), host(eager))
 
 
 def test_argmax_and_top_logprobs(dt):

@@ -65,6 +65,18 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
     v_cache[blocks, offsets] = v
 
 
+def rope_write_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_w: np.ndarray | None, k_w: np.ndarray | None,
+                  eps: float, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, k_cache: np.ndarray,
+                  v_cache: np.ndarray, slot_mapping: np.ndarray) -> np.ndarray:
+    """qk_norm_rope (rope when q_w is None), then write_kv of k and v; returns q (one fused op on GPUs)."""
+    if q_w is None:
+        q, k = rope(q, k, positions, cos, sin)
+    else:
+        q, k = qk_norm_rope(q, k, q_w, k_w, eps, positions, cos, sin)
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
+    return q
+
+
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, batch: ForwardBatch,
                     scale: float) -> np.ndarray:
     """Causal GQA attention of each sequence's query run over its paged KV.
@@ -104,5 +116,5 @@ def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
     for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
-                 "write_kv", "paged_attention", "gather_rows"):
+                 "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

@@ -131,17 +131,17 @@ class BlockManager:
         full = min(req.num_computed, req.num_tokens) // self.block_size
         if full <= req.num_hashed_blocks:
             return
-        tokens = req.all_ids
-        parent = req.block_hashes[req.num_hashed_blocks - 1] if req.num_hashed_blocks else None
-        new = block_hashes(tokens[: full * self.block_size], self.block_size, req.cache_salt,
-                           start=req.num_hashed_blocks, parent=parent)
-        req.block_hashes = req.block_hashes[: req.num_hashed_blocks] + new
-        for i, h in enumerate(new, start=req.num_hashed_blocks):
-            b = req.block_ids[i]
+        first, bs = req.num_hashed_blocks, self.block_size
+        tokens = req.token_slice(first * bs, full * bs)   # only the new blocks' ids, not the whole sequence
+        parent = req.block_hashes[first - 1] if first else None
+        new = block_hashes(tokens, bs, req.cache_salt, parent=parent)
+        req.block_hashes = req.block_hashes[:first] + new
+        for i, h in enumerate(new):
+            b = req.block_ids[first + i]
             if h not in self.by_hash and b not in self.hash_of:
                 self.by_hash[h] = b
                 self.hash_of[b] = h
-                self.tokens_of[b] = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+                self.tokens_of[b] = tuple(tokens[i * bs:(i + 1) * bs])
         req.num_hashed_blocks = full
 
     def release(self, req: Request) -> None:

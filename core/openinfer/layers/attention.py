@@ -36,14 +36,18 @@ class GQAAttention:
 
     def attend(self, q: Array, k: Array, v: Array, batch: ForwardBatch, state: StatePools) -> Array:
         """QK-norm (if any) and RoPE, write K/V to the paged cache, attend: [T, nh, d] out.
-        RoPE turns the first 2 * cos.shape[1] dims of each head (partial rotary if < d)."""
+        RoPE turns the first 2 * cos.shape[1] dims of each head (partial rotary if < d). A plan with
+        rope_write_kv does the first two in one op (one launch a layer on GPUs)."""
         ops = self.ops
+        k_cache = state.layer(self.kv_group, "k", self.layer)
+        v_cache = state.layer(self.kv_group, "v", self.layer)
+        if hasattr(ops, "rope_write_kv"):
+            q = ops.rope_write_kv(q, k, v, self.w.q_norm, self.w.k_norm, self.eps, batch.positions, self.cos,
+                                  self.sin, k_cache, v_cache, batch.slot_mapping)
+            return ops.paged_attention(q, k_cache, v_cache, batch, self.scale)
         if self.w.q_norm is not None:
             q, k = ops.qk_norm_rope(q, k, self.w.q_norm, self.w.k_norm, self.eps, batch.positions, self.cos, self.sin)
         else:
             q, k = ops.rope(q, k, batch.positions, self.cos, self.sin)
-        k_cache = state.layer(self.kv_group, "k", self.layer)
-        v_cache = state.layer(self.kv_group, "v", self.layer)
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         return ops.paged_attention(q, k_cache, v_cache, batch, self.scale)
-

@@ -1,6 +1,6 @@
-"""paged_attention on CUDA: the decode kernel (split-KV) for one-token steps; for everything else the
-tensor-core prefill kernel (attention_mma.cu, bf16) or the fp32 flash-style one (attention.cu), with
-the kernels' launch constants mirrored here."""
+"""paged_attention on CUDA: a decode kernel (split-KV, attention_decode.py) for one-token steps; for
+everything else the tensor-core prefill kernel (attention_mma.cu, bf16) or the fp32 flash-style one
+(attention.cu), with the kernels' launch constants mirrored here."""
 from __future__ import annotations
 
 import math
@@ -10,11 +10,11 @@ import cupy as cp
 import numpy as np
 
 from ...batch import ForwardBatch
-from .module import NULL, as_index, heads3d, launch, sm_count, suffix
+from .attention_decode import BN, DECODE_MMA, NWARPS, decode_kernel, paged_decode
+from .module import as_index, heads3d, launch, suffix
 
-NWARPS, BN, ROWS, GMAX = 4, 32, 8, 8   # must match attention.cu
+ROWS = 8                               # must match attention.cu (paged_prefill rows per warp)
 HEAD_DIMS = (64, 128, 256)
-MIN_SPLIT = NWARPS * BN                # a split is a multiple of one pass of the block's warps
 LOG2E = 1.4426950408889634
 PREFILL_MMA = os.environ.get("OPENINFER_PREFILL_MMA", "1") != "0"   # bf16 prefill on the tensor cores (0: the fp32-core kernel)
 MMA_WARPS = 4                          # must match attention_mma.cu
@@ -30,14 +30,6 @@ def mma_rows_per_block(d: int, variant: str = "") -> int:
 def mma_prefill_smem(d: int, variant: str = "") -> int:
     """Bytes of shared memory of the mma prefill kernel: Q and two K/V stages, rows padded by 8 bf16."""
     return (mma_rows_per_block(d, variant) + 4 * MMA_BN[d]) * (d + 8) * 2
-
-
-def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int) -> int:
-    """Splits of each context: enough blocks for ~2 waves over the SMs, none under MIN_SPLIT keys.
-    The kernel divides each sequence's own length, so a CUDA graph captured with the longest
-    context it may see (`max_context_len`) stays right for shorter ones."""
-    want = max(1, math.ceil(2 * sm_count() / max(1, num_seqs * kv_blocks)))
-    return max(1, min(want, math.ceil(max_context_len / MIN_SPLIT)))
 
 
 def _aligned16(q3: cp.ndarray, q_stride: int, k_cache: cp.ndarray, v_cache: cp.ndarray) -> bool:
@@ -71,19 +63,9 @@ def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, bat
     qscale = np.float32(scale * LOG2E)
     G = nh // nkv
     if batch.max_query_len == 1:
-        chunks = math.ceil(G / GMAX)
-        splits = decode_splits(B, nkv * chunks, batch.max_context_len)
-        parts = (NULL, NULL, NULL)
-        if splits > 1:
-            part_o = cp.empty((B, nh, splits, d), dtype=cp.float32)
-            part_ml = cp.empty((2, B, nh, splits), dtype=cp.float32)
-            parts = (part_o, part_ml[0], part_ml[1])
-        smem = (GMAX * d + NWARPS * BN * (words + 1)) * 4
-        launch("attention", f"paged_decode_{dtype}_d{d}", (splits, nkv * chunks, B), NWARPS * 32,
-               (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits)), smem)
-        if splits > 1:
-            launch("attention", f"paged_combine_{dtype}", (nh, B), min(d, 128),
-                   (*parts, qstart, out, np.int32(nh), np.int32(d), np.int32(splits)))
+        mma = DECODE_MMA and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache)
+        paged_decode(common, out, qstart, dtype, B, batch.max_context_len, nh, nkv, qscale,
+                     decode_kernel(dtype, d, it, mma))
         return out
     if PREFILL_MMA and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache):
         variant = MMA_VARIANT

@@ -19,6 +19,7 @@ _modules: dict[tuple[int, str], Any] = {}
 _functions: dict[tuple[int, str, str], Any] = {}
 _smem_optin: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
+_occupancy: dict[tuple[int, str, str, int, int], int] = {}
 
 
 def suffix(dtype: np.dtype) -> str:
@@ -47,15 +48,29 @@ def _function(source: str, name: str) -> Any:
     return fn
 
 
-def launch(source: str, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
-    """Launch kernel `name` of `source`.cu on the current stream (so CUDA-graph capture sees it)."""
+def _function_with_smem(source: str, name: str, smem: int) -> Any:
+    """The kernel, opted in to `smem` bytes of dynamic shared memory where that exceeds the default."""
     fn = _function(source, name)
     if smem > _DEFAULT_SMEM:
         key = (cp.cuda.Device().id, source, name)
         if _smem_optin.get(key, 0) < smem:
             fn.max_dynamic_shared_size_bytes = smem
             _smem_optin[key] = smem
-    fn(tuple(int(g) for g in grid), (block,), args, shared_mem=smem)
+    return fn
+
+
+def launch(source: str, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
+    """Launch kernel `name` of `source`.cu on the current stream (so CUDA-graph capture sees it)."""
+    _function_with_smem(source, name, smem)(tuple(int(g) for g in grid), (block,), args, shared_mem=smem)
+
+
+def blocks_per_sm(source: str, name: str, block: int, smem: int = 0) -> int:
+    """How many blocks of the kernel one SM holds at once (its registers and shared memory counted)."""
+    key = (cp.cuda.Device().id, source, name, block, smem)
+    if key not in _occupancy:
+        fn = _function_with_smem(source, name, smem)
+        _occupancy[key] = max(1, cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, smem))
+    return _occupancy[key]
 
 
 def sm_count() -> int:

@@ -14,7 +14,7 @@ from .blas import linear
 from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
 __all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "write_kv",
-           "paged_attention", "gather_rows", "argmax", "top_logprobs"]
+           "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
 
 
 def _threads(n: int, cap: int = 1024) -> int:
@@ -121,14 +121,19 @@ def silu_mul(gate_up: cp.ndarray) -> cp.ndarray:
     return out
 
 
-def write_kv(k_cache: cp.ndarray, v_cache: cp.ndarray, k: cp.ndarray, v: cp.ndarray, slot_mapping) -> None:
-    """Scatter k/v [T, nkv, d] into [num_blocks, block_size, nkv, d] caches; negative slots are skipped."""
+def _check_caches(op: str, k_cache: cp.ndarray, v_cache: cp.ndarray) -> None:
     nb, bs, nkv, d = k_cache.shape
     it = k_cache.itemsize
-    inner = (nkv * d * it, d * it, it)
-    if k_cache.strides[1:] != inner or v_cache.strides != k_cache.strides:
-        raise ValueError(f"write_kv: caches must be packed inside a block (strides {k_cache.strides}, "
+    if k_cache.strides[1:] != (nkv * d * it, d * it, it) or v_cache.strides != k_cache.strides:
+        raise ValueError(f"{op}: caches must be packed inside a block (strides {k_cache.strides}, "
                          f"{v_cache.strides}); only the block stride may differ")
+
+
+def write_kv(k_cache: cp.ndarray, v_cache: cp.ndarray, k: cp.ndarray, v: cp.ndarray, slot_mapping) -> None:
+    """Scatter k/v [T, nkv, d] into [num_blocks, block_size, nkv, d] caches; negative slots are skipped."""
+    _check_caches("write_kv", k_cache, v_cache)
+    nb, bs, nkv, d = k_cache.shape
+    it = k_cache.itemsize
     k3, ks = heads3d(k)
     v3, vs = heads3d(v)
     T = k.shape[0]
@@ -136,6 +141,34 @@ def write_kv(k_cache: cp.ndarray, v_cache: cp.ndarray, k: cp.ndarray, v: cp.ndar
         launch("kv", f"write_kv_{suffix(k.dtype)}", (T,), _threads(nkv * d, 256),
                (k_cache, v_cache, np.int64(k_cache.strides[0] // it), np.int32(bs), k3, np.int64(ks), v3,
                 np.int64(vs), as_index(slot_mapping, np.int64), np.int32(nkv * d)))
+
+
+def rope_write_kv(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_w: cp.ndarray | None, k_w: cp.ndarray | None,
+                  eps: float, positions, cos: cp.ndarray, sin: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray,
+                  slot_mapping) -> cp.ndarray:
+    """qk_norm_rope (rope when q_w is None) + write_kv in one launch: returns q; k and v land only in
+    their cache slots (bitwise what the two ops store)."""
+    _check_caches("rope_write_kv", k_cache, v_cache)
+    if any(w is not None and w.dtype != q.dtype for w in (q_w, k_w)):
+        raise TypeError("rope_write_kv takes norm weights of the activation dtype; use qk_norm_rope + write_kv")
+    nb, bs, nkv, d = k_cache.shape
+    it = k_cache.itemsize
+    q3, qs = heads3d(q)
+    k3, ks = heads3d(k)
+    v3, vs = heads3d(v)
+    T, nh = q.shape[:2]
+    cos = cp.ascontiguousarray(cos, dtype=cp.float32)
+    sin = cp.ascontiguousarray(sin, dtype=cp.float32)
+    q_out = cp.empty(q.shape, dtype=q.dtype)
+    heads = T * (nh + 2 * nkv)
+    if heads:
+        launch("rope", f"rope_write_kv_{suffix(q.dtype)}", ((heads + 3) // 4,), 128,
+               (q3, np.int64(qs), k3, np.int64(ks), v3, np.int64(vs), q_out, k_cache, v_cache,
+                np.int64(k_cache.strides[0] // it), np.int32(bs), as_index(slot_mapping, np.int64),
+                NULL if q_w is None else q_w, NULL if k_w is None else k_w, np.float32(eps),
+                as_index(positions, np.int32), cos, sin, np.int32(cos.shape[1]),
+                np.int32(T), np.int32(nh), np.int32(nkv), np.int32(d)))
+    return q_out
 
 
 SAMPLE_CHUNK = 4096  # logits per block in the first sampling stage (152k vocab -> 38 blocks a row)

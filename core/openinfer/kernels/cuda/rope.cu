@@ -2,6 +2,8 @@
 // per-head RMSNorm (Qwen3's QK-norm; weights of the activation type or float32) so the head is
 // read once and written once. Dims past 2*half pass through (partial rotary: Qwen3.5 turns 64 of 256).
 // One warp per (token, head); warps [0, T*nh) take q heads, the rest k heads.
+// rope_write_kv also stores each k head straight into its paged-cache slot and copies v there
+// (warps past the k heads), which saves the separate write_kv launch of every layer.
 #include "common.cuh"
 
 template <typename T, typename W>
@@ -49,3 +51,37 @@ __device__ void norm_rope_head(const T* __restrict__ x, T* __restrict__ out, con
     }
 
 FOR_EACH_NORM_DTYPE(ROPE_KERNELS)
+
+// The caches are [num_blocks, block_size, nkv, d] views with an arbitrary block stride (kv.cu's
+// layout); a negative slot (a padded token) stores nothing.
+#define ROPE_KV_KERNELS(suffix, T)                                                                        \
+    extern "C" __global__ void rope_write_kv_##suffix(                                                     \
+        const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,    \
+        T* q_out, T* k_cache, T* v_cache, long long block_stride, int block_size, const long long* slots,  \
+        const T* q_w, const T* k_w, float eps, const int* positions, const float* cos_t,                   \
+        const float* sin_t, int half, int num_tokens, int nh, int nkv, int d) {                            \
+        const long long head = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);           \
+        const long long nq = (long long)num_tokens * nh, nk = (long long)num_tokens * nkv;                 \
+        if (head >= nq + 2 * nk) return;                                                                   \
+        if (head < nq) {                                                                                   \
+            const long long t = head / nh, row = (long long)positions[t] * half;                           \
+            norm_rope_head<T>(q + t * q_stride + (head % nh) * d, q_out + head * d, q_w, eps, d,           \
+                              cos_t + row, sin_t + row, half);                                             \
+            return;                                                                                        \
+        }                                                                                                  \
+        const bool is_k = head < nq + nk;                                                                  \
+        const long long hk = head - nq - (is_k ? 0 : nk), t = hk / nkv, h = hk % nkv;                      \
+        const long long slot = slots[t];                                                                   \
+        if (slot < 0) return;                                                                              \
+        T* dst = (is_k ? k_cache : v_cache) + (slot / block_size) * block_stride +                         \
+                 (slot % block_size) * (long long)nkv * d + h * d;                                         \
+        if (is_k) {                                                                                        \
+            const long long row = (long long)positions[t] * half;                                          \
+            norm_rope_head<T>(k + t * k_stride + h * d, dst, k_w, eps, d, cos_t + row, sin_t + row, half); \
+        } else {                                                                                           \
+            const T* src = v + t * v_stride + h * d;                                                       \
+            for (int i = threadIdx.x & 31; i < d; i += 32) dst[i] = src[i];                                \
+        }                                                                                                  \
+    }
+
+FOR_EACH_DTYPE(ROPE_KV_KERNELS)

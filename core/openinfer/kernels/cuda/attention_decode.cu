@@ -1,0 +1,240 @@
+// GQA decode attention over paged KV on the tensor cores (bf16 only): one query token per sequence,
+// which sees keys 0 .. L - 1 (L = its context length). Same contract as paged_decode in attention.cu
+// (which still serves float32), and the same split layout, so paged_combine merges the splits.
+//
+//   grid   (split, kv head * head chunk, sequence); DEC_WARPS warps a block. A block owns one KV head
+//          and up to 16 of its query heads (the rows of one m16 tile, zero-padded past the group), so
+//          each K/V byte is read from HBM once per step, whatever the GQA ratio. Each sequence divides
+//          its own context over the splits in whole passes (DEC_WARPS * DEC_BN keys), so a grid sized
+//          for the longest context (a CUDA graph's) serves shorter ones; splits past the end only mark
+//          themselves empty (l = 0) and exit.
+//   warp   takes every DEC_WARPS-th tile of DEC_BN = 16 keys of the split and streams them through its
+//          own STAGES-deep cp.async ring in shared memory: no block barrier in the loop, STAGES - 1
+//          tiles of every warp in flight, which is what keeps HBM busy. S = Q K^T and O += P V by
+//          mma.sync m16n8k16 (fragments by ldmatrix, .trans for V; Q fragments straight from global),
+//          online softmax in the log2 domain (S scaled by scale * log2(e) in fp32), as attention_mma.cu.
+//   merge  the warps' (m, l, O) meet in shared memory (over the rings, once all are drained); the block
+//          stores the normalized row (one split) or its split's partial for paged_combine.
+//
+// Mirrored in attention_decode.py: DEC_WARPS, DEC_BN, DEC_ROWS, STAGES per head dim, the smem size.
+#include "common.cuh"
+#include "mma.cuh"
+
+constexpr int DEC_WARPS = 4, DEC_BN = 16, DEC_ROWS = 16;
+
+template <int D> struct DecTile {
+    static constexpr int LD = D + 8;                      // smem row stride (bf16): the pad keeps ldmatrix conflict-free
+    static constexpr int STAGES = D <= 128 ? 3 : 2;       // d256: two blocks of three stages would not fit an SM
+    static constexpr int STAGE = 2 * DEC_BN * LD;         // K rows then V rows of one tile
+    static constexpr int RING = STAGES * STAGE;           // one warp's ring, bf16 elements
+    static constexpr bool Q_IN_REGS = D <= 128;           // d256: o[] alone takes 128 registers
+};
+
+// One warp copies the K and V rows of keys k0 .. k0 + 15 into a stage. Lane l (and l + 16) looks up
+// key k0 + l % 16 (one block-table read); rows then move as 16-byte cp.async, half a warp per 256
+// bytes. Keys at or past kend are zero rows (masked below; 0 * V stays finite).
+template <int D>
+__device__ __forceinline__ void warp_load_kv(bf16* stage, const bf16* kc, const bf16* vc, const KvLayout& kv,
+                                             const int* table, int kvh, int k0, int kend) {
+    constexpr int LD = D + 8, VW = D / 8;
+    static_assert((DEC_BN * VW) % 32 == 0, "a tile's chunks must split evenly over the lanes");
+    const int lane = threadIdx.x & 31, key = k0 + (lane & (DEC_BN - 1));
+    const long long off = key < kend ? kv.offset(table, key, kvh, D) : -1;
+#pragma unroll
+    for (int it = 0; it < DEC_BN * VW / 32; ++it) {
+        const int idx = it * 32 + lane, r = idx / VW, c = idx % VW;
+        const long long o = __shfl_sync(0xffffffffu, off, r);
+        const int bytes = o >= 0 ? 16 : 0;
+        const long long src = o >= 0 ? o + c * 8 : 0;
+        cp_async16(stage + r * LD + c * 8, kc + src, bytes);
+        cp_async16(stage + (DEC_BN + r) * LD + c * 8, vc + src, bytes);
+    }
+}
+
+// The A fragment of Q rows (heads) for k-step kk: this lane's words of rows gid and gid + 8
+// (null: a padding row, zeros), columns 16 kk + 2 tq (+ 8).
+__device__ __forceinline__ void q_fragment(unsigned int* a, const unsigned int* lo, const unsigned int* hi, int kk, int tq) {
+    a[0] = lo ? lo[kk * 8 + tq] : 0u;
+    a[1] = hi ? hi[kk * 8 + tq] : 0u;
+    a[2] = lo ? lo[kk * 8 + 4 + tq] : 0u;
+    a[3] = hi ? hi[kk * 8 + 4 + tq] : 0u;
+}
+
+template <int D>
+__device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
+                           const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
+                           float* part_o, float* part_m, float* part_l, int nh, int nkv, float scale,
+                           int num_splits) {
+    using C = DecTile<D>;
+    constexpr int LD = C::LD, KC = D / 16, DT = D / 8, STAGES = C::STAGES, PASS = DEC_WARPS * DEC_BN;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
+    const int b = blockIdx.z, split = blockIdx.x, G = nh / nkv, chunks = (G + DEC_ROWS - 1) / DEC_ROWS;
+    const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * DEC_ROWS, gc = min(DEC_ROWS, G - g0);
+    const int q0 = qstart[b];
+    if (qstart[b + 1] == q0) return;  // no query this step (block-uniform)
+    const int L = ctx[b];
+    const int split_len = ((L + num_splits - 1) / num_splits + PASS - 1) / PASS * PASS;
+    const int kbeg = split * split_len, kend = min(L, kbeg + split_len);
+    if (kbeg >= kend) {  // a split past this context (never the only one): paged_combine skips l = 0
+        if (threadIdx.x < gc) {
+            const long long p = ((long long)b * nh + kvh * G + g0 + threadIdx.x) * num_splits + split;
+            part_m[p] = NEG_INF;
+            part_l[p] = 0.f;
+        }
+        return;
+    }
+    const int* table = tables + (long long)b * table_stride;
+    // this warp's tiles start at kbeg + (warp + i * DEC_WARPS) * DEC_BN, i < ntiles
+    const int nall = kend > kbeg ? (kend - kbeg + DEC_BN - 1) / DEC_BN : 0;
+    const int ntiles = nall > warp ? (nall - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
+    bf16* ring = (bf16*)smem_raw + warp * C::RING;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ntiles)
+            warp_load_kv<D>(ring + s * C::STAGE, kc, vc, kv, table, kvh, kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend);
+        cp_async_commit();  // possibly empty: wait<STAGES - 1> below always means "tile t has landed"
+    }
+
+    const bf16* qrow = q + (long long)q0 * q_stride + (long long)(kvh * G + g0) * D;
+    const unsigned int* qlo = gid < gc ? (const unsigned int*)(qrow + gid * D) : nullptr;
+    const unsigned int* qhi = gid + 8 < gc ? (const unsigned int*)(qrow + (gid + 8) * D) : nullptr;
+    unsigned int qf[C::Q_IN_REGS ? KC : 1][4];
+    if constexpr (C::Q_IN_REGS) {
+#pragma unroll
+        for (int kk = 0; kk < KC; ++kk) q_fragment(qf[kk], qlo, qhi, kk, tq);
+    }
+    // this lane holds rows gid, gid + 8 (h = 0, 1) and key columns 2 tq + {0, 1} of each 8-key n-tile
+    float o[DT][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    const int koff = ((lane & 7) + ((lane >> 4) & 1) * 8) * LD + ((lane >> 3) & 1) * 8;
+    const int voff = ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+
+    for (int t = 0; t < ntiles; ++t) {
+        const int pre = t + STAGES - 1;
+        if (pre < ntiles)
+            warp_load_kv<D>(ring + (pre % STAGES) * C::STAGE, kc, vc, kv, table, kvh,
+                            kbeg + (warp + pre * DEC_WARPS) * DEC_BN, kend);
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
+        __syncwarp();  // every lane's copies of tile t are visible to the whole warp
+        const bf16* kt = ring + (t % STAGES) * C::STAGE;
+        const bf16* vt = kt + DEC_BN * LD;
+        const int k0 = kbeg + (warp + t * DEC_WARPS) * DEC_BN;
+
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < KC; ++kk) {
+            unsigned int a[4], bk[4];
+            if constexpr (C::Q_IN_REGS) {
+                a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
+            } else {
+                q_fragment(a, qlo, qhi, kk, tq);
+            }
+            ldmatrix_x4(bk, kt + koff + kk * 16);
+            mma_bf16(s[0], a, bk[0], bk[1]);
+            mma_bf16(s[1], a, bk[2], bk[3]);
+        }
+        if (k0 + DEC_BN > kend) {  // the split's last tile: keys past its end
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (k0 + 8 * j + 2 * tq + (e & 1) >= kend) s[j][e] = NEG_INF;
+        }
+        // online softmax: m in raw score units (scale > 0), probabilities exp2(s * scale - m * scale);
+        // key k0 < kend is valid, so every row's max is finite from the first tile on
+        float base[2], alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = fmaxf(m[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            base[h] = mx * scale;
+            alpha[h] = fast_exp2(m[h] * scale - base[h]);  // m = -inf (first tile): 0
+            m[h] = mx;
+            l[h] *= alpha[h];
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = fast_exp2(fmaf(s[j][e], scale, -base[e >> 1]));
+                l[e >> 1] += s[j][e];
+            }
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+            o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+        }
+        // O += P V: the S accumulators of the two n-tiles are the A fragment of the tile's 16 keys
+        const unsigned int a[4] = {pack_bf16x2(s[0][0], s[0][1]), pack_bf16x2(s[0][2], s[0][3]),
+                                   pack_bf16x2(s[1][0], s[1][1]), pack_bf16x2(s[1][2], s[1][3])};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            unsigned int bv[4];
+            ldmatrix_x4_trans(bv, vt + voff + dp * 16);
+            mma_bf16(o[2 * dp], a, bv[0], bv[1]);
+            mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+        }
+        __syncwarp();  // the stage is consumed before a later iteration refills it
+    }
+    cp_async_wait<0>();  // only empty groups remain
+
+    // merge the warps over the drained rings: O [warp][row][D] unnormalized, m (log2 units) and l per row
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    __syncthreads();
+    float* mo = (float*)smem_raw;
+    float* mm = mo + DEC_WARPS * DEC_ROWS * D;
+    float* ml = mm + DEC_WARPS * DEC_ROWS;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = warp * DEC_ROWS + gid + 8 * h;
+#pragma unroll
+        for (int j = 0; j < DT; ++j) *(float2*)(mo + r * D + 8 * j + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
+        if (tq == 0) {
+            mm[r] = m[h] == NEG_INF ? NEG_INF : m[h] * scale;  // a warp without tiles: -inf, l = 0
+            ml[r] = l[h];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < gc * D; idx += blockDim.x) {
+        const int g = idx / D, dd = idx % D, head = kvh * G + g0 + g;
+        float M = NEG_INF, lsum = 0.f, acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) M = fmaxf(M, mm[w * DEC_ROWS + g]);
+        if (M != NEG_INF)
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; ++w) {
+                const float f = exp2f(mm[w * DEC_ROWS + g] - M);
+                lsum += f * ml[w * DEC_ROWS + g];
+                acc += f * mo[(w * DEC_ROWS + g) * D + dd];
+            }
+        if (num_splits == 1) {
+            out[((long long)q0 * nh + head) * D + dd] = from_f32<bf16>(acc / lsum);
+        } else {
+            const long long p = ((long long)b * nh + head) * num_splits + split;
+            part_o[p * D + dd] = lsum > 0.f ? acc / lsum : 0.f;
+            if (dd == 0) { part_m[p] = M; part_l[p] = lsum; }
+        }
+    }
+}
+
+#define DECODE_KERNEL(D)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) paged_decode_mma_bf16_d##D(                    \
+        const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
+        long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
+        const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int nh, int nkv, float scale,  \
+        int num_splits) {                                                                                       \
+        decode_mma<D>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,            \
+                      table_stride, qstart, ctx, out, part_o, part_m, part_l, nh, nkv, scale, num_splits);      \
+    }
+
+DECODE_KERNEL(64)
+DECODE_KERNEL(128)
+DECODE_KERNEL(256)

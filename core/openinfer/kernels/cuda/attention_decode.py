@@ -1,0 +1,85 @@
+"""Decode attention on CUDA (one query token per sequence): which kernel, its split-KV grid, and the
+combine of the splits.
+
+bf16 runs on the tensor-core kernel (attention_decode.cu), float32 (and bf16 that is not 16-byte
+aligned) on the fp32 CUDA-core kernel of attention.cu. Both give a block one split of one sequence's
+context, one KV head and the query heads of its group, so K/V is read once per step; both leave
+per-split partials in one layout that paged_combine (attention.cu) merges. The grid depends only on
+the batch size, the heads and `max_context_len`: each sequence divides its own length over the splits,
+so a CUDA graph captured with the longest context stays right for shorter ones.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import cupy as cp
+import numpy as np
+
+from .module import NULL, blocks_per_sm, launch, sm_count
+
+NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its blocks' warps, key tile, group rows)
+MIN_SPLIT = NWARPS * BN                      # its split: whole passes of the block's warps
+DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16      # must match attention_decode.cu
+DEC_STAGES = {64: 3, 128: 3, 256: 2}         # cp.async ring depth per warp (DecTile::STAGES)
+DEC_PASS = DEC_WARPS * DEC_BN
+DECODE_MMA = os.environ.get("OPENINFER_DECODE_MMA", "1") != "0"   # 0: the fp32 CUDA-core kernel for bf16 too
+
+
+@dataclass(frozen=True)
+class DecodeKernel:
+    source: str      # the .cu file
+    name: str
+    rows: int        # query heads of a group one block takes (more: the group is cut into chunks)
+    pass_len: int    # splits are whole multiples of this many keys
+    smem: int        # dynamic shared memory, bytes
+    threads: int     # per block
+    per_sm: int      # blocks per SM the grid should fill before splitting (0: what one SM holds at once)
+
+
+def mma_decode_smem(d: int) -> int:
+    """The warps' K/V rings (rows padded by 8 bf16), or the fp32 merge area laid over them if larger."""
+    rings = DEC_WARPS * DEC_STAGES[d] * 2 * DEC_BN * (d + 8) * 2
+    merge = DEC_WARPS * DEC_ROWS * (d + 2) * 4
+    return max(rings, merge)
+
+
+def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool) -> DecodeKernel:
+    """The tensor-core kernel (split until one wave of resident blocks is full), or the fp32 one,
+    whose split count keeps its original tuning (two blocks an SM)."""
+    if mma:
+        return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_d{d}", DEC_ROWS, DEC_PASS,
+                            mma_decode_smem(d), 32 * DEC_WARPS, 0)
+    words = d * itemsize // 4
+    return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, MIN_SPLIT,
+                        (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 2)
+
+
+def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int, pass_len: int = MIN_SPLIT,
+                  per_sm: int = 2) -> int:
+    """Splits of each context: none where batch x KV-head blocks alone give `per_sm` blocks to every
+    SM, else enough for that; never a split under `pass_len` keys. Splits past a sequence's own
+    context exit at once, but each costs a block launch, so no more than fill the machine."""
+    want = math.ceil(per_sm * sm_count() / max(1, num_seqs * kv_blocks))
+    return max(1, min(want, math.ceil(max_context_len / pass_len)))
+
+
+def paged_decode(common: tuple, out: cp.ndarray, qstart: cp.ndarray, dtype: str, num_seqs: int,
+                 max_context_len: int, nh: int, nkv: int, qscale: np.float32, kernel: DecodeKernel) -> None:
+    """Launch `kernel` on paged_attention's leading arguments (`common`: q .. context_lens, out) and,
+    when contexts are split, paged_combine into `out`."""
+    d = out.shape[-1]
+    kv_blocks = nkv * math.ceil(nh // nkv / kernel.rows)
+    per_sm = kernel.per_sm or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
+    splits = decode_splits(num_seqs, kv_blocks, max_context_len, kernel.pass_len, per_sm)
+    parts = (NULL, NULL, NULL)
+    if splits > 1:
+        part_o = cp.empty((num_seqs, nh, splits, d), dtype=cp.float32)
+        part_ml = cp.empty((2, num_seqs, nh, splits), dtype=cp.float32)
+        parts = (part_o, part_ml[0], part_ml[1])
+    launch(kernel.source, kernel.name, (splits, kv_blocks, num_seqs), kernel.threads,
+           (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits)), kernel.smem)
+    if splits > 1:
+        launch("attention", f"paged_combine_{dtype}", (nh, num_seqs), min(d, 128),
+               (*parts, qstart, out, np.int32(nh), np.int32(d), np.int32(splits)))

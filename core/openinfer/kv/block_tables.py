@@ -1,0 +1,59 @@
+"""The block tables of the requests a step runs, kept from step to step as rows of one numpy array.
+
+A running request's block list only grows, so each step copies just the blocks added since the last
+one (usually none, or one every block_size decode steps) instead of rebuilding B x blocks entries: at
+batch 128 and 16k context that rebuild alone cost ~3 ms a step. A request keeps its row while it
+appears in consecutive steps; one that misses a step (finished, or a prefill left out by the token
+budget) gives its row back and is copied afresh when it returns. A list that was replaced rather than
+grown (shorter, or its last copied block differs), or a new request under a reused id, is copied afresh.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..request import Request
+
+
+class BlockTables:
+    def __init__(self, rows: int = 8, width: int = 64) -> None:
+        self.table = np.zeros((rows, width), np.int32)   # a row is zero past its request's blocks
+        self.held: dict[str, tuple[Request, int, int]] = {}   # request id -> (request, row, blocks copied)
+        self.free = list(range(rows - 1, -1, -1))
+
+    def gather(self, reqs: Sequence[Request]) -> np.ndarray:
+        """[len(reqs), most blocks] int32, each row the request's blocks padded with block 0."""
+        held, self.held = self.held, {}
+        rows = np.empty(len(reqs), np.int64)
+        width = 1
+        for i, r in enumerate(reqs):
+            ids, (was, row, n) = r.block_ids, held.pop(r.request_id, (r, -1, 0))
+            if row < 0:
+                row = self._take()
+            elif was is not r or n > len(ids) or (n and ids[n - 1] != self.table[row, n - 1]):
+                self.table[row, :n] = 0
+                n = 0
+            if len(ids) > n:
+                if len(ids) > self.table.shape[1]:
+                    self._grow(self.table.shape[0], max(len(ids), 2 * self.table.shape[1]))
+                self.table[row, n: len(ids)] = ids[n:]
+            self.held[r.request_id] = (r, row, len(ids))
+            rows[i] = row
+            width = max(width, len(ids))
+        for _, row, n in held.values():   # requests this step does not run
+            self.table[row, :n] = 0
+            self.free.append(row)
+        return self.table[rows, :width]
+
+    def _take(self) -> int:
+        if not self.free:
+            old = self.table.shape[0]
+            self._grow(2 * old, self.table.shape[1])
+            self.free = list(range(2 * old - 1, old - 1, -1))
+        return self.free.pop()
+
+    def _grow(self, rows: int, width: int) -> None:
+        table = np.zeros((rows, width), np.int32)
+        table[: self.table.shape[0], : self.table.shape[1]] = self.table
+        self.table = table

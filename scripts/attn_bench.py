@@ -1,0 +1,94 @@
+"""Decode attention microbenchmark on one GPU: the fp32 CUDA-core kernel (attention.cu, "old") against
+the tensor-core one (attention_decode.cu, "new") on one Qwen3-4B layer (32 query heads, 8 KV heads,
+head dim 128, bf16, block size 16, blocks shuffled over the pool), batch x context as given.
+
+Each variant runs as the engine runs decode: its grid sized for --max-model-len (the CUDA graphs'
+sizing), CALLS calls captured into one CUDA graph, the replay timed with CUDA events. GB/s counts
+the K/V bytes one call must read (batch x context x 8 heads x 128 x 2 x 2 bytes) over its time;
+the H200 copies at ~4.3 TB/s. "max |diff|" compares the two kernels' outputs.
+    python scripts/attn_bench.py [--batches 1,32,128] [--contexts 1024,16384] [--max-model-len 20480]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import cupy as cp
+import numpy as np
+
+from openinfer.batch import ForwardBatch
+from openinfer.kernels.cuda import attention
+from openinfer.kernels.cuda.module import BF16
+
+NH, NKV, D, BS = 32, 8, 128, 16
+CALLS = 20
+
+
+def make_inputs(batch: int, context: int, max_model_len: int, rng: np.random.Generator):
+    per = -(-context // BS)
+    num_blocks = batch * per + 1
+    tables = (1 + rng.permutation(batch * per).astype(np.int32)).reshape(batch, per)
+    k, v = (cp.random.standard_normal((num_blocks, BS, NKV, D), dtype=cp.float32).astype(BF16) for _ in range(2))
+    q = cp.random.standard_normal((batch, NH, D), dtype=cp.float32).astype(BF16)
+    qs, lens = np.arange(batch + 1, dtype=np.int32), np.full(batch, context, np.int32)
+    fb = ForwardBatch(
+        token_ids=cp.zeros(batch, cp.int32), positions=cp.asarray(lens - 1), slot_mapping=cp.zeros(batch, cp.int64),
+        block_tables=cp.asarray(tables), query_start=cp.asarray(qs), context_lens=cp.asarray(lens),
+        sample_rows=cp.asarray(qs[:-1]), query_start_host=qs, context_lens_host=lens, block_size=BS,
+        max_query_len=1, max_context_len=context)
+    return q, k, v, dataclasses.replace(fb, max_context_len=max_model_len)
+
+
+def graph_ms(fn, stream: cp.cuda.Stream, repeats: int = 5) -> float:
+    """Median ms of one fn() call, CALLS calls a graph."""
+    with stream:
+        fn()  # load the kernels and grow the pool outside capture
+        stream.synchronize()
+        stream.begin_capture()
+        for _ in range(CALLS):
+            fn()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        times = []
+        for _ in range(repeats):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) / CALLS)
+    return float(np.median(times))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,32,128")
+    ap.add_argument("--contexts", default="1024,16384")
+    ap.add_argument("--max-model-len", type=int, default=20480)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    stream = cp.cuda.Stream(non_blocking=True)
+    print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; {NH} q / {NKV} kv heads, d {D}, bf16, "
+          f"block {BS}, grid sized for {args.max_model_len} tokens, {CALLS} calls a graph")
+    print(f"{'batch':>5} {'context':>7} {'KV MB':>8} {'old ms':>8} {'old GB/s':>9} {'new ms':>8} "
+          f"{'new GB/s':>9} {'speed-up':>8} {'max |diff|':>10}")
+    for b in (int(x) for x in args.batches.split(",")):
+        for ctx in (int(x) for x in args.contexts.split(",")):
+            q, k, v, fb = make_inputs(b, ctx, args.max_model_len, rng)
+            scale = D ** -0.5
+            outs, ms = {}, {}
+            for name, mma in (("old", False), ("new", True)):
+                attention.DECODE_MMA = mma
+                ms[name] = graph_ms(lambda: attention.paged_attention(q, k, v, fb, scale), stream)
+                with stream:
+                    outs[name] = cp.asnumpy(attention.paged_attention(q, k, v, fb, scale), stream).astype(np.float32)
+            kv_bytes = b * ctx * NKV * D * 2 * 2
+            diff = float(np.abs(outs["old"] - outs["new"]).max())
+            print(f"{b:>5} {ctx:>7} {kv_bytes / 1e6:>8.1f} {ms['old']:>8.3f} {kv_bytes / ms['old'] / 1e6:>9.0f} "
+                  f"{ms['new']:>8.3f} {kv_bytes / ms['new'] / 1e6:>9.0f} {ms['old'] / ms['new']:>7.2f}x {diff:>10.2e}")
+            del q, k, v, fb, outs
+            cp.get_default_memory_pool().free_all_blocks()
+
+
+if __name__ == "__main__":
+    main()

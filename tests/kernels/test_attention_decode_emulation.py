@@ -1,0 +1,200 @@
+"""CPU emulation of attention_decode.cu's indexing (no GPU): the kernel's address arithmetic run lane by
+lane over NaN-filled numpy "shared memory" (ldmatrix / mma.sync / cp.async modelled as in
+test_attention_mma_emulation), each warp's ring in program order, the warp merge, and paged_combine;
+compared with the numpy reference. Mirrors the kernel line by line: change both together."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from openinfer.batch import ForwardBatch
+from openinfer.kernels import numpy_ops as ref
+from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma, pack
+
+DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16
+STAGES = {64: 3, 128: 3, 256: 2}
+GID, TQ = LANE >> 2, LANE & 3
+
+
+def decode_splits(num_seqs, kv_blocks, max_context_len, sms=132, per_sm=2):
+    """attention_decode.decode_splits with the H200's SM count and the d128 kernel's residency."""
+    want = math.ceil(per_sm * sms / max(1, num_seqs * kv_blocks))
+    return max(1, min(want, math.ceil(max_context_len / (DEC_WARPS * DEC_BN))))
+
+
+def warp_load_kv(smem, stage, kflat, vflat, offset, k0, kend, D):
+    LD, VW = D + 8, D // 8
+    key = k0 + (LANE & (DEC_BN - 1))
+    off = np.array([offset(k) if k < kend else -1 for k in key])
+    for it in range(DEC_BN * VW // 32):
+        idx = it * 32 + LANE
+        r, c = idx // VW, idx % VW
+        o = off[r]  # __shfl_sync(off, r)
+        for ln in range(32):
+            for base, src in ((stage + r[ln] * LD, kflat), (stage + (DEC_BN + r[ln]) * LD, vflat)):
+                dst = base + c[ln] * 8
+                smem[dst: dst + 8] = src[o[ln] + c[ln] * 8: o[ln] + c[ln] * 8 + 8] if o[ln] >= 0 else 0
+
+
+def q_fragment(q, lo, hi, kk):
+    """[32, 4, 2]: rows gid / gid + 8 (None: zeros), elements 16 kk + 2 tq (+ 8) and the next."""
+    a = np.zeros((32, 4, 2), np.float32)
+    for ln in range(32):
+        for i, (row, col) in enumerate(((lo[ln], 0), (hi[ln], 0), (lo[ln], 8), (hi[ln], 8))):
+            if row is not None:
+                e = row + kk * 16 + 2 * TQ[ln] + col
+                a[ln, i] = q[e: e + 2]
+    return a
+
+
+def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, split, num_splits, scale, D):
+    """One block: returns (o [gc, D] normalized, M [gc], lsum [gc]) as it stores them."""
+    LD, KC, DT, S = D + 8, D // 16, D // 8, STAGES[D]
+    STAGE, RING, PASS = 2 * DEC_BN * LD, S * 2 * DEC_BN * LD, DEC_WARPS * DEC_BN
+    split_len = ((L + num_splits - 1) // num_splits + PASS - 1) // PASS * PASS
+    kbeg, kend = split * split_len, min(L, split * split_len + split_len)
+    if kbeg >= kend:  # an empty split stores m and l only: its o stays unwritten
+        return np.full((gc, D), np.nan), np.full(gc, -np.inf), np.zeros(gc)
+    nall = (kend - kbeg + DEC_BN - 1) // DEC_BN if kend > kbeg else 0
+    smem = np.full(DEC_WARPS * RING, np.nan, np.float32)
+    koff = ((LANE & 7) + ((LANE >> 4) & 1) * 8) * LD + ((LANE >> 3) & 1) * 8
+    voff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
+    qrow = q0 * q_stride + (kvh * G + g0) * D
+    lo = [qrow + g * D if g < gc else None for g in GID]
+    hi = [qrow + (g + 8) * D if g + 8 < gc else None for g in GID]
+    merged = []
+    for warp in range(DEC_WARPS):
+        ntiles = (nall - warp + DEC_WARPS - 1) // DEC_WARPS if nall > warp else 0
+        ring = warp * RING
+        for s in range(S - 1):
+            if s < ntiles:
+                warp_load_kv(smem, ring + s * STAGE, kflat, vflat, offset, kbeg + (warp + s * DEC_WARPS) * DEC_BN,
+                             kend, D)
+        qf = [q_fragment(q, lo, hi, kk) for kk in range(KC)]
+        o, m, l = np.zeros((32, DT, 4)), np.full((32, 2), -np.inf), np.zeros((32, 2))
+        for t in range(ntiles):
+            pre = t + S - 1
+            if pre < ntiles:
+                warp_load_kv(smem, ring + (pre % S) * STAGE, kflat, vflat, offset,
+                             kbeg + (warp + pre * DEC_WARPS) * DEC_BN, kend, D)
+            kt = ring + (t % S) * STAGE
+            vt = kt + DEC_BN * LD
+            k0 = kbeg + (warp + t * DEC_WARPS) * DEC_BN
+            s_ = np.zeros((32, 2, 4))
+            for kk in range(KC):
+                bk = ldmatrix_x4(smem, kt + koff + kk * 16)
+                mma(s_[:, 0], qf[kk], bk[:, 0], bk[:, 1])
+                mma(s_[:, 1], qf[kk], bk[:, 2], bk[:, 3])
+            if k0 + DEC_BN > kend:
+                for j in range(2):
+                    for e in range(4):
+                        s_[:, j, e] = np.where(k0 + 8 * j + 2 * TQ + (e & 1) >= kend, -np.inf, s_[:, j, e])
+            mx = np.stack([np.maximum(m[:, 0], s_[:, :, :2].max(axis=(1, 2))),
+                           np.maximum(m[:, 1], s_[:, :, 2:].max(axis=(1, 2)))], 1)
+            mx = np.maximum(mx, mx[LANE ^ 1])
+            mx = np.maximum(mx, mx[LANE ^ 2])
+            assert np.isfinite(mx).all()
+            base = mx * scale
+            alpha = np.exp2(m * scale - base)
+            m, l = mx, l * alpha
+            p = np.exp2(s_ * scale - np.repeat(base, 2, axis=1)[:, None, :])
+            l += np.stack([p[:, :, :2].sum((1, 2)), p[:, :, 2:].sum((1, 2))], 1)
+            o *= np.repeat(alpha, 2, axis=1)[:, None, :]
+            a = np.stack([pack(p[:, 0, 0], p[:, 0, 1]), pack(p[:, 0, 2], p[:, 0, 3]),
+                          pack(p[:, 1, 0], p[:, 1, 1]), pack(p[:, 1, 2], p[:, 1, 3])], 1)
+            for dp in range(D // 16):
+                bv = ldmatrix_x4(smem, vt + voff + dp * 16, trans=True)
+                mma(o[:, 2 * dp], a, bv[:, 0], bv[:, 1])
+                mma(o[:, 2 * dp + 1], a, bv[:, 2], bv[:, 3])
+        l = l + l[LANE ^ 1]
+        l = l + l[LANE ^ 2]
+        merged.append((o, m, l))
+    # the merge area: O [warp][row][D], mm, ml [warp][row]
+    mo = np.full(DEC_WARPS * DEC_ROWS * D, np.nan, np.float32)
+    mm = np.full(DEC_WARPS * DEC_ROWS, np.nan, np.float32)
+    ml = np.full(DEC_WARPS * DEC_ROWS, np.nan, np.float32)
+    for warp, (o, m, l) in enumerate(merged):
+        for h in range(2):
+            r = warp * DEC_ROWS + GID + 8 * h
+            for j in range(DT):
+                for ln in range(32):
+                    at = r[ln] * D + 8 * j + 2 * TQ[ln]
+                    mo[at: at + 2] = o[ln, j, 2 * h: 2 * h + 2]
+            first = TQ == 0
+            mm[r[first]] = np.where(m[first, h] == -np.inf, -np.inf, m[first, h] * scale)
+            ml[r[first]] = l[first, h]
+    out, Ms, ls = np.zeros((gc, D)), np.zeros(gc), np.zeros(gc)
+    for g in range(gc):
+        rows = np.arange(DEC_WARPS) * DEC_ROWS + g
+        M = mm[rows].max()
+        f = np.exp2(mm[rows] - M) if M != -np.inf else np.zeros(DEC_WARPS)
+        lsum = (f * ml[rows]).sum()
+        acc = (f[:, None] * mo[rows[:, None] * D + np.arange(D)]).sum(0)
+        out[g] = acc / lsum if lsum > 0 else 0
+        Ms[g], ls[g] = M, lsum
+    assert not np.isnan(out).any()
+    return out, Ms, ls
+
+
+def emulate(q, q_stride, kflat, vflat, cache_base, block_stride, token_stride, bs, tables, ctx, nh, nkv, scale,
+            D, num_splits):
+    G, B = nh // nkv, len(ctx)
+    chunks = (G + DEC_ROWS - 1) // DEC_ROWS
+    out = np.full((B, nh, D), np.nan)
+    for b in range(B):
+        for by in range(nkv * chunks):
+            kvh, g0 = by // chunks, (by % chunks) * DEC_ROWS
+            gc = min(DEC_ROWS, G - g0)
+
+            def offset(t):
+                return cache_base + int(tables[b][t // bs]) * block_stride + (t % bs) * token_stride + kvh * D
+
+            parts = [emulate_block(q, q_stride, kflat, vflat, offset, b, int(ctx[b]), kvh, g0, gc, G, s,
+                                   num_splits, scale, D) for s in range(num_splits)]
+            for g in range(gc):  # paged_combine, which skips l = 0 (the one-split kernel stores o / lsum itself)
+                M = max(p[1][g] for p in parts)
+                live = [p for p in parts if p[2][g] != 0]
+                w = np.array([np.exp2(p[1][g] - M) * p[2][g] for p in live])
+                out[b, kvh * G + g0 + g] = (w[:, None] * np.stack([p[0][g] for p in live])).sum(0) / w.sum()
+    return out
+
+
+CASES = {
+    # contexts, nh, nkv, d, splits (None: decode_splits for a graph sized for 20480 tokens)
+    "g4_d128_ragged_split": ([1000, 17, 1, 130, 64, 65], 8, 2, 128, None),
+    "g1_d64_one_split": ([300, 5, 33], 4, 4, 64, 1),
+    "g8_d256_split": ([200, 16, 3], 16, 2, 256, 3),
+    "g32_two_chunks_d64": ([90, 40], 32, 1, 64, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_mma_decode_emulation_matches_reference(case):
+    ctx, nh, nkv, D, splits = CASES[case]
+    rng = np.random.default_rng(3)
+    bs, layers, layer = 16, 2, 1
+    need = [-(-L // bs) for L in ctx]
+    nb = sum(need) + 2
+    perm = rng.permutation(nb)
+    tables = np.zeros((len(ctx), max(need)), np.int32)
+    at = 0
+    for i, k in enumerate(need):
+        tables[i, :k] = perm[at: at + k]
+        at += k
+    B = len(ctx)
+    qs, lens = np.arange(B + 1, dtype=np.int32), np.array(ctx, np.int32)
+    pool = bf(rng.standard_normal((2, nb, layers, bs, nkv, D)))
+    q_extra = 2 * nkv * D  # q is a strided view of a fused qkv row
+    qbuf = bf(rng.standard_normal((B, nh * D + q_extra)))
+    q = qbuf[:, : nh * D].reshape(B, nh, D)
+    scale = D ** -0.5
+    batch = ForwardBatch(np.zeros(B, np.int32), np.zeros(B, np.int32), np.zeros(B, np.int64), tables, qs, lens,
+                         np.zeros(0, np.int32), qs, lens, bs, 1, int(lens.max()))
+    num_splits = splits or decode_splits(B, nkv * -(-(nh // nkv) // DEC_ROWS), 20480)
+    want = ref.paged_attention(q, pool[0][:, layer], pool[1][:, layer], batch, scale)
+    got = emulate(qbuf.reshape(-1), nh * D + q_extra, pool[0].reshape(-1), pool[1].reshape(-1), layer * bs * nkv * D,
+                  layers * bs * nkv * D, nkv * D, bs, tables, lens, nh, nkv, scale * 1.4426950408889634, D,
+                  num_splits)
+    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
