@@ -5,6 +5,12 @@ so a running request never waits for memory and nothing needs preempting; blocks
 the reservation as the sequence grows. Full blocks are registered under chained hashes (parent
 hash, token ids, salt); unreferenced cached blocks stay reusable until evicted in LRU order.
 Block 0 is never handed out: padding rows of a batch point at it.
+
+A full-prompt hit recomputes only the last prompt token (its logits are needed to sample), so that
+step is one token and runs as a decode step. Cached blocks are immutable (other requests may be
+reading them), so when the last prompt token falls in a cached block, the request gets a private
+copy of that block (copy-on-write: `take_block_copies`, run on the device before the next forward)
+and writes the recomputed token there.
 """
 from __future__ import annotations
 
@@ -45,6 +51,7 @@ class BlockManager:
         self.tokens_of: dict[int, tuple[int, ...]] = {}
         self.reserved = 0
         self.stats = CacheStats()
+        self.block_copies: list[tuple[int, int]] = []   # (cached src, private dst), src referenced until taken
         # seams for the host offload tier (kv/host_tier.py): the cached blocks one allocate()
         # evicted, as (block, hash, tokens), reported before anything can write them; and every
         # admitted request, after its device hits were taken
@@ -79,22 +86,50 @@ class BlockManager:
             hits.append(b)
         return hits
 
+    def _last_block_hit(self, req: Request, hits: list[int]) -> int | None:
+        """The cached block holding the prompt's last token, when every block before it hit and it
+        is a full block of the prompt (the one block `_match` leaves out)."""
+        n, bs, i = len(req.prompt_ids), self.block_size, len(hits)
+        if not self.enable_prefix_cache or n % bs or i != n // bs - 1:
+            return None
+        tokens = tuple(req.prompt_ids[i * bs:])
+        [h] = block_hashes(list(tokens), bs, req.cache_salt, parent=req.block_hashes[i - 1] if i else None)
+        b = self.by_hash.get(h)
+        return b if b is not None and self.tokens_of[b] == tokens else None
+
+    def _ref(self, b: int) -> None:
+        if self.ref[b] == 0:
+            del self.evictable[b]
+        self.ref[b] += 1
+
+    def _unref(self, b: int) -> None:
+        self.ref[b] -= 1
+        if self.ref[b] == 0:
+            if b in self.hash_of:
+                self.evictable[b] = None
+            else:
+                self.free.append(b)
+
     def try_admit(self, req: Request) -> bool:
         """Take the prefix hits and reserve the rest of the lifetime, or change nothing."""
         hits = self._match(req)
+        src = self._last_block_hit(req, hits)
+        shared = hits + ([src] if src is not None else [])
         need = self.blocks_for(req.max_total_tokens) - len(hits)
-        revived = sum(1 for b in hits if self.ref[b] == 0)
+        revived = sum(1 for b in shared if self.ref[b] == 0)
         if need + revived > self.num_available():
             return False
-        for b in hits:
-            if self.ref[b] == 0:
-                del self.evictable[b]
-            self.ref[b] += 1
+        for b in shared:
+            self._ref(b)
         req.block_ids = hits
         req.num_hashed_blocks = len(hits)
         req.num_computed = req.cached_tokens = len(hits) * self.block_size
         req.reserved_blocks = need
         self.reserved += need
+        if src is not None:   # copy-on-write: the private copy comes out of the reservation
+            self.allocate(req, len(req.prompt_ids))
+            self.block_copies.append((src, req.block_ids[-1]))
+            req.num_computed = req.cached_tokens = len(req.prompt_ids) - 1
         self.stats.queries += len(req.prompt_ids)
         self.stats.hits += req.cached_tokens
         if self.on_admit is not None:
@@ -147,14 +182,17 @@ class BlockManager:
     def release(self, req: Request) -> None:
         """Return a finished or aborted request's blocks and reservation at once."""
         for b in reversed(req.block_ids):   # tail blocks become the first eviction candidates
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                if b in self.hash_of:
-                    self.evictable[b] = None
-                else:
-                    self.free.append(b)
+            self._unref(b)
         self.reserved -= req.reserved_blocks
         req.block_ids, req.reserved_blocks = [], 0
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """Copy-on-write block copies (src, dst) to run before the next forward. The sources are
+        let go now: the copies are queued on the device ahead of any later write to them."""
+        copies, self.block_copies = self.block_copies, []
+        for src, _ in copies:
+            self._unref(src)
+        return copies
 
     # ---- bounded-state hooks: kv/hybrid.py overrides them; paged-only models need none ----
     def prefill_chunk(self, req: Request, n: int) -> int:

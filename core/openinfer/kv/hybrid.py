@@ -81,6 +81,11 @@ class HybridBlockManager(BlockManager):
             hits.pop()
         return hits
 
+    def _last_block_hit(self, req: Request, hits: list[int]) -> int | None:
+        """Never: the checkpoint at the prompt's end already holds the last token's state, and
+        the state before it (which recomputing that token needs) was never saved."""
+        return None
+
     def try_admit(self, req: Request) -> bool:
         if not self.free_slots or not super().try_admit(req):
             return False
