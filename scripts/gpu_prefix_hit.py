@@ -5,12 +5,15 @@ No HTTP: the engine is stepped in this thread, TTFT is submit -> first token. Ro
   hit         the same prompt again: the last token's block copied on write, one-token step (graph replay)
   hit-eager   the same, with the decode graphs switched off for the step (eager forward)
   hit-block   the pre-copy-on-write rule: the last block (16 tokens) recomputed in an eager prefill step
-    python scripts/gpu_prefix_hit.py [--lengths 1024,16384] [--repeats 10]
+--profile N: then cProfile of N eager forwards of a one-token and a 16-token step (where the Python goes).
+    python scripts/gpu_prefix_hit.py [--lengths 1024,16384] [--repeats 10] [--profile 20]
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import shutil
 import tempfile
 import time
@@ -22,7 +25,8 @@ import numpy as np
 
 from openinfer.engine import Engine, EngineArgs, build_engine
 from openinfer.plugins import get_plugins
-from openinfer.request import Finished, RequestStream, Tokens
+from openinfer.request import Finished, Request, RequestStream, Tokens
+from openinfer.scheduler import ScheduledRun, StepPlan
 from openinfer.testing.engine import greedy
 
 
@@ -76,12 +80,40 @@ def variant(eng: Engine, name: str) -> Iterator[None]:
         bm.__dict__.pop("_last_block_hit", None)
 
 
+def profile_eager(eng: Engine, context: int, n: int) -> None:
+    """cProfile of n eager forwards of a one-token and a 16-token run over `context` tokens of KV."""
+    runner = eng.runner
+    req = Request("profile", list(range(context)), greedy(1), RequestStream("profile"), 0.0)
+    assert eng.blocks.try_admit(req)
+    runner.pools.copy_blocks(eng.blocks.take_block_copies())
+    eng.blocks.allocate(req, context)
+    try:
+        for length in (1, 16):
+            batch = runner.prepare(StepPlan([ScheduledRun(req, context - length, length, True)]))
+            runner._forward(batch)
+            runner.backend.synchronize()
+            prof = cProfile.Profile()
+            t0 = time.perf_counter()
+            prof.enable()
+            for _ in range(n):
+                runner._forward(batch)
+            prof.disable()
+            host = (time.perf_counter() - t0) / n
+            runner.backend.synchronize()
+            print(f"\n== eager forward, {length} token(s) over {context}: {1e3 * host:.2f} ms of host time each "
+                  "(under cProfile)")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    finally:
+        eng.blocks.release(req)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="1024,16384")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--preset", default="qwen3-4b")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--profile", type=int, default=0)
     a = ap.parse_args()
     lengths = [int(n) for n in a.lengths.split(",")]
     eng = build_engine(str(config_dir(a.preset)), EngineArgs(device=a.device, load_format="dummy", max_num_seqs=8,
@@ -105,6 +137,8 @@ def main() -> None:
             ms = np.array([t for t, _ in got]) * 1e3
             print(f"{n:>7} {name:<10} {len(ms):>3} {np.percentile(ms, 50):>8.2f} {np.percentile(ms, 99):>8.2f} "
                   f"{ms.mean():>8.2f} {int(np.median([c for _, c in got])):>7}")
+    if a.profile:
+        profile_eager(eng, lengths[0], a.profile)
 
 
 if __name__ == "__main__":
