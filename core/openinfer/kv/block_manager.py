@@ -27,14 +27,24 @@ class CacheStats:
     hits: int = 0      # of which served from the cache
 
 
+def token_blocks(tokens: list[int], block_size: int, start: int = 0) -> list[tuple[int, ...]]:
+    """The full blocks of `tokens` from block `start`, as the tuples that are hashed and compared."""
+    stop = len(tokens) // block_size * block_size
+    return [tuple(tokens[i:i + block_size]) for i in range(start * block_size, stop, block_size)]
+
+
+def chain_hashes(blocks: list[tuple[int, ...]], salt: str = "", parent: int | None = None) -> list[int]:
+    out, h = [], parent
+    for tokens in blocks:
+        h = hash((h, tokens, salt))
+        out.append(h)
+    return out
+
+
 def block_hashes(tokens: list[int], block_size: int, salt: str = "", start: int = 0,
                  parent: int | None = None) -> list[int]:
     """Chained hashes of the full blocks of `tokens` from block `start`."""
-    out, h = [], parent
-    for i in range(start, len(tokens) // block_size):
-        h = hash((h, tuple(tokens[i * block_size:(i + 1) * block_size]), salt))
-        out.append(h)
-    return out
+    return chain_hashes(token_blocks(tokens, block_size, start), salt, parent)
 
 
 class BlockManager:
@@ -73,29 +83,30 @@ class BlockManager:
         used = self.usable_blocks - len(self.free) - len(self.evictable) + self.reserved
         return used / self.usable_blocks
 
-    def _match(self, req: Request) -> list[int]:
+    def _match(self, req: Request) -> tuple[list[int], int | None]:
+        """The cached blocks of the prompt's chain before the last token's block, and the cached
+        block holding the last token when it is a full block of the prompt and all before it hit."""
         if not self.enable_prefix_cache:
-            return []
-        max_blocks = (len(req.prompt_ids) - 1) // self.block_size   # recompute >= 1 prompt token
-        req.block_hashes = block_hashes(req.prompt_ids[: max_blocks * self.block_size], self.block_size, req.cache_salt)
+            return [], None
+        n, bs = len(req.prompt_ids), self.block_size
+        blocks = token_blocks(req.prompt_ids, bs)      # tuples built once: hashed, then compared
+        max_blocks = (n - 1) // bs                      # the block holding the last token is apart
+        req.block_hashes = chain_hashes(blocks[:max_blocks], req.cache_salt)
         hits = []
-        for i, h in enumerate(req.block_hashes):
+        for h, tokens in zip(req.block_hashes, blocks):
             b = self.by_hash.get(h)
-            if b is None or self.tokens_of[b] != tuple(req.prompt_ids[i * self.block_size:(i + 1) * self.block_size]):
-                break
+            if b is None or self.tokens_of[b] != tokens:
+                return hits, None
             hits.append(b)
-        return hits
+        return hits, self._last_block_hit(req, blocks)
 
-    def _last_block_hit(self, req: Request, hits: list[int]) -> int | None:
-        """The cached block holding the prompt's last token, when every block before it hit and it
-        is a full block of the prompt (the one block `_match` leaves out)."""
-        n, bs, i = len(req.prompt_ids), self.block_size, len(hits)
-        if not self.enable_prefix_cache or n % bs or i != n // bs - 1:
+    def _last_block_hit(self, req: Request, blocks: list[tuple[int, ...]]) -> int | None:
+        """Copy-on-write source: the last full block, when it ends the prompt and is cached."""
+        if len(blocks) * self.block_size != len(req.prompt_ids):
             return None
-        tokens = tuple(req.prompt_ids[i * bs:])
-        [h] = block_hashes(list(tokens), bs, req.cache_salt, parent=req.block_hashes[i - 1] if i else None)
+        [h] = chain_hashes(blocks[-1:], req.cache_salt, req.block_hashes[-1] if req.block_hashes else None)
         b = self.by_hash.get(h)
-        return b if b is not None and self.tokens_of[b] == tokens else None
+        return b if b is not None and self.tokens_of[b] == blocks[-1] else None
 
     def _ref(self, b: int) -> None:
         if self.ref[b] == 0:
@@ -112,8 +123,7 @@ class BlockManager:
 
     def try_admit(self, req: Request) -> bool:
         """Take the prefix hits and reserve the rest of the lifetime, or change nothing."""
-        hits = self._match(req)
-        src = self._last_block_hit(req, hits)
+        hits, src = self._match(req)
         shared = hits + ([src] if src is not None else [])
         need = self.blocks_for(req.max_total_tokens) - len(hits)
         revived = sum(1 for b in shared if self.ref[b] == 0)
@@ -166,17 +176,16 @@ class BlockManager:
         full = min(req.num_computed, req.num_tokens) // self.block_size
         if full <= req.num_hashed_blocks:
             return
-        tokens = req.all_ids
         parent = req.block_hashes[req.num_hashed_blocks - 1] if req.num_hashed_blocks else None
-        new = block_hashes(tokens[: full * self.block_size], self.block_size, req.cache_salt,
-                           start=req.num_hashed_blocks, parent=parent)
+        blocks = token_blocks(req.all_ids[: full * self.block_size], self.block_size, start=req.num_hashed_blocks)
+        new = chain_hashes(blocks, req.cache_salt, parent)
         req.block_hashes = req.block_hashes[: req.num_hashed_blocks] + new
-        for i, h in enumerate(new, start=req.num_hashed_blocks):
+        for i, (h, tokens) in enumerate(zip(new, blocks), start=req.num_hashed_blocks):
             b = req.block_ids[i]
             if h not in self.by_hash and b not in self.hash_of:
                 self.by_hash[h] = b
                 self.hash_of[b] = h
-                self.tokens_of[b] = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+                self.tokens_of[b] = tokens
         req.num_hashed_blocks = full
 
     def release(self, req: Request) -> None:
