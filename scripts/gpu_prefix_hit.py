@@ -5,6 +5,7 @@ No HTTP: the engine is stepped in this thread, TTFT is submit -> first token. Ro
   hit         the same prompt again: the last token's block copied on write, one-token step (graph replay)
   hit-eager   the same, with the decode graphs switched off for the step (eager forward)
   hit-block   the pre-copy-on-write rule: the last block (16 tokens) recomputed in an eager prefill step
+--gc-freeze: move the loaded engine's objects out of the collector's sight first (gc.freeze).
 --profile N: then cProfile of N eager forwards of a one-token and a 16-token step (where the Python goes).
     python scripts/gpu_prefix_hit.py [--lengths 1024,16384] [--repeats 10] [--profile 20]
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import pstats
 import shutil
@@ -39,6 +41,25 @@ def config_dir(preset: str) -> Path:
         if f.is_file():
             shutil.copy(f, out / f.name)
     return out
+
+
+class GcPauses:
+    """Garbage-collector pauses (generation, ms), recorded through gc.callbacks."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], 1e3 * (time.perf_counter() - self._t0)))
+
+    def take(self) -> list[tuple[int, float]]:
+        out, self.pauses = self.pauses, []
+        return out
 
 
 def ttft(eng: Engine, ids: list[int]) -> tuple[float, int]:
@@ -114,6 +135,7 @@ def main() -> None:
     ap.add_argument("--preset", default="qwen3-4b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() the loaded engine's objects first")
     a = ap.parse_args()
     lengths = [int(n) for n in a.lengths.split(",")]
     eng = build_engine(str(config_dir(a.preset)), EngineArgs(device=a.device, load_format="dummy", max_num_seqs=8,
@@ -125,18 +147,28 @@ def main() -> None:
             with variant(eng, name):
                 ttft(eng, ids)
     print(f"{'tokens':>7} {'row':<10} {'n':>3} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'cached':>7}")
+    if a.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    gcp = GcPauses()
     for n in lengths:
         rows: dict[str, list[tuple[float, int]]] = {}
+        hit_pauses = []
         for _ in range(a.repeats):
             ids = rng.integers(0, 150000, n).tolist()
             rows.setdefault("cold", []).append(ttft(eng, ids))
             for name in ("hit", "hit-eager", "hit-block"):
+                gcp.take()
                 with variant(eng, name):
                     rows.setdefault(name, []).append(ttft(eng, ids))
+                if name == "hit":
+                    hit_pauses += gcp.take()
         for name, got in rows.items():
             ms = np.array([t for t, _ in got]) * 1e3
             print(f"{n:>7} {name:<10} {len(ms):>3} {np.percentile(ms, 50):>8.2f} {np.percentile(ms, 99):>8.2f} "
                   f"{ms.mean():>8.2f} {int(np.median([c for _, c in got])):>7}")
+        worst = max(hit_pauses, key=lambda p: p[1], default=(None, 0.0))
+        print(f"{n:>7} gc pauses during the hit samples: {len(hit_pauses)}, worst {worst[1]:.2f} ms (gen {worst[0]})")
     if a.profile:
         profile_eager(eng, lengths[0], a.profile)
 
