@@ -58,8 +58,7 @@ def main() -> None:
         plan = eng.scheduler.schedule()
         h = runner.prepare_host(plan)
         prepare = median_ms(lambda: runner.prepare_host(plan))
-        graph = gpu_ms(lambda: runner.graphs.replay(h.token_ids, h.positions, h.slot_mapping, h.context_lens,
-                                                    h.block_tables), stream)
+        graph = gpu_ms(lambda: runner.graphs.replay(h), stream)
         batch = runner.upload(h)
         eager_gpu = gpu_ms(lambda: runner._forward(batch), stream, 5)
         eager_wall = median_ms(lambda: (runner._forward(batch), stream.synchronize()), 5)

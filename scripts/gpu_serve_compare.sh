@@ -6,7 +6,8 @@
 # Results in $OUT: summary.md (table with ratios), compare.png, one sweep PNG per server, results.tar.gz
 # (every JSON, log and plot). Knobs (env): NUM_PROMPTS (40 per rate), RATES (1,2,4,8,16,32,inf),
 # INPUT_LEN (1024), OUTPUT_LEN (128), PRESET (qwen3-4b), DEVICE (cuda), MODEL_DIR (synthesized once),
-# SWEEP_S (200: each server's sweep budget, cut further to end by TOTAL_S; points done by then are kept),
+# SWEEP_S (200: openinfer's sweep budget; transformers gets the rest of TOTAL_S, which its sweep needs: ~300 s on the
+# H200; points done by then are kept),
 # SKIP_INSTALL=1 (use the current environment), SYNTH_ONLY=1 (install and synthesize, then stop: synthesizing
 # the 8 GB checkpoint takes minutes, so a first call can do it and a second, on the still-warm machine, the sweeps).
 set -uo pipefail
@@ -121,7 +122,7 @@ if wait_ready http://127.0.0.1:8200/v1/models $pid $(( $(left) - 90 )); then
     log "transformers serve ready"
     # it rejects ignore_eos (HTTP 422) and takes only text prompts; random weights rarely hit EOS, and the
     # table's token counts come from each response's usage
-    sweep transformers http://127.0.0.1:8200 "$MODEL_DIR" --no-ignore-eos
+    SWEEP_S=$(left) sweep transformers http://127.0.0.1:8200 "$MODEL_DIR" --no-ignore-eos  # all the time left: it is slow
 else
     log "transformers serve did not come up"; tail -n 30 "$LOGS/server-transformers.log"
 fi

@@ -3,6 +3,12 @@
 One flat batch of T tokens from B sequences; each sequence contributes a contiguous run of query
 tokens (a prefill chunk or a single decode token) whose K/V land in paged blocks. The same
 shape serves prefill, decode, mixed steps and prefix hits, on every backend.
+
+A decode batch (every run one token) may be a CUDA graph's (backends/graph_inputs.py): its device
+fields are views of static buffers refilled before each replay, while its host fields and
+max_context_len are fixed at capture. So ops on a decode batch read the device fields only:
+a sequence has state before its run exactly when context_lens[i] > query_start[i+1] - query_start[i]
+(for decode: context_lens[i] > 1). Padding rows of a graph have context 1, state row 0, block 0.
 """
 from __future__ import annotations
 

@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve models over an OpenAI-compatible HTTP API")
     s.add_argument("--model", action="append", default=[], metavar="[NAME=]PATH",
-                   help="a checkpoint folder, optionally named; repeat to host several (none: the demo model)")
+                   help="a checkpoint folder, optionally named, or a preset name (e.g. qwen3.5-4b) with --load-format "
+                        "dummy; repeat to host several (none: the demo model)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="info")
@@ -137,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
     g = sub.add_parser("generate", help="one prompt in, text out (streamed to the terminal)")
     g.add_argument("prompt")
-    g.add_argument("--model", default=None, help="checkpoint folder (none: the demo model)")
+    g.add_argument("--model", default=None,
+                   help="checkpoint folder, or a preset name with --load-format dummy (none: the demo model)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)

@@ -38,6 +38,15 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
         name, gen_config = args.served_model_name or DEMO_NAME, {}
         log.info("no --model given: serving the built-in demo model %r (tiny random weights, %s tokenizer); "
                  "its output is noise — pass --model PATH to serve a real checkpoint", name, line.name)
+    elif not Path(model).is_dir() and plugins.preset(model) is not None:
+        # a preset name: the real shapes with random weights, no checkpoint on disk (benchmarks)
+        line, config = plugins.preset(model)
+        if args.load_format != "dummy":
+            raise LoadError(f"{model!r} is a preset, not a checkpoint folder: add --load-format dummy (random "
+                            f"weights of its real shapes) or write one with `openinfer synth --preset {model} --out DIR`")
+        tok_dir, gen_config, name = line.tokenizer_dir(), {}, args.served_model_name or model
+        if tok_dir is None:
+            raise LoadError(f"the {line.name} line ships no tokenizer, so preset {model!r} cannot be served")
     else:
         config = read_model_config(model)
         line = detect_line(config, plugins, f"{model}/config.json")
@@ -86,7 +95,7 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
         host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks)
         log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
     runner = ModelRunner(built, backend, pools, args.block_size)
-    if backend.name == "cuda" and not args.enforce_eager and not rows:   # graphs lack state_slots yet
+    if backend.name == "cuda" and not args.enforce_eager:
         runner.capture_graphs(args.max_num_seqs, max_len)
     tokenizer = Tokenizer.from_dir(tok_dir)
     eos = set(tokenizer.eos_token_ids)

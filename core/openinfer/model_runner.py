@@ -48,7 +48,8 @@ class ModelRunner:
         self.graphs: Any = None
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        self.graphs = self.backend.decode_graphs(self._forward, max_num_seqs, max_model_len, self.block_size)
+        self.graphs = self.backend.decode_graphs(self._forward, max_num_seqs, max_model_len, self.block_size,
+                                                 state_slots=bool(self.pools.slots))
 
     def _forward(self, batch: ForwardBatch) -> tuple[Any, Any]:
         logits = self.model.forward(batch, self.pools)
@@ -114,8 +115,7 @@ class ModelRunner:
         h = self.prepare_host(plan)
         B, be = len(h.context_lens), self.backend
         if self.graphs is not None and h.is_decode and self.graphs.bucket(B) is not None:
-            logits, tokens = self.graphs.replay(h.token_ids, h.positions, h.slot_mapping, h.context_lens,
-                                                h.block_tables)
+            logits, tokens = self.graphs.replay(h)
             rows = h.sample_rows      # a graph computes every row: pick the sampled ones
             host_tokens = be.to_host(tokens[:B])[rows]
         else:

@@ -48,6 +48,13 @@ class Plugins:
         self.errors: list[PluginError] = []
         self.infos: list[PluginInfo] = []
 
+    def preset(self, name: str) -> tuple[ModelLine, dict[str, Any]] | None:
+        """The model line that owns preset `name` (e.g. "qwen3.5-4b") and its config.json, or None."""
+        for line in self.lines.values():
+            if name in line.presets:
+                return line, dict(line.presets[name])
+        return None
+
     def load(self, entry_points: bool = True) -> Plugins:
         from . import builtin_kernels
         self._add("openinfer", "openinfer", importlib.metadata.version("openinfer") if _installed("openinfer") else "dev",

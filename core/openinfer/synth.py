@@ -12,11 +12,11 @@ from .weights import DummyWeights, save_safetensors
 def synthesize(preset: str, out: Path, seed: int = 0, dtype: str = "BF16", device: str = "cpu") -> None:
     """`device` "cuda" draws the weights on the GPU (seconds for a 4B model instead of minutes)."""
     plugins = get_plugins()
-    owners = {name: line for line in plugins.lines.values() for name in line.presets}
-    if preset not in owners:
-        raise ValueError(f"unknown preset {preset!r}; installed presets: {', '.join(sorted(owners)) or 'none'}")
-    line = owners[preset]
-    config = dict(line.presets[preset])
+    found = plugins.preset(preset)
+    if found is None:
+        names = sorted(name for line in plugins.lines.values() for name in line.presets)
+        raise ValueError(f"unknown preset {preset!r}; installed presets: {', '.join(names) or 'none'}")
+    line, config = found
     shapes = line.weight_shapes(line.parse_config(config))
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))

@@ -96,6 +96,33 @@ def test_rope_and_qk_norm_rope(dt, rot):
         close(g, w, dt, scale=5)
 
 
+def test_norms_with_float32_weights_beside_bfloat16():
+    """Qwen3.5 folds its zero-centred norms to 1 + w in float32 at load (bf16 would round 1 + w to
+    steps of 2^-7): bf16 activations with f32 weights, for the RMSNorms and the partial-rotary
+    QK-norm at the real head size (256, rotary 64)."""
+    dt = DTYPES["bfloat16"]
+    rng = np.random.default_rng(7)
+    H, T, nh, nkv, d, half = 2560, 5, 4, 2, 256, 32
+    x, res = exact(rnd(rng, T, H), BF16), exact(rnd(rng, T, H), BF16)
+    w = (1 + 0.05 * rnd(rng, H)).astype(np.float32)
+    close(ops.rms_norm(dev(x, BF16), cp.asarray(w), 1e-6), ref.rms_norm(x, w, 1e-6), dt)
+    rd = dev(res, BF16)
+    out, _ = ops.add_rms_norm(dev(x, BF16), rd, cp.asarray(w), 1e-6)
+    close(out, ref.rms_norm(exact(host(rd), BF16), w, 1e-6), dt)
+    ang = np.arange(64)[:, None] * 1e7 ** (-np.arange(half) / half)[None]
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    q, k = exact(rnd(rng, T, nh, d), BF16), exact(rnd(rng, T, nkv, d), BF16)
+    qw, kw = ((1 + 0.05 * rnd(rng, d)).astype(np.float32) for _ in range(2))
+    pos = rng.integers(0, 64, T).astype(np.int32)
+    got = ops.qk_norm_rope(dev(q, BF16), dev(k, BF16), cp.asarray(qw), cp.asarray(kw), 1e-6, cp.asarray(pos),
+                           cp.asarray(cos), cp.asarray(sin))
+    for g, want in zip(got, ref.qk_norm_rope(q, k, qw, kw, 1e-6, pos, cos, sin)):
+        assert g.dtype == BF16
+        close(g, want, dt, scale=5)
+    with pytest.raises(TypeError, match="not compiled"):
+        ops.rms_norm(dev(x, np.float32), dev(w, BF16), 1e-6)
+
+
 def test_silu_mul(dt):
     rng = np.random.default_rng(2)
     x = exact(rnd(rng, 5, 2 * 300, scale=3), dt[0])

@@ -134,10 +134,11 @@ class CudaBackend(Backend):
         from ..kernels.cuda.ops import argmax
         return argmax(logits)
 
-    def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int) -> Any:
+    def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int,
+                      state_slots: bool = False) -> Any:
         from .cuda_graphs import DecodeGraphs
         with self.device:
-            graphs = DecodeGraphs(self.xp, self.stream, forward, max_num_seqs, max_model_len, block_size)
+            graphs = DecodeGraphs(self.xp, self.stream, forward, max_num_seqs, max_model_len, block_size, state_slots)
             graphs.capture()
         return graphs
 

@@ -1,10 +1,12 @@
 """Decode steps as CUDA graphs: captured once per batch-size bucket at start-up, replayed per step.
 
 A decode step is one token per sequence, so its shape is the bucket size alone. Every input lives
-in static device buffers (views of one int32 array, plus the block table) that a replay reads; a
-step writes its values into one pinned host mirror and uploads it with two copies. Padding rows
-compute a throw-away token whose K/V lands in the reserved block 0. The attention grid is sized
-for the longest context (`max_model_len`); the kernel divides each sequence's own length.
+in static device buffers (graph_inputs.py: one int32 array, plus the block table) that a replay
+reads; a step writes its values into a pinned host mirror and uploads it with two copies. Padding
+rows compute a throw-away token whose K/V lands in the reserved block 0 and whose bounded state
+(hybrid models) lands in the reserved state row 0. The attention grid is sized for the longest
+context (`max_model_len`); the kernel divides each sequence's own length. State pools are
+allocated once at load, so the state rows a graph addresses stay put.
 
 Intermediates are allocated from a memory pool of the graphs' own, kept for their lifetime: a
 buffer baked into a graph must never be handed to anything else. Graphs share that pool because
@@ -14,11 +16,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..batch import ForwardBatch
+from .graph_inputs import WORDS, GraphInputs
+
+if TYPE_CHECKING:
+    from ..model_runner import HostBatch
 
 log = logging.getLogger("openinfer.cuda_graphs")
 Forward = Callable[[ForwardBatch], tuple[Any, Any]]   # batch -> (logits [B, V], greedy tokens [B] int32)
@@ -36,42 +40,28 @@ def buckets(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, cp: Any, stream: Any, forward: Forward, max_num_seqs: int, max_model_len: int,
-                 block_size: int) -> None:
+                 block_size: int, state_slots: bool = False) -> None:
+        """`state_slots`: the model has bounded per-request state (its batches carry state_slots)."""
         self.cp, self.stream, self.forward = cp, stream, forward
         self.sizes = buckets(max_num_seqs)
-        self.block_size, self.max_model_len = block_size, max_model_len
-        n = self.max_b = self.sizes[-1]
-        self.width = -(-max_model_len // block_size)
-        # host mirror [slot_mapping (int64, as 2 int32, first: 8-byte aligned) | tokens | positions | context_lens]
-        self._host_mem = cp.cuda.alloc_pinned_memory(5 * n * 4)
-        self.host = np.frombuffer(self._host_mem, np.int32, 5 * n)
-        self._tables_mem = cp.cuda.alloc_pinned_memory(n * self.width * 4)
-        self.host_tables = np.frombuffer(self._tables_mem, np.int32, n * self.width).reshape(n, self.width)
-        self.meta = cp.zeros(5 * n, dtype=cp.int32)
-        self.tables = cp.zeros((n, self.width), dtype=cp.int32)
-        self.arange = cp.arange(n + 1, dtype=cp.int32)   # query starts and sample rows: one token a row
+        self.block_size, self.max_model_len, self.state_slots = block_size, max_model_len, state_slots
+        n = self.sizes[-1]
+        width = -(-max_model_len // block_size)
+        self._host_mem = cp.cuda.alloc_pinned_memory(WORDS * n * 4)
+        self._tables_mem = cp.cuda.alloc_pinned_memory(n * width * 4)
+        self.inputs = GraphInputs(cp, n, width, self._host_mem, self._tables_mem)
         self.pool = cp.cuda.MemoryPool()
         self.graphs: dict[int, tuple[Any, Any, Any]] = {}   # bucket -> (graph, logits, tokens)
-
-    def _batch(self, b: int) -> ForwardBatch:
-        n, m = self.max_b, self.meta
-        return ForwardBatch(
-            slot_mapping=m[: 2 * n].view(self.cp.int64)[:b], token_ids=m[2 * n: 2 * n + b],
-            positions=m[3 * n: 3 * n + b], context_lens=m[4 * n: 4 * n + b], block_tables=self.tables[:b],
-            query_start=self.arange[: b + 1], sample_rows=self.arange[:b],
-            query_start_host=np.arange(b + 1, dtype=np.int32), context_lens_host=np.ones(b, np.int32),
-            block_size=self.block_size, max_query_len=1, max_context_len=self.max_model_len)
 
     def capture(self) -> None:
         """Capture every bucket, largest first (its intermediates size the shared pool)."""
         cp, t0 = self.cp, time.perf_counter()
-        self._stage(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int32),
-                    np.zeros((0, 1), np.int32))
+        self._upload(self.inputs.clear())
         self.stream.synchronize()
         capture_stream = cp.cuda.Stream(non_blocking=True)
         with cp.cuda.using_allocator(self.pool.malloc), capture_stream:
             for b in reversed(self.sizes):
-                batch = self._batch(b)
+                batch = self.inputs.batch(b, self.block_size, self.max_model_len, self.state_slots)
                 self.forward(batch)          # eager first: kernels load, the pool grows outside capture
                 capture_stream.synchronize()
                 capture_stream.begin_capture()
@@ -86,31 +76,17 @@ class DecodeGraphs:
     def bucket(self, num_seqs: int) -> int | None:
         return next((b for b in self.sizes if b >= num_seqs), None)
 
-    def _stage(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray, ctx: np.ndarray,
-               tables: np.ndarray) -> None:
-        """Write a step's inputs into the host mirror (padding rows: token 0, slot 0, context 1 in
-        block 0) and upload them on the step stream."""
-        n, B = self.max_b, len(tokens)
-        h = self.host
-        h[:] = 0
-        h[: 2 * n].view(np.int64)[:B] = slots
-        h[2 * n: 2 * n + B], h[3 * n: 3 * n + B], h[4 * n: 4 * n + B] = tokens, positions, ctx
-        h[4 * n + B: 5 * n] = 1
-        width = max(1, tables.shape[1])
-        self.host_tables[:n, :width] = 0
-        self.host_tables[:B, : tables.shape[1]] = tables
-        cp = self.cp
-        self.meta.data.copy_from_host_async(self.host.ctypes.data, self.host.nbytes, self.stream)
-        cp.cuda.runtime.memcpy2DAsync(self.tables.data.ptr, self.width * 4, self.host_tables.ctypes.data,
-                                      self.width * 4, width * 4, n, cp.cuda.runtime.memcpyHostToDevice,
-                                      self.stream.ptr)
+    def _upload(self, width: int) -> None:
+        """The host mirrors to the static buffers on the step stream (`width` table columns)."""
+        cp, x = self.cp, self.inputs
+        x.meta.data.copy_from_host_async(x.host.ctypes.data, x.host.nbytes, self.stream)
+        cp.cuda.runtime.memcpy2DAsync(x.tables.data.ptr, x.width * 4, x.host_tables.ctypes.data, x.width * 4,
+                                      width * 4, x.n, cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
 
-    def replay(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray, ctx: np.ndarray,
-               tables: np.ndarray) -> tuple[Any, Any]:
-        """Run one decode step of len(tokens) sequences; returns the bucket's (logits, tokens) device
-        arrays, valid until the next replay (rows past the batch are padding)."""
-        b = self.bucket(len(tokens))
-        graph, logits, out = self.graphs[b]
-        self._stage(tokens, positions, slots, ctx, tables)
+    def replay(self, h: HostBatch) -> tuple[Any, Any]:
+        """Run one decode step (h: one token per sequence); returns the bucket's (logits, tokens)
+        device arrays, valid until the next replay (rows past the batch are padding)."""
+        graph, logits, out = self.graphs[self.bucket(len(h.token_ids))]
+        self._upload(self.inputs.stage(h))
         graph.launch(self.stream)
         return logits, out

@@ -44,8 +44,10 @@ class Backend(ABC):
     def argmax(self, logits: Any) -> Any:
         """The greedy token of each row of [S, vocab] logits (ties: the lowest index)."""
 
-    def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int) -> Any:
-        """Captured decode steps (see backends/cuda_graphs.py), or None where a backend has none."""
+    def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int,
+                      state_slots: bool = False) -> Any:
+        """Captured decode steps (see backends/cuda_graphs.py), or None where a backend has none.
+        `state_slots`: the model's batches carry state rows (bounded per-request state)."""
         return None
 
     def pool_bytes(self) -> int:

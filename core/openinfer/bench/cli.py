@@ -109,7 +109,9 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _latency_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="checkpoint dir (omit for the built-in demo model)")
+    p.add_argument("--model", default=None,
+                   help="checkpoint dir, or a preset name (e.g. qwen3.5-4b) with --load-format dummy "
+                        "(omit for the built-in demo model)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     p.add_argument("--max-model-len", type=int, default=None)
@@ -122,7 +124,7 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
                    help="per-step token budget (default: batch x input, so prefill is one step)")
     p.add_argument("--num-iters-warmup", type=int, default=1)
     p.add_argument("--num-iters", type=int, default=3)
-    p.add_argument("--vocab-size", type=int, default=None, help="default: config.json's, else 1000")
+    p.add_argument("--vocab-size", type=int, default=None, help="token ids are drawn below this (default: the model's vocabulary)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", type=Path, default=None)
     p.set_defaults(func=_run_latency)

@@ -8,7 +8,6 @@ import itertools
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -67,17 +66,6 @@ def run_once(engine: Any, prompts: list[list[int]], params: Any, point: PointTim
     point.decode_step_s.extend(steps)
 
 
-def vocab_size_of(model: str | None, override: int | None) -> int:
-    """Prompt ids must be valid for the model: --vocab-size, else config.json's, else 1000 (demo model)."""
-    if override:
-        return override
-    cfg = Path(model) / "config.json" if model else None
-    if cfg is not None and cfg.is_file():
-        data = json.loads(cfg.read_text())
-        return int(data.get("vocab_size") or data.get("text_config", {}).get("vocab_size") or 1000)
-    return 1000
-
-
 def sweep(engine: Any, make_params: Callable[[int], Any], batch_sizes: list[int], input_lens: list[int],
           output_lens: list[int], vocab: int, warmup: int, iters: int, seed: int) -> list[PointTiming]:
     rng = np.random.default_rng(seed)
@@ -119,7 +107,7 @@ def run_latency(args: argparse.Namespace) -> int:
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
     points = sweep(engine, make_params, args.batch_sizes, args.input_lens, args.output_lens,
-                   vocab_size_of(args.model, args.vocab_size), args.num_iters_warmup, args.num_iters, args.seed)
+                   args.vocab_size or engine.vocab_size, args.num_iters_warmup, args.num_iters, args.seed)
     rows = [p.summary() for p in points]
     print(format_points(rows))
     if args.output_json:

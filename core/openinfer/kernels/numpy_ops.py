@@ -71,12 +71,14 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, bat
 
     Query j of a run of n tokens sits at position L - n + j of its sequence (L = context length)
     and sees keys 0 .. L - n + j: this one rule covers prefill chunks, prefix hits and decode.
+    Reads the batch's array fields, not its host copies (a CUDA graph's decode batch has
+    placeholders there; openinfer.batch): on this backend they hold the same values.
     """
     T, nh, d = q.shape
     nkv, bs = k_cache.shape[2], k_cache.shape[1]
     group = nh // nkv
     out = np.empty_like(q)
-    qs, lens, tables = batch.query_start_host, batch.context_lens_host, batch.block_tables
+    qs, lens, tables = np.asarray(batch.query_start), np.asarray(batch.context_lens), batch.block_tables
     for i in range(len(lens)):
         start, end, L = int(qs[i]), int(qs[i + 1]), int(lens[i])
         n = end - start

@@ -43,9 +43,10 @@ def build_hf_checkpoint(out_dir: Path, model_type: str, config: Mapping[str, Any
 
 
 def hf_logits(model, ids: list[int]) -> np.ndarray:
+    """float32 logits [T, vocab] of one prompt, on the model's own device."""
     import torch
     with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float().numpy()
+        return model(torch.tensor([ids], device=model.device)).logits[0].float().cpu().numpy()
 
 
 def hf_greedy(model, ids: list[int], max_new_tokens: int) -> list[int]:
@@ -60,12 +61,17 @@ def hf_greedy_stepwise(model, ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy decoding by calling the model's forward with its own cache, one token at a time.
     For Qwen3.5, transformers 5.24's `generate` diverges from the model's forward from the first
     token (its generation-time cache mishandles the hybrid layers), while this loop equals full
-    recomputation."""
+    recomputation. Runs on the model's device; the cache keyword is `cache` from transformers
+    5.2x (`past_key_values` still accepted there, with a warning) and `past_key_values` before."""
+    import inspect
+
     import torch
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = []
     with torch.no_grad():
-        step = model(torch.tensor([ids]), use_cache=True)
+        step = model(torch.tensor([ids], device=model.device), use_cache=True)
         for _ in range(max_new_tokens):
             out.append(int(step.logits[0, -1].argmax()))
-            step = model(torch.tensor([[out[-1]]]), cache=step.past_key_values, use_cache=True)
+            step = model(torch.tensor([[out[-1]]], device=model.device), use_cache=True,
+                         **{key: step.past_key_values})
     return out

@@ -1,10 +1,11 @@
 """The Qwen3.5 hybrid decoder, written against the op registry (runs on every backend).
 
 Zero-centred RMSNorms (`x̂ · (1 + w)`: input/post-attention/final norms and q_norm/k_norm) are
-folded to `1 + w` at load, so the shared rms_norm ops apply them unchanged. (In bf16 the folded
-weight is rounded as a whole, coarser than w itself, while transformers adds 1 in fp32: keep these
-weights in fp32 if a CUDA fidelity check shows it matters.) M-RoPE reduces to
-plain RoPE for text (its three position streams are equal), on the first rotary_dim dims.
+folded to `1 + w` at load, so the shared rms_norm ops apply them unchanged. The folded weights
+stay float32 on every backend, as transformers computes `1 + w` in fp32: in bf16, 1 + w would be
+rounded to steps of 2^-7, coarser than the small w itself (the CUDA norm kernels take f32 weights
+beside bf16 activations). M-RoPE reduces to plain RoPE for text (its three position streams are
+equal), on the first rotary_dim dims.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class Qwen35Model(Model):
             return backend.load(weights, *(cfg.prefix + n for n in names))
 
         def norm1p(name: str) -> Array:
-            return load(name) + 1.0
+            return backend.asarray(weights.get(cfg.prefix + name).astype(np.float32) + np.float32(1), "float32")
 
         cos, sin = cos_sin(cfg.rope, cfg.max_position_embeddings)
         cos, sin = backend.asarray(cos, "float32"), backend.asarray(sin, "float32")
@@ -49,7 +50,8 @@ class Qwen35Model(Model):
         # q_proj interleaves [q_h | gate_h] per head: rows reordered to [q | k | v | gate] (one GEMM)
         heads = np.arange(nh)[:, None] * 2 * d
         q_rows, gate_rows = (heads + np.arange(d)).ravel(), (heads + d + np.arange(d)).ravel()
-        qkvg_order = backend.asarray(np.concatenate([q_rows, 2 * nh * d + np.arange(2 * nkv * d), gate_rows]))
+        qkvg_order = backend.asarray(np.concatenate([q_rows, 2 * nh * d + np.arange(2 * nkv * d), gate_rows])
+                                     .astype(np.int32))
         self.embed = load("embed_tokens.weight")
         self.lm_head = self.embed if cfg.tie_word_embeddings else backend.load(weights, "lm_head.weight")
         self.norm = norm1p("norm.weight")
@@ -70,7 +72,8 @@ class Qwen35Model(Model):
             else:
                 sa = p + "self_attn."
                 w = AttentionWeights(
-                    qkv=load(sa + "q_proj.weight", sa + "k_proj.weight", sa + "v_proj.weight")[qkvg_order],
+                    qkv=ops.gather_rows(load(sa + "q_proj.weight", sa + "k_proj.weight", sa + "v_proj.weight"),
+                                        qkvg_order),
                     o=load(sa + "o_proj.weight"), q_norm=norm1p(sa + "q_norm.weight"),
                     k_norm=norm1p(sa + "k_norm.weight"))
                 mixer = GatedAttention(ops, n_full, nh, nkv, d, cfg.rms_norm_eps, cos, sin, w)

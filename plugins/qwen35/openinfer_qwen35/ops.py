@@ -25,6 +25,12 @@ def _has_state(batch: ForwardBatch) -> np.ndarray:
     return batch.context_lens_host > np.diff(batch.query_start_host)
 
 
+def _has_state_decode(batch: ForwardBatch) -> np.ndarray:
+    """`_has_state` of a one-token-per-run batch from the device fields alone: a decode batch may
+    be a CUDA graph's, whose host fields are placeholders (openinfer.batch)."""
+    return np.asarray(batch.context_lens) > 1
+
+
 def qwen35_causal_conv1d(x: np.ndarray, weight: np.ndarray, conv_state: np.ndarray, batch: ForwardBatch) -> np.ndarray:
     """silu(causal depthwise conv1d) over each sequence's run of any length.
 
@@ -53,7 +59,7 @@ def qwen35_causal_conv1d_update(x: np.ndarray, weight: np.ndarray, conv_state: n
     """The one-token step of `qwen35_causal_conv1d` for a batch where every run is one token:
     x [B, C] -> [B, C]; conv_state [R, K-1, C] shifted in place."""
     slots = np.asarray(batch.state_slots)
-    prev = np.where(_has_state(batch)[:, None, None], conv_state[slots], np.float32(0))
+    prev = np.where(_has_state_decode(batch)[:, None, None], conv_state[slots], np.float32(0))
     window = np.concatenate([prev, x[:, None, :]], axis=1)      # [B, K, C]
     conv_state[slots] = window[:, 1:]
     return _silu(np.einsum("bkc,ck->bc", window, weight))
@@ -122,7 +128,7 @@ def qwen35_gated_delta_rule_update(q: np.ndarray, k: np.ndarray, v: np.ndarray, 
     token (decode): q, k [B, nk, dk], v [B, nv, dv], g, beta [B, nv] -> o [B, nv, dv]."""
     slots = np.asarray(batch.state_slots)
     qn, kn = _prepare_qk(q, k, v.shape[1])
-    S = np.where(_has_state(batch)[:, None, None, None], state[slots], np.float32(0))
+    S = np.where(_has_state_decode(batch)[:, None, None, None], state[slots], np.float32(0))
     out = _delta_step(S, qn, kn, v.astype(np.float32), g, beta)
     state[slots] = S
     return out

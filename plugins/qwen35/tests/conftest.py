@@ -30,20 +30,25 @@ def long_memory(model) -> None:
             p.copy_(0.3 * torch.randn_like(p))
 
 
-def _build(tmp_path_factory, name: str, vl: bool, tied: bool):
+def _build(tmp_path_factory, name: str, vl: bool, tied: bool, tokenizer_dir=None, save_dtype: str = "float32",
+           **text_overrides):
+    """text_overrides change TEXT (e.g. the CUDA tests' head sizes); tokenizer_dir defaults to the
+    genuine Qwen3 tokenizer (the vocabulary is 256 either way)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from openinfer.testing.hf_reference import build_hf_checkpoint
     out = tmp_path_factory.mktemp(name)
-    text = {**TEXT, "tie_word_embeddings": tied}
+    text = {**TEXT, "tie_word_embeddings": tied, **text_overrides}
+    tok = tokenizer_dir or genuine_qwen3_tokenizer_dir()
     if vl:
         # the builder's init std lands on the top-level config; the text model reads its own
-        config = dict(text_config={**text, "initializer_range": 0.1}, vision_config=VISION, tie_word_embeddings=tied)
+        vision = {**VISION, "out_hidden_size": text["hidden_size"]}
+        config = dict(text_config={**text, "initializer_range": 0.1}, vision_config=vision, tie_word_embeddings=tied)
         model = build_hf_checkpoint(out, "qwen3_5", config, auto_class="AutoModelForImageTextToText",
-                                    adjust=long_memory, tokenizer_dir=genuine_qwen3_tokenizer_dir())
+                                    adjust=long_memory, tokenizer_dir=tok, save_dtype=save_dtype)
     else:
-        model = build_hf_checkpoint(out, "qwen3_5_text", text, adjust=long_memory,
-                                    tokenizer_dir=genuine_qwen3_tokenizer_dir())
+        model = build_hf_checkpoint(out, "qwen3_5_text", text, adjust=long_memory, tokenizer_dir=tok,
+                                    save_dtype=save_dtype)
     return out, model
 
 

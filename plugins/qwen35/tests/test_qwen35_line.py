@@ -65,3 +65,18 @@ def test_synthesized_tiny_preset_serves_consistently(tmp_path):
     assert [out for out, _, _ in batched] == alone and [c for _, _, c in batched] == [16, 16, 32]
     chunked = build_engine(str(tmp_path), EngineArgs(max_num_batched_tokens=6, enable_prefix_caching=False))
     assert [out for out, _, _ in generate(chunked, prompts, greedy(10))] == alone
+
+
+def test_a_preset_name_loads_with_dummy_weights(tmp_path):
+    """`--model qwen3.5-4b --load-format dummy` (benchmarks): the preset's config and the line's
+    tokenizer, no folder; the same model as a synthesized folder loaded with dummy weights."""
+    from openinfer.loader import LoadError
+    from openinfer.synth import synthesize
+    synthesize("qwen3.5-tiny", tmp_path, dtype="F32")
+    by_name = build_engine("qwen3.5-tiny", EngineArgs(load_format="dummy"))
+    by_dir = build_engine(str(tmp_path), EngineArgs(load_format="dummy"))
+    assert by_name.name == "qwen3.5-tiny" and by_name.vocab_size == 248320
+    np.testing.assert_array_equal(prompt_logits(by_name, [5, 6, 7]), prompt_logits(by_dir, [5, 6, 7]))
+    assert by_name.tokenizer.encode("hello world") == by_dir.tokenizer.encode("hello world")
+    with pytest.raises(LoadError, match="--load-format dummy"):
+        build_engine("qwen3.5-tiny", EngineArgs())

@@ -73,3 +73,8 @@ struct KvLayout {
 
 // Instantiates KERNEL(suffix, T) for the two storage types; each expands to extern "C" entry points.
 #define FOR_EACH_DTYPE(KERNEL) KERNEL(bf16, bf16) KERNEL(f32, float)
+
+// Norm kernels: KERNEL(suffix, T, W) for activations T with weights W of the same type, and bf16
+// activations with float32 weights (norm weights folded at load in fp32, like Qwen3.5's 1 + w,
+// which bf16 would round to steps of 2^-7).
+#define FOR_EACH_NORM_DTYPE(KERNEL) KERNEL(bf16, bf16, bf16) KERNEL(f32, float, float) KERNEL(bf16_wf32, bf16, float)

@@ -44,12 +44,23 @@ def embedding(table: cp.ndarray, ids) -> cp.ndarray:
     return gather_rows(table, ids)
 
 
+def norm_suffix(x_dtype: np.dtype, w_dtype: np.dtype) -> str:
+    """Kernel suffix of a norm over x with weights w: one dtype for both, or float32 weights beside
+    bf16 activations (weights folded at load in fp32, like Qwen3.5's 1 + w)."""
+    xs, ws = suffix(x_dtype), suffix(w_dtype)
+    if xs == ws:
+        return xs
+    if (xs, ws) == ("bf16", "f32"):
+        return "bf16_wf32"
+    raise TypeError(f"norm weights of {np.dtype(w_dtype)} beside {np.dtype(x_dtype)} activations are not compiled")
+
+
 def rms_norm(x: cp.ndarray, w: cp.ndarray, eps: float) -> cp.ndarray:
     x2, stride = rows2d(x)
     out = cp.empty(x.shape, dtype=x.dtype)
-    n = x.shape[-1]
+    n, sfx = x.shape[-1], norm_suffix(x.dtype, w.dtype)
     if x2.shape[0]:
-        launch("norm", f"rms_norm_{suffix(x.dtype)}", (x2.shape[0],), _threads(n // 4, 512),
+        launch("norm", f"rms_norm_{sfx}", (x2.shape[0],), _threads(n // 4, 512),
                (x2, np.int64(stride), w, out, np.int32(n), np.float32(eps)))
     return out
 
@@ -61,9 +72,9 @@ def add_rms_norm(x: cp.ndarray, residual: cp.ndarray, w: cp.ndarray, eps: float)
     if r2.data.ptr != residual.data.ptr or r2.shape[0] != x2.shape[0]:
         raise ValueError("add_rms_norm updates residual in place: pass a [T, H] array with a unit last stride")
     out = cp.empty(x.shape, dtype=x.dtype)
-    n = x.shape[-1]
+    n, sfx = x.shape[-1], norm_suffix(x.dtype, w.dtype)
     if x2.shape[0]:
-        launch("norm", f"add_rms_norm_{suffix(x.dtype)}", (x2.shape[0],), _threads(n // 4, 512),
+        launch("norm", f"add_rms_norm_{sfx}", (x2.shape[0],), _threads(n // 4, 512),
                (x2, np.int64(xs), r2, np.int64(rs), w, out, np.int32(n), np.float32(eps)))
     return out, residual
 
@@ -76,9 +87,12 @@ def _norm_rope(q, k, q_w, k_w, eps, positions, cos, sin) -> tuple[cp.ndarray, cp
     sin = cp.ascontiguousarray(sin, dtype=cp.float32)
     q_out = cp.empty(q.shape, dtype=q.dtype)
     k_out = cp.empty(k.shape, dtype=k.dtype)
+    if q_w is not None and (q_w.dtype != k_w.dtype or not (q_w.flags.c_contiguous and k_w.flags.c_contiguous)):
+        raise ValueError("qk_norm_rope: q and k norm weights must be contiguous and of one dtype")
+    sfx = suffix(q.dtype) if q_w is None else norm_suffix(q.dtype, q_w.dtype)
     heads = T * (nh + nkv)
     if heads:
-        launch("rope", f"qk_norm_rope_{suffix(q.dtype)}", ((heads + 3) // 4,), 128,
+        launch("rope", f"qk_norm_rope_{sfx}", ((heads + 3) // 4,), 128,
                (q3, np.int64(qs), k3, np.int64(ks), q_out, k_out,
                 NULL if q_w is None else q_w, NULL if k_w is None else k_w, np.float32(eps),
                 as_index(positions, np.int32), cos, sin, np.int32(cos.shape[1]),

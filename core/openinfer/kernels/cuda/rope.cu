@@ -1,10 +1,11 @@
 // Rotate-half RoPE on the first 2*half dims of every q and k head, optionally preceded by a
-// per-head RMSNorm (Qwen3's QK-norm) so the head is read once and written once.
+// per-head RMSNorm (Qwen3's QK-norm; weights of the activation type or float32) so the head is
+// read once and written once. Dims past 2*half pass through (partial rotary: Qwen3.5 turns 64 of 256).
 // One warp per (token, head); warps [0, T*nh) take q heads, the rest k heads.
 #include "common.cuh"
 
-template <typename T>
-__device__ void norm_rope_head(const T* __restrict__ x, T* __restrict__ out, const T* __restrict__ w,
+template <typename T, typename W>
+__device__ void norm_rope_head(const T* __restrict__ x, T* __restrict__ out, const W* __restrict__ w,
                                float eps, int d, const float* __restrict__ c, const float* __restrict__ s,
                                int half) {
     const int lane = threadIdx.x & 31;
@@ -29,10 +30,10 @@ __device__ void norm_rope_head(const T* __restrict__ x, T* __restrict__ out, con
     }
 }
 
-#define ROPE_KERNELS(suffix, T)                                                                           \
+#define ROPE_KERNELS(suffix, T, W)                                                                         \
     extern "C" __global__ void qk_norm_rope_##suffix(                                                      \
         const T* q, long long q_stride, const T* k, long long k_stride, T* q_out, T* k_out,                \
-        const T* q_w, const T* k_w, float eps, const int* positions, const float* cos_t,                   \
+        const W* q_w, const W* k_w, float eps, const int* positions, const float* cos_t,                   \
         const float* sin_t, int half, int num_tokens, int nh, int nkv, int d) {                            \
         const long long head = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);           \
         const long long nq = (long long)num_tokens * nh;                                                   \
@@ -44,7 +45,7 @@ __device__ void norm_rope_head(const T* __restrict__ x, T* __restrict__ out, con
         const T* src = (is_q ? q + t * q_stride : k + t * k_stride) + h * d;                               \
         T* dst = (is_q ? q_out : k_out) + hk * d;                                                          \
         const long long row = (long long)positions[t] * half;                                              \
-        norm_rope_head<T>(src, dst, is_q ? q_w : k_w, eps, d, cos_t + row, sin_t + row, half);             \
+        norm_rope_head<T, W>(src, dst, is_q ? q_w : k_w, eps, d, cos_t + row, sin_t + row, half);          \
     }
 
-FOR_EACH_DTYPE(ROPE_KERNELS)
+FOR_EACH_NORM_DTYPE(ROPE_KERNELS)

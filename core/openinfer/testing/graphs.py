@@ -1,0 +1,48 @@
+"""CUDA-graph decode emulated on the CPU, so a model line's graph plumbing is tested without a GPU.
+
+A captured graph replays the same kernels on the same addresses: the batch it was captured with,
+whose arrays are views of the static input buffers refilled before each replay, and whose host
+fields are frozen placeholders. `EmulatedGraphs` does exactly that with numpy buffers: `replay`
+stages the step through the real GraphInputs, copies the mirrors into the "device" buffers and
+runs the forward on the bucket's captured batch. An op that reads a decode batch's host fields, or
+a model that keeps per-step Python state, gives different tokens here than eagerly — the bugs a
+real graph would bake in.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..backends.cuda_graphs import DecodeGraphs, Forward, buckets
+from ..backends.graph_inputs import GraphInputs
+from ..engine import Engine
+from ..model_runner import HostBatch
+
+
+class EmulatedGraphs:
+    def __init__(self, forward: Forward, max_num_seqs: int, max_model_len: int, block_size: int,
+                 state_slots: bool) -> None:
+        self.forward, self.sizes = forward, buckets(max_num_seqs)
+        self.inputs = GraphInputs(np, self.sizes[-1], -(-max_model_len // block_size))
+        self.batches = {b: self.inputs.batch(b, block_size, max_model_len, state_slots) for b in self.sizes}
+        self.replays: list[int] = []    # the bucket of every replay, for tests to check the path ran
+
+    bucket = DecodeGraphs.bucket   # the real graphs' choice (it reads only self.sizes)
+
+    def replay(self, h: HostBatch) -> tuple[Any, Any]:
+        b = self.bucket(len(h.token_ids))
+        width = self.inputs.stage(h)
+        self.inputs.meta[:] = self.inputs.host
+        self.inputs.tables[:, :width] = self.inputs.host_tables[:, :width]
+        self.replays.append(b)
+        return self.forward(self.batches[b])
+
+
+def emulate_graphs(engine: Engine) -> EmulatedGraphs:
+    """Give a CPU engine emulated decode graphs (sized like `capture_graphs` would)."""
+    runner = engine.runner
+    graphs = EmulatedGraphs(runner._forward, engine.args.max_num_seqs, engine.max_model_len, runner.block_size,
+                            bool(runner.pools.slots))
+    runner.graphs = graphs
+    return graphs
