@@ -99,3 +99,18 @@ def test_no_copy_without_the_prefix_cache():
     generate(eng, [ids], greedy(4))
     [(_, fin, cached)] = generate(eng, [ids], greedy(4))
     assert cached == fin.cached_tokens == 0 and eng.blocks.block_copies == []
+
+
+def test_hit_steps_replay_the_decode_graph(cold):
+    """Through CPU-emulated decode graphs: a hit's first step is one token a sequence, so it
+    replays a graph (two hits at once: the batch-2 bucket) and gives the cold run's tokens."""
+    from openinfer.testing.graphs import emulate_graphs
+    eng = engine()
+    graphs = emulate_graphs(eng)
+    ids = prompt(3 * BS, seed=6)
+    generate(eng, [ids], greedy(12))
+    assert len(graphs.replays) == 11                     # the cold prefill ran eagerly
+    graphs.replays.clear()
+    results = generate(eng, [ids, ids], greedy(12))
+    assert graphs.replays == [2] * 12
+    assert [r[0] for r in results] == [cold(ids)] * 2 and [r[2] for r in results] == [3 * BS - 1] * 2
