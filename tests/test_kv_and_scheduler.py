@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from openinfer.kv.block_manager import BlockManager
+from openinfer.kv.block_manager import BlockManager, block_hashes
 from openinfer.request import Request, RequestStream, Status
 from openinfer.sampling import SamplingParams
 from openinfer.scheduler import Scheduler
@@ -39,14 +39,43 @@ def test_prefix_hit_needs_identical_tokens_and_recomputes_one_token():
     assert bm.try_admit(a)
     compute_all(bm, a)
     bm.release(a)
-    same = req("same", list(range(12)))                     # 12 tokens: 2 full blocks reusable (not the 3rd)
-    assert bm.try_admit(same) and same.cached_tokens == 8 and same.num_computed == 8
+    same = req("same", list(range(12)))     # 12 tokens: all 3 blocks hit, the last one copied on write
+    assert bm.try_admit(same) and same.cached_tokens == 11 and same.num_computed == 11
+    assert same.block_ids[:2] == a_blocks(bm, 2) and same.block_ids[2] not in bm.hash_of
+    assert bm.block_copies == [(a_blocks(bm, 3)[2], same.block_ids[2])]
     other_salt = req("salt", list(range(12)))
     other_salt.cache_salt = "tenant-2"
     assert bm.try_admit(other_salt) and other_salt.cached_tokens == 0
     diverge = req("div", [0, 1, 2, 3, 9, 9, 9, 9, 8, 8])
     assert bm.try_admit(diverge) and diverge.cached_tokens == 4
-    assert bm.stats.hits == 12
+    partial = req("partial", list(range(10)))   # the last token's block is not a full cached block
+    assert bm.try_admit(partial) and partial.cached_tokens == 8
+    assert bm.stats.hits == 11 + 4 + 8 and len(bm.block_copies) == 1
+
+
+def a_blocks(bm: BlockManager, n: int) -> list[int]:
+    """The cached blocks of the chain of range(4 * n) (block size 4)."""
+    return [bm.by_hash[h] for h in block_hashes(list(range(4 * n)), 4)]
+
+
+def test_copy_on_write_holds_the_source_until_the_copy_is_taken_and_never_writes_it():
+    bm = BlockManager(num_blocks=5, block_size=4)            # 4 usable
+    a = req("a", list(range(8)), max_tokens=1)
+    assert bm.try_admit(a)
+    compute_all(bm, a)
+    bm.release(a)
+    src = a_blocks(bm, 2)[1]
+    b = req("b", list(range(8)), max_tokens=4)                # 12 tokens: 1 hit + 2 blocks (copy + growth)
+    assert bm.try_admit(b) and b.num_computed == 7 and bm.ref[src] == 1 and src not in bm.evictable
+    assert bm.num_available() == 0                           # free 1 + evictable 0 - reserved 1
+    assert not bm.try_admit(req("c", list(range(50, 54)), max_tokens=1))
+    [(s, dst)] = bm.take_block_copies()
+    assert s == src and dst == b.block_ids[1] and bm.ref[src] == 0 and src in bm.evictable
+    b.num_computed = 8
+    bm.commit(b)                                             # the private copy is not registered again
+    assert bm.by_hash[block_hashes(list(range(8)), 4)[1]] == src and dst not in bm.hash_of
+    bm.release(b)
+    assert dst in bm.free and src in bm.evictable and bm.num_available() == 4
 
 
 def test_lru_eviction_drops_unreferenced_cached_blocks_and_reports_them():

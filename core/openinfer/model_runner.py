@@ -113,6 +113,7 @@ class ModelRunner:
     def run(self, plan: StepPlan, logits_rows: list[int] | tuple[int, ...] = ()) -> StepOutput:
         """Greedy tokens of every sampled row, and float32 logits of the sampled rows listed."""
         self.pools.copy_state_rows(plan.state_copies)
+        self.pools.copy_blocks(plan.block_copies)
         h = self.prepare_host(plan)
         B, be = len(h.context_lens), self.backend
         if self.graphs is not None and h.is_decode and self.graphs.bucket(B) is not None:

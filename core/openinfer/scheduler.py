@@ -30,6 +30,7 @@ class StepPlan:
     runs: list[ScheduledRun] = field(default_factory=list)
     newly_scheduled: list[Request] = field(default_factory=list)
     state_copies: list[tuple[int, int]] = field(default_factory=list)   # run before the forward
+    block_copies: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write, before the forward
 
     @property
     def num_tokens(self) -> int:
@@ -87,6 +88,7 @@ class Scheduler:
             budget = self._start(r, plan, budget)
         if plan.runs:   # an empty plan is not run, so its copies wait for the next one
             plan.state_copies = self.blocks.take_state_copies()
+            plan.block_copies = self.blocks.take_block_copies()
         return plan
 
     def _start(self, r: Request, plan: StepPlan, budget: int) -> int:

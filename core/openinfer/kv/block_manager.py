@@ -5,6 +5,12 @@ so a running request never waits for memory and nothing needs preempting; blocks
 the reservation as the sequence grows. Full blocks are registered under chained hashes (parent
 hash, token ids, salt); unreferenced cached blocks stay reusable until evicted in LRU order.
 Block 0 is never handed out: padding rows of a batch point at it.
+
+A full-prompt hit recomputes only the last prompt token (its logits are needed to sample), so that
+step is one token and runs as a decode step. Cached blocks are immutable (other requests may be
+reading them), so when the last prompt token falls in a cached block, the request gets a private
+copy of that block (copy-on-write: `take_block_copies`, run on the device before the next forward)
+and writes the recomputed token there.
 """
 from __future__ import annotations
 
@@ -21,14 +27,24 @@ class CacheStats:
     hits: int = 0      # of which served from the cache
 
 
+def token_blocks(tokens: list[int], block_size: int, start: int = 0) -> list[tuple[int, ...]]:
+    """The full blocks of `tokens` from block `start`, as the tuples that are hashed and compared."""
+    stop = len(tokens) // block_size * block_size
+    return [tuple(tokens[i:i + block_size]) for i in range(start * block_size, stop, block_size)]
+
+
+def chain_hashes(blocks: list[tuple[int, ...]], salt: str = "", parent: int | None = None) -> list[int]:
+    out, h = [], parent
+    for tokens in blocks:
+        h = hash((h, tokens, salt))
+        out.append(h)
+    return out
+
+
 def block_hashes(tokens: list[int], block_size: int, salt: str = "", start: int = 0,
                  parent: int | None = None) -> list[int]:
     """Chained hashes of the full blocks of `tokens` from block `start`."""
-    out, h = [], parent
-    for i in range(start, len(tokens) // block_size):
-        h = hash((h, tuple(tokens[i * block_size:(i + 1) * block_size]), salt))
-        out.append(h)
-    return out
+    return chain_hashes(token_blocks(tokens, block_size, start), salt, parent)
 
 
 class BlockManager:
@@ -45,6 +61,7 @@ class BlockManager:
         self.tokens_of: dict[int, tuple[int, ...]] = {}
         self.reserved = 0
         self.stats = CacheStats()
+        self.block_copies: list[tuple[int, int]] = []   # (cached src, private dst), src referenced until taken
         # seams for the host offload tier (kv/host_tier.py): the cached blocks one allocate()
         # evicted, as (block, hash, tokens), reported before anything can write them; and every
         # admitted request, after its device hits were taken
@@ -66,35 +83,63 @@ class BlockManager:
         used = self.usable_blocks - len(self.free) - len(self.evictable) + self.reserved
         return used / self.usable_blocks
 
-    def _match(self, req: Request) -> list[int]:
+    def _match(self, req: Request) -> tuple[list[int], int | None]:
+        """The cached blocks of the prompt's chain before the last token's block, and the cached
+        block holding the last token when it is a full block of the prompt and all before it hit."""
         if not self.enable_prefix_cache:
-            return []
-        max_blocks = (len(req.prompt_ids) - 1) // self.block_size   # recompute >= 1 prompt token
-        req.block_hashes = block_hashes(req.prompt_ids[: max_blocks * self.block_size], self.block_size, req.cache_salt)
+            return [], None
+        n, bs = len(req.prompt_ids), self.block_size
+        blocks = token_blocks(req.prompt_ids, bs)      # tuples built once: hashed, then compared
+        max_blocks = (n - 1) // bs                      # the block holding the last token is apart
+        req.block_hashes = chain_hashes(blocks[:max_blocks], req.cache_salt)
         hits = []
-        for i, h in enumerate(req.block_hashes):
+        for h, tokens in zip(req.block_hashes, blocks):
             b = self.by_hash.get(h)
-            if b is None or self.tokens_of[b] != tuple(req.prompt_ids[i * self.block_size:(i + 1) * self.block_size]):
-                break
+            if b is None or self.tokens_of[b] != tokens:
+                return hits, None
             hits.append(b)
-        return hits
+        return hits, self._last_block_hit(req, blocks)
+
+    def _last_block_hit(self, req: Request, blocks: list[tuple[int, ...]]) -> int | None:
+        """Copy-on-write source: the last full block, when it ends the prompt and is cached."""
+        if len(blocks) * self.block_size != len(req.prompt_ids):
+            return None
+        [h] = chain_hashes(blocks[-1:], req.cache_salt, req.block_hashes[-1] if req.block_hashes else None)
+        b = self.by_hash.get(h)
+        return b if b is not None and self.tokens_of[b] == blocks[-1] else None
+
+    def _ref(self, b: int) -> None:
+        if self.ref[b] == 0:
+            del self.evictable[b]
+        self.ref[b] += 1
+
+    def _unref(self, b: int) -> None:
+        self.ref[b] -= 1
+        if self.ref[b] == 0:
+            if b in self.hash_of:
+                self.evictable[b] = None
+            else:
+                self.free.append(b)
 
     def try_admit(self, req: Request) -> bool:
         """Take the prefix hits and reserve the rest of the lifetime, or change nothing."""
-        hits = self._match(req)
+        hits, src = self._match(req)
+        shared = hits + ([src] if src is not None else [])
         need = self.blocks_for(req.max_total_tokens) - len(hits)
-        revived = sum(1 for b in hits if self.ref[b] == 0)
+        revived = sum(1 for b in shared if self.ref[b] == 0)
         if need + revived > self.num_available():
             return False
-        for b in hits:
-            if self.ref[b] == 0:
-                del self.evictable[b]
-            self.ref[b] += 1
+        for b in shared:
+            self._ref(b)
         req.block_ids = hits
         req.num_hashed_blocks = len(hits)
         req.num_computed = req.cached_tokens = len(hits) * self.block_size
         req.reserved_blocks = need
         self.reserved += need
+        if src is not None:   # copy-on-write: the private copy comes out of the reservation
+            self.allocate(req, len(req.prompt_ids))
+            self.block_copies.append((src, req.block_ids[-1]))
+            req.num_computed = req.cached_tokens = len(req.prompt_ids) - 1
         self.stats.queries += len(req.prompt_ids)
         self.stats.hits += req.cached_tokens
         if self.on_admit is not None:
@@ -132,29 +177,32 @@ class BlockManager:
         if full <= req.num_hashed_blocks:
             return
         first, bs = req.num_hashed_blocks, self.block_size
-        tokens = req.token_slice(first * bs, full * bs)   # only the new blocks' ids, not the whole sequence
         parent = req.block_hashes[first - 1] if first else None
-        new = block_hashes(tokens, bs, req.cache_salt, parent=parent)
+        blocks = token_blocks(req.token_slice(first * bs, full * bs), bs)   # only the new blocks' ids
+        new = chain_hashes(blocks, req.cache_salt, parent)
         req.block_hashes = req.block_hashes[:first] + new
-        for i, h in enumerate(new):
-            b = req.block_ids[first + i]
+        for i, (h, tokens) in enumerate(zip(new, blocks), start=first):
+            b = req.block_ids[i]
             if h not in self.by_hash and b not in self.hash_of:
                 self.by_hash[h] = b
                 self.hash_of[b] = h
-                self.tokens_of[b] = tuple(tokens[i * bs:(i + 1) * bs])
+                self.tokens_of[b] = tokens
         req.num_hashed_blocks = full
 
     def release(self, req: Request) -> None:
         """Return a finished or aborted request's blocks and reservation at once."""
         for b in reversed(req.block_ids):   # tail blocks become the first eviction candidates
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                if b in self.hash_of:
-                    self.evictable[b] = None
-                else:
-                    self.free.append(b)
+            self._unref(b)
         self.reserved -= req.reserved_blocks
         req.block_ids, req.reserved_blocks = [], 0
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """Copy-on-write block copies (src, dst) to run before the next forward. The sources are
+        let go now: the copies are queued on the device ahead of any later write to them."""
+        copies, self.block_copies = self.block_copies, []
+        for src, _ in copies:
+            self._unref(src)
+        return copies
 
     # ---- bounded-state hooks: kv/hybrid.py overrides them; paged-only models need none ----
     def prefill_chunk(self, req: Request, n: int) -> int:

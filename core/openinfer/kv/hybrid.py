@@ -75,11 +75,13 @@ class HybridBlockManager(BlockManager):
         self.rolling: dict[str, int] = {}      # request id -> hash of its decode checkpoint
         self.copies: list[tuple[int, int]] = []
 
-    def _match(self, req: Request) -> list[int]:
-        hits = super()._match(req) if self.checkpointing else []
+    def _match(self, req: Request) -> tuple[list[int], int | None]:
+        """No copy-on-write of the last token's block: the checkpoint at the prompt's end already
+        holds the last token's state, and the state before it (which recomputing it needs) is not kept."""
+        hits = super()._match(req)[0] if self.checkpointing else []
         while hits and self.checkpoints.find(req.block_hashes[len(hits) - 1]) is None:
             hits.pop()
-        return hits
+        return hits, None
 
     def try_admit(self, req: Request) -> bool:
         if not self.free_slots or not super().try_admit(req):

@@ -51,7 +51,16 @@ class StatePools:
     def copy_state_rows(self, copies: Iterable[tuple[int, int]]) -> None:
         """Copy (src, dst) rows of every slots group, in order: a later copy may read a row an
         earlier one wrote (a checkpoint saved, then restored into a new request)."""
-        for src, dst in copies:
-            for parts in self.slots.values():
-                for arr in parts.values():
-                    arr[dst] = arr[src]
+        _copy_rows(self.slots, copies)
+
+    def copy_blocks(self, copies: Iterable[tuple[int, int]]) -> None:
+        """Copy (src, dst) blocks of every paged group (copy-on-write of a shared prefix block);
+        on a GPU these are device copies queued on the current stream, ahead of the forward."""
+        _copy_rows(self.paged, copies)
+
+
+def _copy_rows(groups: dict[str, dict[str, Any]], copies: Iterable[tuple[int, int]]) -> None:
+    for src, dst in copies:
+        for parts in groups.values():
+            for arr in parts.values():
+                arr[dst] = arr[src]

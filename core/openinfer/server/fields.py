@@ -26,6 +26,12 @@ def is_kind(value: Any, kind: str) -> bool:
     return isinstance(value, _KINDS[kind])
 
 
+def token_ids(values: list) -> bool:
+    """Every value a JSON integer (bools are not), checked at C speed: a prompt of token ids can
+    be 10^5 long, and a per-item Python check cost ~3 ms per 16k ids on the time to first token."""
+    return set(map(type, values)) <= {int}
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)

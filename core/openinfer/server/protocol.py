@@ -19,7 +19,7 @@ from typing import Any
 from openinfer.sampling import ParamError, SamplingParams
 
 from .errors import bad_request
-from .fields import IGNORED, Fields, int_list, is_kind, str_list
+from .fields import IGNORED, Fields, int_list, is_kind, str_list, token_ids
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # chat_template_kwargs that would collide with the arguments the server passes itself
@@ -131,10 +131,9 @@ def _prompts(f: Fields) -> list[str | list[int]]:
     f.get("prompt", "str" if isinstance(prompt, str) else "list", required=True)
     if isinstance(prompt, str):
         return [prompt]
-    if prompt and all(is_kind(p, "int") for p in prompt):
+    if prompt and token_ids(prompt):
         return [prompt]
-    if prompt and all(isinstance(p, str) or (isinstance(p, list) and p and all(is_kind(t, "int") for t in p))
-                      for p in prompt):
+    if prompt and all(isinstance(p, str) or (isinstance(p, list) and p and token_ids(p)) for p in prompt):
         return prompt
     raise bad_request("'prompt' must be a string, an array of strings, a non-empty array of token ids, "
                       "or an array of non-empty token-id arrays.", "prompt", "invalid_type")

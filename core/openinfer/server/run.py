@@ -1,6 +1,8 @@
 """serve(): run the OpenAI-compatible server in this process until interrupted."""
 from __future__ import annotations
 
+import gc
+
 import uvicorn
 
 from .app import create_app
@@ -10,6 +12,12 @@ from .host import ModelHost
 def serve(host: ModelHost, address: str, port: int, log_level: str = "info") -> None:
     """Start the host's engines, serve HTTP on address:port until SIGINT/SIGTERM, then shut the
     engines down. In-flight requests get 5 s to finish; the rest are aborted with their engine."""
+    # What loading built (weights' wrappers, tokenizer, kernels, graphs) lives as long as the
+    # process; a full collection walking it took ~20 ms on the H200 host (12 ms for the demo
+    # model here), landing on some request's time to first token. Frozen objects are left out
+    # of every collection (reference counting still frees them).
+    gc.collect()
+    gc.freeze()
     host.start()
     try:
         config = uvicorn.Config(create_app(host), host=address, port=port, log_level=log_level,

@@ -53,6 +53,7 @@ def prompt_logits(engine: Engine, ids: list[int]) -> np.ndarray:
     if not blocks.try_admit(req):
         raise RuntimeError("the KV pool cannot hold the probe prompt")
     try:
+        engine.runner.pools.copy_blocks(blocks.take_block_copies())   # a copy-on-write the hit asked for
         req.num_computed = 0  # recompute everything, even a cached prefix
         blocks.allocate(req, len(ids))
         plan = StepPlan([ScheduledRun(req, 0, len(ids), True)])

@@ -83,6 +83,30 @@ def test_graph_replay_matches_eager(untied, dtype):
     assert hit == generate(eager, [prompts[7]], greedy(24))[0][0]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_full_prompt_hit_is_one_graph_replay(untied, dtype, monkeypatch):
+    """A prompt of whole blocks hits every block: the last token's block is copied on the device and
+    the hit's first token comes from a one-token step that replays the decode graph, with the tokens
+    of the eager engine's hit (and, in float32, of the cold run)."""
+    ckpt, _ = untied
+    eager = gpu_engine(ckpt, dtype=dtype, enforce_eager=True)
+    graph = gpu_engine(ckpt, dtype=dtype)
+    base = chat_prompt(graph)
+    ids = (base + [int(t) for t in np.random.default_rng(5).integers(0, 151000, 64)])[:64]
+    eager_cold, eager_hit = (generate(eager, [ids], greedy(16))[0][0] for _ in range(2))
+    cold = generate(graph, [ids], greedy(16))[0][0]
+    steps = []
+    replay, forward = graph.runner.graphs.replay, graph.runner._forward
+    monkeypatch.setattr(graph.runner.graphs, "replay", lambda *a: (steps.append("graph"), replay(*a))[1])
+    monkeypatch.setattr(graph.runner, "_forward", lambda b: (steps.append("eager"), forward(b))[1])
+    [(hit, fin, cached)] = generate(graph, [ids], greedy(16))
+    assert cached == fin.cached_tokens == len(ids) - 1
+    assert steps == ["graph"] * 16
+    assert hit == eager_hit
+    if dtype == "float32":
+        assert hit == cold == eager_cold
+
+
 def test_float32_batching_and_prefix_hits_keep_greedy(untied):
     ckpt, hf = untied
     eng = gpu_engine(ckpt, dtype="float32")
