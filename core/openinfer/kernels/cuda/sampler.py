@@ -23,12 +23,12 @@ def sample(logits: cp.ndarray, params: cp.ndarray, edits: cp.ndarray, top_k: int
     if not S:
         return out, None, None
     work = cp.empty((S, n), dtype=cp.float32)
-    sfx = suffix(x.dtype)
-    launch("sample_rows", f"sampling_rows_{sfx}", (GATHER_BLOCKS, S), 256, (x, np.int64(stride), params, np.int32(n), work))
+    launch("sample_rows", f"sampling_rows_{suffix(x.dtype)}", (GATHER_BLOCKS, S), 256,
+           (x, np.int64(stride), params, np.int32(n), work))
     launch("sample_rows", "apply_edits", (S,), 128, (work, np.int32(n), params, edits))
     values = ids = None
     if top_k:  # before sample_rows, which overwrites the sampled rows with their probabilities
         values, ids = top_logprobs(work[cp.asarray(top_rows)], top_k)
-    launch("sample_rows", f"sample_rows_{sfx}", (S,), 512,
+    launch("sample_rows", f"sample_rows_{suffix(x.dtype)}", (S,), 512,
            (work, np.int32(n), x, np.int64(stride), params, edits, out[0], out[1]))
     return out, values, ids
