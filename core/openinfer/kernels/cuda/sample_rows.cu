@@ -71,13 +71,20 @@ __device__ void radix_cut(const float* e, int n, unsigned int k, unsigned long l
         for (int b = tid; b < BINS; b += blockDim.x) { count[b] = 0; mass[b] = 0; }
         __syncthreads();
         const unsigned int prefix = s_prefix;
-        for (int j = tid; j < n; j += blockDim.x) {
-            const float v = e[j];
-            const unsigned int key = rank_key(v);
-            if ((key & mask) == prefix) {
-                const int b = (key >> shift) & (BINS - 1);
-                atomicAdd(&count[b], 1u);
-                const unsigned long long q = mass_of(v);
+        // whole warps every iteration, so the lanes of a warp that share a bin add their count with
+        // one atomic (a low temperature puts most of the row in the e = 0 bin); zero masses add nothing
+        for (int base = 0; base < n; base += blockDim.x) {
+            const int j = base + tid;
+            int b = -1;
+            unsigned long long q = 0;
+            if (j < n) {
+                const float v = e[j];
+                const unsigned int key = rank_key(v);
+                if ((key & mask) == prefix) { b = (key >> shift) & (BINS - 1); q = mass_of(v); }
+            }
+            const unsigned int peers = __match_any_sync(0xffffffffu, b);
+            if (b >= 0) {
+                if (__ffs(peers) - 1 == (tid & 31)) atomicAdd(&count[b], (unsigned int)__popc(peers));
                 if (q) atomicAdd(&mass[b], q);
             }
         }
