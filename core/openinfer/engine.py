@@ -216,7 +216,10 @@ class Engine:
             p = req.params
             blocked = self._stops(req) if len(req.output_ids) < p.min_tokens else frozenset()
             seeded = p.seed is not None
-            specs.append(SampleRow(p, req.prompt_ids, req.output_ids, blocked,
+            if p.repetition_penalty != 1.0 and req.prompt_unique is None:
+                req.prompt_unique = np.unique(np.asarray(req.prompt_ids, np.int64))
+            specs.append(SampleRow(p, req.prompt_unique if req.prompt_unique is not None else req.prompt_ids,
+                                   req.output_ids, blocked,
                                    split64(p.seed) if seeded else self._sample_key,
                                    (0, 0) if seeded else split64(req.sample_stream)))
         return build_batch(specs, self.vocab_size, rows)

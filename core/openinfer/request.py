@@ -151,6 +151,7 @@ class Request:
     cache_salt: str = ""
     rng: np.random.Generator | None = None      # the host sampler's
     sample_stream: int = 0                      # the device sampler's Philox stream when unseeded
+    prompt_unique: np.ndarray | None = None     # the prompt's distinct ids (repetition penalty), once
     first_token_time: float | None = None
     last_token_time: float | None = None
     aborted: bool = False
