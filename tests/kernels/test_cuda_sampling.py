@@ -144,3 +144,17 @@ def test_a_seeded_row_ignores_its_batch(dtype):
     crowd = build_batch([*others, seeded], V)
     crowd.params[:, ROW] = np.arange(4)
     assert run(logits, alone, dtype)[0][0] == run(logits, crowd, dtype)[0][3]
+
+
+def test_flat_logits_draw_the_largest_philox_word():
+    """Equal logits: the race picks the smallest E_j, the largest word >> 9 of the Philox stream,
+    so the device generator and its stream layout are checked without the reference's race."""
+    from openinfer.philox import uniform_words
+    n = 1001   # not a multiple of 4: the last group is partial
+    rows = [SampleRow(SamplingParams(temperature=1.0), [], [0] * step, frozenset(), split64(seed), (stream, 0))
+            for seed, step, stream in ((0, 0, 0), (1, 5, 0), (-3, 7, 9), (2**63 + 5, 123456, 2**31))]
+    batch = build_batch(rows, n)
+    tokens = run(np.zeros((len(rows), n), np.float32), batch, np.float32)[0]
+    for r, tok in zip(rows, tokens):
+        words = uniform_words(n, r.key, len(r.output_ids), r.stream) >> 9
+        assert tok == int(np.argmax(words))
