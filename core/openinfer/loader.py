@@ -63,6 +63,8 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     rows, checkpoints = _state_rows(groups, args)
     state_bytes = rows * bytes_per_state_row(groups, itemsize)
     reserve = _activation_bytes(built, backend, groups, args, max_len) if backend.name == "cuda" else 0
+    if backend.samples_on_device:   # the sampler's float32 copy of every sampled row (sample_rows.cu)
+        reserve += args.max_num_seqs * line.vocab_size(cfg) * 4
     budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None else int(args.kv_cache_memory_gib * 2**30),
                                      reserve)
     if args.kv_cache_memory_gib is None and backend.name == "numpy":

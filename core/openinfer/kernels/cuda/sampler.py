@@ -27,7 +27,7 @@ def sample(logits: cp.ndarray, params: cp.ndarray, edits: cp.ndarray, top_k: int
            (x, np.int64(stride), params, np.int32(n), work))
     launch("sample_rows", "apply_edits", (S,), 128, (work, np.int32(n), params, edits))
     values = ids = None
-    if top_k:  # before sample_rows, which overwrites the sampled rows with their probabilities
+    if top_k:  # before sample_rows overwrites the rows with exp(x / T - max / T)
         values, ids = top_logprobs(work[cp.asarray(top_rows)], top_k)
     launch("sample_rows", f"sample_rows_{suffix(x.dtype)}", (S,), 512,
            (work, np.int32(n), x, np.int64(stride), params, edits, out[0], out[1]))
