@@ -107,6 +107,27 @@ row("add_rms_norm T=1 H=2560", bench(lambda: ops.add_rms_norm(x, r, w, 1e-6)))
 logits = rand(1, 151936)
 row("argmax 1x151936", bench(lambda: ops.argmax(logits)), logits.nbytes)
 row("top_logprobs k=20 1x151936", bench(lambda: ops.top_logprobs(logits, 20)), logits.nbytes)
+# the device sampler (sample_rows.cu) on S rows of 4 * N(0, 1) bf16 logits, and the host path it replaced
+import time
+from openinfer.kernels.cuda import sampler
+from openinfer.sampling import SamplingParams, sample_row
+from openinfer.sampling_batch import ROW, SampleRow, build_batch
+V = 151936
+for S, kw in ((1, dict(top_p=0.9, top_k=50)), (64, dict(top_p=0.9, top_k=50)), (256, dict(top_p=0.9, top_k=50)),
+              (64, dict()), (64, dict(temperature=0.2, top_p=0.95)), (64, dict(min_p=0.05))):
+    sp = SamplingParams(**{"temperature": 1.0, **kw})
+    b = build_batch([SampleRow(sp, [], [], frozenset(), (1, 2), (i, 0)) for i in range(S)], V)
+    b.params[:, ROW] = np.arange(S)
+    lg = (4 * cp.random.standard_normal((S, V), dtype=cp.float32)).astype(bf)
+    params, edits, none = cp.asarray(b.params), cp.zeros((1, 4), cp.int32), np.zeros(0, np.int64)
+    desc = " ".join(f"{k}={v}" for k, v in kw.items()) or "T=1 only"
+    row(f"sample S={S} {desc}"[:36], bench(lambda: sampler.sample(lg, params, edits, 0, none), 20), lg.nbytes)
+    if S == 64 and kw.get("top_k"):
+        rng = np.random.default_rng(0)
+        t0 = time.perf_counter()
+        for r in cp.asnumpy(lg).astype(np.float32):
+            sample_row(r, sp, rng, [], [])
+        print(f"{'host path S=64 (copy + numpy)':<36} {1e6 * (time.perf_counter() - t0):9.1f}")
 EOF
 # decode attention, old (fp32 cores) against new (tensor cores), as the engine's graphs size it
 $PY scripts/attn_bench.py 2>&1 | tee "$OUT/attn_bench.log"

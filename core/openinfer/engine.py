@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import secrets
 import threading
 import time
 import traceback
@@ -23,7 +24,9 @@ from .kv.host_tier import HostTier
 from .kv.offload_stats import OffloadStats
 from .model_runner import ModelRunner, StepOutput
 from .request import Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens
+from .philox import split64
 from .sampling import SampleResult, SamplingParams, sample_row
+from .sampling_batch import SampleRow, SamplingBatch, build_batch
 from .scheduler import Scheduler, StepPlan
 
 log = logging.getLogger("openinfer.engine")
@@ -65,6 +68,9 @@ class Engine:
         self._wake = threading.Event()
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        # the device sampler's Philox key for unseeded requests; each takes its own stream number
+        self._sample_key = split64(secrets.randbits(64))
+        self._streams = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._stop = False
         self.dead_reason: str | None = None
@@ -83,7 +89,7 @@ class Engine:
             stream.put(Failed(f"engine is dead: {self.dead_reason}"))
             return stream
         req = Request(rid, list(prompt_ids), params, stream, time.monotonic(), cache_salt=cache_salt,
-                      rng=np.random.default_rng(params.seed))
+                      rng=np.random.default_rng(params.seed), sample_stream=next(self._streams))
         self._inbox.put(req)
         self._wake.set()
         return stream
@@ -163,9 +169,12 @@ class Engine:
             self.prompt_tokens += len(req.prompt_ids)
         if plan.runs:
             sampled = [run.req for run in plan.runs if run.samples]
-            host_rows = [i for i, r in enumerate(sampled) if not self._device_greedy(r)]
+            rows = [i for i, r in enumerate(sampled) if not self._device_greedy(r)]
             try:
-                out = self.runner.run(plan, host_rows)
+                if self.runner.backend.samples_on_device:
+                    out = self.runner.run(plan, sampling=self._sampling_batch(sampled, rows))
+                else:
+                    out = self.runner.run(plan, rows)
             except Exception as e:  # noqa: BLE001 — fail this step's requests, keep serving
                 log.error("step failed:\n%s", traceback.format_exc())
                 for run in plan.runs:
@@ -198,6 +207,26 @@ class Engine:
         p = req.params
         return (p.is_plain_greedy() and (len(req.output_ids) >= p.min_tokens or not self._stops(req)))
 
+    def _sampling_batch(self, sampled: list[Request], rows: list[int]) -> SamplingBatch | None:
+        """The device sampler's inputs for these rows. A seeded request draws from Philox keyed by its
+        seed alone (its tokens reproduce whatever batch it is in, on this backend); an unseeded one
+        from the engine's key and its own stream."""
+        if not rows:
+            return None
+        specs = []
+        for i in rows:
+            req = sampled[i]
+            p = req.params
+            blocked = self._stops(req) if len(req.output_ids) < p.min_tokens else frozenset()
+            seeded = p.seed is not None
+            if p.repetition_penalty != 1.0 and req.prompt_unique is None:
+                req.prompt_unique = np.unique(np.asarray(req.prompt_ids, np.int64))
+            specs.append(SampleRow(p, req.prompt_unique if req.prompt_unique is not None else req.prompt_ids,
+                                   req.output_ids, blocked,
+                                   split64(p.seed) if seeded else self._sample_key,
+                                   (0, 0) if seeded else split64(req.sample_stream)))
+        return build_batch(specs, self.vocab_size, rows)
+
     def _advance(self, plan: StepPlan, out: StepOutput) -> None:
         row = 0
         now = time.monotonic()
@@ -209,7 +238,9 @@ class Engine:
                 continue
             p = req.params
             stops = self._stops(req)
-            if row in out.logits:
+            if row in out.samples:
+                s = out.samples[row]
+            elif row in out.logits:
                 blocked = stops if len(req.output_ids) < p.min_tokens else frozenset()
                 s = sample_row(out.logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked)
             else:

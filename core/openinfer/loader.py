@@ -89,6 +89,8 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
         with phase("activation profile") as p:
             reserve = _activation_bytes(built, backend, groups, args, max_len)
             p.detail = f"step activations need {reserve / 2**20:.1f} MiB of device memory (measured)"
+    if backend.samples_on_device:   # the sampler's float32 copy of every sampled row (sample_rows.cu)
+        reserve += args.max_num_seqs * line.vocab_size(cfg) * 4
     with phase("KV cache") as p:
         num_blocks, pools, blocks, host_tier = _kv_cache(backend, groups, args, per_block, state_bytes, reserve,
                                                          max_len, rows, checkpoints)

@@ -1,12 +1,13 @@
 """Turns a StepPlan into a ForwardBatch, runs the model, returns what the sampler needs.
 
-Greedy tokens are taken on the device (one int per sampled row crosses to the host); full logits
-rows cross only for the rows whose sampling needs them (temperature, penalties, logprobs...).
+Greedy tokens are taken on the device (one int per sampled row crosses to the host). Other rows
+are sampled on the device where the backend can (CUDA: only ids and asked-for logprobs cross);
+elsewhere their float32 logits rows go to the host sampler.
 Decode-only steps replay a captured CUDA graph when the backend has them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -17,6 +18,8 @@ from .batch import ForwardBatch
 from .kv.block_tables import BlockTables
 from .kv.pool import StatePools
 from .model_line import Model
+from .sampling import SampleResult
+from .sampling_batch import ROW, SamplingBatch
 from .scheduler import StepPlan
 
 
@@ -41,6 +44,7 @@ class HostBatch:
 class StepOutput:
     tokens: np.ndarray                 # [S] argmax of each sampled row's logits
     logits: dict[int, np.ndarray]      # sampled row index -> float32 logits, for the rows asked for
+    samples: dict[int, SampleResult] = field(default_factory=dict)   # sampled row index -> device draw
 
 
 class ModelRunner:
@@ -110,8 +114,10 @@ class ModelRunner:
     def prepare(self, plan: StepPlan) -> ForwardBatch:
         return self.upload(self.prepare_host(plan))
 
-    def run(self, plan: StepPlan, logits_rows: list[int] | tuple[int, ...] = ()) -> StepOutput:
-        """Greedy tokens of every sampled row, and float32 logits of the sampled rows listed."""
+    def run(self, plan: StepPlan, logits_rows: list[int] | tuple[int, ...] = (),
+            sampling: SamplingBatch | None = None) -> StepOutput:
+        """Greedy tokens of every sampled row, float32 logits of the sampled rows listed, and the
+        device sampler's results for the rows of `sampling` (backends with samples_on_device)."""
         self.pools.copy_state_rows(plan.state_copies)
         self.pools.copy_blocks(plan.block_copies)
         h = self.prepare_host(plan)
@@ -124,9 +130,13 @@ class ModelRunner:
             logits, tokens = self._forward(self.upload(h))
             rows = np.arange(len(h.sample_rows), dtype=np.int32)
             host_tokens = be.to_host(tokens)
+        samples = {}
+        if sampling is not None and len(sampling):
+            sampling.params[:, ROW] = rows[sampling.sampled]
+            samples = dict(zip(sampling.sampled.tolist(), be.sample(logits, sampling)))
         picked = {}
         if logits_rows:
             wanted = list(logits_rows)
             got = be.to_host(logits[be.asarray(rows[wanted])])
             picked = dict(zip(wanted, np.asarray(got, dtype=np.float32)))
-        return StepOutput(host_tokens.astype(np.int64), picked)
+        return StepOutput(host_tokens.astype(np.int64), picked, samples)

@@ -149,7 +149,9 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     state_slot: int | None = None   # row of its bounded state (hybrid models), held while running
     cache_salt: str = ""
-    rng: np.random.Generator | None = None
+    rng: np.random.Generator | None = None      # the host sampler's
+    sample_stream: int = 0                      # the device sampler's Philox stream when unseeded
+    prompt_unique: np.ndarray | None = None     # the prompt's distinct ids (repetition penalty), once
     first_token_time: float | None = None
     last_token_time: float | None = None
     aborted: bool = False

@@ -30,7 +30,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
-    seed: int | None = None
+    seed: int | None = None          # reproduces per backend: the numpy and CUDA samplers draw differently
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None      # None: none; k >= 0: the chosen token's logprob + top-k alternatives

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from ..sampling import SampleResult
+from ..sampling_batch import LOGPROBS, NUM_FIELDS, SamplingBatch, to_results
 from .block_copy import BlockCopier
 from .numpy_backend import Backend
 
@@ -40,6 +42,7 @@ def _import_cupy() -> tuple[Any, Any]:
 
 class CudaBackend(Backend):
     name = "cuda"
+    samples_on_device = True
 
     def __init__(self, index: int = 0, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.90) -> None:
         if dtype not in DTYPES:
@@ -133,6 +136,25 @@ class CudaBackend(Backend):
     def argmax(self, logits: Any) -> Any:
         from ..kernels.cuda.ops import argmax
         return argmax(logits)
+
+    def sample(self, logits: Any, batch: SamplingBatch) -> list[SampleResult]:
+        """Sample the batch's rows of `logits` on the device (kernels/cuda/sampler.py): one upload of
+        the packed parameters and edits, then token ids and asked-for logprobs come back."""
+        from ..kernels.cuda.sampler import sample
+        S = len(batch)
+        edits = batch.edits if len(batch.edits) else np.zeros((1, 4), np.int32)  # never read; no 0-size upload
+        packed = self.asarray(np.concatenate([batch.params.ravel(), edits.ravel()]))
+        k = batch.top_k
+        top_rows = np.flatnonzero(batch.params[:, LOGPROBS] > 0)
+        with self.device, self.stream:
+            out, values, ids = sample(logits, packed[: S * NUM_FIELDS].reshape(S, NUM_FIELDS),
+                                      packed[S * NUM_FIELDS:].reshape(-1, 4), k, top_rows)
+        host = self.to_host(out)
+        top_v = top_i = None
+        if k:
+            top_v, top_i = np.zeros((S, k), np.float32), np.zeros((S, k), np.int32)
+            top_v[top_rows], top_i[top_rows] = self.to_host(values), self.to_host(ids)
+        return to_results(batch, host[0], host[1].view(np.float32), top_v, top_i)
 
     def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int,
                       state_slots: bool = False) -> Any:

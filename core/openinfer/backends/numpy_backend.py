@@ -16,6 +16,7 @@ class Backend(ABC):
     name: str          # kernel-registry backend name: "numpy" or "cuda"
     dtype: str         # compute/storage dtype of activations, weights and KV
     xp: Any            # the array module (numpy or cupy)
+    samples_on_device = False   # True: sample(logits, batch) draws every row on the device
 
     @abstractmethod
     def asarray(self, host: np.ndarray, dtype: str | None = None) -> Any:

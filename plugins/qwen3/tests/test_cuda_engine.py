@@ -117,7 +117,7 @@ def test_float32_batching_and_prefix_hits_keep_greedy(untied):
     assert cached > 0 and again == hf_greedy(hf, prompts[5], 16)
 
 
-def test_non_greedy_rows_sample_on_the_host_beside_greedy_rows(untied):
+def test_non_greedy_rows_sample_beside_greedy_rows(untied):
     from openinfer.sampling import SamplingParams
     ckpt, _ = untied
     eng = gpu_engine(ckpt, dtype="float32")

@@ -3,35 +3,7 @@
 // does, and top-k takes k passes that each find the best element ranked below the previous pick:
 // no sort, and k is small (OpenAI allows at most 20).
 #include "common.cuh"
-
-#define NEG_INF (-__int_as_float(0x7f800000))
-#define NO_INDEX 0x7fffffff
-
-__device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
-
-// The block's best (v, i); every thread gets it.
-__device__ void block_best(float& v, int& i) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-        if (better(ov, oi, v, i)) { v = ov; i = oi; }
-    }
-    __syncthreads();  // sv/si may still be read by a previous call
-    if (lane == 0) { sv[warp] = v; si[warp] = i; }
-    __syncthreads();
-    v = lane < (int)(blockDim.x >> 5) ? sv[lane] : NEG_INF;
-    i = lane < (int)(blockDim.x >> 5) ? si[lane] : NO_INDEX;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-        if (better(ov, oi, v, i)) { v = ov; i = oi; }
-    }
-}
+#include "block_best.cuh"
 
 // The best element of row[begin, end) ranked strictly below (pv, pi); (+inf, -1) for the first pick.
 template <typename T>
@@ -53,8 +25,6 @@ __device__ void best_below_list(const float* cv, const int* ci, int m, float pv,
         if (better(pv, pi, cv[j], ci[j]) && better(cv[j], ci[j], v, i)) { v = cv[j]; i = ci[j]; }
     block_best(v, i);
 }
-
-#define POS_INF __int_as_float(0x7f800000)
 
 // Two stages, so a row is spread over many blocks: stage 1 (grid: chunks x rows) reduces a chunk
 // of `chunk` logits to candidates, stage 2 (grid: rows) merges a row's candidates.

@@ -1,0 +1,41 @@
+"""On-device sampling through the engine on the demo model (GPU only; skipped elsewhere): the
+checks of test_device_sampling_engine.py, with the CUDA kernels instead of the numpy reference,
+with decode CUDA graphs and eager."""
+from __future__ import annotations
+
+import pytest
+
+from openinfer.engine import EngineArgs, build_engine
+from openinfer.testing.cuda import require_gpu
+from test_device_sampling_engine import (check_logprobs_and_min_tokens, check_seeded_requests_reproduce_in_any_batch,
+                                         check_top_k_1_is_greedy, check_unseeded_requests_differ)
+
+pytestmark = pytest.mark.cuda
+cp = require_gpu()
+
+
+@pytest.fixture(scope="module", params=["graphs", "eager"])
+def engine(request):
+    # float32: a seeded request's tokens equal alone and batched only while its logits do, and
+    # bf16 GEMMs of other batch shapes may round differently (test_cuda_sampling covers bf16 logits)
+    eng = build_engine(None, EngineArgs(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4,
+                                        kv_cache_memory_gib=0.05, enforce_eager=request.param == "eager"))
+    eng.runner.backend.activate()
+    assert eng.runner.backend.samples_on_device
+    return eng
+
+
+def test_seeded_requests_reproduce_in_any_batch(engine):
+    check_seeded_requests_reproduce_in_any_batch(engine)
+
+
+def test_unseeded_requests_differ(engine):
+    check_unseeded_requests_differ(engine)
+
+
+def test_top_k_1_is_greedy(engine):
+    check_top_k_1_is_greedy(engine)
+
+
+def test_logprobs_and_min_tokens(engine):
+    check_logprobs_and_min_tokens(engine)

@@ -1,0 +1,84 @@
+"""The engine's device-sampling path (what the CUDA backend runs), checked on the CPU with the
+numpy reference standing in for the kernels: seeded requests reproduce whatever batch they are
+in, top_k=1 is greedy, logprobs and min_tokens hold. test_cuda_sampling_engine.py runs the same
+checks on the GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from openinfer import sampling_reference as ref
+from openinfer.engine import Engine, EngineArgs, build_engine
+from openinfer.sampling import SamplingParams
+from openinfer.sampling_batch import ROW, to_results
+from openinfer.testing.engine import generate, greedy
+
+PROMPTS = [[9707, 11, 1879, 0, 358, 1079], [40, 1079, 264, 1614], [3838, 374, 279, 6722, 315, 9625, 30]]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = build_engine(None, EngineArgs(max_model_len=256, kv_cache_memory_gib=0.01))
+    be = eng.runner.backend
+    be.samples_on_device = True
+    be.sample = lambda logits, batch: to_results(batch, *ref.sample(np.asarray(logits)[batch.params[:, ROW]], batch))
+    return eng
+
+
+def sampled(max_tokens: int = 6, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **{"temperature": 1.0, **kw})
+
+
+def check_seeded_requests_reproduce_in_any_batch(engine: Engine) -> None:
+    p = sampled(seed=1234, top_p=0.95, repetition_penalty=1.2)
+    [(alone, _, _)] = generate(engine, [PROMPTS[0]], p)
+    [(again, _, _)] = generate(engine, [PROMPTS[0]], p)
+    mixed = generate(engine, [PROMPTS[1], PROMPTS[0], PROMPTS[2]],
+                     [sampled(top_k=40), p, greedy(6, presence_penalty=0.5)])
+    assert alone == again == mixed[1][0]
+    [(other, _, _)] = generate(engine, [PROMPTS[0]], sampled(seed=99, top_p=0.95, repetition_penalty=1.2))
+    assert other != alone
+
+
+def check_unseeded_requests_differ(engine: Engine) -> None:
+    a, b = generate(engine, [PROMPTS[2], PROMPTS[2]], sampled(8))
+    assert a[0] != b[0]
+
+
+def check_top_k_1_is_greedy(engine: Engine) -> None:
+    want = generate(engine, PROMPTS, greedy(6))
+    got = generate(engine, PROMPTS, [sampled(top_k=1, seed=s) for s in range(3)])
+    assert [g[0] for g in got] == [w[0] for w in want]
+
+
+def check_logprobs_and_min_tokens(engine: Engine) -> None:
+    eos = min(engine.eos_token_ids)
+    stream = engine.submit(PROMPTS[0], SamplingParams(max_tokens=8, temperature=0.7, min_tokens=3, logprobs=3,
+                                                      logit_bias={eos: 100.0}, seed=5))
+    [(tokens, fin, _)] = generate(engine, [PROMPTS[0]], SamplingParams(
+        max_tokens=8, temperature=0.7, min_tokens=3, logit_bias={eos: 100.0}, seed=5))
+    assert eos not in tokens[:3] and tokens[3] == eos and fin.reason == "stop" and len(tokens) == 4
+    while engine.has_unfinished():
+        engine.step()
+    samples = [s for ev in stream if hasattr(ev, "samples") for s in ev.samples]
+    assert [s.token for s in samples] == tokens
+    for s in samples:
+        assert len(s.top) == 3 and s.logprob <= s.top[0][1] + 1e-5
+        assert [lp for _, lp in s.top] == sorted((lp for _, lp in s.top), reverse=True)
+    assert samples[3].logprob > -1e-3   # a +100 bias: all the mass
+
+
+def test_seeded_requests_reproduce_in_any_batch(engine):
+    check_seeded_requests_reproduce_in_any_batch(engine)
+
+
+def test_unseeded_requests_differ(engine):
+    check_unseeded_requests_differ(engine)
+
+
+def test_top_k_1_is_greedy(engine):
+    check_top_k_1_is_greedy(engine)
+
+
+def test_logprobs_and_min_tokens(engine):
+    check_logprobs_and_min_tokens(engine)
