@@ -108,4 +108,6 @@ logits = rand(1, 151936)
 row("argmax 1x151936", bench(lambda: ops.argmax(logits)), logits.nbytes)
 row("top_logprobs k=20 1x151936", bench(lambda: ops.top_logprobs(logits, 20)), logits.nbytes)
 EOF
+# GEMV vs cuBLAS per Qwen3-4B shape at M=1 and M=8, and the 145-GEMM decode chain against the 1.87 ms floor
+$PY scripts/gemv_bench.py 2>&1 | tee "$OUT/gemv.log"
 exit "$rc"
