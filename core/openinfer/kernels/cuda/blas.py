@@ -145,7 +145,7 @@ def gemv_resident(name: str) -> int:
     if key not in _resident:
         per_sm = ctypes.c_int(0)
         status = _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            ctypes.byref(per_sm), _function("gemv", name).ptr, 128, 0)
+            ctypes.byref(per_sm), _function("gemv", name).kernel.ptr, 128, 0)
         _resident[key] = max(1, per_sm.value if status == 0 else 4) * sm_count()
     return _resident[key]
 
@@ -192,7 +192,7 @@ def _launch_pdl(name: str, grid: tuple[int, int], args: tuple) -> None:
                         cp.cuda.get_current_stream().ptr, ctypes.pointer(_pdl_attr), 1)
     values = [t(v) for t, v in zip(_GEMV_ARG_TYPES, args)]
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    status = _driver().cuLaunchKernelEx(ctypes.byref(cfg), _function("gemv", name).ptr, params, None)
+    status = _driver().cuLaunchKernelEx(ctypes.byref(cfg), _function("gemv", name).kernel.ptr, params, None)
     if status:
         raise RuntimeError(f"cuLaunchKernelEx({name}) failed with CUresult {status}")
 
