@@ -187,6 +187,110 @@ def test_linear(dt, m):
     close(ops.linear(dev(x, dt[0]), dev(w, dt[0])), ref.linear(x, w), dt, scale=10)
 
 
+# (N, K): odd N and a partial 16-row tile, K/8 odd, K not a multiple of 16, and Qwen3-sized shapes
+# whose N is small against the SM count (split-K across CTAs, last-arriving CTA reduces)
+GEMV_SHAPES = [(160, 96), (77, 200), (33, 1000), (1, 64), (2560, 4096), (1000, 2056), (6144, 2560)]
+
+
+@pytest.fixture
+def gemv_calls(monkeypatch):
+    """Counts the calls that took the GEMV kernel path."""
+    from openinfer.kernels.cuda import blas
+    calls = []
+    real = blas.gemv
+    monkeypatch.setattr(blas, "gemv", lambda *a: (calls.append(a[0].shape), real(*a))[1])
+    return calls
+
+
+@pytest.mark.parametrize("n,k", GEMV_SHAPES)
+@pytest.mark.parametrize("m", range(1, 9))
+def test_linear_gemv(m, n, k, gemv_calls):
+    rng = np.random.default_rng(1000 * m + n + k)
+    x, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
+    xd, wd = dev(x, BF16), dev(w, BF16)
+    got = ops.linear(xd, wd)
+    assert gemv_calls == [(m, k)]
+    close(got, ref.linear(x, w), DTYPES["bfloat16"], scale=2)
+    np.testing.assert_array_equal(host(ops.linear(xd, wd)), host(got))  # split-K sums in a fixed order
+
+
+@pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_calls):
+    """Every kernel variant the benchmark sweeps, eager with and without PDL, split-K and tails."""
+    from openinfer.kernels.cuda import blas
+    monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
+    monkeypatch.setattr(blas, "GEMV_PDL", pdl)
+    rng = np.random.default_rng(3)
+    for m, n, k in ((1, 2560, 4096), (8, 2560, 9728), (3, 77, 1000), (6, 1000, 2056)):
+        x, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
+        close(ops.linear(dev(x, BF16), dev(w, BF16)), ref.linear(x, w), DTYPES["bfloat16"], scale=2)
+    assert len(gemv_calls) == 4
+
+
+def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
+    rng = np.random.default_rng(7)
+    dt = DTYPES["bfloat16"]
+    w = exact(rnd(rng, 300, 256, scale=1 / 16), BF16)
+    wd = dev(w, BF16)
+    wide = exact(rnd(rng, 5, 256 + 24), BF16)
+    # x a strided view (row stride 280 elements, 16-byte aligned): used in place by the GEMV
+    close(ops.linear(dev(wide, BF16)[:, 8:264], wd), ref.linear(wide[:, 8:264], w), dt, scale=2)
+    assert gemv_calls == [(5, 256)]
+    # x [2, 3, K]: flattened to 6 rows
+    x3 = exact(rnd(rng, 2, 3, 256), BF16)
+    got = ops.linear(dev(x3, BF16), wd)
+    assert got.shape == (2, 3, 300) and gemv_calls[-1] == (6, 256)
+    close(got, ref.linear(x3.reshape(6, 256), w).reshape(2, 3, 300), dt, scale=2)
+    # w a row slice of a bigger matrix (a fused weight's part): row stride 256, offset 16-byte aligned
+    close(ops.linear(dev(wide[:2, :256], BF16), wd[40:200]), ref.linear(wide[:2, :256], w[40:200]), dt, scale=2)
+    assert gemv_calls[-1] == (2, 256)
+    n_gemv = len(gemv_calls)
+    # cuBLAS fallbacks, still correct: a row stride that breaks 16-byte alignment, K % 8 != 0, M > 8
+    close(ops.linear(dev(wide, BF16)[:, 3:259], wd), ref.linear(wide[:, 3:259], w), dt, scale=2)
+    xk = exact(rnd(rng, 4, 100), BF16)
+    wk = exact(rnd(rng, 64, 100, scale=0.1), BF16)
+    close(ops.linear(dev(xk, BF16), dev(wk, BF16)), ref.linear(xk, wk), dt, scale=2)
+    x9 = exact(rnd(rng, 9, 256), BF16)
+    close(ops.linear(dev(x9, BF16), wd), ref.linear(x9, w), dt, scale=2)
+    assert len(gemv_calls) == n_gemv
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gemv_graph_capture_replays(pdl, monkeypatch):
+    """A chain of GEMVs (split-K and not, M = 1 and 8) captured once, replayed on new inputs."""
+    from openinfer.kernels.cuda import blas
+    monkeypatch.setattr(blas, "GEMV_PDL", pdl)
+    rng = np.random.default_rng(11)
+    ws = [dev(rnd(rng, n, k, scale=k ** -0.5), BF16) for n, k in ((6144, 2560), (2560, 6144), (200, 2560))]
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def chain(x):
+        h = ops.linear(x, ws[0])
+        h = ops.linear(h, ws[1])
+        return ops.linear(h, ws[2]), h
+
+    for m in (1, 8):
+        x = dev(rnd(rng, m, 2560), BF16)
+        with stream:
+            eager = chain(x)  # warms the pool and the split-K counters
+            stream.begin_capture()
+            y = chain(x)
+            graph = stream.end_capture()
+            outs = []
+            for _ in range(2):
+                x[...] = dev(rnd(rng, m, 2560), BF16)
+                graph.launch(stream)
+                outs.append([host(a) for a in y])
+                again = chain(x)
+                stream.synchronize()
+                for a, b in zip(outs[-1], again):
+                    np.testing.assert_array_equal(a, host(b))
+        assert not np.array_equal(host(eager[0]), outs[0][0])
+        h = exact(host(x), BF16) @ exact(host(ws[0]), BF16).T
+        close(again[1], exact(exact(h, BF16) @ host(ws[1]).T, BF16), DTYPES["bfloat16"], scale=2)
+
+
 def _batch(runs, block_size, rng, num_blocks):
     """runs: (context_len, query_len) per sequence; blocks are shuffled across sequences."""
     need = [-(-L // block_size) for L, _ in runs]
@@ -378,14 +482,14 @@ def test_argmax_and_top_logprobs(dt):
 
 def test_graph_capture_replays_cublas_and_kernels():
     rng = np.random.default_rng(5)
-    x, w, nw = (dev(rnd(rng, *s), BF16) for s in ((4, 256), (512, 256), (512,)))
+    x, w, nw = (dev(rnd(rng, *s), BF16) for s in ((12, 256), (512, 256), (512,)))  # 12 rows: cuBLAS, not GEMV
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         eager = ops.rms_norm(ops.linear(x, w), nw, 1e-6)  # warms the pool and the cuBLAS handle
         stream.begin_capture()
         y = ops.rms_norm(ops.linear(x, w), nw, 1e-6)
         graph = stream.end_capture()
-        x[...] = dev(rnd(rng, 4, 256), BF16)
+        x[...] = dev(rnd(rng, 12, 256), BF16)
         graph.launch(stream)
         again = ops.rms_norm(ops.linear(x, w), nw, 1e-6)
         stream.synchronize()

@@ -1,0 +1,179 @@
+// Skinny GEMM for small-batch decode: y[M, N] = x[M, K] @ w[N, K]^T in bf16 with fp32
+// accumulation, M <= 8. Weight-bandwidth bound, so the whole design is about keeping HBM busy:
+//
+// * One CTA = 4 warps = one 16-row tile of w (rows n0..n0+15) over one K range ("split");
+//   the 4 warps split that range again and reduce through shared memory.
+// * The math runs on the tensor cores (mma.sync m16n8k16 bf16 -> fp32): A = 16 rows of w,
+//   B = x^T (its 8 columns are the M <= 8 rows of x; columns past M repeat row M-1, never stored). Thread
+//   (g = lane/4, q = lane%4) loads one 16-byte chunk of w rows g and g+8 and the same chunk of
+//   x row g; since a k-sum may be taken in any order, a chunk's 8 physical k values serve as the
+//   logical k slots {2q, 2q+1, 2q+8, 2q+9} of two mma k-steps. Loads are exactly the 16-byte
+//   vectors the memory wants; no shuffles, no shared-memory staging, 4 fp32 accumulators.
+// * U chunks per thread per iteration: 2U independent 16-byte weight loads in flight
+//   (ld.global.nc, no L1 allocation: w is streamed once), x by ordinary loads through L1 (it is
+//   tiny and read by every CTA).
+// * Split-K across CTAs (gridDim.y > 1, for N small against the SM count): each split stores its
+//   fp32 partial tile to a workspace; the last CTA of a tile to arrive (a per-tile counter) sums
+//   the partials in split order (deterministic) and writes bf16, then resets the counter to 0,
+//   so the counters stay zero between launches and a CUDA graph replays cleanly.
+// * Programmatic dependent launch (when the wrapper launches with it): the weights do not depend
+//   on the previous kernel, so the first chunks are prefetched into L2 before griddepcontrol.wait;
+//   only x (and the workspace/counters) are touched after it. Without PDL both are no-ops.
+// Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8.
+#include "common.cuh"
+
+namespace {
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// x is written by the previous kernel, which under PDL may still be running when this grid starts:
+// an ordinary (coherent) load, kept after griddepcontrol.wait by being volatile, not ld.global.nc.
+__device__ __forceinline__ uint4 ld_x(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2::evict_normal [%0];" :: "l"(p));
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, const uint4& a, const uint4& b, const uint4& xv) {
+    // two k-steps: (a.x, b.x, a.y, b.y | xv.x, xv.y) and (a.z, b.z, a.w, b.w | xv.z, xv.w);
+    // a = row g, b = row g+8 of the tile (A fragment order: a0 row g, a1 row g+8, a2 row g, a3 row g+8)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a.x), "r"(b.x), "r"(a.y), "r"(b.y), "r"(xv.x), "r"(xv.y));
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a.z), "r"(b.z), "r"(a.w), "r"(b.w), "r"(xv.z), "r"(xv.w));
+}
+
+__device__ __forceinline__ void store_tile(bf16* y, long long ldy, float4 s, int M, int N, int n0, int g, int q) {
+    const int m0 = 2 * q, m1 = 2 * q + 1, r0 = n0 + g, r1 = n0 + g + 8;
+    if (r0 < N) {
+        if (m0 < M) y[m0 * ldy + r0] = from_f32<bf16>(s.x);
+        if (m1 < M) y[m1 * ldy + r0] = from_f32<bf16>(s.y);
+    }
+    if (r1 < N) {
+        if (m0 < M) y[m0 * ldy + r1] = from_f32<bf16>(s.z);
+        if (m1 < M) y[m1 * ldy + r1] = from_f32<bf16>(s.w);
+    }
+}
+
+constexpr int WARPS = 4;
+
+template <int U>
+__device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w,
+                                          long long ldw, bf16* __restrict__ y, long long ldy,
+                                          float* __restrict__ partial, int* __restrict__ counters,
+                                          int M, int N, int chunks, int prefetch) {
+    const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    // this split's chunk range, then this warp's quarter of it (chunk = 8 consecutive k)
+    const int s_lo = (int)((long long)chunks * split / splits), s_hi = (int)((long long)chunks * (split + 1) / splits);
+    const int lo = s_lo + (s_hi - s_lo) * warp / WARPS, hi = s_lo + (s_hi - s_lo) * (warp + 1) / WARPS;
+    const int n0 = tile * 16;
+    const uint4* wa = reinterpret_cast<const uint4*>(w + (long long)min(n0 + g, N - 1) * ldw);      // rows past N
+    const uint4* wb = reinterpret_cast<const uint4*>(w + (long long)min(n0 + g + 8, N - 1) * ldw);  // repeat N-1
+    // B column g is output row m = g: groups g >= M read row M-1 and their columns are never stored
+    // (branch-free loads keep the weight loads of one iteration in flight together)
+    const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)min(g, M - 1) * ldx);
+
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#pragma unroll 1
+    for (int i = 0; i < prefetch; ++i) {  // weights only: they do not depend on the previous kernel
+        const int c = lo + 4 * i + q;
+        if (c < hi) { prefetch_l2(wa + c); prefetch_l2(wb + c); }
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    int base = lo;
+    for (; base + 4 * U <= hi; base += 4 * U) {
+        uint4 a[U], b[U], xv[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            a[u] = ld_stream(wa + base + 4 * u + q);
+            b[u] = ld_stream(wb + base + 4 * u + q);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) xv[u] = ld_x(xr + base + 4 * u + q);
+#pragma unroll
+        for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
+    }
+    if (base < hi) {  // the last < 4U chunks: predicated loads, every lane still takes part in the mma
+        uint4 a[U], b[U], xv[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            // the load asm is not volatile, so the compiler may execute it unconditionally:
+            // clamp the address into the range and zero the value instead of skipping the load
+            const int c = base + 4 * u + q;
+            const bool ok = c < hi;
+            const int cc = ok ? c : lo;
+            a[u] = ld_stream(wa + cc);
+            b[u] = ld_stream(wb + cc);
+            xv[u] = ld_x(xr + cc);
+            if (!ok) a[u] = b[u] = xv[u] = zero;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
+    }
+
+    __shared__ float4 red[WARPS][32];
+    red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __syncthreads();
+    if (warp != 0) return;
+    float4 s = red[0][lane];
+#pragma unroll
+    for (int i = 1; i < WARPS; ++i) {  // fixed order: bit-identical across runs
+        const float4 t = red[i][lane];
+        s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
+    }
+    if (splits == 1) { store_tile(y, ldy, s, M, N, n0, g, q); return; }
+
+    float4* part = reinterpret_cast<float4*>(partial);
+    __stcg(part + ((long long)split * gridDim.x + tile) * 32 + lane, s);
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counters + tile, 1) == splits - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    __threadfence();
+    s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4  // 4 loads in flight; fully unrolled it needed 64 registers, costing occupancy
+    for (int i = 0; i < splits; ++i) {  // split order, whichever CTA came last: deterministic
+        const float4 t = __ldcg(part + ((long long)i * gridDim.x + tile) * 32 + lane);
+        s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
+    }
+    store_tile(y, ldy, s, M, N, n0, g, q);
+    if (lane == 0) counters[tile] = 0;  // ready for the next launch (or graph replay)
+}
+
+}  // namespace
+
+// grid (ceil(N / 16), splits), block 128. partial: fp32 [splits, grid.x, 16 * 8] (unused when
+// splits == 1), counters: int32 [grid.x], all zero on entry and left zero on exit.
+// gemv_bf16_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
+// iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
+// for B CTAs per SM (more warps, fewer registers).
+#define GEMV_KERNEL(NAME, U, MIN_BLOCKS)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
+        const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,                           \
+        bf16* __restrict__ y, long long ldy, float* __restrict__ partial, int* __restrict__ counters,      \
+        int M, int N, int chunks, int prefetch) {                                                          \
+        gemv_tile<U>(x, ldx, w, ldw, y, ldy, partial, counters, M, N, chunks, prefetch);                   \
+    }
+GEMV_KERNEL(gemv_bf16_u2, 2, 1)
+GEMV_KERNEL(gemv_bf16_u4, 4, 1)
+GEMV_KERNEL(gemv_bf16_u8, 8, 1)
+GEMV_KERNEL(gemv_bf16_u4_o8, 4, 8)

@@ -1,0 +1,129 @@
+"""GEMV vs cuBLAS on Qwen3 decode shapes, and the 145-GEMM Qwen3-4B decode chain (GPU only).
+
+    python scripts/gemv_bench.py            # the table gpu_kernels.sh prints
+    python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill, PDL) on the chain
+
+Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s counts weight + x + y bytes.
+"""
+from __future__ import annotations
+
+import sys
+
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+from openinfer.kernels.cuda import blas, ops
+
+bf = np.dtype(ml_dtypes.bfloat16)
+stream = cp.cuda.Stream(non_blocking=True)
+FLOOR_BW = 4.3e12  # device-to-device copy ceiling, bytes/s (reference/gpu-notes.md)
+
+
+def rand(*shape, scale=1.0):
+    return (cp.random.standard_normal(shape, dtype=cp.float32) * scale).astype(bf)
+
+
+def graph_us(fn, reps=20, inner=1):
+    """Mean us per fn() call: fn captured `inner` times in one graph, the graph replayed `reps` times."""
+    with stream:
+        fn(); stream.synchronize()
+        stream.begin_capture()
+        for _ in range(inner):
+            fn()
+        graph = stream.end_capture()
+        graph.launch(stream); stream.synchronize()
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record(stream)
+        for _ in range(reps):
+            graph.launch(stream)
+        e.record(stream); e.synchronize()
+    return cp.cuda.get_elapsed_time(s, e) * 1e3 / (reps * inner)
+
+
+def with_gemv(enabled, fn, **knobs):
+    saved = {k: getattr(blas, k) for k in ("GEMV_ENABLED", *knobs)}
+    try:
+        blas.GEMV_ENABLED = enabled
+        for k, v in knobs.items():
+            setattr(blas, k, v)
+        return fn()
+    finally:
+        for k, v in saved.items():
+            setattr(blas, k, v)
+
+
+H, I, NQKV, NO, V = 2560, 9728, 6144, 4096, 151936
+SHAPES_4B = {"qkv": (H, NQKV), "o": (NO, H), "gate_up": (H, 2 * I), "down": (I, H), "lm_head": (H, V)}
+SHAPES_8B = {"8B qkv": (4096, 6144), "8B o": (4096, 4096), "8B gate_up": (4096, 24576), "8B down": (12288, 4096)}
+
+
+def shape_rows(shapes, ms=(1, 8)):
+    print(f"\nresident GEMV CTAs: {blas.gemv_resident(f'gemv_bf16_{blas.GEMV_VARIANT}')} ({blas.GEMV_VARIANT})")
+    print(f"\n{'GEMM (K->N)':<28} {'M':>2} {'split':>5} {'gemv us':>8} {'GB/s':>6} {'+PDL us':>8} {'GB/s':>6} "
+          f"{'cublas us':>9} {'GB/s':>6} {'speedup':>7}")
+    for name, (k, n) in shapes.items():
+        # distinct weight copies, together well over the 50 MB L2, so no call reads another's leftovers
+        copies = min(8, -(-150_000_000 // (2 * n * k)))
+        ws = [rand(n, k, scale=k ** -0.5) for _ in range(copies)]
+        for m in ms:
+            x = rand(m, k)
+            nbytes = 2 * (n * k + m * (k + n))
+
+            def fn():
+                for w in ws:
+                    ops.linear(x, w)
+            g = with_gemv(True, lambda: graph_us(fn), GEMV_PDL=False) / copies
+            p = with_gemv(True, lambda: graph_us(fn), GEMV_PDL=True) / copies
+            c = with_gemv(False, lambda: graph_us(fn)) / copies
+            splits = blas.gemv_splits(n, k, blas.gemv_resident(f"gemv_bf16_{blas.GEMV_VARIANT}"))
+            print(f"{name + f' {k}->{n}':<28} {m:>2} {splits:>5} {g:8.1f} {nbytes / g / 1e3:6.0f} {p:8.1f} "
+                  f"{nbytes / p / 1e3:6.0f} {c:9.1f} {nbytes / c / 1e3:6.0f} {c / min(g, p):7.2f}")
+        del ws
+
+
+def decode_chain(m=1):
+    """36 layers x (qkv, o, gate_up, down) + lm_head, each with its own weights (8.05 GB), one graph."""
+    layers = [[rand(n, k, scale=k ** -0.5) for k, n in (SHAPES_4B[s] for s in ("qkv", "o", "gate_up", "down"))]
+              for _ in range(36)]
+    lm = rand(V, H, scale=H ** -0.5)
+    xs = {k: rand(m, k) for k in (H, NO, I)}
+    nbytes = sum(w.nbytes for ws in layers for w in ws) + lm.nbytes
+
+    def run():
+        for ws in layers:
+            for w in ws:
+                ops.linear(xs[w.shape[1]], w)
+        ops.linear(xs[H], lm)
+    return run, nbytes
+
+
+def chain_rows(sweep=False):
+    run, nbytes = decode_chain(1)
+    floor = nbytes / FLOOR_BW * 1e6
+    print(f"\ndecode GEMM chain, Qwen3-4B, M=1: 145 GEMMs, {nbytes / 1e9:.2f} GB of weights, "
+          f"floor {floor:.0f} us at {FLOOR_BW / 1e12:.1f} TB/s (graph-replayed)")
+    configs = [("cuBLAS", False, {}), ("GEMV", True, {"GEMV_PDL": False}), ("GEMV + PDL", True, {"GEMV_PDL": True})]
+    if sweep:
+        for variant in ("u2", "u4", "u8", "u4_o8"):
+            for fill, min_k in ((0.5, 1024), (1.0, 1024), (1.0, 512), (2.0, 512)):
+                for pdl in (False, True):
+                    configs.append((f"{variant} fill={fill} min_split_k={min_k} pdl={int(pdl)}", True,
+                                    {"GEMV_VARIANT": variant, "GEMV_FILL": fill, "GEMV_MIN_SPLIT_K": min_k,
+                                     "GEMV_PDL": pdl}))
+    for label, on, knobs in configs:
+        try:
+            us = with_gemv(on, lambda: graph_us(run, reps=10), **knobs)
+        except Exception as e:  # a PDL launch the driver refuses, say
+            print(f"{label:<36} failed: {type(e).__name__}: {e}")
+            continue
+        print(f"{'decode GEMM chain ' + label:<36} {us:8.0f} us  {nbytes / us / 1e3:6.0f} GB/s  "
+              f"{floor / us * 100:5.1f} % of floor")
+
+
+if __name__ == "__main__":
+    sweep = "--sweep" in sys.argv
+    shape_rows(SHAPES_4B)
+    if sweep:
+        shape_rows(SHAPES_8B, ms=(1, 4))
+    chain_rows(sweep)
