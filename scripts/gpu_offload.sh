@@ -4,6 +4,7 @@
 # `openinfer serve --kv-offload` on a random-weight Qwen3-4B (`openinfer synth --preset qwen3-4b`,
 # served with --load-format dummy). Logs, JSON and a markdown table for docs/benchmarks/ go to $OUT.
 #   bash scripts/gpu_offload.sh          (exit status: pytest's, else the benchmark's)
+#   QUICK=1: no install, no tests, the preset served with dummy weights (no checkpoint written): gpu_quick.sh
 # Knobs (environment): LENGTHS=1024,4096,16384 REPEATS=5 KV_GIB=4 HOST_GIB=16 PORT=8011 SERVE_ARGS=
 # PRESET=qwen3-4b DEVICE=cuda (DEVICE=cpu PRESET=qwen3-tiny: a dry run of the flow on a CPU).
 # KV_GIB keeps the device pool small so the fillers that push a prompt out of HBM stay few.
@@ -17,20 +18,21 @@ MODEL_DIR=${MODEL_DIR:-/tmp/${PRESET}}   # /tmp/qwen3-4b: the checkpoint gpu_ben
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPENINFER_CACHE_DIR=${OPENINFER_CACHE_DIR:-/tmp/openinfer-cache}
 
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [ -z "${QUICK:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-$PY -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 >"$OUT/install.log" 2>&1 \
+[ -n "${QUICK:-}" ] || $PY -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 >"$OUT/install.log" 2>&1 \
     || { echo "editable install failed (see install.log); using PYTHONPATH"; export PYTHONPATH=core:plugins/qwen3:${PYTHONPATH:-}; }
 OPENINFER=("$PY" -m openinfer)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
-$PY -m pytest tests/test_kv_offload_cuda.py tests/test_kv_offload.py tests/test_cuda_block_copy_emulation.py -q -p no:cacheprovider \
+[ -n "${QUICK:-}" ] || $PY -m pytest tests/test_kv_offload_cuda.py tests/test_kv_offload.py tests/test_cuda_block_copy_emulation.py -q -p no:cacheprovider \
     --junitxml "$OUT/offload_tests.xml" 2>&1 | tee "$OUT/offload_tests.log"
 rc=${PIPESTATUS[0]}
 
-[ -f "$MODEL_DIR/model.safetensors" ] || "${OPENINFER[@]}" synth --preset "$PRESET" --out "$MODEL_DIR" --device "$DEVICE" \
+[ -n "${QUICK:-}" ] && MODEL_DIR=$PRESET   # QUICK: the preset's real shapes, no checkpoint written
+[ -n "${QUICK:-}" ] || [ -f "$MODEL_DIR/model.safetensors" ] || "${OPENINFER[@]}" synth --preset "$PRESET" --out "$MODEL_DIR" --device "$DEVICE" \
     >"$OUT/synth.log" 2>&1 \
     || { echo "synth failed (see synth.log)"; exit 1; }
 "${OPENINFER[@]}" serve --model "$MODEL_DIR" --device "$DEVICE" --load-format dummy --port "$PORT" \
