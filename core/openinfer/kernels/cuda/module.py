@@ -1,6 +1,7 @@
 """Loading compiled kernels onto the current device and launching them on the current stream."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import cupy as cp
@@ -28,7 +29,7 @@ def suffix(dtype: np.dtype) -> str:
         raise TypeError(f"CUDA kernels take bfloat16 or float32 arrays, not {dtype}") from None
 
 
-def _function(source: str, name: str) -> Any:
+def _function(source: str | Path, name: str) -> Any:
     dev = cp.cuda.Device().id
     key = (dev, source, name)
     fn = _functions.get(key)
@@ -41,8 +42,9 @@ def _function(source: str, name: str) -> Any:
     return fn
 
 
-def launch(source: str, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
-    """Launch kernel `name` of `source`.cu on the current stream (so CUDA-graph capture sees it)."""
+def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
+    """Launch kernel `name` of `source` (a core source's name or a plugin's .cu path, see
+    compile.source_path) on the current stream (so CUDA-graph capture sees it)."""
     fn = _function(source, name)
     if smem > _DEFAULT_SMEM:
         key = (cp.cuda.Device().id, source, name)
