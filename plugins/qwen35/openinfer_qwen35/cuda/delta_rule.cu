@@ -81,6 +81,7 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
 // grid (ceil(dv / BV), nv, B), CH_THREADS threads; the block walks its sequence's chunks in order,
 // the state tile staying in shared memory. Each column tile's block recomputes A and W.
 constexpr int L = 64, CH_THREADS = 256, CH_WARPS = CH_THREADS / 32;
+static_assert(CH_THREADS == 4 * L && CH_THREADS >= DK_MAX + BV, "the phases' thread maps");
 
 struct ChunkSmem {   // float offsets into the dynamic shared memory; strides padded against bank conflicts
     int kq, K, Q, W, S, U, A, P, gam, bet, tail, total;
@@ -180,9 +181,15 @@ __device__ void gdn_chunk(const T* q, long long q_stride, const T* k, long long 
             float* X = tid < dk ? Ws + tid : Us + (tid - dk);
             const int stride = tid < dk ? kq : BV + 1;
             for (int i = 1; i < nc; ++i) {
-                float acc = X[i * stride];
-                for (int jj = 0; jj < i; ++jj) acc -= As[i * (L + 1) + jj] * X[jj * stride];
-                X[i * stride] = acc;
+                const float* a = As + i * (L + 1);
+                float acc[4] = {X[i * stride], 0.f, 0.f, 0.f};   // 4 chains: the sum is latency-bound
+                int jj = 0;
+                for (; jj + 4 <= i; jj += 4) {
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) acc[u] -= a[jj + u] * X[(jj + u) * stride];
+                }
+                for (; jj < i; ++jj) acc[0] -= a[jj] * X[jj * stride];
+                X[i * stride] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
             }
         }
         __syncthreads();
