@@ -30,12 +30,12 @@ def long_memory(model) -> None:
             p.copy_(0.3 * torch.randn_like(p))
 
 
-def _build(tmp_path_factory, name: str, vl: bool, tied: bool):
+def _build(tmp_path_factory, name: str, vl: bool, tied: bool, **overrides):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from openinfer.testing.hf_reference import build_hf_checkpoint
     out = tmp_path_factory.mktemp(name)
-    text = {**TEXT, "tie_word_embeddings": tied}
+    text = {**TEXT, "tie_word_embeddings": tied, **overrides}
     if vl:
         # the builder's init std lands on the top-level config; the text model reads its own
         config = dict(text_config={**text, "initializer_range": 0.1}, vision_config=VISION, tie_word_embeddings=tied)
