@@ -83,6 +83,18 @@ def test_compile_error_shows_the_log(cache, monkeypatch, tmp_path):
         kc.compile_source("broken", "sm_90a")
 
 
+def test_plugin_source_by_path_sees_core_and_its_own_headers(cache, tmp_path):
+    _nvrtc_or_skip()
+    src = tmp_path / "plugin"
+    src.mkdir()
+    (src / "mine.cuh").write_text("__device__ float twice(float x) { return 2.f * x; }\n")
+    (src / "mine.cu").write_text('#include "common.cuh"\n#include "mine.cuh"\n'
+                                 'extern "C" __global__ void k(float* x) { x[0] = warp_sum(twice(x[0])); }\n')
+    cubin = kc.compile_source(src / "mine.cu", "sm_90a")
+    assert cubin.parent == cache and cubin.name.startswith("mine-sm_90a-")
+    assert b"k\0" in cubin.read_bytes()
+
+
 def test_arch_for():
     assert kc.arch_for(9, 0) == "sm_90a"
     assert kc.arch_for(8, 6) == "sm_86"

@@ -1,4 +1,4 @@
-"""NVRTC compile layer: every .cu source here -> a cubin for one arch, cached on disk.
+"""NVRTC compile layer: every .cu source here (or a plugin's, by path) -> a cubin for one arch, cached on disk.
 
 Cubins, not PTX: the driver then never JIT-compiles at start, and NVRTC needs no GPU, so CI
 compile-checks every source for sm_90a (`compile_all`). The cache key covers the source, the
@@ -51,18 +51,26 @@ def _nvrtc():
     return nvrtc
 
 
-def _headers() -> dict[str, str]:
-    return {p.name: p.read_text() for p in sorted(SOURCE_DIR.glob("*.cuh"))}
+def source_path(source: str | Path) -> Path:
+    """A core source by name ("norm"), or a plugin's .cu file by its path."""
+    return source if isinstance(source, Path) else SOURCE_DIR / f"{source}.cu"
 
 
-def compile_source(name: str, arch: str) -> Path:
-    """The cubin path of source `name` for `arch`, compiling it on a cache miss."""
+def _headers(source_dir: Path) -> dict[str, str]:
+    """The core headers (common.cuh), then those beside a plugin's source."""
+    dirs = dict.fromkeys((SOURCE_DIR, source_dir))
+    return {p.name: p.read_text() for d in dirs for p in sorted(d.glob("*.cuh"))}
+
+
+def compile_source(source: str | Path, arch: str) -> Path:
+    """The cubin path of `source` (see source_path) for `arch`, compiling it on a cache miss."""
     nvrtc = _nvrtc()
-    src = (SOURCE_DIR / f"{name}.cu").read_text()
-    headers = _headers()
+    src_path = source_path(source)
+    name, src = src_path.stem, src_path.read_text()
+    headers = _headers(src_path.parent)
     options = (*OPTIONS, f"-arch={arch}")
     key = hashlib.sha256(repr((src, sorted(headers.items()), options, nvrtc.getVersion())).encode()).hexdigest()[:24]
-    path = cache_dir() / f"{name}-{arch}-{key}.cubin"
+    path = cache_dir() / f"{name}-{arch}-{key}.cubin"   # the key tells apart same-named plugin sources
     if path.exists():
         return path
     t0 = time.perf_counter()

@@ -1,6 +1,7 @@
 """Loading compiled kernels onto the current device and launching them on the current stream."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import cupy as cp
@@ -30,14 +31,14 @@ def suffix(dtype: np.dtype) -> str:
         raise TypeError(f"CUDA kernels take bfloat16 or float32 arrays, not {dtype}") from None
 
 
-def _function(source: str, name: str) -> Any:
+def _function(source: str | Path, name: str) -> Any:
     dev = cp.cuda.Device().id
     key = (dev, source, name)
     fn = _functions.get(key)
     if fn is None:
         mod = _modules.get((dev, source))
         if mod is None:
-            with phase(f"kernel module {source}.cu"):   # a start-up phase: cache lookup (or compile) and load
+            with phase(f"kernel module {Path(source).name if isinstance(source, Path) else source + '.cu'}"):   # a start-up phase: cache lookup (or compile) and load
                 cc = cp.cuda.Device(dev).compute_capability
                 mod = cp.RawModule(path=str(compile_source(source, arch_for(int(cc[:-1]), int(cc[-1])))))
                 fn = mod.get_function(name)   # a cubin module loads at its first lookup
@@ -48,7 +49,7 @@ def _function(source: str, name: str) -> Any:
     return fn
 
 
-def _function_with_smem(source: str, name: str, smem: int) -> Any:
+def _function_with_smem(source: str | Path, name: str, smem: int) -> Any:
     """The kernel, opted in to `smem` bytes of dynamic shared memory where that exceeds the default."""
     fn = _function(source, name)
     if smem > _DEFAULT_SMEM:
@@ -59,8 +60,9 @@ def _function_with_smem(source: str, name: str, smem: int) -> Any:
     return fn
 
 
-def launch(source: str, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
-    """Launch kernel `name` of `source`.cu on the current stream (so CUDA-graph capture sees it)."""
+def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
+    """Launch kernel `name` of `source` (a core source's name or a plugin's .cu path, see
+    compile.source_path) on the current stream (so CUDA-graph capture sees it)."""
     _function_with_smem(source, name, smem)(tuple(int(g) for g in grid), (block,), args, shared_mem=smem)
 
 

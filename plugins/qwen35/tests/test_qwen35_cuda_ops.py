@@ -1,0 +1,230 @@
+"""Every qwen35_* CUDA op against its numpy reference on random inputs (GPU only; skipped elsewhere),
+at tiny and Qwen3.5-4B shapes, on varlen batches mixing fresh and continuing runs over stale state
+rows, with the strided views the model passes (slices of the fused projections, a layer's slice
+of the state pool). bf16 cases round the inputs to bf16 first, so both sides see the same data."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from openinfer.batch import ForwardBatch
+from openinfer.testing.cuda import require_gpu
+from openinfer_qwen35 import ops as ref
+
+pytestmark = pytest.mark.cuda
+cp = require_gpu()
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+from openinfer_qwen35.cuda import ops  # noqa: E402  (imports cupy-dependent modules)
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = {"bfloat16": (BF16, 2e-2, 2e-2), "float32": (np.dtype(np.float32), 1e-5, 1e-4)}
+# (nk, nv, dk, dv, conv channels): the tiny test model and Qwen3.5-4B (models.md §3.1)
+SHAPES = {"tiny": (2, 4, 16, 16, 2 * 2 * 16 + 4 * 16), "4b": (16, 32, 128, 128, 2 * 16 * 128 + 32 * 128)}
+# (tokens before the run, run length) per sequence: around the 64-token chunk, fresh and continuing
+PREFILL_RUNS = [(0, 1), (5, 63), (0, 64), (100, 65), (0, 300), (9, 0), (40, 129)]
+DECODE_RUNS = [(0, 1), (7, 1), (300, 1), (1, 1), (64, 1)]
+LAYERS, ROWS, K = 2, 9, 4
+
+
+@pytest.fixture(params=list(DTYPES))
+def dt(request):
+    return DTYPES[request.param]
+
+
+def rnd(rng, *shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def exact(x: np.ndarray, dtype) -> np.ndarray:
+    return x.astype(dtype).astype(np.float32)
+
+
+def host(x) -> np.ndarray:
+    return cp.asnumpy(x).astype(np.float32)
+
+
+def close(got, want, dt, scale=1.0):
+    _, atol, rtol = dt
+    np.testing.assert_allclose(host(got), want, atol=atol * scale, rtol=rtol)
+
+
+def batches(runs, rng) -> tuple[ForwardBatch, ForwardBatch]:
+    """The host batch for the reference and its device twin (every per-sequence array on the GPU)."""
+    qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
+    lens = np.array([p + n for p, n in runs], np.int32)
+    slots = rng.permutation(ROWS)[:len(runs)].astype(np.int32)
+    z = np.zeros(1, np.int32)
+    meta = dict(query_start_host=qs, context_lens_host=lens, block_size=16,
+                max_query_len=int(np.diff(qs).max()), max_context_len=int(lens.max()))
+    hb = ForwardBatch(z, z, z, z, qs, lens, z, **meta, state_slots=slots)
+    db = ForwardBatch(*(cp.asarray(a) for a in (z, z, z, z, qs, lens, z)), **meta, state_slots=cp.asarray(slots))
+    return hb, db
+
+
+def states(rng, *shape) -> tuple[np.ndarray, "cp.ndarray"]:
+    """Stale random state rows [ROWS, LAYERS, *shape] (fresh runs must ignore them): the ops get
+    layer 1's strided view; returns the reference's copy of it and the device pool."""
+    pool = rnd(rng, ROWS, LAYERS, *shape)
+    return pool[:, 1].copy(), cp.asarray(pool)
+
+
+def check_pool(pool_d, want: np.ndarray, layer0: np.ndarray, tol: float = 0.0) -> None:
+    """Layer 1 of the device pool holds the reference's states; layer 0 is untouched."""
+    np.testing.assert_allclose(host(pool_d[:, 1]), want, atol=tol, rtol=tol * 10)
+    np.testing.assert_array_equal(host(pool_d[:, 0]), layer0)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_causal_conv1d_prefill_then_update(dt, shape):
+    rng = np.random.default_rng(1)
+    C = SHAPES[shape][4]
+    w = exact(rnd(rng, C, K, scale=0.5), dt[0])
+    state, pool = states(rng, K - 1, C)
+    layer0 = host(pool[:, 0])
+    for runs, op in ((PREFILL_RUNS, "qwen35_causal_conv1d"), (DECODE_RUNS, "qwen35_causal_conv1d_update")):
+        hb, db = batches(runs, rng)
+        T = int(hb.query_start_host[-1])
+        wide = exact(rnd(rng, T, C + 24), dt[0])         # x is a slice of the fused in_proj output
+        want = getattr(ref, op)(wide[:, 8:8 + C], w, state, hb)
+        got = getattr(ops, op)(cp.asarray(wide.astype(dt[0]))[:, 8:8 + C], cp.asarray(w.astype(dt[0])),
+                               pool[:, 1], db)
+        assert got.dtype == dt[0]
+        close(got, want, dt)
+        check_pool(pool, state, layer0)   # the rows are copies of inputs: exact
+
+
+def test_gdn_gating(dt):
+    rng = np.random.default_rng(2)
+    T, nv = 37, 32
+    ab = exact(rnd(rng, T, 2 * nv + 5, scale=3), dt[0])
+    A_log, dt_bias = np.log(rng.uniform(0.5, 20, nv)).astype(np.float32), rnd(rng, nv)
+    want = ref.qwen35_gdn_gating(ab[:, :nv], ab[:, nv + 5:], A_log, dt_bias)
+    abd = cp.asarray(ab.astype(dt[0]))
+    got = ops.qwen35_gdn_gating(abd[:, :nv], abd[:, nv + 5:], cp.asarray(A_log), cp.asarray(dt_bias))
+    for g, w in zip(got, want):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(host(g), w, rtol=1e-5, atol=1e-6)
+
+
+def gdn_inputs(rng, T: int, shape: str, dtype):
+    """q, k, v as head views of a conv-output-like [T, C] buffer (host, device) and g, beta."""
+    nk, nv, dk, dv, C = SHAPES[shape]
+    mixed = exact(rnd(rng, T, C), dtype)
+    g, beta = ref.qwen35_gdn_gating(rnd(rng, T, nv), rnd(rng, T, nv),
+                                    np.log(rng.uniform(0.02, 0.1, nv)).astype(np.float32), rnd(rng, nv))
+
+    def split(m):
+        return (m[:, :nk * dk].reshape(T, nk, dk), m[:, nk * dk:2 * nk * dk].reshape(T, nk, dk),
+                m[:, 2 * nk * dk:].reshape(T, nv, dv))
+    return split(mixed), split(cp.asarray(mixed.astype(dtype))), (g, beta), (cp.asarray(g), cp.asarray(beta))
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("decode", [False, True], ids=["chunked_prefill", "decode"])
+def test_gated_delta_rule(dt, shape, decode):
+    rng = np.random.default_rng(3)
+    nk, nv, dk, dv, _ = SHAPES[shape]
+    runs = DECODE_RUNS if decode else PREFILL_RUNS
+    hb, db = batches(runs, rng)
+    host_in, dev_in, gb, gb_d = gdn_inputs(rng, int(hb.query_start_host[-1]), shape, dt[0])
+    state, pool = states(rng, nv, dk, dv)
+    layer0 = host(pool[:, 0])
+    op = "qwen35_gated_delta_rule_update" if decode else "qwen35_gated_delta_rule"
+    want = getattr(ref, op)(*host_in, *gb, state, hb)
+    got = getattr(ops, op)(*dev_in, *gb_d, pool[:, 1], db)
+    assert got.dtype == dt[0] and got.shape == want.shape
+    close(got, want, dt, scale=2)
+    check_pool(pool, state, layer0, 1e-4)   # same inputs on both sides, fp32 math: tight for bf16 too
+
+
+def test_chunked_prefill_then_decode_equals_one_run(dt):
+    """One sequence as two prefill chunks (the second continuing the state), then decode steps."""
+    rng = np.random.default_rng(4)
+    (q, k, v), (qd, kd, vd), (g, beta), (gd, bd) = gdn_inputs(rng, 150, "4b", dt[0])
+    nk, nv, dk, dv, _ = SHAPES["4b"]
+    state = np.zeros((ROWS, nv, dk, dv), np.float32)
+    hb, _ = batches([(0, 150)], np.random.default_rng(0))   # seed 0: the same slot at every step
+    want = ref.qwen35_gated_delta_rule(q, k, v, g, beta, state, hb)
+    pool = cp.zeros((ROWS, LAYERS, nv, dk, dv), cp.float32)
+    got, done = [], 0
+    for n in (70, 77, 1, 1, 1):
+        _, db = batches([(done, n)], np.random.default_rng(0))
+        s = slice(done, done + n)
+        op = ops.qwen35_gated_delta_rule_update if n == 1 else ops.qwen35_gated_delta_rule
+        got.append(op(qd[s], kd[s], vd[s], gd[s], bd[s], pool[:, 1], db))
+        done += n
+    close(cp.concatenate(got), want, dt, scale=2)
+    np.testing.assert_allclose(host(pool[:, 1]), state, atol=1e-4, rtol=1e-3)
+
+
+def test_gated_rms_norm(dt):
+    rng = np.random.default_rng(5)
+    T, nv, dv = 11, 32, 128
+    x = exact(rnd(rng, T, nv, dv), dt[0])
+    zw = exact(rnd(rng, T, nv * dv + 16), dt[0])          # z is a slice of the fused projection
+    w = exact(rnd(rng, dv), dt[0])
+    want = ref.qwen35_gated_rms_norm(x, zw[:, 16:].reshape(T, nv, dv), w, 1e-6)
+    zd = cp.asarray(zw.astype(dt[0]))[:, 16:].reshape(T, nv, dv)
+    got = ops.qwen35_gated_rms_norm(cp.asarray(x.astype(dt[0])), zd, cp.asarray(w.astype(dt[0])), 1e-6)
+    close(got, want, dt, scale=5)
+
+
+def test_sigmoid_gate(dt):
+    rng = np.random.default_rng(6)
+    T, n = 9, 16 * 256
+    x = exact(rnd(rng, T, n), dt[0])
+    wide = exact(rnd(rng, T, 2 * n, scale=3), dt[0])        # the gate is the last columns of qkvg
+    want = ref.qwen35_sigmoid_gate(x, wide[:, n:])
+    got = ops.qwen35_sigmoid_gate(cp.asarray(x.astype(dt[0])), cp.asarray(wide.astype(dt[0]))[:, n:])
+    close(got, want, dt)
+
+
+def test_decode_ops_replay_in_a_cuda_graph(dt):
+    """The one-token ops read slots, context_lens and query_start on the device: a graph captured
+    once replays right after those arrays and the inputs change in place."""
+    rng = np.random.default_rng(7)
+    nk, nv, dk, dv, C = SHAPES["tiny"]
+    B = 4
+    x_d = cp.zeros((B, C), dt[0])
+    w = exact(rnd(rng, C, K), dt[0])
+    w_d = cp.asarray(w.astype(dt[0]))
+    conv_pool = cp.asarray(rnd(rng, ROWS, LAYERS, K - 1, C))
+    ssm_pool = cp.asarray(rnd(rng, ROWS, LAYERS, nv, dk, dv))
+    gd, bd = cp.zeros((B, nv), cp.float32), cp.zeros((B, nv), cp.float32)
+    hb, db = batches([(3, 1)] * B, rng)
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def step():
+        conv = ops.qwen35_causal_conv1d_update(x_d, w_d, conv_pool[:, 1], db)
+        q, k = conv[:, :nk * dk].reshape(B, nk, dk), conv[:, nk * dk:2 * nk * dk].reshape(B, nk, dk)
+        o = ops.qwen35_gated_delta_rule_update(q, k, conv[:, 2 * nk * dk:].reshape(B, nv, dv), gd, bd,
+                                               ssm_pool[:, 1], db)
+        return conv, o
+
+    layer0 = host(conv_pool[:, 0]), host(ssm_pool[:, 0])
+    with stream:
+        step()                                       # compile and load outside the capture
+        stream.begin_capture()
+        conv_out, o_out = step()
+        graph = stream.end_capture()
+        for runs in ([(0, 1), (5, 1), (1, 1), (90, 1)], [(12, 1), (0, 1), (0, 1), (2, 1)]):
+            hb, new = batches(runs, rng)
+            for field in ("query_start", "context_lens", "state_slots"):
+                getattr(db, field)[...] = getattr(new, field)
+            x = exact(rnd(rng, B, C), dt[0])
+            g, beta = ref.qwen35_gdn_gating(rnd(rng, B, nv), rnd(rng, B, nv),
+                                            np.log(rng.uniform(0.02, 0.1, nv)).astype(np.float32), rnd(rng, nv))
+            x_d[...], gd[...], bd[...] = cp.asarray(x.astype(dt[0])), cp.asarray(g), cp.asarray(beta)
+            conv_state, ssm_state = host(conv_pool[:, 1]), host(ssm_pool[:, 1])
+            graph.launch(stream)
+            stream.synchronize()
+            conv = ref.qwen35_causal_conv1d_update(x, w, conv_state, hb)
+            close(conv_out, conv, dt)
+            c = host(conv_out)                       # what the delta rule read (bf16 rounding may differ)
+            want = ref.qwen35_gated_delta_rule_update(
+                c[:, :nk * dk].reshape(B, nk, dk), c[:, nk * dk:2 * nk * dk].reshape(B, nk, dk),
+                c[:, 2 * nk * dk:].reshape(B, nv, dv), g, beta, ssm_state, hb)
+            close(o_out, want, dt, scale=5)
+            check_pool(conv_pool, conv_state, layer0[0])
+            check_pool(ssm_pool, ssm_state, layer0[1], 1e-4)
