@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root, when device time is short: every GPU test (three pytest processes
 # side by side), then the headline figures in priority order, each stage cut to the time left of BUDGET
-# seconds (default 210). Stages past the budget are skipped and say so. A kernel family whose tests fail is
+# seconds (default 210; TEST_S caps the tests, default 100). Stages past the budget are skipped and say so. A kernel family whose tests fail is
 # switched off for the figures (OPENINFER_DECODE_MMA / OPENINFER_GEMV / OPENINFER_PREFILL_MMA = 0).
 #   bash scripts/gpu_quick.sh          ->  $OUT/summary.txt (the table) and $OUT/results.tgz (every log)
 # The full-length runs are scripts/gpu_bench.sh, gpu_qwen35.sh, gpu_offload.sh and gpu_startup.sh.
@@ -39,10 +39,10 @@ say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) | $(git
 
 # ---- GPU tests: core, qwen3, qwen35 side by side (separate conftests) ----
 T="$PY -m pytest -q -p no:cacheprovider -rfE"
-timeout 100 $T tests/kernels tests/test_kv_offload_cuda.py tests/test_weights_upload_cuda.py \
+timeout ${TEST_S:-100} $T tests/kernels tests/test_kv_offload_cuda.py tests/test_weights_upload_cuda.py \
     tests/test_cuda_sampling_engine.py >"$LOGS/tests_core.log" 2>&1 &
-timeout 100 $T plugins/qwen3/tests/test_cuda_engine.py >"$LOGS/tests_qwen3.log" 2>&1 &
-timeout 100 $T plugins/qwen35/tests -k "cuda or gpu" >"$LOGS/tests_qwen35.log" 2>&1 &
+timeout ${TEST_S:-100} $T plugins/qwen3/tests/test_cuda_engine.py >"$LOGS/tests_qwen3.log" 2>&1 &
+timeout ${TEST_S:-100} $T plugins/qwen35/tests -k "cuda or gpu" >"$LOGS/tests_qwen35.log" 2>&1 &
 wait
 for f in core qwen3 qwen35; do say "tests $f: $(grep -E '(passed|failed|error|no tests ran)' "$LOGS/tests_$f.log" | tail -1)"; done
 grep -h "^FAILED\|^ERROR" "$LOGS"/tests_*.log | cut -c1-150 | head -20 | tee -a "$SUMMARY"
