@@ -16,8 +16,7 @@
 //
 // Mirrored in attention.py: MMA_WARPS, MT and BN per head dim, the shared-memory size, the kernel names.
 #include "common.cuh"
-
-#define NEG_INF (-__int_as_float(0x7f800000))
+#include "mma.cuh"   // cp.async, ldmatrix, mma.sync, ex2 and bf16x2 wrappers
 constexpr int MMA_WARPS = 4;
 
 // MT m-tiles of 16 rows per warp (2: every K/V fragment feeds two mma, halving the ldmatrix traffic
@@ -30,55 +29,6 @@ template <int D, int MT_> struct MmaTile {
     static constexpr bool Q_IN_REGS = D * MT <= 128;
     static constexpr int LD = D + 8;                 // smem row stride in bf16 elements
 };
-
-__device__ __forceinline__ unsigned int smem_addr(const void* p) {
-    return (unsigned int)__cvta_generic_to_shared(p);
-}
-
-// 16-byte global -> shared copy; src_bytes = 0 writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned int* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-// c += a (16x16, row) * b (16x8, col): bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x on the SFU, denormal results flushed to zero (exp2f adds a range fix-up around every call);
-// 2^-inf = 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-    return r;
-}
-
-// Two floats -> a bf16x2 word (lo in the low half), round to nearest even.
-__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
-    unsigned int r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 // One K/V tile (keys k0 .. k0 + BN - 1) into a stage. Warp w copies rows w * RPW .. + RPW - 1; lane
 // l looks up the row start of key k0 + w * RPW + l % RPW (one block-table read) and the warp shares

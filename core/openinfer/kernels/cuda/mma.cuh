@@ -1,6 +1,5 @@
 // Tensor-core and async-copy building blocks (sm_80+ PTX): cp.async 16-byte copies, ldmatrix, mma.sync
-// m16n8k16 bf16 -> fp32, ex2.approx and bf16x2 packing. The same wrappers attention_mma.cu defines
-// for itself; new kernels include them from here.
+// m16n8k16 bf16 -> fp32, ex2.approx and bf16x2 packing, shared by the tensor-core attention kernels.
 #pragma once
 
 #ifndef NEG_INF
