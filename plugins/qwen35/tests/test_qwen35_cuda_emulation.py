@@ -2,8 +2,9 @@
 prefill (64-token chunks with zero rows past a run's end, 32-column state tiles, gamma as an
 in-chunk cumsum, row-by-row forward substitution for [W | U], the state carried across chunks)
 and conv.cu's token blocks and state save, each in float32, against the sequential numpy
-reference, on varlen batches mixing fresh and continuing runs. Mirrors the kernels: change both
-together."""
+reference, on varlen batches mixing fresh and continuing runs; then gdn_chunk once more at the
+thread level (its thread maps and shared-memory offsets, NaN-filled shared memory). Mirrors the
+kernels: change both together."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from openinfer.batch import ForwardBatch
 from openinfer_qwen35 import ops
 
-L, BV, CONV_K, CONV_TOK = 64, 32, 4, 16   # delta_rule.cu, conv.cu
+L, BV, DK_MAX, CONV_K, CONV_TOK = 64, 32, 128, 4, 16   # delta_rule.cu, conv.cu
 F32 = np.float32
 
 
@@ -145,3 +146,146 @@ def test_conv_blocking_equals_the_reference():
     want = ops.qwen35_causal_conv1d(x, w, want_state, b)
     np.testing.assert_allclose(conv_kernel(x, w, state, b), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(state, want_state)
+
+
+THREADS, WARPS = 256, 8   # gdn_chunk's block
+TID = np.arange(THREADS)
+LANE, WARP = TID & 31, TID >> 5
+
+
+class Smem:
+    """gdn_chunk's dynamic shared memory (ChunkSmem offsets), NaN until written: a read of a word
+    no thread wrote poisons the output. `write` asserts no two threads store the same word."""
+
+    def __init__(self, dk: int) -> None:
+        self.kq = dk + 1
+        sizes = dict(K=L * self.kq, Q=L * self.kq, W=L * self.kq, S=dk * (BV + 1), U=L * (BV + 1),
+                     A=L * (L + 1), P=L * (L + 1), gam=L, bet=L, tail=L)
+        self.off, at = {}, 0
+        for name, n in sizes.items():
+            self.off[name], at = at, at + n
+        self.mem = np.full(at, np.nan, F32)
+
+    def idx(self, name: str, i) -> np.ndarray:
+        return self.off[name] + np.asarray(i)
+
+    def read(self, name: str, i) -> np.ndarray:
+        return self.mem[self.idx(name, i)]
+
+    def write(self, name: str, i, values, mask=True) -> None:
+        i, mask = np.broadcast_arrays(np.asarray(i), np.asarray(mask))
+        sel = self.idx(name, i[mask])
+        assert len(np.unique(sel)) == len(sel), f"two threads store the same word of {name}"
+        self.mem[sel] = np.broadcast_to(np.asarray(values, F32), i.shape)[mask]
+
+
+def chunk_block_threads(q, k, v, g, beta, state, out, b: ForwardBatch, seq: int, h: int, j0: int) -> None:
+    """One gdn_chunk block, phase by phase, vectorised over its 256 threads with the kernel's own
+    thread maps and shared-memory indexing."""
+    nk, dk = q.shape[1:]
+    nv, dv = v.shape[1:]
+    kh, s0 = h // (nv // nk), int(b.query_start[seq])
+    n = int(b.query_start[seq + 1]) - s0
+    if n == 0:
+        return
+    sm, live, col = Smem(dk), _live(b, seq), j0 + LANE < dv
+    kq, S1 = sm.kq, BV + 1
+    slot = b.state_slots[seq]
+    for r in range(-(-dk // WARPS)):
+        d = WARP + WARPS * r
+        m = d < dk
+        init = np.where(live & col & m, state[slot, h, np.minimum(d, dk - 1), np.minimum(j0 + LANE, dv - 1)], 0)
+        sm.write("S", d * S1 + LANE, init, m)
+    for c0 in range(0, n, L):
+        nc = min(L, n - c0)
+        for r in range(L // WARPS):                              # 1. a warp per token
+            t = WARP + WARPS * r
+            tok = np.minimum(s0 + c0 + t, s0 + n - 1)            # (only read where t < nc)
+            qq, kk = np.zeros(THREADS, F32), np.zeros(THREADS, F32)
+            for u in range(-(-dk // 32)):
+                i = LANE + 32 * u
+                m = i < dk
+                qi = np.where((t < nc) & m, q[tok, kh, np.minimum(i, dk - 1)], 0).astype(F32)
+                ki = np.where((t < nc) & m, k[tok, kh, np.minimum(i, dk - 1)], 0).astype(F32)
+                sm.write("Q", t * kq + i, qi, m)
+                sm.write("K", t * kq + i, ki, m)
+                qq, kk = qq + np.where(m, qi * qi, 0), kk + np.where(m, ki * ki, 0)
+            qq, kk = (np.repeat(x.reshape(WARPS, 32).sum(1), 32) for x in (qq, kk))   # warp_sum
+            qs, ks = F32(dk ** -0.5) / np.sqrt(qq + F32(1e-6)), 1 / np.sqrt(kk + F32(1e-6))
+            for u in range(-(-dk // 32)):
+                i = LANE + 32 * u
+                m = i < dk
+                sm.mem[sm.idx("Q", (t * kq + i)[m])] *= qs[m]
+                sm.mem[sm.idx("K", (t * kq + i)[m])] *= ks[m]
+            bt = np.where(t < nc, beta[tok, h], 0).astype(F32)
+            vv = v[tok, h, np.minimum(j0 + LANE, dv - 1)]
+            sm.write("U", t * S1 + LANE, np.where((t < nc) & col, bt * vv, 0))
+            sm.write("bet", t, bt, LANE == 0)
+        gl = np.where(np.arange(L) < nc, g[np.minimum(s0 + c0 + np.arange(L), s0 + n - 1), h], 0).astype(F32)
+        gam = np.cumsum(gl, dtype=F32)                           # warp 0's scan
+        sm.write("gam", np.arange(L), gam)
+        sm.write("tail", np.arange(L), np.exp(gam[-1] - gam))
+        i, jj = TID >> 2, (TID & 3)[:, None] + 4 * np.arange(L // 4)[None]   # 2. [thread, m]
+        d = np.arange(dk)
+        ak = np.einsum("td,tmd->tm", sm.read("K", i[:, None] * kq + d), sm.read("K", jj[..., None] * kq + d))
+        aq = np.einsum("td,tmd->tm", sm.read("Q", i[:, None] * kq + d), sm.read("K", jj[..., None] * kq + d))
+        low = jj <= i[:, None]
+        D = np.where(low, np.exp(np.where(low, sm.read("gam", i)[:, None] - sm.read("gam", jj), 0)), 0)
+        sm.write("A", i[:, None] * (L + 1) + jj, np.where(jj < i[:, None], sm.read("bet", i)[:, None] * ak * D, 0))
+        sm.write("P", i[:, None] * (L + 1) + jj, aq * D)
+        e = np.arange(L * dk)                                    # every e, each by thread e % 256
+        t, dd = e // dk, e % dk
+        sm.write("W", t * kq + dd, sm.read("bet", t) * np.exp(sm.read("gam", t)) * sm.read("K", t * kq + dd))
+        cols = TID[TID < dk + BV]                                # 3. a thread per column of [W | U]
+        base = np.where(cols < dk, sm.off["W"] + cols, sm.off["U"] + cols - dk)
+        stride = np.where(cols < dk, kq, S1)
+        for r in range(1, nc):
+            a = sm.read("A", r * (L + 1) + np.arange(r))
+            sm.mem[base + r * stride] -= sm.mem[base[:, None] + np.arange(r)[None] * stride[:, None]] @ a
+        t = WARP[:, None] + WARPS * np.arange(L // WARPS)[None]  # 4. [thread, m]
+        sd = sm.read("S", d[None] * S1 + LANE[:, None])          # [thread, d]
+        ws = np.einsum("tmd,td->tm", sm.read("W", t[..., None] * kq + d), sd)
+        o = np.einsum("tmd,td->tm", sm.read("Q", t[..., None] * kq + d), sd)
+        uidx = t * S1 + LANE[:, None]
+        sm.write("U", uidx, sm.read("U", uidx) - ws)
+        o = o * np.exp(sm.read("gam", t))
+        for m in range(L // WARPS):                              # 5.
+            tm = t[:, m]
+            for j in range(int(tm.max()) + 1):
+                o[:, m] += np.where(j <= tm, sm.read("P", tm * (L + 1) + np.minimum(j, tm))
+                                    * sm.read("U", np.minimum(j, tm) * S1 + LANE), 0)
+            keep = (tm < nc) & col
+            out[s0 + c0 + tm[keep], h, j0 + LANE[keep]] = o[keep, m]
+        dm = WARP[:, None] + WARPS * np.arange(DK_MAX // WARPS)[None]   # 6. [thread, m]
+        mk = dm < dk
+        dsafe = np.minimum(dm, dk - 1)
+        u = np.stack([sm.read("U", tt * S1 + LANE) * sm.read("tail", tt) for tt in range(nc)])   # [t, thread]
+        kk = np.stack([sm.read("K", tt * kq + dsafe) for tt in range(nc)])                      # [t, thread, m]
+        acc = np.einsum("ptm,pt->tm", kk, u)
+        sidx = dsafe * S1 + LANE[:, None]
+        sm.write("S", sidx, np.exp(sm.read("gam", L - 1)) * sm.read("S", sidx) + acc, mk)
+    for r in range(-(-dk // WARPS)):
+        d = WARP + WARPS * r
+        m = (d < dk) & col
+        state[slot, h, d[m], j0 + LANE[m]] = sm.read("S", d[m] * S1 + LANE[m])
+
+
+
+@pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 2, 128, 32)], ids=["tiny_partial_tile", "dk128"])
+def test_chunk_kernel_thread_maps(dims):
+    """The thread-level emulation (every smem word read was written, no two threads store one word)
+    equals the sequential reference on runs around the chunk size, fresh and continuing."""
+    nk, nv, dk, dv = dims
+    rng = np.random.default_rng(11)
+    b = batch([(0, 70), (4, 1), (9, 0), (30, 64)], [2, 0, 4, 1])
+    q, k, v, g, beta = gdn_inputs(rng, int(b.query_start[-1]), nk, nv, dk, dv)
+    state = rng.standard_normal((5, nv, dk, dv), F32)
+    want_state = state.copy()
+    want = ops.qwen35_gated_delta_rule(q, k, v, g, beta, want_state, b)
+    got = np.full(v.shape, np.nan, F32)
+    for seq in range(len(b.state_slots)):
+        for h in range(nv):
+            for j0 in range(0, dv, BV):
+                chunk_block_threads(q, k, v, g, beta, state, got, b, seq, h, j0)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)

@@ -28,7 +28,7 @@ def chunk_smem(dk: int) -> int:
 def _args(q, k, v, g, beta, state, batch: ForwardBatch) -> tuple[tuple, tuple[int, int, int], cp.ndarray]:
     """The kernels' shared argument list, the grid for the batch's B sequences, and the output."""
     nk, dk = q.shape[1:]
-    T, nv, dv = v.shape
+    nv, dv = v.shape[1:]
     if dk > DK_MAX or nv % nk or k.shape != q.shape or q.dtype != v.dtype or k.dtype != v.dtype:
         raise ValueError(f"gated delta rule: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape} {v.dtype} "
                          f"(need dk <= {DK_MAX}, nv a multiple of nk, one dtype)")
