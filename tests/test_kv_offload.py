@@ -18,6 +18,7 @@ from openinfer.request import Status
 from openinfer.scheduler import Scheduler
 from openinfer.server.metrics import ModelMetrics, render
 from openinfer.testing.engine import demo_kv_gib, generate, greedy
+from openinfer.testing.graphs import emulate_graphs
 from test_kv_and_scheduler import compute_all, req
 
 
@@ -124,12 +125,13 @@ def test_host_lru_capacity_and_no_second_copy():
     assert tier.stats.saved_blocks == saves
 
 
-def test_blocks_in_flight_are_held_and_abort_waits_for_the_copy():
+@pytest.mark.parametrize("n", [9, 8])                       # the last token in a block of its own, or not
+def test_blocks_in_flight_are_held_and_abort_waits_for_the_copy(n):
     bm, tier, copier = tiered(num_blocks=5, capacity=8)
-    cache_and_release(bm, "a", list(range(9)))
+    cache_and_release(bm, "a", list(range(n)))
     fill(bm, "fill", 100)
     s = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=4, host_tier=tier)
-    r = req("r", list(range(9)), max_tokens=3)              # 12 tokens: 3 blocks, 2 restored
+    r = req("r", list(range(n)), max_tokens=12 - n)         # 12 tokens: 3 blocks, 2 restored
     s.add(r)
     plan = s.schedule()
     assert plan.runs == [] and r.status == Status.RESTORING and s.restoring == [r] and s.has_work()
@@ -143,6 +145,43 @@ def test_blocks_in_flight_are_held_and_abort_waits_for_the_copy():
     copier.restores[0][1].landed = True
     s.schedule()
     assert bm.num_available() == 4 and not s.has_work() and bm.try_admit(other)
+
+
+def test_a_whole_prompt_restore_takes_the_last_block_too_and_leaves_one_token():
+    bm, tier, copier = tiered()
+    cache_and_release(bm, "a", list(range(8)))          # 2 full blocks: the whole prompt
+    fill(bm, "fill", 100)
+    s = Scheduler(bm, max_num_batched_tokens=64, max_num_seqs=4, host_tier=tier)
+    r = req("r", list(range(8)), max_tokens=2)
+    s.add(r)
+    queries = tier.stats.queries
+    s.schedule()
+    [(pairs, transfer)] = copier.restores
+    assert [d for d, _ in pairs] == r.block_ids and len(r.block_ids) == 2   # its own blocks: no copy-on-write
+    assert r.cached_tokens == r.num_computed == 7 and bm.block_copies == []
+    assert tier.stats.queries - queries == 8 and tier.stats.hits == 7 and tier.stats.restored_blocks == 2
+    transfer.landed = True
+    plan = s.schedule()
+    assert [(x.req.request_id, x.start, x.length, x.samples) for x in plan.runs] == [("r", 7, 1, True)]
+    assert plan.block_copies == [] and len(r.block_ids) == 2
+    assert list(bm.hash_of) == r.block_ids[:1]          # the block being recomputed is not shared yet
+    r.num_computed = 8
+    bm.commit(r)
+    assert list(bm.hash_of) == r.block_ids
+
+
+def test_device_hits_then_the_last_block_from_the_host():
+    bm, tier, copier = tiered(num_blocks=5, capacity=8)
+    cache_and_release(bm, "a", list(range(8)))          # a1 then a0 evictable, 2 free
+    grow = req("grow", list(range(100, 109)), max_tokens=3)
+    assert bm.try_admit(grow)
+    bm.allocate(grow, 12)                               # the 2 free blocks, then evicts a1 (saved)
+    bm.release(grow)
+    again = req("again", list(range(8)), max_tokens=1)
+    assert bm.try_admit(again) and bm.stats.hits == 4 and bm.block_copies == []
+    [(pairs, _)] = copier.restores
+    assert [len(p) for p in copier.saves] == [1] and pairs == [(again.block_ids[1], copier.saves[0][0][1])]
+    assert again.cached_tokens == again.num_computed == 7 and tier.stats.hits == 3
 
 
 def test_restoring_request_starts_after_the_copies_landed():
@@ -289,24 +328,44 @@ def ladder(engine, prompt: Sequence[int]) -> dict[str, tuple[list[int], int]]:
     return out
 
 
-def test_cold_device_hit_and_host_restore_give_identical_tokens(caplog):
-    engine = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=demo_kv_gib(24),
-                                           kv_offload=True, kv_offload_host_gib=demo_kv_gib(64)))
+def offload_engine():
+    return build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=demo_kv_gib(24),
+                                         kv_offload=True, kv_offload_host_gib=demo_kv_gib(64)))
+
+
+# 83 tokens: 5 full blocks reusable, the partial last one recomputed; 80: all 5 reusable, the last token recomputed
+@pytest.mark.parametrize("n, cached", [(83, 80), (80, 79)])
+def test_cold_device_hit_and_host_restore_give_identical_tokens(caplog, n, cached):
+    engine = offload_engine()
     assert engine.blocks.usable_blocks == 23 and engine.host_tier.stats.capacity_blocks == 64
     assert engine.host_tier.watermark == 23                  # the largest restore: the whole pool
-    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 150000, 83)]   # 5 full blocks reusable
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 150000, n)]
     with caplog.at_level("INFO", logger="openinfer.kv.host_tier"):
         res = ladder(engine, prompt)
     cold = res["cold"][0]
-    assert [res[t] for t in res] == [(cold, 0), (cold, 80), (cold, 80), (cold, 80)]
+    assert [res[t] for t in res] == [(cold, 0), (cold, cached), (cold, cached), (cold, cached)]
     stats = engine.stats().offload
-    assert stats.restored_blocks == 5 and stats.hits == 80 and stats.saved_blocks >= 5
+    assert stats.restored_blocks == 5 and stats.hits == cached and stats.saved_blocks >= 5
     # every block was saved ahead of its eviction, so the restore found clean blocks to take
     assert stats.saved_ahead_blocks == stats.saved_blocks
     [report] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("KV restore")]
     assert ": 5 blocks" in report and "0 of its evicted blocks saved first" in report
-    assert stats.used_blocks > 0 and 0 < stats.usage <= 1 and stats.hit_rate == 80 / stats.queries
+    assert stats.used_blocks > 0 and 0 < stats.usage <= 1 and stats.hit_rate == cached / stats.queries
     text = render([("demo", ModelMetrics(), engine.stats())])
     assert 'openinfer:kv_offload_restored_blocks_total{model_name="demo"} 5.0' in text
-    assert 'openinfer:kv_offload_hits_total{model_name="demo"} 80.0' in text
+    assert f'openinfer:kv_offload_hits_total{{model_name="demo"}} {cached:.1f}' in text
     assert f'openinfer:kv_offload_saved_ahead_blocks_total{{model_name="demo"}} {stats.saved_ahead_blocks:.1f}' in text
+
+
+def test_a_whole_prompt_restore_steps_through_the_decode_graph():
+    """Through CPU-emulated decode graphs: after restoring every block of an 80-token prompt, its
+    first step is its last token alone, so every step of the request replays the batch-1 graph."""
+    engine = offload_engine()
+    graphs = emulate_graphs(engine)
+    prompt = [int(t) for t in np.random.default_rng(1).integers(0, 150000, 80)]
+    [(cold, _, _)] = generate(engine, [prompt], greedy(8))
+    evict_all(engine, 2)
+    graphs.replays.clear()
+    [(tokens, fin, cached)] = generate(engine, [prompt], greedy(8))
+    assert tokens == cold and cached == fin.cached_tokens == 79 and engine.stats().offload.restored_blocks == 5
+    assert graphs.replays == [1] * 8

@@ -41,11 +41,10 @@ def test_bench_prefix_measures_host_restores(url: str, tmp_path: Path) -> None:
     assert main(["bench", "prefix", "--base-url", url, "--lengths", "64,128", "--repeats", "2", "--vocab-size",
                  "150000", "--host-restore", "--evict-concurrency", "4", "--output-json", str(out)]) == 0
     rows = {(r["length"], r["tier"]): r for r in json.loads(out.read_text())["results"]}
-    for n in (64, 128):
-        reused = (n - 1) // 16 * 16     # the host tier restores whole blocks before the last token's
+    for n in (64, 128):                 # whole blocks: all but the last token is reused
         assert rows[(n, "cold")]["median_cached_tokens"] == 0
         assert rows[(n, "warm")]["median_cached_tokens"] == n - 1   # its block is copied on the device
-        assert rows[(n, "host")]["median_cached_tokens"] == reused
-        assert rows[(n, "host")]["median_restored_blocks"] == reused // 16
+        assert rows[(n, "host")]["median_cached_tokens"] == n - 1   # every block restored, the last one too
+        assert rows[(n, "host")]["median_restored_blocks"] == n // 16
     text = httpx.get(url + "/metrics").text
     assert 'openinfer:kv_offload_restored_blocks_total{model_name="demo"} 0.0' not in text

@@ -85,28 +85,25 @@ class BlockManager:
 
     def _match(self, req: Request) -> tuple[list[int], int | None]:
         """The cached blocks of the prompt's chain before the last token's block, and the cached
-        block holding the last token when it is a full block of the prompt and all before it hit."""
+        block holding the last token when it is a full block of the prompt and all before it hit.
+        `req.block_hashes` covers every full block of the prompt: the host tier continues the chain."""
         if not self.enable_prefix_cache:
             return [], None
-        n, bs = len(req.prompt_ids), self.block_size
-        blocks = token_blocks(req.prompt_ids, bs)      # tuples built once: hashed, then compared
-        max_blocks = (n - 1) // bs                      # the block holding the last token is apart
-        req.block_hashes = chain_hashes(blocks[:max_blocks], req.cache_salt)
+        blocks = token_blocks(req.prompt_ids, self.block_size)   # tuples built once: hashed, then compared
+        req.block_hashes = chain_hashes(blocks, req.cache_salt)
+        max_blocks = (len(req.prompt_ids) - 1) // self.block_size   # the block holding the last token is apart
         hits = []
-        for h, tokens in zip(req.block_hashes, blocks):
-            b = self.by_hash.get(h)
-            if b is None or self.tokens_of[b] != tokens:
+        for h, tokens in zip(req.block_hashes[:max_blocks], blocks):
+            b = self._cached(h, tokens)
+            if b is None:
                 return hits, None
             hits.append(b)
-        return hits, self._last_block_hit(req, blocks)
+        # copy-on-write source: the last full block, when it ends the prompt and is cached
+        return hits, self._cached(req.block_hashes[-1], blocks[-1]) if len(blocks) > max_blocks else None
 
-    def _last_block_hit(self, req: Request, blocks: list[tuple[int, ...]]) -> int | None:
-        """Copy-on-write source: the last full block, when it ends the prompt and is cached."""
-        if len(blocks) * self.block_size != len(req.prompt_ids):
-            return None
-        [h] = chain_hashes(blocks[-1:], req.cache_salt, req.block_hashes[-1] if req.block_hashes else None)
+    def _cached(self, h: int, tokens: tuple[int, ...]) -> int | None:
         b = self.by_hash.get(h)
-        return b if b is not None and self.tokens_of[b] == blocks[-1] else None
+        return b if b is not None and self.tokens_of[b] == tokens else None
 
     def _ref(self, b: int) -> None:
         if self.ref[b] == 0:

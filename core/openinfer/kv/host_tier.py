@@ -12,6 +12,10 @@ Restore: at admission, after the device hits, the tier continues the request's c
 hashes in host memory (stored tokens compared, as on the device), allocates device blocks from
 the request's reservation and copies the blocks back. The request waits in the scheduler's
 restoring list until `landed()`; the blocks are then committed to the device prefix cache again.
+A prompt of whole blocks restored to its end gets its last token's block too, into a block of its
+own (nothing else reads it, so no copy-on-write), and only the last token is recomputed: its first
+step is one token, a decode-graph replay, as for a device hit. That block enters the device cache
+once the step recomputed the token, like any block the request completes.
 Evicted blocks handed to any other owner are `reuse()`d (the copier orders later device work
 after their pending saves); those handed to a restore need not be (the copier orders each
 restore chunk after the saves of its own blocks).
@@ -160,6 +164,9 @@ class HostTier:
 
     # ---- restore -------------------------------------------------------------------------------
     def _admitted(self, req: Request) -> None:
+        last = len(req.prompt_ids) - 1
+        if req.num_computed >= last:
+            return                               # the device held the whole prompt (copy-on-write)
         admitted, bs, start = time.monotonic(), self.block_size, req.num_hashed_blocks
         chain = req.block_hashes[start:]
         self.stats.queries += len(chain) * bs
@@ -180,8 +187,11 @@ class HostTier:
         finally:
             self._for_restore = False
         transfer = self.copier.restore([(req.block_ids[i], e.slot) for i, e in enumerate(found, start)])
-        req.num_computed = req.cached_tokens = end * bs
-        self.stats.hits += len(found) * bs
+        # a restore to the prompt's end (its last token's block included, into the request's own
+        # block) leaves that token to recompute, for its logits: a one-token step, as a device hit
+        cached = min(end * bs, last)
+        self.stats.hits += cached - req.num_computed
+        req.num_computed = req.cached_tokens = cached
         self.stats.restored_blocks += len(found)
         self.restoring[req.request_id] = _Restore(req, transfer, found, admitted, time.monotonic(),
                                                   self.stats.saved_blocks - saved)

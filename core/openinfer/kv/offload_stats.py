@@ -13,7 +13,7 @@ class OffloadStats:
     restored_blocks: int = 0     # host -> device copies issued
     dropped_blocks: int = 0      # evicted blocks not saved: every host slot was pinned by a restore
     queries: int = 0             # prompt tokens looked up in host memory (past the device hits)
-    hits: int = 0                # of which restored from it
+    hits: int = 0                # of which served from it (a whole prompt: all but its last token)
 
     @property
     def usage(self) -> float:
