@@ -11,6 +11,7 @@ export PYTHONPATH=core:plugins/qwen35${PYTHONPATH:+:$PYTHONPATH}
 
 $PY -m pytest -q -p no:cacheprovider plugins/qwen35/tests/test_qwen35_cuda_ops.py plugins/qwen35/tests/test_qwen35_cuda_engine.py \
     plugins/qwen35/tests/test_qwen35_cuda_compile.py plugins/qwen35/tests/test_qwen35_cuda_emulation.py \
+    plugins/qwen35/tests/test_qwen35_cuda_launch_args.py \
     2>&1 | tee "$OUT/qwen35_kernels.log"
 rc=${PIPESTATUS[0]}
 

@@ -1,5 +1,5 @@
-"""The Qwen3.5 line on the CUDA backend (GPU only; eager, since decode graphs of hybrid models are
-not wired yet): a tiny model against transformers, prompts crossing the delta rule's 64-token
+"""The Qwen3.5 line on the CUDA backend (GPU only; eager: test_qwen35_cuda.py covers the decode
+graphs): a tiny model against transformers, prompts crossing the delta rule's 64-token
 chunks, batched requests of different lengths, in float32 and bfloat16."""
 from __future__ import annotations
 
