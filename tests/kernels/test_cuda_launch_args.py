@@ -130,7 +130,8 @@ def _batch(q_lens, ctx, bs, width) -> ForwardBatch:
 
 @pytest.mark.parametrize("dtype", [BF16, np.float32])
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("q_lens,ctx", [([1, 1, 1], [5000, 17, 900]), ([1] * 64, [30] * 64), ([7, 1, 33], [7, 40, 300])])
+@pytest.mark.parametrize("q_lens,ctx", [([1, 1, 1], [5000, 17, 900]), ([1] * 64, [30] * 64),   # decode, split / not
+                                         ([7, 1, 33], [7, 40, 300])])                          # prefill
 def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
     nh, nkv, bs, layers = 24, 4, 16, 3
     width = -(-max(ctx) // bs)
@@ -143,6 +144,7 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
     assert names and all(str(d) in n or "combine" in n for n in names)
     if max(q_lens) == 1 and dtype == BF16:
         assert names[0].startswith("paged_decode_mma"), names
+    assert names[-1].startswith("paged_combine") == (max(ctx) == 5000), names   # only the long context splits
 
 
 @pytest.mark.parametrize("m", [1, 3, 8])
