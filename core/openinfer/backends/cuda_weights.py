@@ -36,7 +36,8 @@ class WeightUploader:
     def load(self, weights: WeightSource, names: Sequence[str], dtype: np.dtype) -> Any:
         """The tensors concatenated along axis 0, as one device array of `dtype`, ready for the step stream."""
         cp = self.cp
-        shapes = [self._shape(weights, n) for n in names]
+        scalar = self._shape(weights, names[0]) == ()
+        shapes = [self._shape(weights, n) or (1,) for n in names]   # a 0-d tensor travels as one element
         rest = shapes[0][1:]
         if any(s[1:] != rest for s in shapes):
             raise ValueError(f"cannot fuse tensors of shapes {shapes} ({', '.join(names)})")
@@ -50,7 +51,7 @@ class WeightUploader:
                     self._dummy(weights, name, view)
                 else:
                     self._copy(weights, name, view)
-        return out if len(shapes[0]) else out.reshape(())
+        return out.reshape(()) if scalar else out
 
     @staticmethod
     def _shape(weights: WeightSource, name: str) -> tuple[int, ...]:
