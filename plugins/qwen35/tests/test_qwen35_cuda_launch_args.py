@@ -1,15 +1,17 @@
-"""CPU check of every qwen35_* CUDA launch (no GPU): the launchers run on numpy arrays in place of
-CuPy ones with `launch` recorded, and each argument tuple is matched against the kernel's C
-signature parsed from the .cu source — count, order, and type (a pointer gets an array of the
-pointee's dtype, `long long` np.int64, `int` np.int32, `float` np.float32: CuPy passes numpy
-scalars by their dtype, so a wrong width shifts every later argument). A pointer with a row
-stride argument after it must have a unit last stride and that row stride; any other pointer
-must be packed. Decode launches must pass the batch's own index arrays (a CUDA graph reads the
-static buffers) and a grid of the batch size alone."""
+"""CPU check of every qwen35_* CUDA launch (no GPU). The launchers run on host stand-ins for CuPy
+arrays with `launch` recorded by openinfer.testing.launch_check, which checks each launch against
+the kernel's compiled PTX parameters (count, sizes, floats, grid/block/shared-memory limits). On
+top, each argument tuple is matched against the kernel's C signature parsed from the .cu source:
+a pointer gets an array of the pointee's dtype, `long long` np.int64, `int` np.int32, `float`
+np.float32 (CuPy passes numpy scalars by their dtype, so a wrong width shifts every later
+argument). A pointer with a row stride argument after it must have a unit last stride and that
+row stride; any other pointer must be packed. Decode launches must pass the batch's own index
+arrays (a CUDA graph reads the static buffers) and a grid of the batch size alone."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,13 +21,13 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from openinfer.batch import ForwardBatch  # noqa: E402
 from openinfer.kernels.cuda import module  # noqa: E402
+from openinfer.testing.launch_check import Launch, fake, record_launches  # noqa: E402
 from openinfer_qwen35.cuda import delta_rule, ops  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 CUDA_DIR = Path(ops.__file__).parent
 SCALARS = {"long long": np.int64, "int": np.int32, "float": np.float32}
 POINTEES = {"int": np.dtype(np.int32), "float": np.dtype(np.float32), "long long": np.dtype(np.int64)}
-SMEM_MAX, THREADS_MAX = 227 * 1024, 1024
 
 
 def signatures() -> dict[str, list[tuple[str, bool]]]:
@@ -48,19 +50,18 @@ SIGS = signatures()
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Launchers on numpy arrays; returns the list the recorded launches land in."""
-    calls = []
-    monkeypatch.setattr(ops, "cp", np)
-    monkeypatch.setattr(delta_rule, "cp", np)
-    monkeypatch.setattr(module, "cp", np)
-    record = lambda source, name, grid, block, args, smem=0: calls.append((name, grid, block, args, smem))  # noqa: E731
-    monkeypatch.setattr(ops, "launch", record)
-    monkeypatch.setattr(delta_rule, "launch", record)
-    return calls
+    """Launchers on host stand-ins; returns the list of launches, each checked against its PTX parameters."""
+    return record_launches(monkeypatch, (ops, delta_rule, module))
 
 
-def check(call, dtype) -> None:
-    name, grid, block, args, smem = call
+def zeros(shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A zeroed host stand-in for a cupy array (FakeArray, 256-byte aligned)."""
+    return fake(np.zeros(shape, dtype))
+
+
+def check(call: Launch, dtype) -> None:
+    """The C-signature checks: pointee dtypes, exact scalar types, strides and packing."""
+    name, args = call.name, call.args
     sfx = module.suffix(dtype)
     key = name.replace(sfx, "{sfx}") if name.endswith(sfx) else name
     sig = SIGS[key]
@@ -79,36 +80,34 @@ def check(call, dtype) -> None:
             assert a[:1].flags.c_contiguous, f"{where}: rows must be packed inside"
         else:
             assert a.flags.c_contiguous, f"{where}: not packed"
-    assert all(0 < g < 2**31 for g in grid[:1]) and all(0 < g < 65536 for g in grid[1:]), f"{name}: grid {grid}"
-    assert 0 < block <= THREADS_MAX and block % 32 == 0 and smem <= SMEM_MAX, f"{name}: {block} threads, {smem} B"
 
 
 def batch(runs: list[tuple[int, int]]) -> ForwardBatch:
     qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
     lens = np.asarray([p + n for p, n in runs], np.int32)
-    z = np.zeros(1, np.int32)
-    return ForwardBatch(z, z, z, z, qs, lens, z, qs, lens, 16, int(np.diff(qs).max()), int(lens.max()),
-                        state_slots=np.arange(1, len(runs) + 1, dtype=np.int32))
+    z = zeros(1, np.int32)
+    return ForwardBatch(z, z, z, z, fake(qs), fake(lens), z, qs, lens, 16, int(np.diff(qs).max()), int(lens.max()),
+                        state_slots=fake(np.arange(1, len(runs) + 1, dtype=np.int32)))
 
 
 def layer_forward(dtype, b: ForwardBatch, decode: bool, nk=16, nv=32, dk=128, dv=128, layers=3) -> None:
     """The GDN mixer's op sequence on the views the model passes (layers.py): slices of the fused
     in_proj output, a layer's slice of the state pools; then the attention output gate."""
     T, C, K = int(b.query_start_host[-1]), 2 * nk * dk + nv * dv, 4
-    proj = np.zeros((T, C + nv * dv + 2 * nv), dtype)
-    conv_pool = np.zeros((5, layers, K - 1, C), np.float32)
-    ssm_pool = np.zeros((5, layers, nv, dk, dv), np.float32)
+    proj = zeros((T, C + nv * dv + 2 * nv), dtype)
+    conv_pool = zeros((5, layers, K - 1, C), np.float32)
+    ssm_pool = zeros((5, layers, nv, dk, dv), np.float32)
     z = proj[:, C:C + nv * dv].reshape(T, nv, dv)
     bb, a = proj[:, C + nv * dv:C + nv * dv + nv], proj[:, C + nv * dv + nv:]
     conv_op = ops.qwen35_causal_conv1d_update if decode else ops.qwen35_causal_conv1d
-    conv = conv_op(proj[:, :C], np.zeros((C, K), dtype), conv_pool[:, 1], b)
+    conv = conv_op(proj[:, :C], zeros((C, K), dtype), conv_pool[:, 1], b)
     q, k = conv[:, :nk * dk].reshape(T, nk, dk), conv[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)
     v = conv[:, 2 * nk * dk:].reshape(T, nv, dv)
-    g, beta = ops.qwen35_gdn_gating(a, bb, np.zeros(nv, np.float32), np.zeros(nv, np.float32))
+    g, beta = ops.qwen35_gdn_gating(a, bb, zeros(nv, np.float32), zeros(nv, np.float32))
     rule = ops.qwen35_gated_delta_rule_update if decode else ops.qwen35_gated_delta_rule
     o = rule(q, k, v, g, beta, ssm_pool[:, 1], b)
-    ops.qwen35_gated_rms_norm(o, z, np.ones(dv, dtype), 1e-6)
-    qkvg = np.zeros((T, 4 * 256 * 3), dtype)
+    ops.qwen35_gated_rms_norm(o, z, fake(np.ones(dv, dtype)), 1e-6)
+    qkvg = zeros((T, 4 * 256 * 3), dtype)
     ops.qwen35_sigmoid_gate(qkvg[:, :1024], qkvg[:, 2048:])
 
 
@@ -117,7 +116,7 @@ def layer_forward(dtype, b: ForwardBatch, decode: bool, nk=16, nv=32, dk=128, dv
 def test_launch_arguments_match_the_kernel_signatures(launches, dtype, decode):
     b = batch([(0, 1), (7, 1), (3, 1)] if decode else [(0, 70), (5, 1), (64, 130)])
     layer_forward(dtype, b, decode)
-    names = [c[0] for c in launches]
+    names = [c.name for c in launches]
     assert len(names) == (5 if decode else 6), names
     for call in launches:
         check(call, dtype)
@@ -131,9 +130,9 @@ def test_decode_launches_are_graph_safe(launches):
         launches.clear()
         b = batch(runs)
         layer_forward(BF16, b, decode=True)
-        for name, grid, _, args, _ in launches:
-            if name.startswith(("conv_", "gdn_decode")):
-                ids = {id(a) for a in args if isinstance(a, np.ndarray)}
-                assert {id(b.state_slots), id(b.query_start), id(b.context_lens)} <= ids, name
-        grids.append([(name, grid) for name, grid, *_ in launches])
+        for c in launches:
+            if c.name.startswith(("conv_", "gdn_decode")):
+                ids = {id(a) for a in c.args if isinstance(a, np.ndarray)}
+                assert {id(b.state_slots), id(b.query_start), id(b.context_lens)} <= ids, c.name
+        grids.append([(c.name, c.grid) for c in launches])
     assert grids[0] == grids[1]

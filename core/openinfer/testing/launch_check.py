@@ -1,0 +1,140 @@
+"""CPU check of CUDA kernel launches against the kernels' compiled parameter lists (no GPU).
+
+Each .cu (a core source's name or a plugin's path, as compile.source_path takes) is compiled by
+NVRTC to PTX, whose `.entry` lists give every kernel's parameters with their sizes (.u64: a
+pointer or a 64-bit integer, .u32/.s32: a 32-bit integer, .f32: a float). The launchers run on
+host stand-ins for cupy arrays (numpy arrays with a `.data.ptr`) with `launch` recording instead
+of launching, and each launch is checked as it is recorded: the argument count, each argument's
+size, floats where the kernel takes a float, no Python int or float (CuPy would pass it at a
+size of its choosing), and the grid, block and shared-memory limits of sm_90. A wrong argument
+tuple otherwise shows only on a GPU, as a crash or garbage."""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..kernels.cuda import compile as kc
+
+PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+\w+(?:\[(\d+)\])?")
+SMEM_MAX = 227 * 1024   # the opt-in ceiling of dynamic shared memory per block on sm_90
+THREADS_MAX = 1024
+
+
+class FakeArray(np.ndarray):
+    """A host array standing in for a cupy array: `.data.ptr` is its address."""
+
+    @property
+    def data(self) -> SimpleNamespace:  # type: ignore[override]
+        return SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+
+def aligned_empty(shape: int | Sequence[int], dtype: Any = np.float32) -> FakeArray:
+    """Like cupy's allocations: 256-byte aligned, so the launchers take their vectorized paths."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + 256, np.uint8)
+    off = -raw.ctypes.data % 256
+    return raw[off: off + n].view(dtype).reshape(shape).view(FakeArray)
+
+
+def fake(a: Any, dtype: Any = None) -> FakeArray:
+    """cupy.asarray on the host: a FakeArray of `dtype` is returned as is (no copy), anything else copied."""
+    if isinstance(a, FakeArray) and (dtype is None or a.dtype == np.dtype(dtype)):
+        return a
+    a = np.asarray(a, dtype)
+    out = aligned_empty(a.shape, a.dtype)
+    out[...] = a
+    return out
+
+
+def _ascontiguousarray(a: Any, dtype: Any = None) -> Any:
+    """A packed array of `dtype` is returned as is (a host one too, which check_launch then rejects)."""
+    return a if a.flags.c_contiguous and dtype in (None, a.dtype) else fake(np.ascontiguousarray(a), dtype)
+
+
+# The part of the cupy namespace the launchers use, on FakeArrays.
+FAKE_CP = SimpleNamespace(empty=aligned_empty, asarray=fake, ascontiguousarray=_ascontiguousarray,
+                          float32=np.float32, int32=np.int32, int64=np.int64, uint8=np.uint8, ndarray=FakeArray)
+
+
+@functools.lru_cache(maxsize=None)
+def entries(source: str | Path) -> dict[str, list[tuple[str, int]]]:
+    """kernel name -> [(PTX type, bytes)] of its parameters, for `source` as compile.source_path takes it."""
+    nvrtc = kc._nvrtc()
+    path = kc.source_path(source)
+    headers = kc._headers(path.parent)
+    prog = nvrtc.createProgram(path.read_text(), path.name, [h.encode() for h in headers.values()],
+                               [n.encode() for n in headers])
+    try:
+        nvrtc.compileProgram(prog, [*kc.OPTIONS, "-arch=compute_90a"])
+        ptx = nvrtc.getPTX(prog).decode()
+    finally:
+        nvrtc.destroyProgram(prog)
+    out = {}
+    for name, params in re.findall(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx):
+        out[name] = [(t, int(n) if n else int(re.sub(r"\D", "", t) or 8) // 8) for t, n in PARAM.findall(params)]
+    return out
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One recorded `launch(source, name, grid, block, args, smem)` call."""
+    source: str | Path
+    name: str
+    grid: tuple[int, ...]
+    block: int
+    args: tuple
+    smem: int = 0
+
+
+def check_launch(call: Launch) -> None:
+    """Assert that `call` matches its kernel's PTX parameter list and the launch limits of sm_90."""
+    name, args = call.name, call.args
+    params = entries(call.source)[name]
+    assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)} parameters"
+    for i, (a, (ptype, size)) in enumerate(zip(args, params)):
+        where = f"{name} argument {i} ({ptype})"
+        if isinstance(a, np.ndarray):
+            assert isinstance(a, FakeArray) and ptype in ("u64", "b64", "s64"), f"{where}: an array"
+        else:
+            assert isinstance(a, np.generic), f"{where}: {type(a).__name__} {a!r} (pass a numpy scalar)"
+            assert a.dtype.itemsize == size, f"{where}: {a.dtype} is {a.dtype.itemsize} bytes"
+            assert (a.dtype.kind == "f") == ptype.startswith("f"), f"{where}: {a.dtype}"
+    grid = call.grid + (1,) * (3 - len(call.grid))
+    assert all(isinstance(g, int) and g >= 1 for g in grid), f"{name}: grid {grid}"
+    assert grid[0] < 2**31 and grid[1] <= 65535 and grid[2] <= 65535, f"{name}: grid {grid}"
+    assert 1 <= call.block <= THREADS_MAX and call.block % 32 == 0, f"{name}: block {call.block}"
+    assert call.smem <= SMEM_MAX, f"{name}: {call.smem} bytes of shared memory"
+
+
+def require_nvrtc() -> None:
+    """Skip the calling test where no NVRTC library is there to compile the sources to PTX."""
+    import pytest
+    try:
+        kc._nvrtc()
+    except kc.KernelCompileError as e:
+        pytest.skip(f"no NVRTC library to compile with: {e}")
+
+
+def record_launches(monkeypatch: Any, modules: Iterable[ModuleType]) -> list[Launch]:
+    """Put FAKE_CP in place of each module's `cp` and a checking recorder in place of its `launch`
+    (where it has one), through pytest's `monkeypatch`; returns the list the checked launches land in."""
+    require_nvrtc()
+    recorded: list[Launch] = []
+
+    def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
+        call = Launch(source, name, tuple(int(g) for g in grid), block, args, smem)
+        check_launch(call)
+        recorded.append(call)
+
+    for mod in modules:
+        monkeypatch.setattr(mod, "cp", FAKE_CP)
+        if hasattr(mod, "launch"):
+            monkeypatch.setattr(mod, "launch", launch)
+    return recorded
