@@ -124,16 +124,16 @@ class ModelRunner:
         B, be = len(h.context_lens), self.backend
         if self.graphs is not None and h.is_decode and self.graphs.bucket(B) is not None:
             logits, tokens = self.graphs.replay(h)
+            tokens = tokens[:B]
             rows = h.sample_rows      # a graph computes every row: pick the sampled ones
-            host_tokens = be.to_host(tokens[:B])[rows]
         else:
             logits, tokens = self._forward(self.upload(h))
             rows = np.arange(len(h.sample_rows), dtype=np.int32)
-            host_tokens = be.to_host(tokens)
         samples = {}
-        if sampling is not None and len(sampling):
+        if sampling is not None and len(sampling):   # launched before the host waits for the greedy tokens
             sampling.params[:, ROW] = rows[sampling.sampled]
             samples = dict(zip(sampling.sampled.tolist(), be.sample(logits, sampling)))
+        host_tokens = be.to_host(tokens)[rows]
         picked = {}
         if logits_rows:
             wanted = list(logits_rows)
