@@ -44,7 +44,7 @@ timeout ${TEST_S:-100} $T tests/kernels tests/test_kv_offload_cuda.py tests/test
 timeout ${TEST_S:-100} $T plugins/qwen3/tests/test_cuda_engine.py >"$LOGS/tests_qwen3.log" 2>&1 &
 timeout ${TEST_S:-100} $T plugins/qwen35/tests -k "cuda or gpu" >"$LOGS/tests_qwen35.log" 2>&1 &
 wait
-for f in core qwen3 qwen35; do say "tests $f: $(grep -E '(passed|failed|error|no tests ran)' "$LOGS/tests_$f.log" | tail -1)"; done
+for f in core qwen3 qwen35; do say "tests $f: $(grep -E '(passed|failed|error|skipped|no tests ran)' "$LOGS/tests_$f.log" | tail -1)"; done
 grep -h "^FAILED\|^ERROR" "$LOGS"/tests_*.log | cut -c1-150 | head -20 | tee -a "$SUMMARY"
 fails() { grep -h "^FAILED\|^ERROR" "$LOGS"/tests_*.log | grep -qE "$1"; }
 fails "test_cuda_ops.py::test_decode_attention" && { export OPENINFER_DECODE_MMA=0; say "decode attention tests failed: OPENINFER_DECODE_MMA=0"; }
@@ -83,6 +83,6 @@ if stage startup 25 $OI bench startup --base-url http://127.0.0.1:8021 --vocab-s
         -- $OI serve --model qwen3-4b --load-format dummy --device cuda --port 8021 --max-model-len 20480; then
     say "start-up (dummy weights, warm kernel cache):"; tail -4 "$LOGS/startup.log" | tee -a "$SUMMARY"
     grep -E "phase|ready" "$LOGS/startup_server.log" | cut -c1-160 | tail -14 >>"$SUMMARY"
-fi
+else say "startup failed: $(grep -m1 -E 'Error|error' "$LOGS/startup.log")"; fi
 say "done in ${SECONDS}s"
 snapshot
