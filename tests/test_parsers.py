@@ -5,15 +5,7 @@ import pytest
 
 from openinfer.parsers import (ChatFormat, ParsedDelta, ThinkTagReasoningParser, ToolCall, ToolCallDelta,
                                ToolCallParser, collect_tool_calls)
-
-
-def split_feed(parser, text, rng):
-    cuts = sorted(rng.randint(0, len(text)) for _ in range(rng.randint(0, 8)))
-    out, prev = ParsedDelta(), 0
-    for cut in cuts + [len(text)]:
-        out.extend(parser.feed(text[prev:cut]))
-        prev = cut
-    return out.extend(parser.finish())
+from openinfer.testing.chat import split_feed
 
 
 def test_parsed_delta_extend_coalesces():
@@ -45,7 +37,7 @@ def test_think_parser_cases(text, starts, expected):
     assert ThinkTagReasoningParser(starts).parse(text) == expected
     rng = random.Random(0)
     for _ in range(50):
-        out = split_feed(ThinkTagReasoningParser(starts), text, rng)
+        out = split_feed(ThinkTagReasoningParser(starts), text, rng, 8)
         assert (out.reasoning, out.content) == expected
 
 
@@ -56,7 +48,7 @@ def test_think_parser_random_splits():
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
         starts = rng.random() < 0.3
         expected = ThinkTagReasoningParser(starts).parse(text)
-        out = split_feed(ThinkTagReasoningParser(starts), text, rng)
+        out = split_feed(ThinkTagReasoningParser(starts), text, rng, 8)
         assert (out.reasoning, out.content) == expected, (text, starts)
 
 
@@ -116,6 +108,6 @@ def test_output_parser_chains_reasoning_then_tools():
     rng = random.Random(4)
     for _ in range(200):
         p = fmt.stream_parser("prompt", tools=[{}])
-        out = split_feed(p, text, rng)
+        out = split_feed(p, text, rng, 8)
         assert (out.reasoning, out.content.strip()) == (got.reasoning, got.content)
         assert [(c.name, c.arguments) for c in collect_tool_calls(out.tool_calls)] == [("f", "{}"), ("g", "{}")]

@@ -1,11 +1,23 @@
 """Checking a model line's chat format the way the server drives it: token by token."""
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from ..detokenize import IncrementalDetokenizer, StopStringMatcher
 from ..parsers import ChatFormat, ParsedDelta
 from ..tokenizer import Tokenizer
+
+
+def split_feed(parser: Any, text: str, rng: random.Random, max_cuts: int) -> ParsedDelta:
+    """Feed `text` to a streaming parser in up to max_cuts + 1 random pieces, then finish it: the
+    coalesced output must not depend on where the pieces break."""
+    cuts = sorted(rng.randint(0, len(text)) for _ in range(rng.randint(0, max_cuts)))
+    out, prev = ParsedDelta(), 0
+    for cut in cuts + [len(text)]:
+        out.extend(parser.feed(text[prev:cut]))
+        prev = cut
+    return out.extend(parser.finish())
 
 
 def stream_output(fmt: ChatFormat, tok: Tokenizer, prompt: str, ids: list[int], tools: list[dict[str, Any]],

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from openinfer.parsers import ParsedDelta, ToolCall, collect_tool_calls
-from openinfer.testing.chat import stream_output
+from openinfer.testing.chat import split_feed, stream_output
 from openinfer.tokenizer import Tokenizer
 from openinfer_qwen3.chat import (DEMO_TOKENIZER_DIR, QWEN3_CHAT_FORMAT, Qwen3ReasoningParser,
                                   Qwen3ToolCallParser)
@@ -70,15 +70,6 @@ def test_tool_parser_cases(text, content, calls):
     assert len({c.id for c in got_calls}) == len(got_calls)
 
 
-def split_feed(parser, text, rng):
-    cuts = sorted(rng.randint(0, len(text)) for _ in range(rng.randint(0, 10)))
-    out, prev = ParsedDelta(), 0
-    for cut in cuts + [len(text)]:
-        out.extend(parser.feed(text[prev:cut]))
-        prev = cut
-    return out.extend(parser.finish())
-
-
 def test_tool_parser_random_splits():
     rng = random.Random(5)
     pieces = [PARIS, LYON, "\n", " ", "hi", "<tool_call>", "</tool_call>", '{"name": "g", "arguments": ',
@@ -86,7 +77,7 @@ def test_tool_parser_random_splits():
     for _ in range(1500):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
         content, calls = Qwen3ToolCallParser(TOOLS).parse(text)
-        out = split_feed(Qwen3ToolCallParser(TOOLS), text, rng)
+        out = split_feed(Qwen3ToolCallParser(TOOLS), text, rng, 10)
         assert out.content == content, text
         assert [(c.name, c.arguments) for c in collect_tool_calls(out.tool_calls)] == \
             [(c.name, c.arguments) for c in calls], text

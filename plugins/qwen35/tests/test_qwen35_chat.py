@@ -6,7 +6,7 @@ import random
 import pytest
 
 from openinfer.parsers import ParsedDelta, collect_tool_calls
-from openinfer.testing.chat import stream_output
+from openinfer.testing.chat import split_feed, stream_output
 from openinfer.tokenizer import ChatTemplateError, Tokenizer
 from openinfer_qwen35.chat import (TOKENIZER_DIR, Qwen35ChatFormat, Qwen35ReasoningParser, Qwen35ToolCallParser,
                                    convert_value)
@@ -161,15 +161,6 @@ def test_convert_value(value, types, expected):
     assert got == expected and type(got) is type(expected)
 
 
-def split_feed(parser, text, rng):
-    cuts = sorted(rng.randint(0, len(text)) for _ in range(rng.randint(0, 12)))
-    out, prev = ParsedDelta(), 0
-    for cut in cuts + [len(text)]:
-        out.extend(parser.feed(text[prev:cut]))
-        prev = cut
-    return out.extend(parser.finish())
-
-
 def test_tool_parser_random_splits():
     rng = random.Random(7)
     pieces = [PARIS, call("noop"), "\n", " ", "hi", "<tool_call>", "</tool_call>", "<function=get_weather>",
@@ -178,7 +169,7 @@ def test_tool_parser_random_splits():
     for _ in range(1500):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 7)))
         content, calls = Qwen35ToolCallParser(TOOLS).parse(text)
-        out = split_feed(Qwen35ToolCallParser(TOOLS), text, rng)
+        out = split_feed(Qwen35ToolCallParser(TOOLS), text, rng, 12)
         assert out.content == content, text
         assert [(c.name, c.arguments) for c in collect_tool_calls(out.tool_calls)] == \
             [(c.name, c.arguments) for c in calls], text
