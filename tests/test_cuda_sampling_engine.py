@@ -7,8 +7,9 @@ import pytest
 
 from openinfer.engine import EngineArgs, build_engine
 from openinfer.testing.cuda import require_gpu
-from test_device_sampling_engine import (check_logprobs_and_min_tokens, check_seeded_requests_reproduce_in_any_batch,
-                                         check_top_k_1_is_greedy, check_unseeded_requests_differ)
+# the same tests, collected here against this module's `engine` fixture
+from test_device_sampling_engine import (test_logprobs_and_min_tokens, test_seeded_requests_reproduce_in_any_batch,  # noqa: F401
+                                         test_top_k_1_is_greedy, test_unseeded_requests_differ)
 
 pytestmark = pytest.mark.cuda
 cp = require_gpu()
@@ -23,19 +24,3 @@ def engine(request):
     eng.runner.backend.activate()
     assert eng.runner.backend.samples_on_device
     return eng
-
-
-def test_seeded_requests_reproduce_in_any_batch(engine):
-    check_seeded_requests_reproduce_in_any_batch(engine)
-
-
-def test_unseeded_requests_differ(engine):
-    check_unseeded_requests_differ(engine)
-
-
-def test_top_k_1_is_greedy(engine):
-    check_top_k_1_is_greedy(engine)
-
-
-def test_logprobs_and_min_tokens(engine):
-    check_logprobs_and_min_tokens(engine)

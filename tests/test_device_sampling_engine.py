@@ -29,7 +29,7 @@ def sampled(max_tokens: int = 6, **kw) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **{"temperature": 1.0, **kw})
 
 
-def check_seeded_requests_reproduce_in_any_batch(engine: Engine) -> None:
+def test_seeded_requests_reproduce_in_any_batch(engine: Engine) -> None:
     p = sampled(seed=1234, top_p=0.95, repetition_penalty=1.2)
     [(alone, _, _)] = generate(engine, [PROMPTS[0]], p)
     [(again, _, _)] = generate(engine, [PROMPTS[0]], p)
@@ -40,18 +40,18 @@ def check_seeded_requests_reproduce_in_any_batch(engine: Engine) -> None:
     assert other != alone
 
 
-def check_unseeded_requests_differ(engine: Engine) -> None:
+def test_unseeded_requests_differ(engine: Engine) -> None:
     a, b = generate(engine, [PROMPTS[2], PROMPTS[2]], sampled(8))
     assert a[0] != b[0]
 
 
-def check_top_k_1_is_greedy(engine: Engine) -> None:
+def test_top_k_1_is_greedy(engine: Engine) -> None:
     want = generate(engine, PROMPTS, greedy(6))
     got = generate(engine, PROMPTS, [sampled(top_k=1, seed=s) for s in range(3)])
     assert [g[0] for g in got] == [w[0] for w in want]
 
 
-def check_logprobs_and_min_tokens(engine: Engine) -> None:
+def test_logprobs_and_min_tokens(engine: Engine) -> None:
     eos = min(engine.eos_token_ids)
     stream = engine.submit(PROMPTS[0], SamplingParams(max_tokens=8, temperature=0.7, min_tokens=3, logprobs=3,
                                                       logit_bias={eos: 100.0}, seed=5))
@@ -66,19 +66,3 @@ def check_logprobs_and_min_tokens(engine: Engine) -> None:
         assert len(s.top) == 3 and s.logprob <= s.top[0][1] + 1e-5
         assert [lp for _, lp in s.top] == sorted((lp for _, lp in s.top), reverse=True)
     assert samples[3].logprob > -1e-3   # a +100 bias: all the mass
-
-
-def test_seeded_requests_reproduce_in_any_batch(engine):
-    check_seeded_requests_reproduce_in_any_batch(engine)
-
-
-def test_unseeded_requests_differ(engine):
-    check_unseeded_requests_differ(engine)
-
-
-def test_top_k_1_is_greedy(engine):
-    check_top_k_1_is_greedy(engine)
-
-
-def test_logprobs_and_min_tokens(engine):
-    check_logprobs_and_min_tokens(engine)
