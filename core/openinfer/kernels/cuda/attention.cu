@@ -6,8 +6,8 @@
 //            and all query heads of the group; splits are merged by paged_combine.
 // Scores live in the log2 domain: q is pre-scaled by scale * log2(e) and exp2f is used.
 #include "common.cuh"
+#include "decode_merge.cuh"
 
-#define NEG_INF (-__int_as_float(0x7f800000))
 constexpr int NWARPS = 4, BN = 32, ROWS = 8, GMAX = 8;
 
 // Row starts are computed once per key (one block-table read each) and shared; rows then move
@@ -253,24 +253,8 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
         if (lane == 0) { wm[warp][g] = m[g]; wl[warp][g] = l[g]; }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < gc * D; idx += blockDim.x) {
-        const int g = idx / D, dd = idx % D, head = kvh * G + g0 + g;
-        float M = NEG_INF, lsum = 0.f, o = 0.f;
-        for (int w = 0; w < NWARPS; ++w) M = fmaxf(M, wm[w][g]);
-        if (M != NEG_INF)
-            for (int w = 0; w < NWARPS; ++w) {
-                const float f = exp2f(wm[w][g] - M);
-                lsum += f * wl[w][g];
-                o += f * asm_[(w * GMAX + g) * D + dd];
-            }
-        if (num_splits == 1) {
-            out[((long long)q0 * nh + head) * D + dd] = from_f32<T>(o / lsum);
-        } else {
-            const long long p = ((long long)b * nh + head) * num_splits + split;
-            part_o[p * D + dd] = lsum > 0.f ? o / lsum : 0.f;
-            if (dd == 0) { part_m[p] = M; part_l[p] = lsum; }
-        }
-    }
+    store_merged_warps<T, NWARPS, GMAX, D>(&wm[0][0], &wl[0][0], asm_, gc, kvh * G + g0, nh, q0, b, split, num_splits,
+                                           out, part_o, part_m, part_l);
 }
 
 // out = softmax-weighted mean of the splits' normalized partial outputs; grid (nh, B).

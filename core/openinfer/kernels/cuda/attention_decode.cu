@@ -19,6 +19,7 @@
 // Mirrored in attention_decode.py: DEC_WARPS, DEC_BN, DEC_ROWS, STAGES per head dim, the smem size.
 #include "common.cuh"
 #include "mma.cuh"
+#include "decode_merge.cuh"
 
 constexpr int DEC_WARPS = 4, DEC_BN = 16, DEC_ROWS = 16;
 
@@ -203,26 +204,8 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < gc * D; idx += blockDim.x) {
-        const int g = idx / D, dd = idx % D, head = kvh * G + g0 + g;
-        float M = NEG_INF, lsum = 0.f, acc = 0.f;
-#pragma unroll
-        for (int w = 0; w < DEC_WARPS; ++w) M = fmaxf(M, mm[w * DEC_ROWS + g]);
-        if (M != NEG_INF)
-#pragma unroll
-            for (int w = 0; w < DEC_WARPS; ++w) {
-                const float f = exp2f(mm[w * DEC_ROWS + g] - M);
-                lsum += f * ml[w * DEC_ROWS + g];
-                acc += f * mo[(w * DEC_ROWS + g) * D + dd];
-            }
-        if (num_splits == 1) {
-            out[((long long)q0 * nh + head) * D + dd] = from_f32<bf16>(acc / lsum);
-        } else {
-            const long long p = ((long long)b * nh + head) * num_splits + split;
-            part_o[p * D + dd] = lsum > 0.f ? acc / lsum : 0.f;
-            if (dd == 0) { part_m[p] = M; part_l[p] = lsum; }
-        }
-    }
+    store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, gc, kvh * G + g0, nh, q0, b, split, num_splits, out,
+                                                    part_o, part_m, part_l);
 }
 
 #define DECODE_KERNEL(D)                                                                                        \

@@ -2,8 +2,6 @@
 // pick the lowest index as numpy's argmax does. Shared by the sampling kernels.
 #pragma once
 
-#define NEG_INF (-__int_as_float(0x7f800000))
-#define POS_INF __int_as_float(0x7f800000)
 #define NO_INDEX 0x7fffffff
 
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }

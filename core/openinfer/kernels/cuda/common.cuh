@@ -2,6 +2,9 @@
 // explicit fp32 conversions: every kernel loads to float, computes in fp32 and rounds on store.
 #pragma once
 
+#define NEG_INF (-__int_as_float(0x7f800000))
+#define POS_INF __int_as_float(0x7f800000)
+
 struct bf16 { unsigned short bits; };
 
 __device__ __forceinline__ float to_f32(float x) { return x; }

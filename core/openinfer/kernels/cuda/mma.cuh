@@ -2,10 +2,6 @@
 // m16n8k16 bf16 -> fp32, ex2.approx and bf16x2 packing, shared by the tensor-core attention kernels.
 #pragma once
 
-#ifndef NEG_INF
-#define NEG_INF (-__int_as_float(0x7f800000))
-#endif
-
 __device__ __forceinline__ unsigned int smem_addr(const void* p) {
     return (unsigned int)__cvta_generic_to_shared(p);
 }
