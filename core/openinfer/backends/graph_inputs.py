@@ -65,7 +65,7 @@ class GraphInputs:
         if h.block_tables.shape[1] > self.width:
             raise ValueError(f"block table of {h.block_tables.shape[1]} blocks exceeds the graphs' {self.width}")
         x = self.host
-        self.clear(h.block_tables.shape[1])
+        self.clear(h.block_tables.shape[1], B)
         x[: 2 * n].view(np.int64)[:B] = h.slot_mapping
         x[2 * n: 2 * n + B] = h.token_ids
         x[3 * n: 3 * n + B] = h.positions
@@ -75,12 +75,13 @@ class GraphInputs:
         self.host_tables[:B, : h.block_tables.shape[1]] = h.block_tables
         return max(1, h.block_tables.shape[1])
 
-    def clear(self, width: int | None = None) -> int:
-        """Every row a padding row (in the first `width` table columns; all when None); returns
-        the table columns to upload."""
+    def clear(self, width: int | None = None, written: int = 0) -> int:
+        """Every row a padding row (in the first `width` table columns; all when None), except that
+        the table rows of the first `written` rows, which the caller overwrites whole, are left as
+        they are; returns the table columns to upload."""
         n = self.n
         self.host[:] = 0
         self.host[4 * n: 5 * n] = 1
         width = self.width if width is None else max(1, width)
-        self.host_tables[:, :width] = 0
+        self.host_tables[written:, :width] = 0
         return width
