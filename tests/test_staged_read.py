@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -69,6 +70,20 @@ def test_reads_land_in_place_through_reused_buffers(tmp_path):
         np.testing.assert_array_equal(out, data[off: off + n])
     assert len(seen_threads) > 1 and all(t.startswith("weights") for t in seen_threads)
     assert sorted(set(contexts)) == [0, 1, 2, 3]
+
+
+def test_finish_lets_the_buffers_go_at_once(tmp_path):
+    path = tmp_path / "blob"
+    path.write_bytes(bytes(range(256)) * 4096)
+    buffers = [np.zeros(MIN_PIECE // 4, np.uint8) for _ in range(4)]
+    first = weakref.ref(buffers[0])
+    reader = StagedReader(buffers, lambda staged, dst, at, context: LateCopy(staged, dst, at), threads=2)
+    out = np.zeros(3 * MIN_PIECE // 4, np.uint8)
+    reader.read(str(path), 5, out.nbytes, out)
+    del buffers
+    reader.finish()
+    assert first() is None   # the reader still exists: it must not hold pinned memory past the load
+    assert out[0] == 5
 
 
 def test_checkpoint_spans_read_back_the_tensors(tmp_path):

@@ -99,7 +99,8 @@ class StagedReader:
         return slot[1]
 
     def finish(self) -> None:
-        """Wait for every queued piece and its transfer, raise the first error, close files and threads."""
+        """Wait for every queued piece and its transfer, raise the first error, close files and threads
+        and drop the buffers."""
         try:
             for f in self._futures:
                 f.result()
@@ -113,3 +114,5 @@ class StagedReader:
                 os.close(fd)
             self._fds.clear()
             self._futures.clear()
+            # the pool's initializer (our _claim) keeps us alive until a GC pass: let the buffers go now
+            self._lanes, self._unclaimed = [], []

@@ -9,7 +9,7 @@ import pytest
 
 from openinfer.testing.cuda import require_gpu
 from openinfer.testing.engine import generate, greedy, prompt_logits
-from openinfer.testing.hf_reference import hf_greedy_stepwise, hf_logits
+from openinfer.testing.hf_reference import assert_within_bf16_noise, hf_greedy_stepwise, hf_logits
 
 from conftest import _build
 from test_qwen35_fidelity import assert_logits_close, engine_for, tokens
@@ -70,21 +70,18 @@ def test_float32_matches_transformers_and_the_cpu_engine(which, request):
 
 
 def test_bfloat16_against_transformers_on_the_gpu(bf16):
-    """bf16 rounds differently from torch's kernels: logits at bf16 tolerance and the
-    teacher-forced top-1 choice at every position (a tiny random model has near ties)."""
+    """bf16 rounds differently from torch's kernels: ours may stray from transformers' float32 logits
+    about as far as transformers' own bf16 run does (bf16-valued weights, so only compute differs)."""
     import torch
     ckpt, hf = bf16
-    gpu = gpu_engine(ckpt)
     ids = tokens(200, seed=3)
-    ours = prompt_logits(gpu, ids)
-    model = hf.to(torch.bfloat16)
+    ours = prompt_logits(gpu_engine(ckpt), ids)
+    ref32 = hf_logits(hf, ids)
     try:
-        ref = hf_logits(model, ids)
+        ref16 = hf_logits(hf.to(torch.bfloat16), ids)
     finally:
         hf.to(torch.float32)
-    assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()
-    agree = float((ours.argmax(1) == ref.argmax(1)).mean())
-    assert agree >= 0.9, f"top-1 agreement {agree:.3f}"
+    assert_within_bf16_noise(ours, ref32, ref16)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

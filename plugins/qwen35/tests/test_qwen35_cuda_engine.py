@@ -8,7 +8,7 @@ import pytest
 
 from openinfer.testing.cuda import require_gpu
 from openinfer.testing.engine import generate, greedy, prompt_logits
-from openinfer.testing.hf_reference import hf_greedy_stepwise, hf_logits
+from openinfer.testing.hf_reference import assert_within_bf16_noise, hf_greedy_stepwise, hf_logits
 
 from conftest import _build
 from test_qwen35_fidelity import engine_for, tokens
@@ -40,12 +40,14 @@ def test_float32_matches_transformers(d64):
 
 
 def test_bfloat16_against_transformers(d64):
-    """bf16 rounds away from the float32 reference: logits at bf16 tolerance and the teacher-forced
-    top-1 choice at most positions (a tiny random model has near ties)."""
+    """bf16 rounds away from the float32 reference: ours may stray about as far as transformers'
+    own bf16 run does."""
+    import torch
     ckpt, hf = d64
     ids = tokens(200, seed=2)
-    ref = hf_logits(hf, ids)
-    ours = prompt_logits(gpu_engine(ckpt, "bfloat16"), ids)
-    assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()
-    agree = float((ours.argmax(1) == ref.argmax(1)).mean())
-    assert agree >= 0.9, f"top-1 agreement {agree:.3f}"
+    ref32 = hf_logits(hf, ids)
+    try:
+        ref16 = hf_logits(hf.to(torch.bfloat16), ids)
+    finally:
+        hf.to(torch.float32)
+    assert_within_bf16_noise(prompt_logits(gpu_engine(ckpt, "bfloat16"), ids), ref32, ref16)

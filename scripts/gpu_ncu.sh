@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On a GPU machine with Nsight Compute: per-kernel GPU time of single engine steps (scripts/gpu_kernel_times.py),
+# one ncu process per scenario, each summed by scripts/ncu_table.py into $OUT/ncu_<name>.txt.
+#   bash scripts/gpu_ncu.sh "qwen3-4b decode 1" "qwen3-4b decode 32" "qwen3.5-4b prefill 1024"
+# Assumes openinfer is installed (scripts/gpu_quick.sh does that). Clocks are left alone (--clock-control none).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/openinfer-gpu}
+PY=${PYTHON:-python3}
+NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}
+mkdir -p "$OUT"
+for scenario in "$@"; do
+    name=$(echo "$scenario" | tr ' ' '_')
+    timeout ${NCU_S:-120} "$NCU" --clock-control none --profile-from-start off --graph-profiling node \
+        --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_$name.csv" \
+        $PY scripts/gpu_kernel_times.py $scenario >"$OUT/ncu_$name.log" 2>&1
+    { echo "== $scenario"; $PY scripts/ncu_table.py "$OUT/ncu_$name.csv" --top ${TOP:-22} 2>&1; } | tee "$OUT/ncu_$name.txt"
+done
