@@ -1,8 +1,8 @@
 """One engine step under Nsight Compute: every kernel's GPU time, summed by kernel (GPU only).
 
-Builds a preset with dummy weights, brings the scenario to steady state outside the profiled range, then profiles
-exactly one step between cudaProfilerStart/Stop. Run it under ncu (scripts/gpu_ncu.sh does):
-    ncu --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum --csv \
+Builds a preset with dummy weights, brings the scenario to steady state, then runs exactly one step between two
+empty marker kernels that scripts/ncu_table.py cuts the log at. Run it under ncu (scripts/gpu_ncu.sh does):
+    ncu --graph-profiling node --metrics gpu__time_duration.sum --csv \
         python scripts/gpu_kernel_times.py qwen3-4b decode 1
 Scenarios: `decode B` (one graph-replayed decode step, B rows at --context tokens each),
 `eager B` (the same step eagerly), `prefill N` (one cold prefill of an N-token prompt).
@@ -31,7 +31,7 @@ def main() -> None:
                                            max_num_batched_tokens=max(8192, a.size),
                                            enforce_eager=a.scenario == "eager"))
     rng = np.random.default_rng(0)
-    params = SamplingParams(max_tokens=4 * a.context, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=a.context, temperature=0.0, ignore_eos=True)
     if a.scenario == "prefill":
         warm = eng.submit(rng.integers(0, 150000, a.size).tolist(), params)   # the same shape once, unprofiled
         eng.step()
@@ -46,16 +46,28 @@ def main() -> None:
         for _ in range(3):
             eng.step()
     if a.device == "cpu":
-        eng.step()
+        check(eng.step(), a)
         return
     import cupy as cp
 
+    # ncu profiles the whole run: these two one-thread kernels bracket the step for ncu_table.py
+    # (a cudaProfilerStart/Stop range caught no graph-replayed kernels on the H200)
+    marker = cp.RawModule(code='extern "C" __global__ void openinfer_step_begin() {}\n'
+                               'extern "C" __global__ void openinfer_step_end() {}')
     stream = eng.runner.backend.stream
+    marker.get_function("openinfer_step_begin")((1,), (1,), (), stream=stream)
+    stats = eng.step()
+    marker.get_function("openinfer_step_end")((1,), (1,), (), stream=stream)
     stream.synchronize()
-    cp.cuda.profiler.start()
-    eng.step()
-    stream.synchronize()
-    cp.cuda.profiler.stop()
+    check(stats, a)
+
+
+def check(stats, a: argparse.Namespace) -> None:
+    """The profiled step must be the scenario's (a rejected or finished request leaves an empty step)."""
+    want = (1, a.size) if a.scenario == "prefill" else (a.size, a.size)
+    if (stats.num_seqs, stats.num_tokens) != want:
+        raise SystemExit(f"the profiled step ran {stats.num_seqs} rows and {stats.num_tokens} tokens, not {want}")
+    print(f"profiled step: {stats.num_seqs} rows, {stats.num_tokens} tokens, {1e3 * stats.seconds:.2f} ms wall")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null |
 mkdir -p "$OUT"
 for scenario in "$@"; do
     name=$(echo "$scenario" | tr ' ' '_')
-    timeout ${NCU_S:-120} "$NCU" --clock-control none --profile-from-start off --graph-profiling node \
+    timeout ${NCU_S:-120} "$NCU" --clock-control none --graph-profiling node \
         --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_$name.csv" \
         $PY scripts/gpu_kernel_times.py $scenario >"$OUT/ncu_$name.log" 2>&1
     { echo "== $scenario"; $PY scripts/ncu_table.py "$OUT/ncu_$name.csv" --top ${TOP:-22} 2>&1; } | tee "$OUT/ncu_$name.txt"

@@ -53,13 +53,13 @@ if has latency; then
 fi
 
 if has serve; then
-    log "serve sweep: $PRESET (dummy weights), 1024 in / 256 out, 32 prompts at rate 4 and unbounded"
+    log "serve sweep: $PRESET (dummy weights), 1024 in / 256 out, ${PROMPTS:-32} prompts at rates ${RATES:-4,inf}"
     $OI serve --model $PRESET --load-format dummy --device cuda --port $PORT --max-model-len 4096 \
         >"$OUT/serve.log" 2>&1 &
     pid=$!
     for _ in $(seq 180); do curl -sf localhost:$PORT/v1/models >/dev/null && break; sleep 0.5; done
-    timeout 120 $OI bench serve --base-url http://127.0.0.1:$PORT --model $PRESET --input-len 1024 --output-len 256 \
-        --num-prompts 32 --sweep 4,inf --num-warmups 2 --metric-percentiles 50,99 --disable-tqdm \
+    timeout ${SWEEP_S:-120} $OI bench serve --base-url http://127.0.0.1:$PORT --model $PRESET --input-len 1024 --output-len 256 \
+        --num-prompts ${PROMPTS:-32} --sweep ${RATES:-4,inf} --num-warmups 2 --metric-percentiles 50,99 --disable-tqdm \
         --ready-check-timeout-sec 30 --save-result --result-dir "$OUT/sweep" >"$OUT/sweep.log" 2>&1 || rc=1
     tail -30 "$OUT/sweep.log"
     kill $pid; wait $pid 2>/dev/null

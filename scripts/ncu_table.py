@@ -1,4 +1,5 @@
 """Sum an `ncu --csv --metrics gpu__time_duration.sum` log by kernel: calls, total µs, share, largest first.
+Where the log holds gpu_kernel_times.py's marker kernels, only the kernels between the last pair count.
     python scripts/ncu_table.py LOG [--top 25]
 """
 from __future__ import annotations
@@ -29,9 +30,13 @@ def main() -> None:
         raise SystemExit(f"{a.log}: no ncu CSV table in it (did the profiled range launch any kernel?)")
     calls: dict[str, int] = defaultdict(int)
     total: dict[str, float] = defaultdict(float)
-    for row in csv.DictReader(io.StringIO(text[start:])):
-        if row.get("Metric Name") != "gpu__time_duration.sum":
-            continue
+    rows = [r for r in csv.DictReader(io.StringIO(text[start:])) if r.get("Metric Name") == "gpu__time_duration.sum"]
+    names = [r["Kernel Name"] for r in rows]
+    if any("openinfer_step_begin" in n for n in names):   # keep only the step between the markers
+        first = max(i for i, n in enumerate(names) if "openinfer_step_begin" in n)
+        last = min(i for i, n in enumerate(names) if "openinfer_step_end" in n and i > first)
+        rows = rows[first + 1: last]
+    for row in rows:
         k = short(row["Kernel Name"])
         calls[k] += 1
         total[k] += float(row["Metric Value"].replace(",", "")) * UNIT_US[row["Metric Unit"]]
