@@ -153,9 +153,10 @@ def test_rope_write_kv_is_rope_then_write_kv(dt, norm, d, rot):
     assert host(pools[2][:, 1]).any() and not host(pools[2][:, 0]).any()
 
 
-def test_silu_mul(dt):
+@pytest.mark.parametrize("inter", [300, 1024])   # element by element, then in 16-byte words
+def test_silu_mul(dt, inter):
     rng = np.random.default_rng(2)
-    x = exact(rnd(rng, 5, 2 * 300, scale=3), dt[0])
+    x = exact(rnd(rng, 5, 2 * inter, scale=3), dt[0])
     close(ops.silu_mul(dev(x, dt[0])), ref.silu_mul(x), dt, scale=5)
 
 

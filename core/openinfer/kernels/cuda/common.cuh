@@ -63,6 +63,43 @@ template <> struct Pack<bf16> {
     }
 };
 
+// V consecutive elements <-> floats. Where V elements fill whole 16-byte words they move as uint4 (the
+// caller keeps the pointer 16-byte aligned); otherwise one element at a time. VEC<T> elements fill one word.
+template <typename T> constexpr int VEC = 16 / sizeof(T);
+
+template <int V, typename T>
+__device__ __forceinline__ void load_f32(const T* __restrict__ p, float* f) {
+    if constexpr (V * sizeof(T) % 16 == 0) {
+#pragma unroll
+        for (int k = 0; k < V / VEC<T>; ++k) {
+            const uint4 word = reinterpret_cast<const uint4*>(p)[k];
+            const T* e = reinterpret_cast<const T*>(&word);
+#pragma unroll
+            for (int j = 0; j < VEC<T>; ++j) f[k * VEC<T> + j] = to_f32(e[j]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) f[j] = to_f32(p[j]);
+    }
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void store_f32(T* __restrict__ p, const float* f) {
+    if constexpr (V * sizeof(T) % 16 == 0) {
+#pragma unroll
+        for (int k = 0; k < V / VEC<T>; ++k) {
+            uint4 word;
+            T* e = reinterpret_cast<T*>(&word);
+#pragma unroll
+            for (int j = 0; j < VEC<T>; ++j) e[j] = from_f32<T>(f[k * VEC<T> + j]);
+            reinterpret_cast<uint4*>(p)[k] = word;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) p[j] = from_f32<T>(f[j]);
+    }
+}
+
 // Where key t of a sequence sits in a paged cache: a [num_blocks, block_size, nkv, D] view with an
 // arbitrary block stride (a layer's slice of the KV pool), rows packed inside a block.
 struct KvLayout {

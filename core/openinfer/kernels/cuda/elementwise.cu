@@ -18,14 +18,23 @@ GATHER_KERNEL(u2, unsigned short)
 GATHER_KERNEL(u1, unsigned char)
 
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]; grid.x walks tokens (no 65535 cap there).
-#define SILU_KERNEL(suffix, T)                                                                         \
-    extern "C" __global__ void silu_mul_##suffix(const T* gate_up, long long stride, T* out, int inter) { \
-        const T* g = gate_up + blockIdx.x * stride;                                                    \
-        T* o = out + (long long)blockIdx.x * inter;                                                    \
-        for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < inter; i += gridDim.y * blockDim.x) {  \
-            const float x = to_f32(g[i]), up = to_f32(g[inter + i]);                                   \
-            o[i] = from_f32<T>(x / (1.f + expf(-x)) * up);                                             \
-        }                                                                                              \
+// V elements per thread per iteration: 1, or VEC<T> where inter, the stride and the pointers allow 16-byte words.
+template <int V, typename T>
+__device__ void silu_mul_row(const T* __restrict__ g, T* __restrict__ o, int inter) {
+    float x[V], up[V];
+    for (int i = (blockIdx.y * blockDim.x + threadIdx.x) * V; i < inter; i += gridDim.y * blockDim.x * V) {
+        load_f32<V>(g + i, x);
+        load_f32<V>(g + inter + i, up);
+#pragma unroll
+        for (int j = 0; j < V; ++j) x[j] = x[j] / (1.f + expf(-x[j])) * up[j];
+        store_f32<V>(o + i, x);
     }
+}
+
+#define SILU_VARIANT(name, V, T)                                                                       \
+    extern "C" __global__ void silu_mul_##name(const T* gate_up, long long stride, T* out, int inter) { \
+        silu_mul_row<V, T>(gate_up + blockIdx.x * stride, out + (long long)blockIdx.x * inter, inter);  \
+    }
+#define SILU_KERNEL(suffix, T) SILU_VARIANT(suffix, 1, T) SILU_VARIANT(v_##suffix, VEC<T>, T)
 
 FOR_EACH_DTYPE(SILU_KERNEL)

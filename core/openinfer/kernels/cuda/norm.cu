@@ -4,41 +4,64 @@
 // hidden size works.
 #include "common.cuh"
 
-template <typename T, typename W>
+// V elements per thread per iteration: 1 (any n) or VEC<T> (n, strides and pointers a whole 16-byte word).
+template <int V, typename T, typename W>
 __device__ void rms_norm_row(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ out,
                              int n, float eps) {
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) { float v = to_f32(x[i]); ss += v * v; }
+    float ss = 0.f, f[V], g[V];
+    for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
+        load_f32<V>(x + i, f);
+#pragma unroll
+        for (int j = 0; j < V; ++j) ss += f[j] * f[j];
+    }
     const float inv = 1.f / sqrtf(block_sum(ss) / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = from_f32<T>(to_f32(x[i]) * inv * to_f32(w[i]));
+    for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
+        load_f32<V>(x + i, f);
+        load_f32<V>(w + i, g);
+#pragma unroll
+        for (int j = 0; j < V; ++j) f[j] = f[j] * inv * g[j];
+        store_f32<V>(out + i, f);
+    }
 }
 
 // residual = residual + x (rounded to T, as it is stored), out = rms_norm(residual) * w.
-template <typename T, typename W>
+template <int V, typename T, typename W>
 __device__ void add_rms_norm_row(const T* __restrict__ x, T* __restrict__ residual, const W* __restrict__ w,
                                  T* __restrict__ out, int n, float eps) {
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const T r = from_f32<T>(to_f32(x[i]) + to_f32(residual[i]));
-        residual[i] = r;
-        const float v = to_f32(r);
-        ss += v * v;
+    float ss = 0.f, f[V], g[V];
+    for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
+        load_f32<V>(x + i, f);
+        load_f32<V>(residual + i, g);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            f[j] = to_f32(from_f32<T>(f[j] + g[j]));
+            ss += f[j] * f[j];
+        }
+        store_f32<V>(residual + i, f);
     }
     const float inv = 1.f / sqrtf(block_sum(ss) / n + eps);
     // each thread re-reads only the elements it wrote itself, so no barrier is needed
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = from_f32<T>(to_f32(residual[i]) * inv * to_f32(w[i]));
+    for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
+        load_f32<V>(residual + i, f);
+        load_f32<V>(w + i, g);
+#pragma unroll
+        for (int j = 0; j < V; ++j) f[j] = f[j] * inv * g[j];
+        store_f32<V>(out + i, f);
+    }
 }
 
-#define NORM_KERNELS(suffix, T, W)                                                                       \
-    extern "C" __global__ void rms_norm_##suffix(const T* x, long long x_stride, const W* w, T* out,      \
-                                                 int n, float eps) {                                     \
-        rms_norm_row<T, W>(x + blockIdx.x * x_stride, w, out + (long long)blockIdx.x * n, n, eps);       \
+// name_<suffix> moves one element at a time; name_v_<suffix> whole 16-byte words (ops.py picks).
+#define NORM_VARIANT(name, V, T, W)                                                                       \
+    extern "C" __global__ void rms_norm_##name(const T* x, long long x_stride, const W* w, T* out,       \
+                                               int n, float eps) {                                       \
+        rms_norm_row<V, T, W>(x + blockIdx.x * x_stride, w, out + (long long)blockIdx.x * n, n, eps);    \
     }                                                                                                     \
-    extern "C" __global__ void add_rms_norm_##suffix(const T* x, long long x_stride, T* residual,         \
-                                                     long long r_stride, const W* w, T* out, int n,       \
-                                                     float eps) {                                         \
-        add_rms_norm_row<T, W>(x + blockIdx.x * x_stride, residual + blockIdx.x * r_stride, w,            \
-                               out + (long long)blockIdx.x * n, n, eps);                                  \
+    extern "C" __global__ void add_rms_norm_##name(const T* x, long long x_stride, T* residual,           \
+                                                   long long r_stride, const W* w, T* out, int n,         \
+                                                   float eps) {                                           \
+        add_rms_norm_row<V, T, W>(x + blockIdx.x * x_stride, residual + blockIdx.x * r_stride, w,         \
+                                  out + (long long)blockIdx.x * n, n, eps);                               \
     }
+#define NORM_KERNELS(suffix, T, W) NORM_VARIANT(suffix, 1, T, W) NORM_VARIANT(v_##suffix, VEC<T>, T, W)
 
 FOR_EACH_NORM_DTYPE(NORM_KERNELS)

@@ -55,12 +55,20 @@ def norm_suffix(x_dtype: np.dtype, w_dtype: np.dtype) -> str:
     raise TypeError(f"norm weights of {np.dtype(w_dtype)} beside {np.dtype(x_dtype)} activations are not compiled")
 
 
+def _in_words(n: int, strides: tuple[int, ...], *arrays: cp.ndarray) -> int:
+    """Elements per 16-byte word if rows of n elements at these row strides can move as whole words
+    (the kernels' `_v_` variants), else 1."""
+    v = 16 // arrays[0].itemsize
+    return v if n % v == 0 and all(s % v == 0 for s in strides) and all(a.data.ptr % 16 == 0 for a in arrays) else 1
+
+
 def rms_norm(x: cp.ndarray, w: cp.ndarray, eps: float) -> cp.ndarray:
     x2, stride = rows2d(x)
     out = cp.empty(x.shape, dtype=x.dtype)
     n, sfx = x.shape[-1], norm_suffix(x.dtype, w.dtype)
     if x2.shape[0]:
-        launch("norm", f"rms_norm_{sfx}", (x2.shape[0],), _threads(n // 4, 512),
+        v = _in_words(n, (stride,), x2, w, out)
+        launch("norm", f"rms_norm_{'v_' if v > 1 else ''}{sfx}", (x2.shape[0],), _threads(n // max(v, 4), 512),
                (x2, np.int64(stride), w, out, np.int32(n), np.float32(eps)))
     return out
 
@@ -74,7 +82,8 @@ def add_rms_norm(x: cp.ndarray, residual: cp.ndarray, w: cp.ndarray, eps: float)
     out = cp.empty(x.shape, dtype=x.dtype)
     n, sfx = x.shape[-1], norm_suffix(x.dtype, w.dtype)
     if x2.shape[0]:
-        launch("norm", f"add_rms_norm_{sfx}", (x2.shape[0],), _threads(n // 4, 512),
+        v = _in_words(n, (xs, rs), x2, r2, w, out)
+        launch("norm", f"add_rms_norm_{'v_' if v > 1 else ''}{sfx}", (x2.shape[0],), _threads(n // max(v, 4), 512),
                (x2, np.int64(xs), r2, np.int64(rs), w, out, np.int32(n), np.float32(eps)))
     return out, residual
 
@@ -114,9 +123,10 @@ def silu_mul(gate_up: cp.ndarray) -> cp.ndarray:
     inter = gate_up.shape[-1] // 2
     out = cp.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype)
     if g2.shape[0] and inter:
-        threads = _threads(inter, 256)
-        launch("elementwise", f"silu_mul_{suffix(gate_up.dtype)}",
-               (g2.shape[0], min((inter + threads - 1) // threads, 64)), threads,
+        v = _in_words(inter, (stride,), g2, out)
+        threads = _threads(inter // v, 256)
+        launch("elementwise", f"silu_mul_{'v_' if v > 1 else ''}{suffix(gate_up.dtype)}",
+               (g2.shape[0], min((inter // v + threads - 1) // threads, 64)), threads,
                (g2, np.int64(stride), out, np.int32(inter)))
     return out
 
