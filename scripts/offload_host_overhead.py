@@ -46,6 +46,7 @@ class Rung:
     name: str
     steps: int = 0
     ms: dict[str, float] = field(default_factory=lambda: {"schedule": 0.0, "advance": 0.0, "after_step": 0.0})
+    max_after_ms: float = 0.0    # the longest after_step of its steps
     first_step_ms: float = 0.0   # schedule + advance of the step that sampled its token (host ms before it is sent)
     saves: list[int] = field(default_factory=list)
 
@@ -81,6 +82,7 @@ class Sim:
                 self.tier.wait()
             for k, dt in zip(rung.ms, (t1 - t0, t2 - t1, t3 - t2)):
                 rung.ms[k] += dt * 1e3
+            rung.max_after_ms = max(rung.max_after_ms, (t3 - t2) * 1e3)
             if any(run.samples for run in plan.runs):
                 rung.first_step_ms = (t2 - t0) * 1e3
             rung.steps += 1
@@ -119,10 +121,10 @@ def main() -> None:
     rungs = ladder(sim, args.length, args.repeats, 0)
     if prof:
         prof.disable()
-    print(f"{'rung':<10} {'steps':>5} {'schedule':>9} {'advance':>8} {'after_step':>10} {'token step':>10}  save batches (blocks)")
+    print(f"{'rung':<10} {'steps':>5} {'schedule':>9} {'advance':>8} {'after_step':>10} {'max':>6} {'token step':>10}  save batches (blocks)")
     for r in rungs:
         saves = ",".join(map(str, r.saves[:8])) + (f",... ({len(r.saves)})" if len(r.saves) > 8 else "")
-        print(f"{r.name:<10} {r.steps:>5} {r.ms['schedule']:>9.2f} {r.ms['advance']:>8.2f} {r.ms['after_step']:>10.2f} "
+        print(f"{r.name:<10} {r.steps:>5} {r.ms['schedule']:>9.2f} {r.ms['advance']:>8.2f} {r.ms['after_step']:>10.2f} {r.max_after_ms:>6.2f} "
               f"{r.first_step_ms:>10.2f}  {saves}")
     st = sim.tier.stats
     print(f"saved {st.saved_blocks} blocks ({st.saved_ahead_blocks} ahead), restored {st.restored_blocks}, "
