@@ -35,6 +35,8 @@ rc=${PIPESTATUS[0]}
 [ -n "${QUICK:-}" ] || [ -f "$MODEL_DIR/model.safetensors" ] || "${OPENINFER[@]}" synth --preset "$PRESET" --out "$MODEL_DIR" --device "$DEVICE" \
     >"$OUT/synth.log" 2>&1 \
     || { echo "synth failed (see synth.log)"; exit 1; }
+# does a step's small copy queue behind a host-tier save/restore in flight? (kv/host_tier.py's batch bound)
+[ "$DEVICE" = cuda ] && $PY scripts/gpu_copy_queue.py 2>&1 | tee "$OUT/copy_queue.log"
 "${OPENINFER[@]}" serve --model "$MODEL_DIR" --device "$DEVICE" --load-format dummy --port "$PORT" \
     --kv-offload --kv-offload-host-gib "$HOST_GIB" --kv-cache-memory-gib "$KV_GIB" ${SERVE_ARGS:-} \
     >"$OUT/server.log" 2>&1 &

@@ -2,6 +2,7 @@
 blocks in flight, abort while restoring; identical greedy output for cold / device hit / host restore."""
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -11,13 +12,14 @@ from openinfer.backends import NumpyBackend
 from openinfer.backends.block_copy import BlockCopier, HostPoolCopier, Pairs, Transfer, runs
 from openinfer.engine import EngineArgs, build_engine
 from openinfer.kv.block_manager import BlockManager
+from openinfer.kv import host_tier
 from openinfer.kv.host_tier import HostTier, offloadable_arrays
 from openinfer.kv.pool import StatePools
 from openinfer.model_line import StateGroup
 from openinfer.request import Status
 from openinfer.scheduler import Scheduler
 from openinfer.server.metrics import ModelMetrics, render
-from openinfer.testing.engine import demo_kv_gib, generate, greedy
+from openinfer.testing.engine import collect, demo_kv_gib, generate, greedy
 from openinfer.testing.graphs import emulate_graphs
 from test_kv_and_scheduler import compute_all, req
 
@@ -254,6 +256,39 @@ def test_top_up_runs_one_batch_at_a_time_within_half_the_host_capacity():
     assert copier.saves[1:] == [[(b0, 3)]]                  # the window of 3 now reaches b0
 
 
+class BlockBytesCopier(RecordingCopier):
+    """Recording, with a host pool of 1 KiB blocks, so save-ahead batches are bounded in blocks."""
+
+    def __init__(self, num_host_blocks: int) -> None:
+        super().__init__()
+        self.host = [np.zeros((num_host_blocks, 1024), np.uint8)]
+
+
+def test_save_ahead_batches_are_bounded_by_what_the_next_step_hides(monkeypatch):
+    monkeypatch.setattr(host_tier, "AHEAD_MIN_BYTES", 2 * 1024)        # 2 blocks when nothing hides it
+    monkeypatch.setattr(host_tier, "AHEAD_BYTES_PER_S", 1024 / 0.010)  # 1 block per 10 ms of step
+    bm = BlockManager(num_blocks=13, block_size=4)
+    copier = BlockBytesCopier(16)
+    tier = HostTier(bm, copier, 16, watermark_blocks=8)
+    copier.hold_saves = True
+    cache_and_release(bm, "a", list(range(29)))             # 7 cached blocks, 5 free
+    cache_and_release(bm, "b", list(range(100, 117)))       # 4 more, 1 free: the watermark wants 7 saved
+    front = list(bm.evictable)
+    tier.top_up()
+    assert copier.saves == [[(front[0], 0), (front[1], 1)]] and tier.saving_ahead()
+    tier.top_up(hide_s=1.0)
+    assert len(copier.saves) == 1                           # one batch in flight at a time
+    copier.save_transfers[-1].landed = True
+    tier.top_up(hide_s=0.040)                               # a 40 ms step follows: 4 blocks
+    assert [b for b, _ in copier.saves[1]] == front[2:6] and tier.saving_ahead()
+    copier.save_transfers[-1].landed = True
+    tier.top_up()
+    assert [b for b, _ in copier.saves[2]] == front[6:7] and tier.stats.saved_ahead_blocks == 7
+    copier.save_transfers[-1].landed = True
+    tier.top_up()                                           # the watermark is met: nothing left to poll for
+    assert len(copier.saves) == 3 and not tier.saving_ahead()
+
+
 def test_restore_evictions_are_saved_first_not_reused_and_reported(caplog):
     bm, tier, copier = tiered(num_blocks=5, capacity=8)
     cache_and_release(bm, "a", list(range(9)))
@@ -369,3 +404,27 @@ def test_a_whole_prompt_restore_steps_through_the_decode_graph():
     [(tokens, fin, cached)] = generate(engine, [prompt], greedy(8))
     assert tokens == cold and cached == fin.cached_tokens == 79 and engine.stats().offload.restored_blocks == 5
     assert graphs.replays == [1] * 8
+
+
+def test_an_idle_engine_keeps_saving_ahead_in_small_batches(monkeypatch):
+    """Batches of 2 blocks: the step that ends the request saves 2 of its 5 cached blocks, the
+    engine thread's idle loop the rest (nothing else steps it); the tokens are those of a
+    synchronously stepped engine, and a restore afterwards gives them again."""
+    engine = offload_engine()
+    monkeypatch.setattr(host_tier, "AHEAD_MIN_BYTES", 2 * engine.host_tier.block_bytes)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 150000, 80)]
+    [(cold, _, _)] = generate(offload_engine(), [prompt], greedy(1))
+    engine.start()
+    try:
+        tokens, _, _ = collect(engine.submit(list(prompt), greedy(1)))
+        for _ in range(500):                                # the idle loop polls every AHEAD_POLL_S
+            if engine.stats().offload.saved_ahead_blocks >= 5:
+                break
+            time.sleep(0.01)
+    finally:
+        engine.shutdown()
+    stats = engine.stats().offload
+    assert tokens == cold and stats.saved_ahead_blocks == stats.saved_blocks == 5
+    evict_all(engine, 4)
+    [(again, _, cached)] = generate(engine, [prompt], greedy(1))
+    assert again == cold and cached == 79 and engine.stats().offload.restored_blocks == 5

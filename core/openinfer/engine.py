@@ -20,7 +20,7 @@ import numpy as np
 
 from .engine_args import EngineArgs
 from .kv.block_manager import BlockManager
-from .kv.host_tier import HostTier
+from .kv.host_tier import AHEAD_POLL_S, HostTier
 from .kv.offload_stats import OffloadStats
 from .model_runner import ModelRunner, StepOutput
 from .request import Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens
@@ -145,8 +145,13 @@ class Engine:
         try:
             while not self._stop:
                 if not self.has_unfinished():
-                    self._wake.wait(0.5)
+                    # idle: saving ahead (host tier) goes on in small batches, one per poll, so a
+                    # request arriving now queues its copies behind one small batch at most
+                    saving = self.host_tier is not None and self.host_tier.saving_ahead()
+                    self._wake.wait(AHEAD_POLL_S if saving else 0.5)
                     self._wake.clear()
+                    if saving and not self.has_unfinished():
+                        self.host_tier.top_up()
                     continue
                 self.step()
         except Exception as e:  # noqa: BLE001 — a bug outside a step: the engine is dead
@@ -182,7 +187,10 @@ class Engine:
             else:
                 self._advance(plan, out)
         if self.host_tier is not None:
-            self.host_tier.after_step()   # restore reports; save ahead what the next allocations evict
+            # restore reports; save ahead what the next allocations evict, as much as the next
+            # step hides when one follows at once (a running or waiting request)
+            follows = bool(self.scheduler.running or self.scheduler.waiting)
+            self.host_tier.after_step(time.perf_counter() - t0 if follows else 0.0)
             if not plan.runs and self.host_tier.busy():
                 self.host_tier.wait()   # only restores in flight: wait for one instead of spinning
         return StepStats(plan.num_tokens, len(plan.runs), time.perf_counter() - t0)

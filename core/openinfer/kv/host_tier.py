@@ -8,6 +8,13 @@ as the reservations plus a watermark need beyond the free blocks). They stay in 
 cache; evicting one later costs no copy, since a block whose hash and tokens the tier already
 holds is not copied again. A restore then finds clean blocks to evict and never waits for a save
 (with a full pool, each block it takes would otherwise first be copied out: twice the traffic).
+Saves ahead go in batches, one in flight at a time, sized to stay off the next step's path: a
+step's own device->host copies (its sampled tokens) queue on the copy engine behind whatever save
+was issued before them, so a batch of a whole 16k-token prompt (2.4 GB, ~45 ms of PCIe) issued as
+the engine went idle could hold the next request's first token for all of it. While more steps
+follow, a batch is what the copy moves in the step just run (at half of PCIe speed: it lands
+within the next step); before an idle engine, a small one (~1 ms), and the engine keeps calling
+top_up() between requests until the watermark is met.
 Restore: at admission, after the device hits, the tier continues the request's chain of block
 hashes in host memory (stored tokens compared, as on the device), allocates device blocks from
 the request's reservation and copies the blocks back. The request waits in the scheduler's
@@ -38,6 +45,9 @@ from .offload_stats import OffloadStats, restore_report
 from .pool import StatePools
 
 log = logging.getLogger("openinfer.kv.host_tier")
+AHEAD_MIN_BYTES = 64 << 20       # a save-ahead batch nothing hides: ~1.3 ms of copy at PCIe Gen5 speed
+AHEAD_BYTES_PER_S = 25e9         # save-ahead bytes per second of the step just run: half PCIe Gen5 x16
+AHEAD_POLL_S = 0.001             # an idle engine's poll for a save-ahead batch to land
 Evicted = list[tuple[int, int, tuple[int, ...]]]   # (device block, hash, tokens)
 
 
@@ -103,28 +113,40 @@ class HostTier:
         if not self._for_restore:
             self.copier.reuse([b for b, _, _ in evicted])
 
-    def top_up(self) -> None:
+    def top_up(self, hide_s: float = 0.0) -> None:
         """Save the cached blocks the next allocations will evict (LRU first) that have no host
         copy yet: enough that the reservations plus the watermark find free or clean blocks. One
         background batch at a time, none while a restore is in flight (its request waits for it;
         PCIe is full duplex, but host memory and the copy engines are shared); a pool state
-        already found clean is not scanned again."""
+        already found clean is not scanned again. hide_s: the seconds of device work the batch
+        may overlap before the next step's copies queue behind it (0: the engine goes idle)."""
+        if self._ahead is not None and not self._ahead.done():
+            return
+        self._ahead = None
         bm = self.blocks
         want = min(bm.reserved + self.watermark - len(bm.free), len(bm.evictable), self.stats.capacity_blocks // 2)
-        if want <= 0 or self.restoring or (self._ahead is not None and not self._ahead.done()):
+        if want <= 0 or self.restoring:
             return
         state = (len(bm.free), len(bm.evictable), bm.reserved, self.stats.saved_blocks, self.stats.restored_blocks)
         if state == self._clean_at:
             return
-        # set arithmetic first (C speed: the window is often the whole pool, and every clean one)
-        missing = set(map(bm.hash_of.__getitem__, islice(bm.evictable, want))).difference(self.entries)
-        dirty = [(b, bm.hash_of[b], bm.tokens_of[b]) for b in islice(bm.evictable, want)
-                 if bm.hash_of[b] in missing] if missing else []
+        entries, hash_of = self.entries, bm.hash_of
+        dirty = [(b, hash_of[b], bm.tokens_of[b]) for b in islice(
+            (b for b in islice(bm.evictable, want) if hash_of[b] not in entries), self._batch_blocks(hide_s))]
         before = self.stats.saved_blocks
         self._ahead = self._save(dirty, ahead=True) if dirty else None
         self.stats.saved_ahead_blocks += self.stats.saved_blocks - before
         if self._ahead is None:
             self._clean_at = state
+
+    def saving_ahead(self) -> bool:
+        """The last top_up() issued a batch: more may follow once it landed (call top_up() again)."""
+        return self._ahead is not None
+
+    def _batch_blocks(self, hide_s: float) -> int:
+        if not self.block_bytes:    # a copier without a host pool of its own (tests): no bound
+            return self.stats.capacity_blocks
+        return max(1, int(max(AHEAD_MIN_BYTES, hide_s * AHEAD_BYTES_PER_S)) // self.block_bytes)
 
     def _save(self, evicted: Evicted, ahead: bool = False) -> Transfer | None:
         """Copy the blocks the host does not hold yet; a block that finds no slot is dropped, or
@@ -228,9 +250,9 @@ class HostTier:
             self._unpin(r)
             self.blocks.release(r.req)
 
-    def after_step(self) -> None:
+    def after_step(self, hide_s: float = 0.0) -> None:
         """The engine's call after each step: report the restores whose first token came, then
-        top_up() (after the step's releases, so it sees what the next allocations will evict)."""
+        top_up(hide_s) (after the step's releases, so it sees what the next allocations will evict)."""
         for r in list(self.reporting):
             if r.req.first_token_time is not None:
                 log.info("%s", restore_report(r.req.request_id, len(r.entries) * self.block_bytes,
@@ -238,7 +260,7 @@ class HostTier:
                                               (r.admitted, r.issued, r.landed, r.req.first_token_time)))
             if r.req.first_token_time is not None or r.req.status is Status.FINISHED:
                 self.reporting.remove(r)
-        self.top_up()
+        self.top_up(hide_s)
 
     def busy(self) -> bool:
         return bool(self.restoring or self.orphans)
