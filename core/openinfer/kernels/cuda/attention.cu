@@ -257,26 +257,43 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
                                            out, part_o, part_m, part_l);
 }
 
-// out = softmax-weighted mean of the splits' normalized partial outputs; grid (nh, B).
+// out = softmax-weighted mean of the splits' normalized partial outputs; grid (nh, B), blockDim =
+// min(d, COMBINE_THREADS), so a thread owns columns tid and tid + blockDim. The splits' weights are
+// computed in parallel, a block's worth at a time, into shared memory; each thread then sums its
+// columns over them in split order (a short dependent chain per split, not a serial walk per column).
+constexpr int COMBINE_THREADS = 128;
+
 template <typename T>
 __device__ void paged_combine(const float* part_o, const float* part_m, const float* part_l, const int* qstart,
                               T* out, int nh, int d, int num_splits) {
-    const int b = blockIdx.y, head = blockIdx.x, q0 = qstart[b];
+    __shared__ float wsm[COMBINE_THREADS];
+    const int b = blockIdx.y, head = blockIdx.x, q0 = qstart[b], tid = threadIdx.x, nt = blockDim.x;
     if (qstart[b + 1] == q0) return;
     const long long base = ((long long)b * nh + head) * num_splits;
     float M = NEG_INF;
-    for (int s = 0; s < num_splits; ++s) M = fmaxf(M, part_m[base + s]);
-    for (int dd = threadIdx.x; dd < d; dd += blockDim.x) {
-        float o = 0.f, lsum = 0.f;
-        for (int s = 0; s < num_splits; ++s) {
-            const float l = part_l[base + s];
-            if (l == 0.f) continue;  // an empty split (past this sequence's context)
-            const float w = exp2f(part_m[base + s] - M) * l;
-            o += w * part_o[(base + s) * d + dd];
-            lsum += w;
+    for (int s = tid; s < num_splits; s += nt) M = fmaxf(M, part_m[base + s]);
+    M = block_max(M);
+    float o0 = 0.f, o1 = 0.f, lsum = 0.f;
+    for (int c0 = 0; c0 < num_splits; c0 += nt) {
+        const int s = c0 + tid;
+        const float l = s < num_splits ? part_l[base + s] : 0.f;
+        const float w = l == 0.f ? 0.f : exp2f(part_m[base + s] - M) * l;   // l == 0: a split past the context
+        lsum += w;
+        __syncthreads();   // the previous round's weights have been read
+        wsm[tid] = w;
+        __syncthreads();
+        for (int j = 0, n = min(nt, num_splits - c0); j < n; ++j) {
+            const float wj = wsm[j];
+            if (wj == 0.f) continue;   // an empty split's partial output was never written
+            const float* po = part_o + (base + c0 + j) * d;
+            if (tid < d) o0 += wj * po[tid];
+            if (tid + nt < d) o1 += wj * po[tid + nt];
         }
-        out[((long long)q0 * nh + head) * d + dd] = from_f32<T>(o / lsum);
     }
+    lsum = block_sum(lsum);
+    T* o = out + ((long long)q0 * nh + head) * d;
+    if (tid < d) o[tid] = from_f32<T>(o0 / lsum);
+    if (tid + nt < d) o[tid + nt] = from_f32<T>(o1 / lsum);
 }
 
 #define ATTN_ARGS(T) const T *q, long long q_stride, const T *kc, const T *vc, long long block_stride, \

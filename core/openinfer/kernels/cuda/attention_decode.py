@@ -24,6 +24,7 @@ MIN_SPLIT = NWARPS * BN                      # its split: whole passes of the bl
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16      # must match attention_decode.cu
 DEC_STAGES = {64: 3, 128: 3, 256: 2}         # cp.async ring depth per warp (DecTile::STAGES)
 DEC_PASS = DEC_WARPS * DEC_BN
+COMBINE_THREADS = 128                        # paged_combine's largest block (attention.cu); d <= 2x its block
 DECODE_MMA = os.environ.get("OPENINFER_DECODE_MMA", "1") != "0"   # 0: the fp32 CUDA-core kernel for bf16 too
 
 
@@ -81,5 +82,5 @@ def paged_decode(common: tuple, out: cp.ndarray, qstart: cp.ndarray, dtype: str,
     launch(kernel.source, kernel.name, (splits, kv_blocks, num_seqs), kernel.threads,
            (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits)), kernel.smem)
     if splits > 1:
-        launch("attention", f"paged_combine_{dtype}", (nh, num_seqs), min(d, 128),
+        launch("attention", f"paged_combine_{dtype}", (nh, num_seqs), min(d, COMBINE_THREADS),
                (*parts, qstart, out, np.int32(nh), np.int32(d), np.int32(splits)))

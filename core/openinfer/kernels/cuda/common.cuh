@@ -33,17 +33,20 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-__device__ __forceinline__ float block_sum(float v) {
+// Reduce over the block (blockDim.x a multiple of 32, at most 1024) with a warp reduction and its
+// identity; every thread gets the result.
+template <float (*WARP)(float)>
+__device__ __forceinline__ float block_reduce(float v, float identity) {
     __shared__ float partial[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = WARP(v);
     __syncthreads();  // partial[] may still be read by a previous call
     if (lane == 0) partial[warp] = v;
     __syncthreads();
-    v = lane < nwarps ? partial[lane] : 0.f;
-    return warp_sum(v);
+    return WARP(lane < nwarps ? partial[lane] : identity);
 }
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<warp_sum>(v, 0.f); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<warp_max>(v, NEG_INF); }
 
 // 32-bit words of packed elements: attention moves K/V/Q rows as words (2 bf16 or 1 float each).
 template <typename T> struct Pack;
