@@ -69,9 +69,11 @@ def main() -> None:
 
 def check(stats, a: argparse.Namespace) -> None:
     """The profiled step must be the scenario's (a rejected or finished request leaves an empty step)."""
-    want = (1, a.size) if a.scenario == "prefill" else (a.size, a.size)
-    if (stats.num_seqs, stats.num_tokens) != want:
-        raise SystemExit(f"the profiled step ran {stats.num_seqs} rows and {stats.num_tokens} tokens, not {want}")
+    rows, tokens = (1, a.size) if a.scenario == "prefill" else (a.size, a.size)
+    # a hybrid line's first prefill step stops at the prompt's last full block (kv/hybrid.py)
+    if stats.num_seqs != rows or not tokens - 16 <= stats.num_tokens <= tokens:
+        raise SystemExit(f"the profiled step ran {stats.num_seqs} rows and {stats.num_tokens} tokens, "
+                         f"not {rows} and {tokens}")
     print(f"profiled step: {stats.num_seqs} rows, {stats.num_tokens} tokens, {1e3 * stats.seconds:.2f} ms wall")
 
 
