@@ -242,7 +242,8 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
     assert (np.asarray([sm.off["Q"], sm.off["K"], KP]) % 4 == 0).all()   # float4 rows
     ki, qi = sm.read("K", i[..., None] * KP + d), sm.read("Q", i[..., None] * KP + d)   # [thread, a, 1, d]
     kj = sm.read("K", j[..., None] * KP + d)                                            # [thread, 1, e, d]
-    ak, aq = (ki * kj).sum(-1), (qi * kj).sum(-1)
+    computed = np.arange(4)[None, :, None] >= np.arange(4)[None, None, :]   # tiles a >= e only
+    ak, aq = np.where(computed, (ki * kj).sum(-1), 0), np.where(computed, (qi * kj).sum(-1), 0)
     low = j <= i
     D = np.where(low, np.exp(np.where(low, sm.read("gam", i) - sm.read("gam", j), 0)), 0)
     sm.write("A", i * AP + j, np.where(j < i, sm.read("bet", i) * ak * D, 0))
@@ -277,13 +278,18 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
         d = WARP + WARPS * r
         init = np.where(live & col & (d < dk), state[slot, h, np.minimum(d, dk - 1), np.minimum(j0 + LANE, dv - 1)], 0)
         sm.write("S", d * SP + LANE, init)
+    assert [sm.off[f] - sm.off["W"] for f in ("Qg", "Kt", "P")] == [rec[f] - rec["W"] for f in ("Qg", "Kt", "P")]
+
+    def stage(dst: str, src: int, count: int) -> None:   # cp.async of record words, float4 by float4
+        assert src % 4 == 0 and count % 4 == 0 and sm.off[dst] % 4 == 0
+        staged = scratch[src + np.arange(count)]
+        assert not np.isnan(staged).any(), "prep left record words unwritten"
+        sm.mem[sm.off[dst]:sm.off[dst] + count] = staged
+
+    stage("W", rec_base(b, seq, 0, h, nv, dv), 3 * L * DK_MAX + L * L)   # W, Qg, Kt, P of chunk 0
     for c in range(-(-n // L)):
         c0, base = c * L, rec_base(b, seq, c, h, nv, dv)
-        nc, count = min(L, n - c0), 3 * L * DK_MAX + L * L      # stage W, Qg, Kt, P in one float4 copy
-        assert [sm.off[f] - sm.off["W"] for f in ("Qg", "Kt", "P")] == [rec[f] - rec["W"] for f in ("Qg", "Kt", "P")]
-        staged = scratch[base + rec["W"] + np.arange(count)]
-        assert not np.isnan(staged).any(), "prep left record words unwritten"
-        sm.mem[sm.off["W"]:sm.off["W"] + count] = staged
+        nc, more, nxt = min(L, n - c0), c0 + L < n, base + nv * rec["total"]   # the kernel's next record
         t = WARPS * WARP[:, None] + np.arange(L // WARPS)        # a. [thread, m]
         d = np.arange(DK_MAX)
         sd = sm.read("S", d * SP + LANE[:, None])                # [thread, d]
@@ -292,8 +298,13 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
         u = np.where(col[:, None], scratch[base + rec["U"] + t * dv + np.minimum(j0 + LANE, dv - 1)[:, None]], 0)
         assert not np.isnan(u).any()
         sm.write("V", t * SP + LANE[:, None], u - vp)
-        jj = np.arange(L)                                        # b. P is zero above its diagonal
-        ov += np.einsum("tmj,tj->tm", sm.read("P", t[..., None] * L + jj), sm.read("V", jj * SP + LANE[:, None]))
+        if more:                                                 # W, Qg of chunk c + 1
+            assert nxt == rec_base(b, seq, c + 1, h, nv, dv)
+            stage("W", nxt + rec["W"], 2 * L * DK_MAX)
+        jj = np.arange(L)                                        # b. P rows t < 8 warp + 8: columns j below that
+        jb = np.where(jj < WARPS * WARP[:, None] + WARPS, jj, 0)
+        ov += np.einsum("tmj,tj->tm", sm.read("P", t[..., None] * L + jb[:, None, :]),
+                        np.where(jj < WARPS * WARP[:, None] + WARPS, sm.read("V", jb * SP + LANE[:, None]), 0))
         keep = (t < nc) & col[:, None]
         out[s0 + c0 + t[keep], h, np.broadcast_to(j0 + LANE[:, None], t.shape)[keep]] = ov[keep]
         RS = DK_MAX // WARPS                                     # c. S rows RS warp + m
@@ -302,6 +313,8 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
         decay = scratch[base + rec["dec"]]
         sidx = dm * SP + LANE[:, None]
         sm.write("S", sidx, decay * sm.read("S", sidx) + acc)
+        if more:                                                 # Kt, P of chunk c + 1
+            stage("Kt", nxt + rec["Kt"], L * DK_MAX + L * L)
     for r in range(-(-dk // WARPS)):
         d = WARP + WARPS * r
         m = (d < dk) & col

@@ -4,6 +4,7 @@
 // Columns of S are independent given q, k, g, beta, so every kernel splits dv into 32-column tiles.
 #include "common.cuh"
 #include "gdn.cuh"
+#include "mma.cuh"
 
 constexpr int DK_MAX = 128;  // dk of every Qwen3.5 / Qwen3-Next checkpoint; the launchers check it
 constexpr int BV = 32;       // state columns per block: one per lane
@@ -155,7 +156,8 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
     }
     __syncthreads();
     // 2. A = strict_lower(diag(beta) K K^T * D) to shared memory, P = lower(Q K^T * D) to the record;
-    // thread (ti, tj) holds rows ti + 16 m, columns tj + 16 m': 12 float4 loads per 128 FMA.
+    // thread (ti, tj) holds rows ti + 16 a, columns tj + 16 e: 12 float4 loads per <= 128 FMA; tiles
+    // a < e lie above the diagonal (zero), so 10 of the 16 are computed.
     {
         const int ti = tid >> 4, tj = tid & 15;
         float ak[4][4] = {}, aq[4][4] = {};
@@ -170,7 +172,7 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
 #pragma unroll
             for (int a = 0; a < 4; ++a)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
+                for (int e = 0; e <= a; ++e) {
                     ak[a][e] += ki[a].x * kj[e].x + ki[a].y * kj[e].y + ki[a].z * kj[e].z + ki[a].w * kj[e].w;
                     aq[a][e] += qi[a].x * kj[e].x + qi[a].y * kj[e].y + qi[a].z * kj[e].z + qi[a].w * kj[e].w;
                 }
@@ -221,10 +223,10 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
     }
 }
 
-// Copy `count` floats (a multiple of 4, 16-byte aligned) of a record into shared memory, as float4.
+// Start copying `count` floats (a multiple of 4, 16-byte aligned) of a record into shared memory.
 __device__ __forceinline__ void stage(float* dst, const float* src, int count) {
-    for (int e = threadIdx.x * 4; e < count; e += CH_THREADS * 4)
-        *reinterpret_cast<float4*>(dst + e) = *reinterpret_cast<const float4*>(src + e);
+    for (int e = threadIdx.x * 4; e < count; e += CH_THREADS * 4) cp_async16(dst + e, src + e, 16);
+    cp_async_commit();
 }
 
 template <typename T>
@@ -242,10 +244,16 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
     const bool live = has_state(query_start, context_lens, b), col = j0 + lane < dv;
     float* Sg = state + (long long)slots[b] * state_stride + (long long)h * dk * dv + j0 + lane;
     for (int d = warp; d < DK_MAX; d += CH_WARPS) Ss[d * SP + lane] = live && col && d < dk ? Sg[(long long)d * dv] : 0.f;
+    // W, Qg of chunk c + 1 load (cp.async) behind steps b and c of chunk c; Kt, P once c is done
+    stage(Ws, scratch + (rec_index(query_start, b, 0) * nv + h) * rec.total, 3 * L * DK_MAX + L * L);
     for (int c = 0; c * L < n; ++c) {
         const int c0 = c * L, nc = min(L, n - c0);
+        const bool more = c0 + L < n;
         const float* R = scratch + (rec_index(query_start, b, c) * nv + h) * rec.total;
-        stage(Ws, R + rec.W, 3 * L * DK_MAX + L * L);   // W, Qg, Kt, P: contiguous in both
+        float u[L / CH_WARPS];   // U's rows of this thread, loaded while the copies land
+#pragma unroll
+        for (int m = 0; m < L / CH_WARPS; ++m) u[m] = col ? R[rec.U + (CH_WARPS * warp + m) * dv + j0 + lane] : 0.f;
+        cp_async_wait<0>();
         __syncthreads();
         // a. V' = U - W S, o = Qg S; thread = column `lane`, rows 8 warp + m: per 4 d, 16 float4
         // broadcasts and 4 S words for 64 FMA
@@ -267,13 +275,14 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
 #pragma unroll
         for (int m = 0; m < L / CH_WARPS; ++m) {
             const int t = CH_WARPS * warp + m;
-            Vs[t * SP + lane] = (col ? R[rec.U + t * dv + j0 + lane] : 0.f) - vp[m];
+            Vs[t * SP + lane] = u[m] - vp[m];
         }
-        __syncthreads();
-        // b. o += P V' (P is zero above the diagonal) and out; c. S = exp(gamma_L) S + Kt^T V',
+        __syncthreads();   // W and Qg are free
+        if (more) stage(Ws, R + (long long)nv * rec.total + rec.W, 2 * L * DK_MAX);   // chunk c + 1's record
+        // b. o += P V' (P is zero above the diagonal: rows below 8 warp + 8 only) and out; c. S = exp(gamma_L) S + Kt^T V',
         // thread = column `lane`, S rows 16 warp + m (no barrier between: b reads P, V'; c reads
         // Kt, V' and writes S, which a read before the barrier above)
-        for (int j = 0; j < L; j += 4) {
+        for (int j = 0; j < CH_WARPS * warp + CH_WARPS; j += 4) {
             const float v0 = Vs[j * SP + lane], v1 = Vs[(j + 1) * SP + lane];
             const float v2 = Vs[(j + 2) * SP + lane], v3 = Vs[(j + 3) * SP + lane];
 #pragma unroll
@@ -310,7 +319,8 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
                 Ss[d * SP + lane] = decay * Ss[d * SP + lane] + acc[m];
             }
         }
-        __syncthreads();   // the next chunk overwrites W, Qg, Kt, P and V'
+        __syncthreads();   // Kt, P and V' are free
+        if (more) stage(Kt, R + (long long)nv * rec.total + rec.Kt, L * DK_MAX + L * L);
     }
     if (col)
         for (int d = warp; d < dk; d += CH_WARPS) Sg[(long long)d * dv] = Ss[d * SP + lane];
