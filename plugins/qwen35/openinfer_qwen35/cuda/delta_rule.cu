@@ -84,14 +84,17 @@ static_assert(CH_THREADS == 256 && L == 64 && BV == 32 && DK_MAX == 128, "the ke
 
 // Two kernels (fla's chunk_gated_delta_rule split). A single kernel walking each run's chunks
 // spent ~1.1 ms per 1008-token call (128 blocks, 16 chunks each, redoing per chunk and column
-// tile the state-free Q K^T, K K^T and 64-row forward substitution).
+// tile the state-free Q K^T, K K^T and 64-row forward substitution). Estimates, 4B shape, 1008
+// tokens, fp32 CUDA cores (~128 FMA/clk/SM, 1.75 GHz, 132 SMs):
 // 1. gdn_chunk_prep, grid (max chunks, nv, B): every chunk of every run at once. Writes a record
 //    per (chunk, head) to `scratch`: W, exp(gamma) Q, tail K [L][DK_MAX], P [L][L], U [L][dv],
-//    exp(gamma_L). Per block ~1M FMA (A, P) + ~0.5M FMA (substitution, X in registers); 512
-//    blocks for the 4B prefill, 2 per SM: ~2 waves of ~15 us.
+//    exp(gamma_L) (147 KB). Per block 0.66M FMA (A, P lower tiles) + 0.52M (substitution, X in
+//    registers); 512 blocks, 2 per SM: 2 waves of ~10 us at the FMA limit, 75 MB written: ~30 us.
 // 2. gdn_chunk_state, grid (dv / BV, nv, B): walks the run's chunks with the S tile in shared
-//    memory: V' = U - W S, O = Qg S + P V', S = exp(gamma_L) S + Kt^T V'; ~0.9M FMA and a 112 KB
-//    record read per chunk: ~8 us per chunk, ~130 us for 16 chunks.
+//    memory: V' = U - W S, O = Qg S + P V', S = exp(gamma_L) S + Kt^T V'; 0.86M FMA per chunk
+//    (3.8 us at the FMA limit, ~5-6 us with its loads) and a 120 KB record loaded by cp.async
+//    behind the previous chunk: ~16 x 6 = ~100 us. Tensor cores would cut it further, but bf16/tf32
+//    inputs lose the fp32 reference's accuracy.
 // Records are indexed by b + floor(s_b / L) + c (run b's chunk c; unique, < T / L + B).
 constexpr int KP = DK_MAX + 4;   // prep's q/k row stride: float4 rows of 8 lanes hit distinct banks
 constexpr int AP = L + 4;        // A's row stride (rows read as float4 broadcasts)

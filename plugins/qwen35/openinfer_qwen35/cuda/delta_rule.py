@@ -2,8 +2,10 @@
 step, with the q/k L2 norm, the dk^-0.5 scale and the value-head -> key-head mapping fused in.
 
 Device reads: `batch.state_slots`, `batch.query_start` and `batch.context_lens` (a sequence's
-state row is live iff context_lens[i] > query_start[i+1] - query_start[i]). On the host only
-`batch.num_seqs` (the grid): each prefill block finds its run's length on the device.
+state row is live iff context_lens[i] > query_start[i+1] - query_start[i]). On the host the decode
+step uses only `batch.num_seqs` (the grid, so it captures into a CUDA graph); the prefill (eager)
+also sizes its chunk grid and scratch by `batch.max_query_len` and the token count, and each block
+finds its run's bounds on the device.
 """
 from __future__ import annotations
 
@@ -17,8 +19,6 @@ from openinfer.kernels.cuda.module import as_index, heads3d, launch, suffix
 
 SOURCE = Path(__file__).with_name("delta_rule.cu")
 DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match delta_rule.cu
-
-
 PREP_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (CHUNK + 4) + 3 * CHUNK)   # gdn_chunk_prep: Q, K, A, gamma...
 STATE_SMEM = 4 * (3 * CHUNK * DK_MAX + CHUNK * CHUNK + (DK_MAX + CHUNK) * (BV + 1))   # gdn_chunk_state
 
