@@ -35,7 +35,7 @@ def _l2(x: np.ndarray, scale: float = 1.0) -> np.ndarray:
 
 
 def chunk_block(q, k, v, g, beta, S: np.ndarray, s0: int, n: int, h: int, kh: int, cols: slice, out) -> np.ndarray:
-    """The chunked math of one (value head h, state columns) tile: value head h, state columns `cols`, the run s0:s0+n; returns the new S tile."""
+    """The chunked math for value head h, state columns `cols`, the run s0:s0+n; returns the new S tile."""
     dk = q.shape[2]
     for c0 in range(0, n, L):
         nc = min(L, n - c0)
@@ -256,7 +256,8 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
     isw, rows = cols < DK_MAX, np.arange(L)[:, None]
     vcol = np.minimum(np.maximum(cols - DK_MAX, 0), dv - 1)
     vtok = np.minimum(s0 + c0 + rows, s0 + n - 1)
-    X = np.where(isw, sm.read("bet", rows) * np.exp(sm.read("gam", rows)) * sm.read("K", rows * KP + np.minimum(cols, DK_MAX - 1)),
+    kw = sm.read("K", rows * KP + np.minimum(cols, DK_MAX - 1))
+    X = np.where(isw, sm.read("bet", rows) * np.exp(sm.read("gam", rows)) * kw,
                  np.where(rows < nc, sm.read("bet", rows) * v[vtok, h, vcol], 0)).astype(F32)   # [row, column]
     assert AP % 4 == 0 and sm.off["A"] % 4 == 0
     for r in range(1, L):
@@ -309,7 +310,8 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
         out[s0 + c0 + t[keep], h, np.broadcast_to(j0 + LANE[:, None], t.shape)[keep]] = ov[keep]
         RS = DK_MAX // WARPS                                     # c. S rows RS warp + m
         dm = RS * WARP[:, None] + np.arange(RS)
-        acc = np.einsum("ptm,pt->tm", sm.read("Kt", jj[:, None, None] * DK_MAX + dm), sm.read("V", jj[:, None] * SP + LANE))
+        acc = np.einsum("ptm,pt->tm", sm.read("Kt", jj[:, None, None] * DK_MAX + dm),
+                        sm.read("V", jj[:, None] * SP + LANE))
         decay = scratch[base + rec["dec"]]
         sidx = dm * SP + LANE[:, None]
         sm.write("S", sidx, decay * sm.read("S", sidx) + acc)

@@ -205,7 +205,9 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
 #pragma unroll
         for (int i = 0; i < L; ++i)
             X[i] = isw ? bet[i] * expf(gam[i]) * Ks[i * KP + col]
-                       : (i < nc ? bet[i] * to_f32(v[(long long)(s0 + c0 + i) * v_stride + (long long)h * dv + col - DK_MAX]) : 0.f);
+                       : (i < nc ? bet[i] * to_f32(v[(long long)(s0 + c0 + i) * v_stride + (long long)h * dv
+                                                     + col - DK_MAX])
+                                 : 0.f);
 #pragma unroll
         for (int i = 1; i < L; ++i) {
             float acc[4] = {X[i], 0.f, 0.f, 0.f};
@@ -246,7 +248,8 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
     const Rec rec(dv);
     const bool live = has_state(query_start, context_lens, b), col = j0 + lane < dv;
     float* Sg = state + (long long)slots[b] * state_stride + (long long)h * dk * dv + j0 + lane;
-    for (int d = warp; d < DK_MAX; d += CH_WARPS) Ss[d * SP + lane] = live && col && d < dk ? Sg[(long long)d * dv] : 0.f;
+    for (int d = warp; d < DK_MAX; d += CH_WARPS)
+        Ss[d * SP + lane] = live && col && d < dk ? Sg[(long long)d * dv] : 0.f;
     // W, Qg of chunk c + 1 load (cp.async) behind steps b and c of chunk c; Kt, P once c is done
     stage(Ws, scratch + (rec_index(query_start, b, 0) * nv + h) * rec.total, 3 * L * DK_MAX + L * L);
     for (int c = 0; c * L < n; ++c) {
@@ -282,9 +285,9 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         }
         __syncthreads();   // W and Qg are free
         if (more) stage(Ws, R + (long long)nv * rec.total + rec.W, 2 * L * DK_MAX);   // chunk c + 1's record
-        // b. o += P V' (P is zero above the diagonal: rows below 8 warp + 8 only) and out; c. S = exp(gamma_L) S + Kt^T V',
-        // thread = column `lane`, S rows 16 warp + m (no barrier between: b reads P, V'; c reads
-        // Kt, V' and writes S, which a read before the barrier above)
+        // b. o += P V' and out (P is zero above its diagonal: columns below 8 warp + 8 only);
+        // c. S = exp(gamma_L) S + Kt^T V', thread = column `lane`, S rows 16 warp + m. No barrier
+        // between: b reads P, V'; c reads Kt, V' and writes S, which a read before the barrier above
         for (int j = 0; j < CH_WARPS * warp + CH_WARPS; j += 4) {
             const float v0 = Vs[j * SP + lane], v1 = Vs[(j + 1) * SP + lane];
             const float v2 = Vs[(j + 2) * SP + lane], v3 = Vs[(j + 3) * SP + lane];
@@ -305,14 +308,14 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
 #pragma unroll
             for (int m = 0; m < RS; ++m) acc[m] = 0.f;
             for (int t = 0; t < L; ++t) {
-                const float u = Vs[t * SP + lane];
+                const float vt = Vs[t * SP + lane];
 #pragma unroll
                 for (int m = 0; m < RS; m += 4) {
                     const float4 kt = *reinterpret_cast<const float4*>(Kt + t * DK_MAX + RS * warp + m);
-                    acc[m] += kt.x * u;
-                    acc[m + 1] += kt.y * u;
-                    acc[m + 2] += kt.z * u;
-                    acc[m + 3] += kt.w * u;
+                    acc[m] += kt.x * vt;
+                    acc[m + 1] += kt.y * vt;
+                    acc[m + 2] += kt.z * vt;
+                    acc[m + 3] += kt.w * vt;
                 }
             }
             const float decay = R[rec.dec];
