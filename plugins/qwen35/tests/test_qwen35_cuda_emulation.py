@@ -2,9 +2,9 @@
 prefill (64-token chunks with zero rows past a run's end, 32-column state tiles, gamma as an
 in-chunk cumsum, row-by-row forward substitution for [W | U], the state carried across chunks)
 and conv.cu's token blocks and state save, each in float32, against the sequential numpy
-reference, on varlen batches mixing fresh and continuing runs; then gdn_chunk once more at the
-thread level (its thread maps and shared-memory offsets, NaN-filled shared memory). Mirrors the
-kernels: change both together."""
+reference, on varlen batches mixing fresh and continuing runs; then gdn_chunk_prep and
+gdn_chunk_state at the thread level (their thread maps, shared-memory offsets and scratch records,
+NaN-filled shared memory and scratch). Mirrors the kernels: change both together."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,7 +35,7 @@ def _l2(x: np.ndarray, scale: float = 1.0) -> np.ndarray:
 
 
 def chunk_block(q, k, v, g, beta, S: np.ndarray, s0: int, n: int, h: int, kh: int, cols: slice, out) -> np.ndarray:
-    """One gdn_chunk block: value head h, state columns `cols`, the run s0:s0+n; returns the new S tile."""
+    """The chunked math for value head h, state columns `cols`, the run s0:s0+n; returns the new S tile."""
     dk = q.shape[2]
     for c0 in range(0, n, L):
         nc = min(L, n - c0)
@@ -148,21 +148,20 @@ def test_conv_blocking_equals_the_reference():
     np.testing.assert_array_equal(state, want_state)
 
 
-THREADS, WARPS = 256, 8   # gdn_chunk's block
+THREADS, WARPS = 256, 8   # the chunk kernels' block
 TID = np.arange(THREADS)
 LANE, WARP = TID & 31, TID >> 5
+KP, AP, SP = DK_MAX + 4, L + 4, BV + 1   # delta_rule.cu: prep's q/k and A row strides, the S/V' tile's
 
 
 class Smem:
-    """gdn_chunk's dynamic shared memory (ChunkSmem offsets), NaN until written: a read of a word
-    no thread wrote poisons the output. `write` asserts no two threads store the same word."""
+    """A kernel's dynamic shared memory (arrays in declaration order), NaN until written: a read of
+    a word no thread wrote poisons the output. `write` asserts no two threads store the same word."""
 
-    def __init__(self, dk: int) -> None:
-        self.kq = dk + 1
-        sizes = dict(K=L * self.kq, Q=L * self.kq, W=L * self.kq, S=dk * (BV + 1), U=L * (BV + 1),
-                     A=L * (L + 1), P=L * (L + 1), gam=L, bet=L, tail=L)
+    def __init__(self, sizes: dict[str, int]) -> None:
         self.off, at = {}, 0
         for name, n in sizes.items():
+            assert at % 4 == 0, f"{name} is not 16-byte aligned (float4 reads)"
             self.off[name], at = at, at + n
         self.mem = np.full(at, np.nan, F32)
 
@@ -179,113 +178,184 @@ class Smem:
         self.mem[sel] = np.broadcast_to(np.asarray(values, F32), i.shape)[mask]
 
 
-def chunk_block_threads(q, k, v, g, beta, state, out, b: ForwardBatch, seq: int, h: int, j0: int) -> None:
-    """One gdn_chunk block, phase by phase, vectorised over its 256 threads with the kernel's own
-    thread maps and shared-memory indexing."""
+def record(dv: int) -> dict[str, int]:
+    """Rec in delta_rule.cu: float offsets of one (chunk, head) record and its size."""
+    W, Qg, Kt, P = 0, L * DK_MAX, 2 * L * DK_MAX, 3 * L * DK_MAX
+    U = P + L * L
+    return dict(W=W, Qg=Qg, Kt=Kt, P=P, U=U, dec=U + L * dv, total=U + L * dv + 4)
+
+
+def rec_base(b: ForwardBatch, seq: int, c: int, h: int, nv: int, dv: int) -> int:
+    return ((seq + int(b.query_start[seq]) // L + c) * nv + h) * record(dv)["total"]
+
+
+def scratch_for(b: ForwardBatch, nv: int, dv: int) -> np.ndarray:
+    """The launcher's scratch (T // L + B records per head), NaN until written."""
+    return np.full((int(b.query_start[-1]) // L + len(b.state_slots)) * nv * record(dv)["total"], np.nan, F32)
+
+
+def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: int) -> None:
+    """One gdn_chunk_prep block (chunk c of run `seq`, value head h) with its thread maps; each
+    record word is stored once over the whole grid (asserted: it must still be NaN)."""
     nk, dk = q.shape[1:]
     nv, dv = v.shape[1:]
     kh, s0 = h // (nv // nk), int(b.query_start[seq])
+    n, c0 = int(b.query_start[seq + 1]) - s0, c * L
+    if c0 >= n:
+        return
+    nc, rec = min(L, n - c0), record(dv)
+    base = rec_base(b, seq, c, h, nv, dv)
+
+    def store(field: str, i, values) -> None:
+        at = base + rec[field] + np.asarray(i).ravel()
+        assert np.isnan(scratch[at]).all() and len(np.unique(at)) == len(at), f"record {field} stored twice"
+        scratch[at] = np.broadcast_to(np.asarray(values, F32), np.asarray(i).shape).ravel()
+
+    sm = Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L))
+    for r in range(L // WARPS):                                  # 1. a warp per token
+        t = WARP + WARPS * r
+        tok = np.minimum(s0 + c0 + t, s0 + n - 1)                # (only read where t < nc)
+        qq, kk = np.zeros(THREADS, F32), np.zeros(THREADS, F32)
+        for u in range(DK_MAX // 32):
+            i = LANE + 32 * u
+            m = (t < nc) & (i < dk)
+            qi = np.where(m, q[tok, kh, np.minimum(i, dk - 1)], 0).astype(F32)
+            ki = np.where(m, k[tok, kh, np.minimum(i, dk - 1)], 0).astype(F32)
+            sm.write("Q", t * KP + i, qi)
+            sm.write("K", t * KP + i, ki)
+            qq, kk = qq + qi * qi, kk + ki * ki
+        qq, kk = (np.repeat(x.reshape(WARPS, 32).sum(1), 32) for x in (qq, kk))   # warp_sum
+        qs, ks = F32(dk ** -0.5) / np.sqrt(qq + F32(1e-6)), 1 / np.sqrt(kk + F32(1e-6))
+        for u in range(DK_MAX // 32):
+            i = LANE + 32 * u
+            sm.mem[sm.idx("Q", t * KP + i)] *= qs
+            sm.mem[sm.idx("K", t * KP + i)] *= ks
+        sm.write("bet", t, np.where(t < nc, beta[tok, h], 0), LANE == 0)
+    gl = np.where(np.arange(L) < nc, g[np.minimum(s0 + c0 + np.arange(L), s0 + n - 1), h], 0).astype(F32)
+    gam = np.cumsum(gl, dtype=F32)                               # warp 0's scan
+    sm.write("gam", np.arange(L), gam)
+    sm.write("tail", np.arange(L), np.exp(gam[-1] - gam))
+    store("dec", 0, np.exp(gam[-1]))
+    ti, tj = TID >> 4, TID & 15                                  # 2. rows ti + 16 a, columns tj + 16 e
+    i, j = (ti[:, None] + 16 * np.arange(4))[:, :, None], (tj[:, None] + 16 * np.arange(4))[:, None, :]
+    d = np.arange(DK_MAX)
+    assert (np.asarray([sm.off["Q"], sm.off["K"], KP]) % 4 == 0).all()   # float4 rows
+    ki, qi = sm.read("K", i[..., None] * KP + d), sm.read("Q", i[..., None] * KP + d)   # [thread, a, 1, d]
+    kj = sm.read("K", j[..., None] * KP + d)                                            # [thread, 1, e, d]
+    computed = np.arange(4)[None, :, None] >= np.arange(4)[None, None, :]   # tiles a >= e only
+    ak, aq = np.where(computed, (ki * kj).sum(-1), 0), np.where(computed, (qi * kj).sum(-1), 0)
+    low = j <= i
+    D = np.where(low, np.exp(np.where(low, sm.read("gam", i) - sm.read("gam", j), 0)), 0)
+    sm.write("A", i * AP + j, np.where(j < i, sm.read("bet", i) * ak * D, 0))
+    store("P", i * L + j, aq * D)
+    e = np.arange(L * DK_MAX)
+    t, dd = e // DK_MAX, e % DK_MAX
+    store("Qg", e, np.exp(sm.read("gam", t)) * sm.read("Q", t * KP + dd))
+    store("Kt", e, sm.read("tail", t) * sm.read("K", t * KP + dd))
+    cols = np.arange(DK_MAX + dv)                                # 3. a thread per column, X in registers
+    isw, rows = cols < DK_MAX, np.arange(L)[:, None]
+    vcol = np.minimum(np.maximum(cols - DK_MAX, 0), dv - 1)
+    vtok = np.minimum(s0 + c0 + rows, s0 + n - 1)
+    kw = sm.read("K", rows * KP + np.minimum(cols, DK_MAX - 1))
+    X = np.where(isw, sm.read("bet", rows) * np.exp(sm.read("gam", rows)) * kw,
+                 np.where(rows < nc, sm.read("bet", rows) * v[vtok, h, vcol], 0)).astype(F32)   # [row, column]
+    assert AP % 4 == 0 and sm.off["A"] % 4 == 0
+    for r in range(1, L):
+        X[r] -= sm.read("A", r * AP + np.arange(r)) @ X[:r]
+    store("W", rows * DK_MAX + cols[isw], X[:, isw])
+    store("U", rows * dv + cols[~isw] - DK_MAX, X[:, ~isw])
+
+
+def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int, nv: int, dk: int, dv: int) -> None:
+    """One gdn_chunk_state block (run `seq`, value head h, columns j0..j0+31) with its thread maps."""
+    s0 = int(b.query_start[seq])
     n = int(b.query_start[seq + 1]) - s0
     if n == 0:
         return
-    sm, live, col = Smem(dk), _live(b, seq), j0 + LANE < dv
-    kq, S1 = sm.kq, BV + 1
+    rec, live, col = record(dv), _live(b, seq), j0 + LANE < dv
     slot = b.state_slots[seq]
-    for r in range(-(-dk // WARPS)):
+    sm = Smem(dict(W=L * DK_MAX, Qg=L * DK_MAX, Kt=L * DK_MAX, P=L * L, S=DK_MAX * SP, V=L * SP))
+    for r in range(DK_MAX // WARPS):
         d = WARP + WARPS * r
-        m = d < dk
-        init = np.where(live & col & m, state[slot, h, np.minimum(d, dk - 1), np.minimum(j0 + LANE, dv - 1)], 0)
-        sm.write("S", d * S1 + LANE, init, m)
-    for c0 in range(0, n, L):
-        nc = min(L, n - c0)
-        for r in range(L // WARPS):                              # 1. a warp per token
-            t = WARP + WARPS * r
-            tok = np.minimum(s0 + c0 + t, s0 + n - 1)            # (only read where t < nc)
-            qq, kk = np.zeros(THREADS, F32), np.zeros(THREADS, F32)
-            for u in range(-(-dk // 32)):
-                i = LANE + 32 * u
-                m = i < dk
-                qi = np.where((t < nc) & m, q[tok, kh, np.minimum(i, dk - 1)], 0).astype(F32)
-                ki = np.where((t < nc) & m, k[tok, kh, np.minimum(i, dk - 1)], 0).astype(F32)
-                sm.write("Q", t * kq + i, qi, m)
-                sm.write("K", t * kq + i, ki, m)
-                qq, kk = qq + np.where(m, qi * qi, 0), kk + np.where(m, ki * ki, 0)
-            qq, kk = (np.repeat(x.reshape(WARPS, 32).sum(1), 32) for x in (qq, kk))   # warp_sum
-            qs, ks = F32(dk ** -0.5) / np.sqrt(qq + F32(1e-6)), 1 / np.sqrt(kk + F32(1e-6))
-            for u in range(-(-dk // 32)):
-                i = LANE + 32 * u
-                m = i < dk
-                sm.mem[sm.idx("Q", (t * kq + i)[m])] *= qs[m]
-                sm.mem[sm.idx("K", (t * kq + i)[m])] *= ks[m]
-            bt = np.where(t < nc, beta[tok, h], 0).astype(F32)
-            vv = v[tok, h, np.minimum(j0 + LANE, dv - 1)]
-            sm.write("U", t * S1 + LANE, np.where((t < nc) & col, bt * vv, 0))
-            sm.write("bet", t, bt, LANE == 0)
-        gl = np.where(np.arange(L) < nc, g[np.minimum(s0 + c0 + np.arange(L), s0 + n - 1), h], 0).astype(F32)
-        gam = np.cumsum(gl, dtype=F32)                           # warp 0's scan
-        sm.write("gam", np.arange(L), gam)
-        sm.write("tail", np.arange(L), np.exp(gam[-1] - gam))
-        i, jj = TID >> 2, (TID & 3)[:, None] + 4 * np.arange(L // 4)[None]   # 2. [thread, m]
-        d = np.arange(dk)
-        ak = np.einsum("td,tmd->tm", sm.read("K", i[:, None] * kq + d), sm.read("K", jj[..., None] * kq + d))
-        aq = np.einsum("td,tmd->tm", sm.read("Q", i[:, None] * kq + d), sm.read("K", jj[..., None] * kq + d))
-        low = jj <= i[:, None]
-        D = np.where(low, np.exp(np.where(low, sm.read("gam", i)[:, None] - sm.read("gam", jj), 0)), 0)
-        sm.write("A", i[:, None] * (L + 1) + jj, np.where(jj < i[:, None], sm.read("bet", i)[:, None] * ak * D, 0))
-        sm.write("P", i[:, None] * (L + 1) + jj, aq * D)
-        e = np.arange(L * dk)                                    # every e, each by thread e % 256
-        t, dd = e // dk, e % dk
-        sm.write("W", t * kq + dd, sm.read("bet", t) * np.exp(sm.read("gam", t)) * sm.read("K", t * kq + dd))
-        cols = TID[TID < dk + BV]                                # 3. a thread per column of [W | U]
-        base = np.where(cols < dk, sm.off["W"] + cols, sm.off["U"] + cols - dk)
-        stride = np.where(cols < dk, kq, S1)
-        for r in range(1, nc):
-            a = sm.read("A", r * (L + 1) + np.arange(r))
-            sm.mem[base + r * stride] -= sm.mem[base[:, None] + np.arange(r)[None] * stride[:, None]] @ a
-        t = WARP[:, None] + WARPS * np.arange(L // WARPS)[None]  # 4. [thread, m]
-        sd = sm.read("S", d[None] * S1 + LANE[:, None])          # [thread, d]
-        ws = np.einsum("tmd,td->tm", sm.read("W", t[..., None] * kq + d), sd)
-        o = np.einsum("tmd,td->tm", sm.read("Q", t[..., None] * kq + d), sd)
-        uidx = t * S1 + LANE[:, None]
-        sm.write("U", uidx, sm.read("U", uidx) - ws)
-        o = o * np.exp(sm.read("gam", t))
-        for m in range(L // WARPS):                              # 5.
-            tm = t[:, m]
-            for j in range(int(tm.max()) + 1):
-                o[:, m] += np.where(j <= tm, sm.read("P", tm * (L + 1) + np.minimum(j, tm))
-                                    * sm.read("U", np.minimum(j, tm) * S1 + LANE), 0)
-            keep = (tm < nc) & col
-            out[s0 + c0 + tm[keep], h, j0 + LANE[keep]] = o[keep, m]
-        dm = WARP[:, None] + WARPS * np.arange(DK_MAX // WARPS)[None]   # 6. [thread, m]
-        mk = dm < dk
-        dsafe = np.minimum(dm, dk - 1)
-        u = np.stack([sm.read("U", tt * S1 + LANE) * sm.read("tail", tt) for tt in range(nc)])   # [t, thread]
-        kk = np.stack([sm.read("K", tt * kq + dsafe) for tt in range(nc)])                      # [t, thread, m]
-        acc = np.einsum("ptm,pt->tm", kk, u)
-        sidx = dsafe * S1 + LANE[:, None]
-        sm.write("S", sidx, np.exp(sm.read("gam", L - 1)) * sm.read("S", sidx) + acc, mk)
+        init = np.where(live & col & (d < dk), state[slot, h, np.minimum(d, dk - 1), np.minimum(j0 + LANE, dv - 1)], 0)
+        sm.write("S", d * SP + LANE, init)
+    assert [sm.off[f] - sm.off["W"] for f in ("Qg", "Kt", "P")] == [rec[f] - rec["W"] for f in ("Qg", "Kt", "P")]
+
+    def stage(dst: str, src: int, count: int) -> None:   # cp.async of record words, float4 by float4
+        assert src % 4 == 0 and count % 4 == 0 and sm.off[dst] % 4 == 0
+        staged = scratch[src + np.arange(count)]
+        assert not np.isnan(staged).any(), "prep left record words unwritten"
+        sm.mem[sm.off[dst]:sm.off[dst] + count] = staged
+
+    stage("W", rec_base(b, seq, 0, h, nv, dv), 3 * L * DK_MAX + L * L)   # W, Qg, Kt, P of chunk 0
+    for c in range(-(-n // L)):
+        c0, base = c * L, rec_base(b, seq, c, h, nv, dv)
+        nc, more, nxt = min(L, n - c0), c0 + L < n, base + nv * rec["total"]   # the kernel's next record
+        t = WARPS * WARP[:, None] + np.arange(L // WARPS)        # a. [thread, m]
+        d = np.arange(DK_MAX)
+        sd = sm.read("S", d * SP + LANE[:, None])                # [thread, d]
+        vp = np.einsum("tmd,td->tm", sm.read("W", t[..., None] * DK_MAX + d), sd)
+        ov = np.einsum("tmd,td->tm", sm.read("Qg", t[..., None] * DK_MAX + d), sd)
+        u = np.where(col[:, None], scratch[base + rec["U"] + t * dv + np.minimum(j0 + LANE, dv - 1)[:, None]], 0)
+        assert not np.isnan(u).any()
+        sm.write("V", t * SP + LANE[:, None], u - vp)
+        if more:                                                 # W, Qg of chunk c + 1
+            assert nxt == rec_base(b, seq, c + 1, h, nv, dv)
+            stage("W", nxt + rec["W"], 2 * L * DK_MAX)
+        jj = np.arange(L)                                        # b. P rows t < 8 warp + 8: columns j below that
+        jb = np.where(jj < WARPS * WARP[:, None] + WARPS, jj, 0)
+        ov += np.einsum("tmj,tj->tm", sm.read("P", t[..., None] * L + jb[:, None, :]),
+                        np.where(jj < WARPS * WARP[:, None] + WARPS, sm.read("V", jb * SP + LANE[:, None]), 0))
+        keep = (t < nc) & col[:, None]
+        out[s0 + c0 + t[keep], h, np.broadcast_to(j0 + LANE[:, None], t.shape)[keep]] = ov[keep]
+        RS = DK_MAX // WARPS                                     # c. S rows RS warp + m
+        dm = RS * WARP[:, None] + np.arange(RS)
+        acc = np.einsum("ptm,pt->tm", sm.read("Kt", jj[:, None, None] * DK_MAX + dm),
+                        sm.read("V", jj[:, None] * SP + LANE))
+        decay = scratch[base + rec["dec"]]
+        sidx = dm * SP + LANE[:, None]
+        sm.write("S", sidx, decay * sm.read("S", sidx) + acc)
+        if more:                                                 # Kt, P of chunk c + 1
+            stage("Kt", nxt + rec["Kt"], L * DK_MAX + L * L)
     for r in range(-(-dk // WARPS)):
         d = WARP + WARPS * r
         m = (d < dk) & col
-        state[slot, h, d[m], j0 + LANE[m]] = sm.read("S", d[m] * S1 + LANE[m])
+        state[slot, h, d[m], j0 + LANE[m]] = sm.read("S", d[m] * SP + LANE[m])
 
 
-
-@pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 2, 128, 32)], ids=["tiny_partial_tile", "dk128"])
-def test_chunk_kernel_thread_maps(dims):
-    """The thread-level emulation (every smem word read was written, no two threads store one word)
-    equals the sequential reference on runs around the chunk size, fresh and continuing."""
+@pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 2, 128, 32), (1, 1, 128, 128)],
+                         ids=["tiny_partial_tile", "dk128", "4b_head"])
+def test_chunk_kernels_thread_maps(dims):
+    """The thread-level emulation of gdn_chunk_prep's grid then gdn_chunk_state's (every smem and
+    scratch word read was written, none stored twice) equals the sequential reference on runs
+    around the chunk size, fresh and continuing."""
     nk, nv, dk, dv = dims
     rng = np.random.default_rng(11)
-    b = batch([(0, 70), (4, 1), (9, 0), (30, 64)], [2, 0, 4, 1])
+    b = batch([(0, 70), (4, 1), (9, 0), (30, 64), (0, 130)], [2, 0, 4, 1, 3])
     q, k, v, g, beta = gdn_inputs(rng, int(b.query_start[-1]), nk, nv, dk, dv)
     state = rng.standard_normal((5, nv, dk, dv), F32)
     want_state = state.copy()
     want = ops.qwen35_gated_delta_rule(q, k, v, g, beta, want_state, b)
-    got = np.full(v.shape, np.nan, F32)
-    for seq in range(len(b.state_slots)):
+    got, scratch = np.full(v.shape, np.nan, F32), scratch_for(b, nv, dv)
+    B = len(b.state_slots)
+    for c in range(-(-b.max_query_len // L)):                    # the launcher's prep grid
+        for h in range(nv):
+            for seq in range(B):
+                prep_block(q, k, v, g, beta, scratch, b, c, h, seq)
+    for seq in range(B):
         for h in range(nv):
             for j0 in range(0, dv, BV):
-                chunk_block_threads(q, k, v, g, beta, state, got, b, seq, h, j0)
+                state_block(scratch, state, got, b, seq, h, j0, nv, dk, dv)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
     np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)
+
+
+def test_launcher_sizes_match_the_emulated_layouts():
+    pytest.importorskip("cupy")
+    pytest.importorskip("ml_dtypes")
+    from openinfer_qwen35.cuda import delta_rule as dr
+    assert (dr.CHUNK, dr.BV, dr.DK_MAX, dr.CHUNK_THREADS) == (L, BV, DK_MAX, THREADS)
+    assert dr.PREP_SMEM == 4 * Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L)).mem.size
+    sizes = dict(W=L * DK_MAX, Qg=L * DK_MAX, Kt=L * DK_MAX, P=L * L, S=DK_MAX * SP, V=L * SP)
+    assert dr.STATE_SMEM == 4 * Smem(sizes).mem.size
+    assert all(dr.record_floats(dv) == record(dv)["total"] for dv in (16, 48, 128))

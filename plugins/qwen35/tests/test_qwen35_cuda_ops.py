@@ -138,6 +138,20 @@ def test_gated_delta_rule(dt, shape, decode):
     check_pool(pool, state, layer0, 1e-4)   # same inputs on both sides, fp32 math: tight for bf16 too
 
 
+def test_gated_delta_rule_long_runs(dt):
+    """A 1024-token prompt (16 chunks, the prefill the kernels are tuned for) beside a continuing
+    run: the state carried through many chunks stays as close to the recurrence."""
+    rng = np.random.default_rng(5)
+    _, nv, dk, dv, _ = SHAPES["4b"]
+    hb, db = batches([(0, 1024), (200, 300)], rng)
+    host_in, dev_in, gb, gb_d = gdn_inputs(rng, int(hb.query_start_host[-1]), "4b", dt[0])
+    state, pool = states(rng, nv, dk, dv)
+    layer0 = host(pool[:, 0])
+    want = ref.qwen35_gated_delta_rule(*host_in, *gb, state, hb)
+    close(ops.qwen35_gated_delta_rule(*dev_in, *gb_d, pool[:, 1], db), want, dt, scale=2)
+    check_pool(pool, state, layer0, 1e-4)
+
+
 def test_chunked_prefill_then_decode_equals_one_run(dt):
     """One sequence as two prefill chunks (the second continuing the state), then decode steps."""
     rng = np.random.default_rng(4)

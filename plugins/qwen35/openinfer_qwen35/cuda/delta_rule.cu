@@ -4,6 +4,7 @@
 // Columns of S are independent given q, k, g, beta, so every kernel splits dv into 32-column tiles.
 #include "common.cuh"
 #include "gdn.cuh"
+#include "mma.cuh"
 
 constexpr int DK_MAX = 128;  // dk of every Qwen3.5 / Qwen3-Next checkpoint; the launchers check it
 constexpr int BV = 32;       // state columns per block: one per lane
@@ -78,176 +79,257 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
 //     V' = U - W S;  O = diag(exp(gamma)) Q S + (Q K^T * D) V'
 //     S = exp(gamma_L) S + (diag(exp(gamma_L - gamma)) K)^T V'
 // Rows past a run's end are zero (beta = 0, g = 0), so a short last chunk needs no special case.
-// grid (ceil(dv / BV), nv, B), CH_THREADS threads; the block walks its sequence's chunks in order,
-// the state tile staying in shared memory. Each column tile's block recomputes A and W.
 constexpr int L = 64, CH_THREADS = 256, CH_WARPS = CH_THREADS / 32;
-static_assert(CH_THREADS == 4 * L && CH_THREADS >= DK_MAX + BV, "the phases' thread maps");
+static_assert(CH_THREADS == 256 && L == 64 && BV == 32 && DK_MAX == 128, "the kernels' thread maps");
 
-struct ChunkSmem {   // float offsets into the dynamic shared memory; strides padded against bank conflicts
-    int kq, K, Q, W, S, U, A, P, gam, bet, tail, total;
-    __device__ __host__ explicit ChunkSmem(int dk) {
-        kq = dk + 1;
-        K = 0; Q = K + L * kq; W = Q + L * kq; S = W + L * kq; U = S + dk * (BV + 1);
-        A = U + L * (BV + 1); P = A + L * (L + 1); gam = P + L * (L + 1); bet = gam + L; tail = bet + L;
-        total = tail + L;
+// Two kernels (fla's chunk_gated_delta_rule split). A single kernel walking each run's chunks
+// spent ~1.1 ms per 1008-token call (128 blocks, 16 chunks each, redoing per chunk and column
+// tile the state-free Q K^T, K K^T and 64-row forward substitution). Estimates, 4B shape, 1008
+// tokens, fp32 CUDA cores (~128 FMA/clk/SM, 1.75 GHz, 132 SMs):
+// 1. gdn_chunk_prep, grid (max chunks, nv, B): every chunk of every run at once. Writes a record
+//    per (chunk, head) to `scratch`: W, exp(gamma) Q, tail K [L][DK_MAX], P [L][L], U [L][dv],
+//    exp(gamma_L) (147 KB). Per block 0.66M FMA (A, P lower tiles) + 0.52M (substitution, X in
+//    registers); 512 blocks, 2 per SM: 2 waves of ~10 us at the FMA limit, 75 MB written: ~30 us.
+// 2. gdn_chunk_state, grid (dv / BV, nv, B): walks the run's chunks with the S tile in shared
+//    memory: V' = U - W S, O = Qg S + P V', S = exp(gamma_L) S + Kt^T V'; 0.86M FMA per chunk
+//    (3.8 us at the FMA limit, ~5-6 us with its loads) and a 120 KB record loaded by cp.async
+//    behind the previous chunk: ~16 x 6 = ~100 us. Tensor cores would cut it further, but bf16/tf32
+//    inputs lose the fp32 reference's accuracy.
+// Records are indexed by b + floor(s_b / L) + c (run b's chunk c; unique, < T / L + B).
+constexpr int KP = DK_MAX + 4;   // prep's q/k row stride: float4 rows of 8 lanes hit distinct banks
+constexpr int AP = L + 4;        // A's row stride (rows read as float4 broadcasts)
+
+struct Rec {   // float offsets of one (chunk, head) record in scratch
+    int W, Qg, Kt, P, U, dec, total;
+    __device__ __host__ explicit Rec(int dv) {
+        W = 0; Qg = L * DK_MAX; Kt = 2 * L * DK_MAX; P = 3 * L * DK_MAX; U = P + L * L; dec = U + L * dv;
+        total = dec + 4;
     }
 };
 
+__device__ __forceinline__ long long rec_index(const int* query_start, int b, int c) {
+    return (long long)b + query_start[b] / L + c;
+}
+
 template <typename T>
-__device__ void gdn_chunk(const T* q, long long q_stride, const T* k, long long k_stride, const T* v,
-                          long long v_stride, const float* g, const float* beta, float* state,
-                          long long state_stride, const int* slots, const int* query_start,
-                          const int* context_lens, T* out, int nk, int nv, int dk, int dv) {
+__device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long long k_stride, const T* v,
+                               long long v_stride, const float* g, const float* beta, const int* query_start,
+                               float* scratch, int nk, int nv, int dk, int dv) {
     extern __shared__ float smem[];
-    const int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * BV, kh = h / (nv / nk);
+    float *Qs = smem, *Ks = Qs + L * KP, *As = Ks + L * KP, *gam = As + L * AP, *bet = gam + L, *tail = bet + L;
+    const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / (nv / nk);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int s0 = query_start[b], n = query_start[b + 1] - s0, c0 = c * L;
+    if (c0 >= n) return;
+    const int nc = min(L, n - c0);
+    const Rec rec(dv);
+    float* R = scratch + (rec_index(query_start, b, c) * nv + h) * rec.total;
+    // 1. normalised q, k (a warp per token; zero past dk and past the run), beta, gamma
+    for (int t = warp; t < L; t += CH_WARPS) {
+        const long long tok = s0 + c0 + t;
+        float qq = 0.f, kk = 0.f;
+        for (int i = lane; i < DK_MAX; i += 32) {
+            const bool in = t < nc && i < dk;
+            const float qi = in ? to_f32(q[tok * q_stride + (long long)kh * dk + i]) : 0.f;
+            const float ki = in ? to_f32(k[tok * k_stride + (long long)kh * dk + i]) : 0.f;
+            Qs[t * KP + i] = qi;
+            Ks[t * KP + i] = ki;
+            qq += qi * qi;
+            kk += ki * ki;
+        }
+        const float qs = rsqrtf((float)dk) / sqrtf(warp_sum(qq) + 1e-6f), ks = 1.f / sqrtf(warp_sum(kk) + 1e-6f);
+        for (int i = lane; i < DK_MAX; i += 32) { Qs[t * KP + i] *= qs; Ks[t * KP + i] *= ks; }
+        if (lane == 0) bet[t] = t < nc ? beta[tok * nv + h] : 0.f;
+    }
+    if (warp == 0) {   // inclusive scan of g over the chunk: lane holds tokens lane and lane + 32
+        float g0 = lane < nc ? g[(long long)(s0 + c0 + lane) * nv + h] : 0.f;
+        float g1 = lane + 32 < nc ? g[(long long)(s0 + c0 + lane + 32) * nv + h] : 0.f;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const float u0 = __shfl_up_sync(0xffffffffu, g0, off), u1 = __shfl_up_sync(0xffffffffu, g1, off);
+            if (lane >= off) { g0 += u0; g1 += u1; }
+        }
+        g1 += __shfl_sync(0xffffffffu, g0, 31);
+        const float last = __shfl_sync(0xffffffffu, g1, 31);   // padded rows add 0: gamma_L = gamma_{nc-1}
+        gam[lane] = g0;
+        gam[lane + 32] = g1;
+        tail[lane] = expf(last - g0);
+        tail[lane + 32] = expf(last - g1);
+        if (lane == 0) R[rec.dec] = expf(last);
+    }
+    __syncthreads();
+    // 2. A = strict_lower(diag(beta) K K^T * D) to shared memory, P = lower(Q K^T * D) to the record;
+    // thread (ti, tj) holds rows ti + 16 a, columns tj + 16 e: 12 float4 loads per <= 128 FMA; tiles
+    // a < e lie above the diagonal (zero), so 10 of the 16 are computed.
+    {
+        const int ti = tid >> 4, tj = tid & 15;
+        float ak[4][4] = {}, aq[4][4] = {};
+        for (int d = 0; d < DK_MAX; d += 4) {
+            float4 qi[4], ki[4], kj[4];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                qi[m] = *reinterpret_cast<const float4*>(Qs + (ti + 16 * m) * KP + d);
+                ki[m] = *reinterpret_cast<const float4*>(Ks + (ti + 16 * m) * KP + d);
+                kj[m] = *reinterpret_cast<const float4*>(Ks + (tj + 16 * m) * KP + d);
+            }
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int e = 0; e <= a; ++e) {
+                    ak[a][e] += ki[a].x * kj[e].x + ki[a].y * kj[e].y + ki[a].z * kj[e].z + ki[a].w * kj[e].w;
+                    aq[a][e] += qi[a].x * kj[e].x + qi[a].y * kj[e].y + qi[a].z * kj[e].z + qi[a].w * kj[e].w;
+                }
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = ti + 16 * a, j = tj + 16 * e;
+                const float D = j <= i ? expf(gam[i] - gam[j]) : 0.f;
+                As[i * AP + j] = j < i ? bet[i] * ak[a][e] * D : 0.f;
+                R[rec.P + i * L + j] = aq[a][e] * D;
+            }
+    }
+    // exp(gamma) Q and tail K for the state kernel (rows past the run are zero)
+    for (int e = tid; e < L * DK_MAX; e += CH_THREADS) {
+        const int t = e / DK_MAX, d = e % DK_MAX;
+        R[rec.Qg + e] = expf(gam[t]) * Qs[t * KP + d];
+        R[rec.Kt + e] = tail[t] * Ks[t * KP + d];
+    }
+    __syncthreads();
+    // 3. (I + A) [W | U] = [diag(beta exp(gamma)) K | diag(beta) V], a thread per column, the column
+    // in registers (64 rows unrolled): 2016 FMA in 4 chains, A rows as float4 broadcasts.
+    for (int col = tid; col < DK_MAX + dv; col += CH_THREADS) {
+        const bool isw = col < DK_MAX;
+        float X[L];
+#pragma unroll
+        for (int i = 0; i < L; ++i)
+            X[i] = isw ? bet[i] * expf(gam[i]) * Ks[i * KP + col]
+                       : (i < nc ? bet[i] * to_f32(v[(long long)(s0 + c0 + i) * v_stride + (long long)h * dv
+                                                     + col - DK_MAX])
+                                 : 0.f);
+#pragma unroll
+        for (int i = 1; i < L; ++i) {
+            float acc[4] = {X[i], 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int j = 0; j < i; j += 4) {
+                const float4 a = *reinterpret_cast<const float4*>(As + i * AP + j);   // zero at j >= i
+                acc[0] -= a.x * X[j];
+                if (j + 1 < i) acc[1] -= a.y * X[j + 1];
+                if (j + 2 < i) acc[2] -= a.z * X[j + 2];
+                if (j + 3 < i) acc[3] -= a.w * X[j + 3];
+            }
+            X[i] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        }
+        float* dst = isw ? R + rec.W + col : R + rec.U + (col - DK_MAX);
+        const int stride = isw ? DK_MAX : dv;
+#pragma unroll
+        for (int i = 0; i < L; ++i) dst[i * stride] = X[i];
+    }
+}
+
+// Start copying `count` floats (a multiple of 4, 16-byte aligned) of a record into shared memory.
+__device__ __forceinline__ void stage(float* dst, const float* src, int count) {
+    for (int e = threadIdx.x * 4; e < count; e += CH_THREADS * 4) cp_async16(dst + e, src + e, 16);
+    cp_async_commit();
+}
+
+template <typename T>
+__device__ void gdn_chunk_state(const float* scratch, float* state, long long state_stride, const int* slots,
+                                const int* query_start, const int* context_lens, T* out, int nv, int dk, int dv) {
+    extern __shared__ float smem[];
+    constexpr int SP = BV + 1;
+    float *Ws = smem, *Qg = Ws + L * DK_MAX, *Kt = Qg + L * DK_MAX, *Ps = Kt + L * DK_MAX, *Ss = Ps + L * L;
+    float* Vs = Ss + DK_MAX * SP;
+    const int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * BV;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int s0 = query_start[b], n = query_start[b + 1] - s0;
     if (n == 0) return;   // no tokens: the state row is left as it is
-    const ChunkSmem lay(dk);
-    const int kq = lay.kq;
-    float *Ks = smem + lay.K, *Qs = smem + lay.Q, *Ws = smem + lay.W, *Ss = smem + lay.S, *Us = smem + lay.U;
-    float *As = smem + lay.A, *Ps = smem + lay.P, *gam = smem + lay.gam, *bet = smem + lay.bet;
-    float* tail = smem + lay.tail;
+    const Rec rec(dv);
     const bool live = has_state(query_start, context_lens, b), col = j0 + lane < dv;
     float* Sg = state + (long long)slots[b] * state_stride + (long long)h * dk * dv + j0 + lane;
-    for (int d = warp; d < dk; d += CH_WARPS) Ss[d * (BV + 1) + lane] = live && col ? Sg[(long long)d * dv] : 0.f;
-
-    for (int c0 = 0; c0 < n; c0 += L) {
-        const int nc = min(L, n - c0);
-        // 1. the chunk's normalised q, k (a warp per token), beta v, beta and gamma
-        for (int t = warp; t < L; t += CH_WARPS) {
-            const long long tok = s0 + c0 + t;
-            float qq = 0.f, kk = 0.f;
-            for (int i = lane; i < dk; i += 32) {
-                const float qi = t < nc ? to_f32(q[tok * q_stride + (long long)kh * dk + i]) : 0.f;
-                const float ki = t < nc ? to_f32(k[tok * k_stride + (long long)kh * dk + i]) : 0.f;
-                Qs[t * kq + i] = qi;
-                Ks[t * kq + i] = ki;
-                qq += qi * qi;
-                kk += ki * ki;
-            }
-            const float qs = rsqrtf((float)dk) / sqrtf(warp_sum(qq) + 1e-6f), ks = 1.f / sqrtf(warp_sum(kk) + 1e-6f);
-            for (int i = lane; i < dk; i += 32) { Qs[t * kq + i] *= qs; Ks[t * kq + i] *= ks; }
-            const float bt = t < nc ? beta[tok * nv + h] : 0.f;
-            Us[t * (BV + 1) + lane] = t < nc && col ? bt * to_f32(v[tok * v_stride + (long long)h * dv + j0 + lane]) : 0.f;
-            if (lane == 0) bet[t] = bt;
-        }
-        if (warp == 0) {   // inclusive scan of g over the chunk: lane holds tokens lane and lane + 32
-            float g0 = lane < nc ? g[(long long)(s0 + c0 + lane) * nv + h] : 0.f;
-            float g1 = lane + 32 < nc ? g[(long long)(s0 + c0 + lane + 32) * nv + h] : 0.f;
+    for (int d = warp; d < DK_MAX; d += CH_WARPS)
+        Ss[d * SP + lane] = live && col && d < dk ? Sg[(long long)d * dv] : 0.f;
+    // W, Qg of chunk c + 1 load (cp.async) behind steps b and c of chunk c; Kt, P once c is done
+    stage(Ws, scratch + (rec_index(query_start, b, 0) * nv + h) * rec.total, 3 * L * DK_MAX + L * L);
+    for (int c = 0; c * L < n; ++c) {
+        const int c0 = c * L, nc = min(L, n - c0);
+        const bool more = c0 + L < n;
+        const float* R = scratch + (rec_index(query_start, b, c) * nv + h) * rec.total;
+        float u[L / CH_WARPS];   // U's rows of this thread, loaded while the copies land
 #pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const float u0 = __shfl_up_sync(0xffffffffu, g0, off), u1 = __shfl_up_sync(0xffffffffu, g1, off);
-                if (lane >= off) { g0 += u0; g1 += u1; }
-            }
-            g1 += __shfl_sync(0xffffffffu, g0, 31);
-            const float last = __shfl_sync(0xffffffffu, g1, 31);   // padded rows add 0: gamma_L = gamma_{nc-1}
-            gam[lane] = g0;
-            gam[lane + 32] = g1;
-            tail[lane] = expf(last - g0);
-            tail[lane + 32] = expf(last - g1);
-        }
+        for (int m = 0; m < L / CH_WARPS; ++m) u[m] = col ? R[rec.U + (CH_WARPS * warp + m) * dv + j0 + lane] : 0.f;
+        cp_async_wait<0>();
         __syncthreads();
-        // 2. A and P = (Q K^T) * D, lower parts only; W's right-hand side diag(beta exp(gamma)) K
-        {
-            const int i = tid >> 2;   // row; columns (tid & 3) + 4m
-            float ak[L / 4], aq[L / 4];
+        // a. V' = U - W S, o = Qg S; thread = column `lane`, rows 8 warp + m: per 4 d, 16 float4
+        // broadcasts and 4 S words for 64 FMA
+        float vp[L / CH_WARPS], ov[L / CH_WARPS];
 #pragma unroll
-            for (int m = 0; m < L / 4; ++m) ak[m] = aq[m] = 0.f;
-            for (int d = 0; d < dk; ++d) {
-                const float ki = Ks[i * kq + d], qi = Qs[i * kq + d];
-#pragma unroll
-                for (int m = 0; m < L / 4; ++m) {
-                    const float kj = Ks[((tid & 3) + 4 * m) * kq + d];
-                    ak[m] += ki * kj;
-                    aq[m] += qi * kj;
-                }
-            }
-#pragma unroll
-            for (int m = 0; m < L / 4; ++m) {
-                const int jj = (tid & 3) + 4 * m;
-                const float D = jj <= i ? expf(gam[i] - gam[jj]) : 0.f;
-                As[i * (L + 1) + jj] = jj < i ? bet[i] * ak[m] * D : 0.f;
-                Ps[i * (L + 1) + jj] = aq[m] * D;
-            }
-        }
-        for (int e = tid; e < L * dk; e += CH_THREADS) {
-            const int t = e / dk, d = e % dk;
-            Ws[t * kq + d] = bet[t] * expf(gam[t]) * Ks[t * kq + d];
-        }
-        __syncthreads();
-        // 3. forward substitution, a thread per column of [W | U]: X_i -= sum_{j<i} A_ij X_j
-        if (tid < dk + BV) {
-            float* X = tid < dk ? Ws + tid : Us + (tid - dk);
-            const int stride = tid < dk ? kq : BV + 1;
-            for (int i = 1; i < nc; ++i) {
-                const float* a = As + i * (L + 1);
-                float acc[4] = {X[i * stride], 0.f, 0.f, 0.f};   // 4 chains: the sum is latency-bound
-                int jj = 0;
-                for (; jj + 4 <= i; jj += 4) {
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) acc[u] -= a[jj + u] * X[(jj + u) * stride];
-                }
-                for (; jj < i; ++jj) acc[0] -= a[jj] * X[jj * stride];
-                X[i * stride] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-            }
-        }
-        __syncthreads();
-        // 4. V' = U - W S and exp(gamma) Q S; thread = column `lane`, rows warp + 8m
-        float o[L / CH_WARPS];
-        {
-            float ws[L / CH_WARPS];
-#pragma unroll
-            for (int m = 0; m < L / CH_WARPS; ++m) ws[m] = o[m] = 0.f;
-            for (int d = 0; d < dk; ++d) {
-                const float sd = Ss[d * (BV + 1) + lane];
-#pragma unroll
-                for (int m = 0; m < L / CH_WARPS; ++m) {
-                    const int t = warp + CH_WARPS * m;
-                    ws[m] += Ws[t * kq + d] * sd;
-                    o[m] += Qs[t * kq + d] * sd;
-                }
-            }
+        for (int m = 0; m < L / CH_WARPS; ++m) vp[m] = ov[m] = 0.f;
+        for (int d = 0; d < DK_MAX; d += 4) {
+            const float s0v = Ss[d * SP + lane], s1v = Ss[(d + 1) * SP + lane];
+            const float s2v = Ss[(d + 2) * SP + lane], s3v = Ss[(d + 3) * SP + lane];
 #pragma unroll
             for (int m = 0; m < L / CH_WARPS; ++m) {
-                const int t = warp + CH_WARPS * m;
-                Us[t * (BV + 1) + lane] -= ws[m];
-                o[m] *= expf(gam[t]);
+                const int t = CH_WARPS * warp + m;
+                const float4 w = *reinterpret_cast<const float4*>(Ws + t * DK_MAX + d);
+                const float4 qv = *reinterpret_cast<const float4*>(Qg + t * DK_MAX + d);
+                vp[m] += w.x * s0v + w.y * s1v + w.z * s2v + w.w * s3v;
+                ov[m] += qv.x * s0v + qv.y * s1v + qv.z * s2v + qv.w * s3v;
             }
         }
-        __syncthreads();
-        // 5. O += P V' (written out); 6. S = exp(gamma_L) S + (tail K)^T V' (no barrier between:
-        // 5 reads P and V', 6 reads K and V' and writes S)
 #pragma unroll
         for (int m = 0; m < L / CH_WARPS; ++m) {
-            const int t = warp + CH_WARPS * m;
-            for (int jj = 0; jj <= t; ++jj) o[m] += Ps[t * (L + 1) + jj] * Us[jj * (BV + 1) + lane];
-            if (t < nc && col) out[((long long)(s0 + c0 + t) * nv + h) * dv + j0 + lane] = from_f32<T>(o[m]);
+            const int t = CH_WARPS * warp + m;
+            Vs[t * SP + lane] = u[m] - vp[m];
+        }
+        __syncthreads();   // W and Qg are free
+        if (more) stage(Ws, R + (long long)nv * rec.total + rec.W, 2 * L * DK_MAX);   // chunk c + 1's record
+        // b. o += P V' and out (P is zero above its diagonal: columns below 8 warp + 8 only);
+        // c. S = exp(gamma_L) S + Kt^T V', thread = column `lane`, S rows 16 warp + m. No barrier
+        // between: b reads P, V'; c reads Kt, V' and writes S, which a read before the barrier above
+        for (int j = 0; j < CH_WARPS * warp + CH_WARPS; j += 4) {
+            const float v0 = Vs[j * SP + lane], v1 = Vs[(j + 1) * SP + lane];
+            const float v2 = Vs[(j + 2) * SP + lane], v3 = Vs[(j + 3) * SP + lane];
+#pragma unroll
+            for (int m = 0; m < L / CH_WARPS; ++m) {
+                const float4 p = *reinterpret_cast<const float4*>(Ps + (CH_WARPS * warp + m) * L + j);
+                ov[m] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < L / CH_WARPS; ++m) {
+            const int t = CH_WARPS * warp + m;
+            if (t < nc && col) out[((long long)(s0 + c0 + t) * nv + h) * dv + j0 + lane] = from_f32<T>(ov[m]);
         }
         {
-            const float decay = expf(gam[L - 1]);
             constexpr int RS = DK_MAX / CH_WARPS;
             float acc[RS];
 #pragma unroll
             for (int m = 0; m < RS; ++m) acc[m] = 0.f;
-            for (int t = 0; t < nc; ++t) {
-                const float u = Us[t * (BV + 1) + lane] * tail[t];
+            for (int t = 0; t < L; ++t) {
+                const float vt = Vs[t * SP + lane];
 #pragma unroll
-                for (int m = 0; m < RS; ++m) {
-                    const int d = warp + CH_WARPS * m;
-                    if (d < dk) acc[m] += Ks[t * kq + d] * u;
+                for (int m = 0; m < RS; m += 4) {
+                    const float4 kt = *reinterpret_cast<const float4*>(Kt + t * DK_MAX + RS * warp + m);
+                    acc[m] += kt.x * vt;
+                    acc[m + 1] += kt.y * vt;
+                    acc[m + 2] += kt.z * vt;
+                    acc[m + 3] += kt.w * vt;
                 }
             }
+            const float decay = R[rec.dec];
 #pragma unroll
             for (int m = 0; m < RS; ++m) {
-                const int d = warp + CH_WARPS * m;
-                if (d < dk) Ss[d * (BV + 1) + lane] = decay * Ss[d * (BV + 1) + lane] + acc[m];
+                const int d = RS * warp + m;
+                Ss[d * SP + lane] = decay * Ss[d * SP + lane] + acc[m];
             }
         }
-        __syncthreads();   // the next chunk overwrites K, Q, U and reads S
+        __syncthreads();   // Kt, P and V' are free
+        if (more) stage(Kt, R + (long long)nv * rec.total + rec.Kt, L * DK_MAX + L * L);
     }
     if (col)
-        for (int d = warp; d < dk; d += CH_WARPS) Sg[(long long)d * dv] = Ss[d * (BV + 1) + lane];
+        for (int d = warp; d < dk; d += CH_WARPS) Sg[(long long)d * dv] = Ss[d * SP + lane];
 }
 
 #define DELTA_RULE_KERNELS(suffix, T)                                                                          \
@@ -258,12 +340,15 @@ __device__ void gdn_chunk(const T* q, long long q_stride, const T* k, long long 
         gdn_decode<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, state, state_stride, slots, qs, ctx,     \
                       out, nk, nv, dk, dv);                                                                     \
     }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(CH_THREADS) gdn_chunk_##suffix(                               \
+    extern "C" __global__ void __launch_bounds__(CH_THREADS, 2) gdn_chunk_prep_##suffix(                        \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
-        const float* g, const float* beta, float* state, long long state_stride, const int* slots,             \
-        const int* qs, const int* ctx, T* out, int nk, int nv, int dk, int dv) {                               \
-        gdn_chunk<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, state, state_stride, slots, qs, ctx,      \
-                     out, nk, nv, dk, dv);                                                                      \
+        const float* g, const float* beta, const int* qs, float* scratch, int nk, int nv, int dk, int dv) {    \
+        gdn_chunk_prep<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, qs, scratch, nk, nv, dk, dv);       \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(CH_THREADS) gdn_chunk_state_##suffix(                         \
+        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
+        const int* ctx, T* out, int nv, int dk, int dv) {                                                       \
+        gdn_chunk_state<T>(scratch, state, state_stride, slots, qs, ctx, out, nv, dk, dv);                     \
     }
 
 FOR_EACH_DTYPE(DELTA_RULE_KERNELS)

@@ -2,8 +2,10 @@
 step, with the q/k L2 norm, the dk^-0.5 scale and the value-head -> key-head mapping fused in.
 
 Device reads: `batch.state_slots`, `batch.query_start` and `batch.context_lens` (a sequence's
-state row is live iff context_lens[i] > query_start[i+1] - query_start[i]). On the host only
-`batch.num_seqs` (the grid): each prefill block finds its run's length on the device.
+state row is live iff context_lens[i] > query_start[i+1] - query_start[i]). On the host the decode
+step uses only `batch.num_seqs` (the grid, so it captures into a CUDA graph); the prefill (eager)
+also sizes its chunk grid and scratch by `batch.max_query_len` and the token count, and each block
+finds its run's bounds on the device.
 """
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ from openinfer.kernels.cuda.module import as_index, heads3d, launch, suffix
 
 SOURCE = Path(__file__).with_name("delta_rule.cu")
 DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match delta_rule.cu
+PREP_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (CHUNK + 4) + 3 * CHUNK)   # gdn_chunk_prep: Q, K, A, gamma...
+STATE_SMEM = 4 * (3 * CHUNK * DK_MAX + CHUNK * CHUNK + (DK_MAX + CHUNK) * (BV + 1))   # gdn_chunk_state
 
 
-def chunk_smem(dk: int) -> int:
-    """Bytes of dynamic shared memory of gdn_chunk (ChunkSmem in delta_rule.cu)."""
-    L = CHUNK
-    return 4 * (3 * L * (dk + 1) + dk * (BV + 1) + L * (BV + 1) + 2 * L * (L + 1) + 3 * L)
+def record_floats(dv: int) -> int:
+    """Floats of one (chunk, value head) record of the prefill scratch (Rec in delta_rule.cu)."""
+    return 3 * CHUNK * DK_MAX + CHUNK * CHUNK + CHUNK * dv + 4
 
 
 def _args(q, k, v, g, beta, state, batch: ForwardBatch) -> tuple[tuple, tuple[int, int, int], cp.ndarray]:
@@ -50,16 +53,26 @@ def _args(q, k, v, g, beta, state, batch: ForwardBatch) -> tuple[tuple, tuple[in
 
 def qwen35_gated_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, beta: cp.ndarray,
                             state: cp.ndarray, batch: ForwardBatch) -> cp.ndarray:
-    """Every sequence's run (any length) in chunks of 64 tokens; one block per (32 state columns,
-    value head, sequence) carries the state tile through its run's chunks.
+    """Every sequence's run (any length) in chunks of 64 tokens. gdn_chunk_prep does every chunk's
+    state-free part at once (grid: the longest run's chunks x value heads x sequences) into a
+    scratch record per (chunk, head); then one gdn_chunk_state block per (32 state columns, value
+    head, sequence) carries the state tile through its run's chunks. Eager only: the grid and the
+    scratch size come from the batch's host fields.
 
     q, k [T, nk, dk], v [T, nv, dv] (bf16 or f32, heads packed, any token stride); g, beta [T, nv]
     float32; state [R, nv, dk, dv] float32 (any row stride), read where live and written for every
     sequence with tokens. Returns o [T, nv, dv] in v's dtype."""
     args, grid, out = _args(q, k, v, g, beta, state, batch)
-    if v.shape[0]:
-        dk = q.shape[2]
-        launch(SOURCE, f"gdn_chunk_{suffix(v.dtype)}", grid, CHUNK_THREADS, args, chunk_smem(dk))
+    T, B = v.shape[0], batch.num_seqs
+    if T:
+        (q3, qs, k3, ks, v3, vs, g32, b32, state, state_stride, slots, query_start, ctx, out, nk, nv, dk, dv) = args
+        # a record per (chunk, head); run b's chunk c is record b + s_b // 64 + c, so T // 64 + B cover all
+        scratch = cp.empty((T // CHUNK + B) * int(nv) * record_floats(int(dv)), dtype=cp.float32)
+        sfx = suffix(v.dtype)
+        launch(SOURCE, f"gdn_chunk_prep_{sfx}", (-(-batch.max_query_len // CHUNK), int(nv), B), CHUNK_THREADS,
+               (q3, qs, k3, ks, v3, vs, g32, b32, query_start, scratch, nk, nv, dk, dv), PREP_SMEM)
+        launch(SOURCE, f"gdn_chunk_state_{sfx}", grid, CHUNK_THREADS,
+               (scratch, state, state_stride, slots, query_start, ctx, out, nv, dk, dv), STATE_SMEM)
     return out
 
 
