@@ -73,18 +73,19 @@ class RequestStream:
 
     def put(self, ev: Event) -> None:
         with self._cond:
-            if self._state == "done":
+            if type(ev) is Tokens and self._state == "scheduled":
+                pass   # in order; tested first, as one comes per running request and step
+            elif self._state == "done":
                 raise EventOrderError(f"{self.request_id}: {type(ev).__name__} after the terminal event")
-            if isinstance(ev, Scheduled):
+            elif isinstance(ev, Scheduled):
                 if self._state != "new":
                     raise EventOrderError(f"{self.request_id}: scheduled twice")
                 self._state = "scheduled"
             elif isinstance(ev, Tokens):
-                if self._state != "scheduled":
-                    raise EventOrderError(f"{self.request_id}: tokens before scheduled")
-            elif isinstance(ev, Finished) and self._state == "new" and ev.reason != "abort":
-                raise EventOrderError(f"{self.request_id}: finished before scheduled")
-            if isinstance(ev, TERMINAL):
+                raise EventOrderError(f"{self.request_id}: tokens before scheduled")
+            elif isinstance(ev, TERMINAL):
+                if isinstance(ev, Finished) and self._state == "new" and ev.reason != "abort":
+                    raise EventOrderError(f"{self.request_id}: finished before scheduled")
                 self._state = "done"
             self._events.append(ev)
             self._cond.notify_all()
@@ -149,6 +150,7 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     state_slot: int | None = None   # row of its bounded state (hybrid models), held while running
     cache_salt: str = ""
+    stop_ids: frozenset[int] = frozenset()     # the sampled ids that end it (stop ids, eos unless ignored)
     rng: np.random.Generator | None = None      # the host sampler's
     sample_stream: int = 0                      # the device sampler's Philox stream when unseeded
     prompt_unique: np.ndarray | None = None     # the prompt's distinct ids (repetition penalty), once

@@ -59,8 +59,9 @@ class Scheduler:
         tier = self.host_tier
         if tier is not None:
             tier.poll()
-        decoding = [r for r in self.running if r.num_computed >= r.num_tokens - 1]
-        prefilling = [r for r in self.running if r.num_computed < r.num_tokens - 1]
+        decoding, prefilling = [], []
+        for r in self.running:
+            (decoding if r.num_computed >= r.num_tokens - 1 else prefilling).append(r)
         for r in decoding:
             if budget == 0:
                 break

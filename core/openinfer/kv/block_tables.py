@@ -19,7 +19,9 @@ from ..request import Request
 class BlockTables:
     def __init__(self, rows: int = 8, width: int = 64) -> None:
         self.table = np.zeros((rows, width), np.int32)   # a row is zero past its request's blocks
-        self.held: dict[str, tuple[Request, int, int]] = {}   # request id -> (request, row, blocks copied)
+        # request id -> (request, row, blocks copied, the last of them): the last id tells a replaced list
+        # apart without reading the table back
+        self.held: dict[str, tuple[Request, int, int, int]] = {}
         self.free = list(range(rows - 1, -1, -1))
 
     def gather(self, reqs: Sequence[Request]) -> np.ndarray:
@@ -28,20 +30,20 @@ class BlockTables:
         rows = np.empty(len(reqs), np.int64)
         width = 1
         for i, r in enumerate(reqs):
-            ids, (was, row, n) = r.block_ids, held.pop(r.request_id, (r, -1, 0))
+            ids, (was, row, n, last) = r.block_ids, held.pop(r.request_id, (r, -1, 0, 0))
             if row < 0:
                 row = self._take()
-            elif was is not r or n > len(ids) or (n and ids[n - 1] != self.table[row, n - 1]):
+            elif was is not r or n > len(ids) or (n and ids[n - 1] != last):
                 self.table[row, :n] = 0
                 n = 0
             if len(ids) > n:
                 if len(ids) > self.table.shape[1]:
                     self._grow(self.table.shape[0], max(len(ids), 2 * self.table.shape[1]))
                 self.table[row, n: len(ids)] = ids[n:]
-            self.held[r.request_id] = (r, row, len(ids))
+            self.held[r.request_id] = (r, row, len(ids), ids[-1] if ids else 0)
             rows[i] = row
             width = max(width, len(ids))
-        for _, row, n in held.values():   # requests this step does not run
+        for _, row, n, _ in held.values():   # requests this step does not run
             self.table[row, :n] = 0
             self.free.append(row)
         return self.table[rows, :width]
