@@ -23,7 +23,7 @@ class Scheduled:
     cached_tokens: int            # prompt tokens served from the prefix cache
 
 
-@dataclass
+@dataclass(slots=True)   # slots: one is made per running request and step
 class Tokens:
     token_ids: list[int]
     samples: list[SampleResult]   # logprob details, one per token
@@ -63,7 +63,11 @@ class RequestStream:
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self._events: deque[Event] = deque()
-        self._cond = threading.Condition()
+        # put() takes the lock itself (Condition's own enter/exit are Python calls) and notifies only
+        # while a get() is blocked: it runs once per running request and step on the engine thread
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._blocked = 0              # threads inside get()'s wait
         self._state = "new"            # new -> scheduled -> done
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
 
@@ -72,7 +76,7 @@ class RequestStream:
         return self._state == "done"
 
     def put(self, ev: Event) -> None:
-        with self._cond:
+        with self._lock:
             if type(ev) is Tokens and self._state == "scheduled":
                 pass   # in order; tested first, as one comes per running request and step
             elif self._state == "done":
@@ -88,7 +92,8 @@ class RequestStream:
                     raise EventOrderError(f"{self.request_id}: finished before scheduled")
                 self._state = "done"
             self._events.append(ev)
-            self._cond.notify_all()
+            if self._blocked:
+                self._cond.notify_all()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             loop, fut = waiter
@@ -96,7 +101,12 @@ class RequestStream:
 
     def get(self, timeout: float | None = None) -> Event:
         with self._cond:
-            if not self._cond.wait_for(lambda: self._events, timeout):
+            self._blocked += 1
+            try:
+                arrived = self._cond.wait_for(lambda: self._events, timeout)
+            finally:
+                self._blocked -= 1
+            if not arrived:
                 raise TimeoutError(f"no event for {self.request_id} within {timeout}s")
             return self._events.popleft()
 

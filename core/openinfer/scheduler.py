@@ -17,7 +17,7 @@ from .kv.host_tier import HostTier
 from .request import Request, Status
 
 
-@dataclass
+@dataclass(slots=True)   # slots: one is made per running request and step
 class ScheduledRun:
     req: Request
     start: int          # first token index of the run (== req.num_computed)

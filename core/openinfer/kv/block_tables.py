@@ -27,22 +27,23 @@ class BlockTables:
     def gather(self, reqs: Sequence[Request]) -> np.ndarray:
         """[len(reqs), most blocks] int32, each row the request's blocks padded with block 0."""
         held, self.held = self.held, {}
-        rows = np.empty(len(reqs), np.int64)
-        width = 1
-        for i, r in enumerate(reqs):
-            ids, (was, row, n, last) = r.block_ids, held.pop(r.request_id, (r, -1, 0, 0))
+        rows, width = [], 1
+        for r in reqs:
+            ids = r.block_ids
+            m = len(ids)
+            was, row, n, last = held.pop(r.request_id, (r, -1, 0, 0))
             if row < 0:
                 row = self._take()
-            elif was is not r or n > len(ids) or (n and ids[n - 1] != last):
+            elif was is not r or n > m or (n and ids[n - 1] != last):
                 self.table[row, :n] = 0
                 n = 0
-            if len(ids) > n:
-                if len(ids) > self.table.shape[1]:
-                    self._grow(self.table.shape[0], max(len(ids), 2 * self.table.shape[1]))
-                self.table[row, n: len(ids)] = ids[n:]
-            self.held[r.request_id] = (r, row, len(ids), ids[-1] if ids else 0)
-            rows[i] = row
-            width = max(width, len(ids))
+            if m > n:
+                if m > self.table.shape[1]:
+                    self._grow(self.table.shape[0], max(m, 2 * self.table.shape[1]))
+                self.table[row, n: m] = ids[n:]
+            self.held[r.request_id] = (r, row, m, ids[-1] if m else 0)
+            rows.append(row)
+            width = max(width, m)
         for _, row, n, _ in held.values():   # requests this step does not run
             self.table[row, :n] = 0
             self.free.append(row)
