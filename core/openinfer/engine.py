@@ -90,7 +90,8 @@ class Engine:
             return stream
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         req = Request(rid, list(prompt_ids), params, stream, time.monotonic(), cache_salt=cache_salt, stop_ids=stops,
-                      rng=np.random.default_rng(params.seed), sample_stream=next(self._streams))
+                      plain_greedy=params.is_plain_greedy(), rng=np.random.default_rng(params.seed),
+                      sample_stream=next(self._streams))
         self._inbox.put(req)
         self._wake.set()
         return stream
@@ -209,8 +210,7 @@ class Engine:
 
     def _device_greedy(self, req: Request) -> bool:
         """The row's token is the plain argmax of its logits, which the device computes."""
-        p = req.params
-        return (p.is_plain_greedy() and (len(req.output_ids) >= p.min_tokens or not req.stop_ids))
+        return req.plain_greedy and (len(req.output_ids) >= req.params.min_tokens or not req.stop_ids)
 
     def _sampling_batch(self, sampled: list[Request], rows: list[int]) -> SamplingBatch | None:
         """The device sampler's inputs for these rows. A seeded request draws from Philox keyed by its

@@ -110,6 +110,13 @@ class RequestStream:
                 raise TimeoutError(f"no event for {self.request_id} within {timeout}s")
             return self._events.popleft()
 
+    def drain(self) -> list[Event]:
+        """Every event queued so far, without waiting."""
+        with self._lock:
+            events = list(self._events)
+            self._events.clear()
+        return events
+
     def __iter__(self) -> Iterator[Event]:
         while True:
             ev = self.get()
@@ -161,6 +168,7 @@ class Request:
     state_slot: int | None = None   # row of its bounded state (hybrid models), held while running
     cache_salt: str = ""
     stop_ids: frozenset[int] = frozenset()     # the sampled ids that end it (stop ids, eos unless ignored)
+    plain_greedy: bool = False                  # params.is_plain_greedy(), taken once at submit
     rng: np.random.Generator | None = None      # the host sampler's
     sample_stream: int = 0                      # the device sampler's Philox stream when unseeded
     prompt_unique: np.ndarray | None = None     # the prompt's distinct ids (repetition penalty), once

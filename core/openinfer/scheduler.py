@@ -103,8 +103,9 @@ class Scheduler:
         return budget - n
 
     def _run(self, r: Request, n: int) -> ScheduledRun:
-        self.blocks.allocate(r, r.num_computed + n)
-        return ScheduledRun(r, r.num_computed, n, r.num_computed + n == r.num_tokens)
+        start = r.num_computed
+        self.blocks.allocate(r, start + n)
+        return ScheduledRun(r, start, n, start + n == r.num_tokens)
 
     def finish(self, req: Request) -> None:
         """Drop a request from whichever queue holds it and return its KV at once."""
