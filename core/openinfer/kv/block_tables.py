@@ -32,7 +32,7 @@ class BlockTables:
             ids = r.block_ids
             entry = held.pop(r.request_id, None)
             if entry is None or entry[0] is not r or entry[2] != len(ids) or (ids and ids[-1] != entry[3]):
-                entry = self._copy(r, entry)   # new, grown or replaced: most steps, no row is
+                entry = self._copy(r, entry)   # new, grown or replaced: a few rows a step at most
             kept[r.request_id] = entry
             rows.append(entry[1])
             if entry[2] > width:   # not max(): a builtin call per row is slow here
