@@ -31,6 +31,23 @@ def test_event_order_is_enforced():
         s.put(Tokens([1], []))
 
 
+def test_a_blocked_reader_wakes_and_drain_takes_what_is_queued():
+    s = RequestStream("x")
+    got = []
+    reader = threading.Thread(target=lambda: got.append(s.get(timeout=10)))
+    reader.start()
+    for _ in range(10_000):   # put() notifies only a reader already waiting: test that path
+        if s._blocked:
+            break
+        threading.Event().wait(0.001)
+    s.put(Scheduled(3))
+    reader.join(timeout=10)
+    assert got == [Scheduled(3)]
+    s.put(Tokens([1], []))
+    s.put(Tokens([2], []))
+    assert s.drain() == [Tokens([1], []), Tokens([2], [])] and s.drain() == []
+
+
 def test_events_arrive_in_order(engine):
     s = engine.submit(PROMPT, greedy(5))
     run_to_completion(engine, [s])

@@ -88,8 +88,10 @@ class Engine:
         if self.dead_reason is not None:
             stream.put(Failed(f"engine is dead: {self.dead_reason}"))
             return stream
-        req = Request(rid, list(prompt_ids), params, stream, time.monotonic(), cache_salt=cache_salt,
-                      rng=np.random.default_rng(params.seed), sample_stream=next(self._streams))
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        req = Request(rid, list(prompt_ids), params, stream, time.monotonic(), cache_salt=cache_salt, stop_ids=stops,
+                      plain_greedy=params.is_plain_greedy(), rng=np.random.default_rng(params.seed),
+                      sample_stream=next(self._streams))
         self._inbox.put(req)
         self._wake.set()
         return stream
@@ -206,14 +208,9 @@ class Engine:
                 req.aborted = True
                 self._end(req, self._finished(req, "abort"))
 
-    def _stops(self, req: Request) -> set[int]:
-        p = req.params
-        return set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
-
     def _device_greedy(self, req: Request) -> bool:
         """The row's token is the plain argmax of its logits, which the device computes."""
-        p = req.params
-        return (p.is_plain_greedy() and (len(req.output_ids) >= p.min_tokens or not self._stops(req)))
+        return req.plain_greedy and (len(req.output_ids) >= req.params.min_tokens or not req.stop_ids)
 
     def _sampling_batch(self, sampled: list[Request], rows: list[int]) -> SamplingBatch | None:
         """The device sampler's inputs for these rows. A seeded request draws from Philox keyed by its
@@ -225,7 +222,7 @@ class Engine:
         for i in rows:
             req = sampled[i]
             p = req.params
-            blocked = self._stops(req) if len(req.output_ids) < p.min_tokens else frozenset()
+            blocked = req.stop_ids if len(req.output_ids) < p.min_tokens else frozenset()
             seeded = p.seed is not None
             if p.repetition_penalty != 1.0 and req.prompt_unique is None:
                 req.prompt_unique = np.unique(np.asarray(req.prompt_ids, np.int64))
@@ -236,8 +233,9 @@ class Engine:
         return build_batch(specs, self.vocab_size, rows)
 
     def _advance(self, plan: StepPlan, out: StepOutput) -> None:
-        row = 0
         now = time.monotonic()
+        tokens = out.tokens.tolist()   # one conversion, not a numpy scalar per row
+        row = 0
         for run in plan.runs:
             req = run.req
             req.num_computed = run.start + run.length
@@ -245,24 +243,24 @@ class Engine:
             if not run.samples:
                 continue
             p = req.params
-            stops = self._stops(req)
             if row in out.samples:
                 s = out.samples[row]
             elif row in out.logits:
-                blocked = stops if len(req.output_ids) < p.min_tokens else frozenset()
+                blocked = req.stop_ids if len(req.output_ids) < p.min_tokens else frozenset()
                 s = sample_row(out.logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked)
             else:
-                s = SampleResult(int(out.tokens[row]))
+                s = SampleResult(tokens[row])
             row += 1
             req.output_ids.append(s.token)
-            self.generation_tokens += 1
-            req.first_token_time = req.first_token_time or now
+            if req.first_token_time is None:
+                req.first_token_time = now
             req.last_token_time = now
             req.stream.put(Tokens([s.token], [s]))
-            if s.token in stops:
+            if s.token in req.stop_ids:
                 self._end(req, self._finished(req, "stop", s.token))
             elif len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
                 self._end(req, self._finished(req, "length"))
+        self.generation_tokens += row
 
     def _finished(self, req: Request, reason: str, stop_token: int | None = None) -> Finished:
         return Finished(reason, len(req.prompt_ids), len(req.output_ids), req.cached_tokens, stop_token)

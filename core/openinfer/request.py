@@ -23,7 +23,7 @@ class Scheduled:
     cached_tokens: int            # prompt tokens served from the prefix cache
 
 
-@dataclass
+@dataclass(slots=True)   # slots: one is made per running request and step
 class Tokens:
     token_ids: list[int]
     samples: list[SampleResult]   # logprob details, one per token
@@ -63,7 +63,11 @@ class RequestStream:
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self._events: deque[Event] = deque()
-        self._cond = threading.Condition()
+        # put() takes the lock itself (Condition's own enter/exit are Python calls) and notifies only
+        # while a get() is blocked: it runs once per running request and step on the engine thread
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._blocked = 0              # threads inside get()'s wait
         self._state = "new"            # new -> scheduled -> done
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
 
@@ -72,22 +76,24 @@ class RequestStream:
         return self._state == "done"
 
     def put(self, ev: Event) -> None:
-        with self._cond:
-            if self._state == "done":
+        with self._lock:
+            if type(ev) is Tokens and self._state == "scheduled":
+                pass   # in order; tested first, as one comes per running request and step
+            elif self._state == "done":
                 raise EventOrderError(f"{self.request_id}: {type(ev).__name__} after the terminal event")
-            if isinstance(ev, Scheduled):
+            elif isinstance(ev, Scheduled):
                 if self._state != "new":
                     raise EventOrderError(f"{self.request_id}: scheduled twice")
                 self._state = "scheduled"
             elif isinstance(ev, Tokens):
-                if self._state != "scheduled":
-                    raise EventOrderError(f"{self.request_id}: tokens before scheduled")
-            elif isinstance(ev, Finished) and self._state == "new" and ev.reason != "abort":
-                raise EventOrderError(f"{self.request_id}: finished before scheduled")
-            if isinstance(ev, TERMINAL):
+                raise EventOrderError(f"{self.request_id}: tokens before scheduled")
+            elif isinstance(ev, TERMINAL):
+                if isinstance(ev, Finished) and self._state == "new" and ev.reason != "abort":
+                    raise EventOrderError(f"{self.request_id}: finished before scheduled")
                 self._state = "done"
             self._events.append(ev)
-            self._cond.notify_all()
+            if self._blocked:
+                self._cond.notify_all()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             loop, fut = waiter
@@ -95,9 +101,21 @@ class RequestStream:
 
     def get(self, timeout: float | None = None) -> Event:
         with self._cond:
-            if not self._cond.wait_for(lambda: self._events, timeout):
+            self._blocked += 1
+            try:
+                arrived = self._cond.wait_for(lambda: self._events, timeout)
+            finally:
+                self._blocked -= 1
+            if not arrived:
                 raise TimeoutError(f"no event for {self.request_id} within {timeout}s")
             return self._events.popleft()
+
+    def drain(self) -> list[Event]:
+        """Every event queued so far, without waiting."""
+        with self._lock:
+            events = list(self._events)
+            self._events.clear()
+        return events
 
     def __iter__(self) -> Iterator[Event]:
         while True:
@@ -149,6 +167,8 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     state_slot: int | None = None   # row of its bounded state (hybrid models), held while running
     cache_salt: str = ""
+    stop_ids: frozenset[int] = frozenset()     # the sampled ids that end it (stop ids, eos unless ignored)
+    plain_greedy: bool = False                  # params.is_plain_greedy(), taken once at submit
     rng: np.random.Generator | None = None      # the host sampler's
     sample_stream: int = 0                      # the device sampler's Philox stream when unseeded
     prompt_unique: np.ndarray | None = None     # the prompt's distinct ids (repetition penalty), once

@@ -73,7 +73,7 @@ class SamplingParams:
                 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0)
 
 
-@dataclass
+@dataclass(slots=True)   # slots: one is made per sampled row and step
 class SampleResult:
     token: int
     logprob: float | None = None                     # of the chosen token, when logprobs was asked

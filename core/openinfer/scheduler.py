@@ -17,7 +17,7 @@ from .kv.host_tier import HostTier
 from .request import Request, Status
 
 
-@dataclass
+@dataclass(slots=True)   # slots: one is made per running request and step
 class ScheduledRun:
     req: Request
     start: int          # first token index of the run (== req.num_computed)
@@ -59,8 +59,9 @@ class Scheduler:
         tier = self.host_tier
         if tier is not None:
             tier.poll()
-        decoding = [r for r in self.running if r.num_computed >= r.num_tokens - 1]
-        prefilling = [r for r in self.running if r.num_computed < r.num_tokens - 1]
+        decoding, prefilling = [], []
+        for r in self.running:
+            (decoding if r.num_computed >= r.num_tokens - 1 else prefilling).append(r)
         for r in decoding:
             if budget == 0:
                 break
@@ -102,8 +103,9 @@ class Scheduler:
         return budget - n
 
     def _run(self, r: Request, n: int) -> ScheduledRun:
-        self.blocks.allocate(r, r.num_computed + n)
-        return ScheduledRun(r, r.num_computed, n, r.num_computed + n == r.num_tokens)
+        start = r.num_computed
+        self.blocks.allocate(r, start + n)
+        return ScheduledRun(r, start, n, start + n == r.num_tokens)
 
     def finish(self, req: Request) -> None:
         """Drop a request from whichever queue holds it and return its KV at once."""

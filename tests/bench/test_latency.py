@@ -13,6 +13,11 @@ from conftest import run_cli
 from openinfer.bench.latency import PointTiming, run_once, sweep
 
 
+class _Stream:
+    def drain(self) -> list:
+        return []
+
+
 @dataclass
 class _Stats:
     num_tokens: int
@@ -25,8 +30,9 @@ class FakeEngine:
     def __init__(self, budget: int) -> None:
         self.budget, self.now, self.reqs = budget, 0.0, []
 
-    def add_request(self, ids: list[int], params: int) -> None:
+    def add_request(self, ids: list[int], params: int) -> _Stream:
         self.reqs.append({"todo": len(ids), "left": params})
+        return _Stream()
 
     def has_unfinished(self) -> bool:
         return any(r["left"] > 0 for r in self.reqs)

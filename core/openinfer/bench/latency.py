@@ -46,16 +46,19 @@ def run_once(engine: Any, prompts: list[list[int]], params: Any, point: PointTim
              clock: Callable[[], float] = time.perf_counter) -> None:
     """Adds the batch, steps until done. The prefill phase ends at the step where the computed tokens
     reach the prompt total; with a token budget smaller than the batch's prompts some rows decode while
-    others still prefill, and those mixed steps count as prefill."""
+    others still prefill, and those mixed steps count as prefill. The streams are read after each step,
+    outside its time, as a server's readers do: events left to pile up would make the steps pay for
+    collecting garbage a server does not have."""
     prompt_tokens = sum(len(p) for p in prompts)
     t0 = clock()
-    for p in prompts:
-        engine.add_request(p, params)
+    streams = [engine.add_request(p, params) for p in prompts]
     computed, steps = 0, []
     while engine.has_unfinished():
         ts = clock()
         stats = engine.step()
         te = clock()
+        for s in streams:
+            s.drain()
         if computed < prompt_tokens:
             computed += stats.num_tokens
             if computed >= prompt_tokens:

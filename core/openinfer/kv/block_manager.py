@@ -145,6 +145,8 @@ class BlockManager:
 
     def allocate(self, req: Request, num_tokens: int) -> None:
         """Grow the block table to hold `num_tokens` tokens (always within the reservation)."""
+        if len(req.block_ids) * self.block_size >= num_tokens:
+            return   # most decode steps: the last block has room
         evicted: list[tuple[int, int, tuple[int, ...]]] = []
         while len(req.block_ids) * self.block_size < num_tokens:
             if req.reserved_blocks <= 0:
@@ -168,7 +170,8 @@ class BlockManager:
 
     def commit(self, req: Request) -> None:
         """Register the request's newly completed full blocks in the prefix cache."""
-        if not self.enable_prefix_cache:
+        # most decode steps complete no block: num_computed alone (an upper bound of `full`) tells
+        if not self.enable_prefix_cache or req.num_computed // self.block_size <= req.num_hashed_blocks:
             return
         full = min(req.num_computed, req.num_tokens) // self.block_size
         if full <= req.num_hashed_blocks:

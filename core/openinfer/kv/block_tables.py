@@ -19,32 +19,42 @@ from ..request import Request
 class BlockTables:
     def __init__(self, rows: int = 8, width: int = 64) -> None:
         self.table = np.zeros((rows, width), np.int32)   # a row is zero past its request's blocks
-        self.held: dict[str, tuple[Request, int, int]] = {}   # request id -> (request, row, blocks copied)
+        # request id -> (request, row, blocks copied, the last of them): the last id tells a replaced list
+        # apart without reading the table back
+        self.held: dict[str, tuple[Request, int, int, int]] = {}
         self.free = list(range(rows - 1, -1, -1))
 
     def gather(self, reqs: Sequence[Request]) -> np.ndarray:
         """[len(reqs), most blocks] int32, each row the request's blocks padded with block 0."""
-        held, self.held = self.held, {}
-        rows = np.empty(len(reqs), np.int64)
-        width = 1
-        for i, r in enumerate(reqs):
-            ids, (was, row, n) = r.block_ids, held.pop(r.request_id, (r, -1, 0))
-            if row < 0:
-                row = self._take()
-            elif was is not r or n > len(ids) or (n and ids[n - 1] != self.table[row, n - 1]):
-                self.table[row, :n] = 0
-                n = 0
-            if len(ids) > n:
-                if len(ids) > self.table.shape[1]:
-                    self._grow(self.table.shape[0], max(len(ids), 2 * self.table.shape[1]))
-                self.table[row, n: len(ids)] = ids[n:]
-            self.held[r.request_id] = (r, row, len(ids))
-            rows[i] = row
-            width = max(width, len(ids))
-        for _, row, n in held.values():   # requests this step does not run
+        held, kept = self.held, {}
+        rows, width = [], 1
+        for r in reqs:
+            ids = r.block_ids
+            entry = held.pop(r.request_id, None)
+            if entry is None or entry[0] is not r or entry[2] != len(ids) or (ids and ids[-1] != entry[3]):
+                entry = self._copy(r, entry)   # new, grown or replaced: a few rows a step at most
+            kept[r.request_id] = entry
+            rows.append(entry[1])
+            if entry[2] > width:   # not max(): a builtin call per row is slow here
+                width = entry[2]
+        self.held = kept
+        for _, row, n, _ in held.values():   # requests this step does not run
             self.table[row, :n] = 0
             self.free.append(row)
         return self.table[rows, :width]
+
+    def _copy(self, r: Request, entry: tuple[Request, int, int, int] | None) -> tuple[Request, int, int, int]:
+        """Bring the request's row up to date: a fresh row, the added blocks, or the whole list again."""
+        ids = r.block_ids
+        was, row, n, last = entry or (r, self._take(), 0, 0)
+        if was is not r or n > len(ids) or (n and ids[n - 1] != last):
+            self.table[row, :n] = 0
+            n = 0
+        if len(ids) > n:
+            if len(ids) > self.table.shape[1]:
+                self._grow(self.table.shape[0], max(len(ids), 2 * self.table.shape[1]))
+            self.table[row, n: len(ids)] = ids[n:]
+        return r, row, len(ids), ids[-1] if ids else 0
 
     def _take(self) -> int:
         if not self.free:
