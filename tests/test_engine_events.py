@@ -2,13 +2,15 @@
 parameters (seeded reproducibility, stop tokens, min_tokens, logprobs)."""
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import numpy as np
 import pytest
 
 from openinfer.engine import EngineArgs, build_engine
-from openinfer.request import EventOrderError, Finished, Rejected, RequestStream, Scheduled, Tokens
+from openinfer.request import (EventOrderError, Finished, Rejected, RequestStream, Scheduled, Tokens,
+                              wakeups_batched)
 from openinfer.sampling import ParamError, SamplingParams
 from openinfer.testing.engine import collect, generate, greedy, run_to_completion
 
@@ -46,6 +48,48 @@ def test_a_blocked_reader_wakes_and_drain_takes_what_is_queued():
     s.put(Tokens([1], []))
     s.put(Tokens([2], []))
     assert s.drain() == [Tokens([1], []), Tokens([2], [])] and s.drain() == []
+
+
+def test_a_step_wakes_an_event_loop_once_for_all_its_streams():
+    """Readers awaiting aget() on one loop: puts inside wakeups_batched() (as Engine.step does) reach
+    the loop in one call_soon_threadsafe; outside, each put wakes its reader itself."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    streams = [RequestStream(f"r{i}") for i in range(3)]
+    for s in streams:
+        s.put(Scheduled(0))
+
+    async def read_three(s):
+        return [await s.aget(), await s.aget(), await s.aget()]
+
+    readers = [asyncio.run_coroutine_threadsafe(read_three(s), loop) for s in streams]
+    try:
+        for _ in range(10_000):   # every reader has consumed Scheduled and waits on a future
+            if all(s._waiter is not None for s in streams):
+                break
+            threading.Event().wait(0.001)
+        calls = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (calls.append(a), real(*a))[1]
+        with wakeups_batched():
+            for i, s in enumerate(streams):
+                s.put(Tokens([i], []))
+            assert calls == []          # held until the step ends
+        assert len(calls) == 1
+        for _ in range(10_000):
+            if all(s._waiter is not None for s in streams):
+                break
+            threading.Event().wait(0.001)
+        for s in streams:
+            s.put(Finished("length", 1, 1, 0))
+        assert len(calls) == 4
+        assert [r.result(timeout=10) for r in readers] == [
+            [Scheduled(0), Tokens([i], []), Finished("length", 1, 1, 0)] for i in range(3)]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
 
 
 def test_events_arrive_in_order(engine):

@@ -23,7 +23,8 @@ from .kv.block_manager import BlockManager
 from .kv.host_tier import AHEAD_POLL_S, HostTier
 from .kv.offload_stats import OffloadStats
 from .model_runner import ModelRunner, StepOutput
-from .request import Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens
+from .request import (Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens,
+                      wakeups_batched)
 from .philox import split64
 from .sampling import SampleResult, SamplingParams, sample_row
 from .sampling_batch import SampleRow, SamplingBatch, build_batch
@@ -168,6 +169,10 @@ class Engine:
         return self.scheduler.has_work() or not self._inbox.empty() or not self._aborts.empty()
 
     def step(self) -> StepStats:
+        with wakeups_batched():   # a server's event loop is woken once for the step's events
+            return self._step()
+
+    def _step(self) -> StepStats:
         t0 = time.perf_counter()
         self._drain()
         plan = self.scheduler.schedule()

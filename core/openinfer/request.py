@@ -10,6 +10,7 @@ import asyncio
 import enum
 import threading
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator
 
@@ -57,6 +58,37 @@ class EventOrderError(RuntimeError):
     pass
 
 
+_held = threading.local()   # .wakeups: asyncio wakeups this thread holds back until the end of a step
+
+
+@contextmanager
+def wakeups_batched() -> Iterator[None]:
+    """Within, put() on this thread holds back the asyncio wakeups of waiting readers; on exit, one
+    call_soon_threadsafe per event loop resolves them all. A step puts an event for every running
+    request, and each call_soon_threadsafe writes the loop's self-pipe: one write a step, not one
+    a running request."""
+    held: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+    _held.wakeups = held
+    try:
+        yield
+    finally:
+        _held.wakeups = None
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+        for loop, fut in held:
+            by_loop.setdefault(loop, []).append(fut)
+        for loop, futs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, futs)
+            except RuntimeError:   # the loop is closed: nobody is left to read these streams
+                pass
+
+
+def _resolve(futs: list[asyncio.Future]) -> None:
+    for fut in futs:
+        if not fut.done():
+            fut.set_result(None)
+
+
 class RequestStream:
     """Thread-safe, ordered, single-consumer event queue of one request."""
 
@@ -96,8 +128,11 @@ class RequestStream:
                 self._cond.notify_all()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            loop, fut = waiter
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+            held = getattr(_held, "wakeups", None)
+            if held is not None:
+                held.append(waiter)
+            else:
+                waiter[0].call_soon_threadsafe(_resolve, [waiter[1]])
 
     def get(self, timeout: float | None = None) -> Event:
         with self._cond:
