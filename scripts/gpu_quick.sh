@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root, when device time is short: every GPU test (three pytest processes
 # side by side), then the headline figures in priority order, each stage cut to the time left of BUDGET
-# seconds (default 210; TEST_S caps the tests, default 100). Stages past the budget are skipped and say so. A kernel family whose tests fail is
-# switched off for the figures (OPENINFER_DECODE_MMA / OPENINFER_GEMV / OPENINFER_PREFILL_MMA = 0).
+# seconds (default 210; TEST_S caps the tests, default 100). Stages past the budget are skipped and say so;
+# the last ones (copy-queue check, Nsight Compute step profiles) run only with a larger BUDGET. A kernel
+# family whose tests fail is switched off for the figures (OPENINFER_DECODE_MMA / OPENINFER_GEMV / OPENINFER_PREFILL_MMA = 0).
 #   bash scripts/gpu_quick.sh          ->  $OUT/summary.txt (the table) and $OUT/results.tgz (every log)
 # The full-length runs are scripts/gpu_bench.sh, gpu_qwen35.sh, gpu_offload.sh and gpu_startup.sh.
 set -uo pipefail
@@ -84,5 +85,12 @@ if stage startup 25 $OI bench startup --base-url http://127.0.0.1:8021 --vocab-s
     say "start-up (dummy weights, warm kernel cache):"; tail -4 "$LOGS/startup.log" | tee -a "$SUMMARY"
     grep -E "phase|ready" "$LOGS/startup_server.log" | cut -c1-160 | tail -14 >>"$SUMMARY"
 else say "startup failed: $(grep -m1 -E 'Error|error' "$LOGS/startup.log")"; fi
+# with time left: the copy-queue check behind the bounded save-ahead, then per-kernel step profiles
+if stage copy_queue 30 $PY scripts/gpu_copy_queue.py; then tail -8 "$LOGS/copy_queue.log" | tee -a "$SUMMARY"; fi
+if (( $(left) > 80 )); then
+    stage ncu $(( $(left) - 5 )) env OUT="$LOGS" NCU_S=70 TOP=12 bash scripts/gpu_ncu.sh "qwen3-4b decode 1" \
+        "qwen3.5-4b prefill 1024"
+    cat "$LOGS"/ncu_*.txt 2>/dev/null | tee -a "$SUMMARY"; rm -f "$LOGS"/ncu_*.csv
+else say "[ncu] skipped: out of time"; fi
 say "done in ${SECONDS}s"
 snapshot
