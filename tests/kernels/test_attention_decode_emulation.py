@@ -11,7 +11,7 @@ import pytest
 
 from openinfer.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
-from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma, pack
+from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma, pack, shuffled_tables
 
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16
 STAGES = {64: 3, 128: 3, 256: 2}
@@ -177,12 +177,7 @@ def test_mma_decode_emulation_matches_reference(case):
     bs, layers, layer = 16, 2, 1
     need = [-(-L // bs) for L in ctx]
     nb = sum(need) + 2
-    perm = rng.permutation(nb)
-    tables = np.zeros((len(ctx), max(need)), np.int32)
-    at = 0
-    for i, k in enumerate(need):
-        tables[i, :k] = perm[at: at + k]
-        at += k
+    tables = shuffled_tables(need, nb, rng)
     B = len(ctx)
     qs, lens = np.arange(B + 1, dtype=np.int32), np.array(ctx, np.int32)
     pool = bf(rng.standard_normal((2, nb, layers, bs, nkv, D)))

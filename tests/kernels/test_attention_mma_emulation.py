@@ -25,6 +25,18 @@ def bf(x):
     return u.astype(np.uint32).view(np.float32)
 
 
+def shuffled_tables(need, num_blocks, rng):
+    """Block tables [len(need), max(need)]: row i takes the next need[i] blocks of a shuffled pool of
+    num_blocks (so rows interleave in the cache), zero past them."""
+    perm = rng.permutation(num_blocks)
+    tables = np.zeros((len(need), max(need)), np.int32)
+    at = 0
+    for i, k in enumerate(need):
+        tables[i, :k] = perm[at: at + k]
+        at += k
+    return tables
+
+
 def tile_cfg(D, MT):
     """MmaTile<D, MT>: MT m-tiles per warp, BM rows per block, BN keys per tile, Q_IN_REGS, LD."""
     return MT, 16 * MT * NW, (64 if D <= 128 else 32), D * MT <= 128, D + 8
@@ -221,12 +233,7 @@ def test_mma_prefill_emulation_matches_reference(case, variant):
     bs, layers, layer = 16, 2, 1
     need = [max(1, -(-L // bs)) for L, _ in runs]
     nb = sum(need) + 2
-    perm = rng.permutation(nb)
-    tables = np.zeros((len(runs), max(need)), np.int32)
-    at = 0
-    for i, k in enumerate(need):
-        tables[i, :k] = perm[at: at + k]
-        at += k
+    tables = shuffled_tables(need, nb, rng)
     qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
     lens = np.array([L for L, _ in runs], np.int32)
     T = int(qs[-1])

@@ -17,6 +17,7 @@ cp = require_gpu()
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from openinfer.kernels.cuda import ops  # noqa: E402  (imports cupy-dependent modules)
+from test_attention_mma_emulation import shuffled_tables  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"bfloat16": (BF16, 2e-2, 2e-2), "float32": (np.dtype(np.float32), 1e-5, 1e-4)}
@@ -294,13 +295,7 @@ def test_gemv_graph_capture_replays(pdl, monkeypatch):
 
 def _batch(runs, block_size, rng, num_blocks):
     """runs: (context_len, query_len) per sequence; blocks are shuffled across sequences."""
-    need = [-(-L // block_size) for L, _ in runs]
-    perm = rng.permutation(num_blocks)
-    tables = np.zeros((len(runs), max(need)), np.int32)
-    at = 0
-    for i, nbk in enumerate(need):
-        tables[i, :nbk] = perm[at: at + nbk]
-        at += nbk
+    tables = shuffled_tables([-(-L // block_size) for L, _ in runs], num_blocks, rng)
     qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
     lens = np.array([L for L, _ in runs], np.int32)
     pos = np.concatenate([np.arange(L - n, L) for L, n in runs]).astype(np.int32)

@@ -144,8 +144,6 @@ class HostTier:
         return self._ahead is not None
 
     def _batch_blocks(self, hide_s: float) -> int:
-        if not self.block_bytes:    # a copier without a host pool of its own (tests): no bound
-            return self.stats.capacity_blocks
         return max(1, int(max(AHEAD_MIN_BYTES, hide_s * AHEAD_BYTES_PER_S)) // self.block_bytes)
 
     def _save(self, evicted: Evicted, ahead: bool = False) -> Transfer | None:

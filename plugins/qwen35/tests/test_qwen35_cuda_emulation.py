@@ -13,17 +13,10 @@ import pytest
 from openinfer.batch import ForwardBatch
 from openinfer_qwen35 import ops
 
+from test_qwen35_ops import batch
+
 L, BV, DK_MAX, CONV_K, CONV_TOK = 64, 32, 128, 4, 16   # delta_rule.cu, conv.cu
 F32 = np.float32
-
-
-def batch(runs: list[tuple[int, int]], slots: list[int]) -> ForwardBatch:
-    """runs: (tokens before the run, run length) per sequence."""
-    qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
-    lens = np.asarray([p + n for p, n in runs], dtype=np.int32)
-    z = np.zeros(1, dtype=np.int32)
-    return ForwardBatch(z, z, z, z, qs, lens, z, qs, lens, 16, max(n for _, n in runs), int(lens.max()),
-                        state_slots=np.asarray(slots, dtype=np.int32))
 
 
 def _live(b: ForwardBatch, i: int) -> bool:
