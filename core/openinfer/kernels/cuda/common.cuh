@@ -21,6 +21,18 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
     return r;
 }
 
+// Programmatic dependent launch: on sm_90+ module.launch may start a kernel while the previous kernel
+// in the stream is still finishing, which hides launch latency and CTA ramp-up between the small
+// kernels of a decode step. Every kernel calls pdl_begin() before its first global memory access:
+// griddepcontrol.wait returns once the previous grid has completed and its writes are visible, then
+// launch_dependents lets the next kernel be scheduled. Launched without the attribute, both are no-ops.
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
