@@ -1,7 +1,7 @@
 """GEMV vs cuBLAS on Qwen3 decode shapes, and the 145-GEMM Qwen3-4B decode chain (GPU only).
 
     python scripts/gemv_bench.py            # the table gpu_kernels.sh prints
-    python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill, PDL) on the chain
+    python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill, PDL prefetch) on the chain
 
 Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s counts weight + x + y bytes.
 """
@@ -13,7 +13,7 @@ import cupy as cp
 import ml_dtypes
 import numpy as np
 
-from openinfer.kernels.cuda import blas, ops
+from openinfer.kernels.cuda import blas, ops, pdl
 
 bf = np.dtype(ml_dtypes.bfloat16)
 stream = cp.cuda.Stream(non_blocking=True)
@@ -41,14 +41,16 @@ def graph_us(fn, reps=20, inner=1):
     return cp.cuda.get_elapsed_time(s, e) * 1e3 / (reps * inner)
 
 
-def with_gemv(enabled, fn, **knobs):
-    saved = {k: getattr(blas, k) for k in ("GEMV_ENABLED", *knobs)}
+def with_gemv(enabled, fn, pdl_on=True, **knobs):
+    """fn() with the GEMV path on or off, programmatic dependent launch on or off, and blas knobs set."""
+    saved, saved_pdl = {k: getattr(blas, k) for k in ("GEMV_ENABLED", *knobs)}, pdl.ENABLED
     try:
-        blas.GEMV_ENABLED = enabled
+        blas.GEMV_ENABLED, pdl.ENABLED = enabled, pdl_on
         for k, v in knobs.items():
             setattr(blas, k, v)
         return fn()
     finally:
+        pdl.ENABLED = saved_pdl
         for k, v in saved.items():
             setattr(blas, k, v)
 
@@ -73,8 +75,8 @@ def shape_rows(shapes, ms=(1, 8)):
             def fn():
                 for w in ws:
                     ops.linear(x, w)
-            g = with_gemv(True, lambda: graph_us(fn), GEMV_PDL=False) / copies
-            p = with_gemv(True, lambda: graph_us(fn), GEMV_PDL=True) / copies
+            g = with_gemv(True, lambda: graph_us(fn), pdl_on=False) / copies
+            p = with_gemv(True, lambda: graph_us(fn)) / copies
             c = with_gemv(False, lambda: graph_us(fn)) / copies
             splits = blas.gemv_splits(n, k, blas.gemv_resident(f"gemv_bf16_{blas.GEMV_VARIANT}"))
             print(f"{name + f' {k}->{n}':<28} {m:>2} {splits:>5} {g:8.1f} {nbytes / g / 1e3:6.0f} {p:8.1f} "
@@ -103,14 +105,14 @@ def chain_rows(sweep=False):
     floor = nbytes / FLOOR_BW * 1e6
     print(f"\ndecode GEMM chain, Qwen3-4B, M=1: 145 GEMMs, {nbytes / 1e9:.2f} GB of weights, "
           f"floor {floor:.0f} us at {FLOOR_BW / 1e12:.1f} TB/s (graph-replayed)")
-    configs = [("cuBLAS", False, {}), ("GEMV", True, {"GEMV_PDL": False}), ("GEMV + PDL", True, {"GEMV_PDL": True})]
+    configs = [("cuBLAS", False, {"pdl_on": False}), ("GEMV", True, {"pdl_on": False}), ("GEMV + PDL", True, {})]
     if sweep:
         for variant in ("u2", "u4", "u8", "u4_o8"):
             for fill, min_k in ((0.5, 1024), (1.0, 1024), (1.0, 512), (2.0, 512)):
-                for pdl in (False, True):
-                    configs.append((f"{variant} fill={fill} min_split_k={min_k} pdl={int(pdl)}", True,
+                for prefetch in (0, 8, 16):
+                    configs.append((f"{variant} fill={fill} min_split_k={min_k} prefetch={prefetch}", True,
                                     {"GEMV_VARIANT": variant, "GEMV_FILL": fill, "GEMV_MIN_SPLIT_K": min_k,
-                                     "GEMV_PDL": pdl}))
+                                     "GEMV_PREFETCH": prefetch}))
     for label, on, knobs in configs:
         try:
             us = with_gemv(on, lambda: graph_us(run, reps=10), **knobs)

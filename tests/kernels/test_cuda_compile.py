@@ -114,3 +114,30 @@ def test_register_is_lazy_and_complete():
             impl = reg.candidates(op, "cuda", dtype)[0]
             assert impl.impl == f"openinfer.kernels.cuda.ops:{op}"
     assert not reg.candidates("rms_norm", "cuda", "float16")
+
+
+def test_every_kernel_waits_for_its_predecessor():
+    """Kernels are launched with programmatic dependent launch (kernels/cuda/pdl.py): one that read or
+    wrote global memory before griddepcontrol.wait (pdl_begin() in common.cuh) would race with the
+    kernel before it. Every entry of every core and plugin source must execute the wait."""
+    from openinfer.testing.launch_check import ptx_entries, require_nvrtc
+    require_nvrtc()
+    plugin_dirs = [Path(p.__file__).parent / "cuda" for p in _plugin_packages()]
+    sources = [*kc.sources(), *(p for d in plugin_dirs for p in sorted(d.glob("*.cu")))]
+    missing = [f"{Path(str(src)).name}:{name}" for src in sources
+               for name, (_, body) in ptx_entries(src).items() if "griddepcontrol.wait" not in body]
+    assert len(sources) > len(kc.sources()) and not missing, missing
+
+
+def _plugin_packages() -> list:
+    """The installed model-line packages that ship CUDA sources."""
+    import importlib
+    out = []
+    for name in ("openinfer_qwen3", "openinfer_qwen35"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if (Path(mod.__file__).parent / "cuda").is_dir():
+            out.append(mod)
+    return out

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("cupy")
 from openinfer.batch import ForwardBatch  # noqa: E402
-from openinfer.kernels.cuda import attention, attention_decode, blas, module, ops, sampler  # noqa: E402
+from openinfer.kernels.cuda import attention, attention_decode, blas, module, ops, pdl, sampler  # noqa: E402
 from openinfer.sampling import SamplingParams  # noqa: E402
 from openinfer.sampling_batch import NUM_FIELDS, ROW, SampleRow, build_batch  # noqa: E402
 from openinfer.testing.launch_check import aligned_empty, entries, fake, record_launches  # noqa: E402
@@ -68,17 +68,13 @@ def test_linear_gemv_launch_args(launches, m, n, k):
     assert [(c.source, c.name) for c in launches] == [("gemv", f"gemv_bf16_{blas.GEMV_VARIANT}")]
 
 
-def test_gemv_pdl_launch_args(launches, monkeypatch):
-    got = []
-    monkeypatch.setattr(blas, "GEMV_PDL", True)
-    monkeypatch.setattr(blas, "_launch_pdl", lambda name, grid, args: got.append((name, grid, args)))
-    blas.linear(aligned_empty((4, 4096), BF16), aligned_empty((256, 4096), BF16))
-    (name, grid, args), = got
-    params = entries("gemv")[name]
-    assert len(args) == len(blas._GEMV_ARG_TYPES) == len(params)
-    for a, t, (ptype, size) in zip(args, blas._GEMV_ARG_TYPES, params):
-        assert isinstance(a, int) and ctypes.sizeof(t) == size, (a, t, ptype)
-    assert grid[1] > 1 and args[6] and args[7]   # split-K: a workspace and the counters
+def test_gemv_prefetches_only_under_pdl(launches, monkeypatch):
+    """The weight prefetch before griddepcontrol.wait is worth it only when the kernel can start early."""
+    for on in (False, True):
+        monkeypatch.setattr(pdl, "enabled", lambda: on)
+        blas.linear(aligned_empty((4, 4096), BF16), aligned_empty((256, 4096), BF16))
+        assert int(launches[-1].args[-1]) == (blas.GEMV_PREFETCH if on else 0)
+    assert launches[-1].grid[1] > 1 and launches[-1].args[6] is not module.NULL   # split-K: a workspace
 
 
 def test_cublas_gemm_ex_binding():
@@ -92,8 +88,8 @@ def test_cublas_gemm_ex_binding():
 
 def test_launch_config_matches_cuda_h():
     """CUlaunchConfig / CUlaunchAttribute as laid out by cuda.h (x86-64)."""
-    assert ctypes.sizeof(blas._LaunchAttr) == 72 and blas._LaunchAttr.value.offset == 8
-    assert [getattr(blas._LaunchConfig, f).offset for f in ("grid", "block", "smem", "stream", "attrs", "num_attrs")] \
+    assert ctypes.sizeof(pdl._LaunchAttr) == 72 and pdl._LaunchAttr.value.offset == 8
+    assert [getattr(pdl._LaunchConfig, f).offset for f in ("grid", "block", "smem", "stream", "attrs", "num_attrs")] \
         == [0, 12, 24, 32, 40, 48]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from openinfer.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
-from openinfer.testing.cuda import require_gpu
+from openinfer.testing.cuda import kernel_stream, require_gpu
 
 pytestmark = pytest.mark.cuda
 cp = require_gpu()
@@ -20,6 +20,7 @@ from openinfer.kernels.cuda import ops  # noqa: E402  (imports cupy-dependent mo
 from test_attention_mma_emulation import shuffled_tables  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+own_stream = pytest.fixture(autouse=True)(kernel_stream)
 DTYPES = {"bfloat16": (BF16, 2e-2, 2e-2), "float32": (np.dtype(np.float32), 1e-5, 1e-4)}
 
 
@@ -220,10 +221,11 @@ def test_linear_gemv(m, n, k, gemv_calls):
 @pytest.mark.parametrize("pdl", [False, True])
 def test_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_calls):
     """Every kernel variant the benchmark sweeps, eager with and without PDL, split-K and tails."""
-    from openinfer.kernels.cuda import blas
+    from openinfer.kernels.cuda import blas, pdl as pdl_mod
     monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
-    monkeypatch.setattr(blas, "GEMV_PDL", pdl)
+    monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
     rng = np.random.default_rng(3)
+    assert pdl_mod.enabled() == pdl
     for m, n, k in ((1, 2560, 4096), (8, 2560, 9728), (3, 77, 1000), (6, 1000, 2056)):
         x, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
         close(ops.linear(dev(x, BF16), dev(w, BF16)), ref.linear(x, w), DTYPES["bfloat16"], scale=2)
@@ -261,8 +263,8 @@ def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
 @pytest.mark.parametrize("pdl", [False, True])
 def test_gemv_graph_capture_replays(pdl, monkeypatch):
     """A chain of GEMVs (split-K and not, M = 1 and 8) captured once, replayed on new inputs."""
-    from openinfer.kernels.cuda import blas
-    monkeypatch.setattr(blas, "GEMV_PDL", pdl)
+    from openinfer.kernels.cuda import pdl as pdl_mod
+    monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
     rng = np.random.default_rng(11)
     ws = [dev(rnd(rng, n, k, scale=k ** -0.5), BF16) for n, k in ((6144, 2560), (2560, 6144), (200, 2560))]
     stream = cp.cuda.Stream(non_blocking=True)

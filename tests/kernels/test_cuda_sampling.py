@@ -10,11 +10,12 @@ from openinfer.philox import split64
 from openinfer.sampling import SamplingParams
 from openinfer.sampling_batch import (EDIT_BEGIN, EDIT_END, LOGPROBS, ROW, TEMPERATURE, SampleRow, SamplingBatch,
                                       build_batch)
-from openinfer.testing.cuda import require_gpu
+from openinfer.testing.cuda import kernel_stream, require_gpu
 
 pytestmark = pytest.mark.cuda
 cp = require_gpu()
 ml_dtypes = pytest.importorskip("ml_dtypes")
+own_stream = pytest.fixture(autouse=True)(kernel_stream)
 
 from openinfer.kernels.cuda import sampler  # noqa: E402  (imports cupy-dependent modules)
 from openinfer.kernels.cuda.module import launch, suffix  # noqa: E402

@@ -6,12 +6,13 @@ pointer or a 64-bit integer, .u32/.s32: a 32-bit integer, .f32: a float). The la
 host stand-ins for cupy arrays (numpy arrays with a `.data.ptr`) with `launch` recording instead
 of launching, and each launch is checked as it is recorded: the argument count, each argument's
 size, floats where the kernel takes a float, no Python int or float (CuPy would pass it at a
-size of its choosing), and the grid, block and shared-memory limits of sm_90. A wrong argument
+size of its choosing), the 8-byte slots a programmatic dependent launch packs (pdl.py), and the grid, block and shared-memory limits of sm_90. A wrong argument
 tuple otherwise shows only on a GPU, as a crash or garbage."""
 from __future__ import annotations
 
 import functools
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -20,6 +21,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..kernels.cuda import compile as kc
+from ..kernels.cuda import pdl
 
 PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+\w+(?:\[(\d+)\])?")
 SMEM_MAX = 227 * 1024   # the opt-in ceiling of dynamic shared memory per block on sm_90
@@ -64,8 +66,8 @@ FAKE_CP = SimpleNamespace(empty=aligned_empty, asarray=fake, ascontiguousarray=_
 
 
 @functools.lru_cache(maxsize=None)
-def entries(source: str | Path) -> dict[str, list[tuple[str, int]]]:
-    """kernel name -> [(PTX type, bytes)] of its parameters, for `source` as compile.source_path takes it."""
+def ptx_entries(source: str | Path) -> dict[str, tuple[str, str]]:
+    """kernel name -> (its PTX parameter list, its PTX body), for `source` as compile.source_path takes it."""
     nvrtc = kc._nvrtc()
     path = kc.source_path(source)
     headers = kc._headers(path.parent)
@@ -76,10 +78,15 @@ def entries(source: str | Path) -> dict[str, list[tuple[str, int]]]:
         ptx = nvrtc.getPTX(prog).decode()
     finally:
         nvrtc.destroyProgram(prog)
-    out = {}
-    for name, params in re.findall(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx):
-        out[name] = [(t, int(n) if n else int(re.sub(r"\D", "", t) or 8) // 8) for t, n in PARAM.findall(params)]
-    return out
+    heads = list(re.finditer(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx))
+    ends = [h.start() for h in heads[1:]] + [len(ptx)]
+    return {h.group(1): (h.group(2), ptx[h.end():end]) for h, end in zip(heads, ends)}
+
+
+def entries(source: str | Path) -> dict[str, list[tuple[str, int]]]:
+    """kernel name -> [(PTX type, bytes)] of its parameters, for `source` as compile.source_path takes it."""
+    return {name: [(t, int(n) if n else int(re.sub(r"\D", "", t) or 8) // 8) for t, n in PARAM.findall(params)]
+            for name, (params, _) in ptx_entries(source).items()}
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,9 @@ def check_launch(call: Launch) -> None:
             assert isinstance(a, np.generic), f"{where}: {type(a).__name__} {a!r} (pass a numpy scalar)"
             assert a.dtype.itemsize == size, f"{where}: {a.dtype} is {a.dtype.itemsize} bytes"
             assert (a.dtype.kind == "f") == ptype.startswith("f"), f"{where}: {a.dtype}"
+    codes, _ = pdl.pack(args)   # what a programmatic dependent launch packs into each argument slot
+    for i, code in enumerate(codes):
+        assert struct.calcsize("<" + code) == params[i][1], f"{name} argument {i}: packed as {code} under PDL"
     grid = call.grid + (1,) * (3 - len(call.grid))
     assert all(isinstance(g, int) and g >= 1 for g in grid), f"{name}: grid {grid}"
     assert grid[0] < 2**31 and grid[1] <= 65535 and grid[2] <= 65535, f"{name}: grid {grid}"
@@ -124,7 +134,8 @@ def require_nvrtc() -> None:
 
 def record_launches(monkeypatch: Any, modules: Iterable[ModuleType]) -> list[Launch]:
     """Put FAKE_CP in place of each module's `cp` and a checking recorder in place of its `launch`
-    (where it has one), through pytest's `monkeypatch`; returns the list the checked launches land in."""
+    (where it has one), with PDL reported off, through pytest's `monkeypatch`; returns the list the
+    checked launches land in."""
     require_nvrtc()
     recorded: list[Launch] = []
 
@@ -133,6 +144,7 @@ def record_launches(monkeypatch: Any, modules: Iterable[ModuleType]) -> list[Lau
         check_launch(call)
         recorded.append(call)
 
+    monkeypatch.setattr(pdl, "enabled", lambda: False)   # it asks the (absent) GPU
     for mod in modules:
         monkeypatch.setattr(mod, "cp", FAKE_CP)
         if hasattr(mod, "launch"):

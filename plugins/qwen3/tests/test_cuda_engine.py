@@ -83,6 +83,27 @@ def test_graph_replay_matches_eager(untied, dtype):
     assert hit == generate(eager, [prompts[7]], greedy(24))[0][0]
 
 
+def test_programmatic_dependent_launch_keeps_every_token(untied, monkeypatch):
+    """Every kernel launched with PDL (the default on sm_90+) against none at all: the same greedy
+    tokens, eager and in graphs, batched, and bit-identical logits (PDL changes when a kernel starts,
+    never what it computes)."""
+    from openinfer.kernels.cuda import pdl
+    ckpt, _ = untied
+    runs, launched, launch = {}, [], pdl.launch
+    monkeypatch.setattr(pdl, "launch", lambda *a: launched.append(a[0]) or launch(*a))
+    for on in (False, True):
+        monkeypatch.setattr(pdl, "ENABLED", on)
+        eager = gpu_engine(ckpt, dtype="bfloat16", enforce_eager=True)
+        graph = gpu_engine(ckpt, dtype="bfloat16")
+        assert bool(launched) == on
+        prompts = _prompts(graph, 6)
+        runs[on] = ([t for t, _, _ in generate(eager, prompts, greedy(16))],
+                    [t for t, _, _ in generate(graph, prompts, greedy(16))],
+                    prompt_logits(eager, prompts[0]))
+    assert runs[True][0] == runs[False][0] and runs[True][1] == runs[False][1]
+    np.testing.assert_array_equal(runs[True][2], runs[False][2])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_full_prompt_hit_is_one_graph_replay(untied, dtype, monkeypatch):
     """A prompt of whole blocks hits every block: the last token's block is copied on the device and

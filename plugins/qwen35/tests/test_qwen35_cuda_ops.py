@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from openinfer.batch import ForwardBatch
-from openinfer.testing.cuda import require_gpu
+from openinfer.testing.cuda import kernel_stream, require_gpu
 from openinfer_qwen35 import ops as ref
 
 pytestmark = pytest.mark.cuda
@@ -18,6 +18,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 from openinfer_qwen35.cuda import ops  # noqa: E402  (imports cupy-dependent modules)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+own_stream = pytest.fixture(autouse=True)(kernel_stream)
 DTYPES = {"bfloat16": (BF16, 2e-2, 2e-2), "float32": (np.dtype(np.float32), 1e-5, 1e-4)}
 # (nk, nv, dk, dv, conv channels): the tiny test model and Qwen3.5-4B (models.md §3.1)
 SHAPES = {"tiny": (2, 4, 16, 16, 2 * 2 * 16 + 4 * 16), "4b": (16, 32, 128, 128, 2 * 16 * 128 + 32 * 128)}

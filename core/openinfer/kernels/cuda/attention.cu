@@ -303,13 +303,13 @@ __device__ void paged_combine(const float* part_o, const float* part_m, const fl
 
 #define ATTN_HEAD_DIM(suffix, T, D)                                                                       \
     extern "C" __global__ void __launch_bounds__(NWARPS * 32)                                             \
-        paged_prefill_##suffix##_d##D(ATTN_ARGS(T), int nh, int nkv, float scale) {                          \
+        paged_prefill_##suffix##_d##D(ATTN_ARGS(T), int nh, int nkv, float scale) { pdl_begin();             \
         paged_prefill<T, D>(q, q_stride, kc, vc, KV_LAYOUT, tables, table_stride, qstart, ctx, out, nh,   \
                             nkv, scale);                                                                  \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(NWARPS * 32)                                             \
         paged_decode_##suffix##_d##D(ATTN_ARGS(T), float* part_o, float* part_m, float* part_l, int nh,      \
-                                     int nkv, float scale, int num_splits) {                              \
+                                     int nkv, float scale, int num_splits) { pdl_begin();                 \
         paged_decode<T, D>(q, q_stride, kc, vc, KV_LAYOUT, tables, table_stride, qstart, ctx, out,        \
                            part_o, part_m, part_l, nh, nkv, scale, num_splits);                     \
     }
@@ -318,7 +318,7 @@ __device__ void paged_combine(const float* part_o, const float* part_m, const fl
     ATTN_HEAD_DIM(suffix, T, 64) ATTN_HEAD_DIM(suffix, T, 128) ATTN_HEAD_DIM(suffix, T, 256)              \
     extern "C" __global__ void paged_combine_##suffix(const float* part_o, const float* part_m,           \
                                                       const float* part_l, const int* qstart, T* out,     \
-                                                      int nh, int d, int num_splits) {                    \
+                                                      int nh, int d, int num_splits) { pdl_begin();       \
         paged_combine<T>(part_o, part_m, part_l, qstart, out, nh, d, num_splits);                         \
     }
 

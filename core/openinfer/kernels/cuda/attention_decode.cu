@@ -213,7 +213,7 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
         const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int nh, int nkv, float scale,  \
-        int num_splits) {                                                                                       \
+        int num_splits) { pdl_begin();                                                                          \
         decode_mma<D>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,            \
                       table_stride, qstart, ctx, out, part_o, part_m, part_l, nh, nkv, scale, num_splits);      \
     }

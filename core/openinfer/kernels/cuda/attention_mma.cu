@@ -251,7 +251,7 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) paged_prefill_mma_bf16_d##D##VARIANT(          \
         const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
-        const int* ctx, bf16* out, int nh, int nkv, float scale) {                                             \
+        const int* ctx, bf16* out, int nh, int nkv, float scale) { pdl_begin();                                \
         prefill_mma<D, MT>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,        \
                            table_stride, qstart, ctx, out, nh, nkv, scale);                                    \
     }

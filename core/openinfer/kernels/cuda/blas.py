@@ -3,8 +3,8 @@
 The GEMV path (decode at small batch is weight-bandwidth bound, where cuBLAS reached ~72 % of HBM
 bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strides); split-K for
 weights with few rows, sized to one resident wave and reduced by the last CTA per tile (bit-
-deterministic, graph-safe). OPENINFER_GEMV=0 turns it off; OPENINFER_GEMV_PDL=1 launches it with
-programmatic dependent launch (weights prefetched while the previous kernel drains).
+deterministic, graph-safe). OPENINFER_GEMV=0 turns it off. Under programmatic dependent launch
+(pdl.py) its first weights are prefetched into L2 while the previous kernel drains.
 
 cuBLAS is called directly via ctypes.
 
@@ -24,7 +24,8 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from .module import BF16, NULL, _function, launch, sm_count
+from . import pdl
+from .module import BF16, NULL, blocks_per_sm, launch, sm_count
 
 WORKSPACE_BYTES = 32 << 20
 _CUDA_R_32F, _CUDA_R_16BF = 0, 14            # cudaDataType_t
@@ -96,57 +97,22 @@ _handles: dict[int, _Handle] = {}
 # --- the small-M GEMV path (gemv.cu) ---------------------------------------------------------
 GEMV_MAX_M = 8
 GEMV_ENABLED = os.environ.get("OPENINFER_GEMV", "1") != "0"
-GEMV_PDL = os.environ.get("OPENINFER_GEMV_PDL", "0") == "1"  # programmatic dependent launch
 GEMV_VARIANT = "u4"          # gemv.cu kernel gemv_bf16_<variant>: u2/u4/u8 = 2U weight loads in flight per
                              # thread, u4_o8 = u4 capped at 64 registers for 8 CTAs per SM
 GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the resident CTA slots (one wave)
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
-GEMV_PREFETCH = 8            # with PDL: 4-chunk groups per warp prefetched into L2 before griddepcontrol.wait
+GEMV_PREFETCH = int(os.environ.get("OPENINFER_GEMV_PREFETCH", "8"))  # with PDL (pdl.py): 4-chunk groups per
+                             # warp prefetched into L2 before griddepcontrol.wait
 _COUNTER_SLOTS = 4096        # tiles a split-K launch may have
 _counters: dict[int, cp.ndarray] = {}
 _resident: dict[tuple[int, str], int] = {}
-
-
-class _LaunchAttr(ctypes.Structure):    # CUlaunchAttribute: id, padding, a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
-
-
-class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttr)), ("num_attrs", ctypes.c_uint)]
-
-
-_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-_GEMV_ARG_TYPES = (ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p,
-                   ctypes.c_longlong, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                   ctypes.c_int)
-_pdl_attr = _LaunchAttr(_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-_pdl_attr.value[0] = 1   # programmaticStreamSerializationAllowed
-_libcuda: ctypes.CDLL | None = None
-
-
-def _driver() -> ctypes.CDLL:
-    """The CUDA driver library (already loaded by CuPy), for the two calls CuPy does not wrap."""
-    global _libcuda
-    if _libcuda is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
-                                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-        lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
-                                                                    ctypes.c_int, ctypes.c_size_t]
-        lib.cuLaunchKernelEx.restype = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.restype = ctypes.c_int
-        _libcuda = lib
-    return _libcuda
 
 
 def gemv_resident(name: str) -> int:
     """CTAs of GEMV kernel `name` that fit on the whole GPU at once (occupancy x SMs)."""
     key = (cp.cuda.Device().id, name)
     if key not in _resident:
-        per_sm = ctypes.c_int(0)
-        status = _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            ctypes.byref(per_sm), _function("gemv", name).kernel.ptr, 128, 0)
-        _resident[key] = max(1, per_sm.value if status == 0 else 4) * sm_count()
+        _resident[key] = blocks_per_sm("gemv", name, 128) * sm_count()
     return _resident[key]
 
 
@@ -184,19 +150,6 @@ def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
             and x2.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
-def _launch_pdl(name: str, grid: tuple[int, int], args: tuple) -> None:
-    """cuLaunchKernelEx with programmatic stream serialization: the kernel may start while the previous
-    kernel in the stream finishes (it waits in griddepcontrol.wait before reading x); captured into
-    CUDA graphs as a programmatic edge."""
-    cfg = _LaunchConfig((ctypes.c_uint * 3)(grid[0], grid[1], 1), (ctypes.c_uint * 3)(128, 1, 1), 0,
-                        cp.cuda.get_current_stream().ptr, ctypes.pointer(_pdl_attr), 1)
-    values = [t(v) for t, v in zip(_GEMV_ARG_TYPES, args)]
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    status = _driver().cuLaunchKernelEx(ctypes.byref(cfg), _function("gemv", name).kernel.ptr, params, None)
-    if status:
-        raise RuntimeError(f"cuLaunchKernelEx({name}) failed with CUresult {status}")
-
-
 def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
     """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
     m, k = x2.shape
@@ -209,16 +162,10 @@ def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
     tiles = -(-n // 16)
     partial = cp.empty(splits * tiles * 128, dtype=cp.float32) if splits > 1 else None
     ldx = x2.strides[0] // 2 if m > 1 else 0
-    if GEMV_PDL:
-        args = (x2.data.ptr, ldx, w.data.ptr, w.strides[0] // 2, out2.data.ptr, out2.strides[0] // 2,
-                partial.data.ptr if partial is not None else 0, counters.data.ptr if splits > 1 else 0,
-                m, n, k // 8, GEMV_PREFETCH)
-        _launch_pdl(name, (tiles, splits), args)
-        return
     launch("gemv", name, (tiles, splits), 128,
            (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), out2, np.int64(out2.strides[0] // 2),
             partial if partial is not None else NULL, counters if splits > 1 else NULL,
-            np.int32(m), np.int32(n), np.int32(k // 8), np.int32(0)))
+            np.int32(m), np.int32(n), np.int32(k // 8), np.int32(GEMV_PREFETCH if pdl.enabled() else 0)))
 
 
 def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:

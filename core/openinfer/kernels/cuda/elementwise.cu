@@ -5,7 +5,7 @@
 // picks the widest unit that divides the row and keeps every access aligned.
 #define GATHER_KERNEL(suffix, U)                                                                      \
     extern "C" __global__ void gather_rows_##suffix(const U* src, long long src_stride, const int* ids, \
-                                                    U* dst, int units) {                              \
+                                                    U* dst, int units) { pdl_begin();                 \
         const U* row = src + ids[blockIdx.x] * src_stride;                                            \
         U* out = dst + (long long)blockIdx.x * units;                                                 \
         for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < units; i += gridDim.y * blockDim.x)   \
@@ -32,7 +32,7 @@ __device__ void silu_mul_row(const T* __restrict__ g, T* __restrict__ o, int int
 }
 
 #define SILU_VARIANT(name, V, T)                                                                       \
-    extern "C" __global__ void silu_mul_##name(const T* gate_up, long long stride, T* out, int inter) { \
+    extern "C" __global__ void silu_mul_##name(const T* gate_up, long long stride, T* out, int inter) { pdl_begin(); \
         silu_mul_row<V, T>(gate_up + blockIdx.x * stride, out + (long long)blockIdx.x * inter, inter);  \
     }
 #define SILU_KERNEL(suffix, T) SILU_VARIANT(suffix, 1, T) SILU_VARIANT(v_##suffix, VEC<T>, T)

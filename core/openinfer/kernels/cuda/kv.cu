@@ -7,7 +7,7 @@
     extern "C" __global__ void write_kv_##suffix(T* k_cache, T* v_cache, long long block_stride,         \
                                                  int block_size, const T* k, long long k_stride,         \
                                                  const T* v, long long v_stride, const long long* slots, \
-                                                 int row) {                                              \
+                                                 int row) { pdl_begin();                                 \
         const long long slot = slots[blockIdx.x];                                                       \
         if (slot < 0) return; /* padded token: nothing to store */                                      \
         const long long dst = (slot / block_size) * block_stride + (slot % block_size) * (long long)row; \

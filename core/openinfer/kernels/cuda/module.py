@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from ...phases import phase
+from . import pdl
 from .compile import arch_for, compile_source
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -62,8 +63,13 @@ def _function_with_smem(source: str | Path, name: str, smem: int) -> Any:
 
 def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
     """Launch kernel `name` of `source` (a core source's name or a plugin's .cu path, see
-    compile.source_path) on the current stream (so CUDA-graph capture sees it)."""
-    _function_with_smem(source, name, smem)(tuple(int(g) for g in grid), (block,), args, shared_mem=smem)
+    compile.source_path) on the current stream (so CUDA-graph capture sees it), with programmatic
+    dependent launch where the device has it (pdl.py)."""
+    fn = _function_with_smem(source, name, smem)
+    if pdl.enabled():
+        pdl.launch(fn.kernel.ptr, grid, block, args, smem)
+    else:
+        fn(tuple(int(g) for g in grid), (block,), args, shared_mem=smem)
 
 
 def blocks_per_sm(source: str, name: str, block: int, smem: int = 0) -> int:

@@ -36,7 +36,7 @@ __device__ void norm_rope_head(const T* __restrict__ x, T* __restrict__ out, con
     extern "C" __global__ void qk_norm_rope_##suffix(                                                      \
         const T* q, long long q_stride, const T* k, long long k_stride, T* q_out, T* k_out,                \
         const W* q_w, const W* k_w, float eps, const int* positions, const float* cos_t,                   \
-        const float* sin_t, int half, int num_tokens, int nh, int nkv, int d) {                            \
+        const float* sin_t, int half, int num_tokens, int nh, int nkv, int d) { pdl_begin();               \
         const long long head = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);           \
         const long long nq = (long long)num_tokens * nh;                                                   \
         if (head >= nq + (long long)num_tokens * nkv) return;                                              \
@@ -59,7 +59,7 @@ FOR_EACH_NORM_DTYPE(ROPE_KERNELS)
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,    \
         T* q_out, T* k_cache, T* v_cache, long long block_stride, int block_size, const long long* slots,  \
         const T* q_w, const T* k_w, float eps, const int* positions, const float* cos_t,                   \
-        const float* sin_t, int half, int num_tokens, int nh, int nkv, int d) {                            \
+        const float* sin_t, int half, int num_tokens, int nh, int nkv, int d) { pdl_begin();               \
         const long long head = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);           \
         const long long nq = (long long)num_tokens * nh, nk = (long long)num_tokens * nkv;                 \
         if (head >= nq + 2 * nk) return;                                                                   \

@@ -45,7 +45,7 @@ __device__ unsigned long long block_sum_u64(unsigned long long v) {
     return v;
 }
 
-extern "C" __global__ void apply_edits(float* work, int n, const int* params, const int* edits) {
+extern "C" __global__ void apply_edits(float* work, int n, const int* params, const int* edits) { pdl_begin();
     const int* p = params + blockIdx.x * NUM_FIELDS;
     float* row = work + (long long)blockIdx.x * n;
     for (int i = p[EDIT_BEGIN] + threadIdx.x; i < p[EDIT_END]; i += blockDim.x) {  // ids are unique in a row
@@ -180,7 +180,7 @@ __device__ int draw(float* x, int n, float m, const int* p) {
 
 #define SAMPLE_KERNELS(suffix, T)                                                                          \
     extern "C" __global__ void sampling_rows_##suffix(const T* logits, long long stride, const int* params, \
-                                                      int n, float* work) {                                \
+                                                      int n, float* work) { pdl_begin();                   \
         const T* row = logits + (long long)params[blockIdx.y * NUM_FIELDS + ROW] * stride;                 \
         float* out = work + (long long)blockIdx.y * n;                                                     \
         for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)            \
@@ -188,7 +188,7 @@ __device__ int draw(float* x, int n, float m, const int* p) {
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)                                           \
         sample_rows_##suffix(float* work, int n, const T* logits, long long stride, const int* params,    \
-                             const int* edits, int* tokens, float* logprobs) {                             \
+                             const int* edits, int* tokens, float* logprobs) { pdl_begin();                \
         const int* p = params + blockIdx.x * NUM_FIELDS;                                                   \
         float* x = work + (long long)blockIdx.x * n;                                                       \
         float m = NEG_INF;                                                                                 \

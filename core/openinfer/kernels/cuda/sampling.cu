@@ -30,7 +30,7 @@ __device__ void best_below_list(const float* cv, const int* ci, int m, float pv,
 // of `chunk` logits to candidates, stage 2 (grid: rows) merges a row's candidates.
 #define SAMPLING_KERNELS(suffix, T)                                                                        \
     extern "C" __global__ void argmax_chunks_##suffix(const T* logits, long long stride, int n, int chunk,  \
-                                                      float* cv, int* ci) {                                \
+                                                      float* cv, int* ci) { pdl_begin();                   \
         const int c = blockIdx.x, begin = c * chunk;                                                       \
         float v;                                                                                           \
         int i;                                                                                             \
@@ -40,7 +40,7 @@ __device__ void best_below_list(const float* cv, const int* ci, int m, float pv,
     /* per chunk: its max, sum(exp(x - max)), and its top k (value, index) */                              \
     extern "C" __global__ void top_logprobs_chunks_##suffix(const T* logits, long long stride, int n,      \
                                                             int chunk, int k, float* cm, float* cs,        \
-                                                            float* cv, int* ci) {                          \
+                                                            float* cv, int* ci) { pdl_begin();             \
         const T* row = logits + blockIdx.y * stride;                                                       \
         const int c = blockIdx.x, begin = c * chunk, end = min(n, begin + chunk);                          \
         const long long slot = (long long)blockIdx.y * gridDim.x + c;                                      \
@@ -61,7 +61,7 @@ __device__ void best_below_list(const float* cv, const int* ci, int m, float pv,
 
 FOR_EACH_DTYPE(SAMPLING_KERNELS)
 
-extern "C" __global__ void argmax_merge(const float* cv, const int* ci, int chunks, int* out) {
+extern "C" __global__ void argmax_merge(const float* cv, const int* ci, int chunks, int* out) { pdl_begin();
     float v;
     int i;
     best_below_list(cv + blockIdx.x * chunks, ci + blockIdx.x * chunks, chunks, POS_INF, -1, v, i);
@@ -70,7 +70,7 @@ extern "C" __global__ void argmax_merge(const float* cv, const int* ci, int chun
 
 // log-sum-exp from the chunk partials, then the row's top k among chunks * k candidates.
 extern "C" __global__ void top_logprobs_merge(const float* cm, const float* cs, const float* cv, const int* ci,
-                                              int chunks, int k, float* values, int* indices) {
+                                              int chunks, int k, float* values, int* indices) { pdl_begin();
     const long long r0 = (long long)blockIdx.x * chunks;
     float mx = NEG_INF;
     for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, cm[r0 + c]);

@@ -87,17 +87,17 @@ __device__ void conv_update(const T* x, long long x_stride, const T* w, float* s
     extern "C" __global__ void conv_prefill_##suffix(const T* x, long long x_stride, const T* w,               \
                                                      const float* state, long long state_stride,              \
                                                      const int* slots, const int* qs, const int* ctx, T* out, \
-                                                     int C) {                                                  \
+                                                     int C) { pdl_begin();                                     \
         conv_prefill<T>(x, x_stride, w, state, state_stride, slots, qs, ctx, out, C);                          \
     }                                                                                                          \
     extern "C" __global__ void conv_state_save_##suffix(const T* x, long long x_stride, float* state,          \
                                                         long long state_stride, const int* slots,              \
-                                                        const int* qs, const int* ctx, int C) {                \
+                                                        const int* qs, const int* ctx, int C) { pdl_begin();   \
         conv_state_save<T>(x, x_stride, state, state_stride, slots, qs, ctx, C);                               \
     }                                                                                                          \
     extern "C" __global__ void conv_update_##suffix(const T* x, long long x_stride, const T* w, float* state,   \
                                                     long long state_stride, const int* slots, const int* qs,  \
-                                                    const int* ctx, T* out, int C) {                           \
+                                                    const int* ctx, T* out, int C) { pdl_begin();              \
         conv_update<T>(x, x_stride, w, state, state_stride, slots, qs, ctx, out, C);                           \
     }
 

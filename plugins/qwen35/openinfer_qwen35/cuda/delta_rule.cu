@@ -336,18 +336,18 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
     extern "C" __global__ void gdn_decode_##suffix(                                                            \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
         const float* g, const float* beta, float* state, long long state_stride, const int* slots,             \
-        const int* qs, const int* ctx, T* out, int nk, int nv, int dk, int dv) {                               \
+        const int* qs, const int* ctx, T* out, int nk, int nv, int dk, int dv) { pdl_begin();                  \
         gdn_decode<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, state, state_stride, slots, qs, ctx,     \
                       out, nk, nv, dk, dv);                                                                     \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(CH_THREADS, 2) gdn_chunk_prep_##suffix(                        \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
-        const float* g, const float* beta, const int* qs, float* scratch, int nk, int nv, int dk, int dv) {    \
+        const float* g, const float* beta, const int* qs, float* scratch, int nk, int nv, int dk, int dv) { pdl_begin(); \
         gdn_chunk_prep<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, qs, scratch, nk, nv, dk, dv);       \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(CH_THREADS) gdn_chunk_state_##suffix(                         \
         const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
-        const int* ctx, T* out, int nv, int dk, int dv) {                                                       \
+        const int* ctx, T* out, int nv, int dk, int dv) { pdl_begin();                                          \
         gdn_chunk_state<T>(scratch, state, state_stride, slots, qs, ctx, out, nv, dk, dv);                     \
     }
 

@@ -48,16 +48,16 @@ __device__ void sigmoid_gate(const T* x, long long x_stride, const T* gate, long
     extern "C" __global__ void gdn_gating_##suffix(const T* a, long long a_stride, const T* b,                  \
                                                    long long b_stride, const float* A_log,                     \
                                                    const float* dt_bias, float* g, float* beta, int tokens,    \
-                                                   int nv) {                                                    \
+                                                   int nv) { pdl_begin();                                       \
         gdn_gating<T>(a, a_stride, b, b_stride, A_log, dt_bias, g, beta, tokens, nv);                           \
     }                                                                                                           \
     extern "C" __global__ void gated_rms_norm_##suffix(const T* x, long long x_stride, const T* z,              \
                                                        long long z_stride, const T* w, T* out, int rows,        \
-                                                       int nh, int d, float eps) {                              \
+                                                       int nh, int d, float eps) { pdl_begin();                 \
         gated_rms_norm<T>(x, x_stride, z, z_stride, w, out, rows, nh, d, eps);                                  \
     }                                                                                                           \
     extern "C" __global__ void sigmoid_gate_##suffix(const T* x, long long x_stride, const T* gate,             \
-                                                     long long g_stride, T* out, int n) {                       \
+                                                     long long g_stride, T* out, int n) { pdl_begin();          \
         sigmoid_gate<T>(x, x_stride, gate, g_stride, out, n);                                                   \
     }
 

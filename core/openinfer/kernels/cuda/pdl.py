@@ -1,0 +1,118 @@
+"""Programmatic dependent launch (PDL): kernel launches through cuLaunchKernelEx with the
+programmatic-stream-serialization attribute, which CuPy's RawKernel cannot set.
+
+With it, a kernel may be scheduled while the previous kernel in the stream is still finishing; it
+blocks in `griddepcontrol.wait` (pdl_begin() in common.cuh, which every kernel calls first) until
+that kernel has completed and its writes are visible. What this buys is the gap between two
+kernels: launch latency, CTA ramp-up and, for the GEMV, weight prefetch into L2 before the wait.
+A decode step is hundreds of few-microsecond kernels, so the gaps are a large share of it. CUDA
+graph capture records the launches as programmatic edges.
+
+Arguments are marshalled the way CuPy does it: a cupy array is its device pointer, a numpy scalar
+its own bytes; each one gets an 8-byte slot in a reused buffer (the driver copies the values at
+launch, so reuse is safe). OPENINFER_PDL=0 launches through CuPy instead.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+from typing import Any, Sequence
+
+import cupy as cp
+import numpy as np
+
+ENABLED = os.environ.get("OPENINFER_PDL", "1") != "0"
+MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
+MAX_ARGS = 32
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_CODES = {"i": "i", "I": "I", "f": "f", "l": "q", "q": "q", "L": "Q", "Q": "Q", "d": "d"}   # numpy char -> struct
+
+
+class _LaunchAttr(ctypes.Structure):    # CUlaunchAttribute: id, padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttr)), ("num_attrs", ctypes.c_uint)]
+
+
+_libcuda: ctypes.CDLL | None = None
+_supported: dict[int, bool] = {}
+
+
+def driver() -> ctypes.CDLL:
+    """The CUDA driver library (already loaded by CuPy), for the launch CuPy does not wrap."""
+    global _libcuda
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        lib.cuLaunchKernelEx.restype = ctypes.c_int
+        _libcuda = lib
+    return _libcuda
+
+
+def enabled() -> bool:
+    """PDL is on (OPENINFER_PDL), the current device has it (sm_90+) and the current stream is not the
+    legacy default stream (whose implicit synchronisation PDL does not promise to keep)."""
+    if not ENABLED or cp.cuda.get_current_stream().ptr == 0:
+        return False
+    dev = cp.cuda.Device().id
+    if dev not in _supported:
+        _supported[dev] = int(cp.cuda.Device(dev).compute_capability) >= MIN_COMPUTE_CAPABILITY
+    return _supported[dev]
+
+
+class _Slots(threading.local):
+    """Per-thread launch state: the argument buffer, pointers to its slots, the attribute and config."""
+
+    def __init__(self) -> None:
+        self.buf = ctypes.create_string_buffer(8 * MAX_ARGS)
+        base = ctypes.addressof(self.buf)
+        self.params = (ctypes.c_void_p * MAX_ARGS)(*[base + 8 * i for i in range(MAX_ARGS)])
+        self.attr = _LaunchAttr(_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        self.attr.value[0] = 1   # programmaticStreamSerializationAllowed
+        self.cfg = _LaunchConfig()
+        self.cfg.attrs = ctypes.pointer(self.attr)
+        self.cfg.num_attrs = 1
+
+
+_slots = _Slots()
+
+
+def pack(args: tuple) -> tuple[list[str], list[Any]]:
+    """The struct codes and values of a kernel's arguments: a numpy scalar at its own size, a device
+    array as its 64-bit pointer."""
+    fmt, values = [], []
+    for a in args:
+        if isinstance(a, np.generic):
+            if a.dtype.char not in _CODES:
+                raise TypeError(f"kernel argument {a!r}: a {a.dtype} scalar; pass an integer or float one")
+            fmt.append(_CODES[a.dtype.char])
+            values.append(a.item())
+        else:   # a device array (anything with CuPy's .data.ptr)
+            fmt.append("Q")
+            values.append(a.data.ptr)
+    return fmt, values
+
+
+def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem: int) -> None:
+    """Launch the CUfunction at `function_ptr` on the current stream with PDL."""
+    if len(args) > MAX_ARGS:
+        raise ValueError(f"{len(args)} kernel arguments, at most {MAX_ARGS}")
+    s = _slots
+    codes, values = pack(args)
+    struct.pack_into("<" + "".join(c if c in "qQd" else c + "4x" for c in codes), s.buf, 0, *values)  # 8-byte slots
+    cfg = s.cfg
+    g = tuple(grid) + (1, 1)
+    cfg.grid[0], cfg.grid[1], cfg.grid[2] = int(g[0]), int(g[1]), int(g[2])
+    cfg.block[0], cfg.block[1], cfg.block[2] = block, 1, 1
+    cfg.smem = smem
+    cfg.stream = cp.cuda.get_current_stream().ptr
+    status = driver().cuLaunchKernelEx(ctypes.byref(cfg), function_ptr, s.params, None)
+    if status:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status} (grid {tuple(grid)}, block {block}, "
+                           f"{smem} bytes of shared memory); OPENINFER_PDL=0 launches without PDL")
