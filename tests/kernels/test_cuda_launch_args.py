@@ -68,12 +68,25 @@ def test_linear_gemv_launch_args(launches, m, n, k):
     assert [(c.source, c.name) for c in launches] == [("gemv", f"gemv_bf16_{blas.GEMV_VARIANT}")]
 
 
-def test_gemv_pdl_launch_args(launches, monkeypatch):
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("n,inter", [(2560, 9728), (77, 200)])
+def test_silu_mul_linear_gemv_launch_args(launches, m, n, inter):
+    out = ops.silu_mul_linear(aligned_empty((m, 2 * inter), BF16), aligned_empty((n, inter), BF16))
+    assert out.shape == (m, n)
+    assert [(c.source, c.name) for c in launches] == [("gemv", f"gemv_silu_bf16_{blas.GEMV_VARIANT}")]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_gemv_pdl_launch_args(launches, monkeypatch, fused):
     got = []
     monkeypatch.setattr(blas, "GEMV_PDL", True)
     monkeypatch.setattr(blas, "_launch_pdl", lambda name, grid, args: got.append((name, grid, args)))
-    blas.linear(aligned_empty((4, 4096), BF16), aligned_empty((256, 4096), BF16))
+    if fused:
+        ops.silu_mul_linear(aligned_empty((4, 8192), BF16), aligned_empty((256, 4096), BF16))
+    else:
+        blas.linear(aligned_empty((4, 4096), BF16), aligned_empty((256, 4096), BF16))
     (name, grid, args), = got
+    assert name.startswith("gemv_silu_bf16_" if fused else "gemv_bf16_")
     params = entries("gemv")[name]
     assert len(args) == len(blas._GEMV_ARG_TYPES) == len(params)
     for a, t, (ptype, size) in zip(args, blas._GEMV_ARG_TYPES, params):

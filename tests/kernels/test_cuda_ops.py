@@ -258,6 +258,38 @@ def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
     assert len(gemv_calls) == n_gemv
 
 
+@pytest.mark.parametrize("m", [1, 3, 8, 9])
+@pytest.mark.parametrize("n,inter", [(2560, 9728), (77, 200), (160, 96)])
+def test_silu_mul_linear_is_silu_mul_then_linear(dt, m, n, inter, gemv_calls):
+    """The fused GEMV (bf16, M <= 8: split-K and not, partial tiles) stores exactly what silu_mul +
+    linear store; M > 8 and float32 take that composition itself."""
+    rng = np.random.default_rng(m * n + inter)
+    gate_up = exact(rnd(rng, m, 2 * inter, scale=3), dt[0])
+    w = exact(rnd(rng, n, inter, scale=inter ** -0.5), dt[0])
+    gd, wd = dev(gate_up, dt[0]), dev(w, dt[0])
+    got = ops.silu_mul_linear(gd, wd)
+    fused = dt[0] == BF16 and m <= 8
+    assert gemv_calls == ([(m, 2 * inter)] if fused else [])
+    want = ops.linear(ops.silu_mul(gd), wd)
+    np.testing.assert_array_equal(host(got), host(want))
+    close(got, ref.linear(exact(ref.silu_mul(gate_up), dt[0]), w), dt, scale=2)
+
+
+@pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_silu_mul_linear_variants(variant, pdl, monkeypatch, gemv_calls):
+    """Every fused kernel variant, with and without PDL, on a 3-D gate_up (rows flattened)."""
+    from openinfer.kernels.cuda import blas
+    monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
+    monkeypatch.setattr(blas, "GEMV_PDL", pdl)
+    rng = np.random.default_rng(5)
+    gd = dev(rnd(rng, 2, 3, 2 * 2056, scale=3), BF16)
+    wd = dev(rnd(rng, 1000, 2056, scale=2056 ** -0.5), BF16)
+    got = ops.silu_mul_linear(gd, wd)
+    assert got.shape == (2, 3, 1000) and gemv_calls == [(6, 2 * 2056)]
+    np.testing.assert_array_equal(host(got), host(ops.linear(ops.silu_mul(gd), wd)))
+
+
 @pytest.mark.parametrize("pdl", [False, True])
 def test_gemv_graph_capture_replays(pdl, monkeypatch):
     """A chain of GEMVs (split-K and not, M = 1 and 8) captured once, replayed on new inputs."""

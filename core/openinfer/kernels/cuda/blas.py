@@ -197,11 +197,12 @@ def _launch_pdl(name: str, grid: tuple[int, int], args: tuple) -> None:
         raise RuntimeError(f"cuLaunchKernelEx({name}) failed with CUresult {status}")
 
 
-def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
-    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
-    m, k = x2.shape
-    n = w.shape[0]
-    name = f"gemv_bf16_{GEMV_VARIANT}"
+def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, kernel: str = "gemv_bf16") -> None:
+    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable).
+    kernel "gemv_silu_bf16": x2 is a [M, 2K] gate_up and the product is silu_mul(x2) @ w.T."""
+    m = x2.shape[0]
+    n, k = w.shape
+    name = f"{kernel}_{GEMV_VARIANT}"
     splits = gemv_splits(n, k, gemv_resident(name))
     counters = _gemv_counters()
     if counters is None:

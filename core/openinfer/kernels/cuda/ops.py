@@ -2,7 +2,8 @@
 
 Each wrapper checks layouts, picks a launch shape and launches on the current stream; strided
 views (a slice of the fused qkv output, a layer's slice of the KV pool) are used in place.
-`linear` lives in blas.py and `paged_attention` in attention.py.
+`linear` lives in blas.py and `paged_attention` in attention.py. silu_mul_linear folds silu_mul
+into the down-projection GEMV's x loader at small batch (gemv.cu): one launch instead of two.
 """
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import cupy as cp
 import numpy as np
 
 from .attention import paged_attention
+from . import blas
 from .blas import linear
 from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
-__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "write_kv",
+__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "silu_mul_linear", "write_kv",
            "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
 
 
@@ -129,6 +131,22 @@ def silu_mul(gate_up: cp.ndarray) -> cp.ndarray:
                (g2.shape[0], min((inter // v + threads - 1) // threads, 64)), threads,
                (g2, np.int64(stride), out, np.int32(inter)))
     return out
+
+
+def silu_mul_linear(gate_up: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
+    """linear(silu_mul(gate_up), w) for gate_up [..., 2I], w [out, I], bit for bit. Where the GEMV
+    path applies (bf16, M <= 8, aligned rows) gemv_silu_bf16_* reads gate and up and computes
+    silu(gate) * up per x chunk with silu_mul's rounding; the activation is never stored."""
+    inter = gate_up.shape[-1] // 2
+    if gate_up.shape[-1] != 2 * inter or w.shape[-1] != inter:
+        raise ValueError(f"silu_mul_linear: gate_up has {gate_up.shape[-1]} features, w expects 2 x {w.shape[-1]}")
+    g2, _ = rows2d(gate_up)
+    m, n = g2.shape[0], w.shape[0]
+    if w.dtype == g2.dtype and w.strides[1] == w.itemsize and m and n and blas._gemv_usable(g2, w, m, inter):
+        out = cp.empty((*gate_up.shape[:-1], n), dtype=gate_up.dtype)
+        blas.gemv(g2, w, out.reshape(m, n), "gemv_silu_bf16")
+        return out
+    return linear(silu_mul(gate_up), w)
 
 
 def _check_caches(op: str, k_cache: cp.ndarray, v_cache: cp.ndarray) -> None:
