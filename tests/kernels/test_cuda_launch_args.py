@@ -137,6 +137,29 @@ def test_ops_launch_args(launches, dtype):
 
 
 @pytest.mark.parametrize("dtype", [BF16, np.float32])
+@pytest.mark.parametrize("pad,d,half", [(0, 128, 64), (0, 256, 32), (0, 64, 16), (4, 128, 64), (0, 80, 40),
+                                        (0, 128, 4)])
+def test_rope_word_variant_choice(launches, dtype, pad, d, half):
+    """The `_v_` rope kernels (32 / word lanes per head) wherever heads, rotation halves, strides and
+    pointers are whole 16-byte words and d % 32 == 0; the warp-per-head kernels otherwise."""
+    T, nh, nkv, bs = 37, 8, 2, 16
+    width = (nh + 2 * nkv) * d
+    qkv = aligned_empty((T, width + pad // np.dtype(dtype).itemsize), dtype)[:, :width]
+    q, k, v = (qkv[:, a * d: b * d].reshape(T, -1, d) for a, b in ((0, nh), (nh, nh + nkv), (nh + nkv, nh + 2 * nkv)))
+    pool = aligned_empty((2, 9, 3, bs, nkv, d), dtype)
+    cos = sin = aligned_empty((64, half), np.float32)
+    pos, slots = np.arange(T, dtype=np.int32), np.arange(T, dtype=np.int64)
+    w = aligned_empty((d,), dtype)
+    ops.rope_write_kv(q, k, v, w, w, 1e-6, pos, cos, sin, pool[0, :, 1], pool[1, :, 1], slots)
+    ops.qk_norm_rope(q, k, w, w, 1e-6, pos, cos, sin)
+    words = 16 // np.dtype(dtype).itemsize
+    lanes = 32 // words if pad == 0 and d % 32 == 0 and half % words == 0 else 32
+    assert [c.name.startswith(("rope_write_kv_v_", "qk_norm_rope_v_")) for c in launches] == [lanes < 32] * 2
+    heads = (T * (nh + 2 * nkv), T * (nh + nkv))
+    assert [c.grid for c in launches] == [(-(-h * lanes // 128),) for h in heads]
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float32])
 def test_device_sampler_launch_args(launches, dtype):
     vocab = 1000
     rows = [SampleRow(SamplingParams(temperature=0.7, top_p=0.9, top_k=50, logprobs=lp, repetition_penalty=1.1),

@@ -15,8 +15,8 @@ from . import blas
 from .blas import linear
 from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
-__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "silu_mul_linear", "write_kv",
-           "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
+__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "silu_mul_linear",
+           "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
 
 
 def _threads(n: int, cap: int = 1024) -> int:
@@ -90,6 +90,14 @@ def add_rms_norm(x: cp.ndarray, residual: cp.ndarray, w: cp.ndarray, eps: float)
     return out, residual
 
 
+def _rope_lanes(d: int, half: int, strides: tuple[int, ...], *arrays: cp.ndarray | None) -> int:
+    """Lanes per head of rope.cu's variants: 32 / (elements per 16-byte word) for the `_v_` one, where
+    heads (d % 32 == 0: its sum of squares keeps the scalar order) and rotation halves are whole
+    words and every row stride and pointer allows them; else a warp (32, element by element)."""
+    v = _in_words(d, strides, *(a for a in arrays if a is not None))
+    return 32 // v if v > 1 and d % 32 == 0 and half % v == 0 else 32
+
+
 def _norm_rope(q, k, q_w, k_w, eps, positions, cos, sin) -> tuple[cp.ndarray, cp.ndarray]:
     q3, qs = heads3d(q)
     k3, ks = heads3d(k)
@@ -103,7 +111,8 @@ def _norm_rope(q, k, q_w, k_w, eps, positions, cos, sin) -> tuple[cp.ndarray, cp
     sfx = suffix(q.dtype) if q_w is None else norm_suffix(q.dtype, q_w.dtype)
     heads = T * (nh + nkv)
     if heads:
-        launch("rope", f"qk_norm_rope_{sfx}", ((heads + 3) // 4,), 128,
+        lanes = _rope_lanes(d, cos.shape[1], (qs, ks), q3, k3, q_out, k_out, q_w, k_w, cos, sin)
+        launch("rope", f"qk_norm_rope_{'v_' if lanes < 32 else ''}{sfx}", (-(-heads * lanes // 128),), 128,
                (q3, np.int64(qs), k3, np.int64(ks), q_out, k_out,
                 NULL if q_w is None else q_w, NULL if k_w is None else k_w, np.float32(eps),
                 as_index(positions, np.int32), cos, sin, np.int32(cos.shape[1]),
@@ -190,7 +199,9 @@ def rope_write_kv(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_w: cp.ndarray |
     q_out = cp.empty(q.shape, dtype=q.dtype)
     heads = T * (nh + 2 * nkv)
     if heads:
-        launch("rope", f"rope_write_kv_{suffix(q.dtype)}", ((heads + 3) // 4,), 128,
+        lanes = _rope_lanes(d, cos.shape[1], (qs, ks, vs, k_cache.strides[0] // it), q3, k3, v3, q_out, k_cache,
+                            v_cache, q_w, k_w, cos, sin)
+        launch("rope", f"rope_write_kv_{'v_' if lanes < 32 else ''}{suffix(q.dtype)}", (-(-heads * lanes // 128),), 128,
                (q3, np.int64(qs), k3, np.int64(ks), v3, np.int64(vs), q_out, k_cache, v_cache,
                 np.int64(k_cache.strides[0] // it), np.int32(bs), as_index(slot_mapping, np.int64),
                 NULL if q_w is None else q_w, NULL if k_w is None else k_w, np.float32(eps),
