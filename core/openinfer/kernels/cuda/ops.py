@@ -10,8 +10,8 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from .attention import paged_attention
 from . import blas
+from .attention import paged_attention
 from .blas import linear
 from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 

@@ -88,8 +88,9 @@ __device__ void norm_rope_head_v(const T* __restrict__ x, T* __restrict__ out, c
     const int sub = threadIdx.x & (LPH - 1);
     const unsigned int group = ((1u << LPH) - 1u) << ((threadIdx.x & 31) & ~(LPH - 1));
     const float inv = w != nullptr ? 1.f / sqrtf(head_sumsq_v(x, d, sub, group) / d + eps) : 1.f;
-    // each lane re-reads only the words it writes itself (and the shuffles ordered the sums' reads
-    // before any write), so out may alias x
+    // the group has read the head before any lane writes (without the norm each lane reads only the
+    // words it writes), so out may alias x
+    __syncwarp(group);
     float a[E], b[E], g[E], cw[E], sw[E];
     for (int p = sub * E; p < half; p += LPH * E) {
         load_f32<E>(x + p, a);
