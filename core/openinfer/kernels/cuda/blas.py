@@ -203,7 +203,9 @@ def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, kernel: str = "gemv_bf
     m = x2.shape[0]
     n, k = w.shape
     name = f"{kernel}_{GEMV_VARIANT}"
-    splits = gemv_splits(n, k, gemv_resident(name))
+    # split as the plain kernel would, whatever the x loader's register count: the same split-K sums in
+    # the same order, so a fused GEMV gives the bits of its unfused composition
+    splits = gemv_splits(n, k, gemv_resident(f"gemv_bf16_{GEMV_VARIANT}"))
     counters = _gemv_counters()
     if counters is None:
         splits = 1
