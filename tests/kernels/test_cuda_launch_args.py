@@ -14,7 +14,7 @@ from openinfer.batch import ForwardBatch  # noqa: E402
 from openinfer.kernels.cuda import attention, attention_decode, blas, module, ops, pdl, sampler  # noqa: E402
 from openinfer.sampling import SamplingParams  # noqa: E402
 from openinfer.sampling_batch import NUM_FIELDS, ROW, SampleRow, build_batch  # noqa: E402
-from openinfer.testing.launch_check import aligned_empty, entries, fake, record_launches  # noqa: E402
+from openinfer.testing.launch_check import aligned_empty, fake, record_launches  # noqa: E402
 
 BF16 = module.BF16
 
@@ -77,6 +77,14 @@ def test_gemv_prefetches_only_under_pdl(launches, monkeypatch):
     assert launches[-1].grid[1] > 1 and launches[-1].args[6] is not module.NULL   # split-K: a workspace
 
 
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("n,inter", [(2560, 9728), (77, 200)])
+def test_silu_mul_linear_gemv_launch_args(launches, m, n, inter):
+    out = ops.silu_mul_linear(aligned_empty((m, 2 * inter), BF16), aligned_empty((n, inter), BF16))
+    assert out.shape == (m, n)
+    assert [(c.source, c.name) for c in launches] == [("gemv", f"gemv_silu_bf16_{blas.GEMV_VARIANT}")]
+
+
 def test_cublas_gemm_ex_binding():
     """cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C,
     Ctype, ldc, computeType, algo): 19 parameters, as bound."""
@@ -117,6 +125,29 @@ def test_ops_launch_args(launches, dtype):
     ops.argmax(aligned_empty((T, 1000), dtype))
     ops.top_logprobs(aligned_empty((T, 1000), dtype), 5)
     assert len(launches) == 13
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float32])
+@pytest.mark.parametrize("pad,d,half", [(0, 128, 64), (0, 256, 32), (0, 64, 16), (4, 128, 64), (0, 80, 40),
+                                        (0, 128, 4)])
+def test_rope_word_variant_choice(launches, dtype, pad, d, half):
+    """The `_v_` rope kernels (32 / word lanes per head) wherever heads, rotation halves, strides and
+    pointers are whole 16-byte words and d % 32 == 0; the warp-per-head kernels otherwise."""
+    T, nh, nkv, bs = 37, 8, 2, 16
+    width = (nh + 2 * nkv) * d
+    qkv = aligned_empty((T, width + pad // np.dtype(dtype).itemsize), dtype)[:, :width]
+    q, k, v = (qkv[:, a * d: b * d].reshape(T, -1, d) for a, b in ((0, nh), (nh, nh + nkv), (nh + nkv, nh + 2 * nkv)))
+    pool = aligned_empty((2, 9, 3, bs, nkv, d), dtype)
+    cos = sin = aligned_empty((64, half), np.float32)
+    pos, slots = np.arange(T, dtype=np.int32), np.arange(T, dtype=np.int64)
+    w = aligned_empty((d,), dtype)
+    ops.rope_write_kv(q, k, v, w, w, 1e-6, pos, cos, sin, pool[0, :, 1], pool[1, :, 1], slots)
+    ops.qk_norm_rope(q, k, w, w, 1e-6, pos, cos, sin)
+    words = 16 // np.dtype(dtype).itemsize
+    lanes = 32 // words if pad == 0 and d % 32 == 0 and half % words == 0 else 32
+    assert [c.name.startswith(("rope_write_kv_v_", "qk_norm_rope_v_")) for c in launches] == [lanes < 32] * 2
+    heads = (T * (nh + 2 * nkv), T * (nh + nkv))
+    assert [c.grid for c in launches] == [(-(-h * lanes // 128),) for h in heads]
 
 
 @pytest.mark.parametrize("dtype", [BF16, np.float32])

@@ -155,6 +155,62 @@ def test_rope_write_kv_is_rope_then_write_kv(dt, norm, d, rot):
     assert host(pools[2][:, 1]).any() and not host(pools[2][:, 0]).any()
 
 
+@pytest.fixture
+def rope_kernels(monkeypatch):
+    """The rope.cu kernel names launched."""
+    names = []
+    real = ops.launch
+    monkeypatch.setattr(ops, "launch", lambda source, name, *a, **k: (names.append(name),
+                                                                      real(source, name, *a, **k)))
+    return names
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("d,half", [(128, 64), (256, 32), (64, 16)])
+def test_rope_word_variants_match_scalar(dt, norm, d, half, rope_kernels):
+    """rope_write_kv and qk_norm_rope in 16-byte words (_v_) store the scalar kernels' bits (the QK-norm's
+    sum of squares in the scalar order), match numpy, and a qkv row stride that breaks the words takes
+    the scalar kernels. T = 37: a partial last block; slot 4 padded."""
+    rng = np.random.default_rng(d + half)
+    T, nh, nkv, max_pos, nb, bs = 37, 8, 2, 64, 16, 4
+    W = (nh + 2 * nkv) * d
+    ang = np.arange(max_pos)[:, None] * (1e4 ** (-np.arange(half) / half))[None]
+    cos_h, sin_h = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cos, sin = cp.asarray(cos_h), cp.asarray(sin_h)
+    qkv_h = exact(rnd(rng, T, W, scale=2), dt[0])
+    pos_h = rng.integers(0, max_pos, T).astype(np.int32)
+    slots_h = rng.permutation(nb * bs)[:T].astype(np.int64)
+    slots_h[4] = -1
+    pos, slots = cp.asarray(pos_h), cp.asarray(slots_h)
+    w_h = (exact(1 + 0.1 * rnd(rng, d), dt[0]), exact(1 + 0.1 * rnd(rng, d), dt[0])) if norm else (None, None)
+    w = tuple(None if a is None else dev(a, dt[0]) for a in w_h)
+    parts = ((0, nh), (nh, nh + nkv), (nh + nkv, nh + 2 * nkv))
+
+    def run(qkv):
+        q, k, v = (qkv[:, a * d: b * d].reshape(T, -1, d) for a, b in parts)
+        caches = [cp.zeros((nb, bs, nkv, d), dtype=dt[0]) for _ in range(2)]
+        q_out = ops.rope_write_kv(q, k, v, *w, 1e-6, pos, cos, sin, *caches, slots)
+        qk = ops.qk_norm_rope(q, k, *w, 1e-6, pos, cos, sin) if norm else ops.rope(q, k, pos, cos, sin)
+        return [host(a) for a in (q_out, *caches, *qk)]
+
+    words = run(dev(qkv_h, dt[0]))
+    assert rope_kernels and all("_v_" in n for n in rope_kernels), rope_kernels
+    pad = 4 // dt[0].itemsize   # a row stride of 4 bytes past whole words: no _v_, and heads3d keeps the view
+    wide = dev(np.pad(qkv_h, ((0, 0), (0, pad))), dt[0])[:, :W]
+    scalar = run(wide)
+    assert not any("_v_" in n for n in rope_kernels[2:]), rope_kernels
+    for a, b in zip(words, scalar):
+        np.testing.assert_array_equal(a, b)
+    q, k, v = (qkv_h[:, a * d: b * d].reshape(T, -1, d) for a, b in parts)
+    want_caches = [np.zeros((nb, bs, nkv, d), np.float32) for _ in range(2)]
+    keep = slots_h >= 0
+    want_q = ref.rope_write_kv(q[keep], k[keep], v[keep], *w_h, 1e-6, pos_h[keep], cos_h, sin_h, *want_caches,
+                               slots_h[keep])
+    close(words[0][keep], want_q, dt, scale=5)
+    close(words[1], want_caches[0], dt, scale=5)
+    np.testing.assert_array_equal(words[2], want_caches[1])
+
+
 @pytest.mark.parametrize("inter", [300, 1024])   # element by element, then in 16-byte words
 def test_silu_mul(dt, inter):
     rng = np.random.default_rng(2)
@@ -258,6 +314,38 @@ def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
     x9 = exact(rnd(rng, 9, 256), BF16)
     close(ops.linear(dev(x9, BF16), wd), ref.linear(x9, w), dt, scale=2)
     assert len(gemv_calls) == n_gemv
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 9])
+@pytest.mark.parametrize("n,inter", [(2560, 9728), (77, 200), (160, 96)])
+def test_silu_mul_linear_is_silu_mul_then_linear(dt, m, n, inter, gemv_calls):
+    """The fused GEMV (bf16, M <= 8: split-K and not, partial tiles) stores exactly what silu_mul +
+    linear store; M > 8 and float32 take that composition itself."""
+    rng = np.random.default_rng(m * n + inter)
+    gate_up = exact(rnd(rng, m, 2 * inter, scale=3), dt[0])
+    w = exact(rnd(rng, n, inter, scale=inter ** -0.5), dt[0])
+    gd, wd = dev(gate_up, dt[0]), dev(w, dt[0])
+    got = ops.silu_mul_linear(gd, wd)
+    fused = dt[0] == BF16 and m <= 8
+    assert gemv_calls == ([(m, 2 * inter)] if fused else [])
+    want = ops.linear(ops.silu_mul(gd), wd)
+    np.testing.assert_array_equal(host(got), host(want))
+    close(got, ref.linear(exact(ref.silu_mul(gate_up), dt[0]), w), dt, scale=2)
+
+
+@pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_silu_mul_linear_variants(variant, pdl, monkeypatch, gemv_calls):
+    """Every fused kernel variant, with and without PDL, on a 3-D gate_up (rows flattened)."""
+    from openinfer.kernels.cuda import blas, pdl as pdl_mod
+    monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
+    monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
+    rng = np.random.default_rng(5)
+    gd = dev(rnd(rng, 2, 3, 2 * 2056, scale=3), BF16)
+    wd = dev(rnd(rng, 1000, 2056, scale=2056 ** -0.5), BF16)
+    got = ops.silu_mul_linear(gd, wd)
+    assert got.shape == (2, 3, 1000) and gemv_calls == [(6, 2 * 2056)]
+    np.testing.assert_array_equal(host(got), host(ops.linear(ops.silu_mul(gd), wd)))
 
 
 @pytest.mark.parametrize("pdl", [False, True])

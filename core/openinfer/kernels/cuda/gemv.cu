@@ -19,6 +19,9 @@
 // * Programmatic dependent launch (when the wrapper launches with it): the weights do not depend
 //   on the previous kernel, so the first chunks are prefetched into L2 before griddepcontrol.wait;
 //   only x (and the workspace/counters) are touched after it. Without PDL both are no-ops.
+// * The x loader is a template parameter: LoadX reads x as given; LoadSiluMul reads a [M, 2K]
+//   gate_up row and feeds bf16(silu(gate) * up), rounded exactly as silu_mul stores it, so the
+//   SwiGLU activation never makes a round trip through memory (and costs no launch of its own).
 // Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8.
 #include "common.cuh"
 
@@ -38,6 +41,35 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
     asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
+
+// One 16-byte chunk c (8 consecutive k) of the B operand, from the x row of this lane's group.
+struct LoadX {
+    const uint4* row;
+    __device__ LoadX(const bf16* x, int) : row(reinterpret_cast<const uint4*>(x)) {}
+    __device__ uint4 operator()(int c) const { return ld_x(row + c); }
+};
+
+// x = silu_mul(gate_up) on the fly: gate is the first K of the row, up the second (chunks = K / 8).
+struct LoadSiluMul {
+    const uint4* row;
+    int chunks;
+    __device__ LoadSiluMul(const bf16* x, int chunks_) : row(reinterpret_cast<const uint4*>(x)), chunks(chunks_) {}
+    __device__ uint4 operator()(int c) const {
+        const uint4 g = ld_x(row + c), u = ld_x(row + chunks + c);
+        const unsigned int gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
+        unsigned int o[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float gf[2], uf[2];
+            Pack<bf16>::unpack(gw[i], gf);
+            Pack<bf16>::unpack(uw[i], uf);
+            gf[0] = silu_times(gf[0], uf[0]);
+            gf[1] = silu_times(gf[1], uf[1]);
+            o[i] = Pack<bf16>::pack(gf);
+        }
+        return make_uint4(o[0], o[1], o[2], o[3]);
+    }
+};
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2::evict_normal [%0];" :: "l"(p));
@@ -68,7 +100,7 @@ __device__ __forceinline__ void store_tile(bf16* y, long long ldy, float4 s, int
 
 constexpr int WARPS = 4;
 
-template <int U>
+template <int U, typename XLoad>
 __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w,
                                           long long ldw, bf16* __restrict__ y, long long ldy,
                                           float* __restrict__ partial, int* __restrict__ counters,
@@ -83,7 +115,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
     const uint4* wb = reinterpret_cast<const uint4*>(w + (long long)min(n0 + g + 8, N - 1) * ldw);  // repeat N-1
     // B column g is output row m = g: groups g >= M read row M-1 and their columns are never stored
     // (branch-free loads keep the weight loads of one iteration in flight together)
-    const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)min(g, M - 1) * ldx);
+    const XLoad xr(x + (long long)min(g, M - 1) * ldx, chunks);
 
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -106,7 +138,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
             b[u] = ld_stream(wb + base + 4 * u + q);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) xv[u] = ld_x(xr + base + 4 * u + q);
+        for (int u = 0; u < U; ++u) xv[u] = xr(base + 4 * u + q);
 #pragma unroll
         for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
     }
@@ -121,7 +153,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
             const int cc = ok ? c : lo;
             a[u] = ld_stream(wa + cc);
             b[u] = ld_stream(wb + cc);
-            xv[u] = ld_x(xr + cc);
+            xv[u] = xr(cc);
             if (!ok) a[u] = b[u] = xv[u] = zero;
         }
 #pragma unroll
@@ -165,15 +197,18 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 // splits == 1), counters: int32 [grid.x], all zero on entry and left zero on exit.
 // gemv_bf16_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
 // iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
-// for B CTAs per SM (more warps, fewer registers).
-#define GEMV_KERNEL(NAME, U, MIN_BLOCKS)                                                                   \
+// for B CTAs per SM (more warps, fewer registers). gemv_silu_bf16_*: x is a [M, 2K] gate_up (LoadSiluMul).
+#define GEMV_KERNEL(NAME, U, MIN_BLOCKS, XLOAD)                                                            \
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
         const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,                           \
         bf16* __restrict__ y, long long ldy, float* __restrict__ partial, int* __restrict__ counters,      \
         int M, int N, int chunks, int prefetch) {                                                          \
-        gemv_tile<U>(x, ldx, w, ldw, y, ldy, partial, counters, M, N, chunks, prefetch);                   \
+        gemv_tile<U, XLOAD>(x, ldx, w, ldw, y, ldy, partial, counters, M, N, chunks, prefetch);            \
     }
-GEMV_KERNEL(gemv_bf16_u2, 2, 1)
-GEMV_KERNEL(gemv_bf16_u4, 4, 1)
-GEMV_KERNEL(gemv_bf16_u8, 8, 1)
-GEMV_KERNEL(gemv_bf16_u4_o8, 4, 8)
+#define GEMV_VARIANTS(PREFIX, XLOAD)                    \
+    GEMV_KERNEL(PREFIX##_u2, 2, 1, XLOAD)               \
+    GEMV_KERNEL(PREFIX##_u4, 4, 1, XLOAD)               \
+    GEMV_KERNEL(PREFIX##_u8, 8, 1, XLOAD)               \
+    GEMV_KERNEL(PREFIX##_u4_o8, 4, 8, XLOAD)
+GEMV_VARIANTS(gemv_bf16, LoadX)
+GEMV_VARIANTS(gemv_silu_bf16, LoadSiluMul)
