@@ -32,7 +32,7 @@ class WeightUploader:
         self.cp, self.device, self.stream, self.dtypes = cp, device, stream, dtypes
         self._local = threading.local()
         self._buffers: list[np.ndarray] = []
-        self._reader: StagedReader | None = None   # made at the first checkpoint read (dummy weights need none)
+        self._reader: StagedReader | None = None   # see _staged_reader (dummy weights need none)
 
     def load(self, weights: WeightSource, names: Sequence[str], dtype: np.dtype) -> Any:
         """The tensors concatenated along axis 0, as one device array of `dtype`, ready for the step stream."""
@@ -78,15 +78,19 @@ class WeightUploader:
         allocated = cp.cuda.Event(disable_timing=True)
         allocated.record(self.stream)
         path, offset, nbytes = weights.span(name)
-        if self._reader is None:
-            threads = copy_threads()
-            self._buffers = [np.frombuffer(cp.cuda.alloc_pinned_memory(CHUNK_BYTES), dtype=np.uint8,
-                                           count=CHUNK_BYTES) for _ in range(2 * threads)]
-            self._reader = StagedReader(self._buffers, self._upload, threads, self._thread_setup)
-        for done in self._reader.read(path, offset, nbytes, dst, allocated):
+        for done in self._staged_reader().read(path, offset, nbytes, dst, allocated):
             self.stream.wait_event(done.result())
         if target is not view:
             view[...] = target.astype(view.dtype)
+
+    def _staged_reader(self) -> StagedReader:
+        """The reading threads and their pinned buffers, made at the first checkpoint read."""
+        if self._reader is None:
+            threads = copy_threads()
+            self._buffers = [np.frombuffer(self.cp.cuda.alloc_pinned_memory(CHUNK_BYTES), dtype=np.uint8,
+                                           count=CHUNK_BYTES) for _ in range(2 * threads)]
+            self._reader = StagedReader(self._buffers, self._upload, threads, self._thread_setup)
+        return self._reader
 
     def _thread_setup(self) -> None:
         self.device.use()
