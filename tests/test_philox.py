@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.philox import philox4x32, split64, uniform_words
+from openinfer.philox import normals, philox4x32, split64, uniform_words
 
 KAT = [  # counter (4 words), key (2 words), expected (4 words)
     ((0x00000000, 0x00000000, 0x00000000, 0x00000000), (0x00000000, 0x00000000),
@@ -37,3 +37,17 @@ def test_stream_layout():
     block2 = philox4x32(np.array([[2, 3, 5, 0]], dtype=np.uint32), key)[0]
     np.testing.assert_array_equal(words[8:], block2[:2])
     assert not np.array_equal(words, uniform_words(10, key, 4, stream))
+
+
+def test_normals_layout_and_moments():
+    key = split64(12345)
+    z = normals(200_003, key)
+    assert z.shape == (200_003,) and np.isfinite(z).all()
+    # elements 4g..4g+3 come from Philox(counter = (g, 0, 0, 0)): pairs of words by Box-Muller
+    w = philox4x32(np.array([[1, 0, 0, 0]], dtype=np.uint32), key)[0]
+    u1, u2 = ((w[2] >> 8) + 1) / 2**24, (w[3] >> 8) / 2**24
+    np.testing.assert_allclose(z[6:8], np.sqrt(-2 * np.log(u1)) * np.array([np.cos(2 * np.pi * u2),
+                                                                              np.sin(2 * np.pi * u2)]))
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
+    assert abs(z).max() < 6   # u1 >= 2^-24 bounds |z| by sqrt(2 ln 2^24) ~ 5.77
+    assert not np.array_equal(z[:100], normals(100, split64(12346)))

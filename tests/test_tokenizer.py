@@ -183,3 +183,31 @@ def test_from_dir_files(tmp_path):
     assert t.eos_token_ids == frozenset({151645, 151643})
     assert t.encode("Hello, world!") == [9707, 11, 1879, 0]
     assert t.apply_chat_template([{"role": "user", "content": "x"}]) == "[x]"
+
+
+def test_gzipped_tokenizer_is_unpacked_once_into_the_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(cache))
+    d = tmp_path / "tok"
+    d.mkdir()
+    spec = json.loads((qwen_dir() / "tokenizer.json").read_text(encoding="utf-8"))
+    (d / "tokenizer.json.gz").write_bytes(gzip.compress(json.dumps(spec).encode()))
+    assert Tokenizer.from_dir(d).encode("Hello, world!") == [9707, 11, 1879, 0]
+    [entry] = (cache / "tokenizers").iterdir()
+    assert json.loads(entry.read_text(encoding="utf-8")) == spec
+    assert Tokenizer.from_dir(d).encode("Hello, world!") == [9707, 11, 1879, 0]   # read from the entry
+    assert list((cache / "tokenizers").iterdir()) == [entry]
+    # new content, new entry: the cache never serves the tokenizer an archive used to hold
+    spec["model"]["vocab"]["Hello"], spec["model"]["vocab"]["!"] = 0, 9707
+    (d / "tokenizer.json.gz").write_bytes(gzip.compress(json.dumps(spec).encode()))
+    assert Tokenizer.from_dir(d).encode("Hello, world!")[0] == 0
+    assert len(list((cache / "tokenizers").iterdir())) == 2
+
+
+def test_gzipped_tokenizer_loads_where_the_cache_cannot_be_written(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path / "file"))   # a file: no directory under it
+    d = tmp_path / "tok"
+    d.mkdir()
+    (d / "tokenizer.json.gz").write_bytes(gzip.compress((qwen_dir() / "tokenizer.json").read_bytes()))
+    assert Tokenizer.from_dir(d).encode("Hello, world!") == [9707, 11, 1879, 0]

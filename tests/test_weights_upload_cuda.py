@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from openinfer.testing.cuda import require_gpu
-from openinfer.weights import Checkpoint, save_safetensors
+from openinfer.weights import Checkpoint, DummyWeights, save_safetensors
 
 pytestmark = pytest.mark.cuda
 cp = require_gpu()
@@ -58,3 +58,20 @@ def test_staging_buffers_and_threads_are_gone_after_load(checkpoint):
     be.loaded()
     assert buffer() is None   # freed at once (no reference cycle waiting for the GC), so the pool let it go
     assert not [t for t in threading.enumerate() if t.name.startswith("weights")]
+
+
+def test_dummy_weights_are_drawn_on_the_device_without_staging():
+    dummy = DummyWeights({"w": (3000, 512), "v": (5, 512), "norm": (512,)}, seed=3, std=0.02)
+    be = CudaBackend(0, "bfloat16")
+    fused = be.load(dummy, "w", "v")
+    norm = be.load(dummy, "norm")
+    assert be._uploader._reader is None and not be._uploader._buffers   # no pinned buffers, no threads
+    be.loaded()
+    w, n = be.to_host(fused).astype(np.float32), be.to_host(norm).astype(np.float32)
+    assert fused.shape == (3005, 512) and fused.dtype == be._np_dtype(None) and n.shape == (512,)
+    assert abs(w.mean()) < 1e-3 and abs(w.std() - 0.02) < 1e-3 and np.abs(w).max() < 6 * 0.02
+    assert abs(n.mean() - 1) < 0.02 and abs(n.std() - 0.1) < 0.02
+    assert not np.array_equal(w[:5], w[3000:])   # each tensor has its own key
+    again = CudaBackend(0, "bfloat16")
+    np.testing.assert_array_equal(again.to_host(again.load(dummy, "norm")).view(np.uint16),
+                                  be.to_host(norm).view(np.uint16))   # same seed and name, same values

@@ -40,3 +40,18 @@ def uniform_words(n: int, key: tuple[int, int], step: int, stream: tuple[int, in
     ctr[:, 0] = np.arange(groups, dtype=np.uint32)
     ctr[:, 1], ctr[:, 2], ctr[:, 3] = step & 0xFFFFFFFF, stream[0], stream[1]
     return philox4x32(ctr, key).reshape(-1)[:n]
+
+
+def normals(n: int, key: tuple[int, int]) -> np.ndarray:
+    """n standard normals, float64: element i from words 2(i // 2) and 2(i // 2) + 1 of the stream
+    Philox(counter = (i // 4, its high word, 0, 0), key), by Box-Muller on their top 24 bits
+    (the dummy-weight fill, kernels/cuda/random_fill.cu)."""
+    groups = -(-n // 4)
+    g = np.arange(groups, dtype=np.uint64)
+    ctr = np.zeros((groups, 4), dtype=np.uint32)
+    ctr[:, 0], ctr[:, 1] = (g & MASK32).astype(np.uint32), (g >> np.uint64(32)).astype(np.uint32)
+    words = philox4x32(ctr, key).reshape(-1, 2)
+    u1 = ((words[:, 0] >> 8).astype(np.float64) + 1) / 2**24
+    u2 = (words[:, 1] >> 8).astype(np.float64) / 2**24
+    r = np.sqrt(-2 * np.log(u1))
+    return np.stack([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)], axis=1).reshape(-1)[:n]

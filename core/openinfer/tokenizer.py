@@ -6,6 +6,7 @@ chat_template.jinja, generation_config.json / config.json for eos ids) without i
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 from datetime import datetime
@@ -17,6 +18,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+
+from .disk_cache import cache_root, write_atomic
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -48,6 +51,21 @@ def _byte_decoder() -> dict[str, int]:
 def _token_content(tok: Any) -> str | None:
     # tokenizer_config writes special tokens as a string or as an AddedToken dict.
     return tok.get("content") if isinstance(tok, dict) else tok
+
+
+def _unpacked(gz: Path) -> HFTokenizer:
+    """A tokenizer.json.gz, parsed from its unpacked copy in the disk cache (keyed by the archive's
+    content hash; made at the first load): skips the gunzip and the ~35 MB of transient bytes and
+    string at every start after that. Where the cache cannot be written, from the unpacked bytes."""
+    data = gz.read_bytes()
+    path = cache_root() / "tokenizers" / f"{hashlib.sha256(data).hexdigest()[:24]}.json"
+    if not path.is_file():
+        raw = gzip.decompress(data)
+        try:
+            write_atomic(path, raw)
+        except OSError:
+            return HFTokenizer.from_str(raw.decode("utf-8"))
+    return HFTokenizer.from_file(str(path))
 
 
 def _read_json(path: Path) -> dict:
@@ -129,7 +147,7 @@ class Tokenizer:
         if (path / "tokenizer.json").is_file():
             hf = HFTokenizer.from_file(str(path / "tokenizer.json"))
         elif (path / "tokenizer.json.gz").is_file():
-            hf = HFTokenizer.from_str(gzip.decompress((path / "tokenizer.json.gz").read_bytes()).decode("utf-8"))
+            hf = _unpacked(path / "tokenizer.json.gz")
         else:
             raise FileNotFoundError(f"no tokenizer.json (or tokenizer.json.gz) in {path}; openinfer needs the "
                                     "fast-tokenizer file that Hugging Face checkpoints ship")

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("cupy")
 from openinfer.batch import ForwardBatch  # noqa: E402
-from openinfer.kernels.cuda import attention, attention_decode, blas, module, ops, pdl, sampler  # noqa: E402
+from openinfer.kernels.cuda import attention, attention_decode, blas, module, ops, pdl, random_fill, sampler  # noqa: E402
 from openinfer.sampling import SamplingParams  # noqa: E402
 from openinfer.sampling_batch import NUM_FIELDS, ROW, SampleRow, build_batch  # noqa: E402
 from openinfer.testing.launch_check import aligned_empty, fake, record_launches  # noqa: E402
@@ -22,7 +22,7 @@ BF16 = module.BF16
 @pytest.fixture
 def launches(monkeypatch):
     """Launchers on host stand-ins; returns the list of checked launches."""
-    recorded = record_launches(monkeypatch, (attention, attention_decode, blas, module, ops, sampler))
+    recorded = record_launches(monkeypatch, (attention, attention_decode, blas, module, ops, random_fill, sampler))
     monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
     monkeypatch.setattr(attention_decode, "blocks_per_sm", lambda *a: 4)
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
@@ -125,6 +125,15 @@ def test_ops_launch_args(launches, dtype):
     ops.argmax(aligned_empty((T, 1000), dtype))
     ops.top_logprobs(aligned_empty((T, 1000), dtype), 5)
     assert len(launches) == 13
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float32])
+def test_random_fill_launch_args(launches, dtype):
+    random_fill.fill_normal(aligned_empty((151936, 2560), dtype), (0xFFFFFFFF, 7), 0.0, 0.02)  # grid capped
+    random_fill.fill_normal(aligned_empty((7,), dtype), (1, 2), 1.0, 0.1)
+    assert [c.grid for c in launches] == [(8192,), (1,)]
+    with pytest.raises(ValueError):
+        random_fill.fill_normal(aligned_empty((4, 6), dtype)[:, :3], (1, 2), 0.0, 1.0)
 
 
 @pytest.mark.parametrize("dtype", [BF16, np.float32])

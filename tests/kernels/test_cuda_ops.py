@@ -10,6 +10,7 @@ import pytest
 
 from openinfer.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
+from openinfer.philox import normals
 from openinfer.testing.cuda import kernel_stream, require_gpu
 
 pytestmark = pytest.mark.cuda
@@ -17,6 +18,7 @@ cp = require_gpu()
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from openinfer.kernels.cuda import ops  # noqa: E402  (imports cupy-dependent modules)
+from openinfer.kernels.cuda.random_fill import fill_normal  # noqa: E402
 from test_attention_mma_emulation import shuffled_tables  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -592,3 +594,13 @@ def test_backend_round_trip_and_memory():
     assert 0 < m.free <= m.total
     assert 0 < be.kv_budget_bytes(None) < m.total
     assert be.kv_budget_bytes(1 << 20) == 1 << 20
+
+
+@pytest.mark.parametrize("n", [1, 7, 4096 + 3])
+def test_fill_normal_matches_philox_reference(dt, n):
+    key = (0x89ABCDEF, 0x1234)
+    x = dev(np.full(n + 5, 9.0, np.float32), dt[0])   # the fill stops at n: the tail keeps its 9s
+    fill_normal(x[:n], key, 1.0, 0.1)
+    got = host(x)
+    np.testing.assert_allclose(got[:n], exact(1.0 + 0.1 * normals(n, key), dt[0]), atol=dt[1] * 0.1, rtol=dt[2])
+    np.testing.assert_array_equal(got[n:], 9.0)

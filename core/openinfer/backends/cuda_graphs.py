@@ -54,16 +54,26 @@ class DecodeGraphs:
         self.graphs: dict[int, tuple[Any, Any, Any]] = {}   # bucket -> (graph, logits, tokens)
 
     def capture(self) -> None:
-        """Capture every bucket, largest first (its intermediates size the shared pool)."""
+        """Capture every bucket, largest first (its intermediates size the shared pool).
+
+        The host never waits for the GPU before the end: the capture stream waits on an event for
+        the step stream's queued work (the input upload, and the KV pools' zero fill, ~120 GB on an
+        H200) while Python captures. Only the largest bucket runs eagerly first, outside capture:
+        that loads the kernels the activation profile did not (attention at the graphs' full
+        width) and grows the shared pool to the largest intermediates, which smaller buckets reuse
+        (the pool splits its free blocks), and sets up the kernels' per-device state (cuBLAS handle,
+        GEMV counters) if the activation profile has not."""
         cp, t0 = self.cp, time.perf_counter()
         self._upload(self.inputs.clear())
-        self.stream.synchronize()
+        queued = cp.cuda.Event(disable_timing=True)
+        queued.record(self.stream)
         capture_stream = cp.cuda.Stream(non_blocking=True)
+        capture_stream.wait_event(queued)
         with cp.cuda.using_allocator(self.pool.malloc), capture_stream:
             for b in reversed(self.sizes):
                 batch = self.inputs.batch(b, self.block_size, self.max_model_len, self.state_slots)
-                self.forward(batch)          # eager first: kernels load, the pool grows outside capture
-                capture_stream.synchronize()
+                if b == self.sizes[-1]:
+                    self.forward(batch)
                 capture_stream.begin_capture()
                 logits, tokens = self.forward(batch)
                 graph = capture_stream.end_capture()

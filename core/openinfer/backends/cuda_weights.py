@@ -7,8 +7,10 @@ step stream runs both ways through events: a tensor's copies wait for the step-s
 before its buffer was allocated (the pool may hand out memory a queued kernel still reads), and the
 step stream waits for the copies before load() returns, so callers may use the array at once (the
 Qwen3.5 line adds 1 to its norms at load). A dtype change (an F32 or F16 checkpoint served in bf16)
-happens on the device. Dummy weights are drawn on the GPU itself. Nothing of the checkpoint stays
-in host memory afterwards: finish() frees the threads, close() lets the buffers go.
+happens on the device. Dummy weights are drawn on the GPU itself by one kernel per tensor
+(random_fill.cu), so they need neither the staging buffers nor the threads, which are made at the
+first checkpoint read. Nothing of the checkpoint stays in host memory afterwards: finish() frees
+the threads, close() lets the buffers go.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..philox import split64
 from ..weights import Checkpoint, DummyWeights, WeightSource, stable_hash
 from .staged_read import StagedReader, copy_threads
 
@@ -27,11 +30,9 @@ _STORAGE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 class WeightUploader:
     def __init__(self, cp: Any, device: Any, stream: Any, dtypes: dict[str, np.dtype]) -> None:
         self.cp, self.device, self.stream, self.dtypes = cp, device, stream, dtypes
-        threads = copy_threads()
-        self._buffers = [np.frombuffer(cp.cuda.alloc_pinned_memory(CHUNK_BYTES), dtype=np.uint8, count=CHUNK_BYTES)
-                         for _ in range(2 * threads)]
         self._local = threading.local()
-        self._reader: StagedReader | None = StagedReader(self._buffers, self._upload, threads, self._thread_setup)
+        self._buffers: list[np.ndarray] = []
+        self._reader: StagedReader | None = None   # see _staged_reader (dummy weights need none)
 
     def load(self, weights: WeightSource, names: Sequence[str], dtype: np.dtype) -> Any:
         """The tensors concatenated along axis 0, as one device array of `dtype`, ready for the step stream."""
@@ -59,12 +60,14 @@ class WeightUploader:
             return tuple(weights.shapes[name])
         return tuple(weights.raw(name)[1])
 
-    def _dummy(self, weights: DummyWeights, name: str, view: Any) -> None:
-        """Same distribution as DummyWeights.get, drawn on the device (values differ from the CPU's)."""
-        cp = self.cp
-        rng = cp.random.RandomState((weights.seed * 1_000_003 + stable_hash(name)) % (1 << 32))
-        x = rng.standard_normal(view.shape, dtype=cp.float32)
-        view[...] = (1.0 + 0.1 * x) if view.ndim == 1 else weights.std * x
+    @staticmethod
+    def _dummy(weights: DummyWeights, name: str, view: Any) -> None:
+        """Same distribution as DummyWeights.get, drawn on the device (values differ from the CPU's).
+        One kernel, not cupy.random: a cuRAND generator per tensor (~400 for Qwen3-4B) is set up and
+        seeded each time, cuRAND's library loaded, and a float32 temporary made and scaled per tensor."""
+        from ..kernels.cuda.random_fill import fill_normal
+        key = split64(weights.seed * 1_000_003 + stable_hash(name))
+        fill_normal(view, key, *((1.0, 0.1) if view.ndim == 1 else (0.0, weights.std)))
 
     def _copy(self, weights: Checkpoint, name: str, view: Any) -> None:
         cp = self.cp
@@ -75,10 +78,19 @@ class WeightUploader:
         allocated = cp.cuda.Event(disable_timing=True)
         allocated.record(self.stream)
         path, offset, nbytes = weights.span(name)
-        for done in self._reader.read(path, offset, nbytes, dst, allocated):
+        for done in self._staged_reader().read(path, offset, nbytes, dst, allocated):
             self.stream.wait_event(done.result())
         if target is not view:
             view[...] = target.astype(view.dtype)
+
+    def _staged_reader(self) -> StagedReader:
+        """The reading threads and their pinned buffers, made at the first checkpoint read."""
+        if self._reader is None:
+            threads = copy_threads()
+            self._buffers = [np.frombuffer(self.cp.cuda.alloc_pinned_memory(CHUNK_BYTES), dtype=np.uint8,
+                                           count=CHUNK_BYTES) for _ in range(2 * threads)]
+            self._reader = StagedReader(self._buffers, self._upload, threads, self._thread_setup)
+        return self._reader
 
     def _thread_setup(self) -> None:
         self.device.use()
@@ -98,5 +110,6 @@ class WeightUploader:
     def close(self) -> None:
         """Wait for every copy, stop the threads and drop the pinned buffers (the reader refers back
         to us through its sink: dropping it here frees them now rather than at a later GC)."""
-        self._reader.finish()
+        if self._reader is not None:
+            self._reader.finish()
         self._reader, self._buffers = None, []

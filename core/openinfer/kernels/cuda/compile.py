@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 import time
 from pathlib import Path
+
+from ...disk_cache import cache_root, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,7 @@ def sources() -> list[str]:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("OPENINFER_CACHE_DIR")
-    return Path(root) / "kernels" if root else Path.home() / ".cache" / "openinfer" / "kernels"
+    return cache_root() / "kernels"
 
 
 def arch_for(major: int, minor: int) -> str:
@@ -84,11 +83,7 @@ def compile_source(source: str | Path, arch: str) -> Path:
         cubin = nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # write then rename, so a concurrent process never loads half a file
-    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
-        f.write(cubin)
-    os.replace(f.name, path)
+    write_atomic(path, cubin)
     log.info("compiled %s.cu for %s in %.2f s (%d bytes)", name, arch, time.perf_counter() - t0, len(cubin))
     return path
 

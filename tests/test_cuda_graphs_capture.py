@@ -1,0 +1,73 @@
+"""DecodeGraphs.capture's order of work on the CPU, with a recording stand-in for cupy: the capture
+stream waits on the step stream's queued work by an event (the host does not wait for the GPU
+before the end), and only the largest bucket runs eagerly before the captures."""
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import numpy as np
+
+from openinfer.backends.cuda_graphs import DecodeGraphs
+
+
+class _Stream:
+    def __init__(self, log: list, name: str) -> None:
+        self.log, self.name, self.capturing = log, name, False
+
+    def __enter__(self) -> "_Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        self.log.append(("host waits for", self.name))
+
+    def wait_event(self, event) -> None:
+        self.log.append((self.name, "waits for", event.stream))
+
+    def begin_capture(self) -> None:
+        self.capturing = True
+
+    def end_capture(self) -> str:
+        self.capturing = False
+        return "graph"
+
+
+def _fake_cp(log: list) -> SimpleNamespace:
+    class Event:
+        def __init__(self, disable_timing: bool = False) -> None:
+            self.stream = None
+
+        def record(self, stream: _Stream) -> None:
+            self.stream = stream.name
+
+    streams: list[_Stream] = []
+
+    def stream(non_blocking: bool = False) -> _Stream:
+        streams.append(_Stream(log, "capture"))
+        return streams[-1]
+
+    cuda = SimpleNamespace(alloc_pinned_memory=bytearray, Event=Event, Stream=stream,
+                           MemoryPool=lambda: SimpleNamespace(malloc=None, total_bytes=lambda: 0),
+                           using_allocator=lambda malloc: contextlib.nullcontext())
+    return SimpleNamespace(cuda=cuda, zeros=np.zeros, arange=np.arange, int32=np.int32, int64=np.int64,
+                           streams=streams)
+
+
+def test_capture_runs_one_eager_forward_and_never_waits_on_the_host_before_the_end(monkeypatch):
+    log: list = []
+    step = _Stream(log, "step")
+    cp = _fake_cp(log)
+
+    def forward(batch):
+        log.append(("forward", len(batch.token_ids), "captured" if cp.streams[-1].capturing else "eager"))
+        return "logits", "tokens"
+
+    monkeypatch.setattr(DecodeGraphs, "_upload", lambda self, width: log.append(("upload",)))
+    graphs = DecodeGraphs(cp, step, forward, max_num_seqs=16, max_model_len=64, block_size=16)
+    graphs.capture()
+    assert log == [("upload",), ("capture", "waits for", "step"), ("forward", 16, "eager")] + \
+        [("forward", b, "captured") for b in (16, 8, 4, 2, 1)] + [("host waits for", "capture")]
+    assert sorted(graphs.graphs) == [1, 2, 4, 8, 16]
