@@ -1,5 +1,6 @@
 """Bounded per-request state (kind "slots") in the KV manager, with no model: slot accounting,
-state checkpoints gating prefix hits, their LRU, the prefill cut, and row copies."""
+state checkpoints gating prefix hits, their LRU, the in-prefill save at a prompt's last full
+block, and row copies."""
 from __future__ import annotations
 
 import numpy as np
@@ -51,19 +52,43 @@ def test_scheduler_defers_requests_without_a_free_slot():
     assert [r.req.request_id for r in s.schedule().runs] == ["b"]
 
 
-def test_prefill_is_cut_at_the_prompts_last_full_block_and_checkpointed_there():
+def test_prefill_is_not_cut_and_saves_the_prompts_last_full_block_in_the_step():
     bm = manager()
     a = req("a", list(range(10)))                        # last reusable boundary: 8
     assert bm.try_admit(a)
-    assert bm.prefill_chunk(a, 10) == 8 and bm.prefill_chunk(a, 5) == 5
-    step(bm, a, 8)
-    assert bm.take_state_copies() == [(a.state_slot, 3)]  # live row -> first checkpoint row (1 + 2 slots)
-    step(bm, a, 2)
-    assert bm.take_state_copies() == []                   # 10 is not a block boundary
+    assert bm.prefill_chunk(a, 10) == 10                  # one step ...
+    assert a.state_checkpoint == (8, 3)                   # ... that writes row 3 (1 + 2 slots) at token 8
+    assert bm.checkpoints.rows == {} and 3 not in bm.checkpoints.free   # reserved, not hit-able yet
+    early = req("early", list(range(10)))
+    assert bm.try_admit(early) and early.cached_tokens == 0
+    bm.release(early)
+    step(bm, a, 10)
+    assert a.state_checkpoint is None and bm.take_state_copies() == []   # no copy: the forward wrote it
+    assert bm.checkpoints.rows == {a.block_hashes[1]: 3}
     bm.release(a)
     again = req("again", list(range(10)))
     assert bm.try_admit(again) and again.cached_tokens == 8
     assert bm.take_state_copies() == [(3, again.state_slot)]   # the checkpoint restored into its row
+    assert bm.prefill_chunk(again, 2) == 2 and again.state_checkpoint is None   # starts at the boundary
+
+
+def test_in_prefill_saves_of_chunks_duplicates_and_failed_steps():
+    bm = manager(slots=3)
+    a = req("a", list(range(11)))
+    assert bm.try_admit(a)
+    assert bm.prefill_chunk(a, 6) == 6 and a.state_checkpoint is None    # the boundary 8 is past the chunk
+    step(bm, a, 6)
+    assert bm.prefill_chunk(a, 5) == 5 and a.state_checkpoint == (8, 4)  # crossed inside the second chunk
+    b = req("b", list(range(11)))                                         # the same prompt, same step
+    assert bm.try_admit(b) and bm.prefill_chunk(b, 11) == 11 and b.state_checkpoint == (8, 5)
+    step(bm, a, 5)
+    step(bm, b, 11)
+    assert bm.checkpoints.rows == {a.block_hashes[1]: 4} and 5 in bm.checkpoints.free   # one kept
+    c = req("c", list(range(50, 61)))
+    assert bm.try_admit(c) and bm.prefill_chunk(c, 11) == 11 and c.state_checkpoint is not None
+    row = c.state_checkpoint[1]
+    bm.release(c)                                          # its step failed: the row was never written
+    assert c.state_checkpoint is None and row in bm.checkpoints.free and len(bm.checkpoints.rows) == 1
 
 
 def test_kv_hits_without_a_state_checkpoint_are_not_reused():

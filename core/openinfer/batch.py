@@ -36,6 +36,9 @@ class ForwardBatch:
     max_query_len: int
     max_context_len: int
     state_slots: Array | None = None  # [B] int32, each sequence's row in the "slots" state groups
+    # a prefill step may save a sequence's state part-way through its run (kv/hybrid.py); None when none does
+    checkpoint_lens: Array | None = None   # [B] int32, save after this many tokens of the run (0: none; else < run length)
+    checkpoint_rows: Array | None = None   # [B] int32, the "slots" state row the save goes to
 
     @property
     def num_tokens(self) -> int:

@@ -33,6 +33,7 @@ class HostBatch:
     context_lens: np.ndarray  # [B] int32
     sample_rows: np.ndarray   # [S] int32
     state_slots: np.ndarray | None = None   # [B] int32, rows of the "slots" state groups (hybrid models)
+    checkpoints: np.ndarray | None = None   # [2, B] int32, ForwardBatch.checkpoint_lens and _rows
 
     @property
     def is_decode(self) -> bool:
@@ -66,8 +67,10 @@ class ModelRunner:
         step): at batch 128 a per-run Python loop of small arrays cost ~3 ms a step."""
         bs, runs = self.block_size, plan.runs
         B = len(runs)
-        reqs, starts, lengths, samples, token_ids = [], [], [], [], []
+        reqs, starts, lengths, samples, token_ids, saves = [], [], [], [], [], []
         for run in runs:   # one pass over the runs: the only per-run Python of the step's inputs
+            if run.req.state_checkpoint is not None:
+                saves.append((len(reqs), run.req.state_checkpoint))
             reqs.append(run.req)
             starts.append(run.start)
             lengths.append(run.length)
@@ -83,11 +86,15 @@ class ModelRunner:
         table = self.tables.gather(reqs)
         slots = table[np.repeat(np.arange(B), lengths), pos // bs].astype(np.int64) * bs + pos % bs
         sampled = np.array(samples, bool)
-        state_slots = None
+        state_slots = checkpoints = None
         if reqs[0].state_slot is not None:
             state_slots = np.array([r.state_slot for r in reqs], np.int32)
+            if saves:   # prefill runs crossing their prompt's last full block (kv/hybrid.py)
+                checkpoints = np.zeros((2, B), np.int32)
+                for i, (position, row) in saves:
+                    checkpoints[:, i] = position - starts[i], row
         return HostBatch(ids, pos.astype(np.int32), slots, table, qstart, (starts + lengths).astype(np.int32),
-                         qstart[1:][sampled] - 1, state_slots)
+                         qstart[1:][sampled] - 1, state_slots, checkpoints)
 
     def dummy_batch(self, num_seqs: int, tokens_each: int) -> HostBatch:
         """Sequences of `tokens_each` prefill tokens in consecutive blocks from block 1 (profiling)."""
@@ -113,7 +120,9 @@ class ModelRunner:
             sample_rows=to(h.sample_rows), query_start_host=h.query_start, context_lens_host=h.context_lens,
             block_size=self.block_size, max_query_len=int(np.diff(h.query_start).max()),
             max_context_len=int(h.context_lens.max()),
-            state_slots=None if h.state_slots is None else to(h.state_slots))
+            state_slots=None if h.state_slots is None else to(h.state_slots),
+            checkpoint_lens=None if h.checkpoints is None else to(h.checkpoints[0]),
+            checkpoint_rows=None if h.checkpoints is None else to(h.checkpoints[1]))
 
     def prepare(self, plan: StepPlan) -> ForwardBatch:
         return self.upload(self.prepare_host(plan))

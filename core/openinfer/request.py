@@ -201,6 +201,8 @@ class Request:
     num_hashed_blocks: int = 0      # leading full blocks already registered in the prefix cache
     block_hashes: list[int] = field(default_factory=list)
     state_slot: int | None = None   # row of its bounded state (hybrid models), held while running
+    # (position, state row): the scheduled prefill step saves its state after token `position` there
+    state_checkpoint: tuple[int, int] | None = None
     cache_salt: str = ""
     stop_ids: frozenset[int] = frozenset()     # the sampled ids that end it (stop ids, eos unless ignored)
     plain_greedy: bool = False                  # params.is_plain_greedy(), taken once at submit

@@ -206,7 +206,8 @@ class BlockManager:
 
     # ---- bounded-state hooks: kv/hybrid.py overrides them; paged-only models need none ----
     def prefill_chunk(self, req: Request, n: int) -> int:
-        """How many of the `n` tokens the scheduler offers a prefill run to actually take."""
+        """How many of the `n` tokens the scheduler offers a prefill run to actually take (a hybrid
+        manager also plans the state checkpoint the run saves on its way)."""
         return n
 
     def take_state_copies(self) -> list[tuple[int, int]]:

@@ -5,7 +5,9 @@ They are the CPU implementation and the specification a CUDA kernel is tested ag
 favour clarity. All work on the flat varlen batch (ForwardBatch): T tokens of B sequences,
 sequence i owns rows query_start[i]:query_start[i+1] and state row state_slots[i]. A sequence
 whose run starts at position 0 (context_len == run length) starts from a zero state: its row
-may still hold an earlier request's state, so nothing has to clear it.
+may still hold an earlier request's state, so nothing has to clear it. A prefill run may also save
+its state part-way (batch.checkpoint_lens/_rows, kv/hybrid.py): the state after its first
+checkpoint_lens[i] tokens goes to row checkpoint_rows[i] as well.
 Shapes: C conv channels (2·nk·dk + nv·dv), K conv width, nk/nv key/value heads, dk/dv head dims,
 R state rows. States are float32 on every backend; compute here is float32.
 """
@@ -31,17 +33,26 @@ def _has_state_decode(batch: ForwardBatch) -> np.ndarray:
     return np.asarray(batch.context_lens) > 1
 
 
+def _checkpoints(batch: ForwardBatch) -> dict[int, tuple[int, int]]:
+    """{sequence: (tokens of its run before the save, state row)} of the runs that save their state part-way."""
+    if batch.checkpoint_lens is None:
+        return {}
+    return {i: (int(n), int(row)) for i, (n, row) in
+            enumerate(zip(np.asarray(batch.checkpoint_lens), np.asarray(batch.checkpoint_rows))) if n > 0}
+
+
 def qwen35_causal_conv1d(x: np.ndarray, weight: np.ndarray, conv_state: np.ndarray, batch: ForwardBatch) -> np.ndarray:
     """silu(causal depthwise conv1d) over each sequence's run of any length.
 
     x [T, C] conv inputs; weight [C, K]; conv_state [R, K-1, C], the last K-1 inputs before the
-    run (time-major), replaced in place by the last K-1 inputs up to the run's end.
+    run (time-major), replaced in place by the last K-1 inputs up to the run's end (and a
+    checkpoint row by those up to its save point).
     out[t, c] = silu(sum_j weight[c, j] * input[t - K + 1 + j, c]), inputs before position 0 = 0.
     Returns [T, C] float32.
     """
     K = weight.shape[1]
     out = np.empty(x.shape, dtype=np.float32)
-    qs, live = batch.query_start_host, _has_state(batch)
+    qs, live, saves = batch.query_start_host, _has_state(batch), _checkpoints(batch)
     for i, slot in enumerate(np.asarray(batch.state_slots)):
         s, e = int(qs[i]), int(qs[i + 1])
         n = e - s
@@ -50,6 +61,9 @@ def qwen35_causal_conv1d(x: np.ndarray, weight: np.ndarray, conv_state: np.ndarr
         prev = conv_state[slot] if live[i] else np.zeros((K - 1, x.shape[1]), dtype=np.float32)
         window = np.concatenate([prev, x[s:e]], axis=0)          # [K - 1 + n, C]
         out[s:e] = sum(window[j:j + n] * weight[:, j] for j in range(K))
+        if i in saves:
+            at, row = saves[i]
+            conv_state[row] = window[at:at + K - 1]
         conv_state[slot] = window[n:]
     return _silu(out)
 
@@ -102,7 +116,7 @@ def qwen35_gated_delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.n
 
     q, k [T, nk, dk] (post-conv, not yet normalised); v [T, nv, dv]; g, beta [T, nv] float32
     (qwen35_gdn_gating); state [R, nv, dk, dv] float32, read (if the sequence has tokens
-    before the run) and replaced in place. Per token, per value head:
+    before the run) and replaced in place (a checkpoint row: by the state at its save point). Per token, per value head:
         S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
     Returns o [T, nv, dv] float32.
     """
@@ -110,14 +124,17 @@ def qwen35_gated_delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.n
     qn, kn = _prepare_qk(q, k, nv)
     v = v.astype(np.float32)
     out = np.empty(v.shape, dtype=np.float32)
-    qs, live = batch.query_start_host, _has_state(batch)
+    qs, live, saves = batch.query_start_host, _has_state(batch), _checkpoints(batch)
     for i, slot in enumerate(np.asarray(batch.state_slots)):
         s, e = int(qs[i]), int(qs[i + 1])
         if e == s:
             continue
         S = state[slot].copy() if live[i] else np.zeros(state.shape[1:], dtype=np.float32)
+        at, row = saves.get(i, (0, 0))
         for t in range(s, e):
             out[t] = _delta_step(S, qn[t], kn[t], v[t], g[t], beta[t])
+            if t + 1 - s == at:
+                state[row] = S
         state[slot] = S
     return out
 

@@ -12,6 +12,7 @@ from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import assert_within_bf16_noise, hf_greedy_stepwise, hf_logits
 
 from conftest import _build
+from test_qwen35_checkpoints import checkpoint_row, state_row
 from test_qwen35_fidelity import assert_logits_close, engine_for, tokens
 
 pytestmark = pytest.mark.cuda
@@ -118,3 +119,24 @@ def test_float32_batching_chunking_and_prefix_hits_keep_greedy(untied):
     turn2 = ids + first + tokens(10, seed=7)
     [(out, _, cached)] = generate(eng, [turn2], greedy(16))
     assert cached == 64 and out == hf_greedy_stepwise(hf, turn2, 16)
+
+
+@pytest.mark.parametrize("budget", [1024, 503], ids=["one_step", "chunked"])
+def test_prefill_checkpoint_matches_the_cpu_engine_and_keeps_greedy(untied, budget):
+    """The in-prefill save of a 1024-token prompt's last full block (1008, off the 64-token chunk
+    grid: the state walk restarts there; with budget 503 the last chunk starts at 1006, so the saved
+    conv window reaches into the previous chunk's state): the checkpoint row equals the numpy
+    engine's, and resending the prompt hits it with the greedy tokens of the uncached engine."""
+    ckpt, _ = untied
+    ids = tokens(1024, seed=41)
+    kw = dict(block_size=16, max_num_batched_tokens=budget)
+    gpu, cpu = gpu_engine(ckpt, dtype="float32", **kw), engine_for(ckpt, **kw)
+    first, on_cpu = (generate(e, [ids], greedy(8))[0][0] for e in (gpu, cpu))
+    got, want = (state_row(e, checkpoint_row(e, ids, 1008)) for e in (gpu, cpu))
+    for part in want:
+        np.testing.assert_allclose(got[part], want[part], rtol=1e-3, atol=1e-3 * np.abs(want[part]).max(),
+                                   err_msg=part)
+    [(again, _, cached)] = generate(gpu, [ids], greedy(8))
+    [(plain, _, _)] = generate(gpu_engine(ckpt, dtype="float32", enable_prefix_caching=False, **kw), [ids],
+                               greedy(8))
+    assert cached == 1008 and first == again == plain == on_cpu

@@ -2,7 +2,9 @@
 prefill (64-token chunks with zero rows past a run's end, 32-column state tiles, gamma as an
 in-chunk cumsum, row-by-row forward substitution for [W | U], the state carried across chunks)
 and conv.cu's token blocks and state save, each in float32, against the sequential numpy
-reference, on varlen batches mixing fresh and continuing runs; then gdn_chunk_prep and
+reference, on varlen batches mixing fresh and continuing runs, with and without checkpoints
+part-way through runs (the chunk grid restarted there, the state and conv window saved to another
+row); then gdn_chunk_prep and
 gdn_chunk_state at the thread level (their thread maps, shared-memory offsets and scratch records,
 NaN-filled shared memory and scratch). Mirrors the kernels: change both together."""
 from __future__ import annotations
@@ -27,11 +29,26 @@ def _l2(x: np.ndarray, scale: float = 1.0) -> np.ndarray:
     return (x * (F32(scale) / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + F32(1e-6)))).astype(F32)
 
 
-def chunk_block(q, k, v, g, beta, S: np.ndarray, s0: int, n: int, h: int, kh: int, cols: slice, out) -> np.ndarray:
-    """The chunked math for value head h, state columns `cols`, the run s0:s0+n; returns the new S tile."""
+def checkpoint(b: ForwardBatch, i: int) -> tuple[int, int]:
+    """(tokens of run i before its checkpoint, its row); (0, 0): none (delta_rule.cu's Chunks.split)."""
+    if b.checkpoint_lens is None:
+        return 0, 0
+    n, t = int(b.query_start[i + 1] - b.query_start[i]), int(b.checkpoint_lens[i])
+    return (t, int(b.checkpoint_rows[i])) if 0 < t < n else (0, 0)
+
+
+def chunk_grid(b: ForwardBatch, i: int) -> list[tuple[int, int]]:
+    """(start, size) of run i's chunks: Chunks in delta_rule.cu, restarted at a checkpoint."""
+    n, split = int(b.query_start[i + 1] - b.query_start[i]), checkpoint(b, i)[0]
+    return [(c0, min(L, end - c0)) for lo, end in ((0, split), (split, n)) for c0 in range(lo, end, L)]
+
+
+def chunk_block(q, k, v, g, beta, S: np.ndarray, s0: int, grid: list[tuple[int, int]], h: int, kh: int, cols: slice,
+                out, save=None) -> np.ndarray:
+    """The chunked math for value head h, state columns `cols`, the run's chunks at s0; returns the new
+    S tile, and hands `save` the tile at each chunk end (the kernel stores the one at the checkpoint)."""
     dk = q.shape[2]
-    for c0 in range(0, n, L):
-        nc = min(L, n - c0)
+    for c0, nc in grid:
         rows = slice(s0 + c0, s0 + c0 + nc)
         Q, K = np.zeros((L, dk), F32), np.zeros((L, dk), F32)
         Q[:nc], K[:nc] = _l2(q[rows, kh], dk ** -0.5), _l2(k[rows, kh])
@@ -52,6 +69,8 @@ def chunk_block(q, k, v, g, beta, S: np.ndarray, s0: int, n: int, h: int, kh: in
         U -= W @ S
         out[rows, h, cols] = (np.exp(gam)[:, None] * (Q @ S) + P @ U)[:nc]
         S = np.exp(gam[-1]) * S + (K[:nc] * tail[:nc, None]).T @ U[:nc]
+        if save is not None:
+            save(c0 + nc, S)
     return S
 
 
@@ -63,11 +82,17 @@ def chunk_kernel(q, k, v, g, beta, state: np.ndarray, b: ForwardBatch) -> np.nda
         s0, n = int(qs[i]), int(qs[i + 1] - qs[i])
         if n == 0:
             continue
+        at, row = checkpoint(b, i)
         for h in range(nv):
             for j0 in range(0, dv, BV):
                 cols = slice(j0, min(j0 + BV, dv))
                 S = state[slot, h, :, cols].copy() if _live(b, i) else np.zeros((q.shape[2], cols.stop - j0), F32)
-                state[slot, h, :, cols] = chunk_block(q, k, v, g, beta, S, s0, n, h, h // (nv // nk), cols, out)
+
+                def save(end: int, tile: np.ndarray, h=h, cols=cols) -> None:
+                    if end == at:
+                        state[row, h, :, cols] = tile
+                state[slot, h, :, cols] = chunk_block(q, k, v, g, beta, S, s0, chunk_grid(b, i), h, h // (nv // nk),
+                                                      cols, out, save)
     return out
 
 
@@ -78,10 +103,20 @@ def gdn_inputs(rng, T, nk, nv, dk, dv):
             rng.standard_normal((T, nv, dv), F32), g, beta)
 
 
-# (tokens before, run length) per sequence: lengths around the chunk size, fresh and continuing
-RUNS = {"one_63_64_65": [(0, 1), (5, 63), (0, 64), (100, 65)],
-        "long_300_with_state": [(40, 300), (0, 2)],
-        "long_300_fresh_and_empty": [(0, 300), (9, 0), (3, 129)]}
+def with_checkpoints(b: ForwardBatch, lens: list[int], first_row: int) -> ForwardBatch:
+    """`b` whose run i saves its state after lens[i] tokens (0: none) into row first_row + i."""
+    b.checkpoint_lens = np.asarray(lens, np.int32)
+    b.checkpoint_rows = np.arange(first_row, first_row + len(lens), dtype=np.int32)
+    return b
+
+
+# (tokens before, run length) per sequence: lengths around the chunk size, fresh and continuing;
+# checkpoints (tokens of the run before them) inside, at and off the chunk grid
+RUNS = {"one_63_64_65": ([(0, 1), (5, 63), (0, 64), (100, 65)], None),
+        "long_300_with_state": ([(40, 300), (0, 2)], None),
+        "long_300_fresh_and_empty": ([(0, 300), (9, 0), (3, 129)], None),
+        "checkpoints_1008_of_1024": ([(0, 1024)], [1008]),
+        "checkpoints_mixed": ([(0, 70), (16, 64), (5, 3), (40, 300), (0, 2)], [16, 64 - 16, 0, 128, 1])}
 
 
 @pytest.mark.parametrize("dims", [(2, 4, 128, 128), (2, 4, 16, 48)], ids=["4b_heads", "tiny_partial_tile"])
@@ -89,10 +124,12 @@ RUNS = {"one_63_64_65": [(0, 1), (5, 63), (0, 64), (100, 65)],
 def test_chunked_blocking_equals_the_recurrence(runs, dims):
     nk, nv, dk, dv = dims
     rng = np.random.default_rng(len(runs) + dk)
-    seqs = RUNS[runs]
-    b = batch(seqs, [3, 0, 5, 1][:len(seqs)])
+    seqs, saves = RUNS[runs]
+    b = batch(seqs, [3, 0, 5, 1, 2][:len(seqs)])
+    if saves is not None:
+        with_checkpoints(b, saves, 6)
     q, k, v, g, beta = gdn_inputs(rng, int(b.query_start[-1]), nk, nv, dk, dv)
-    state = rng.standard_normal((6, nv, dk, dv), F32)   # stale rows too: fresh runs must ignore them
+    state = rng.standard_normal((6 + len(seqs), nv, dk, dv), F32)   # stale rows too: fresh runs must ignore them
     want_state = state.copy()
     want = ops.qwen35_gated_delta_rule(q, k, v, g, beta, want_state, b)
     got = chunk_kernel(q, k, v, g, beta, state, b)
@@ -122,19 +159,29 @@ def conv_kernel(x: np.ndarray, w: np.ndarray, conv_state: np.ndarray, b: Forward
                 acc = sum(w[:, j] * win[j] for j in range(CONV_K))
                 out[s + t] = acc / (1 + np.exp(-acc))
                 win.pop(0)
-    saved = {i: [before(i, int(qs[i]), int(qs[i + 1] - qs[i]) - (CONV_K - 1) + j) for j in range(CONV_K - 1)]
-             for i in range(len(slots)) if qs[i + 1] > qs[i]}
+    def window(i: int, n: int) -> np.ndarray:   # conv_state_save: the K-1 inputs before run position n
+        return np.stack([before(i, int(qs[i]), n - (CONV_K - 1) + j) for j in range(CONV_K - 1)])
+
+    if b.checkpoint_lens is not None:             # the checkpoint launch first: it reads the old rows
+        saves = {int(b.checkpoint_rows[i]): window(i, int(n)) for i, n in enumerate(b.checkpoint_lens) if n}
+        for row, w in saves.items():
+            conv_state[row] = w
+    saved = {i: window(i, int(qs[i + 1] - qs[i])) for i in range(len(slots)) if qs[i + 1] > qs[i]}
     for i, keep in saved.items():
-        conv_state[slots[i]] = np.stack(keep)
+        conv_state[slots[i]] = keep
     return out
 
 
-def test_conv_blocking_equals_the_reference():
+@pytest.mark.parametrize("saves", [None, [0, 1, 16, 2, 0, 32]], ids=["plain", "checkpoints"])
+def test_conv_blocking_equals_the_reference(saves):
+    """With checkpoints 1 and 2 tokens into a run, the saved window reaches into the old state row."""
     rng = np.random.default_rng(7)
     C = 40
     b = batch([(0, 1), (7, 2), (3, 17), (0, 40), (2, 0), (30, 33)], [4, 0, 2, 5, 1, 3])
+    if saves is not None:
+        with_checkpoints(b, saves, 7)
     x, w = rng.standard_normal((int(b.query_start[-1]), C), F32), rng.standard_normal((C, CONV_K), F32)
-    state = rng.standard_normal((7, CONV_K - 1, C), F32)
+    state = rng.standard_normal((13, CONV_K - 1, C), F32)
     want_state = state.copy()
     want = ops.qwen35_causal_conv1d(x, w, want_state, b)
     np.testing.assert_allclose(conv_kernel(x, w, state, b), want, rtol=1e-5, atol=1e-6)
@@ -178,13 +225,19 @@ def record(dv: int) -> dict[str, int]:
     return dict(W=W, Qg=Qg, Kt=Kt, P=P, U=U, dec=U + L * dv, total=U + L * dv + 4)
 
 
+def per_seq(b: ForwardBatch) -> int:
+    """m of delta_rule.cu's record index m b + s_b // L + c: 2 when the batch has checkpoints."""
+    return 1 if b.checkpoint_lens is None else 2
+
+
 def rec_base(b: ForwardBatch, seq: int, c: int, h: int, nv: int, dv: int) -> int:
-    return ((seq + int(b.query_start[seq]) // L + c) * nv + h) * record(dv)["total"]
+    return ((per_seq(b) * seq + int(b.query_start[seq]) // L + c) * nv + h) * record(dv)["total"]
 
 
 def scratch_for(b: ForwardBatch, nv: int, dv: int) -> np.ndarray:
-    """The launcher's scratch (T // L + B records per head), NaN until written."""
-    return np.full((int(b.query_start[-1]) // L + len(b.state_slots)) * nv * record(dv)["total"], np.nan, F32)
+    """The launcher's scratch (T // L + m B records per head), NaN until written."""
+    records = int(b.query_start[-1]) // L + per_seq(b) * len(b.state_slots)
+    return np.full(records * nv * record(dv)["total"], np.nan, F32)
 
 
 def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: int) -> None:
@@ -193,10 +246,10 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
     nk, dk = q.shape[1:]
     nv, dv = v.shape[1:]
     kh, s0 = h // (nv // nk), int(b.query_start[seq])
-    n, c0 = int(b.query_start[seq + 1]) - s0, c * L
-    if c0 >= n:
+    n, grid = int(b.query_start[seq + 1]) - s0, chunk_grid(b, seq)
+    if c >= len(grid):
         return
-    nc, rec = min(L, n - c0), record(dv)
+    (c0, nc), rec = grid[c], record(dv)
     base = rec_base(b, seq, c, h, nv, dv)
 
     def store(field: str, i, values) -> None:
@@ -281,9 +334,10 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
         sm.mem[sm.off[dst]:sm.off[dst] + count] = staged
 
     stage("W", rec_base(b, seq, 0, h, nv, dv), 3 * L * DK_MAX + L * L)   # W, Qg, Kt, P of chunk 0
-    for c in range(-(-n // L)):
-        c0, base = c * L, rec_base(b, seq, c, h, nv, dv)
-        nc, more, nxt = min(L, n - c0), c0 + L < n, base + nv * rec["total"]   # the kernel's next record
+    grid, (split, ckpt_row) = chunk_grid(b, seq), checkpoint(b, seq)
+    for c, (c0, nc) in enumerate(grid):
+        base = rec_base(b, seq, c, h, nv, dv)
+        more, nxt = c + 1 < len(grid), base + nv * rec["total"]   # the kernel's next record
         t = WARPS * WARP[:, None] + np.arange(L // WARPS)        # a. [thread, m]
         d = np.arange(DK_MAX)
         sd = sm.read("S", d * SP + LANE[:, None])                # [thread, d]
@@ -308,6 +362,9 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
         decay = scratch[base + rec["dec"]]
         sidx = dm * SP + LANE[:, None]
         sm.write("S", sidx, decay * sm.read("S", sidx) + acc)
+        if split and c0 + nc == split:                           # the checkpoint: rows just updated
+            m = (dm < dk) & col[:, None]
+            state[ckpt_row, h, dm[m], np.broadcast_to(j0 + LANE[:, None], dm.shape)[m]] = sm.read("S", sidx[m])
         if more:                                                 # Kt, P of chunk c + 1
             stage("Kt", nxt + rec["Kt"], L * DK_MAX + L * L)
     for r in range(-(-dk // WARPS)):
@@ -316,22 +373,26 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
         state[slot, h, d[m], j0 + LANE[m]] = sm.read("S", d[m] * SP + LANE[m])
 
 
+@pytest.mark.parametrize("saves", [None, [16, 0, 0, 48, 128]], ids=["plain", "checkpoints"])
 @pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 2, 128, 32), (1, 1, 128, 128)],
                          ids=["tiny_partial_tile", "dk128", "4b_head"])
-def test_chunk_kernels_thread_maps(dims):
+def test_chunk_kernels_thread_maps(dims, saves):
     """The thread-level emulation of gdn_chunk_prep's grid then gdn_chunk_state's (every smem and
     scratch word read was written, none stored twice) equals the sequential reference on runs
-    around the chunk size, fresh and continuing."""
+    around the chunk size, fresh and continuing, with checkpoints off and on the chunk grid (130
+    tokens split at 128: one more chunk than the run alone, which the grid and scratch must hold)."""
     nk, nv, dk, dv = dims
     rng = np.random.default_rng(11)
     b = batch([(0, 70), (4, 1), (9, 0), (30, 64), (0, 130)], [2, 0, 4, 1, 3])
+    if saves is not None:
+        with_checkpoints(b, saves, 5)
     q, k, v, g, beta = gdn_inputs(rng, int(b.query_start[-1]), nk, nv, dk, dv)
-    state = rng.standard_normal((5, nv, dk, dv), F32)
+    state = rng.standard_normal((10, nv, dk, dv), F32)
     want_state = state.copy()
     want = ops.qwen35_gated_delta_rule(q, k, v, g, beta, want_state, b)
     got, scratch = np.full(v.shape, np.nan, F32), scratch_for(b, nv, dv)
     B = len(b.state_slots)
-    for c in range(-(-b.max_query_len // L)):                    # the launcher's prep grid
+    for c in range(-(-b.max_query_len // L) + per_seq(b) - 1):  # the launcher's prep grid
         for h in range(nv):
             for seq in range(B):
                 prep_block(q, k, v, g, beta, scratch, b, c, h, seq)

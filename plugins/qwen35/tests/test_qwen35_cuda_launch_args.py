@@ -5,7 +5,8 @@ top, each argument tuple is matched against the kernel's C signature parsed from
 a pointer gets an array of the pointee's dtype, `long long` np.int64, `int` np.int32, `float`
 np.float32 (CuPy passes numpy scalars by their dtype, so a wrong width shifts every later
 argument). A pointer with a row stride argument after it must have a unit last stride and that
-row stride; any other pointer must be packed. Decode launches must pass the batch's own index
+row stride; any other pointer must be packed, or null (module.NULL: the checkpoint arrays of a batch
+without checkpoints). Decode launches must pass the batch's own index
 arrays (a CUDA graph reads the static buffers) and a grid of the batch size alone."""
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def check(call: Launch, dtype) -> None:
         if not ptr:
             assert type(a) is SCALARS[base], f"{where}: got {type(a).__name__}"
             continue
+        if a is module.NULL:
+            continue
         assert isinstance(a, np.ndarray), f"{where}: got {type(a).__name__}"
         want = dtype if base in ("T", "bf16") else POINTEES[base]
         assert a.dtype == want, f"{where}: array of {a.dtype}"
@@ -82,12 +85,17 @@ def check(call: Launch, dtype) -> None:
             assert a.flags.c_contiguous, f"{where}: not packed"
 
 
-def batch(runs: list[tuple[int, int]]) -> ForwardBatch:
+def batch(runs: list[tuple[int, int]], checkpoints: list[int] | None = None) -> ForwardBatch:
+    """`checkpoints`: per run, the tokens after which it saves its state part-way (0: none), to rows 4, 5, ..."""
     qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
     lens = np.asarray([p + n for p, n in runs], np.int32)
     z = zeros(1, np.int32)
-    return ForwardBatch(z, z, z, z, fake(qs), fake(lens), z, qs, lens, 16, int(np.diff(qs).max()), int(lens.max()),
-                        state_slots=fake(np.arange(1, len(runs) + 1, dtype=np.int32)))
+    b = ForwardBatch(z, z, z, z, fake(qs), fake(lens), z, qs, lens, 16, int(np.diff(qs).max()), int(lens.max()),
+                     state_slots=fake(np.arange(1, len(runs) + 1, dtype=np.int32)))
+    if checkpoints is not None:
+        b.checkpoint_lens = fake(np.asarray(checkpoints, np.int32))
+        b.checkpoint_rows = fake(np.arange(4, 4 + len(runs), dtype=np.int32))
+    return b
 
 
 def layer_forward(dtype, b: ForwardBatch, decode: bool, nk=16, nv=32, dk=128, dv=128, layers=3) -> None:
@@ -112,12 +120,16 @@ def layer_forward(dtype, b: ForwardBatch, decode: bool, nk=16, nv=32, dk=128, dv
 
 
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=["bf16", "f32"])
-@pytest.mark.parametrize("decode", [False, True], ids=["prefill", "decode"])
-def test_launch_arguments_match_the_kernel_signatures(launches, dtype, decode):
-    b = batch([(0, 1), (7, 1), (3, 1)] if decode else [(0, 70), (5, 1), (64, 130)])
+@pytest.mark.parametrize("kind", ["prefill", "decode", "prefill_with_checkpoints"])
+def test_launch_arguments_match_the_kernel_signatures(launches, dtype, kind):
+    decode, saves = kind == "decode", kind == "prefill_with_checkpoints"
+    b = batch([(0, 1), (7, 1), (3, 1)] if decode else [(0, 70), (5, 1), (64, 130)], [48, 0, 16] if saves else None)
     layer_forward(dtype, b, decode)
     names = [c.name for c in launches]
-    assert len(names) == (5 if decode else 7), names
+    assert len(names) == (5 if decode else 8 if saves else 7), names
+    if saves:   # the chunk grid has room for the extra chunk a split adds
+        prep = next(c for c in launches if c.name.startswith("gdn_chunk_prep"))
+        assert prep.grid[0] == -(-130 // delta_rule.CHUNK) + 1
     for call in launches:
         check(call, dtype)
 

@@ -173,6 +173,43 @@ def test_chunked_prefill_then_decode_equals_one_run(dt):
     np.testing.assert_allclose(host(pool[:, 1]), state, atol=1e-4, rtol=1e-3)
 
 
+# prefill runs saving their state part-way (kv/hybrid.py), to rows no run uses: the 1024-token
+# prompt's last full block (1008: off the 64-token chunk grid), others on it, 1 and 2 tokens in
+# (the conv window reaches into the old row), and a run without one
+CHECKPOINT_RUNS, CHECKPOINT_LENS = [(0, 1024), (200, 300), (0, 70), (7, 2), (16, 3)], [1008, 128, 16, 1, 0]
+
+
+def with_checkpoints(hb: ForwardBatch, db: ForwardBatch, lens: list[int]) -> None:
+    """Run i saves after lens[i] tokens (0: none) into a row no run of the batch holds."""
+    lens = np.asarray(lens, np.int32)
+    rows = np.zeros(len(lens), np.int32)
+    rows[lens > 0] = np.setdiff1d(np.arange(ROWS), np.asarray(hb.state_slots))[:int((lens > 0).sum())]
+    hb.checkpoint_lens, hb.checkpoint_rows = lens, rows
+    db.checkpoint_lens, db.checkpoint_rows = cp.asarray(lens), cp.asarray(rows)
+
+
+def test_prefill_ops_save_checkpoints_part_way(dt):
+    """The conv and the chunked delta rule also write each checkpoint row (conv window and state
+    as of its token) as the reference does, outputs and slot rows unchanged by the split grid."""
+    rng = np.random.default_rng(6)
+    nk, nv, dk, dv, C = SHAPES["4b"]
+    hb, db = batches(CHECKPOINT_RUNS, rng)
+    with_checkpoints(hb, db, CHECKPOINT_LENS)
+    T = int(hb.query_start_host[-1])
+    w = exact(rnd(rng, C, K, scale=0.5), dt[0])
+    conv_state, conv_pool = states(rng, K - 1, C)
+    x = exact(rnd(rng, T, C), dt[0])
+    close(ops.qwen35_causal_conv1d(cp.asarray(x.astype(dt[0])), cp.asarray(w.astype(dt[0])), conv_pool[:, 1], db),
+          ref.qwen35_causal_conv1d(x, w, conv_state, hb), dt)
+    np.testing.assert_array_equal(host(conv_pool[:, 1]), conv_state)
+    host_in, dev_in, gb, gb_d = gdn_inputs(rng, T, "4b", dt[0])
+    state, pool = states(rng, nv, dk, dv)
+    layer0 = host(pool[:, 0])
+    want = ref.qwen35_gated_delta_rule(*host_in, *gb, state, hb)
+    close(ops.qwen35_gated_delta_rule(*dev_in, *gb_d, pool[:, 1], db), want, dt, scale=2)
+    check_pool(pool, state, layer0, 1e-4)
+
+
 def test_gated_rms_norm(dt):
     rng = np.random.default_rng(5)
     T, nv, dv = 11, 32, 128

@@ -1,7 +1,8 @@
 // Causal depthwise conv1d + SiLU of the Gated DeltaNet over varlen runs. The conv state
 // [R, K-1, C] (fp32, time-major, any row stride) holds the last K-1 inputs before a run.
 // Prefill is two launches: the conv reads the old state rows, then conv_state_save overwrites
-// them (in one kernel, a block at a run's end could overwrite a row a block at its start still reads).
+// them (in one kernel, a block at a run's end could overwrite a row a block at its start still reads);
+// a checkpoint part-way through a run (kv/hybrid.py) is one more conv_state_save, before the last.
 #include "common.cuh"
 #include "gdn.cuh"
 
@@ -43,20 +44,25 @@ __device__ void conv_prefill(const T* x, long long x_stride, const T* w, const f
 }
 
 // grid (ceil(C / blockDim), B): the state row becomes the last K-1 inputs up to the run's end
-// (with a run shorter than K-1, partly the old row shifted, read before any write).
+// (with a run shorter than K-1, partly the old row shifted, read before any write). With
+// `ckpt_lens` (else null), a checkpoint part-way instead: row ckpt_rows[b] gets the last K-1 inputs
+// before run position ckpt_lens[b] (0: none), launched before the slot rows it may read change.
 template <typename T>
 __device__ void conv_state_save(const T* x, long long x_stride, float* state, long long state_stride,
-                                const int* slots, const int* query_start, const int* context_lens, int C) {
+                                const int* slots, const int* query_start, const int* context_lens,
+                                const int* ckpt_lens, const int* ckpt_rows, int C) {
+    pdl_begin();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
-    const int s = query_start[b], n = query_start[b + 1] - s;
+    const int s = query_start[b], n = ckpt_lens != nullptr ? ckpt_lens[b] : query_start[b + 1] - s;
     if (c >= C || n == 0) return;
     const bool live = has_state(query_start, context_lens, b);
-    float* row = state + (long long)slots[b] * state_stride;
+    const float* old = state + (long long)slots[b] * state_stride;
+    float* row = state + (long long)(ckpt_lens != nullptr ? ckpt_rows[b] : slots[b]) * state_stride;
     float keep[CONV_K - 1];
 #pragma unroll
     for (int i = 0; i < CONV_K - 1; ++i) {
         const int p = n - (CONV_K - 1) + i;   // position in the run of new state entry i
-        keep[i] = p >= 0 ? to_f32(x[(s + p) * x_stride + c]) : (live ? row[(CONV_K - 1 + p) * C + c] : 0.f);
+        keep[i] = p >= 0 ? to_f32(x[(s + p) * x_stride + c]) : (live ? old[(CONV_K - 1 + p) * C + c] : 0.f);
     }
 #pragma unroll
     for (int i = 0; i < CONV_K - 1; ++i) row[i * C + c] = keep[i];
@@ -92,8 +98,9 @@ __device__ void conv_update(const T* x, long long x_stride, const T* w, float* s
     }                                                                                                          \
     extern "C" __global__ void conv_state_save_##suffix(const T* x, long long x_stride, float* state,          \
                                                         long long state_stride, const int* slots,              \
-                                                        const int* qs, const int* ctx, int C) { pdl_begin();   \
-        conv_state_save<T>(x, x_stride, state, state_stride, slots, qs, ctx, C);                               \
+                                                        const int* qs, const int* ctx, const int* ckpt_lens,   \
+                                                        const int* ckpt_rows, int C) {                         \
+        conv_state_save<T>(x, x_stride, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, C);         \
     }                                                                                                          \
     extern "C" __global__ void conv_update_##suffix(const T* x, long long x_stride, const T* w, float* state,   \
                                                     long long state_stride, const int* slots, const int* qs,  \

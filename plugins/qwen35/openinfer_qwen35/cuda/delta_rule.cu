@@ -95,7 +95,11 @@ static_assert(CH_THREADS == 256 && L == 64 && BV == 32 && DK_MAX == 128, "the ke
 //    (3.8 us at the FMA limit, ~5-6 us with its loads) and a 120 KB record loaded by cp.async
 //    behind the previous chunk: ~16 x 6 = ~100 us. Tensor cores would cut it further, but bf16/tf32
 //    inputs lose the fp32 reference's accuracy.
-// Records are indexed by b + floor(s_b / L) + c (run b's chunk c; unique, < T / L + B).
+// A run may save its state part-way, after its first ckpt_lens[b] = t tokens (0 < t < n; a prompt's
+// last full block, kv/hybrid.py): then [0, t) and [t, n) are chunked apart, as two runs split at
+// t would be, so the state at t is a chunk boundary and equals what a step ending at t computed.
+// Records are indexed by m b + floor(s_b / L) + c (run b's chunk c; unique, < T / L + m B), m = 1,
+// or 2 when the batch has checkpoints (a split adds at most one chunk to a run).
 constexpr int KP = DK_MAX + 4;   // prep's q/k row stride: float4 rows of 8 lanes hit distinct banks
 constexpr int AP = L + 4;        // A's row stride (rows read as float4 broadcasts)
 
@@ -107,23 +111,37 @@ struct Rec {   // float offsets of one (chunk, head) record in scratch
     }
 };
 
-__device__ __forceinline__ long long rec_index(const int* query_start, int b, int c) {
-    return (long long)b + query_start[b] / L + c;
+__device__ __forceinline__ long long rec_index(const int* query_start, const int* ckpt_lens, int b, int c) {
+    return (long long)(ckpt_lens != nullptr ? 2 : 1) * b + query_start[b] / L + c;
 }
+
+struct Chunks {   // run b's chunk grid: `first` chunks over [0, split), then chunks over [split, n)
+    int split, first, count;
+    __device__ Chunks(const int* ckpt_lens, int b, int n) {
+        const int t = ckpt_lens != nullptr ? ckpt_lens[b] : 0;
+        split = t > 0 && t < n ? t : 0;
+        first = (split + L - 1) / L;
+        count = first + (n - split + L - 1) / L;
+    }
+    __device__ int start(int c) const { return c < first ? c * L : split + (c - first) * L; }
+    __device__ int size(int c, int n) const { return min(L, (c < first ? split : n) - start(c)); }
+};
 
 template <typename T>
 __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long long k_stride, const T* v,
                                long long v_stride, const float* g, const float* beta, const int* query_start,
-                               float* scratch, int nk, int nv, int dk, int dv) {
+                               const int* ckpt_lens, float* scratch, int nk, int nv, int dk, int dv) {
+    pdl_begin();
     extern __shared__ float smem[];
     float *Qs = smem, *Ks = Qs + L * KP, *As = Ks + L * KP, *gam = As + L * AP, *bet = gam + L, *tail = bet + L;
     const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / (nv / nk);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int s0 = query_start[b], n = query_start[b + 1] - s0, c0 = c * L;
-    if (c0 >= n) return;
-    const int nc = min(L, n - c0);
+    const int s0 = query_start[b], n = query_start[b + 1] - s0;
+    const Chunks chunks(ckpt_lens, b, n);
+    if (c >= chunks.count) return;
+    const int c0 = chunks.start(c), nc = chunks.size(c, n);
     const Rec rec(dv);
-    float* R = scratch + (rec_index(query_start, b, c) * nv + h) * rec.total;
+    float* R = scratch + (rec_index(query_start, ckpt_lens, b, c) * nv + h) * rec.total;
     // 1. normalised q, k (a warp per token; zero past dk and past the run), beta, gamma
     for (int t = warp; t < L; t += CH_WARPS) {
         const long long tok = s0 + c0 + t;
@@ -236,7 +254,9 @@ __device__ __forceinline__ void stage(float* dst, const float* src, int count) {
 
 template <typename T>
 __device__ void gdn_chunk_state(const float* scratch, float* state, long long state_stride, const int* slots,
-                                const int* query_start, const int* context_lens, T* out, int nv, int dk, int dv) {
+                                const int* query_start, const int* context_lens, const int* ckpt_lens,
+                                const int* ckpt_rows, T* out, int nv, int dk, int dv) {
+    pdl_begin();
     extern __shared__ float smem[];
     constexpr int SP = BV + 1;
     float *Ws = smem, *Qg = Ws + L * DK_MAX, *Kt = Qg + L * DK_MAX, *Ps = Kt + L * DK_MAX, *Ss = Ps + L * L;
@@ -250,12 +270,13 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
     float* Sg = state + (long long)slots[b] * state_stride + (long long)h * dk * dv + j0 + lane;
     for (int d = warp; d < DK_MAX; d += CH_WARPS)
         Ss[d * SP + lane] = live && col && d < dk ? Sg[(long long)d * dv] : 0.f;
+    const Chunks chunks(ckpt_lens, b, n);
     // W, Qg of chunk c + 1 load (cp.async) behind steps b and c of chunk c; Kt, P once c is done
-    stage(Ws, scratch + (rec_index(query_start, b, 0) * nv + h) * rec.total, 3 * L * DK_MAX + L * L);
-    for (int c = 0; c * L < n; ++c) {
-        const int c0 = c * L, nc = min(L, n - c0);
-        const bool more = c0 + L < n;
-        const float* R = scratch + (rec_index(query_start, b, c) * nv + h) * rec.total;
+    stage(Ws, scratch + (rec_index(query_start, ckpt_lens, b, 0) * nv + h) * rec.total, 3 * L * DK_MAX + L * L);
+    for (int c = 0; c < chunks.count; ++c) {
+        const int c0 = chunks.start(c), nc = chunks.size(c, n);
+        const bool more = c + 1 < chunks.count;
+        const float* R = scratch + (rec_index(query_start, ckpt_lens, b, c) * nv + h) * rec.total;
         float u[L / CH_WARPS];   // U's rows of this thread, loaded while the copies land
 #pragma unroll
         for (int m = 0; m < L / CH_WARPS; ++m) u[m] = col ? R[rec.U + (CH_WARPS * warp + m) * dv + j0 + lane] : 0.f;
@@ -319,10 +340,15 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
                 }
             }
             const float decay = R[rec.dec];
+            // the state at the run's checkpoint: each thread stores the rows it just updated
+            float* ck = c + 1 == chunks.first && col
+                        ? state + (long long)ckpt_rows[b] * state_stride + (long long)h * dk * dv + j0 + lane : nullptr;
 #pragma unroll
             for (int m = 0; m < RS; ++m) {
                 const int d = RS * warp + m;
-                Ss[d * SP + lane] = decay * Ss[d * SP + lane] + acc[m];
+                const float s = decay * Ss[d * SP + lane] + acc[m];
+                Ss[d * SP + lane] = s;
+                if (ck != nullptr && d < dk) ck[(long long)d * dv] = s;
             }
         }
         __syncthreads();   // Kt, P and V' are free
@@ -342,13 +368,16 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(CH_THREADS, 2) gdn_chunk_prep_##suffix(                        \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
-        const float* g, const float* beta, const int* qs, float* scratch, int nk, int nv, int dk, int dv) { pdl_begin(); \
-        gdn_chunk_prep<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, qs, scratch, nk, nv, dk, dv);       \
+        const float* g, const float* beta, const int* qs, const int* ckpt_lens, float* scratch, int nk,        \
+        int nv, int dk, int dv) {                                                                               \
+        gdn_chunk_prep<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, qs, ckpt_lens, scratch, nk, nv, dk,  \
+                          dv);                                                                                  \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(CH_THREADS) gdn_chunk_state_##suffix(                         \
         const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
-        const int* ctx, T* out, int nv, int dk, int dv) { pdl_begin();                                          \
-        gdn_chunk_state<T>(scratch, state, state_stride, slots, qs, ctx, out, nv, dk, dv);                     \
+        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
+        gdn_chunk_state<T>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out, nv, dk,    \
+                           dv);                                                                                 \
     }
 
 FOR_EACH_DTYPE(DELTA_RULE_KERNELS)

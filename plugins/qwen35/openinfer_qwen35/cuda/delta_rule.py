@@ -15,7 +15,7 @@ import cupy as cp
 import numpy as np
 
 from openinfer.batch import ForwardBatch
-from openinfer.kernels.cuda.module import as_index, heads3d, launch, suffix
+from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, suffix
 
 SOURCE = Path(__file__).with_name("delta_rule.cu")
 DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match delta_rule.cu
@@ -26,6 +26,14 @@ STATE_SMEM = 4 * (3 * CHUNK * DK_MAX + CHUNK * CHUNK + (DK_MAX + CHUNK) * (BV + 
 def record_floats(dv: int) -> int:
     """Floats of one (chunk, value head) record of the prefill scratch (Rec in delta_rule.cu)."""
     return 3 * CHUNK * DK_MAX + CHUNK * CHUNK + CHUNK * dv + 4
+
+
+def checkpoint_args(batch: ForwardBatch) -> tuple:
+    """(checkpoint_lens, checkpoint_rows) for the prefill kernels: null pointers when no run saves
+    its state part-way (kv/hybrid.py)."""
+    if batch.checkpoint_lens is None:
+        return NULL, NULL
+    return as_index(batch.checkpoint_lens, np.int32), as_index(batch.checkpoint_rows, np.int32)
 
 
 def _args(q, k, v, g, beta, state, batch: ForwardBatch) -> tuple[tuple, tuple[int, int, int], cp.ndarray]:
@@ -53,7 +61,8 @@ def _args(q, k, v, g, beta, state, batch: ForwardBatch) -> tuple[tuple, tuple[in
 
 def qwen35_gated_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, beta: cp.ndarray,
                             state: cp.ndarray, batch: ForwardBatch) -> cp.ndarray:
-    """Every sequence's run (any length) in chunks of 64 tokens. gdn_chunk_prep does every chunk's
+    """Every sequence's run (any length) in chunks of 64 tokens (restarted at a checkpoint, whose
+    state also goes to its row: delta_rule.cu). gdn_chunk_prep does every chunk's
     state-free part at once (grid: the longest run's chunks x value heads x sequences) into a
     scratch record per (chunk, head); then one gdn_chunk_state block per (32 state columns, value
     head, sequence) carries the state tile through its run's chunks. Eager only: the grid and the
@@ -66,13 +75,17 @@ def qwen35_gated_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.n
     T, B = v.shape[0], batch.num_seqs
     if T:
         (q3, qs, k3, ks, v3, vs, g32, b32, state, state_stride, slots, query_start, ctx, out, nk, nv, dk, dv) = args
-        # a record per (chunk, head); run b's chunk c is record b + s_b // 64 + c, so T // 64 + B cover all
-        scratch = cp.empty((T // CHUNK + B) * int(nv) * record_floats(int(dv)), dtype=cp.float32)
+        ck_lens, ck_rows = checkpoint_args(batch)
+        m = 1 if batch.checkpoint_lens is None else 2   # a checkpoint splits a run: one more chunk at most
+        # a record per (chunk, head); run b's chunk c is record m b + s_b // 64 + c: T // 64 + m B cover all
+        scratch = cp.empty((T // CHUNK + m * B) * int(nv) * record_floats(int(dv)), dtype=cp.float32)
         sfx = suffix(v.dtype)
-        launch(SOURCE, f"gdn_chunk_prep_{sfx}", (-(-batch.max_query_len // CHUNK), int(nv), B), CHUNK_THREADS,
-               (q3, qs, k3, ks, v3, vs, g32, b32, query_start, scratch, nk, nv, dk, dv), PREP_SMEM)
+        launch(SOURCE, f"gdn_chunk_prep_{sfx}", (-(-batch.max_query_len // CHUNK) + m - 1, int(nv), B),
+               CHUNK_THREADS, (q3, qs, k3, ks, v3, vs, g32, b32, query_start, ck_lens, scratch, nk, nv, dk, dv),
+               PREP_SMEM)
         launch(SOURCE, f"gdn_chunk_state_{sfx}", grid, CHUNK_THREADS,
-               (scratch, state, state_stride, slots, query_start, ctx, out, nv, dk, dv), STATE_SMEM)
+               (scratch, state, state_stride, slots, query_start, ctx, ck_lens, ck_rows, out, nv, dk, dv),
+               STATE_SMEM)
     return out
 
 

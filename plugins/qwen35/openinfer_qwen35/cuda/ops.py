@@ -15,9 +15,9 @@ import cupy as cp
 import numpy as np
 
 from openinfer.batch import ForwardBatch
-from openinfer.kernels.cuda.module import as_index, heads3d, launch, rows2d, suffix
+from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, rows2d, suffix
 
-from .delta_rule import qwen35_gated_delta_rule, qwen35_gated_delta_rule_update
+from .delta_rule import checkpoint_args, qwen35_gated_delta_rule, qwen35_gated_delta_rule_update
 
 __all__ = ["qwen35_causal_conv1d", "qwen35_causal_conv1d_update", "qwen35_gdn_gating", "qwen35_gated_delta_rule",
            "qwen35_gated_delta_rule_update", "qwen35_gated_rms_norm", "qwen35_sigmoid_gate"]
@@ -48,7 +48,8 @@ def qwen35_causal_conv1d(x: cp.ndarray, weight: cp.ndarray, conv_state: cp.ndarr
                          ) -> cp.ndarray:
     """silu(causal depthwise conv1d) over each run. x [T, C] (any row stride), weight [C, 4];
     conv_state [R, 3, C] float32, replaced in place for every sequence with tokens. Two launches:
-    the conv (reading the old rows), then the state save."""
+    the conv (reading the old rows), then the state save; a batch with checkpoints part-way through
+    runs saves those first (from the old rows too)."""
     x2, stride, w = _conv_args(x, weight, conv_state)
     T, C = x.shape
     out = cp.empty((T, C), dtype=x.dtype)
@@ -59,8 +60,12 @@ def qwen35_causal_conv1d(x: cp.ndarray, weight: cp.ndarray, conv_state: cp.ndarr
     sfx, cblocks, state_stride = suffix(x.dtype), (C + THREADS - 1) // THREADS, np.int64(conv_state.strides[0] // 4)
     launch(CONV, f"conv_prefill_{sfx}", (cblocks, (batch.max_query_len + CONV_TOK - 1) // CONV_TOK, B), THREADS,
            (x2, np.int64(stride), w, conv_state, state_stride, slots, qs, ctx, out, np.int32(C)))
+    if batch.checkpoint_lens is not None:
+        ck_lens, ck_rows = checkpoint_args(batch)
+        launch(CONV, f"conv_state_save_{sfx}", (cblocks, B), THREADS,
+               (x2, np.int64(stride), conv_state, state_stride, slots, qs, ctx, ck_lens, ck_rows, np.int32(C)))
     launch(CONV, f"conv_state_save_{sfx}", (cblocks, B), THREADS,
-           (x2, np.int64(stride), conv_state, state_stride, slots, qs, ctx, np.int32(C)))
+           (x2, np.int64(stride), conv_state, state_stride, slots, qs, ctx, NULL, NULL, np.int32(C)))
     return out
 
 
