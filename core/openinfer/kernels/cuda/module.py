@@ -64,7 +64,7 @@ def _function_with_smem(source: str | Path, name: str, smem: int) -> Any:
 def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
     """Launch kernel `name` of `source` (a core source's name or a plugin's .cu path, see
     compile.source_path) on the current stream (so CUDA-graph capture sees it), with programmatic
-    dependent launch where the device has it (pdl.py)."""
+    dependent launch where it is on and the device has it (pdl.py)."""
     fn = _function_with_smem(source, name, smem)
     if pdl.enabled():
         pdl.launch(fn.kernel.ptr, grid, block, args, smem)
