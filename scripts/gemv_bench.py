@@ -2,7 +2,6 @@
 
     python scripts/gemv_bench.py            # the table gpu_kernels.sh prints
     python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill, PDL prefetch) on the chain
-    python scripts/gemv_bench.py --fused    # only the fused-vs-unfused rows (silu_mul + down projection)
 
 Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s counts weight + x + y bytes.
 """
@@ -85,31 +84,6 @@ def shape_rows(shapes, ms=(1, 8)):
         del ws
 
 
-def fused_rows(ms=(1, 4, 8)):
-    """silu_mul then the down projection (two launches) against silu_mul_linear (one GEMV whose x loader
-    applies the activation), Qwen3-4B and -8B down shapes, with and without PDL."""
-    print(f"\n{'silu_mul + down (I->H)':<28} {'M':>2} {'unfused us':>10} {'fused us':>9} {'+PDL unf':>9} "
-          f"{'+PDL fus':>9} {'saved us':>8}")
-    for name, (inter, n) in (("4B down", SHAPES_4B["down"]), ("8B down", SHAPES_8B["8B down"])):
-        copies = min(8, -(-150_000_000 // (2 * n * inter)))
-        ws = [rand(n, inter, scale=inter ** -0.5) for _ in range(copies)]
-        for m in ms:
-            gate_up = rand(m, 2 * inter, scale=3.0)
-
-            def unfused():
-                for w in ws:
-                    ops.linear(ops.silu_mul(gate_up), w)
-
-            def fused():
-                for w in ws:
-                    ops.silu_mul_linear(gate_up, w)
-            t = [with_gemv(True, lambda: graph_us(fn), pdl_on=pdl) / copies
-                 for pdl in (False, True) for fn in (unfused, fused)]
-            print(f"{name + f' {inter}->{n}':<28} {m:>2} {t[0]:10.1f} {t[1]:9.1f} {t[2]:9.1f} {t[3]:9.1f} "
-                  f"{min(t[0], t[2]) - min(t[1], t[3]):8.1f}")
-        del ws
-
-
 def decode_chain(m=1):
     """36 layers x (qkv, o, gate_up, down) + lm_head, each with its own weights (8.05 GB), one graph."""
     layers = [[rand(n, k, scale=k ** -0.5) for k, n in (SHAPES_4B[s] for s in ("qkv", "o", "gate_up", "down"))]
@@ -151,9 +125,6 @@ def chain_rows(sweep=False):
 
 if __name__ == "__main__":
     sweep = "--sweep" in sys.argv
-    fused_rows()
-    if "--fused" in sys.argv:
-        sys.exit()
     shape_rows(SHAPES_4B)
     if sweep:
         shape_rows(SHAPES_8B, ms=(1, 4))

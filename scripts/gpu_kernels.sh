@@ -131,7 +131,7 @@ for S, kw in ((1, dict(top_p=0.9, top_k=50)), (64, dict(top_p=0.9, top_k=50)), (
 EOF
 # decode attention, old (fp32 cores) against new (tensor cores), as the engine's graphs size it
 $PY scripts/attn_bench.py 2>&1 | tee "$OUT/attn_bench.log"
-# silu_mul + down projection fused vs unfused, GEMV vs cuBLAS per Qwen3-4B shape at M=1 and M=8, and the
+# GEMV vs cuBLAS per Qwen3-4B shape at M=1 and M=8, and the
 # 145-GEMM decode chain against the 1.87 ms floor
 $PY scripts/gemv_bench.py 2>&1 | tee "$OUT/gemv.log"
 # rope_write_kv in 16-byte words vs warp-per-head, decode to 16k prefill

@@ -34,7 +34,11 @@ def main() -> None:
 
         def fn():
             ops.rope_write_kv(q, k, v, qw, kw, 1e-6, pos, cos, sin, k_cache, v_cache, slots)
-        words = graph_us(fn, reps=20, inner=4)
+        threshold, ops.ROPE_WORDS_MIN_HEADS = ops.ROPE_WORDS_MIN_HEADS, 0   # words at every size
+        try:
+            words = graph_us(fn, reps=20, inner=4)
+        finally:
+            ops.ROPE_WORDS_MIN_HEADS = threshold
         real = ops._rope_lanes
         ops._rope_lanes = lambda *a: 32   # the warp-per-head kernel
         try:

@@ -77,14 +77,6 @@ def test_gemv_prefetches_only_under_pdl(launches, monkeypatch):
     assert launches[-1].grid[1] > 1 and launches[-1].args[6] is not module.NULL   # split-K: a workspace
 
 
-@pytest.mark.parametrize("m", [1, 3, 8])
-@pytest.mark.parametrize("n,inter", [(2560, 9728), (77, 200)])
-def test_silu_mul_linear_gemv_launch_args(launches, m, n, inter):
-    out = ops.silu_mul_linear(aligned_empty((m, 2 * inter), BF16), aligned_empty((n, inter), BF16))
-    assert out.shape == (m, n)
-    assert [(c.source, c.name) for c in launches] == [("gemv", f"gemv_silu_bf16_{blas.GEMV_VARIANT}")]
-
-
 def test_cublas_gemm_ex_binding():
     """cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C,
     Ctype, ldc, computeType, algo): 19 parameters, as bound."""
@@ -139,9 +131,11 @@ def test_random_fill_launch_args(launches, dtype):
 @pytest.mark.parametrize("dtype", [BF16, np.float32])
 @pytest.mark.parametrize("pad,d,half", [(0, 128, 64), (0, 256, 32), (0, 64, 16), (4, 128, 64), (0, 80, 40),
                                         (0, 128, 4)])
-def test_rope_word_variant_choice(launches, dtype, pad, d, half):
+def test_rope_word_variant_choice(launches, monkeypatch, dtype, pad, d, half):
     """The `_v_` rope kernels (32 / word lanes per head) wherever heads, rotation halves, strides and
-    pointers are whole 16-byte words and d % 32 == 0; the warp-per-head kernels otherwise."""
+    pointers are whole 16-byte words and d % 32 == 0 and the launch is prefill-sized (T = 37 x 12
+    heads here, so the threshold is lowered); the warp-per-head kernels otherwise."""
+    monkeypatch.setattr(ops, "ROPE_WORDS_MIN_HEADS", 37 * 8)
     T, nh, nkv, bs = 37, 8, 2, 16
     width = (nh + 2 * nkv) * d
     qkv = aligned_empty((T, width + pad // np.dtype(dtype).itemsize), dtype)[:, :width]
@@ -157,6 +151,9 @@ def test_rope_word_variant_choice(launches, dtype, pad, d, half):
     assert [c.name.startswith(("rope_write_kv_v_", "qk_norm_rope_v_")) for c in launches] == [lanes < 32] * 2
     heads = (T * (nh + 2 * nkv), T * (nh + nkv))
     assert [c.grid for c in launches] == [(-(-h * lanes // 128),) for h in heads]
+    # a decode-sized launch (a few heads) keeps a warp per head
+    ops.rope_write_kv(q[:1], k[:1], v[:1], w, w, 1e-6, pos[:1], cos, sin, pool[0, :, 1], pool[1, :, 1], slots[:1])
+    assert launches[-1].name.startswith("rope_write_kv_") and "_v_" not in launches[-1].name
 
 
 @pytest.mark.parametrize("dtype", [BF16, np.float32])

@@ -57,11 +57,6 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
 
 
-def silu_mul_linear(gate_up: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """linear(silu_mul(gate_up), w): the MLP's activation and down projection (one fused op on GPUs)."""
-    return linear(silu_mul(gate_up), w)
-
-
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
     """Scatter k/v [T, nkv, d] into paged caches [num_blocks, block_size, nkv, d] at the slots."""
     nb, bs = k_cache.shape[:2]
@@ -121,5 +116,5 @@ def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
     for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
-                 "silu_mul_linear", "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
+                 "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

@@ -42,7 +42,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 SHARED_OPS = ["embedding", "rms_norm", "add_rms_norm", "linear", "qk_norm_rope", "write_kv", "paged_attention",
-              "silu_mul_linear", "gather_rows"]
+              "silu_mul", "gather_rows"]
 
 
 class Qwen35Line(ModelLine):

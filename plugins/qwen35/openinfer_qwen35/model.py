@@ -90,7 +90,7 @@ class Qwen35Model(Model):
         for i, layer in enumerate(self.layers):
             a = layer.mixer(x, batch, state)
             x, residual = ops.add_rms_norm(a, residual, layer.post_norm, eps)
-            m = ops.silu_mul_linear(ops.linear(x, layer.gate_up), layer.down)
+            m = ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up)), layer.down)
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             x, residual = ops.add_rms_norm(m, residual, next_norm, eps)
         return ops.linear(ops.gather_rows(x, batch.sample_rows), self.lm_head)

@@ -151,8 +151,8 @@ def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
 
 
 def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, kernel: str = "gemv_bf16") -> None:
-    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable).
-    kernel "gemv_silu_bf16": x2 is a [M, 2K] gate_up and the product is silu_mul(x2) @ w.T."""
+    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable);
+    `kernel` names the gemv.cu kernel family (its x loader)."""
     m = x2.shape[0]
     n, k = w.shape
     name = f"{kernel}_{GEMV_VARIANT}"

@@ -33,10 +33,6 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
-// SwiGLU's silu(g) * u in fp32: silu_mul and the GEMV that fuses it (gemv.cu) share this one
-// expression, so both round the same float to bf16.
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + expf(-g)) * u; }
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -2,20 +2,18 @@
 
 Each wrapper checks layouts, picks a launch shape and launches on the current stream; strided
 views (a slice of the fused qkv output, a layer's slice of the KV pool) are used in place.
-`linear` lives in blas.py and `paged_attention` in attention.py. silu_mul_linear folds silu_mul
-into the down-projection GEMV's x loader at small batch (gemv.cu): one launch instead of two.
+`linear` lives in blas.py and `paged_attention` in attention.py.
 """
 from __future__ import annotations
 
 import cupy as cp
 import numpy as np
 
-from . import blas
 from .attention import paged_attention
 from .blas import linear
 from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
-__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "silu_mul_linear",
+__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
            "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
 
 
@@ -90,10 +88,16 @@ def add_rms_norm(x: cp.ndarray, residual: cp.ndarray, w: cp.ndarray, eps: float)
     return out, residual
 
 
-def _rope_lanes(d: int, half: int, strides: tuple[int, ...], *arrays: cp.ndarray | None) -> int:
-    """Lanes per head of rope.cu's variants: 32 / (elements per 16-byte word) for the `_v_` one, where
-    heads (d % 32 == 0: its sum of squares keeps the scalar order) and rotation halves are whole
-    words and every row stride and pointer allows them; else a warp (32, element by element)."""
+ROPE_WORDS_MIN_HEADS = 2048   # below this many heads a step is latency-bound: a warp per head finishes sooner
+
+
+def _rope_lanes(heads: int, d: int, half: int, strides: tuple[int, ...], *arrays: cp.ndarray | None) -> int:
+    """Lanes per head of rope.cu's variants: 32 / (elements per 16-byte word) for the `_v_` one, for
+    prefill-sized launches (at decode its fewer threads were slower on the H200) where heads
+    (d % 32 == 0: its sum of squares keeps the scalar order) and rotation halves are whole words and
+    every row stride and pointer allows them; else a warp (32, element by element). Both give the same bits."""
+    if heads < ROPE_WORDS_MIN_HEADS:
+        return 32
     v = _in_words(d, strides, *(a for a in arrays if a is not None))
     return 32 // v if v > 1 and d % 32 == 0 and half % v == 0 else 32
 
@@ -111,7 +115,7 @@ def _norm_rope(q, k, q_w, k_w, eps, positions, cos, sin) -> tuple[cp.ndarray, cp
     sfx = suffix(q.dtype) if q_w is None else norm_suffix(q.dtype, q_w.dtype)
     heads = T * (nh + nkv)
     if heads:
-        lanes = _rope_lanes(d, cos.shape[1], (qs, ks), q3, k3, q_out, k_out, q_w, k_w, cos, sin)
+        lanes = _rope_lanes(heads, d, cos.shape[1], (qs, ks), q3, k3, q_out, k_out, q_w, k_w, cos, sin)
         launch("rope", f"qk_norm_rope_{'v_' if lanes < 32 else ''}{sfx}", (-(-heads * lanes // 128),), 128,
                (q3, np.int64(qs), k3, np.int64(ks), q_out, k_out,
                 NULL if q_w is None else q_w, NULL if k_w is None else k_w, np.float32(eps),
@@ -140,22 +144,6 @@ def silu_mul(gate_up: cp.ndarray) -> cp.ndarray:
                (g2.shape[0], min((inter // v + threads - 1) // threads, 64)), threads,
                (g2, np.int64(stride), out, np.int32(inter)))
     return out
-
-
-def silu_mul_linear(gate_up: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
-    """linear(silu_mul(gate_up), w) for gate_up [..., 2I], w [out, I], bit for bit. Where the GEMV
-    path applies (bf16, M <= 8, aligned rows) gemv_silu_bf16_* reads gate and up and computes
-    silu(gate) * up per x chunk with silu_mul's rounding; the activation is never stored."""
-    inter = gate_up.shape[-1] // 2
-    if gate_up.shape[-1] != 2 * inter or w.shape[-1] != inter:
-        raise ValueError(f"silu_mul_linear: gate_up has {gate_up.shape[-1]} features, w expects 2 x {w.shape[-1]}")
-    g2, _ = rows2d(gate_up)
-    m, n = g2.shape[0], w.shape[0]
-    if w.dtype == g2.dtype and w.strides[1] == w.itemsize and m and n and blas._gemv_usable(g2, w, m, inter):
-        out = cp.empty((*gate_up.shape[:-1], n), dtype=gate_up.dtype)
-        blas.gemv(g2, w, out.reshape(m, n), "gemv_silu_bf16")
-        return out
-    return linear(silu_mul(gate_up), w)
 
 
 def _check_caches(op: str, k_cache: cp.ndarray, v_cache: cp.ndarray) -> None:
@@ -199,7 +187,7 @@ def rope_write_kv(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_w: cp.ndarray |
     q_out = cp.empty(q.shape, dtype=q.dtype)
     heads = T * (nh + 2 * nkv)
     if heads:
-        lanes = _rope_lanes(d, cos.shape[1], (qs, ks, vs, k_cache.strides[0] // it), q3, k3, v3, q_out, k_cache,
+        lanes = _rope_lanes(heads, d, cos.shape[1], (qs, ks, vs, k_cache.strides[0] // it), q3, k3, v3, q_out, k_cache,
                             v_cache, q_w, k_w, cos, sin)
         launch("rope", f"rope_write_kv_{'v_' if lanes < 32 else ''}{suffix(q.dtype)}", (-(-heads * lanes // 128),), 128,
                (q3, np.int64(qs), k3, np.int64(ks), v3, np.int64(vs), q_out, k_cache, v_cache,

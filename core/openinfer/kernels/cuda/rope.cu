@@ -12,9 +12,11 @@
 // and the sum of squares taken in the scalar order (see head_sumsq_v).
 #include "common.cuh"
 
-// One rotation pair, shared by both variants so both compile the same float expressions.
+// One rotation pair, shared by both variants. Rounded intrinsics, because the compiler contracts a plain
+// a * c - b * s into an FMA one way or the other depending on the surrounding code, and the variants
+// must give the same bits (measured: 1-ulp differences in float32 without them).
 __device__ __forceinline__ void rotate(float& a, float& b, float c, float s) {
-    const float x = a * c - b * s, y = b * c + a * s;
+    const float x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)), y = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
     a = x;
     b = y;
 }
@@ -27,7 +29,7 @@ __device__ void norm_rope_head(const T* __restrict__ x, T* __restrict__ out, con
     float inv = 1.f;
     if (w != nullptr) {
         float ss = 0.f;
-        for (int i = lane; i < d; i += 32) { float v = to_f32(x[i]); ss += v * v; }
+        for (int i = lane; i < d; i += 32) { float v = to_f32(x[i]); ss = __fmaf_rn(v, v, ss); }
         inv = 1.f / sqrtf(warp_sum(ss) / d + eps);
     }
     // the head is read fully above before any lane writes, so out may alias x
@@ -60,7 +62,7 @@ __device__ __forceinline__ float head_sumsq_v(const T* __restrict__ x, int d, in
     for (int i = sub * E; i < d; i += 32) {
         load_f32<E>(x + i, f);
 #pragma unroll
-        for (int j = 0; j < E; ++j) ss[j] += f[j] * f[j];
+        for (int j = 0; j < E; ++j) ss[j] = __fmaf_rn(f[j], f[j], ss[j]);   // as the scalar kernel, explicitly
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
