@@ -108,11 +108,12 @@ def chain_rows(sweep=False):
     configs = [("cuBLAS", False, {"pdl_on": False}), ("GEMV", True, {"pdl_on": False}), ("GEMV + PDL", True, {})]
     if sweep:
         for variant in ("u2", "u4", "u8", "u4_o8"):
-            for fill, min_k in ((0.5, 1024), (1.0, 1024), (1.0, 512), (2.0, 512)):
-                for prefetch in (0, 8, 16):
-                    configs.append((f"{variant} fill={fill} min_split_k={min_k} prefetch={prefetch}", True,
-                                    {"GEMV_VARIANT": variant, "GEMV_FILL": fill, "GEMV_MIN_SPLIT_K": min_k,
-                                     "GEMV_PREFETCH": prefetch}))
+            for fill, min_k in ((0.5, 1024), (1.0, 1024), (1.0, 512), (2.0, 512), (2.0, 256), (4.0, 256)):
+                configs.append((f"{variant} fill={fill} min_split_k={min_k}", True,
+                                {"pdl_on": False, "GEMV_VARIANT": variant, "GEMV_FILL": fill,
+                                 "GEMV_MIN_SPLIT_K": min_k}))
+        for prefetch in (0, 16):
+            configs.append((f"u4 + PDL prefetch={prefetch}", True, {"GEMV_PREFETCH": prefetch}))
     for label, on, knobs in configs:
         try:
             us = with_gemv(on, lambda: graph_us(run, reps=10), **knobs)
