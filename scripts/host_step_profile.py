@@ -5,7 +5,10 @@ steady decode, then swaps the model forward for one that returns fixed tokens, s
 is the engine's bookkeeping alone: drain, schedule, block allocation, host batch + upload, readback,
 advance (commit, output ids, stream events, stop checks). The steps cross block boundaries as a long
 run does (one in block_size steps per row). --forward also times the real numpy forward for comparison.
-    python scripts/host_step_profile.py [--batch 32 128] [--steps 256] [--context 512] [--drain] [--profile]
+--first also times the first decode step after a fresh batch's prefill against the step after it (the
+step that would pay for any per-request work done once when a request enters decode).
+    python scripts/host_step_profile.py [--batch 32 128] [--steps 256] [--context 512] [--drain] [--first]
+                                        [--profile]
 """
 from __future__ import annotations
 
@@ -21,11 +24,14 @@ from openinfer.request import RequestStream
 from openinfer.sampling import SamplingParams
 
 
-def decoding_engine(batch: int, context: int, steps: int) -> tuple[Engine, list[RequestStream]]:
-    """`batch` requests of `context` prompt tokens each, every one past its prefill, and their streams."""
+def decoding_engine(batch: int, context: int, steps: int, stub: bool) -> tuple[Engine, list[RequestStream]]:
+    """`batch` requests of `context` prompt tokens each, every one past its prefill, and their streams;
+    `stub`: the forward is stubbed from the start (the prefill takes no time)."""
     eng = build_engine("qwen3-tiny", EngineArgs(device="cpu", load_format="dummy", max_num_seqs=batch,
                                                  max_model_len=context + steps + 64,
                                                  max_num_batched_tokens=max(8192, context)))
+    if stub:
+        stub_forward(eng)
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=steps + 32, temperature=0.0, ignore_eos=True)
     streams = [eng.submit(rng.integers(0, eng.vocab_size, context).tolist(), params) for _ in range(batch)]
@@ -38,6 +44,38 @@ def decoding_engine(batch: int, context: int, steps: int) -> tuple[Engine, list[
 def stub_forward(eng: Engine) -> None:
     """The model's forward returns token 7 for every sampled row: only host work is left."""
     eng.runner._forward = lambda batch: (None, np.full(len(batch.sample_rows), 7, np.int64))
+
+
+def first_steps(batch: int, context: int, rounds: int, profile: bool) -> np.ndarray:
+    """[rounds, 2]: thread CPU seconds of the first decode step after a fresh batch's prefill and of
+    the step after it, one engine (forward stubbed throughout) running `rounds` batches in turn as
+    bench latency does (64 tokens each: none ends during the chunked prefill of the others);
+    `profile`: cProfile the first decode step of one more round."""
+    eng = build_engine("qwen3-tiny", EngineArgs(device="cpu", load_format="dummy", max_num_seqs=batch,
+                                                 max_model_len=context + 64, max_num_batched_tokens=8192))
+    stub_forward(eng)
+    rng = np.random.default_rng(0)
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    out, prof = np.zeros((rounds, 2)), cProfile.Profile()
+    for k in range(rounds + profile):
+        streams = [eng.submit(rng.integers(0, eng.vocab_size, context).tolist(), params) for _ in range(batch)]
+        eng.step()
+        while eng.scheduler.waiting or any(not r.output_ids for r in eng.scheduler.running):
+            eng.step()
+        for j in range(2):
+            c0 = time.thread_time()
+            stats = prof.runcall(eng.step) if k == rounds and j == 0 else eng.step()
+            if stats.num_tokens != batch:
+                raise SystemExit(f"a decode step ran {stats.num_tokens} tokens, not {batch}")
+            if k < rounds:
+                out[k, j] = time.thread_time() - c0
+        while eng.has_unfinished():
+            eng.step()
+        for s in streams:
+            s.drain()
+    if profile:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    return out
 
 
 def time_steps(eng: Engine, steps: int, batch: int, drain: list[RequestStream]) -> np.ndarray:
@@ -63,12 +101,18 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512, help="prompt tokens per request")
     ap.add_argument("--repeats", type=int, default=3, help="runs per batch size; the lowest mean CPU is printed")
     ap.add_argument("--drain", action="store_true",
-                    help="read the events after each step (a server); default: they pile up, as in bench latency")
+                    help="read the events after each step (a server, bench latency); default: they pile up")
     ap.add_argument("--forward", action="store_true", help="also time steps with the real numpy forward")
+    ap.add_argument("--first", action="store_true",
+                    help="also time the first decode step after a fresh batch's prefill, against the next one")
     ap.add_argument("--profile", action="store_true", help="cProfile one more run, top functions")
     a = ap.parse_args()
     for batch in a.batch:
-        eng, streams = decoding_engine(batch, a.context, (a.repeats + 1) * a.steps + 16)
+        if a.first:
+            first, second = 1e3 * np.median(first_steps(batch, a.context, 2 * a.repeats + 1, a.profile), 0)
+            print(f"batch {batch:4d}: host CPU ms, first decode step after prefill {first:.3f}, "
+                  f"the next step {second:.3f} (medians of {2 * a.repeats + 1} batches)")
+        eng, streams = decoding_engine(batch, a.context, (a.repeats + 1) * a.steps + 16, not a.forward)
         drain = streams if a.drain else []
         if a.forward:
             ms = 1e3 * time_steps(eng, 8, batch, drain)[:, 0].mean()

@@ -11,11 +11,16 @@ import pytest
 
 from conftest import run_cli
 from openinfer.bench.latency import PointTiming, run_once, sweep
+from openinfer.request import Scheduled, Tokens
 
 
 class _Stream:
+    def __init__(self) -> None:
+        self.events: list = [Scheduled(0)]
+
     def drain(self) -> list:
-        return []
+        events, self.events = self.events, []
+        return events
 
 
 @dataclass
@@ -25,27 +30,30 @@ class _Stats:
 
 
 class FakeEngine:
-    """Chunked prefill under a token budget, then one token per row per step; each step costs 1 ms/token."""
+    """The scheduler's order under a token budget: one token for each decoding row first, then the
+    prefills in turn; a row's token is sampled once its prompt is done. Each step costs 1 ms/token."""
 
     def __init__(self, budget: int) -> None:
         self.budget, self.now, self.reqs = budget, 0.0, []
 
     def add_request(self, ids: list[int], params: int) -> _Stream:
-        self.reqs.append({"todo": len(ids), "left": params})
-        return _Stream()
+        self.reqs.append({"todo": len(ids), "left": params, "stream": _Stream()})
+        return self.reqs[-1]["stream"]
 
     def has_unfinished(self) -> bool:
         return any(r["left"] > 0 for r in self.reqs)
 
     def step(self) -> _Stats:
+        live = [r for r in self.reqs if r["left"] > 0]
         budget, tokens, rows = self.budget, 0, 0
-        for r in self.reqs:
-            if r["left"] == 0 or budget == 0:
-                continue
+        for r in [r for r in live if not r["todo"]] + [r for r in live if r["todo"]]:
+            if budget == 0:
+                break
             n = min(r["todo"], budget) if r["todo"] else 1
             r["todo"] -= min(r["todo"], n)
             if r["todo"] == 0:
-                r["left"] -= 1  # a token is sampled once the prompt is done
+                r["left"] -= 1
+                r["stream"].events.append(Tokens([7], []))
             budget, tokens, rows = budget - n, tokens + n, rows + 1
         self.now += 0.001 * tokens
         return _Stats(tokens, rows)
@@ -55,13 +63,25 @@ def test_phase_split_exact() -> None:
     eng = FakeEngine(budget=16)
     point = PointTiming(2, 12, 3)
     run_once(eng, [[1] * 12, [2] * 12], 3, point, clock=lambda: eng.now)
-    # step 1: A's 12 + B's 4; step 2: B's 8 + A's decode -> prefill ends at 25 ms
+    # step 1: A's 12 + B's 4; step 2: A's decode + B's 8 -> prefill ends at 25 ms
     assert point.prefill_s == [pytest.approx(0.025)]
     # step 3: both decode (A finishes); step 4: B alone
     assert point.decode_step_s == [pytest.approx(0.002), pytest.approx(0.001)]
     assert point.total_s == [pytest.approx(0.028)]
     s = point.summary()
     assert s["median_prefill_ms"] == pytest.approx(25.0) and s["mean_decode_step_ms"] == pytest.approx(1.5)
+
+
+def test_decode_tokens_do_not_end_prefill_early() -> None:
+    """The decoding rows' tokens fill the budget alongside the prompts', so the steps' tokens reach
+    the prompt total (48 after step 3) while C still has 2 prompt tokens: step 4 is still prefill."""
+    eng = FakeEngine(budget=16)
+    point = PointTiming(3, 16, 3)
+    run_once(eng, [[1] * 16, [2] * 16, [3] * 16], 3, point, clock=lambda: eng.now)
+    # 1: A 16; 2: A 1 + B 15; 3: A 1 (its last) + B 1 + C 14; 4: B 1 + C 2
+    assert point.prefill_s == [pytest.approx(0.051)]
+    # 5: B (its last) and C; 6: C alone
+    assert point.decode_step_s == [pytest.approx(0.002), pytest.approx(0.001)]
 
 
 def test_sweep_discards_warmups() -> None:

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..request import Scheduled
+
 
 @dataclass
 class PointTiming:
@@ -44,27 +46,29 @@ class PointTiming:
 
 def run_once(engine: Any, prompts: list[list[int]], params: Any, point: PointTiming,
              clock: Callable[[], float] = time.perf_counter) -> None:
-    """Adds the batch, steps until done. The prefill phase ends at the step where the computed tokens
-    reach the prompt total; with a token budget smaller than the batch's prompts some rows decode while
-    others still prefill, and those mixed steps count as prefill. The streams are read after each step,
-    outside its time, as a server's readers do: events left to pile up would make the steps pay for
-    collecting garbage a server does not have."""
-    prompt_tokens = sum(len(p) for p in prompts)
+    """Adds the batch, steps until done. The prefill phase ends at the step after which every request
+    has its first token (or has ended): a request samples its first token in the step that computes
+    its prompt's last token. With a token budget smaller than the batch's prompts some rows decode
+    while others still prefill, and those mixed steps count as prefill. (Counting the steps' tokens
+    up to the prompt total would not do: the decoding rows' tokens count too, so the last mixed
+    step, with its hundreds of prompt tokens, would be taken for the first decode step.) The streams
+    are read after each step, outside its time, as a server's readers do: events left to pile up
+    would make the steps pay for collecting garbage a server does not have."""
     t0 = clock()
     streams = [engine.add_request(p, params) for p in prompts]
-    computed, steps = 0, []
+    prefilling, steps = set(range(len(streams))), []
     while engine.has_unfinished():
         ts = clock()
-        stats = engine.step()
+        engine.step()
         te = clock()
-        for s in streams:
-            s.drain()
-        if computed < prompt_tokens:
-            computed += stats.num_tokens
-            if computed >= prompt_tokens:
-                point.prefill_s.append(te - t0)
-        else:
+        in_prefill = bool(prefilling)
+        for i, s in enumerate(streams):
+            if any(not isinstance(ev, Scheduled) for ev in s.drain()):
+                prefilling.discard(i)   # its first token, or its end
+        if not in_prefill:
             steps.append(te - ts)
+        elif not prefilling:
+            point.prefill_s.append(te - t0)
     point.total_s.append(clock() - t0)
     point.decode_step_s.extend(steps)
 
