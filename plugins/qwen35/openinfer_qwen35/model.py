@@ -89,8 +89,8 @@ class Qwen35Model(Model):
         x = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
             a = layer.mixer(x, batch, state)
-            x, residual = ops.add_rms_norm(a, residual, layer.post_norm, eps)
-            m = ops.silu_mul_linear(ops.linear(x, layer.gate_up), layer.down)
+            gate_up, residual = ops.add_rms_norm_linear(a, residual, layer.post_norm, eps, layer.gate_up)
+            m = ops.silu_mul_linear(gate_up, layer.down)
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             x, residual = ops.add_rms_norm(m, residual, next_norm, eps)
         return ops.linear(ops.gather_rows(x, batch.sample_rows), self.lm_head)
