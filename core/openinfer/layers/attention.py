@@ -27,15 +27,12 @@ class GQAAttention:
 
     @property
     def in_weight(self) -> Array:
-        """The projection of the layer's normed input: a model may fuse that norm into it
-        (add_rms_norm_linear) and call `mix` on the result."""
+        """The projection of the layer's normed input x: the model computes qkv = linear(x, in_weight),
+        or fuses the norm into it (add_rms_norm_linear), and passes it to `mix`."""
         return self.w.qkv
 
-    def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        return self.mix(self.ops.linear(x, self.w.qkv), batch, state)
-
     def mix(self, qkv: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        """The layer's output from its input projection qkv = linear(x, in_weight)."""
+        """The layer's output from its input projection qkv [T, (nh + 2 nkv) d]."""
         T = qkv.shape[0]
         q_end, k_end = self.nh * self.d, (self.nh + self.nkv) * self.d
         q = qkv[:, :q_end].reshape(T, self.nh, self.d)

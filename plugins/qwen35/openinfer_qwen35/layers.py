@@ -33,11 +33,8 @@ class GatedDeltaNet:
 
     @property
     def in_weight(self) -> Array:
-        """The projection of the layer's normed input (see GQAAttention.in_weight)."""
+        """The projection of the layer's normed input, as GQAAttention.in_weight."""
         return self.w.in_proj
-
-    def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        return self.mix(self.ops.linear(x, self.w.in_proj), batch, state)
 
     def mix(self, proj: Array, batch: ForwardBatch, state: StatePools) -> Array:
         """The layer's output from its input projection proj = linear(x, in_weight)."""
