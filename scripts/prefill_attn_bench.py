@@ -19,7 +19,8 @@ from openinfer.kernels.cuda import attention
 from openinfer.kernels.cuda.module import BF16
 
 NH, NKV, D, BS = 32, 8, 128, 16
-VARIANTS = {"mma": (False, ""), "wgmma": (True, ""), "wgmma_n64": (True, "_n64")}
+VARIANTS = {"mma": (False, ""), "wgmma": (True, ""), "wgmma_n64": (True, "_n64"),
+            "wgmma_nostagger": (True, "_nostagger")}
 
 
 def make_inputs(n: int, prefix: int, rng: np.random.Generator):
@@ -59,7 +60,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; {NH} q / {NKV} kv heads, d {D}, bf16, "
           f"block {BS}, prefix {args.prefix}")
-    print(f"{'tokens':>7} {'variant':>10} {'ms':>8} {'TFLOP/s':>8} {'max |diff|':>10}")
+    print(f"{'tokens':>7} {'variant':>16} {'ms':>8} {'TFLOP/s':>8} {'max |diff|':>10}")
     for n in (int(x) for x in args.lens.split(",")):
         q, k, v, fb = make_inputs(n, args.prefix, rng)
         visible = n * args.prefix + n * (n + 1) // 2
@@ -70,7 +71,7 @@ def main() -> None:
             ms = time_ms(lambda: attention.paged_attention(q, k, v, fb, D ** -0.5), args.repeats)
             out = cp.asnumpy(attention.paged_attention(q, k, v, fb, D ** -0.5)).astype(np.float32)
             ref = out if ref is None else ref
-            print(f"{n:>7} {name:>10} {ms:>8.3f} {flops / ms / 1e9:>8.0f} {float(np.abs(out - ref).max()):>10.2e}")
+            print(f"{n:>7} {name:>16} {ms:>8.3f} {flops / ms / 1e9:>8.0f} {float(np.abs(out - ref).max()):>10.2e}")
         del q, k, v, fb
         cp.get_default_memory_pool().free_all_blocks()
 

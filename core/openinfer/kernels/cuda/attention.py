@@ -25,8 +25,8 @@ MMA_VARIANT = ""                       # "_m1": the one-m-tile-per-warp kernels 
 PREFILL_WGMMA = os.environ.get("OPENINFER_PREFILL_WGMMA", "0") == "1"   # d128 bf16 prefill by wgmma on sm_90
 WGMMA_THREADS = 256                    # must match attention_wgmma.cu: two warpgroups
 WGMMA_BM = 128                         # rows per block, 64 a warpgroup
-WGMMA_BN = {"": 128, "_n64": 64}       # keys per K/V tile of each variant
-WGMMA_VARIANT = ""                     # "_n64": 64-key tiles (for A/B timings)
+WGMMA_BN = {"": 128, "_n64": 64, "_nostagger": 128}   # keys per K/V tile of each variant
+WGMMA_VARIANT = ""                     # "_n64", "_nostagger": see attention_wgmma.cu (A/B timings)
 
 
 def mma_rows_per_block(d: int, variant: str = "") -> int:

@@ -13,6 +13,9 @@
 //         cp.async 16-byte copies: tile t + 1 loads while tile t computes. K and V share the layout:
 //         K is the K-major B of Q K^T, V the MN-major B of P V. Keys past the block's last visible key
 //         are zero-filled.
+//   order with STAGGER, warpgroup 1 issues its S = Q K^T only once warpgroup 0's has completed (named
+//         barrier 1), so the tensor cores run one warpgroup's GEMMs while the other does its softmax
+//         (FlashAttention-3's ping-pong, here within each tile: S0 | S1 + softmax0 | PV0 + softmax1 | PV1).
 //   out   normalized rows are staged in the warp's own (swizzled) Q rows and stored as 16-byte words.
 //
 // Mirrored in attention.py (WGMMA_* constants, the shared-memory size, the kernel names) and emulated
@@ -57,7 +60,7 @@ __device__ __forceinline__ void load_kv_tile_sw(unsigned char* ks, unsigned char
     }
 }
 
-template <int BN>
+template <int BN, bool STAGGER>
 __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
                               const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
                               int nh, int nkv, float scale) {
@@ -121,6 +124,7 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
         float s[NS];
 #pragma unroll
         for (int i = 0; i < NS; ++i) s[i] = 0.f;
+        if (STAGGER && wg == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory");
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KC; ++kk) {
@@ -131,6 +135,7 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
         }
         wgmma_commit();
         wgmma_wait<0>();
+        if (STAGGER && wg == 0) asm volatile("bar.arrive 1, %0;\n" ::"n"(WG_THREADS) : "memory");
 
         if (wg_tail || k0 + BN - 1 > qmin_wg) {  // causal mask (and keys past kend, rows past the end)
 #pragma unroll
@@ -204,15 +209,17 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
 #endif
 }
 
-// paged_prefill_wgmma_bf16_d128<variant>: "" 128-key tiles, "_n64" 64-key tiles (for A/B timing)
-#define WGMMA_KERNEL(BN, VARIANT)                                                                                \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) paged_prefill_wgmma_bf16_d128##VARIANT(         \
-        const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
-        long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
-        const int* ctx, bf16* out, int nh, int nkv, float scale) { pdl_begin();                                \
-        prefill_wgmma<BN>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,          \
-                          table_stride, qstart, ctx, out, nh, nkv, scale);                                     \
+// paged_prefill_wgmma_bf16_d128<variant>: "" 128-key tiles, staggered; for A/B timing "_n64" 64-key tiles,
+// "_nostagger" 128-key tiles with both warpgroups issuing freely
+#define WGMMA_KERNEL(BN, STAGGER, VARIANT)                                                                         \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) paged_prefill_wgmma_bf16_d128##VARIANT(            \
+        const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,                 \
+        long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,            \
+        const int* ctx, bf16* out, int nh, int nkv, float scale) { pdl_begin();                                    \
+        prefill_wgmma<BN, STAGGER>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size},          \
+                                   tables, table_stride, qstart, ctx, out, nh, nkv, scale);                        \
     }
 
-WGMMA_KERNEL(128, )
-WGMMA_KERNEL(64, _n64)
+WGMMA_KERNEL(128, true, )
+WGMMA_KERNEL(64, true, _n64)
+WGMMA_KERNEL(128, false, _nostagger)
