@@ -226,3 +226,13 @@ def test_wgmma_prefill_emulation_matches_reference(case, tiles):
                   qs, lens, nh, nkv, scale * 1.4426950408889634, T, 128 if tiles == "" else 64)
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_sm90a_build_keeps_the_wgmma_body():
+    """The kernel body sits under __CUDA_ARCH_FEAT_SM90_ALL (wgmma needs sm_90a): the Hopper build must keep
+    it, all 8 + 8 (128-key tiles) and 8 + 4 (64-key tiles) wgmma of a K/V tile."""
+    from openinfer.testing.launch_check import ptx_entries, require_nvrtc
+    require_nvrtc()
+    counts = {name: body.count("wgmma.mma_async") for name, (_, body) in ptx_entries("attention_wgmma").items()}
+    assert counts == {"paged_prefill_wgmma_bf16_d128": 16, "paged_prefill_wgmma_bf16_d128_n64": 12,
+                      "paged_prefill_wgmma_bf16_d128_nostagger": 16}
