@@ -135,6 +135,7 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
         }
         wgmma_commit();
         wgmma_wait<0>();
+        wgmma_pin<NS>(s);
         if (STAGGER && wg == 0) asm volatile("bar.arrive 1, %0;\n" ::"n"(WG_THREADS) : "memory");
 
         if (wg_tail || k0 + BN - 1 > qmin_wg) {  // causal mask (and keys past kend, rows past the end)
@@ -180,6 +181,7 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
             wgmma_m64n128k16_rs_tb(o, pa[kk], wgmma_desc_sw128(vaddr + kk * 16 * SW_ROW, BN * SW_ROW, 1024));
         wgmma_commit();
         wgmma_wait<0>();
+        wgmma_pin<64>(o);
         __syncthreads();  // stage st is consumed before the next iteration refills it
     }
     cp_async_wait<0>();  // only empty groups remain; keeps the tail tidy

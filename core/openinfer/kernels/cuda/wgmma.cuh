@@ -29,6 +29,12 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Pins accumulator registers at this point of the program: the compiler sees a wgmma write its
+// accumulators when it is issued, so without this it could move their reads above the wgmma_wait.
+template <int N> __device__ __forceinline__ void wgmma_pin(float* r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
 // Makes this thread's generic-proxy shared-memory writes (cp.async, st.shared) visible to the async proxy
 // that wgmma reads its descriptors' operands through; a barrier after it publishes them to the warpgroup.
 __device__ __forceinline__ void fence_proxy_async_smem() {
