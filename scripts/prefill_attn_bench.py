@@ -20,7 +20,7 @@ from openinfer.kernels.cuda.module import BF16
 
 NH, NKV, D, BS = 32, 8, 128, 16
 VARIANTS = {"mma": (False, ""), "wgmma": (True, ""), "wgmma_n64": (True, "_n64"),
-            "wgmma_nostagger": (True, "_nostagger")}
+            "wgmma_nostagger": (True, "_nostagger"), "wgmma_ov": (True, "_ov"), "wgmma_n64ov": (True, "_n64ov")}
 
 
 def make_inputs(n: int, prefix: int, rng: np.random.Generator):

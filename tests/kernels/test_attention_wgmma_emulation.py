@@ -87,9 +87,12 @@ def load_kv_tile(smem, ks, vs, kflat, vflat, offset, kend, k0, BN):
                 smem[base + dst[t]: base + dst[t] + 8] = src[o[t] + c[t]: o[t] + c[t] + 8] if o[t] >= 0 else 0
 
 
-def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, scale, T_out, BN):
-    """q: flat bf16 values; offset(table, key, kvh): a key's element offset in the flat caches."""
+def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, scale, T_out, BN, overlap):
+    """q: flat bf16 values; offset(table, key, kvh): a key's element offset in the flat caches. overlap: the
+    OVERLAP schedule (three stages, S of tile t + 1 issued in tile t)."""
     NS, TILE = BN // 2, BN * D                        # accumulators per thread; elements of a K/V stage
+    STAGES = 3 if overlap else 2
+    AHEAD = STAGES - 1
     out = np.full((T_out, nh, D), np.nan, np.float32)
     G, gx = nh // nkv, math.ceil(int(np.diff(qstart).max()) * nh // nkv / BM)
     srow, scol = acc_rc(BN)
@@ -101,8 +104,8 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
             continue
         kend = L - n + (min(row0 + BM, rows) - 1) // G + 1
         ntiles = (kend + BN - 1) // BN
-        smem = np.full((BM * D + 4 * TILE), np.nan)    # element-indexed; qs at 0 (1024-byte aligned)
-        ks, vs = BM * D, BM * D + 2 * TILE
+        smem = np.full((BM * D + 2 * STAGES * TILE), np.nan)    # element-indexed; qs at 0 (1024-byte aligned)
+        ks, vs = BM * D, BM * D + STAGES * TILE
         for p in range(BM * 16 // THREADS):
             r, c = p * 16 + (TID >> 4), (TID & 15) * 8
             for t in range(THREADS):
@@ -111,17 +114,15 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
                 smem[dst: dst + 8] = q[src: src + 8] if row < rows else 0
         key_off = lambda k: offset(tables[b], k, kvh)  # noqa: E731
         load_kv_tile(smem, ks, vs, kflat, vflat, key_off, kend, 0, BN)
+        if overlap and ntiles > 1:
+            load_kv_tile(smem, ks + TILE, vs + TILE, kflat, vflat, key_off, kend, BN, BN)
         kcol = 2 * (LANE & 3)
         wrow = WG * 64 + WARP * 16
         qpos = np.stack([np.where(r < rows, L - n + r // G, -1) for r in
                          (row0 + wrow + (LANE >> 2) + 8 * h for h in range(2))], 1)
         o, m, l_ = np.zeros((THREADS, 64)), np.full((THREADS, 2), -np.inf), np.zeros((THREADS, 2))
-        for t in range(ntiles):
-            k0, st = t * BN, t & 1
-            if t + 1 < ntiles:
-                load_kv_tile(smem, ks + (st ^ 1) * TILE, vs + (st ^ 1) * TILE, kflat, vflat, key_off, kend,
-                             k0 + BN, BN)
-            kaddr, vaddr = 2 * (ks + st * TILE), 2 * (vs + st * TILE)
+
+        def issue_qk(kaddr):
             s = np.zeros((THREADS, NS))
             for wg in range(2):
                 qaddr, S = wg * 64 * SW_ROW, np.zeros((64, BN))
@@ -130,6 +131,20 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
                     db = desc_sw128(kaddr + (kk >> 2) * BN * SW_ROW + (kk & 3) * 32, 16, 1024)
                     S += kmajor_operand(smem, da, 64) @ kmajor_operand(smem, db, BN).T
                 s[wg * 128: wg * 128 + 128] = S[srow, scol]
+            return s
+
+        if overlap:
+            s = issue_qk(2 * ks)
+        for t in range(ntiles):
+            k0, st = t * BN, t % STAGES
+            if t + AHEAD < ntiles:
+                sa = (t + AHEAD) % STAGES
+                load_kv_tile(smem, ks + sa * TILE, vs + sa * TILE, kflat, vflat, key_off, kend, k0 + AHEAD * BN, BN)
+            vaddr = 2 * (vs + st * TILE)
+            if overlap:
+                sn = issue_qk(2 * (ks + (t + 1) % STAGES * TILE)) if t + 1 < ntiles else None
+            else:
+                s = issue_qk(2 * (ks + st * TILE))
             i = np.arange(NS)
             for wg in range(2):
                 sel = WG == wg
@@ -154,6 +169,8 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
                     dv = desc_sw128(vaddr + kk * 16 * SW_ROW, BN * SW_ROW, 1024)
                     O += areg_matrix(pa[wg * 128: wg * 128 + 128, kk]) @ mnmajor_operand(smem, dv, D)
                 o[wg * 128: wg * 128 + 128] += O[orow, ocol]
+            if overlap:
+                s = sn
         lh = l_ + l_[TID ^ 1]
         lh = lh + lh[TID ^ 2]
         inv = np.where(lh > 0, 1 / np.where(lh > 0, lh, 1), 0)
@@ -198,7 +215,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("tiles", ["", "_n64"])
+@pytest.mark.parametrize("tiles", ["", "_n64", "_ov", "_n64ov"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_wgmma_prefill_emulation_matches_reference(case, tiles):
     runs, nh, nkv = CASES[case]
@@ -223,16 +240,18 @@ def test_wgmma_prefill_emulation_matches_reference(case, tiles):
         return layer * bs * nkv * D + int(table[k // bs]) * layers * bs * nkv * D + (k % bs) * nkv * D + kvh * D
 
     got = emulate(qbuf.reshape(-1), nh * D + q_extra, pool[0].reshape(-1), pool[1].reshape(-1), offset, tables,
-                  qs, lens, nh, nkv, scale * 1.4426950408889634, T, 128 if tiles == "" else 64)
+                  qs, lens, nh, nkv, scale * 1.4426950408889634, T, 64 if "n64" in tiles else 128, "ov" in tiles)
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
 
 
 def test_sm90a_build_keeps_the_wgmma_body():
     """The kernel body sits under __CUDA_ARCH_FEAT_SM90_ALL (wgmma needs sm_90a): the Hopper build must keep
-    it, all 8 + 8 (128-key tiles) and 8 + 4 (64-key tiles) wgmma of a K/V tile."""
+    it, all 8 + 8 (128-key tiles) and 8 + 4 (64-key tiles) wgmma of a K/V tile, plus the up-front 8 of the
+    overlapped schedule."""
     from openinfer.testing.launch_check import ptx_entries, require_nvrtc
     require_nvrtc()
     counts = {name: body.count("wgmma.mma_async") for name, (_, body) in ptx_entries("attention_wgmma").items()}
     assert counts == {"paged_prefill_wgmma_bf16_d128": 16, "paged_prefill_wgmma_bf16_d128_n64": 12,
-                      "paged_prefill_wgmma_bf16_d128_nostagger": 16}
+                      "paged_prefill_wgmma_bf16_d128_nostagger": 16, "paged_prefill_wgmma_bf16_d128_ov": 24,
+                      "paged_prefill_wgmma_bf16_d128_n64ov": 20}

@@ -59,7 +59,7 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
     assert names[-1].startswith("paged_combine") == (max(ctx) == 5000), names   # only the long context splits
 
 
-@pytest.mark.parametrize("tiles", ["", "_n64", "_nostagger"])
+@pytest.mark.parametrize("tiles", ["", "_n64", "_nostagger", "_ov", "_n64ov"])
 @pytest.mark.parametrize("d,dtype,hopper", [(128, BF16, True), (64, BF16, True), (128, np.float32, True),
                                             (128, BF16, False)])
 def test_wgmma_prefill_launch_args(launches, monkeypatch, tiles, d, dtype, hopper):

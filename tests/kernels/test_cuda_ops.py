@@ -490,7 +490,7 @@ def wgmma_on(monkeypatch):
     return names
 
 
-@pytest.mark.parametrize("tiles", ["", "_n64", "_nostagger"])
+@pytest.mark.parametrize("tiles", ["", "_n64", "_nostagger", "_ov", "_n64ov"])
 @pytest.mark.parametrize("case", list(WGMMA_CASES))
 def test_prefill_attention_wgmma(wgmma_on, monkeypatch, case, tiles):
     """The wgmma prefill kernel against the reference and against the mma kernel."""

@@ -25,8 +25,9 @@ MMA_VARIANT = ""                       # "_m1": the one-m-tile-per-warp kernels 
 PREFILL_WGMMA = os.environ.get("OPENINFER_PREFILL_WGMMA", "0") == "1"   # d128 bf16 prefill by wgmma on sm_90
 WGMMA_THREADS = 256                    # must match attention_wgmma.cu: two warpgroups
 WGMMA_BM = 128                         # rows per block, 64 a warpgroup
-WGMMA_BN = {"": 128, "_n64": 64, "_nostagger": 128}   # keys per K/V tile of each variant
-WGMMA_VARIANT = ""                     # "_n64", "_nostagger": see attention_wgmma.cu (A/B timings)
+# keys per K/V tile and K/V stages of each variant (attention_wgmma.cu's WGMMA_KERNEL list)
+WGMMA_TILES = {"": (128, 2), "_n64": (64, 2), "_nostagger": (128, 2), "_ov": (128, 3), "_n64ov": (64, 3)}
+WGMMA_VARIANT = ""                     # another key of WGMMA_TILES: see attention_wgmma.cu (A/B timings)
 
 
 def mma_rows_per_block(d: int, variant: str = "") -> int:
@@ -39,9 +40,10 @@ def mma_prefill_smem(d: int, variant: str = "") -> int:
 
 
 def wgmma_prefill_smem(variant: str = "") -> int:
-    """Bytes of shared memory of the wgmma prefill kernel: Q and two K/V stages of [rows][128] bf16, plus
+    """Bytes of shared memory of the wgmma prefill kernel: Q and the K/V stages of [rows][128] bf16, plus
     1024 bytes to align the base to the 128-byte swizzle's 1024-byte pattern."""
-    return (WGMMA_BM + 4 * WGMMA_BN[variant]) * 128 * 2 + 1024
+    bn, stages = WGMMA_TILES[variant]
+    return (WGMMA_BM + 2 * stages * bn) * 128 * 2 + 1024
 
 
 def _hopper() -> bool:

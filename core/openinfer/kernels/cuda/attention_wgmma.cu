@@ -60,19 +60,39 @@ __device__ __forceinline__ void load_kv_tile_sw(unsigned char* ks, unsigned char
     }
 }
 
-template <int BN, bool STAGGER>
+// S = Q K^T for one warpgroup (issued, not waited for): k-step kk reads columns 16kk .. 16kk + 15, 32 bytes
+// into a swizzled row of half kk / 4 of the warpgroup's Q rows (qaddr) and of the K stage (kaddr).
+template <int BN>
+__device__ __forceinline__ void issue_qk(float* s, unsigned int qaddr, unsigned int kaddr) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < WG_D / 16; ++kk) {
+        const unsigned long long da = wgmma_desc_sw128(qaddr + (kk >> 2) * WG_BM * SW_ROW + (kk & 3) * 32, 16, 1024);
+        const unsigned long long db = wgmma_desc_sw128(kaddr + (kk >> 2) * BN * SW_ROW + (kk & 3) * 32, 16, 1024);
+        if constexpr (BN == 128) wgmma_m64n128k16_ss(s, da, db, 1);
+        else wgmma_m64n64k16_ss(s, da, db, 1);
+    }
+    wgmma_commit();
+}
+
+template <int BN, bool STAGGER, bool OVERLAP>
 __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
                               const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
                               int nh, int nkv, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int D = WG_D, BM = WG_BM, NS = BN / 2, KC = D / 16;
-    constexpr int TILE = BN * D * 2;   // bytes of one K (or V) stage
+    static_assert(!(STAGGER && OVERLAP), "one schedule at a time");
+    constexpr int D = WG_D, BM = WG_BM, NS = BN / 2;
+    constexpr int TILE = BN * D * 2;            // bytes of one K (or V) stage
+    constexpr int STAGES = OVERLAP ? 3 : 2;     // OVERLAP loads two tiles ahead: S of tile t + 1 runs in tile t
+    constexpr int AHEAD = STAGES - 1;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // the swizzle pattern repeats every 1024 bytes of absolute shared address: align the base (the
     // launcher adds 1024 bytes of slack)
     unsigned char* qs = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);   // [2][BM][64]
-    unsigned char* ks = qs + BM * D * 2;                                                // [2 stages][2][BN][64]
-    unsigned char* vs = ks + 2 * TILE;                                                  // [2 stages][2][BN][64]
+    unsigned char* ks = qs + BM * D * 2;                                                // [STAGES][2][BN][64]
+    unsigned char* vs = ks + STAGES * TILE;                                             // [STAGES][2][BN][64]
     const int b = blockIdx.z, kvh = blockIdx.y, G = nh / nkv;
     const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
     const int rows = n * G, row0 = (gridDim.x - 1 - blockIdx.x) * BM;  // the longest tiles start first
@@ -82,7 +102,7 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
     const int kend = L - n + (min(row0 + BM, rows) - 1) / G + 1;  // keys any row of this block sees
     const int ntiles = (kend + BN - 1) / BN;
 
-    // Q rows (zeros past the end) and the first K/V tile: cp.async group 0
+    // Q rows (zeros past the end) and the first K/V tile: cp.async group 0; OVERLAP: tile 1, group 1
 #pragma unroll
     for (int p = 0; p < BM * 16 / WG_THREADS; ++p) {
         const int r = p * 16 + (threadIdx.x >> 4), c = (threadIdx.x & 15) * 8, row = row0 + r;
@@ -92,6 +112,10 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
     }
     load_kv_tile_sw<BN>(ks, vs, kc, vc, kv, table, kvh, 0, kend);
     cp_async_commit();
+    if constexpr (OVERLAP) {
+        if (ntiles > 1) load_kv_tile_sw<BN>(ks + TILE, vs + TILE, kc, vc, kv, table, kvh, BN, kend);
+        cp_async_commit();
+    }
 
     // The warp's rows wrow .. wrow + 15 (of the block); this thread holds rows g = lane / 4 and g + 8
     // (h = 0, 1) and columns 2 * (lane % 4) + {0, 1} of every 8-column group of the accumulators.
@@ -106,37 +130,40 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
     const bool wg_tail = row0 + wg * 64 + 64 > rows;   // the warpgroup has rows past the end (always masked)
     const unsigned int qaddr = smem_addr(qs) + wg * 64 * SW_ROW;  // the warpgroup's 64 rows of half 0
 
-    float o[64], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    float o[64], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, s[NS];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    if constexpr (OVERLAP) {  // S of tile 0 up front; tile t issues that of tile t + 1
+        cp_async_wait<1>();
+        fence_proxy_async_smem();
+        __syncthreads();
+        issue_qk<BN>(s, qaddr, smem_addr(ks));
+        wgmma_wait<0>();
+        wgmma_pin<NS>(s);
+    }
 
     for (int t = 0; t < ntiles; ++t) {
-        const int k0 = t * BN, st = t & 1;
-        if (t + 1 < ntiles)
-            load_kv_tile_sw<BN>(ks + (st ^ 1) * TILE, vs + (st ^ 1) * TILE, kc, vc, kv, table, kvh, k0 + BN, kend);
-        cp_async_commit();  // possibly empty, so that wait<1> always means "tile t has landed"
+        const int k0 = t * BN, st = t % STAGES;
+        if (t + AHEAD < ntiles) {
+            const int sa = (t + AHEAD) % STAGES;
+            load_kv_tile_sw<BN>(ks + sa * TILE, vs + sa * TILE, kc, vc, kv, table, kvh, k0 + AHEAD * BN, kend);
+        }
+        cp_async_commit();  // possibly empty, so that wait<1> always means "tile t + AHEAD - 1 has landed"
         cp_async_wait<1>();
         fence_proxy_async_smem();  // cp.async wrote through the generic proxy, wgmma reads through the async one
         __syncthreads();
-        const unsigned int kaddr = smem_addr(ks + st * TILE), vaddr = smem_addr(vs + st * TILE);
+        const unsigned int vaddr = smem_addr(vs + st * TILE);
 
-        // S = Q K^T: k-step kk reads columns 16kk .. 16kk + 15, 32 bytes into a swizzled row of half kk / 4
-        float s[NS];
-#pragma unroll
-        for (int i = 0; i < NS; ++i) s[i] = 0.f;
-        if (STAGGER && wg == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory");
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < KC; ++kk) {
-            const unsigned long long da = wgmma_desc_sw128(qaddr + (kk >> 2) * BM * SW_ROW + (kk & 3) * 32, 16, 1024);
-            const unsigned long long db = wgmma_desc_sw128(kaddr + (kk >> 2) * BN * SW_ROW + (kk & 3) * 32, 16, 1024);
-            if constexpr (BN == 128) wgmma_m64n128k16_ss(s, da, db, 1);
-            else wgmma_m64n64k16_ss(s, da, db, 1);
+        float sn[OVERLAP ? NS : 1];  // OVERLAP: S of tile t + 1, computed while this thread does tile t's softmax
+        if constexpr (OVERLAP) {
+            if (t + 1 < ntiles) issue_qk<BN>(sn, qaddr, smem_addr(ks + ((t + 1) % STAGES) * TILE));
+        } else {
+            if (STAGGER && wg == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory");
+            issue_qk<BN>(s, qaddr, smem_addr(ks + st * TILE));
+            wgmma_wait<0>();
+            wgmma_pin<NS>(s);
+            if (STAGGER && wg == 0) asm volatile("bar.arrive 1, %0;\n" ::"n"(WG_THREADS) : "memory");
         }
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_pin<NS>(s);
-        if (STAGGER && wg == 0) asm volatile("bar.arrive 1, %0;\n" ::"n"(WG_THREADS) : "memory");
 
         if (wg_tail || k0 + BN - 1 > qmin_wg) {  // causal mask (and keys past kend, rows past the end)
 #pragma unroll
@@ -180,9 +207,14 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
         for (int kk = 0; kk < BN / 16; ++kk)
             wgmma_m64n128k16_rs_tb(o, pa[kk], wgmma_desc_sw128(vaddr + kk * 16 * SW_ROW, BN * SW_ROW, 1024));
         wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_wait<0>();  // P V of tile t and (OVERLAP) S of tile t + 1
         wgmma_pin<64>(o);
-        __syncthreads();  // stage st is consumed before the next iteration refills it
+        if constexpr (OVERLAP) {
+            wgmma_pin<NS>(sn);
+#pragma unroll
+            for (int i = 0; i < NS; ++i) s[i] = sn[i];
+        }
+        __syncthreads();  // stage st is consumed before a later iteration refills it
     }
     cp_async_wait<0>();  // only empty groups remain; keeps the tail tidy
 
@@ -212,16 +244,19 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
 }
 
 // paged_prefill_wgmma_bf16_d128<variant>: "" 128-key tiles, staggered; for A/B timing "_n64" 64-key tiles,
-// "_nostagger" 128-key tiles with both warpgroups issuing freely
-#define WGMMA_KERNEL(BN, STAGGER, VARIANT)                                                                         \
+// "_nostagger" 128-key tiles with both warpgroups issuing freely, "_ov" / "_n64ov" 128- / 64-key tiles with
+// S of the next tile overlapping the softmax (three stages; "_ov" takes 254 registers and 225 KB)
+#define WGMMA_KERNEL(BN, STAGGER, OVERLAP, VARIANT)                                                                \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) paged_prefill_wgmma_bf16_d128##VARIANT(            \
         const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,                 \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,            \
         const int* ctx, bf16* out, int nh, int nkv, float scale) { pdl_begin();                                    \
-        prefill_wgmma<BN, STAGGER>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size},          \
+        prefill_wgmma<BN, STAGGER, OVERLAP>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, \
                                    tables, table_stride, qstart, ctx, out, nh, nkv, scale);                        \
     }
 
-WGMMA_KERNEL(128, true, )
-WGMMA_KERNEL(64, true, _n64)
-WGMMA_KERNEL(128, false, _nostagger)
+WGMMA_KERNEL(128, true, false, )
+WGMMA_KERNEL(64, true, false, _n64)
+WGMMA_KERNEL(128, false, false, _nostagger)
+WGMMA_KERNEL(64, false, true, _n64ov)
+WGMMA_KERNEL(128, false, true, _ov)
