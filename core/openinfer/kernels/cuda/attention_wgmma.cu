@@ -8,14 +8,16 @@
 //         memory), online softmax in the log2 domain on the fp32 accumulators (per warp the m16n8 C
 //         layout, see wgmma.cuh), P packed to bf16 in registers as the A operand of O += P V by wgmma
 //         m64n128k16 with V from shared memory as a transposed (MN-major) B operand.
-//   smem  Q [2][BM][64] and two stages of K, V [2][BN][64] (bf16; a [rows][128] tile kept as two halves
-//         of 64 columns = one 128-byte row each, 128-byte swizzled, 1024-byte aligned), filled by
-//         cp.async 16-byte copies: tile t + 1 loads while tile t computes. K and V share the layout:
+//   smem  Q [2][BM][64] and two (OVERLAP: three) stages of K, V [2][BN][64] (bf16; a [rows][128] tile kept
+//         as two halves of 64 columns = one 128-byte row each, 128-byte swizzled, 1024-byte aligned), filled
+//         by cp.async 16-byte copies: tile t + 1 (t + 2) loads while tile t computes. K and V share the layout:
 //         K is the K-major B of Q K^T, V the MN-major B of P V. Keys past the block's last visible key
 //         are zero-filled.
 //   order with STAGGER, warpgroup 1 issues its S = Q K^T only once warpgroup 0's has completed (named
 //         barrier 1), so the tensor cores run one warpgroup's GEMMs while the other does its softmax
-//         (FlashAttention-3's ping-pong, here within each tile: S0 | S1 + softmax0 | PV0 + softmax1 | PV1).
+//         (FlashAttention-3's ping-pong, here within each tile: S0 | S1 + softmax0 | PV0 + softmax1 | PV1);
+//         with OVERLAP, each warpgroup issues S of tile t + 1 before its softmax of tile t and waits for it
+//         together with P V of tile t (FlashAttention-3's intra-warpgroup overlap; two S live: registers).
 //   out   normalized rows are staged in the warp's own (swizzled) Q rows and stored as 16-byte words.
 //
 // Mirrored in attention.py (WGMMA_* constants, the shared-memory size, the kernel names) and emulated
