@@ -27,7 +27,9 @@ WGMMA_THREADS = 256                    # must match attention_wgmma.cu: two warp
 WGMMA_BM = 128                         # rows per block, 64 a warpgroup
 # keys per K/V tile and K/V stages of each variant (attention_wgmma.cu's WGMMA_KERNEL list)
 WGMMA_TILES = {"": (128, 2), "_n64": (64, 2), "_nostagger": (128, 2), "_ov": (128, 3), "_n64ov": (64, 3)}
-WGMMA_VARIANT = ""                     # another key of WGMMA_TILES: see attention_wgmma.cu (A/B timings)
+WGMMA_VARIANT = os.environ.get("OPENINFER_PREFILL_WGMMA_VARIANT", "")   # a WGMMA_TILES key (A/B timings)
+if WGMMA_VARIANT not in WGMMA_TILES:
+    raise ValueError(f"OPENINFER_PREFILL_WGMMA_VARIANT={WGMMA_VARIANT!r}: not one of {sorted(WGMMA_TILES)}")
 
 
 def mma_rows_per_block(d: int, variant: str = "") -> int:
