@@ -73,6 +73,12 @@ def areg_matrix(pa):
     return A
 
 
+def cp_async16(smem, dst, src, flat, valid):
+    """Every thread's 16-byte copy at once: element offsets dst, src [threads]; zeros where not valid."""
+    e = np.arange(8)
+    smem[dst[:, None] + e] = np.where(valid[:, None], flat[np.where(valid, src, 0)[:, None] + e], 0)
+
+
 def load_kv_tile(smem, ks, vs, kflat, vflat, offset, kend, k0, BN):
     """load_kv_tile_sw<BN>: every thread's cp.async chunks (row, 16-byte column) of every pass."""
     passes = BN * 16 // THREADS
@@ -82,9 +88,8 @@ def load_kv_tile(smem, ks, vs, kflat, vflat, offset, kend, k0, BN):
         o = off[(TID & ~31) + 2 * p + (LANE >> 4)]   # __shfl_sync(off, 2p + lane / 16)
         r, c = p * 16 + 2 * (TID >> 5) + (LANE >> 4), (LANE & 15) * 8
         dst = sw128_offset(r, c, BN) // 2
-        for base, src in ((ks, kflat), (vs, vflat)):
-            for t in range(THREADS):
-                smem[base + dst[t]: base + dst[t] + 8] = src[o[t] + c[t]: o[t] + c[t] + 8] if o[t] >= 0 else 0
+        cp_async16(smem, ks + dst, o + c, kflat, o >= 0)
+        cp_async16(smem, vs + dst, o + c, vflat, o >= 0)
 
 
 def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, scale, T_out, BN, overlap):
@@ -108,10 +113,9 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
         ks, vs = BM * D, BM * D + STAGES * TILE
         for p in range(BM * 16 // THREADS):
             r, c = p * 16 + (TID >> 4), (TID & 15) * 8
-            for t in range(THREADS):
-                row, dst = row0 + r[t], sw128_offset(r[t], c[t], BM) // 2
-                src = (q0 + row // G) * q_stride + (kvh * G + row % G) * D + c[t]
-                smem[dst: dst + 8] = q[src: src + 8] if row < rows else 0
+            row = row0 + r
+            src = (q0 + row // G) * q_stride + (kvh * G + row % G) * D + c
+            cp_async16(smem, sw128_offset(r, c, BM) // 2, src, q, row < rows)
         key_off = lambda k: offset(tables[b], k, kvh)  # noqa: E731
         load_kv_tile(smem, ks, vs, kflat, vflat, key_off, kend, 0, BN)
         if overlap and ntiles > 1:
@@ -174,15 +178,15 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
         lh = l_ + l_[TID ^ 1]
         lh = lh + lh[TID ^ 2]
         inv = np.where(lh > 0, 1 / np.where(lh > 0, lh, 1), 0)
-        for t, h, j in np.ndindex(THREADS, 2, D // 8):
-            w = (sw128_offset(wrow[t] + (LANE[t] >> 2) + 8 * h, 8 * j, BM) + 2 * kcol[t]) // 2
-            smem[w: w + 2] = bf(o[t, 4 * j + 2 * h: 4 * j + 2 * h + 2] * inv[t, h])
-        for t, p in np.ndindex(THREADS, 8):
-            r, c = p * 2 + (LANE[t] >> 4), (LANE[t] & 15) * 8
-            row = row0 + wrow[t] + r
-            if row < rows:
-                src = sw128_offset(wrow[t] + r, c, BM) // 2
-                out[q0 + row // G, kvh * G + row % G, c: c + 8] = smem[src: src + 8]
+        for h, j in np.ndindex(2, D // 8):   # every thread's 4-byte word of row g + 8h, columns 8j + kcol
+            w = (sw128_offset(wrow + (LANE >> 2) + 8 * h, 8 * j, BM) + 2 * kcol) // 2
+            smem[w[:, None] + np.arange(2)] = bf(o[:, 4 * j + 2 * h: 4 * j + 2 * h + 2] * inv[:, h, None])
+        for p in range(8):                   # __syncwarp, then every thread's 16-byte stores
+            r, c = p * 2 + (LANE >> 4), (LANE & 15) * 8
+            row = row0 + wrow + r
+            src = sw128_offset(wrow + r, c, BM) // 2
+            for t in np.flatnonzero(row < rows):
+                out[q0 + row[t] // G, kvh * G + row[t] % G, c[t]: c[t] + 8] = smem[src[t]: src[t] + 8]
     return out
 
 
