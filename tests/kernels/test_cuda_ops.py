@@ -508,6 +508,7 @@ def test_prefill_attention_wgmma(wgmma_on, monkeypatch, case, tiles):
 
 
 def test_prefill_attention_wgmma_graph_capture(wgmma_on):
+    """The wgmma prefill kernel captures into a CUDA graph and replays like eager."""
     dt = DTYPES["bfloat16"]
     qd, kc, vc, db, want = _prefill_inputs(dt, [(260, 130), (70, 70)], 32, 8, 128, 16)
     _assert_graph_replays_eager(dt, qd, kc, vc, db, want)
