@@ -59,6 +59,28 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
     assert names[-1].startswith("paged_combine") == (max(ctx) == 5000), names   # only the long context splits
 
 
+@pytest.mark.parametrize("tiles", ["", "_n64", "_nostagger", "_ov", "_n64ov"])
+@pytest.mark.parametrize("d,dtype,hopper", [(128, BF16, True), (64, BF16, True), (128, np.float32, True),
+                                            (128, BF16, False)])
+def test_wgmma_prefill_launch_args(launches, monkeypatch, tiles, d, dtype, hopper):
+    """OPENINFER_PREFILL_WGMMA=1 takes d128 bf16 prefill to the wgmma kernel on sm_90 only."""
+    monkeypatch.setattr(attention, "PREFILL_WGMMA", True)
+    monkeypatch.setattr(attention, "WGMMA_VARIANT", tiles)
+    monkeypatch.setattr(attention, "_hopper", lambda: hopper)
+    nh, nkv, bs, q_lens, ctx = 32, 8, 16, [7, 200, 33], [7, 260, 300]
+    width = -(-max(ctx) // bs)
+    pool = aligned_empty((2, 1 + len(ctx) * width, 2, bs, nkv, d), dtype)
+    T = sum(q_lens)
+    q = aligned_empty((T, (nh + 2 * nkv) * d), dtype)[:, : nh * d].reshape(T, nh, d)
+    attention.paged_attention(q, pool[0, :, 1], pool[1, :, 1], _batch(q_lens, ctx, bs, width), 0.125)
+    (call,) = launches
+    if d == 128 and dtype == BF16 and hopper:
+        assert call.name == f"paged_prefill_wgmma_bf16_d128{tiles}" and call.block == 256
+        assert call.grid == (-(-200 * 4 // 128), nkv, 3) and call.smem == attention.wgmma_prefill_smem(tiles)
+    else:
+        assert "wgmma" not in call.name
+
+
 @pytest.mark.parametrize("m", [1, 3, 8])
 @pytest.mark.parametrize("n,k", [(128, 4096), (4096, 1024), (151936, 64)])
 def test_linear_gemv_launch_args(launches, m, n, k):

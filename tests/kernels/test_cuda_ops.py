@@ -489,6 +489,55 @@ def test_prefill_attention_one_mtile_variant(monkeypatch, d):
     close(ops.paged_attention(qd, kc, vc, db, d ** -0.5), want, dt)
 
 
+WGMMA_CASES = {
+    # runs (context_len, query_len), nh, nkv (head dim 128): prefix hits, lengths off the 128-row and
+    # 128-key tiles, an empty run, Qwen3-4B's 32 / 8 heads
+    "varlen_prefix_g4": ([(37, 37), (100, 30), (5, 1), (70, 64), (50, 0), (16, 16)], 8, 2),
+    "long_32_8": ([(1500, 1500), (2100, 700), (300, 129)], 32, 8),
+    "mha_partial": ([(190, 41), (65, 65), (1, 1)], 4, 4),
+    "g8": ([(200, 200), (129, 65), (8, 3)], 16, 2),
+    "g16": ([(300, 150), (33, 33)], 16, 1),
+}
+
+
+@pytest.fixture
+def wgmma_on(monkeypatch):
+    """Turns OPENINFER_PREFILL_WGMMA on (Hopper only); returns the names of the attention kernels launched."""
+    from openinfer.kernels.cuda import attention
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma prefill kernel needs sm_90")
+    names = []
+    real = attention.launch
+    monkeypatch.setattr(attention, "launch", lambda src, name, *a: (names.append(name), real(src, name, *a)))
+    monkeypatch.setattr(attention, "PREFILL_WGMMA", True)
+    return names
+
+
+@pytest.mark.parametrize("tiles", ["", "_n64", "_nostagger", "_ov", "_n64ov"])
+@pytest.mark.parametrize("case", list(WGMMA_CASES))
+def test_prefill_attention_wgmma(wgmma_on, monkeypatch, case, tiles):
+    """The wgmma prefill kernel against the reference and against the mma kernel."""
+    from openinfer.kernels.cuda import attention
+    runs, nh, nkv = WGMMA_CASES[case]
+    dt = DTYPES["bfloat16"]
+    qd, kc, vc, db, want = _prefill_inputs(dt, runs, nh, nkv, 128, 15)
+    monkeypatch.setattr(attention, "WGMMA_VARIANT", tiles)
+    got = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
+    monkeypatch.setattr(attention, "PREFILL_WGMMA", False)
+    mma = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
+    assert wgmma_on == [f"paged_prefill_wgmma_bf16_d128{tiles}", "paged_prefill_mma_bf16_d128"]
+    close(got, want, dt)
+    close(mma, got, dt)
+
+
+def test_prefill_attention_wgmma_graph_capture(wgmma_on):
+    """The wgmma prefill kernel captures into a CUDA graph and replays like eager."""
+    dt = DTYPES["bfloat16"]
+    qd, kc, vc, db, want = _prefill_inputs(dt, [(260, 130), (70, 70)], 32, 8, 128, 16)
+    _assert_graph_replays_eager(dt, qd, kc, vc, db, want)
+    assert set(wgmma_on) == {"paged_prefill_wgmma_bf16_d128"}
+
+
 def _assert_graph_replays_eager(dt, qd, kc, vc, db, want) -> None:
     """paged_attention (head_dim 128) captured into a CUDA graph: a replay writes what eager computed."""
     stream = cp.cuda.Stream(non_blocking=True)

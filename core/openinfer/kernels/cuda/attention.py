@@ -1,6 +1,7 @@
 """paged_attention on CUDA: a decode kernel (split-KV, attention_decode.py) for one-token steps; for
-everything else the tensor-core prefill kernel (attention_mma.cu, bf16) or the fp32 flash-style one
-(attention.cu), with the kernels' launch constants mirrored here."""
+everything else the tensor-core prefill kernel (attention_mma.cu, bf16; on Hopper with d128 optionally
+the warpgroup-MMA one, attention_wgmma.cu) or the fp32 flash-style one (attention.cu), with the kernels'
+launch constants mirrored here."""
 from __future__ import annotations
 
 import math
@@ -21,6 +22,14 @@ MMA_WARPS = 4                          # must match attention_mma.cu
 MMA_MT = {64: 2, 128: 2, 256: 1}       # 16-row m-tiles per warp of the default kernels
 MMA_BN = {64: 64, 128: 64, 256: 32}    # keys per K/V tile
 MMA_VARIANT = ""                       # "_m1": the one-m-tile-per-warp kernels (for A/B timings)
+PREFILL_WGMMA = os.environ.get("OPENINFER_PREFILL_WGMMA", "0") == "1"   # d128 bf16 prefill by wgmma on sm_90
+WGMMA_THREADS = 256                    # must match attention_wgmma.cu: two warpgroups
+WGMMA_BM = 128                         # rows per block, 64 a warpgroup
+# keys per K/V tile and K/V stages of each variant (attention_wgmma.cu's WGMMA_KERNEL list)
+WGMMA_TILES = {"": (128, 2), "_n64": (64, 2), "_nostagger": (128, 2), "_ov": (128, 3), "_n64ov": (64, 3)}
+WGMMA_VARIANT = os.environ.get("OPENINFER_PREFILL_WGMMA_VARIANT", "")   # a WGMMA_TILES key (A/B timings)
+if WGMMA_VARIANT not in WGMMA_TILES:
+    raise ValueError(f"OPENINFER_PREFILL_WGMMA_VARIANT={WGMMA_VARIANT!r}: not one of {sorted(WGMMA_TILES)}")
 
 
 def mma_rows_per_block(d: int, variant: str = "") -> int:
@@ -30,6 +39,17 @@ def mma_rows_per_block(d: int, variant: str = "") -> int:
 def mma_prefill_smem(d: int, variant: str = "") -> int:
     """Bytes of shared memory of the mma prefill kernel: Q and two K/V stages, rows padded by 8 bf16."""
     return (mma_rows_per_block(d, variant) + 4 * MMA_BN[d]) * (d + 8) * 2
+
+
+def wgmma_prefill_smem(variant: str = "") -> int:
+    """Bytes of shared memory of the wgmma prefill kernel: Q and the K/V stages of [rows][128] bf16, plus
+    1024 bytes to align the base to the 128-byte swizzle's 1024-byte pattern."""
+    bn, stages = WGMMA_TILES[variant]
+    return (WGMMA_BM + 2 * stages * bn) * 128 * 2 + 1024
+
+
+def _hopper() -> bool:
+    return cp.cuda.Device().compute_capability == "90"
 
 
 def _aligned16(q3: cp.ndarray, q_stride: int, k_cache: cp.ndarray, v_cache: cp.ndarray) -> bool:
@@ -66,6 +86,12 @@ def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, bat
         mma = DECODE_MMA and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache)
         paged_decode(common, out, qstart, dtype, B, batch.max_context_len, nh, nkv, qscale,
                      decode_kernel(dtype, d, it, mma))
+        return out
+    if PREFILL_WGMMA and d == 128 and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache) and _hopper():
+        tiles = WGMMA_VARIANT
+        launch("attention_wgmma", f"paged_prefill_wgmma_bf16_d128{tiles}",
+               (math.ceil(batch.max_query_len * G / WGMMA_BM), nkv, B), WGMMA_THREADS,
+               (*common, np.int32(nh), np.int32(nkv), qscale), wgmma_prefill_smem(tiles))
         return out
     if PREFILL_MMA and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache):
         variant = MMA_VARIANT
