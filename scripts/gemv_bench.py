@@ -2,7 +2,6 @@
 
     python scripts/gemv_bench.py            # the table gpu_kernels.sh prints
     python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill, PDL prefetch) on the chain
-    python scripts/gemv_bench.py --fused    # only the fused-vs-unfused rows (add_rms_norm + gate_up/qkv)
 
 Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s counts weight + x + y bytes.
 """
@@ -85,34 +84,6 @@ def shape_rows(shapes, ms=(1, 8)):
         del ws
 
 
-def add_norm_rows(ms=(1, 4, 8)):
-    """add_rms_norm then the projection after it (two launches) against add_rms_norm_linear (one GEMV whose
-    prologue and x loader do the add + RMSNorm), Qwen3-4B and -8B gate_up and qkv shapes, with and without PDL."""
-    print(f"\n{'add_rms_norm + proj (H->N)':<28} {'M':>2} {'unfused us':>10} {'fused us':>9} {'+PDL unf':>9} "
-          f"{'+PDL fus':>9} {'saved us':>8}")
-    for name, (k, n) in (("4B gate_up", SHAPES_4B["gate_up"]), ("4B qkv", SHAPES_4B["qkv"]),
-                         ("8B gate_up", SHAPES_8B["8B gate_up"])):
-        copies = min(8, -(-150_000_000 // (2 * n * k)))
-        ws = [rand(n, k, scale=k ** -0.5) for _ in range(copies)]
-        norm_w = rand(k) + 1
-        for m in ms:
-            x, residual = rand(m, k), rand(m, k)
-
-            def unfused():
-                for w in ws:
-                    h, _ = ops.add_rms_norm(x, residual, norm_w, 1e-6)
-                    ops.linear(h, w)
-
-            def fused():
-                for w in ws:
-                    ops.add_rms_norm_linear(x, residual, norm_w, 1e-6, w)
-            t = [with_gemv(True, lambda: graph_us(fn), pdl_on=pdl) / copies
-                 for pdl in (False, True) for fn in (unfused, fused)]
-            print(f"{name + f' {k}->{n}':<28} {m:>2} {t[0]:10.1f} {t[1]:9.1f} {t[2]:9.1f} {t[3]:9.1f} "
-                  f"{min(t[0], t[2]) - min(t[1], t[3]):8.1f}")
-        del ws
-
-
 def decode_chain(m=1):
     """36 layers x (qkv, o, gate_up, down) + lm_head, each with its own weights (8.05 GB), one graph."""
     layers = [[rand(n, k, scale=k ** -0.5) for k, n in (SHAPES_4B[s] for s in ("qkv", "o", "gate_up", "down"))]
@@ -155,9 +126,6 @@ def chain_rows(sweep=False):
 
 if __name__ == "__main__":
     sweep = "--sweep" in sys.argv
-    add_norm_rows()
-    if "--fused" in sys.argv:
-        sys.exit()
     shape_rows(SHAPES_4B)
     if sweep:
         shape_rows(SHAPES_8B, ms=(1, 4))

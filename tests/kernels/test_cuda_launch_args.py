@@ -99,29 +99,6 @@ def test_gemv_prefetches_only_under_pdl(launches, monkeypatch):
     assert launches[-1].grid[1] > 1 and launches[-1].args[6] is not module.NULL   # split-K: a workspace
 
 
-@pytest.mark.parametrize("norm_dtype", [BF16, np.float32])
-@pytest.mark.parametrize("m", [1, 3, 8])
-@pytest.mark.parametrize("n,k", [(19456, 2560), (6144, 2560), (77, 5000)])
-def test_add_rms_norm_linear_gemv_launch_args(launches, norm_dtype, m, n, k):
-    """The fused kernel gets add_rms_norm's block size (its order of summation) and the plain kernel's
-    split; where add_rms_norm would not move whole words, the composition runs instead."""
-    x, res = aligned_empty((m, k), BF16), aligned_empty((m, k), BF16)
-    out, new_res = ops.add_rms_norm_linear(x, res, aligned_empty((k,), norm_dtype), 1e-6, aligned_empty((n, k), BF16))
-    assert out.shape == (m, n) and new_res.shape == (m, k) and new_res is not res
-    sfx = "bf16" if norm_dtype == BF16 else "bf16_wf32"
-    (call,) = launches
-    assert (call.source, call.name) == ("gemv", f"gemv_addnorm_{sfx}_{blas.GEMV_VARIANT}")
-    assert int(call.args[6]) == ops._norm_threads(k, 8) and call.args[7].data.ptr == new_res.data.ptr
-    launches.clear()
-    ops.add_rms_norm(x, res, aligned_empty((k,), norm_dtype), 1e-6)
-    assert int(launches[0].block) == ops._norm_threads(k, 8) and launches[0].name == f"add_rms_norm_v_{sfx}"
-    assert call.grid == (-(-n // 16), blas.gemv_splits(n, k, 4 * 132))
-    launches.clear()   # residual rows not whole 16-byte words: add_rms_norm's scalar kernel, then the GEMV
-    res_odd = aligned_empty((m, k + 4), BF16)[:, :k]
-    _, r = ops.add_rms_norm_linear(x, res_odd, aligned_empty((k,), norm_dtype), 1e-6, aligned_empty((n, k), BF16))
-    assert r is res_odd and [c.name for c in launches] == [f"add_rms_norm_{sfx}", f"gemv_bf16_{blas.GEMV_VARIANT}"]
-
-
 def test_cublas_gemm_ex_binding():
     """cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C,
     Ctype, ldc, computeType, algo): 19 parameters, as bound."""

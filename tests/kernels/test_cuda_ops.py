@@ -320,59 +320,6 @@ def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
     assert len(gemv_calls) == n_gemv
 
 
-@pytest.mark.parametrize("m", [1, 3, 8, 9])
-@pytest.mark.parametrize("n,inter", [(2560, 9728), (77, 200), (160, 96)])
-@pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
-@pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("norm_dtype", [BF16, np.dtype(np.float32)])   # Qwen3's bf16 norms, Qwen3.5's 1 + w
-@pytest.mark.parametrize("m", [1, 3, 8, 9])
-@pytest.mark.parametrize("n,k", [(19456, 2560), (6144, 2560), (77, 1000), (160, 5000)])   # 1, 2, 1, 4 splits
-def test_add_rms_norm_linear_is_add_rms_norm_then_linear(norm_dtype, m, n, k, gemv_calls):
-    """The fused GEMV (M <= 8; split-K and not; add_rms_norm blocks of 320, 128 and 512 threads, 1-2 words
-    each) stores exactly what add_rms_norm + linear store, the new residual included; M > 8 runs that
-    composition itself."""
-    rng = np.random.default_rng(m * n + k)
-    x, res = exact(rnd(rng, m, k, scale=3), BF16), exact(rnd(rng, m, k, scale=10), BF16)
-    norm_w = (1 + 0.1 * rnd(rng, k)).astype(norm_dtype)
-    w = exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
-    xd, wd, nd = dev(x, BF16), dev(w, BF16), cp.asarray(norm_w)
-    got, got_res = ops.add_rms_norm_linear(xd, dev(res, BF16), nd, 1e-6, wd)
-    assert gemv_calls == ([(m, k)] if m <= 8 else [])
-    h, want_res = ops.add_rms_norm(xd, dev(res, BF16), nd, 1e-6)
-    np.testing.assert_array_equal(host(got_res), host(want_res))
-    np.testing.assert_array_equal(host(got), host(ops.linear(h, wd)))
-    want, want_r = ref.add_rms_norm_linear(x, res, norm_w.astype(np.float32), 1e-6, w)
-    close(got_res, want_r, DTYPES["bfloat16"])
-    close(got, want, DTYPES["bfloat16"], scale=5)
-
-
-def test_add_rms_norm_linear_float32_is_the_composition():
-    rng = np.random.default_rng(2)
-    f32 = np.dtype(np.float32)
-    x, res, nw, w = rnd(rng, 3, 256), rnd(rng, 3, 256), rnd(rng, 256), rnd(rng, 100, 256, scale=1 / 16)
-    got, got_res = ops.add_rms_norm_linear(dev(x, f32), dev(res, f32), dev(nw, f32), 1e-6, dev(w, f32))
-    want, want_res = ref.add_rms_norm_linear(x, res, nw, 1e-6, w)
-    close(got_res, want_res, DTYPES["float32"])
-    close(got, want, DTYPES["float32"], scale=10)
-
-
-@pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
-@pytest.mark.parametrize("pdl", [False, True])
-def test_add_rms_norm_linear_variants(variant, pdl, monkeypatch, gemv_calls):
-    """Every fused kernel variant, with and without PDL, on 3-D x and residual (rows flattened)."""
-    from openinfer.kernels.cuda import blas, pdl as pdl_mod
-    monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
-    monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
-    rng = np.random.default_rng(6)
-    xd, rd = dev(rnd(rng, 2, 3, 4096, scale=3), BF16), dev(rnd(rng, 2, 3, 4096, scale=10), BF16)
-    nd, wd = dev(1 + 0.1 * rnd(rng, 4096), BF16), dev(rnd(rng, 1000, 4096, scale=1 / 64), BF16)
-    got, got_res = ops.add_rms_norm_linear(xd, rd.copy(), nd, 1e-6, wd)
-    assert got.shape == (2, 3, 1000) and got_res.shape == (2, 3, 4096) and gemv_calls == [(6, 4096)]
-    h, want_res = ops.add_rms_norm(xd, rd, nd, 1e-6)
-    np.testing.assert_array_equal(host(got_res), host(want_res))
-    np.testing.assert_array_equal(host(got), host(ops.linear(h, wd)))
-
-
 @pytest.mark.parametrize("pdl", [False, True])
 def test_gemv_graph_capture_replays(pdl, monkeypatch):
     """A chain of GEMVs (split-K and not, M = 1 and 8) captured once, replayed on new inputs."""

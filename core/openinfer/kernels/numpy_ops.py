@@ -30,14 +30,6 @@ def add_rms_norm(x: np.ndarray, residual: np.ndarray, w: np.ndarray, eps: float)
     return rms_norm(residual, w, eps), residual
 
 
-def add_rms_norm_linear(x: np.ndarray, residual: np.ndarray, norm_w: np.ndarray, eps: float,
-                        w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """add_rms_norm, then linear on its output: (linear(h, w), residual + x) (one fused op on GPUs,
-    which may leave the residual passed in stale: callers use the returned one)."""
-    h, residual = add_rms_norm(x, residual, norm_w, eps)
-    return linear(h, w), residual
-
-
 def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate-half ("neox") RoPE on the first 2*len(cos) dims of the last axis; the rest pass through."""
     half = cos.shape[-1]
@@ -123,6 +115,6 @@ def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
-    for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "rope", "qk_norm_rope", "silu_mul",
+    for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
                  "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

@@ -25,15 +25,9 @@ class GQAAttention:
         self.kv_group = kv_group
         self.scale = head_dim ** -0.5
 
-    @property
-    def in_weight(self) -> Array:
-        """The projection of the layer's normed input x: the model computes qkv = linear(x, in_weight),
-        or fuses the norm into it (add_rms_norm_linear), and passes it to `mix`."""
-        return self.w.qkv
-
-    def mix(self, qkv: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        """The layer's output from its input projection qkv [T, (nh + 2 nkv) d]."""
-        T = qkv.shape[0]
+    def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
+        T = x.shape[0]
+        qkv = self.ops.linear(x, self.w.qkv)
         q_end, k_end = self.nh * self.d, (self.nh + self.nkv) * self.d
         q = qkv[:, :q_end].reshape(T, self.nh, self.d)
         k = qkv[:, q_end:k_end].reshape(T, self.nkv, self.d)

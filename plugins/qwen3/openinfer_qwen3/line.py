@@ -70,8 +70,8 @@ class Qwen3Line(ModelLine):
         return [StateGroup("kv", "paged", cfg.num_layers, {"k": kv, "v": kv})]
 
     def kernel_plan(self, cfg: Qwen3Config) -> list[str]:
-        plan = ["embedding", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "linear", "rope_write_kv",
-                "paged_attention", "silu_mul", "gather_rows"]
+        plan = ["embedding", "rms_norm", "add_rms_norm", "linear", "rope_write_kv", "paged_attention", "silu_mul",
+                "gather_rows"]
         return plan
 
     def build(self, cfg: Qwen3Config, weights, backend, ops):

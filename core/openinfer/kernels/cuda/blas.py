@@ -150,10 +150,9 @@ def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
             and x2.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
-def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, kernel: str = "gemv_bf16", extra: tuple = ()) -> None:
-    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable).
-    kernel "gemv_addnorm_*": the x loader's further arguments `extra` (after x and its stride) fuse
-    add_rms_norm (ops.add_rms_norm_linear)."""
+def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, kernel: str = "gemv_bf16") -> None:
+    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable);
+    `kernel` names the gemv.cu kernel family (its x loader)."""
     m = x2.shape[0]
     n, k = w.shape
     name = f"{kernel}_{GEMV_VARIANT}"
@@ -167,7 +166,7 @@ def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, kernel: str = "gemv_bf
     partial = cp.empty(splits * tiles * 128, dtype=cp.float32) if splits > 1 else None
     ldx = x2.strides[0] // 2 if m > 1 else 0
     launch("gemv", name, (tiles, splits), 128,
-           (x2, np.int64(ldx), *extra, w, np.int64(w.strides[0] // 2), out2, np.int64(out2.strides[0] // 2),
+           (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), out2, np.int64(out2.strides[0] // 2),
             partial if partial is not None else NULL, counters if splits > 1 else NULL,
             np.int32(m), np.int32(n), np.int32(k // 8), np.int32(GEMV_PREFETCH if pdl.enabled() else 0)))
 

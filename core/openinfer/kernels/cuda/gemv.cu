@@ -19,13 +19,11 @@
 // * Programmatic dependent launch (when the wrapper launches with it): the weights do not depend
 //   on the previous kernel, so the first chunks are prefetched into L2 before griddepcontrol.wait;
 //   only x (and the workspace/counters) are touched after it. Without PDL both are no-ops.
-// * The x loader is a template parameter, built after griddepcontrol.wait: LoadX reads x as given;
-//   LoadAddNorm feeds add_rms_norm's output h = rms_norm(x + residual) * w, after a prologue that
-//   rebuilds each row's sum of squares in add_rms_norm's own order (below). SiLU-and-multiply folded
-//   in the same way was measured slower on the H200 (31 vs 17.5 us for the 4B down projection at
-//   M = 1): the 8 lane groups of the mma's B operand each recompute the activation of their row.
-// Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8; LoadAddNorm
-// also res/res_out rows and norm_w 16-byte aligned, threads a multiple of 32 and at most 1024.
+// * The x loader is a template parameter (LoadX reads x as given), the place where an elementwise
+//   step before the GEMV can be folded in. SiLU-and-multiply folded in this way was measured slower
+//   on the H200 (31 vs 17.5 us for the 4B down projection at M = 1): the 8 lane groups of the mma's B
+//   operand each recompute the activation of their row, 8x redundant at M = 1.
+// Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8.
 #include "common.cuh"
 
 namespace {
@@ -45,135 +43,11 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
     return v;
 }
 
-constexpr int WARPS = 4;
-constexpr int MAX_M = 8;
-
-// The x operand's kernel arguments for LoadX: the rows and their stride.
-struct XSrc {
-    const bf16* x;
-    long long ldx;
-};
-
-// One 16-byte chunk c (8 consecutive k) of the B operand, from the x row `row`.
+// One 16-byte chunk c (8 consecutive k) of the B operand, from the x row of this lane's group.
 struct LoadX {
     const uint4* row;
-    __device__ LoadX(const XSrc& s, int row_, int, int) : row(reinterpret_cast<const uint4*>(s.x + row_ * s.ldx)) {}
+    __device__ LoadX(const bf16* x, int) : row(reinterpret_cast<const uint4*>(x)) {}
     __device__ uint4 operator()(int c) const { return ld_x(row + c); }
-};
-
-// add_rms_norm's residual sum of one 16-byte word: r[j] = bf16(x[j] + res[j]) as floats, element order.
-__device__ __forceinline__ void add_word(const uint4& a, const uint4& b, float* r) {
-    const unsigned int aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float af[2], bf[2];
-        Pack<bf16>::unpack(aw[i], af);
-        Pack<bf16>::unpack(bw[i], bf);
-        r[2 * i] = to_f32(from_f32<bf16>(af[0] + bf[0]));
-        r[2 * i + 1] = to_f32(from_f32<bf16>(af[1] + bf[1]));
-    }
-}
-
-// The fused add + RMSNorm's arguments: x and residual rows [M, K], the norm weight [K] (bf16 or fp32),
-// add_rms_norm's block size (threads: its order of summation), and where CTA (0, 0) stores x + residual.
-template <typename W>
-struct AddNormSrc {
-    const bf16* x;
-    long long ldx;
-    const bf16* res;
-    long long ldr;
-    const W* norm_w;
-    float eps;
-    int threads;
-    bf16* res_out;
-    long long ldo;
-};
-
-// inv_rms[m] for rows m < M, summed exactly as add_rms_norm_v_* sums (norm.cu): its thread t adds the
-// squares of the 8 elements of words t, t + B, t + 2B, ... in order (B = s.threads), warp_sum's butterfly
-// reduces each warp, and a last warp_sum reduces the B / 32 warp sums (zeros past them). Here each of the
-// 4 warps plays add_rms_norm's warps ("virtual warps") w, w + 4, ... of every row, G rows-and-warps at a
-// time so that 2G loads are in flight. CTA (0, 0) visits every word of every row once: it stores them.
-template <typename W>
-__device__ void add_norm_prologue(const AddNormSrc<W>& s, int M, int chunks, float* inv) {
-    constexpr int G = 4;
-    __shared__ float part[MAX_M][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int vwarps = s.threads >> 5, items = M * vwarps;
-    const bool store = blockIdx.x == 0 && blockIdx.y == 0;
-    for (int base = warp; base < items; base += WARPS * G) {
-        float ss[G];
-        int m[G], vw[G];
-        bool ok[G];
-#pragma unroll
-        for (int j = 0; j < G; ++j) {
-            ok[j] = base + WARPS * j < items;
-            const int it = ok[j] ? base + WARPS * j : base;  // past the end: repeat a real item, unused
-            m[j] = it / vwarps;
-            vw[j] = it % vwarps;
-            ss[j] = 0.f;
-        }
-        for (int i = 0; i < chunks; i += s.threads) {  // the words of add_rms_norm's thread vw * 32 + lane
-            uint4 a[G], b[G];
-#pragma unroll
-            for (int j = 0; j < G; ++j) {
-                const int c = min(vw[j] * 32 + lane + i, chunks - 1);  // clamped: loaded, not summed
-                a[j] = ld_x(reinterpret_cast<const uint4*>(s.x + m[j] * s.ldx) + c);
-                b[j] = ld_x(reinterpret_cast<const uint4*>(s.res + m[j] * s.ldr) + c);
-            }
-#pragma unroll
-            for (int j = 0; j < G; ++j) {
-                const int c = vw[j] * 32 + lane + i;
-                if (c >= chunks) continue;
-                float r[8];
-                add_word(a[j], b[j], r);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) ss[j] += r[e] * r[e];
-                if (store && ok[j]) {
-                    const unsigned int o[4] = {Pack<bf16>::pack(r), Pack<bf16>::pack(r + 2), Pack<bf16>::pack(r + 4),
-                                               Pack<bf16>::pack(r + 6)};
-                    reinterpret_cast<uint4*>(s.res_out + m[j] * s.ldo)[c] = make_uint4(o[0], o[1], o[2], o[3]);
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < G; ++j) {
-            const float v = warp_sum(ss[j]);
-            if (ok[j] && lane == 0) part[m[j]][vw[j]] = v;
-        }
-    }
-    __syncthreads();
-    const int n = chunks * 8;
-    for (int r = warp; r < M; r += WARPS) {
-        const float v = warp_sum(lane < vwarps ? part[r][lane] : 0.f);
-        if (lane == 0) inv[r] = 1.f / sqrtf(v / n + s.eps);
-    }
-    __syncthreads();
-}
-
-// x = add_rms_norm(x, residual, w)'s output on the fly: bf16(bf16(x + res) * inv * w), rounded as
-// add_rms_norm stores it. All threads of the CTA build it together (the prologue synchronises them).
-template <typename W>
-struct LoadAddNorm {
-    const uint4 *xrow, *rrow;
-    const W* norm_w;
-    float inv;
-    __device__ LoadAddNorm(const AddNormSrc<W>& s, int row, int M, int chunks)
-        : xrow(reinterpret_cast<const uint4*>(s.x + row * s.ldx)),
-          rrow(reinterpret_cast<const uint4*>(s.res + row * s.ldr)), norm_w(s.norm_w) {
-        __shared__ float inv_s[MAX_M];
-        add_norm_prologue(s, M, chunks, inv_s);
-        inv = inv_s[row];
-    }
-    __device__ uint4 operator()(int c) const {
-        float r[8], w[8];
-        add_word(ld_x(xrow + c), ld_x(rrow + c), r);
-        load_f32<8>(norm_w + 8 * c, w);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) r[e] = r[e] * inv * w[e];
-        return make_uint4(Pack<bf16>::pack(r), Pack<bf16>::pack(r + 2), Pack<bf16>::pack(r + 4),
-                          Pack<bf16>::pack(r + 6));
-    }
 };
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
@@ -203,8 +77,10 @@ __device__ __forceinline__ void store_tile(bf16* y, long long ldy, float4 s, int
     }
 }
 
-template <int U, typename XLoad, typename Src>
-__device__ __forceinline__ void gemv_tile(const Src& src, const bf16* __restrict__ w,
+constexpr int WARPS = 4;
+
+template <int U, typename XLoad>
+__device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w,
                                           long long ldw, bf16* __restrict__ y, long long ldy,
                                           float* __restrict__ partial, int* __restrict__ counters,
                                           int M, int N, int chunks, int prefetch) {
@@ -216,6 +92,9 @@ __device__ __forceinline__ void gemv_tile(const Src& src, const bf16* __restrict
     const int n0 = tile * 16;
     const uint4* wa = reinterpret_cast<const uint4*>(w + (long long)min(n0 + g, N - 1) * ldw);      // rows past N
     const uint4* wb = reinterpret_cast<const uint4*>(w + (long long)min(n0 + g + 8, N - 1) * ldw);  // repeat N-1
+    // B column g is output row m = g: groups g >= M read row M-1 and their columns are never stored
+    // (branch-free loads keep the weight loads of one iteration in flight together)
+    const XLoad xr(x + (long long)min(g, M - 1) * ldx, chunks);
 
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -226,9 +105,6 @@ __device__ __forceinline__ void gemv_tile(const Src& src, const bf16* __restrict
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-    // B column g is output row m = g: groups g >= M read row M-1 and their columns are never stored
-    // (branch-free loads keep the weight loads of one iteration in flight together)
-    const XLoad xr(src, min(g, M - 1), M, chunks);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
@@ -301,29 +177,16 @@ __device__ __forceinline__ void gemv_tile(const Src& src, const bf16* __restrict
 // gemv_bf16_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
 // iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
 // for B CTAs per SM (more warps, fewer registers).
-// gemv_addnorm_{bf16,bf16_wf32}_*: x is add_rms_norm(x, res, norm_w)'s output (LoadAddNorm; norm_w bf16
-// or fp32), and x + res is stored to res_out [M, K] by CTA (0, 0).
-#define GEMV_TAIL_PARAMS                                                                                   \
-    const bf16* __restrict__ w, long long ldw, bf16* __restrict__ y, long long ldy,                        \
-        float* __restrict__ partial, int* __restrict__ counters, int M, int N, int chunks, int prefetch
-#define GEMV_TAIL_ARGS w, ldw, y, ldy, partial, counters, M, N, chunks, prefetch
 #define GEMV_KERNEL(NAME, U, MIN_BLOCKS, XLOAD)                                                            \
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
-        const bf16* x, long long ldx, GEMV_TAIL_PARAMS) {                                                   \
-        gemv_tile<U, XLOAD>(XSrc{x, ldx}, GEMV_TAIL_ARGS);                                                 \
+        const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,                           \
+        bf16* __restrict__ y, long long ldy, float* __restrict__ partial, int* __restrict__ counters,      \
+        int M, int N, int chunks, int prefetch) {                                                          \
+        gemv_tile<U, XLOAD>(x, ldx, w, ldw, y, ldy, partial, counters, M, N, chunks, prefetch);            \
     }
-#define GEMV_ADDNORM_KERNEL(NAME, U, MIN_BLOCKS, W)                                                        \
-    extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
-        const bf16* x, long long ldx, const bf16* res, long long ldr, const W* norm_w, float eps,           \
-        int threads, bf16* res_out, long long ldo, GEMV_TAIL_PARAMS) {                                      \
-        gemv_tile<U, LoadAddNorm<W>>(AddNormSrc<W>{x, ldx, res, ldr, norm_w, eps, threads, res_out, ldo},  \
-                                     GEMV_TAIL_ARGS);                                                      \
-    }
-#define GEMV_VARIANTS(KERNEL, PREFIX, ARG)     \
-    KERNEL(PREFIX##_u2, 2, 1, ARG)             \
-    KERNEL(PREFIX##_u4, 4, 1, ARG)             \
-    KERNEL(PREFIX##_u8, 8, 1, ARG)             \
-    KERNEL(PREFIX##_u4_o8, 4, 8, ARG)
-GEMV_VARIANTS(GEMV_KERNEL, gemv_bf16, LoadX)
-GEMV_VARIANTS(GEMV_ADDNORM_KERNEL, gemv_addnorm_bf16, bf16)
-GEMV_VARIANTS(GEMV_ADDNORM_KERNEL, gemv_addnorm_bf16_wf32, float)
+#define GEMV_VARIANTS(PREFIX, XLOAD)                    \
+    GEMV_KERNEL(PREFIX##_u2, 2, 1, XLOAD)               \
+    GEMV_KERNEL(PREFIX##_u4, 4, 1, XLOAD)               \
+    GEMV_KERNEL(PREFIX##_u8, 8, 1, XLOAD)               \
+    GEMV_KERNEL(PREFIX##_u4_o8, 4, 8, XLOAD)
+GEMV_VARIANTS(gemv_bf16, LoadX)

@@ -2,22 +2,18 @@
 
 Each wrapper checks layouts, picks a launch shape and launches on the current stream; strided
 views (a slice of the fused qkv output, a layer's slice of the KV pool) are used in place.
-`linear` lives in blas.py and `paged_attention` in attention.py. add_rms_norm_linear folds
-add_rms_norm into the GEMV of the projection after it at small batch (gemv.cu): one launch instead of two.
+`linear` lives in blas.py and `paged_attention` in attention.py.
 """
 from __future__ import annotations
-
-import os
 
 import cupy as cp
 import numpy as np
 
-from . import blas
 from .attention import paged_attention
 from .blas import linear
-from .module import BF16, NULL, as_index, heads3d, launch, rows2d, suffix
+from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
-__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "rope", "qk_norm_rope", "silu_mul",
+__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
            "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
 
 
@@ -66,19 +62,13 @@ def _in_words(n: int, strides: tuple[int, ...], *arrays: cp.ndarray) -> int:
     return v if n % v == 0 and all(s % v == 0 for s in strides) and all(a.data.ptr % 16 == 0 for a in arrays) else 1
 
 
-def _norm_threads(n: int, v: int) -> int:
-    """The block size of norm.cu's kernels over rows of n elements, v per word: it fixes their order of
-    summation, which the fused add_rms_norm_linear reproduces."""
-    return _threads(n // max(v, 4), 512)
-
-
 def rms_norm(x: cp.ndarray, w: cp.ndarray, eps: float) -> cp.ndarray:
     x2, stride = rows2d(x)
     out = cp.empty(x.shape, dtype=x.dtype)
     n, sfx = x.shape[-1], norm_suffix(x.dtype, w.dtype)
     if x2.shape[0]:
         v = _in_words(n, (stride,), x2, w, out)
-        launch("norm", f"rms_norm_{'v_' if v > 1 else ''}{sfx}", (x2.shape[0],), _norm_threads(n, v),
+        launch("norm", f"rms_norm_{'v_' if v > 1 else ''}{sfx}", (x2.shape[0],), _threads(n // max(v, 4), 512),
                (x2, np.int64(stride), w, out, np.int32(n), np.float32(eps)))
     return out
 
@@ -93,39 +83,9 @@ def add_rms_norm(x: cp.ndarray, residual: cp.ndarray, w: cp.ndarray, eps: float)
     n, sfx = x.shape[-1], norm_suffix(x.dtype, w.dtype)
     if x2.shape[0]:
         v = _in_words(n, (xs, rs), x2, r2, w, out)
-        launch("norm", f"add_rms_norm_{'v_' if v > 1 else ''}{sfx}", (x2.shape[0],), _norm_threads(n, v),
+        launch("norm", f"add_rms_norm_{'v_' if v > 1 else ''}{sfx}", (x2.shape[0],), _threads(n // max(v, 4), 512),
                (x2, np.int64(xs), r2, np.int64(rs), w, out, np.int32(n), np.float32(eps)))
     return out, residual
-
-
-ADDNORM_GEMV = os.environ.get("OPENINFER_ADDNORM_GEMV", "1") != "0"   # 0: always the composition
-
-
-def add_rms_norm_linear(x: cp.ndarray, residual: cp.ndarray, norm_w: cp.ndarray, eps: float,
-                        w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
-    """h, r = add_rms_norm(x, residual, norm_w, eps); returns (linear(h, w), r), bit for bit. Where the GEMV
-    path applies (bf16, M <= 8, rows of whole 16-byte words: add_rms_norm's `_v_` kernel) one
-    gemv_addnorm_* launch: its prologue rebuilds each row's sum of squares in that kernel's order (told
-    its block size), its x loader computes h chunk by chunk, and CTA (0, 0) stores x + residual to a
-    new array, since the other CTAs still read the old one. So use the returned residual: the one
-    passed in is updated in place only where the composition runs."""
-    x2, xs = rows2d(x)
-    r2, rs = rows2d(residual)
-    m, k = x2.shape
-    n = w.shape[0]
-    if w.shape[-1] != k or r2.shape != x2.shape:
-        raise ValueError(f"add_rms_norm_linear: x {x.shape}, residual {residual.shape}, w {w.shape}")
-    if (ADDNORM_GEMV and x.dtype == BF16 and w.dtype == BF16 and residual.dtype == BF16 and m and n and w.strides[1] == w.itemsize
-            and norm_w.ndim == 1 and norm_w.flags.c_contiguous and _in_words(k, (xs, rs), x2, r2, norm_w) == 8
-            and blas._gemv_usable(x2, w, m, k) and blas._gemv_usable(r2, w, m, k)):
-        out = cp.empty((*x.shape[:-1], n), dtype=x.dtype)
-        new_residual = cp.empty((m, k), dtype=x.dtype)
-        blas.gemv(x2, w, out.reshape(m, n), f"gemv_addnorm_{norm_suffix(x.dtype, norm_w.dtype)}",
-                  (r2, np.int64(rs), norm_w, np.float32(eps), np.int32(_norm_threads(k, 8)), new_residual,
-                   np.int64(k)))
-        return out, new_residual.reshape(residual.shape)
-    h, residual = add_rms_norm(x, residual, norm_w, eps)
-    return linear(h, w), residual
 
 
 ROPE_WORDS_MIN_HEADS = 2048   # below this many heads a step is latency-bound: a warp per head finishes sooner
