@@ -26,6 +26,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
     monkeypatch.setattr(attention_decode, "blocks_per_sm", lambda *a: 4)
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
+    monkeypatch.setattr(attention, "_hopper", lambda: False)   # it asks the (absent) GPU; tests that want sm_90 say so
     monkeypatch.setattr(blas, "_gemv_counters", lambda: aligned_empty((blas._COUNTER_SLOTS,), np.int32))
     return recorded
 
@@ -63,7 +64,7 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
 @pytest.mark.parametrize("d,dtype,hopper", [(128, BF16, True), (64, BF16, True), (128, np.float32, True),
                                             (128, BF16, False)])
 def test_wgmma_prefill_launch_args(launches, monkeypatch, tiles, d, dtype, hopper):
-    """OPENINFER_PREFILL_WGMMA=1 takes d128 bf16 prefill to the wgmma kernel on sm_90 only."""
+    """d128 bf16 prefill goes to the wgmma kernel on sm_90 only (OPENINFER_PREFILL_WGMMA, on by default)."""
     monkeypatch.setattr(attention, "PREFILL_WGMMA", True)
     monkeypatch.setattr(attention, "WGMMA_VARIANT", tiles)
     monkeypatch.setattr(attention, "_hopper", lambda: hopper)

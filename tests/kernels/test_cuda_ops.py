@@ -386,8 +386,11 @@ ATTN_CASES = {
 }
 
 
+@pytest.mark.parametrize("wgmma", [True, False])   # d128 bf16 prefill: the wgmma kernel (default on sm_90) or mma
 @pytest.mark.parametrize("case", list(ATTN_CASES))
-def test_paged_attention(dt, case):
+def test_paged_attention(dt, case, wgmma, monkeypatch):
+    from openinfer.kernels.cuda import attention
+    monkeypatch.setattr(attention, "PREFILL_WGMMA", wgmma)
     runs, nh, nkv, d = ATTN_CASES[case]
     rng = np.random.default_rng(len(case))
     bs, layers = 16, 2

@@ -1,6 +1,6 @@
 """paged_attention on CUDA: a decode kernel (split-KV, attention_decode.py) for one-token steps; for
-everything else the tensor-core prefill kernel (attention_mma.cu, bf16; on Hopper with d128 optionally
-the warpgroup-MMA one, attention_wgmma.cu) or the fp32 flash-style one (attention.cu), with the kernels'
+everything else the tensor-core prefill kernel (attention_mma.cu, bf16; on Hopper with d128 the
+warpgroup-MMA one, attention_wgmma.cu: 425 against 327 TFLOP/s at 16k on the H200) or the fp32 flash-style one (attention.cu), with the kernels'
 launch constants mirrored here."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ MMA_WARPS = 4                          # must match attention_mma.cu
 MMA_MT = {64: 2, 128: 2, 256: 1}       # 16-row m-tiles per warp of the default kernels
 MMA_BN = {64: 64, 128: 64, 256: 32}    # keys per K/V tile
 MMA_VARIANT = ""                       # "_m1": the one-m-tile-per-warp kernels (for A/B timings)
-PREFILL_WGMMA = os.environ.get("OPENINFER_PREFILL_WGMMA", "0") == "1"   # d128 bf16 prefill by wgmma on sm_90
+PREFILL_WGMMA = os.environ.get("OPENINFER_PREFILL_WGMMA", "1") != "0"   # d128 bf16 prefill by wgmma on sm_90 (0: mma)
 WGMMA_THREADS = 256                    # must match attention_wgmma.cu: two warpgroups
 WGMMA_BM = 128                         # rows per block, 64 a warpgroup
 # keys per K/V tile and K/V stages of each variant (attention_wgmma.cu's WGMMA_KERNEL list)
