@@ -13,7 +13,7 @@ import pytest
 
 from conftest import run_cli
 from openinfer.bench.prefix import Sample, summarize_ladder
-from openinfer.bench.startup import rss_bytes, tree_pids
+from openinfer.bench.startup import frameworks_mapped, rss_bytes, tree_pids
 
 
 def _free_port() -> int:
@@ -37,6 +37,7 @@ def test_startup_probe(tmp_path: Path) -> None:
     res = json.loads(out.read_text())
     assert res["ready_s"] > 0 and res["idle_rss_mb"] > 0
     assert res["idle_processes"] == 2  # the server and its child
+    assert res["frameworks_loaded"] == []
     assert res["burst_requests"] == 4 and res["burst_failed"] == 0
     assert res["burst_peak_rss_mb"] >= res["idle_rss_mb"] * 0.5 and res["after_burst_rss_mb"] > 0
     assert res["exit_code"] == 0  # SIGTERM handled: a clean exit
@@ -44,11 +45,42 @@ def test_startup_probe(tmp_path: Path) -> None:
         assert rss_bytes(pid) == 0
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_serve_never_loads_a_model_framework(tmp_path: Path) -> None:
+    """The real `openinfer serve` (built-in demo model, CPU), started by `bench startup` in an environment
+    that has torch installed (the test dependencies): nothing of torch is mapped into the server."""
+    port = _free_port()
+    out = tmp_path / "startup.json"
+    rc = run_cli("bench", "startup", "--base-url", f"http://127.0.0.1:{port}", "--idle-wait", "0.1", "--burst", "0",
+                 "--timeout", "120", "--output-json", str(out), "--server-log", str(tmp_path / "server.log"), "--",
+                 sys.executable, "-m", "openinfer", "serve", "--port", str(port), "--device", "cpu")
+    assert rc == 0, (tmp_path / "server.log").read_text()
+    res = json.loads(out.read_text())
+    assert res["ready_s"] > 0 and res["idle_processes"] == 1
+    assert res["frameworks_loaded"] == []
+
+
 def test_startup_reports_a_dead_server(tmp_path: Path) -> None:
     rc = run_cli("bench", "startup", "--base-url", f"http://127.0.0.1:{_free_port()}", "--timeout", "10", "--",
                  sys.executable, "-c", "import sys; print('boom'); sys.exit(3)")
     assert rc == 1
     assert run_cli("bench", "startup") == 2  # no command
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_frameworks_mapped_sees_torch_in_a_process_that_imported_it() -> None:
+    """The check the `serve` start-up figures rely on: it must see torch where torch was imported."""
+    pytest.importorskip("torch")
+    import subprocess
+    proc = subprocess.Popen([sys.executable, "-c", "import torch, sys; print('up', flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"up\n"
+        assert frameworks_mapped([proc.pid]) == ["torch"]
+    finally:
+        proc.stdin.close()
+        proc.wait()
+    assert frameworks_mapped([os.getpid()]) == sorted(n for n in ("torch",) if n in sys.modules)
 
 
 def test_tree_pids_of_self() -> None:

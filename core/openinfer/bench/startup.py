@@ -54,6 +54,23 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+FRAMEWORKS = ("torch", "tensorflow", "onnxruntime", "jaxlib")   # what `serve` must never load
+
+
+def frameworks_mapped(pids: list[int]) -> list[str]:
+    """The model frameworks whose own files (a site-packages/<name>/ path) any of `pids` has mapped:
+    proof from outside the process that it never imported them, whatever is installed beside it."""
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                maps = f.read()
+        except OSError:
+            continue   # gone, or not ours to read
+        found.update(name for name in FRAMEWORKS if f"/{name}/" in maps)
+    return sorted(found)
+
+
 def tree_rss(root: int) -> tuple[int, int]:
     """(total RSS in bytes, number of processes) of the tree under `root`."""
     pids = tree_pids(root)
@@ -156,6 +173,7 @@ def run_startup(args: argparse.Namespace, cmd: list[str]) -> int:
         idle, res["idle_processes"] = tree_rss(proc.pid)
         res["idle_rss_mb"] = _mb(idle)
         res["pids"] = tree_pids(proc.pid)
+        res["frameworks_loaded"] = frameworks_mapped(res["pids"])
         if args.burst > 0:
             with PeakSampler(proc.pid) as sampler:
                 res["burst_failed"] = asyncio.run(burst(args.base_url, model, args.burst, args.burst_input_len,
@@ -174,7 +192,8 @@ def run_startup(args: argparse.Namespace, cmd: list[str]) -> int:
             log.seek(0)
             args.server_log.write_bytes(log.read())
         log.close()
-    print(f"ready in {res['ready_s']:.2f} s; idle RSS {res['idle_rss_mb']} MB over {res['idle_processes']} process(es)")
+    print(f"ready in {res['ready_s']:.2f} s; idle RSS {res['idle_rss_mb']} MB over {res['idle_processes']} process(es); "
+          f"model frameworks mapped: {', '.join(res['frameworks_loaded']) or 'none'}")
     if args.burst > 0:
         print(f"burst of {args.burst}: {res['burst_failed']} failed; peak RSS {res['burst_peak_rss_mb']} MB, "
               f"after {res['after_burst_rss_mb']} MB")
