@@ -5,6 +5,8 @@ read of a row pad or of a never-written word poisons the output. Mirrors the ker
 change both together."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import math
 
 import numpy as np
@@ -225,11 +227,24 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("variant", ["", "_m1"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_mma_prefill_emulation_matches_reference(case, variant):
-    runs, nh, nkv, D = CASES[case]
-    rng = np.random.default_rng(7)
+@dataclass
+class PrefillCase:
+    """A prefill batch over shuffled pages (layer `layer` of a `layers`-layer pool), q a strided view of
+    wider rows (`qbuf`, row length `q_row`, as of a fused qkv projection), and numpy's attention of it."""
+    tables: np.ndarray
+    qs: np.ndarray
+    lens: np.ndarray
+    pool: np.ndarray
+    qbuf: np.ndarray
+    q_row: int
+    scale: float
+    want: np.ndarray
+    bs: int = 16
+    layers: int = 2
+    layer: int = 1
+
+
+def prefill_case(runs, nh: int, nkv: int, D: int, rng: np.random.Generator) -> PrefillCase:
     bs, layers, layer = 16, 2, 1
     need = [max(1, -(-L // bs)) for L, _ in runs]
     nb = sum(need) + 2
@@ -238,16 +253,24 @@ def test_mma_prefill_emulation_matches_reference(case, variant):
     lens = np.array([L for L, _ in runs], np.int32)
     T = int(qs[-1])
     pool = bf(rng.standard_normal((2, nb, layers, bs, nkv, D)))
-    q_extra = 3 * D  # q is a strided view (e.g. of a fused qkv row)
-    qbuf = bf(rng.standard_normal((T, nh * D + q_extra)))
+    q_row = nh * D + 3 * D
+    qbuf = bf(rng.standard_normal((T, q_row)))
     q = qbuf[:, : nh * D].reshape(T, nh, D)
     scale = D ** -0.5
     batch = ForwardBatch(np.zeros(T, np.int32), np.zeros(T, np.int32), np.zeros(T, np.int64), tables, qs, lens,
                          np.zeros(0, np.int32), qs, lens, bs, int(np.diff(qs).max()), int(lens.max()))
-    live = [i for i, (L, n) in enumerate(runs) if n > 0]
     want = ref.paged_attention(q, pool[0][:, layer], pool[1][:, layer], batch, scale)
-    got = emulate(qbuf.reshape(-1), nh * D + q_extra, pool[0].reshape(-1), pool[1].reshape(-1),
-                  layer * bs * nkv * D, layers * bs * nkv * D, nkv * D, bs, tables, qs, lens, nh, nkv,
-                  scale * 1.4426950408889634, D, T, 1 if variant == "_m1" or D > 128 else 2)
+    return PrefillCase(tables, qs, lens, pool, qbuf, q_row, scale, want, bs, layers, layer)
+
+
+@pytest.mark.parametrize("variant", ["", "_m1"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_mma_prefill_emulation_matches_reference(case, variant):
+    runs, nh, nkv, D = CASES[case]
+    c = prefill_case(runs, nh, nkv, D, np.random.default_rng(7))
+    live = [i for i, (L, n) in enumerate(runs) if n > 0]
+    got = emulate(c.qbuf.reshape(-1), c.q_row, c.pool[0].reshape(-1), c.pool[1].reshape(-1),
+                  c.layer * c.bs * nkv * D, c.layers * c.bs * nkv * D, nkv * D, c.bs, c.tables, c.qs, c.lens, nh, nkv,
+                  c.scale * 1.4426950408889634, D, int(c.qs[-1]), 1 if variant == "_m1" or D > 128 else 2)
     assert live and not np.isnan(got).any()
-    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(got, c.want, atol=2e-2, rtol=2e-2)

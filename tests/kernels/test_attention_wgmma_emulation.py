@@ -11,9 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from openinfer.batch import ForwardBatch
-from openinfer.kernels import numpy_ops as ref
-from test_attention_mma_emulation import bf, shuffled_tables
+from test_attention_mma_emulation import bf, prefill_case
 
 D, BM, THREADS, SW_ROW = 128, 128, 256, 128
 TID = np.arange(THREADS)
@@ -223,30 +221,17 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_wgmma_prefill_emulation_matches_reference(case, tiles):
     runs, nh, nkv = CASES[case]
-    rng = np.random.default_rng(7)
-    bs, layers, layer = 16, 2, 1
-    need = [max(1, -(-L // bs)) for L, _ in runs]
-    nb = sum(need) + 2
-    tables = shuffled_tables(need, nb, rng)
-    qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
-    lens = np.array([L for L, _ in runs], np.int32)
-    T = int(qs[-1])
-    pool = bf(rng.standard_normal((2, nb, layers, bs, nkv, D)))
-    q_extra = 3 * D  # q is a strided view (e.g. of a fused qkv row)
-    qbuf = bf(rng.standard_normal((T, nh * D + q_extra)))
-    q = qbuf[:, : nh * D].reshape(T, nh, D)
-    scale = D ** -0.5
-    batch = ForwardBatch(np.zeros(T, np.int32), np.zeros(T, np.int32), np.zeros(T, np.int64), tables, qs, lens,
-                         np.zeros(0, np.int32), qs, lens, bs, int(np.diff(qs).max()), int(lens.max()))
-    want = ref.paged_attention(q, pool[0][:, layer], pool[1][:, layer], batch, scale)
+    c = prefill_case(runs, nh, nkv, D, np.random.default_rng(7))
+    plane, row = c.layers * c.bs * nkv * D, nkv * D
 
     def offset(table, k, kvh):
-        return layer * bs * nkv * D + int(table[k // bs]) * layers * bs * nkv * D + (k % bs) * nkv * D + kvh * D
+        return c.layer * c.bs * row + int(table[k // c.bs]) * plane + (k % c.bs) * row + kvh * D
 
-    got = emulate(qbuf.reshape(-1), nh * D + q_extra, pool[0].reshape(-1), pool[1].reshape(-1), offset, tables,
-                  qs, lens, nh, nkv, scale * 1.4426950408889634, T, 64 if "n64" in tiles else 128, "ov" in tiles)
+    got = emulate(c.qbuf.reshape(-1), c.q_row, c.pool[0].reshape(-1), c.pool[1].reshape(-1), offset, c.tables,
+                  c.qs, c.lens, nh, nkv, c.scale * 1.4426950408889634, int(c.qs[-1]), 64 if "n64" in tiles else 128,
+                  "ov" in tiles)
     assert not np.isnan(got).any()
-    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(got, c.want, atol=2e-2, rtol=2e-2)
 
 
 def test_sm90a_build_keeps_the_wgmma_body():
