@@ -136,4 +136,7 @@ $PY scripts/attn_bench.py 2>&1 | tee "$OUT/attn_bench.log"
 $PY scripts/gemv_bench.py 2>&1 | tee "$OUT/gemv.log"
 # rope_write_kv in 16-byte words vs warp-per-head, decode to 16k prefill
 $PY scripts/rope_bench.py 2>&1 | tee "$OUT/rope_bench.log"
+# prefill attention, mma.sync against the wgmma variants, one Qwen3-4B layer, fresh prompts and a prefix hit
+$PY scripts/prefill_attn_bench.py --lens 4096,16384 2>&1 | tee "$OUT/prefill_attn_bench.log"
+$PY scripts/prefill_attn_bench.py --lens 8192 --prefix 8192 2>&1 | tee -a "$OUT/prefill_attn_bench.log"
 exit "$rc"
