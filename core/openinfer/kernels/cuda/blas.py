@@ -150,15 +150,12 @@ def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
             and x2.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
-def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, kernel: str = "gemv_bf16") -> None:
-    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable);
-    `kernel` names the gemv.cu kernel family (its x loader)."""
+def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
+    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
     m = x2.shape[0]
     n, k = w.shape
-    name = f"{kernel}_{GEMV_VARIANT}"
-    # split as the plain kernel would, whatever the x loader's register count: the same split-K sums in
-    # the same order, so a fused GEMV gives the bits of its unfused composition
-    splits = gemv_splits(n, k, gemv_resident(f"gemv_bf16_{GEMV_VARIANT}"))
+    name = f"gemv_bf16_{GEMV_VARIANT}"
+    splits = gemv_splits(n, k, gemv_resident(name))
     counters = _gemv_counters()
     if counters is None:
         splits = 1
