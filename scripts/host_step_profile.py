@@ -7,20 +7,29 @@ advance (commit, output ids, stream events, stop checks). The steps cross block 
 run does (one in block_size steps per row). --forward also times the real numpy forward for comparison.
 --first also times the first decode step after a fresh batch's prefill against the step after it (the
 step that would pay for any per-request work done once when a request enters decode).
+--prefix-hit N... times a full-prompt prefix hit instead (submit -> first token, forward stubbed) of an N-token
+prompt just finished, as scripts/gpu_prefix_hit.py does on a GPU (qwen3-tiny with its context raised to fit),
+after gc.freeze(), counting the collector's runs.
     python scripts/host_step_profile.py [--batch 32 128] [--steps 256] [--context 512] [--drain] [--first]
-                                        [--profile]
+                                        [--profile] [--prefix-hit 1024 16384]
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
+import json
 import pstats
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 from openinfer.engine import Engine, EngineArgs, build_engine
-from openinfer.request import RequestStream
+from openinfer.plugins import get_plugins
+from openinfer.request import RequestStream, Tokens
 from openinfer.sampling import SamplingParams
 
 
@@ -78,6 +87,69 @@ def first_steps(batch: int, context: int, rounds: int, profile: bool) -> np.ndar
     return out
 
 
+def long_tiny(max_len: int) -> str:
+    """A checkpoint folder (config + tokenizer, no weights) of qwen3-tiny with `max_len` positions."""
+    line = next(l for l in get_plugins().lines.values() if "qwen3-tiny" in l.presets)
+    out = Path(tempfile.mkdtemp(prefix="qwen3-tiny-long-"))
+    (out / "config.json").write_text(json.dumps({**line.presets["qwen3-tiny"], "max_position_embeddings": max_len}))
+    for f in Path(line.tokenizer_dir()).iterdir():
+        if f.is_file():
+            shutil.copy(f, out / f.name)
+    return str(out)
+
+
+def prefix_hits(lengths: list[int], repeats: int, profile: bool) -> None:
+    """Per length: wall and thread CPU ms of submit -> first token of a full-prompt hit (the prompt
+    prefilled and finished just before), and the collector's runs during the hits; `profile`: cProfile
+    of the longest length's hits."""
+    eng = build_engine(long_tiny(max(lengths) + 64), EngineArgs(
+        device="cpu", load_format="dummy", max_num_seqs=8, max_model_len=max(lengths) + 64,
+        max_num_batched_tokens=max(lengths), kv_cache_memory_gib=0.25))
+    stub_forward(eng)
+    for parts in eng.runner.pools.paged.values():   # the pool's pages touched now, not by the timed block copies
+        for arr in parts.values():
+            arr.fill(0)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    rng, runs, prof = np.random.default_rng(0), [0], cProfile.Profile()
+    gc.callbacks.append(lambda phase, info: runs.__setitem__(0, runs[0] + (phase == "start")))
+
+    def first_token(ids: list[int], profiled: bool = False) -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        if profiled:
+            prof.enable()
+        stream = eng.submit(ids, params)
+        while not any(isinstance(ev, Tokens) for ev in stream.drain()):
+            if not eng.has_unfinished():
+                raise SystemExit(f"a {len(ids)}-token prompt got no token")
+            eng.step()
+        if profiled:
+            prof.disable()
+        out = time.perf_counter() - t0, time.thread_time() - c0
+        while eng.has_unfinished():
+            eng.step()
+        return out
+
+    for n in lengths:
+        for _ in range(2):   # warm
+            ids = rng.integers(0, eng.vocab_size, n).tolist()
+            first_token(ids), first_token(ids)
+    gc.collect()
+    gc.freeze()
+    for n in lengths:
+        got, collections = [], 0
+        for k in range(repeats):
+            ids = rng.integers(0, eng.vocab_size, n).tolist()
+            first_token(ids)   # cold: prefill, finish
+            runs[0] = 0
+            got.append(first_token(ids, profile and n == max(lengths)))
+            collections += runs[0]
+        (wall, cpu), (wall99, cpu99) = 1e3 * np.median(got, 0), 1e3 * np.percentile(got, 99, 0)
+        print(f"prefix hit {n:6d} tokens: submit -> first token ms  CPU p50 {cpu:.3f} p99 {cpu99:.3f}  "
+              f"wall p50 {wall:.3f} p99 {wall99:.3f}  gc runs {collections} in {repeats} hits")
+    if profile:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+
+
 def time_steps(eng: Engine, steps: int, batch: int, drain: list[RequestStream]) -> np.ndarray:
     """[steps, 2]: wall and thread CPU seconds of each step, each running every request (the CPU time
     holds still on a machine shared with other work); the `drain` streams are read after each step,
@@ -106,7 +178,11 @@ def main() -> None:
     ap.add_argument("--first", action="store_true",
                     help="also time the first decode step after a fresh batch's prefill, against the next one")
     ap.add_argument("--profile", action="store_true", help="cProfile one more run, top functions")
+    ap.add_argument("--prefix-hit", type=int, nargs="+", metavar="N",
+                    help="time full-prompt prefix hits of N-token prompts instead (--repeats hits each)")
     a = ap.parse_args()
+    if a.prefix_hit:
+        return prefix_hits(a.prefix_hit, a.repeats, a.profile)
     for batch in a.batch:
         if a.first:
             first, second = 1e3 * np.median(first_steps(batch, a.context, 2 * a.repeats + 1, a.profile), 0)

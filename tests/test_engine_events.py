@@ -107,6 +107,14 @@ def test_rejections_name_the_reason(engine):
     assert isinstance(ev, Rejected) and ev.param == "prompt"
     [ev] = list(engine.submit([10**9], SamplingParams()))
     assert isinstance(ev, Rejected) and "token ids" in ev.reason
+    # plain ints take a fast path, anything else the per-id check: both ways, the same verdicts
+    for bad in ([1, -1, 2], [1, 2.0], [1, np.int64(2)], [1, "2"], [engine.vocab_size]):
+        [ev] = list(engine.submit(bad, SamplingParams()))
+        assert isinstance(ev, Rejected) and "token ids" in ev.reason, bad
+    for good in ([0, engine.vocab_size - 1], [True, 3]):   # bool is an int
+        assert engine.submit(good, SamplingParams(max_tokens=1)).drain() == []   # queued, not rejected
+    while engine.has_unfinished():
+        engine.step()
 
 
 def test_kv_budget_rejection():

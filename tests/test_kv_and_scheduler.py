@@ -118,3 +118,32 @@ def test_scheduler_caps_running_sequences():
         s.add(req(str(i), [1, 2, 3]))
     plan = s.schedule()
     assert len(plan.runs) == 2 and len(s.waiting) == 1
+
+
+def test_admission_hashes_are_the_block_chain():
+    """_match hashes a prompt in one pass; its chain must be block_hashes' (commit continues it, the
+    host tier keys on it): same blocks and salt -> same hashes, another salt or parent -> others."""
+    bm = BlockManager(num_blocks=64, block_size=4)
+    prompt = [5, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]   # 3 full blocks and a partial one
+    a = req("a", prompt)
+    assert bm.try_admit(a) and a.block_hashes == block_hashes(prompt, 4) and len(a.block_hashes) == 3
+    salted = req("s", prompt)
+    salted.cache_salt = "t"
+    assert bm.try_admit(salted) and salted.block_hashes == block_hashes(prompt, 4, salt="t")
+    assert not set(salted.block_hashes) & set(a.block_hashes)
+    shifted = req("p", [0, 0, 0, 0] + prompt[:12])         # the same blocks after another parent
+    assert bm.try_admit(shifted) and not set(shifted.block_hashes[1:]) & set(a.block_hashes)
+    assert block_hashes(prompt, 4, start=1, parent=a.block_hashes[0]) == a.block_hashes[1:]
+
+
+def test_a_hash_match_with_other_tokens_is_no_hit():
+    bm = BlockManager(num_blocks=32, block_size=4)
+    a = req("a", list(range(12)))
+    assert bm.try_admit(a)
+    compute_all(bm, a)
+    bm.release(a)
+    second = a_blocks(bm, 2)[1]
+    bm.tokens_of[second] = (9, 9, 9, 9)    # as if another block's tokens had collided into its hash
+    again = req("again", list(range(12)))
+    assert bm.try_admit(again) and again.cached_tokens == 4 and bm.block_copies == []
+    assert bm.num_available() == 31 - bm.reserved - 1   # the one hit left the evictable set

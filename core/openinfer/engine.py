@@ -107,7 +107,7 @@ class Engine:
         n = len(prompt_ids)
         if n == 0:
             return "the prompt is empty", "prompt"
-        if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in prompt_ids):
+        if not _valid_ids(prompt_ids, self.vocab_size):
             return f"prompt token ids must be integers in [0, {self.vocab_size})", "prompt"
         total = n + params.max_tokens
         if total > self.max_model_len:
@@ -275,6 +275,14 @@ class Engine:
         self._requests.pop(req.request_id, None)
         if not req.stream.done:
             req.stream.put(ev)
+
+
+def _valid_ids(ids: list[int], vocab_size: int) -> bool:
+    """Every id an int in [0, vocab_size). Plain ints (all a JSON body holds) are checked by C loops
+    (a generator over a 16k prompt took ~1.7 ms of the submit); other types by isinstance, one by one."""
+    if set(map(type, ids)) == {int}:
+        return min(ids) >= 0 and max(ids) < vocab_size
+    return all(isinstance(t, int) and 0 <= t < vocab_size for t in ids)
 
 
 def build_engine(model: str | None, args: EngineArgs | None = None, plugins: Any = None) -> Engine:

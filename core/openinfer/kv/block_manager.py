@@ -89,26 +89,27 @@ class BlockManager:
         `req.block_hashes` covers every full block of the prompt: the host tier continues the chain."""
         if not self.enable_prefix_cache:
             return [], None
-        blocks = token_blocks(req.prompt_ids, self.block_size)   # tuples built once: hashed, then compared
-        req.block_hashes = chain_hashes(blocks, req.cache_salt)
-        max_blocks = (len(req.prompt_ids) - 1) // self.block_size   # the block holding the last token is apart
-        hits = []
-        for h, tokens in zip(req.block_hashes[:max_blocks], blocks):
-            b = self._cached(h, tokens)
-            if b is None:
-                return hits, None
-            hits.append(b)
-        # copy-on-write source: the last full block, when it ends the prompt and is cached
-        return hits, self._cached(req.block_hashes[-1], blocks[-1]) if len(blocks) > max_blocks else None
-
-    def _cached(self, h: int, tokens: tuple[int, ...]) -> int | None:
-        b = self.by_hash.get(h)
-        return b if b is not None and self.tokens_of[b] == tokens else None
-
-    def _ref(self, b: int) -> None:
-        if self.ref[b] == 0:
-            del self.evictable[b]
-        self.ref[b] += 1
+        # one pass, each block's tuple hashed, compared and let go at once (block_hashes' chain): a
+        # list of a 16k prompt's 1024 tuples alive together set off a collection of the GC per hit
+        ids, bs, salt = req.prompt_ids, self.block_size, req.cache_salt
+        by_hash, tokens_of = self.by_hash, self.tokens_of
+        hashes: list[int] = []
+        hits: list[int] = []
+        h, hitting = None, True
+        for a in range(0, len(ids) // bs * bs, bs):
+            tokens = tuple(ids[a:a + bs])
+            h = hash((h, tokens, salt))
+            hashes.append(h)
+            if hitting:
+                b = by_hash.get(h)
+                if b is not None and tokens_of[b] == tokens:
+                    hits.append(b)
+                else:
+                    hitting = False
+        req.block_hashes = hashes
+        # the block holding the last token is apart: the copy-on-write source, when it ends the prompt
+        src = hits.pop() if len(hits) > (len(ids) - 1) // bs else None
+        return hits, src
 
     def _unref(self, b: int) -> None:
         self.ref[b] -= 1
@@ -121,13 +122,17 @@ class BlockManager:
     def try_admit(self, req: Request) -> bool:
         """Take the prefix hits and reserve the rest of the lifetime, or change nothing."""
         hits, src = self._match(req)
-        shared = hits + ([src] if src is not None else [])
+        shared = hits + [src] if src is not None else hits
         need = self.blocks_for(req.max_total_tokens) - len(hits)
-        revived = sum(1 for b in shared if self.ref[b] == 0)
-        if need + revived > self.num_available():
+        ref = self.ref
+        revived = [b for b in shared if ref[b] == 0]   # cached and unreferenced: they leave the evictable set
+        if need + len(revived) > self.num_available():
             return False
-        for b in shared:
-            self._ref(b)
+        evictable = self.evictable
+        for b in revived:
+            del evictable[b]
+        for b in shared:   # _ref's work, without a call per block of a long prompt
+            ref[b] += 1
         req.block_ids = hits
         req.num_hashed_blocks = len(hits)
         req.num_computed = req.cached_tokens = len(hits) * self.block_size
