@@ -96,8 +96,7 @@ class BlockManager:
         hashes: list[int] = []
         hits: list[int] = []
         h, hitting = None, True
-        for a in range(0, len(ids) // bs * bs, bs):
-            tokens = tuple(ids[a:a + bs])
+        for tokens in zip(*[iter(ids)] * bs):   # the full blocks' tuples, built in C (token_blocks')
             h = hash((h, tokens, salt))
             hashes.append(h)
             if hitting:
