@@ -181,7 +181,7 @@ class Engine:
             self.prompt_tokens += len(req.prompt_ids)
         if plan.runs:
             sampled = [run.req for run in plan.runs if run.samples]
-            rows = [i for i, r in enumerate(sampled) if not self._device_greedy(r)]
+            rows = self._host_sampled(sampled)
             try:
                 if self.runner.backend.samples_on_device:
                     out = self.runner.run(plan, sampling=self._sampling_batch(sampled, rows))
@@ -213,9 +213,13 @@ class Engine:
                 req.aborted = True
                 self._end(req, self._finished(req, "abort"))
 
-    def _device_greedy(self, req: Request) -> bool:
-        """The row's token is the plain argmax of its logits, which the device computes."""
-        return req.plain_greedy and (len(req.output_ids) >= req.params.min_tokens or not req.stop_ids)
+    @staticmethod
+    def _host_sampled(sampled: list[Request]) -> list[int]:
+        """The rows whose token is not the plain argmax of their logits (which the device computes):
+        not plain greedy, or greedy with stop ids still blocked by min_tokens. One comprehension,
+        no call per row."""
+        return [i for i, r in enumerate(sampled)
+                if not r.plain_greedy or (len(r.output_ids) < r.params.min_tokens and r.stop_ids)]
 
     def _sampling_batch(self, sampled: list[Request], rows: list[int]) -> SamplingBatch | None:
         """The device sampler's inputs for these rows. A seeded request draws from Philox keyed by its
@@ -241,29 +245,31 @@ class Engine:
         now = time.monotonic()
         tokens = out.tokens.tolist()   # one conversion, not a numpy scalar per row
         row = 0
+        commit, device_samples, logits = self.blocks.commit, out.samples, out.logits   # looked up once a step
         for run in plan.runs:
             req = run.req
             req.num_computed = run.start + run.length
-            self.blocks.commit(req)
+            commit(req)
             if not run.samples:
                 continue
             p = req.params
-            if row in out.samples:
-                s = out.samples[row]
-            elif row in out.logits:
+            if row in device_samples:
+                s = device_samples[row]
+            elif row in logits:
                 blocked = req.stop_ids if len(req.output_ids) < p.min_tokens else frozenset()
-                s = sample_row(out.logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked)
+                s = sample_row(logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked)
             else:
                 s = SampleResult(tokens[row])
             row += 1
-            req.output_ids.append(s.token)
+            token, out_ids = s.token, req.output_ids
+            out_ids.append(token)
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
-            req.stream.put(Tokens([s.token], [s]))
-            if s.token in req.stop_ids:
-                self._end(req, self._finished(req, "stop", s.token))
-            elif len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            req.stream.put(Tokens([token], [s]))
+            if token in req.stop_ids:
+                self._end(req, self._finished(req, "stop", token))
+            elif len(out_ids) >= p.max_tokens or len(req.prompt_ids) + len(out_ids) >= self.max_model_len:
                 self._end(req, self._finished(req, "length"))
         self.generation_tokens += row
 

@@ -69,13 +69,18 @@ class ModelRunner:
         B = len(runs)
         reqs, starts, lengths, samples, token_ids, saves = [], [], [], [], [], []
         for run in runs:   # one pass over the runs: the only per-run Python of the step's inputs
-            if run.req.state_checkpoint is not None:
-                saves.append((len(reqs), run.req.state_checkpoint))
-            reqs.append(run.req)
-            starts.append(run.start)
+            req, start = run.req, run.start
+            if req.state_checkpoint is not None:
+                saves.append((len(reqs), req.state_checkpoint))
+            reqs.append(req)
+            starts.append(start)
             lengths.append(run.length)
             samples.append(run.samples)
-            token_ids += run.req.token_slice(run.start, run.start + run.length)
+            if run.length == 1:   # a decode run: its one id, without token_slice's list
+                n = len(req.prompt_ids)
+                token_ids.append(req.prompt_ids[start] if start < n else req.output_ids[start - n])
+            else:
+                token_ids += req.token_slice(start, start + run.length)
         starts, lengths = np.array(starts, np.int64), np.array(lengths, np.int64)
         qstart = np.zeros(B + 1, np.int32)
         np.cumsum(lengths, out=qstart[1:])

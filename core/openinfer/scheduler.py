@@ -60,13 +60,15 @@ class Scheduler:
         if tier is not None:
             tier.poll()
         decoding, prefilling = [], []
-        for r in self.running:
-            (decoding if r.num_computed >= r.num_tokens - 1 else prefilling).append(r)
-        for r in decoding:
-            if budget == 0:
-                break
-            plan.runs.append(self._run(r, 1))
-            budget -= 1
+        for r in self.running:   # num_tokens spelled out: a property call per running request is slow here
+            (decoding if r.num_computed >= len(r.prompt_ids) + len(r.output_ids) - 1 else prefilling).append(r)
+        runs, allocate, bs = plan.runs, self.blocks.allocate, self.blocks.block_size
+        for r in decoding[:budget]:   # _run(r, 1), its common case inline: the last block has room
+            start = r.num_computed
+            if len(r.block_ids) * bs <= start:
+                allocate(r, start + 1)
+            runs.append(ScheduledRun(r, start, 1, start + 1 == len(r.prompt_ids) + len(r.output_ids)))
+        budget -= min(budget, len(decoding))
         for r in prefilling:
             if budget == 0:
                 break
