@@ -59,16 +59,19 @@ class Scheduler:
         tier = self.host_tier
         if tier is not None:
             tier.poll()
-        decoding, prefilling = [], []
-        for r in self.running:   # num_tokens spelled out: a property call per running request is slow here
-            (decoding if r.num_computed >= len(r.prompt_ids) + len(r.output_ids) - 1 else prefilling).append(r)
+        # decode rows take their token as they come, prefills are set aside for what is left; one pass with
+        # _run(r, 1) and num_tokens spelled out: a call per running request and step is slow at batch 128
+        prefilling = []
         runs, allocate, bs = plan.runs, self.blocks.allocate, self.blocks.block_size
-        for r in decoding[:budget]:   # _run(r, 1), its common case inline: the last block has room
-            start = r.num_computed
-            if len(r.block_ids) * bs <= start:
-                allocate(r, start + 1)
-            runs.append(ScheduledRun(r, start, 1, start + 1 == len(r.prompt_ids) + len(r.output_ids)))
-        budget -= min(budget, len(decoding))
+        for r in self.running:
+            start, n = r.num_computed, len(r.prompt_ids) + len(r.output_ids)
+            if start < n - 1:
+                prefilling.append(r)
+            elif budget:
+                if len(r.block_ids) * bs <= start:   # allocate()'s own test: the last block is full
+                    allocate(r, start + 1)
+                runs.append(ScheduledRun(r, start, 1, start + 1 == n))
+                budget -= 1
         for r in prefilling:
             if budget == 0:
                 break
