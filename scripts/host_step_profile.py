@@ -10,8 +10,10 @@ step that would pay for any per-request work done once when a request enters dec
 --prefix-hit N... times a full-prompt prefix hit instead (submit -> first token, forward stubbed) of an N-token
 prompt just finished, as scripts/gpu_prefix_hit.py does on a GPU (qwen3-tiny with its context raised to fit),
 after gc.freeze(), counting the collector's runs.
+--opcodes also counts the Python bytecodes of a step (of a hit): a count that holds still where the times
+of a shared machine vary by tens of percent between processes (work in C is not in it).
     python scripts/host_step_profile.py [--batch 32 128] [--steps 256] [--context 512] [--drain] [--first]
-                                        [--profile] [--prefix-hit 1024 16384]
+                                        [--profile] [--opcodes] [--prefix-hit 1024 16384]
 """
 from __future__ import annotations
 
@@ -21,9 +23,11 @@ import gc
 import json
 import pstats
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -98,10 +102,28 @@ def long_tiny(max_len: int) -> str:
     return str(out)
 
 
-def prefix_hits(lengths: list[int], repeats: int, profile: bool) -> None:
+def opcodes(fn: Callable[[], object]) -> int:
+    """The Python bytecodes executed by fn()."""
+    count = 0
+
+    def trace(frame, event, arg):   # noqa: ANN001, ANN202 — sys.settrace's signature
+        nonlocal count
+        frame.f_trace_opcodes = True
+        count += event == "opcode"
+        return trace
+
+    sys.settrace(trace)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def prefix_hits(lengths: list[int], repeats: int, profile: bool, count_ops: bool) -> None:
     """Per length: wall and thread CPU ms of submit -> first token of a full-prompt hit (the prompt
     prefilled and finished just before), and the collector's runs during the hits; `profile`: cProfile
-    of the longest length's hits."""
+    of the longest length's hits; `count_ops`: the bytecodes of one more hit."""
     eng = build_engine(long_tiny(max(lengths) + 64), EngineArgs(
         device="cpu", load_format="dummy", max_num_seqs=8, max_model_len=max(lengths) + 64,
         max_num_batched_tokens=max(lengths), kv_cache_memory_gib=0.25))
@@ -124,15 +146,18 @@ def prefix_hits(lengths: list[int], repeats: int, profile: bool) -> None:
             eng.step()
         if profiled:
             prof.disable()
-        out = time.perf_counter() - t0, time.thread_time() - c0
+        return time.perf_counter() - t0, time.thread_time() - c0
+
+    def finish() -> None:
         while eng.has_unfinished():
             eng.step()
-        return out
 
     for n in lengths:
-        for _ in range(2):   # warm
+        for _ in range(2):   # warm: a cold run and a hit, twice
             ids = rng.integers(0, eng.vocab_size, n).tolist()
-            first_token(ids), first_token(ids)
+            for _ in range(2):
+                first_token(ids)
+                finish()
     gc.collect()
     gc.freeze()
     for n in lengths:
@@ -140,12 +165,19 @@ def prefix_hits(lengths: list[int], repeats: int, profile: bool) -> None:
         for k in range(repeats):
             ids = rng.integers(0, eng.vocab_size, n).tolist()
             first_token(ids)   # cold: prefill, finish
+            finish()
             runs[0] = 0
             got.append(first_token(ids, profile and n == max(lengths)))
             collections += runs[0]
+            finish()
         (wall, cpu), (wall99, cpu99) = 1e3 * np.median(got, 0), 1e3 * np.percentile(got, 99, 0)
         print(f"prefix hit {n:6d} tokens: submit -> first token ms  CPU p50 {cpu:.3f} p99 {cpu99:.3f}  "
               f"wall p50 {wall:.3f} p99 {wall99:.3f}  gc runs {collections} in {repeats} hits")
+        if count_ops:
+            first_token(ids)
+            finish()
+            print(f"prefix hit {n:6d} tokens: {opcodes(lambda: first_token(ids))} bytecodes submit -> first token")
+            finish()
     if profile:
         pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
@@ -178,11 +210,12 @@ def main() -> None:
     ap.add_argument("--first", action="store_true",
                     help="also time the first decode step after a fresh batch's prefill, against the next one")
     ap.add_argument("--profile", action="store_true", help="cProfile one more run, top functions")
+    ap.add_argument("--opcodes", action="store_true", help="also count the Python bytecodes of a step (a hit)")
     ap.add_argument("--prefix-hit", type=int, nargs="+", metavar="N",
                     help="time full-prompt prefix hits of N-token prompts instead (--repeats hits each)")
     a = ap.parse_args()
     if a.prefix_hit:
-        return prefix_hits(a.prefix_hit, a.repeats, a.profile)
+        return prefix_hits(a.prefix_hit, a.repeats, a.profile, a.opcodes)
     for batch in a.batch:
         if a.first:
             first, second = 1e3 * np.median(first_steps(batch, a.context, 2 * a.repeats + 1, a.profile), 0)
@@ -199,6 +232,13 @@ def main() -> None:
         (wall, cpu), (wall_med, cpu_med) = 1e3 * best.mean(0), 1e3 * np.median(best, 0)
         print(f"batch {batch:4d}: host ms/step  CPU mean {cpu:.3f} median {cpu_med:.3f}  "
               f"wall mean {wall:.3f} median {wall_med:.3f}  ({1e3 * cpu / batch:.2f} us/row CPU)")
+        if a.opcodes:
+            ops = []
+            for _ in range(8):
+                ops.append(opcodes(eng.step))
+                for s in drain:
+                    s.drain()
+            print(f"batch {batch:4d}: {int(np.median(ops))} bytecodes/step (median of 8)")
         if a.profile:
             prof = cProfile.Profile()
             prof.enable()
