@@ -19,6 +19,14 @@ def compute_all(bm: BlockManager, r: Request) -> None:
     bm.commit(r)
 
 
+def cache_prompt(bm: BlockManager, r: Request) -> Request:
+    """Admit r, compute all of it and release it: its full blocks stay cached, unreferenced."""
+    assert bm.try_admit(r)
+    compute_all(bm, r)
+    bm.release(r)
+    return r
+
+
 def test_reservation_covers_the_whole_lifetime():
     bm = BlockManager(num_blocks=9, block_size=4)          # 8 usable
     a = req("a", list(range(10)), max_tokens=6)             # 16 tokens -> 4 blocks
@@ -35,10 +43,7 @@ def test_reservation_covers_the_whole_lifetime():
 
 def test_prefix_hit_needs_identical_tokens_and_recomputes_one_token():
     bm = BlockManager(num_blocks=32, block_size=4)
-    a = req("a", list(range(12)))
-    assert bm.try_admit(a)
-    compute_all(bm, a)
-    bm.release(a)
+    a = cache_prompt(bm, req("a", list(range(12))))
     same = req("same", list(range(12)))     # 12 tokens: all 3 blocks hit, the last one copied on write
     assert bm.try_admit(same) and same.cached_tokens == 11 and same.num_computed == 11
     assert same.block_ids[:2] == a_blocks(bm, 2) and same.block_ids[2] not in bm.hash_of
@@ -60,10 +65,7 @@ def a_blocks(bm: BlockManager, n: int) -> list[int]:
 
 def test_copy_on_write_holds_the_source_until_the_copy_is_taken_and_never_writes_it():
     bm = BlockManager(num_blocks=5, block_size=4)            # 4 usable
-    a = req("a", list(range(8)), max_tokens=1)
-    assert bm.try_admit(a)
-    compute_all(bm, a)
-    bm.release(a)
+    a = cache_prompt(bm, req("a", list(range(8)), max_tokens=1))
     src = a_blocks(bm, 2)[1]
     b = req("b", list(range(8)), max_tokens=4)                # 12 tokens: 1 hit + 2 blocks (copy + growth)
     assert bm.try_admit(b) and b.num_computed == 7 and bm.ref[src] == 1 and src not in bm.evictable
@@ -82,10 +84,7 @@ def test_lru_eviction_drops_unreferenced_cached_blocks_and_reports_them():
     bm = BlockManager(num_blocks=5, block_size=4)            # 4 usable
     evicted = []
     bm.on_evict = lambda blocks: evicted.extend(b for b, _, _ in blocks)
-    a = req("a", list(range(8)), max_tokens=1)
-    assert bm.try_admit(a)
-    compute_all(bm, a)
-    bm.release(a)
+    a = cache_prompt(bm, req("a", list(range(8)), max_tokens=1))
     assert len(bm.evictable) == 2 and bm.usage() == 0.0
     b = req("b", list(range(50, 62)), max_tokens=4)          # 16 tokens: needs all 4 blocks
     assert bm.try_admit(b)
@@ -138,10 +137,7 @@ def test_admission_hashes_are_the_block_chain():
 
 def test_a_hash_match_with_other_tokens_is_no_hit():
     bm = BlockManager(num_blocks=32, block_size=4)
-    a = req("a", list(range(12)))
-    assert bm.try_admit(a)
-    compute_all(bm, a)
-    bm.release(a)
+    a = cache_prompt(bm, req("a", list(range(12))))
     second = a_blocks(bm, 2)[1]
     bm.tokens_of[second] = (9, 9, 9, 9)    # as if another block's tokens had collided into its hash
     again = req("again", list(range(12)))

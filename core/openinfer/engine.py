@@ -269,7 +269,7 @@ class Engine:
             req.stream.put(Tokens([token], [s]))
             if token in req.stop_ids:
                 self._end(req, self._finished(req, "stop", token))
-            elif len(out_ids) >= p.max_tokens or len(req.prompt_ids) + len(out_ids) >= self.max_model_len:
+            elif len(out_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
                 self._end(req, self._finished(req, "length"))
         self.generation_tokens += row
 

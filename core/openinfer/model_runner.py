@@ -76,11 +76,7 @@ class ModelRunner:
             starts.append(start)
             lengths.append(run.length)
             samples.append(run.samples)
-            if run.length == 1:   # a decode run: its one id, without token_slice's list
-                n = len(req.prompt_ids)
-                token_ids.append(req.prompt_ids[start] if start < n else req.output_ids[start - n])
-            else:
-                token_ids += req.token_slice(start, start + run.length)
+            token_ids += req.token_slice(start, start + run.length)
         starts, lengths = np.array(starts, np.int64), np.array(lengths, np.int64)
         qstart = np.zeros(B + 1, np.int32)
         np.cumsum(lengths, out=qstart[1:])

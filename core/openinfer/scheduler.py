@@ -59,18 +59,13 @@ class Scheduler:
         tier = self.host_tier
         if tier is not None:
             tier.poll()
-        # decode rows take their token as they come, prefills are set aside for what is left; one pass with
-        # _run(r, 1) and num_tokens spelled out: a call per running request and step is slow at batch 128
+        # decode rows take their token as they come, prefills are set aside for what is left (one pass)
         prefilling = []
-        runs, allocate, bs = plan.runs, self.blocks.allocate, self.blocks.block_size
         for r in self.running:
-            start, n = r.num_computed, len(r.prompt_ids) + len(r.output_ids)
-            if start < n - 1:
+            if r.num_computed < r.num_tokens - 1:
                 prefilling.append(r)
             elif budget:
-                if len(r.block_ids) * bs <= start:   # allocate()'s own test: the last block is full
-                    allocate(r, start + 1)
-                runs.append(ScheduledRun(r, start, 1, start + 1 == n))
+                plan.runs.append(self._run(r, 1))
                 budget -= 1
         for r in prefilling:
             if budget == 0:

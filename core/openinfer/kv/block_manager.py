@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from ..request import Request
 
@@ -33,12 +33,17 @@ def token_blocks(tokens: list[int], block_size: int, start: int = 0) -> list[tup
     return [tuple(tokens[i:i + block_size]) for i in range(start * block_size, stop, block_size)]
 
 
-def chain_hashes(blocks: list[tuple[int, ...]], salt: str = "", parent: int | None = None) -> list[int]:
-    out, h = [], parent
+def chain(blocks: Iterable[tuple[int, ...]], salt: str = "", parent: int | None = None
+          ) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """(chained hash, tokens) of each block in turn: the one definition of a block's cache key."""
+    h = parent
     for tokens in blocks:
         h = hash((h, tokens, salt))
-        out.append(h)
-    return out
+        yield h, tokens
+
+
+def chain_hashes(blocks: Iterable[tuple[int, ...]], salt: str = "", parent: int | None = None) -> list[int]:
+    return [h for h, _ in chain(blocks, salt, parent)]
 
 
 def block_hashes(tokens: list[int], block_size: int, salt: str = "", start: int = 0,
@@ -89,15 +94,14 @@ class BlockManager:
         `req.block_hashes` covers every full block of the prompt: the host tier continues the chain."""
         if not self.enable_prefix_cache:
             return [], None
-        # one pass, each block's tuple hashed, compared and let go at once (block_hashes' chain): a
-        # list of a 16k prompt's 1024 tuples alive together set off a collection of the GC per hit
-        ids, bs, salt = req.prompt_ids, self.block_size, req.cache_salt
+        # one pass, each block's tuple hashed, compared and let go at once: a list of a 16k prompt's
+        # 1024 tuples alive together set off a collection of the GC per hit
+        ids, bs = req.prompt_ids, self.block_size
         by_hash, tokens_of = self.by_hash, self.tokens_of
         hashes: list[int] = []
         hits: list[int] = []
-        h, hitting = None, True
-        for tokens in zip(*[iter(ids)] * bs):   # the full blocks' tuples, built in C (token_blocks')
-            h = hash((h, tokens, salt))
+        hitting = True
+        for h, tokens in chain(zip(*[iter(ids)] * bs), req.cache_salt):   # the full blocks' tuples, built in C
             hashes.append(h)
             if hitting:
                 b = by_hash.get(h)
