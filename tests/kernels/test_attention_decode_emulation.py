@@ -1,7 +1,9 @@
 """CPU emulation of attention_decode.cu's indexing (no GPU): the kernel's address arithmetic run lane by
 lane over NaN-filled numpy "shared memory" (ldmatrix / mma.sync / cp.async modelled as in
-test_attention_mma_emulation), each warp's ring in program order, the warp merge, and paged_combine;
-compared with the numpy reference. Mirrors the kernel line by line: change both together."""
+test_attention_mma_emulation), each warp's ring in program order, the warp merge, and the split merge
+of decode_merge.cuh (blocks arriving in a random order at their (sequence, head chunk) counter, the
+last one merging in split order); compared with the numpy reference. Mirrors the kernel line by line:
+change both together."""
 from __future__ import annotations
 
 import math
@@ -138,58 +140,97 @@ def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, spli
     return out, Ms, ls
 
 
-def emulate(q, q_stride, kflat, vflat, cache_base, block_stride, token_stride, bs, tables, ctx, nh, nkv, scale,
-            D, num_splits):
+def merge_splits(parts, gc, D):
+    """merge_splits_if_last in float32: weights exp2(m - M) l (l = 0 splits skipped), o and l summed in
+    split order, whichever block arrived last."""
+    m = np.array([p[1] for p in parts], np.float32)   # [split, head], as stored (log2 units)
+    l = np.array([p[2] for p in parts], np.float32)
+    M = m.max(0)
+    assert np.isfinite(M).all()
+    w = np.where(l == 0, np.float32(0), np.exp2(m - M) * l).astype(np.float32)
+    out = np.zeros((gc, D), np.float32)
+    for g in range(gc):
+        acc, lsum = np.zeros(D, np.float32), np.float32(0)
+        for s, p in enumerate(parts):
+            if w[s, g] == 0:   # an empty split: its o was never written (NaN here)
+                continue
+            lsum += w[s, g]
+            acc += w[s, g] * p[0][g].astype(np.float32)
+        out[g] = acc / lsum
+    return out
+
+
+def emulate(q, q_stride, kflat, vflat, cache_base, block_stride, token_stride, bs, tables, qstart, ctx, nh, nkv,
+            scale, D, num_splits, rng):
     G, B = nh // nkv, len(ctx)
     chunks = (G + DEC_ROWS - 1) // DEC_ROWS
-    out = np.full((B, nh, D), np.nan)
-    for b in range(B):
-        for by in range(nkv * chunks):
-            kvh, g0 = by // chunks, (by % chunks) * DEC_ROWS
-            gc = min(DEC_ROWS, G - g0)
+    grid_y = nkv * chunks
+    counters = np.zeros(4096, np.int32)   # arrival_counters: zero on entry
+    out = np.full((int(qstart[-1]), nh, D), np.nan)
+    merges = 0
+    # the grid's blocks (split, y, sequence) finish in any order
+    for i in rng.permutation(num_splits * grid_y * B):
+        split, by, b = i % num_splits, i // num_splits % grid_y, i // (num_splits * grid_y)
+        q0 = int(qstart[b])
+        if qstart[b + 1] == q0:   # no query: every block of it leaves before counting
+            continue
+        kvh, g0 = by // chunks, (by % chunks) * DEC_ROWS
+        gc = min(DEC_ROWS, G - g0)
 
-            def offset(t):
-                return cache_base + int(tables[b][t // bs]) * block_stride + (t % bs) * token_stride + kvh * D
+        def offset(t):
+            return cache_base + int(tables[b][t // bs]) * block_stride + (t % bs) * token_stride + kvh * D
 
-            parts = [emulate_block(q, q_stride, kflat, vflat, offset, b, int(ctx[b]), kvh, g0, gc, G, s,
-                                   num_splits, scale, D) for s in range(num_splits)]
-            for g in range(gc):  # paged_combine, which skips l = 0 (the one-split kernel stores o / lsum itself)
-                M = max(p[1][g] for p in parts)
-                live = [p for p in parts if p[2][g] != 0]
-                w = np.array([np.exp2(p[1][g] - M) * p[2][g] for p in live])
-                out[b, kvh * G + g0 + g] = (w[:, None] * np.stack([p[0][g] for p in live])).sum(0) / w.sum()
+        def block(s):
+            return emulate_block(q, q_stride, kflat, vflat, offset, q0, int(ctx[b]), kvh, g0, gc, G, s, num_splits,
+                                 scale, D)
+
+        heads = slice(kvh * G + g0, kvh * G + g0 + gc)
+        if num_splits == 1:   # the block stores o / lsum itself
+            out[q0, heads] = block(split)[0]
+            continue
+        slot = b * grid_y + by
+        counters[slot] += 1
+        if counters[slot] == num_splits:   # the last to arrive: merges every split's partials
+            counters[slot] = 0
+            out[q0, heads] = merge_splits([block(s) for s in range(num_splits)], gc, D)
+            merges += 1
+    assert not counters.any()   # left zero for the next launch
+    live = int((np.diff(qstart) > 0).sum())
+    assert merges == (live * grid_y if num_splits > 1 else 0)
     return out
 
 
 CASES = {
-    # contexts, nh, nkv, d, splits (None: decode_splits for a graph sized for 20480 tokens)
-    "g4_d128_ragged_split": ([1000, 17, 1, 130, 64, 65], 8, 2, 128, None),
-    "g1_d64_one_split": ([300, 5, 33], 4, 4, 64, 1),
-    "g8_d256_split": ([200, 16, 3], 16, 2, 256, 3),
-    "g32_two_chunks_d64": ([90, 40], 32, 1, 64, 2),
+    # contexts, nh, nkv, d, splits (None: decode_splits for a graph sized for 20480 tokens), query lens
+    "g4_d128_ragged_split": ([1000, 17, 1, 130, 64, 65], 8, 2, 128, None, None),
+    "g1_d64_one_split": ([300, 5, 33], 4, 4, 64, 1, None),
+    "g8_d256_split": ([200, 16, 3], 16, 2, 256, 3, None),
+    "g32_two_chunks_d64": ([90, 40], 32, 1, 64, 2, None),
+    "no_query_sequence": ([500, 300, 70], 8, 2, 64, 5, [1, 0, 1]),   # its blocks never count
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_mma_decode_emulation_matches_reference(case):
-    ctx, nh, nkv, D, splits = CASES[case]
+    ctx, nh, nkv, D, splits, q_lens = CASES[case]
     rng = np.random.default_rng(3)
     bs, layers, layer = 16, 2, 1
     need = [-(-L // bs) for L in ctx]
     nb = sum(need) + 2
     tables = shuffled_tables(need, nb, rng)
     B = len(ctx)
-    qs, lens = np.arange(B + 1, dtype=np.int32), np.array(ctx, np.int32)
+    qs = np.concatenate([[0], np.cumsum(q_lens or [1] * B)]).astype(np.int32)
+    lens, T = np.array(ctx, np.int32), int(qs[-1])
     pool = bf(rng.standard_normal((2, nb, layers, bs, nkv, D)))
     q_extra = 2 * nkv * D  # q is a strided view of a fused qkv row
-    qbuf = bf(rng.standard_normal((B, nh * D + q_extra)))
-    q = qbuf[:, : nh * D].reshape(B, nh, D)
+    qbuf = bf(rng.standard_normal((T, nh * D + q_extra)))
+    q = qbuf[:, : nh * D].reshape(T, nh, D)
     scale = D ** -0.5
-    batch = ForwardBatch(np.zeros(B, np.int32), np.zeros(B, np.int32), np.zeros(B, np.int64), tables, qs, lens,
+    batch = ForwardBatch(np.zeros(T, np.int32), np.zeros(T, np.int32), np.zeros(T, np.int64), tables, qs, lens,
                          np.zeros(0, np.int32), qs, lens, bs, 1, int(lens.max()))
     num_splits = splits or decode_splits(B, nkv * -(-(nh // nkv) // DEC_ROWS), 20480)
     want = ref.paged_attention(q, pool[0][:, layer], pool[1][:, layer], batch, scale)
     got = emulate(qbuf.reshape(-1), nh * D + q_extra, pool[0].reshape(-1), pool[1].reshape(-1), layer * bs * nkv * D,
-                  layers * bs * nkv * D, nkv * D, bs, tables, lens, nh, nkv, scale * 1.4426950408889634, D,
-                  num_splits)
+                  layers * bs * nkv * D, nkv * D, bs, tables, qs, lens, nh, nkv, scale * 1.4426950408889634, D,
+                  num_splits, rng)
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)

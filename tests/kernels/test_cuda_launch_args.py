@@ -27,7 +27,8 @@ def launches(monkeypatch):
     monkeypatch.setattr(attention_decode, "blocks_per_sm", lambda *a: 4)
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
     monkeypatch.setattr(attention, "_hopper", lambda: False)   # it asks the (absent) GPU; tests that want sm_90 say so
-    monkeypatch.setattr(blas, "_gemv_counters", lambda: aligned_empty((blas._COUNTER_SLOTS,), np.int32))
+    for m in (blas, attention_decode):   # raw device memory in real life
+        monkeypatch.setattr(m, "arrival_counters", lambda purpose: aligned_empty((module.COUNTER_SLOTS,), np.int32))
     return recorded
 
 
@@ -53,11 +54,26 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
     qkv = aligned_empty((T, (nh + 2 * nkv) * d), dtype)     # q: a slice of the fused projection
     q = qkv[:, : nh * d].reshape(T, nh, d)
     attention.paged_attention(q, pool[0, :, 1], pool[1, :, 1], _batch(q_lens, ctx, bs, width), 0.125)
-    names = [c.name for c in launches]
-    assert names and all(str(d) in n or "combine" in n for n in names)
-    if max(q_lens) == 1 and dtype == BF16:
-        assert names[0].startswith("paged_decode_mma"), names
-    assert names[-1].startswith("paged_combine") == (max(ctx) == 5000), names   # only the long context splits
+    (call,) = launches   # decode merges its splits in the kernel: no combine launch
+    assert str(d) in call.name
+    if max(q_lens) == 1:
+        assert call.name.startswith("paged_decode_mma" if dtype == BF16 else "paged_decode_"), call.name
+        splits, counters = call.grid[0], call.args[-5]
+        assert (splits > 1) == (max(ctx) == 5000), call.grid   # only the long context splits
+        assert (counters is not module.NULL) == (splits > 1) and int(call.args[-1]) == splits
+        assert splits <= attention_decode.merge_max_splits(
+            attention_decode.decode_kernel(module.suffix(dtype), d, np.dtype(dtype).itemsize, dtype == BF16))
+
+
+def test_decode_splits_capped_by_the_merge(launches):
+    """One sequence on one KV head wants more splits than the merging block's shared memory holds
+    weights for (d64 tensor-core kernel: 432); the launch is capped there."""
+    d, ctx = 64, 40000
+    pool = aligned_empty((2, 1 + -(-ctx // 16), 1, 16, 1, d), BF16)
+    q = aligned_empty((1, 2, d), BF16)
+    attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [ctx], 16, -(-ctx // 16)), 0.125)
+    (call,) = launches
+    assert call.grid == (attention_decode.merge_max_splits(attention_decode.decode_kernel("bf16", d, 2, True)), 1, 1)
 
 
 @pytest.mark.parametrize("tiles", ["", "_n64", "_nostagger", "_ov", "_n64ov"])

@@ -3,7 +3,8 @@
 //   prefill: flash-attention tiling with an online softmax; a block owns 32 (token, head) rows of
 //            one KV head, so a K/V tile is loaded once for every query head of its group.
 //   decode:  one query token per sequence; a block owns (split of the context, KV head, sequence)
-//            and all query heads of the group; splits are merged by paged_combine.
+//            and all query heads of the group; the last split block to finish merges the splits
+//            (decode_merge.cuh).
 // Scores live in the log2 domain: q is pre-scaled by scale * log2(e) and exp2f is used.
 #include "common.cuh"
 #include "decode_merge.cuh"
@@ -151,8 +152,8 @@ __device__ void paged_prefill(const T* q, long long q_stride, const T* kc, const
 template <typename T, int D>
 __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const T* vc, KvLayout kv,
                              const int* tables, int table_stride, const int* qstart, const int* ctx, T* out,
-                             float* part_o, float* part_m, float* part_l, int nh, int nkv, float scale,
-                             int num_splits) {
+                             float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv,
+                             float scale, int num_splits) {
     constexpr int E = Pack<T>::N, DW = D / E, NWL = DW / 32;
     extern __shared__ float smem[];
     __shared__ float wm[NWARPS][GMAX], wl[NWARPS][GMAX];
@@ -162,9 +163,9 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
     const int b = blockIdx.z, split = blockIdx.x, G = nh / nkv, chunks = (G + GMAX - 1) / GMAX;
     const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * GMAX, gc = min(GMAX, G - g0);
     const int q0 = qstart[b];
-    if (qstart[b + 1] == q0) return;  // no query this step
+    if (qstart[b + 1] == q0) return;  // no query this step: every split of it leaves, none counts or merges
     // each sequence divides its own context over the splits (whole passes of the warps), so a grid
-    // sized once (a CUDA graph's) serves any mix of lengths; splits past the context stay empty
+    // sized once (a CUDA graph's) serves any mix of lengths; splits past the context store l = 0
     const int L = ctx[b], pass = NWARPS * BN;
     const int split_len = ((L + num_splits - 1) / num_splits + pass - 1) / pass * pass;
     const int kbeg = split * split_len, kend = min(L, kbeg + split_len);
@@ -255,59 +256,8 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
     __syncthreads();
     store_merged_warps<T, NWARPS, GMAX, D>(&wm[0][0], &wl[0][0], asm_, gc, kvh * G + g0, nh, q0, b, split, num_splits,
                                            out, part_o, part_m, part_l);
-}
-
-// out = softmax-weighted mean of the splits' normalized partial outputs; grid (nh, B), blockDim =
-// min(d, COMBINE_THREADS), so a thread owns columns tid and tid + blockDim. The splits' weights are
-// computed in parallel, a block's worth at a time, into shared memory; each thread then sums its
-// columns over them in split order (a short dependent chain per split, not a serial walk per column).
-constexpr int COMBINE_THREADS = 128;
-constexpr int COMBINE_UNROLL = 8;      // splits whose partial rows are loaded at once
-
-template <typename T>
-__device__ void paged_combine(const float* part_o, const float* part_m, const float* part_l, const int* qstart,
-                              T* out, int nh, int d, int num_splits) {
-    __shared__ float wsm[COMBINE_THREADS];
-    const int b = blockIdx.y, head = blockIdx.x, q0 = qstart[b], tid = threadIdx.x, nt = blockDim.x;
-    if (qstart[b + 1] == q0) return;
-    const long long base = ((long long)b * nh + head) * num_splits;
-    float M = NEG_INF;
-    for (int s = tid; s < num_splits; s += nt) M = fmaxf(M, part_m[base + s]);
-    M = block_max(M);
-    float o0 = 0.f, o1 = 0.f, lsum = 0.f;
-    for (int c0 = 0; c0 < num_splits; c0 += nt) {
-        const int s = c0 + tid;
-        const float l = s < num_splits ? part_l[base + s] : 0.f;
-        const float w = l == 0.f ? 0.f : exp2f(part_m[base + s] - M) * l;   // l == 0: a split past the context
-        lsum += w;
-        __syncthreads();   // the previous round's weights have been read
-        wsm[tid] = w;
-        __syncthreads();
-        // COMBINE_UNROLL splits' loads issued together, then summed in split order: the loads are L2
-        // round trips, and one at a time they made this kernel ~12 us at 16 splits (H200 profile)
-        const int n = min(nt, num_splits - c0);
-        for (int j0 = 0; j0 < n; j0 += COMBINE_UNROLL) {
-            float v0[COMBINE_UNROLL], v1[COMBINE_UNROLL];
-#pragma unroll
-            for (int u = 0; u < COMBINE_UNROLL; ++u) {
-                // past n, or an empty split (its partial output was never written): loaded, never used
-                const float* po = part_o + (base + c0 + min(j0 + u, n - 1)) * d;
-                v0[u] = tid < d ? po[tid] : 0.f;
-                v1[u] = tid + nt < d ? po[tid + nt] : 0.f;
-            }
-#pragma unroll
-            for (int u = 0; u < COMBINE_UNROLL; ++u) {
-                const float wj = j0 + u < n ? wsm[j0 + u] : 0.f;
-                if (wj == 0.f) continue;
-                o0 += wj * v0[u];
-                o1 += wj * v1[u];
-            }
-        }
-    }
-    lsum = block_sum(lsum);
-    T* o = out + ((long long)q0 * nh + head) * d;
-    if (tid < d) o[tid] = from_f32<T>(o0 / lsum);
-    if (tid + nt < d) o[tid + nt] = from_f32<T>(o1 / lsum);
+    if (num_splits > 1)
+        merge_splits_if_last<T, D>(part_o, part_m, part_l, counters, smem, gc, kvh * G + g0, nh, q0, b, num_splits, out);
 }
 
 #define ATTN_ARGS(T) const T *q, long long q_stride, const T *kc, const T *vc, long long block_stride, \
@@ -322,18 +272,14 @@ __device__ void paged_combine(const float* part_o, const float* part_m, const fl
                             nkv, scale);                                                                  \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(NWARPS * 32)                                             \
-        paged_decode_##suffix##_d##D(ATTN_ARGS(T), float* part_o, float* part_m, float* part_l, int nh,      \
-                                     int nkv, float scale, int num_splits) { pdl_begin();                 \
+        paged_decode_##suffix##_d##D(ATTN_ARGS(T), float* part_o, float* part_m, float* part_l,             \
+                                     int* counters, int nh, int nkv, float scale, int num_splits) {       \
+        pdl_begin();                                                                                      \
         paged_decode<T, D>(q, q_stride, kc, vc, KV_LAYOUT, tables, table_stride, qstart, ctx, out,        \
-                           part_o, part_m, part_l, nh, nkv, scale, num_splits);                     \
+                           part_o, part_m, part_l, counters, nh, nkv, scale, num_splits);                 \
     }
 
 #define ATTN_KERNELS(suffix, T)                                                                           \
-    ATTN_HEAD_DIM(suffix, T, 64) ATTN_HEAD_DIM(suffix, T, 128) ATTN_HEAD_DIM(suffix, T, 256)              \
-    extern "C" __global__ void paged_combine_##suffix(const float* part_o, const float* part_m,           \
-                                                      const float* part_l, const int* qstart, T* out,     \
-                                                      int nh, int d, int num_splits) { pdl_begin();       \
-        paged_combine<T>(part_o, part_m, part_l, qstart, out, nh, d, num_splits);                         \
-    }
+    ATTN_HEAD_DIM(suffix, T, 64) ATTN_HEAD_DIM(suffix, T, 128) ATTN_HEAD_DIM(suffix, T, 256)
 
 FOR_EACH_DTYPE(ATTN_KERNELS)

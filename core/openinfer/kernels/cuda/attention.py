@@ -84,8 +84,7 @@ def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, bat
     G = nh // nkv
     if batch.max_query_len == 1:
         mma = DECODE_MMA and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache)
-        paged_decode(common, out, qstart, dtype, B, batch.max_context_len, nh, nkv, qscale,
-                     decode_kernel(dtype, d, it, mma))
+        paged_decode(common, out, B, batch.max_context_len, nh, nkv, qscale, decode_kernel(dtype, d, it, mma))
         return out
     if PREFILL_WGMMA and d == 128 and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache) and _hopper():
         tiles = WGMMA_VARIANT

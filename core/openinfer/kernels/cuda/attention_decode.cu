@@ -1,20 +1,21 @@
 // GQA decode attention over paged KV on the tensor cores (bf16 only): one query token per sequence,
 // which sees keys 0 .. L - 1 (L = its context length). Same contract as paged_decode in attention.cu
-// (which still serves float32), and the same split layout, so paged_combine merges the splits.
+// (which still serves float32), and the same split layout and in-kernel merge (decode_merge.cuh).
 //
 //   grid   (split, kv head * head chunk, sequence); DEC_WARPS warps a block. A block owns one KV head
 //          and up to 16 of its query heads (the rows of one m16 tile, zero-padded past the group), so
 //          each K/V byte is read from HBM once per step, whatever the GQA ratio. Each sequence divides
 //          its own context over the splits in whole passes (DEC_WARPS * DEC_BN keys), so a grid sized
 //          for the longest context (a CUDA graph's) serves shorter ones; splits past the end only mark
-//          themselves empty (l = 0) and exit.
+//          themselves empty (l = 0) and count their arrival.
 //   warp   takes every DEC_WARPS-th tile of DEC_BN = 16 keys of the split and streams them through its
 //          own STAGES-deep cp.async ring in shared memory: no block barrier in the loop, STAGES - 1
 //          tiles of every warp in flight, which is what keeps HBM busy. S = Q K^T and O += P V by
 //          mma.sync m16n8k16 (fragments by ldmatrix, .trans for V; Q fragments straight from global),
 //          online softmax in the log2 domain (S scaled by scale * log2(e) in fp32), as attention_mma.cu.
 //   merge  the warps' (m, l, O) meet in shared memory (over the rings, once all are drained); the block
-//          stores the normalized row (one split) or its split's partial for paged_combine.
+//          stores the normalized row (one split) or its split's partial; the last split block of a
+//          (sequence, head chunk) to finish merges the splits (merge_splits_if_last).
 //
 // Mirrored in attention_decode.py: DEC_WARPS, DEC_BN, DEC_ROWS, STAGES per head dim, the smem size.
 #include "common.cuh"
@@ -64,8 +65,8 @@ __device__ __forceinline__ void q_fragment(unsigned int* a, const unsigned int* 
 template <int D>
 __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
                            const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
-                           float* part_o, float* part_m, float* part_l, int nh, int nkv, float scale,
-                           int num_splits) {
+                           float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv,
+                           float scale, int num_splits) {
     using C = DecTile<D>;
     constexpr int LD = C::LD, KC = D / 16, DT = D / 8, STAGES = C::STAGES, PASS = DEC_WARPS * DEC_BN;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -73,16 +74,14 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     const int b = blockIdx.z, split = blockIdx.x, G = nh / nkv, chunks = (G + DEC_ROWS - 1) / DEC_ROWS;
     const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * DEC_ROWS, gc = min(DEC_ROWS, G - g0);
     const int q0 = qstart[b];
-    if (qstart[b + 1] == q0) return;  // no query this step (block-uniform)
+    if (qstart[b + 1] == q0) return;  // no query this step: every split of it leaves, none counts or merges
     const int L = ctx[b];
     const int split_len = ((L + num_splits - 1) / num_splits + PASS - 1) / PASS * PASS;
     const int kbeg = split * split_len, kend = min(L, kbeg + split_len);
-    if (kbeg >= kend) {  // a split past this context (never the only one): paged_combine skips l = 0
-        if (threadIdx.x < gc) {
-            const long long p = ((long long)b * nh + kvh * G + g0 + threadIdx.x) * num_splits + split;
-            part_m[p] = NEG_INF;
-            part_l[p] = 0.f;
-        }
+    if (kbeg >= kend) {  // a split past this context (never the only one): the merge skips l = 0
+        store_empty_split(part_m, part_l, gc, kvh * G + g0, nh, b, split, num_splits);
+        merge_splits_if_last<bf16, D>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, kvh * G + g0, nh, q0,
+                                      b, num_splits, out);
         return;
     }
     const int* table = tables + (long long)b * table_stride;
@@ -206,16 +205,20 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     __syncthreads();
     store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, gc, kvh * G + g0, nh, q0, b, split, num_splits, out,
                                                     part_o, part_m, part_l);
+    if (num_splits > 1)
+        merge_splits_if_last<bf16, D>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, kvh * G + g0, nh, q0, b,
+                                      num_splits, out);
 }
 
 #define DECODE_KERNEL(D)                                                                                        \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) paged_decode_mma_bf16_d##D(                    \
         const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
-        const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int nh, int nkv, float scale,  \
-        int num_splits) { pdl_begin();                                                                          \
+        const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv, \
+        float scale, int num_splits) { pdl_begin();                                                             \
         decode_mma<D>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,            \
-                      table_stride, qstart, ctx, out, part_o, part_m, part_l, nh, nkv, scale, num_splits);      \
+                      table_stride, qstart, ctx, out, part_o, part_m, part_l, counters, nh, nkv, scale,         \
+                      num_splits);                                                                              \
     }
 
 DECODE_KERNEL(64)

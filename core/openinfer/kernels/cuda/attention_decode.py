@@ -1,12 +1,12 @@
-"""Decode attention on CUDA (one query token per sequence): which kernel, its split-KV grid, and the
-combine of the splits.
+"""Decode attention on CUDA (one query token per sequence): which kernel and its split-KV grid.
 
 bf16 runs on the tensor-core kernel (attention_decode.cu), float32 (and bf16 that is not 16-byte
 aligned) on the fp32 CUDA-core kernel of attention.cu. Both give a block one split of one sequence's
-context, one KV head and the query heads of its group, so K/V is read once per step; both leave
-per-split partials in one layout that paged_combine (attention.cu) merges. The grid depends only on
-the batch size, the heads and `max_context_len`: each sequence divides its own length over the splits,
-so a CUDA graph captured with the longest context stays right for shorter ones.
+context, one KV head and the query heads of its group, so K/V is read once per step; both store
+per-split partials, and the last block of a (sequence, head chunk) to finish merges them
+(decode_merge.cuh), counted on arrival_counters("decode_attention"): one launch per layer. The grid
+depends only on the batch size, the heads and `max_context_len`: each sequence divides its own length
+over the splits, so a CUDA graph captured with the longest context stays right for shorter ones.
 """
 from __future__ import annotations
 
@@ -17,14 +17,13 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
-from .module import NULL, blocks_per_sm, launch, sm_count
+from .module import COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, sm_count
 
 NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its blocks' warps, key tile, group rows)
 MIN_SPLIT = NWARPS * BN                      # its split: whole passes of the block's warps
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16      # must match attention_decode.cu
 DEC_STAGES = {64: 3, 128: 3, 256: 2}         # cp.async ring depth per warp (DecTile::STAGES)
 DEC_PASS = DEC_WARPS * DEC_BN
-COMBINE_THREADS = 128                        # paged_combine's largest block (attention.cu); d <= 2x its block
 DECODE_MMA = os.environ.get("OPENINFER_DECODE_MMA", "1") != "0"   # 0: the fp32 CUDA-core kernel for bf16 too
 
 
@@ -66,21 +65,29 @@ def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int, pass_len:
     return max(1, min(want, math.ceil(max_context_len / pass_len)))
 
 
-def paged_decode(common: tuple, out: cp.ndarray, qstart: cp.ndarray, dtype: str, num_seqs: int,
-                 max_context_len: int, nh: int, nkv: int, qscale: np.float32, kernel: DecodeKernel) -> None:
-    """Launch `kernel` on paged_attention's leading arguments (`common`: q .. context_lens, out) and,
-    when contexts are split, paged_combine into `out`."""
+def merge_max_splits(kernel: DecodeKernel) -> int:
+    """The merging block keeps m and l of every (head, split) in its dynamic shared memory."""
+    return kernel.smem // (2 * 4 * kernel.rows)
+
+
+def paged_decode(common: tuple, out: cp.ndarray, num_seqs: int, max_context_len: int, nh: int, nkv: int,
+                 qscale: np.float32, kernel: DecodeKernel) -> None:
+    """Launch `kernel` on paged_attention's leading arguments (`common`: q .. context_lens, out); split
+    contexts are merged into `out` by the kernel's last block of each (sequence, head chunk)."""
     d = out.shape[-1]
     kv_blocks = nkv * math.ceil(nh // nkv / kernel.rows)
     per_sm = kernel.per_sm or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
-    splits = decode_splits(num_seqs, kv_blocks, max_context_len, kernel.pass_len, per_sm)
-    parts = (NULL, NULL, NULL)
+    splits = min(decode_splits(num_seqs, kv_blocks, max_context_len, kernel.pass_len, per_sm),
+                 merge_max_splits(kernel))
+    # asked on every decode, split or not, so that an eager run of any batch (cuda_graphs.py runs only
+    # the largest bucket, which may not split) sets them up before a smaller bucket is captured
+    counters = arrival_counters("decode_attention")
+    if counters is None or num_seqs * kv_blocks > COUNTER_SLOTS:   # one counter a (sequence, head chunk)
+        splits = 1
+    parts = (NULL, NULL, NULL, NULL)
     if splits > 1:
         part_o = cp.empty((num_seqs, nh, splits, d), dtype=cp.float32)
         part_ml = cp.empty((2, num_seqs, nh, splits), dtype=cp.float32)
-        parts = (part_o, part_ml[0], part_ml[1])
+        parts = (part_o, part_ml[0], part_ml[1], counters)
     launch(kernel.source, kernel.name, (splits, kv_blocks, num_seqs), kernel.threads,
            (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits)), kernel.smem)
-    if splits > 1:
-        launch("attention", f"paged_combine_{dtype}", (nh, num_seqs), min(d, COMBINE_THREADS),
-               (*parts, qstart, out, np.int32(nh), np.int32(d), np.int32(splits)))

@@ -25,7 +25,7 @@ import cupy as cp
 import numpy as np
 
 from . import pdl
-from .module import BF16, NULL, blocks_per_sm, launch, sm_count
+from .module import BF16, COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, sm_count
 
 WORKSPACE_BYTES = 32 << 20
 _CUDA_R_32F, _CUDA_R_16BF = 0, 14            # cudaDataType_t
@@ -103,8 +103,6 @@ GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the 
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
 GEMV_PREFETCH = int(os.environ.get("OPENINFER_GEMV_PREFETCH", "8"))  # with PDL (pdl.py): 4-chunk groups per
                              # warp prefetched into L2 before griddepcontrol.wait
-_COUNTER_SLOTS = 4096        # tiles a split-K launch may have
-_counters: dict[int, cp.ndarray] = {}
 _resident: dict[tuple[int, str], int] = {}
 
 
@@ -120,28 +118,9 @@ def gemv_splits(n: int, k: int, resident: int) -> int:
     """Split-K factor for an N x K weight, static per shape (CUDA graphs): the most splits whose CTAs
     still run in one wave (N alone filling the GPU gets 1), each split at least GEMV_MIN_SPLIT_K deep."""
     tiles = -(-n // 16)
-    if tiles > _COUNTER_SLOTS:
+    if tiles > COUNTER_SLOTS:   # one arrival counter a tile
         return 1
     return max(1, min(int(resident * GEMV_FILL) // tiles, k // GEMV_MIN_SPLIT_K, 16))
-
-
-def _gemv_counters() -> cp.ndarray | None:
-    """Per-device split-K tile counters: zeroed once, and each launch leaves them zero. Raw device
-    memory outside any pool (a graph's private pool may go away). Allocated on the first GEMV call
-    outside a capture; a split GEMV met first inside a capture runs unsplit (correct, but slower:
-    run the forward once eagerly before capturing, as cuda_graphs.py does)."""
-    dev = cp.cuda.Device().id
-    c = _counters.get(dev)
-    if c is None:
-        stream = cp.cuda.get_current_stream()
-        if stream.is_capturing():
-            return None
-        nbytes = _COUNTER_SLOTS * 4
-        mem = cp.cuda.Memory(nbytes)
-        cp.cuda.runtime.memsetAsync(mem.ptr, 0, nbytes, stream.ptr)
-        stream.synchronize()
-        c = _counters[dev] = cp.ndarray((_COUNTER_SLOTS,), cp.int32, cp.cuda.MemoryPointer(mem, 0))
-    return c
 
 
 def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
@@ -156,7 +135,7 @@ def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
     n, k = w.shape
     name = f"gemv_bf16_{GEMV_VARIANT}"
     splits = gemv_splits(n, k, gemv_resident(name))
-    counters = _gemv_counters()
+    counters = arrival_counters("gemv")
     if counters is None:
         splits = 1
     tiles = -(-n // 16)

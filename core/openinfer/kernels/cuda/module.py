@@ -16,12 +16,14 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 _SUFFIX = {BF16: "bf16", np.dtype(np.float32): "f32"}
 _DEFAULT_SMEM = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
 NULL = np.uint64(0)        # a null pointer argument
+COUNTER_SLOTS = 4096       # arrival counters of one purpose (arrival_counters)
 
 _modules: dict[tuple[int, str], Any] = {}
 _functions: dict[tuple[int, str, str], Any] = {}
 _smem_optin: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
 _occupancy: dict[tuple[int, str, str, int, int], int] = {}
+_counters: dict[tuple[int, str], cp.ndarray] = {}
 
 
 def suffix(dtype: np.dtype) -> str:
@@ -86,6 +88,27 @@ def sm_count() -> int:
     if dev not in _sm_count:
         _sm_count[dev] = cp.cuda.Device(dev).attributes["MultiProcessorCount"]
     return _sm_count[dev]
+
+
+def arrival_counters(purpose: str) -> cp.ndarray | None:
+    """COUNTER_SLOTS int32 counters of the current device for kernels whose last block to arrive finishes
+    the work (split-K GEMV tiles, split-KV decode heads): zeroed once, and each launch leaves its slots
+    zero again. Each purpose has its own region, so two kinds of kernels never share a slot. Raw device
+    memory outside any pool (a graph's private pool may go away). Allocated on the first call outside a
+    capture; None when that first call is inside one (the caller then runs unsplit: correct, but
+    slower; run the forward once eagerly before capturing, as cuda_graphs.py does)."""
+    key = (cp.cuda.Device().id, purpose)
+    c = _counters.get(key)
+    if c is None:
+        stream = cp.cuda.get_current_stream()
+        if stream.is_capturing():
+            return None
+        nbytes = COUNTER_SLOTS * 4
+        mem = cp.cuda.Memory(nbytes)
+        cp.cuda.runtime.memsetAsync(mem.ptr, 0, nbytes, stream.ptr)
+        stream.synchronize()
+        c = _counters[key] = cp.ndarray((COUNTER_SLOTS,), cp.int32, cp.cuda.MemoryPointer(mem, 0))
+    return c
 
 
 def rows2d(x: cp.ndarray) -> tuple[cp.ndarray, int]:
