@@ -561,12 +561,96 @@ def test_decode_attention(dt, case, graph_width, kernel, monkeypatch):
 
 
 def test_decode_attention_graph_capture():
-    """The bf16 decode path (tensor-core kernel + combine) captures into a CUDA graph and replays like eager."""
+    """The bf16 decode path (tensor-core kernel, splits merged in it) captures into a CUDA graph and
+    replays like eager."""
     import dataclasses
     dt = DTYPES["bfloat16"]
     qd, kc, vc, db, want = _decode_inputs(dt, [3000, 1, 40, 17], 32, 8, 128, 21)
     db = dataclasses.replace(db, max_context_len=20480)
     _assert_graph_replays_eager(dt, qd, kc, vc, db, want)
+
+
+@pytest.fixture
+def decode_grids(monkeypatch):
+    """The grids of the decode attention launches (split, head chunks, sequences), as launched."""
+    from openinfer.kernels.cuda import attention_decode
+    grids = []
+    real = attention_decode.launch
+    monkeypatch.setattr(attention_decode, "launch", lambda src, name, grid, *a: (grids.append(grid),
+                                                                                 real(src, name, grid, *a)))
+    return grids
+
+
+def _counters_zero() -> bool:
+    from openinfer.kernels.cuda.module import arrival_counters
+    return not arrival_counters("decode_attention").any()
+
+
+@pytest.mark.parametrize("kernel", ["mma", "fp32"])
+def test_split_decode_is_deterministic(kernel, decode_grids, monkeypatch):
+    """The merging block is whichever split finished last, a race; the merge sums in split order, so
+    repeated runs give the same bits, and every run leaves the arrival counters zero."""
+    import dataclasses
+
+    from openinfer.kernels.cuda import attention
+    monkeypatch.setattr(attention, "DECODE_MMA", kernel == "mma")
+    dt = DTYPES["bfloat16"]
+    qd, kc, vc, db, want = _decode_inputs(dt, [20000, 1, 333, 4096, 15], 32, 8, 128, 23)
+    db = dataclasses.replace(db, max_context_len=20480)   # most splits of the short contexts empty
+    first = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
+    close(first, want, dt)
+    for _ in range(5):
+        np.testing.assert_array_equal(host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)), first)
+    assert all(g[0] > 1 for g in decode_grids), decode_grids
+    assert _counters_zero()
+
+
+@pytest.mark.parametrize("kernel", ["mma", "fp32"])
+def test_split_decode_with_a_no_query_sequence(dt, kernel, decode_grids, monkeypatch):
+    """A sequence without a query this step (query_start repeats): all its blocks leave before counting,
+    the others merge as usual, and the next launch still finds the counters zero."""
+    import dataclasses
+
+    from openinfer.kernels.cuda import attention
+    if kernel == "mma" and dt[0] != BF16:
+        pytest.skip("the tensor-core decode kernel is bf16 only")
+    monkeypatch.setattr(attention, "DECODE_MMA", kernel == "mma")
+    rng = np.random.default_rng(24)
+    runs, nh, nkv, d, bs = [(3000, 1), (2000, 0), (700, 1), (5, 0), (64, 1)], 16, 4, 64, 16
+    num_blocks = sum(-(-L // bs) for L, _ in runs) + 3
+    hb, db = _batch(runs, bs, rng, num_blocks)
+    db = dataclasses.replace(db, max_context_len=20480)
+    pool = exact(rnd(rng, 2, num_blocks, 1, bs, nkv, d), dt[0])
+    q = exact(rnd(rng, 3, nh, d), dt[0])
+    want = ref.paged_attention(q, pool[0][:, 0], pool[1][:, 0], hb, d ** -0.5)
+    pool_d, qd = dev(pool, dt[0]), dev(q, dt[0])
+    for _ in range(2):
+        close(ops.paged_attention(qd, pool_d[0][:, 0], pool_d[1][:, 0], db, d ** -0.5), want, dt)
+        assert _counters_zero()
+    assert decode_grids[0][0] > 1 and decode_grids[0][2] == len(runs), decode_grids
+
+
+def test_split_decode_graph_replays_twice(decode_grids):
+    """Captured split decode replayed twice in a row, its output zeroed before each replay: a replay
+    merges only if the previous one left its counters zero."""
+    import dataclasses
+    dt = DTYPES["bfloat16"]
+    qd, kc, vc, db, want = _decode_inputs(dt, [9000, 2, 600], 32, 8, 128, 25)
+    db = dataclasses.replace(db, max_context_len=20480)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        eager = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
+        stream.begin_capture()
+        got = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
+        graph = stream.end_capture()
+        for _ in range(2):
+            got[...] = 0
+            graph.launch(stream)
+            stream.synchronize()
+            np.testing.assert_array_equal(host(got), eager)
+            assert _counters_zero()
+    close(eager, want, dt)
+    assert decode_grids[1][0] > 1, decode_grids   # the captured launch splits
 
 
 def test_argmax_and_top_logprobs(dt):

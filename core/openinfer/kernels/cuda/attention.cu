@@ -257,7 +257,8 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
     store_merged_warps<T, NWARPS, GMAX, D>(&wm[0][0], &wl[0][0], asm_, gc, kvh * G + g0, nh, q0, b, split, num_splits,
                                            out, part_o, part_m, part_l);
     if (num_splits > 1)
-        merge_splits_if_last<T, D>(part_o, part_m, part_l, counters, smem, gc, kvh * G + g0, nh, q0, b, num_splits, out);
+        merge_splits_if_last<T, D>(part_o, part_m, part_l, counters, smem, gc, kvh * G + g0, nh, q0, b, num_splits,
+                                   out);
 }
 
 #define ATTN_ARGS(T) const T *q, long long q_stride, const T *kc, const T *vc, long long block_stride, \
