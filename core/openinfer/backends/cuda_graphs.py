@@ -62,7 +62,7 @@ class DecodeGraphs:
         that loads the kernels the activation profile did not (attention at the graphs' full
         width) and grows the shared pool to the largest intermediates, which smaller buckets reuse
         (the pool splits its free blocks), and sets up the kernels' per-device state (cuBLAS handle,
-        GEMV counters) if the activation profile has not."""
+        arrival counters of split GEMV and decode attention) if the activation profile has not."""
         cp, t0 = self.cp, time.perf_counter()
         self._upload(self.inputs.clear())
         queued = cp.cuda.Event(disable_timing=True)
