@@ -167,15 +167,19 @@ def test_linear_add_rms_norm_launches(launches, cublas, m, n, k, norm_dtype):
 
 
 def test_linear_add_rms_norm_fallbacks(launches, monkeypatch):
-    """Rows that are not whole 16-byte words (N % 8, a residual row stride), or no grid counter yet (first
-    met inside a capture): the plain GEMV, then add_rms_norm."""
+    """Rows that are not whole 16-byte words (N % 8, a residual row stride), more rows than
+    ADD_RMS_NORM_MAX_M, or no grid counter yet (first met inside a capture): the plain GEMV, then add_rms_norm."""
     x, w, nw = aligned_empty((2, 256), BF16), aligned_empty((128, 256), BF16), aligned_empty((128,), BF16)
     ops.linear_add_rms_norm(x, w[:100], aligned_empty((2, 100), BF16), nw[:100], 1e-6)
     ops.linear_add_rms_norm(x, w, aligned_empty((2, 132), BF16)[:, :128], nw, 1e-6)   # rows 264 bytes apart
-    monkeypatch.setattr(blas, "_gemv_counters", lambda: None)
+    monkeypatch.setattr(gemv_fused, "ADD_RMS_NORM_MAX_M", 1)
     ops.linear_add_rms_norm(x, w, aligned_empty((2, 128), BF16), nw, 1e-6)
-    plain = f"gemv_bf16_{blas.GEMV_VARIANT}"
-    assert [c.name for c in launches] == [plain, "add_rms_norm_bf16"] * 2 + [plain, "add_rms_norm_v_bf16"]
+    ops.linear_add_rms_norm(x[:1], w, aligned_empty((1, 128), BF16), nw, 1e-6)
+    monkeypatch.setattr(blas, "_gemv_counters", lambda: None)
+    ops.linear_add_rms_norm(x[:1], w, aligned_empty((1, 128), BF16), nw, 1e-6)
+    plain, fused = f"gemv_bf16_{blas.GEMV_VARIANT}", f"gemv_add_rms_norm_bf16_{blas.GEMV_VARIANT}"
+    assert [c.name for c in launches] == [plain, "add_rms_norm_bf16"] * 2 + [plain, "add_rms_norm_v_bf16", fused] + \
+        [plain, "add_rms_norm_v_bf16"]
 
 
 def test_cublas_gemm_ex_binding():

@@ -363,8 +363,10 @@ FUSED_SHAPES = [(2560, 9728), (19456, 2560)]
 
 @pytest.fixture
 def gemv_kernels(monkeypatch):
-    """The gemv.cu kernels launched (blas.launch_gemv's kernel names)."""
-    from openinfer.kernels.cuda import blas
+    """The gemv.cu kernels launched (blas.launch_gemv's kernel names); the add + RMSNorm epilogue at every
+    M <= 8, whatever gemv_fused.ADD_RMS_NORM_MAX_M says."""
+    from openinfer.kernels.cuda import blas, gemv_fused
+    monkeypatch.setattr(gemv_fused, "ADD_RMS_NORM_MAX_M", blas.GEMV_MAX_M)
     names = []
     real = blas.launch_gemv
     monkeypatch.setattr(blas, "launch_gemv", lambda kernel, *a: (names.append(kernel), real(kernel, *a))[1])
@@ -430,7 +432,7 @@ def test_fused_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_kernels):
 
 
 @pytest.mark.parametrize("pdl", [False, True])
-def test_fused_gemv_graph_capture_replays(pdl, monkeypatch):
+def test_fused_gemv_graph_capture_replays(pdl, monkeypatch, gemv_kernels):
     """An MLP (linear_silu_mul, then linear_add_rms_norm: split-K) captured once and replayed twice on new
     inputs: each replay equals the eager ops, so the tile and grid counters were left zero."""
     from openinfer.kernels.cuda import pdl as pdl_mod
@@ -463,6 +465,7 @@ def test_fused_gemv_graph_capture_replays(pdl, monkeypatch):
                 for a, b in zip(got, (*again, residual)):
                     np.testing.assert_array_equal(a, host(b))
         assert not np.array_equal(eager, got[0])
+    assert {"gemv_silu_bf16", "gemv_add_rms_norm_bf16_wf32"} <= set(gemv_kernels)
 
 
 def _batch(runs, block_size, rng, num_blocks):

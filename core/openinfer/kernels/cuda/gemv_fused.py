@@ -14,6 +14,11 @@ import numpy as np
 from . import blas
 from .module import BF16
 
+# The last CTA normalizes the M rows one after another, each pass a few dependent L2 round trips (3 for a
+# 2560-wide row at 128 threads): a tail that grows with M, against the one kernel boundary it saves. Above
+# this many rows add_rms_norm runs as its own kernel (scripts/gemv_bench.py --fused measures M = 1, 2, 4, 8).
+ADD_RMS_NORM_MAX_M = blas.GEMV_MAX_M
+
 
 def _gemv_rows(x: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray] | None:
     """x as [M, K] rows and w, where the GEMV kernel takes them."""
@@ -43,7 +48,8 @@ def gemv_add_rms_norm(x: cp.ndarray, w: cp.ndarray, residual: cp.ndarray, norm_w
     with 16-byte aligned rows, packed aligned norm weights. It needs the grid counter (blas._gemv_counters)."""
     rows = _gemv_rows(x, w)
     n = w.shape[0]
-    if rows is None or n % 8 or residual.dtype != BF16 or residual.shape != (rows[0].shape[0], n):
+    if (rows is None or rows[0].shape[0] > ADD_RMS_NORM_MAX_M or n % 8 or residual.dtype != BF16
+            or residual.shape != (rows[0].shape[0], n)):
         return None
     if (residual.strides[1] != 2 or residual.strides[0] % 16 or residual.data.ptr % 16
             or not norm_w.flags.c_contiguous or norm_w.shape != (n,) or norm_w.data.ptr % 16):
