@@ -2,7 +2,8 @@
 is computed once: linear + silu_mul and linear + add_rms_norm, one kernel each instead of two.
 
 At small batch a decode step is hundreds of few-microsecond kernels and every boundary costs a few
-microseconds; these two remove one boundary after each of a layer's four projections. Each launcher
+microseconds; these two remove the boundary after three of a layer's four projections (o, gate_up,
+down; Qwen3.5's linear-attention out_proj too). Each launcher
 returns None where the fused kernel does not apply (the GEMV's own conditions, plus its epilogue's
 layout needs), and ops.py then runs the two ops.
 """
