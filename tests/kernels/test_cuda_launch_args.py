@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("cupy")
 from openinfer.batch import ForwardBatch  # noqa: E402
-from openinfer.kernels.cuda import attention, attention_decode, blas, module, ops, pdl, random_fill, sampler  # noqa: E402
+from openinfer.kernels.cuda import (attention, attention_decode, blas, gemv_fused, module, ops, pdl,  # noqa: E402
+                                    random_fill, sampler)
 from openinfer.sampling import SamplingParams  # noqa: E402
 from openinfer.sampling_batch import NUM_FIELDS, ROW, SampleRow, build_batch  # noqa: E402
 from openinfer.testing.launch_check import aligned_empty, fake, record_launches  # noqa: E402
@@ -22,13 +23,18 @@ BF16 = module.BF16
 @pytest.fixture
 def launches(monkeypatch):
     """Launchers on host stand-ins; returns the list of checked launches."""
-    recorded = record_launches(monkeypatch, (attention, attention_decode, blas, module, ops, random_fill, sampler))
+    recorded = record_launches(monkeypatch, (attention, attention_decode, blas, gemv_fused, module, ops, random_fill,
+                                             sampler))
     monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
     monkeypatch.setattr(attention_decode, "blocks_per_sm", lambda *a: 4)
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
     monkeypatch.setattr(attention, "_hopper", lambda: False)   # it asks the (absent) GPU; tests that want sm_90 say so
-    for m in (blas, attention_decode):   # raw device memory in real life
-        monkeypatch.setattr(m, "arrival_counters", lambda purpose: aligned_empty((module.COUNTER_SLOTS,), np.int32))
+    counters = {}   # raw device memory in real life: one region per purpose
+
+    def arrival_counters(purpose):
+        return counters.setdefault(purpose, aligned_empty((module.COUNTER_SLOTS,), np.int32))
+    for m in (blas, attention_decode, gemv_fused):
+        monkeypatch.setattr(m, "arrival_counters", arrival_counters)
     return recorded
 
 
@@ -112,8 +118,84 @@ def test_gemv_prefetches_only_under_pdl(launches, monkeypatch):
     for on in (False, True):
         monkeypatch.setattr(pdl, "enabled", lambda: on)
         blas.linear(aligned_empty((4, 4096), BF16), aligned_empty((256, 4096), BF16))
-        assert int(launches[-1].args[-1]) == (blas.GEMV_PREFETCH if on else 0)
-    assert launches[-1].grid[1] > 1 and launches[-1].args[6] is not module.NULL   # split-K: a workspace
+        assert int(launches[-1].args[8]) == (blas.GEMV_PREFETCH if on else 0)
+    assert launches[-1].grid[1] > 1 and launches[-1].args[4] is not module.NULL   # split-K: a workspace
+
+
+# (N, K) of Qwen3-4B's projections (gate_up, down, o) and small ones; gemv_splits gives the down and o
+# projections split-K at 4 x 132 resident CTAs, gate_up none
+FUSED_SHAPES = [(19456, 2560), (2560, 9728), (2560, 4096), (256, 4096), (64, 200)]
+
+
+@pytest.fixture
+def cublas(launches, monkeypatch):
+    """ops.linear's cuBLAS path (M > 8), which needs a GPU: recorded as ("cublas", M) among the launches."""
+    real = ops.linear
+
+    def linear(x, w):
+        if x.shape[0] <= blas.GEMV_MAX_M:
+            return real(x, w)
+        launches.append(SimpleNamespace(name=("cublas", x.shape[0])))
+        return aligned_empty((*x.shape[:-1], w.shape[0]), x.dtype)
+    monkeypatch.setattr(ops, "linear", linear)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 9])
+@pytest.mark.parametrize("n,k", FUSED_SHAPES)
+def test_linear_silu_mul_launches(launches, cublas, m, n, k):
+    """The SiLU epilogue GEMV at M <= 8 (one launch, tiles of 8 gate + 8 up rows, split as the plain GEMV of
+    that weight); cuBLAS + silu_mul above."""
+    out = ops.linear_silu_mul(aligned_empty((m, k), BF16), aligned_empty((n, k), BF16))
+    assert out.shape == (m, n // 2)
+    if m > blas.GEMV_MAX_M:
+        assert [c.name for c in launches] == [("cublas", m), "silu_mul_v_bf16"]
+        return
+    (call,) = launches
+    assert call.name == f"gemv_silu_bf16_{blas.GEMV_VARIANT}"
+    assert call.grid == (n // 16, blas.gemv_splits(n, k, 4 * 132))
+    assert call.args[-1] == n // 2 and call.args[-3] is out
+
+
+def test_linear_silu_mul_needs_whole_8_row_tiles(launches):
+    """I % 8 != 0 (gate and up rows of a tile would straddle the halves): the plain GEMV, then silu_mul."""
+    ops.linear_silu_mul(aligned_empty((2, 256), BF16), aligned_empty((2 * 12, 256), BF16))
+    assert [c.name for c in launches] == [f"gemv_bf16_{blas.GEMV_VARIANT}", "silu_mul_bf16"]
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 9])
+@pytest.mark.parametrize("n,k", FUSED_SHAPES)
+@pytest.mark.parametrize("norm_dtype", [BF16, np.float32])
+def test_linear_add_rms_norm_launches(launches, cublas, m, n, k, norm_dtype):
+    """The add + RMSNorm epilogue GEMV at M <= 8 (bf16 or f32 norm weights), with its own grid counter; cuBLAS + add_rms_norm above."""
+    residual = aligned_empty((m, n), BF16)
+    out, res = ops.linear_add_rms_norm(aligned_empty((m, k), BF16), aligned_empty((n, k), BF16), residual,
+                                       aligned_empty((n,), norm_dtype), 1e-6)
+    assert res is residual and out.shape == (m, n)
+    sfx = "bf16" if norm_dtype == BF16 else "bf16_wf32"
+    if m > blas.GEMV_MAX_M:
+        assert [c.name for c in launches] == [("cublas", m), f"add_rms_norm_v_{sfx}"]
+        return
+    (call,) = launches
+    assert call.name == f"gemv_add_rms_norm_{sfx}_{blas.GEMV_VARIANT}"
+    assert call.grid == (n // 16, blas.gemv_splits(n, k, 4 * 132))
+    assert call.args[-1] is gemv_fused.arrival_counters("gemv_grid") and call.args[-3] is out
+    assert call.args[11] is residual and int(call.args[12]) == n
+
+
+def test_linear_add_rms_norm_fallbacks(launches, monkeypatch):
+    """Rows that are not whole 16-byte words (N % 8, a residual row stride), more rows than
+    ADD_RMS_NORM_MAX_M, or no grid counter yet (first met inside a capture): the plain GEMV, then add_rms_norm."""
+    x, w, nw = aligned_empty((2, 256), BF16), aligned_empty((128, 256), BF16), aligned_empty((128,), BF16)
+    ops.linear_add_rms_norm(x, w[:100], aligned_empty((2, 100), BF16), nw[:100], 1e-6)
+    ops.linear_add_rms_norm(x, w, aligned_empty((2, 132), BF16)[:, :128], nw, 1e-6)   # rows 264 bytes apart
+    monkeypatch.setattr(gemv_fused, "ADD_RMS_NORM_MAX_M", 1)
+    ops.linear_add_rms_norm(x, w, aligned_empty((2, 128), BF16), nw, 1e-6)
+    ops.linear_add_rms_norm(x[:1], w, aligned_empty((1, 128), BF16), nw, 1e-6)
+    monkeypatch.setattr(gemv_fused, "arrival_counters", lambda purpose: None)
+    ops.linear_add_rms_norm(x[:1], w, aligned_empty((1, 128), BF16), nw, 1e-6)
+    plain, fused = f"gemv_bf16_{blas.GEMV_VARIANT}", f"gemv_add_rms_norm_bf16_{blas.GEMV_VARIANT}"
+    assert [c.name for c in launches] == [plain, "add_rms_norm_bf16"] * 2 + [plain, "add_rms_norm_v_bf16", fused] + \
+        [plain, "add_rms_norm_v_bf16"]
 
 
 def test_cublas_gemm_ex_binding():

@@ -129,30 +129,34 @@ def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
             and x2.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
-def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
-    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
+def launch_gemv(kernel: str, x2: cp.ndarray, w: cp.ndarray, epilogue: tuple) -> None:
+    """gemv.cu's `kernel`_<GEMV_VARIANT> over x2[M, K] and w[N, K] (caller checked _gemv_usable): one CTA per
+    16 rows of w, the epilogue's own arguments last. Split-K as the plain GEMV would split this weight
+    (its occupancy), so a fused variant sums in the same order: the same bits before its epilogue."""
     m = x2.shape[0]
     n, k = w.shape
-    name = f"gemv_bf16_{GEMV_VARIANT}"
-    splits = gemv_splits(n, k, gemv_resident(name))
+    splits = gemv_splits(n, k, gemv_resident(f"gemv_bf16_{GEMV_VARIANT}"))
     counters = arrival_counters("gemv")
     if counters is None:
         splits = 1
     tiles = -(-n // 16)
     partial = cp.empty(splits * tiles * 128, dtype=cp.float32) if splits > 1 else None
     ldx = x2.strides[0] // 2 if m > 1 else 0
+    name = f"{kernel}_{GEMV_VARIANT}"
     launch("gemv", name, (tiles, splits), 128,
-           (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), out2, np.int64(out2.strides[0] // 2),
-            partial if partial is not None else NULL, counters if splits > 1 else NULL,
-            np.int32(m), np.int32(n), np.int32(k // 8), np.int32(GEMV_PREFETCH if pdl.enabled() else 0)))
+           (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), partial if partial is not None else NULL,
+            counters if splits > 1 else NULL, np.int32(m), np.int32(k // 8),
+            np.int32(GEMV_PREFETCH if pdl.enabled() else 0), *epilogue))
 
 
-def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
-    """x [..., in] @ w[out, in].T -> [..., out]; bf16 or f32 in and out, fp32 accumulation.
+def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
+    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
+    launch_gemv("gemv_bf16", x2, w, (out2, np.int64(out2.strides[0] // 2), np.int32(w.shape[0])))
 
-    bf16 with at most GEMV_MAX_M rows, K % 8 == 0 and 16-byte aligned rows runs the GEMV kernel
-    (gemv.cu); everything else runs cublasGemmEx."""
-    n_out, k = w.shape
+
+def operands(x: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
+    """linear's checks, then x as [M, K] rows and w, both with a unit last stride (copied only if needed)."""
+    k = w.shape[1]
     if x.dtype != w.dtype or x.dtype not in _DATA_TYPE:
         raise TypeError(f"linear: x {x.dtype} and w {w.dtype} must both be bfloat16 or float32")
     if x.shape[-1] != k:
@@ -161,7 +165,16 @@ def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     if w.strides[1] != it:
         w = cp.ascontiguousarray(w)
     x2 = x if x.ndim == 2 and x.strides[1] == it else cp.ascontiguousarray(x).reshape(-1, k)
-    m = x2.shape[0]
+    return x2, w
+
+
+def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
+    """x [..., in] @ w[out, in].T -> [..., out]; bf16 or f32 in and out, fp32 accumulation.
+
+    bf16 with at most GEMV_MAX_M rows, K % 8 == 0 and 16-byte aligned rows runs the GEMV kernel
+    (gemv.cu); everything else runs cublasGemmEx."""
+    x2, w = operands(x, w)
+    (m, k), n_out, it = x2.shape, w.shape[0], x.itemsize
     out = cp.empty((*x.shape[:-1], n_out), dtype=x.dtype)
     if m == 0 or n_out == 0:
         return out

@@ -80,14 +80,18 @@ template <> struct Pack<bf16> {
 
 // V consecutive elements <-> floats. Where V elements fill whole 16-byte words they move as uint4 (the
 // caller keeps the pointer 16-byte aligned); otherwise one element at a time. VEC<T> elements fill one word.
+// L2: load the words through L2 only (ld.global.cg), for data other blocks of the running grid wrote (L1
+// is not coherent across SMs).
 template <typename T> constexpr int VEC = 16 / sizeof(T);
 
-template <int V, typename T>
+template <int V, bool L2 = false, typename T>
 __device__ __forceinline__ void load_f32(const T* __restrict__ p, float* f) {
+    static_assert(!L2 || V * sizeof(T) % 16 == 0, "L2 loads move whole 16-byte words");
     if constexpr (V * sizeof(T) % 16 == 0) {
 #pragma unroll
         for (int k = 0; k < V / VEC<T>; ++k) {
-            const uint4 word = reinterpret_cast<const uint4*>(p)[k];
+            const uint4* src = reinterpret_cast<const uint4*>(p) + k;
+            const uint4 word = L2 ? __ldcg(src) : *src;
             const T* e = reinterpret_cast<const T*>(&word);
 #pragma unroll
             for (int j = 0; j < VEC<T>; ++j) f[k * VEC<T> + j] = to_f32(e[j]);
@@ -114,6 +118,10 @@ __device__ __forceinline__ void store_f32(T* __restrict__ p, const float* f) {
         for (int j = 0; j < V; ++j) p[j] = from_f32<T>(f[j]);
     }
 }
+
+// SwiGLU's elementwise step in fp32: silu(gate) * up. One definition for silu_mul (elementwise.cu) and
+// the GEMV epilogue that folds it in (gemv.cu), so the two give the same bits.
+__device__ __forceinline__ float silu_mul_f32(float gate, float up) { return gate / (1.f + expf(-gate)) * up; }
 
 // Where key t of a sequence sits in a paged cache: a [num_blocks, block_size, nkv, D] view with an
 // arbitrary block stride (a layer's slice of the KV pool), rows packed inside a block.

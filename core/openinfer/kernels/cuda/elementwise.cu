@@ -26,7 +26,7 @@ __device__ void silu_mul_row(const T* __restrict__ g, T* __restrict__ o, int int
         load_f32<V>(g + i, x);
         load_f32<V>(g + inter + i, up);
 #pragma unroll
-        for (int j = 0; j < V; ++j) x[j] = x[j] / (1.f + expf(-x[j])) * up[j];
+        for (int j = 0; j < V; ++j) x[j] = silu_mul_f32(x[j], up[j]);
         store_f32<V>(o + i, x);
     }
 }

@@ -23,8 +23,13 @@
 //   step before the GEMV can be folded in. SiLU-and-multiply folded in this way was measured slower
 //   on the H200 (31 vs 17.5 us for the 4B down projection at M = 1): the 8 lane groups of the mma's B
 //   operand each recompute the activation of their row, 8x redundant at M = 1.
+// * The epilogue is a template parameter too: which rows of w a tile takes and what becomes of its
+//   final sums. An elementwise step after the GEMV is folded in there, where each value is computed
+//   once: StoreY (plain y), SiluMul (w = [gate; up], silu(gate) * up stored), AddRmsNorm (y, then the
+//   last CTA of the grid runs add + RMSNorm over the M whole rows).
 // Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8.
 #include "common.cuh"
+#include "norm.cuh"
 
 namespace {
 
@@ -65,33 +70,117 @@ __device__ __forceinline__ void mma_bf16(float* c, const uint4& a, const uint4& 
                  : "r"(a.z), "r"(b.z), "r"(a.w), "r"(b.w), "r"(xv.z), "r"(xv.w));
 }
 
-__device__ __forceinline__ void store_tile(bf16* y, long long ldy, float4 s, int M, int N, int n0, int g, int q) {
-    const int m0 = 2 * q, m1 = 2 * q + 1, r0 = n0 + g, r1 = n0 + g + 8;
-    if (r0 < N) {
-        if (m0 < M) y[m0 * ldy + r0] = from_f32<bf16>(s.x);
-        if (m1 < M) y[m1 * ldy + r0] = from_f32<bf16>(s.y);
+// --- epilogues. row(tile, r): the w row a tile takes as its row r (lane group g loads rows g and g + 8);
+// store(s, ...): the tile's final fp32 sums s = (row g: x rows 2q, 2q + 1 | row g + 8: x rows 2q, 2q + 1);
+// finish(stored, M): the whole block, after the tile (stored: this lane stored final values).
+
+// y[M, n] in bf16: tile t = rows 16t .. 16t + 15; rows past n repeat n - 1 and are not stored.
+struct StoreY {
+    bf16* y;
+    long long ldy;
+    int n;
+    __device__ int row(int tile, int r) const { return min(tile * 16 + r, n - 1); }
+    __device__ void store(float4 s, int M, int tile, int g, int q) const {
+        const int m0 = 2 * q, m1 = 2 * q + 1, r0 = tile * 16 + g, r1 = r0 + 8;
+        if (r0 < n) {
+            if (m0 < M) y[m0 * ldy + r0] = from_f32<bf16>(s.x);
+            if (m1 < M) y[m1 * ldy + r0] = from_f32<bf16>(s.y);
+        }
+        if (r1 < n) {
+            if (m0 < M) y[m0 * ldy + r1] = from_f32<bf16>(s.z);
+            if (m1 < M) y[m1 * ldy + r1] = from_f32<bf16>(s.w);
+        }
     }
-    if (r1 < N) {
-        if (m0 < M) y[m0 * ldy + r1] = from_f32<bf16>(s.z);
-        if (m1 < M) y[m1 * ldy + r1] = from_f32<bf16>(s.w);
+    __device__ void finish(bool, int) const {}
+};
+
+__device__ __forceinline__ float round_bf16(float v) { return to_f32(from_f32<bf16>(v)); }
+
+// out[M, inter] = silu(gate) * up for w = [gate; up] ([2 inter, K], inter % 8 == 0): tile t takes gate rows
+// 8t .. 8t + 7 as its rows 0..7 and the matching up rows as 8..15, so a lane holds both factors of
+// out[2q, 8t + g] (s.x, s.z) and of out[2q + 1, 8t + g] (s.y, s.w). Both are rounded to bf16 as linear
+// stores them and combined as silu_mul does: the bits of silu_mul(linear(x, w)).
+struct SiluMul {
+    bf16* out;
+    long long ldo;
+    int inter;
+    __device__ int row(int tile, int r) const { return r < 8 ? tile * 8 + r : inter + tile * 8 + r - 8; }
+    __device__ void store(float4 s, int M, int tile, int g, int q) const {
+        const int m0 = 2 * q, m1 = 2 * q + 1, j = tile * 8 + g;
+        if (m0 < M) out[m0 * ldo + j] = from_f32<bf16>(silu_mul_f32(round_bf16(s.x), round_bf16(s.z)));
+        if (m1 < M) out[m1 * ldo + j] = from_f32<bf16>(silu_mul_f32(round_bf16(s.y), round_bf16(s.w)));
     }
+    __device__ void finish(bool, int) const {}
+};
+
+// y[M, n] as StoreY into a scratch, then add_rms_norm over the whole rows: every CTA that stored a tile
+// counts itself on a grid-wide counter, and the one that completes the count (all of y written) runs
+// norm.cuh's add_rms_norm_row on the M rows with its 128 threads, reading y through L2, then resets the
+// counter to 0 for the next launch (graph replay). Needs n % 8 == 0 and 16-byte aligned rows.
+template <typename W>
+struct AddRmsNorm {
+    StoreY y;   // ldy == n
+    bf16* residual;
+    long long ldr;
+    const W* norm_w;
+    bf16* out;  // [M, n]
+    float eps;
+    int* count;
+    __device__ int row(int tile, int r) const { return y.row(tile, r); }
+    __device__ void store(float4 s, int M, int tile, int g, int q) const { y.store(s, M, tile, g, q); }
+    __device__ void finish(bool stored, int M) const {
+        __shared__ int last;
+        if (stored) __threadfence();   // this lane's y values before the count (thread 0's atomic, after the barrier)
+        __syncthreads();
+        if (threadIdx.x == 0) last = stored && atomicAdd(count, 1) == (int)gridDim.x - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        for (int m = 0; m < M; ++m)
+            add_rms_norm_row<VEC<bf16>, bf16, W, true>(y.y + (long long)m * y.n, residual + m * ldr, norm_w,
+                                                       out + (long long)m * y.n, y.n, eps);
+        if (threadIdx.x == 0) *count = 0;
+    }
+};
+
+// Split-K (warp 0): store this split's partial sums s; the last CTA of the tile to arrive (a per-tile
+// counter) sums every split's partials in split order (deterministic, whichever came last) into s, resets
+// the counter to 0 for the next launch (or graph replay) and returns true; the others return false.
+__device__ __forceinline__ bool reduce_splits(float4& s, float* __restrict__ partial, int* __restrict__ counters,
+                                              int lane) {
+    const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    float4* part = reinterpret_cast<float4*>(partial);
+    __stcg(part + ((long long)split * gridDim.x + tile) * 32 + lane, s);
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counters + tile, 1) == splits - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return false;
+    __threadfence();
+    s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4  // 4 loads in flight; fully unrolled it needed 64 registers, costing occupancy
+    for (int i = 0; i < splits; ++i) {
+        const float4 t = __ldcg(part + ((long long)i * gridDim.x + tile) * 32 + lane);
+        s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
+    }
+    if (lane == 0) counters[tile] = 0;
+    return true;
 }
 
 constexpr int WARPS = 4;
 
-template <int U, typename XLoad>
-__device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w,
-                                          long long ldw, bf16* __restrict__ y, long long ldy,
+template <int U, typename XLoad, typename Epi>
+__device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,
                                           float* __restrict__ partial, int* __restrict__ counters,
-                                          int M, int N, int chunks, int prefetch) {
+                                          int M, int chunks, int prefetch, const Epi& epi) {
     const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     // this split's chunk range, then this warp's quarter of it (chunk = 8 consecutive k)
     const int s_lo = (int)((long long)chunks * split / splits), s_hi = (int)((long long)chunks * (split + 1) / splits);
     const int lo = s_lo + (s_hi - s_lo) * warp / WARPS, hi = s_lo + (s_hi - s_lo) * (warp + 1) / WARPS;
-    const int n0 = tile * 16;
-    const uint4* wa = reinterpret_cast<const uint4*>(w + (long long)min(n0 + g, N - 1) * ldw);      // rows past N
-    const uint4* wb = reinterpret_cast<const uint4*>(w + (long long)min(n0 + g + 8, N - 1) * ldw);  // repeat N-1
+    const uint4* wa = reinterpret_cast<const uint4*>(w + (long long)epi.row(tile, g) * ldw);
+    const uint4* wb = reinterpret_cast<const uint4*>(w + (long long)epi.row(tile, g + 8) * ldw);
     // B column g is output row m = g: groups g >= M read row M-1 and their columns are never stored
     // (branch-free loads keep the weight loads of one iteration in flight together)
     const XLoad xr(x + (long long)min(g, M - 1) * ldx, chunks);
@@ -142,51 +231,49 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
     __shared__ float4 red[WARPS][32];
     red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
-    if (warp != 0) return;
-    float4 s = red[0][lane];
+    bool stored = false;
+    if (warp == 0) {
+        float4 s = red[0][lane];
 #pragma unroll
-    for (int i = 1; i < WARPS; ++i) {  // fixed order: bit-identical across runs
-        const float4 t = red[i][lane];
-        s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
+        for (int i = 1; i < WARPS; ++i) {  // fixed order: bit-identical across runs
+            const float4 t = red[i][lane];
+            s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
+        }
+        if (splits == 1 || reduce_splits(s, partial, counters, lane)) {
+            epi.store(s, M, tile, g, q);
+            stored = true;
+        }
     }
-    if (splits == 1) { store_tile(y, ldy, s, M, N, n0, g, q); return; }
-
-    float4* part = reinterpret_cast<float4*>(partial);
-    __stcg(part + ((long long)split * gridDim.x + tile) * 32 + lane, s);
-    __threadfence();
-    __syncwarp();
-    int last = 0;
-    if (lane == 0) last = atomicAdd(counters + tile, 1) == splits - 1;
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (!last) return;
-    __threadfence();
-    s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4  // 4 loads in flight; fully unrolled it needed 64 registers, costing occupancy
-    for (int i = 0; i < splits; ++i) {  // split order, whichever CTA came last: deterministic
-        const float4 t = __ldcg(part + ((long long)i * gridDim.x + tile) * 32 + lane);
-        s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
-    }
-    store_tile(y, ldy, s, M, N, n0, g, q);
-    if (lane == 0) counters[tile] = 0;  // ready for the next launch (or graph replay)
+    epi.finish(stored, M);
 }
 
 }  // namespace
 
-// grid (ceil(N / 16), splits), block 128. partial: fp32 [splits, grid.x, 16 * 8] (unused when
-// splits == 1), counters: int32 [grid.x], all zero on entry and left zero on exit.
-// gemv_bf16_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
+// grid (tiles, splits), block 128. partial: fp32 [splits, tiles, 16 * 8] (unused when splits == 1),
+// counters: int32 [tiles], all zero on entry and left zero on exit; then the epilogue's arguments.
+// <prefix>_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
 // iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
-// for B CTAs per SM (more warps, fewer registers).
-#define GEMV_KERNEL(NAME, U, MIN_BLOCKS, XLOAD)                                                            \
+// for B CTAs per SM (more warps, fewer registers). EPI: the epilogue built from the trailing parameters.
+#define GEMV_KERNEL(NAME, U, MIN_BLOCKS, EPI, ...)                                                         \
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
         const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,                           \
-        bf16* __restrict__ y, long long ldy, float* __restrict__ partial, int* __restrict__ counters,      \
-        int M, int N, int chunks, int prefetch) {                                                          \
-        gemv_tile<U, XLOAD>(x, ldx, w, ldw, y, ldy, partial, counters, M, N, chunks, prefetch);            \
+        float* __restrict__ partial, int* __restrict__ counters, int M, int chunks, int prefetch,          \
+        __VA_ARGS__) {                                                                                     \
+        gemv_tile<U, LoadX>(x, ldx, w, ldw, partial, counters, M, chunks, prefetch, EPI);                  \
     }
-#define GEMV_VARIANTS(PREFIX, XLOAD)                    \
-    GEMV_KERNEL(PREFIX##_u2, 2, 1, XLOAD)               \
-    GEMV_KERNEL(PREFIX##_u4, 4, 1, XLOAD)               \
-    GEMV_KERNEL(PREFIX##_u8, 8, 1, XLOAD)               \
-    GEMV_KERNEL(PREFIX##_u4_o8, 4, 8, XLOAD)
-GEMV_VARIANTS(gemv_bf16, LoadX)
+#define GEMV_VARIANTS(PREFIX, EPI, ...)                        \
+    GEMV_KERNEL(PREFIX##_u2, 2, 1, EPI, __VA_ARGS__)           \
+    GEMV_KERNEL(PREFIX##_u4, 4, 1, EPI, __VA_ARGS__)           \
+    GEMV_KERNEL(PREFIX##_u8, 8, 1, EPI, __VA_ARGS__)           \
+    GEMV_KERNEL(PREFIX##_u4_o8, 4, 8, EPI, __VA_ARGS__)
+
+// tiles = ceil(n / 16)
+GEMV_VARIANTS(gemv_bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
+// tiles = inter / 8 (w: [2 inter, K])
+GEMV_VARIANTS(gemv_silu_bf16, (SiluMul{out, ldo, inter}), bf16* __restrict__ out, long long ldo, int inter)
+// tiles = ceil(n / 16); y: a [M, n] scratch, residual [M, ldr] updated in place, out [M, n], count: int32, zero
+#define GEMV_ADD_RMS_NORM(SFX, W)                                                                           \
+    GEMV_VARIANTS(gemv_add_rms_norm_##SFX, (AddRmsNorm<W>{{y, n, n}, residual, ldr, norm_w, out, eps, count}), \
+                  bf16* y, int n, bf16* residual, long long ldr, const W* norm_w, bf16* out, float eps, int* count)
+GEMV_ADD_RMS_NORM(bf16, bf16)
+GEMV_ADD_RMS_NORM(bf16_wf32, float)

@@ -90,24 +90,33 @@ def sm_count() -> int:
     return _sm_count[dev]
 
 
+COUNTER_PURPOSES = ("gemv", "gemv_grid", "decode_attention")   # split-K tiles, fused GEMV epilogues, split-KV heads
+
+
 def arrival_counters(purpose: str) -> cp.ndarray | None:
     """COUNTER_SLOTS int32 counters of the current device for kernels whose last block to arrive finishes
-    the work (split-K GEMV tiles, split-KV decode heads): zeroed once, and each launch leaves its slots
-    zero again. Each purpose has its own region, so two kinds of kernels never share a slot. Raw device
-    memory outside any pool (a graph's private pool may go away). Allocated on the first call outside a
-    capture; None when that first call is inside one (the caller then runs unsplit: correct, but
-    slower; run the forward once eagerly before capturing, as cuda_graphs.py does)."""
-    key = (cp.cuda.Device().id, purpose)
-    c = _counters.get(key)
+    the work (split-K GEMV tiles, a fused GEMV's whole-row epilogue, split-KV decode heads): zeroed once,
+    and each launch leaves its slots zero again. Each purpose (COUNTER_PURPOSES) has its own region, so
+    two kinds of kernels never share a slot. Raw device memory outside any pool (a graph's private pool
+    may go away). Every purpose's region is allocated at the first call outside a capture, whichever
+    purpose asks (a graph may capture a kernel that never ran eagerly); None when that first call is
+    inside one (the caller then runs unsplit / unfused: correct, but slower; run the forward once eagerly
+    before capturing, as cuda_graphs.py does)."""
+    dev = cp.cuda.Device().id
+    c = _counters.get((dev, purpose))
     if c is None:
+        if purpose not in COUNTER_PURPOSES:
+            raise ValueError(f"arrival counters for {purpose!r}: add it to COUNTER_PURPOSES")
         stream = cp.cuda.get_current_stream()
         if stream.is_capturing():
             return None
-        nbytes = COUNTER_SLOTS * 4
+        nbytes = len(COUNTER_PURPOSES) * COUNTER_SLOTS * 4
         mem = cp.cuda.Memory(nbytes)
         cp.cuda.runtime.memsetAsync(mem.ptr, 0, nbytes, stream.ptr)
         stream.synchronize()
-        c = _counters[key] = cp.ndarray((COUNTER_SLOTS,), cp.int32, cp.cuda.MemoryPointer(mem, 0))
+        for i, p in enumerate(COUNTER_PURPOSES):
+            _counters[(dev, p)] = cp.ndarray((COUNTER_SLOTS,), cp.int32, cp.cuda.MemoryPointer(mem, i * COUNTER_SLOTS * 4))
+        c = _counters[(dev, purpose)]
     return c
 
 

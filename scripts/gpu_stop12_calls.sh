@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The H200 calls of stop 12, as run (results: docs/benchmarks/h200-2026-12-03-stop12/callN_*).
+#   bash scripts/gpu_stop12_calls.sh call1|call2|call3     (server-stack wheels in .whl/, the baseline tree in .whl/base)
+# The baseline is `git archive d5061fa core plugins` unpacked into .whl/base (the end of stop 11): `base_lat` runs
+# bench latency on it in the same call, so before/after share a host.
+# call1: GPU tests of the fused decode kernels (split-KV merge in the decode kernel, GEMV epilogues: SiLU-mul and
+# add+RMSNorm), bench latency before/after for Qwen3-4B (batch 1/32/128) and Qwen3.5-4B (batch 1), and
+# scripts/gpu_profile.py before/after (a decode step's wall time, host preparation, graph GPU time).
+# call2: start-up (ready time, idle RSS, model frameworks mapped), bench latency, prefix hits at 1k/16k, ncu of a
+# batch-1 decode step.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+R=${OUT:-/tmp/openinfer-gpu}; L=/tmp/L; mkdir -p "$R" $L; S=$R/summary.txt
+export PYTHONUNBUFFERED=1 OPENINFER_CACHE_DIR=/tmp/oc
+say() { echo "$*" | tee -a $S; }
+say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(git rev-parse --short HEAD 2>/dev/null)"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > $L/install.log 2>&1 && export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 -e plugins/qwen35 >> $L/install.log 2>&1 || say "install failed"
+OI="python3 -m openinfer"
+LAT="$OI bench latency --load-format dummy --device cuda --max-model-len 20480"
+T="python3 -m pytest -q -p no:cacheprovider -rfE"
+BASE=$PWD/.whl/base
+lat() { local name=$1 t=$2; shift 2; timeout $t $LAT "$@" --output-json $L/$name.json > $L/$name.log 2>&1; say "$name:"; grep -A4 "^batch" $L/$name.log | tail -n +3 | tee -a $S || tail -2 $L/$name.log | tee -a $S; }
+base_lat() { PYTHONPATH=$BASE/core:$BASE/plugins/qwen3:$BASE/plugins/qwen35:/tmp/site lat "$@"; }
+tests() {  # seconds, then the core test files
+    local t=$1; shift
+    timeout $t $T "$@" > $L/t_core.log 2>&1 &
+    timeout $t $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
+    timeout $t $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1 &
+    wait
+    for f in core q3 q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+    grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -16 | tee -a $S
+}
+prof() { local name=$1; shift; timeout 60 python3 scripts/gpu_profile.py "$@" > $L/prof_$name.log 2>&1; say "profile $name:"; tail -4 $L/prof_$name.log | tee -a $S; }
+startup() {  # name, then env assignments for the server
+    local name=$1; shift
+    env "$@" timeout 60 $OI bench startup --base-url http://127.0.0.1:8021 --vocab-size 151000 --burst 0 \
+        --server-log $L/${name}_server.log --output-json $L/$name.json -- $OI serve --model qwen3-4b \
+        --load-format dummy --device cuda --port 8021 --max-model-len 20480 > $L/$name.log 2>&1
+    say "$name: $(grep -h 'ready\|frameworks' $L/$name.log | tr '\n' ' ')"
+}
+ncu() { OUT=$L NCU_S=65 TOP=18 timeout 70 bash scripts/gpu_ncu.sh "$@" > /dev/null 2>&1; cat $L/ncu_*.txt >> $S; rm -f $L/ncu_*.csv; }
+precompile() { python3 -c "import cupy; from openinfer.kernels.cuda import compile as kc; kc.compile_all('sm_90a')" > $L/precompile.log 2>&1; }
+Q3="--model qwen3-4b --batch-sizes 1,32,128 --input-lens 1024 --output-lens 64 --num-iters 2 --max-num-batched-tokens 8192"
+Q3B1="--model qwen3-4b --batch-sizes 1 --input-lens 1024 --output-lens 64 --num-iters 3"
+Q35="--model qwen3.5-4b --batch-sizes 1 --input-lens 1024 --output-lens 128 --num-iters 3"
+CORE="tests/kernels/test_cuda_ops.py tests/kernels/test_cuda_sampling.py tests/test_cuda_graphs_capture.py"
+case ${1:-} in
+call1) python3 -c "import openinfer; print(openinfer.__file__)" | tee -a $S
+       PYTHONPATH=$BASE/core python3 -c "import openinfer; print('base:', openinfer.__file__)" | tee -a $S
+       precompile; PYTHONPATH=$BASE/core precompile; tests 170 $CORE
+       lat q3 60 $Q3; base_lat base_q3 60 $Q3; lat q35 40 $Q35; base_lat base_q35 45 $Q35
+       prof q3 qwen3-4b; PYTHONPATH=$BASE/core:$BASE/plugins/qwen3:/tmp/site prof base_q3 qwen3-4b ;;
+call2) precompile; tests 150 $CORE
+       startup startup1; startup startup2; lat q3 60 $Q3; lat q35 40 $Q35
+       timeout 120 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
+       tail -10 $L/prefix_hit.log | tee -a $S
+       ncu "qwen3-4b decode 1" ;;
+*) echo "usage: $0 call1|call2" >&2; exit 2 ;;
+esac
+say "done in ${SECONDS}s"
+tar -C $L -czf $R/logs.tgz .
