@@ -56,7 +56,11 @@ call2) precompile; tests 150 $CORE
        timeout 120 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
        tail -10 $L/prefix_hit.log | tee -a $S
        ncu "qwen3-4b decode 1" ;;
-*) echo "usage: $0 call1|call2" >&2; exit 2 ;;
+diag) precompile; timeout 200 $T tests/kernels/test_cuda_ops.py > $L/t_ops.log 2>&1; tail -1 $L/t_ops.log | tee -a $S
+       grep -h "^FAILED\|^ERROR" $L/t_ops.log | cut -c1-300 | head -30 | tee -a $S
+       for m in qwen3-4b qwen3.5-4b; do timeout 60 python3 .whl/diag.py $m > $L/diag_$m.log 2>&1; tail -22 $L/diag_$m.log | tee -a $S; done
+       timeout 90 python3 scripts/gemv_bench.py --fused > $L/gemv_fused.log 2>&1; tail -30 $L/gemv_fused.log | tee -a $S ;;
+*) echo "usage: $0 call1|call2|diag" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .

@@ -31,6 +31,18 @@ def dt(request):
     return DTYPES[request.param]
 
 
+@pytest.fixture(autouse=True)
+def arrival_counters_left_zero():
+    """Every kernel that counts block arrivals (split-K GEMV, the fused GEMV epilogues, split decode
+    attention) leaves its counters zero: a count left behind breaks the next launch that uses them."""
+    yield
+    from openinfer.kernels.cuda.module import COUNTER_PURPOSES, _counters
+    cp.cuda.Device().synchronize()
+    left = {purpose: np.flatnonzero(cp.asnumpy(c))[:8].tolist() for (dev, purpose), c in _counters.items()
+            if dev == cp.cuda.Device().id and purpose in COUNTER_PURPOSES and c.any()}
+    assert not left, f"arrival counters left non-zero (purpose: first slots): {left}"
+
+
 def rnd(rng, *shape, scale=1.0):
     return (scale * rng.standard_normal(shape)).astype(np.float32)
 
