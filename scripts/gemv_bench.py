@@ -2,7 +2,7 @@
 
     python scripts/gemv_bench.py            # the table gpu_kernels.sh prints
     python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill, PDL prefetch) on the chain
-    python scripts/gemv_bench.py --fused    # only the fused epilogue ops (linear_silu_mul, linear_add_rms_norm) vs the two ops
+    python scripts/gemv_bench.py --fused    # only the SiLU-epilogue GEMV (linear_silu_mul) vs the two ops
 
 Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s counts weight + x + y bytes.
 """
@@ -126,41 +126,29 @@ def chain_rows(sweep=False):
 
 
 def fused_rows(ms=(1, 2, 4, 8)):
-    """Each Qwen3-4B projection with the elementwise op after it: the two ops vs the fused epilogue GEMV,
-    then 36 layers of (qkv, o + add_rms_norm, gate_up + silu_mul, down + add_rms_norm) in one graph."""
-    nw = cp.ones(H, dtype=cp.float32)   # Qwen3.5's folded norms are float32; Qwen3's bf16 take the same path
-    cases = {"o + add_rms_norm": (NO, H, "norm"), "gate_up + silu_mul": (H, 2 * I, "silu"),
-             "down + add_rms_norm": (I, H, "norm")}
+    """Qwen3-4B's gate_up projection with silu_mul after it: the two ops vs the SiLU-epilogue GEMV, then 36
+    layers of (qkv, o, gate_up + silu_mul, down) in one graph."""
+    k, n = SHAPES_4B["gate_up"]
     print(f"\n{'fused epilogue (K->N)':<34} {'M':>2} {'two ops us':>10} {'fused us':>9} {'+PDL two':>9} {'+PDL fused':>10}")
-    for name, (k, n, kind) in cases.items():
-        copies = min(8, -(-150_000_000 // (2 * n * k)))
-        ws = [rand(n, k, scale=k ** -0.5) for _ in range(copies)]
-        for m in ms:
-            x, res = rand(m, k), rand(m, H)
-            two, fused = ((lambda w: ops.silu_mul(ops.linear(x, w)), lambda w: ops.linear_silu_mul(x, w))
-                          if kind == "silu" else
-                          (lambda w: ops.add_rms_norm(ops.linear(x, w), res, nw, 1e-6),
-                           lambda w: ops.linear_add_rms_norm(x, w, res, nw, 1e-6)))
-            row = [with_gemv(True, lambda: graph_us(lambda: [f(w) for w in ws]), pdl_on=on) / copies
-                   for on in (False, True) for f in (two, fused)]
-            print(f"{name + f' {k}->{n}':<34} {m:>2} {row[0]:10.1f} {row[1]:9.1f} {row[2]:9.1f} {row[3]:10.1f}")
-        del ws
+    copies = min(8, -(-150_000_000 // (2 * n * k)))
+    ws = [rand(n, k, scale=k ** -0.5) for _ in range(copies)]
+    for m in ms:
+        x = rand(m, k)
+        two, fused = (lambda w: ops.silu_mul(ops.linear(x, w))), (lambda w: ops.linear_silu_mul(x, w))
+        row = [with_gemv(True, lambda: graph_us(lambda: [f(w) for w in ws]), pdl_on=on) / copies
+               for on in (False, True) for f in (two, fused)]
+        print(f"{f'gate_up + silu_mul {k}->{n}':<34} {m:>2} {row[0]:10.1f} {row[1]:9.1f} {row[2]:9.1f} {row[3]:10.1f}")
+    del ws
     layers = [[rand(n, k, scale=k ** -0.5) for k, n in (SHAPES_4B[s] for s in ("qkv", "o", "gate_up", "down"))]
               for _ in range(36)]
     for m in (ms[0], ms[-1]):
-        x, res = rand(m, H), rand(m, H)
+        x = rand(m, H)
 
-        def two_ops():
+        def chain(mlp_in):
             for qkv, o, gate_up, down in layers:
-                a = ops.linear(x, qkv)[:, :NO]
-                h, _ = ops.add_rms_norm(ops.linear(a, o), res, nw, 1e-6)
-                ops.add_rms_norm(ops.linear(ops.silu_mul(ops.linear(h, gate_up)), down), res, nw, 1e-6)
-
-        def fused():
-            for qkv, o, gate_up, down in layers:
-                a = ops.linear(x, qkv)[:, :NO]
-                h, _ = ops.linear_add_rms_norm(a, o, res, nw, 1e-6)
-                ops.linear_add_rms_norm(ops.linear_silu_mul(h, gate_up), down, res, nw, 1e-6)
+                h = ops.linear(ops.linear(x, qkv)[:, :NO], o)
+                ops.linear(mlp_in(h, gate_up), down)
+        two_ops, fused = (lambda: chain(lambda h, w: ops.silu_mul(ops.linear(h, w)))), (lambda: chain(ops.linear_silu_mul))
         for on in (False, True):
             t2, tf = (with_gemv(True, lambda: graph_us(f, reps=10), pdl_on=on) for f in (two_ops, fused))
             print(f"36-layer projection chain M={m}{' +PDL' if on else ''}: two ops {t2:8.0f} us, fused {tf:8.0f} us "

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("cupy")
 from openinfer.batch import ForwardBatch  # noqa: E402
-from openinfer.kernels.cuda import (attention, attention_decode, blas, gemv_fused, module, ops, pdl,  # noqa: E402
+from openinfer.kernels.cuda import (attention, attention_decode, blas, module, ops, pdl,  # noqa: E402
                                     random_fill, sampler)
 from openinfer.sampling import SamplingParams  # noqa: E402
 from openinfer.sampling_batch import NUM_FIELDS, ROW, SampleRow, build_batch  # noqa: E402
@@ -23,7 +23,7 @@ BF16 = module.BF16
 @pytest.fixture
 def launches(monkeypatch):
     """Launchers on host stand-ins; returns the list of checked launches."""
-    recorded = record_launches(monkeypatch, (attention, attention_decode, blas, gemv_fused, module, ops, random_fill,
+    recorded = record_launches(monkeypatch, (attention, attention_decode, blas, module, ops, random_fill,
                                              sampler))
     monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
     monkeypatch.setattr(attention_decode, "blocks_per_sm", lambda *a: 4)
@@ -33,7 +33,7 @@ def launches(monkeypatch):
 
     def arrival_counters(purpose):
         return counters.setdefault(purpose, aligned_empty((module.COUNTER_SLOTS,), np.int32))
-    for m in (blas, attention_decode, gemv_fused):
+    for m in (blas, attention_decode):
         monkeypatch.setattr(m, "arrival_counters", arrival_counters)
     return recorded
 
@@ -160,42 +160,6 @@ def test_linear_silu_mul_needs_whole_8_row_tiles(launches):
     """I % 8 != 0 (gate and up rows of a tile would straddle the halves): the plain GEMV, then silu_mul."""
     ops.linear_silu_mul(aligned_empty((2, 256), BF16), aligned_empty((2 * 12, 256), BF16))
     assert [c.name for c in launches] == [f"gemv_bf16_{blas.GEMV_VARIANT}", "silu_mul_bf16"]
-
-
-@pytest.mark.parametrize("m", [1, 3, 8, 9])
-@pytest.mark.parametrize("n,k", FUSED_SHAPES)
-@pytest.mark.parametrize("norm_dtype", [BF16, np.float32])
-def test_linear_add_rms_norm_launches(launches, cublas, m, n, k, norm_dtype):
-    """The add + RMSNorm epilogue GEMV at M <= 8 (bf16 or f32 norm weights), with its own grid counter; cuBLAS + add_rms_norm above."""
-    residual = aligned_empty((m, n), BF16)
-    out, res = ops.linear_add_rms_norm(aligned_empty((m, k), BF16), aligned_empty((n, k), BF16), residual,
-                                       aligned_empty((n,), norm_dtype), 1e-6)
-    assert res is residual and out.shape == (m, n)
-    sfx = "bf16" if norm_dtype == BF16 else "bf16_wf32"
-    if m > blas.GEMV_MAX_M:
-        assert [c.name for c in launches] == [("cublas", m), f"add_rms_norm_v_{sfx}"]
-        return
-    (call,) = launches
-    assert call.name == f"gemv_add_rms_norm_{sfx}_{blas.GEMV_VARIANT}"
-    assert call.grid == (n // 16, blas.gemv_splits(n, k, 4 * 132))
-    assert call.args[-1] is gemv_fused.arrival_counters("gemv_grid") and call.args[-3] is out
-    assert call.args[11] is residual and int(call.args[12]) == n
-
-
-def test_linear_add_rms_norm_fallbacks(launches, monkeypatch):
-    """Rows that are not whole 16-byte words (N % 8, a residual row stride), more rows than
-    ADD_RMS_NORM_MAX_M, or no grid counter yet (first met inside a capture): the plain GEMV, then add_rms_norm."""
-    x, w, nw = aligned_empty((2, 256), BF16), aligned_empty((128, 256), BF16), aligned_empty((128,), BF16)
-    ops.linear_add_rms_norm(x, w[:100], aligned_empty((2, 100), BF16), nw[:100], 1e-6)
-    ops.linear_add_rms_norm(x, w, aligned_empty((2, 132), BF16)[:, :128], nw, 1e-6)   # rows 264 bytes apart
-    monkeypatch.setattr(gemv_fused, "ADD_RMS_NORM_MAX_M", 1)
-    ops.linear_add_rms_norm(x, w, aligned_empty((2, 128), BF16), nw, 1e-6)
-    ops.linear_add_rms_norm(x[:1], w, aligned_empty((1, 128), BF16), nw, 1e-6)
-    monkeypatch.setattr(gemv_fused, "arrival_counters", lambda purpose: None)
-    ops.linear_add_rms_norm(x[:1], w, aligned_empty((1, 128), BF16), nw, 1e-6)
-    plain, fused = f"gemv_bf16_{blas.GEMV_VARIANT}", f"gemv_add_rms_norm_bf16_{blas.GEMV_VARIANT}"
-    assert [c.name for c in launches] == [plain, "add_rms_norm_bf16"] * 2 + [plain, "add_rms_norm_v_bf16", fused] + \
-        [plain, "add_rms_norm_v_bf16"]
 
 
 def test_cublas_gemm_ex_binding():

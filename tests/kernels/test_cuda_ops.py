@@ -367,35 +367,30 @@ def test_gemv_graph_capture_replays(pdl, monkeypatch):
         close(again[1], exact(exact(h, BF16) @ host(ws[1]).T, BF16), DTYPES["bfloat16"], scale=2)
 
 
-# (N, K) for the fused GEMV epilogues: split-K (N = 2560 against the SM count), no split (N = 19456: Qwen3-4B's
-# gate_up), and a small one with K / 8 odd (SiLU: 13 tiles of 8 gate + 8 up rows; add + RMSNorm: a partial
-# last tile)
+# (N, K) for the SiLU epilogue GEMV: split-K (N = 2560 against the SM count), no split (N = 19456: Qwen3-4B's
+# gate_up); the tests add a small one with K / 8 odd (13 tiles of 8 gate + 8 up rows)
 FUSED_SHAPES = [(2560, 9728), (19456, 2560)]
 
 
 @pytest.fixture
 def gemv_kernels(monkeypatch):
-    """The gemv.cu kernels launched (blas.launch_gemv's kernel names); the add + RMSNorm epilogue at every
-    M <= 8, whatever gemv_fused.ADD_RMS_NORM_MAX_M says."""
-    from openinfer.kernels.cuda import blas, gemv_fused
-    monkeypatch.setattr(gemv_fused, "ADD_RMS_NORM_MAX_M", blas.GEMV_MAX_M)
+    """The gemv.cu kernels launched (blas.launch_gemv's kernel names)."""
+    from openinfer.kernels.cuda import blas
     names = []
     real = blas.launch_gemv
     monkeypatch.setattr(blas, "launch_gemv", lambda kernel, *a: (names.append(kernel), real(kernel, *a))[1])
     return names
 
 
-def _fused_inputs(rng, m, n, k, norm_dtype=BF16):
-    x, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
-    res, nw = exact(rnd(rng, m, n), BF16), exact((1 + 0.05 * rnd(rng, n)), norm_dtype)
-    return x, w, res, nw
+def _fused_inputs(rng, m, n, k):
+    return exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
 
 
 @pytest.mark.parametrize("n,k", [*FUSED_SHAPES, (208, 264)])
 @pytest.mark.parametrize("m", range(1, 9))
 def test_linear_silu_mul_is_bitwise_the_two_ops(m, n, k, gemv_kernels):
     rng = np.random.default_rng(100 * m + n + k)
-    x, w, _, _ = _fused_inputs(rng, m, n, k)
+    x, w = _fused_inputs(rng, m, n, k)
     xd, wd = dev(x, BF16), dev(w, BF16)
     got = ops.linear_silu_mul(xd, wd)
     assert gemv_kernels == ["gemv_silu_bf16"] and got.shape == (m, n // 2)
@@ -403,81 +398,53 @@ def test_linear_silu_mul_is_bitwise_the_two_ops(m, n, k, gemv_kernels):
     close(got, ref.linear_silu_mul(x, w), DTYPES["bfloat16"], scale=5)
 
 
-@pytest.mark.parametrize("norm_dtype", [BF16, np.dtype(np.float32)], ids=["bf16", "f32"])
-@pytest.mark.parametrize("n,k", [*FUSED_SHAPES, (200, 264)])
-@pytest.mark.parametrize("m", range(1, 9))
-def test_linear_add_rms_norm(m, n, k, norm_dtype, gemv_kernels):
-    """The residual is bitwise the two ops' (the same y and add); the normed output within rounding (its
-    sum of squares is reduced over 128 threads, not add_rms_norm's block)."""
-    rng = np.random.default_rng(100 * m + n + k)
-    x, w, res, nw = _fused_inputs(rng, m, n, k, norm_dtype)
-    xd, wd, nwd = dev(x, BF16), dev(w, BF16), dev(nw, norm_dtype)
-    rd, rd_unfused = dev(res, BF16), dev(res, BF16)
-    out, r = ops.linear_add_rms_norm(xd, wd, rd, nwd, 1e-6)
-    assert r is rd and gemv_kernels == [f"gemv_add_rms_norm_{'bf16' if norm_dtype == BF16 else 'bf16_wf32'}"]
-    want, _ = ops.add_rms_norm(ops.linear(xd, wd), rd_unfused, nwd, 1e-6)
-    np.testing.assert_array_equal(host(rd), host(rd_unfused))
-    close(out, host(want), DTYPES["bfloat16"])
-    want_out, want_res = ref.linear_add_rms_norm(x, w, res, nw, 1e-6)
-    close(rd, want_res, DTYPES["bfloat16"], scale=2)
-    close(out, want_out, DTYPES["bfloat16"], scale=5)
-
-
 @pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_fused_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_kernels):
-    """Both epilogues in every kernel variant, eager with and without PDL, split-K and not."""
+    """The SiLU epilogue in every kernel variant, eager with and without PDL, split-K and not."""
     from openinfer.kernels.cuda import blas, pdl as pdl_mod
     monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
     monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
     rng = np.random.default_rng(4)
     for m, n, k in ((1, 2560, 9728), (8, 512, 4096), (3, 19456, 2560)):
-        x, w, res, nw = _fused_inputs(rng, m, n, k, np.dtype(np.float32))
-        xd, wd, nwd = dev(x, BF16), dev(w, BF16), cp.asarray(nw)
+        xd, wd = (dev(a, BF16) for a in _fused_inputs(rng, m, n, k))
         np.testing.assert_array_equal(host(ops.linear_silu_mul(xd, wd)), host(ops.silu_mul(ops.linear(xd, wd))))
-        rd, rd_unfused = dev(res, BF16), dev(res, BF16)
-        out, _ = ops.linear_add_rms_norm(xd, wd, rd, nwd, 1e-6)
-        want, _ = ops.add_rms_norm(ops.linear(xd, wd), rd_unfused, nwd, 1e-6)
-        np.testing.assert_array_equal(host(rd), host(rd_unfused))
-        close(out, host(want), DTYPES["bfloat16"])
-    assert gemv_kernels.count("gemv_silu_bf16") == gemv_kernels.count("gemv_add_rms_norm_bf16_wf32") == 3
+    assert gemv_kernels.count("gemv_silu_bf16") == 3
 
 
 @pytest.mark.parametrize("pdl", [False, True])
 def test_fused_gemv_graph_capture_replays(pdl, monkeypatch, gemv_kernels):
-    """An MLP (linear_silu_mul, then linear_add_rms_norm: split-K) captured once and replayed twice on new
-    inputs: each replay equals the eager ops, so the tile and grid counters were left zero."""
+    """An MLP (linear_silu_mul, then the split-K down projection) captured once and replayed twice on new
+    inputs: each replay equals the eager ops, so the tile counters were left zero. Captured as
+    cuda_graphs.py does, from a pool of the graph's own: a capture-time buffer freed into the shared pool
+    would be handed to the test's next array while the graph still writes it."""
     from openinfer.kernels.cuda import pdl as pdl_mod
     monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
     rng = np.random.default_rng(12)
     H, I = 2560, 9728
     gate_up, down = dev(rnd(rng, 2 * I, H, scale=H ** -0.5), BF16), dev(rnd(rng, H, I, scale=I ** -0.5), BF16)
-    nw = cp.asarray((1 + 0.05 * rnd(rng, H)).astype(np.float32))
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
 
-    def mlp(x, residual):
+    def mlp(x):
         h = ops.linear_silu_mul(x, gate_up)
-        return ops.linear_add_rms_norm(h, down, residual, nw, 1e-6)[0], h
+        return ops.linear(h, down), h
 
     for m in (1, 8):
-        x, residual = dev(rnd(rng, m, H), BF16), dev(rnd(rng, m, H), BF16)
+        x = dev(rnd(rng, m, H), BF16)
         with stream:
-            eager = host(mlp(x, residual)[0])  # warms the pool and the counters
-            stream.begin_capture()
-            y = mlp(x, residual)
-            graph = stream.end_capture()
+            eager = host(mlp(x)[0])  # sets up the counters
+            with cp.cuda.using_allocator(pool.malloc):
+                stream.begin_capture()
+                y = mlp(x)
+                graph = stream.end_capture()
             for _ in range(2):
                 x[...] = dev(rnd(rng, m, H), BF16)
-                residual[...] = dev(rnd(rng, m, H), BF16)
-                before = residual.copy()
                 graph.launch(stream)
-                got = [host(a) for a in (*y, residual)]
-                residual[...] = before
-                again = mlp(x, residual)
-                for a, b in zip(got, (*again, residual)):
+                got = [host(a) for a in y]
+                for a, b in zip(got, mlp(x)):
                     np.testing.assert_array_equal(a, host(b))
         assert not np.array_equal(eager, got[0])
-    assert {"gemv_silu_bf16", "gemv_add_rms_norm_bf16_wf32"} <= set(gemv_kernels)
+    assert "gemv_silu_bf16" in gemv_kernels
 
 
 def _batch(runs, block_size, rng, num_blocks):
@@ -762,12 +729,13 @@ def test_split_decode_graph_replays_twice(decode_grids):
     dt = DTYPES["bfloat16"]
     qd, kc, vc, db, want = _decode_inputs(dt, [9000, 2, 600], 32, 8, 128, 25)
     db = dataclasses.replace(db, max_context_len=20480)
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()   # the graph's own pool, as in
+    with stream:                                                                # cuda_graphs.py
         eager = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
-        stream.begin_capture()
-        got = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
-        graph = stream.end_capture()
+        with cp.cuda.using_allocator(pool.malloc):
+            stream.begin_capture()
+            got = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
+            graph = stream.end_capture()
         for _ in range(2):
             got[...] = 0
             graph.launch(stream)

@@ -62,12 +62,6 @@ def linear_silu_mul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return silu_mul(linear(x, w))
 
 
-def linear_add_rms_norm(x: np.ndarray, w: np.ndarray, residual: np.ndarray, norm_w: np.ndarray,
-                        eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """add_rms_norm(linear(x, w), residual, norm_w, eps) (one fused op on GPUs)."""
-    return add_rms_norm(linear(x, w), residual, norm_w, eps)
-
-
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
     """Scatter k/v [T, nkv, d] into paged caches [num_blocks, block_size, nkv, d] at the slots."""
     nb, bs = k_cache.shape[:2]
@@ -127,6 +121,5 @@ def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
     for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
-                 "linear_silu_mul", "linear_add_rms_norm", "write_kv", "rope_write_kv", "paged_attention",
-                 "gather_rows"):
+                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

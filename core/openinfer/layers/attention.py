@@ -24,17 +24,15 @@ class GQAAttention:
         self.eps, self.cos, self.sin, self.w = eps, cos, sin, w
         self.kv_group = kv_group
         self.scale = head_dim ** -0.5
-        self.out_weight = w.o   # the output projection, applied by the caller (fused with what follows it)
 
-    def mix(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        """The attention output [T, nh * d] before the output projection `out_weight`."""
+    def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         T = x.shape[0]
         qkv = self.ops.linear(x, self.w.qkv)
         q_end, k_end = self.nh * self.d, (self.nh + self.nkv) * self.d
         q = qkv[:, :q_end].reshape(T, self.nh, self.d)
         k = qkv[:, q_end:k_end].reshape(T, self.nkv, self.d)
         v = qkv[:, k_end:].reshape(T, self.nkv, self.d)
-        return self.attend(q, k, v, batch, state).reshape(T, self.nh * self.d)
+        return self.ops.linear(self.attend(q, k, v, batch, state).reshape(T, self.nh * self.d), self.w.o)
 
     def attend(self, q: Array, k: Array, v: Array, batch: ForwardBatch, state: StatePools) -> Array:
         """QK-norm (if any) and RoPE, write K/V to the paged cache, attend: [T, nh, d] out.

@@ -30,10 +30,8 @@ class GatedDeltaNet:
         self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.conv_dim, self.eps = cfg.conv_dim, cfg.rms_norm_eps
-        self.out_weight = w.out_proj   # the output projection, applied by the caller (fused with what follows it)
 
-    def mix(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        """The gated, normed delta-rule output [T, nv * dv] before the output projection `out_weight`."""
+    def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         ops, T = self.ops, x.shape[0]
         nk, nv, dk, dv, C = self.nk, self.nv, self.dk, self.dv, self.conv_dim
         proj = ops.linear(x, self.w.in_proj)
@@ -50,7 +48,8 @@ class GatedDeltaNet:
         g, beta = ops.qwen35_gdn_gating(a, b, self.w.A_log, self.w.dt_bias)
         rule = ops.qwen35_gated_delta_rule_update if decode else ops.qwen35_gated_delta_rule
         o = rule(q, k, v, g, beta, ssm_state, batch)
-        return ops.qwen35_gated_rms_norm(o, z, self.w.norm, self.eps).reshape(T, nv * dv)
+        o = ops.qwen35_gated_rms_norm(o, z, self.w.norm, self.eps)
+        return ops.linear(o.reshape(T, nv * dv), self.w.out_proj)
 
 
 class GatedAttention(GQAAttention):
@@ -58,11 +57,11 @@ class GatedAttention(GQAAttention):
     and a per-head output gate. `w.qkv` is fused as [q | k | v | gate] rows: the checkpoint's
     q_proj interleaves [q_h | gate_h] per head and is split at load."""
 
-    def mix(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
+    def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         ops, T, nh, nkv, d = self.ops, x.shape[0], self.nh, self.nkv, self.d
         qkvg = ops.linear(x, self.w.qkv)
         q = qkvg[:, :nh * d].reshape(T, nh, d)
         k = qkvg[:, nh * d:(nh + nkv) * d].reshape(T, nkv, d)
         v = qkvg[:, (nh + nkv) * d:(nh + 2 * nkv) * d].reshape(T, nkv, d)
         o = self.attend(q, k, v, batch, state).reshape(T, nh * d)
-        return ops.qwen35_sigmoid_gate(o, qkvg[:, (nh + 2 * nkv) * d:])
+        return ops.linear(ops.qwen35_sigmoid_gate(o, qkvg[:, (nh + 2 * nkv) * d:]), self.w.o)

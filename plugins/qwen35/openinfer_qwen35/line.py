@@ -41,7 +41,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                                              "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
 }
 
-SHARED_OPS = ["embedding", "rms_norm", "linear", "linear_add_rms_norm", "linear_silu_mul", "qk_norm_rope",
+SHARED_OPS = ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "qk_norm_rope",
               "write_kv", "paged_attention", "gather_rows"]
 
 

@@ -88,10 +88,9 @@ class Qwen35Model(Model):
         residual = ops.embedding(self.embed, batch.token_ids)
         x = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
-            mixer = layer.mixer
-            x, residual = ops.linear_add_rms_norm(mixer.mix(x, batch, state), mixer.out_weight, residual,
-                                                  layer.post_norm, eps)
+            a = layer.mixer(x, batch, state)
+            x, residual = ops.add_rms_norm(a, residual, layer.post_norm, eps)
+            m = ops.linear(ops.linear_silu_mul(x, layer.gate_up), layer.down)
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
-            x, residual = ops.linear_add_rms_norm(ops.linear_silu_mul(x, layer.gate_up), layer.down, residual,
-                                                  next_norm, eps)
+            x, residual = ops.add_rms_norm(m, residual, next_norm, eps)
         return ops.linear(ops.gather_rows(x, batch.sample_rows), self.lm_head)

@@ -154,6 +154,20 @@ def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
     launch_gemv("gemv_bf16", x2, w, (out2, np.int64(out2.strides[0] // 2), np.int32(w.shape[0])))
 
 
+def gemv_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
+    """silu_mul(linear(x, w)) bit for bit for w = [gate; up] ([2I, K], gate rows first, I % 8 == 0) through
+    one GEMV whose tile t takes gate rows 8t..8t+7 and the matching up rows (gemv.cu's SiluMul epilogue),
+    so each lane holds both factors; None where the GEMV path does not apply (ops.py runs the two ops)."""
+    x2, w = operands(x, w)
+    m, k = x2.shape
+    if w.shape[0] % 16 or not _gemv_usable(x2, w, m, k):
+        return None
+    inter = w.shape[0] // 2
+    out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
+    launch_gemv("gemv_silu_bf16", x2, w, (out, np.int64(inter), np.int32(inter)))
+    return out
+
+
 def operands(x: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
     """linear's checks, then x as [M, K] rows and w, both with a unit last stride (copied only if needed)."""
     k = w.shape[1]

@@ -80,18 +80,14 @@ template <> struct Pack<bf16> {
 
 // V consecutive elements <-> floats. Where V elements fill whole 16-byte words they move as uint4 (the
 // caller keeps the pointer 16-byte aligned); otherwise one element at a time. VEC<T> elements fill one word.
-// L2: load the words through L2 only (ld.global.cg), for data other blocks of the running grid wrote (L1
-// is not coherent across SMs).
 template <typename T> constexpr int VEC = 16 / sizeof(T);
 
-template <int V, bool L2 = false, typename T>
+template <int V, typename T>
 __device__ __forceinline__ void load_f32(const T* __restrict__ p, float* f) {
-    static_assert(!L2 || V * sizeof(T) % 16 == 0, "L2 loads move whole 16-byte words");
     if constexpr (V * sizeof(T) % 16 == 0) {
 #pragma unroll
         for (int k = 0; k < V / VEC<T>; ++k) {
-            const uint4* src = reinterpret_cast<const uint4*>(p) + k;
-            const uint4 word = L2 ? __ldcg(src) : *src;
+            const uint4 word = reinterpret_cast<const uint4*>(p)[k];
             const T* e = reinterpret_cast<const T*>(&word);
 #pragma unroll
             for (int j = 0; j < VEC<T>; ++j) f[k * VEC<T> + j] = to_f32(e[j]);

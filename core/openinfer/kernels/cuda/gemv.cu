@@ -25,11 +25,12 @@
 //   operand each recompute the activation of their row, 8x redundant at M = 1.
 // * The epilogue is a template parameter too: which rows of w a tile takes and what becomes of its
 //   final sums. An elementwise step after the GEMV is folded in there, where each value is computed
-//   once: StoreY (plain y), SiluMul (w = [gate; up], silu(gate) * up stored), AddRmsNorm (y, then the
-//   last CTA of the grid runs add + RMSNorm over the M whole rows).
+//   once: StoreY (plain y), SiluMul (w = [gate; up], silu(gate) * up stored). The add + RMSNorm after
+//   the o / down projections was tried there too (the grid's last CTA normalising the M rows) and taken
+//   out: its one-CTA tail cost more than the kernel boundary it saved (o at M = 1: 12.5 vs 11.5 us, M = 8:
+//   26.1 vs 12.0 us; docs/benchmarks/qwen3-4b-h200.md, stop 12).
 // Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8.
 #include "common.cuh"
-#include "norm.cuh"
 
 namespace {
 
@@ -71,8 +72,7 @@ __device__ __forceinline__ void mma_bf16(float* c, const uint4& a, const uint4& 
 }
 
 // --- epilogues. row(tile, r): the w row a tile takes as its row r (lane group g loads rows g and g + 8);
-// store(s, ...): the tile's final fp32 sums s = (row g: x rows 2q, 2q + 1 | row g + 8: x rows 2q, 2q + 1);
-// finish(stored, M): the whole block, after the tile (stored: this lane stored final values).
+// store(s, ...): the tile's final fp32 sums s = (row g: x rows 2q, 2q + 1 | row g + 8: x rows 2q, 2q + 1).
 
 // y[M, n] in bf16: tile t = rows 16t .. 16t + 15; rows past n repeat n - 1 and are not stored.
 struct StoreY {
@@ -91,7 +91,6 @@ struct StoreY {
             if (m1 < M) y[m1 * ldy + r1] = from_f32<bf16>(s.w);
         }
     }
-    __device__ void finish(bool, int) const {}
 };
 
 __device__ __forceinline__ float round_bf16(float v) { return to_f32(from_f32<bf16>(v)); }
@@ -109,37 +108,6 @@ struct SiluMul {
         const int m0 = 2 * q, m1 = 2 * q + 1, j = tile * 8 + g;
         if (m0 < M) out[m0 * ldo + j] = from_f32<bf16>(silu_mul_f32(round_bf16(s.x), round_bf16(s.z)));
         if (m1 < M) out[m1 * ldo + j] = from_f32<bf16>(silu_mul_f32(round_bf16(s.y), round_bf16(s.w)));
-    }
-    __device__ void finish(bool, int) const {}
-};
-
-// y[M, n] as StoreY into a scratch, then add_rms_norm over the whole rows: every CTA that stored a tile
-// counts itself on a grid-wide counter, and the one that completes the count (all of y written) runs
-// norm.cuh's add_rms_norm_row on the M rows with its 128 threads, reading y through L2, then resets the
-// counter to 0 for the next launch (graph replay). Needs n % 8 == 0 and 16-byte aligned rows.
-template <typename W>
-struct AddRmsNorm {
-    StoreY y;   // ldy == n
-    bf16* residual;
-    long long ldr;
-    const W* norm_w;
-    bf16* out;  // [M, n]
-    float eps;
-    int* count;
-    __device__ int row(int tile, int r) const { return y.row(tile, r); }
-    __device__ void store(float4 s, int M, int tile, int g, int q) const { y.store(s, M, tile, g, q); }
-    __device__ void finish(bool stored, int M) const {
-        __shared__ int last;
-        if (stored) __threadfence();   // this lane's y values before the count (thread 0's atomic, after the barrier)
-        __syncthreads();
-        if (threadIdx.x == 0) last = stored && atomicAdd(count, 1) == (int)gridDim.x - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        for (int m = 0; m < M; ++m)
-            add_rms_norm_row<VEC<bf16>, bf16, W, true>(y.y + (long long)m * y.n, residual + m * ldr, norm_w,
-                                                       out + (long long)m * y.n, y.n, eps);
-        if (threadIdx.x == 0) *count = 0;
     }
 };
 
@@ -231,7 +199,6 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
     __shared__ float4 red[WARPS][32];
     red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
-    bool stored = false;
     if (warp == 0) {
         float4 s = red[0][lane];
 #pragma unroll
@@ -239,12 +206,8 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
             const float4 t = red[i][lane];
             s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
         }
-        if (splits == 1 || reduce_splits(s, partial, counters, lane)) {
-            epi.store(s, M, tile, g, q);
-            stored = true;
-        }
+        if (splits == 1 || reduce_splits(s, partial, counters, lane)) epi.store(s, M, tile, g, q);
     }
-    epi.finish(stored, M);
 }
 
 }  // namespace
@@ -271,9 +234,3 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 GEMV_VARIANTS(gemv_bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
 // tiles = inter / 8 (w: [2 inter, K])
 GEMV_VARIANTS(gemv_silu_bf16, (SiluMul{out, ldo, inter}), bf16* __restrict__ out, long long ldo, int inter)
-// tiles = ceil(n / 16); y: a [M, n] scratch, residual [M, ldr] updated in place, out [M, n], count: int32, zero
-#define GEMV_ADD_RMS_NORM(SFX, W)                                                                           \
-    GEMV_VARIANTS(gemv_add_rms_norm_##SFX, (AddRmsNorm<W>{{y, n, n}, residual, ldr, norm_w, out, eps, count}), \
-                  bf16* y, int n, bf16* residual, long long ldr, const W* norm_w, bf16* out, float eps, int* count)
-GEMV_ADD_RMS_NORM(bf16, bf16)
-GEMV_ADD_RMS_NORM(bf16_wf32, float)

@@ -90,12 +90,12 @@ def sm_count() -> int:
     return _sm_count[dev]
 
 
-COUNTER_PURPOSES = ("gemv", "gemv_grid", "decode_attention")   # split-K tiles, fused GEMV epilogues, split-KV heads
+COUNTER_PURPOSES = ("gemv", "decode_attention")   # split-K GEMV tiles, split-KV decode heads
 
 
 def arrival_counters(purpose: str) -> cp.ndarray | None:
     """COUNTER_SLOTS int32 counters of the current device for kernels whose last block to arrive finishes
-    the work (split-K GEMV tiles, a fused GEMV's whole-row epilogue, split-KV decode heads): zeroed once,
+    the work (split-K GEMV tiles, split-KV decode heads): zeroed once,
     and each launch leaves its slots zero again. Each purpose (COUNTER_PURPOSES) has its own region, so
     two kinds of kernels never share a slot. Raw device memory outside any pool (a graph's private pool
     may go away). Every purpose's region is allocated at the first call outside a capture, whichever

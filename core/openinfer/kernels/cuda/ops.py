@@ -10,13 +10,11 @@ import cupy as cp
 import numpy as np
 
 from .attention import paged_attention
-from .blas import linear
-from .gemv_fused import gemv_add_rms_norm, gemv_silu_mul
+from .blas import gemv_silu_mul, linear
 from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
 __all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "linear_silu_mul",
-           "linear_add_rms_norm", "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax",
-           "top_logprobs"]
+           "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
 
 
 def _threads(n: int, cap: int = 1024) -> int:
@@ -150,17 +148,9 @@ def silu_mul(gate_up: cp.ndarray) -> cp.ndarray:
 
 def linear_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     """silu_mul(linear(x, w)) for w = [gate; up]: one GEMV with the SiLU in its epilogue where it applies
-    (gemv_fused.py; the same bits), else the two ops."""
+    (blas.gemv_silu_mul; the same bits), else the two ops."""
     out = gemv_silu_mul(x, w)
     return silu_mul(linear(x, w)) if out is None else out
-
-
-def linear_add_rms_norm(x: cp.ndarray, w: cp.ndarray, residual: cp.ndarray, norm_w: cp.ndarray,
-                        eps: float) -> tuple[cp.ndarray, cp.ndarray]:
-    """add_rms_norm(linear(x, w), residual, norm_w, eps), residual updated in place: one GEMV with the add +
-    RMSNorm in its epilogue where it applies (gemv_fused.py), else the two ops."""
-    out = gemv_add_rms_norm(x, w, residual, norm_w, eps, norm_suffix(x.dtype, norm_w.dtype))
-    return add_rms_norm(linear(x, w), residual, norm_w, eps) if out is None else (out, residual)
 
 
 def _check_caches(op: str, k_cache: cp.ndarray, v_cache: cp.ndarray) -> None:
