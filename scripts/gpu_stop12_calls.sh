@@ -6,7 +6,9 @@
 # call1: GPU tests of the fused decode kernels (split-KV merge in the decode kernel, GEMV epilogues: SiLU-mul and
 # add+RMSNorm), bench latency before/after for Qwen3-4B (batch 1/32/128) and Qwen3.5-4B (batch 1), and
 # scripts/gpu_profile.py before/after (a decode step's wall time, host preparation, graph GPU time).
-# call2: start-up (ready time, idle RSS, model frameworks mapped), bench latency, prefix hits at 1k/16k, ncu of a
+# diag: test_cuda_ops alone (which test leaves arrival counters behind), the kernels a decode graph captures
+# (.whl/diag.py), gemv_bench --fused. call3: the final code (SiLU epilogue kept, add+RMSNorm epilogue out): tests,
+# bench latency before/after, profile, Qwen3.5, start-up, prefix hits. call2 (not run): start-up (ready time, idle RSS, model frameworks mapped), bench latency, prefix hits at 1k/16k, ncu of a
 # batch-1 decode step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +62,12 @@ diag) precompile; timeout 200 $T tests/kernels/test_cuda_ops.py > $L/t_ops.log 2
        grep -h "^FAILED\|^ERROR" $L/t_ops.log | cut -c1-300 | head -30 | tee -a $S
        for m in qwen3-4b qwen3.5-4b; do timeout 60 python3 .whl/diag.py $m > $L/diag_$m.log 2>&1; tail -22 $L/diag_$m.log | tee -a $S; done
        timeout 90 python3 scripts/gemv_bench.py --fused > $L/gemv_fused.log 2>&1; tail -30 $L/gemv_fused.log | tee -a $S ;;
-*) echo "usage: $0 call1|call2|diag" >&2; exit 2 ;;
+call3) precompile; PYTHONPATH=$BASE/core precompile; tests 170 $CORE
+       lat q3 60 $Q3; base_lat base_q3 60 $Q3; prof q3 qwen3-4b; lat q35 40 $Q35
+       startup startup
+       timeout 100 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix_hit.log 2>&1
+       tail -10 $L/prefix_hit.log | tee -a $S ;;
+*) echo "usage: $0 call1|call2|diag|call3" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .
