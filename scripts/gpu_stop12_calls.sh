@@ -42,6 +42,7 @@ startup() {  # name, then env assignments for the server
     say "$name: $(grep -h 'ready\|frameworks' $L/$name.log | tr '\n' ' ')"
 }
 ncu() { OUT=$L NCU_S=65 TOP=18 timeout 70 bash scripts/gpu_ncu.sh "$@" > /dev/null 2>&1; cat $L/ncu_*.txt >> $S; rm -f $L/ncu_*.csv; }
+attn() { local name=$1 t=$2; timeout $t python3 scripts/attn_bench.py --batches 1,32 --contexts 1024 > $L/$name.log 2>&1; say "$name:"; tail -4 $L/$name.log | tee -a $S; }
 precompile() { python3 -c "import cupy; from openinfer.kernels.cuda import compile as kc; kc.compile_all('sm_90a')" > $L/precompile.log 2>&1; }
 Q3="--model qwen3-4b --batch-sizes 1,32,128 --input-lens 1024 --output-lens 64 --num-iters 2 --max-num-batched-tokens 8192"
 Q3B1="--model qwen3-4b --batch-sizes 1 --input-lens 1024 --output-lens 64 --num-iters 3"
@@ -64,10 +65,11 @@ diag) precompile; timeout 200 $T tests/kernels/test_cuda_ops.py > $L/t_ops.log 2
        timeout 90 python3 scripts/gemv_bench.py --fused > $L/gemv_fused.log 2>&1; tail -30 $L/gemv_fused.log | tee -a $S ;;
 call3) precompile; PYTHONPATH=$BASE/core precompile; tests 170 $CORE
        lat q3 60 $Q3; base_lat base_q3 60 $Q3; prof q3 qwen3-4b; lat q35 40 $Q35
-       startup startup
+       attn attn 15; PYTHONPATH=$BASE/core attn base_attn 15
        timeout 100 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix_hit.log 2>&1
        tail -10 $L/prefix_hit.log | tee -a $S ;;
-*) echo "usage: $0 call1|call2|diag|call3" >&2; exit 2 ;;
+call4) precompile; startup startup; OPENINFER_PDL=1 lat q3_b1_pdl 30 $Q3B1 ;;
+*) echo "usage: $0 call1|call2|diag|call3|call4" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .
