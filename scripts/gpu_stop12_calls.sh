@@ -68,7 +68,15 @@ call3) precompile; PYTHONPATH=$BASE/core precompile; tests 170 $CORE
        attn attn 15; PYTHONPATH=$BASE/core attn base_attn 15
        timeout 100 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix_hit.log 2>&1
        tail -10 $L/prefix_hit.log | tee -a $S ;;
-call4) precompile; startup startup; OPENINFER_PDL=1 lat q3_b1_pdl 30 $Q3B1 ;;
+call4) precompile
+       timeout 220 $T tests/kernels/test_cuda_ops.py -k "decode or attention or prefill" > $L/t_ops1.log 2>&1 &
+       timeout 220 $T tests/kernels/test_cuda_ops.py tests/kernels/test_cuda_sampling.py tests/test_cuda_graphs_capture.py \
+           -k "not (decode or attention or prefill)" > $L/t_ops2.log 2>&1 &
+       wait; for f in ops1 ops2; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_ops*.log | cut -c1-220 | head -16 | tee -a $S
+       CUDA_LAUNCH_BLOCKING=1 timeout 40 python3 scripts/attn_bench.py --batches 32 --contexts 1024 > $L/attn32.log 2>&1
+       grep -v "^  File\|^    " $L/attn32.log | head -12 | tee -a $S
+       startup startup ;;
 *) echo "usage: $0 call1|call2|diag|call3|call4" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
