@@ -13,7 +13,7 @@ import pytest
 
 from conftest import run_cli
 from openinfer.bench.prefix import Sample, summarize_ladder
-from openinfer.bench.startup import frameworks_mapped, rss_bytes, tree_pids
+from openinfer.bench.startup import frameworks_in, frameworks_mapped, rss_bytes, tree_pids
 
 
 def _free_port() -> int:
@@ -81,6 +81,15 @@ def test_frameworks_mapped_sees_torch_in_a_process_that_imported_it() -> None:
         proc.stdin.close()
         proc.wait()
     assert frameworks_mapped([os.getpid()]) == sorted(n for n in ("torch",) if n in sys.modules)
+
+
+def test_frameworks_in_reads_package_folders_only() -> None:
+    """The H200 image's venv lives at /opt/torch/.venv: its cupy files are not torch's (this read "torch"
+    for a server that never imported it, stop 12)."""
+    venv = "7f00-7f01 r-xp 00000000 00:2a 1 /opt/torch/.venv/lib/python3.12/site-packages/"
+    assert frameworks_in(venv + "cupy/_core/core.so\n") == set()
+    assert frameworks_in(venv + "torch/lib/libtorch_cpu.so\n") == {"torch"}
+    assert frameworks_in("7f00-7f01 r-xp 0 00:2a 1 /usr/lib/python3/dist-packages/jaxlib/x.so\n") == {"jaxlib"}
 
 
 def test_tree_pids_of_self() -> None:

@@ -57,17 +57,23 @@ def rss_bytes(pid: int) -> int:
 FRAMEWORKS = ("torch", "tensorflow", "onnxruntime", "jaxlib")   # what `serve` must never load
 
 
+def frameworks_in(maps: str) -> set[str]:
+    """The model frameworks with a file of their own package folder (site-packages/<name>/ or
+    dist-packages/<name>/) in a /proc/PID/maps text; a name elsewhere in a path (a venv at
+    /opt/torch/.venv, say) is not one."""
+    return {name for name in FRAMEWORKS if f"-packages/{name}/" in maps}
+
+
 def frameworks_mapped(pids: list[int]) -> list[str]:
-    """The model frameworks whose own files (a site-packages/<name>/ path) any of `pids` has mapped:
-    proof from outside the process that it never imported them, whatever is installed beside it."""
+    """The model frameworks whose own files any of `pids` has mapped: proof from outside the process
+    that it never imported them, whatever is installed beside it."""
     found: set[str] = set()
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as f:
-                maps = f.read()
+                found |= frameworks_in(f.read())
         except OSError:
             continue   # gone, or not ours to read
-        found.update(name for name in FRAMEWORKS if f"/{name}/" in maps)
     return sorted(found)
 
 
