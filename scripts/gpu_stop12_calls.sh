@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The H200 calls of stop 12, as run (results: docs/benchmarks/h200-2026-12-03-stop12/callN_*).
-#   bash scripts/gpu_stop12_calls.sh call1|call2|call3     (server-stack wheels in .whl/, the baseline tree in .whl/base)
+# The H200 calls of stop 12, as run (results: docs/benchmarks/h200-2026-12-03-stop12/).
+#   bash scripts/gpu_stop12_calls.sh call1|diag|call3|call4|call5   (server-stack wheels in .whl/, baseline tree in .whl/base)
 # The baseline is `git archive d5061fa core plugins` unpacked into .whl/base (the end of stop 11): `base_lat` runs
 # bench latency on it in the same call, so before/after share a host.
-# call1: GPU tests of the fused decode kernels (split-KV merge in the decode kernel, GEMV epilogues: SiLU-mul and
-# add+RMSNorm), bench latency before/after for Qwen3-4B (batch 1/32/128) and Qwen3.5-4B (batch 1), and
-# scripts/gpu_profile.py before/after (a decode step's wall time, host preparation, graph GPU time).
-# diag: test_cuda_ops alone (which test leaves arrival counters behind), the kernels a decode graph captures
-# (.whl/diag.py), gemv_bench --fused. call3: the final code (SiLU epilogue kept, add+RMSNorm epilogue out): tests,
-# bench latency before/after, profile, Qwen3.5, start-up, prefix hits. call2 (not run): start-up (ready time, idle RSS, model frameworks mapped), bench latency, prefix hits at 1k/16k, ncu of a
-# batch-1 decode step.
+# call1 (at d0f9cab, with the add+RMSNorm GEMV epilogue): GPU tests of the fused decode kernels, bench latency
+#   before/after for Qwen3-4B (batch 1/32/128) and Qwen3.5-4B (batch 1), scripts/gpu_profile.py before/after.
+# diag (at 220e60f): test_cuda_ops alone, with every test checking it leaves the arrival counters zero; the kernels
+#   a decode graph captures (diag_graph_kernels.py); gemv_bench --fused.
+# call3 (at 821eb1d, the add+RMSNorm epilogue out): tests, bench latency before/after, profile, Qwen3.5, attention
+#   microbenchmark before/after, prefix hits. call4: the GPU kernel tests call3's timeout cut, attn_bench at batch
+#   32, start-up (at 2f17a77). call5: torch in the process? (torchcheck.py, at 2f17a77), then at 3aa1731 start-up
+#   twice and PDL on/off at batch 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=${OUT:-/tmp/openinfer-gpu}; L=/tmp/L; mkdir -p "$R" $L; S=$R/summary.txt
@@ -54,14 +55,9 @@ call1) python3 -c "import openinfer; print(openinfer.__file__)" | tee -a $S
        precompile; PYTHONPATH=$BASE/core precompile; tests 170 $CORE
        lat q3 60 $Q3; base_lat base_q3 60 $Q3; lat q35 40 $Q35; base_lat base_q35 45 $Q35
        prof q3 qwen3-4b; PYTHONPATH=$BASE/core:$BASE/plugins/qwen3:/tmp/site prof base_q3 qwen3-4b ;;
-call2) precompile; tests 150 $CORE
-       startup startup1; startup startup2; lat q3 60 $Q3; lat q35 40 $Q35
-       timeout 120 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
-       tail -10 $L/prefix_hit.log | tee -a $S
-       ncu "qwen3-4b decode 1" ;;
 diag) precompile; timeout 200 $T tests/kernels/test_cuda_ops.py > $L/t_ops.log 2>&1; tail -1 $L/t_ops.log | tee -a $S
        grep -h "^FAILED\|^ERROR" $L/t_ops.log | cut -c1-300 | head -30 | tee -a $S
-       for m in qwen3-4b qwen3.5-4b; do timeout 60 python3 .whl/diag.py $m > $L/diag_$m.log 2>&1; tail -22 $L/diag_$m.log | tee -a $S; done
+       for m in qwen3-4b qwen3.5-4b; do timeout 60 python3 docs/benchmarks/h200-2026-12-03-stop12/diag_graph_kernels.py $m > $L/diag_$m.log 2>&1; tail -22 $L/diag_$m.log | tee -a $S; done
        timeout 90 python3 scripts/gemv_bench.py --fused > $L/gemv_fused.log 2>&1; tail -30 $L/gemv_fused.log | tee -a $S ;;
 call3) precompile; PYTHONPATH=$BASE/core precompile; tests 170 $CORE
        lat q3 60 $Q3; base_lat base_q3 60 $Q3; prof q3 qwen3-4b; lat q35 40 $Q35
@@ -77,7 +73,10 @@ call4) precompile
        CUDA_LAUNCH_BLOCKING=1 timeout 40 python3 scripts/attn_bench.py --batches 32 --contexts 1024 > $L/attn32.log 2>&1
        grep -v "^  File\|^    " $L/attn32.log | head -12 | tee -a $S
        startup startup ;;
-*) echo "usage: $0 call1|call2|diag|call3|call4" >&2; exit 2 ;;
+call5) precompile; python3 docs/benchmarks/h200-2026-12-03-stop12/torchcheck.py 2>&1 | grep -v "^20[0-9][0-9]-" | tee -a $S
+       startup startup1; startup startup2
+       for p in 0 1 0 1; do OPENINFER_PDL=$p lat q3_b1_pdl$p 40 $Q3B1; done ;;
+*) echo "usage: $0 call1|diag|call3|call4|call5" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .
