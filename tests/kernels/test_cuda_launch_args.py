@@ -116,10 +116,22 @@ def test_linear_gemv_launch_args(launches, m, n, k):
 def test_gemv_prefetches_only_under_pdl(launches, monkeypatch):
     """The weight prefetch before griddepcontrol.wait is worth it only when the kernel can start early."""
     for on in (False, True):
-        monkeypatch.setattr(pdl, "enabled", lambda: on)
+        monkeypatch.setattr(pdl, "enabled", lambda kernel="": on)
         blas.linear(aligned_empty((4, 4096), BF16), aligned_empty((256, 4096), BF16))
         assert int(launches[-1].args[8]) == (blas.GEMV_PREFETCH if on else 0)
     assert launches[-1].grid[1] > 1 and launches[-1].args[4] is not module.NULL   # split-K: a workspace
+
+
+def test_pdl_setting_names_kernels(monkeypatch):
+    """OPENINFER_PDL: 0 off, 1 every kernel, or kernel-name prefixes (PDL for those launches only)."""
+    assert pdl.parse_setting("0") == (False, None) and pdl.parse_setting("") == (False, None)
+    assert pdl.parse_setting("1") == (True, None)
+    assert pdl.parse_setting("gemv, paged_decode") == (True, ("gemv", "paged_decode"))
+    monkeypatch.setattr(pdl, "ENABLED", True)
+    monkeypatch.setattr(pdl, "KERNELS", ("gemv",))
+    assert not pdl.enabled("add_rms_norm_v_bf16")   # decided by name before the device is asked
+    monkeypatch.setattr(pdl, "ENABLED", False)
+    assert not pdl.enabled("gemv_bf16_u4")
 
 
 # (N, K) of Qwen3-4B's projections (gate_up, down, o) and small ones; gemv_splits gives the down and o

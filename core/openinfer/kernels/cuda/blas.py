@@ -146,7 +146,7 @@ def launch_gemv(kernel: str, x2: cp.ndarray, w: cp.ndarray, epilogue: tuple) -> 
     launch("gemv", name, (tiles, splits), 128,
            (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), partial if partial is not None else NULL,
             counters if splits > 1 else NULL, np.int32(m), np.int32(k // 8),
-            np.int32(GEMV_PREFETCH if pdl.enabled() else 0), *epilogue))
+            np.int32(GEMV_PREFETCH if pdl.enabled(name) else 0), *epilogue))
 
 
 def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:

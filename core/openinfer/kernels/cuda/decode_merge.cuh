@@ -52,7 +52,7 @@ constexpr int MERGE_UNROLL = 16;   // splits whose partial float4s a thread load
 // block is the num_splits-th to arrive). counters: one int per (sequence, head chunk), zero on entry and
 // left zero (the last block resets its own), so a CUDA graph replays cleanly. scratch: shared memory for
 // 2 * gc * num_splits floats, free once the partials are stored (paged_decode caps the splits to fit).
-// The merge is paged_combine's math: weights w_s = exp2(m_s - M) l_s (M the heads' max, l = 0 splits
+// The merge (once a separate kernel, paged_combine): weights w_s = exp2(m_s - M) l_s (M the heads' max, l = 0 splits
 // skipped), out = sum_s w_s o_s / sum_s w_s summed in split order, so the output is the same bits
 // whichever block came last. Each thread owns float4s of the gc output rows and keeps MERGE_UNROLL
 // splits' loads in flight.

@@ -68,7 +68,7 @@ def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args:
     compile.source_path) on the current stream (so CUDA-graph capture sees it), with programmatic
     dependent launch where it is on and the device has it (pdl.py)."""
     fn = _function_with_smem(source, name, smem)
-    if pdl.enabled():
+    if pdl.enabled(name):
         pdl.launch(fn.kernel.ptr, grid, block, args, smem)
     else:
         fn(tuple(int(g) for g in grid), (block,), args, shared_mem=smem)

@@ -10,7 +10,9 @@ graph capture records the launches as programmatic edges.
 
 Arguments are marshalled the way CuPy does it: a cupy array is its device pointer, a numpy scalar
 its own bytes; each one gets an 8-byte slot in a reused buffer (the driver copies the values at
-launch, so reuse is safe). OPENINFER_PDL=1 turns it on; off, kernels launch through CuPy.
+launch, so reuse is safe). OPENINFER_PDL=1 turns it on for every kernel; a comma-separated list of kernel-name
+prefixes (OPENINFER_PDL=gemv) for those kernels only, to find which launches gain and which lose; off (0, the
+default), kernels launch through CuPy.
 """
 from __future__ import annotations
 
@@ -23,7 +25,19 @@ from typing import Any, Sequence
 import cupy as cp
 import numpy as np
 
-ENABLED = os.environ.get("OPENINFER_PDL", "0") == "1"   # off by default: slower on the H200 (docs/benchmarks)
+
+
+def parse_setting(value: str) -> tuple[bool, tuple[str, ...] | None]:
+    """OPENINFER_PDL -> (on, kernel-name prefixes or None for every kernel): "0" or "" off, "1" all."""
+    value = value.strip()
+    if value in ("", "0"):
+        return False, None
+    if value == "1":
+        return True, None
+    return True, tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+ENABLED, KERNELS = parse_setting(os.environ.get("OPENINFER_PDL", "0"))   # off by default: slower on the H200
 MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
 MAX_ARGS = 32
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -55,10 +69,11 @@ def driver() -> ctypes.CDLL:
     return _libcuda
 
 
-def enabled() -> bool:
-    """PDL is on (OPENINFER_PDL), the current device has it (sm_90+) and the current stream is not the
-    legacy default stream (whose implicit synchronisation PDL does not promise to keep)."""
-    if not ENABLED or cp.cuda.get_current_stream().ptr == 0:
+def enabled(kernel: str = "") -> bool:
+    """PDL is on (OPENINFER_PDL) for this kernel name (every kernel, or its name starts with a listed
+    prefix), the current device has it (sm_90+) and the current stream is not the legacy default
+    stream (whose implicit synchronisation PDL does not promise to keep)."""
+    if not ENABLED or (KERNELS is not None and not kernel.startswith(KERNELS)) or cp.cuda.get_current_stream().ptr == 0:
         return False
     dev = cp.cuda.Device().id
     if dev not in _supported:
