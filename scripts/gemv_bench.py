@@ -8,6 +8,7 @@ Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s co
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 import cupy as cp
@@ -17,7 +18,6 @@ import numpy as np
 from openinfer.kernels.cuda import blas, ops, pdl
 
 bf = np.dtype(ml_dtypes.bfloat16)
-stream = cp.cuda.Stream(non_blocking=True)
 FLOOR_BW = 4.3e12  # device-to-device copy ceiling, bytes/s (reference/gpu-notes.md)
 
 
@@ -25,8 +25,21 @@ def rand(*shape, scale=1.0):
     return (cp.random.standard_normal(shape, dtype=cp.float32) * scale).astype(bf)
 
 
+@functools.cache
+def timing_stream():
+    """The one stream every timing runs on, made at first use so that the module imports without a GPU."""
+    return cp.cuda.Stream(non_blocking=True)
+
+
+def weight_copies(nbytes):
+    """How many distinct copies of an `nbytes` weight to cycle through: together well over the 50 MB L2, so
+    no call reads another's leftovers (at most 8)."""
+    return min(8, -(-150_000_000 // nbytes))
+
+
 def graph_us(fn, reps=20, inner=1):
     """Mean us per fn() call: fn captured `inner` times in one graph, the graph replayed `reps` times."""
+    stream = timing_stream()
     with stream:
         fn(); stream.synchronize()
         stream.begin_capture()
@@ -66,8 +79,7 @@ def shape_rows(shapes, ms=(1, 8)):
     print(f"\n{'GEMM (K->N)':<28} {'M':>2} {'split':>5} {'gemv us':>8} {'GB/s':>6} {'+PDL us':>8} {'GB/s':>6} "
           f"{'cublas us':>9} {'GB/s':>6} {'speedup':>7}")
     for name, (k, n) in shapes.items():
-        # distinct weight copies, together well over the 50 MB L2, so no call reads another's leftovers
-        copies = min(8, -(-150_000_000 // (2 * n * k)))
+        copies = weight_copies(2 * n * k)
         ws = [rand(n, k, scale=k ** -0.5) for _ in range(copies)]
         for m in ms:
             x = rand(m, k)
@@ -130,7 +142,7 @@ def fused_rows(ms=(1, 2, 4, 8)):
     layers of (qkv, o, gate_up + silu_mul, down) in one graph."""
     k, n = SHAPES_4B["gate_up"]
     print(f"\n{'fused epilogue (K->N)':<34} {'M':>2} {'two ops us':>10} {'fused us':>9} {'+PDL two':>9} {'+PDL fused':>10}")
-    copies = min(8, -(-150_000_000 // (2 * n * k)))
+    copies = weight_copies(2 * n * k)
     ws = [rand(n, k, scale=k ** -0.5) for _ in range(copies)]
     for m in ms:
         x = rand(m, k)

@@ -36,19 +36,20 @@ _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)   # host-pointer-mode alp
 INSTALL_HINT = "install nvidia-cublas (part of openinfer[cuda13] / [cuda12]) or a CUDA toolkit"
 
 
-def _load_cublas() -> ctypes.CDLL:
+def load_cublas(name: str = "cublas") -> ctypes.CDLL:
+    """lib`name` ("cublas", or "cublasLt" for scripts/gemm_algos_bench.py) from the NVIDIA wheels or the toolkit."""
     errors = []
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib  # finds pip-installed NVIDIA wheels too
-        return ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
+        return ctypes.CDLL(load_nvidia_dynamic_lib(name).abs_path)
     except Exception as e:  # noqa: BLE001 — fall back to the loader's search path
         errors.append(str(e))
-    for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
+    for soname in (f"lib{name}.so.13", f"lib{name}.so.12", f"lib{name}.so"):
         try:
-            return ctypes.CDLL(name)
+            return ctypes.CDLL(soname)
         except OSError as e:
             errors.append(str(e))
-    raise RuntimeError(f"cannot load cuBLAS ({'; '.join(errors)}); {INSTALL_HINT}")
+    raise RuntimeError(f"cannot load {name} ({'; '.join(errors)}); {INSTALL_HINT}")
 
 
 def _bind(lib: ctypes.CDLL) -> None:
@@ -66,7 +67,7 @@ class _Handle:
 
     def __init__(self) -> None:
         if _Handle.lib is None:
-            lib = _load_cublas()
+            lib = load_cublas()
             _bind(lib)
             _Handle.lib = lib
         self.lib = _Handle.lib

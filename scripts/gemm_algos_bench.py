@@ -1,0 +1,236 @@
+"""Does cuBLASLt's algorithm choice speed up the Qwen3-4B decode GEMMs at M = 16..256? (GPU only)
+
+    python scripts/gemm_algos_bench.py                                # 5 shapes x M 16..256, top 16 algorithms
+    python scripts/gemm_algos_bench.py --m 32 128 --shapes qkv down --output-json algos.json
+
+blas.linear runs cublasGemmEx with CUBLAS_GEMM_DEFAULT (cuBLAS's first heuristic) for M > 8. Here each (shape, M)
+also runs every usable one of cuBLASLt's top-N heuristic algorithms (cublasLtMatmulAlgoGetHeuristic) on the same
+operands: bf16 in and out, fp32 compute, row-major y[M, N] = x[M, K] @ w[N, K].T computed column-major as
+y^T = op_T(w) @ x^T, as blas.py does. Times are CUDA-graph replays cycling through distinct weight copies
+(gemv_bench.graph_us, weight_copies), so weights come from HBM, not L2; GB/s counts weight bytes only. Every
+algorithm's output is checked against GemmEx's; one off by more than 1e-2 of max|y| is flagged and never "best".
+The chain line adds the per-shape times up as a decode step runs them (36 layers x qkv, o, gate_up, down +
+lm_head = 145 GEMMs): arithmetic, not a measured chain.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+
+import cupy as cp
+
+from gemv_bench import FLOOR_BW, SHAPES_4B, bf, graph_us, rand, weight_copies
+from openinfer.kernels.cuda import blas
+from openinfer.kernels.cuda.blas import (WORKSPACE_BYTES, _COMPUTE_32F, _CUDA_R_16BF, _CUDA_R_32F, _ONE, _OP_N,
+                                         _OP_T, _ZERO, _check)
+
+# Enum values from cublasLt.h of the nvidia-cublas 13.8 wheel (the cuBLAS/CUDA ones come with blas.py's GemmEx
+# call: CUBLAS_OP_N/T = 0/1, CUBLAS_COMPUTE_32F = 68, CUDA_R_32F = 0, CUDA_R_16BF = 14).
+DESC_TRANSA, DESC_TRANSB = 3, 4     # cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_TRANSA/B, int32_t values
+PREF_MAX_WORKSPACE_BYTES = 1        # cublasLtMatmulPreferenceAttributes_t, a uint64_t value
+MAX_REL_ERR = 1e-2                  # max|y - y_GemmEx| / max|y_GemmEx| above this flags an algorithm
+CHAIN_COUNTS = {"qkv": 36, "o": 36, "gate_up": 36, "down": 36, "lm_head": 1}   # GEMMs of one Qwen3-4B decode step
+
+
+class MatmulAlgo(ctypes.Structure):
+    """cublasLtMatmulAlgo_t: typedef struct { uint64_t data[8]; } -- opaque, 64 bytes."""
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class HeuristicResult(ctypes.Structure):
+    """cublasLtMatmulHeuristicResult_t: { cublasLtMatmulAlgo_t algo; size_t workspaceSize; cublasStatus_t state;
+    float wavesCount; int reserved[4]; } -- 96 bytes."""
+    _fields_ = [("algo", MatmulAlgo), ("workspace_size", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("waves_count", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+def load_lt() -> ctypes.CDLL:
+    """libcublasLt with the prototypes of cublasLt.h (handles and descriptors are opaque pointers, enums int)."""
+    lib = blas.load_cublas("cublasLt")
+    vp, i32, ptr = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER
+    for name, argtypes in {
+        "cublasLtCreate": [ptr(vp)],
+        "cublasLtMatmulDescCreate": [ptr(vp), i32, i32],            # (desc*, cublasComputeType_t, scaleType)
+        "cublasLtMatmulDescSetAttribute": [vp, i32, vp, ctypes.c_size_t],
+        # (layout*, cudaDataType, uint64_t rows, uint64_t cols, int64_t ld)
+        "cublasLtMatrixLayoutCreate": [ptr(vp), i32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64],
+        "cublasLtMatmulPreferenceCreate": [ptr(vp)],
+        "cublasLtMatmulPreferenceSetAttribute": [vp, i32, vp, ctypes.c_size_t],
+        "cublasLtMatmulAlgoGetHeuristic": [vp, vp, vp, vp, vp, vp, vp, i32, ptr(HeuristicResult), ptr(i32)],
+        # (handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo*, workspace, bytes, stream)
+        "cublasLtMatmul": [vp] * 12 + [ptr(MatmulAlgo), vp, ctypes.c_size_t, vp],
+    }.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, i32
+    lib.cublasLtGetVersion.argtypes, lib.cublasLtGetVersion.restype = [], ctypes.c_size_t
+    return lib
+
+
+def matmul_desc(lib: ctypes.CDLL) -> ctypes.c_void_p:
+    """fp32 compute and alpha/beta, A = w transposed, B = x^T as is (host calls: no GPU needed)."""
+    desc = ctypes.c_void_p()
+    _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _CUDA_R_32F), "LtMatmulDescCreate")
+    for attr, op in ((DESC_TRANSA, _OP_T), (DESC_TRANSB, _OP_N)):
+        value = ctypes.c_int32(op)
+        _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
+               "LtMatmulDescSetAttribute")
+    return desc
+
+
+def preference(lib: ctypes.CDLL) -> ctypes.c_void_p:
+    """Heuristic search limited to algorithms whose workspace fits blas.WORKSPACE_BYTES."""
+    pref, limit = ctypes.c_void_p(), ctypes.c_uint64(WORKSPACE_BYTES)
+    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "LtMatmulPreferenceCreate")
+    _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(limit),
+                                                    ctypes.sizeof(limit)), "LtMatmulPreferenceSetAttribute")
+    return pref
+
+
+def layouts(lib: ctypes.CDLL, m: int, n: int, k: int) -> tuple[ctypes.c_void_p, ...]:
+    """Column-major bf16 layouts as stored: w[N, K] is K x N (ld K; op_T makes it N x K), x[M, K] is K x M
+    (ld K), y[M, N] is N x M (ld N) for both C and D. A few host structs a shape, not freed by this script."""
+    out = []
+    for rows, cols in ((k, n), (k, m), (n, m)):
+        layout = ctypes.c_void_p()
+        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _CUDA_R_16BF, rows, cols, rows),
+               "LtMatrixLayoutCreate")
+        out.append(layout)
+    return tuple(out)
+
+
+class Lt:
+    """A cuBLASLt handle with the one matmul descriptor, the heuristic preference and a workspace."""
+
+    def __init__(self) -> None:
+        self.lib = load_lt()
+        self.handle = ctypes.c_void_p()
+        _check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "LtCreate")
+        self.desc, self.pref = matmul_desc(self.lib), preference(self.lib)
+        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
+
+    def heuristics(self, lay: tuple[ctypes.c_void_p, ...], count: int) -> list[HeuristicResult]:
+        """Up to `count` algorithms, cuBLASLt's best guess first; each has its own state (0 = usable)."""
+        a, b, c = lay
+        results, returned = (HeuristicResult * count)(), ctypes.c_int(0)
+        _check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, self.desc, a, b, c, c, self.pref, count, results,
+                                                       ctypes.byref(returned)), "LtMatmulAlgoGetHeuristic")
+        return list(results[:returned.value])
+
+    def matmul(self, algo: MatmulAlgo, lay: tuple[ctypes.c_void_p, ...], x: cp.ndarray, w: cp.ndarray,
+               y: cp.ndarray) -> None:
+        """y = x @ w.T on the current stream (graph-capturable: the workspace is preallocated)."""
+        a, b, c = lay
+        _check(self.lib.cublasLtMatmul(
+            self.handle, self.desc, ctypes.addressof(_ONE), w.data.ptr, a, x.data.ptr, b, ctypes.addressof(_ZERO),
+            y.data.ptr, c, y.data.ptr, c, ctypes.byref(algo), self.workspace.data.ptr, WORKSPACE_BYTES,
+            cp.cuda.get_current_stream().ptr), "LtMatmul")
+
+
+def measure(lt: Lt, ws: list[cp.ndarray], m: int, count: int, reps: int) -> dict:
+    """GemmEx and each usable heuristic algorithm on x[m, K] against the weight copies ws, us per GEMM."""
+    n, k = ws[0].shape
+    x, y = rand(m, k), cp.empty((m, n), dtype=bf)
+    ref = blas.linear(x, ws[0]).astype(cp.float32)
+    scale = float(cp.abs(ref).max())
+    row = {"m": m, "gemmex_us": graph_us(lambda: [blas.linear(x, w) for w in ws], reps=reps) / len(ws),
+           "algos": [], "skipped": []}
+    lay = layouts(lt.lib, m, n, k)
+    for index, result in enumerate(lt.heuristics(lay, count)):
+        if result.state or result.workspace_size > WORKSPACE_BYTES:
+            row["skipped"].append({"index": index, "why": f"state {result.state}, workspace {result.workspace_size}"})
+            continue
+        try:
+            lt.matmul(result.algo, lay, x, ws[0], y)   # checked eagerly first: a failing call never gets captured
+        except RuntimeError as e:
+            row["skipped"].append({"index": index, "why": str(e)})
+            continue
+        rel_err = float(cp.abs(y.astype(cp.float32) - ref).max()) / scale
+        us = graph_us(lambda: [lt.matmul(result.algo, lay, x, w, y) for w in ws], reps=reps) / len(ws)
+        row["algos"].append({"index": index, "us": us, "rel_err": rel_err, "flagged": rel_err > MAX_REL_ERR,
+                             "workspace": result.workspace_size, "waves": result.waves_count})
+    good = [a for a in row["algos"] if not a["flagged"]]
+    best = min(good, key=lambda a: a["us"]) if good else None
+    row["best_index"], row["best_us"] = (best["index"], best["us"]) if best else (None, None)
+    return row
+
+
+def chain_us(times: dict[str, float]) -> float:
+    """A decode step's GEMM time from per-shape times: 36 of each layer GEMM, one lm_head."""
+    return sum(CHAIN_COUNTS[shape] * us for shape, us in times.items())
+
+
+def chain_weight_bytes(shapes: list[str]) -> int:
+    """Weight bytes one decode step reads through these shapes' GEMMs (bf16)."""
+    return sum(CHAIN_COUNTS[s] * 2 * SHAPES_4B[s][0] * SHAPES_4B[s][1] for s in shapes)
+
+
+def print_chain(rows: list[dict], shapes: list[str], ms: list[int]) -> list[dict]:
+    """The chain line per M: GemmEx everywhere vs the best Lt algorithm per shape (GemmEx where none passed)."""
+    gemms, nbytes = sum(CHAIN_COUNTS[s] for s in shapes), chain_weight_bytes(shapes)
+    floor = nbytes / FLOOR_BW * 1e6
+    print(f"\n{gemms}-GEMM chain ({', '.join(shapes)}; {nbytes / 1e9:.2f} GB of weights, floor {floor:.0f} us "
+          f"at {FLOOR_BW / 1e12:.1f} TB/s), summed from the rows above:")
+    out = []
+    for m in ms:
+        at_m = [r for r in rows if r["m"] == m]
+        gemmex = chain_us({r["shape"]: r["gemmex_us"] for r in at_m})
+        best = chain_us({r["shape"]: r["best_us"] or r["gemmex_us"] for r in at_m})
+        print(f"  M={m:<4} GemmEx {gemmex:7.0f} us ({floor / gemmex:4.0%} of floor)   best Lt per shape "
+              f"{best:7.0f} us ({floor / best:4.0%})   speed-up {gemmex / best:.3f}")
+        out.append({"m": m, "gemms": gemms, "weight_bytes": nbytes, "gemmex_us": gemmex, "best_lt_us": best})
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", nargs="+", choices=list(SHAPES_4B), default=list(SHAPES_4B),
+                   help="Qwen3-4B decode GEMMs to measure (default: all five)")
+    p.add_argument("--m", nargs="+", type=int, default=[16, 32, 64, 128, 256], help="rows (batch) to measure")
+    p.add_argument("--algos", type=int, default=16, help="cuBLASLt heuristic results to request per problem")
+    p.add_argument("--reps", type=int, default=20, help="graph replays per timing")
+    p.add_argument("--output-json", help="also write every row and every algorithm's time here")
+    return p.parse_args(argv)
+
+
+def print_row(row: dict) -> None:
+    """One table line; nan where no Lt algorithm ran (or heuristic #0 was skipped)."""
+    nan, gemmex = float("nan"), row["gemmex_us"]
+    weight_gbps = 2 * row["n"] * row["k"] / 1e3   # bytes / us / 1e3 = GB/s
+    first = next((a["us"] for a in row["algos"] if a["index"] == 0), nan)
+    best = row["best_us"] or nan
+    flagged = [str(a["index"]) for a in row["algos"] if a["flagged"]]
+    ok, got = len(row["algos"]) - len(flagged), len(row["algos"]) + len(row["skipped"])
+    name = f"{row['shape']} {row['k']}->{row['n']}"
+    print(f"{name:<24} {row['m']:>4} {gemmex:9.1f} {weight_gbps / gemmex:5.0f} "
+          f"{first:8.1f} {best:10.1f} {'-' if row['best_index'] is None else row['best_index']:>3} "
+          f"{weight_gbps / best:5.0f} {gemmex / best:8.3f} {f'{ok}/{got}':>7} {','.join(flagged) or '-':>7}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    blas.GEMV_ENABLED = False   # (a) is cublasGemmEx at every M, also an M <= 8 given on the command line
+    lt = Lt()
+    device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    print(f"{device}, cuBLASLt {lt.lib.cublasLtGetVersion()}, top {args.algos} heuristic algorithms, "
+          f"workspace {WORKSPACE_BYTES >> 20} MiB")
+    print(f"\n{'GEMM (K->N)':<24} {'M':>4} {'GemmEx us':>9} {'GB/s':>5} {'Lt#0 us':>8} {'best Lt us':>10} {'#':>3} "
+          f"{'GB/s':>5} {'speed-up':>8} {'ok/got':>7} {'flagged':>7}")
+    rows = []
+    for shape in args.shapes:
+        k, n = SHAPES_4B[shape]
+        ws = [rand(n, k, scale=k ** -0.5) for _ in range(weight_copies(2 * n * k))]
+        for m in args.m:
+            row = {"shape": shape, "k": k, "n": n, **measure(lt, ws, m, args.algos, args.reps)}
+            rows.append(row)
+            print_row(row)
+        del ws
+    chain = print_chain(rows, args.shapes, args.m)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump({"device": device, "cublaslt_version": lt.lib.cublasLtGetVersion(), "algos_requested": args.algos,
+                       "workspace_bytes": WORKSPACE_BYTES, "rows": rows, "chain": chain}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
