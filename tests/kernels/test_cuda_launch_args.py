@@ -303,7 +303,8 @@ def side_stream_launches(monkeypatch):
         def record(self, stream: _Stream) -> None:
             self.stream = stream.name
 
-    cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=0), Event=Event, get_current_stream=lambda: streams.current,
+    cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=0), Event=Event,
+                           get_current_stream=lambda: streams.current,
                            Stream=lambda non_blocking=False: _Stream(streams, "side"))
     monkeypatch.setattr(prefetch, "cp", SimpleNamespace(cuda=cuda))
     monkeypatch.setattr(prefetch, "_sides", {})
