@@ -1,7 +1,7 @@
 """An experiment, off by default: warm L2 with the start of the next GEMV's weights on a side stream.
 
 At batch 1 a decode step is a chain of weight GEMVs with small latency-bound kernels between them
-(RoPE + KV write, decode attention, add + RMSNorm) while which HBM is nearly idle, and each GEMV
+(RoPE + KV write, decode attention, add + RMSNorm) that leave HBM nearly idle, and each GEMV
 ramps up from cold. `prefetch(w)`, called right after a GEMV is launched, forks a side stream off
 the current one (an event), launches prefetch_l2 there over the first OPENINFER_L2_PREFETCH_MB MiB
 of the next weight, and leaves it running beside the small kernels; `join()` (the backend's
