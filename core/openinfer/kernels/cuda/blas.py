@@ -5,6 +5,7 @@ bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strid
 weights with few rows, sized to one resident wave and reduced by the last CTA per tile (bit-
 deterministic, graph-safe). OPENINFER_GEMV=0 turns it off. Under programmatic dependent launch
 (pdl.py) its first weights are prefetched into L2 while the previous kernel drains.
+`gemv_silu_mul` is the same GEMV with SwiGLU's silu(gate) * up in its epilogue (ops.linear_silu_mul).
 
 cuBLAS is called directly via ctypes.
 
