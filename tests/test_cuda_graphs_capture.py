@@ -1,6 +1,8 @@
-"""DecodeGraphs.capture's order of work on the CPU, with a recording stand-in for cupy: the capture
+"""DecodeGraphs' order of work on the CPU, with a recording stand-in for cupy. Capture: the capture
 stream waits on the step stream's queued work by an event (the host does not wait for the GPU
-before the end), and only the largest bucket runs eagerly before the captures."""
+before the end), and only the largest bucket runs eagerly before the captures. Replay: the host
+mirrors are restaged only after the previous upload read them, and a pipelined step's token ids
+are written on the device after its upload, before its launch."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from openinfer.backends.cuda_graphs import DecodeGraphs
+from openinfer.model_runner import HostBatch
 
 
 class _Stream:
@@ -43,13 +46,16 @@ def _fake_cp(log: list) -> SimpleNamespace:
         def record(self, stream: _Stream) -> None:
             self.stream = stream.name
 
+        def synchronize(self) -> None:
+            log.append(("host waits for the event on", self.stream))
+
     streams: list[_Stream] = []
 
     def stream(non_blocking: bool = False) -> _Stream:
         streams.append(_Stream(log, "capture"))
         return streams[-1]
 
-    cuda = SimpleNamespace(alloc_pinned_memory=bytearray, Event=Event, Stream=stream,
+    cuda = SimpleNamespace(alloc_pinned_memory=bytearray, Event=Event, Stream=stream, Device=contextlib.nullcontext,
                            MemoryPool=lambda: SimpleNamespace(malloc=None, total_bytes=lambda: 0),
                            using_allocator=lambda malloc: contextlib.nullcontext())
     return SimpleNamespace(cuda=cuda, zeros=np.zeros, arange=np.arange, int32=np.int32, int64=np.int64,
@@ -71,3 +77,27 @@ def test_capture_runs_one_eager_forward_and_never_waits_on_the_host_before_the_e
     assert log == [("upload",), ("capture", "waits for", "step"), ("forward", 16, "eager")] + \
         [("forward", b, "captured") for b in (16, 8, 4, 2, 1)] + [("host waits for", "capture")]
     assert sorted(graphs.graphs) == [1, 2, 4, 8, 16]
+
+
+def test_replay_restages_after_the_last_upload_and_writes_pipelined_ids_before_the_launch(monkeypatch):
+    log: list = []
+    step = _Stream(log, "step")
+    cp = _fake_cp(log)
+    graphs = DecodeGraphs(cp, step, None, max_num_seqs=4, max_model_len=64, block_size=16)
+
+    class Graph:
+        def launch(self, stream: _Stream) -> None:
+            log.append(("launch on", stream.name, graphs.inputs.meta[2 * 4: 2 * 4 + 2].tolist()))
+    graphs.graphs = {b: (Graph(), "logits", "tokens") for b in graphs.sizes}
+
+    def upload(self, width: int) -> None:
+        log.append(("upload",))
+        self.inputs.meta[:] = self.inputs.host
+    monkeypatch.setattr(DecodeGraphs, "_upload", upload)
+    h = HostBatch(np.array([7, 8], np.int32), np.array([3, 5], np.int32), np.array([19, 37], np.int64),
+                  np.array([[1], [2]], np.int32), np.arange(3, dtype=np.int32), np.array([4, 6], np.int32),
+                  np.arange(2, dtype=np.int32))
+    graphs.replay(h)
+    graphs.replay(h, ids=np.array([42, 43], np.int32))
+    assert log == [("host waits for the event on", None), ("upload",), ("launch on", "step", [7, 8]),
+                   ("host waits for the event on", "step"), ("upload",), ("launch on", "step", [42, 43])]

@@ -23,6 +23,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-state-checkpoints", type=int, default=None,
                    help="hybrid models: prefix checkpoints of the recurrent state kept (default: --max-num-seqs)")
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: no graph capture")
+    p.add_argument("--pipelined-decode", action="store_true",
+                   help="queue each graph decode step before the previous step's host bookkeeping")
     p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
     p.add_argument("--kv-offload", action="store_true",
                    help="save KV blocks evicted from the device to host memory and restore them at admission")
@@ -36,7 +38,8 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       block_size=a.block_size, kv_cache_memory_gib=a.kv_cache_memory_gib,
                       gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=not a.no_prefix_caching,
                       num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed,
-                      enforce_eager=a.enforce_eager, kv_offload=a.kv_offload, kv_offload_host_gib=a.kv_offload_host_gib)
+                      enforce_eager=a.enforce_eager, pipelined_decode=a.pipelined_decode, kv_offload=a.kv_offload,
+                      kv_offload_host_gib=a.kv_offload_host_gib)
 
 
 def _parse_model(spec: str) -> tuple[str | None, str]:

@@ -22,7 +22,8 @@ from .engine_args import EngineArgs
 from .kv.block_manager import BlockManager
 from .kv.host_tier import AHEAD_POLL_S, HostTier
 from .kv.offload_stats import OffloadStats
-from .model_runner import ModelRunner, StepOutput
+from .model_runner import Launched, ModelRunner, StepOutput
+from .pipeline import next_decode_plan
 from .request import (Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens,
                       wakeups_batched)
 from .philox import split64
@@ -72,6 +73,10 @@ class Engine:
         # the device sampler's Philox key for unseeded requests; each takes its own stream number
         self._sample_key = split64(secrets.randbits(64))
         self._streams = itertools.count(1)
+        # pipelined decode (pipeline.py): the step queued on the device but not collected, with the
+        # rows it samples on the host; and the requests that ended while it was in flight
+        self._inflight: tuple[StepPlan, Launched, tuple] | None = None
+        self._ended: list[Request] = []
         self._thread: threading.Thread | None = None
         self._stop = False
         self.dead_reason: str | None = None
@@ -175,24 +180,12 @@ class Engine:
     def _step(self) -> StepStats:
         t0 = time.perf_counter()
         self._drain()
-        plan = self.scheduler.schedule()
-        for req in plan.newly_scheduled:
-            req.stream.put(Scheduled(req.cached_tokens))
-            self.prompt_tokens += len(req.prompt_ids)
-        if plan.runs:
-            sampled = [run.req for run in plan.runs if run.samples]
-            rows = self._host_sampled(sampled)
-            try:
-                if self.runner.backend.samples_on_device:
-                    out = self.runner.run(plan, sampling=self._sampling_batch(sampled, rows))
-                else:
-                    out = self.runner.run(plan, rows)
-            except Exception as e:  # noqa: BLE001 — fail this step's requests, keep serving
-                log.error("step failed:\n%s", traceback.format_exc())
-                for run in plan.runs:
-                    self._end(run.req, Failed(f"engine step failed: {type(e).__name__}: {e}"))
-            else:
-                self._advance(plan, out)
+        current = self._inflight
+        if current is None:
+            current = self._schedule_and_launch()
+        plan = current[0] if current is not None else StepPlan()
+        if current is not None:
+            self._collect(*current)
         if self.host_tier is not None:
             # restore reports; save ahead what the next allocations evict, as much as the next
             # step hides when one follows at once (a running or waiting request)
@@ -201,6 +194,66 @@ class Engine:
             if not plan.runs and self.host_tier.busy():
                 self.host_tier.wait()   # only restores in flight: wait for one instead of spinning
         return StepStats(plan.num_tokens, len(plan.runs), time.perf_counter() - t0)
+
+    def _schedule_and_launch(self) -> tuple[StepPlan, Launched] | None:
+        plan = self.scheduler.schedule()
+        for req in plan.newly_scheduled:
+            req.stream.put(Scheduled(req.cached_tokens))
+            self.prompt_tokens += len(req.prompt_ids)
+        if not plan.runs:
+            return None
+        sampled = [run.req for run in plan.runs if run.samples]
+        rows = self._host_sampled(sampled)
+        try:
+            if self.runner.backend.samples_on_device:
+                return plan, self.runner.launch(plan, self._sampling_batch(sampled, rows)), ()
+            return plan, self.runner.launch(plan), rows
+        except Exception as e:  # noqa: BLE001 — fail this step's requests, keep serving
+            self._fail(plan, e)
+            return None
+
+    def _collect(self, plan: StepPlan, launched: Launched, logits_rows: list[int] | tuple[int, ...]) -> None:
+        """Queue the next decode step when pipelining allows it, then wait for this one and do its
+        bookkeeping (which overlaps the next step on the device). Rows of requests that ended while
+        this step was in flight are dropped, and their KV released once the step is done."""
+        dropped, self._ended = self._ended, []
+        self._inflight = None if dropped else self._launch_next(plan, launched)
+        try:
+            out = self.runner.collect(launched, logits_rows)
+        except Exception as e:  # noqa: BLE001 — fail this step's requests, keep serving
+            out = None
+            self._fail(plan, e)
+        for req in dropped:
+            self.scheduler.finish(req)
+        if out is None:
+            return
+        if dropped:   # only a pipelined step has them: one sampled row per run, in order
+            gone = {r.request_id for r in dropped}
+            keep = [i for i, run in enumerate(plan.runs) if run.req.request_id not in gone]
+            plan, out = StepPlan([plan.runs[i] for i in keep]), StepOutput(out.tokens[keep], {}, {})
+        self._advance(plan, out)
+
+    def _launch_next(self, plan: StepPlan, launched: Launched) -> tuple[StepPlan, Launched, tuple] | None:
+        """Step N+1 queued behind `plan` (step N) when pipeline.py allows it and nothing waits to
+        be admitted, restored or aborted; None otherwise (N+1 is scheduled after N's bookkeeping)."""
+        sch = self.scheduler
+        if (not self.args.pipelined_decode or not launched.graph or self.host_tier is not None
+                or sch.waiting or sch.restoring or not self._inbox.empty() or not self._aborts.empty()):
+            return None
+        nxt = next_decode_plan(plan, sch.running, self.blocks, self.max_model_len, self.args.max_num_batched_tokens)
+        if nxt is None:
+            return None
+        try:
+            return nxt, self.runner.launch_next(nxt, launched), ()
+        except Exception:  # noqa: BLE001 — the serial step after N's bookkeeping recomputes it
+            log.error("pipelined launch failed, stepping serially:\n%s", traceback.format_exc())
+            return None
+
+    def _fail(self, plan: StepPlan, e: Exception) -> None:
+        log.error("step failed:\n%s", traceback.format_exc())
+        for run in plan.runs:
+            if not run.req.stream.done:
+                self._end(run.req, Failed(f"engine step failed: {type(e).__name__}: {e}"))
 
     def _drain(self) -> None:
         while not self._inbox.empty():
@@ -277,7 +330,10 @@ class Engine:
         return Finished(reason, len(req.prompt_ids), len(req.output_ids), req.cached_tokens, stop_token)
 
     def _end(self, req: Request, ev: Finished | Failed) -> None:
-        self.scheduler.finish(req)
+        if self._inflight is not None and req.status == Status.RUNNING:
+            self._ended.append(req)   # its row of the in-flight step is computing: release after it
+        else:
+            self.scheduler.finish(req)
         self._requests.pop(req.request_id, None)
         if not req.stream.done:
             req.stream.put(ev)

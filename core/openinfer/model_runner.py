@@ -3,7 +3,8 @@
 Greedy tokens are taken on the device (one int per sampled row crosses to the host). Other rows
 are sampled on the device where the backend can (CUDA: only ids and asked-for logprobs cross);
 elsewhere their float32 logits rows go to the host sampler.
-Decode-only steps replay a captured CUDA graph when the backend has them.
+Decode-only steps replay a captured CUDA graph when the backend has them. A step is launched and
+collected apart, so a pipelined engine can queue the next decode step in between (pipeline.py).
 """
 from __future__ import annotations
 
@@ -45,6 +46,17 @@ class StepOutput:
     tokens: np.ndarray                 # [S] argmax of each sampled row's logits
     logits: dict[int, np.ndarray]      # sampled row index -> float32 logits, for the rows asked for
     samples: dict[int, SampleResult] = field(default_factory=dict)   # sampled row index -> device draw
+
+
+@dataclass
+class Launched:
+    """A step queued on the device, not yet collected."""
+    host: HostBatch
+    logits: Any                        # device [rows, V]
+    tokens: Any                        # device greedy tokens, one per computed row
+    rows: np.ndarray                   # the rows of `tokens` that are sampled, in order
+    samples: dict[int, SampleResult]   # the device sampler's draws
+    graph: bool                        # replayed a decode graph
 
 
 class ModelRunner:
@@ -134,11 +146,16 @@ class ModelRunner:
             sampling: SamplingBatch | None = None) -> StepOutput:
         """Greedy tokens of every sampled row, float32 logits of the sampled rows listed, and the
         device sampler's results for the rows of `sampling` (backends with samples_on_device)."""
+        return self.collect(self.launch(plan, sampling), logits_rows)
+
+    def launch(self, plan: StepPlan, sampling: SamplingBatch | None = None) -> Launched:
+        """Queue the step on the device; `collect` waits for its results."""
         self.pools.copy_state_rows(plan.state_copies)
         self.pools.copy_blocks(plan.block_copies)
         h = self.prepare_host(plan)
         B, be = len(h.context_lens), self.backend
-        if self.graphs is not None and h.is_decode and self.graphs.bucket(B) is not None:
+        graph = self.graphs is not None and h.is_decode and self.graphs.bucket(B) is not None
+        if graph:
             logits, tokens = self.graphs.replay(h)
             tokens = tokens[:B]
             rows = h.sample_rows      # a graph computes every row: pick the sampled ones
@@ -149,10 +166,35 @@ class ModelRunner:
         if sampling is not None and len(sampling):   # launched before the host waits for the greedy tokens
             sampling.params[:, ROW] = rows[sampling.sampled]
             samples = dict(zip(sampling.sampled.tolist(), be.sample(logits, sampling)))
-        host_tokens = be.to_host(tokens)[rows]
+        return Launched(h, logits, tokens, rows, samples, graph)
+
+    def launch_next(self, plan: StepPlan, prev: Launched) -> Launched:
+        """Queue the decode step that follows `prev` (pipeline.py: the same requests, one token on,
+        every row plain greedy) before `prev` is collected. Its input ids are prev's greedy tokens,
+        copied on the device; prev's tokens are first kept apart from the graph's output buffer,
+        which this replay overwrites."""
+        prev.tokens = self.graphs.keep(prev.tokens)
+        h = self.next_host(plan, prev.host)
+        logits, tokens = self.graphs.replay(h, ids=prev.tokens)
+        return Launched(h, logits, tokens[: len(h.context_lens)], h.sample_rows, {}, True)
+
+    def next_host(self, plan: StepPlan, prev: HostBatch) -> HostBatch:
+        """The inputs of a decode step one token after `prev` for the same rows (blocks allocated):
+        token ids are left 0 for the device to fill."""
+        bs = self.block_size
+        table = self.tables.gather([run.req for run in plan.runs])
+        pos = prev.positions.astype(np.int64) + 1
+        slots = table[np.arange(len(pos)), pos // bs].astype(np.int64) * bs + pos % bs
+        return HostBatch(np.zeros_like(prev.token_ids), pos.astype(np.int32), slots, table, prev.query_start,
+                         prev.context_lens + 1, prev.sample_rows, prev.state_slots)
+
+    def collect(self, step: Launched, logits_rows: list[int] | tuple[int, ...] = ()) -> StepOutput:
+        """Wait for a launched step's greedy tokens (and the listed sampled rows' float32 logits)."""
+        be, rows = self.backend, step.rows
+        host_tokens = be.to_host(step.tokens)[rows]
         picked = {}
         if logits_rows:
             wanted = list(logits_rows)
-            got = be.to_host(logits[be.asarray(rows[wanted])])
+            got = be.to_host(step.logits[be.asarray(rows[wanted])])
             picked = dict(zip(wanted, np.asarray(got, dtype=np.float32)))
-        return StepOutput(host_tokens.astype(np.int64), picked, samples)
+        return StepOutput(host_tokens.astype(np.int64), picked, step.samples)

@@ -51,6 +51,10 @@ class DecodeGraphs:
         self._tables_mem = cp.cuda.alloc_pinned_memory(n * width * 4)
         self.inputs = GraphInputs(cp, n, width, self._host_mem, self._tables_mem)
         self.pool = cp.cuda.MemoryPool()
+        self.device = cp.cuda.Device()   # the current one: decode_graphs builds us under the backend's
+        # recorded after each upload: the mirrors are restaged only once the last upload has read them
+        # (a pipelined engine stages step N+1 while step N's upload may still be queued)
+        self._uploaded = cp.cuda.Event(disable_timing=True)
         self.graphs: dict[int, tuple[Any, Any, Any]] = {}   # bucket -> (graph, logits, tokens)
 
     def capture(self) -> None:
@@ -93,10 +97,21 @@ class DecodeGraphs:
         cp.cuda.runtime.memcpy2DAsync(x.tables.data.ptr, x.width * 4, x.host_tables.ctypes.data, x.width * 4,
                                       width * 4, x.n, cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
 
-    def replay(self, h: HostBatch) -> tuple[Any, Any]:
+    def replay(self, h: HostBatch, ids: Any = None) -> tuple[Any, Any]:
         """Run one decode step (h: one token per sequence); returns the bucket's (logits, tokens)
-        device arrays, valid until the next replay (rows past the batch are padding)."""
+        device arrays, valid until the next replay (rows past the batch are padding). `ids`: a
+        device array of the step's token ids, replacing h's (the previous step's tokens, `keep`)."""
         graph, logits, out = self.graphs[self.bucket(len(h.token_ids))]
+        self._uploaded.synchronize()
         self._upload(self.inputs.stage(h))
+        self._uploaded.record(self.stream)
+        if ids is not None:
+            with self.device, self.stream:
+                self.inputs.ids(len(ids))[...] = ids
         graph.launch(self.stream)
         return logits, out
+
+    def keep(self, tokens: Any) -> Any:
+        """A copy of a replay's tokens, queued on the step stream, that later replays leave alone."""
+        with self.device, self.stream:
+            return tokens.copy()

@@ -55,6 +55,10 @@ class GraphInputs:
             block_size=block_size, max_query_len=1, max_context_len=max_model_len,
             state_slots=m[5 * n: 5 * n + b] if state_slots else None)
 
+    def ids(self, b: int) -> Any:
+        """The device token-id inputs of the first b rows (a pipelined step fills them on the device)."""
+        return self.meta[2 * self.n: 2 * self.n + b]
+
     def stage(self, h: HostBatch) -> int:
         """Write a decode step's inputs into the host mirrors, padding rows included; returns the
         block-table columns to upload (the step's widest table, at least 1)."""

@@ -221,3 +221,8 @@ class BlockManager:
     def take_state_copies(self) -> list[tuple[int, int]]:
         """State-row copies (src, dst) to run, in order, before the next forward."""
         return []
+
+    def commit_queues_copies(self, req: Request, num_computed: int) -> bool:
+        """Whether committing the request at `num_computed` tokens may queue a state copy (the
+        pipelined engine commits step N after queueing step N+1, too late for such a copy)."""
+        return False

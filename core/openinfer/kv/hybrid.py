@@ -156,3 +156,6 @@ class HybridBlockManager(BlockManager):
     def take_state_copies(self) -> list[tuple[int, int]]:
         copies, self.copies = self.copies, []
         return copies
+
+    def commit_queues_copies(self, req: Request, num_computed: int) -> bool:
+        return self.checkpointing and num_computed % self.block_size == 0

@@ -4,7 +4,8 @@ A captured graph replays the same kernels on the same addresses: the batch it wa
 whose arrays are views of the static input buffers refilled before each replay, and whose host
 fields are frozen placeholders. `EmulatedGraphs` does exactly that with numpy buffers: `replay`
 stages the step through the real GraphInputs, copies the mirrors into the "device" buffers and
-runs the forward on the bucket's captured batch. An op that reads a decode batch's host fields, or
+runs the forward on the bucket's captured batch, its outputs copied into the bucket's own buffers
+(overwritten by the next replay, as a graph's are). An op that reads a decode batch's host fields, or
 a model that keeps per-step Python state, gives different tokens here than eagerly — the bugs a
 real graph would bake in.
 """
@@ -27,16 +28,28 @@ class EmulatedGraphs:
         self.inputs = GraphInputs(np, self.sizes[-1], -(-max_model_len // block_size))
         self.batches = {b: self.inputs.batch(b, block_size, max_model_len, state_slots) for b in self.sizes}
         self.replays: list[int] = []    # the bucket of every replay, for tests to check the path ran
+        self.outputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # bucket -> (logits, tokens)
 
     bucket = DecodeGraphs.bucket   # the real graphs' choice (it reads only self.sizes)
 
-    def replay(self, h: HostBatch) -> tuple[Any, Any]:
+    @staticmethod
+    def keep(tokens: Any) -> Any:
+        return tokens.copy()
+
+    def replay(self, h: HostBatch, ids: Any = None) -> tuple[Any, Any]:
         b = self.bucket(len(h.token_ids))
         width = self.inputs.stage(h)
         self.inputs.meta[:] = self.inputs.host
         self.inputs.tables[:, :width] = self.inputs.host_tables[:, :width]
+        if ids is not None:
+            self.inputs.ids(len(ids))[...] = ids
         self.replays.append(b)
-        return self.forward(self.batches[b])
+        logits, tokens = self.forward(self.batches[b])
+        # a graph writes its outputs to the same buffers every replay: so does the emulation
+        if b not in self.outputs:
+            self.outputs[b] = np.empty_like(logits), np.empty_like(tokens)
+        self.outputs[b][0][...], self.outputs[b][1][...] = logits, tokens
+        return self.outputs[b]
 
 
 def emulate_graphs(engine: Engine) -> EmulatedGraphs:

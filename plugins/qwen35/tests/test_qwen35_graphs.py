@@ -50,3 +50,26 @@ def test_padding_rows_touch_only_the_reserved_state_row(untied):
     while eng.has_unfinished():
         eng.step()
     assert all(s.done for s in streams)
+
+
+def test_pipelined_decode_streams_match_serial(untied):
+    """Pipelined decode (pipeline.py) on the hybrid model: the state row of a dropped (aborted) row
+    is freed after the step that wrote it, and a step whose commit saves a rolling state checkpoint
+    (every block_size tokens, with prefix caching) runs serially, so the checkpoint holds the state
+    before the next token. Every stream's events match the serial engine's, including a second
+    turn that hits a decode checkpoint."""
+    from openinfer.testing.pipelined import abort, pipelined_launches, run_script, submit
+    ckpt, _ = untied
+    prompts = [tokens(5 + 13 * i, seed=20 + i) for i in range(3)]
+    answer = generate(engine_for(ckpt, max_num_seqs=4, block_size=16), [prompts[2]], greedy(22))[0][0]
+    script = {0: [submit(f"r{i}", p, greedy(10 + 6 * i)) for i, p in enumerate(prompts)],
+              4: [abort("r1")],
+              30: [submit("turn2", prompts[2] + answer, greedy(12))]}
+    events = []
+    for pipelined in (False, True):
+        eng = engine_for(ckpt, max_num_seqs=4, block_size=16, pipelined_decode=pipelined)
+        launches = pipelined_launches(eng)
+        events.append(run_script(eng, script))
+        assert bool(launches) == pipelined and not eng.scheduler.running
+    assert events[1] == events[0]
+    assert events[0]["turn2"][0].cached_tokens == 48   # the rolling checkpoint after 48 tokens

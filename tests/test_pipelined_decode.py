@@ -1,0 +1,77 @@
+"""Pipelined decode (pipeline.py) on the demo model through emulated graphs: with the switch on,
+every stream gets exactly the events of the serial engine — batches of different lengths, stop
+tokens hit mid-batch, max_tokens, an abort mid-decode, a request arriving mid-decode, seeded
+sampling and logprobs (which fall back to serial steps) — and the pipelined path did run."""
+from __future__ import annotations
+
+import pytest
+
+from openinfer.engine import EngineArgs, build_engine
+from openinfer.request import Finished, Tokens
+from openinfer.sampling import SamplingParams
+from openinfer.testing.engine import greedy
+from openinfer.testing.pipelined import abort, pipelined_launches, run_script, submit
+
+
+def _engine(pipelined: bool):
+    return build_engine(None, EngineArgs(max_model_len=256, kv_cache_memory_gib=0.01, max_num_seqs=8,
+                                         pipelined_decode=pipelined))
+
+
+def _compare(script, min_launches: int = 1, max_launches: int | None = None):
+    serial, piped = _engine(False), _engine(True)
+    serial_launches, launches = pipelined_launches(serial), pipelined_launches(piped)
+    want = run_script(serial, script)
+    got = run_script(piped, script)
+    assert got == want
+    assert serial_launches == [] and min_launches <= len(launches) <= (max_launches or len(launches))
+    for eng in (serial, piped):   # every block and reservation came back
+        assert eng.blocks.reserved == 0 and not eng.scheduler.running and not eng._ended
+    return want
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 150000 for i in range(n)]
+
+
+def _tokens(events) -> list[int]:
+    return [t for ev in events if isinstance(ev, Tokens) for t in ev.token_ids]
+
+
+def test_batch_of_different_lengths_and_max_tokens():
+    want = _compare({0: [submit(f"r{i}", _prompt(3 + 5 * i, i), greedy(4 + 3 * i)) for i in range(5)]}, 10)
+    assert [len(_tokens(want[f"r{i}"])) for i in range(5)] == [4 + 3 * i for i in range(5)]
+
+
+def test_stop_tokens_hit_mid_batch():
+    """Each request stops on a token it is known to generate (from a first greedy run), so rows
+    finish at different steps while the others go on."""
+    probe = _compare({0: [submit(f"r{i}", _prompt(4 + i, 10 + i), greedy(12)) for i in range(4)]})
+    script = {0: []}
+    for i in range(4):
+        stop = _tokens(probe[f"r{i}"])[2 + 2 * i]
+        script[0].append(submit(f"r{i}", _prompt(4 + i, 10 + i), greedy(12, stop_token_ids=[stop])))
+    got = _compare(script)
+    reasons = [next(ev for ev in got[f"r{i}"] if isinstance(ev, Finished)).reason for i in range(4)]
+    assert reasons.count("stop") >= 3
+
+
+def test_abort_mid_decode_and_a_request_arriving_mid_decode():
+    got = _compare({0: [submit("a", _prompt(6, 1), greedy(30)), submit("b", _prompt(9, 2), greedy(30))],
+                    5: [abort("a")],
+                    8: [submit("c", _prompt(5, 3), greedy(10))]}, 10)
+    assert got["a"][-1].reason == "abort" and len(_tokens(got["c"])) == 10
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=12, temperature=0.8, seed=7, ignore_eos=True),
+                                    greedy(12, logprobs=2)])
+def test_rows_that_are_not_plain_greedy_keep_the_batch_serial(params):
+    """A sampled or logprobs row in the batch: no step is pipelined, and the streams are the same."""
+    _compare({0: [submit("g", _prompt(7, 4), greedy(12)), submit("s", _prompt(5, 5), params)]}, 0, 0)
+
+
+def test_min_tokens_rows_pipeline_only_once_their_stop_ids_count():
+    """Stop ids held back by min_tokens make a row host-sampled: serial until then, pipelined after."""
+    stop = _tokens(_compare({0: [submit("m", _prompt(6, 6), greedy(16))]})["m"])[3]
+    got = _compare({0: [submit("m", _prompt(6, 6), greedy(16, min_tokens=8, stop_token_ids=[stop]))]}, 1)
+    assert len(_tokens(got["m"])) >= 8
