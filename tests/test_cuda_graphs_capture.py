@@ -1,8 +1,9 @@
 """DecodeGraphs' order of work on the CPU, with a recording stand-in for cupy. Capture: the capture
 stream waits on the step stream's queued work by an event (the host does not wait for the GPU
 before the end), and only the largest bucket runs eagerly before the captures. Replay: the host
-mirrors are restaged only after the previous upload read them, and a pipelined step's token ids
-are written on the device after its upload, before its launch."""
+mirrors are restaged only after the previous upload read them; a pipelined step's token ids are
+written on the device after its upload, before its launch, and the previous step's tokens are
+queued to the host before that launch (so collecting them waits for that copy alone)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,6 +18,7 @@ from openinfer.model_runner import HostBatch
 class _Stream:
     def __init__(self, log: list, name: str) -> None:
         self.log, self.name, self.capturing = log, name, False
+        self.ptr = name
 
     def __enter__(self) -> "_Stream":
         return self
@@ -38,6 +40,12 @@ class _Stream:
         return "graph"
 
 
+class _DeviceArray(np.ndarray):
+    @property
+    def data(self) -> SimpleNamespace:   # a cupy array's device pointer
+        return SimpleNamespace(ptr=self.ctypes.data)
+
+
 def _fake_cp(log: list) -> SimpleNamespace:
     class Event:
         def __init__(self, disable_timing: bool = False) -> None:
@@ -55,7 +63,12 @@ def _fake_cp(log: list) -> SimpleNamespace:
         streams.append(_Stream(log, "capture"))
         return streams[-1]
 
+    def memcpy(dst, src, size, kind, stream) -> None:
+        log.append(("copy to the host on", stream))
+
+    runtime = SimpleNamespace(memcpyAsync=memcpy, memcpyDeviceToHost=2)
     cuda = SimpleNamespace(alloc_pinned_memory=bytearray, Event=Event, Stream=stream, Device=contextlib.nullcontext,
+                           runtime=runtime,
                            MemoryPool=lambda: SimpleNamespace(malloc=None, total_bytes=lambda: 0),
                            using_allocator=lambda malloc: contextlib.nullcontext())
     return SimpleNamespace(cuda=cuda, zeros=np.zeros, arange=np.arange, int32=np.int32, int64=np.int64,
@@ -98,6 +111,11 @@ def test_replay_restages_after_the_last_upload_and_writes_pipelined_ids_before_t
                   np.array([[1], [2]], np.int32), np.arange(3, dtype=np.int32), np.array([4, 6], np.int32),
                   np.arange(2, dtype=np.int32))
     graphs.replay(h)
-    graphs.replay(h, ids=np.array([42, 43], np.int32))
+    tokens = np.array([42, 43], np.int32).view(_DeviceArray)
+    wait = graphs.fetch(tokens)
+    graphs.replay(h, ids=tokens)
+    wait()
     assert log == [("host waits for the event on", None), ("upload",), ("launch on", "step", [7, 8]),
-                   ("host waits for the event on", "step"), ("upload",), ("launch on", "step", [42, 43])]
+                   ("copy to the host on", "step"),
+                   ("host waits for the event on", "step"), ("upload",), ("launch on", "step", [42, 43]),
+                   ("host waits for the event on", "step")]

@@ -9,7 +9,7 @@ collected apart, so a pipelined engine can queue the next decode step in between
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -57,6 +57,7 @@ class Launched:
     rows: np.ndarray                   # the rows of `tokens` that are sampled, in order
     samples: dict[int, SampleResult]   # the device sampler's draws
     graph: bool                        # replayed a decode graph
+    fetch: Callable[[], np.ndarray] | None = None   # waits for its tokens' host copy, once queued
 
 
 class ModelRunner:
@@ -171,9 +172,9 @@ class ModelRunner:
     def launch_next(self, plan: StepPlan, prev: Launched) -> Launched:
         """Queue the decode step that follows `prev` (pipeline.py: the same requests, one token on,
         every row plain greedy) before `prev` is collected. Its input ids are prev's greedy tokens,
-        copied on the device; prev's tokens are first kept apart from the graph's output buffer,
-        which this replay overwrites."""
-        prev.tokens = self.graphs.keep(prev.tokens)
+        copied on the device; prev's tokens are first queued to the host, since this replay
+        overwrites the graph's output buffer and its collect must not wait for this step."""
+        prev.fetch = self.graphs.fetch(prev.tokens)
         h = self.next_host(plan, prev.host)
         logits, tokens = self.graphs.replay(h, ids=prev.tokens)
         return Launched(h, logits, tokens[: len(h.context_lens)], h.sample_rows, {}, True)
@@ -191,7 +192,7 @@ class ModelRunner:
     def collect(self, step: Launched, logits_rows: list[int] | tuple[int, ...] = ()) -> StepOutput:
         """Wait for a launched step's greedy tokens (and the listed sampled rows' float32 logits)."""
         be, rows = self.backend, step.rows
-        host_tokens = be.to_host(step.tokens)[rows]
+        host_tokens = (be.to_host(step.tokens) if step.fetch is None else step.fetch())[rows]
         picked = {}
         if logits_rows:
             wanted = list(logits_rows)

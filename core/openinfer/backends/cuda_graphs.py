@@ -18,6 +18,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 from ..batch import ForwardBatch
 from .graph_inputs import WORDS, GraphInputs
 
@@ -55,6 +57,8 @@ class DecodeGraphs:
         # recorded after each upload: the mirrors are restaged only once the last upload has read them
         # (a pipelined engine stages step N+1 while step N's upload may still be queued)
         self._uploaded = cp.cuda.Event(disable_timing=True)
+        self._fetched = cp.cuda.alloc_pinned_memory(n * 8)   # `fetch`'s landing buffer
+        self._fetch_done = cp.cuda.Event(disable_timing=True)
         self.graphs: dict[int, tuple[Any, Any, Any]] = {}   # bucket -> (graph, logits, tokens)
 
     def capture(self) -> None:
@@ -100,7 +104,8 @@ class DecodeGraphs:
     def replay(self, h: HostBatch, ids: Any = None) -> tuple[Any, Any]:
         """Run one decode step (h: one token per sequence); returns the bucket's (logits, tokens)
         device arrays, valid until the next replay (rows past the batch are padding). `ids`: a
-        device array of the step's token ids, replacing h's (the previous step's tokens, `keep`)."""
+        device array of the step's token ids, replacing h's (the previous replay's tokens, read on
+        the device before this replay overwrites them)."""
         graph, logits, out = self.graphs[self.bucket(len(h.token_ids))]
         self._uploaded.synchronize()
         self._upload(self.inputs.stage(h))
@@ -111,7 +116,16 @@ class DecodeGraphs:
         graph.launch(self.stream)
         return logits, out
 
-    def keep(self, tokens: Any) -> Any:
-        """A copy of a replay's tokens, queued on the step stream, that later replays leave alone."""
-        with self.device, self.stream:
-            return tokens.copy()
+    def fetch(self, tokens: Any) -> Callable[[], np.ndarray]:
+        """Queue a replay's tokens to the host now, before the next replay overwrites them; the
+        returned call waits for that copy alone, not for the replays queued after it (a pipelined
+        engine collects step N while step N+1 runs). One fetch is outstanding at a time."""
+        host = np.frombuffer(self._fetched, tokens.dtype, tokens.size)
+        self.cp.cuda.runtime.memcpyAsync(host.ctypes.data, tokens.data.ptr, tokens.nbytes,
+                                         self.cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
+        self._fetch_done.record(self.stream)
+
+        def wait() -> np.ndarray:
+            self._fetch_done.synchronize()
+            return host.copy()
+        return wait
