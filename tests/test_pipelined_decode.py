@@ -10,6 +10,7 @@ from openinfer.engine import EngineArgs, build_engine
 from openinfer.request import Finished, Tokens
 from openinfer.sampling import SamplingParams
 from openinfer.testing.engine import greedy
+from openinfer.testing.graphs import emulate_graphs
 from openinfer.testing.pipelined import abort, pipelined_launches, run_script, submit
 
 
@@ -20,6 +21,8 @@ def _engine(pipelined: bool):
 
 def _compare(script, min_launches: int = 1, max_launches: int | None = None):
     serial, piped = _engine(False), _engine(True)
+    for eng in (serial, piped):
+        emulate_graphs(eng)
     serial_launches, launches = pipelined_launches(serial), pipelined_launches(piped)
     want = run_script(serial, script)
     got = run_script(piped, script)

@@ -32,6 +32,8 @@ from .sampling_batch import SampleRow, SamplingBatch, build_batch
 from .scheduler import Scheduler, StepPlan
 
 log = logging.getLogger("openinfer.engine")
+# a launched step: its plan, the runner's handle, the sampled rows whose logits go to the host
+InFlight = tuple[StepPlan, Launched, "list[int] | tuple[int, ...]"]
 __all__ = ["Engine", "EngineArgs", "EngineStats", "StepStats", "build_engine"]
 
 
@@ -75,7 +77,7 @@ class Engine:
         self._streams = itertools.count(1)
         # pipelined decode (pipeline.py): the step queued on the device but not collected, with the
         # rows it samples on the host; and the requests that ended while it was in flight
-        self._inflight: tuple[StepPlan, Launched, tuple] | None = None
+        self._inflight: InFlight | None = None
         self._ended: list[Request] = []
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -195,7 +197,7 @@ class Engine:
                 self.host_tier.wait()   # only restores in flight: wait for one instead of spinning
         return StepStats(plan.num_tokens, len(plan.runs), time.perf_counter() - t0)
 
-    def _schedule_and_launch(self) -> tuple[StepPlan, Launched] | None:
+    def _schedule_and_launch(self) -> InFlight | None:
         plan = self.scheduler.schedule()
         for req in plan.newly_scheduled:
             req.stream.put(Scheduled(req.cached_tokens))
@@ -233,14 +235,14 @@ class Engine:
             plan, out = StepPlan([plan.runs[i] for i in keep]), StepOutput(out.tokens[keep], {}, {})
         self._advance(plan, out)
 
-    def _launch_next(self, plan: StepPlan, launched: Launched) -> tuple[StepPlan, Launched, tuple] | None:
+    def _launch_next(self, plan: StepPlan, launched: Launched) -> InFlight | None:
         """Step N+1 queued behind `plan` (step N) when pipeline.py allows it and nothing waits to
         be admitted, restored or aborted; None otherwise (N+1 is scheduled after N's bookkeeping)."""
         sch = self.scheduler
         if (not self.args.pipelined_decode or not launched.graph or self.host_tier is not None
                 or sch.waiting or sch.restoring or not self._inbox.empty() or not self._aborts.empty()):
             return None
-        nxt = next_decode_plan(plan, sch.running, self.blocks, self.max_model_len, self.args.max_num_batched_tokens)
+        nxt = next_decode_plan(plan, sch.running, self.blocks, self.max_model_len)
         if nxt is None:
             return None
         try:

@@ -21,12 +21,12 @@ from .request import Request
 from .scheduler import ScheduledRun, StepPlan
 
 
-def next_decode_plan(plan: StepPlan, running: list[Request], blocks: BlockManager, max_model_len: int,
-                     max_num_batched_tokens: int) -> StepPlan | None:
+def next_decode_plan(plan: StepPlan, running: list[Request], blocks: BlockManager,
+                     max_model_len: int) -> StepPlan | None:
     """Step N+1's plan, made (and its blocks allocated) before N's tokens are known; None when N+1
     must wait for them. `plan` is N's, `running` the scheduler's running requests in order."""
     runs = plan.runs
-    if plan.newly_scheduled or len(runs) != len(running) or len(runs) > max_num_batched_tokens:
+    if plan.newly_scheduled or len(runs) != len(running):   # (so the token budget held every row)
         return None
     for run, req in zip(runs, running):
         if run.req is not req or run.length != 1 or not run.samples:

@@ -1,8 +1,9 @@
 """Drive a pipelined and a serial engine through the same script and compare every stream.
 
-Both engines decode through emulated graphs (testing/graphs.py), so the pipelined one takes its
-pipelined path; `launch_next` is counted to show it did. A script maps a step index to actions
-(submit, abort) run before that step, the same on both engines; each stream's events must match.
+Both engines decode through graphs (on the CPU, emulated ones: testing/graphs.py), so the
+pipelined one takes its pipelined path; `launch_next` is counted to show it did. A script maps a
+step index to actions (submit, abort) run before that step, the same on both engines; each
+stream's events must match.
 """
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Callable, Sequence
 from ..engine import Engine
 from ..request import Event, RequestStream
 from ..sampling import SamplingParams
-from .graphs import emulate_graphs
 
 Action = Callable[[Engine, dict[str, RequestStream]], None]
 
@@ -41,8 +41,7 @@ def run_script(engine: Engine, script: dict[int, list[Action]], max_steps: int =
 
 
 def pipelined_launches(engine: Engine) -> list[int]:
-    """Give the engine emulated graphs and count its pipelined launches (the batch of each)."""
-    emulate_graphs(engine)
+    """Count the engine's pipelined launches (the batch of each)."""
     runner, launches = engine.runner, []
     launch_next = runner.launch_next
 

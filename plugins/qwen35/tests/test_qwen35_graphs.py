@@ -68,6 +68,7 @@ def test_pipelined_decode_streams_match_serial(untied):
     events = []
     for pipelined in (False, True):
         eng = engine_for(ckpt, max_num_seqs=4, block_size=16, pipelined_decode=pipelined)
+        emulate_graphs(eng)
         launches = pipelined_launches(eng)
         events.append(run_script(eng, script))
         assert bool(launches) == pipelined and not eng.scheduler.running
