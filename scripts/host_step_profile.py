@@ -10,6 +10,10 @@ step that would pay for any per-request work done once when a request enters dec
 --prefix-hit N... times a full-prompt prefix hit instead (submit -> first token, forward stubbed) of an N-token
 prompt just finished, as scripts/gpu_prefix_hit.py does on a GPU (qwen3-tiny with its context raised to fit),
 after gc.freeze(), counting the collector's runs.
+--graphs decodes through emulated CUDA graphs (the graph path's host work, staging included); --pipelined
+with --pipelined-decode too, whose host work per step runs while the GPU computes the next step (it is
+hidden where it is shorter than a step's graph time). It cannot show the overlap itself: nothing runs
+beside the host here.
 --opcodes also counts the Python bytecodes of a step (of a hit): a count that holds still where the times
 of a shared machine vary by tens of percent between processes (work in C is not in it).
     python scripts/host_step_profile.py [--batch 32 128] [--steps 256] [--context 512] [--drain] [--first]
@@ -35,6 +39,7 @@ from openinfer.engine import Engine, EngineArgs, build_engine
 from openinfer.plugins import get_plugins
 from openinfer.request import RequestStream, Tokens
 from openinfer.sampling import SamplingParams
+from openinfer.testing.graphs import emulate_graphs
 
 
 def decoding_engine(batch: int, context: int, steps: int, stub: bool) -> tuple[Engine, list[RequestStream]]:
@@ -209,6 +214,10 @@ def main() -> None:
     ap.add_argument("--forward", action="store_true", help="also time steps with the real numpy forward")
     ap.add_argument("--first", action="store_true",
                     help="also time the first decode step after a fresh batch's prefill, against the next one")
+    ap.add_argument("--graphs", action="store_true",
+                    help="decode through emulated graphs (testing/graphs.py): a CUDA step's staging of the inputs")
+    ap.add_argument("--pipelined", action="store_true",
+                    help="--graphs with --pipelined-decode: the host work that step N+1 on the GPU hides")
     ap.add_argument("--profile", action="store_true", help="cProfile one more run, top functions")
     ap.add_argument("--opcodes", action="store_true", help="also count the Python bytecodes of a step (a hit)")
     ap.add_argument("--prefix-hit", type=int, nargs="+", metavar="N",
@@ -227,6 +236,9 @@ def main() -> None:
             ms = 1e3 * time_steps(eng, 8, batch, drain)[:, 0].mean()
             print(f"batch {batch:4d}: {ms:8.3f} ms/step with the numpy forward")
         stub_forward(eng)
+        if a.graphs or a.pipelined:
+            emulate_graphs(eng)   # replays the stub
+            eng.args.pipelined_decode = a.pipelined
         time_steps(eng, 8, batch, drain)   # warm
         best = min((time_steps(eng, a.steps, batch, drain) for _ in range(a.repeats)), key=lambda t: t[:, 1].mean())
         (wall, cpu), (wall_med, cpu_med) = 1e3 * best.mean(0), 1e3 * np.median(best, 0)
