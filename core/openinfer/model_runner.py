@@ -60,6 +60,11 @@ class Launched:
     fetch: Callable[[], np.ndarray] | None = None   # waits for its tokens' host copy, once queued
 
 
+def slot_mapping(table: np.ndarray, rows: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
+    """The KV slot of each token: position `pos` of the sequence whose block-table row is `rows`."""
+    return table[rows, pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+
 class ModelRunner:
     def __init__(self, model: Model, backend: Backend, pools: StatePools, block_size: int) -> None:
         self.model, self.backend, self.pools = model, backend, pools
@@ -100,7 +105,7 @@ class ModelRunner:
         pos = np.arange(T, dtype=np.int64) - np.repeat(qstart[:-1] - starts, lengths)
         ids = np.array(token_ids, np.int32)
         table = self.tables.gather(reqs)
-        slots = table[np.repeat(np.arange(B), lengths), pos // bs].astype(np.int64) * bs + pos % bs
+        slots = slot_mapping(table, np.repeat(np.arange(B), lengths), pos, bs)
         sampled = np.array(samples, bool)
         state_slots = checkpoints = None
         if reqs[0].state_slot is not None:
@@ -182,10 +187,9 @@ class ModelRunner:
     def next_host(self, plan: StepPlan, prev: HostBatch) -> HostBatch:
         """The inputs of a decode step one token after `prev` for the same rows (blocks allocated):
         token ids are left 0 for the device to fill."""
-        bs = self.block_size
         table = self.tables.gather([run.req for run in plan.runs])
         pos = prev.positions.astype(np.int64) + 1
-        slots = table[np.arange(len(pos)), pos // bs].astype(np.int64) * bs + pos % bs
+        slots = slot_mapping(table, np.arange(len(pos)), pos, self.block_size)
         return HostBatch(np.zeros_like(prev.token_ids), pos.astype(np.int32), slots, table, prev.query_start,
                          prev.context_lens + 1, prev.sample_rows, prev.state_slots)
 
