@@ -23,8 +23,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-state-checkpoints", type=int, default=None,
                    help="hybrid models: prefix checkpoints of the recurrent state kept (default: --max-num-seqs)")
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: no graph capture")
-    p.add_argument("--pipelined-decode", action="store_true",
-                   help="queue each graph decode step before the previous step's host bookkeeping")
+    p.add_argument("--pipelined-decode", action=argparse.BooleanOptionalAction, default=True,
+                   help="queue each graph decode step before the previous step's host bookkeeping (default: on)")
     p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
     p.add_argument("--kv-offload", action="store_true",
                    help="save KV blocks evicted from the device to host memory and restore them at admission")

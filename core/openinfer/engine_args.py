@@ -20,7 +20,7 @@ class EngineArgs:
     served_model_name: str | None = None
     seed: int = 0                           # dummy-weight seed
     enforce_eager: bool = False             # CUDA: no graph capture
-    pipelined_decode: bool = False          # queue decode step N+1 before step N's host work (pipeline.py)
+    pipelined_decode: bool = True           # queue decode step N+1 before step N's host work (pipeline.py)
     kv_offload: bool = False                # save evicted KV blocks to host memory, restore them at admission
     kv_offload_host_gib: float = 8.0        # the host tier's size (pinned memory on CUDA)
 

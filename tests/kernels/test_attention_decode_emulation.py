@@ -22,7 +22,7 @@ GID, TQ = LANE >> 2, LANE & 3
 
 def decode_splits(num_seqs, kv_blocks, max_context_len, sms=132, per_sm=2):
     """attention_decode.decode_splits with the H200's SM count and the d128 kernel's residency."""
-    want = math.ceil(per_sm * sms / max(1, num_seqs * kv_blocks))
+    want = per_sm * sms // max(1, num_seqs * kv_blocks)
     return max(1, min(want, math.ceil(max_context_len / (DEC_WARPS * DEC_BN))))
 
 

@@ -82,6 +82,21 @@ def test_decode_splits_capped_by_the_merge(launches):
     assert call.grid == (attention_decode.merge_max_splits(attention_decode.decode_kernel("bf16", d, 2, True)), 1, 1)
 
 
+@pytest.mark.parametrize("seqs,splits", [(1, 16), (5, 13), (32, 2), (66, 1), (128, 1)])
+def test_decode_splits_fill_one_wave(launches, seqs, splits):
+    """Qwen3-4B decode at 1k context (8 KV heads, 4 blocks an SM on 132 SMs: 528 places): the most
+    splits whose blocks fit in one wave, capped by the context's 16 passes; a batch whose blocks
+    already fill the machine does not split."""
+    d, ctx, bs = 128, 1024, 16
+    width = -(-ctx // bs)
+    pool = aligned_empty((2, 1 + seqs * width, 1, bs, 8, d), BF16)
+    q = aligned_empty((seqs, 32, d), BF16)
+    attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1] * seqs, [ctx] * seqs, bs, width), 0.125)
+    (call,) = launches
+    assert call.grid == (splits, 8, seqs)
+    assert splits == 1 or splits * 8 * seqs <= 4 * 132
+
+
 @pytest.mark.parametrize("tiles", ["", "_n64", "_nostagger", "_ov", "_n64ov"])
 @pytest.mark.parametrize("d,dtype,hopper", [(128, BF16, True), (64, BF16, True), (128, np.float32, True),
                                             (128, BF16, False)])

@@ -117,8 +117,8 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--kv-cache-memory-gib", type=float, default=None)
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: no graph capture")
-    p.add_argument("--pipelined-decode", action="store_true",
-                   help="queue each graph decode step before the previous step's host bookkeeping")
+    p.add_argument("--pipelined-decode", action=argparse.BooleanOptionalAction, default=True,
+                   help="queue each graph decode step before the previous step's host bookkeeping (default: on)")
     p.add_argument("--batch-sizes", type=_ints, default=[1, 4])
     p.add_argument("--input-lens", type=_ints, default=[128, 512])
     p.add_argument("--output-lens", type=_ints, default=[32])

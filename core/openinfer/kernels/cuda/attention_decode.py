@@ -58,10 +58,13 @@ def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool) -> DecodeKernel:
 
 def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int, pass_len: int = MIN_SPLIT,
                   per_sm: int = 2) -> int:
-    """Splits of each context: none where batch x KV-head blocks alone give `per_sm` blocks to every
-    SM, else enough for that; never a split under `pass_len` keys. Splits past a sequence's own
-    context exit at once, but each costs a block launch, so no more than fill the machine."""
-    want = math.ceil(per_sm * sm_count() / max(1, num_seqs * kv_blocks))
+    """Splits of each context: the most whose blocks still run in one wave of `per_sm` blocks an SM
+    (none where batch x KV-head blocks alone fill it), never a split under `pass_len` keys. Rounding
+    up instead would start a second, part-empty wave: 32 sequences x 8 KV heads at 4 blocks an SM
+    took 3 splits (768 blocks for 528 places, two waves of a third of the work each) where 2 splits
+    run in one wave of half the work. Splits past a sequence's own context exit at once, but each
+    costs a block launch."""
+    want = per_sm * sm_count() // max(1, num_seqs * kv_blocks)
     return max(1, min(want, math.ceil(max_context_len / pass_len)))
 
 
