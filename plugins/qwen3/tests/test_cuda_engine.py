@@ -181,9 +181,11 @@ def test_pipelined_decode_streams_match_serial(untied):
     the serial engine's: rows of different lengths, stop tokens mid-batch, an abort, a late arrival."""
     from openinfer.testing.pipelined import abort, pipelined_launches, run_script, submit
     ckpt, _ = untied
-    serial = gpu_engine(ckpt, dtype="float32")
+    serial = gpu_engine(ckpt, dtype="float32", pipelined_decode=False)
     prompts = _prompts(serial, 6)
-    probe = [t for t, _, _ in generate(serial, prompts[:4], greedy(20))]
+    # the probe runs on an engine of its own: on `serial` it would leave prefix-cache hits the fresh
+    # pipelined engine cannot have (Scheduled.cached_tokens would differ)
+    probe = [t for t, _, _ in generate(gpu_engine(ckpt, dtype="float32"), prompts[:4], greedy(20))]
     script = {0: [submit(f"r{i}", p, greedy(8 + 4 * i, stop_token_ids=[probe[i][5 + i]]))
                   for i, p in enumerate(prompts[:4])] + [submit("long", prompts[4], greedy(40))],
               6: [abort("r3")],
