@@ -1,26 +1,23 @@
 #!/usr/bin/env bash
 # The decode experiments that stop 12 left switchable, in one H200 call (~9-10 min: split it if the call limit bites):
 #   bash scripts/gpu_experiments.sh          (server-stack wheels in .whl/, as for every call script)
-# 1. their GPU tests: the L2-prefetch engines (greedy tokens and logits bit-identical on and off), the cuBLASLt bindings;
+# 1. their GPU tests: the cuBLASLt bindings, pipelined decode;
 # 2. Qwen3-4B batch-1 decode with programmatic dependent launch off, for every kernel, and for kernel-name prefixes
 #    (OPENINFER_PDL: which launches gain, which lose);
-# 3. Qwen3-4B batch-1 decode with OPENINFER_L2_PREFETCH_MB = 0, 4, 8, 16, and Qwen3.5-4B with 0 and 8;
-# 4. scripts/gemm_algos_bench.py: cuBLASLt's heuristic algorithms against GemmEx at M = 16..256;
-# 5. pipelined decode (--pipelined-decode: step N+1 queued before step N's host work) against serial, batch 1/32/128.
+# 3. scripts/gemm_algos_bench.py: cuBLASLt's heuristic algorithms against GemmEx at M = 16..256;
+# 4. pipelined decode (--pipelined-decode: step N+1 queued before step N's host work) against serial, batch 1/32/128.
 # Each bench latency row is `step ms` of 3 iterations; runs alternate so a drifting host shows up as spread.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
 precompile
-timeout 200 $T plugins/qwen3/tests/test_cuda_engine.py plugins/qwen35/tests/test_qwen35_cuda.py \
-    tests/kernels/test_gemm_algos_bench.py tests/test_cuda_graphs_capture.py -k "l2_prefetch or gemm_algos or pipelined" \
+timeout 200 $T plugins/qwen3/tests/test_cuda_engine.py \
+    tests/kernels/test_gemm_algos_bench.py tests/test_cuda_graphs_capture.py -k "gemm_algos or pipelined" \
     > $L/t_exp.log 2>&1
 say "tests: $(tail -1 $L/t_exp.log)"; grep -h "^FAILED\|^ERROR" $L/t_exp.log | cut -c1-220 | head -8 | tee -a $S
 for pdl in 0 1 gemv paged_decode,rope,add_rms_norm,rms_norm 0; do
     OPENINFER_PDL=$pdl lat "q3_pdl_${pdl//,/+}" 40 $Q3B1
 done
-for mb in 0 4 8 16 0; do OPENINFER_L2_PREFETCH_MB=$mb lat q3_l2_$mb 40 $Q3B1; done
-for mb in 0 8; do OPENINFER_L2_PREFETCH_MB=$mb lat q35_l2_$mb 50 $Q35; done
 timeout 240 python3 scripts/gemm_algos_bench.py --output-json $L/gemm_algos.json > $L/gemm_algos.log 2>&1
 tail -40 $L/gemm_algos.log | tee -a $S
 lat q3_serial 70 $Q3; lat q3_pipelined 70 $Q3 --pipelined-decode; lat q3_serial_again 70 $Q3

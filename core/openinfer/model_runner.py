@@ -78,9 +78,7 @@ class ModelRunner:
 
     def _forward(self, batch: ForwardBatch) -> tuple[Any, Any]:
         logits = self.model.forward(batch, self.pools)
-        tokens = self.backend.argmax(logits)
-        self.backend.end_forward()
-        return logits, tokens
+        return logits, self.backend.argmax(logits)
 
     def prepare_host(self, plan: StepPlan) -> HostBatch:
         """The step's inputs, built with numpy over all runs at once (block tables kept from step to

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("cupy")
 from openinfer.batch import ForwardBatch  # noqa: E402
 from openinfer.kernels.cuda import (attention, attention_decode, blas, module, ops, pdl,  # noqa: E402
-                                    prefetch, random_fill, sampler)
+                                    random_fill, sampler)
 from openinfer.sampling import SamplingParams  # noqa: E402
 from openinfer.sampling_batch import NUM_FIELDS, ROW, SampleRow, build_batch  # noqa: E402
 from openinfer.testing.launch_check import aligned_empty, fake, record_launches  # noqa: E402
@@ -281,80 +281,3 @@ def test_device_sampler_launch_args(launches, dtype):
     logits = aligned_empty((4, vocab), dtype)
     sampler.sample(logits, params, edits, b.top_k, np.flatnonzero(b.params[:, 1] > 0))
     assert launches[-1].name.startswith("sample_rows_")
-
-
-class _Stream:
-    """A recording stand-in for a cupy stream: `with` makes it current, events note where they were recorded."""
-
-    def __init__(self, streams: SimpleNamespace, name: str, capturing: bool = False) -> None:
-        self.streams, self.name, self.capturing = streams, name, capturing
-
-    def __enter__(self) -> "_Stream":
-        self.prev, self.streams.current = self.streams.current, self
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.streams.current = self.prev
-
-    def is_capturing(self) -> bool:
-        return self.capturing
-
-    def wait_event(self, event) -> None:
-        self.streams.log.append((self.name, "waits for", event.stream))
-
-
-@pytest.fixture
-def side_stream_launches(monkeypatch):
-    """prefetch.py on stand-ins: the main stream (set `.capturing`) current, a fresh side stream per
-    test; returns (recorded launches, the streams: .current, .main, .log of waits and launches)."""
-    recorded = record_launches(monkeypatch, (prefetch,))
-    streams = SimpleNamespace(log=[], current=None)
-    streams.main = streams.current = _Stream(streams, "main")
-
-    class Event:
-        def __init__(self, disable_timing: bool = False) -> None:
-            self.stream = None
-
-        def record(self, stream: _Stream) -> None:
-            self.stream = stream.name
-
-    cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=0), Event=Event,
-                           get_current_stream=lambda: streams.current,
-                           Stream=lambda non_blocking=False: _Stream(streams, "side"))
-    monkeypatch.setattr(prefetch, "cp", SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(prefetch, "_sides", {})
-    monkeypatch.setattr(prefetch, "sm_count", lambda: 132)
-    launch = prefetch.launch
-    monkeypatch.setattr(prefetch, "launch", lambda *a: (streams.log.append(("launch on", streams.current.name)),
-                                                         launch(*a)))
-    return recorded, streams
-
-
-def test_l2_prefetch_off_launches_nothing(side_stream_launches, monkeypatch):
-    launches, streams = side_stream_launches
-    streams.main.capturing = True
-    monkeypatch.setattr(prefetch, "MB", 0)   # the default
-    prefetch.prefetch(aligned_empty((1024, 1024), BF16))
-    prefetch.join()
-    assert not launches and not streams.log and not prefetch._sides
-
-
-@pytest.mark.parametrize("mb,shape,grid", [(1, (1024, 1024), 64),     # a 2 MiB weight: its first MiB
-                                           (1, (100, 72), 1),          # 14400 bytes: all of it, one CTA
-                                           (8, (4096, 1024), 264)])    # 8 MiB: the grid capped at 2 CTAs an SM
-def test_l2_prefetch_forks_a_side_stream_while_capturing(side_stream_launches, monkeypatch, mb, shape, grid):
-    launches, streams = side_stream_launches
-    monkeypatch.setattr(prefetch, "MB", mb)
-    w = aligned_empty(shape, BF16)
-    prefetch.prefetch(w)     # eager: skipped
-    prefetch.join()
-    assert not launches and not streams.log
-    streams.main.capturing = True
-    prefetch.prefetch(w)
-    assert streams.current is streams.main
-    (call,) = launches
-    assert call.name == "prefetch_l2" and call.args[0] is w and call.grid == (grid,) and call.block == 128
-    assert int(call.args[1]) == min(mb << 20, w.nbytes)
-    prefetch.join()
-    prefetch.join()          # nothing left to join
-    assert streams.log == [("side", "waits for", "main"), ("launch on", "side"), ("main", "waits for", "side")]

@@ -137,10 +137,6 @@ class CudaBackend(Backend):
         from ..kernels.cuda.ops import argmax
         return argmax(logits)
 
-    def end_forward(self) -> None:
-        from ..kernels.cuda.prefetch import join
-        join()   # the L2 prefetches' side stream, where OPENINFER_L2_PREFETCH_MB turned them on
-
     def sample(self, logits: Any, batch: SamplingBatch) -> list[SampleResult]:
         """Sample the batch's rows of `logits` on the device (kernels/cuda/sampler.py): one upload of
         the packed parameters and edits, then token ids and asked-for logprobs come back."""

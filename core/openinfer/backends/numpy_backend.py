@@ -41,10 +41,6 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on the CPU)."""
 
-    def end_forward(self) -> None:
-        """After every forward's launches: rejoin work the ops forked onto side streams (a CUDA
-        graph capture fails while any is left unjoined). Nothing to do on the CPU."""
-
     @abstractmethod
     def argmax(self, logits: Any) -> Any:
         """The greedy token of each row of [S, vocab] logits (ties: the lowest index)."""

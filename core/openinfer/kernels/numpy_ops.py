@@ -118,12 +118,8 @@ def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return x[rows]
 
 
-def prefetch(w: np.ndarray) -> None:
-    """Warm the cache with the start of weight w (a GPU's L2 ahead of its GEMV); no effect on results."""
-
-
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
     for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
-                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "prefetch"):
+                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

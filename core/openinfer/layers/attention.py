@@ -1,5 +1,5 @@
 """GQA self-attention over paged KV, with optional per-head QK-norm (Qwen3) — written against
-the op registry so it runs on every backend. Plans using it list "prefetch" (kernels/cuda/prefetch.py)."""
+the op registry so it runs on every backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,15 +25,9 @@ class GQAAttention:
         self.kv_group = kv_group
         self.scale = head_dim ** -0.5
 
-    @property
-    def in_weight(self) -> Array:
-        """The first GEMV's weight (models prefetch it ahead of the layer)."""
-        return self.w.qkv
-
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         T = x.shape[0]
         qkv = self.ops.linear(x, self.w.qkv)
-        self.ops.prefetch(self.w.o)   # into L2 while RoPE and attention run (a no-op unless turned on)
         q_end, k_end = self.nh * self.d, (self.nh + self.nkv) * self.d
         q = qkv[:, :q_end].reshape(T, self.nh, self.d)
         k = qkv[:, q_end:k_end].reshape(T, self.nkv, self.d)

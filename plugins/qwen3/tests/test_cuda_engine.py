@@ -8,7 +8,6 @@ import pytest
 from openinfer.testing.cuda import require_gpu
 from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import hf_greedy, hf_logits
-from openinfer.testing.prefetch import assert_prefetch_keeps_replays
 
 from conftest import _build
 from test_fidelity import _prompts, assert_logits_close, chat_prompt, engine_for
@@ -103,14 +102,6 @@ def test_programmatic_dependent_launch_keeps_every_token(untied, monkeypatch):
                     prompt_logits(eager, prompts[0]))
     assert runs[True][0] == runs[False][0] and runs[True][1] == runs[False][1]
     np.testing.assert_array_equal(runs[True][2], runs[False][2])
-
-
-def test_l2_prefetch_keeps_every_token(untied, monkeypatch):
-    """OPENINFER_L2_PREFETCH_MB on: the decode graphs capture the side-stream prefetches and replay
-    to the same tokens and logits bits as with them off."""
-    ckpt, _ = untied
-    prompts = _prompts(engine_for(ckpt), 6)   # a CPU engine for its tokenizer
-    assert_prefetch_keeps_replays(lambda: gpu_engine(ckpt, dtype="bfloat16"), prompts, monkeypatch)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

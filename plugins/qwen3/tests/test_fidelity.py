@@ -8,7 +8,6 @@ import pytest
 from openinfer.engine import EngineArgs, build_engine
 from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import hf_greedy, hf_logits
-from openinfer.testing.prefetch import assert_prefetches, record_gemvs
 
 CHAT = [{"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Name three prime numbers and explain why 1 is not prime."}]
@@ -96,14 +95,3 @@ def test_prefix_cache_hit_reports_cached_tokens_and_same_output(untied):
     disabled = engine_for(ckpt, enable_prefix_caching=False)
     [(plain, _, c)] = generate(disabled, [turn2], greedy(16))
     assert c == 0 and plain == tokens
-
-
-def test_each_prefetch_names_the_next_gemv(untied, monkeypatch):
-    """ops.prefetch (L2 warming on GPUs, a no-op here) names the weight of the GEMV that follows it,
-    prefill and decode; only `down`, which directly follows gate_up, has none."""
-    ckpt, _ = untied
-    eng = engine_for(ckpt)
-    model = eng.runner.model
-    events = record_gemvs(model.ops, monkeypatch)
-    generate(eng, [chat_prompt(eng)], greedy(4))
-    assert_prefetches(events, [layer.down for layer in model.layers])

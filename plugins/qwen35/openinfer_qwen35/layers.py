@@ -31,16 +31,10 @@ class GatedDeltaNet:
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.conv_dim, self.eps = cfg.conv_dim, cfg.rms_norm_eps
 
-    @property
-    def in_weight(self) -> Array:
-        """The first GEMV's weight (the model prefetches it ahead of the layer)."""
-        return self.w.in_proj
-
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         ops, T = self.ops, x.shape[0]
         nk, nv, dk, dv, C = self.nk, self.nv, self.dk, self.dv, self.conv_dim
         proj = ops.linear(x, self.w.in_proj)
-        ops.prefetch(self.w.out_proj)   # into L2 while the conv and the delta rule run
         z = proj[:, C:C + nv * dv].reshape(T, nv, dv)
         b, a = proj[:, C + nv * dv:C + nv * dv + nv], proj[:, C + nv * dv + nv:]
         conv_state = state.layer(GDN_GROUP, "conv", self.index)
@@ -66,7 +60,6 @@ class GatedAttention(GQAAttention):
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         ops, T, nh, nkv, d = self.ops, x.shape[0], self.nh, self.nkv, self.d
         qkvg = ops.linear(x, self.w.qkv)
-        ops.prefetch(self.w.o)
         q = qkvg[:, :nh * d].reshape(T, nh, d)
         k = qkvg[:, nh * d:(nh + nkv) * d].reshape(T, nkv, d)
         v = qkvg[:, (nh + nkv) * d:(nh + 2 * nkv) * d].reshape(T, nkv, d)

@@ -86,14 +86,11 @@ class Qwen35Model(Model):
     def forward(self, batch: ForwardBatch, state: StatePools) -> Array:
         ops, eps = self.ops, self.cfg.rms_norm_eps
         residual = ops.embedding(self.embed, batch.token_ids)
-        ops.prefetch(self.layers[0].mixer.in_weight)   # each next GEMV's weights into L2 (a no-op unless turned on)
         x = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
             a = layer.mixer(x, batch, state)
-            ops.prefetch(layer.gate_up)
             x, residual = ops.add_rms_norm(a, residual, layer.post_norm, eps)
             m = ops.linear(ops.linear_silu_mul(x, layer.gate_up), layer.down)
-            ops.prefetch(self.layers[i + 1].mixer.in_weight if i + 1 < len(self.layers) else self.lm_head)
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             x, residual = ops.add_rms_norm(m, residual, next_norm, eps)
         return ops.linear(ops.gather_rows(x, batch.sample_rows), self.lm_head)

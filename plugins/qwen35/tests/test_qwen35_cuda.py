@@ -10,7 +10,6 @@ import pytest
 from openinfer.testing.cuda import require_gpu
 from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import assert_within_bf16_noise, hf_greedy_stepwise, hf_logits
-from openinfer.testing.prefetch import assert_prefetch_keeps_replays
 
 from conftest import _build
 from test_qwen35_checkpoints import checkpoint_row, state_row
@@ -105,14 +104,6 @@ def test_graph_replay_matches_eager(untied, dtype):
     [(hit, fin, cached)] = generate(graph, [again], greedy(24))
     assert cached == 32 and fin.cached_tokens == 32
     assert hit == first == generate(eager, [again], greedy(24))[0][0]
-
-
-def test_l2_prefetch_keeps_every_token(untied, monkeypatch):
-    """OPENINFER_L2_PREFETCH_MB on: the decode graphs capture the side-stream prefetches (both mixers)
-    and replay to the same tokens and logits bits as with them off."""
-    ckpt, _ = untied
-    prompts = [tokens(3 + 11 * i, seed=10 + i) for i in range(6)]
-    assert_prefetch_keeps_replays(lambda: gpu_engine(ckpt, dtype="bfloat16"), prompts, monkeypatch)
 
 
 def test_float32_batching_chunking_and_prefix_hits_keep_greedy(untied):

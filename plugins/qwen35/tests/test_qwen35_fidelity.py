@@ -9,7 +9,6 @@ import pytest
 from openinfer.engine import EngineArgs, build_engine
 from openinfer.testing.engine import collect, generate, greedy, prompt_logits, run_to_completion
 from openinfer.testing.hf_reference import hf_greedy_stepwise, hf_logits
-from openinfer.testing.prefetch import assert_prefetches, record_gemvs
 
 
 def engine_for(ckpt, **kw):
@@ -135,14 +134,3 @@ def test_prefix_hits_under_slot_and_checkpoint_pressure(untied):
         assert [out for out, _, _ in got] == [out for out, _, _ in generate(plain, wave, greedy(10))]
         hits += sum(c for _, _, c in got)
     assert hits > 0
-
-
-def test_each_prefetch_names_the_next_gemv(untied, monkeypatch):
-    """ops.prefetch (L2 warming on GPUs, a no-op here) names the weight of the GEMV that follows it in
-    both mixers, prefill and decode; only `down`, which directly follows gate_up, has none."""
-    ckpt, _ = untied
-    eng = engine_for(ckpt)
-    model = eng.runner.model
-    events = record_gemvs(model.ops, monkeypatch)
-    generate(eng, [tokens(20, seed=5)], greedy(4))
-    assert_prefetches(events, [layer.down for layer in model.layers])

@@ -38,12 +38,3 @@ __device__ void silu_mul_row(const T* __restrict__ g, T* __restrict__ o, int int
 #define SILU_KERNEL(suffix, T) SILU_VARIANT(suffix, 1, T) SILU_VARIANT(v_##suffix, VEC<T>, T)
 
 FOR_EACH_DTYPE(SILU_KERNEL)
-
-// Pulls `bytes` from p into L2 (prefetch.global.L2: no register written, nothing waits for the data),
-// one 128-byte line per thread per step: launched on a side stream to warm the next GEMV's weights while
-// the small kernels before it leave HBM idle (kernels/cuda/prefetch.py). It writes no memory.
-extern "C" __global__ void prefetch_l2(const char* p, long long bytes) { pdl_begin();
-    for (long long off = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 128; off < bytes;
-         off += (long long)gridDim.x * blockDim.x * 128)
-        asm volatile("prefetch.global.L2 [%0];" :: "l"(p + off));
-}
