@@ -296,6 +296,7 @@ def test_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_calls):
     from openinfer.kernels.cuda import blas, pdl as pdl_mod
     monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
     monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
+    monkeypatch.setattr(pdl_mod, "KERNELS", None)   # every kernel
     rng = np.random.default_rng(3)
     assert pdl_mod.enabled() == pdl
     for m, n, k in ((1, 2560, 4096), (8, 2560, 9728), (3, 77, 1000), (6, 1000, 2056)):
@@ -337,6 +338,7 @@ def test_gemv_graph_capture_replays(pdl, monkeypatch):
     """A chain of GEMVs (split-K and not, M = 1 and 8) captured once, replayed on new inputs."""
     from openinfer.kernels.cuda import pdl as pdl_mod
     monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
+    monkeypatch.setattr(pdl_mod, "KERNELS", None)   # every kernel
     rng = np.random.default_rng(11)
     ws = [dev(rnd(rng, n, k, scale=k ** -0.5), BF16) for n, k in ((6144, 2560), (2560, 6144), (200, 2560))]
     stream = cp.cuda.Stream(non_blocking=True)
@@ -405,6 +407,7 @@ def test_fused_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_kernels):
     from openinfer.kernels.cuda import blas, pdl as pdl_mod
     monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
     monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
+    monkeypatch.setattr(pdl_mod, "KERNELS", None)   # every kernel
     rng = np.random.default_rng(4)
     for m, n, k in ((1, 2560, 9728), (8, 512, 4096), (3, 19456, 2560)):
         xd, wd = (dev(a, BF16) for a in _fused_inputs(rng, m, n, k))
@@ -420,6 +423,7 @@ def test_fused_gemv_graph_capture_replays(pdl, monkeypatch, gemv_kernels):
     would be handed to the test's next array while the graph still writes it."""
     from openinfer.kernels.cuda import pdl as pdl_mod
     monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
+    monkeypatch.setattr(pdl_mod, "KERNELS", None)   # every kernel
     rng = np.random.default_rng(12)
     H, I = 2560, 9728
     gate_up, down = dev(rnd(rng, 2 * I, H, scale=H ** -0.5), BF16), dev(rnd(rng, H, I, scale=I ** -0.5), BF16)

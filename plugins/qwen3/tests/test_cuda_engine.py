@@ -84,13 +84,14 @@ def test_graph_replay_matches_eager(untied, dtype):
 
 
 def test_programmatic_dependent_launch_keeps_every_token(untied, monkeypatch):
-    """Every kernel launched with PDL (the default on sm_90+) against none at all: the same greedy
+    """Every kernel launched with PDL against none at all: the same greedy
     tokens, eager and in graphs, batched, and bit-identical logits (PDL changes when a kernel starts,
     never what it computes)."""
     from openinfer.kernels.cuda import pdl
     ckpt, _ = untied
     runs, launched, launch = {}, [], pdl.launch
     monkeypatch.setattr(pdl, "launch", lambda *a: launched.append(a[0]) or launch(*a))
+    monkeypatch.setattr(pdl, "KERNELS", None)   # every kernel, not just the default's small ones
     for on in (False, True):
         monkeypatch.setattr(pdl, "ENABLED", on)
         eager = gpu_engine(ckpt, dtype="bfloat16", enforce_eager=True)
