@@ -46,6 +46,8 @@ def test_loading_the_demo_model_logs_every_phase(caplog):
     weights = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("start-up: weights"))
     assert " GB at " in weights and weights.endswith(" GB/s")
     assert engine.tokenizer.vocab_size > 0
+    tokenizer = next(p for p in reversed(phases.PHASES) if p.name == "tokenizer")
+    assert tokenizer.thread == "tokenizer"   # parsed beside the device work (loader.py)
 
 
 def test_an_early_cuda_context_is_only_tried_for_cuda_devices():

@@ -2,8 +2,7 @@
 
 The driver takes ~0.3 s to create a context. Python threads only overlap where the GIL is
 released: CuPy's runtime calls that create it (cudaGetDeviceCount, cudaSetDevice) hold the GIL,
-and so do the tokenizer's JSON parse and every import, but ctypes releases the GIL during a
-foreign call. So here the driver API retains device N's primary context through ctypes; the
+and so does every import, but ctypes releases the GIL during a foreign call. So here the driver API retains device N's primary context through ctypes; the
 CUDA runtime (CuPy) finds it ready later. The extra reference lives as long as the process, as
 the context would anyway. Any failure is only logged: the CUDA backend reports a missing driver
 or device properly when it starts.
