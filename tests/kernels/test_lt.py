@@ -192,6 +192,9 @@ def test_off_tunes_nothing(tuning, monkeypatch, tmp_path):
     assert lt_tune.tune(buckets(256), SHAPES) == lt_tune.Tuned(0, 0, 0)
     assert lt.plans == {} and FakeLt.instances == before and tuning.timed == []
     assert not (tmp_path / "gemm_algos").exists()
+    monkeypatch.setattr(lt, "ENABLED", True)
+    assert lt_tune.tune(buckets(256), set()) == lt_tune.Tuned(0, 0, 0)   # float32 models: no bf16 shapes
+    assert FakeLt.instances == before and not (tmp_path / "gemm_algos").exists()
 
 
 def test_backend_tunes_every_decode_bucket(monkeypatch):

@@ -182,7 +182,8 @@ class CudaBackend(Backend):
             tuned = tune(buckets(max_num_seqs), shapes)
         self.release_cached()   # the timing scratch, held by CuPy's pool on the tuning stream
         return (f"{tuned.lt} decode GEMM shapes on cuBLASLt ({tuned.cached} from the cache, {tuned.timed} timed) "
-                f"of {len(shapes)} weight shapes" if tuned.cached + tuned.timed else "off")
+                f"of {len(shapes)} weight shapes" if tuned.lt + tuned.timed else
+                "none (OPENINFER_CUBLASLT=0, or no bf16 weights)")
 
     def memory_info(self) -> MemoryInfo:
         with self.device:

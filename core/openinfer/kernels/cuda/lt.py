@@ -114,8 +114,9 @@ class Lt:
         """Up to `count` algorithms, cuBLASLt's best guess first; each has its own state (0 = usable)."""
         a, b, c = lay
         results, returned = (HeuristicResult * count)(), ctypes.c_int(0)
-        blas._check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, self.desc, a, b, c, c, self.pref, count,
-                                                            results, ctypes.byref(returned)), "LtMatmulAlgoGetHeuristic")
+        status = self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, self.desc, a, b, c, c, self.pref, count,
+                                                         results, ctypes.byref(returned))
+        blas._check(status, "LtMatmulAlgoGetHeuristic")
         return list(results[:returned.value])
 
     def usable(self, algo: MatmulAlgo, lay: tuple[ctypes.c_void_p, ...]) -> bool:

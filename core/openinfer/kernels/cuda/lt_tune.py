@@ -118,8 +118,8 @@ def tune(ms: Iterable[int], shapes: Iterable[tuple[int, int]]) -> Tuned:
     """Plans (lt.plans) for bf16 x[M, K] @ w[N, K].T at each M above GEMV_MAX_M and each weight (N, K) on the
     current device; shapes planned before are kept. Nothing where OPENINFER_CUBLASLT=0. Its scratch goes
     back to CuPy's pool, on a stream of its own: free_all_blocks() (backend.release_cached) returns it."""
-    ms = sorted({m for m in ms if m > blas.GEMV_MAX_M})
-    if not lt.ENABLED or not ms:
+    ms, shapes = sorted({m for m in ms if m > blas.GEMV_MAX_M}), sorted(set(shapes))
+    if not lt.ENABLED or not ms or not shapes:   # (a float32 model has no bf16 shapes)
         return Tuned(0, 0, 0)
     dev = cp.cuda.Device().id
     lt_ = _lts.get(dev) or _lts.setdefault(dev, Lt())
@@ -129,7 +129,7 @@ def tune(ms: Iterable[int], shapes: Iterable[tuple[int, int]]) -> Tuned:
     cached = timed = 0
     stream = cp.cuda.Stream(non_blocking=True)   # capturable, whatever stream is current
     with stream:   # the scratch too: CuPy's pool hands a freed block back only to its own stream
-        for n, k in sorted(set(shapes)):
+        for n, k in shapes:
             buffers = None
             for m in (m for m in ms if (dev, m, n, k) not in lt.plans):
                 name, lay = f"{m},{n},{k},bf16", lt.layouts(lt_.lib, m, n, k)
