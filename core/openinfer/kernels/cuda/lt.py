@@ -23,9 +23,6 @@ import cupy as cp
 from . import blas
 
 ENABLED = os.environ.get("OPENINFER_CUBLASLT", "1") != "0"
-HEURISTICS = 16                     # candidates asked of cublasLtMatmulAlgoGetHeuristic per shape
-RUNS = 5                            # timed passes per candidate after one warm-up pass (median taken)
-FLUSH_BYTES = 128 << 20             # weight copies cycled per pass: > 2x the H200's L2, so weights come from HBM
 DESC_TRANSA, DESC_TRANSB = 3, 4     # cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_TRANSA/B, int32_t values
 PREF_MAX_WORKSPACE_BYTES = 1        # cublasLtMatmulPreferenceAttributes_t, a uint64_t value
 ALIGN = 256                         # the heuristic's default pointer alignment (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*)

@@ -22,6 +22,9 @@ from ...disk_cache import cache_root, write_atomic
 from . import blas, lt
 from .lt import Lt, MatmulAlgo, Plan
 
+HEURISTICS = 16                 # candidates asked of cublasLtMatmulAlgoGetHeuristic per shape
+RUNS = 5                        # timed graph replays per candidate after an eager pass and a first replay (median)
+FLUSH_BYTES = 128 << 20         # weight copies cycled per pass: > 2x the H200's 50 MB L2, so weights come from HBM
 Timer = Callable[[MatmulAlgo], float]   # an algorithm -> us per GEMM; raises RuntimeError where it cannot run
 _lts: dict[int, Lt] = {}
 
@@ -70,7 +73,7 @@ def fastest(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], timer: Timer) -> MatmulAl
     """The fastest of the heuristic's usable candidates (a copy, not a view into the result array);
     candidates marked unusable, needing more workspace than there is, or failing to run are skipped."""
     best, best_us = None, float("inf")
-    for result in lt_.heuristics(lay, lt.HEURISTICS):
+    for result in lt_.heuristics(lay, HEURISTICS):
         if result.state or result.workspace_size > blas.WORKSPACE_BYTES:
             continue
         try:
@@ -96,7 +99,7 @@ def graph_timer(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], x: cp.ndarray, ws: li
                 lt_.matmul(algo, lay, x, w, y)
         finally:   # a capture left open would break the stream for every later algorithm
             graph = stream.end_capture()
-        events = [cp.cuda.Event() for _ in range(lt.RUNS + 1)]
+        events = [cp.cuda.Event() for _ in range(RUNS + 1)]
         graph.launch(stream)   # the graph's own first launch uploads it
         events[0].record(stream)
         for event in events[1:]:
@@ -109,7 +112,7 @@ def graph_timer(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], x: cp.ndarray, ws: li
 
 def scratch(m: int, n: int, k: int) -> tuple[cp.ndarray, list[cp.ndarray], cp.ndarray]:
     """x[m, K], weight copies [N, K] adding up to FLUSH_BYTES (at least one) and y[m, N], zero-filled."""
-    copies = max(1, -(-lt.FLUSH_BYTES // (2 * n * k)))
+    copies = max(1, -(-FLUSH_BYTES // (2 * n * k)))
     return (cp.zeros((m, k), blas.BF16), [cp.zeros((n, k), blas.BF16) for _ in range(copies)],
             cp.zeros((m, n), blas.BF16))
 
