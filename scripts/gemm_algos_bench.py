@@ -15,116 +15,17 @@ lm_head = 145 GEMMs): arithmetic, not a measured chain.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 
 import cupy as cp
 
 from gemv_bench import FLOOR_BW, SHAPES_4B, bf, graph_us, rand, weight_copies
 from openinfer.kernels.cuda import blas
-from openinfer.kernels.cuda.blas import (WORKSPACE_BYTES, _COMPUTE_32F, _CUDA_R_16BF, _CUDA_R_32F, _ONE, _OP_N,
-                                         _OP_T, _ZERO, _check)
+from openinfer.kernels.cuda.blas import WORKSPACE_BYTES
+from openinfer.kernels.cuda.lt import Lt, layouts   # the ctypes bindings the engine uses
 
-# Enum values from cublasLt.h of the nvidia-cublas 13.8 wheel (the cuBLAS/CUDA ones come with blas.py's GemmEx
-# call: CUBLAS_OP_N/T = 0/1, CUBLAS_COMPUTE_32F = 68, CUDA_R_32F = 0, CUDA_R_16BF = 14).
-DESC_TRANSA, DESC_TRANSB = 3, 4     # cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_TRANSA/B, int32_t values
-PREF_MAX_WORKSPACE_BYTES = 1        # cublasLtMatmulPreferenceAttributes_t, a uint64_t value
 MAX_REL_ERR = 1e-2                  # max|y - y_GemmEx| / max|y_GemmEx| above this flags an algorithm
 CHAIN_COUNTS = {"qkv": 36, "o": 36, "gate_up": 36, "down": 36, "lm_head": 1}   # GEMMs of one Qwen3-4B decode step
-
-
-class MatmulAlgo(ctypes.Structure):
-    """cublasLtMatmulAlgo_t: typedef struct { uint64_t data[8]; } -- opaque, 64 bytes."""
-    _fields_ = [("data", ctypes.c_uint64 * 8)]
-
-
-class HeuristicResult(ctypes.Structure):
-    """cublasLtMatmulHeuristicResult_t: { cublasLtMatmulAlgo_t algo; size_t workspaceSize; cublasStatus_t state;
-    float wavesCount; int reserved[4]; } -- 96 bytes."""
-    _fields_ = [("algo", MatmulAlgo), ("workspace_size", ctypes.c_size_t), ("state", ctypes.c_int),
-                ("waves_count", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
-
-
-def load_lt() -> ctypes.CDLL:
-    """libcublasLt with the prototypes of cublasLt.h (handles and descriptors are opaque pointers, enums int)."""
-    lib = blas.load_cublas("cublasLt")
-    vp, i32, ptr = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER
-    for name, argtypes in {
-        "cublasLtCreate": [ptr(vp)],
-        "cublasLtMatmulDescCreate": [ptr(vp), i32, i32],            # (desc*, cublasComputeType_t, scaleType)
-        "cublasLtMatmulDescSetAttribute": [vp, i32, vp, ctypes.c_size_t],
-        # (layout*, cudaDataType, uint64_t rows, uint64_t cols, int64_t ld)
-        "cublasLtMatrixLayoutCreate": [ptr(vp), i32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64],
-        "cublasLtMatmulPreferenceCreate": [ptr(vp)],
-        "cublasLtMatmulPreferenceSetAttribute": [vp, i32, vp, ctypes.c_size_t],
-        "cublasLtMatmulAlgoGetHeuristic": [vp, vp, vp, vp, vp, vp, vp, i32, ptr(HeuristicResult), ptr(i32)],
-        # (handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo*, workspace, bytes, stream)
-        "cublasLtMatmul": [vp] * 12 + [ptr(MatmulAlgo), vp, ctypes.c_size_t, vp],
-    }.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, i32
-    lib.cublasLtGetVersion.argtypes, lib.cublasLtGetVersion.restype = [], ctypes.c_size_t
-    return lib
-
-
-def matmul_desc(lib: ctypes.CDLL) -> ctypes.c_void_p:
-    """fp32 compute and alpha/beta, A = w transposed, B = x^T as is (host calls: no GPU needed)."""
-    desc = ctypes.c_void_p()
-    _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _CUDA_R_32F), "LtMatmulDescCreate")
-    for attr, op in ((DESC_TRANSA, _OP_T), (DESC_TRANSB, _OP_N)):
-        value = ctypes.c_int32(op)
-        _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
-               "LtMatmulDescSetAttribute")
-    return desc
-
-
-def preference(lib: ctypes.CDLL) -> ctypes.c_void_p:
-    """Heuristic search limited to algorithms whose workspace fits blas.WORKSPACE_BYTES."""
-    pref, limit = ctypes.c_void_p(), ctypes.c_uint64(WORKSPACE_BYTES)
-    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "LtMatmulPreferenceCreate")
-    _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(limit),
-                                                    ctypes.sizeof(limit)), "LtMatmulPreferenceSetAttribute")
-    return pref
-
-
-def layouts(lib: ctypes.CDLL, m: int, n: int, k: int) -> tuple[ctypes.c_void_p, ...]:
-    """Column-major bf16 layouts as stored: w[N, K] is K x N (ld K; op_T makes it N x K), x[M, K] is K x M
-    (ld K), y[M, N] is N x M (ld N) for both C and D. A few host structs a shape, not freed by this script."""
-    out = []
-    for rows, cols in ((k, n), (k, m), (n, m)):
-        layout = ctypes.c_void_p()
-        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _CUDA_R_16BF, rows, cols, rows),
-               "LtMatrixLayoutCreate")
-        out.append(layout)
-    return tuple(out)
-
-
-class Lt:
-    """A cuBLASLt handle with the one matmul descriptor, the heuristic preference and a workspace."""
-
-    def __init__(self) -> None:
-        self.lib = load_lt()
-        self.handle = ctypes.c_void_p()
-        _check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "LtCreate")
-        self.desc, self.pref = matmul_desc(self.lib), preference(self.lib)
-        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
-
-    def heuristics(self, lay: tuple[ctypes.c_void_p, ...], count: int) -> list[HeuristicResult]:
-        """Up to `count` algorithms, cuBLASLt's best guess first; each has its own state (0 = usable)."""
-        a, b, c = lay
-        results, returned = (HeuristicResult * count)(), ctypes.c_int(0)
-        _check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, self.desc, a, b, c, c, self.pref, count, results,
-                                                       ctypes.byref(returned)), "LtMatmulAlgoGetHeuristic")
-        return list(results[:returned.value])
-
-    def matmul(self, algo: MatmulAlgo, lay: tuple[ctypes.c_void_p, ...], x: cp.ndarray, w: cp.ndarray,
-               y: cp.ndarray) -> None:
-        """y = x @ w.T on the current stream (graph-capturable: the workspace is preallocated)."""
-        a, b, c = lay
-        _check(self.lib.cublasLtMatmul(
-            self.handle, self.desc, ctypes.addressof(_ONE), w.data.ptr, a, x.data.ptr, b, ctypes.addressof(_ZERO),
-            y.data.ptr, c, y.data.ptr, c, ctypes.byref(algo), self.workspace.data.ptr, WORKSPACE_BYTES,
-            cp.cuda.get_current_stream().ptr), "LtMatmul")
 
 
 def measure(lt: Lt, ws: list[cp.ndarray], m: int, count: int, reps: int) -> dict:

@@ -85,9 +85,11 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     state_bytes = rows * bytes_per_state_row(groups, itemsize)
     reserve = 0
     if backend.name == "cuda":
-        with phase("activation profile") as p:
+        with phase("activation profile") as p, backend.linear_shapes() as linear_shapes:
             reserve = _activation_bytes(built, backend, groups, args, max_len)
             p.detail = f"step activations need {reserve / 2**20:.1f} MiB of device memory (measured)"
+        with phase("GEMM tuning") as p:   # before the KV cache: its scratch is back in the pool by then
+            p.detail = backend.tune_gemms(linear_shapes, args.max_num_seqs)
     if backend.samples_on_device:   # the sampler's float32 copy of every sampled row (sample_rows.cu)
         reserve += args.max_num_seqs * line.vocab_size(cfg) * 4
     with phase("KV cache") as p:

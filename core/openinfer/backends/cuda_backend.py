@@ -5,8 +5,9 @@ CI can import the package. Every failure to start says what is missing and what 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
@@ -163,6 +164,26 @@ class CudaBackend(Backend):
             graphs = DecodeGraphs(self.xp, self.stream, forward, max_num_seqs, max_model_len, block_size, state_slots)
             graphs.capture()
         return graphs
+
+    @contextmanager
+    def linear_shapes(self) -> Iterator[set[tuple[int, int]]]:
+        """The bf16 weight shapes (N, K) `linear` is called with inside the block, for tune_gemms."""
+        from ..kernels.cuda import lt
+        with lt.recording() as shapes:
+            yield shapes
+
+    def tune_gemms(self, shapes: set[tuple[int, int]], max_num_seqs: int) -> str:
+        """cuBLASLt algorithms for the decode GEMMs of these weight shapes at each decode-graph bucket size
+        (kernels/cuda/lt_tune.py; eager engines too, so eager and graph steps compute the same bits);
+        before graph capture. Returns what the start-up log says about it."""
+        from ..kernels.cuda.lt_tune import tune
+        from .cuda_graphs import buckets
+        with self.device:
+            tuned = tune(buckets(max_num_seqs), shapes)
+        self.release_cached()   # the timing scratch, held by CuPy's pool on the tuning stream
+        return (f"{tuned.lt} decode GEMM shapes on cuBLASLt ({tuned.cached} from the cache, {tuned.timed} timed) "
+                f"of {len(shapes)} weight shapes" if tuned.lt + tuned.timed else
+                "none (OPENINFER_CUBLASLT=0, or no bf16 weights)")
 
     def memory_info(self) -> MemoryInfo:
         with self.device:

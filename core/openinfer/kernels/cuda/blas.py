@@ -25,7 +25,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from . import pdl
+from . import lt, pdl
 from .module import BF16, COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, sm_count
 
 WORKSPACE_BYTES = 32 << 20
@@ -38,7 +38,7 @@ INSTALL_HINT = "install nvidia-cublas (part of openinfer[cuda13] / [cuda12]) or 
 
 
 def load_cublas(name: str = "cublas") -> ctypes.CDLL:
-    """lib`name` ("cublas", or "cublasLt" for scripts/gemm_algos_bench.py) from the NVIDIA wheels or the toolkit."""
+    """lib`name` ("cublas", or "cublasLt" for lt.py) from the NVIDIA wheels or the toolkit."""
     errors = []
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib  # finds pip-installed NVIDIA wheels too
@@ -188,16 +188,20 @@ def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     """x [..., in] @ w[out, in].T -> [..., out]; bf16 or f32 in and out, fp32 accumulation.
 
     bf16 with at most GEMV_MAX_M rows, K % 8 == 0 and 16-byte aligned rows runs the GEMV kernel
-    (gemv.cu); everything else runs cublasGemmEx."""
+    (gemv.cu); bf16 of a shape tuned at start-up runs cuBLASLt (lt.py); everything else cublasGemmEx."""
     x2, w = operands(x, w)
     (m, k), n_out, it = x2.shape, w.shape[0], x.itemsize
     out = cp.empty((*x.shape[:-1], n_out), dtype=x.dtype)
     if m == 0 or n_out == 0:
         return out
+    if lt.recorded is not None and x.dtype == BF16 and w.strides[0] == 2 * k:
+        lt.recorded.add((n_out, k))   # a weight shape for lt_tune.tune (loader's activation profile)
     if _gemv_usable(x2, w, m, k):
         gemv(x2, w, out.reshape(m, n_out))
         return out
     dev = cp.cuda.Device().id
+    if x.dtype == BF16 and lt.run(dev, x2, w, out.reshape(m, n_out)):
+        return out
     handle: Any = _handles.get(dev) or _handles.setdefault(dev, _Handle())
     dt = _DATA_TYPE[x.dtype]
     _check(handle.lib.cublasGemmEx(

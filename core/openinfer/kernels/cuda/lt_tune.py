@@ -1,0 +1,154 @@
+"""lt.py's algorithm per (M, N, K): chosen by timing cuBLASLt's heuristic candidates, kept on disk.
+
+`tune` runs at start-up (loader.py's "GEMM tuning" phase), after the activation profile has recorded
+the bf16 (N, K) that blas.linear sees, and before any decode graph is captured. The cache file
+(cache_root()/gemm_algos/<hash of the key>.json) holds {"key": GPU name, compute capability, SM count,
+cuBLASLt version; "algos": {"M,N,K,bf16": the algorithm's 64 bytes in hex}}; a warm start checks each
+saved algorithm with cublasLtMatmulAlgoCheck (a host call) and times only shapes that fail or are new.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import cupy as cp
+
+from ...disk_cache import cache_root, write_atomic
+from . import blas, lt
+from .lt import Lt, MatmulAlgo, Plan
+
+HEURISTICS = 16                 # candidates asked of cublasLtMatmulAlgoGetHeuristic per shape
+RUNS = 5                        # timed graph replays per candidate after an eager pass and a first replay (median)
+FLUSH_BYTES = 128 << 20         # weight copies cycled per pass: > 2x the H200's 50 MB L2, so weights come from HBM
+Timer = Callable[[MatmulAlgo], float]   # an algorithm -> us per GEMM; raises RuntimeError where it cannot run
+_lts: dict[int, Lt] = {}
+
+
+@dataclass(frozen=True)
+class Tuned:
+    cached: int   # shapes whose saved algorithm passed the check
+    timed: int    # shapes timed now (new, or the saved algorithm failed the check)
+    lt: int       # of all these, shapes that run through cuBLASLt (the rest: no candidate ran)
+
+
+def device_key(dev: int, lib: Any) -> dict[str, Any]:
+    """What a saved choice depends on: the GPU (a MIG slice has fewer SMs) and the library version."""
+    props = cp.cuda.runtime.getDeviceProperties(dev)
+    return {"gpu": props["name"].decode(), "cc": f"{props['major']}.{props['minor']}",
+            "sms": int(props["multiProcessorCount"]), "cublaslt": int(lib.cublasLtGetVersion())}
+
+
+def cache_path(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "gemm_algos" / f"{digest}.json"
+
+
+def read_cache(path: Path, key: dict[str, Any]) -> dict[str, str]:
+    """The saved "M,N,K,dtype" -> hex algorithms, or {} where the file is missing, unreadable or another key's."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return dict(data.get("algos", {})) if isinstance(data, dict) and data.get("key") == key else {}
+
+
+def write_cache(path: Path, key: dict[str, Any], algos: dict[str, str]) -> None:
+    write_atomic(path, json.dumps({"key": key, "algos": algos}, indent=1, sort_keys=True).encode())
+
+
+def from_hex(text: str) -> MatmulAlgo | None:
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        return None
+    return MatmulAlgo.from_buffer_copy(raw) if len(raw) == ctypes.sizeof(MatmulAlgo) else None
+
+
+def fastest(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], timer: Timer) -> MatmulAlgo | None:
+    """The fastest of the heuristic's usable candidates (a copy, not a view into the result array);
+    candidates marked unusable, needing more workspace than there is, or failing to run are skipped."""
+    best, best_us = None, float("inf")
+    for result in lt_.heuristics(lay, HEURISTICS):
+        if result.state or result.workspace_size > blas.WORKSPACE_BYTES:
+            continue
+        try:
+            us = timer(result.algo)
+        except RuntimeError:   # cublasLtMatmul refused it (blas._check)
+            continue
+        if us < best_us:
+            best, best_us = MatmulAlgo.from_buffer_copy(result.algo), us
+    return best
+
+
+def graph_timer(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], x: cp.ndarray, ws: list[cp.ndarray], y: cp.ndarray,
+                stream: cp.cuda.Stream) -> Timer:
+    """Times one pass over the weight copies `ws` (so weights come from HBM, as in a decode step) as a CUDA
+    graph replay: a Python loop of ctypes calls would be slower than the GPU at small M and time itself.
+    An eager pass first, so a failing algorithm raises outside capture."""
+    def time_us(algo: MatmulAlgo) -> float:
+        for w in ws:
+            lt_.matmul(algo, lay, x, w, y)
+        stream.begin_capture()
+        try:
+            for w in ws:
+                lt_.matmul(algo, lay, x, w, y)
+        finally:   # a capture left open would break the stream for every later algorithm
+            graph = stream.end_capture()
+        events = [cp.cuda.Event() for _ in range(RUNS + 1)]
+        graph.launch(stream)   # the graph's own first launch uploads it
+        events[0].record(stream)
+        for event in events[1:]:
+            graph.launch(stream)
+            event.record(stream)
+        events[-1].synchronize()
+        return statistics.median(cp.cuda.get_elapsed_time(a, b) for a, b in zip(events, events[1:])) * 1e3 / len(ws)
+    return time_us
+
+
+def scratch(m: int, n: int, k: int) -> tuple[cp.ndarray, list[cp.ndarray], cp.ndarray]:
+    """x[m, K], weight copies [N, K] adding up to FLUSH_BYTES (at least one) and y[m, N], zero-filled."""
+    copies = max(1, -(-FLUSH_BYTES // (2 * n * k)))
+    return (cp.zeros((m, k), blas.BF16), [cp.zeros((n, k), blas.BF16) for _ in range(copies)],
+            cp.zeros((m, n), blas.BF16))
+
+
+def tune(ms: Iterable[int], shapes: Iterable[tuple[int, int]]) -> Tuned:
+    """Plans (lt.plans) for bf16 x[M, K] @ w[N, K].T at each M above GEMV_MAX_M and each weight (N, K) on the
+    current device; shapes planned before are kept. Nothing where OPENINFER_CUBLASLT=0. Its scratch goes
+    back to CuPy's pool, on a stream of its own: free_all_blocks() (backend.release_cached) returns it."""
+    ms, shapes = sorted({m for m in ms if m > blas.GEMV_MAX_M}), sorted(set(shapes))
+    if not lt.ENABLED or not ms or not shapes:   # (a float32 model has no bf16 shapes)
+        return Tuned(0, 0, 0)
+    dev = cp.cuda.Device().id
+    lt_ = _lts.get(dev) or _lts.setdefault(dev, Lt())
+    key = device_key(dev, lt_.lib)
+    path = cache_path(key)
+    saved = read_cache(path, key)
+    cached = timed = 0
+    stream = cp.cuda.Stream(non_blocking=True)   # capturable, whatever stream is current
+    with stream:   # the scratch too: CuPy's pool hands a freed block back only to its own stream
+        for n, k in shapes:
+            buffers = None
+            for m in (m for m in ms if (dev, m, n, k) not in lt.plans):
+                name, lay = f"{m},{n},{k},bf16", lt.layouts(lt_.lib, m, n, k)
+                algo = from_hex(saved.get(name, ""))
+                if algo is not None and lt_.usable(algo, lay):
+                    cached += 1
+                else:
+                    x, ws, y = buffers = buffers or scratch(ms[-1], n, k)
+                    algo = fastest(lt_, lay, graph_timer(lt_, lay, x[:m], ws, y[:m], stream))
+                    timed += 1
+                    if algo is None:
+                        continue   # GemmEx it stays
+                    saved[name] = bytes(algo).hex()
+                lt.plans[(dev, m, n, k)] = Plan(lt_, algo, lay)
+            del buffers
+        stream.synchronize()
+    if timed:
+        write_cache(path, key, saved)
+    return Tuned(cached, timed, sum(1 for p in lt.plans if p[0] == dev))
