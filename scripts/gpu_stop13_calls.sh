@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 calls of stop 13, as run (results: docs/benchmarks/h200-2026-12-03-stop13/).
-#   bash scripts/gpu_stop13_calls.sh call1|call2   (server-stack wheels in .whl/, baseline tree in .whl/base)
+#   bash scripts/gpu_stop13_calls.sh call1|call2|call3   (server-stack wheels in .whl/, baseline tree in .whl/base)
 # The baseline is `git archive 6743fdb core plugins` unpacked into .whl/base (the end of stop 12): `base_lat` runs
 # bench latency on it in the same call, so before/after share a host. The experiments run before call1
 # (scripts/gpu_experiments.sh at 6743fdb) are in the same folder as exp_summary.txt.
@@ -8,11 +8,12 @@
 #   one-wave decode-attention splits; bench latency Qwen3-4B batch 1/32/128 for the new default, the new tree
 #   serial (--no-pipelined-decode) and the baseline; attention microbenchmark at batch 32 and 128, new and base;
 #   PDL for the small kernels against none, alternating; the decode graphs' GPU time.
-# call2: the GPU tests again (the pipelined-decode test fixed, PDL's default set, cuBLASLt-tuned GEMMs); bench
+# call2: the GPU tests again (the pipelined-decode test fixed, PDL's default set, cuBLASLt-tuned GEMMs); serve
+#   start-up twice (the first start tunes the GEMMs into the empty cache, the second reads them back); bench
 #   latency Qwen3-4B batch 1/32/128 with the final defaults, with OPENINFER_CUBLASLT=0 and with OPENINFER_PDL=0
-#   (alternating), Qwen3.5-4B; the decode graphs' GPU time; prefix hits (20 repeats); serve start-up twice (the first
-#   start tunes the GEMMs into the empty cache, the second reads them back); attn_bench batch 1 then 32 in one process;
-#   `serve` under the benchmark client (64 random 1024/128 prompts at 16 req/s, then a multi-turn run whose later turns
+#   (alternating); the decode graphs' GPU time.
+# call3 (right after call2, same machine): Qwen3.5-4B; prefix hits (20 repeats); attn_bench batch 1 then 32 in one
+#   process; `serve` under the benchmark client (64 random 1024/128 prompts at 16 req/s, then a multi-turn run whose later turns
 #   hit the prefix cache), pipelined decode on (the default) and off: every request must succeed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,13 +44,14 @@ call1) python3 -c "import openinfer; print(openinfer.__file__)" | tee -a $S
 call2) precompile; tests 200 $CORE tests/kernels/test_cuda_lt.py
        startup startup_tune; startup startup_warm
        lat q3 60 $Q3; OPENINFER_CUBLASLT=0 lat q3_gemmex 60 $Q3; OPENINFER_PDL=0 lat q3_nopdl 60 $Q3; lat q3_again 60 $Q3
-       prof q3 qwen3-4b; lat q35 45 $Q35
+       prof q3 qwen3-4b ;;
+call3) precompile; lat q35 45 $Q35
        timeout 120 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 20 --gc-freeze > $L/prefix_hit.log 2>&1
        tail -10 $L/prefix_hit.log | tee -a $S
        timeout 30 python3 scripts/attn_bench.py --batches 1,32 --contexts 1024 > $L/attn_b1_b32.log 2>&1
        say "attn b1 then b32:"; tail -3 $L/attn_b1_b32.log | tee -a $S
        serve_bench serve_pipelined; serve_bench serve_serial --no-pipelined-decode ;;
-*) echo "usage: $0 call1|call2" >&2; exit 2 ;;
+*) echo "usage: $0 call1|call2|call3" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .
