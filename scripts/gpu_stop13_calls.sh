@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 calls of stop 13, as run (results: docs/benchmarks/h200-2026-12-03-stop13/).
-#   bash scripts/gpu_stop13_calls.sh call1|call2|call3   (server-stack wheels in .whl/, baseline tree in .whl/base)
+#   bash scripts/gpu_stop13_calls.sh call1|call2|call3|call4   (server-stack wheels in .whl/, baseline tree in .whl/base)
 # The baseline is `git archive 6743fdb core plugins` unpacked into .whl/base (the end of stop 12): `base_lat` runs
 # bench latency on it in the same call, so before/after share a host. The experiments run before call1
 # (scripts/gpu_experiments.sh at 6743fdb) are in the same folder as exp_summary.txt.
@@ -15,6 +15,9 @@
 # call3 (right after call2, same machine): Qwen3.5-4B; prefix hits (20 repeats); attn_bench batch 1 then 32 in one
 #   process; `serve` under the benchmark client (64 random 1024/128 prompts at 16 req/s, then a multi-turn run whose later turns
 #   hit the prefix cache), pipelined decode on (the default) and off: every request must succeed.
+# call4: batch 32 / 128 decode, three rounds of the defaults, OPENINFER_PDL=0 and OPENINFER_CUBLASLT=0 in turn (call 2
+#   had PDL's small-kernel set 0.1-0.2 ms slower at batch 32 in one sample); attn_bench batch 1 then 32 in one
+#   process without PDL, and each kernel alone with it (call 3's run faulted at batch 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -51,7 +54,15 @@ call3) precompile; lat q35 45 $Q35
        timeout 30 python3 scripts/attn_bench.py --batches 1,32 --contexts 1024 > $L/attn_b1_b32.log 2>&1
        say "attn b1 then b32:"; tail -3 $L/attn_b1_b32.log | tee -a $S
        serve_bench serve_pipelined; serve_bench serve_serial --no-pipelined-decode ;;
-*) echo "usage: $0 call1|call2|call3" >&2; exit 2 ;;
+call4) precompile
+       Q3M="--model qwen3-4b --batch-sizes 32,128 --input-lens 1024 --output-lens 64 --num-iters 2 --max-num-batched-tokens 8192"
+       for i in 1 2 3; do lat q3m_default_$i 60 $Q3M; OPENINFER_PDL=0 lat q3m_nopdl_$i 60 $Q3M; OPENINFER_CUBLASLT=0 lat q3m_gemmex_$i 60 $Q3M; done
+       for run in "OPENINFER_PDL=0 attn_nopdl 1,32 old,new" "OPENINFER_PDL=$SMALL attn_old 1,32 old" "OPENINFER_PDL=$SMALL attn_new 1,32 new"; do
+           set -- $run
+           env $1 timeout 30 python3 scripts/attn_bench.py --batches $3 --contexts 1024 --variants $4 > $L/$2.log 2>&1
+           say "$2:"; grep -v "^  File\|^    " $L/$2.log | tail -4 | tee -a $S
+       done ;;
+*) echo "usage: $0 call1|call2|call3|call4" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .

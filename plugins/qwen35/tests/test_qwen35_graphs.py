@@ -33,7 +33,8 @@ def test_padding_rows_touch_only_the_reserved_state_row(untied):
     never in a live or free row."""
     import numpy as np
     ckpt, _ = untied
-    eng = engine_for(ckpt, max_num_seqs=4, enable_prefix_caching=False)   # no checkpoint copies
+    # no checkpoint copies; serial steps, so that one step() is one replay (pipelined, it queues the next too)
+    eng = engine_for(ckpt, max_num_seqs=4, enable_prefix_caching=False, pipelined_decode=False)
     graphs = emulate_graphs(eng)
     streams = [eng.submit(tokens(10 + i, seed=5 + i), greedy(6)) for i in range(3)]
     eng.step()                                   # the prompts: one eager prefill step
