@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 calls of stop 13, as run (results: docs/benchmarks/h200-2026-12-03-stop13/).
-#   bash scripts/gpu_stop13_calls.sh call1|call2|call3|call4   (server-stack wheels in .whl/, baseline tree in .whl/base)
+#   bash scripts/gpu_stop13_calls.sh call1|call2|call3|call4|call5   (server-stack wheels in .whl/, baseline tree in .whl/base)
 # The baseline is `git archive 6743fdb core plugins` unpacked into .whl/base (the end of stop 12): `base_lat` runs
 # bench latency on it in the same call, so before/after share a host. The experiments run before call1
 # (scripts/gpu_experiments.sh at 6743fdb) are in the same folder as exp_summary.txt.
@@ -18,6 +18,8 @@
 # call4: batch 32 / 128 decode, three rounds of the defaults, OPENINFER_PDL=0 and OPENINFER_CUBLASLT=0 in turn (call 2
 #   had PDL's small-kernel set 0.1-0.2 ms slower at batch 32 in one sample); attn_bench batch 1 then 32 in one
 #   process without PDL, and each kernel alone with it (call 3's run faulted at batch 1).
+# call5 (at the commit that captures decode graphs of more than 8 rows without PDL): the GPU tests of the engines and
+#   graphs; bench latency Qwen3-4B batch 1/32/128, twice with the defaults and once with OPENINFER_PDL=0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -62,7 +64,9 @@ call4) precompile
            env $1 timeout 30 python3 scripts/attn_bench.py --batches $3 --contexts 1024 --variants $4 > $L/$2.log 2>&1
            say "$2:"; grep -v "^  File\|^    " $L/$2.log | tail -4 | tee -a $S
        done ;;
-*) echo "usage: $0 call1|call2|call3|call4" >&2; exit 2 ;;
+call5) precompile; tests 170 tests/test_cuda_graphs_capture.py tests/kernels/test_cuda_ops.py -k "pdl or graph"
+       lat q3 60 $Q3; OPENINFER_PDL=0 lat q3_nopdl 60 $Q3; lat q3_again 60 $Q3 ;;
+*) echo "usage: $0 call1|call2|call3|call4|call5" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .

@@ -149,6 +149,28 @@ def test_pdl_setting_names_kernels(monkeypatch):
     assert not pdl.enabled("gemv_bf16_u4")
 
 
+def test_pdl_suspended_on_this_thread_only(monkeypatch):
+    """pdl.suspended(): no PDL inside the block (nested blocks too), decided before the device is asked;
+    suspended(False) changes nothing."""
+    import threading
+    monkeypatch.setattr(pdl, "ENABLED", True)
+    monkeypatch.setattr(pdl, "KERNELS", ("rms_norm",))
+    asked = []
+    monkeypatch.setattr(pdl.cp.cuda, "get_current_stream", lambda: asked.append(1) or SimpleNamespace(ptr=0))
+    with pdl.suspended():
+        with pdl.suspended(False), pdl.suspended():
+            assert not pdl.enabled("rms_norm_v_bf16")
+        assert not pdl.enabled("rms_norm_v_bf16")
+        assert asked == []
+        other = []
+        thread = threading.Thread(target=lambda: other.append(pdl.enabled("rms_norm_v_bf16")))
+        thread.start()
+        thread.join()
+        assert other == [False] and asked == [1]   # the other thread got past the suspension to the stream check
+    pdl.enabled("rms_norm_v_bf16")
+    assert asked == [1, 1] and pdl._suspended.depth == 0
+
+
 # (N, K) of Qwen3-4B's projections (gate_up, down, o) and small ones; gemv_splits gives the down and o
 # projections split-K at 4 x 132 resident CTAs, gate_up none
 FUSED_SHAPES = [(19456, 2560), (2560, 9728), (2560, 4096), (256, 4096), (64, 200)]

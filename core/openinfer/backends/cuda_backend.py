@@ -159,9 +159,15 @@ class CudaBackend(Backend):
 
     def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int,
                       state_slots: bool = False) -> Any:
+        from ..kernels.cuda import pdl
         from .cuda_graphs import DecodeGraphs
+
+        def capture_forward(batch: Any) -> Any:   # PDL only in graphs of few rows (pdl.MAX_DECODE_ROWS)
+            with pdl.suspended(batch.num_seqs > pdl.MAX_DECODE_ROWS):
+                return forward(batch)
         with self.device:
-            graphs = DecodeGraphs(self.xp, self.stream, forward, max_num_seqs, max_model_len, block_size, state_slots)
+            graphs = DecodeGraphs(self.xp, self.stream, capture_forward, max_num_seqs, max_model_len, block_size,
+                                  state_slots)
             graphs.capture()
         return graphs
 

@@ -89,8 +89,9 @@ def test_programmatic_dependent_launch_keeps_every_token(untied, monkeypatch):
     never what it computes)."""
     from openinfer.kernels.cuda import pdl
     ckpt, _ = untied
-    runs, launched, launch = {}, [], pdl.launch
+    runs, launched, launch, suspended, suspend = {}, [], pdl.launch, [], pdl.suspended
     monkeypatch.setattr(pdl, "launch", lambda *a: launched.append(a[0]) or launch(*a))
+    monkeypatch.setattr(pdl, "suspended", lambda yes=True: suspended.append(yes) or suspend(yes))
     monkeypatch.setattr(pdl, "KERNELS", None)   # every kernel, not just the default's small ones
     for on in (False, True):
         monkeypatch.setattr(pdl, "ENABLED", on)
@@ -103,6 +104,8 @@ def test_programmatic_dependent_launch_keeps_every_token(untied, monkeypatch):
                     prompt_logits(eager, prompts[0]))
     assert runs[True][0] == runs[False][0] and runs[True][1] == runs[False][1]
     np.testing.assert_array_equal(runs[True][2], runs[False][2])
+    # graphs of 16 rows (eager warm-up and capture) without PDL, those of 8, 4, 2 and 1 with it; per engine
+    assert suspended == 2 * [True, True, False, False, False, False]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

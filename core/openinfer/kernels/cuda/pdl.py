@@ -13,10 +13,12 @@ its own bytes; each one gets an 8-byte slot in a reused buffer (the driver copie
 launch, so reuse is safe). OPENINFER_PDL takes a comma-separated list of kernel-name prefixes (PDL for those
 kernels only), 1 for every kernel, or 0 for none (every kernel launches through CuPy).
 
-The default, DEFAULT_KERNELS, is the small kernels between the GEMVs. Measured on the H200 (Qwen3-4B, batch 1,
-docs/benchmarks/qwen3-4b-h200.md, stop 13), the decode step took 3.30 ms with PDL for them and 3.38 ms with none,
-over two alternating pairs. PDL for every kernel took 4.25 ms and for the GEMVs alone 3.97 ms. A GEMV launched
-early loses more than the gap it hides; why is not known.
+The default, DEFAULT_KERNELS, is the small kernels between the GEMVs, and only in decode graphs of at most
+MAX_DECODE_ROWS rows (the CUDA backend captures larger ones inside `suspended()`). Measured on the H200 (Qwen3-4B,
+docs/benchmarks/qwen3-4b-h200.md, stop 13): at batch 1 the step took 3.30 ms with PDL for them and 3.38–3.39 ms
+with none (three alternating pairs); at batch 32 4.61–4.69 ms with and 4.46–4.47 ms without (three pairs); at
+batch 128 no difference. PDL for every kernel took 4.25 ms at batch 1 and for the GEMVs alone 3.97 ms: a GEMV
+launched early loses more than the gap it hides; why is not known.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import ctypes
 import os
 import struct
 import threading
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import cupy as cp
 import numpy as np
@@ -43,6 +46,7 @@ def parse_setting(value: str) -> tuple[bool, tuple[str, ...] | None]:
 
 DEFAULT_KERNELS = "paged_decode,rope,add_rms_norm,rms_norm"
 ENABLED, KERNELS = parse_setting(os.environ.get("OPENINFER_PDL", DEFAULT_KERNELS))
+MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)
 MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
 MAX_ARGS = 32
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -74,11 +78,29 @@ def driver() -> ctypes.CDLL:
     return _libcuda
 
 
+class _Suspended(threading.local):
+    depth = 0
+
+
+_suspended = _Suspended()
+
+
+@contextmanager
+def suspended(yes: bool = True) -> Iterator[None]:
+    """No PDL for the launches this thread makes inside the block (when `yes`)."""
+    _suspended.depth += yes
+    try:
+        yield
+    finally:
+        _suspended.depth -= yes
+
+
 def enabled(kernel: str = "") -> bool:
     """PDL is on (OPENINFER_PDL) for this kernel name (every kernel, or its name starts with a listed
-    prefix), the current device has it (sm_90+) and the current stream is not the legacy default
-    stream (whose implicit synchronisation PDL does not promise to keep)."""
-    if not ENABLED or (KERNELS is not None and not kernel.startswith(KERNELS)) or cp.cuda.get_current_stream().ptr == 0:
+    prefix), not suspended on this thread, the current device has it (sm_90+) and the current stream is
+    not the legacy default stream (whose implicit synchronisation PDL does not promise to keep)."""
+    if (not ENABLED or _suspended.depth or (KERNELS is not None and not kernel.startswith(KERNELS))
+            or cp.cuda.get_current_stream().ptr == 0):
         return False
     dev = cp.cuda.Device().id
     if dev not in _supported:
