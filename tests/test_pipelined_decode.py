@@ -78,3 +78,13 @@ def test_min_tokens_rows_pipeline_only_once_their_stop_ids_count():
     stop = _tokens(_compare({0: [submit("m", _prompt(6, 6), greedy(16))]})["m"])[3]
     got = _compare({0: [submit("m", _prompt(6, 6), greedy(16, min_tokens=8, stop_token_ids=[stop]))]}, 1)
     assert len(_tokens(got["m"])) >= 8
+
+
+def test_serve_and_bench_latency_pipeline_unless_told_not_to():
+    from openinfer.cli import _engine_args, build_parser
+    parser = build_parser()
+    assert EngineArgs().pipelined_decode
+    assert _engine_args(parser.parse_args(["serve"])).pipelined_decode
+    assert not _engine_args(parser.parse_args(["serve", "--no-pipelined-decode"])).pipelined_decode
+    assert parser.parse_args(["bench", "latency"]).pipelined_decode
+    assert not parser.parse_args(["bench", "latency", "--no-pipelined-decode"]).pipelined_decode
