@@ -13,11 +13,11 @@ its own bytes; each one gets an 8-byte slot in a reused buffer (the driver copie
 launch, so reuse is safe). OPENINFER_PDL takes a comma-separated list of kernel-name prefixes (PDL for those
 kernels only), 1 for every kernel, or 0 for none (every kernel launches through CuPy).
 
-The default, DEFAULT_KERNELS, is the small kernels between the GEMVs, and only in decode graphs of at most
-MAX_DECODE_ROWS rows (the CUDA backend captures larger ones inside `suspended()`). Measured on the H200 (Qwen3-4B,
-docs/benchmarks/qwen3-4b-h200.md, stop 13): at batch 1 the step took 3.30 ms with PDL for them and 3.38–3.39 ms
-with none (three alternating pairs); at batch 32 4.61–4.69 ms with and 4.46–4.47 ms without (three pairs); at
-batch 128 no difference. PDL for every kernel took 4.25 ms at batch 1 and for the GEMVs alone 3.97 ms: a GEMV
+The default, DEFAULT_KERNELS, is the small kernels between the GEMVs, in eager steps and in decode graphs of at
+most MAX_DECODE_ROWS rows (the CUDA backend captures larger ones inside `suspended()`). Measured on the H200
+(Qwen3-4B, docs/benchmarks/qwen3-4b-h200.md, stop 13): at batch 1 the step took 3.30–3.31 ms with PDL for them and
+3.38–3.40 ms with none (four pairs over three runs); at batch 32 4.61–4.69 ms with and 4.46–4.47 ms without (three
+rounds); at batch 128 no difference. PDL for every kernel took 4.25 ms at batch 1 and for the GEMVs alone 3.97 ms: a GEMV
 launched early loses more than the gap it hides; why is not known.
 """
 from __future__ import annotations
