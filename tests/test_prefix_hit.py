@@ -114,3 +114,30 @@ def test_hit_steps_replay_the_decode_graph(cold):
     results = generate(eng, [ids, ids], greedy(12))
     assert graphs.replays == [2] * 12
     assert [r[0] for r in results] == [cold(ids)] * 2 and [r[2] for r in results] == [3 * BS - 1] * 2
+
+
+def test_sha256_block_keys_hit_like_builtin_ones(cold):
+    """--prefix-cache-hash sha256: the same hits and tokens as the builtin keys; the keys are 128-bit,
+    chained (one block's key depends on every block before it) and salted."""
+    from openinfer.kv.block_manager import block_hashes
+    eng = engine(prefix_cache_hash="sha256")
+    assert eng.blocks.block_hash == "sha256"
+    ids = prompt(3 * BS + 5, seed=9)
+    [(first, _, c0)] = generate(eng, [ids], greedy(12))
+    [(again, fin, c1)] = generate(eng, [ids], greedy(12))
+    assert c0 == 0 and c1 == fin.cached_tokens == 3 * BS and first == again == cold(ids)
+    keys = block_hashes(ids, BS, scheme="sha256")
+    assert set(keys) <= set(eng.blocks.by_hash) and keys != block_hashes(ids, BS)
+    assert max(keys).bit_length() > 64   # not the builtin hash's 64 bits
+    changed = [ids[0] + 1] + ids[1:]   # block 0 differs, blocks 1.. hold the same ids
+    assert all(a != b for a, b in zip(block_hashes(changed, BS, scheme="sha256"), keys))
+    assert block_hashes(ids, BS, scheme="sha256") == keys   # the same in every process: no random seed in it
+    assert block_hashes(ids, BS, "tenant-a", scheme="sha256") != keys
+
+
+def test_an_unknown_prefix_cache_hash_is_refused():
+    with pytest.raises(ValueError, match="prefix_cache_hash 'md5'"):
+        EngineArgs(prefix_cache_hash="md5")
+    from openinfer.kv.block_manager import BlockManager
+    with pytest.raises(ValueError, match="prefix-cache hash 'md5'"):
+        BlockManager(4, BS, block_hash="md5")

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .engine_args import EngineArgs
+from .kv.block_manager import BLOCK_HASHES
 
 
 def _engine_flags(p: argparse.ArgumentParser) -> None:
@@ -20,6 +21,9 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory-gib", type=float, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--prefix-cache-hash", default="builtin", choices=BLOCK_HASHES,
+                   help="prefix-cache block keys: Python's hash (fast), or sha256, which no crafted prompt can "
+                        "collide with another's (a multi-tenant server)")
     p.add_argument("--num-state-checkpoints", type=int, default=None,
                    help="hybrid models: prefix checkpoints of the recurrent state kept (default: --max-num-seqs)")
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: no graph capture")
@@ -37,6 +41,7 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
                       block_size=a.block_size, kv_cache_memory_gib=a.kv_cache_memory_gib,
                       gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=not a.no_prefix_caching,
+                      prefix_cache_hash=a.prefix_cache_hash,
                       num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed,
                       enforce_eager=a.enforce_eager, pipelined_decode=a.pipelined_decode, kv_offload=a.kv_offload,
                       kv_offload_host_gib=a.kv_offload_host_gib)

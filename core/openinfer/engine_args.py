@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .kv.block_manager import BLOCK_HASHES
+
 
 @dataclass
 class EngineArgs:
@@ -16,6 +18,7 @@ class EngineArgs:
     kv_cache_memory_gib: float | None = None  # KV pool size; None: CPU 1 GiB cap / GPU from --gpu-memory-utilization
     gpu_memory_utilization: float = 0.90
     enable_prefix_caching: bool = True
+    prefix_cache_hash: str = "builtin"      # block keys: builtin (Python's hash) | sha256 (kv/block_manager.py)
     num_state_checkpoints: int | None = None  # hybrid models: prefix checkpoints of the bounded state; None: max_num_seqs
     served_model_name: str | None = None
     seed: int = 0                           # dummy-weight seed
@@ -33,6 +36,8 @@ class EngineArgs:
             raise ValueError("block_size must be a power of two")
         if self.num_state_checkpoints is not None and self.num_state_checkpoints < 0:
             raise ValueError("num_state_checkpoints must be >= 0")
+        if self.prefix_cache_hash not in BLOCK_HASHES:
+            raise ValueError(f"unknown prefix_cache_hash {self.prefix_cache_hash!r}: use one of {', '.join(BLOCK_HASHES)}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"unknown load_format {self.load_format!r}: use auto or dummy")
         if self.kv_offload and self.kv_offload_host_gib <= 0:

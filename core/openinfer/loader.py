@@ -133,9 +133,9 @@ def _kv_cache(backend: Any, groups: list[StateGroup], args: EngineArgs, per_bloc
         log.info("bounded state: %d rows (%d running sequences, %d prefix checkpoints, 1 padding), %.1f MiB",
                  rows, args.max_num_seqs, checkpoints, state_bytes / 2**20)
         blocks: BlockManager = HybridBlockManager(num_blocks, args.block_size, args.enable_prefix_caching,
-                                                  args.max_num_seqs, checkpoints)
+                                                  args.max_num_seqs, checkpoints, args.prefix_cache_hash)
     else:
-        blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching, args.prefix_cache_hash)
     host_tier = None
     if args.kv_offload:
         host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block

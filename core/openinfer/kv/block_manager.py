@@ -14,6 +14,8 @@ and writes the recomputed token there.
 """
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -33,31 +35,54 @@ def token_blocks(tokens: list[int], block_size: int, start: int = 0) -> list[tup
     return [tuple(tokens[i:i + block_size]) for i in range(start * block_size, stop, block_size)]
 
 
-def chain(blocks: Iterable[tuple[int, ...]], salt: str = "", parent: int | None = None
+BLOCK_HASHES = ("builtin", "sha256")
+
+
+def sha256_key(parent: int | None, tokens: tuple[int, ...], salt: str) -> int:
+    """128 bits of sha256 over (parent key, token ids, salt): a chain no prompt can be built to collide with.
+    Python's hash() of ints is the same in every process and not made to resist that, and a hit compares
+    only the block's own ids, so with "builtin" a crafted prompt could share another's prefix KV."""
+    d = hashlib.sha256(b"-" if parent is None else parent.to_bytes(16, "little"))   # lengths tell the fields apart
+    d.update(array("q", tokens).tobytes())   # a full block: block_size ids, 8 bytes each
+    d.update(salt.encode())
+    return int.from_bytes(d.digest()[:16], "little")
+
+
+def chain(blocks: Iterable[tuple[int, ...]], salt: str = "", parent: int | None = None, scheme: str = "builtin"
           ) -> Iterator[tuple[int, tuple[int, ...]]]:
-    """(chained hash, tokens) of each block in turn: the one definition of a block's cache key."""
+    """(chained hash, tokens) of each block in turn: the one definition of a block's cache key.
+    scheme "builtin": Python's hash() (fast); "sha256": sha256_key (--prefix-cache-hash sha256)."""
     h = parent
+    if scheme == "sha256":
+        for tokens in blocks:
+            h = sha256_key(h, tokens, salt)
+            yield h, tokens
+        return
     for tokens in blocks:
         h = hash((h, tokens, salt))
         yield h, tokens
 
 
-def chain_hashes(blocks: Iterable[tuple[int, ...]], salt: str = "", parent: int | None = None) -> list[int]:
-    return [h for h, _ in chain(blocks, salt, parent)]
+def chain_hashes(blocks: Iterable[tuple[int, ...]], salt: str = "", parent: int | None = None,
+                 scheme: str = "builtin") -> list[int]:
+    return [h for h, _ in chain(blocks, salt, parent, scheme)]
 
 
 def block_hashes(tokens: list[int], block_size: int, salt: str = "", start: int = 0,
-                 parent: int | None = None) -> list[int]:
+                 parent: int | None = None, scheme: str = "builtin") -> list[int]:
     """Chained hashes of the full blocks of `tokens` from block `start`."""
-    return chain_hashes(token_blocks(tokens, block_size, start), salt, parent)
+    return chain_hashes(token_blocks(tokens, block_size, start), salt, parent, scheme)
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True,
+                 block_hash: str = "builtin") -> None:
         if num_blocks < 2:
             raise ValueError("the KV pool needs at least 2 blocks; raise the KV memory budget")
+        if block_hash not in BLOCK_HASHES:
+            raise ValueError(f"unknown prefix-cache hash {block_hash!r}: use one of {', '.join(BLOCK_HASHES)}")
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.enable_prefix_cache = enable_prefix_cache
+        self.enable_prefix_cache, self.block_hash = enable_prefix_cache, block_hash
         self.ref = [0] * num_blocks
         self.free: deque[int] = deque(range(1, num_blocks))
         self.evictable: OrderedDict[int, None] = OrderedDict()   # cached, unreferenced; LRU first
@@ -101,7 +126,7 @@ class BlockManager:
         hashes: list[int] = []
         hits: list[int] = []
         hitting = True
-        for h, tokens in chain(zip(*[iter(ids)] * bs), req.cache_salt):   # the full blocks' tuples, built in C
+        for h, tokens in chain(zip(*[iter(ids)] * bs), req.cache_salt, None, self.block_hash):   # tuples built in C
             hashes.append(h)
             if hitting:
                 b = by_hash.get(h)
@@ -187,7 +212,7 @@ class BlockManager:
         first, bs = req.num_hashed_blocks, self.block_size
         parent = req.block_hashes[first - 1] if first else None
         blocks = token_blocks(req.token_slice(first * bs, full * bs), bs)   # only the new blocks' ids
-        new = chain_hashes(blocks, req.cache_salt, parent)
+        new = chain_hashes(blocks, req.cache_salt, parent, self.block_hash)
         req.block_hashes = req.block_hashes[:first] + new
         for i, (h, tokens) in enumerate(zip(new, blocks), start=first):
             b = req.block_ids[i]

@@ -82,8 +82,8 @@ class CheckpointLRU:
 
 class HybridBlockManager(BlockManager):
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool, num_slots: int,
-                 num_checkpoints: int) -> None:
-        super().__init__(num_blocks, block_size, enable_prefix_cache)
+                 num_checkpoints: int, block_hash: str = "builtin") -> None:
+        super().__init__(num_blocks, block_size, enable_prefix_cache, block_hash)
         if num_slots < 1:
             raise ValueError("a hybrid model needs at least one state slot")
         self.free_slots: deque[int] = deque(range(1, num_slots + 1))

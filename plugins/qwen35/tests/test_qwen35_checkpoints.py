@@ -75,3 +75,18 @@ def test_chunked_prefill_saves_the_boundary_inside_a_chunk(untied, budget):
     assert_states_close(saved, state_after(ckpt, ids[:BOUNDARY], max_num_batched_tokens=budget))
     [(again, _, cached)] = generate(eng, [ids], greedy(8))
     assert cached == BOUNDARY and first == again == hf_greedy_stepwise(hf, ids, 8)
+
+
+def test_sha256_block_keys_reach_the_state_checkpoints(untied):
+    """--prefix-cache-hash sha256 on the hybrid model: the checkpoints are keyed by the same sha256
+    chain as the blocks, so a resent prompt and a second turn hit exactly as with the builtin keys."""
+    ckpt, _ = untied
+    runs = []
+    for scheme in ("builtin", "sha256"):
+        eng = engine_for(ckpt, block_size=16, prefix_cache_hash=scheme)
+        ids = tokens(PROMPT, seed=34)
+        [(first, _, _)] = generate(eng, [ids], greedy(8))
+        [(again, _, cached)] = generate(eng, [ids], greedy(8))
+        [(turn2, _, cached2)] = generate(eng, [ids + first + tokens(9, seed=35)], greedy(6))
+        runs.append((first, again, cached, turn2, cached2))
+    assert runs[0] == runs[1] and runs[1][2] == BOUNDARY and runs[1][4] > BOUNDARY
