@@ -1,0 +1,123 @@
+// A research kernel for scripts/gemv_chain_bench.py: can one persistent kernel run the batch-1 decode's chain
+// of GEMVs faster than one kernel per GEMV? Each GEMV in its own kernel pays a launch, a ramp (nothing arrives
+// from HBM for the first ~microsecond) and a tail (the last CTAs finish alone); stop 12 measured the 145 GEMVs
+// of a Qwen3-4B step at ~3.1 TB/s against 4.3 TB/s of copy bandwidth.
+//
+// Both kernels compute the same units the same way, so their outputs are bit-identical:
+//   unit   16 rows of one op's w [n, k] (bf16) against its x [k] (M = 1), fp32 sums, y stored bf16.
+//          Warp q of 4 takes rows 4q..4q+3; each lane streams 16-byte chunks of those 4 rows (4 loads in
+//          flight per step, 2 steps unrolled) and the matching chunk of x; warp sums, lane 0 stores.
+//   gemv_units   one op: a CTA a unit (grid = n / 16), launched once per op (the baseline).
+//   gemv_chain   every op, persistently: grid = every CTA the GPU holds at once (G); global unit u (op i's units
+//                numbered from unit_base[i]) belongs to CTA u % G, and each CTA takes its units in op order.
+//                Before a unit of op i it optionally prefetches the unit's weights into L2 (they do not depend
+//                on op i - 1), then waits until op i - 1's counter reaches its unit count; after the unit it
+//                counts it. A CTA with no unit left in op i moves on to op i + 1 and prefetches there while the
+//                other CTAs finish op i: the overlap that separate launches cannot have. Units are taken in
+//                op order and all G CTAs are resident, so every wait ends. `done` must be zero at launch.
+#include "common.cuh"
+
+struct Op {             // mirrored by OP_DTYPE in gemv_chain_bench.py: 32 bytes
+    const bf16* w;      // [n, k], rows packed
+    const bf16* x;      // [k]
+    bf16* y;            // [n]
+    int n;              // a multiple of 16
+    int k;              // a multiple of 8
+};
+
+namespace {
+
+constexpr int ROWS = 16, WARPS = 4, ROWS_PER_WARP = ROWS / WARPS;
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float dot8(uint4 w, uint4 x) {   // 8 bf16 products, summed in a fixed order
+    const unsigned int a[4] = {w.x, w.y, w.z, w.w}, b[4] = {x.x, x.y, x.z, x.w};
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        s = fmaf(__uint_as_float(a[i] << 16), __uint_as_float(b[i] << 16), s);
+        s = fmaf(__uint_as_float(a[i] & 0xffff0000u), __uint_as_float(b[i] & 0xffff0000u), s);
+    }
+    return s;
+}
+
+// x is written by the previous op in a chained run: read through L2 (__ldcg), never a stale L1 line
+__device__ __forceinline__ void unit(const Op& op, int t) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = op.k / 8;
+    const int row0 = t * ROWS + warp * ROWS_PER_WARP;
+    const uint4* w = reinterpret_cast<const uint4*>(op.w + (long long)row0 * op.k);
+    const uint4* x = reinterpret_cast<const uint4*>(op.x);
+    float acc[ROWS_PER_WARP] = {0.f, 0.f, 0.f, 0.f};
+    int c = lane;
+    for (; c + 32 < chunks; c += 64) {   // two steps: 8 weight loads in flight
+        uint4 a[2][ROWS_PER_WARP];
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int r = 0; r < ROWS_PER_WARP; ++r) a[s][r] = ld_stream(w + (long long)r * chunks + c + 32 * s);
+        const uint4 x0 = __ldcg(x + c), x1 = __ldcg(x + c + 32);
+#pragma unroll
+        for (int r = 0; r < ROWS_PER_WARP; ++r) acc[r] += dot8(a[0][r], x0) + dot8(a[1][r], x1);
+    }
+    if (c < chunks) {
+        const uint4 xc = __ldcg(x + c);
+#pragma unroll
+        for (int r = 0; r < ROWS_PER_WARP; ++r) acc[r] += dot8(ld_stream(w + (long long)r * chunks + c), xc);
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0) op.y[row0 + r] = from_f32<bf16>(s);
+    }
+}
+
+__device__ __forceinline__ void prefetch_unit(const Op& op, int t) {
+    const char* w = reinterpret_cast<const char*>(op.w + (long long)t * ROWS * op.k);
+    const int lines = ROWS * op.k * 2 / 128;   // 128-byte lines of the unit's contiguous rows
+    for (int i = threadIdx.x; i < lines; i += blockDim.x)
+        asm volatile("prefetch.global.L2::evict_normal [%0];" :: "l"(w + 128LL * i));
+}
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(128, 4) gemv_units(const Op* ops, int i) {
+    const Op op = ops[i];
+    unit(op, blockIdx.x);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4) gemv_chain(const Op* ops, const int* unit_base, int num_ops,
+                                                             int* done, int prefetch) {
+    const int G = gridDim.x;
+    for (int i = 0; i < num_ops; ++i) {
+        const Op op = ops[i];
+        const int units = op.n / ROWS, base = unit_base[i];
+        bool waited = i == 0;
+        for (int t = ((int)blockIdx.x - base % G + G) % G; t < units; t += G) {
+            if (!waited) {
+                if (prefetch) prefetch_unit(op, t);
+                if (threadIdx.x == 0) {
+                    const int need = ops[i - 1].n / ROWS;
+                    while (load_acquire(done + i - 1) < need) __nanosleep(64);
+                }
+                __syncthreads();   // the whole CTA sees op i - 1 complete (thread 0's acquire, then the barrier)
+                waited = true;
+            }
+            unit(op, t);
+            __threadfence();   // this thread's stores of y are visible device-wide ...
+            __syncthreads();   // ... for every thread of the CTA, before the unit is counted
+            if (threadIdx.x == 0) atomicAdd(done + i, 1);
+        }
+    }
+}

@@ -1,0 +1,178 @@
+"""Can one persistent kernel run the batch-1 decode's GEMV chain faster than a kernel per GEMV? (gemv_chain.cu)
+
+The 145 GEMVs of a Qwen3-4B decode step (36 x qkv, o, gate_up, down, then lm_head; 8.04 GB of bf16 weights, a
+1.87 ms floor at 4.3 TB/s), M = 1, each op with its own x, timed as CUDA-graph replays (CUDA events, median):
+  units        gemv_units, one launch per op (the same unit code as the chain: the baseline)
+  chain        gemv_chain, one persistent launch: CTAs flow from one op into the next, waiting on counters
+  chain+pf     the same, each CTA prefetching its next unit's weights into L2 before it waits
+  engine       openinfer's GEMV (blas.gemv, tensor cores, split-K), one launch per op, for reference
+Checks first: units and both chains give bit-identical outputs on the real chain, and on a chain of square
+GEMVs where op i + 1 reads op i's output (x = the previous y), all three match a numpy reference.
+    python scripts/gemv_chain_bench.py [--layers 36] [--repeats 10] [--output-json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_algos_bench import SHAPES_4B  # noqa: E402  (K, N) of each projection
+
+SOURCE = Path(__file__).with_name("gemv_chain.cu")
+ROWS = 16                                           # rows of w a unit takes (gemv_chain.cu)
+OP_DTYPE = np.dtype([("w", "<u8"), ("x", "<u8"), ("y", "<u8"), ("n", "<i4"), ("k", "<i4")])   # struct Op
+LAYER = ("qkv", "o", "gate_up", "down")
+HBM_BYTES_PER_S = 4.3e12
+
+
+def chain_shapes(layers: int) -> list[tuple[int, int]]:
+    """(N, K) of each op of a decode step, in order."""
+    nk = {name: (n, k) for name, (k, n) in SHAPES_4B.items()}
+    return [nk[name] for _ in range(layers) for name in LAYER] + [nk["lm_head"]]
+
+
+def unit_bases(shapes: list[tuple[int, int]]) -> np.ndarray:
+    """The global number of each op's first unit (gemv_chain's unit_base)."""
+    return np.concatenate(([0], np.cumsum([n // ROWS for n, _ in shapes])[:-1])).astype(np.int32)
+
+
+def units_of(cta: int, grid: int, shapes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(op, unit) pairs CTA `cta` of `grid` takes, in its order: the kernel's assignment, for the CPU test."""
+    out = []
+    for i, (base, (n, _)) in enumerate(zip(unit_bases(shapes), shapes)):
+        out += [(i, t) for t in range((cta - int(base) % grid + grid) % grid, n // ROWS, grid)]
+    return out
+
+
+def op_table(ws: list, xs: list, ys: list) -> np.ndarray:
+    """The struct Op array of device pointers and sizes."""
+    ops = np.zeros(len(ws), OP_DTYPE)
+    for i, (w, x, y) in enumerate(zip(ws, xs, ys)):
+        ops[i] = (w.data.ptr, x.data.ptr, y.data.ptr, w.shape[0], w.shape[1])
+    return ops
+
+
+class Chain:
+    """Device weights, inputs and outputs of a list of ops, and the ways to run them."""
+
+    def __init__(self, shapes: list[tuple[int, int]], chained: bool, seed: int = 0) -> None:
+        import cupy as cp
+        from openinfer.kernels.cuda import module
+        self.cp, self.module, self.shapes = cp, module, shapes
+        rng = cp.random.default_rng(seed)
+        self.ws = [(rng.standard_normal((n, k), dtype=cp.float32) / np.sqrt(k)).astype(module.BF16) for n, k in shapes]
+        self.ys = [cp.zeros(n, module.BF16) for n, _ in shapes]
+        self.xs = [rng.standard_normal(k, dtype=cp.float32).astype(module.BF16) for _, k in shapes]
+        if chained:   # op i + 1 reads op i's output
+            self.xs = self.xs[:1] + self.ys[:-1]
+        self.ops = cp.asarray(op_table(self.ws, self.xs, self.ys).view(np.uint8))
+        self.bases = cp.asarray(unit_bases(shapes))
+        self.done = cp.zeros(len(shapes), cp.int32)
+        self.grid = module.blocks_per_sm(SOURCE, "gemv_chain", 128) * module.sm_count()
+
+    def units(self) -> None:
+        for i, (n, _) in enumerate(self.shapes):
+            self.module.launch(SOURCE, "gemv_units", (n // ROWS,), 128, (self.ops, np.int32(i)))
+
+    def chain(self, prefetch: bool) -> None:
+        stream = self.cp.cuda.get_current_stream()
+        self.cp.cuda.runtime.memsetAsync(self.done.data.ptr, 0, self.done.nbytes, stream.ptr)
+        self.module.launch(SOURCE, "gemv_chain", (self.grid,), 128,
+                           (self.ops, self.bases, np.int32(len(self.shapes)), self.done, np.int32(prefetch)))
+
+    def engine(self) -> None:
+        from openinfer.kernels.cuda import blas
+        for w, x, y in zip(self.ws, self.xs, self.ys):
+            blas.gemv(x.reshape(1, -1), w, y.reshape(1, -1))
+
+    def outputs(self) -> list[np.ndarray]:
+        return [self.cp.asnumpy(y).view(np.uint16) for y in self.ys]
+
+
+def graph_ms(cp, fn: Callable[[], None], repeats: int) -> float:
+    """Median ms of one fn() as a CUDA-graph replay, captured from a pool of its own."""
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with cp.cuda.using_allocator(pool.malloc), stream:
+        fn()   # loads the kernels outside capture
+        stream.begin_capture()
+        fn()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        times = []
+        for _ in range(repeats):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def reference_chain(c: Chain) -> np.ndarray:
+    """numpy: each op in float64 from the bf16 weights, its output rounded to bf16 as the next input."""
+    import ml_dtypes
+    x = c.cp.asnumpy(c.xs[0]).astype(np.float64)
+    for w in c.ws:
+        x = (c.cp.asnumpy(w).astype(np.float64) @ x).astype(ml_dtypes.bfloat16).astype(np.float64)
+    return x
+
+
+def check(layers: int) -> list[str]:
+    """Failures (empty: all passed): bit-identical units / chain / chain+prefetch on the real shapes (2 layers),
+    and all three against numpy on 8 chained square ops."""
+    failures = []
+    c = Chain(chain_shapes(min(layers, 2)), chained=False)
+    runs = {}
+    for name, fn in (("units", c.units), ("chain", lambda: c.chain(False)), ("chain+pf", lambda: c.chain(True))):
+        for y in c.ys:
+            y.fill(0)
+        fn()
+        runs[name] = c.outputs()
+    for name in ("chain", "chain+pf"):
+        if any(not np.array_equal(a, b) for a, b in zip(runs["units"], runs[name])):
+            failures.append(f"{name} differs from units on the real shapes")
+    sq = Chain([(1024, 1024)] * 8, chained=True, seed=1)
+    want = reference_chain(sq)
+    for name, fn in (("units", sq.units), ("chain", lambda: sq.chain(False)), ("chain+pf", lambda: sq.chain(True))):
+        for y in sq.ys:
+            y.fill(0)
+        fn()
+        got = sq.cp.asnumpy(sq.ys[-1]).astype(np.float64)
+        if not np.allclose(got, want, rtol=3e-2, atol=3e-2 * np.abs(want).max()):
+            failures.append(f"{name} on the chained square ops: max |diff| {np.abs(got - want).max():.3g}")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--output-json", default=None)
+    a = ap.parse_args(argv)
+    import cupy as cp
+    failures = check(a.layers)
+    print("checks:", "passed" if not failures else "; ".join(failures))
+    shapes = chain_shapes(a.layers)
+    c = Chain(shapes, chained=False)
+    nbytes = sum(2 * n * k for n, k in shapes)
+    print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}: {len(shapes)} GEMVs, {nbytes / 1e9:.2f} GB, "
+          f"floor {nbytes / HBM_BYTES_PER_S * 1e3:.2f} ms; persistent grid {c.grid} CTAs")
+    rows = {}
+    for name, fn in (("units", c.units), ("chain", lambda: c.chain(False)), ("chain+pf", lambda: c.chain(True)),
+                     ("engine", c.engine), ("units again", c.units)):
+        ms = graph_ms(cp, fn, a.repeats)
+        rows[name] = ms
+        print(f"{name:12s} {ms:8.3f} ms  {nbytes / ms / 1e9:6.2f} TB/s  {nbytes / HBM_BYTES_PER_S * 1e3 / ms:5.1%} of floor")
+    if a.output_json:
+        Path(a.output_json).write_text(json.dumps({"gemvs": len(shapes), "bytes": nbytes, "grid": c.grid,
+                                                   "checks": failures, "ms": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
