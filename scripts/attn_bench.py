@@ -19,6 +19,7 @@ import numpy as np
 from openinfer.batch import ForwardBatch
 from openinfer.kernels.cuda import attention
 from openinfer.kernels.cuda.module import BF16
+from openinfer.testing.cuda import graph_ms
 
 NH, NKV, D, BS = 32, 8, 128, 16
 CALLS = 20
@@ -37,27 +38,6 @@ def make_inputs(batch: int, context: int, max_model_len: int, rng: np.random.Gen
         sample_rows=cp.asarray(qs[:-1]), query_start_host=qs, context_lens_host=lens, block_size=BS,
         max_query_len=1, max_context_len=context)
     return q, k, v, dataclasses.replace(fb, max_context_len=max_model_len)
-
-
-def graph_ms(fn, stream: cp.cuda.Stream, repeats: int = 5) -> float:
-    """Median ms of one fn() call, CALLS calls a graph."""
-    with stream:
-        fn()  # load the kernels and grow the pool outside capture
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(CALLS):
-            fn()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        times = []
-        for _ in range(repeats):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) / CALLS)
-    return float(np.median(times))
 
 
 def main() -> None:
@@ -81,7 +61,7 @@ def main() -> None:
             outs, ms = {}, {}
             for name, mma in variants:
                 attention.DECODE_MMA = mma
-                ms[name] = graph_ms(lambda: attention.paged_attention(q, k, v, fb, scale), stream)
+                ms[name] = graph_ms(lambda: attention.paged_attention(q, k, v, fb, scale), repeats=5, calls=CALLS)
                 with stream:
                     outs[name] = cp.asnumpy(attention.paged_attention(q, k, v, fb, scale), stream).astype(np.float32)
             kv_bytes = b * ctx * NKV * D * 2 * 2

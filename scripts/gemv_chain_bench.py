@@ -16,12 +16,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm_algos_bench import SHAPES_4B  # noqa: E402  (K, N) of each projection
+from openinfer.testing.cuda import graph_ms  # noqa: E402
 
 SOURCE = Path(__file__).with_name("gemv_chain.cu")
 ROWS = 16                                           # rows of w a unit takes (gemv_chain.cu)
@@ -94,26 +94,6 @@ class Chain:
         return [self.cp.asnumpy(y).view(np.uint16) for y in self.ys]
 
 
-def graph_ms(cp, fn: Callable[[], None], repeats: int) -> float:
-    """Median ms of one fn() as a CUDA-graph replay, captured from a pool of its own."""
-    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
-    with cp.cuda.using_allocator(pool.malloc), stream:
-        fn()   # loads the kernels outside capture
-        stream.begin_capture()
-        fn()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        times = []
-        for _ in range(repeats):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
-
-
 def reference_chain(c: Chain) -> np.ndarray:
     """numpy: each op in float64 from the bf16 weights, its output rounded to bf16 as the next input."""
     import ml_dtypes
@@ -166,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = {}
     for name, fn in (("units", c.units), ("chain", lambda: c.chain(False)), ("chain+pf", lambda: c.chain(True)),
                      ("engine", c.engine), ("units again", c.units)):
-        ms = graph_ms(cp, fn, a.repeats)
+        ms = graph_ms(fn, a.repeats)
         rows[name] = ms
         print(f"{name:12s} {ms:8.3f} ms  {nbytes / ms / 1e9:6.2f} TB/s  {nbytes / HBM_BYTES_PER_S * 1e3 / ms:5.1%} of floor")
     if a.output_json:
