@@ -92,7 +92,8 @@ class FakeEngine:
         self.dead_reason = reason
 
     # ---- the Engine API ----
-    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> RequestStream:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+               cache_salt: str = "") -> RequestStream:
         rid = request_id or f"fake-{len(self.submitted)}"
         stream = RequestStream(rid)
         self.submitted.append((rid, list(prompt_ids), params))

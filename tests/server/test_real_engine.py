@@ -73,6 +73,27 @@ def test_prefix_cache_reported(client: openai.OpenAI) -> None:
     assert r.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 16
 
 
+def test_cache_salt_keeps_prefix_caches_apart(client: openai.OpenAI) -> None:
+    """vLLM's cache_salt: a prompt hits the blocks of an earlier one only under the same salt (or none)."""
+    prompt = "Salted prefixes are cached per tenant, across more than a few blocks of sixteen tokens. " * 4
+
+    def cached(salt: str | None, chat: bool = False) -> int:
+        extra = {} if salt is None else {"cache_salt": salt}
+        if chat:
+            r = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": prompt}],
+                                               max_tokens=1, extra_body=extra)
+        else:
+            r = client.completions.create(model="demo", prompt=prompt, max_tokens=1, extra_body=extra)
+        return r.usage.prompt_tokens_details.cached_tokens
+    assert cached("tenant-a") == 0
+    assert cached("tenant-b") == 0 and cached(None) == 0   # other salts, and no salt, miss it
+    assert cached("tenant-a") > 0 and cached("tenant-b") > 0 and cached(None) > 0
+    assert cached("tenant-c", chat=True) == 0 and cached("tenant-c", chat=True) > 0
+    for bad in ("", 7):
+        with pytest.raises(openai.BadRequestError, match="cache_salt"):
+            cached(bad)
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_disconnect_returns_kv_to_the_pool(url: str, engine: Engine, stream: bool) -> None:
     sock = post(url, "/v1/chat/completions", {"model": "demo", "messages": USER, "n": 2, "stream": stream,

@@ -61,7 +61,7 @@ async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: flo
     streaming = False
     try:
         for prompt_index, ids, params in plan:
-            sub.add(prompt_index, ids, params, fmt.output(params))
+            sub.add(prompt_index, ids, params, fmt.output(params), gen.cache_salt)
         await sub.started()
         if gen.stream:
             streaming = True

@@ -6,10 +6,11 @@ value (anything else is a 400): `best_of` 1, `echo` false, `suffix`, `use_beam_s
 `continue_final_message` false, `modalities` ["text"] — we have no structured output, beam
 search, prompt logprobs or suffix insertion. `tool_choice` "required" or a named function is
 refused too: without constrained decoding we cannot guarantee a call. Everything else unknown
-(e.g. `reasoning_effort`, `functions`, `spaces_between_special_tokens`, `cache_salt`) is a 400
-naming it. Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids, include_stop_str_in_output, skip_special_tokens, add_special_tokens,
-chat_template_kwargs, add_generation_prompt; `logprobs` works on completion batches too.
+(e.g. `reasoning_effort`, `functions`, `spaces_between_special_tokens`) is a 400 naming it.
+Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
+stop_token_ids, include_stop_str_in_output, skip_special_tokens, add_special_tokens,
+chat_template_kwargs, add_generation_prompt, cache_salt (prefix-cache hits only between requests
+with the same salt); `logprobs` works on completion batches too.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class Generation:
     max_tokens_param: str = "max_tokens"     # the name the client used, for error messages
     sampling: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None
+    cache_salt: str = ""                     # prefix-cache hits only among requests with the same salt
     logprobs: int | None = None              # engine top-k; None: no logprobs
     stop: list[str] = field(default_factory=list)
     include_stop: bool = False
@@ -93,6 +95,9 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
     s["stop_token_ids"] = int_list(f, "stop_token_ids") or []
     s["logit_bias"] = _logit_bias(f)
     g.seed = f.get("seed", "int")
+    g.cache_salt = f.get("cache_salt", "str", "")
+    if f.data.get("cache_salt") == "":
+        raise bad_request("'cache_salt' must be a non-empty string if given.", "cache_salt")
     g.stop = [x for x in str_list(f, "stop") if x]
     g.include_stop = f.get("include_stop_str_in_output", "bool", False)
     g.skip_special_tokens = f.get("skip_special_tokens", "bool", True)

@@ -43,10 +43,11 @@ class Submission:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.choices: list[Choice] = []
 
-    def add(self, prompt_index: int, prompt_ids: list[int], params: SamplingParams, out: ChoiceOutput) -> None:
+    def add(self, prompt_index: int, prompt_ids: list[int], params: SamplingParams, out: ChoiceOutput,
+            cache_salt: str = "") -> None:
         index = len(self.choices)
         request_id = f"{self.id}-{index}"
-        stream = self.engine.submit(prompt_ids, params, request_id)
+        stream = self.engine.submit(prompt_ids, params, request_id, cache_salt)
         self.choices.append(Choice(index, prompt_index, request_id, stream, out))
 
     async def started(self) -> None:
