@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -90,8 +91,16 @@ class Chain:
         for w, x, y in zip(self.ws, self.xs, self.ys):
             blas.gemv(x.reshape(1, -1), w, y.reshape(1, -1))
 
-    def outputs(self) -> list[np.ndarray]:
-        return [self.cp.asnumpy(y).view(np.uint16) for y in self.ys]
+    def variants(self) -> list[tuple[str, Callable[[], None]]]:
+        """The ways to run the ops that compute the same bits."""
+        return [("units", self.units), ("chain", lambda: self.chain(False)), ("chain+pf", lambda: self.chain(True))]
+
+    def outputs(self, fn: Callable[[], None]) -> list[np.ndarray]:
+        """Every op's y (bf16) after fn() ran on zeroed outputs."""
+        for y in self.ys:
+            y.fill(0)
+        fn()
+        return [self.cp.asnumpy(y) for y in self.ys]
 
 
 def reference_chain(c: Chain) -> np.ndarray:
@@ -108,22 +117,14 @@ def check(layers: int) -> list[str]:
     and all three against numpy on 8 chained square ops."""
     failures = []
     c = Chain(chain_shapes(min(layers, 2)), chained=False)
-    runs = {}
-    for name, fn in (("units", c.units), ("chain", lambda: c.chain(False)), ("chain+pf", lambda: c.chain(True))):
-        for y in c.ys:
-            y.fill(0)
-        fn()
-        runs[name] = c.outputs()
+    runs = {name: c.outputs(fn) for name, fn in c.variants()}
     for name in ("chain", "chain+pf"):
-        if any(not np.array_equal(a, b) for a, b in zip(runs["units"], runs[name])):
+        if any(not np.array_equal(a.view(np.uint16), b.view(np.uint16)) for a, b in zip(runs["units"], runs[name])):
             failures.append(f"{name} differs from units on the real shapes")
     sq = Chain([(1024, 1024)] * 8, chained=True, seed=1)
     want = reference_chain(sq)
-    for name, fn in (("units", sq.units), ("chain", lambda: sq.chain(False)), ("chain+pf", lambda: sq.chain(True))):
-        for y in sq.ys:
-            y.fill(0)
-        fn()
-        got = sq.cp.asnumpy(sq.ys[-1]).astype(np.float64)
+    for name, fn in sq.variants():
+        got = sq.outputs(fn)[-1].astype(np.float64)
         if not np.allclose(got, want, rtol=3e-2, atol=3e-2 * np.abs(want).max()):
             failures.append(f"{name} on the chained square ops: max |diff| {np.abs(got - want).max():.3g}")
     return failures
@@ -144,8 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}: {len(shapes)} GEMVs, {nbytes / 1e9:.2f} GB, "
           f"floor {nbytes / HBM_BYTES_PER_S * 1e3:.2f} ms; persistent grid {c.grid} CTAs")
     rows = {}
-    for name, fn in (("units", c.units), ("chain", lambda: c.chain(False)), ("chain+pf", lambda: c.chain(True)),
-                     ("engine", c.engine), ("units again", c.units)):
+    for name, fn in c.variants() + [("engine", c.engine), ("units again", c.units)]:
         ms = graph_ms(fn, a.repeats)
         rows[name] = ms
         print(f"{name:12s} {ms:8.3f} ms  {nbytes / ms / 1e9:6.2f} TB/s  {nbytes / HBM_BYTES_PER_S * 1e3 / ms:5.1%} of floor")

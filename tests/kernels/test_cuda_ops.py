@@ -31,6 +31,16 @@ def dt(request):
     return DTYPES[request.param]
 
 
+@pytest.fixture(params=[False, True])
+def pdl(request, monkeypatch):
+    """The test runs with programmatic dependent launch off, then on for every kernel (not only the
+    default's small ones); the fixture's value says which."""
+    from openinfer.kernels.cuda import pdl as pdl_mod
+    monkeypatch.setattr(pdl_mod, "ENABLED", request.param)
+    monkeypatch.setattr(pdl_mod, "KERNELS", None)
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def arrival_counters_left_zero():
     """Every kernel that counts block arrivals (split-K GEMV, the fused GEMV epilogues, split decode
@@ -290,13 +300,10 @@ def test_linear_gemv(m, n, k, gemv_calls):
 
 
 @pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
-@pytest.mark.parametrize("pdl", [False, True])
 def test_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_calls):
     """Every kernel variant the benchmark sweeps, eager with and without PDL, split-K and tails."""
     from openinfer.kernels.cuda import blas, pdl as pdl_mod
     monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
-    monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
-    monkeypatch.setattr(pdl_mod, "KERNELS", None)   # every kernel
     rng = np.random.default_rng(3)
     assert pdl_mod.enabled() == pdl
     for m, n, k in ((1, 2560, 4096), (8, 2560, 9728), (3, 77, 1000), (6, 1000, 2056)):
@@ -333,12 +340,8 @@ def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
     assert len(gemv_calls) == n_gemv
 
 
-@pytest.mark.parametrize("pdl", [False, True])
-def test_gemv_graph_capture_replays(pdl, monkeypatch):
+def test_gemv_graph_capture_replays(pdl):
     """A chain of GEMVs (split-K and not, M = 1 and 8) captured once, replayed on new inputs."""
-    from openinfer.kernels.cuda import pdl as pdl_mod
-    monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
-    monkeypatch.setattr(pdl_mod, "KERNELS", None)   # every kernel
     rng = np.random.default_rng(11)
     ws = [dev(rnd(rng, n, k, scale=k ** -0.5), BF16) for n, k in ((6144, 2560), (2560, 6144), (200, 2560))]
     stream = cp.cuda.Stream(non_blocking=True)
@@ -401,13 +404,10 @@ def test_linear_silu_mul_is_bitwise_the_two_ops(m, n, k, gemv_kernels):
 
 
 @pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
-@pytest.mark.parametrize("pdl", [False, True])
 def test_fused_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_kernels):
     """The SiLU epilogue in every kernel variant, eager with and without PDL, split-K and not."""
-    from openinfer.kernels.cuda import blas, pdl as pdl_mod
+    from openinfer.kernels.cuda import blas
     monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
-    monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
-    monkeypatch.setattr(pdl_mod, "KERNELS", None)   # every kernel
     rng = np.random.default_rng(4)
     for m, n, k in ((1, 2560, 9728), (8, 512, 4096), (3, 19456, 2560)):
         xd, wd = (dev(a, BF16) for a in _fused_inputs(rng, m, n, k))
@@ -415,15 +415,11 @@ def test_fused_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_kernels):
     assert gemv_kernels.count("gemv_silu_bf16") == 3
 
 
-@pytest.mark.parametrize("pdl", [False, True])
-def test_fused_gemv_graph_capture_replays(pdl, monkeypatch, gemv_kernels):
+def test_fused_gemv_graph_capture_replays(pdl, gemv_kernels):
     """An MLP (linear_silu_mul, then the split-K down projection) captured once and replayed twice on new
     inputs: each replay equals the eager ops, so the tile counters were left zero. Captured as
     cuda_graphs.py does, from a pool of the graph's own: a capture-time buffer freed into the shared pool
     would be handed to the test's next array while the graph still writes it."""
-    from openinfer.kernels.cuda import pdl as pdl_mod
-    monkeypatch.setattr(pdl_mod, "ENABLED", pdl)
-    monkeypatch.setattr(pdl_mod, "KERNELS", None)   # every kernel
     rng = np.random.default_rng(12)
     H, I = 2560, 9728
     gate_up, down = dev(rnd(rng, 2 * I, H, scale=H ** -0.5), BF16), dev(rnd(rng, H, I, scale=I ** -0.5), BF16)

@@ -95,9 +95,9 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
     s["stop_token_ids"] = int_list(f, "stop_token_ids") or []
     s["logit_bias"] = _logit_bias(f)
     g.seed = f.get("seed", "int")
-    g.cache_salt = f.get("cache_salt", "str", "")
-    if f.data.get("cache_salt") == "":
+    if (salt := f.get("cache_salt", "str")) == "":
         raise bad_request("'cache_salt' must be a non-empty string if given.", "cache_salt")
+    g.cache_salt = salt or ""
     g.stop = [x for x in str_list(f, "stop") if x]
     g.include_stop = f.get("include_stop_str_in_output", "bool", False)
     g.skip_special_tokens = f.get("skip_special_tokens", "bool", True)
