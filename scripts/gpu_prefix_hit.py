@@ -7,7 +7,7 @@ No HTTP: the engine is stepped in this thread, TTFT is submit -> first token. Ro
   hit-block   the pre-copy-on-write rule: the last block (16 tokens) recomputed in an eager prefill step
 --gc-freeze: move the loaded engine's objects out of the collector's sight first (gc.freeze).
 --profile N: then cProfile of N eager forwards of a one-token and a 16-token step (where the Python goes).
-    python scripts/gpu_prefix_hit.py [--lengths 1024,16384] [--repeats 10] [--profile 20]
+    python scripts/gpu_prefix_hit.py [--lengths 1024,16384] [--repeats 10] [--profile 20] [--max-num-batched-tokens N]
 """
 from __future__ import annotations
 
@@ -137,10 +137,15 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", type=int, default=0)
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() the loaded engine's objects first")
+    ap.add_argument("--prefix-cache-hash", default="builtin", choices=("builtin", "sha256"))
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the engine's for the device")
     a = ap.parse_args()
     lengths = [int(n) for n in a.lengths.split(",")]
     eng = build_engine(str(config_dir(a.preset)), EngineArgs(device=a.device, load_format="dummy", max_num_seqs=8,
-                                                             max_model_len=max(lengths) + 64))
+                                                             max_model_len=max(lengths) + 64,
+                                                             prefix_cache_hash=a.prefix_cache_hash,
+                                                             max_num_batched_tokens=a.max_num_batched_tokens))
+    print(f"step token budget {eng.args.max_num_batched_tokens}, prefix-cache keys {a.prefix_cache_hash}")
     rng = np.random.default_rng(0)
     for _ in range(2):   # warm-up: every variant's kernels loaded
         ids = rng.integers(0, 150000, 64).tolist()

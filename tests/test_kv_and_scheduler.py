@@ -143,3 +143,19 @@ def test_a_hash_match_with_other_tokens_is_no_hit():
     again = req("again", list(range(12)))
     assert bm.try_admit(again) and again.cached_tokens == 4 and bm.block_copies == []
     assert bm.num_available() == 31 - bm.reserved - 1   # the one hit left the evictable set
+
+
+def test_step_token_budget_defaults_per_device():
+    """Without --max-num-batched-tokens a GPU engine prefills in 8k-token chunks (long prompts are GEMM-bound
+    there), a CPU engine in 1k ones; a budget given is kept on either."""
+    from openinfer.cli import _engine_args, build_parser
+    from openinfer.engine_args import EngineArgs
+    parser = build_parser()
+    assert EngineArgs().max_num_batched_tokens == 1024
+    assert EngineArgs(device="cuda:1").max_num_batched_tokens == 8192
+    assert _engine_args(parser.parse_args(["serve", "--device", "cuda"])).max_num_batched_tokens == 8192
+    assert _engine_args(parser.parse_args(["serve"])).max_num_batched_tokens == 1024
+    got = _engine_args(parser.parse_args(["serve", "--device", "cuda", "--max-num-batched-tokens", "2048"]))
+    assert got.max_num_batched_tokens == 2048
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        EngineArgs(device="cuda", max_num_batched_tokens=0)

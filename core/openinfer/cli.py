@@ -15,7 +15,9 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="compute dtype (CPU: float32; CUDA: bfloat16 or float32)")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="per-step token budget; a longer prompt is prefilled in chunks (default: 8192 on CUDA, "
+                        "1024 on the CPU)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory-gib", type=float, default=None)

@@ -6,13 +6,25 @@ from dataclasses import dataclass
 from .kv.block_manager import BLOCK_HASHES
 
 
+# Per-step token budget when none is given. On a GPU a long prompt's prefill is GEMM-bound: 1k-token chunks
+# ran a 16k prompt in ~435 ms, 8k ones in ~390 ms (H200, docs/benchmarks/qwen3-4b-h200.md), at the price of
+# longer pauses for the running decodes while a chunk runs (vLLM's API server picks 8192 on such GPUs too).
+# On the CPU a step is slow anyway, and short chunks keep streams moving.
+GPU_BATCHED_TOKENS = 8192
+CPU_BATCHED_TOKENS = 1024
+
+
+def default_batched_tokens(device: str) -> int:
+    return GPU_BATCHED_TOKENS if device.startswith("cuda") else CPU_BATCHED_TOKENS
+
+
 @dataclass
 class EngineArgs:
     device: str = "cpu"                     # cpu | cuda | cuda:N
     dtype: str | None = None                # None: the backend's default (float32 on CPU, bfloat16 on CUDA)
     load_format: str = "auto"               # auto: the checkpoint's safetensors; dummy: random weights of the real shapes
     max_model_len: int | None = None        # None: the model's max_position_embeddings
-    max_num_batched_tokens: int = 1024      # per-step token budget (chunked prefill)
+    max_num_batched_tokens: int | None = None  # per-step token budget (chunked prefill); None: the device's default
     max_num_seqs: int = 64
     block_size: int = 16
     kv_cache_memory_gib: float | None = None  # KV pool size; None: CPU 1 GiB cap / GPU from --gpu-memory-utilization
@@ -28,6 +40,8 @@ class EngineArgs:
     kv_offload_host_gib: float = 8.0        # the host tier's size (pinned memory on CUDA)
 
     def __post_init__(self) -> None:
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = default_batched_tokens(self.device)
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.max_num_seqs < 1:

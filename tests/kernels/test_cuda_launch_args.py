@@ -64,9 +64,10 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
     assert str(d) in call.name
     if max(q_lens) == 1:
         assert call.name.startswith("paged_decode_mma" if dtype == BF16 else "paged_decode_"), call.name
-        splits, counters = call.grid[0], call.args[-5]
+        splits, counters, min_split = call.grid[0], call.args[-6], int(call.args[-1])
         assert (splits > 1) == (max(ctx) == 5000), call.grid   # only the long context splits
-        assert (counters is not module.NULL) == (splits > 1) and int(call.args[-1]) == splits
+        assert (counters is not module.NULL) == (splits > 1) and int(call.args[-2]) == splits
+        assert min_split % (64 if dtype == BF16 else 128) == 0 and min_split >= attention_decode.DECODE_SPLIT_KEYS
         assert splits <= attention_decode.merge_max_splits(
             attention_decode.decode_kernel(module.suffix(dtype), d, np.dtype(dtype).itemsize, dtype == BF16))
 
@@ -80,6 +81,21 @@ def test_decode_splits_capped_by_the_merge(launches):
     attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [ctx], 16, -(-ctx // 16)), 0.125)
     (call,) = launches
     assert call.grid == (attention_decode.merge_max_splits(attention_decode.decode_kernel("bf16", d, 2, True)), 1, 1)
+
+
+@pytest.mark.parametrize("keys,want", [(1, 64), (64, 64), (100, 128), (256, 256)])
+@pytest.mark.parametrize("width", [1024, 20480])
+def test_decode_split_keys_set_the_shortest_split(launches, monkeypatch, keys, want, width):
+    """OPENINFER_DECODE_SPLIT_KEYS reaches the kernel in whole 64-key passes. A CUDA graph's grid (20480
+    keys wide) keeps its one-wave split count whatever the keys, since the kernel leaves the splits a short
+    context does not use; an eager grid for a 1k context launches no more splits than it has."""
+    monkeypatch.setattr(attention_decode, "DECODE_SPLIT_KEYS", keys)
+    pool = aligned_empty((2, 1 + 64, 1, 16, 8, 128), BF16)
+    q = aligned_empty((1, 32, 128), BF16)
+    attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [width], 16, 64), 0.125)
+    (call,) = launches
+    assert int(call.args[-1]) == want
+    assert call.grid[0] == (4 * 132 // 8 if width == 20480 else min(16, 1024 // want))
 
 
 @pytest.mark.parametrize("seqs,splits", [(1, 16), (5, 13), (32, 2), (66, 1), (128, 1)])

@@ -722,6 +722,27 @@ def test_split_decode_with_a_no_query_sequence(dt, kernel, decode_grids, monkeyp
     assert decode_grids[0][0] > 1 and decode_grids[0][2] == len(runs), decode_grids
 
 
+@pytest.mark.parametrize("kernel", ["mma", "fp32"])
+@pytest.mark.parametrize("keys", [64, 256, 1024])
+def test_split_decode_with_longer_splits(kernel, keys, decode_grids, monkeypatch):
+    """OPENINFER_DECODE_SPLIT_KEYS: each context is cut into splits of at least `keys` keys, the grid's
+    other splits leave without counting; the merge waits for the used ones only. Against the reference,
+    the same bits on a rerun, the counters left zero, in a grid sized for 20480 keys."""
+    import dataclasses
+
+    from openinfer.kernels.cuda import attention, attention_decode
+    monkeypatch.setattr(attention, "DECODE_MMA", kernel == "mma")
+    monkeypatch.setattr(attention_decode, "DECODE_SPLIT_KEYS", keys)
+    dt = DTYPES["bfloat16"]
+    qd, kc, vc, db, want = _decode_inputs(dt, [20000, 1, 1024, 333, 4097, 64, 65], 32, 8, 128, 26)
+    db = dataclasses.replace(db, max_context_len=20480)
+    first = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
+    close(first, want, dt)
+    np.testing.assert_array_equal(host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)), first)
+    assert _counters_zero()
+    assert decode_grids[0][0] > 1, decode_grids
+
+
 def test_split_decode_graph_replays_twice(decode_grids):
     """Captured split decode replayed twice in a row, its output zeroed before each replay: a replay
     merges only if the previous one left its counters zero."""

@@ -153,7 +153,7 @@ template <typename T, int D>
 __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const T* vc, KvLayout kv,
                              const int* tables, int table_stride, const int* qstart, const int* ctx, T* out,
                              float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv,
-                             float scale, int num_splits) {
+                             float scale, int num_splits, int min_split) {
     constexpr int E = Pack<T>::N, DW = D / E, NWL = DW / 32;
     extern __shared__ float smem[];
     __shared__ float wm[NWARPS][GMAX], wl[NWARPS][GMAX];
@@ -164,10 +164,12 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
     const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * GMAX, gc = min(GMAX, G - g0);
     const int q0 = qstart[b];
     if (qstart[b + 1] == q0) return;  // no query this step: every split of it leaves, none counts or merges
-    // each sequence divides its own context over the splits (whole passes of the warps), so a grid
-    // sized once (a CUDA graph's) serves any mix of lengths; splits past the context store l = 0
+    // each sequence divides its own context over the splits (whole passes of the warps, at least min_split
+    // keys), so a grid sized once (a CUDA graph's) serves any mix of lengths; splits past the context leave
     const int L = ctx[b], pass = NWARPS * BN;
-    const int split_len = ((L + num_splits - 1) / num_splits + pass - 1) / pass * pass;
+    const int split_len = max(min_split, ((L + num_splits - 1) / num_splits + pass - 1) / pass * pass);
+    const int used = (L + split_len - 1) / split_len;
+    if (split >= used) return;
     const int kbeg = split * split_len, kend = min(L, kbeg + split_len);
     const int* table = tables + (long long)b * table_stride;
 
@@ -254,11 +256,11 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
         if (lane == 0) { wm[warp][g] = m[g]; wl[warp][g] = l[g]; }
     }
     __syncthreads();
-    store_merged_warps<T, NWARPS, GMAX, D>(&wm[0][0], &wl[0][0], asm_, gc, kvh * G + g0, nh, q0, b, split, num_splits,
-                                           out, part_o, part_m, part_l);
-    if (num_splits > 1)
-        merge_splits_if_last<T, D>(part_o, part_m, part_l, counters, smem, gc, kvh * G + g0, nh, q0, b, num_splits,
-                                   out);
+    store_merged_warps<T, NWARPS, GMAX, D>(&wm[0][0], &wl[0][0], asm_, gc, kvh * G + g0, nh, q0, b, split, used,
+                                           num_splits, out, part_o, part_m, part_l);
+    if (used > 1)
+        merge_splits_if_last<T, D>(part_o, part_m, part_l, counters, smem, gc, kvh * G + g0, nh, q0, b, used,
+                                   num_splits, out);
 }
 
 #define ATTN_ARGS(T) const T *q, long long q_stride, const T *kc, const T *vc, long long block_stride, \
@@ -274,10 +276,11 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(NWARPS * 32)                                             \
         paged_decode_##suffix##_d##D(ATTN_ARGS(T), float* part_o, float* part_m, float* part_l,             \
-                                     int* counters, int nh, int nkv, float scale, int num_splits) {       \
+                                     int* counters, int nh, int nkv, float scale, int num_splits,         \
+                                     int min_split) {                                                     \
         pdl_begin();                                                                                      \
         paged_decode<T, D>(q, q_stride, kc, vc, KV_LAYOUT, tables, table_stride, qstart, ctx, out,        \
-                           part_o, part_m, part_l, counters, nh, nkv, scale, num_splits);                 \
+                           part_o, part_m, part_l, counters, nh, nkv, scale, num_splits, min_split);      \
     }
 
 #define ATTN_KERNELS(suffix, T)                                                                           \

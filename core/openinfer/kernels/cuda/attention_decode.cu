@@ -5,9 +5,9 @@
 //   grid   (split, kv head * head chunk, sequence); DEC_WARPS warps a block. A block owns one KV head
 //          and up to 16 of its query heads (the rows of one m16 tile, zero-padded past the group), so
 //          each K/V byte is read from HBM once per step, whatever the GQA ratio. Each sequence divides
-//          its own context over the splits in whole passes (DEC_WARPS * DEC_BN keys), so a grid sized
-//          for the longest context (a CUDA graph's) serves shorter ones; splits past the end only mark
-//          themselves empty (l = 0) and count their arrival.
+//          its own context over the splits in whole passes (DEC_WARPS * DEC_BN keys), at least min_split
+//          keys each, so a grid sized for the longest context (a CUDA graph's) serves shorter ones: the
+//          splits past the context's `used` ones leave at once, and the merge waits for and reads only those.
 //   warp   takes every DEC_WARPS-th tile of DEC_BN = 16 keys of the split and streams them through its
 //          own STAGES-deep cp.async ring in shared memory: no block barrier in the loop, STAGES - 1
 //          tiles of every warp in flight, which is what keeps HBM busy. S = Q K^T and O += P V by
@@ -66,7 +66,7 @@ template <int D>
 __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
                            const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
                            float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv,
-                           float scale, int num_splits) {
+                           float scale, int num_splits, int min_split) {
     using C = DecTile<D>;
     constexpr int LD = C::LD, KC = D / 16, DT = D / 8, STAGES = C::STAGES, PASS = DEC_WARPS * DEC_BN;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -76,14 +76,10 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     const int q0 = qstart[b];
     if (qstart[b + 1] == q0) return;  // no query this step: every split of it leaves, none counts or merges
     const int L = ctx[b];
-    const int split_len = ((L + num_splits - 1) / num_splits + PASS - 1) / PASS * PASS;
+    const int split_len = max(min_split, ((L + num_splits - 1) / num_splits + PASS - 1) / PASS * PASS);
+    const int used = (L + split_len - 1) / split_len;
+    if (split >= used) return;  // past this context: neither stores, counts nor merges
     const int kbeg = split * split_len, kend = min(L, kbeg + split_len);
-    if (kbeg >= kend) {  // a split past this context (never the only one): the merge skips l = 0
-        store_empty_split(part_m, part_l, gc, kvh * G + g0, nh, b, split, num_splits);
-        merge_splits_if_last<bf16, D>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, kvh * G + g0, nh, q0,
-                                      b, num_splits, out);
-        return;
-    }
     const int* table = tables + (long long)b * table_stride;
     // this warp's tiles start at kbeg + (warp + i * DEC_WARPS) * DEC_BN, i < ntiles
     const int nall = kend > kbeg ? (kend - kbeg + DEC_BN - 1) / DEC_BN : 0;
@@ -203,11 +199,11 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         }
     }
     __syncthreads();
-    store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, gc, kvh * G + g0, nh, q0, b, split, num_splits, out,
-                                                    part_o, part_m, part_l);
-    if (num_splits > 1)
+    store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, gc, kvh * G + g0, nh, q0, b, split, used, num_splits,
+                                                    out, part_o, part_m, part_l);
+    if (used > 1)
         merge_splits_if_last<bf16, D>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, kvh * G + g0, nh, q0, b,
-                                      num_splits, out);
+                                      used, num_splits, out);
 }
 
 #define DECODE_KERNEL(D)                                                                                        \
@@ -215,10 +211,10 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
         const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv, \
-        float scale, int num_splits) { pdl_begin();                                                             \
+        float scale, int num_splits, int min_split) { pdl_begin();                                              \
         decode_mma<D>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,            \
                       table_stride, qstart, ctx, out, part_o, part_m, part_l, counters, nh, nkv, scale,         \
-                      num_splits);                                                                              \
+                      num_splits, min_split);                                                                   \
     }
 
 DECODE_KERNEL(64)

@@ -6,7 +6,8 @@ context, one KV head and the query heads of its group, so K/V is read once per s
 per-split partials, and the last block of a (sequence, head chunk) to finish merges them
 (decode_merge.cuh), counted on arrival_counters("decode_attention"): one launch per layer. The grid
 depends only on the batch size, the heads and `max_context_len`: each sequence divides its own length
-over the splits, so a CUDA graph captured with the longest context stays right for shorter ones.
+over the splits (at least `split_keys` keys each), so a CUDA graph captured with the longest context
+stays right for shorter ones: a sequence's splits past its own context leave at once.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16      # must match attention_decode.cu
 DEC_STAGES = {64: 3, 128: 3, 256: 2}         # cp.async ring depth per warp (DecTile::STAGES)
 DEC_PASS = DEC_WARPS * DEC_BN
 DECODE_MMA = os.environ.get("OPENINFER_DECODE_MMA", "1") != "0"   # 0: the fp32 CUDA-core kernel for bf16 too
+# fewest keys a split takes (rounded up to the kernel's pass): fewer, longer splits for short contexts, so
+# fewer partials to store and merge; the grid's split count (set by the longest context) is unchanged
+DECODE_SPLIT_KEYS = int(os.environ.get("OPENINFER_DECODE_SPLIT_KEYS", "64"))
 
 
 @dataclass(frozen=True)
@@ -56,16 +60,21 @@ def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool) -> DecodeKernel:
                         (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 2)
 
 
-def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int, pass_len: int = MIN_SPLIT,
+def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int, min_keys: int = MIN_SPLIT,
                   per_sm: int = 2) -> int:
     """Splits of each context: the most whose blocks still run in one wave of `per_sm` blocks an SM
-    (none where batch x KV-head blocks alone fill it), never a split under `pass_len` keys. Rounding
+    (none where batch x KV-head blocks alone fill it), never a split under `min_keys` keys. Rounding
     up instead would start a second, part-empty wave: 32 sequences x 8 KV heads at 4 blocks an SM
     took 3 splits (768 blocks for 528 places, two waves of a third of the work each) where 2 splits
     run in one wave of half the work. Splits past a sequence's own context exit at once, but each
     costs a block launch."""
     want = per_sm * sm_count() // max(1, num_seqs * kv_blocks)
-    return max(1, min(want, math.ceil(max_context_len / pass_len)))
+    return max(1, min(want, math.ceil(max_context_len / min_keys)))
+
+
+def split_keys(kernel: DecodeKernel) -> int:
+    """The fewest keys one split of `kernel` takes: DECODE_SPLIT_KEYS in whole passes."""
+    return -(-max(DECODE_SPLIT_KEYS, kernel.pass_len) // kernel.pass_len) * kernel.pass_len
 
 
 def merge_max_splits(kernel: DecodeKernel) -> int:
@@ -80,7 +89,8 @@ def paged_decode(common: tuple, out: cp.ndarray, num_seqs: int, max_context_len:
     d = out.shape[-1]
     kv_blocks = nkv * math.ceil(nh // nkv / kernel.rows)
     per_sm = kernel.per_sm or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
-    splits = min(decode_splits(num_seqs, kv_blocks, max_context_len, kernel.pass_len, per_sm),
+    min_split = split_keys(kernel)
+    splits = min(decode_splits(num_seqs, kv_blocks, max_context_len, min_split, per_sm),
                  merge_max_splits(kernel))
     # asked on every decode, split or not, so that an eager run of any batch (cuda_graphs.py runs only
     # the largest bucket, which may not split) sets them up before a smaller bucket is captured
@@ -93,4 +103,4 @@ def paged_decode(common: tuple, out: cp.ndarray, num_seqs: int, max_context_len:
         part_ml = cp.empty((2, num_seqs, nh, splits), dtype=cp.float32)
         parts = (part_o, part_ml[0], part_ml[1], counters)
     launch(kernel.source, kernel.name, (splits, kv_blocks, num_seqs), kernel.threads,
-           (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits)), kernel.smem)
+           (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits), np.int32(min_split)), kernel.smem)

@@ -3,8 +3,9 @@
 // heads and stores the normalised rows (one split) or this split's partials (o, m, l).
 // merge_splits_if_last then, with several splits, counts the block's arrival at its (sequence, head chunk);
 // the last block to arrive merges the partials of every split, so no separate combine kernel is launched.
-// Partials: (sequence b, head, split s) at p = (b * nh + head) * num_splits + s, part_o[p * D ..], part_m[p]
-// (log2 units), part_l[p]. They are stored and loaded through L2 (__stcg / __ldcg): the merging block
+// A sequence uses the first `used` of the grid's num_splits splits (the others hold none of its keys and
+// leave before these). Partials: (sequence b, head, split s < used) at p = (b * nh + head) * num_splits + s,
+// part_o[p * D ..], part_m[p] (log2 units), part_l[p]. They are stored and loaded through L2 (__stcg / __ldcg): the merging block
 // reads what other SMs wrote, never a stale line of its own L1.
 #pragma once
 
@@ -12,8 +13,9 @@
 // wo[row * D ..]. Call after a __syncthreads().
 template <typename T, int NW, int ROWS, int D>
 __device__ __forceinline__ void store_merged_warps(const float* wm, const float* wl, const float* wo, int gc,
-                                                   int head0, int nh, int q0, int b, int split, int num_splits,
-                                                   T* out, float* part_o, float* part_m, float* part_l) {
+                                                   int head0, int nh, int q0, int b, int split, int used,
+                                                   int num_splits, T* out, float* part_o, float* part_m,
+                                                   float* part_l) {
     for (int idx = threadIdx.x; idx < gc * D; idx += blockDim.x) {
         const int g = idx / D, dd = idx % D, head = head0 + g;
         float M = NEG_INF, lsum = 0.f, o = 0.f;
@@ -26,7 +28,7 @@ __device__ __forceinline__ void store_merged_warps(const float* wm, const float*
                 lsum += f * wl[w * ROWS + g];
                 o += f * wo[(w * ROWS + g) * D + dd];
             }
-        if (num_splits == 1) {
+        if (used == 1) {
             out[((long long)q0 * nh + head) * D + dd] = from_f32<T>(o / lsum);
         } else {
             const long long p = ((long long)b * nh + head) * num_splits + split;
@@ -36,79 +38,70 @@ __device__ __forceinline__ void store_merged_warps(const float* wm, const float*
     }
 }
 
-// A split past its sequence's context: l = 0, which the merge skips (its o is never written).
-__device__ __forceinline__ void store_empty_split(float* part_m, float* part_l, int gc, int head0, int nh, int b,
-                                                  int split, int num_splits) {
-    if (threadIdx.x < gc) {
-        const long long p = ((long long)b * nh + head0 + threadIdx.x) * num_splits + split;
-        __stcg(part_m + p, NEG_INF);
-        __stcg(part_l + p, 0.f);
-    }
-}
-
 constexpr int MERGE_UNROLL = 16;   // splits whose partial float4s a thread loads at once (L2 round trips)
 
-// Every block of a split launch calls this once its partials are stored (empty splits too: the last
-// block is the num_splits-th to arrive). counters: one int per (sequence, head chunk), zero on entry and
+// Every used split's block calls this once its partials are stored (used > 1; the last block is the
+// used-th to arrive). counters: one int per (sequence, head chunk), zero on entry and
 // left zero (the last block resets its own), so a CUDA graph replays cleanly. scratch: shared memory for
-// 2 * gc * num_splits floats, free once the partials are stored (paged_decode caps the splits to fit).
-// The merge (once a separate kernel, paged_combine): weights w_s = exp2(m_s - M) l_s (M the heads' max, l = 0 splits
-// skipped), out = sum_s w_s o_s / sum_s w_s summed in split order, so the output is the same bits
+// 2 * gc * used floats, free once the partials are stored (paged_decode caps the splits to fit).
+// The merge (once a separate kernel, paged_combine): weights w_s = exp2(m_s - M) l_s (M the heads' max),
+// out = sum_s w_s o_s / sum_s w_s summed in split order, so the output is the same bits
 // whichever block came last. Each thread owns float4s of the gc output rows and keeps MERGE_UNROLL
 // splits' loads in flight.
 template <typename T, int D>
 __device__ void merge_splits_if_last(const float* part_o, const float* part_m, const float* part_l, int* counters,
-                                     float* scratch, int gc, int head0, int nh, int q0, int b, int num_splits,
-                                     T* out) {
+                                     float* scratch, int gc, int head0, int nh, int q0, int b, int used,
+                                     int num_splits, T* out) {
     __shared__ int last;
     __shared__ float head_max[16];   // gc <= 16 (DEC_ROWS; attention.cu's GMAX is 8)
     __threadfence();                 // this thread's partials are visible device-wide before the block counts
     __syncthreads();
     if (threadIdx.x == 0) {
         int* counter = counters + (long long)blockIdx.z * gridDim.y + blockIdx.y;
-        last = atomicAdd(counter, 1) == num_splits - 1;
+        last = atomicAdd(counter, 1) == used - 1;
         if (last) *counter = 0;      // every split has arrived: nobody else touches it in this launch
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // (head0 + g, split s) is partial p = base + g * num_splits + s: the gc heads' splits are contiguous
+    // (head0 + g, split s) is partial p = base + g * num_splits + s
     const long long base = ((long long)b * nh + head0) * num_splits;
-    const int n = gc * num_splits;
-    float* wsm = scratch;            // [gc][num_splits]: m, then the weight
-    float* lsm = scratch + n;        // [gc][num_splits]: l
+    const int n = gc * used;
+    float* wsm = scratch;            // [gc][used]: m, then the weight
+    float* lsm = scratch + n;        // [gc][used]: l
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        wsm[i] = __ldcg(part_m + base + i);
-        lsm[i] = __ldcg(part_l + base + i);
+        const long long p = base + (long long)(i / used) * num_splits + i % used;
+        wsm[i] = __ldcg(part_m + p);
+        lsm[i] = __ldcg(part_l + p);
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int g = warp; g < gc; g += blockDim.x >> 5) {
         float M = NEG_INF;
-        for (int s = lane; s < num_splits; s += 32) M = fmaxf(M, wsm[g * num_splits + s]);
+        for (int s = lane; s < used; s += 32) M = fmaxf(M, wsm[g * used + s]);
         M = warp_max(M);  // finite: split 0 holds key 0 (a decode query sees at least itself)
         if (lane == 0) head_max[g] = M;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x)
-        wsm[i] = lsm[i] == 0.f ? 0.f : exp2f(wsm[i] - head_max[i / num_splits]) * lsm[i];
+        wsm[i] = exp2f(wsm[i] - head_max[i / used]) * lsm[i];
     __syncthreads();
     constexpr int V = D / 4;         // float4s of a row
     for (int idx = threadIdx.x; idx < gc * V; idx += blockDim.x) {
         const int g = idx / V, c = idx % V;
         const float4* po = reinterpret_cast<const float4*>(part_o + (base + (long long)g * num_splits) * D) + c;
-        const float* w = wsm + g * num_splits;
+        const float* w = wsm + g * used;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         float lsum = 0.f;
-        for (int s0 = 0; s0 < num_splits; s0 += MERGE_UNROLL) {
+        for (int s0 = 0; s0 < used; s0 += MERGE_UNROLL) {
             float4 v[MERGE_UNROLL];
 #pragma unroll
             for (int u = 0; u < MERGE_UNROLL; ++u)  // past the last split: a reloaded row, never used
-                v[u] = __ldcg(po + (long long)min(s0 + u, num_splits - 1) * V);
+                v[u] = __ldcg(po + (long long)min(s0 + u, used - 1) * V);
 #pragma unroll
             for (int u = 0; u < MERGE_UNROLL; ++u) {
-                const float wu = s0 + u < num_splits ? w[s0 + u] : 0.f;
-                if (wu == 0.f) continue;    // an empty split: its o was never written
+                if (s0 + u >= used) break;
+                const float wu = w[s0 + u];
                 lsum += wu;
                 acc.x = fmaf(wu, v[u].x, acc.x);
                 acc.y = fmaf(wu, v[u].y, acc.y);
