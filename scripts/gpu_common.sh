@@ -8,7 +8,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 -e plugins/qwen35 >> $L/install.log 2>&1 || say "install failed"
 OI="python3 -m openinfer"
 LAT="$OI bench latency --load-format dummy --device cuda --max-model-len 20480"
-T="python3 -m pytest -q -p no:cacheprovider -rfE"
+T="python3 -m pytest -q -p no:cacheprovider -rfEs"
 lat() { local name=$1 t=$2; shift 2; timeout $t $LAT "$@" --output-json $L/$name.json > $L/$name.log 2>&1; say "$name:"; grep -A4 "^batch" $L/$name.log | tail -n +3 | tee -a $S || tail -2 $L/$name.log | tee -a $S; }
 tests() {  # seconds, then the core test files
     local t=$1; shift
@@ -17,7 +17,7 @@ tests() {  # seconds, then the core test files
     timeout $t $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1 &
     wait
     for f in core q3 q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
-    grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -16 | tee -a $S
+    grep -h "^FAILED\|^ERROR\|^SKIPPED" $L/t_*.log | cut -c1-220 | head -16 | tee -a $S
 }
 prof() { local name=$1; shift; timeout 60 python3 scripts/gpu_profile.py "$@" > $L/prof_$name.log 2>&1; say "profile $name:"; tail -4 $L/prof_$name.log | tee -a $S; }
 startup() {  # name, then env assignments for the server

@@ -4,6 +4,9 @@
 # call1: decode attention with a fewest-keys-a-split (OPENINFER_DECODE_SPLIT_KEYS; the splits a short context does
 #   not use leave at once): its GPU tests, attn_bench over the keys, bench latency batch 1 per keys (Qwen3 and
 #   Qwen3.5); the 16k cold prefill per step token budget (1024, the old default, against 8192 and 16384).
+# call2: the GEMV loads its first weights into registers before griddepcontrol.wait: its GPU tests with the decode
+#   attention ones; batch-1 decode with PDL for the GEMVs too (L2 prefetch 8 and 0) against the default, twice;
+#   Qwen3.5 the same; prefix hits and cold prefill at the new default step budget.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -20,7 +23,19 @@ call1) precompile
                --max-num-batched-tokens $n > $L/prefill16k_$n.log 2>&1
            say "16k, budget $n:"; grep "cold\|hit " $L/prefill16k_$n.log | tee -a $S
        done ;;
-*) echo "usage: $0 call1" >&2; exit 2 ;;
+call2) precompile
+       tests 200 tests/kernels/test_cuda_ops.py -k "decode or gemv or linear or attention"
+       PDLG=paged_decode,rope,add_rms_norm,rms_norm,gemv
+       for r in 1 2; do
+           lat q3_b1_r$r 60 $Q3B1
+           OPENINFER_PDL=$PDLG OPENINFER_GEMV_PREFETCH=8 lat q3_b1_pdlgemv_pf8_r$r 60 $Q3B1
+           OPENINFER_PDL=$PDLG OPENINFER_GEMV_PREFETCH=0 lat q3_b1_pdlgemv_pf0_r$r 60 $Q3B1
+       done
+       lat q35_b1 60 $Q35
+       OPENINFER_PDL=$PDLG OPENINFER_GEMV_PREFETCH=0 lat q35_b1_pdlgemv_pf0 60 $Q35
+       timeout 150 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
+       say "prefix hit (default budget):"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S ;;
+*) echo "usage: $0 call1|call2" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .

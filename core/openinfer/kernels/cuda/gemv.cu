@@ -153,19 +153,38 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
     // (branch-free loads keep the weight loads of one iteration in flight together)
     const XLoad xr(x + (long long)min(g, M - 1) * ldx, chunks);
 
+    // The first iteration's weights are loaded into registers before griddepcontrol.wait: they do not depend
+    // on the previous kernel, so under PDL their latency hides behind its tail (without PDL the wait is a
+    // no-op and this is the loop's first iteration, the same operations in the same order).
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    int base = lo;
+    const bool first = base + 4 * U <= hi;
+    uint4 a0[U], b0[U];
+    if (first) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            a0[u] = ld_stream(wa + base + 4 * u + q);
+            b0[u] = ld_stream(wb + base + 4 * u + q);
+        }
+    }
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #pragma unroll 1
-    for (int i = 0; i < prefetch; ++i) {  // weights only: they do not depend on the previous kernel
+    for (int i = first ? U : 0; i < prefetch; ++i) {  // further weights into L2 (the first U groups are loading)
         const int c = lo + 4 * i + q;
         if (c < hi) { prefetch_l2(wa + c); prefetch_l2(wb + c); }
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    int base = lo;
+    if (first) {
+        uint4 xv[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) xv[u] = xr(base + 4 * u + q);
+#pragma unroll
+        for (int u = 0; u < U; ++u) mma_bf16(acc, a0[u], b0[u], xv[u]);
+        base += 4 * U;
+    }
     for (; base + 4 * U <= hi; base += 4 * U) {
         uint4 a[U], b[U], xv[U];
 #pragma unroll
