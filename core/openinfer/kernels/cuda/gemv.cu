@@ -137,11 +137,14 @@ __device__ __forceinline__ bool reduce_splits(float4& s, float* __restrict__ par
 }
 
 constexpr int WARPS = 4;
+// Where a CTA lets the next kernel in the stream be scheduled (griddepcontrol.launch_dependents, under PDL):
+// mirrored in blas.GEMV_TRIGGERS.
+constexpr int TRIGGER_AT_START = 0, TRIGGER_AFTER_WAIT = 1, TRIGGER_AFTER_LOOP = 2;
 
 template <int U, typename XLoad, typename Epi>
 __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,
                                           float* __restrict__ partial, int* __restrict__ counters,
-                                          int M, int chunks, int prefetch, const Epi& epi) {
+                                          int M, int chunks, int prefetch, int trigger, const Epi& epi) {
     const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     // this split's chunk range, then this warp's quarter of it (chunk = 8 consecutive k)
@@ -169,13 +172,14 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
         }
     }
 #if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (trigger == TRIGGER_AT_START) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #pragma unroll 1
     for (int i = first ? U : 0; i < prefetch; ++i) {  // further weights into L2 (the first U groups are loading)
         const int c = lo + 4 * i + q;
         if (c < hi) { prefetch_l2(wa + c); prefetch_l2(wb + c); }
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (trigger == TRIGGER_AFTER_WAIT) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     if (first) {
         uint4 xv[U];
@@ -215,6 +219,9 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
         for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
     }
 
+#if __CUDA_ARCH__ >= 900
+    if (trigger == TRIGGER_AFTER_LOOP) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     __shared__ float4 red[WARPS][32];
     red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
@@ -232,7 +239,8 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 }  // namespace
 
 // grid (tiles, splits), block 128. partial: fp32 [splits, tiles, 16 * 8] (unused when splits == 1),
-// counters: int32 [tiles], all zero on entry and left zero on exit; then the epilogue's arguments.
+// counters: int32 [tiles], all zero on entry and left zero on exit; prefetch: 4-chunk groups a warp prefetches
+// into L2 before griddepcontrol.wait; trigger: TRIGGER_*; then the epilogue's arguments.
 // <prefix>_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
 // iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
 // for B CTAs per SM (more warps, fewer registers). EPI: the epilogue built from the trailing parameters.
@@ -240,8 +248,8 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
         const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,                           \
         float* __restrict__ partial, int* __restrict__ counters, int M, int chunks, int prefetch,          \
-        __VA_ARGS__) {                                                                                     \
-        gemv_tile<U, LoadX>(x, ldx, w, ldw, partial, counters, M, chunks, prefetch, EPI);                  \
+        int trigger, __VA_ARGS__) {                                                                        \
+        gemv_tile<U, LoadX>(x, ldx, w, ldw, partial, counters, M, chunks, prefetch, trigger, EPI);         \
     }
 #define GEMV_VARIANTS(PREFIX, EPI, ...)                        \
     GEMV_KERNEL(PREFIX##_u2, 2, 1, EPI, __VA_ARGS__)           \
