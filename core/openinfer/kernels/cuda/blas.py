@@ -4,7 +4,7 @@ The GEMV path (decode at small batch is weight-bandwidth bound, where cuBLAS rea
 bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strides); split-K for
 weights with few rows, sized to one resident wave and reduced by the last CTA per tile (bit-
 deterministic, graph-safe). OPENINFER_GEMV=0 turns it off. Under programmatic dependent launch
-(pdl.py) its first weights are prefetched into L2 while the previous kernel drains.
+(pdl.py) its first weights are loaded while the previous kernel drains.
 `gemv_silu_mul` is the same GEMV with SwiGLU's silu(gate) * up in its epilogue (ops.linear_silu_mul).
 
 cuBLAS is called directly via ctypes.
@@ -103,13 +103,6 @@ GEMV_VARIANT = "u4"          # gemv.cu kernel gemv_bf16_<variant>: u2/u4/u8 = 2U
                              # thread, u4_o8 = u4 capped at 64 registers for 8 CTAs per SM
 GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the resident CTA slots (one wave)
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
-GEMV_PREFETCH = int(os.environ.get("OPENINFER_GEMV_PREFETCH", "8"))  # with PDL (pdl.py): 4-chunk groups per
-                             # warp prefetched into L2 before griddepcontrol.wait
-GEMV_TRIGGERS = {"start": 0, "wait": 1, "loop": 2}   # gemv.cu TRIGGER_*: where a CTA lets the next kernel launch
-GEMV_TRIGGER = os.environ.get("OPENINFER_GEMV_TRIGGER", "start")   # (under PDL): before its wait, after it, or
-                                                                    # after its main loop
-if GEMV_TRIGGER not in GEMV_TRIGGERS:
-    raise ValueError(f"OPENINFER_GEMV_TRIGGER={GEMV_TRIGGER!r}: use one of {', '.join(GEMV_TRIGGERS)}")
 _resident: dict[tuple[int, str], int] = {}
 
 
@@ -152,8 +145,7 @@ def launch_gemv(kernel: str, x2: cp.ndarray, w: cp.ndarray, epilogue: tuple) -> 
     name = f"{kernel}_{GEMV_VARIANT}"
     launch("gemv", name, (tiles, splits), 128,
            (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), partial if partial is not None else NULL,
-            counters if splits > 1 else NULL, np.int32(m), np.int32(k // 8),
-            np.int32(GEMV_PREFETCH if pdl.enabled(name) else 0), np.int32(GEMV_TRIGGERS[GEMV_TRIGGER]), *epilogue))
+            counters if splits > 1 else NULL, np.int32(m), np.int32(k // 8), *epilogue))
 
 
 def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:

@@ -17,8 +17,13 @@
 //   the partials in split order (deterministic) and writes bf16, then resets the counter to 0,
 //   so the counters stay zero between launches and a CUDA graph replays cleanly.
 // * Programmatic dependent launch (when the wrapper launches with it): the weights do not depend
-//   on the previous kernel, so the first chunks are prefetched into L2 before griddepcontrol.wait;
-//   only x (and the workspace/counters) are touched after it. Without PDL both are no-ops.
+//   on the previous kernel, so the first iteration's weights are loaded into registers before
+//   griddepcontrol.wait; only x (and the workspace/counters) are touched after it. A CTA lets the next
+//   kernel launch (launch_dependents) once its main loop is done, so that kernel's CTAs take the SMs
+//   this grid's tail leaves idle. On the H200 (Qwen3-4B, batch 1) that order measured 3.27 ms a step
+//   against 3.52 (trigger after the wait) and 3.75 (before it: the next kernel's CTAs then wait through
+//   this whole GEMV), and an L2 prefetch of further weights before the wait cost more than it hid
+//   (docs/benchmarks/qwen3-4b-h200.md, stop 15). Without PDL both instructions are no-ops.
 // * The x loader is a template parameter (LoadX reads x as given), the place where an elementwise
 //   step before the GEMV can be folded in. SiLU-and-multiply folded in this way was measured slower
 //   on the H200 (31 vs 17.5 us for the 4B down projection at M = 1): the 8 lane groups of the mma's B
@@ -55,10 +60,6 @@ struct LoadX {
     __device__ LoadX(const bf16* x, int) : row(reinterpret_cast<const uint4*>(x)) {}
     __device__ uint4 operator()(int c) const { return ld_x(row + c); }
 };
-
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2::evict_normal [%0];" :: "l"(p));
-}
 
 __device__ __forceinline__ void mma_bf16(float* c, const uint4& a, const uint4& b, const uint4& xv) {
     // two k-steps: (a.x, b.x, a.y, b.y | xv.x, xv.y) and (a.z, b.z, a.w, b.w | xv.z, xv.w);
@@ -137,14 +138,11 @@ __device__ __forceinline__ bool reduce_splits(float4& s, float* __restrict__ par
 }
 
 constexpr int WARPS = 4;
-// Where a CTA lets the next kernel in the stream be scheduled (griddepcontrol.launch_dependents, under PDL):
-// mirrored in blas.GEMV_TRIGGERS.
-constexpr int TRIGGER_AT_START = 0, TRIGGER_AFTER_WAIT = 1, TRIGGER_AFTER_LOOP = 2;
 
 template <int U, typename XLoad, typename Epi>
 __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,
                                           float* __restrict__ partial, int* __restrict__ counters,
-                                          int M, int chunks, int prefetch, int trigger, const Epi& epi) {
+                                          int M, int chunks, const Epi& epi) {
     const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     // this split's chunk range, then this warp's quarter of it (chunk = 8 consecutive k)
@@ -172,14 +170,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
         }
     }
 #if __CUDA_ARCH__ >= 900
-    if (trigger == TRIGGER_AT_START) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#pragma unroll 1
-    for (int i = first ? U : 0; i < prefetch; ++i) {  // further weights into L2 (the first U groups are loading)
-        const int c = lo + 4 * i + q;
-        if (c < hi) { prefetch_l2(wa + c); prefetch_l2(wb + c); }
-    }
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (trigger == TRIGGER_AFTER_WAIT) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     if (first) {
         uint4 xv[U];
@@ -220,7 +211,7 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
     }
 
 #if __CUDA_ARCH__ >= 900
-    if (trigger == TRIGGER_AFTER_LOOP) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     __shared__ float4 red[WARPS][32];
     red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -239,17 +230,15 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 }  // namespace
 
 // grid (tiles, splits), block 128. partial: fp32 [splits, tiles, 16 * 8] (unused when splits == 1),
-// counters: int32 [tiles], all zero on entry and left zero on exit; prefetch: 4-chunk groups a warp prefetches
-// into L2 before griddepcontrol.wait; trigger: TRIGGER_*; then the epilogue's arguments.
+// counters: int32 [tiles], all zero on entry and left zero on exit; then the epilogue's arguments.
 // <prefix>_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
 // iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
 // for B CTAs per SM (more warps, fewer registers). EPI: the epilogue built from the trailing parameters.
 #define GEMV_KERNEL(NAME, U, MIN_BLOCKS, EPI, ...)                                                         \
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
         const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,                           \
-        float* __restrict__ partial, int* __restrict__ counters, int M, int chunks, int prefetch,          \
-        int trigger, __VA_ARGS__) {                                                                        \
-        gemv_tile<U, LoadX>(x, ldx, w, ldw, partial, counters, M, chunks, prefetch, trigger, EPI);         \
+        float* __restrict__ partial, int* __restrict__ counters, int M, int chunks, __VA_ARGS__) {         \
+        gemv_tile<U, LoadX>(x, ldx, w, ldw, partial, counters, M, chunks, EPI);                            \
     }
 #define GEMV_VARIANTS(PREFIX, EPI, ...)                        \
     GEMV_KERNEL(PREFIX##_u2, 2, 1, EPI, __VA_ARGS__)           \

@@ -4,7 +4,7 @@ programmatic-stream-serialization attribute, which CuPy's RawKernel cannot set.
 With it, a kernel may be scheduled while the previous kernel in the stream is still finishing; it
 blocks in `griddepcontrol.wait` (pdl_begin() in common.cuh, which every kernel calls first) until
 that kernel has completed and its writes are visible. What this buys is the gap between two
-kernels: launch latency, CTA ramp-up and, for the GEMV, weight prefetch into L2 before the wait.
+kernels: launch latency, CTA ramp-up and, for the GEMV, its first weight loads before the wait.
 A decode step is hundreds of few-microsecond kernels, so the gaps are a large share of it. CUDA
 graph capture records the launches as programmatic edges.
 
@@ -13,12 +13,14 @@ its own bytes; each one gets an 8-byte slot in a reused buffer (the driver copie
 launch, so reuse is safe). OPENINFER_PDL takes a comma-separated list of kernel-name prefixes (PDL for those
 kernels only), 1 for every kernel, or 0 for none (every kernel launches through CuPy).
 
-The default, DEFAULT_KERNELS, is the small kernels between the GEMVs, in eager steps and in decode graphs of at
-most MAX_DECODE_ROWS rows (the CUDA backend captures larger ones inside `suspended()`). Measured on the H200
-(Qwen3-4B, docs/benchmarks/qwen3-4b-h200.md, stop 13): at batch 1 the step took 3.30–3.31 ms with PDL for them and
-3.38–3.40 ms with none (four pairs over three runs); at batch 32 4.61–4.69 ms with and 4.46–4.47 ms without (three
-rounds); at batch 128 no difference. PDL for every kernel took 4.25 ms at batch 1 and for the GEMVs alone 3.97 ms: a GEMV
-launched early loses more than the gap it hides; why is not known.
+The default, DEFAULT_KERNELS, is the GEMVs and the small kernels between them, in eager steps and in decode graphs
+of at most MAX_DECODE_ROWS rows (the CUDA backend captures larger ones inside `suspended()`). Measured on the H200
+(docs/benchmarks/qwen3-4b-h200.md):
+- stop 13, Qwen3-4B: at batch 1 the step took 3.30–3.31 ms with PDL for the small kernels and 3.38–3.40 ms with
+  none; at batch 32 4.61–4.69 ms with and 4.46–4.47 ms without; at batch 128 no difference;
+- stop 15, batch 1: with the GEMVs too, 3.27 ms (Qwen3-4B) and 3.14 ms (Qwen3.5-4B) against 3.37 and 3.26 without,
+  once the GEMV let the next kernel launch only after its main loop (gemv.cu). Stop 13's GEMVs did so at their
+  start and took 3.97 ms: the next kernel's CTAs then held SM slots through the whole GEMV.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def parse_setting(value: str) -> tuple[bool, tuple[str, ...] | None]:
     return True, tuple(p.strip() for p in value.split(",") if p.strip())
 
 
-DEFAULT_KERNELS = "paged_decode,rope,add_rms_norm,rms_norm"
+DEFAULT_KERNELS = "gemv,paged_decode,rope,add_rms_norm,rms_norm"
 ENABLED, KERNELS = parse_setting(os.environ.get("OPENINFER_PDL", DEFAULT_KERNELS))
 MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)
 MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
