@@ -15,6 +15,9 @@
 #   prefetch): GPU tests (GEMV, linear, decode attention, graphs; Qwen3 and Qwen3.5 engines), each decode shape's
 #   GEMV under every split-K factor, bench latency against the baseline (Qwen3 1/32/128, batch 1 again, Qwen3.5), prefix
 #   hits and cold prefill, start-up.
+# call5: the GEMV's split-K factor per weight timed at start-up (gemv_tune.py): its GPU tests with the GEMV, decode
+#   and graph ones, the engines' GPU tests, bench latency against the baseline, start-up with empty and warm
+#   tuning caches.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -68,7 +71,16 @@ call4) BASE=$PWD/.whl/base; base() { PYTHONPATH=$BASE/core:$BASE/plugins/qwen3:$
        timeout 150 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
        say "prefix hit:"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S
        startup startup ;;
-*) echo "usage: $0 call1|call2|call3|call4" >&2; exit 2 ;;
+call5) BASE=$PWD/.whl/base; base() { PYTHONPATH=$BASE/core:$BASE/plugins/qwen3:$BASE/plugins/qwen35:/tmp/site "$@"; }
+       base python3 -c "import openinfer; print('base:', openinfer.__file__)" | tee -a $S
+       precompile; base precompile
+       startup startup_first_tuning; grep -h "GEMM tuning" $L/startup_first_tuning_server.log | tee -a $S
+       tests 200 tests/kernels/test_cuda_ops.py -k "gemv or linear or decode or graph or tuned"
+       lat q3 90 $Q3; lat q3_b1_again 60 $Q3B1; base lat base_q3_b1 60 $Q3B1
+       lat q35_b1 60 $Q35; base lat base_q35_b1 60 $Q35
+       grep -h "GEMM tuning" $L/q3.log | head -2 | tee -a $S
+       startup startup; grep -h "GEMM tuning" $L/startup_server.log | tee -a $S ;;
+*) echo "usage: $0 call1|call2|call3|call4|call5" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .

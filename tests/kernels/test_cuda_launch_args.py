@@ -212,6 +212,21 @@ def test_linear_silu_mul_launches(launches, cublas, m, n, k):
     assert call.args[-1] == n // 2 and call.args[-3] is out
 
 
+def test_gemv_takes_the_tuned_split_for_its_weight(launches, monkeypatch):
+    """A split-K factor chosen at start-up (gemv_tune.py) for a weight on this device is what the plain and the SiLU
+    GEMV launch with; other weights, and the same weight on another device, keep the rule's."""
+    from openinfer.testing.launch_check import FAKE_CP
+    cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=0))
+    monkeypatch.setattr(blas, "cp", SimpleNamespace(**vars(FAKE_CP), cuda=cuda))
+    monkeypatch.setattr(blas, "gemv_split_choice", {(0, 19456, 2560): 5, (1, 2560, 9728): 2})
+    x, x2 = aligned_empty((1, 2560), BF16), aligned_empty((1, 9728), BF16)
+    ops.linear(x, aligned_empty((19456, 2560), BF16))
+    ops.linear_silu_mul(x, aligned_empty((19456, 2560), BF16))
+    ops.linear(x2, aligned_empty((2560, 9728), BF16))
+    assert [c.grid for c in launches] == [(1216, 5), (1216, 5), (160, blas.gemv_splits(2560, 9728, 4 * 132))]
+    assert launches[0].args[4] is not module.NULL and launches[1].args[5] is not module.NULL   # workspace, counters
+
+
 def test_linear_silu_mul_needs_whole_8_row_tiles(launches):
     """I % 8 != 0 (gate and up rows of a tile would straddle the halves): the plain GEMV, then silu_mul."""
     ops.linear_silu_mul(aligned_empty((2, 256), BF16), aligned_empty((2 * 12, 256), BF16))

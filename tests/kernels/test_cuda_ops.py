@@ -340,6 +340,29 @@ def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
     assert len(gemv_calls) == n_gemv
 
 
+def test_gemv_tuned_splits(monkeypatch, tmp_path, gemv_kernels):
+    """gemv_tune on the GPU: each shape timed once and its factor kept on disk (a second start reads it), the
+    plain GEMV with the chosen factors against the reference, the SiLU one still bitwise the two ops."""
+    from openinfer.kernels.cuda import blas, gemv_tune
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(blas, "gemv_split_choice", {})
+    shapes = {(6144, 2560), (2560, 9728), (19456, 2560), (200, 1000)}
+    got = gemv_tune.tune(shapes)
+    assert (got.cached, got.timed) == (0, 4) and len(blas.gemv_split_choice) == 4
+    first = dict(blas.gemv_split_choice)
+    blas.gemv_split_choice.clear()
+    assert gemv_tune.tune(shapes) == gemv_tune.Tuned(4, 0, got.changed) and blas.gemv_split_choice == first
+    rng = np.random.default_rng(12)
+    for n, k in shapes:
+        for m in (1, 8):
+            x, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
+            xd, wd = dev(x, BF16), dev(w, BF16)
+            close(ops.linear(xd, wd), ref.linear(x, w), DTYPES["bfloat16"], scale=2)
+            if n % 16 == 0:
+                np.testing.assert_array_equal(host(ops.linear_silu_mul(xd, wd)), host(ops.silu_mul(ops.linear(xd, wd))))
+    assert "gemv_silu_bf16" in gemv_kernels
+
+
 def test_gemv_graph_capture_replays(pdl):
     """A chain of GEMVs (split-K and not, M = 1 and 8) captured once, replayed on new inputs."""
     rng = np.random.default_rng(11)

@@ -179,17 +179,22 @@ class CudaBackend(Backend):
             yield shapes
 
     def tune_gemms(self, shapes: set[tuple[int, int]], max_num_seqs: int) -> str:
-        """cuBLASLt algorithms for the decode GEMMs of these weight shapes at each decode-graph bucket size
-        (kernels/cuda/lt_tune.py; eager engines too, so eager and graph steps compute the same bits);
-        before graph capture. Returns what the start-up log says about it."""
-        from ..kernels.cuda.lt_tune import tune
+        """For the decode GEMMs of these weight shapes, before graph capture and for eager engines too (so eager
+        and graph steps compute the same bits): cuBLASLt algorithms at each decode-graph bucket size above the
+        GEMV's rows (kernels/cuda/lt_tune.py), and the GEMV's split-K factors (gemv_tune.py). Returns what the
+        start-up log says about it."""
+        from ..kernels.cuda import gemv_tune, lt_tune
         from .cuda_graphs import buckets
         with self.device:
-            tuned = tune(buckets(max_num_seqs), shapes)
-        self.release_cached()   # the timing scratch, held by CuPy's pool on the tuning stream
-        return (f"{tuned.lt} decode GEMM shapes on cuBLASLt ({tuned.cached} from the cache, {tuned.timed} timed) "
-                f"of {len(shapes)} weight shapes" if tuned.lt + tuned.timed else
-                "none (OPENINFER_CUBLASLT=0, or no bf16 weights)")
+            tuned = lt_tune.tune(buckets(max_num_seqs), shapes)
+            splits = gemv_tune.tune(shapes)
+        self.release_cached()   # the timing scratch, held by CuPy's pool on the tuning streams
+        lt_part = (f"{tuned.lt} decode GEMM shapes on cuBLASLt ({tuned.cached} from the cache, {tuned.timed} timed)"
+                   if tuned.lt + tuned.timed else "cuBLASLt: none (OPENINFER_CUBLASLT=0, or no bf16 weights)")
+        gemv_part = (f"GEMV split-K for {splits.cached + splits.timed} ({splits.cached} from the cache, {splits.timed} "
+                     f"timed, {splits.changed} off the rule)" if splits.cached + splits.timed else
+                     "GEMV split-K: the rule (OPENINFER_GEMV_TUNE=0, or no bf16 weights)")
+        return f"{lt_part}; {gemv_part}; of {len(shapes)} weight shapes"
 
     def memory_info(self) -> MemoryInfo:
         with self.device:

@@ -104,6 +104,8 @@ GEMV_VARIANT = "u4"          # gemv.cu kernel gemv_bf16_<variant>: u2/u4/u8 = 2U
 GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the resident CTA slots (one wave)
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
 _resident: dict[tuple[int, str], int] = {}
+gemv_split_choice: dict[tuple[int, int, int], int] = {}   # (device, N, K) -> split-K factor timed at start-up
+                                                           # (gemv_tune.py); other shapes take gemv_splits' rule
 
 
 def gemv_resident(name: str) -> int:
@@ -116,7 +118,8 @@ def gemv_resident(name: str) -> int:
 
 def gemv_splits(n: int, k: int, resident: int) -> int:
     """Split-K factor for an N x K weight, static per shape (CUDA graphs): the most splits whose CTAs
-    still run in one wave (N alone filling the GPU gets 1), each split at least GEMV_MIN_SPLIT_K deep."""
+    still run in one wave (N alone filling the GPU gets 1), each split at least GEMV_MIN_SPLIT_K deep.
+    The rule where start-up timing (gemv_tune.py) chose nothing for the shape."""
     tiles = -(-n // 16)
     if tiles > COUNTER_SLOTS:   # one arrival counter a tile
         return 1
@@ -135,7 +138,8 @@ def launch_gemv(kernel: str, x2: cp.ndarray, w: cp.ndarray, epilogue: tuple) -> 
     (its occupancy), so a fused variant sums in the same order: the same bits before its epilogue."""
     m = x2.shape[0]
     n, k = w.shape
-    splits = gemv_splits(n, k, gemv_resident(f"gemv_bf16_{GEMV_VARIANT}"))
+    tuned = gemv_split_choice.get((cp.cuda.Device().id, n, k)) if gemv_split_choice else None
+    splits = tuned or gemv_splits(n, k, gemv_resident(f"gemv_bf16_{GEMV_VARIANT}"))
     counters = arrival_counters("gemv")
     if counters is None:
         splits = 1

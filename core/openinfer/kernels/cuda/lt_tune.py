@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -21,9 +20,9 @@ import cupy as cp
 from ...disk_cache import cache_root, write_atomic
 from . import blas, lt
 from .lt import Lt, MatmulAlgo, Plan
+from .timing import replay_us
 
 HEURISTICS = 16                 # candidates asked of cublasLtMatmulAlgoGetHeuristic per shape
-RUNS = 5                        # timed graph replays per candidate after an eager pass and a first replay (median)
 FLUSH_BYTES = 128 << 20         # weight copies cycled per pass: > 2x the H200's 50 MB L2, so weights come from HBM
 Timer = Callable[[MatmulAlgo], float]   # an algorithm -> us per GEMM; raises RuntimeError where it cannot run
 _lts: dict[int, Lt] = {}
@@ -88,25 +87,9 @@ def fastest(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], timer: Timer) -> MatmulAl
 def graph_timer(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], x: cp.ndarray, ws: list[cp.ndarray], y: cp.ndarray,
                 stream: cp.cuda.Stream) -> Timer:
     """Times one pass over the weight copies `ws` (so weights come from HBM, as in a decode step) as a CUDA
-    graph replay: a Python loop of ctypes calls would be slower than the GPU at small M and time itself.
-    An eager pass first, so a failing algorithm raises outside capture."""
+    graph replay (timing.py); µs per GEMM."""
     def time_us(algo: MatmulAlgo) -> float:
-        for w in ws:
-            lt_.matmul(algo, lay, x, w, y)
-        stream.begin_capture()
-        try:
-            for w in ws:
-                lt_.matmul(algo, lay, x, w, y)
-        finally:   # a capture left open would break the stream for every later algorithm
-            graph = stream.end_capture()
-        events = [cp.cuda.Event() for _ in range(RUNS + 1)]
-        graph.launch(stream)   # the graph's own first launch uploads it
-        events[0].record(stream)
-        for event in events[1:]:
-            graph.launch(stream)
-            event.record(stream)
-        events[-1].synchronize()
-        return statistics.median(cp.cuda.get_elapsed_time(a, b) for a, b in zip(events, events[1:])) * 1e3 / len(ws)
+        return replay_us(lambda: [lt_.matmul(algo, lay, x, w, y) for w in ws], stream) / len(ws)
     return time_us
 
 

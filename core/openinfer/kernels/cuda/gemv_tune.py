@@ -1,0 +1,118 @@
+"""The GEMV's split-K factor per weight shape (blas.gemv_splits), chosen at start-up by timing, kept on disk.
+
+The one-wave rule misses by up to a third on some shapes. On the H200 at M = 1 (docs/benchmarks/qwen3-4b-h200.md,
+stop 15), Qwen3-4B's qkv (2560 -> 6144) took 13.5 µs at the rule's 2 splits and 9.9 µs at 1, and Qwen3.5's GDN
+in_proj (2560 -> 12352) took 29.1 µs at 1 and 21.1 µs at 5. The wave's fill, each warp's share of whole loop
+iterations and the split-K reduction interact there, which no simple rule captured.
+
+`tune` times each candidate at M = 1 as a graph replay over weight copies larger than L2, so the weights come from
+HBM as in a decode step. It keeps the fastest unless the rule's own factor is within TOLERANCE of it. It runs in
+loader.py's "GEMM tuning" phase, before any graph is captured, so eager and graph steps use the same factor, and
+so does the SiLU-epilogue GEMV, which splits as the plain one on the same weight: the same bits either way.
+The cache is cache_root()/gemv_splits/<hash of the key>.json; the key is the GPU, its SM count, the kernel variant
+and the GEMV sources. OPENINFER_GEMV_TUNE=0 keeps the rule alone.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import cupy as cp
+
+from ...disk_cache import cache_root, write_atomic
+from . import blas
+from .compile import source_path
+from .module import COUNTER_SLOTS
+from .timing import replay_us
+
+ENABLED = os.environ.get("OPENINFER_GEMV_TUNE", "1") != "0"
+CANDIDATES = (1, 2, 3, 4, 5, 6, 8)
+TOLERANCE = 0.97                # another factor replaces the rule's only if at least 3 % faster
+FLUSH_BYTES = 128 << 20         # weight copies cycled per pass: > 2x the H200's 50 MB L2
+MIN_SPLIT_CHUNKS = 16           # 8-k chunks a split keeps at least: one per lane group of each of its 4 warps
+
+
+@dataclass(frozen=True)
+class Tuned:
+    cached: int    # shapes whose factor came from the cache
+    timed: int     # shapes timed now
+    changed: int   # of all these, shapes whose factor differs from the rule's
+
+
+def candidates(n: int, k: int, rule: int) -> list[int]:
+    """The rule's factor first, then the others this weight allows (a counter a tile, MIN_SPLIT_CHUNKS a split)."""
+    tiles = -(-n // 16)
+    ok = [s for s in CANDIDATES if s == 1 or (tiles <= COUNTER_SLOTS and k // 8 >= MIN_SPLIT_CHUNKS * s)]
+    return [rule, *(s for s in ok if s != rule)]
+
+
+def device_key(dev: int) -> dict[str, Any]:
+    props = cp.cuda.runtime.getDeviceProperties(dev)
+    gemv = source_path("gemv")
+    sources = gemv.read_text() + (gemv.parent / "common.cuh").read_text()
+    return {"gpu": props["name"].decode(), "cc": f"{props['major']}.{props['minor']}",
+            "sms": int(props["multiProcessorCount"]), "variant": blas.GEMV_VARIANT,
+            "sources": hashlib.sha256(sources.encode()).hexdigest()[:16]}
+
+
+def cache_path(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "gemv_splits" / f"{digest}.json"
+
+
+def read_cache(path: Path, key: dict[str, Any]) -> dict[str, int]:
+    """The saved "N,K" -> factor, or {} where the file is missing, unreadable or another key's."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(data, dict) and data.get("key") == key and isinstance(data.get("splits"), dict)
+    return {name: s for name, s in data["splits"].items() if isinstance(s, int) and s >= 1} if ok else {}
+
+
+def time_splits(n: int, k: int, factors: list[int], dev: int, stream: cp.cuda.Stream) -> list[float]:
+    """µs per GEMV at M = 1 for each split-K factor (set in blas.gemv_split_choice while it is timed)."""
+    copies = max(1, -(-FLUSH_BYTES // (2 * n * k)))
+    x, y = cp.zeros((1, k), blas.BF16), cp.zeros((1, n), blas.BF16)
+    ws = [cp.zeros((n, k), blas.BF16) for _ in range(copies)]
+    times = []
+    for s in factors:
+        blas.gemv_split_choice[(dev, n, k)] = s
+        times.append(replay_us(lambda: [blas.gemv(x, w, y) for w in ws], stream) / copies)
+    return times
+
+
+def tune(shapes: Iterable[tuple[int, int]]) -> Tuned:
+    """A split-K factor in blas.gemv_split_choice for each bf16 weight (N, K) the GEMV can take, on the current
+    device; shapes chosen before are kept. Nothing where OPENINFER_GEMV_TUNE=0 or the GEMV is off. Its scratch goes
+    back to CuPy's pool, on a stream of its own: free_all_blocks() (backend.release_cached) returns it."""
+    if not (ENABLED and blas.GEMV_ENABLED):
+        return Tuned(0, 0, 0)
+    dev = cp.cuda.Device().id
+    resident = blas.gemv_resident(f"gemv_bf16_{blas.GEMV_VARIANT}")
+    key = device_key(dev)
+    path = cache_path(key)
+    saved = read_cache(path, key)
+    cached = timed = changed = 0
+    stream = cp.cuda.Stream(non_blocking=True)   # capturable, whatever stream is current
+    with stream:
+        for n, k in sorted({(n, k) for n, k in shapes if k % 8 == 0 and (dev, n, k) not in blas.gemv_split_choice}):
+            rule, name = blas.gemv_splits(n, k, resident), f"{n},{k}"
+            if name in saved:
+                cached += 1
+            else:
+                factors = candidates(n, k, rule)
+                times = time_splits(n, k, factors, dev, stream)
+                best = min(range(len(factors)), key=times.__getitem__)
+                saved[name] = factors[best] if times[best] < TOLERANCE * times[0] else rule
+                timed += 1
+            blas.gemv_split_choice[(dev, n, k)] = saved[name]
+            changed += saved[name] != rule
+        stream.synchronize()
+    if timed:
+        write_atomic(path, json.dumps({"key": key, "splits": saved}, indent=1, sort_keys=True).encode())
+    return Tuned(cached, timed, changed)
