@@ -18,6 +18,8 @@
 # call5: the GEMV's split-K factor per weight timed at start-up (gemv_tune.py): its GPU tests with the GEMV, decode
 #   and graph ones, the engines' GPU tests, bench latency against the baseline, start-up with empty and warm
 #   tuning caches.
+# call6: the start-up log names the shapes tuned off the rule; which they are (Qwen3, Qwen3.5), and the prefix hits and
+#   cold prefill of the final code.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -80,7 +82,13 @@ call5) BASE=$PWD/.whl/base; base() { PYTHONPATH=$BASE/core:$BASE/plugins/qwen3:$
        lat q35_b1 60 $Q35; base lat base_q35_b1 60 $Q35
        grep -h "GEMM tuning" $L/q3.log | head -2 | tee -a $S
        startup startup; grep -h "GEMM tuning" $L/startup_server.log | tee -a $S ;;
-*) echo "usage: $0 call1|call2|call3|call4|call5" >&2; exit 2 ;;
+call6) precompile
+       timeout 90 $T tests/kernels/test_cuda_ops.py -k "tuned" > $L/t_tuned.log 2>&1; say "tests tuned: $(tail -1 $L/t_tuned.log)"
+       lat q3_b1 60 $Q3B1; grep -h "GEMM tuning" $L/q3_b1.log | sed 's/.*RSS[^:]*: //' | tee -a $S
+       lat q35_b1 60 $Q35; grep -h "GEMM tuning" $L/q35_b1.log | sed 's/.*RSS[^:]*: //' | tee -a $S
+       timeout 150 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
+       say "prefix hit:"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S ;;
+*) echo "usage: $0 call1|call2|call3|call4|call5|call6" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .

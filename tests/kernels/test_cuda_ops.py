@@ -351,7 +351,7 @@ def test_gemv_tuned_splits(monkeypatch, tmp_path, gemv_kernels):
     assert (got.cached, got.timed) == (0, 4) and len(blas.gemv_split_choice) == 4
     first = dict(blas.gemv_split_choice)
     blas.gemv_split_choice.clear()
-    assert gemv_tune.tune(shapes) == gemv_tune.Tuned(4, 0, got.changed) and blas.gemv_split_choice == first
+    assert gemv_tune.tune(shapes) == gemv_tune.Tuned(4, 0, got.changes) and blas.gemv_split_choice == first
     rng = np.random.default_rng(12)
     for n, k in shapes:
         for m in (1, 8):

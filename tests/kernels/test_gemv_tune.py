@@ -58,7 +58,7 @@ def test_candidates_start_with_the_rule_and_respect_the_weight():
 
 def test_tune_keeps_the_fastest_unless_the_rule_is_as_good(tuning, tmp_path):
     got = gemv_tune.tune({QKV, GATE_UP, DOWN, (64, 36)})   # K % 8 != 0: not a GEMV shape
-    assert got == gemv_tune.Tuned(cached=0, timed=3, changed=2)
+    assert got == gemv_tune.Tuned(cached=0, timed=3, changes=("6144x2560 2->1", "19456x2560 1->5"))
     assert blas.gemv_split_choice == {(0, *QKV): 1, (0, *GATE_UP): 5, (0, *DOWN): 4}
     assert [f[0] for _, f in tuning] == [blas.gemv_splits(n, k, 6 * 132) for n, k in sorted((QKV, GATE_UP, DOWN))]
     saved = json.loads(next((tmp_path / "gemv_splits").glob("*.json")).read_text())
@@ -69,9 +69,10 @@ def test_a_warm_start_times_nothing(tuning):
     gemv_tune.tune({QKV, DOWN})
     blas.gemv_split_choice.clear()
     tuning.clear()
-    assert gemv_tune.tune({QKV, DOWN, GATE_UP}) == gemv_tune.Tuned(cached=2, timed=1, changed=2)
+    assert gemv_tune.tune({QKV, DOWN, GATE_UP}) == gemv_tune.Tuned(cached=2, timed=1,
+                                                                  changes=("6144x2560 2->1", "19456x2560 1->5"))
     assert [shape for shape, _ in tuning] == [GATE_UP]
-    assert gemv_tune.tune({QKV}) == gemv_tune.Tuned(0, 0, 0)   # chosen already in this process
+    assert gemv_tune.tune({QKV}) == gemv_tune.Tuned(0, 0)   # chosen already in this process
 
 
 def test_a_cache_of_another_key_or_unreadable_is_ignored(tmp_path):
@@ -85,5 +86,5 @@ def test_a_cache_of_another_key_or_unreadable_is_ignored(tmp_path):
 
 def test_off_tunes_nothing(tuning, monkeypatch, tmp_path):
     monkeypatch.setattr(gemv_tune, "ENABLED", False)
-    assert gemv_tune.tune({QKV}) == gemv_tune.Tuned(0, 0, 0)
+    assert gemv_tune.tune({QKV}) == gemv_tune.Tuned(0, 0)
     assert tuning == [] and blas.gemv_split_choice == {} and not (tmp_path / "gemv_splits").exists()

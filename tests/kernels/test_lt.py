@@ -203,13 +203,13 @@ def test_backend_tunes_every_decode_bucket(monkeypatch):
     from openinfer.kernels.cuda import gemv_tune
     calls = []
     monkeypatch.setattr(lt_tune, "tune", lambda ms, shapes: calls.append((ms, shapes)) or lt_tune.Tuned(90, 5, 95))
-    monkeypatch.setattr(gemv_tune, "tune", lambda shapes: calls.append(shapes) or gemv_tune.Tuned(3, 2, 1))
+    monkeypatch.setattr(gemv_tune, "tune", lambda shapes: calls.append(shapes) or gemv_tune.Tuned(3, 2, ("64x32 2->1",)))
     backend = SimpleNamespace(device=contextlib.nullcontext(), release_cached=lambda: calls.append("released"))
     detail = CudaBackend.tune_gemms(backend, SHAPES, 256)
     assert calls == [(buckets(256), SHAPES), SHAPES, "released"]
     assert len([m for m in buckets(256) if m > blas.GEMV_MAX_M]) == 19   # 95 GEMMs for Qwen3-4B's 5 weights
     assert detail == ("95 decode GEMM shapes on cuBLASLt (90 from the cache, 5 timed); GEMV split-K for 5 (3 from the "
-                      f"cache, 2 timed, 1 off the rule); of {len(SHAPES)} weight shapes")
+                      f"cache, 2 timed; off the rule: 64x32 2->1); of {len(SHAPES)} weight shapes")
 
 
 @pytest.fixture

@@ -192,7 +192,7 @@ class CudaBackend(Backend):
         lt_part = (f"{tuned.lt} decode GEMM shapes on cuBLASLt ({tuned.cached} from the cache, {tuned.timed} timed)"
                    if tuned.lt + tuned.timed else "cuBLASLt: none (OPENINFER_CUBLASLT=0, or no bf16 weights)")
         gemv_part = (f"GEMV split-K for {splits.cached + splits.timed} ({splits.cached} from the cache, {splits.timed} "
-                     f"timed, {splits.changed} off the rule)" if splits.cached + splits.timed else
+                     f"timed; off the rule: {', '.join(splits.changes) or 'none'})" if splits.cached + splits.timed else
                      "GEMV split-K: the rule (OPENINFER_GEMV_TUNE=0, or no bf16 weights)")
         return f"{lt_part}; {gemv_part}; of {len(shapes)} weight shapes"
 

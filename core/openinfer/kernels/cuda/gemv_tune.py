@@ -38,9 +38,9 @@ MIN_SPLIT_CHUNKS = 16           # 8-k chunks a split keeps at least: one per lan
 
 @dataclass(frozen=True)
 class Tuned:
-    cached: int    # shapes whose factor came from the cache
-    timed: int     # shapes timed now
-    changed: int   # of all these, shapes whose factor differs from the rule's
+    cached: int                    # shapes whose factor came from the cache
+    timed: int                     # shapes timed now
+    changes: tuple[str, ...] = ()  # of all these, those whose factor differs from the rule's: "NxK rule->chosen"
 
 
 def candidates(n: int, k: int, rule: int) -> list[int]:
@@ -91,13 +91,14 @@ def tune(shapes: Iterable[tuple[int, int]]) -> Tuned:
     device; shapes chosen before are kept. Nothing where OPENINFER_GEMV_TUNE=0 or the GEMV is off. Its scratch goes
     back to CuPy's pool, on a stream of its own: free_all_blocks() (backend.release_cached) returns it."""
     if not (ENABLED and blas.GEMV_ENABLED):
-        return Tuned(0, 0, 0)
+        return Tuned(0, 0)
     dev = cp.cuda.Device().id
     resident = blas.gemv_resident(f"gemv_bf16_{blas.GEMV_VARIANT}")
     key = device_key(dev)
     path = cache_path(key)
     saved = read_cache(path, key)
-    cached = timed = changed = 0
+    cached = timed = 0
+    changes = []
     stream = cp.cuda.Stream(non_blocking=True)   # capturable, whatever stream is current
     with stream:
         for n, k in sorted({(n, k) for n, k in shapes if k % 8 == 0 and (dev, n, k) not in blas.gemv_split_choice}):
@@ -111,8 +112,9 @@ def tune(shapes: Iterable[tuple[int, int]]) -> Tuned:
                 saved[name] = factors[best] if times[best] < TOLERANCE * times[0] else rule
                 timed += 1
             blas.gemv_split_choice[(dev, n, k)] = saved[name]
-            changed += saved[name] != rule
+            if saved[name] != rule:
+                changes.append(f"{n}x{k} {rule}->{saved[name]}")
         stream.synchronize()
     if timed:
         write_atomic(path, json.dumps({"key": key, "splits": saved}, indent=1, sort_keys=True).encode())
-    return Tuned(cached, timed, changed)
+    return Tuned(cached, timed, tuple(changes))
