@@ -20,6 +20,8 @@
 #   tuning caches.
 # call6: the start-up log names the shapes tuned off the rule; which they are (Qwen3, Qwen3.5), and the prefix hits and
 #   cold prefill of the final code.
+# call7: eager steps (1k cold prefill, eager one-token hit) with PDL for the GEMVs (the default) and without, twice:
+#   calls 4 and 6 measured them 5-6 ms slower than call 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -88,7 +90,13 @@ call6) precompile
        lat q35_b1 60 $Q35; grep -h "GEMM tuning" $L/q35_b1.log | sed 's/.*RSS[^:]*: //' | tee -a $S
        timeout 150 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
        say "prefix hit:"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S ;;
-*) echo "usage: $0 call1|call2|call3|call4|call5|call6" >&2; exit 2 ;;
+call7) precompile
+       for r in 1 2; do for pdl in default paged_decode,rope,add_rms_norm,rms_norm; do
+           env $([ $pdl = default ] || echo OPENINFER_PDL=$pdl) timeout 60 python3 scripts/gpu_prefix_hit.py --lengths 1024 \
+               --repeats 10 --gc-freeze > $L/hit_${r}_${pdl%%,*}.log 2>&1
+           say "PDL $pdl, round $r:"; grep "cold\|hit" $L/hit_${r}_${pdl%%,*}.log | grep -v pauses | tee -a $S
+       done; done ;;
+*) echo "usage: $0 call1|call2|call3|call4|call5|call6|call7" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .
