@@ -190,7 +190,8 @@ class CudaBackend(Backend):
             splits = gemv_tune.tune(shapes)
         self.release_cached()   # the timing scratch, held by CuPy's pool on the tuning streams
         lt_part = (f"{tuned.lt} decode GEMM shapes on cuBLASLt ({tuned.cached} from the cache, {tuned.timed} timed)"
-                   if tuned.lt + tuned.timed else "cuBLASLt: none (OPENINFER_CUBLASLT=0, or no bf16 weights)")
+                   if tuned.lt + tuned.timed else
+                   "cuBLASLt: none (no decode batch above the GEMV's rows, OPENINFER_CUBLASLT=0, or no bf16 weights)")
         gemv_part = (f"GEMV split-K for {splits.cached + splits.timed} ({splits.cached} from the cache, {splits.timed} "
                      f"timed; off the rule: {', '.join(splits.changes) or 'none'})" if splits.cached + splits.timed else
                      "GEMV split-K: the rule (OPENINFER_GEMV_TUNE=0, or no bf16 weights)")
