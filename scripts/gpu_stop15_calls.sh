@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The H200 calls of stop 15, as run (results: docs/benchmarks/h200-2026-12-04-stop15/).
-#   bash scripts/gpu_stop15_calls.sh call1|call2|call3   (server-stack wheels in .whl/, call3's baseline in .whl/base)
+#   bash scripts/gpu_stop15_calls.sh callN   (server-stack wheels in .whl/, baseline tree in .whl/base for calls 3-5)
+# Trees as run (the device's .git is stale and prints 4c74529): call1 1e5634f, call2 5708efd, call3 dfa72f5,
+# call4 b8e8535, call5 a0f612a, call6 db1d38d; call7 was written but not run (no device time left).
 # call1: decode attention with a fewest-keys-a-split (OPENINFER_DECODE_SPLIT_KEYS; the splits a short context does
 #   not use leave at once): its GPU tests, attn_bench over the keys, bench latency batch 1 per keys (Qwen3 and
 #   Qwen3.5); the 16k cold prefill per step token budget (1024, the old default, against 8192 and 16384).
