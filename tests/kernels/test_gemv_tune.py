@@ -62,7 +62,7 @@ def test_tune_keeps_the_fastest_unless_the_rule_is_as_good(tuning, tmp_path):
     assert blas.gemv_split_choice == {(0, *QKV): 1, (0, *GATE_UP): 5, (0, *DOWN): 4}
     assert [f[0] for _, f in tuning] == [blas.gemv_splits(n, k, 6 * 132) for n, k in sorted((QKV, GATE_UP, DOWN))]
     saved = json.loads(next((tmp_path / "gemv_splits").glob("*.json")).read_text())
-    assert saved == {"key": KEY, "splits": {"6144,2560": 1, "19456,2560": 5, "2560,9728": 4}}
+    assert saved == {"key": KEY, "choices": {"6144,2560": 1, "19456,2560": 5, "2560,9728": 4}}
 
 
 def test_a_warm_start_times_nothing(tuning):
@@ -77,11 +77,11 @@ def test_a_warm_start_times_nothing(tuning):
 
 def test_a_cache_of_another_key_or_unreadable_is_ignored(tmp_path):
     path = tmp_path / "x.json"
-    path.write_text(json.dumps({"key": KEY, "splits": {"6144,2560": 1, "bad": 0, "worse": "2"}}))
-    assert gemv_tune.read_cache(path, KEY) == {"6144,2560": 1}
-    assert gemv_tune.read_cache(path, {**KEY, "sources": "1" * 16}) == {}   # the kernel changed: timed again
+    path.write_text(json.dumps({"key": KEY, "choices": {"6144,2560": 1, "bad": 0, "worse": "2"}}))
+    assert gemv_tune.saved_splits(path, KEY) == {"6144,2560": 1}
+    assert gemv_tune.saved_splits(path, {**KEY, "sources": "1" * 16}) == {}   # the kernel changed: timed again
     path.write_text("{not json")
-    assert gemv_tune.read_cache(path, KEY) == {}
+    assert gemv_tune.saved_splits(path, KEY) == {}
 
 
 def test_off_tunes_nothing(tuning, monkeypatch, tmp_path):

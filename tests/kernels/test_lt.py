@@ -16,6 +16,7 @@ pytest.importorskip("cupy")
 from openinfer.backends.cuda_backend import CudaBackend  # noqa: E402
 from openinfer.backends.cuda_graphs import buckets  # noqa: E402
 from openinfer.kernels.cuda import blas, lt, lt_tune  # noqa: E402
+from openinfer.kernels.cuda import tuning as tuning_cache  # noqa: E402  (`tuning` is this file's fixture)
 from openinfer.testing.launch_check import FAKE_CP, aligned_empty  # noqa: E402
 
 BF16 = blas.BF16
@@ -138,9 +139,9 @@ def test_tune_times_then_reads_the_cache(tuning, monkeypatch, tmp_path):
     assert all(p.algo.data[0] == 3 and p.lay == ("layout", *key[1:]) for key, p in lt.plans.items())
     (path,) = (tmp_path / "gemm_algos").iterdir()
     saved = json.loads(path.read_text())
-    assert saved["key"] == tuning.key and sorted(saved["algos"]) == sorted(
+    assert saved["key"] == tuning.key and sorted(saved["choices"]) == sorted(
         f"{m},{n},{k},bf16" for n, k in SHAPES for m in (16, 24, 32))
-    assert bytes.fromhex(saved["algos"]["16,64,32,bf16"]) == bytes(lt.plans[(0, 16, 64, 32)].algo)
+    assert bytes.fromhex(saved["choices"]["16,64,32,bf16"]) == bytes(lt.plans[(0, 16, 64, 32)].algo)
     assert lt_tune.tune(buckets(32), SHAPES) == lt_tune.Tuned(0, 0, 6)   # planned shapes are kept as they are
 
     _restart(monkeypatch)
@@ -170,18 +171,18 @@ def test_another_gpu_or_library_times_again(tuning, monkeypatch, change):
 def test_cache_key_and_unreadable_files(monkeypatch, tmp_path):
     monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
     props = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "multiProcessorCount": 132}
-    monkeypatch.setattr(lt_tune, "cp", SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(
+    monkeypatch.setattr(tuning_cache, "cp", SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(
         getDeviceProperties=lambda dev: props))))
     key = lt_tune.device_key(0, SimpleNamespace(cublasLtGetVersion=lambda: 130802))
     assert key == {"gpu": "NVIDIA H200", "cc": "9.0", "sms": 132, "cublaslt": 130802}
-    path = lt_tune.cache_path(key)
-    assert path.parent == tmp_path / "gemm_algos" and path != lt_tune.cache_path({**key, "cublaslt": 130900})
-    assert lt_tune.read_cache(path, key) == {}   # missing
-    lt_tune.write_cache(path, key, {"16,64,32,bf16": "00" * 64})
-    assert lt_tune.read_cache(path, key) == {"16,64,32,bf16": "00" * 64}
-    assert lt_tune.read_cache(path, {**key, "sms": 66}) == {}   # a file of another key (hash collision)
+    path = tuning_cache.cache_path("gemm_algos", key)
+    assert path.parent == tmp_path / "gemm_algos" and path != tuning_cache.cache_path("gemm_algos", {**key, "cublaslt": 130900})
+    assert tuning_cache.read_choices(path, key) == {}   # missing
+    tuning_cache.write_choices(path, key, {"16,64,32,bf16": "00" * 64})
+    assert tuning_cache.read_choices(path, key) == {"16,64,32,bf16": "00" * 64}
+    assert tuning_cache.read_choices(path, {**key, "sms": 66}) == {}   # a file of another key (hash collision)
     path.write_text("{not json")
-    assert lt_tune.read_cache(path, key) == {}
+    assert tuning_cache.read_choices(path, key) == {}
     assert lt_tune.from_hex("zz") is None and lt_tune.from_hex("00" * 63) is None
     assert lt_tune.from_hex("01" + "00" * 63).data[0] == 1
 

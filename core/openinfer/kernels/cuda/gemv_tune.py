@@ -9,13 +9,12 @@ iterations and the split-K reduction interact there, which no simple rule captur
 HBM as in a decode step. It keeps the fastest unless the rule's own factor is within TOLERANCE of it. It runs in
 loader.py's "GEMM tuning" phase, before any graph is captured, so eager and graph steps use the same factor, and
 so does the SiLU-epilogue GEMV, which splits as the plain one on the same weight: the same bits either way.
-The cache is cache_root()/gemv_splits/<hash of the key>.json; the key is the GPU, its SM count, the kernel variant
-and the GEMV sources. OPENINFER_GEMV_TUNE=0 keeps the rule alone.
+The cache (tuning.py, folder gemv_splits) is keyed by the GPU, its SM count, the kernel variant and the GEMV
+sources. OPENINFER_GEMV_TUNE=0 keeps the rule alone.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +22,10 @@ from typing import Any, Iterable
 
 import cupy as cp
 
-from ...disk_cache import cache_root, write_atomic
 from . import blas
 from .compile import source_path
 from .module import COUNTER_SLOTS
-from .timing import replay_us
+from .tuning import cache_path, gpu_key, read_choices, replay_us, write_choices
 
 ENABLED = os.environ.get("OPENINFER_GEMV_TUNE", "1") != "0"
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8)
@@ -51,27 +49,15 @@ def candidates(n: int, k: int, rule: int) -> list[int]:
 
 
 def device_key(dev: int) -> dict[str, Any]:
-    props = cp.cuda.runtime.getDeviceProperties(dev)
+    """What a saved choice depends on: the GPU, the kernel variant and the GEMV's sources."""
     gemv = source_path("gemv")
     sources = gemv.read_text() + (gemv.parent / "common.cuh").read_text()
-    return {"gpu": props["name"].decode(), "cc": f"{props['major']}.{props['minor']}",
-            "sms": int(props["multiProcessorCount"]), "variant": blas.GEMV_VARIANT,
-            "sources": hashlib.sha256(sources.encode()).hexdigest()[:16]}
+    return {**gpu_key(dev), "variant": blas.GEMV_VARIANT, "sources": hashlib.sha256(sources.encode()).hexdigest()[:16]}
 
 
-def cache_path(key: dict[str, Any]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_root() / "gemv_splits" / f"{digest}.json"
-
-
-def read_cache(path: Path, key: dict[str, Any]) -> dict[str, int]:
-    """The saved "N,K" -> factor, or {} where the file is missing, unreadable or another key's."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    ok = isinstance(data, dict) and data.get("key") == key and isinstance(data.get("splits"), dict)
-    return {name: s for name, s in data["splits"].items() if isinstance(s, int) and s >= 1} if ok else {}
+def saved_splits(path: Path, key: dict[str, Any]) -> dict[str, int]:
+    """The saved "N,K" -> factor (tuning.read_choices), without entries that are not a factor."""
+    return {name: s for name, s in read_choices(path, key).items() if isinstance(s, int) and s >= 1}
 
 
 def time_splits(n: int, k: int, factors: list[int], dev: int, stream: cp.cuda.Stream) -> list[float]:
@@ -95,8 +81,8 @@ def tune(shapes: Iterable[tuple[int, int]]) -> Tuned:
     dev = cp.cuda.Device().id
     resident = blas.gemv_resident(f"gemv_bf16_{blas.GEMV_VARIANT}")
     key = device_key(dev)
-    path = cache_path(key)
-    saved = read_cache(path, key)
+    path = cache_path("gemv_splits", key)
+    saved = saved_splits(path, key)
     cached = timed = 0
     changes = []
     stream = cp.cuda.Stream(non_blocking=True)   # capturable, whatever stream is current
@@ -116,5 +102,5 @@ def tune(shapes: Iterable[tuple[int, int]]) -> Tuned:
                 changes.append(f"{n}x{k} {rule}->{saved[name]}")
         stream.synchronize()
     if timed:
-        write_atomic(path, json.dumps({"key": key, "splits": saved}, indent=1, sort_keys=True).encode())
+        write_choices(path, key, saved)
     return Tuned(cached, timed, tuple(changes))

@@ -2,25 +2,21 @@
 
 `tune` runs at start-up (loader.py's "GEMM tuning" phase), after the activation profile has recorded
 the bf16 (N, K) that blas.linear sees, and before any decode graph is captured. The cache file
-(cache_root()/gemm_algos/<hash of the key>.json) holds {"key": GPU name, compute capability, SM count,
-cuBLASLt version; "algos": {"M,N,K,bf16": the algorithm's 64 bytes in hex}}; a warm start checks each
+(tuning.py, folder gemm_algos) holds {"key": GPU name, compute capability, SM count, cuBLASLt version;
+"choices": {"M,N,K,bf16": the algorithm's 64 bytes in hex}}; a warm start checks each
 saved algorithm with cublasLtMatmulAlgoCheck (a host call) and times only shapes that fail or are new.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import cupy as cp
 
-from ...disk_cache import cache_root, write_atomic
 from . import blas, lt
 from .lt import Lt, MatmulAlgo, Plan
-from .timing import replay_us
+from .tuning import cache_path, gpu_key, read_choices, replay_us, write_choices
 
 HEURISTICS = 16                 # candidates asked of cublasLtMatmulAlgoGetHeuristic per shape
 FLUSH_BYTES = 128 << 20         # weight copies cycled per pass: > 2x the H200's 50 MB L2, so weights come from HBM
@@ -36,28 +32,8 @@ class Tuned:
 
 
 def device_key(dev: int, lib: Any) -> dict[str, Any]:
-    """What a saved choice depends on: the GPU (a MIG slice has fewer SMs) and the library version."""
-    props = cp.cuda.runtime.getDeviceProperties(dev)
-    return {"gpu": props["name"].decode(), "cc": f"{props['major']}.{props['minor']}",
-            "sms": int(props["multiProcessorCount"]), "cublaslt": int(lib.cublasLtGetVersion())}
-
-
-def cache_path(key: dict[str, Any]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_root() / "gemm_algos" / f"{digest}.json"
-
-
-def read_cache(path: Path, key: dict[str, Any]) -> dict[str, str]:
-    """The saved "M,N,K,dtype" -> hex algorithms, or {} where the file is missing, unreadable or another key's."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return dict(data.get("algos", {})) if isinstance(data, dict) and data.get("key") == key else {}
-
-
-def write_cache(path: Path, key: dict[str, Any], algos: dict[str, str]) -> None:
-    write_atomic(path, json.dumps({"key": key, "algos": algos}, indent=1, sort_keys=True).encode())
+    """What a saved choice depends on: the GPU and the library version."""
+    return {**gpu_key(dev), "cublaslt": int(lib.cublasLtGetVersion())}
 
 
 def from_hex(text: str) -> MatmulAlgo | None:
@@ -110,8 +86,8 @@ def tune(ms: Iterable[int], shapes: Iterable[tuple[int, int]]) -> Tuned:
     dev = cp.cuda.Device().id
     lt_ = _lts.get(dev) or _lts.setdefault(dev, Lt())
     key = device_key(dev, lt_.lib)
-    path = cache_path(key)
-    saved = read_cache(path, key)
+    path = cache_path("gemm_algos", key)
+    saved = read_choices(path, key)
     cached = timed = 0
     stream = cp.cuda.Stream(non_blocking=True)   # capturable, whatever stream is current
     with stream:   # the scratch too: CuPy's pool hands a freed block back only to its own stream
@@ -133,5 +109,5 @@ def tune(ms: Iterable[int], shapes: Iterable[tuple[int, int]]) -> Tuned:
             del buffers
         stream.synchronize()
     if timed:
-        write_cache(path, key, saved)
+        write_choices(path, key, saved)
     return Tuned(cached, timed, sum(1 for p in lt.plans if p[0] == dev))
