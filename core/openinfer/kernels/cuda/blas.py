@@ -1,8 +1,8 @@
 """`linear`: a tensor-core GEMV kernel (gemv.cu) for bf16 with M <= 8 rows, cublasGemmEx otherwise.
 
 The GEMV path (decode at small batch is weight-bandwidth bound, where cuBLAS reached ~72 % of HBM
-bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strides); split-K for
-weights with few rows, sized to one resident wave and reduced by the last CTA per tile (bit-
+bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strides); split-K by a
+factor per weight timed at start-up (gemv_tune.py; else one resident wave), reduced by the last CTA per tile (bit-
 deterministic, graph-safe). OPENINFER_GEMV=0 turns it off. Under programmatic dependent launch
 (pdl.py) its first weights are loaded while the previous kernel drains.
 `gemv_silu_mul` is the same GEMV with SwiGLU's silu(gate) * up in its epilogue (ops.linear_silu_mul).

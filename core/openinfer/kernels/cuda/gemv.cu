@@ -12,7 +12,7 @@
 // * U chunks per thread per iteration: 2U independent 16-byte weight loads in flight
 //   (ld.global.nc, no L1 allocation: w is streamed once), x by ordinary loads through L1 (it is
 //   tiny and read by every CTA).
-// * Split-K across CTAs (gridDim.y > 1, for N small against the SM count): each split stores its
+// * Split-K across CTAs (gridDim.y > 1; the factor per weight timed at start-up, gemv_tune.py): each split stores its
 //   fp32 partial tile to a workspace; the last CTA of a tile to arrive (a per-tile counter) sums
 //   the partials in split order (deterministic) and writes bf16, then resets the counter to 0,
 //   so the counters stay zero between launches and a CUDA graph replays cleanly.
