@@ -23,7 +23,8 @@
 # call6: the start-up log names the shapes tuned off the rule; which they are (Qwen3, Qwen3.5), and the prefix hits and
 #   cold prefill of the final code.
 # call7: eager steps (1k cold prefill, eager one-token hit) with PDL for the GEMVs (the default) and without, twice:
-#   calls 4 and 6 measured them 5-6 ms slower than call 2.
+#   calls 4 and 6 measured them 5-6 ms slower than call 2. Then Qwen3.5's GDN decode kernels (which call pdl_begin
+#   but are not in the default list) on PDL too, against the default, twice, and its GPU tests that way.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -97,7 +98,11 @@ call7) precompile
            env $([ $pdl = default ] || echo OPENINFER_PDL=$pdl) timeout 60 python3 scripts/gpu_prefix_hit.py --lengths 1024 \
                --repeats 10 --gc-freeze > $L/hit_${r}_${pdl%%,*}.log 2>&1
            say "PDL $pdl, round $r:"; grep "cold\|hit" $L/hit_${r}_${pdl%%,*}.log | grep -v pauses | tee -a $S
-       done; done ;;
+       done; done
+       GDN=gemv,paged_decode,rope,add_rms_norm,rms_norm,conv_update,gdn_gating,gdn_decode,gated_rms_norm,sigmoid_gate
+       for r in 1 2; do lat q35_b1_r$r 60 $Q35; OPENINFER_PDL=$GDN lat q35_b1_pdlgdn_r$r 60 $Q35; done
+       OPENINFER_PDL=$GDN timeout 200 $T plugins/qwen35/tests -k "cuda or gpu" > $L/t_q35_pdlgdn.log 2>&1
+       say "Qwen3.5 tests, GDN kernels on PDL: $(tail -1 $L/t_q35_pdlgdn.log)" ;;
 *) echo "usage: $0 call1|call2|call3|call4|call5|call6|call7" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
