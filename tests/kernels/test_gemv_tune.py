@@ -75,6 +75,13 @@ def test_a_warm_start_times_nothing(tuning):
     assert gemv_tune.tune({QKV}) == gemv_tune.Tuned(0, 0)   # chosen already in this process
 
 
+def test_a_saved_factor_the_weight_cannot_take_is_timed_again(tuning, tmp_path):
+    from openinfer.kernels.cuda import tuning as tuning_cache
+    tuning_cache.write_choices(tuning_cache.cache_path("gemv_splits", KEY), KEY, {"6144,2560": 40, "2560,9728": 4})
+    assert gemv_tune.tune({QKV, DOWN}) == gemv_tune.Tuned(cached=1, timed=1, changes=("6144x2560 2->1",))
+    assert [shape for shape, _ in tuning] == [QKV]
+
+
 def test_a_cache_of_another_key_or_unreadable_is_ignored(tmp_path):
     path = tmp_path / "x.json"
     path.write_text(json.dumps({"key": KEY, "choices": {"6144,2560": 1, "bad": 0, "worse": "2"}}))

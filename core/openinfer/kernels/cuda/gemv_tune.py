@@ -89,10 +89,10 @@ def tune(shapes: Iterable[tuple[int, int]]) -> Tuned:
     with stream:
         for n, k in sorted({(n, k) for n, k in shapes if k % 8 == 0 and (dev, n, k) not in blas.gemv_split_choice}):
             rule, name = blas.gemv_splits(n, k, resident), f"{n},{k}"
-            if name in saved:
+            factors = candidates(n, k, rule)
+            if saved.get(name) in factors:   # (a factor this weight cannot take, from an edited file: timed again)
                 cached += 1
             else:
-                factors = candidates(n, k, rule)
                 times = time_splits(n, k, factors, dev, stream)
                 best = min(range(len(factors)), key=times.__getitem__)
                 saved[name] = factors[best] if times[best] < TOLERANCE * times[0] else rule
