@@ -9,12 +9,11 @@ iterations and the split-K reduction interact there, which no simple rule captur
 HBM as in a decode step. It keeps the fastest unless the rule's own factor is within TOLERANCE of it. It runs in
 loader.py's "GEMM tuning" phase, before any graph is captured, so eager and graph steps use the same factor, and
 so does the SiLU-epilogue GEMV, which splits as the plain one on the same weight: the same bits either way.
-The cache (tuning.py, folder gemv_splits) is keyed by the GPU, its SM count, the kernel variant and the GEMV
-sources. OPENINFER_GEMV_TUNE=0 keeps the rule alone.
+The cache (tuning.py, folder gemv_splits) is keyed by the GPU, its SM count, the kernel variant and the compiled
+GEMV. OPENINFER_GEMV_TUNE=0 keeps the rule alone.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +22,13 @@ from typing import Any, Iterable
 import cupy as cp
 
 from . import blas
-from .compile import source_path
+from .compile import arch_for, compile_source
 from .module import COUNTER_SLOTS
-from .tuning import cache_path, gpu_key, read_choices, replay_us, write_choices
+from .tuning import cache_path, gpu_key, read_choices, replay_us, scratch, write_choices
 
 ENABLED = os.environ.get("OPENINFER_GEMV_TUNE", "1") != "0"
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8)
 TOLERANCE = 0.97                # another factor replaces the rule's only if at least 3 % faster
-FLUSH_BYTES = 128 << 20         # weight copies cycled per pass: > 2x the H200's 50 MB L2
 MIN_SPLIT_CHUNKS = 16           # 8-k chunks a split keeps at least: one per lane group of each of its 4 warps
 
 
@@ -49,10 +47,11 @@ def candidates(n: int, k: int, rule: int) -> list[int]:
 
 
 def device_key(dev: int) -> dict[str, Any]:
-    """What a saved choice depends on: the GPU, the kernel variant and the GEMV's sources."""
-    gemv = source_path("gemv")
-    sources = gemv.read_text() + (gemv.parent / "common.cuh").read_text()
-    return {**gpu_key(dev), "variant": blas.GEMV_VARIANT, "sources": hashlib.sha256(sources.encode()).hexdigest()[:16]}
+    """What a saved choice depends on: the GPU, the kernel variant and the compiled GEMV (its cubin's name carries
+    compile.py's hash of the sources, options and NVRTC version)."""
+    gpu = gpu_key(dev)
+    major, minor = (int(v) for v in gpu["cc"].split("."))
+    return {**gpu, "variant": blas.GEMV_VARIANT, "sources": compile_source("gemv", arch_for(major, minor)).stem}
 
 
 def saved_splits(path: Path, key: dict[str, Any]) -> dict[str, int]:
@@ -62,13 +61,11 @@ def saved_splits(path: Path, key: dict[str, Any]) -> dict[str, int]:
 
 def time_splits(n: int, k: int, factors: list[int], dev: int, stream: cp.cuda.Stream) -> list[float]:
     """µs per GEMV at M = 1 for each split-K factor (set in blas.gemv_split_choice while it is timed)."""
-    copies = max(1, -(-FLUSH_BYTES // (2 * n * k)))
-    x, y = cp.zeros((1, k), blas.BF16), cp.zeros((1, n), blas.BF16)
-    ws = [cp.zeros((n, k), blas.BF16) for _ in range(copies)]
+    x, ws, y = scratch(1, n, k)
     times = []
     for s in factors:
         blas.gemv_split_choice[(dev, n, k)] = s
-        times.append(replay_us(lambda: [blas.gemv(x, w, y) for w in ws], stream) / copies)
+        times.append(replay_us(lambda: [blas.gemv(x, w, y) for w in ws], stream) / len(ws))
     return times
 
 

@@ -16,10 +16,9 @@ import cupy as cp
 
 from . import blas, lt
 from .lt import Lt, MatmulAlgo, Plan
-from .tuning import cache_path, gpu_key, read_choices, replay_us, write_choices
+from .tuning import cache_path, gpu_key, read_choices, replay_us, scratch, write_choices
 
 HEURISTICS = 16                 # candidates asked of cublasLtMatmulAlgoGetHeuristic per shape
-FLUSH_BYTES = 128 << 20         # weight copies cycled per pass: > 2x the H200's 50 MB L2, so weights come from HBM
 Timer = Callable[[MatmulAlgo], float]   # an algorithm -> us per GEMM; raises RuntimeError where it cannot run
 _lts: dict[int, Lt] = {}
 
@@ -63,17 +62,10 @@ def fastest(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], timer: Timer) -> MatmulAl
 def graph_timer(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], x: cp.ndarray, ws: list[cp.ndarray], y: cp.ndarray,
                 stream: cp.cuda.Stream) -> Timer:
     """Times one pass over the weight copies `ws` (so weights come from HBM, as in a decode step) as a CUDA
-    graph replay (timing.py); µs per GEMM."""
+    graph replay (tuning.py); µs per GEMM."""
     def time_us(algo: MatmulAlgo) -> float:
         return replay_us(lambda: [lt_.matmul(algo, lay, x, w, y) for w in ws], stream) / len(ws)
     return time_us
-
-
-def scratch(m: int, n: int, k: int) -> tuple[cp.ndarray, list[cp.ndarray], cp.ndarray]:
-    """x[m, K], weight copies [N, K] adding up to FLUSH_BYTES (at least one) and y[m, N], zero-filled."""
-    copies = max(1, -(-FLUSH_BYTES // (2 * n * k)))
-    return (cp.zeros((m, k), blas.BF16), [cp.zeros((n, k), blas.BF16) for _ in range(copies)],
-            cp.zeros((m, n), blas.BF16))
 
 
 def tune(ms: Iterable[int], shapes: Iterable[tuple[int, int]]) -> Tuned:

@@ -13,8 +13,10 @@ from typing import Any, Callable
 import cupy as cp
 
 from ...disk_cache import cache_root, write_atomic
+from .module import BF16
 
-RUNS = 5   # timed replays after an eager pass and a first replay (median)
+RUNS = 5                  # timed replays after an eager pass and a first replay (median)
+FLUSH_BYTES = 128 << 20   # weight copies cycled per pass: > 2x the H200's 50 MB L2, so weights come from HBM
 
 
 def replay_us(one_pass: Callable[[], None], stream: cp.cuda.Stream, runs: int = RUNS) -> float:
@@ -34,6 +36,12 @@ def replay_us(one_pass: Callable[[], None], stream: cp.cuda.Stream, runs: int = 
         event.record(stream)
     events[-1].synchronize()
     return statistics.median(cp.cuda.get_elapsed_time(a, b) for a, b in zip(events, events[1:])) * 1e3
+
+
+def scratch(m: int, n: int, k: int) -> tuple[cp.ndarray, list[cp.ndarray], cp.ndarray]:
+    """x[m, K], weight copies [N, K] adding up to FLUSH_BYTES (at least one) and y[m, N], bf16 zeros."""
+    copies = max(1, -(-FLUSH_BYTES // (2 * n * k)))
+    return (cp.zeros((m, k), BF16), [cp.zeros((n, k), BF16) for _ in range(copies)], cp.zeros((m, n), BF16))
 
 
 def gpu_key(dev: int) -> dict[str, Any]:
