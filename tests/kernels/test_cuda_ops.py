@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cuda
 cp = require_gpu()
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from openinfer.kernels.cuda import ops  # noqa: E402  (imports cupy-dependent modules)
+from openinfer.kernels.cuda import blas, ops  # noqa: E402  (imports cupy-dependent modules)
 from openinfer.kernels.cuda.random_fill import fill_normal  # noqa: E402
 from test_attention_mma_emulation import shuffled_tables  # noqa: E402
 
@@ -299,7 +299,7 @@ def test_linear_gemv(m, n, k, gemv_calls):
     np.testing.assert_array_equal(host(ops.linear(xd, wd)), host(got))  # split-K sums in a fixed order
 
 
-@pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
+@pytest.mark.parametrize("variant", blas.GEMV_VARIANTS)
 def test_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_calls):
     """Every kernel variant the benchmark sweeps, eager with and without PDL, split-K and tails."""
     from openinfer.kernels.cuda import blas, pdl as pdl_mod
@@ -310,6 +310,21 @@ def test_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_calls):
         x, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
         close(ops.linear(dev(x, BF16), dev(w, BF16)), ref.linear(x, w), DTYPES["bfloat16"], scale=2)
     assert len(gemv_calls) == 4
+
+
+def test_gemv_early_weight_loads_keep_the_bits(pdl, monkeypatch):
+    """Loading 1, 2 or 3 iterations' weights before the PDL wait (u4, u4_p2, u4_p3) changes when the weights
+    arrive, not the order of the sums: the outputs are bit-identical, for both epilogues and short splits."""
+    rng = np.random.default_rng(5)
+    for m, n, k in ((1, 2560, 4096), (8, 2560, 9728), (3, 77, 1000), (2, 512, 264)):
+        xd, wd = dev(exact(rnd(rng, m, k), BF16), BF16), dev(exact(rnd(rng, n, k, scale=k ** -0.5), BF16), BF16)
+        outs = []
+        for variant in ("u4", "u4_p2", "u4_p3"):
+            monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
+            outs.append((host(ops.linear(xd, wd)), host(ops.linear_silu_mul(xd, wd[:n // 16 * 16]))))
+        for plain, fused in outs[1:]:
+            np.testing.assert_array_equal(plain, outs[0][0])
+            np.testing.assert_array_equal(fused, outs[0][1])
 
 
 def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
@@ -426,7 +441,7 @@ def test_linear_silu_mul_is_bitwise_the_two_ops(m, n, k, gemv_kernels):
     close(got, ref.linear_silu_mul(x, w), DTYPES["bfloat16"], scale=5)
 
 
-@pytest.mark.parametrize("variant", ["u2", "u4", "u8", "u4_o8"])
+@pytest.mark.parametrize("variant", blas.GEMV_VARIANTS)
 def test_fused_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_kernels):
     """The SiLU epilogue in every kernel variant, eager with and without PDL, split-K and not."""
     from openinfer.kernels.cuda import blas

@@ -53,6 +53,25 @@ __device__ __forceinline__ void warp_load_kv(bf16* stage, const bf16* kc, const 
     }
 }
 
+// Key `key` (row r of a stage the prologue filled before griddepcontrol.wait) copied again, by plain
+// coherent loads once the copies in flight have landed: the kernel before this one wrote it.
+template <int D>
+__device__ __forceinline__ void warp_reload_key(bf16* stage, const bf16* kc, const bf16* vc, const KvLayout& kv,
+                                                const int* table, int kvh, int key, int r) {
+    constexpr int LD = D + 8, VW = D / 8;
+    const int lane = threadIdx.x & 31;
+    const long long off = kv.offset(table, key, kvh, D);
+    cp_async_wait<0>();
+    __syncwarp();
+    for (int idx = lane; idx < 2 * VW; idx += 32) {
+        const int c = idx % VW;
+        const bool is_v = idx >= VW;
+        const uint4 val = __ldcg(reinterpret_cast<const uint4*>((is_v ? vc : kc) + off + c * 8));
+        *reinterpret_cast<uint4*>(stage + ((is_v ? DEC_BN : 0) + r) * LD + c * 8) = val;
+    }
+    __syncwarp();
+}
+
 // The A fragment of Q rows (heads) for k-step kk: this lane's words of rows gid and gid + 8
 // (null: a padding row, zeros), columns 16 kk + 2 tq (+ 8).
 __device__ __forceinline__ void q_fragment(unsigned int* a, const unsigned int* lo, const unsigned int* hi, int kk, int tq) {
@@ -85,11 +104,20 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     const int nall = kend > kbeg ? (kend - kbeg + DEC_BN - 1) / DEC_BN : 0;
     const int ntiles = nall > warp ? (nall - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
     bf16* ring = (bf16*)smem_raw + warp * C::RING;
+    // The prologue's K/V copies go out before griddepcontrol.wait (under PDL, while the kernel before this
+    // one still runs): the keys before L - 1 were written by earlier steps. Key L - 1, this step's, is
+    // being written by that kernel (rope_write_kv), so its row is copied again after the wait.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < ntiles)
             warp_load_kv<D>(ring + s * C::STAGE, kc, vc, kv, table, kvh, kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend);
         cp_async_commit();  // possibly empty: wait<STAGES - 1> below always means "tile t has landed"
+    }
+    pdl_begin();
+    if (kend == L) {
+        const int tile = (L - 1 - kbeg) / DEC_BN, s = tile / DEC_WARPS;
+        if (tile % DEC_WARPS == warp && s < STAGES - 1)
+            warp_reload_key<D>(ring + s * C::STAGE, kc, vc, kv, table, kvh, L - 1, (L - 1 - kbeg) % DEC_BN);
     }
 
     const bf16* qrow = q + (long long)q0 * q_stride + (long long)(kvh * G + g0) * D;
@@ -211,7 +239,7 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
         const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv, \
-        float scale, int num_splits, int min_split) { pdl_begin();                                              \
+        float scale, int num_splits, int min_split) {                                                           \
         decode_mma<D>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,            \
                       table_stride, qstart, ctx, out, part_o, part_m, part_l, counters, nh, nkv, scale,         \
                       num_splits, min_split);                                                                   \

@@ -23,9 +23,14 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
 
 // Programmatic dependent launch: on sm_90+ module.launch may start a kernel while the previous kernel
 // in the stream is still finishing, which hides launch latency and CTA ramp-up between the small
-// kernels of a decode step. Every kernel calls pdl_begin() before its first global memory access:
-// griddepcontrol.wait returns once the previous grid has completed and its writes are visible, then
-// launch_dependents lets the next kernel be scheduled. Launched without the attribute, both are no-ops.
+// kernels of a decode step. Every kernel calls pdl_begin() before it reads anything the previous kernel
+// may write: griddepcontrol.wait returns once the previous grid has completed and its writes are visible,
+// then launch_dependents lets the next kernel be scheduled. Launched without the attribute, both are no-ops.
+// Since every kernel triggers only after its own wait, a kernel starts after the one two places back has
+// completed: before its wait it may read what no kernel of the current step writes (weights, the step's
+// inputs, a layer's KV of earlier tokens or its recurrent state), and the decode kernels do (gemv.cu,
+// attention_decode.cu, the Qwen3.5 conv and delta-rule updates). A kernel must never trigger before its wait,
+// and some thread of every grid must wait (CTAs may leave early, but never all of them), or the chain breaks.
 __device__ __forceinline__ void pdl_begin() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -77,9 +77,12 @@ __device__ void conv_update(const T* x, long long x_stride, const T* w, float* s
     const bool live = has_state(query_start, context_lens, b);
     float* row = state + (long long)slots[b] * state_stride;
     float wk[CONV_K], win[CONV_K];
+    // the weights and this layer's state row (last written by this kernel a step ago) are read before
+    // griddepcontrol.wait, under PDL while the in_proj GEMV drains; x, that GEMV's output, after it
     load_weights(w, c, wk);
 #pragma unroll
     for (int j = 0; j < CONV_K - 1; ++j) win[j] = live ? row[j * C + c] : 0.f;
+    pdl_begin();
     win[CONV_K - 1] = to_f32(x[b * x_stride + c]);
     float acc = 0.f;
 #pragma unroll
@@ -104,7 +107,7 @@ __device__ void conv_update(const T* x, long long x_stride, const T* w, float* s
     }                                                                                                          \
     extern "C" __global__ void conv_update_##suffix(const T* x, long long x_stride, const T* w, float* state,   \
                                                     long long state_stride, const int* slots, const int* qs,  \
-                                                    const int* ctx, T* out, int C) { pdl_begin();              \
+                                                    const int* ctx, T* out, int C) {                           \
         conv_update<T>(x, x_stride, w, state, state_stride, slots, qs, ctx, out, C);                           \
     }
 

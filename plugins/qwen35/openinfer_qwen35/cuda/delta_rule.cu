@@ -37,16 +37,23 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
     __shared__ float sq[DK_MAX], sk[DK_MAX], red[DEC_WARPS][BV];
     const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j = blockIdx.x * BV + lane;
-    load_qk(q, q_stride, k, k_stride, b, h / (nv / nk), dk, sq, sk);
     const bool live = has_state(query_start, context_lens, b), col = j < dv;
     float* S = state + (long long)slots[b] * state_stride + (long long)h * dk * dv + j;
-    const float decay = expf(g[b * nv + h]);
+    // the state (last written by this kernel a step ago) is read before griddepcontrol.wait: under PDL
+    // its loads overlap the kernel before this one; q, k, v, g and beta are read after the wait
     float s[DEC_ROWS], kS = 0.f;
 #pragma unroll
     for (int r = 0; r < DEC_ROWS; ++r) {
         const int i = r * DEC_WARPS + warp;
-        s[r] = live && col && i < dk ? S[(long long)i * dv] * decay : 0.f;
-        kS += sk[i] * s[r];
+        s[r] = live && col && i < dk ? S[(long long)i * dv] : 0.f;
+    }
+    pdl_begin();
+    load_qk(q, q_stride, k, k_stride, b, h / (nv / nk), dk, sq, sk);
+    const float decay = expf(g[b * nv + h]);
+#pragma unroll
+    for (int r = 0; r < DEC_ROWS; ++r) {
+        s[r] *= decay;
+        kS += sk[r * DEC_WARPS + warp] * s[r];
     }
     red[warp][lane] = kS;
     __syncthreads();
@@ -362,7 +369,7 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
     extern "C" __global__ void gdn_decode_##suffix(                                                            \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
         const float* g, const float* beta, float* state, long long state_stride, const int* slots,             \
-        const int* qs, const int* ctx, T* out, int nk, int nv, int dk, int dv) { pdl_begin();                  \
+        const int* qs, const int* ctx, T* out, int nk, int nv, int dk, int dv) {                               \
         gdn_decode<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, state, state_stride, slots, qs, ctx,     \
                       out, nk, nv, dk, dv);                                                                     \
     }                                                                                                           \
