@@ -99,10 +99,9 @@ _handles: dict[int, _Handle] = {}
 # --- the small-M GEMV path (gemv.cu) ---------------------------------------------------------
 GEMV_MAX_M = 8
 GEMV_ENABLED = os.environ.get("OPENINFER_GEMV", "1") != "0"
-GEMV_VARIANTS = ("u2", "u4", "u4_p2", "u4_p3", "u8", "u4_o8")
+GEMV_VARIANTS = ("u2", "u4", "u8", "u4_o8")
 GEMV_VARIANT = os.environ.get("OPENINFER_GEMV_VARIANT", "u4")  # gemv.cu kernel gemv_bf16_<variant>: u2/u4/u8 = 2U
-                             # weight loads in flight per thread, _p2/_p3 = 2 or 3 iterations' weights loaded before
-                             # the PDL wait (1 otherwise), u4_o8 = u4 capped at 64 registers for 8 CTAs per SM
+                             # weight loads in flight per thread, u4_o8 = u4 capped at 64 registers for 8 CTAs per SM
 if GEMV_VARIANT not in GEMV_VARIANTS:
     raise ValueError(f"OPENINFER_GEMV_VARIANT={GEMV_VARIANT!r}: choose one of {', '.join(GEMV_VARIANTS)}")
 GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the resident CTA slots (one wave)

@@ -139,7 +139,7 @@ __device__ __forceinline__ bool reduce_splits(float4& s, float* __restrict__ par
 
 constexpr int WARPS = 4;
 
-template <int U, int P, typename XLoad, typename Epi>
+template <int U, typename XLoad, typename Epi>
 __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,
                                           float* __restrict__ partial, int* __restrict__ counters,
                                           int M, int chunks, const Epi& epi) {
@@ -154,37 +154,31 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
     // (branch-free loads keep the weight loads of one iteration in flight together)
     const XLoad xr(x + (long long)min(g, M - 1) * ldx, chunks);
 
-    // The first P iterations' weights are loaded into registers before griddepcontrol.wait: they do not
-    // depend on the previous kernel, so under PDL their latency hides behind its tail (without PDL the wait
-    // is a no-op and these are the loop's first iterations, the same operations in the same order).
+    // The first iteration's weights are loaded into registers before griddepcontrol.wait: they do not depend
+    // on the previous kernel, so under PDL their latency hides behind its tail (without PDL the wait is a
+    // no-op and this is the loop's first iteration, the same operations in the same order).
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     int base = lo;
-    const int early = min(P, (hi - lo) / (4 * U));
-    uint4 a0[P][U], b0[P][U];
+    const bool first = base + 4 * U <= hi;
+    uint4 a0[U], b0[U];
+    if (first) {
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-        if (p < early) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                a0[p][u] = ld_stream(wa + base + 4 * (p * U + u) + q);
-                b0[p][u] = ld_stream(wb + base + 4 * (p * U + u) + q);
-            }
+        for (int u = 0; u < U; ++u) {
+            a0[u] = ld_stream(wa + base + 4 * u + q);
+            b0[u] = ld_stream(wb + base + 4 * u + q);
         }
     }
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    if (first) {
+        uint4 xv[U];
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-        if (p < early) {
-            uint4 xv[U];
+        for (int u = 0; u < U; ++u) xv[u] = xr(base + 4 * u + q);
 #pragma unroll
-            for (int u = 0; u < U; ++u) xv[u] = xr(base + 4 * u + q);
-#pragma unroll
-            for (int u = 0; u < U; ++u) mma_bf16(acc, a0[p][u], b0[p][u], xv[u]);
-            base += 4 * U;
-        }
+        for (int u = 0; u < U; ++u) mma_bf16(acc, a0[u], b0[u], xv[u]);
+        base += 4 * U;
     }
     for (; base + 4 * U <= hi; base += 4 * U) {
         uint4 a[U], b[U], xv[U];
@@ -238,22 +232,19 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 // grid (tiles, splits), block 128. partial: fp32 [splits, tiles, 16 * 8] (unused when splits == 1),
 // counters: int32 [tiles], all zero on entry and left zero on exit; then the epilogue's arguments.
 // <prefix>_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
-// iteration in flight (with the default it sank them between the mmas, ~3 in flight); _p{P}: P iterations'
-// weights loaded before griddepcontrol.wait (1 otherwise); _o{B}: capped for B CTAs per SM (more warps,
-// fewer registers). EPI: the epilogue built from the trailing parameters.
-#define GEMV_KERNEL(NAME, U, P, MIN_BLOCKS, EPI, ...)                                                      \
+// iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
+// for B CTAs per SM (more warps, fewer registers). EPI: the epilogue built from the trailing parameters.
+#define GEMV_KERNEL(NAME, U, MIN_BLOCKS, EPI, ...)                                                         \
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
         const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,                           \
         float* __restrict__ partial, int* __restrict__ counters, int M, int chunks, __VA_ARGS__) {         \
-        gemv_tile<U, P, LoadX>(x, ldx, w, ldw, partial, counters, M, chunks, EPI);                         \
+        gemv_tile<U, LoadX>(x, ldx, w, ldw, partial, counters, M, chunks, EPI);                            \
     }
 #define GEMV_VARIANTS(PREFIX, EPI, ...)                        \
-    GEMV_KERNEL(PREFIX##_u2, 2, 1, 1, EPI, __VA_ARGS__)        \
-    GEMV_KERNEL(PREFIX##_u4, 4, 1, 1, EPI, __VA_ARGS__)        \
-    GEMV_KERNEL(PREFIX##_u4_p2, 4, 2, 1, EPI, __VA_ARGS__)     \
-    GEMV_KERNEL(PREFIX##_u4_p3, 4, 3, 1, EPI, __VA_ARGS__)     \
-    GEMV_KERNEL(PREFIX##_u8, 8, 1, 1, EPI, __VA_ARGS__)        \
-    GEMV_KERNEL(PREFIX##_u4_o8, 4, 1, 8, EPI, __VA_ARGS__)
+    GEMV_KERNEL(PREFIX##_u2, 2, 1, EPI, __VA_ARGS__)           \
+    GEMV_KERNEL(PREFIX##_u4, 4, 1, EPI, __VA_ARGS__)           \
+    GEMV_KERNEL(PREFIX##_u8, 8, 1, EPI, __VA_ARGS__)           \
+    GEMV_KERNEL(PREFIX##_u4_o8, 4, 8, EPI, __VA_ARGS__)
 
 // tiles = ceil(n / 16)
 GEMV_VARIANTS(gemv_bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
