@@ -8,6 +8,11 @@
 #   batch-1 decode per variant against the stop-15 tree, twice.
 # call2: Qwen3.5-4B batch 1 with the GDN kernels on PDL against the default and the stop-15 tree, twice; the eager
 #   cold-1k question of stop 15 (PDL for the GEMVs or not, twice); Qwen3-4B batch 32 / 128 against the stop-15 tree.
+# call3: the add + RMSNorm folded into the GEMV after it (add_rms_norm_linear, <= 4 rows): GPU tests (core kernels,
+#   Qwen3 engine, Qwen3.5), then Qwen3-4B batch 1 with it, without it (OPENINFER_NORM_GEMV_ROWS=0) and the stop-15
+#   tree, twice.
+# call4: the same for Qwen3.5-4B; batches 2 and 4 with and without; batches 32 / 128, prefix hits, cold prefill,
+#   start-up of the final code.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -36,7 +41,28 @@ call2) precompile; base precompile
            say "PDL $pdl, round $r:"; grep "cold\|hit" $L/hit_${r}_${pdl%%,*}.log | grep -v pauses | tee -a $S
        done; done
        lat q3 90 $Q3; base lat base_q3 90 $Q3 ;;
-*) echo "usage: $0 call1|call2" >&2; exit 2 ;;
+call3) precompile; base precompile
+       timeout 300 $T tests/kernels/test_cuda_ops.py tests/kernels/test_cuda_lt.py \
+           -k "norm or gemv or linear or decode or graph or tuned or lt" > $L/t_core.log 2>&1 &
+       timeout 300 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
+       timeout 300 $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1 &
+       wait
+       for f in core q3 q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -16 | tee -a $S
+       for r in 1 2; do
+           lat q3_b1_r$r 60 $Q3B1; OPENINFER_NORM_GEMV_ROWS=0 lat q3_b1_nofuse_r$r 60 $Q3B1; base lat base_q3_b1_r$r 60 $Q3B1
+       done ;;
+call4) precompile; base precompile
+       for r in 1 2; do
+           lat q35_b1_r$r 60 $Q35; OPENINFER_NORM_GEMV_ROWS=0 lat q35_b1_nofuse_r$r 60 $Q35; base lat base_q35_b1_r$r 60 $Q35
+       done
+       B24="--model qwen3-4b --batch-sizes 2,4 --input-lens 1024 --output-lens 64 --num-iters 2"
+       lat q3_b24 60 $B24; OPENINFER_NORM_GEMV_ROWS=0 lat q3_b24_nofuse 60 $B24
+       lat q3 90 $Q3; base lat base_q3 90 $Q3
+       timeout 150 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
+       say "prefix hit:"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S
+       startup startup ;;
+*) echo "usage: $0 call1|call2|call3|call4" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .

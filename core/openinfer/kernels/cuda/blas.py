@@ -178,7 +178,8 @@ def gemv_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
     return out
 
 
-NORM_FUSED_MAX_M = 4         # gemv.cu's NORM_MAX_M: every CTA normalises all the rows itself, so few rows only
+NORM_FUSED_MAX_M = min(4, int(os.environ.get("OPENINFER_NORM_GEMV_ROWS", "4")))  # gemv.cu's NORM_MAX_M at most: every
+                             # CTA normalises all the rows itself, so few rows only; 0 runs add_rms_norm and the GEMV apart
 NORM_FUSED_SMEM = 48 << 10   # the staged rows of x must fit the default dynamic shared memory
 
 
