@@ -13,6 +13,8 @@
 #   tree, twice.
 # call4: the same for Qwen3.5-4B; batches 2 and 4 with and without; batches 32 / 128, prefix hits, cold prefill,
 #   start-up of the final code.
+# call5 (call 3 measured batch 1 ~1 ms slower with the fold): the fold against the two ops per shape and in a
+#   36-layer chain (gemv_bench.py --norm), and Nsight Compute's per-kernel times of a batch-1 decode step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -62,7 +64,10 @@ call4) precompile; base precompile
        timeout 150 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 10 --gc-freeze > $L/prefix_hit.log 2>&1
        say "prefix hit:"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S
        startup startup ;;
-*) echo "usage: $0 call1|call2|call3|call4" >&2; exit 2 ;;
+call5) precompile
+       timeout 150 python3 scripts/gemv_bench.py --norm > $L/norm_bench.log 2>&1; say "norm fold:"; tail -12 $L/norm_bench.log | tee -a $S
+       ncu "qwen3-4b decode 1" ;;
+*) echo "usage: $0 call1|call2|call3|call4|call5" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .
