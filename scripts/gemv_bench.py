@@ -4,7 +4,6 @@
     python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill) on the chain
     python scripts/gemv_bench.py --splits   # only each Qwen3-4B/Qwen3.5-4B shape at M = 1 under every split-K factor
     python scripts/gemv_bench.py --fused    # only the SiLU-epilogue GEMV (linear_silu_mul) vs the two ops
-    python scripts/gemv_bench.py --norm     # only the add + RMSNorm folded into the GEMV (add_rms_norm_linear) vs apart
 
 Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s counts weight + x + y bytes.
 """
@@ -167,35 +166,6 @@ def fused_rows(ms=(1, 2, 4, 8)):
                   f"({(t2 - tf) / 36:.1f} us a layer)")
 
 
-def norm_rows(ms=(1, 2, 4)):
-    """Qwen3-4B's qkv and gate_up projections with the add + RMSNorm before them: add_rms_norm then the GEMV against
-    add_rms_norm_linear (one GEMV normalising its own x), PDL on, then 36 layers of (o, norm + gate_up, down,
-    norm + qkv) in one graph, each way."""
-    nw = cp.ones(H, dtype=bf)
-    apart = lambda a, r, w, silu: (ops.linear_silu_mul if silu else ops.linear)(ops.add_rms_norm(a, r, nw, 1e-6)[0], w)
-    fused = lambda a, r, w, silu: ops.add_rms_norm_linear(a, r, nw, 1e-6, w, silu)[0]
-    print(f"\n{'add + RMSNorm, then (K->N)':<34} {'M':>2} {'apart us':>9} {'fused us':>9}")
-    for name, silu in (("qkv", False), ("gate_up", True)):
-        k, n = SHAPES_4B[name]
-        copies = weight_copies(2 * n * k)
-        ws = [rand(n, k, scale=k ** -0.5) for _ in range(copies)]
-        for m in ms:
-            a, r = rand(m, k), rand(m, k)
-            row = [with_gemv(True, lambda: graph_us(lambda: [f(a, r, w, silu) for w in ws])) / copies for f in (apart, fused)]
-            print(f"{f'{name} {k}->{n}':<34} {m:>2} {row[0]:9.1f} {row[1]:9.1f}")
-        del ws
-    layers = [[rand(n, k, scale=k ** -0.5) for k, n in (SHAPES_4B[s] for s in ("qkv", "o", "gate_up", "down"))]
-              for _ in range(36)]
-    for m in ms:
-        attn, r = rand(m, NO), rand(m, H)
-
-        def chain(f):
-            for qkv, o, gate_up, down in layers:
-                f(ops.linear(f(ops.linear(attn, o), r, gate_up, True), down), r, qkv, False)
-        ta, tf = (with_gemv(True, lambda: graph_us(lambda: chain(f), reps=10)) for f in (apart, fused))
-        print(f"36-layer chain M={m} +PDL: apart {ta:8.0f} us, fused {tf:8.0f} us ({(ta - tf) / 72:.1f} us a norm)")
-
-
 def split_rows(shapes, splits=(1, 2, 3, 4, 5, 6, 8)):
     """us per call of each shape at M = 1, without PDL, with split-K forced to each factor (the rule's own first)."""
     rule = functools.partial(blas.gemv_splits, resident=blas.gemv_resident(f"gemv_bf16_{blas.GEMV_VARIANT}"))
@@ -225,9 +195,6 @@ SHAPES_35 = {"3.5 gdn in": (2560, 12352), "3.5 gdn out": (4096, 2560), "3.5 attn
 if __name__ == "__main__":
     if "--splits" in sys.argv:
         split_rows({**SHAPES_4B, **SHAPES_35})
-        sys.exit()
-    if "--norm" in sys.argv:
-        norm_rows()
         sys.exit()
     if "--fused" in sys.argv:
         fused_rows()

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The H200 calls of stop 16 (results: docs/benchmarks/h200-2026-12-04-stop16/).
 #   bash scripts/gpu_stop16_calls.sh callN   (server-stack wheels in .whl/, the stop-15 tree e9fd452 in .whl/base)
+# Trees as run (the device's .git is stale and prints e9fd452): call1 14838a4, call2 14838a4 (GDN list passed by
+# env), call3 b91ffa6, call5 0bd5a63 (the fold of calls 3 and 5 was then taken out, with gemv_bench.py --norm).
 # call1: decode kernels that read before griddepcontrol.wait what no kernel of the step writes (decode attention:
 #   its first K/V tiles, key L - 1 copied again after the wait; the Qwen3.5 conv and delta-rule updates: their
 #   state), and the GEMV loading 2 or 3 iterations' weights before the wait (OPENINFER_GEMV_VARIANT=u4_p2/u4_p3).

@@ -426,35 +426,6 @@ def test_linear_silu_mul_is_bitwise_the_two_ops(m, n, k, gemv_kernels):
     close(got, ref.linear_silu_mul(x, w), DTYPES["bfloat16"], scale=5)
 
 
-@pytest.mark.parametrize("silu", [False, True])
-@pytest.mark.parametrize("wdtype", [BF16, np.dtype(np.float32)])
-@pytest.mark.parametrize("m", [1, 2, 4, 5])
-def test_add_rms_norm_linear(m, wdtype, silu, pdl, monkeypatch, gemv_kernels):
-    """The add + RMSNorm folded into the GEMV (blas.gemv_add_rms_norm, up to 4 rows) against numpy, with and without
-    split-K: the new residual is bf16(x + residual) exactly, the output the projection of the normed rows (rounded
-    to bf16 as add_rms_norm stores them), the input residual untouched. 5 rows take the two ops."""
-    rng = np.random.default_rng(m)
-    dt = DTYPES["bfloat16"]
-    for n, k, splits in ((512, 2560, 3), (208, 264, 1), (6144, 2560, 1)):
-        monkeypatch.setattr(blas, "gemv_split_choice", {(cp.cuda.Device().id, n, k): splits})
-        x, res, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
-        nw = exact(1 + rnd(rng, k, scale=0.1), wdtype)
-        xd, rd, wd, nwd = dev(x, BF16), dev(res, BF16), dev(w, BF16), cp.asarray(nw.astype(wdtype))
-        gemv_kernels.clear()
-        y, new_res = ops.add_rms_norm_linear(xd, rd, nwd, 1e-6, wd, silu_mul=silu)
-        fused = m <= blas.NORM_FUSED_MAX_M
-        assert gemv_kernels[-1].endswith("addnorm" + ("_wf32" if wdtype != BF16 else "") + "_bf16") == fused
-        h = exact(x + res, BF16)
-        np.testing.assert_array_equal(host(new_res), h)
-        if fused:
-            np.testing.assert_array_equal(host(rd), res)
-        normed = exact(ref.rms_norm(h, nw, 1e-6), BF16)
-        want = ref.linear_silu_mul(normed, w) if silu else ref.linear(normed, w)
-        close(y, want, dt, scale=5 if silu else 2)
-        again, _ = ops.add_rms_norm_linear(xd, dev(res, BF16), nwd, 1e-6, wd, silu_mul=silu)
-        np.testing.assert_array_equal(host(again), host(y))   # split-K sums in a fixed order
-
-
 @pytest.mark.parametrize("variant", blas.GEMV_VARIANTS)
 def test_fused_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_kernels):
     """The SiLU epilogue in every kernel variant, eager with and without PDL, split-K and not."""

@@ -62,14 +62,6 @@ def linear_silu_mul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return silu_mul(linear(x, w))
 
 
-def add_rms_norm_linear(x: np.ndarray, residual: np.ndarray, norm_w: np.ndarray, eps: float, w: np.ndarray,
-                        silu_mul: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """The add + RMSNorm before a projection and the projection: (linear(h, w) or linear_silu_mul(h, w), residual)
-    for h, residual = add_rms_norm(x, residual, norm_w, eps) (one GEMV at decode on GPUs)."""
-    h, residual = add_rms_norm(x, residual, norm_w, eps)
-    return (linear_silu_mul(h, w) if silu_mul else linear(h, w)), residual
-
-
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
     """Scatter k/v [T, nkv, d] into paged caches [num_blocks, block_size, nkv, d] at the slots."""
     nb, bs = k_cache.shape[:2]
@@ -128,6 +120,6 @@ def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
-    for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "rope", "qk_norm_rope",
-                 "silu_mul", "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
+    for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
+                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

@@ -25,14 +25,9 @@ class GQAAttention:
         self.kv_group = kv_group
         self.scale = head_dim ** -0.5
 
-    @property
-    def in_proj(self) -> Array:
-        """The input projection's weight: the model applies it (fused with the norm before it) and passes the rows."""
-        return self.w.qkv
-
-    def __call__(self, qkv: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        """qkv: the normed hidden rows projected by `in_proj`, [T, (nh + 2 nkv) d]."""
-        T = qkv.shape[0]
+    def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
+        T = x.shape[0]
+        qkv = self.ops.linear(x, self.w.qkv)
         q_end, k_end = self.nh * self.d, (self.nh + self.nkv) * self.d
         q = qkv[:, :q_end].reshape(T, self.nh, self.d)
         k = qkv[:, q_end:k_end].reshape(T, self.nkv, self.d)

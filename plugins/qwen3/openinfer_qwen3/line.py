@@ -70,8 +70,8 @@ class Qwen3Line(ModelLine):
         return [StateGroup("kv", "paged", cfg.num_layers, {"k": kv, "v": kv})]
 
     def kernel_plan(self, cfg: Qwen3Config) -> list[str]:
-        return ["embedding", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "linear", "linear_silu_mul",
-                "rope_write_kv", "paged_attention", "gather_rows"]
+        return ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "rope_write_kv",
+                "paged_attention", "gather_rows"]
 
     def build(self, cfg: Qwen3Config, weights, backend, ops):
         from .model import Qwen3Model

@@ -51,16 +51,14 @@ class Qwen3Model(Model):
                 down=load(p + "mlp.down_proj.weight")))
 
     def forward(self, batch: ForwardBatch, state: StatePools) -> Array:
-        """Each add + RMSNorm runs with the projection after it (add_rms_norm_linear: one GEMV at decode)."""
-        ops, eps, layers = self.ops, self.cfg.rms_norm_eps, self.layers
-        residual = ops.embedding(self.embed, batch.token_ids)
-        qkv = ops.linear(ops.rms_norm(residual, layers[0].input_norm, eps), layers[0].attn.in_proj)
-        for i, layer in enumerate(layers):
-            a = layer.attn(qkv, batch, state)
-            h, residual = ops.add_rms_norm_linear(a, residual, layer.post_norm, eps, layer.gate_up, silu_mul=True)
-            m = ops.linear(h, layer.down)
-            if i + 1 < len(layers):
-                nxt = layers[i + 1]
-                qkv, residual = ops.add_rms_norm_linear(m, residual, nxt.input_norm, eps, nxt.attn.in_proj)
-        x, _ = ops.add_rms_norm(m, residual, self.norm, eps)
+        ops, eps = self.ops, self.cfg.rms_norm_eps
+        h = ops.embedding(self.embed, batch.token_ids)
+        residual = h
+        x = ops.rms_norm(h, self.layers[0].input_norm, eps)
+        for i, layer in enumerate(self.layers):
+            a = layer.attn(x, batch, state)
+            x, residual = ops.add_rms_norm(a, residual, layer.post_norm, eps)
+            m = ops.linear(ops.linear_silu_mul(x, layer.gate_up), layer.down)
+            next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            x, residual = ops.add_rms_norm(m, residual, next_norm, eps)
         return ops.linear(ops.gather_rows(x, batch.sample_rows), self.lm_head)

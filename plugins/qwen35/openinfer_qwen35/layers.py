@@ -31,15 +31,10 @@ class GatedDeltaNet:
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.conv_dim, self.eps = cfg.conv_dim, cfg.rms_norm_eps
 
-    @property
-    def in_proj(self) -> Array:
-        """The input projection's weight: the model applies it (fused with the norm before it) and passes the rows."""
-        return self.w.in_proj
-
-    def __call__(self, proj: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        """proj: the normed hidden rows projected by `in_proj`, [T, C + nv dv + 2 nv]."""
-        ops, T = self.ops, proj.shape[0]
+    def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
+        ops, T = self.ops, x.shape[0]
         nk, nv, dk, dv, C = self.nk, self.nv, self.dk, self.dv, self.conv_dim
+        proj = ops.linear(x, self.w.in_proj)
         z = proj[:, C:C + nv * dv].reshape(T, nv, dv)
         b, a = proj[:, C + nv * dv:C + nv * dv + nv], proj[:, C + nv * dv + nv:]
         conv_state = state.layer(GDN_GROUP, "conv", self.index)
@@ -62,9 +57,9 @@ class GatedAttention(GQAAttention):
     and a per-head output gate. `w.qkv` is fused as [q | k | v | gate] rows: the checkpoint's
     q_proj interleaves [q_h | gate_h] per head and is split at load."""
 
-    def __call__(self, qkvg: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        """qkvg: the normed hidden rows projected by `in_proj` ([q | k | v | gate] rows)."""
-        ops, T, nh, nkv, d = self.ops, qkvg.shape[0], self.nh, self.nkv, self.d
+    def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
+        ops, T, nh, nkv, d = self.ops, x.shape[0], self.nh, self.nkv, self.d
+        qkvg = ops.linear(x, self.w.qkv)
         q = qkvg[:, :nh * d].reshape(T, nh, d)
         k = qkvg[:, nh * d:(nh + nkv) * d].reshape(T, nkv, d)
         v = qkvg[:, (nh + nkv) * d:(nh + 2 * nkv) * d].reshape(T, nkv, d)

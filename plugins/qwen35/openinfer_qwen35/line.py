@@ -41,8 +41,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                                              "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
 }
 
-SHARED_OPS = ["embedding", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "linear", "linear_silu_mul",
-              "qk_norm_rope", "write_kv", "paged_attention", "gather_rows"]
+SHARED_OPS = ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "qk_norm_rope",
+              "write_kv", "paged_attention", "gather_rows"]
 
 
 class Qwen35Line(ModelLine):

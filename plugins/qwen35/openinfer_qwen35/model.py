@@ -84,16 +84,13 @@ class Qwen35Model(Model):
                 down=load(p + "mlp.down_proj.weight")))
 
     def forward(self, batch: ForwardBatch, state: StatePools) -> Array:
-        """Each add + RMSNorm runs with the projection after it (add_rms_norm_linear: one GEMV at decode)."""
-        ops, eps, layers = self.ops, self.cfg.rms_norm_eps, self.layers
+        ops, eps = self.ops, self.cfg.rms_norm_eps
         residual = ops.embedding(self.embed, batch.token_ids)
-        proj = ops.linear(ops.rms_norm(residual, layers[0].input_norm, eps), layers[0].mixer.in_proj)
-        for i, layer in enumerate(layers):
-            a = layer.mixer(proj, batch, state)
-            h, residual = ops.add_rms_norm_linear(a, residual, layer.post_norm, eps, layer.gate_up, silu_mul=True)
-            m = ops.linear(h, layer.down)
-            if i + 1 < len(layers):
-                nxt = layers[i + 1]
-                proj, residual = ops.add_rms_norm_linear(m, residual, nxt.input_norm, eps, nxt.mixer.in_proj)
-        x, _ = ops.add_rms_norm(m, residual, self.norm, eps)
+        x = ops.rms_norm(residual, self.layers[0].input_norm, eps)
+        for i, layer in enumerate(self.layers):
+            a = layer.mixer(x, batch, state)
+            x, residual = ops.add_rms_norm(a, residual, layer.post_norm, eps)
+            m = ops.linear(ops.linear_silu_mul(x, layer.gate_up), layer.down)
+            next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            x, residual = ops.add_rms_norm(m, residual, next_norm, eps)
         return ops.linear(ops.gather_rows(x, batch.sample_rows), self.lm_head)

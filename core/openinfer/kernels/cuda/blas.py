@@ -135,12 +135,11 @@ def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
             and x2.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
-def launch_gemv(kernel: str, x_args: tuple, m: int, w: cp.ndarray, epilogue: tuple, x_in_smem: bool = False,
-                variant: str | None = None) -> None:
-    """gemv.cu's `kernel`_<variant> (GEMV_VARIANT by default) over M rows of x and w[N, K] (caller checked
-    _gemv_usable): one CTA per 16 rows of w, the x source's arguments first, the epilogue's last. Split-K as the
-    plain GEMV would split this weight (its occupancy), so a fused variant sums in the same order: the same bits
-    before its epilogue. `x_in_smem`: the x source stages the M rows of x in shared memory."""
+def launch_gemv(kernel: str, x2: cp.ndarray, w: cp.ndarray, epilogue: tuple) -> None:
+    """gemv.cu's `kernel`_<GEMV_VARIANT> over x2[M, K] and w[N, K] (caller checked _gemv_usable): one CTA per
+    16 rows of w, the epilogue's own arguments last. Split-K as the plain GEMV would split this weight
+    (its occupancy), so a fused variant sums in the same order: the same bits before its epilogue."""
+    m = x2.shape[0]
     n, k = w.shape
     tuned = gemv_split_choice.get((cp.cuda.Device().id, n, k)) if gemv_split_choice else None
     splits = tuned or gemv_splits(n, k, gemv_resident(f"gemv_bf16_{GEMV_VARIANT}"))
@@ -149,19 +148,16 @@ def launch_gemv(kernel: str, x_args: tuple, m: int, w: cp.ndarray, epilogue: tup
         splits = 1
     tiles = -(-n // 16)
     partial = cp.empty(splits * tiles * 128, dtype=cp.float32) if splits > 1 else None
-    smem = m * k * 2 if x_in_smem else 0
-    launch("gemv", f"{kernel}_{variant or GEMV_VARIANT}", (tiles, splits), 128,
-           (*x_args, w, np.int64(w.strides[0] // 2), partial if partial is not None else NULL,
-            counters if splits > 1 else NULL, np.int32(m), np.int32(k // 8), *epilogue), smem)
-
-
-def _plain_x(x2: cp.ndarray) -> tuple:
-    return x2, np.int64(x2.strides[0] // 2 if x2.shape[0] > 1 else 0)
+    ldx = x2.strides[0] // 2 if m > 1 else 0
+    name = f"{kernel}_{GEMV_VARIANT}"
+    launch("gemv", name, (tiles, splits), 128,
+           (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), partial if partial is not None else NULL,
+            counters if splits > 1 else NULL, np.int32(m), np.int32(k // 8), *epilogue))
 
 
 def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
     """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
-    launch_gemv("gemv_bf16", _plain_x(x2), x2.shape[0], w, (out2, np.int64(out2.strides[0] // 2), np.int32(w.shape[0])))
+    launch_gemv("gemv_bf16", x2, w, (out2, np.int64(out2.strides[0] // 2), np.int32(w.shape[0])))
 
 
 def gemv_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
@@ -174,47 +170,8 @@ def gemv_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
         return None
     inter = w.shape[0] // 2
     out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
-    launch_gemv("gemv_silu_bf16", _plain_x(x2), m, w, (out, np.int64(inter), np.int32(inter)))
+    launch_gemv("gemv_silu_bf16", x2, w, (out, np.int64(inter), np.int32(inter)))
     return out
-
-
-NORM_FUSED_MAX_M = min(4, int(os.environ.get("OPENINFER_NORM_GEMV_ROWS", "4")))  # gemv.cu's NORM_MAX_M at most: every
-                             # CTA normalises all the rows itself, so few rows only; 0 runs add_rms_norm and the GEMV apart
-NORM_FUSED_SMEM = 48 << 10   # the staged rows of x must fit the default dynamic shared memory
-
-
-def gemv_add_rms_norm(x: cp.ndarray, residual: cp.ndarray, norm_w: cp.ndarray, eps: float, w: cp.ndarray,
-                      silu_mul: bool) -> tuple[cp.ndarray, cp.ndarray] | None:
-    """add_rms_norm then linear (or linear_silu_mul) as one GEMV whose CTAs normalise x themselves (gemv.cu's
-    AddNormX): (y, x + residual), the sum in a new array (residual is left as it was). None where it does not
-    apply: more than NORM_FUSED_MAX_M rows, the GEMV off or not usable, another variant than u4, strided rows."""
-    k = w.shape[1]
-    if x.ndim != 2 or residual.shape != x.shape or x.shape[1] != k or w.dtype != BF16:
-        return None
-    m = x.shape[0]
-    if (m > NORM_FUSED_MAX_M or GEMV_VARIANT != "u4" or residual.dtype != BF16 or norm_w.shape != (k,)
-            or norm_w.dtype not in (BF16, np.dtype(np.float32)) or not norm_w.flags.c_contiguous
-            or norm_w.data.ptr % 16 or x.strides[1] != 2 or residual.strides[1] != 2
-            or residual.strides[0] % 16 or residual.data.ptr % 16 or (silu_mul and w.shape[0] % 16)
-            or not _gemv_usable(x, w, m, k)):
-        return None
-    n = w.shape[0]
-    if m * k * 2 > NORM_FUSED_SMEM:
-        return None
-    if lt.recorded is not None:
-        lt.recorded.add((n, k))
-    res_out = cp.empty_like(x)
-    x_args = (x, np.int64(x.strides[0] // 2), residual, np.int64(residual.strides[0] // 2), norm_w, res_out,
-              np.float32(eps))
-    wf = "_wf32" if norm_w.dtype == np.float32 else ""
-    if silu_mul:
-        inter = n // 2
-        out = cp.empty((m, inter), dtype=x.dtype)
-        launch_gemv(f"gemv_silu_addnorm{wf}_bf16", x_args, m, w, (out, np.int64(inter), np.int32(inter)), True, "u4")
-    else:
-        out = cp.empty((m, n), dtype=x.dtype)
-        launch_gemv(f"gemv_addnorm{wf}_bf16", x_args, m, w, (out, np.int64(n), np.int32(n)), True, "u4")
-    return out, res_out
 
 
 def operands(x: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:

@@ -24,11 +24,10 @@
 //   against 3.52 (trigger after the wait) and 3.75 (before it: the next kernel's CTAs then wait through
 //   this whole GEMV), and an L2 prefetch of further weights before the wait cost more than it hid
 //   (docs/benchmarks/qwen3-4b-h200.md, stop 15). Without PDL both instructions are no-ops.
-// * The x source is a template parameter (PlainX reads x as given), the place where a step before the
-//   GEMV can be folded in. AddNormX folds in the add + RMSNorm before a projection (M <= 4): each CTA
-//   normalises the rows into shared memory once, after its wait. SiLU-and-multiply folded into the x loads
-//   was measured slower on the H200 (31 vs 17.5 us for the 4B down projection at M = 1): the 8 lane groups
-//   of the mma's B operand each recomputed the activation of their row, 8x redundant at M = 1.
+// * The x loader is a template parameter (LoadX reads x as given), the place where an elementwise
+//   step before the GEMV can be folded in. SiLU-and-multiply folded in this way was measured slower
+//   on the H200 (31 vs 17.5 us for the 4B down projection at M = 1): the 8 lane groups of the mma's B
+//   operand each recompute the activation of their row, 8x redundant at M = 1.
 // * The epilogue is a template parameter too: which rows of w a tile takes and what becomes of its
 //   final sums. An elementwise step after the GEMV is folded in there, where each value is computed
 //   once: StoreY (plain y), SiluMul (w = [gate; up], silu(gate) * up stored). The add + RMSNorm after
@@ -39,8 +38,6 @@
 #include "common.cuh"
 
 namespace {
-
-constexpr int WARPS = 4;   // a CTA: 4 warps over one 16-row tile
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 v;
@@ -60,119 +57,8 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
 // One 16-byte chunk c (8 consecutive k) of the B operand, from the x row of this lane's group.
 struct LoadX {
     const uint4* row;
+    __device__ LoadX(const bf16* x, int) : row(reinterpret_cast<const uint4*>(x)) {}
     __device__ uint4 operator()(int c) const { return ld_x(row + c); }
-};
-
-// --- x sources: where the B operand's rows come from. prepare(M, s_lo, s_hi) runs once per CTA right
-// after griddepcontrol.wait (this split's chunks are s_lo .. s_hi - 1); row(m) loads chunk c of x row m.
-
-struct PlainX {   // x as given
-    const bf16* x;
-    long long ldx;
-    __device__ void prepare(int, int, int) const {}
-    __device__ LoadX row(int m) const { return LoadX{reinterpret_cast<const uint4*>(x + m * ldx)}; }
-};
-
-constexpr int NORM_MAX_M = 4;   // rows AddNormX takes (blas.NORM_FUSED_MAX_M)
-
-struct SmemX {   // a row of x in shared memory
-    const uint4* row;
-    __device__ uint4 operator()(int c) const { return row[c]; }
-};
-
-// x = rms_norm(a + residual) * nw, the add_rms_norm (norm.cu) folded in: a + residual is rounded to bf16 as
-// norm.cu stores it, and x as its output. Every CTA reads the whole rows (2 M K bytes from L2, small beside its
-// weight tiles at M <= NORM_MAX_M) into shared memory ([M][K / 8] chunks), takes the sums of squares and
-// normalises its own split's chunks in place. CTA (0, 0) stores a + residual to res_out, a buffer of its own:
-// the other CTAs still read residual. The sums run in another order than norm.cu's, so x may differ from
-// add_rms_norm's in the last bit; eager and graph steps run the same kernel.
-template <typename W>
-struct AddNormX {
-    static constexpr int BATCH = 4;   // chunks a thread has in flight
-    const bf16* a;
-    long long lda;
-    const bf16* res;
-    long long ldr;
-    const W* nw;
-    bf16* res_out;
-    int K;
-    float eps;
-
-    __device__ void prepare(int M, int s_lo, int s_hi) const {
-        extern __shared__ __align__(16) uint4 gemv_xs[];
-        __shared__ float red[WARPS][NORM_MAX_M];
-        constexpr int T = WARPS * 32;
-        const int tid = threadIdx.x, chunks = K / 8;
-        const bool store = blockIdx.x == 0 && blockIdx.y == 0;
-        float ss[NORM_MAX_M], inv[NORM_MAX_M];
-#pragma unroll
-        for (int m = 0; m < NORM_MAX_M; ++m) {
-            ss[m] = 0.f;
-            if (m < M) {
-                const uint4* ar = reinterpret_cast<const uint4*>(a + m * lda);
-                const uint4* rr = reinterpret_cast<const uint4*>(res + m * ldr);
-                for (int c0 = tid; c0 < chunks; c0 += BATCH * T) {
-                    uint4 va[BATCH], vr[BATCH];
-#pragma unroll
-                    for (int u = 0; u < BATCH; ++u) {
-                        const int c = min(c0 + u * T, chunks - 1);
-                        va[u] = __ldcg(ar + c);
-                        vr[u] = __ldcg(rr + c);
-                    }
-#pragma unroll
-                    for (int u = 0; u < BATCH; ++u) {
-                        const int c = c0 + u * T;
-                        if (c < chunks) {
-                            float fa[8], fr[8];
-                            load_f32<8>(reinterpret_cast<const bf16*>(&va[u]), fa);
-                            load_f32<8>(reinterpret_cast<const bf16*>(&vr[u]), fr);
-#pragma unroll
-                            for (int j = 0; j < 8; ++j) {
-                                fa[j] = to_f32(from_f32<bf16>(fa[j] + fr[j]));
-                                ss[m] += fa[j] * fa[j];
-                            }
-                            store_f32<8>(reinterpret_cast<bf16*>(gemv_xs + m * chunks + c), fa);
-                            if (store) store_f32<8>(res_out + (long long)m * K + c * 8, fa);
-                        }
-                    }
-                }
-            }
-            ss[m] = warp_sum(ss[m]);
-        }
-        if ((tid & 31) == 0) {
-#pragma unroll
-            for (int m = 0; m < NORM_MAX_M; ++m) red[tid >> 5][m] = ss[m];
-        }
-        __syncthreads();
-#pragma unroll
-        for (int m = 0; m < NORM_MAX_M; ++m) {
-            float t = 0.f;
-#pragma unroll
-            for (int i = 0; i < WARPS; ++i) t += red[i][m];
-            inv[m] = 1.f / sqrtf(t / K + eps);
-        }
-#pragma unroll 2
-        for (int c = s_lo + tid; c < s_hi; c += T) {
-            float g[8];
-            load_f32<8>(nw + c * 8, g);
-#pragma unroll
-            for (int m = 0; m < NORM_MAX_M; ++m) {
-                if (m < M) {
-                    bf16* xc = reinterpret_cast<bf16*>(gemv_xs + m * chunks + c);
-                    float h[8];
-                    load_f32<8>(xc, h);
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) h[j] = h[j] * inv[m] * g[j];
-                    store_f32<8>(xc, h);
-                }
-            }
-        }
-        __syncthreads();
-    }
-    __device__ SmemX row(int m) const {
-        extern __shared__ __align__(16) uint4 gemv_xs[];
-        return SmemX{gemv_xs + m * (K / 8)};
-    }
 };
 
 __device__ __forceinline__ void mma_bf16(float* c, const uint4& a, const uint4& b, const uint4& xv) {
@@ -251,8 +137,10 @@ __device__ __forceinline__ bool reduce_splits(float4& s, float* __restrict__ par
     return true;
 }
 
-template <int U, typename XSrc, typename Epi>
-__device__ __forceinline__ void gemv_tile(const XSrc& xsrc, const bf16* __restrict__ w, long long ldw,
+constexpr int WARPS = 4;
+
+template <int U, typename XLoad, typename Epi>
+__device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,
                                           float* __restrict__ partial, int* __restrict__ counters,
                                           int M, int chunks, const Epi& epi) {
     const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
@@ -264,7 +152,7 @@ __device__ __forceinline__ void gemv_tile(const XSrc& xsrc, const bf16* __restri
     const uint4* wb = reinterpret_cast<const uint4*>(w + (long long)epi.row(tile, g + 8) * ldw);
     // B column g is output row m = g: groups g >= M read row M-1 and their columns are never stored
     // (branch-free loads keep the weight loads of one iteration in flight together)
-    const auto xr = xsrc.row(min(g, M - 1));
+    const XLoad xr(x + (long long)min(g, M - 1) * ldx, chunks);
 
     // The first iteration's weights are loaded into registers before griddepcontrol.wait: they do not depend
     // on the previous kernel, so under PDL their latency hides behind its tail (without PDL the wait is a
@@ -284,7 +172,6 @@ __device__ __forceinline__ void gemv_tile(const XSrc& xsrc, const bf16* __restri
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-    xsrc.prepare(M, s_lo, s_hi);
     if (first) {
         uint4 xv[U];
 #pragma unroll
@@ -351,7 +238,7 @@ __device__ __forceinline__ void gemv_tile(const XSrc& xsrc, const bf16* __restri
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
         const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,                           \
         float* __restrict__ partial, int* __restrict__ counters, int M, int chunks, __VA_ARGS__) {         \
-        gemv_tile<U>(PlainX{x, ldx}, w, ldw, partial, counters, M, chunks, EPI);                           \
+        gemv_tile<U, LoadX>(x, ldx, w, ldw, partial, counters, M, chunks, EPI);                            \
     }
 #define GEMV_VARIANTS(PREFIX, EPI, ...)                        \
     GEMV_KERNEL(PREFIX##_u2, 2, 1, EPI, __VA_ARGS__)           \
@@ -363,21 +250,3 @@ __device__ __forceinline__ void gemv_tile(const XSrc& xsrc, const bf16* __restri
 GEMV_VARIANTS(gemv_bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
 // tiles = inter / 8 (w: [2 inter, K])
 GEMV_VARIANTS(gemv_silu_bf16, (SiluMul{out, ldo, inter}), bf16* __restrict__ out, long long ldo, int inter)
-
-// The same GEMVs (variant u4) over x = rms_norm(a + residual) * nw (AddNormX), the add + RMSNorm before a
-// projection folded into its x loads; res_out [M, K] receives a + residual. Dynamic shared memory:
-// M * K * 2 bytes. _wf32: float32 norm weights (Qwen3.5's folded 1 + w).
-#define GEMV_NORM_KERNEL(NAME, W, EPI, ...)                                                                 \
-    extern "C" __global__ void __launch_bounds__(128, 1) NAME(                                             \
-        const bf16* a, long long lda, const bf16* res, long long ldr, const W* __restrict__ nw,           \
-        bf16* __restrict__ res_out, float eps, const bf16* __restrict__ w, long long ldw,                  \
-        float* __restrict__ partial, int* __restrict__ counters, int M, int chunks, __VA_ARGS__) {         \
-        gemv_tile<4>(AddNormX<W>{a, lda, res, ldr, nw, res_out, chunks * 8, eps}, w, ldw, partial,        \
-                     counters, M, chunks, EPI);                                                            \
-    }
-GEMV_NORM_KERNEL(gemv_addnorm_bf16_u4, bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
-GEMV_NORM_KERNEL(gemv_addnorm_wf32_bf16_u4, float, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
-GEMV_NORM_KERNEL(gemv_silu_addnorm_bf16_u4, bf16, (SiluMul{out, ldo, inter}), bf16* __restrict__ out, long long ldo,
-                 int inter)
-GEMV_NORM_KERNEL(gemv_silu_addnorm_wf32_bf16_u4, float, (SiluMul{out, ldo, inter}), bf16* __restrict__ out,
-                 long long ldo, int inter)

@@ -10,11 +10,11 @@ import cupy as cp
 import numpy as np
 
 from .attention import paged_attention
-from .blas import gemv_add_rms_norm, gemv_silu_mul, linear
+from .blas import gemv_silu_mul, linear
 from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
-__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "rope", "qk_norm_rope", "silu_mul",
-           "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
+__all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "linear_silu_mul",
+           "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
 
 
 def _threads(n: int, cap: int = 1024) -> int:
@@ -86,17 +86,6 @@ def add_rms_norm(x: cp.ndarray, residual: cp.ndarray, w: cp.ndarray, eps: float)
         launch("norm", f"add_rms_norm_{'v_' if v > 1 else ''}{sfx}", (x2.shape[0],), _threads(n // max(v, 4), 512),
                (x2, np.int64(xs), r2, np.int64(rs), w, out, np.int32(n), np.float32(eps)))
     return out, residual
-
-
-def add_rms_norm_linear(x: cp.ndarray, residual: cp.ndarray, norm_w: cp.ndarray, eps: float, w: cp.ndarray,
-                        silu_mul: bool = False) -> tuple[cp.ndarray, cp.ndarray]:
-    """(linear or linear_silu_mul)(add_rms_norm(x, residual, norm_w, eps)[0], w) and the new residual: at decode
-    (few rows) one GEMV that normalises its own x (blas.gemv_add_rms_norm), else the two ops."""
-    fused = gemv_add_rms_norm(x, residual, norm_w, eps, w, silu_mul)
-    if fused is not None:
-        return fused
-    h, residual = add_rms_norm(x, residual, norm_w, eps)
-    return (linear_silu_mul(h, w) if silu_mul else linear(h, w)), residual
 
 
 ROPE_WORDS_MIN_HEADS = 2048   # below this many heads a step is latency-bound: a warp per head finishes sooner
