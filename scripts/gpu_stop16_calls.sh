@@ -17,6 +17,8 @@
 #   start-up of the final code.
 # call5 (call 3 measured batch 1 ~1 ms slower with the fold): the fold against the two ops per shape and in a
 #   36-layer chain (gemv_bench.py --norm), and Nsight Compute's per-kernel times of a batch-1 decode step.
+# call6 (final code): GPU tests (core decode attention, GEMV, graphs; Qwen3 engine; Qwen3.5), bench latency against
+#   the stop-15 tree (Qwen3 1/32/128, Qwen3.5 batch 1), prefix hits and cold prefill, start-up.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -69,7 +71,20 @@ call4) precompile; base precompile
 call5) precompile
        timeout 150 python3 scripts/gemv_bench.py --norm > $L/norm_bench.log 2>&1; say "norm fold:"; tail -12 $L/norm_bench.log | tee -a $S
        ncu "qwen3-4b decode 1" ;;
-*) echo "usage: $0 call1|call2|call3|call4|call5" >&2; exit 2 ;;
+call6) precompile; base precompile
+       timeout 230 $T tests/kernels/test_cuda_ops.py -k "decode or attention or gemv or linear or graph or tuned" \
+           > $L/t_core.log 2>&1 &
+       timeout 230 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
+       timeout 230 $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1 &
+       wait
+       for f in core q3 q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -16 | tee -a $S
+       lat q3 80 $Q3; base lat base_q3 80 $Q3
+       lat q35_b1 50 $Q35; base lat base_q35_b1 50 $Q35
+       timeout 100 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix_hit.log 2>&1
+       say "prefix hit:"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S
+       startup startup ;;
+*) echo "usage: $0 call1|call2|call3|call4|call5|call6" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .
