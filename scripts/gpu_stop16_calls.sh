@@ -19,6 +19,8 @@
 #   36-layer chain (gemv_bench.py --norm), and Nsight Compute's per-kernel times of a batch-1 decode step.
 # call6 (final code): GPU tests (core decode attention, GEMV, graphs; Qwen3 engine; Qwen3.5), bench latency against
 #   the stop-15 tree (Qwen3 1/32/128, Qwen3.5 batch 1), prefix hits and cold prefill, start-up.
+# call7: the RMSNorm kernels keep a one-pass row in registers across the block sum and load their weights before
+#   griddepcontrol.wait: GPU tests (norm kernels; Qwen3 engine; Qwen3.5), batch-1 decode against the stop-15 tree.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -84,7 +86,15 @@ call6) precompile; base precompile
        timeout 100 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix_hit.log 2>&1
        say "prefix hit:"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S
        startup startup ;;
-*) echo "usage: $0 call1|call2|call3|call4|call5|call6" >&2; exit 2 ;;
+call7) precompile; base precompile
+       timeout 200 $T tests/kernels/test_cuda_ops.py -k "norm or graph" > $L/t_core.log 2>&1 &
+       timeout 200 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
+       timeout 200 $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1 &
+       wait
+       for f in core q3 q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -16 | tee -a $S
+       lat q3_b1 45 $Q3B1; base lat base_q3_b1 45 $Q3B1; lat q35_b1 45 $Q35; base lat base_q35_b1 45 $Q35 ;;
+*) echo "usage: $0 call1|call2|call3|call4|call5|call6|call7" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .
