@@ -86,14 +86,14 @@ call6) precompile; base precompile
        timeout 100 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix_hit.log 2>&1
        say "prefix hit:"; grep "budget\|cold\|hit \|pauses" $L/prefix_hit.log | tee -a $S
        startup startup ;;
-call7) precompile; base precompile
-       timeout 200 $T tests/kernels/test_cuda_ops.py -k "norm or graph" > $L/t_core.log 2>&1 &
-       timeout 200 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
-       timeout 200 $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1 &
+call7) precompile; base precompile &
+       timeout 170 $T tests/kernels/test_cuda_ops.py -k "norm or graph" > $L/t_core.log 2>&1 &
+       timeout 170 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
+       timeout 170 $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1 &
        wait
        for f in core q3 q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
        grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -16 | tee -a $S
-       lat q3_b1 45 $Q3B1; base lat base_q3_b1 45 $Q3B1; lat q35_b1 45 $Q35; base lat base_q35_b1 45 $Q35 ;;
+       lat q3_b1 40 $Q3B1; base lat base_q3_b1 40 $Q3B1; lat q35_b1 40 $Q35 ;;
 *) echo "usage: $0 call1|call2|call3|call4|call5|call6|call7" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
