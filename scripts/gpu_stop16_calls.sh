@@ -21,6 +21,9 @@
 #   the stop-15 tree (Qwen3 1/32/128, Qwen3.5 batch 1), prefix hits and cold prefill, start-up.
 # call7: the RMSNorm kernels keep a one-pass row in registers across the block sum and load their weights before
 #   griddepcontrol.wait: GPU tests (norm kernels; Qwen3 engine; Qwen3.5), batch-1 decode against the stop-15 tree.
+# call8 (warm, right after call 7): batch-1 decode against the stop-15 tree, twice more.
+# call9 (warm): batch-1 decode with the norm change against the tree just before it (dfd6097 in .whl/base2), three
+#   times for Qwen3-4B and twice for Qwen3.5-4B.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -94,7 +97,12 @@ call7) precompile; base precompile &
        for f in core q3 q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
        grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -16 | tee -a $S
        lat q3_b1 40 $Q3B1; base lat base_q3_b1 40 $Q3B1; lat q35_b1 40 $Q35 ;;
-*) echo "usage: $0 call1|call2|call3|call4|call5|call6|call7" >&2; exit 2 ;;
+call8) for r in 1 2; do lat q3_b1_r$r 35 $Q3B1; base lat base_q3_b1_r$r 35 $Q3B1; done; lat q35_b1_r2 40 $Q35 ;;
+call9) B2=$PWD/.whl/base2; b2() { PYTHONPATH=$B2/core:$B2/plugins/qwen3:$B2/plugins/qwen35:/tmp/site "$@"; }
+       b2 precompile
+       for r in 1 2 3; do lat q3_b1_r$r 35 $Q3B1; b2 lat nonorm_q3_b1_r$r 35 $Q3B1; done
+       for r in 1 2; do lat q35_b1_r$r 40 $Q35; b2 lat nonorm_q35_b1_r$r 40 $Q35; done ;;
+*) echo "usage: $0 call1|...|call9" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
 tar -C $L -czf $R/logs.tgz .
