@@ -67,18 +67,32 @@ def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, spli
     lo = [qrow + g * D if g < gc else None for g in GID]
     hi = [qrow + (g + 8) * D if g + 8 < gc else None for g in GID]
     merged = []
+    # Every warp's prologue copies go out before griddepcontrol.wait, while rope_write_kv still writes key L - 1:
+    # they see that row as garbage (NaN here). After the wait the warp holding it in its prologue copies it again.
+    new = offset(L - 1)
+    written = kflat[new: new + D].copy(), vflat[new: new + D].copy()
+    kflat[new: new + D] = vflat[new: new + D] = np.nan
+    ntiles = [(nall - warp + DEC_WARPS - 1) // DEC_WARPS if nall > warp else 0 for warp in range(DEC_WARPS)]
     for warp in range(DEC_WARPS):
-        ntiles = (nall - warp + DEC_WARPS - 1) // DEC_WARPS if nall > warp else 0
-        ring = warp * RING
         for s in range(S - 1):
-            if s < ntiles:
-                warp_load_kv(smem, ring + s * STAGE, kflat, vflat, offset, kbeg + (warp + s * DEC_WARPS) * DEC_BN,
-                             kend, D)
+            if s < ntiles[warp]:
+                warp_load_kv(smem, warp * RING + s * STAGE, kflat, vflat, offset,
+                             kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend, D)
+    kflat[new: new + D], vflat[new: new + D] = written   # griddepcontrol.wait: the kernel before has finished
+    if kend == L:   # warp_reload_key
+        tile = (L - 1 - kbeg) // DEC_BN
+        warp, s, r = tile % DEC_WARPS, tile // DEC_WARPS, (L - 1 - kbeg) % DEC_BN
+        if s < S - 1:
+            stage = warp * RING + s * STAGE
+            smem[stage + r * LD: stage + r * LD + D] = kflat[new: new + D]
+            smem[stage + (DEC_BN + r) * LD: stage + (DEC_BN + r) * LD + D] = vflat[new: new + D]
+    for warp in range(DEC_WARPS):
+        ring = warp * RING
         qf = [q_fragment(q, lo, hi, kk) for kk in range(KC)]
         o, m, l = np.zeros((32, DT, 4)), np.full((32, 2), -np.inf), np.zeros((32, 2))
-        for t in range(ntiles):
+        for t in range(ntiles[warp]):
             pre = t + S - 1
-            if pre < ntiles:
+            if pre < ntiles[warp]:
                 warp_load_kv(smem, ring + (pre % S) * STAGE, kflat, vflat, offset,
                              kbeg + (warp + pre * DEC_WARPS) * DEC_BN, kend, D)
             kt = ring + (t % S) * STAGE
