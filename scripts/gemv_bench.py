@@ -121,7 +121,7 @@ def chain_rows(sweep=False):
           f"floor {floor:.0f} us at {FLOOR_BW / 1e12:.1f} TB/s (graph-replayed)")
     configs = [("cuBLAS", False, {"pdl_on": False}), ("GEMV", True, {"pdl_on": False}), ("GEMV + PDL", True, {})]
     if sweep:
-        for variant in ("u2", "u4", "u8", "u4_o8"):
+        for variant in blas.GEMV_VARIANTS:
             for fill, min_k in ((0.5, 1024), (1.0, 1024), (1.0, 512), (2.0, 512), (2.0, 256), (4.0, 256)):
                 configs.append((f"{variant} fill={fill} min_split_k={min_k}", True,
                                 {"pdl_on": False, "GEMV_VARIANT": variant, "GEMV_FILL": fill,

@@ -2,9 +2,10 @@
 programmatic-stream-serialization attribute, which CuPy's RawKernel cannot set.
 
 With it, a kernel may be scheduled while the previous kernel in the stream is still finishing; it
-blocks in `griddepcontrol.wait` (pdl_begin() in common.cuh, which every kernel calls first) until
-that kernel has completed and its writes are visible. What this buys is the gap between two
-kernels: launch latency, CTA ramp-up and, for the GEMV, its first weight loads before the wait.
+blocks in `griddepcontrol.wait` (pdl_begin() in common.cuh, called before the kernel reads anything the
+previous kernel may write; the rule is stated there) until that kernel has completed and its writes are
+visible. What this buys is the gap between two kernels: launch latency, CTA ramp-up and the reads a
+kernel makes before its wait (weights, earlier tokens' K/V, recurrent state).
 A decode step is hundreds of few-microsecond kernels, so the gaps are a large share of it. CUDA
 graph capture records the launches as programmatic edges.
 
@@ -48,7 +49,8 @@ def parse_setting(value: str) -> tuple[bool, tuple[str, ...] | None]:
     return True, tuple(p.strip() for p in value.split(",") if p.strip())
 
 
-DEFAULT_KERNELS = "gemv,paged_decode,rope,add_rms_norm,rms_norm,conv_update,gdn_gating,gdn_decode,gated_rms_norm,sigmoid_gate"
+DEFAULT_KERNELS = ("gemv,paged_decode,rope,add_rms_norm,rms_norm,"
+                   "conv_update,gdn_gating,gdn_decode,gated_rms_norm,sigmoid_gate")   # (Qwen3.5's GDN decode kernels)
 ENABLED, KERNELS = parse_setting(os.environ.get("OPENINFER_PDL", DEFAULT_KERNELS))
 MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)
 MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
