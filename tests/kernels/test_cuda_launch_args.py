@@ -28,13 +28,13 @@ def launches(monkeypatch):
     monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
     monkeypatch.setattr(attention_decode, "blocks_per_sm", lambda *a: 4)
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
+    monkeypatch.setattr(blas, "clusters_supported", lambda: True)
     monkeypatch.setattr(attention, "_hopper", lambda: False)   # it asks the (absent) GPU; tests that want sm_90 say so
     counters = {}   # raw device memory in real life: one region per purpose
 
     def arrival_counters(purpose):
         return counters.setdefault(purpose, aligned_empty((module.COUNTER_SLOTS,), np.int32))
-    for m in (blas, attention_decode):
-        monkeypatch.setattr(m, "arrival_counters", arrival_counters)
+    monkeypatch.setattr(attention_decode, "arrival_counters", arrival_counters)
     return recorded
 
 
@@ -208,7 +208,8 @@ def test_linear_silu_mul_launches(launches, cublas, m, n, k):
         return
     (call,) = launches
     assert call.name == f"gemv_silu_bf16_{blas.GEMV_VARIANT}"
-    assert call.grid == (n // 16, blas.gemv_splits(n, k, 4 * 132))
+    splits = blas.gemv_splits(n, k, 4 * 132)
+    assert call.grid == (n // 16, splits) and call.cluster == ((1, splits, 1) if splits > 1 else None)
     assert call.args[-1] == n // 2 and call.args[-3] is out
 
 
@@ -223,8 +224,9 @@ def test_gemv_takes_the_tuned_split_for_its_weight(launches, monkeypatch):
     ops.linear(x, aligned_empty((19456, 2560), BF16))
     ops.linear_silu_mul(x, aligned_empty((19456, 2560), BF16))
     ops.linear(x2, aligned_empty((2560, 9728), BF16))
-    assert [c.grid for c in launches] == [(1216, 5), (1216, 5), (160, blas.gemv_splits(2560, 9728, 4 * 132))]
-    assert launches[0].args[4] is not module.NULL and launches[1].args[5] is not module.NULL   # workspace, counters
+    rule = blas.gemv_splits(2560, 9728, 4 * 132)
+    assert [c.grid for c in launches] == [(1216, 5), (1216, 5), (160, rule)]
+    assert [c.cluster for c in launches] == [(1, 5, 1), (1, 5, 1), (1, rule, 1)]   # a tile's splits: one cluster
 
 
 def test_linear_silu_mul_needs_whole_8_row_tiles(launches):
