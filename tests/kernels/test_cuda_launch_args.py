@@ -156,6 +156,29 @@ def test_pdl_setting_names_kernels(monkeypatch):
     assert not pdl.enabled("gemv_bf16_u4")
 
 
+@pytest.mark.parametrize("pdl_on,cluster", [(True, None), (False, (1, 4, 1)), (True, (1, 8, 1))])
+def test_launch_ex_attributes(monkeypatch, pdl_on, cluster):
+    """pdl.launch hands cuLaunchKernelEx one attribute per feature asked for: programmatic stream serialization
+    (id 6, value 1) and the cluster dimension (id 4, x y z), and nothing left over from an earlier launch."""
+    seen = []
+
+    def launch_ex(cfg, fn, params, extra):
+        c = cfg._obj
+        seen.append((tuple(c.grid), c.num_attrs, [(c.attrs[i].id, tuple(c.attrs[i].value[:3]))
+                                                  for i in range(c.num_attrs)]))
+        return 0
+    monkeypatch.setattr(pdl, "driver", lambda: SimpleNamespace(cuLaunchKernelEx=launch_ex))
+    monkeypatch.setattr(pdl, "cp", SimpleNamespace(cuda=SimpleNamespace(
+        get_current_stream=lambda: SimpleNamespace(ptr=7))))
+    pdl.launch(1, (160, 4), 128, (np.int32(3),), 0, pdl_on=True, cluster=(1, 2, 1))   # an earlier launch
+    pdl.launch(1, (160, 8), 128, (np.int32(3),), 0, pdl_on=pdl_on, cluster=cluster)
+    grid, n, attrs = seen[-1]
+    assert grid == (160, 8, 1) and n == pdl_on + bool(cluster)
+    assert [i for i, _ in attrs] == [6] * pdl_on + [4] * bool(cluster)
+    assert [v for i, v in attrs if i == 4] == ([cluster] if cluster else [])
+    assert [v[0] for i, v in attrs if i == 6] == [1] * pdl_on
+
+
 def test_pdl_suspended_on_this_thread_only(monkeypatch):
     """pdl.suspended(): no PDL inside the block (nested blocks too), decided before the device is asked;
     suspended(False) changes nothing."""
