@@ -28,13 +28,13 @@ def launches(monkeypatch):
     monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
     monkeypatch.setattr(attention_decode, "blocks_per_sm", lambda *a: 4)
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
+    monkeypatch.setattr(blas, "clusters_supported", lambda: True)
     monkeypatch.setattr(attention, "_hopper", lambda: False)   # it asks the (absent) GPU; tests that want sm_90 say so
     counters = {}   # raw device memory in real life: one region per purpose
 
     def arrival_counters(purpose):
         return counters.setdefault(purpose, aligned_empty((module.COUNTER_SLOTS,), np.int32))
-    for m in (blas, attention_decode):
-        monkeypatch.setattr(m, "arrival_counters", arrival_counters)
+    monkeypatch.setattr(attention_decode, "arrival_counters", arrival_counters)
     return recorded
 
 
@@ -156,6 +156,29 @@ def test_pdl_setting_names_kernels(monkeypatch):
     assert not pdl.enabled("gemv_bf16_u4")
 
 
+@pytest.mark.parametrize("pdl_on,cluster", [(True, None), (False, (1, 4, 1)), (True, (1, 8, 1))])
+def test_launch_ex_attributes(monkeypatch, pdl_on, cluster):
+    """pdl.launch hands cuLaunchKernelEx one attribute per feature asked for: programmatic stream serialization
+    (id 6, value 1) and the cluster dimension (id 4, x y z), and nothing left over from an earlier launch."""
+    seen = []
+
+    def launch_ex(cfg, fn, params, extra):
+        c = cfg._obj
+        seen.append((tuple(c.grid), c.num_attrs, [(c.attrs[i].id, tuple(c.attrs[i].value[:3]))
+                                                  for i in range(c.num_attrs)]))
+        return 0
+    monkeypatch.setattr(pdl, "driver", lambda: SimpleNamespace(cuLaunchKernelEx=launch_ex))
+    monkeypatch.setattr(pdl, "cp", SimpleNamespace(cuda=SimpleNamespace(
+        get_current_stream=lambda: SimpleNamespace(ptr=7))))
+    pdl.launch(1, (160, 4), 128, (np.int32(3),), 0, pdl_on=True, cluster=(1, 2, 1))   # an earlier launch
+    pdl.launch(1, (160, 8), 128, (np.int32(3),), 0, pdl_on=pdl_on, cluster=cluster)
+    grid, n, attrs = seen[-1]
+    assert grid == (160, 8, 1) and n == pdl_on + bool(cluster)
+    assert [i for i, _ in attrs] == [6] * pdl_on + [4] * bool(cluster)
+    assert [v for i, v in attrs if i == 4] == ([cluster] if cluster else [])
+    assert [v[0] for i, v in attrs if i == 6] == [1] * pdl_on
+
+
 def test_pdl_suspended_on_this_thread_only(monkeypatch):
     """pdl.suspended(): no PDL inside the block (nested blocks too), decided before the device is asked;
     suspended(False) changes nothing."""
@@ -208,7 +231,8 @@ def test_linear_silu_mul_launches(launches, cublas, m, n, k):
         return
     (call,) = launches
     assert call.name == f"gemv_silu_bf16_{blas.GEMV_VARIANT}"
-    assert call.grid == (n // 16, blas.gemv_splits(n, k, 4 * 132))
+    splits = blas.gemv_splits(n, k, 4 * 132)
+    assert call.grid == (n // 16, splits) and call.cluster == ((1, splits, 1) if splits > 1 else None)
     assert call.args[-1] == n // 2 and call.args[-3] is out
 
 
@@ -223,8 +247,9 @@ def test_gemv_takes_the_tuned_split_for_its_weight(launches, monkeypatch):
     ops.linear(x, aligned_empty((19456, 2560), BF16))
     ops.linear_silu_mul(x, aligned_empty((19456, 2560), BF16))
     ops.linear(x2, aligned_empty((2560, 9728), BF16))
-    assert [c.grid for c in launches] == [(1216, 5), (1216, 5), (160, blas.gemv_splits(2560, 9728, 4 * 132))]
-    assert launches[0].args[4] is not module.NULL and launches[1].args[5] is not module.NULL   # workspace, counters
+    rule = blas.gemv_splits(2560, 9728, 4 * 132)
+    assert [c.grid for c in launches] == [(1216, 5), (1216, 5), (160, rule)]
+    assert [c.cluster for c in launches] == [(1, 5, 1), (1, 5, 1), (1, rule, 1)]   # a tile's splits: one cluster
 
 
 def test_linear_silu_mul_needs_whole_8_row_tiles(launches):

@@ -43,8 +43,8 @@ def pdl(request, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def arrival_counters_left_zero():
-    """Every kernel that counts block arrivals (split-K GEMV, the fused GEMV epilogues, split decode
-    attention) leaves its counters zero: a count left behind breaks the next launch that uses them."""
+    """Every kernel that counts block arrivals (split decode attention) leaves its counters zero: a count left
+    behind breaks the next launch that uses them."""
     yield
     from openinfer.kernels.cuda.module import COUNTER_PURPOSES, _counters
     cp.cuda.Device().synchronize()

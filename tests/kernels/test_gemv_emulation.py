@@ -64,7 +64,7 @@ def emulate(x, w, splits, tiles, row, U=4):
                 final[tile] = s
             else:
                 partial[split, tile] = s
-        if splits > 1:   # reduce_splits: the last CTA sums in split order
+        if splits > 1:   # the cluster reduction: rank 0 sums the splits in split order
             final[tile] = partial[:, tile].sum(axis=0)
     return final
 

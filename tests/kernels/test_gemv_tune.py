@@ -10,7 +10,6 @@ import pytest
 
 pytest.importorskip("cupy")
 from openinfer.kernels.cuda import blas, gemv_tune  # noqa: E402
-from openinfer.kernels.cuda.module import COUNTER_SLOTS  # noqa: E402
 
 KEY = {"gpu": "fake", "cc": "9.0", "sms": 132, "variant": "u4", "sources": "0" * 16}
 QKV, GATE_UP, DOWN = (6144, 2560), (19456, 2560), (2560, 9728)
@@ -53,7 +52,8 @@ class _Stream:
 def test_candidates_start_with_the_rule_and_respect_the_weight():
     assert gemv_tune.candidates(2560, 9728, 4) == [4, 1, 2, 3, 5, 6, 8]
     assert gemv_tune.candidates(2560, 512, 1) == [1, 2, 3, 4]                 # 64 chunks: at most 4 splits of 16
-    assert gemv_tune.candidates(16 * (COUNTER_SLOTS + 1), 4096, 1) == [1]    # more tiles than counters: no split
+    assert gemv_tune.candidates(16 * 5000, 4096, 1) == [1, 2, 3, 4, 5, 6, 8]   # any tile count splits (a cluster a tile)
+    assert max(gemv_tune.CANDIDATES) <= blas.GEMV_MAX_SPLITS                   # ... of at most 8 CTAs
 
 
 def test_tune_keeps_the_fastest_unless_the_rule_is_as_good(tuning, tmp_path):

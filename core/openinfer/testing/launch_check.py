@@ -6,7 +6,8 @@ pointer or a 64-bit integer, .u32/.s32: a 32-bit integer, .f32: a float). The la
 host stand-ins for cupy arrays (numpy arrays with a `.data.ptr`) with `launch` recording instead
 of launching, and each launch is checked as it is recorded: the argument count, each argument's
 size, floats where the kernel takes a float, no Python int or float (CuPy would pass it at a
-size of its choosing), the 8-byte slots a programmatic dependent launch packs (pdl.py), and the grid, block and shared-memory limits of sm_90. A wrong argument
+size of its choosing), the 8-byte slots a programmatic dependent launch packs (pdl.py), and the grid, block,
+shared-memory and cluster limits of sm_90. A wrong argument
 tuple otherwise shows only on a GPU, as a crash or garbage."""
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ..kernels.cuda import pdl
 PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+\w+(?:\[(\d+)\])?")
 SMEM_MAX = 227 * 1024   # the opt-in ceiling of dynamic shared memory per block on sm_90
 THREADS_MAX = 1024
+CLUSTER_MAX = 8         # CTAs in a thread-block cluster without the non-portable opt-in
 
 
 class FakeArray(np.ndarray):
@@ -98,6 +100,7 @@ class Launch:
     block: int
     args: tuple
     smem: int = 0
+    cluster: tuple[int, int, int] | None = None
 
 
 def check_launch(call: Launch) -> None:
@@ -121,6 +124,10 @@ def check_launch(call: Launch) -> None:
     assert grid[0] < 2**31 and grid[1] <= 65535 and grid[2] <= 65535, f"{name}: grid {grid}"
     assert 1 <= call.block <= THREADS_MAX and call.block % 32 == 0, f"{name}: block {call.block}"
     assert call.smem <= SMEM_MAX, f"{name}: {call.smem} bytes of shared memory"
+    if call.cluster is not None:
+        assert len(call.cluster) == 3 and all(g % c == 0 for g, c in zip(grid, call.cluster)), \
+            f"{name}: grid {grid} is not whole clusters of {call.cluster}"
+        assert 1 < int(np.prod(call.cluster)) <= CLUSTER_MAX, f"{name}: cluster {call.cluster}"
 
 
 def require_nvrtc() -> None:
@@ -139,8 +146,9 @@ def record_launches(monkeypatch: Any, modules: Iterable[ModuleType]) -> list[Lau
     require_nvrtc()
     recorded: list[Launch] = []
 
-    def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
-        call = Launch(source, name, tuple(int(g) for g in grid), block, args, smem)
+    def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0,
+               cluster: tuple[int, int, int] | None = None) -> None:
+        call = Launch(source, name, tuple(int(g) for g in grid), block, args, smem, cluster)
         check_launch(call)
         recorded.append(call)
 

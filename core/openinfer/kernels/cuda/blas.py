@@ -2,8 +2,8 @@
 
 The GEMV path (decode at small batch is weight-bandwidth bound, where cuBLAS reached ~72 % of HBM
 bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strides); split-K by a
-factor per weight timed at start-up (gemv_tune.py; else one resident wave), reduced by the last CTA per tile (bit-
-deterministic, graph-safe). OPENINFER_GEMV=0 turns it off. Under programmatic dependent launch
+factor per weight timed at start-up (gemv_tune.py; else one resident wave), the splits of a tile reduced in a thread-
+block cluster (bit-deterministic, graph-safe). OPENINFER_GEMV=0 turns it off. Under programmatic dependent launch
 (pdl.py) its first weights are loaded while the previous kernel drains.
 `gemv_silu_mul` is the same GEMV with SwiGLU's silu(gate) * up in its epilogue (ops.linear_silu_mul).
 
@@ -26,7 +26,7 @@ import cupy as cp
 import numpy as np
 
 from . import lt, pdl
-from .module import BF16, COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, sm_count
+from .module import BF16, blocks_per_sm, launch, sm_count
 
 WORKSPACE_BYTES = 32 << 20
 _CUDA_R_32F, _CUDA_R_16BF = 0, 14            # cudaDataType_t
@@ -119,14 +119,26 @@ def gemv_resident(name: str) -> int:
     return _resident[key]
 
 
+GEMV_MAX_SPLITS = 8          # a tile's splits form one thread-block cluster: at most the portable cluster size
+
+
 def gemv_splits(n: int, k: int, resident: int) -> int:
     """Split-K factor for an N x K weight, static per shape (CUDA graphs): the most splits whose CTAs
     still run in one wave (N alone filling the GPU gets 1), each split at least GEMV_MIN_SPLIT_K deep.
     The rule where start-up timing (gemv_tune.py) chose nothing for the shape."""
     tiles = -(-n // 16)
-    if tiles > COUNTER_SLOTS:   # one arrival counter a tile
-        return 1
-    return max(1, min(int(resident * GEMV_FILL) // tiles, k // GEMV_MIN_SPLIT_K, 16))
+    return max(1, min(int(resident * GEMV_FILL) // tiles, k // GEMV_MIN_SPLIT_K, GEMV_MAX_SPLITS))
+
+
+_clusters: dict[int, bool] = {}
+
+
+def clusters_supported() -> bool:
+    """Thread-block clusters (the split-K reduction) need sm_90+; older GPUs take one split."""
+    dev = cp.cuda.Device().id
+    if dev not in _clusters:
+        _clusters[dev] = int(cp.cuda.Device(dev).compute_capability) >= 90
+    return _clusters[dev]
 
 
 def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
@@ -143,16 +155,13 @@ def launch_gemv(kernel: str, x2: cp.ndarray, w: cp.ndarray, epilogue: tuple) -> 
     n, k = w.shape
     tuned = gemv_split_choice.get((cp.cuda.Device().id, n, k)) if gemv_split_choice else None
     splits = tuned or gemv_splits(n, k, gemv_resident(f"gemv_bf16_{GEMV_VARIANT}"))
-    counters = arrival_counters("gemv")
-    if counters is None:
+    if not clusters_supported():
         splits = 1
-    tiles = -(-n // 16)
-    partial = cp.empty(splits * tiles * 128, dtype=cp.float32) if splits > 1 else None
     ldx = x2.strides[0] // 2 if m > 1 else 0
     name = f"{kernel}_{GEMV_VARIANT}"
-    launch("gemv", name, (tiles, splits), 128,
-           (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), partial if partial is not None else NULL,
-            counters if splits > 1 else NULL, np.int32(m), np.int32(k // 8), *epilogue))
+    launch("gemv", name, (-(-n // 16), splits), 128,
+           (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), np.int32(m), np.int32(k // 8), *epilogue),
+           cluster=(1, splits, 1) if splits > 1 else None)
 
 
 def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:

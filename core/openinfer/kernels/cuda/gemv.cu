@@ -12,13 +12,14 @@
 // * U chunks per thread per iteration: 2U independent 16-byte weight loads in flight
 //   (ld.global.nc, no L1 allocation: w is streamed once), x by ordinary loads through L1 (it is
 //   tiny and read by every CTA).
-// * Split-K across CTAs (gridDim.y > 1; the factor per weight timed at start-up, gemv_tune.py): each split stores its
-//   fp32 partial tile to a workspace; the last CTA of a tile to arrive (a per-tile counter) sums
-//   the partials in split order (deterministic) and writes bf16, then resets the counter to 0,
-//   so the counters stay zero between launches and a CUDA graph replays cleanly.
+// * Split-K across CTAs (gridDim.y > 1; the factor per weight timed at start-up, gemv_tune.py): the splits of a
+//   tile form one thread-block cluster; rank 0 sums their fp32 partial tiles over distributed shared memory
+//   in split order (deterministic) and writes bf16. Until stop 16 the partials went through a global
+//   workspace and the last CTA to arrive at a per-tile counter summed them: two fences, an atomic and a
+//   read of the workspace on the tail of every split GEMV.
 // * Programmatic dependent launch (when the wrapper launches with it): the weights do not depend
 //   on the previous kernel, so the first iteration's weights are loaded into registers before
-//   griddepcontrol.wait; only x (and the workspace/counters) are touched after it. A CTA lets the next
+//   griddepcontrol.wait; only x is read after it. A CTA lets the next
 //   kernel launch (launch_dependents) once its main loop is done, so that kernel's CTAs take the SMs
 //   this grid's tail leaves idle. On the H200 (Qwen3-4B, batch 1) that order measured 3.27 ms a step
 //   against 3.52 (trigger after the wait) and 3.75 (before it: the next kernel's CTAs then wait through
@@ -112,36 +113,28 @@ struct SiluMul {
     }
 };
 
-// Split-K (warp 0): store this split's partial sums s; the last CTA of the tile to arrive (a per-tile
-// counter) sums every split's partials in split order (deterministic, whichever came last) into s, resets
-// the counter to 0 for the next launch (or graph replay) and returns true; the others return false.
-__device__ __forceinline__ bool reduce_splits(float4& s, float* __restrict__ partial, int* __restrict__ counters,
-                                              int lane) {
-    const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-    float4* part = reinterpret_cast<float4*>(partial);
-    __stcg(part + ((long long)split * gridDim.x + tile) * 32 + lane, s);
-    __threadfence();
-    __syncwarp();
-    int last = 0;
-    if (lane == 0) last = atomicAdd(counters + tile, 1) == splits - 1;
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (!last) return false;
-    __threadfence();
-    s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4  // 4 loads in flight; fully unrolled it needed 64 registers, costing occupancy
-    for (int i = 0; i < splits; ++i) {
-        const float4 t = __ldcg(part + ((long long)i * gridDim.x + tile) * 32 + lane);
-        s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
-    }
-    if (lane == 0) counters[tile] = 0;
-    return true;
+// Split-K through a thread-block cluster: a tile's splits run as one cluster (cluster dims (1, splits, 1), so
+// cluster rank = split). Each keeps its partial sums in its own shared memory; after a cluster barrier rank 0
+// reads them over distributed shared memory in split order (deterministic) and stores; a second barrier keeps
+// the other CTAs, and their shared memory, alive until it has. No workspace, counters or global round trips.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ float4 ld_cluster(const float4* local, int rank) {   // `local`'s twin in CTA `rank`
+    const unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(local));
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+    return v;
 }
 
 constexpr int WARPS = 4;
 
 template <int U, typename XLoad, typename Epi>
 __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,
-                                          float* __restrict__ partial, int* __restrict__ counters,
                                           int M, int chunks, const Epi& epi) {
     const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -223,22 +216,34 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
             const float4 t = red[i][lane];
             s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
         }
-        if (splits == 1 || reduce_splits(s, partial, counters, lane)) epi.store(s, M, tile, g, q);
+        if (splits == 1) epi.store(s, M, tile, g, q);
+        red[0][lane] = s;   // this split's partial sums, for rank 0 (each lane rewrites only what it read)
     }
+    if (splits == 1) return;
+    cluster_sync();
+    if (split == 0 && warp == 0) {
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int i = 0; i < splits; ++i) {
+            const float4 t = ld_cluster(&red[0][lane], i);
+            s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
+        }
+        epi.store(s, M, tile, g, q);
+    }
+    cluster_sync();
 }
 
 }  // namespace
 
-// grid (tiles, splits), block 128. partial: fp32 [splits, tiles, 16 * 8] (unused when splits == 1),
-// counters: int32 [tiles], all zero on entry and left zero on exit; then the epilogue's arguments.
+// grid (tiles, splits), block 128, launched with cluster dims (1, splits, 1) when splits > 1 (at most 8, the
+// portable cluster size); then the epilogue's arguments.
 // <prefix>_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
 // iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
 // for B CTAs per SM (more warps, fewer registers). EPI: the epilogue built from the trailing parameters.
 #define GEMV_KERNEL(NAME, U, MIN_BLOCKS, EPI, ...)                                                         \
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
-        const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,                           \
-        float* __restrict__ partial, int* __restrict__ counters, int M, int chunks, __VA_ARGS__) {         \
-        gemv_tile<U, LoadX>(x, ldx, w, ldw, partial, counters, M, chunks, EPI);                            \
+        const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw, int M, int chunks,        \
+        __VA_ARGS__) {                                                                                     \
+        gemv_tile<U, LoadX>(x, ldx, w, ldw, M, chunks, EPI);                                               \
     }
 #define GEMV_VARIANTS(PREFIX, EPI, ...)                        \
     GEMV_KERNEL(PREFIX##_u2, 2, 1, EPI, __VA_ARGS__)           \

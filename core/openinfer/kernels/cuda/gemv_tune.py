@@ -23,7 +23,6 @@ import cupy as cp
 
 from . import blas
 from .compile import arch_for, compile_source
-from .module import COUNTER_SLOTS
 from .tuning import cache_path, gpu_key, read_choices, replay_us, scratch, write_choices
 
 ENABLED = os.environ.get("OPENINFER_GEMV_TUNE", "1") != "0"
@@ -40,9 +39,8 @@ class Tuned:
 
 
 def candidates(n: int, k: int, rule: int) -> list[int]:
-    """The rule's factor first, then the others this weight allows (a counter a tile, MIN_SPLIT_CHUNKS a split)."""
-    tiles = -(-n // 16)
-    ok = [s for s in CANDIDATES if s == 1 or (tiles <= COUNTER_SLOTS and k // 8 >= MIN_SPLIT_CHUNKS * s)]
+    """The rule's factor first, then the others this weight allows (MIN_SPLIT_CHUNKS a split)."""
+    ok = [s for s in CANDIDATES if s == 1 or k // 8 >= MIN_SPLIT_CHUNKS * s]
     return [rule, *(s for s in ok if s != rule)]
 
 

@@ -63,13 +63,16 @@ def _function_with_smem(source: str | Path, name: str, smem: int) -> Any:
     return fn
 
 
-def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0) -> None:
+def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0,
+           cluster: tuple[int, int, int] | None = None) -> None:
     """Launch kernel `name` of `source` (a core source's name or a plugin's .cu path, see
     compile.source_path) on the current stream (so CUDA-graph capture sees it), with programmatic
-    dependent launch where it is on and the device has it (pdl.py)."""
+    dependent launch where it is on and the device has it (pdl.py), in thread-block clusters of
+    `cluster` CTAs (sm_90+) if given."""
     fn = _function_with_smem(source, name, smem)
-    if pdl.enabled(name):
-        pdl.launch(fn.kernel.ptr, grid, block, args, smem)
+    on = pdl.enabled(name)
+    if on or cluster:
+        pdl.launch(fn.kernel.ptr, grid, block, args, smem, pdl_on=on, cluster=cluster)
     else:
         fn(tuple(int(g) for g in grid), (block,), args, shared_mem=smem)
 
@@ -90,12 +93,12 @@ def sm_count() -> int:
     return _sm_count[dev]
 
 
-COUNTER_PURPOSES = ("gemv", "decode_attention")   # split-K GEMV tiles, split-KV decode heads
+COUNTER_PURPOSES = ("decode_attention",)   # split-KV decode heads
 
 
 def arrival_counters(purpose: str) -> cp.ndarray | None:
     """COUNTER_SLOTS int32 counters of the current device for kernels whose last block to arrive finishes
-    the work (split-K GEMV tiles, split-KV decode heads): zeroed once,
+    the work (split-KV decode heads): zeroed once,
     and each launch leaves its slots zero again. Each purpose (COUNTER_PURPOSES) has its own region, so
     two kinds of kernels never share a slot. Raw device memory outside any pool (a graph's private pool
     may go away). Every purpose's region is allocated at the first call outside a capture, whichever

@@ -55,6 +55,7 @@ ENABLED, KERNELS = parse_setting(os.environ.get("OPENINFER_PDL", DEFAULT_KERNELS
 MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)
 MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
 MAX_ARGS = 32
+_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 _CODES = {"i": "i", "I": "I", "f": "f", "l": "q", "q": "q", "L": "Q", "Q": "Q", "d": "d"}   # numpy char -> struct
 
@@ -121,11 +122,9 @@ class _Slots(threading.local):
         self.buf = ctypes.create_string_buffer(8 * MAX_ARGS)
         base = ctypes.addressof(self.buf)
         self.params = (ctypes.c_void_p * MAX_ARGS)(*[base + 8 * i for i in range(MAX_ARGS)])
-        self.attr = _LaunchAttr(_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-        self.attr.value[0] = 1   # programmaticStreamSerializationAllowed
+        self.attrs = (_LaunchAttr * 2)()
         self.cfg = _LaunchConfig()
-        self.cfg.attrs = ctypes.pointer(self.attr)
-        self.cfg.num_attrs = 1
+        self.cfg.attrs = ctypes.cast(self.attrs, ctypes.POINTER(_LaunchAttr))
 
 
 _slots = _Slots()
@@ -147,8 +146,10 @@ def pack(args: tuple) -> tuple[list[str], list[Any]]:
     return fmt, values
 
 
-def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem: int) -> None:
-    """Launch the CUfunction at `function_ptr` on the current stream with PDL."""
+def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem: int, pdl_on: bool = True,
+           cluster: tuple[int, int, int] | None = None) -> None:
+    """Launch the CUfunction at `function_ptr` on the current stream through cuLaunchKernelEx: with PDL
+    (`pdl_on`) and/or in thread-block clusters of `cluster` CTAs (x, y, z), which CuPy cannot set either."""
     if len(args) > MAX_ARGS:
         raise ValueError(f"{len(args)} kernel arguments, at most {MAX_ARGS}")
     s = _slots
@@ -160,7 +161,18 @@ def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem
     cfg.block[0], cfg.block[1], cfg.block[2] = block, 1, 1
     cfg.smem = smem
     cfg.stream = cp.cuda.get_current_stream().ptr
+    n = 0
+    if pdl_on:
+        s.attrs[n].id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        s.attrs[n].value[0] = 1   # programmaticStreamSerializationAllowed
+        n += 1
+    if cluster:
+        s.attrs[n].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        s.attrs[n].value[0], s.attrs[n].value[1], s.attrs[n].value[2] = (int(c) for c in cluster)
+        n += 1
+    cfg.num_attrs = n
     status = driver().cuLaunchKernelEx(ctypes.byref(cfg), function_ptr, s.params, None)
     if status:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status} (grid {tuple(grid)}, block {block}, "
-                           f"{smem} bytes of shared memory); OPENINFER_PDL=0 launches without PDL")
+                           f"{smem} bytes of shared memory, PDL {pdl_on}, cluster {cluster}); OPENINFER_PDL=0 "
+                           f"launches without PDL")
