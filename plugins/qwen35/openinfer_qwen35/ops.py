@@ -151,6 +151,14 @@ def qwen35_gated_delta_rule_update(q: np.ndarray, k: np.ndarray, v: np.ndarray, 
     return out
 
 
+def qwen35_gdn_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray, A_log: np.ndarray,
+                      dt_bias: np.ndarray, state: np.ndarray, batch: ForwardBatch) -> np.ndarray:
+    """The decode step with its own gating: `qwen35_gated_delta_rule_update` of `qwen35_gdn_gating(a, b, ...)`
+    (one launch on GPUs). a, b [B, nv] (in_proj_a / in_proj_b outputs)."""
+    g, beta = qwen35_gdn_gating(a, b, A_log, dt_bias)
+    return qwen35_gated_delta_rule_update(q, k, v, g, beta, state, batch)
+
+
 def qwen35_gated_rms_norm(x: np.ndarray, z: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """The GDN output norm: rms_norm(x) * w * silu(z) over the last axis (plain w, not 1 + w).
     x, z [T, nv, dv]; w [dv]."""
@@ -164,5 +172,5 @@ def qwen35_sigmoid_gate(x: np.ndarray, gate: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-gate))
 
 
-OPS = ("qwen35_causal_conv1d", "qwen35_causal_conv1d_update", "qwen35_gdn_gating", "qwen35_gated_delta_rule",
-       "qwen35_gated_delta_rule_update", "qwen35_gated_rms_norm", "qwen35_sigmoid_gate")
+OPS = ("qwen35_causal_conv1d", "qwen35_causal_conv1d_update", "qwen35_gdn_gating", "qwen35_gdn_decode",
+       "qwen35_gated_delta_rule", "qwen35_gated_delta_rule_update", "qwen35_gated_rms_norm", "qwen35_sigmoid_gate")

@@ -111,9 +111,11 @@ def layer_forward(dtype, b: ForwardBatch, decode: bool, nk=16, nv=32, dk=128, dv
     conv = conv_op(proj[:, :C], zeros((C, K), dtype), conv_pool[:, 1], b)
     q, k = conv[:, :nk * dk].reshape(T, nk, dk), conv[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)
     v = conv[:, 2 * nk * dk:].reshape(T, nv, dv)
-    g, beta = ops.qwen35_gdn_gating(a, bb, zeros(nv, np.float32), zeros(nv, np.float32))
-    rule = ops.qwen35_gated_delta_rule_update if decode else ops.qwen35_gated_delta_rule
-    o = rule(q, k, v, g, beta, ssm_pool[:, 1], b)
+    if decode:   # the decode step computes its own gating
+        o = ops.qwen35_gdn_decode(q, k, v, a, bb, zeros(nv, np.float32), zeros(nv, np.float32), ssm_pool[:, 1], b)
+    else:
+        g, beta = ops.qwen35_gdn_gating(a, bb, zeros(nv, np.float32), zeros(nv, np.float32))
+        o = ops.qwen35_gated_delta_rule(q, k, v, g, beta, ssm_pool[:, 1], b)
     ops.qwen35_gated_rms_norm(o, z, fake(np.ones(dv, dtype)), 1e-6)
     qkvg = zeros((T, 4 * 256 * 3), dtype)
     ops.qwen35_sigmoid_gate(qkvg[:, :1024], qkvg[:, 2048:])
@@ -126,10 +128,24 @@ def test_launch_arguments_match_the_kernel_signatures(launches, dtype, kind):
     b = batch([(0, 1), (7, 1), (3, 1)] if decode else [(0, 70), (5, 1), (64, 130)], [48, 0, 16] if saves else None)
     layer_forward(dtype, b, decode)
     names = [c.name for c in launches]
-    assert len(names) == (5 if decode else 8 if saves else 7), names
+    assert len(names) == (4 if decode else 8 if saves else 7), names
     if saves:   # the chunk grid has room for the extra chunk a split adds
         prep = next(c for c in launches if c.name.startswith("gdn_chunk_prep"))
         assert prep.grid[0] == -(-130 // delta_rule.CHUNK) + 1
+    for call in launches:
+        check(call, dtype)
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=["bf16", "f32"])
+def test_gdn_decode_with_given_gates_launches(launches, dtype):
+    """The decode update from gdn_gating's g and beta (the op qwen35_gdn_decode is checked against)."""
+    nk, nv, dk, dv = 16, 32, 128, 128
+    b = batch([(0, 1), (7, 1), (3, 1)])
+    q, k, v = zeros((3, nk, dk), dtype), zeros((3, nk, dk), dtype), zeros((3, nv, dv), dtype)
+    g, beta = ops.qwen35_gdn_gating(zeros((3, nv), dtype), zeros((3, nv), dtype), zeros(nv, np.float32),
+                                    zeros(nv, np.float32))
+    ops.qwen35_gated_delta_rule_update(q, k, v, g, beta, zeros((5, 3, nv, dk, dv), np.float32)[:, 1], b)
+    assert [c.name.rsplit("_", 1)[0] for c in launches] == ["gdn_gating", "gdn_decode"]
     for call in launches:
         check(call, dtype)
 

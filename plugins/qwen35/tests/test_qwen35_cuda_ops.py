@@ -139,6 +139,28 @@ def test_gated_delta_rule(dt, shape, decode):
     check_pool(pool, state, layer0, 1e-4)   # same inputs on both sides, fp32 math: tight for bf16 too
 
 
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_gdn_decode_computes_its_gating_bit_for_bit(dt, shape):
+    """qwen35_gdn_decode (the gating inside the decode step) against qwen35_gdn_gating then the update kernel: the
+    same output and state bits, from a and b as strided slices of an in_proj-like row."""
+    rng = np.random.default_rng(6)
+    nk, nv, dk, dv, _ = SHAPES[shape]
+    hb, db = batches(DECODE_RUNS, rng)
+    B = len(DECODE_RUNS)
+    _, dev_in, _, _ = gdn_inputs(rng, B, shape, dt[0])
+    ab = cp.asarray(exact(rnd(rng, B, 2 * nv + 5), dt[0]).astype(dt[0]))   # [b | 5 others | a]
+    a, b = ab[:, nv + 5:], ab[:, :nv]
+    A_log = cp.asarray(np.log(rng.uniform(0.02, 0.1, nv)).astype(np.float32))
+    dt_bias = cp.asarray(rnd(rng, nv))
+    _, pool = states(rng, nv, dk, dv)
+    pool2 = pool.copy()
+    g, beta = ops.qwen35_gdn_gating(a, b, A_log, dt_bias)
+    want = ops.qwen35_gated_delta_rule_update(*dev_in, g, beta, pool[:, 1], db)
+    got = ops.qwen35_gdn_decode(*dev_in, a, b, A_log, dt_bias, pool2[:, 1], db)
+    np.testing.assert_array_equal(host(got), host(want))
+    np.testing.assert_array_equal(cp.asnumpy(pool2), cp.asnumpy(pool))
+
+
 def test_gated_delta_rule_long_runs(dt):
     """A 1024-token prompt (16 chunks, the prefill the kernels are tuned for) beside a continuing
     run: the state carried through many chunks stays as close to the recurrence."""

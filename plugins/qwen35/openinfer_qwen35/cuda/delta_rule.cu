@@ -29,9 +29,31 @@ __device__ void load_qk(const T* q, long long q_stride, const T* k, long long k_
 // warp w holds rows w, w+4, ... of the column tile in registers (coalesced 128-byte row reads).
 constexpr int DEC_WARPS = 4, DEC_ROWS = DK_MAX / DEC_WARPS;
 
+// Where the decode step's (g, beta) of sequence b, value head h come from: gdn_gating's output, or computed
+// from the in_proj rows a, b by the step itself (gdn.cuh's gdn_gate, the same bits), one launch fewer a layer.
+struct GatesGiven {
+    const float* g;
+    const float* beta;
+    int nv;
+    __device__ float2 operator()(int b, int h) const { return make_float2(g[b * nv + h], beta[b * nv + h]); }
+};
+
 template <typename T>
+struct GatesFromAB {
+    const T* a;
+    long long a_stride;
+    const T* bb;
+    long long b_stride;
+    const float* A_log;
+    const float* dt_bias;
+    __device__ float2 operator()(int b, int h) const {
+        return gdn_gate(to_f32(a[b * a_stride + h]), to_f32(bb[b * b_stride + h]), A_log[h], dt_bias[h]);
+    }
+};
+
+template <typename T, typename Gates>
 __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long k_stride, const T* v,
-                           long long v_stride, const float* g, const float* beta, float* state,
+                           long long v_stride, const Gates& gates, float* state,
                            long long state_stride, const int* slots, const int* query_start,
                            const int* context_lens, T* out, int nk, int nv, int dk, int dv) {
     __shared__ float sq[DK_MAX], sk[DK_MAX], red[DEC_WARPS][BV];
@@ -49,7 +71,8 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
     }
     pdl_begin();
     load_qk(q, q_stride, k, k_stride, b, h / (nv / nk), dk, sq, sk);
-    const float decay = expf(g[b * nv + h]);
+    const float2 gb = gates(b, h);
+    const float decay = expf(gb.x);
 #pragma unroll
     for (int r = 0; r < DEC_ROWS; ++r) {
         s[r] *= decay;
@@ -60,7 +83,7 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
     kS = 0.f;
 #pragma unroll
     for (int w = 0; w < DEC_WARPS; ++w) kS += red[w][lane];
-    const float delta = col ? beta[b * nv + h] * (to_f32(v[b * v_stride + (long long)h * dv + j]) - kS) : 0.f;
+    const float delta = col ? gb.y * (to_f32(v[b * v_stride + (long long)h * dv + j]) - kS) : 0.f;
     float o = 0.f;
 #pragma unroll
     for (int r = 0; r < DEC_ROWS; ++r) {
@@ -370,8 +393,17 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
         const float* g, const float* beta, float* state, long long state_stride, const int* slots,             \
         const int* qs, const int* ctx, T* out, int nk, int nv, int dk, int dv) {                               \
-        gdn_decode<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, state, state_stride, slots, qs, ctx,     \
-                      out, nk, nv, dk, dv);                                                                     \
+        gdn_decode<T>(q, q_stride, k, k_stride, v, v_stride, GatesGiven{g, beta, nv}, state, state_stride,     \
+                      slots, qs, ctx, out, nk, nv, dk, dv);                                                     \
+    }                                                                                                           \
+    extern "C" __global__ void gdn_decode_gated_##suffix(                                                      \
+        const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
+        const T* a, long long a_stride, const T* bb, long long b_stride, const float* A_log,                  \
+        const float* dt_bias, float* state, long long state_stride, const int* slots, const int* qs,           \
+        const int* ctx, T* out, int nk, int nv, int dk, int dv) {                                               \
+        gdn_decode<T>(q, q_stride, k, k_stride, v, v_stride,                                                    \
+                      GatesFromAB<T>{a, a_stride, bb, b_stride, A_log, dt_bias}, state, state_stride, slots,   \
+                      qs, ctx, out, nk, nv, dk, dv);                                                            \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(CH_THREADS, 2) gdn_chunk_prep_##suffix(                        \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \

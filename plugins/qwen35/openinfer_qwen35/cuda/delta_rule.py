@@ -15,7 +15,7 @@ import cupy as cp
 import numpy as np
 
 from openinfer.batch import ForwardBatch
-from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, suffix
+from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, rows2d, suffix
 
 SOURCE = Path(__file__).with_name("delta_rule.cu")
 DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match delta_rule.cu
@@ -36,8 +36,13 @@ def checkpoint_args(batch: ForwardBatch) -> tuple:
     return as_index(batch.checkpoint_lens, np.int32), as_index(batch.checkpoint_rows, np.int32)
 
 
-def _args(q, k, v, g, beta, state, batch: ForwardBatch) -> tuple[tuple, tuple[int, int, int], cp.ndarray]:
-    """The kernels' shared argument list, the grid for the batch's B sequences, and the output."""
+def _gates(g, beta) -> tuple:
+    return cp.ascontiguousarray(g, dtype=cp.float32), cp.ascontiguousarray(beta, dtype=cp.float32)
+
+
+def _args(q, k, v, gates: tuple, state, batch: ForwardBatch) -> tuple[tuple, tuple[int, int, int], cp.ndarray]:
+    """The kernels' shared argument list (`gates`: the arguments that give each token's g and beta), the grid for
+    the batch's B sequences, and the output."""
     nk, dk = q.shape[1:]
     nv, dv = v.shape[1:]
     if dk > DK_MAX or nv % nk or k.shape != q.shape or q.dtype != v.dtype or k.dtype != v.dtype:
@@ -51,9 +56,7 @@ def _args(q, k, v, g, beta, state, batch: ForwardBatch) -> tuple[tuple, tuple[in
     k3, ks = heads3d(k)
     v3, vs = heads3d(v)
     out = cp.empty(v.shape, dtype=v.dtype)
-    args = (q3, np.int64(qs), k3, np.int64(ks), v3, np.int64(vs),
-            cp.ascontiguousarray(g, dtype=cp.float32), cp.ascontiguousarray(beta, dtype=cp.float32),
-            state, np.int64(state.strides[0] // 4), as_index(batch.state_slots, np.int32),
+    args = (q3, np.int64(qs), k3, np.int64(ks), v3, np.int64(vs), *gates, state, np.int64(state.strides[0] // 4), as_index(batch.state_slots, np.int32),
             as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32), out,
             np.int32(nk), np.int32(nv), np.int32(dk), np.int32(dv))
     return args, ((dv + BV - 1) // BV, nv, batch.num_seqs), out
@@ -71,7 +74,7 @@ def qwen35_gated_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.n
     q, k [T, nk, dk], v [T, nv, dv] (bf16 or f32, heads packed, any token stride); g, beta [T, nv]
     float32; state [R, nv, dk, dv] float32 (any row stride), read where live and written for every
     sequence with tokens. Returns o [T, nv, dv] in v's dtype."""
-    args, grid, out = _args(q, k, v, g, beta, state, batch)
+    args, grid, out = _args(q, k, v, _gates(g, beta), state, batch)
     T, B = v.shape[0], batch.num_seqs
     if T:
         (q3, qs, k3, ks, v3, vs, g32, b32, state, state_stride, slots, query_start, ctx, out, nk, nv, dk, dv) = args
@@ -94,7 +97,24 @@ def qwen35_gated_delta_rule_update(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, 
     """The decode step (every run one token: row i of q, k, v, g, beta is sequence i's token).
     The grid depends only on the batch size and nothing is allocated but the output, so it
     captures into a CUDA graph. Same arrays and returns as `qwen35_gated_delta_rule`."""
-    args, grid, out = _args(q, k, v, g, beta, state, batch)
+    args, grid, out = _args(q, k, v, _gates(g, beta), state, batch)
     if v.shape[0]:
         launch(SOURCE, f"gdn_decode_{suffix(v.dtype)}", grid, DECODE_THREADS, args)
+    return out
+
+
+def qwen35_gdn_decode(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, a: cp.ndarray, b: cp.ndarray, A_log: cp.ndarray,
+                      dt_bias: cp.ndarray, state: cp.ndarray, batch: ForwardBatch) -> cp.ndarray:
+    """`qwen35_gated_delta_rule_update` computing its own gating from a, b [B, nv] (any row strides, v's dtype) and
+    A_log, dt_bias [nv] float32, bit for bit as qwen35_gdn_gating does (gdn.cuh's gdn_gate): one launch a layer."""
+    a2, a_stride = rows2d(a)
+    b2, b_stride = rows2d(b)
+    if a.dtype != v.dtype or b.dtype != v.dtype or a.shape != b.shape or a.shape != (v.shape[0], v.shape[1]):
+        raise ValueError(f"gdn decode: a {a.shape} {a.dtype} and b {b.shape} {b.dtype} must be [B, nv] of v's dtype "
+                         f"(v {v.shape} {v.dtype})")
+    gates = (a2, np.int64(a_stride), b2, np.int64(b_stride), cp.ascontiguousarray(A_log, dtype=cp.float32),
+             cp.ascontiguousarray(dt_bias, dtype=cp.float32))
+    args, grid, out = _args(q, k, v, gates, state, batch)
+    if v.shape[0]:
+        launch(SOURCE, f"gdn_decode_gated_{suffix(v.dtype)}", grid, DECODE_THREADS, args)
     return out

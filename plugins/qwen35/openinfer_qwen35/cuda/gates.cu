@@ -12,10 +12,9 @@ __device__ void gdn_gating(const T* a, long long a_stride, const T* b, long long
     if (i >= (long long)tokens * nv) return;
     const long long t = i / nv;
     const int h = (int)(i % nv);
-    const float x = to_f32(a[t * a_stride + h]) + dt_bias[h];
-    const float softplus = fmaxf(x, 0.f) + log1pf(expf(-fabsf(x)));   // = log(1 + e^x), no overflow
-    g[i] = -expf(A_log[h]) * softplus;
-    beta[i] = 1.f / (1.f + expf(-to_f32(b[t * b_stride + h])));
+    const float2 gb = gdn_gate(to_f32(a[t * a_stride + h]), to_f32(b[t * b_stride + h]), A_log[h], dt_bias[h]);
+    g[i] = gb.x;
+    beta[i] = gb.y;
 }
 
 // x, z [T, nh, d] (heads packed, any token stride) -> out [T, nh, d] packed; w [d].

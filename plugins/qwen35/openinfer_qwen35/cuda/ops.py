@@ -17,10 +17,10 @@ import numpy as np
 from openinfer.batch import ForwardBatch
 from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, rows2d, suffix
 
-from .delta_rule import checkpoint_args, qwen35_gated_delta_rule, qwen35_gated_delta_rule_update
+from .delta_rule import checkpoint_args, qwen35_gated_delta_rule, qwen35_gated_delta_rule_update, qwen35_gdn_decode
 
-__all__ = ["qwen35_causal_conv1d", "qwen35_causal_conv1d_update", "qwen35_gdn_gating", "qwen35_gated_delta_rule",
-           "qwen35_gated_delta_rule_update", "qwen35_gated_rms_norm", "qwen35_sigmoid_gate"]
+__all__ = ["qwen35_causal_conv1d", "qwen35_causal_conv1d_update", "qwen35_gdn_gating", "qwen35_gdn_decode",
+           "qwen35_gated_delta_rule", "qwen35_gated_delta_rule_update", "qwen35_gated_rms_norm", "qwen35_sigmoid_gate"]
 
 CONV, GATES = Path(__file__).with_name("conv.cu"), Path(__file__).with_name("gates.cu")
 CONV_K, CONV_TOK, THREADS = 4, 16, 128   # CONV_K and CONV_TOK must match conv.cu
