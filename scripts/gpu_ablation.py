@@ -66,7 +66,8 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(FAMILIES))
     a = ap.parse_args()
     eng = build_engine(a.model, EngineArgs(device="cuda", load_format="dummy", max_num_seqs=a.batch,
-                                           max_model_len=4 * a.context, gpu_memory_utilization=0.5))
+                                           max_model_len=4 * a.context, gpu_memory_utilization=0.5,
+                                           pipelined_decode=False))   # no step left in flight to schedule around
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=2 * a.context, temperature=0.0, ignore_eos=True)
     for _ in range(a.batch):
@@ -74,7 +75,9 @@ def main() -> None:
     while eng.scheduler.waiting or any(r.num_computed < r.num_tokens - 1 for r in eng.scheduler.running):
         eng.step()
     runner, backend = eng.runner, eng.runner.backend
-    h = runner.prepare_host(eng.scheduler.schedule())
+    plan = eng.scheduler.schedule()
+    assert len(plan.runs) == a.batch, f"expected {a.batch} decode rows, the scheduler gave {len(plan.runs)}"
+    h = runner.prepare_host(plan)
     full = replay_ms(runner.graphs, h, backend.stream)
     print(f"{a.model}, batch {a.batch}, {a.context} context: full graph {full:.3f} ms")
     print(f"{'dropped':<16} {'launches':>8} {'graph ms':>9} {'cost ms':>8} {'us each':>8}")

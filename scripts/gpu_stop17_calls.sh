@@ -6,6 +6,10 @@
 # call1: GPU tests of the combined tree (GEMV, linear, tuned splits, graphs; Qwen3 and Qwen3.5 engines); each decode
 #   weight under every split factor (cluster reduction); the decode-graph ablation of main (Qwen3, Qwen3.5); batch-1
 #   decode of main, cluster and combined trees alternating, twice.
+# call2 (combined tree; base = main, pdlall = combined with pdl.MAX_DECODE_ROWS = 4096): the Qwen3 PDL test (its spy
+#   now sees cluster launches), the decode-graph ablation of main (fixed: no pipelined step left in flight), batch
+#   1 / 32 / 128 with PDL in every decode graph against without, and against main; prefix hits, cold prefill and
+#   start-up of the combined tree.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -22,6 +26,17 @@ call1) precompile & for t in base clu gdn; do tree $t precompile & done
            tree base lat base_q3_r$r 40 $Q3B1; tree clu lat clu_q3_r$r 40 $Q3B1; lat comb_q3_r$r 40 $Q3B1
            tree base lat base_q35_r$r 45 $Q35; tree clu lat clu_q35_r$r 45 $Q35; tree gdn lat gdn_q35_r$r 45 $Q35; lat comb_q35_r$r 45 $Q35
        done ;;
+call2) precompile & for t in base pdlall; do tree $t precompile & done
+       wait
+       timeout 150 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1; say "tests q3: $(tail -1 $L/t_q3.log)"
+       for m in qwen3-4b qwen3.5-4b; do
+           tree base timeout 90 python3 scripts/gpu_ablation.py $m > $L/ablation_$m.log 2>&1; say "ablation $m (main):"; tail -15 $L/ablation_$m.log | tee -a $S
+       done
+       lat comb_q3_r1 60 $Q3; tree pdlall lat pdlall_q3_r1 60 $Q3; tree base lat base_q3 60 $Q3
+       lat comb_q3_r2 60 $Q3; tree pdlall lat pdlall_q3_r2 60 $Q3
+       timeout 120 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix.log 2>&1
+       say "prefix hit:"; tail -7 $L/prefix.log | tee -a $S
+       startup startup ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"

@@ -90,7 +90,12 @@ def test_programmatic_dependent_launch_keeps_every_token(untied, monkeypatch):
     from openinfer.kernels.cuda import pdl
     ckpt, _ = untied
     runs, launched, launch, suspended, suspend = {}, [], pdl.launch, [], pdl.suspended
-    monkeypatch.setattr(pdl, "launch", lambda *a: launched.append(a[0]) or launch(*a))
+
+    def spy(*a, **kw):   # cluster launches (the split-K GEMV) go through pdl.launch with PDL off too
+        if kw.get("pdl_on", True):
+            launched.append(a[0])
+        launch(*a, **kw)
+    monkeypatch.setattr(pdl, "launch", spy)
     monkeypatch.setattr(pdl, "suspended", lambda yes=True: suspended.append(yes) or suspend(yes))
     monkeypatch.setattr(pdl, "KERNELS", None)   # every kernel, not just the default's small ones
     for on in (False, True):
