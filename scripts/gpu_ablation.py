@@ -72,7 +72,8 @@ def main() -> None:
     params = SamplingParams(max_tokens=2 * a.context, temperature=0.0, ignore_eos=True)
     for _ in range(a.batch):
         eng.submit(rng.integers(0, 150000, a.context).tolist(), params)
-    while eng.scheduler.waiting or any(r.num_computed < r.num_tokens - 1 for r in eng.scheduler.running):
+    # submit() only queues; the step loop admits. Step until every prompt is prefilled and has its first token.
+    while len(eng.scheduler.running) < a.batch or any(r.num_computed < r.num_tokens - 1 for r in eng.scheduler.running):
         eng.step()
     runner, backend = eng.runner, eng.runner.backend
     plan = eng.scheduler.schedule()
