@@ -10,6 +10,8 @@
 #   now sees cluster launches), the decode-graph ablation of main (fixed: no pipelined step left in flight), batch
 #   1 / 32 / 128 with PDL in every decode graph against without, and against main; prefix hits, cold prefill and
 #   start-up of the combined tree.
+# call3 (main = the combined tree, merged): the decode-graph ablation (Qwen3, Qwen3.5, batch 1), Nsight Compute per
+#   kernel of Qwen3.5's 1024-token prefill and of Qwen3's batch-32 decode step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -37,6 +39,11 @@ call2) precompile & for t in base pdlall; do tree $t precompile & done
        timeout 120 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix.log 2>&1
        say "prefix hit:"; tail -7 $L/prefix.log | tee -a $S
        startup startup ;;
+call3) precompile
+       for m in qwen3-4b qwen3.5-4b; do
+           timeout 100 python3 scripts/gpu_ablation.py $m > $L/ablation_$m.log 2>&1; say "ablation $m:"; tail -15 $L/ablation_$m.log | tee -a $S
+       done
+       ncu "qwen3.5-4b prefill 1024" "qwen3-4b decode 32" ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
