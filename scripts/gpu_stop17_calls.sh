@@ -12,6 +12,9 @@
 #   start-up of the combined tree.
 # call3 (main = the combined tree, merged): the decode-graph ablation (Qwen3, Qwen3.5, batch 1), Nsight Compute per
 #   kernel of Qwen3.5's 1024-token prefill and of Qwen3's batch-32 decode step.
+# call4: why decode attention costs 12.6 us a layer at batch 1 (call 3's ablation): Nsight Compute's full section
+#   set on one graph-replayed paged_decode launch, and batch-1 decode with 64 / 256 keys a split and with
+#   paged_decode off the PDL list.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -44,6 +47,17 @@ call3) precompile
            timeout 100 python3 scripts/gpu_ablation.py $m > $L/ablation_$m.log 2>&1; say "ablation $m:"; tail -15 $L/ablation_$m.log | tee -a $S
        done
        ncu "qwen3.5-4b prefill 1024" "qwen3-4b decode 32" ;;
+call4) precompile
+       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+       timeout 150 $NCU --clock-control none --graph-profiling node -k regex:paged_decode_mma -s 80 -c 1 --set full \
+           python3 scripts/gpu_kernel_times.py qwen3-4b decode 1 > $L/ncu_attn_full.txt 2>&1
+       say "ncu paged_decode, batch 1:"
+       grep -E "^  [a-zA-Z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|L2 Hit|Achieved Occupancy|Theoretical Occ|Registers Per|Grid Size|Block Size|Dynamic Shared|Waves Per SM|Elapsed Cycles|SM Active Cycles|Warp Cycles Per Issued|Issued Ipc|Executed Instructions  " $L/ncu_attn_full.txt | head -40 | tee -a $S
+       grep -A3 -iE "stall|latency issue" $L/ncu_attn_full.txt | cut -c1-230 | head -30 | tee -a $S
+       for r in 1 2; do
+           lat q3_keys64_r$r 40 $Q3B1; OPENINFER_DECODE_SPLIT_KEYS=256 lat q3_keys256_r$r 40 $Q3B1
+           OPENINFER_PDL=gemv,rope,add_rms_norm,rms_norm lat q3_nopdl_attn_r$r 40 $Q3B1
+       done ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
