@@ -15,6 +15,9 @@
 # call4: why decode attention costs 12.6 us a layer at batch 1 (call 3's ablation): Nsight Compute's full section
 #   set on one graph-replayed paged_decode launch, and batch-1 decode with 64 / 256 keys a split and with
 #   paged_decode off the PDL list.
+# call5: the o / out_proj weights pulled into L2 behind RoPE, attention and the GDN steps (prefetch_weight): GPU
+#   tests (the hint changes no bit, eager and in graphs; Qwen3 and Qwen3.5 engines), batch-1 decode with it on and
+#   off (OPENINFER_L2_PREFETCH=0), alternating, twice each for Qwen3-4B and Qwen3.5-4B.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -57,6 +60,12 @@ call4) precompile
        for r in 1 2; do
            lat q3_keys64_r$r 40 $Q3B1; OPENINFER_DECODE_SPLIT_KEYS=256 lat q3_keys256_r$r 40 $Q3B1
            OPENINFER_PDL=gemv,rope,add_rms_norm,rms_norm lat q3_nopdl_attn_r$r 40 $Q3B1
+       done ;;
+call5) precompile
+       tests 200 tests/kernels/test_cuda_ops.py -k "prefetch or gemv_graph or linear_gemv"
+       for r in 1 2; do
+           lat q3_on_r$r 40 $Q3B1; OPENINFER_L2_PREFETCH=0 lat q3_off_r$r 40 $Q3B1
+           lat q35_on_r$r 45 $Q35; OPENINFER_L2_PREFETCH=0 lat q35_off_r$r 45 $Q35
        done ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
