@@ -118,12 +118,8 @@ def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return x[rows]
 
 
-def prefetch_weight(w: np.ndarray, rows: int) -> None:
-    """A hint that `linear` reads w soon (the CUDA backend pulls it into L2); nothing to do here."""
-
-
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
     for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
-                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "prefetch_weight"):
+                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

@@ -28,18 +28,11 @@ class GQAAttention:
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         T = x.shape[0]
         qkv = self.ops.linear(x, self.w.qkv)
-        self.prefetch_o(T)
         q_end, k_end = self.nh * self.d, (self.nh + self.nkv) * self.d
         q = qkv[:, :q_end].reshape(T, self.nh, self.d)
         k = qkv[:, q_end:k_end].reshape(T, self.nkv, self.d)
         v = qkv[:, k_end:].reshape(T, self.nkv, self.d)
         return self.ops.linear(self.attend(q, k, v, batch, state).reshape(T, self.nh * self.d), self.w.o)
-
-    def prefetch_o(self, rows: int) -> None:
-        """RoPE and decode attention, between here and the o projection, leave HBM mostly idle at small batch:
-        a backend with `prefetch_weight` may start reading the o weight now."""
-        if hasattr(self.ops, "prefetch_weight"):
-            self.ops.prefetch_weight(self.w.o, rows)
 
     def attend(self, q: Array, k: Array, v: Array, batch: ForwardBatch, state: StatePools) -> Array:
         """QK-norm (if any) and RoPE, write K/V to the paged cache, attend: [T, nh, d] out.

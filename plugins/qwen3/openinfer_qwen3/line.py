@@ -71,7 +71,7 @@ class Qwen3Line(ModelLine):
 
     def kernel_plan(self, cfg: Qwen3Config) -> list[str]:
         return ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "rope_write_kv",
-                "paged_attention", "gather_rows", "prefetch_weight"]
+                "paged_attention", "gather_rows"]
 
     def build(self, cfg: Qwen3Config, weights, backend, ops):
         from .model import Qwen3Model

@@ -35,8 +35,6 @@ class GatedDeltaNet:
         ops, T = self.ops, x.shape[0]
         nk, nv, dk, dv, C = self.nk, self.nv, self.dk, self.dv, self.conv_dim
         proj = ops.linear(x, self.w.in_proj)
-        if hasattr(ops, "prefetch_weight"):   # the conv and delta-rule steps before out_proj leave HBM mostly idle
-            ops.prefetch_weight(self.w.out_proj, T)
         z = proj[:, C:C + nv * dv].reshape(T, nv, dv)
         b, a = proj[:, C + nv * dv:C + nv * dv + nv], proj[:, C + nv * dv + nv:]
         conv_state = state.layer(GDN_GROUP, "conv", self.index)
@@ -64,7 +62,6 @@ class GatedAttention(GQAAttention):
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         ops, T, nh, nkv, d = self.ops, x.shape[0], self.nh, self.nkv, self.d
         qkvg = ops.linear(x, self.w.qkv)
-        self.prefetch_o(T)
         q = qkvg[:, :nh * d].reshape(T, nh, d)
         k = qkvg[:, nh * d:(nh + nkv) * d].reshape(T, nkv, d)
         v = qkvg[:, (nh + nkv) * d:(nh + 2 * nkv) * d].reshape(T, nkv, d)

@@ -42,7 +42,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 SHARED_OPS = ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "qk_norm_rope",
-              "write_kv", "paged_attention", "gather_rows", "prefetch_weight"]
+              "write_kv", "paged_attention", "gather_rows"]
 
 
 class Qwen35Line(ModelLine):

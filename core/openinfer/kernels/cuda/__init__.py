@@ -6,8 +6,7 @@ Importing this package touches neither cupy nor the GPU: ops are registered as l
 from __future__ import annotations
 
 OPS = ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "linear_silu_mul",
-       "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs",
-       "prefetch_weight")
+       "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs")
 DTYPES = ("bfloat16", "float32")
 
 

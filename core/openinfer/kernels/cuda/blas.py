@@ -183,24 +183,6 @@ def gemv_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
     return out
 
 
-L2_PREFETCH = os.environ.get("OPENINFER_L2_PREFETCH", "1") != "0"
-L2_PREFETCH_MAX_BYTES = 32 << 20   # well inside the H200's 50 MB L2, with the kernels in between still cached
-L2_PREFETCH_CHUNK = 8 << 10        # bytes a thread asks for: spread over the SMs (~2.6k threads for 21 MB)
-
-
-def prefetch_weight(w: cp.ndarray, rows: int) -> None:
-    """A hint that `linear` will soon read w for `rows` rows of x: where that runs the GEMV (at most GEMV_MAX_M
-    rows, bf16), start pulling w into L2 now (gemv.cu's l2_prefetch, sm_90+), so that the kernels between here
-    and that GEMV hide its HBM reads. Changes no value; does nothing where it does not apply
-    (OPENINFER_L2_PREFETCH=0 turns it off)."""
-    if (not L2_PREFETCH or not GEMV_ENABLED or rows > GEMV_MAX_M or w.dtype != BF16 or not w.flags.c_contiguous
-            or w.data.ptr % 16 or w.nbytes % 16 or not 0 < w.nbytes <= L2_PREFETCH_MAX_BYTES
-            or not clusters_supported()):
-        return
-    threads = -(-w.nbytes // L2_PREFETCH_CHUNK)
-    launch("gemv", "l2_prefetch", (-(-threads // 32),), 32, (w, np.int64(w.nbytes // 16)))
-
-
 def operands(x: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
     """linear's checks, then x as [M, K] rows and w, both with a unit last stride (copied only if needed)."""
     k = w.shape[1]

@@ -255,19 +255,3 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 GEMV_VARIANTS(gemv_bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
 // tiles = inter / 8 (w: [2 inter, K])
 GEMV_VARIANTS(gemv_silu_bf16, (SiluMul{out, ldo, inter}), bf16* __restrict__ out, long long ldo, int inter)
-
-// A decode GEMV whose weight waits behind kernels that leave HBM idle (Qwen3's o projection behind RoPE and
-// decode attention, ~15 us reading 4 MB at batch 1) reads it faster from L2. This pulls `units` 16-byte units
-// at p into L2 with one bulk prefetch per thread (a hint: no data moves to the SM, nothing waits for it).
-// The weights depend on no kernel, so the prefetches go out before griddepcontrol.wait; the wait keeps the
-// PDL chain (common.cuh). grid: enough 32-thread CTAs to spread the copies over the SMs' copy engines.
-extern "C" __global__ void l2_prefetch(const char* p, long long units) {
-    const long long n = (long long)gridDim.x * blockDim.x, i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long lo = units * i / n, hi = units * (i + 1) / n;
-#if __CUDA_ARCH__ >= 900
-    if (hi > lo)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
-                     :: "l"(p + 16 * lo), "r"((unsigned int)(16 * (hi - lo))) : "memory");
-#endif
-    pdl_begin();
-}

@@ -10,11 +10,11 @@ import cupy as cp
 import numpy as np
 
 from .attention import paged_attention
-from .blas import gemv_silu_mul, linear, prefetch_weight
+from .blas import gemv_silu_mul, linear
 from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
 __all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "linear_silu_mul",
-           "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs", "prefetch_weight"]
+           "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
 
 
 def _threads(n: int, cap: int = 1024) -> int:

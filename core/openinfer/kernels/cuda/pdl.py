@@ -49,7 +49,7 @@ def parse_setting(value: str) -> tuple[bool, tuple[str, ...] | None]:
     return True, tuple(p.strip() for p in value.split(",") if p.strip())
 
 
-DEFAULT_KERNELS = ("gemv,l2_prefetch,paged_decode,rope,add_rms_norm,rms_norm,"
+DEFAULT_KERNELS = ("gemv,paged_decode,rope,add_rms_norm,rms_norm,"
                    "conv_update,gdn_gating,gdn_decode,gated_rms_norm,sigmoid_gate")   # (Qwen3.5's GDN decode kernels)
 ENABLED, KERNELS = parse_setting(os.environ.get("OPENINFER_PDL", DEFAULT_KERNELS))
 MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)
