@@ -3,6 +3,7 @@
 #   bash scripts/gpu_stop17_calls.sh callN   (server-stack wheels in .whl/; trees to compare, each made with
 #                                             git archive REV core plugins | tar -x -C .whl/NAME:
 #                                             base = main, clu = next/gemv-cluster-reduce, gdn = next/gdn-gating-fold)
+# call6: batch 1 / 32 / 128 of the merged main against stop 16's tree, alternating, twice.
 # call1: GPU tests of the combined tree (GEMV, linear, tuned splits, graphs; Qwen3 and Qwen3.5 engines); each decode
 #   weight under every split factor (cluster reduction); the decode-graph ablation of main (Qwen3, Qwen3.5); batch-1
 #   decode of main, cluster and combined trees alternating, twice.
@@ -67,6 +68,8 @@ call5) precompile
            lat q3_on_r$r 40 $Q3B1; OPENINFER_L2_PREFETCH=0 lat q3_off_r$r 40 $Q3B1
            lat q35_on_r$r 45 $Q35; OPENINFER_L2_PREFETCH=0 lat q35_off_r$r 45 $Q35
        done ;;
+call6) precompile; tree base precompile   # main (merged) against stop 16's a6d65a2 at batch 1 / 32 / 128, alternating
+       for r in 1 2; do tree base lat base_q3_r$r 60 $Q3; lat main_q3_r$r 60 $Q3; done ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
