@@ -1,9 +1,9 @@
 """CPU emulation of attention_decode.cu's indexing (no GPU): the kernel's address arithmetic run lane by
 lane over NaN-filled numpy "shared memory" (ldmatrix / mma.sync / cp.async modelled as in
-test_attention_mma_emulation), each warp's ring in program order, the warp merge, and the split merge
-of decode_merge.cuh (blocks arriving in a random order at their (sequence, head chunk) counter, the
-last one merging in split order); compared with the numpy reference. Mirrors the kernel line by line:
-change both together."""
+test_attention_mma_emulation), each warp's ring in program order, the warp merge, the merge of a
+cluster's splits in its rank 0 (merge_cluster), and the merge of the parts of decode_merge.cuh (rank 0s
+arriving in a random order at their (sequence, head chunk) counter, the last one merging in part order);
+compared with the numpy reference. Mirrors the kernel line by line: change both together."""
 from __future__ import annotations
 
 import math
@@ -51,14 +51,19 @@ def q_fragment(q, lo, hi, kk):
     return a
 
 
-def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, split, num_splits, scale, D):
-    """One block: returns (o [gc, D] normalized, M [gc], lsum [gc]) as it stores them."""
+def split_length(L, num_splits, min_split):
+    PASS = DEC_WARPS * DEC_BN
+    return max(min_split, ((L + num_splits - 1) // num_splits + PASS - 1) // PASS * PASS)
+
+
+def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, split, num_splits, min_split, scale, D):
+    """One block: returns its warps' states merged (merge_warps): o [gc, D] unnormalised, M [gc], lsum [gc]."""
     LD, KC, DT, S = D + 8, D // 16, D // 8, STAGES[D]
-    STAGE, RING, PASS = 2 * DEC_BN * LD, S * 2 * DEC_BN * LD, DEC_WARPS * DEC_BN
-    split_len = ((L + num_splits - 1) // num_splits + PASS - 1) // PASS * PASS
+    STAGE, RING = 2 * DEC_BN * LD, S * 2 * DEC_BN * LD
+    split_len = split_length(L, num_splits, min_split)
     kbeg, kend = split * split_len, min(L, split * split_len + split_len)
-    if kbeg >= kend:  # an empty split stores m and l only: its o stays unwritten
-        return np.full((gc, D), np.nan), np.full(gc, -np.inf), np.zeros(gc)
+    if kbeg >= kend:  # a rank past the context (in a used cluster): no keys, no warp state
+        return np.zeros((gc, D), np.float32), np.full(gc, -np.inf, np.float32), np.zeros(gc, np.float32)
     nall = (kend - kbeg + DEC_BN - 1) // DEC_BN if kend > kbeg else 0
     smem = np.full(DEC_WARPS * RING, np.nan, np.float32)
     koff = ((LANE & 7) + ((LANE >> 4) & 1) * 8) * LD + ((LANE >> 3) & 1) * 8
@@ -79,7 +84,7 @@ def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, spli
                 warp_load_kv(smem, warp * RING + s * STAGE, kflat, vflat, offset,
                              kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend, D)
     kflat[new: new + D], vflat[new: new + D] = written   # griddepcontrol.wait: the kernel before has finished
-    if kend == L:   # warp_reload_key
+    if kbeg < kend and kend == L:   # warp_reload_key
         tile = (L - 1 - kbeg) // DEC_BN
         warp, s, r = tile % DEC_WARPS, tile // DEC_WARPS, (L - 1 - kbeg) % DEC_BN
         if s < S - 1:
@@ -141,22 +146,29 @@ def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, spli
             first = TQ == 0
             mm[r[first]] = np.where(m[first, h] == -np.inf, -np.inf, m[first, h] * scale)
             ml[r[first]] = l[first, h]
-    out, Ms, ls = np.zeros((gc, D)), np.zeros(gc), np.zeros(gc)
-    for g in range(gc):
-        rows = np.arange(DEC_WARPS) * DEC_ROWS + g
-        M = mm[rows].max()
-        f = np.exp2(mm[rows] - M) if M != -np.inf else np.zeros(DEC_WARPS)
-        lsum = (f * ml[rows]).sum()
-        acc = (f[:, None] * mo[rows[:, None] * D + np.arange(D)]).sum(0)
-        out[g] = acc / lsum if lsum > 0 else 0
-        Ms[g], ls[g] = M, lsum
-    assert not np.isnan(out).any()
-    return out, Ms, ls
+    return merge_states([(mo[(w * DEC_ROWS + np.arange(gc)[:, None]) * D + np.arange(D)],
+                          mm[w * DEC_ROWS + np.arange(gc)], ml[w * DEC_ROWS + np.arange(gc)]) for w in range(DEC_WARPS)])
+
+
+def merge_states(states):
+    """merge_warps / merge_cluster in float32: states (o [gc, D] unnormalised, M [gc], lsum [gc]) combined in
+    order, each weighted exp2(M_i - M); M = -inf, lsum = o = 0 where none saw a key."""
+    o = np.array([s[0] for s in states], np.float32)
+    m = np.array([s[1] for s in states], np.float32)
+    l = np.array([s[2] for s in states], np.float32)
+    M = m.max(0)
+    f = np.where(M == -np.inf, np.float32(0), np.exp2(m - np.where(M == -np.inf, 0, M))).astype(np.float32)
+    acc, lsum = np.zeros(o.shape[1:], np.float32), np.zeros(len(M), np.float32)
+    for i in range(len(states)):
+        lsum += f[i] * l[i]
+        acc += f[i][:, None] * o[i]
+    assert not np.isnan(acc).any()
+    return acc, M, lsum
 
 
 def merge_splits(parts, gc, D):
-    """merge_splits_if_last in float32: weights exp2(m - M) l (l = 0 splits skipped), o and l summed in
-    split order, whichever block arrived last."""
+    """merge_splits_if_last in float32: weights exp2(m - M) l (l = 0 parts skipped), o and l summed in
+    part order, whichever rank 0 arrived last."""
     m = np.array([p[1] for p in parts], np.float32)   # [split, head], as stored (log2 units)
     l = np.array([p[2] for p in parts], np.float32)
     M = m.max(0)
@@ -175,42 +187,48 @@ def merge_splits(parts, gc, D):
 
 
 def emulate(q, q_stride, kflat, vflat, cache_base, block_stride, token_stride, bs, tables, qstart, ctx, nh, nkv,
-            scale, D, num_splits, rng):
+            scale, D, num_splits, cluster, min_split, rng):
     G, B = nh // nkv, len(ctx)
     chunks = (G + DEC_ROWS - 1) // DEC_ROWS
     grid_y = nkv * chunks
+    nparts = num_splits // cluster   # the grid's clusters; each is one part of a context
     counters = np.zeros(4096, np.int32)   # arrival_counters: zero on entry
     out = np.full((int(qstart[-1]), nh, D), np.nan)
     merges = 0
-    # the grid's blocks (split, y, sequence) finish in any order
-    for i in rng.permutation(num_splits * grid_y * B):
-        split, by, b = i % num_splits, i // num_splits % grid_y, i // (num_splits * grid_y)
-        q0 = int(qstart[b])
+    # the grid's clusters (part, y, sequence) finish in any order; a cluster's rank 0 stores or counts
+    for i in rng.permutation(nparts * grid_y * B):
+        part, by, b = i % nparts, i // nparts % grid_y, i // (nparts * grid_y)
+        q0, L = int(qstart[b]), int(ctx[b])
         if qstart[b + 1] == q0:   # no query: every block of it leaves before counting
             continue
+        used = -(-L // split_length(L, num_splits, min_split))
+        first = part * cluster
+        if first >= used:   # the whole cluster is past the context
+            continue
+        used_parts = -(-used // cluster)
         kvh, g0 = by // chunks, (by % chunks) * DEC_ROWS
         gc = min(DEC_ROWS, G - g0)
 
         def offset(t):
             return cache_base + int(tables[b][t // bs]) * block_stride + (t % bs) * token_stride + kvh * D
 
-        def block(s):
-            return emulate_block(q, q_stride, kflat, vflat, offset, q0, int(ctx[b]), kvh, g0, gc, G, s, num_splits,
-                                 scale, D)
+        def merged_part(p):   # rank 0 of cluster p: its first min(cluster, used - first) ranks' states merged
+            ranks = range(p * cluster, min(p * cluster + cluster, used))
+            o, M, lsum = merge_states([emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, s,
+                                                     num_splits, min_split, scale, D) for s in ranks])
+            return o / lsum[:, None], M, lsum   # store_merged_warps over the one merged state: o / lsum
 
         heads = slice(kvh * G + g0, kvh * G + g0 + gc)
-        if num_splits == 1:   # the block stores o / lsum itself
-            out[q0, heads] = block(split)[0]
+        if used_parts == 1:   # rank 0 stores o / lsum itself
+            out[q0, heads] = merged_part(part)[0]
             continue
         slot = b * grid_y + by
         counters[slot] += 1
-        if counters[slot] == num_splits:   # the last to arrive: merges every split's partials
+        if counters[slot] == used_parts:   # the last to arrive: merges every used part's partials
             counters[slot] = 0
-            out[q0, heads] = merge_splits([block(s) for s in range(num_splits)], gc, D)
+            out[q0, heads] = merge_splits([merged_part(p) for p in range(used_parts)], gc, D)
             merges += 1
     assert not counters.any()   # left zero for the next launch
-    live = int((np.diff(qstart) > 0).sum())
-    assert merges == (live * grid_y if num_splits > 1 else 0)
     return out
 
 
@@ -221,11 +239,16 @@ CASES = {
     "g8_d256_split": ([200, 16, 3], 16, 2, 256, 3, None),
     "g32_two_chunks_d64": ([90, 40], 32, 1, 64, 2, None),
     "no_query_sequence": ([500, 300, 70], 8, 2, 64, 5, [1, 0, 1]),   # its blocks never count
+    "one_long_context": ([2000, 1024, 63], 8, 1, 128, 32, None),   # 4 clusters of 8 / one whole cluster
 }
 
 
+@pytest.mark.parametrize("cluster", [1, 2, 8])
+@pytest.mark.parametrize("min_split", [64, 128])
 @pytest.mark.parametrize("case", list(CASES))
-def test_mma_decode_emulation_matches_reference(case):
+def test_mma_decode_emulation_matches_reference(case, min_split, cluster):
+    """Without clusters (1) every split is merged through the partials; in clusters of 2 or 8 (as many as
+    the grid's splits hold, whole ones) the ranks past a context take part with no keys."""
     ctx, nh, nkv, D, splits, q_lens = CASES[case]
     rng = np.random.default_rng(3)
     bs, layers, layer = 16, 2, 1
@@ -243,8 +266,10 @@ def test_mma_decode_emulation_matches_reference(case):
     batch = ForwardBatch(np.zeros(T, np.int32), np.zeros(T, np.int32), np.zeros(T, np.int64), tables, qs, lens,
                          np.zeros(0, np.int32), qs, lens, bs, 1, int(lens.max()))
     num_splits = splits or decode_splits(B, nkv * -(-(nh // nkv) // DEC_ROWS), 20480)
+    cluster = min(cluster, num_splits)
+    num_splits = num_splits // cluster * cluster   # whole clusters, as paged_decode launches them
     want = ref.paged_attention(q, pool[0][:, layer], pool[1][:, layer], batch, scale)
     got = emulate(qbuf.reshape(-1), nh * D + q_extra, pool[0].reshape(-1), pool[1].reshape(-1), layer * bs * nkv * D,
                   layers * bs * nkv * D, nkv * D, bs, tables, qs, lens, nh, nkv, scale * 1.4426950408889634, D,
-                  num_splits, rng)
+                  num_splits, cluster, min_split, rng)
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)

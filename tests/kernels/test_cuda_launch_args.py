@@ -66,21 +66,32 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
         assert call.name.startswith("paged_decode_mma" if dtype == BF16 else "paged_decode_"), call.name
         splits, counters, min_split = call.grid[0], call.args[-6], int(call.args[-1])
         assert (splits > 1) == (max(ctx) == 5000), call.grid   # only the long context splits
-        assert (counters is not module.NULL) == (splits > 1) and int(call.args[-2]) == splits
+        # the tensor-core kernel's splits run in clusters (merged in them); the clusters are the merged parts
+        cluster = call.cluster[0] if call.cluster else 1
+        assert (cluster > 1) == (splits > 1 and dtype == BF16) and call.cluster in (None, (cluster, 1, 1))
+        assert splits % cluster == 0 and cluster <= 8
+        parts = splits // cluster
+        assert (counters is not module.NULL) == (parts > 1) and int(call.args[-2]) == splits
         assert min_split % (64 if dtype == BF16 else 128) == 0 and min_split >= attention_decode.DECODE_SPLIT_KEYS
-        assert splits <= attention_decode.merge_max_splits(
+        assert parts <= attention_decode.merge_max_splits(
             attention_decode.decode_kernel(module.suffix(dtype), d, np.dtype(dtype).itemsize, dtype == BF16))
 
 
-def test_decode_splits_capped_by_the_merge(launches):
-    """One sequence on one KV head wants more splits than the merging block's shared memory holds
-    weights for (d64 tensor-core kernel: 432); the launch is capped there."""
+@pytest.mark.parametrize("cluster", [1, 8])
+def test_decode_splits_capped_by_the_merge(launches, monkeypatch, cluster):
+    """One sequence on one KV head wants more parts than the merging block's shared memory holds
+    weights for (d64 tensor-core kernel: 432); the launch is capped there. In clusters of 8 the parts are
+    the clusters: the one-wave limit (528 splits, 66 clusters) comes first."""
+    monkeypatch.setattr(attention_decode, "DECODE_CLUSTER", cluster)
     d, ctx = 64, 40000
     pool = aligned_empty((2, 1 + -(-ctx // 16), 1, 16, 1, d), BF16)
     q = aligned_empty((1, 2, d), BF16)
     attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [ctx], 16, -(-ctx // 16)), 0.125)
     (call,) = launches
-    assert call.grid == (attention_decode.merge_max_splits(attention_decode.decode_kernel("bf16", d, 2, True)), 1, 1)
+    cap = attention_decode.merge_max_splits(attention_decode.decode_kernel("bf16", d, 2, True))
+    assert cap == 432
+    assert call.grid == ((cap if cluster == 1 else 4 * 132), 1, 1)
+    assert call.cluster == (None if cluster == 1 else (8, 1, 1))
 
 
 @pytest.mark.parametrize("keys,want", [(1, 64), (64, 64), (100, 128), (256, 256)])
@@ -95,21 +106,23 @@ def test_decode_split_keys_set_the_shortest_split(launches, monkeypatch, keys, w
     attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [width], 16, 64), 0.125)
     (call,) = launches
     assert int(call.args[-1]) == want
-    assert call.grid[0] == (4 * 132 // 8 if width == 20480 else min(16, 1024 // want))
+    splits = 4 * 132 // 8 if width == 20480 else min(16, 1024 // want)   # in clusters: whole clusters of them
+    assert call.grid[0] == {66: 64, 16: 16, 8: 8, 4: 4}[splits]
 
 
-@pytest.mark.parametrize("seqs,splits", [(1, 16), (5, 13), (32, 2), (66, 1), (128, 1)])
-def test_decode_splits_fill_one_wave(launches, seqs, splits):
+@pytest.mark.parametrize("seqs,splits,cluster", [(1, 16, 8), (5, 12, 6), (32, 2, 2), (66, 1, 1), (128, 1, 1)])
+def test_decode_splits_fill_one_wave(launches, seqs, splits, cluster):
     """Qwen3-4B decode at 1k context (8 KV heads, 4 blocks an SM on 132 SMs: 528 places): the most
-    splits whose blocks fit in one wave, capped by the context's 16 passes; a batch whose blocks
-    already fill the machine does not split."""
+    splits whose blocks fit in one wave, capped by the context's 16 passes, in whole clusters that leave
+    at most an eighth of them out (5 sequences: 13 splits, 2 clusters of 6); a batch whose blocks already
+    fill the machine does not split."""
     d, ctx, bs = 128, 1024, 16
     width = -(-ctx // bs)
     pool = aligned_empty((2, 1 + seqs * width, 1, bs, 8, d), BF16)
     q = aligned_empty((seqs, 32, d), BF16)
     attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1] * seqs, [ctx] * seqs, bs, width), 0.125)
     (call,) = launches
-    assert call.grid == (splits, 8, seqs)
+    assert call.grid == (splits, 8, seqs) and call.cluster == (None if cluster == 1 else (cluster, 1, 1))
     assert splits == 1 or splits * 8 * seqs <= 4 * 132
 
 
@@ -142,6 +155,50 @@ def test_linear_gemv_launch_args(launches, m, n, k):
     w = aligned_empty((n, k), BF16)
     blas.linear(x, w)
     assert [(c.source, c.name) for c in launches] == [("gemv", f"gemv_bf16_{blas.GEMV_VARIANT}")]
+
+
+WIDE_CASES = [(m, nb) for m, nb in ((9, 2), (16, 2), (17, 4), (32, 4), (33, 8), (64, 8))]
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    """The wide GEMV on for M <= 64 (OPENINFER_GEMV_MAX_M=64)."""
+    monkeypatch.setattr(blas, "GEMV_WIDE_MAX_M", 64)
+
+
+@pytest.mark.parametrize("m,nb", WIDE_CASES)
+@pytest.mark.parametrize("n,k", [(6144, 2560), (2560, 9728), (151936, 2560), (77, 264)])
+def test_wide_gemv_launch_args(launches, wide, monkeypatch, m, nb, n, k):
+    """8 < M <= 64: gemv.cu's kernel of NB = 2, 4 or 8 n-tiles in each variant, ceil(N / 16 MT) CTAs, split-K by
+    the rule for that CTA size (one cluster a CTA's splits)."""
+    for variant in blas.GEMV_WIDE_VARIANTS[nb]:
+        monkeypatch.setitem(blas.GEMV_WIDE_VARIANT, nb, variant)
+        launches.clear()
+        blas.linear(aligned_empty((m, k), BF16), aligned_empty((n, k), BF16))
+        mt = int(variant[1])
+        splits = blas.gemv_splits(n, k, 4 * 132, 16 * mt)
+        (call,) = launches
+        assert (call.source, call.name) == ("gemv", f"gemv_bf16_n{nb}_{variant}")
+        assert call.grid == (-(-n // (16 * mt)), splits) and call.cluster == ((1, splits, 1) if splits > 1 else None)
+        assert call.args[4] == m
+
+
+def test_wide_gemv_is_off_by_default(launches):
+    """OPENINFER_GEMV_MAX_M unset: M > 8 stays off the GEMV (cuBLAS, recorded by nothing here)."""
+    assert blas.GEMV_WIDE_MAX_M == blas.GEMV_MAX_M == 8
+    x, w = aligned_empty((9, 256), BF16), aligned_empty((64, 256), BF16)
+    assert not blas._gemv_usable(x, w, 9, 256)
+    assert blas._gemv_usable(x[:8], w, 8, 256)
+
+
+def test_wide_variant_setting():
+    """OPENINFER_GEMV_WIDE_VARIANT: kernel suffixes n{NB}_m{MT}_u{U}, one per NB; anything else is refused."""
+    assert blas.parse_wide_variants("") == {}
+    assert blas.parse_wide_variants("n4_m4_u2, n8_m2_u2") == {4: "m4_u2", 8: "m2_u2"}
+    for bad in ("n4_m8_u2", "m2_u4", "n3_m1_u4", "nx_m1_u4"):
+        with pytest.raises(ValueError, match="OPENINFER_GEMV_WIDE_VARIANT"):
+            blas.parse_wide_variants(bad)
+    assert [blas.gemv_nb(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [1, 1, 2, 2, 4, 4, 8, 8]
 
 
 def test_pdl_setting_names_kernels(monkeypatch):
@@ -236,6 +293,27 @@ def test_linear_silu_mul_launches(launches, cublas, m, n, k):
     assert call.args[-1] == n // 2 and call.args[-3] is out
 
 
+@pytest.mark.parametrize("m,nb", WIDE_CASES)
+@pytest.mark.parametrize("n,k", FUSED_SHAPES)
+def test_wide_linear_silu_mul_launches(launches, wide, monkeypatch, m, nb, n, k):
+    """The SiLU epilogue GEMV at 8 < M <= 64: one launch of the NB kernel, ceil(I / 8 MT) CTAs, split as the plain
+    GEMV of that weight and M."""
+    for variant in blas.GEMV_WIDE_VARIANTS[nb]:
+        monkeypatch.setitem(blas.GEMV_WIDE_VARIANT, nb, variant)
+        launches.clear()
+        out = ops.linear_silu_mul(aligned_empty((m, k), BF16), aligned_empty((n, k), BF16))
+        assert out.shape == (m, n // 2)
+        (call,) = launches
+        mt = int(variant[1])
+        assert call.name == f"gemv_silu_bf16_n{nb}_{variant}"
+        assert (call.grid, call.cluster) == (lambda s: ((-(-n // 2 // (8 * mt)), s), (1, s, 1) if s > 1 else None))(
+            blas.gemv_splits(n, k, 4 * 132, 16 * mt))
+        assert call.args[-1] == n // 2 and call.args[-3] is out
+        launches.clear()
+        ops.linear(aligned_empty((m, k), BF16), aligned_empty((n, k), BF16))
+        assert launches[0].grid == call.grid   # the plain GEMV of the weight: the same CTAs and splits
+
+
 def test_gemv_takes_the_tuned_split_for_its_weight(launches, monkeypatch):
     """A split-K factor chosen at start-up (gemv_tune.py) for a weight on this device is what the plain and the SiLU
     GEMV launch with; other weights, and the same weight on another device, keep the rule's."""
@@ -250,6 +328,22 @@ def test_gemv_takes_the_tuned_split_for_its_weight(launches, monkeypatch):
     rule = blas.gemv_splits(2560, 9728, 4 * 132)
     assert [c.grid for c in launches] == [(1216, 5), (1216, 5), (160, rule)]
     assert [c.cluster for c in launches] == [(1, 5, 1), (1, 5, 1), (1, rule, 1)]   # a tile's splits: one cluster
+
+
+def test_wide_gemv_takes_the_tuned_split_of_its_nb(launches, wide, monkeypatch):
+    """A wide GEMV takes the factor tuned for its weight and NB ((device, N, K, NB)), never the M <= 8 one."""
+    from openinfer.testing.launch_check import FAKE_CP
+    cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=0))
+    monkeypatch.setattr(blas, "cp", SimpleNamespace(**vars(FAKE_CP), cuda=cuda))
+    monkeypatch.setattr(blas, "gemv_split_choice", {(0, 19456, 2560): 5, (0, 19456, 2560, 4): 3})
+    monkeypatch.setattr(blas, "GEMV_WIDE_VARIANT", {2: "m1_u4", 4: "m2_u2", 8: "m1_u2"})
+    x1, x32, x64 = (aligned_empty((m, 2560), BF16) for m in (1, 32, 64))
+    w = aligned_empty((19456, 2560), BF16)
+    for x in (x1, x32, x64):
+        ops.linear(x, w)
+    ops.linear_silu_mul(x32, w)
+    rule = blas.gemv_splits(19456, 2560, 4 * 132)
+    assert [c.grid for c in launches] == [(1216, 5), (608, 3), (1216, rule), (608, 3)]
 
 
 def test_linear_silu_mul_needs_whole_8_row_tiles(launches):

@@ -470,6 +470,98 @@ def test_fused_gemv_graph_capture_replays(pdl, gemv_kernels):
     assert "gemv_silu_bf16" in gemv_kernels
 
 
+# The wide GEMV (8 < M <= 64, OPENINFER_GEMV_MAX_M=64): M across the NB = 2, 4, 8 kernels (and short of their 8 NB
+# rows), N with a partial tile (77, 1000) and past whole CTAs of MT tiles, split-K (2560 x 4096 at the rule)
+WIDE_MS = (9, 16, 17, 32, 33, 64)
+WIDE_SHAPES = [(77, 200), (1000, 2056), (2560, 4096), (6144, 2560)]
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    monkeypatch.setattr(blas, "GEMV_WIDE_MAX_M", 64)
+
+
+@pytest.mark.parametrize("n,k", WIDE_SHAPES)
+@pytest.mark.parametrize("m", WIDE_MS)
+def test_wide_gemv(m, n, k, wide, monkeypatch, gemv_calls):
+    """Each wide variant against the fp32 reference, and bit-identical on a second run."""
+    rng = np.random.default_rng(1000 * m + n + k)
+    x, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
+    xd, wd = dev(x, BF16), dev(w, BF16)
+    nb = blas.gemv_nb(m)
+    for variant in blas.GEMV_WIDE_VARIANTS[nb]:
+        monkeypatch.setitem(blas.GEMV_WIDE_VARIANT, nb, variant)
+        got = ops.linear(xd, wd)
+        close(got, ref.linear(x, w), DTYPES["bfloat16"], scale=2)
+        np.testing.assert_array_equal(host(ops.linear(xd, wd)), host(got))  # split-K sums in a fixed order
+    assert gemv_calls == [(m, k)] * 2 * len(blas.GEMV_WIDE_VARIANTS[nb])
+
+
+@pytest.mark.parametrize("split", [1, 3, 8])
+def test_wide_gemv_forced_splits(split, wide, monkeypatch):
+    """Every wide variant at a given split-K factor (the tuner's candidates), M = 33 and 64 on one weight."""
+    monkeypatch.setattr(blas, "gemv_split_choice", {})
+    rng = np.random.default_rng(split)
+    n, k = 1000, 4096
+    w = exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
+    wd = dev(w, BF16)
+    for m in (12, 33, 64):
+        x = exact(rnd(rng, m, k), BF16)
+        nb = blas.gemv_nb(m)
+        blas.gemv_split_choice[blas.gemv_split_key(n, k, nb)] = split
+        for variant in blas.GEMV_WIDE_VARIANTS[nb]:
+            monkeypatch.setitem(blas.GEMV_WIDE_VARIANT, nb, variant)
+            close(ops.linear(dev(x, BF16), wd), ref.linear(x, w), DTYPES["bfloat16"], scale=2)
+
+
+@pytest.mark.parametrize("n,k", [*FUSED_SHAPES, (208, 264)])
+@pytest.mark.parametrize("m", WIDE_MS)
+def test_wide_linear_silu_mul_is_bitwise_the_two_ops(m, n, k, wide, monkeypatch, gemv_kernels):
+    rng = np.random.default_rng(100 * m + n + k)
+    x, w = _fused_inputs(rng, m, n, k)
+    xd, wd = dev(x, BF16), dev(w, BF16)
+    nb = blas.gemv_nb(m)
+    for variant in blas.GEMV_WIDE_VARIANTS[nb]:
+        monkeypatch.setitem(blas.GEMV_WIDE_VARIANT, nb, variant)
+        got = ops.linear_silu_mul(xd, wd)
+        assert got.shape == (m, n // 2)
+        np.testing.assert_array_equal(host(got), host(ops.silu_mul(ops.linear(xd, wd))))
+        close(got, ref.linear_silu_mul(x, w), DTYPES["bfloat16"], scale=5)
+    assert gemv_kernels.count("gemv_silu_bf16") == len(blas.GEMV_WIDE_VARIANTS[nb])
+
+
+def test_wide_gemv_graph_capture_replays(pdl, wide, gemv_kernels):
+    """An MLP and a projection chain at M = 16, 32 and 64 (split-K and not), captured once and replayed twice on
+    new inputs: each replay equals the eager ops bit for bit."""
+    rng = np.random.default_rng(13)
+    H, I = 2560, 9728
+    gate_up, down = dev(rnd(rng, 2 * I, H, scale=H ** -0.5), BF16), dev(rnd(rng, H, I, scale=I ** -0.5), BF16)
+    qkv, o = dev(rnd(rng, 6144, H, scale=H ** -0.5), BF16), dev(rnd(rng, H, 4096, scale=4096 ** -0.5), BF16)
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+
+    def step(x):
+        h = ops.linear(ops.linear(x, qkv)[:, :4096], o)
+        g = ops.linear_silu_mul(h, gate_up)
+        return ops.linear(g, down), g, h
+
+    for m in (16, 32, 64):
+        x = dev(rnd(rng, m, H), BF16)
+        with stream:
+            eager = host(step(x)[0])
+            with cp.cuda.using_allocator(pool.malloc):
+                stream.begin_capture()
+                y = step(x)
+                graph = stream.end_capture()
+            for _ in range(2):
+                x[...] = dev(rnd(rng, m, H), BF16)
+                graph.launch(stream)
+                got = [host(a) for a in y]
+                for a, b in zip(got, step(x)):
+                    np.testing.assert_array_equal(a, host(b))
+        assert not np.array_equal(eager, got[0])
+    assert "gemv_silu_bf16" in gemv_kernels and "gemv_bf16" in gemv_kernels
+
+
 def _batch(runs, block_size, rng, num_blocks):
     """runs: (context_len, query_len) per sequence; blocks are shuffled across sequences."""
     tables = shuffled_tables([-(-L // block_size) for L, _ in runs], num_blocks, rng)
@@ -655,19 +747,29 @@ def _decode_inputs(dt, ctx, nh, nkv, d, seed):
     return dev(q, dt[0]), pool_d[0][:, 1], pool_d[1][:, 1], db, want
 
 
-@pytest.mark.parametrize("kernel", ["mma", "fp32"])
+# decode kernels: the tensor-core one with its splits in clusters of up to 8 (the default) or without
+# clusters (OPENINFER_DECODE_CLUSTER=1), and the fp32 CUDA-core one
+DECODE_KERNELS = ["mma", "mma_nocluster", "fp32"]
+
+
+def _use_decode_kernel(kernel, monkeypatch):
+    from openinfer.kernels.cuda import attention, attention_decode
+    monkeypatch.setattr(attention, "DECODE_MMA", kernel != "fp32")
+    monkeypatch.setattr(attention_decode, "DECODE_CLUSTER", 1 if kernel == "mma_nocluster" else 8)
+
+
+@pytest.mark.parametrize("kernel", DECODE_KERNELS)
 @pytest.mark.parametrize("graph_width", [False, True])
 @pytest.mark.parametrize("case", list(DECODE_CASES))
 def test_decode_attention(dt, case, graph_width, kernel, monkeypatch):
-    """Both decode kernels (bf16: the tensor-core one unless OPENINFER_DECODE_MMA=0; float32: the fp32
-    one) against the reference, with the grid sized for this batch or, as a CUDA graph sizes it, for a
-    20480-token context (most splits then empty; each sequence splits its own length)."""
+    """Both decode kernels (bf16: the tensor-core one unless OPENINFER_DECODE_MMA=0, in clusters or not;
+    float32: the fp32 one) against the reference, with the grid sized for this batch or, as a CUDA graph
+    sizes it, for a 20480-token context (most splits then empty; each sequence splits its own length)."""
     import dataclasses
 
-    from openinfer.kernels.cuda import attention
-    if kernel == "mma" and dt[0] != BF16:
+    if kernel != "fp32" and dt[0] != BF16:
         pytest.skip("the tensor-core decode kernel is bf16 only")
-    monkeypatch.setattr(attention, "DECODE_MMA", kernel == "mma")
+    _use_decode_kernel(kernel, monkeypatch)
     ctx, nh, nkv, d = DECODE_CASES[case]
     qd, kc, vc, db, want = _decode_inputs(dt, ctx, nh, nkv, d, len(case))
     if graph_width:
@@ -691,8 +793,8 @@ def decode_grids(monkeypatch):
     from openinfer.kernels.cuda import attention_decode
     grids = []
     real = attention_decode.launch
-    monkeypatch.setattr(attention_decode, "launch", lambda src, name, grid, *a: (grids.append(grid),
-                                                                                 real(src, name, grid, *a)))
+    monkeypatch.setattr(attention_decode, "launch", lambda src, name, grid, *a, **k: (grids.append(grid),
+                                                                                      real(src, name, grid, *a, **k)))
     return grids
 
 
@@ -701,14 +803,13 @@ def _counters_zero() -> bool:
     return not arrival_counters("decode_attention").any()
 
 
-@pytest.mark.parametrize("kernel", ["mma", "fp32"])
+@pytest.mark.parametrize("kernel", DECODE_KERNELS)
 def test_split_decode_is_deterministic(kernel, decode_grids, monkeypatch):
-    """The merging block is whichever split finished last, a race; the merge sums in split order, so
+    """The merging block is whichever split (cluster) finished last, a race; the merge sums in split order, so
     repeated runs give the same bits, and every run leaves the arrival counters zero."""
     import dataclasses
 
-    from openinfer.kernels.cuda import attention
-    monkeypatch.setattr(attention, "DECODE_MMA", kernel == "mma")
+    _use_decode_kernel(kernel, monkeypatch)
     dt = DTYPES["bfloat16"]
     qd, kc, vc, db, want = _decode_inputs(dt, [20000, 1, 333, 4096, 15], 32, 8, 128, 23)
     db = dataclasses.replace(db, max_context_len=20480)   # most splits of the short contexts empty
@@ -720,16 +821,15 @@ def test_split_decode_is_deterministic(kernel, decode_grids, monkeypatch):
     assert _counters_zero()
 
 
-@pytest.mark.parametrize("kernel", ["mma", "fp32"])
+@pytest.mark.parametrize("kernel", DECODE_KERNELS)
 def test_split_decode_with_a_no_query_sequence(dt, kernel, decode_grids, monkeypatch):
     """A sequence without a query this step (query_start repeats): all its blocks leave before counting,
     the others merge as usual, and the next launch still finds the counters zero."""
     import dataclasses
 
-    from openinfer.kernels.cuda import attention
-    if kernel == "mma" and dt[0] != BF16:
+    if kernel != "fp32" and dt[0] != BF16:
         pytest.skip("the tensor-core decode kernel is bf16 only")
-    monkeypatch.setattr(attention, "DECODE_MMA", kernel == "mma")
+    _use_decode_kernel(kernel, monkeypatch)
     rng = np.random.default_rng(24)
     runs, nh, nkv, d, bs = [(3000, 1), (2000, 0), (700, 1), (5, 0), (64, 1)], 16, 4, 64, 16
     num_blocks = sum(-(-L // bs) for L, _ in runs) + 3
@@ -745,16 +845,16 @@ def test_split_decode_with_a_no_query_sequence(dt, kernel, decode_grids, monkeyp
     assert decode_grids[0][0] > 1 and decode_grids[0][2] == len(runs), decode_grids
 
 
-@pytest.mark.parametrize("kernel", ["mma", "fp32"])
-@pytest.mark.parametrize("keys", [64, 256, 1024])
+@pytest.mark.parametrize("kernel", DECODE_KERNELS)
+@pytest.mark.parametrize("keys", [64, 128, 256, 1024])
 def test_split_decode_with_longer_splits(kernel, keys, decode_grids, monkeypatch):
     """OPENINFER_DECODE_SPLIT_KEYS: each context is cut into splits of at least `keys` keys, the grid's
     other splits leave without counting; the merge waits for the used ones only. Against the reference,
     the same bits on a rerun, the counters left zero, in a grid sized for 20480 keys."""
     import dataclasses
 
-    from openinfer.kernels.cuda import attention, attention_decode
-    monkeypatch.setattr(attention, "DECODE_MMA", kernel == "mma")
+    from openinfer.kernels.cuda import attention_decode
+    _use_decode_kernel(kernel, monkeypatch)
     monkeypatch.setattr(attention_decode, "DECODE_SPLIT_KEYS", keys)
     dt = DTYPES["bfloat16"]
     qd, kc, vc, db, want = _decode_inputs(dt, [20000, 1, 1024, 333, 4097, 64, 65], 32, 8, 128, 26)

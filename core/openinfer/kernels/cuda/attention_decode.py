@@ -4,7 +4,10 @@ bf16 runs on the tensor-core kernel (attention_decode.cu), float32 (and bf16 tha
 aligned) on the fp32 CUDA-core kernel of attention.cu. Both give a block one split of one sequence's
 context, one KV head and the query heads of its group, so K/V is read once per step; both store
 per-split partials, and the last block of a (sequence, head chunk) to finish merges them
-(decode_merge.cuh), counted on arrival_counters("decode_attention"): one launch per layer. The grid
+(decode_merge.cuh), counted on arrival_counters("decode_attention"): one launch per layer. On sm_90+ the
+tensor-core kernel runs its splits in thread-block clusters of up to DECODE_CLUSTER: a cluster's splits are
+merged in its first block over distributed shared memory, and only the clusters' partials go through global
+memory and the arrival counter (none at all where one cluster holds the context). The grid
 depends only on the batch size, the heads and `max_context_len`: each sequence divides its own length
 over the splits (at least `split_keys` keys each), so a CUDA graph captured with the longest context
 stays right for shorter ones: a sequence's splits past its own context leave at once.
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
+from . import blas
 from .module import COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, sm_count
 
 NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its blocks' warps, key tile, group rows)
@@ -29,12 +33,18 @@ DECODE_MMA = os.environ.get("OPENINFER_DECODE_MMA", "1") != "0"   # 0: the fp32 
 # fewest keys a split takes (rounded up to the kernel's pass): fewer, longer splits for short contexts, so
 # fewer partials to store and merge; the grid's split count (set by the longest context) is unchanged
 DECODE_SPLIT_KEYS = int(os.environ.get("OPENINFER_DECODE_SPLIT_KEYS", "64"))
+# most splits of one thread-block cluster (the tensor-core kernel, sm_90+; 8 is the portable cluster size,
+# which merge_cluster in attention_decode.cu assumes); 1: every split merges through global partials
+DECODE_CLUSTER = int(os.environ.get("OPENINFER_DECODE_CLUSTER", "8"))
+if not 1 <= DECODE_CLUSTER <= 8:
+    raise ValueError(f"OPENINFER_DECODE_CLUSTER={DECODE_CLUSTER}: choose 1 (no clusters) to 8")
 
 
 @dataclass(frozen=True)
 class DecodeKernel:
     source: str      # the .cu file
     name: str
+    clustered: bool  # its splits may run in thread-block clusters (attention_decode.cu's merge_cluster)
     rows: int        # query heads of a group one block takes (more: the group is cut into chunks)
     pass_len: int    # splits are whole multiples of this many keys
     smem: int        # dynamic shared memory, bytes
@@ -53,10 +63,10 @@ def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool) -> DecodeKernel:
     """The tensor-core kernel (split until one wave of resident blocks is full), or the fp32 one,
     whose split count keeps its original tuning (two blocks an SM)."""
     if mma:
-        return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_d{d}", DEC_ROWS, DEC_PASS,
+        return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_d{d}", True, DEC_ROWS, DEC_PASS,
                             mma_decode_smem(d), 32 * DEC_WARPS, 0)
     words = d * itemsize // 4
-    return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, MIN_SPLIT,
+    return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", False, GMAX, MIN_SPLIT,
                         (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 2)
 
 
@@ -78,8 +88,20 @@ def split_keys(kernel: DecodeKernel) -> int:
 
 
 def merge_max_splits(kernel: DecodeKernel) -> int:
-    """The merging block keeps m and l of every (head, split) in its dynamic shared memory."""
+    """The merging block keeps m and l of every (head, part) in its dynamic shared memory."""
     return kernel.smem // (2 * 4 * kernel.rows)
+
+
+def cluster_size(kernel: DecodeKernel, splits: int) -> int:
+    """CTAs of one cluster for a grid of up to `splits` splits (the grid then takes whole clusters): the
+    largest size up to DECODE_CLUSTER that leaves at most an eighth of the splits out (13 splits: 2 clusters
+    of 6, not 1 of 8); 1 where the kernel or the device has no clusters."""
+    if not kernel.clustered or splits == 1 or not blas.clusters_supported():
+        return 1
+    for c in range(min(DECODE_CLUSTER, splits), 1, -1):
+        if 8 * c * (splits // c) >= 7 * splits:
+            return c
+    return 1
 
 
 def paged_decode(common: tuple, out: cp.ndarray, num_seqs: int, max_context_len: int, nh: int, nkv: int,
@@ -90,17 +112,21 @@ def paged_decode(common: tuple, out: cp.ndarray, num_seqs: int, max_context_len:
     kv_blocks = nkv * math.ceil(nh // nkv / kernel.rows)
     per_sm = kernel.per_sm or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
     min_split = split_keys(kernel)
-    splits = min(decode_splits(num_seqs, kv_blocks, max_context_len, min_split, per_sm),
-                 merge_max_splits(kernel))
+    splits = decode_splits(num_seqs, kv_blocks, max_context_len, min_split, per_sm)
+    cluster = cluster_size(kernel, splits)
+    # whole clusters (the grid's x a multiple of theirs), at most as many parts as the merging block holds
+    splits = min(splits // cluster, merge_max_splits(kernel)) * cluster
     # asked on every decode, split or not, so that an eager run of any batch (cuda_graphs.py runs only
     # the largest bucket, which may not split) sets them up before a smaller bucket is captured
     counters = arrival_counters("decode_attention")
     if counters is None or num_seqs * kv_blocks > COUNTER_SLOTS:   # one counter a (sequence, head chunk)
-        splits = 1
+        splits = cluster   # a cluster's merge needs no counter
     parts = (NULL, NULL, NULL, NULL)
-    if splits > 1:
-        part_o = cp.empty((num_seqs, nh, splits, d), dtype=cp.float32)
-        part_ml = cp.empty((2, num_seqs, nh, splits), dtype=cp.float32)
+    nparts = splits // cluster
+    if nparts > 1:
+        part_o = cp.empty((num_seqs, nh, nparts, d), dtype=cp.float32)
+        part_ml = cp.empty((2, num_seqs, nh, nparts), dtype=cp.float32)
         parts = (part_o, part_ml[0], part_ml[1], counters)
     launch(kernel.source, kernel.name, (splits, kv_blocks, num_seqs), kernel.threads,
-           (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits), np.int32(min_split)), kernel.smem)
+           (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits), np.int32(min_split)), kernel.smem,
+           cluster=(cluster, 1, 1) if cluster > 1 else None)

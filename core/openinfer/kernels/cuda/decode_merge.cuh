@@ -9,8 +9,26 @@
 // reads what other SMs wrote, never a stale line of its own L1.
 #pragma once
 
-// Warp w's state of head g sits at row w * ROWS + g: max wm (log2 units), sum wl, unnormalised output
-// wo[row * D ..]. Call after a __syncthreads().
+// The online-softmax states of NW warps, combined: warp w's state of head g sits at row w * ROWS + g: max
+// wm (log2 units), sum wl, unnormalised output wo[row * D ..]. Gives head g's max M, sum lsum and unnormalised
+// output column dd, all relative to M (M = -inf, lsum = o = 0 where no warp saw a key).
+template <int NW, int ROWS, int D>
+__device__ __forceinline__ void merge_warps(const float* wm, const float* wl, const float* wo, int g, int dd,
+                                            float& M, float& lsum, float& o) {
+    M = NEG_INF, lsum = 0.f, o = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, wm[w * ROWS + g]);
+    if (M != NEG_INF)
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            const float f = exp2f(wm[w * ROWS + g] - M);
+            lsum += f * wl[w * ROWS + g];
+            o += f * wo[(w * ROWS + g) * D + dd];
+        }
+}
+
+// The warps' states merged (merge_warps), then stored: the normalised rows when the sequence has one split,
+// else this split's partials. Call after a __syncthreads().
 template <typename T, int NW, int ROWS, int D>
 __device__ __forceinline__ void store_merged_warps(const float* wm, const float* wl, const float* wo, int gc,
                                                    int head0, int nh, int q0, int b, int split, int used,
@@ -18,16 +36,8 @@ __device__ __forceinline__ void store_merged_warps(const float* wm, const float*
                                                    float* part_l) {
     for (int idx = threadIdx.x; idx < gc * D; idx += blockDim.x) {
         const int g = idx / D, dd = idx % D, head = head0 + g;
-        float M = NEG_INF, lsum = 0.f, o = 0.f;
-#pragma unroll
-        for (int w = 0; w < NW; ++w) M = fmaxf(M, wm[w * ROWS + g]);
-        if (M != NEG_INF)
-#pragma unroll
-            for (int w = 0; w < NW; ++w) {
-                const float f = exp2f(wm[w * ROWS + g] - M);
-                lsum += f * wl[w * ROWS + g];
-                o += f * wo[(w * ROWS + g) * D + dd];
-            }
+        float M, lsum, o;
+        merge_warps<NW, ROWS, D>(wm, wl, wo, g, dd, M, lsum, o);
         if (used == 1) {
             out[((long long)q0 * nh + head) * D + dd] = from_f32<T>(o / lsum);
         } else {
