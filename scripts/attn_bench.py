@@ -1,14 +1,15 @@
-"""Decode attention microbenchmark on one GPU: the fp32 CUDA-core kernel (attention.cu, "old") against
-the tensor-core one (attention_decode.cu, "new") on one Qwen3-4B layer (32 query heads, 8 KV heads,
+"""Decode attention microbenchmark on one GPU: the fp32 CUDA-core kernel (attention.cu, "old"), the
+tensor-core one (attention_decode.cu, "new": its splits in thread-block clusters, as the engine runs it) and
+the tensor-core one without clusters ("nocl") on one Qwen3-4B layer (32 query heads, 8 KV heads,
 head dim 128, bf16, block size 16, blocks shuffled over the pool), batch x context as given.
 
 Each variant runs as the engine runs decode: its grid sized for --max-model-len (the CUDA graphs'
 sizing), CALLS calls captured into one CUDA graph, the replay timed with CUDA events. GB/s counts
 the K/V bytes one call must read (batch x context x 8 heads x 128 x 2 x 2 bytes) over its time;
-the H200 copies at ~4.3 TB/s. "max |diff|" compares the two kernels' outputs. --split-keys repeats each
-point for each fewest-keys-a-split (OPENINFER_DECODE_SPLIT_KEYS).
+the H200 copies at ~4.3 TB/s. "max |diff|" compares each variant's output with the first one's. --split-keys
+repeats each point for each fewest-keys-a-split (OPENINFER_DECODE_SPLIT_KEYS).
     python scripts/attn_bench.py [--batches 1,32,128] [--contexts 1024,16384] [--max-model-len 20480]
-                                 [--split-keys 64,256]
+                                 [--split-keys 64,256] [--variants old,new,nocl]
 """
 from __future__ import annotations
 
@@ -47,16 +48,18 @@ def main() -> None:
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--contexts", default="1024,16384")
     ap.add_argument("--max-model-len", type=int, default=20480)
-    ap.add_argument("--variants", default="old,new", help="old (fp32 CUDA-core kernel), new (tensor-core), or both")
+    ap.add_argument("--variants", default="old,new", help="old (fp32 CUDA-core kernel), new (tensor-core, in "
+                    "clusters), nocl (tensor-core without clusters), comma-separated")
     ap.add_argument("--split-keys", default=str(attention_decode.DECODE_SPLIT_KEYS))
     args = ap.parse_args()
-    variants = [(name, name == "new") for name in args.variants.split(",")]
+    kinds = {"old": (False, 1), "new": (True, attention_decode.DECODE_CLUSTER), "nocl": (True, 1)}   # mma, cluster
+    variants = [(name, *kinds[name]) for name in args.variants.split(",")]
     rng = np.random.default_rng(0)
     stream = cp.cuda.Stream(non_blocking=True)
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; {NH} q / {NKV} kv heads, d {D}, bf16, "
           f"block {BS}, grid sized for {args.max_model_len} tokens, {CALLS} calls a graph")
-    print(f"{'batch':>5} {'context':>7} {'keys':>5} {'KV MB':>8} {'old ms':>8} {'old GB/s':>9} {'new ms':>8} "
-          f"{'new GB/s':>9} {'speed-up':>8} {'max |diff|':>10}")
+    print(f"{'batch':>5} {'context':>7} {'keys':>5} {'KV MB':>8} "
+          + " ".join(f"{n + ' ms':>9} {n + ' GB/s':>10}" for n, *_ in variants) + f" {'max |diff|':>10}")
     points = [(int(b), int(c), int(k)) for b in args.batches.split(",") for c in args.contexts.split(",")
               for k in args.split_keys.split(",")]
     for b, ctx, keys in points:
@@ -64,20 +67,16 @@ def main() -> None:
         q, k, v, fb = make_inputs(b, ctx, args.max_model_len, rng)
         scale = D ** -0.5
         outs, ms = {}, {}
-        for name, mma in variants:
-            attention.DECODE_MMA = mma
+        for name, mma, cluster in variants:
+            attention.DECODE_MMA, attention_decode.DECODE_CLUSTER = mma, cluster
             ms[name] = graph_ms(lambda: attention.paged_attention(q, k, v, fb, scale), repeats=5, calls=CALLS)
             with stream:
                 outs[name] = cp.asnumpy(attention.paged_attention(q, k, v, fb, scale), stream).astype(np.float32)
         kv_bytes = b * ctx * NKV * D * 2 * 2
-        if len(ms) < 2:   # one variant: its time alone
-            (name, t), = ms.items()
-            print(f"{b:>5} {ctx:>7} {keys:>5} {kv_bytes / 1e6:>8.1f} {name} {t:.3f} ms, {kv_bytes / t / 1e6:.0f} GB/s")
-        else:
-            diff = float(np.abs(outs["old"] - outs["new"]).max())
-            print(f"{b:>5} {ctx:>7} {keys:>5} {kv_bytes / 1e6:>8.1f} {ms['old']:>8.3f} {kv_bytes / ms['old'] / 1e6:>9.0f} "
-                  f"{ms['new']:>8.3f} {kv_bytes / ms['new'] / 1e6:>9.0f} {ms['old'] / ms['new']:>7.2f}x "
-                  f"{diff:>10.2e}")
+        first = outs[variants[0][0]]
+        diff = max(float(np.abs(o - first).max()) for o in outs.values())
+        print(f"{b:>5} {ctx:>7} {keys:>5} {kv_bytes / 1e6:>8.1f} "
+              + " ".join(f"{t:>9.4f} {kv_bytes / t / 1e6:>10.0f}" for t in ms.values()) + f" {diff:>10.2e}")
         del q, k, v, fb, outs
         cp.get_default_memory_pool().free_all_blocks()
 
