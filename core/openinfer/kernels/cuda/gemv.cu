@@ -44,6 +44,7 @@
 //   out: its one-CTA tail cost more than the kernel boundary it saved (o at M = 1: 12.5 vs 11.5 us, M = 8:
 //   26.1 vs 12.0 us; docs/benchmarks/qwen3-4b-h200.md, stop 12).
 // Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8 NB.
+#include "cluster.cuh"
 #include "common.cuh"
 
 namespace {
@@ -125,24 +126,11 @@ struct SiluMul {
     }
 };
 
-// Split-K through a thread-block cluster: a tile's splits run as one cluster (cluster dims (1, splits, 1), so
-// cluster rank = split). Each keeps its partial sums in its own shared memory; after a cluster barrier rank 0
-// reads them over distributed shared memory in split order (deterministic) and stores; a second barrier keeps
-// the other CTAs, and their shared memory, alive until it has. No workspace, counters or global round trips.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ float4 ld_cluster(const float4* local, int rank) {   // `local`'s twin in CTA `rank`
-    const unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(local));
-    unsigned int remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
-    return v;
-}
-
+// Split-K through a thread-block cluster (cluster.cuh): a tile's splits run as one cluster (cluster dims
+// (1, splits, 1), so cluster rank = split). Each keeps its partial sums in its own shared memory; after a cluster
+// barrier rank 0 reads them over distributed shared memory in split order (deterministic) and stores; a second
+// barrier keeps the other CTAs, and their shared memory, alive until it has. No workspace, counters or global
+// round trips.
 constexpr int WARPS = 4;
 
 __device__ __forceinline__ float4 add4(float4 s, const float4& t) {
