@@ -4,14 +4,12 @@
     python scripts/gemv_bench.py --sweep    # also tries the GEMV knobs (kernel variant, split-K fill) on the chain
     python scripts/gemv_bench.py --splits   # only each Qwen3-4B/Qwen3.5-4B shape at M = 1 under every split-K factor
     python scripts/gemv_bench.py --fused    # only the SiLU-epilogue GEMV (linear_silu_mul) vs the two ops
-    python scripts/gemv_bench.py --wide [--output-json PATH]   # only the wide GEMV (M = 16..64) vs cuBLASLt
 
 Times are CUDA-graph replays (kernel time plus the graph's launch gaps), GB/s counts weight + x + y bytes.
 """
 from __future__ import annotations
 
 import functools
-import json
 import sys
 
 import cupy as cp
@@ -100,16 +98,11 @@ def shape_rows(shapes, ms=(1, 8)):
         del ws
 
 
-def chain_weights():
-    """36 layers x (qkv, o, gate_up, down) and the lm_head, each with its own weights (8.05 GB)."""
+def decode_chain(m=1):
+    """36 layers x (qkv, o, gate_up, down) + lm_head, each with its own weights (8.05 GB), one graph."""
     layers = [[rand(n, k, scale=k ** -0.5) for k, n in (SHAPES_4B[s] for s in ("qkv", "o", "gate_up", "down"))]
               for _ in range(36)]
-    return layers, rand(V, H, scale=H ** -0.5)
-
-
-def decode_chain(m=1, weights=None):
-    """The 145 GEMMs of chain_weights (made here unless given) at M rows, one graph."""
-    layers, lm = weights or chain_weights()
+    lm = rand(V, H, scale=H ** -0.5)
     xs = {k: rand(m, k) for k in (H, NO, I)}
     nbytes = sum(w.nbytes for ws in layers for w in ws) + lm.nbytes
 
@@ -194,102 +187,12 @@ def split_rows(shapes, splits=(1, 2, 3, 4, 5, 6, 8)):
         del ws
 
 
-def wide_rows(ms=(8, 16, 32, 64), output_json=None):
-    """The wide GEMV (gemv.cu's _n{NB}_m{MT}_u{U} kernels, 8 < M <= 64) against cuBLASLt as `linear` runs it with the
-    GEMV off (the algorithm lt_tune picks at start-up, GemmEx where it picks none; at M = 8 the M <= 8 GEMV too):
-    each Qwen3-4B decode shape and M, each variant at the split rule without and with PDL (the engine captures
-    decode graphs above pdl.MAX_DECODE_ROWS rows without it), then each split-K factor without PDL; then the
-    145-GEMM decode chain per M and variant, at the rule and at each shape's fastest factor ("tuned", what
-    gemv_tune would pick). us per GEMM, GB/s of weight + x + y bytes."""
-    from openinfer.kernels.cuda import gemv_tune, lt_tune
-    wide_m = max(ms)
-    shapes = [(n, k) for k, n in SHAPES_4B.values()]
-    lt_tune.tune([m for m in ms if m > blas.GEMV_MAX_M], shapes)
-    results = {"shapes": [], "chain": [], "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode()}
-
-    def kernels(m):
-        """(label, knobs) of each GEMV kernel M rows can run on: the M <= 8 one, or each wide variant of its NB."""
-        if m <= blas.GEMV_MAX_M:
-            return [(blas.GEMV_VARIANT, {})]
-        nb = blas.gemv_nb(m)
-        return [(f"n{nb}_{v}", {"GEMV_WIDE_MAX_M": wide_m, "GEMV_WIDE_VARIANT": {**blas.GEMV_WIDE_VARIANT, nb: v}})
-                for v in blas.GEMV_WIDE_VARIANTS[nb]]
-
-    print(f"\nresident CTAs: " + ", ".join(f"{name} {blas.gemv_resident('gemv_bf16_' + name)}" for name in
-                                          [blas.GEMV_VARIANT] + [f"n{nb}_{v}" for nb, vs in
-                                                                 blas.GEMV_WIDE_VARIANTS.items() for v in vs]))
-    print(f"\n{'GEMM (K->N)':<20} {'M':>2} {'cublasLt':>8} {'kernel':<10} {'rule':>4} {'us':>6} {'+PDL':>6} {'GB/s':>5} "
-          + " ".join(f"{f'x{s}':>6}" for s in gemv_tune.CANDIDATES) + f" {'best':>6} {'vs Lt':>5}")
-    best_split = {}   # (label, n, k) -> fastest factor
-    for name, (k, n) in SHAPES_4B.items():
-        copies = weight_copies(2 * n * k)
-        ws = [rand(n, k, scale=k ** -0.5) for _ in range(copies)]
-        for m in ms:
-            x = rand(m, k)
-            nbytes = 2 * (n * k + m * (k + n))
-
-            def fn():
-                for w in ws:
-                    ops.linear(x, w)
-            lt_us = with_gemv(False, lambda: graph_us(fn), pdl_on=False) / copies
-            results["shapes"].append({"shape": name, "k": k, "n": n, "m": m, "kernel": "cublasLt", "us": lt_us})
-            for label, knobs in kernels(m):
-                nb = blas.gemv_nb(m)
-                rule = with_gemv(True, lambda: blas.gemv_launch_shape(m, n, k)[2], **knobs)
-                plain, on = (with_gemv(True, lambda: graph_us(fn), pdl_on=p, **knobs) / copies for p in (False, True))
-                key = (0, n, k) if nb == 1 else (0, n, k, nb)
-                factors = gemv_tune.candidates(n, k, rule)
-                by_split = {s: with_gemv(True, lambda: graph_us(fn), pdl_on=False, gemv_split_choice={key: s},
-                                         **knobs) / copies for s in factors}
-                best = min(by_split, key=by_split.get)
-                best_split[(label, n, k)] = best
-                results["shapes"].append({"shape": name, "k": k, "n": n, "m": m, "kernel": label, "rule": rule,
-                                          "us": plain, "us_pdl": on, "us_by_split": by_split, "best_split": best})
-                print(f"{name + f' {k}->{n}':<20} {m:>2} {lt_us:8.1f} {label:<10} {rule:>4} {plain:6.1f} {on:6.1f} "
-                      f"{nbytes / min(plain, on) / 1e3:5.0f} "
-                      + " ".join(f"{by_split[s]:6.1f}" if s in by_split else f"{'-':>6}" for s in gemv_tune.CANDIDATES)
-                      + f" {best:>6} {lt_us / min(plain, on, by_split[best]):5.2f}")
-        del ws
-
-    weights = chain_weights()
-    for m in ms:
-        run, nbytes = decode_chain(m, weights)
-        floor = nbytes / FLOOR_BW * 1e6
-        print(f"\ndecode GEMM chain, Qwen3-4B, M={m}: floor {floor:.0f} us at {FLOOR_BW / 1e12:.1f} TB/s")
-        configs = [("cublasLt", False, {"pdl_on": False})]
-        for label, knobs in kernels(m):
-            nb = blas.gemv_nb(m)
-            tuned = {(0, n, k) if nb == 1 else (0, n, k, nb): best_split[(label, n, k)] for k, n in SHAPES_4B.values()}
-            configs += [(f"{label} rule", True, {"pdl_on": False, **knobs}), (f"{label} rule +PDL", True, knobs),
-                        (f"{label} tuned", True, {"pdl_on": False, "gemv_split_choice": tuned, **knobs}),
-                        (f"{label} tuned +PDL", True, {"gemv_split_choice": tuned, **knobs})]
-        for label, on, knobs in configs:
-            try:
-                us = with_gemv(on, lambda: graph_us(run, reps=10), **knobs)
-            except Exception as e:  # a PDL launch the driver refuses, say
-                print(f"  {label:<24} failed: {type(e).__name__}: {e}")
-                continue
-            results["chain"].append({"m": m, "config": label, "us": us, "gbps": nbytes / us / 1e3})
-            print(f"  {label:<24} {us / 1e3:7.3f} ms  {nbytes / us / 1e3:6.0f} GB/s  {floor / us * 100:5.1f} % of floor")
-    if output_json:
-        with open(output_json, "w") as f:
-            json.dump(results, f, indent=1)
-        print(f"\nwrote {output_json}")
-
-
 # Qwen3.5-4B's decode projections (hidden 2560): the GDN layers' fused in_proj (qkv, z, b, a) and out_proj, the
 # gated attention's q (with its gate) + k + v, the MLP (9216)
 SHAPES_35 = {"3.5 gdn in": (2560, 12352), "3.5 gdn out": (4096, 2560), "3.5 attn qkv": (2560, 10240),
              "3.5 gate_up": (2560, 18432), "3.5 down": (9216, 2560)}
 
 if __name__ == "__main__":
-    if "--help" in sys.argv or "-h" in sys.argv:
-        print(__doc__)
-        sys.exit()
-    if "--wide" in sys.argv:
-        out = sys.argv[sys.argv.index("--output-json") + 1] if "--output-json" in sys.argv else None
-        wide_rows(output_json=out)
-        sys.exit()
     if "--splits" in sys.argv:
         split_rows({**SHAPES_4B, **SHAPES_35})
         sys.exit()

@@ -28,12 +28,6 @@ def cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "kernels"
 
 
-def _gemv_suffixes() -> tuple[str, ...]:
-    """blas.launch_gemv's kernel-name suffixes: the M <= 8 variants and the wide ones (n{NB}_<variant>)."""
-    from openinfer.kernels.cuda import blas   # (imports cupy: only where NVRTC, which comes with it, is there)
-    return (*blas.GEMV_VARIANTS, *(f"n{nb}_{v}" for nb, vs in blas.GEMV_WIDE_VARIANTS.items() for v in vs))
-
-
 def _launched_names() -> set[str]:
     """Every kernel name the Python wrappers launch (or name in a DecodeKernel), f-string parts expanded."""
     text = "\n".join(p.read_text() for p in WRAPPERS.glob("*.py"))
@@ -44,8 +38,7 @@ def _launched_names() -> set[str]:
                               ("{suffix(k.dtype)}", ("bf16", "f32")), ("{suffix(gate_up.dtype)}", ("bf16", "f32")),
                               ("{dtype}", ("bf16", "f32")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
-                              ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov")),
-                              ("{kernel}", ("gemv_bf16", "gemv_silu_bf16")), ("{suffix}", _gemv_suffixes())):
+                              ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
             variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
         names |= {(source, v) for v in variants}
     return names

@@ -157,50 +157,6 @@ def test_linear_gemv_launch_args(launches, m, n, k):
     assert [(c.source, c.name) for c in launches] == [("gemv", f"gemv_bf16_{blas.GEMV_VARIANT}")]
 
 
-WIDE_CASES = [(m, nb) for m, nb in ((9, 2), (16, 2), (17, 4), (32, 4), (33, 8), (64, 8))]
-
-
-@pytest.fixture
-def wide(monkeypatch):
-    """The wide GEMV on for M <= 64 (OPENINFER_GEMV_MAX_M=64)."""
-    monkeypatch.setattr(blas, "GEMV_WIDE_MAX_M", 64)
-
-
-@pytest.mark.parametrize("m,nb", WIDE_CASES)
-@pytest.mark.parametrize("n,k", [(6144, 2560), (2560, 9728), (151936, 2560), (77, 264)])
-def test_wide_gemv_launch_args(launches, wide, monkeypatch, m, nb, n, k):
-    """8 < M <= 64: gemv.cu's kernel of NB = 2, 4 or 8 n-tiles in each variant, ceil(N / 16 MT) CTAs, split-K by
-    the rule for that CTA size (one cluster a CTA's splits)."""
-    for variant in blas.GEMV_WIDE_VARIANTS[nb]:
-        monkeypatch.setitem(blas.GEMV_WIDE_VARIANT, nb, variant)
-        launches.clear()
-        blas.linear(aligned_empty((m, k), BF16), aligned_empty((n, k), BF16))
-        mt = int(variant[1])
-        splits = blas.gemv_splits(n, k, 4 * 132, 16 * mt)
-        (call,) = launches
-        assert (call.source, call.name) == ("gemv", f"gemv_bf16_n{nb}_{variant}")
-        assert call.grid == (-(-n // (16 * mt)), splits) and call.cluster == ((1, splits, 1) if splits > 1 else None)
-        assert call.args[4] == m
-
-
-def test_wide_gemv_is_off_by_default(launches):
-    """OPENINFER_GEMV_MAX_M unset: M > 8 stays off the GEMV (cuBLAS, recorded by nothing here)."""
-    assert blas.GEMV_WIDE_MAX_M == blas.GEMV_MAX_M == 8
-    x, w = aligned_empty((9, 256), BF16), aligned_empty((64, 256), BF16)
-    assert not blas._gemv_usable(x, w, 9, 256)
-    assert blas._gemv_usable(x[:8], w, 8, 256)
-
-
-def test_wide_variant_setting():
-    """OPENINFER_GEMV_WIDE_VARIANT: kernel suffixes n{NB}_m{MT}_u{U}, one per NB; anything else is refused."""
-    assert blas.parse_wide_variants("") == {}
-    assert blas.parse_wide_variants("n4_m4_u2, n8_m2_u2") == {4: "m4_u2", 8: "m2_u2"}
-    for bad in ("n4_m8_u2", "m2_u4", "n3_m1_u4", "nx_m1_u4"):
-        with pytest.raises(ValueError, match="OPENINFER_GEMV_WIDE_VARIANT"):
-            blas.parse_wide_variants(bad)
-    assert [blas.gemv_nb(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [1, 1, 2, 2, 4, 4, 8, 8]
-
-
 def test_pdl_setting_names_kernels(monkeypatch):
     """OPENINFER_PDL: 0 off, 1 every kernel, or kernel-name prefixes (PDL for those launches only)."""
     assert pdl.parse_setting("0") == (False, None) and pdl.parse_setting("") == (False, None)
@@ -293,27 +249,6 @@ def test_linear_silu_mul_launches(launches, cublas, m, n, k):
     assert call.args[-1] == n // 2 and call.args[-3] is out
 
 
-@pytest.mark.parametrize("m,nb", WIDE_CASES)
-@pytest.mark.parametrize("n,k", FUSED_SHAPES)
-def test_wide_linear_silu_mul_launches(launches, wide, monkeypatch, m, nb, n, k):
-    """The SiLU epilogue GEMV at 8 < M <= 64: one launch of the NB kernel, ceil(I / 8 MT) CTAs, split as the plain
-    GEMV of that weight and M."""
-    for variant in blas.GEMV_WIDE_VARIANTS[nb]:
-        monkeypatch.setitem(blas.GEMV_WIDE_VARIANT, nb, variant)
-        launches.clear()
-        out = ops.linear_silu_mul(aligned_empty((m, k), BF16), aligned_empty((n, k), BF16))
-        assert out.shape == (m, n // 2)
-        (call,) = launches
-        mt = int(variant[1])
-        assert call.name == f"gemv_silu_bf16_n{nb}_{variant}"
-        assert (call.grid, call.cluster) == (lambda s: ((-(-n // 2 // (8 * mt)), s), (1, s, 1) if s > 1 else None))(
-            blas.gemv_splits(n, k, 4 * 132, 16 * mt))
-        assert call.args[-1] == n // 2 and call.args[-3] is out
-        launches.clear()
-        ops.linear(aligned_empty((m, k), BF16), aligned_empty((n, k), BF16))
-        assert launches[0].grid == call.grid   # the plain GEMV of the weight: the same CTAs and splits
-
-
 def test_gemv_takes_the_tuned_split_for_its_weight(launches, monkeypatch):
     """A split-K factor chosen at start-up (gemv_tune.py) for a weight on this device is what the plain and the SiLU
     GEMV launch with; other weights, and the same weight on another device, keep the rule's."""
@@ -328,22 +263,6 @@ def test_gemv_takes_the_tuned_split_for_its_weight(launches, monkeypatch):
     rule = blas.gemv_splits(2560, 9728, 4 * 132)
     assert [c.grid for c in launches] == [(1216, 5), (1216, 5), (160, rule)]
     assert [c.cluster for c in launches] == [(1, 5, 1), (1, 5, 1), (1, rule, 1)]   # a tile's splits: one cluster
-
-
-def test_wide_gemv_takes_the_tuned_split_of_its_nb(launches, wide, monkeypatch):
-    """A wide GEMV takes the factor tuned for its weight and NB ((device, N, K, NB)), never the M <= 8 one."""
-    from openinfer.testing.launch_check import FAKE_CP
-    cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=0))
-    monkeypatch.setattr(blas, "cp", SimpleNamespace(**vars(FAKE_CP), cuda=cuda))
-    monkeypatch.setattr(blas, "gemv_split_choice", {(0, 19456, 2560): 5, (0, 19456, 2560, 4): 3})
-    monkeypatch.setattr(blas, "GEMV_WIDE_VARIANT", {2: "m1_u4", 4: "m2_u2", 8: "m1_u2"})
-    x1, x32, x64 = (aligned_empty((m, 2560), BF16) for m in (1, 32, 64))
-    w = aligned_empty((19456, 2560), BF16)
-    for x in (x1, x32, x64):
-        ops.linear(x, w)
-    ops.linear_silu_mul(x32, w)
-    rule = blas.gemv_splits(19456, 2560, 4 * 132)
-    assert [c.grid for c in launches] == [(1216, 5), (608, 3), (1216, rule), (608, 3)]
 
 
 def test_linear_silu_mul_needs_whole_8_row_tiles(launches):

@@ -30,82 +30,67 @@ def silu_rows(inter):
     return lambda tile, r: np.where(r < 8, tile * 8 + r, inter + tile * 8 + r - 8)
 
 
-def emulate(x, w, splits, tiles, row, U=4, NB=1, MT=1):
-    """[tiles, NB, 32 lanes, 4]: the final sums s of n-tile j each tile hands its epilogue, as gemv_tile computes
-    them with grid (ceil(tiles / MT), splits) and the epilogue's row(tile, r) (a CTA's tiles past the end redo the
-    last one and hand nothing over)."""
+def emulate(x, w, splits, tiles, row, U=4):
+    """[tiles, 32 lanes, 4]: the final sums s each tile hands its epilogue, as gemv_tile computes them with
+    grid (tiles, splits) and the epilogue's row(tile, r)."""
     M, K = x.shape
     chunks = K // 8
-    final = np.full((tiles, NB, 32, 4), np.nan)
-    ctas = -(-tiles // MT)
-    partial = np.zeros((splits, ctas, MT, NB, 32, 4))
-    for cta in range(ctas):
-        tile_of = [cta * MT + t if MT == 1 else min(cta * MT + t, tiles - 1) for t in range(MT)]
+    final = np.zeros((tiles, 32, 4))
+    partial = np.zeros((splits, tiles, 32, 4))
+    for tile in range(tiles):
         for split in range(splits):
             s_lo, s_hi = chunks * split // splits, chunks * (split + 1) // splits
-            wa, wb = [row(t, G) for t in tile_of], [row(t, G + 8) for t in tile_of]
-            xr = [np.minimum(8 * j + G, M - 1) for j in range(NB)]
-            red = np.zeros((WARPS, MT, NB, 32, 4))
+            wa, wb, xr = row(tile, G), row(tile, G + 8), np.minimum(G, M - 1)
+            red = np.zeros((WARPS, 32, 4))
             for warp in range(WARPS):
                 lo = s_lo + (s_hi - s_lo) * warp // WARPS
                 hi = s_lo + (s_hi - s_lo) * (warp + 1) // WARPS
-                acc = np.zeros((MT, NB, 32, 4))
+                acc = np.zeros((32, 4))
                 base = lo
                 while base < hi:   # the full iterations, then the predicated tail
                     for u in range(U):
                         c = base + 4 * u + Q
                         ok = c < hi
                         cc = np.where(ok, c, lo)
-                        xv = [_chunk(x, xr[j], cc) for j in range(NB)]
-                        for j in range(NB):
-                            xv[j][~ok] = 0
-                        for t in range(MT):
-                            a, b = _chunk(w, wa[t], cc), _chunk(w, wb[t], cc)
-                            a[~ok] = b[~ok] = 0
-                            for j in range(NB):
-                                for h in range(2):   # k-step h: words (a[2h], b[2h], a[2h+1], b[2h+1] | x[2h], x[2h+1])
-                                    frag = np.stack([a[:, 2 * h], b[:, 2 * h], a[:, 2 * h + 1], b[:, 2 * h + 1]], axis=1)
-                                    mma(acc[t, j], frag, xv[j][:, 2 * h], xv[j][:, 2 * h + 1])
+                        a, b, xv = (_chunk(w, wa, cc), _chunk(w, wb, cc), _chunk(x, xr, cc))
+                        a[~ok] = b[~ok] = xv[~ok] = 0
+                        for h in range(2):   # k-step h: words (a[2h], b[2h], a[2h+1], b[2h+1] | x[2h], x[2h+1])
+                            frag = np.stack([a[:, 2 * h], b[:, 2 * h], a[:, 2 * h + 1], b[:, 2 * h + 1]], axis=1)
+                            mma(acc, frag, xv[:, 2 * h], xv[:, 2 * h + 1])
                     base += 4 * U
                 red[warp] = acc
             s = red[0] + red[1] + red[2] + red[3]
             if splits == 1:
-                partial[0, cta] = s
+                final[tile] = s
             else:
-                partial[split, cta] = s
-        s = partial[0, cta] if splits == 1 else partial[:, cta].sum(axis=0)   # rank 0 sums the splits in order
-        for t in range(MT):
-            if cta * MT + t < tiles:
-                assert np.isnan(final[cta * MT + t]).all(), "two CTAs store one tile"
-                final[cta * MT + t] = s[t]
+                partial[split, tile] = s
+        if splits > 1:   # the cluster reduction: rank 0 sums the splits in split order
+            final[tile] = partial[:, tile].sum(axis=0)
     return final
 
 
 def store_y(final, M, N):
-    """StoreY::store: y[M, N] (NaN where nothing was stored); fragment j holds x rows m0 = 8j + 2q, m0 + 1."""
+    """StoreY::store: y[M, N] (NaN where nothing was stored)."""
     y = np.full((M, N), np.nan)
-    for tile, frags in enumerate(final):
-        for j, s in enumerate(frags):
-            for ln in range(32):
-                m0, r0 = 8 * j + 2 * Q[ln], tile * 16 + G[ln]
-                for e, (m, r) in enumerate(((m0, r0), (m0 + 1, r0), (m0, r0 + 8), (m0 + 1, r0 + 8))):
-                    if r < N and m < M:
-                        assert np.isnan(y[m, r]), "two lanes store one element"
-                        y[m, r] = s[ln, e]
+    for tile, s in enumerate(final):
+        for ln in range(32):
+            for e, (m, r) in enumerate(((2 * Q[ln], tile * 16 + G[ln]), (2 * Q[ln] + 1, tile * 16 + G[ln]),
+                                        (2 * Q[ln], tile * 16 + G[ln] + 8), (2 * Q[ln] + 1, tile * 16 + G[ln] + 8))):
+                if r < N and m < M:
+                    y[m, r] = s[ln, e]
     return y
 
 
 def store_silu(final, M, inter):
-    """SiluMul::store: out[m, 8t + g] from (s.x, s.z) for m = m0 and (s.y, s.w) for m = m0 + 1, m0 = 8j + 2q."""
+    """SiluMul::store: out[m, 8t + g] from (s.x, s.z) for m = 2q and (s.y, s.w) for m = 2q + 1."""
     out = np.full((M, inter), np.nan)
-    for tile, frags in enumerate(final):
-        for jn, s in enumerate(frags):
-            for ln in range(32):
-                j, m0 = tile * 8 + G[ln], 8 * jn + 2 * Q[ln]
-                for m, (gate, up) in ((m0, (s[ln, 0], s[ln, 2])), (m0 + 1, (s[ln, 1], s[ln, 3]))):
-                    if m < M:
-                        assert np.isnan(out[m, j]), "two lanes store one element"
-                        out[m, j] = gate / (1.0 + np.exp(-gate)) * up
+    for tile, s in enumerate(final):
+        for ln in range(32):
+            j = tile * 8 + G[ln]
+            for m, (gate, up) in ((2 * Q[ln], (s[ln, 0], s[ln, 2])), (2 * Q[ln] + 1, (s[ln, 1], s[ln, 3]))):
+                if m < M:
+                    assert np.isnan(out[m, j]), "two lanes store one element"
+                    out[m, j] = gate / (1.0 + np.exp(-gate)) * up
     return out
 
 
@@ -127,29 +112,6 @@ def test_gemv_silu_rows_pair_gate_with_up(M, inter, K, splits):
     x = rng.standard_normal((M, K))
     w = rng.standard_normal((2 * inter, K)) / np.sqrt(K)
     out = store_silu(emulate(x, w, splits, inter // 8, silu_rows(inter)), M, inter)
-    np.testing.assert_allclose(out, ref.silu_mul(x @ w.T), rtol=1e-9, atol=1e-12)
-
-
-# the wide kernels: NB n-tiles of 8 x rows, MT 16-row tiles of w a CTA (blas.GEMV_WIDE_VARIANTS' shapes); N with a
-# partial tile and a tile count MT does not divide, M past 8 NB - 8 and short of 8 NB, split-K
-@pytest.mark.parametrize("M,N,K,splits,NB,MT,U", [(9, 40, 520, 1, 2, 1, 4), (16, 33, 1024, 3, 2, 2, 4),
-                                                  (17, 72, 264, 1, 4, 4, 2), (32, 50, 1024, 2, 4, 2, 2),
-                                                  (33, 16, 4104, 4, 8, 1, 2), (64, 48, 528, 1, 8, 2, 2)])
-def test_wide_gemv_indexing_matches_matmul(M, N, K, splits, NB, MT, U):
-    rng = np.random.default_rng(M * N + K)
-    x = rng.standard_normal((M, K)).astype(np.float32)
-    w = rng.standard_normal((N, K)).astype(np.float32)
-    y = store_y(emulate(x, w, splits, -(-N // 16), store_y_rows(N), U, NB, MT), M, N)
-    np.testing.assert_allclose(y, x.astype(np.float64) @ w.T, rtol=1e-9, atol=1e-9)
-
-
-@pytest.mark.parametrize("M,inter,K,splits,NB,MT", [(12, 24, 520, 1, 2, 2), (30, 40, 1024, 3, 4, 4),
-                                                    (64, 8, 256, 2, 8, 2)])
-def test_wide_gemv_silu_rows_pair_gate_with_up(M, inter, K, splits, NB, MT):
-    rng = np.random.default_rng(M * inter + K)
-    x = rng.standard_normal((M, K))
-    w = rng.standard_normal((2 * inter, K)) / np.sqrt(K)
-    out = store_silu(emulate(x, w, splits, inter // 8, silu_rows(inter), 2, NB, MT), M, inter)
     np.testing.assert_allclose(out, ref.silu_mul(x @ w.T), rtol=1e-9, atol=1e-12)
 
 

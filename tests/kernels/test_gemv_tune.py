@@ -25,9 +25,9 @@ def tuning(monkeypatch, tmp_path):
     table and cache folder."""
     timed = []
 
-    def time_splits(n, k, factors, stream, nb=1):
-        timed.append(((n, k), factors) if nb == 1 else ((n, k, nb), factors))
-        return [TIMES[(n, k)][s] * (1 + nb / 8) for s in factors]
+    def time_splits(n, k, factors, dev, stream):
+        timed.append(((n, k), factors))
+        return [TIMES[(n, k)][s] for s in factors]
     monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(gemv_tune, "time_splits", time_splits)
     monkeypatch.setattr(gemv_tune, "device_key", lambda dev: KEY)
@@ -95,23 +95,3 @@ def test_off_tunes_nothing(tuning, monkeypatch, tmp_path):
     monkeypatch.setattr(gemv_tune, "ENABLED", False)
     assert gemv_tune.tune({QKV}) == gemv_tune.Tuned(0, 0)
     assert tuning == [] and blas.gemv_split_choice == {} and not (tmp_path / "gemv_splits").exists()
-
-
-def test_wide_kernels_get_a_factor_per_nb(tuning, monkeypatch, tmp_path):
-    """OPENINFER_GEMV_MAX_M=32: each weight is timed for NB = 1, 2 and 4, with its rule from that NB's CTA (16 MT rows
-    of w); the wide entries are "N,K,nNB", and blas launches the plain and the SiLU GEMV of each NB with its own."""
-    monkeypatch.setattr(blas, "GEMV_WIDE_MAX_M", 32)
-    monkeypatch.setattr(blas, "GEMV_WIDE_VARIANT", {2: "m2_u4", 4: "m4_u2", 8: "m1_u2"})
-    assert gemv_tune.tuned_nbs() == [1, 2, 4]
-    got = gemv_tune.tune({QKV, GATE_UP})
-    assert got.timed == 6 and [shape for shape, _ in tuning] == [QKV, GATE_UP, (*QKV, 2), (*GATE_UP, 2), (*QKV, 4),
-                                                                   (*GATE_UP, 4)]
-    rules = [f[0] for _, f in tuning]
-    assert rules[2:] == [blas.gemv_splits(n, k, 6 * 132, 16 * mt) for mt in (2, 4) for n, k in (QKV, GATE_UP)]
-    # qkv: 1 beats every rule; gate_up: 5 is 5 % faster than a rule of 1 (n2), within 3 % of a rule of 2 (n4)
-    assert [blas.gemv_split_choice[(0, *s, nb)] for nb in (2, 4) for s in (QKV, GATE_UP)] == [1, 5, 1, 2]
-    assert got.changes == ("6144x2560 2->1", "19456x2560 1->5", "6144x2560,n2 2->1", "19456x2560,n2 1->5",
-                           "6144x2560,n4 2->1")
-    saved = json.loads(next((tmp_path / "gemv_splits").glob("*.json")).read_text())["choices"]
-    assert set(saved) == {"6144,2560", "19456,2560", "6144,2560,n2", "19456,2560,n2", "6144,2560,n4",
-                          "19456,2560,n4"}

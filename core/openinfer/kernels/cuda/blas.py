@@ -1,5 +1,4 @@
 """`linear`: a tensor-core GEMV kernel (gemv.cu) for bf16 with M <= 8 rows, cublasGemmEx otherwise.
-OPENINFER_GEMV_MAX_M (16, 32 or 64) lets gemv.cu's wide kernels take 8 < M <= that value too (default 8: off).
 
 The GEMV path (decode at small batch is weight-bandwidth bound, where cuBLAS reached ~72 % of HBM
 bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strides); split-K by a
@@ -108,48 +107,8 @@ if GEMV_VARIANT not in GEMV_VARIANTS:
 GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the resident CTA slots (one wave)
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
 _resident: dict[tuple[int, str], int] = {}
-gemv_split_choice: dict[tuple[int, ...], int] = {}   # (device, N, K[, NB of a wide kernel]) -> split-K factor timed
-                                                     # at start-up (gemv_tune.py); other shapes take gemv_splits' rule
-
-
-# The wide kernels (gemv.cu's <prefix>_n{NB}_m{MT}_u{U}): 8 < M <= GEMV_WIDE_MAX_M as NB = 2, 4 or 8 n-tiles of 8
-# rows; per NB a variant: MT 16-row tiles of w a CTA (sharing each x fragment), U chunks in flight. Off (8) unless
-# OPENINFER_GEMV_MAX_M says otherwise; OPENINFER_GEMV_WIDE_VARIANT="n4_m2_u2,n8_m1_u2" picks variants by NB.
-GEMV_WIDE_NB = (2, 4, 8)
-GEMV_WIDE_VARIANTS = {2: ("m1_u4", "m2_u4", "m4_u2"), 4: ("m1_u4", "m2_u2", "m2_u4", "m4_u2"),
-                      8: ("m1_u2", "m1_u4", "m2_u2")}
-GEMV_WIDE_VARIANT = {2: "m2_u4", 4: "m2_u2", 8: "m1_u2"}   # not measured yet: scripts/gemv_bench.py --wide
-GEMV_WIDE_MAX_M = int(os.environ.get("OPENINFER_GEMV_MAX_M", str(GEMV_MAX_M)))
-if not GEMV_MAX_M <= GEMV_WIDE_MAX_M <= 8 * GEMV_WIDE_NB[-1]:
-    raise ValueError(f"OPENINFER_GEMV_MAX_M={GEMV_WIDE_MAX_M}: choose {GEMV_MAX_M} (off) to {8 * GEMV_WIDE_NB[-1]}")
-
-
-def parse_wide_variants(value: str) -> dict[int, str]:
-    """OPENINFER_GEMV_WIDE_VARIANT: comma-separated kernel suffixes n{NB}_m{MT}_u{U}, each the variant for its NB."""
-    chosen = {}
-    for token in (t.strip() for t in value.split(",") if t.strip()):
-        nb, _, variant = token.partition("_")
-        if not nb.startswith("n") or not nb[1:].isdigit() or variant not in GEMV_WIDE_VARIANTS.get(int(nb[1:]), ()):
-            names = ", ".join(f"n{n}_{v}" for n, vs in GEMV_WIDE_VARIANTS.items() for v in vs)
-            raise ValueError(f"OPENINFER_GEMV_WIDE_VARIANT: {token!r} is none of {names}")
-        chosen[int(nb[1:])] = variant
-    return chosen
-
-
-GEMV_WIDE_VARIANT.update(parse_wide_variants(os.environ.get("OPENINFER_GEMV_WIDE_VARIANT", "")))
-
-
-def gemv_nb(m: int) -> int:
-    """n-tiles of 8 rows the GEMV kernel for M rows has: 1 (M <= 8, the GEMV_VARIANT kernels) or a GEMV_WIDE_NB."""
-    return 1 if m <= GEMV_MAX_M else next(nb for nb in GEMV_WIDE_NB if m <= 8 * nb)
-
-
-def gemv_variant(nb: int) -> tuple[str, int]:
-    """The kernel-name suffix for `nb` n-tiles and how many 16-row tiles of w its CTA takes (MT)."""
-    if nb == 1:
-        return GEMV_VARIANT, 1
-    variant = GEMV_WIDE_VARIANT[nb]
-    return f"n{nb}_{variant}", int(variant.split("_")[0][1:])
+gemv_split_choice: dict[tuple[int, int, int], int] = {}   # (device, N, K) -> split-K factor timed at start-up
+                                                           # (gemv_tune.py); other shapes take gemv_splits' rule
 
 
 def gemv_resident(name: str) -> int:
@@ -163,11 +122,11 @@ def gemv_resident(name: str) -> int:
 GEMV_MAX_SPLITS = 8          # a tile's splits form one thread-block cluster: at most the portable cluster size
 
 
-def gemv_splits(n: int, k: int, resident: int, rows: int = 16) -> int:
-    """Split-K factor for an N x K weight, static per shape (CUDA graphs): the most splits whose CTAs (`rows` rows
-    of w each) still run in one wave (N alone filling the GPU gets 1), each split at least GEMV_MIN_SPLIT_K deep.
+def gemv_splits(n: int, k: int, resident: int) -> int:
+    """Split-K factor for an N x K weight, static per shape (CUDA graphs): the most splits whose CTAs
+    still run in one wave (N alone filling the GPU gets 1), each split at least GEMV_MIN_SPLIT_K deep.
     The rule where start-up timing (gemv_tune.py) chose nothing for the shape."""
-    tiles = -(-n // rows)
+    tiles = -(-n // 16)
     return max(1, min(int(resident * GEMV_FILL) // tiles, k // GEMV_MIN_SPLIT_K, GEMV_MAX_SPLITS))
 
 
@@ -183,46 +142,30 @@ def clusters_supported() -> bool:
 
 
 def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
-    return (GEMV_ENABLED and x2.dtype == BF16 and 1 <= m <= max(GEMV_MAX_M, GEMV_WIDE_MAX_M) and k % 8 == 0 and k > 0
+    return (GEMV_ENABLED and x2.dtype == BF16 and 1 <= m <= GEMV_MAX_M and k % 8 == 0 and k > 0
             and (m == 1 or (x2.strides[0] >= 0 and x2.strides[0] % 16 == 0)) and w.strides[0] % 16 == 0
             and x2.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
-def gemv_split_key(n: int, k: int, nb: int) -> tuple[int, ...]:
-    """gemv_split_choice's key for an N x K weight on the current device: (device, N, K), and NB for a wide kernel."""
-    dev = cp.cuda.Device().id
-    return (dev, n, k) if nb == 1 else (dev, n, k, nb)
-
-
-def gemv_launch_shape(m: int, n: int, k: int) -> tuple[str, int, int]:
-    """(kernel-name suffix, CTAs along N, split-K factor) of the GEMV of M rows against an N x K weight: the factor
-    timed at start-up for this weight and NB, else the rule for the plain kernel's occupancy. A SiLU-epilogue
-    GEMV launches as the plain one on its weight, so the two sum in the same order: the same bits before the
-    epilogue."""
-    nb = gemv_nb(m)
-    suffix, mt = gemv_variant(nb)
-    tuned = gemv_split_choice.get(gemv_split_key(n, k, nb)) if gemv_split_choice else None
-    splits = tuned or gemv_splits(n, k, gemv_resident(f"gemv_bf16_{suffix}"), 16 * mt)
-    if not clusters_supported():
-        splits = 1
-    return suffix, -(-n // (16 * mt)), splits
-
-
 def launch_gemv(kernel: str, x2: cp.ndarray, w: cp.ndarray, epilogue: tuple) -> None:
-    """gemv.cu's `kernel`_<variant for M> over x2[M, K] and w[N, K] (caller checked _gemv_usable): one CTA per
-    16 MT rows of w and split (gemv_launch_shape), the epilogue's own arguments last."""
+    """gemv.cu's `kernel`_<GEMV_VARIANT> over x2[M, K] and w[N, K] (caller checked _gemv_usable): one CTA per
+    16 rows of w, the epilogue's own arguments last. Split-K as the plain GEMV would split this weight
+    (its occupancy), so a fused variant sums in the same order: the same bits before its epilogue."""
     m = x2.shape[0]
     n, k = w.shape
-    suffix, ctas, splits = gemv_launch_shape(m, n, k)
+    tuned = gemv_split_choice.get((cp.cuda.Device().id, n, k)) if gemv_split_choice else None
+    splits = tuned or gemv_splits(n, k, gemv_resident(f"gemv_bf16_{GEMV_VARIANT}"))
+    if not clusters_supported():
+        splits = 1
     ldx = x2.strides[0] // 2 if m > 1 else 0
-    launch("gemv", f"{kernel}_{suffix}", (ctas, splits), 128,
+    name = f"{kernel}_{GEMV_VARIANT}"
+    launch("gemv", name, (-(-n // 16), splits), 128,
            (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), np.int32(m), np.int32(k // 8), *epilogue),
            cluster=(1, splits, 1) if splits > 1 else None)
 
 
 def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
-    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8 or the wide kernels' M; caller checked
-    _gemv_usable)."""
+    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
     launch_gemv("gemv_bf16", x2, w, (out2, np.int64(out2.strides[0] // 2), np.int32(w.shape[0])))
 
 
@@ -257,8 +200,8 @@ def operands(x: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
 def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     """x [..., in] @ w[out, in].T -> [..., out]; bf16 or f32 in and out, fp32 accumulation.
 
-    bf16 with at most GEMV_MAX_M rows (GEMV_WIDE_MAX_M where that is more), K % 8 == 0 and 16-byte aligned rows
-    runs the GEMV kernel (gemv.cu); bf16 of a shape tuned at start-up runs cuBLASLt (lt.py); everything else cublasGemmEx."""
+    bf16 with at most GEMV_MAX_M rows, K % 8 == 0 and 16-byte aligned rows runs the GEMV kernel
+    (gemv.cu); bf16 of a shape tuned at start-up runs cuBLASLt (lt.py); everything else cublasGemmEx."""
     x2, w = operands(x, w)
     (m, k), n_out, it = x2.shape, w.shape[0], x.itemsize
     out = cp.empty((*x.shape[:-1], n_out), dtype=x.dtype)

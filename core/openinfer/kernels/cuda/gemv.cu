@@ -1,30 +1,22 @@
 // Skinny GEMM for small-batch decode: y[M, N] = x[M, K] @ w[N, K]^T in bf16 with fp32
-// accumulation, M <= 64. Weight-bandwidth bound, so the whole design is about keeping HBM busy:
+// accumulation, M <= 8. Weight-bandwidth bound, so the whole design is about keeping HBM busy:
 //
-// * One CTA = 4 warps = one 16-row tile of w (rows n0..n0+15; MT tiles in the wide kernels below) over one
-//   K range ("split"); the 4 warps split that range again and reduce through shared memory.
+// * One CTA = 4 warps = one 16-row tile of w (rows n0..n0+15) over one K range ("split");
+//   the 4 warps split that range again and reduce through shared memory.
 // * The math runs on the tensor cores (mma.sync m16n8k16 bf16 -> fp32): A = 16 rows of w,
 //   B = x^T (its 8 columns are the M <= 8 rows of x; columns past M repeat row M-1, never stored). Thread
 //   (g = lane/4, q = lane%4) loads one 16-byte chunk of w rows g and g+8 and the same chunk of
 //   x row g; since a k-sum may be taken in any order, a chunk's 8 physical k values serve as the
 //   logical k slots {2q, 2q+1, 2q+8, 2q+9} of two mma k-steps. Loads are exactly the 16-byte
 //   vectors the memory wants; no shuffles, no shared-memory staging, 4 fp32 accumulators.
-// * Wider M (the _n{NB}_m{MT}_u{U} kernels, 8 < M <= 8 NB): NB n-tiles of the mma, B column g of n-tile j
-//   = x row 8j + g (past M: row M - 1, never stored), so a lane loads the chunk of x rows g, g + 8, ..
-//   (NB 16-byte loads) and issues 2 NB mma per weight chunk pair, 4 NB fp32 accumulators. A warp then
-//   reads NB/2 x bytes (through L1/L2) per weight byte; MT m-tiles a CTA (16 MT rows of w, each lane's
-//   x fragment shared by all MT) bring that to NB / (2 MT). NB = MT = 1 is the M <= 8 kernel: the same
-//   operations in the same order (the same bits; ptxas output identical for _u2/_u4, register naming moved
-//   _u8/_u4_o8's schedule a little). Every variant keeps MT NB <= 16 (4 MT NB fp32 accumulators a lane, 2 KB
-//   of reduction space a fragment).
 // * U chunks per thread per iteration: 2U independent 16-byte weight loads in flight
 //   (ld.global.nc, no L1 allocation: w is streamed once), x by ordinary loads through L1 (it is
 //   tiny and read by every CTA).
 // * Split-K across CTAs (gridDim.y > 1; the factor per weight timed at start-up, gemv_tune.py): the splits of a
 //   tile form one thread-block cluster; rank 0 sums their fp32 partial tiles over distributed shared memory
-//   in split order (deterministic) and writes bf16 (its warps take the MT NB accumulator fragments in turn).
-//   Until stop 16 the partials went through a global workspace and the last CTA to arrive at a per-tile
-//   counter summed them: two fences, an atomic and a read of the workspace on the tail of every split GEMV.
+//   in split order (deterministic) and writes bf16. Until stop 16 the partials went through a global
+//   workspace and the last CTA to arrive at a per-tile counter summed them: two fences, an atomic and a
+//   read of the workspace on the tail of every split GEMV.
 // * Programmatic dependent launch (when the wrapper launches with it): the weights do not depend
 //   on the previous kernel, so the first iteration's weights are loaded into registers before
 //   griddepcontrol.wait; only x is read after it. A CTA lets the next
@@ -43,9 +35,9 @@
 //   the o / down projections was tried there too (the grid's last CTA normalising the M rows) and taken
 //   out: its one-CTA tail cost more than the kernel boundary it saved (o at M = 1: 12.5 vs 11.5 us, M = 8:
 //   26.1 vs 12.0 us; docs/benchmarks/qwen3-4b-h200.md, stop 12).
-// Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8 NB.
-#include "cluster.cuh"
+// Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8.
 #include "common.cuh"
+#include "cluster.cuh"   // cluster_sync, ld_cluster
 
 namespace {
 
@@ -67,7 +59,6 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
 // One 16-byte chunk c (8 consecutive k) of the B operand, from the x row of this lane's group.
 struct LoadX {
     const uint4* row;
-    LoadX() = default;
     __device__ LoadX(const bf16* x, int) : row(reinterpret_cast<const uint4*>(x)) {}
     __device__ uint4 operator()(int c) const { return ld_x(row + c); }
 };
@@ -84,8 +75,7 @@ __device__ __forceinline__ void mma_bf16(float* c, const uint4& a, const uint4& 
 }
 
 // --- epilogues. row(tile, r): the w row a tile takes as its row r (lane group g loads rows g and g + 8);
-// tiles(): how many 16-row tiles there are; store(s, M, tile, g, m0): the final fp32 sums of one fragment,
-// s = (row g: x rows m0, m0 + 1 | row g + 8: x rows m0, m0 + 1), m0 = 8j + 2q in n-tile j.
+// store(s, ...): the tile's final fp32 sums s = (row g: x rows 2q, 2q + 1 | row g + 8: x rows 2q, 2q + 1).
 
 // y[M, n] in bf16: tile t = rows 16t .. 16t + 15; rows past n repeat n - 1 and are not stored.
 struct StoreY {
@@ -93,9 +83,8 @@ struct StoreY {
     long long ldy;
     int n;
     __device__ int row(int tile, int r) const { return min(tile * 16 + r, n - 1); }
-    __device__ int tiles() const { return (n + 15) >> 4; }
-    __device__ void store(float4 s, int M, int tile, int g, int m0) const {
-        const int m1 = m0 + 1, r0 = tile * 16 + g, r1 = r0 + 8;
+    __device__ void store(float4 s, int M, int tile, int g, int q) const {
+        const int m0 = 2 * q, m1 = 2 * q + 1, r0 = tile * 16 + g, r1 = r0 + 8;
         if (r0 < n) {
             if (m0 < M) y[m0 * ldy + r0] = from_f32<bf16>(s.x);
             if (m1 < M) y[m1 * ldy + r0] = from_f32<bf16>(s.y);
@@ -111,115 +100,80 @@ __device__ __forceinline__ float round_bf16(float v) { return to_f32(from_f32<bf
 
 // out[M, inter] = silu(gate) * up for w = [gate; up] ([2 inter, K], inter % 8 == 0): tile t takes gate rows
 // 8t .. 8t + 7 as its rows 0..7 and the matching up rows as 8..15, so a lane holds both factors of
-// out[m0, 8t + g] (s.x, s.z) and of out[m0 + 1, 8t + g] (s.y, s.w). Both are rounded to bf16 as linear
+// out[2q, 8t + g] (s.x, s.z) and of out[2q + 1, 8t + g] (s.y, s.w). Both are rounded to bf16 as linear
 // stores them and combined as silu_mul does: the bits of silu_mul(linear(x, w)).
 struct SiluMul {
     bf16* out;
     long long ldo;
     int inter;
     __device__ int row(int tile, int r) const { return r < 8 ? tile * 8 + r : inter + tile * 8 + r - 8; }
-    __device__ int tiles() const { return inter >> 3; }
-    __device__ void store(float4 s, int M, int tile, int g, int m0) const {
-        const int m1 = m0 + 1, j = tile * 8 + g;
+    __device__ void store(float4 s, int M, int tile, int g, int q) const {
+        const int m0 = 2 * q, m1 = 2 * q + 1, j = tile * 8 + g;
         if (m0 < M) out[m0 * ldo + j] = from_f32<bf16>(silu_mul_f32(round_bf16(s.x), round_bf16(s.z)));
         if (m1 < M) out[m1 * ldo + j] = from_f32<bf16>(silu_mul_f32(round_bf16(s.y), round_bf16(s.w)));
     }
 };
 
-// Split-K through a thread-block cluster (cluster.cuh): a tile's splits run as one cluster (cluster dims
-// (1, splits, 1), so cluster rank = split). Each keeps its partial sums in its own shared memory; after a cluster
-// barrier rank 0 reads them over distributed shared memory in split order (deterministic) and stores; a second
-// barrier keeps the other CTAs, and their shared memory, alive until it has. No workspace, counters or global
-// round trips.
+// Split-K through a thread-block cluster: a tile's splits run as one cluster (cluster dims (1, splits, 1), so
+// cluster rank = split). Each keeps its partial sums in its own shared memory; after a cluster barrier rank 0
+// reads them over distributed shared memory in split order (deterministic) and stores; a second barrier keeps
+// the other CTAs, and their shared memory, alive until it has. No workspace, counters or global round trips.
 constexpr int WARPS = 4;
 
-__device__ __forceinline__ float4 add4(float4 s, const float4& t) {
-    s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
-    return s;
-}
-
-// The mmas of one iteration: weight chunk u of m-tile t against x chunk u of n-tile j (accumulators 4 (t NB + j)).
-template <int U, int MT, int NB>
-__device__ __forceinline__ void mma_tiles(float* acc, const uint4 (&a)[U][MT], const uint4 (&b)[U][MT],
-                                          const uint4 (&xv)[U][NB]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int t = 0; t < MT; ++t)
-#pragma unroll
-            for (int j = 0; j < NB; ++j) mma_bf16(acc + 4 * (t * NB + j), a[u][t], b[u][t], xv[u][j]);
-}
-
-// One CTA: MT 16-row tiles of w (tiles MT blockIdx.x ..; a last CTA's tiles past the end redo the last tile
-// and store nothing) against NB 8-row n-tiles of x, over split blockIdx.y's K range.
-template <int U, int MT, int NB, typename XLoad, typename Epi>
+template <int U, typename XLoad, typename Epi>
 __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,
                                           int M, int chunks, const Epi& epi) {
-    constexpr int F = MT * NB;   // accumulator fragments (4 floats each) per lane
-    const int tile0 = blockIdx.x * MT, split = blockIdx.y, splits = gridDim.y;
+    const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     // this split's chunk range, then this warp's quarter of it (chunk = 8 consecutive k)
     const int s_lo = (int)((long long)chunks * split / splits), s_hi = (int)((long long)chunks * (split + 1) / splits);
     const int lo = s_lo + (s_hi - s_lo) * warp / WARPS, hi = s_lo + (s_hi - s_lo) * (warp + 1) / WARPS;
-    const uint4 *wa[MT], *wb[MT];
-#pragma unroll
-    for (int t = 0; t < MT; ++t) {
-        const int tile = MT == 1 ? tile0 : min(tile0 + t, epi.tiles() - 1);
-        wa[t] = reinterpret_cast<const uint4*>(w + (long long)epi.row(tile, g) * ldw);
-        wb[t] = reinterpret_cast<const uint4*>(w + (long long)epi.row(tile, g + 8) * ldw);
-    }
-    // B column g of n-tile j is x row m = 8j + g: rows past M read row M-1 and their columns are never stored
+    const uint4* wa = reinterpret_cast<const uint4*>(w + (long long)epi.row(tile, g) * ldw);
+    const uint4* wb = reinterpret_cast<const uint4*>(w + (long long)epi.row(tile, g + 8) * ldw);
+    // B column g is output row m = g: groups g >= M read row M-1 and their columns are never stored
     // (branch-free loads keep the weight loads of one iteration in flight together)
-    XLoad xr[NB];
-#pragma unroll
-    for (int j = 0; j < NB; ++j) xr[j] = XLoad(x + (long long)min(8 * j + g, M - 1) * ldx, chunks);
+    const XLoad xr(x + (long long)min(g, M - 1) * ldx, chunks);
 
     // The first iteration's weights are loaded into registers before griddepcontrol.wait: they do not depend
     // on the previous kernel, so under PDL their latency hides behind its tail (without PDL the wait is a
     // no-op and this is the loop's first iteration, the same operations in the same order).
-    float acc[4 * F] = {};
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     int base = lo;
     const bool first = base + 4 * U <= hi;
-    uint4 a0[U][MT], b0[U][MT];
+    uint4 a0[U], b0[U];
     if (first) {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int t = 0; t < MT; ++t) {
-                a0[u][t] = ld_stream(wa[t] + base + 4 * u + q);
-                b0[u][t] = ld_stream(wb[t] + base + 4 * u + q);
-            }
+        for (int u = 0; u < U; ++u) {
+            a0[u] = ld_stream(wa + base + 4 * u + q);
+            b0[u] = ld_stream(wb + base + 4 * u + q);
+        }
     }
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     if (first) {
-        uint4 xv[U][NB];
+        uint4 xv[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u) xv[u] = xr(base + 4 * u + q);
 #pragma unroll
-            for (int j = 0; j < NB; ++j) xv[u][j] = xr[j](base + 4 * u + q);
-        mma_tiles<U, MT, NB>(acc, a0, b0, xv);
+        for (int u = 0; u < U; ++u) mma_bf16(acc, a0[u], b0[u], xv[u]);
         base += 4 * U;
     }
     for (; base + 4 * U <= hi; base += 4 * U) {
-        uint4 a[U][MT], b[U][MT], xv[U][NB];
+        uint4 a[U], b[U], xv[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u) {
+            a[u] = ld_stream(wa + base + 4 * u + q);
+            b[u] = ld_stream(wb + base + 4 * u + q);
+        }
 #pragma unroll
-            for (int t = 0; t < MT; ++t) {
-                a[u][t] = ld_stream(wa[t] + base + 4 * u + q);
-                b[u][t] = ld_stream(wb[t] + base + 4 * u + q);
-            }
+        for (int u = 0; u < U; ++u) xv[u] = xr(base + 4 * u + q);
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int j = 0; j < NB; ++j) xv[u][j] = xr[j](base + 4 * u + q);
-        mma_tiles<U, MT, NB>(acc, a, b, xv);
+        for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
     }
     if (base < hi) {  // the last < 4U chunks: predicated loads, every lane still takes part in the mma
-        uint4 a[U][MT], b[U][MT], xv[U][NB];
+        uint4 a[U], b[U], xv[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             // the load asm is not volatile, so the compiler may execute it unconditionally:
@@ -227,93 +181,62 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
             const int c = base + 4 * u + q;
             const bool ok = c < hi;
             const int cc = ok ? c : lo;
-#pragma unroll
-            for (int t = 0; t < MT; ++t) {
-                a[u][t] = ld_stream(wa[t] + cc);
-                b[u][t] = ld_stream(wb[t] + cc);
-            }
-#pragma unroll
-            for (int j = 0; j < NB; ++j) xv[u][j] = xr[j](cc);
-            if (!ok) {
-#pragma unroll
-                for (int t = 0; t < MT; ++t) a[u][t] = b[u][t] = zero;
-#pragma unroll
-                for (int j = 0; j < NB; ++j) xv[u][j] = zero;
-            }
+            a[u] = ld_stream(wa + cc);
+            b[u] = ld_stream(wb + cc);
+            xv[u] = xr(cc);
+            if (!ok) a[u] = b[u] = xv[u] = zero;
         }
-        mma_tiles<U, MT, NB>(acc, a, b, xv);
+#pragma unroll
+        for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
     }
 
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-    // fragment f = t NB + j of every lane: m-tile t, n-tile j; the warps take the fragments in turn (f % WARPS)
-    const auto store = [&](int f, const float4& s) {
-        const int t = f / NB, j = f % NB;
-        if (MT == 1 || tile0 + t < epi.tiles()) epi.store(s, M, tile0 + t, g, 8 * j + 2 * q);
-    };
-    __shared__ float4 red[WARPS][F][32];
-#pragma unroll
-    for (int f = 0; f < F; ++f)
-        red[warp][f][lane] = make_float4(acc[4 * f], acc[4 * f + 1], acc[4 * f + 2], acc[4 * f + 3]);
+    __shared__ float4 red[WARPS][32];
+    red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
-    for (int f = warp; f < F; f += WARPS) {
-        float4 s = red[0][f][lane];
+    if (warp == 0) {
+        float4 s = red[0][lane];
 #pragma unroll
-        for (int i = 1; i < WARPS; ++i) s = add4(s, red[i][f][lane]);  // fixed order: bit-identical across runs
-        if (splits == 1) store(f, s);
-        red[0][f][lane] = s;   // this split's partial sums, for rank 0 (each lane rewrites only what it read)
+        for (int i = 1; i < WARPS; ++i) {  // fixed order: bit-identical across runs
+            const float4 t = red[i][lane];
+            s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
+        }
+        if (splits == 1) epi.store(s, M, tile, g, q);
+        red[0][lane] = s;   // this split's partial sums, for rank 0 (each lane rewrites only what it read)
     }
     if (splits == 1) return;
     cluster_sync();
-    if (split == 0 && warp < F) {
-        // split by split, a warp's fragments f = warp + r WARPS (r < FW) read from a CTA together
-        constexpr int FW = (F + WARPS - 1) / WARPS;
-        float4 s[FW];
-#pragma unroll
-        for (int r = 0; r < FW; ++r) s[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (split == 0 && warp == 0) {
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int i = 0; i < splits; ++i) {
-#pragma unroll
-            for (int r = 0; r < FW; ++r)
-                if (r == 0 || warp + r * WARPS < F) s[r] = add4(s[r], ld_cluster(&red[0][warp + r * WARPS][lane], i));
+            const float4 t = ld_cluster(&red[0][lane], i);
+            s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
         }
-#pragma unroll
-        for (int r = 0; r < FW; ++r)
-            if (r == 0 || warp + r * WARPS < F) store(warp + r * WARPS, s[r]);
+        epi.store(s, M, tile, g, q);
     }
     cluster_sync();
 }
 
 }  // namespace
 
-// grid (ceil(tiles / MT), splits), block 128, launched with cluster dims (1, splits, 1) when splits > 1 (at most
-// 8, the portable cluster size); then the epilogue's arguments.
-// <prefix>_u{U}: M <= 8, min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
+// grid (tiles, splits), block 128, launched with cluster dims (1, splits, 1) when splits > 1 (at most 8, the
+// portable cluster size); then the epilogue's arguments.
+// <prefix>_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
 // iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
-// for B CTAs per SM (more warps, fewer registers). <prefix>_n{NB}_m{MT}_u{U}: M <= 8 NB, MT tiles a CTA.
-// EPI: the epilogue built from the trailing parameters.
-#define GEMV_KERNEL(NAME, U, MT, NB, MIN_BLOCKS, EPI, ...)                                                \
+// for B CTAs per SM (more warps, fewer registers). EPI: the epilogue built from the trailing parameters.
+#define GEMV_KERNEL(NAME, U, MIN_BLOCKS, EPI, ...)                                                         \
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
         const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw, int M, int chunks,        \
         __VA_ARGS__) {                                                                                     \
-        gemv_tile<U, MT, NB, LoadX>(x, ldx, w, ldw, M, chunks, EPI);                                       \
+        gemv_tile<U, LoadX>(x, ldx, w, ldw, M, chunks, EPI);                                               \
     }
-// (blas.py's GEMV_VARIANTS and GEMV_WIDE_VARIANTS name these)
-#define GEMV_VARIANTS(PREFIX, EPI, ...)                                \
-    GEMV_KERNEL(PREFIX##_u2, 2, 1, 1, 1, EPI, __VA_ARGS__)             \
-    GEMV_KERNEL(PREFIX##_u4, 4, 1, 1, 1, EPI, __VA_ARGS__)             \
-    GEMV_KERNEL(PREFIX##_u8, 8, 1, 1, 1, EPI, __VA_ARGS__)             \
-    GEMV_KERNEL(PREFIX##_u4_o8, 4, 1, 1, 8, EPI, __VA_ARGS__)          \
-    GEMV_KERNEL(PREFIX##_n2_m1_u4, 4, 1, 2, 1, EPI, __VA_ARGS__)       \
-    GEMV_KERNEL(PREFIX##_n2_m2_u4, 4, 2, 2, 1, EPI, __VA_ARGS__)       \
-    GEMV_KERNEL(PREFIX##_n2_m4_u2, 2, 4, 2, 1, EPI, __VA_ARGS__)       \
-    GEMV_KERNEL(PREFIX##_n4_m1_u4, 4, 1, 4, 1, EPI, __VA_ARGS__)       \
-    GEMV_KERNEL(PREFIX##_n4_m2_u2, 2, 2, 4, 1, EPI, __VA_ARGS__)       \
-    GEMV_KERNEL(PREFIX##_n4_m2_u4, 4, 2, 4, 1, EPI, __VA_ARGS__)       \
-    GEMV_KERNEL(PREFIX##_n4_m4_u2, 2, 4, 4, 1, EPI, __VA_ARGS__)       \
-    GEMV_KERNEL(PREFIX##_n8_m1_u2, 2, 1, 8, 1, EPI, __VA_ARGS__)       \
-    GEMV_KERNEL(PREFIX##_n8_m1_u4, 4, 1, 8, 1, EPI, __VA_ARGS__)       \
-    GEMV_KERNEL(PREFIX##_n8_m2_u2, 2, 2, 8, 1, EPI, __VA_ARGS__)
+#define GEMV_VARIANTS(PREFIX, EPI, ...)                        \
+    GEMV_KERNEL(PREFIX##_u2, 2, 1, EPI, __VA_ARGS__)           \
+    GEMV_KERNEL(PREFIX##_u4, 4, 1, EPI, __VA_ARGS__)           \
+    GEMV_KERNEL(PREFIX##_u8, 8, 1, EPI, __VA_ARGS__)           \
+    GEMV_KERNEL(PREFIX##_u4_o8, 4, 8, EPI, __VA_ARGS__)
 
 // tiles = ceil(n / 16)
 GEMV_VARIANTS(gemv_bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)

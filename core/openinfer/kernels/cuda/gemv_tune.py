@@ -11,10 +11,6 @@ loader.py's "GEMM tuning" phase, before any graph is captured, so eager and grap
 so does the SiLU-epilogue GEMV, which splits as the plain one on the same weight: the same bits either way.
 The cache (tuning.py, folder gemv_splits) is keyed by the GPU, its SM count, the kernel variant and the compiled
 GEMV. OPENINFER_GEMV_TUNE=0 keeps the rule alone.
-
-Where the wide kernels are on (blas.GEMV_WIDE_MAX_M > 8), each NB they use gets a factor per weight of its own,
-timed at M = 8 NB (at most GEMV_WIDE_MAX_M) with that NB's variant, which joins the cache key; its entries are
-"N,K,nNB". The SiLU-epilogue GEMV of that NB takes it too.
 """
 from __future__ import annotations
 
@@ -48,18 +44,12 @@ def candidates(n: int, k: int, rule: int) -> list[int]:
     return [rule, *(s for s in ok if s != rule)]
 
 
-def tuned_nbs() -> list[int]:
-    """The kernels' n-tile counts a decode batch can use: 1, and the wide ones up to blas.GEMV_WIDE_MAX_M rows."""
-    return sorted({1, *(blas.gemv_nb(m) for m in range(blas.GEMV_MAX_M + 1, blas.GEMV_WIDE_MAX_M + 1))})
-
-
 def device_key(dev: int) -> dict[str, Any]:
-    """What a saved choice depends on: the GPU, the kernel variants and the compiled GEMV (its cubin's name carries
+    """What a saved choice depends on: the GPU, the kernel variant and the compiled GEMV (its cubin's name carries
     compile.py's hash of the sources, options and NVRTC version)."""
     gpu = gpu_key(dev)
     major, minor = (int(v) for v in gpu["cc"].split("."))
-    wide = {"wide": [blas.gemv_variant(nb)[0] for nb in tuned_nbs()[1:]]} if len(tuned_nbs()) > 1 else {}
-    return {**gpu, "variant": blas.GEMV_VARIANT, **wide, "sources": compile_source("gemv", arch_for(major, minor)).stem}
+    return {**gpu, "variant": blas.GEMV_VARIANT, "sources": compile_source("gemv", arch_for(major, minor)).stem}
 
 
 def saved_splits(path: Path, key: dict[str, Any]) -> dict[str, int]:
@@ -67,25 +57,24 @@ def saved_splits(path: Path, key: dict[str, Any]) -> dict[str, int]:
     return {name: s for name, s in read_choices(path, key).items() if isinstance(s, int) and s >= 1}
 
 
-def time_splits(n: int, k: int, factors: list[int], stream: cp.cuda.Stream, nb: int = 1) -> list[float]:
-    """µs per GEMV with `nb` n-tiles (at M = 1, or 8 nb rows at most GEMV_WIDE_MAX_M) for each split-K factor (set in
-    blas.gemv_split_choice while it is timed)."""
-    x, ws, y = scratch(1 if nb == 1 else min(8 * nb, blas.GEMV_WIDE_MAX_M), n, k)
+def time_splits(n: int, k: int, factors: list[int], dev: int, stream: cp.cuda.Stream) -> list[float]:
+    """µs per GEMV at M = 1 for each split-K factor (set in blas.gemv_split_choice while it is timed)."""
+    x, ws, y = scratch(1, n, k)
     times = []
     for s in factors:
-        blas.gemv_split_choice[blas.gemv_split_key(n, k, nb)] = s
+        blas.gemv_split_choice[(dev, n, k)] = s
         times.append(replay_us(lambda: [blas.gemv(x, w, y) for w in ws], stream) / len(ws))
     return times
 
 
 def tune(shapes: Iterable[tuple[int, int]]) -> Tuned:
-    """A split-K factor in blas.gemv_split_choice for each bf16 weight (N, K) the GEMV can take and each NB it runs
-    with (tuned_nbs), on the current device; shapes chosen before are kept. Nothing where OPENINFER_GEMV_TUNE=0 or
-    the GEMV is off. Its scratch goes back to CuPy's pool, on a stream of its own: free_all_blocks()
-    (backend.release_cached) returns it."""
+    """A split-K factor in blas.gemv_split_choice for each bf16 weight (N, K) the GEMV can take, on the current
+    device; shapes chosen before are kept. Nothing where OPENINFER_GEMV_TUNE=0 or the GEMV is off. Its scratch goes
+    back to CuPy's pool, on a stream of its own: free_all_blocks() (backend.release_cached) returns it."""
     if not (ENABLED and blas.GEMV_ENABLED):
         return Tuned(0, 0)
     dev = cp.cuda.Device().id
+    resident = blas.gemv_resident(f"gemv_bf16_{blas.GEMV_VARIANT}")
     key = device_key(dev)
     path = cache_path("gemv_splits", key)
     saved = saved_splits(path, key)
@@ -93,23 +82,19 @@ def tune(shapes: Iterable[tuple[int, int]]) -> Tuned:
     changes = []
     stream = cp.cuda.Stream(non_blocking=True)   # capturable, whatever stream is current
     with stream:
-        for nb in tuned_nbs():
-            suffix, mt = blas.gemv_variant(nb)
-            resident = blas.gemv_resident(f"gemv_bf16_{suffix}")
-            for n, k in sorted({(n, k) for n, k in shapes
-                                if k % 8 == 0 and blas.gemv_split_key(n, k, nb) not in blas.gemv_split_choice}):
-                rule, name = blas.gemv_splits(n, k, resident, 16 * mt), f"{n},{k}" + (f",n{nb}" if nb > 1 else "")
-                factors = candidates(n, k, rule)
-                if saved.get(name) in factors:   # (a factor this weight cannot take, from an edited file: timed again)
-                    cached += 1
-                else:
-                    times = time_splits(n, k, factors, stream, nb)
-                    best = min(range(len(factors)), key=times.__getitem__)
-                    saved[name] = factors[best] if times[best] < TOLERANCE * times[0] else rule
-                    timed += 1
-                blas.gemv_split_choice[blas.gemv_split_key(n, k, nb)] = saved[name]
-                if saved[name] != rule:
-                    changes.append(f"{name.replace(',', 'x', 1)} {rule}->{saved[name]}")
+        for n, k in sorted({(n, k) for n, k in shapes if k % 8 == 0 and (dev, n, k) not in blas.gemv_split_choice}):
+            rule, name = blas.gemv_splits(n, k, resident), f"{n},{k}"
+            factors = candidates(n, k, rule)
+            if saved.get(name) in factors:   # (a factor this weight cannot take, from an edited file: timed again)
+                cached += 1
+            else:
+                times = time_splits(n, k, factors, dev, stream)
+                best = min(range(len(factors)), key=times.__getitem__)
+                saved[name] = factors[best] if times[best] < TOLERANCE * times[0] else rule
+                timed += 1
+            blas.gemv_split_choice[(dev, n, k)] = saved[name]
+            if saved[name] != rule:
+                changes.append(f"{n}x{k} {rule}->{saved[name]}")
         stream.synchronize()
     if timed:
         write_choices(path, key, saved)
