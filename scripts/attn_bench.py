@@ -21,7 +21,7 @@ import numpy as np
 
 from openinfer.batch import ForwardBatch
 from openinfer.kernels.cuda import attention, attention_decode
-from openinfer.kernels.cuda.module import BF16
+from openinfer.kernels.cuda.module import BF16, max_active_clusters
 from openinfer.testing.cuda import graph_ms
 
 NH, NKV, D, BS = 32, 8, 128, 16
@@ -58,6 +58,9 @@ def main() -> None:
     stream = cp.cuda.Stream(non_blocking=True)
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; {NH} q / {NKV} kv heads, d {D}, bf16, "
           f"block {BS}, grid sized for {args.max_model_len} tokens, {CALLS} calls a graph")
+    kernel = attention_decode.decode_kernel("bf16", D, 2, True)
+    print("clusters of 2..8 the device holds at once:", [max_active_clusters(kernel.source, kernel.name, kernel.threads,
+                                                                              kernel.smem, c) for c in range(2, 9)])
     print(f"{'batch':>5} {'context':>7} {'keys':>5} {'KV MB':>8} "
           + " ".join(f"{n + ' ms':>9} {n + ' GB/s':>10}" for n, *_ in variants) + f" {'max |diff|':>10}")
     points = [(int(b), int(c), int(k)) for b in args.batches.split(",") for c in args.contexts.split(",")

@@ -6,12 +6,15 @@
 # call1 (cur = 4417f28): GPU tests of decode attention (clusters on and off), the GEMVs (wide ones too) and both
 #   engines; attn_bench.py at batch 1 / 32 / 128, 1k and 16k contexts, 64 and 128 keys a split, with and without
 #   clusters; gemv_bench.py --wide (the GEMV at 8 < M <= 64 against cuBLASLt).
-# call2: batch-1 decode of Qwen3-4B and Qwen3.5-4B, base / att / cur alternating, twice; cur without clusters and
-#   with 128 keys a split; the Qwen3 decode-graph ablation of cur; batch 32 / 128 of base and cur.
+# call2 (cur = the wide GEMV taken out, clusters sized to what the device holds at once): decode-attention GPU tests
+#   and the Qwen3 engine's; attn_bench.py at batch 1 (1k / 4k / 16k, 64 / 128 / 256 keys a split) with clusters of up
+#   to 8 and of up to 4, and the cluster occupancy; batch-1 decode of Qwen3-4B (base, cur with 64 and 128 keys a
+#   split) alternating, twice, and of Qwen3.5-4B (base, cur).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
-tree() { local d=$PWD/.whl/$1; shift; PYTHONPATH=$d/core:$d/plugins/qwen3:$d/plugins/qwen35:/tmp/site "$@"; }
+ROOT=$PWD   # call 1 ran its tests from .whl/cur with this path taken from there: they ran the working tree (then = cur)
+tree() { local d=$ROOT/.whl/$1; shift; PYTHONPATH=$d/core:$d/plugins/qwen3:$d/plugins/qwen35:/tmp/site "$@"; }
 case ${1:-} in
 call1) tree cur precompile
        ( cd .whl/cur && tree cur tests 240 tests/kernels/test_cuda_ops.py -k "decode or paged_attention or gemv or silu or wide or linear" )
@@ -19,15 +22,22 @@ call1) tree cur precompile
            > $L/attn_bench.log 2>&1; say "attn_bench (ms a call):"; tail -9 $L/attn_bench.log | tee -a $S
        tree cur timeout 200 python3 .whl/cur/scripts/gemv_bench.py --wide --output-json $R/gemv_wide.json \
            > $L/gemv_wide.log 2>&1; say "gemv wide:"; tail -60 $L/gemv_wide.log | tee -a $S ;;
-call2) tree cur precompile & tree att precompile & tree base precompile & wait
-       for r in 1 2; do
-           tree base lat base_q3_r$r 40 $Q3B1; tree att lat att_q3_r$r 40 $Q3B1; tree cur lat cur_q3_r$r 40 $Q3B1
-           tree base lat base_q35_r$r 45 $Q35; tree att lat att_q35_r$r 45 $Q35; tree cur lat cur_q35_r$r 45 $Q35
+call2) tree cur precompile & tree base precompile & wait
+       ( export PYTHONPATH=$PWD/.whl/cur/core:$PWD/.whl/cur/plugins/qwen3:$PWD/.whl/cur/plugins/qwen35:/tmp/site; cd .whl/cur
+         timeout 150 $T tests/kernels/test_cuda_ops.py -k "decode or paged_attention" > $L/t_core.log 2>&1 &
+         timeout 150 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 & wait )
+       for f in core q3; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -10 | tee -a $S
+       for c in 8 4; do
+           OPENINFER_DECODE_CLUSTER=$c tree cur timeout 60 python3 .whl/cur/scripts/attn_bench.py --batches 1 \
+               --contexts 1024,4096,16384 --variants nocl,new --split-keys 64,128,256 > $L/attn_c$c.log 2>&1
+           say "attn_bench, clusters of up to $c:"; tail -11 $L/attn_c$c.log | tee -a $S
        done
-       OPENINFER_DECODE_CLUSTER=1 tree cur lat cur_nocl_q3 40 $Q3B1; OPENINFER_DECODE_SPLIT_KEYS=128 tree cur lat cur_k128_q3 40 $Q3B1
-       tree cur timeout 90 python3 .whl/cur/scripts/gpu_ablation.py qwen3-4b > $L/ablation_q3.log 2>&1
-       say "ablation qwen3-4b (cur):"; tail -15 $L/ablation_q3.log | tee -a $S
-       tree base lat base_q3_b32 60 $Q3; tree cur lat cur_q3_b32 60 $Q3 ;;
+       for r in 1 2; do
+           tree base lat base_q3_r$r 40 $Q3B1; tree cur lat cur_q3_r$r 40 $Q3B1
+           OPENINFER_DECODE_SPLIT_KEYS=128 tree cur lat cur_k128_q3_r$r 40 $Q3B1
+       done
+       tree base lat base_q35 45 $Q35; tree cur lat cur_q35 45 $Q35 ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"

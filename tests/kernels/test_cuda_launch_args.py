@@ -27,6 +27,7 @@ def launches(monkeypatch):
                                              sampler))
     monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
     monkeypatch.setattr(attention_decode, "blocks_per_sm", lambda *a: 4)
+    monkeypatch.setattr(attention_decode, "max_active_clusters", lambda *a: 4 * 132 // a[-1])   # a GPC holds them all
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
     monkeypatch.setattr(blas, "clusters_supported", lambda: True)
     monkeypatch.setattr(attention, "_hopper", lambda: False)   # it asks the (absent) GPU; tests that want sm_90 say so
@@ -108,6 +109,19 @@ def test_decode_split_keys_set_the_shortest_split(launches, monkeypatch, keys, w
     assert int(call.args[-1]) == want
     splits = 4 * 132 // 8 if width == 20480 else min(16, 1024 // want)   # in clusters: whole clusters of them
     assert call.grid[0] == {66: 64, 16: 16, 8: 8, 4: 4}[splits]
+
+
+def test_decode_clusters_fit_the_device_at_once(launches, monkeypatch):
+    """A cluster's CTAs share one GPC, so the device may hold fewer clusters than its CTA slots over the size:
+    the grid then takes the largest size whose clusters all fit (batch 1 in a 20480-token graph: 66 splits of
+    8 KV heads; here 8 x 8 clusters of 8, 9 x 8 of 7 and 11 x 8 of 6 do not fit, 13 x 8 of 5 do)."""
+    monkeypatch.setattr(attention_decode, "max_active_clusters",
+                        lambda *a: {8: 60, 7: 70, 6: 80}.get(a[-1], 4 * 132 // a[-1]))
+    pool = aligned_empty((2, 1 + 64, 1, 16, 8, 128), BF16)
+    q = aligned_empty((1, 32, 128), BF16)
+    attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [20480], 16, 64), 0.125)
+    (call,) = launches
+    assert call.grid == (65, 8, 1) and call.cluster == (5, 1, 1)
 
 
 @pytest.mark.parametrize("seqs,splits,cluster", [(1, 16, 8), (5, 12, 6), (32, 2, 2), (66, 1, 1), (128, 1, 1)])

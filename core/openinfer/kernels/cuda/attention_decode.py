@@ -22,7 +22,7 @@ import cupy as cp
 import numpy as np
 
 from . import blas
-from .module import COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, sm_count
+from .module import COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, max_active_clusters, sm_count
 
 NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its blocks' warps, key tile, group rows)
 MIN_SPLIT = NWARPS * BN                      # its split: whole passes of the block's warps
@@ -92,14 +92,18 @@ def merge_max_splits(kernel: DecodeKernel) -> int:
     return kernel.smem // (2 * 4 * kernel.rows)
 
 
-def cluster_size(kernel: DecodeKernel, splits: int) -> int:
-    """CTAs of one cluster for a grid of up to `splits` splits (the grid then takes whole clusters): the
-    largest size up to DECODE_CLUSTER that leaves at most an eighth of the splits out (13 splits: 2 clusters
-    of 6, not 1 of 8); 1 where the kernel or the device has no clusters."""
+def cluster_size(kernel: DecodeKernel, splits: int, rows: int) -> int:
+    """CTAs of one cluster for a grid of up to `splits` splits of `rows` (sequence, head chunk) rows (the grid then
+    takes whole clusters): the largest size up to DECODE_CLUSTER that leaves at most an eighth of the splits out
+    (13 splits: 2 clusters of 6, not 1 of 8) and whose clusters the device holds at once (a cluster's CTAs share
+    one GPC, so fewer of them fit than CTAs over the size); 1 where none does, or the kernel or the device has
+    no clusters."""
     if not kernel.clustered or splits == 1 or not blas.clusters_supported():
         return 1
     for c in range(min(DECODE_CLUSTER, splits), 1, -1):
-        if 8 * c * (splits // c) >= 7 * splits:
+        if (8 * c * (splits // c) >= 7 * splits
+                and splits // c * rows <= max_active_clusters(kernel.source, kernel.name, kernel.threads,
+                                                              kernel.smem, c)):
             return c
     return 1
 
@@ -113,7 +117,7 @@ def paged_decode(common: tuple, out: cp.ndarray, num_seqs: int, max_context_len:
     per_sm = kernel.per_sm or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
     min_split = split_keys(kernel)
     splits = decode_splits(num_seqs, kv_blocks, max_context_len, min_split, per_sm)
-    cluster = cluster_size(kernel, splits)
+    cluster = cluster_size(kernel, splits, num_seqs * kv_blocks)
     # whole clusters (the grid's x a multiple of theirs), at most as many parts as the merging block holds
     splits = min(splits // cluster, merge_max_splits(kernel)) * cluster
     # asked on every decode, split or not, so that an eager run of any batch (cuda_graphs.py runs only

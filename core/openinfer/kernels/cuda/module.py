@@ -23,6 +23,7 @@ _functions: dict[tuple[int, str, str], Any] = {}
 _smem_optin: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
 _occupancy: dict[tuple[int, str, str, int, int], int] = {}
+_cluster_occupancy: dict[tuple[int, str, str, int, int, int], int] = {}
 _counters: dict[tuple[int, str], cp.ndarray] = {}
 
 
@@ -84,6 +85,15 @@ def blocks_per_sm(source: str, name: str, block: int, smem: int = 0) -> int:
         fn = _function_with_smem(source, name, smem)
         _occupancy[key] = max(1, cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, smem))
     return _occupancy[key]
+
+
+def max_active_clusters(source: str, name: str, block: int, smem: int, cluster: int) -> int:
+    """How many clusters of `cluster` blocks of the kernel the device holds at once (sm_90+)."""
+    key = (cp.cuda.Device().id, source, name, block, smem, cluster)
+    if key not in _cluster_occupancy:
+        fn = _function_with_smem(source, name, smem)
+        _cluster_occupancy[key] = pdl.max_active_clusters(fn.kernel.ptr, block, smem, cluster)
+    return _cluster_occupancy[key]
 
 
 def sm_count() -> int:

@@ -146,6 +146,32 @@ def pack(args: tuple) -> tuple[list[str], list[Any]]:
     return fmt, values
 
 
+def max_active_clusters(function_ptr: int, block: int, smem: int, cluster: int) -> int:
+    """How many clusters of `cluster` CTAs (along x) of the CUfunction can be resident on the device at once
+    (cuOccupancyMaxActiveClusters): a cluster needs all its CTAs on one GPC, so this can be less than the
+    resident CTAs over `cluster`."""
+    lib = driver()
+    if not hasattr(lib, "_max_clusters_bound"):
+        lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                                                     ctypes.POINTER(_LaunchConfig)]
+        lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
+        lib._max_clusters_bound = True
+    attrs = (_LaunchAttr * 1)()
+    attrs[0].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attrs[0].value[0], attrs[0].value[1], attrs[0].value[2] = cluster, 1, 1
+    cfg = _LaunchConfig()
+    cfg.grid[0], cfg.grid[1], cfg.grid[2] = cluster, 1, 1
+    cfg.block[0], cfg.block[1], cfg.block[2] = block, 1, 1
+    cfg.smem = smem
+    cfg.attrs, cfg.num_attrs = ctypes.cast(attrs, ctypes.POINTER(_LaunchAttr)), 1
+    n = ctypes.c_int(0)
+    status = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), function_ptr, ctypes.byref(cfg))
+    if status:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {status} (cluster {cluster}, block "
+                           f"{block}, {smem} bytes of shared memory)")
+    return n.value
+
+
 def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem: int, pdl_on: bool = True,
            cluster: tuple[int, int, int] | None = None) -> None:
     """Launch the CUfunction at `function_ptr` on the current stream through cuLaunchKernelEx: with PDL
