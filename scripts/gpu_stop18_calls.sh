@@ -10,6 +10,9 @@
 #   and the Qwen3 engine's; attn_bench.py at batch 1 (1k / 4k / 16k, 64 / 128 / 256 keys a split) with clusters of up
 #   to 8 and of up to 4, and the cluster occupancy; batch-1 decode of Qwen3-4B (base, cur with 64 and 128 keys a
 #   split) alternating, twice, and of Qwen3.5-4B (base, cur).
+# call3 (call 2 never ran: the device stopped answering; what budget was left): call 2 cut to the essentials, in
+#   order of need, under one short limit: attn_bench at batch 1 with the cluster occupancy; batch-1 decode of Qwen3-4B
+#   (cur, base, cur with 128 keys a split) and Qwen3.5-4B (cur, base); the split-decode GPU tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -38,6 +41,14 @@ call2) tree cur precompile & tree base precompile & wait
            OPENINFER_DECODE_SPLIT_KEYS=128 tree cur lat cur_k128_q3_r$r 40 $Q3B1
        done
        tree base lat base_q35 45 $Q35; tree cur lat cur_q35 45 $Q35 ;;
+call3) tree cur precompile & tree base precompile & wait
+       tree cur timeout 40 python3 .whl/cur/scripts/attn_bench.py --batches 1 --contexts 1024,16384 \
+           --variants nocl,new --split-keys 64,128 > $L/attn.log 2>&1; say "attn_bench:"; tail -6 $L/attn.log | tee -a $S
+       tree cur lat cur_q3 30 $Q3B1; tree base lat base_q3 30 $Q3B1; OPENINFER_DECODE_SPLIT_KEYS=128 tree cur lat cur_k128_q3 30 $Q3B1
+       tree cur lat cur_q35 35 $Q35; tree base lat base_q35 35 $Q35
+       ( export PYTHONPATH=$PWD/.whl/cur/core:/tmp/site; cd .whl/cur
+         timeout 60 $T tests/kernels/test_cuda_ops.py -k "split_decode or decode_attention_graph" > $L/t_core.log 2>&1 )
+       say "tests core: $(tail -1 $L/t_core.log)" ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
