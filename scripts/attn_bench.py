@@ -1,6 +1,6 @@
 """Decode attention microbenchmark on one GPU: the fp32 CUDA-core kernel (attention.cu, "old"), the
-tensor-core one (attention_decode.cu, "new": its splits in thread-block clusters, as the engine runs it) and
-the tensor-core one without clusters ("nocl") on one Qwen3-4B layer (32 query heads, 8 KV heads,
+tensor-core one (attention_decode.cu, "new": as the engine runs it), the tensor-core one without clusters ("nocl")
+and with its splits in thread-block clusters of up to 8 ("cl") on one Qwen3-4B layer (32 query heads, 8 KV heads,
 head dim 128, bf16, block size 16, blocks shuffled over the pool), batch x context as given.
 
 Each variant runs as the engine runs decode: its grid sized for --max-model-len (the CUDA graphs'
@@ -48,11 +48,13 @@ def main() -> None:
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--contexts", default="1024,16384")
     ap.add_argument("--max-model-len", type=int, default=20480)
-    ap.add_argument("--variants", default="old,new", help="old (fp32 CUDA-core kernel), new (tensor-core, in "
-                    "clusters), nocl (tensor-core without clusters), comma-separated")
+    ap.add_argument("--variants", default="old,new", help="old (fp32 CUDA-core kernel), new (tensor-core, as "
+                    "OPENINFER_DECODE_CLUSTER says), nocl (tensor-core without clusters), cl (tensor-core in clusters "
+                    "of up to 8), comma-separated")
     ap.add_argument("--split-keys", default=str(attention_decode.DECODE_SPLIT_KEYS))
     args = ap.parse_args()
-    kinds = {"old": (False, 1), "new": (True, attention_decode.DECODE_CLUSTER), "nocl": (True, 1)}   # mma, cluster
+    kinds = {"old": (False, 1), "new": (True, attention_decode.DECODE_CLUSTER), "nocl": (True, 1),
+             "cl": (True, 8)}   # mma, most CTAs a cluster
     variants = [(name, *kinds[name]) for name in args.variants.split(",")]
     rng = np.random.default_rng(0)
     stream = cp.cuda.Stream(non_blocking=True)

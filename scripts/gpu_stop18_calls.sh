@@ -10,6 +10,7 @@
 #   and the Qwen3 engine's; attn_bench.py at batch 1 (1k / 4k / 16k, 64 / 128 / 256 keys a split) with clusters of up
 #   to 8 and of up to 4, and the cluster occupancy; batch-1 decode of Qwen3-4B (base, cur with 64 and 128 keys a
 #   split) alternating, twice, and of Qwen3.5-4B (base, cur).
+# From call 2 on clusters are opt-in (OPENINFER_DECODE_CLUSTER=8, exported by the calls; the default is 1).
 # call3 (call 2 never ran: the device stopped answering; what budget was left): call 2 cut to the essentials, in
 #   order of need, under one short limit: attn_bench at batch 1 with the cluster occupancy; batch-1 decode of Qwen3-4B
 #   (cur, base, cur with 128 keys a split) and Qwen3.5-4B (cur, base); the split-decode GPU tests.
@@ -26,6 +27,7 @@ call1) tree cur precompile
        tree cur timeout 200 python3 .whl/cur/scripts/gemv_bench.py --wide --output-json $R/gemv_wide.json \
            > $L/gemv_wide.log 2>&1; say "gemv wide:"; tail -60 $L/gemv_wide.log | tee -a $S ;;
 call2) tree cur precompile & tree base precompile & wait
+       export OPENINFER_DECODE_CLUSTER=8   # opt-in since call 2 could not run (base ignores it)
        ( export PYTHONPATH=$PWD/.whl/cur/core:$PWD/.whl/cur/plugins/qwen3:$PWD/.whl/cur/plugins/qwen35:/tmp/site; cd .whl/cur
          timeout 150 $T tests/kernels/test_cuda_ops.py -k "decode or paged_attention" > $L/t_core.log 2>&1 &
          timeout 150 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 & wait )
@@ -43,9 +45,10 @@ call2) tree cur precompile & tree base precompile & wait
        tree base lat base_q35 45 $Q35; tree cur lat cur_q35 45 $Q35 ;;
 call3) tree cur precompile & tree base precompile & wait
        tree cur timeout 40 python3 .whl/cur/scripts/attn_bench.py --batches 1 --contexts 1024,16384 \
-           --variants nocl,new --split-keys 64,128 > $L/attn.log 2>&1; say "attn_bench:"; tail -6 $L/attn.log | tee -a $S
+           --variants nocl,cl --split-keys 64,128 > $L/attn.log 2>&1; say "attn_bench:"; tail -6 $L/attn.log | tee -a $S
+       export OPENINFER_DECODE_CLUSTER=8   # opt-in since call 2 could not run (base ignores it)
        tree cur lat cur_q3 30 $Q3B1; tree base lat base_q3 30 $Q3B1; OPENINFER_DECODE_SPLIT_KEYS=128 tree cur lat cur_k128_q3 30 $Q3B1
-       tree cur lat cur_q35 35 $Q35; tree base lat base_q35 35 $Q35
+       tree cur lat cur_q35 35 $Q35; tree base lat base_q35 35 $Q35; OPENINFER_DECODE_CLUSTER=1 tree cur lat cur_nocl_q3 30 $Q3B1
        ( export PYTHONPATH=$PWD/.whl/cur/core:/tmp/site; cd .whl/cur
          timeout 60 $T tests/kernels/test_cuda_ops.py -k "split_decode or decode_attention_graph" > $L/t_core.log 2>&1 )
        say "tests core: $(tail -1 $L/t_core.log)" ;;

@@ -39,6 +39,22 @@ def launches(monkeypatch):
     return recorded
 
 
+@pytest.fixture
+def clusters(monkeypatch):
+    """Decode attention's splits in clusters of up to 8 (OPENINFER_DECODE_CLUSTER=8; off by default)."""
+    monkeypatch.setattr(attention_decode, "DECODE_CLUSTER", 8)
+
+
+def test_decode_clusters_are_off_by_default(launches):
+    """Without OPENINFER_DECODE_CLUSTER the split decode launches as in stop 17: no cluster, every split a part."""
+    assert attention_decode.DECODE_CLUSTER == 1
+    pool = aligned_empty((2, 1 + 64, 1, 16, 8, 128), BF16)
+    q = aligned_empty((1, 32, 128), BF16)
+    attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [20480], 16, 64), 0.125)
+    (call,) = launches
+    assert call.grid == (66, 8, 1) and call.cluster is None and call.args[-6] is not module.NULL
+
+
 def _batch(q_lens, ctx, bs, width) -> ForwardBatch:
     qstart = np.concatenate(([0], np.cumsum(q_lens))).astype(np.int32)
     T = int(qstart[-1])
@@ -53,7 +69,7 @@ def _batch(q_lens, ctx, bs, width) -> ForwardBatch:
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("q_lens,ctx", [([1, 1, 1], [5000, 17, 900]), ([1] * 64, [30] * 64),   # decode, split / not
                                          ([7, 1, 33], [7, 40, 300])])                          # prefill
-def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
+def test_paged_attention_launch_args(launches, clusters, dtype, d, q_lens, ctx):
     nh, nkv, bs, layers = 24, 4, 16, 3
     width = -(-max(ctx) // bs)
     pool = aligned_empty((2, 1 + len(ctx) * width, layers, bs, nkv, d), dtype)   # [k/v, blocks, layer, ...]
@@ -97,7 +113,7 @@ def test_decode_splits_capped_by_the_merge(launches, monkeypatch, cluster):
 
 @pytest.mark.parametrize("keys,want", [(1, 64), (64, 64), (100, 128), (256, 256)])
 @pytest.mark.parametrize("width", [1024, 20480])
-def test_decode_split_keys_set_the_shortest_split(launches, monkeypatch, keys, want, width):
+def test_decode_split_keys_set_the_shortest_split(launches, clusters, monkeypatch, keys, want, width):
     """OPENINFER_DECODE_SPLIT_KEYS reaches the kernel in whole 64-key passes. A CUDA graph's grid (20480
     keys wide) keeps its one-wave split count whatever the keys, since the kernel leaves the splits a short
     context does not use; an eager grid for a 1k context launches no more splits than it has."""
@@ -111,7 +127,7 @@ def test_decode_split_keys_set_the_shortest_split(launches, monkeypatch, keys, w
     assert call.grid[0] == {66: 64, 16: 16, 8: 8, 4: 4}[splits]
 
 
-def test_decode_clusters_fit_the_device_at_once(launches, monkeypatch):
+def test_decode_clusters_fit_the_device_at_once(launches, clusters, monkeypatch):
     """A cluster's CTAs share one GPC, so the device may hold fewer clusters than its CTA slots over the size:
     the grid then takes the largest size whose clusters all fit (batch 1 in a 20480-token graph: 66 splits of
     8 KV heads; here 8 x 8 clusters of 8, 9 x 8 of 7 and 11 x 8 of 6 do not fit, 13 x 8 of 5 do)."""
@@ -125,7 +141,7 @@ def test_decode_clusters_fit_the_device_at_once(launches, monkeypatch):
 
 
 @pytest.mark.parametrize("seqs,splits,cluster", [(1, 16, 8), (5, 12, 6), (32, 2, 2), (66, 1, 1), (128, 1, 1)])
-def test_decode_splits_fill_one_wave(launches, seqs, splits, cluster):
+def test_decode_splits_fill_one_wave(launches, clusters, seqs, splits, cluster):
     """Qwen3-4B decode at 1k context (8 KV heads, 4 blocks an SM on 132 SMs: 528 places): the most
     splits whose blocks fit in one wave, capped by the context's 16 passes, in whole clusters that leave
     at most an eighth of them out (5 sequences: 13 splits, 2 clusters of 6); a batch whose blocks already

@@ -5,7 +5,7 @@ aligned) on the fp32 CUDA-core kernel of attention.cu. Both give a block one spl
 context, one KV head and the query heads of its group, so K/V is read once per step; both store
 per-split partials, and the last block of a (sequence, head chunk) to finish merges them
 (decode_merge.cuh), counted on arrival_counters("decode_attention"): one launch per layer. On sm_90+ the
-tensor-core kernel runs its splits in thread-block clusters of up to DECODE_CLUSTER: a cluster's splits are
+tensor-core kernel can run its splits in thread-block clusters of up to DECODE_CLUSTER (opt-in): a cluster's splits are
 merged in its first block over distributed shared memory, and only the clusters' partials go through global
 memory and the arrival counter (none at all where one cluster holds the context). The grid
 depends only on the batch size, the heads and `max_context_len`: each sequence divides its own length
@@ -34,8 +34,11 @@ DECODE_MMA = os.environ.get("OPENINFER_DECODE_MMA", "1") != "0"   # 0: the fp32 
 # fewer partials to store and merge; the grid's split count (set by the longest context) is unchanged
 DECODE_SPLIT_KEYS = int(os.environ.get("OPENINFER_DECODE_SPLIT_KEYS", "64"))
 # most splits of one thread-block cluster (the tensor-core kernel, sm_90+; 8 is the portable cluster size,
-# which merge_cluster in attention_decode.cu assumes); 1: every split merges through global partials
-DECODE_CLUSTER = int(os.environ.get("OPENINFER_DECODE_CLUSTER", "8"))
+# which merge_cluster in attention_decode.cu assumes); 1 (the default): every split merges through global
+# partials. Off until measured in the engine: stop 18's only GPU run (attn_bench, batch 1) had 1k contexts faster
+# in clusters (6.8 against 8.3 us a layer at 128 keys a split) and 16k ones slower (36 against 27 us) before
+# clusters were sized to what the device holds at once (docs/benchmarks/qwen3-4b-h200.md, stop 18)
+DECODE_CLUSTER = int(os.environ.get("OPENINFER_DECODE_CLUSTER", "1"))
 if not 1 <= DECODE_CLUSTER <= 8:
     raise ValueError(f"OPENINFER_DECODE_CLUSTER={DECODE_CLUSTER}: choose 1 (no clusters) to 8")
 
