@@ -13,7 +13,9 @@
 # From call 2 on clusters are opt-in (OPENINFER_DECODE_CLUSTER=8, exported by the calls; the default is 1).
 # call3 (call 2 never ran: the device stopped answering; what budget was left): call 2 cut to the essentials, in
 #   order of need, under one short limit: attn_bench at batch 1 with the cluster occupancy; batch-1 decode of Qwen3-4B
-#   (cur, base, cur with 128 keys a split) and Qwen3.5-4B (cur, base); the split-decode GPU tests.
+#   (cur, base, cur with 128 keys a split) and Qwen3.5-4B (cur, base, fold = branch next/gdn-norm-fold with
+#   OPENINFER_GDN_NORM_FOLD=1: the GDN output norm folded into the decode step); the split-decode GPU tests and the
+#   fold's GPU tests. Make the trees first: cur = main, base = 5aaebe6, fold = next/gdn-norm-fold.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -43,15 +45,19 @@ call2) tree cur precompile & tree base precompile & wait
            OPENINFER_DECODE_SPLIT_KEYS=128 tree cur lat cur_k128_q3_r$r 40 $Q3B1
        done
        tree base lat base_q35 45 $Q35; tree cur lat cur_q35 45 $Q35 ;;
-call3) tree cur precompile & tree base precompile & wait
+call3) tree cur precompile & tree base precompile & tree fold precompile & wait
        tree cur timeout 40 python3 .whl/cur/scripts/attn_bench.py --batches 1 --contexts 1024,16384 \
            --variants nocl,cl --split-keys 64,128 > $L/attn.log 2>&1; say "attn_bench:"; tail -6 $L/attn.log | tee -a $S
        export OPENINFER_DECODE_CLUSTER=8   # opt-in since call 2 could not run (base ignores it)
        tree cur lat cur_q3 30 $Q3B1; tree base lat base_q3 30 $Q3B1; OPENINFER_DECODE_SPLIT_KEYS=128 tree cur lat cur_k128_q3 30 $Q3B1
-       tree cur lat cur_q35 35 $Q35; tree base lat base_q35 35 $Q35; OPENINFER_DECODE_CLUSTER=1 tree cur lat cur_nocl_q3 30 $Q3B1
+       tree cur lat cur_q35 35 $Q35; tree base lat base_q35 35 $Q35; OPENINFER_GDN_NORM_FOLD=1 tree fold lat fold_q35 35 $Q35
+       OPENINFER_DECODE_CLUSTER=1 tree cur lat cur_nocl_q3 30 $Q3B1
        ( export PYTHONPATH=$PWD/.whl/cur/core:/tmp/site; cd .whl/cur
          timeout 60 $T tests/kernels/test_cuda_ops.py -k "split_decode or decode_attention_graph" > $L/t_core.log 2>&1 )
-       say "tests core: $(tail -1 $L/t_core.log)" ;;
+       say "tests core: $(tail -1 $L/t_core.log)"
+       ( export PYTHONPATH=$PWD/.whl/fold/core:$PWD/.whl/fold/plugins/qwen35:/tmp/site; cd .whl/fold
+         timeout 120 $T plugins/qwen35/tests -k "fold" > $L/t_fold.log 2>&1 )
+       say "tests fold: $(tail -1 $L/t_fold.log)" ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
