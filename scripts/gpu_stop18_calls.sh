@@ -1,20 +1,16 @@
 #!/usr/bin/env bash
 # Stop 18's H200 runs. Trees are carried in .whl/NAME (git archive REV core plugins tests scripts pyproject.toml |
 # tar -x -C .whl/NAME): cur = the commit under test (the working tree may hold a helper's unfinished edits),
-# att = f730b7f (decode attention in clusters, the GEMV as in stop 17), base = 5aaebe6 (stop 17's last commit).
+# base = 5aaebe6 (stop 17's last commit), fold = branch next/gdn-norm-fold.
 #   bash scripts/gpu_stop18_calls.sh callN   (server-stack wheels in .whl/, scripts/gpu_wheels.sh)
 # call1 (cur = 4417f28): GPU tests of decode attention (clusters on and off), the GEMVs (wide ones too) and both
 #   engines; attn_bench.py at batch 1 / 32 / 128, 1k and 16k contexts, 64 and 128 keys a split, with and without
 #   clusters; gemv_bench.py --wide (the GEMV at 8 < M <= 64 against cuBLASLt).
-# call2 (cur = the wide GEMV taken out, clusters sized to what the device holds at once): decode-attention GPU tests
-#   and the Qwen3 engine's; attn_bench.py at batch 1 (1k / 4k / 16k, 64 / 128 / 256 keys a split) with clusters of up
-#   to 8 and of up to 4, and the cluster occupancy; batch-1 decode of Qwen3-4B (base, cur with 64 and 128 keys a
-#   split) alternating, twice, and of Qwen3.5-4B (base, cur).
-# From call 2 on clusters are opt-in (OPENINFER_DECODE_CLUSTER=8, exported by the calls; the default is 1).
-# call3 (call 2 never ran: the device stopped answering; what budget was left): call 2 cut to the essentials, in
-#   order of need, under one short limit: attn_bench at batch 1 with the cluster occupancy; batch-1 decode of Qwen3-4B
-#   (cur, base, cur with 128 keys a split) and Qwen3.5-4B (cur, base, fold = branch next/gdn-norm-fold with
-#   OPENINFER_GDN_NORM_FOLD=1: the GDN output norm folded into the decode step); the split-decode GPU tests and the
+# call2 (two rounds of call 3's decode runs) was never run: the device stopped answering; call 3 replaces it.
+# From call 3 on clusters are opt-in (OPENINFER_DECODE_CLUSTER=8, exported by the calls; the default is 1).
+# call3 (for the next session; short enough for a small device budget), in order of need: attn_bench at batch 1
+#   with the cluster occupancy; batch-1 decode of Qwen3-4B (cur, base, cur with 128 keys a split) and Qwen3.5-4B
+#   (cur, base, fold with OPENINFER_GDN_NORM_FOLD=1: the GDN output norm folded into the decode step); the split-decode GPU tests and the
 #   fold's GPU tests. Make the trees first: cur = main, base = 5aaebe6, fold = next/gdn-norm-fold.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,27 +24,10 @@ call1) tree cur precompile
            > $L/attn_bench.log 2>&1; say "attn_bench (ms a call):"; tail -9 $L/attn_bench.log | tee -a $S
        tree cur timeout 200 python3 .whl/cur/scripts/gemv_bench.py --wide --output-json $R/gemv_wide.json \
            > $L/gemv_wide.log 2>&1; say "gemv wide:"; tail -60 $L/gemv_wide.log | tee -a $S ;;
-call2) tree cur precompile & tree base precompile & wait
-       export OPENINFER_DECODE_CLUSTER=8   # opt-in since call 2 could not run (base ignores it)
-       ( export PYTHONPATH=$PWD/.whl/cur/core:$PWD/.whl/cur/plugins/qwen3:$PWD/.whl/cur/plugins/qwen35:/tmp/site; cd .whl/cur
-         timeout 150 $T tests/kernels/test_cuda_ops.py -k "decode or paged_attention" > $L/t_core.log 2>&1 &
-         timeout 150 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 & wait )
-       for f in core q3; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
-       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -10 | tee -a $S
-       for c in 8 4; do
-           OPENINFER_DECODE_CLUSTER=$c tree cur timeout 60 python3 .whl/cur/scripts/attn_bench.py --batches 1 \
-               --contexts 1024,4096,16384 --variants nocl,new --split-keys 64,128,256 > $L/attn_c$c.log 2>&1
-           say "attn_bench, clusters of up to $c:"; tail -11 $L/attn_c$c.log | tee -a $S
-       done
-       for r in 1 2; do
-           tree base lat base_q3_r$r 40 $Q3B1; tree cur lat cur_q3_r$r 40 $Q3B1
-           OPENINFER_DECODE_SPLIT_KEYS=128 tree cur lat cur_k128_q3_r$r 40 $Q3B1
-       done
-       tree base lat base_q35 45 $Q35; tree cur lat cur_q35 45 $Q35 ;;
 call3) tree cur precompile & tree base precompile & tree fold precompile & wait
        tree cur timeout 40 python3 .whl/cur/scripts/attn_bench.py --batches 1 --contexts 1024,16384 \
            --variants nocl,cl --split-keys 64,128 > $L/attn.log 2>&1; say "attn_bench:"; tail -6 $L/attn.log | tee -a $S
-       export OPENINFER_DECODE_CLUSTER=8   # opt-in since call 2 could not run (base ignores it)
+       export OPENINFER_DECODE_CLUSTER=8   # opt-in (base ignores it)
        tree cur lat cur_q3 30 $Q3B1; tree base lat base_q3 30 $Q3B1; OPENINFER_DECODE_SPLIT_KEYS=128 tree cur lat cur_k128_q3 30 $Q3B1
        tree cur lat cur_q35 35 $Q35; tree base lat base_q35 35 $Q35; OPENINFER_GDN_NORM_FOLD=1 tree fold lat fold_q35 35 $Q35
        OPENINFER_DECODE_CLUSTER=1 tree cur lat cur_nocl_q3 30 $Q3B1

@@ -30,6 +30,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(attention_decode, "max_active_clusters", lambda *a: 4 * 132 // a[-1])   # a GPC holds them all
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
     monkeypatch.setattr(blas, "clusters_supported", lambda: True)
+    monkeypatch.setattr(attention_decode, "clusters_supported", lambda: True)
     monkeypatch.setattr(attention, "_hopper", lambda: False)   # it asks the (absent) GPU; tests that want sm_90 say so
     counters = {}   # raw device memory in real life: one region per purpose
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
-from . import blas
-from .module import COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, max_active_clusters, sm_count
+from .module import (COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, clusters_supported, launch, max_active_clusters,
+                     sm_count)
 
 NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its blocks' warps, key tile, group rows)
 MIN_SPLIT = NWARPS * BN                      # its split: whole passes of the block's warps
@@ -101,7 +101,7 @@ def cluster_size(kernel: DecodeKernel, splits: int, rows: int) -> int:
     (13 splits: 2 clusters of 6, not 1 of 8) and whose clusters the device holds at once (a cluster's CTAs share
     one GPC, so fewer of them fit than CTAs over the size); 1 where none does, or the kernel or the device has
     no clusters."""
-    if not kernel.clustered or splits == 1 or not blas.clusters_supported():
+    if not kernel.clustered or splits == 1 or not clusters_supported():
         return 1
     for c in range(min(DECODE_CLUSTER, splits), 1, -1):
         if (8 * c * (splits // c) >= 7 * splits

@@ -26,7 +26,7 @@ import cupy as cp
 import numpy as np
 
 from . import lt, pdl
-from .module import BF16, blocks_per_sm, launch, sm_count
+from .module import BF16, blocks_per_sm, clusters_supported, launch, sm_count
 
 WORKSPACE_BYTES = 32 << 20
 _CUDA_R_32F, _CUDA_R_16BF = 0, 14            # cudaDataType_t
@@ -128,17 +128,6 @@ def gemv_splits(n: int, k: int, resident: int) -> int:
     The rule where start-up timing (gemv_tune.py) chose nothing for the shape."""
     tiles = -(-n // 16)
     return max(1, min(int(resident * GEMV_FILL) // tiles, k // GEMV_MIN_SPLIT_K, GEMV_MAX_SPLITS))
-
-
-_clusters: dict[int, bool] = {}
-
-
-def clusters_supported() -> bool:
-    """Thread-block clusters (the split-K reduction) need sm_90+; older GPUs take one split."""
-    dev = cp.cuda.Device().id
-    if dev not in _clusters:
-        _clusters[dev] = int(cp.cuda.Device(dev).compute_capability) >= 90
-    return _clusters[dev]
 
 
 def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:

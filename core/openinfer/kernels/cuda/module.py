@@ -24,6 +24,7 @@ _smem_optin: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
 _occupancy: dict[tuple[int, str, str, int, int], int] = {}
 _cluster_occupancy: dict[tuple[int, str, str, int, int, int], int] = {}
+_clusters: dict[int, bool] = {}
 _counters: dict[tuple[int, str], cp.ndarray] = {}
 
 
@@ -85,6 +86,15 @@ def blocks_per_sm(source: str, name: str, block: int, smem: int = 0) -> int:
         fn = _function_with_smem(source, name, smem)
         _occupancy[key] = max(1, cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, smem))
     return _occupancy[key]
+
+
+def clusters_supported() -> bool:
+    """Thread-block clusters (the split reductions of gemv.cu and attention_decode.cu) need sm_90+; older GPUs
+    run those kernels unsplit or without clusters."""
+    dev = cp.cuda.Device().id
+    if dev not in _clusters:
+        _clusters[dev] = int(cp.cuda.Device(dev).compute_capability) >= 90
+    return _clusters[dev]
 
 
 def max_active_clusters(source: str, name: str, block: int, smem: int, cluster: int) -> int:

@@ -74,13 +74,17 @@ _supported: dict[int, bool] = {}
 
 
 def driver() -> ctypes.CDLL:
-    """The CUDA driver library (already loaded by CuPy), for the launch CuPy does not wrap."""
+    """The CUDA driver library (already loaded by CuPy), for the launch and the cluster occupancy CuPy does not
+    wrap."""
     global _libcuda
     if _libcuda is None:
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
                                          ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
         lib.cuLaunchKernelEx.restype = ctypes.c_int
+        lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                                                     ctypes.POINTER(_LaunchConfig)]
+        lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
         _libcuda = lib
     return _libcuda
 
@@ -150,12 +154,6 @@ def max_active_clusters(function_ptr: int, block: int, smem: int, cluster: int) 
     """How many clusters of `cluster` CTAs (along x) of the CUfunction can be resident on the device at once
     (cuOccupancyMaxActiveClusters): a cluster needs all its CTAs on one GPC, so this can be less than the
     resident CTAs over `cluster`."""
-    lib = driver()
-    if not hasattr(lib, "_max_clusters_bound"):
-        lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
-                                                     ctypes.POINTER(_LaunchConfig)]
-        lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
-        lib._max_clusters_bound = True
     attrs = (_LaunchAttr * 1)()
     attrs[0].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     attrs[0].value[0], attrs[0].value[1], attrs[0].value[2] = cluster, 1, 1
@@ -165,7 +163,7 @@ def max_active_clusters(function_ptr: int, block: int, smem: int, cluster: int) 
     cfg.smem = smem
     cfg.attrs, cfg.num_attrs = ctypes.cast(attrs, ctypes.POINTER(_LaunchAttr)), 1
     n = ctypes.c_int(0)
-    status = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), function_ptr, ctypes.byref(cfg))
+    status = driver().cuOccupancyMaxActiveClusters(ctypes.byref(n), function_ptr, ctypes.byref(cfg))
     if status:
         raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {status} (cluster {cluster}, block "
                            f"{block}, {smem} bytes of shared memory)")
