@@ -25,7 +25,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from . import lt, pdl
+from . import lt, pdl, skinny_gemm
 from .module import BF16, blocks_per_sm, clusters_supported, launch, sm_count
 
 WORKSPACE_BYTES = 32 << 20
@@ -190,7 +190,8 @@ def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     """x [..., in] @ w[out, in].T -> [..., out]; bf16 or f32 in and out, fp32 accumulation.
 
     bf16 with at most GEMV_MAX_M rows, K % 8 == 0 and 16-byte aligned rows runs the GEMV kernel
-    (gemv.cu); bf16 of a shape tuned at start-up runs cuBLASLt (lt.py); everything else cublasGemmEx."""
+    (gemv.cu); bf16 with 9..128 rows on an H100 / H200 the skinny GEMM where it is on (skinny_gemm.py); bf16 of a
+    shape tuned at start-up runs cuBLASLt (lt.py); everything else cublasGemmEx."""
     x2, w = operands(x, w)
     (m, k), n_out, it = x2.shape, w.shape[0], x.itemsize
     out = cp.empty((*x.shape[:-1], n_out), dtype=x.dtype)
@@ -200,6 +201,9 @@ def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
         lt.recorded.add((n_out, k))   # a weight shape for lt_tune.tune (loader's activation profile)
     if _gemv_usable(x2, w, m, k):
         gemv(x2, w, out.reshape(m, n_out))
+        return out
+    if skinny_gemm.usable(x2, w, m):
+        skinny_gemm.gemm(x2, w, out.reshape(m, n_out))
         return out
     dev = cp.cuda.Device().id
     if x.dtype == BF16 and lt.run(dev, x2, w, out.reshape(m, n_out)):

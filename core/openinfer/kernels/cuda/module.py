@@ -70,10 +70,11 @@ def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args:
     """Launch kernel `name` of `source` (a core source's name or a plugin's .cu path, see
     compile.source_path) on the current stream (so CUDA-graph capture sees it), with programmatic
     dependent launch where it is on and the device has it (pdl.py), in thread-block clusters of
-    `cluster` CTAs (sm_90+) if given."""
+    `cluster` CTAs (sm_90+) if given. A kernel taking by-value structs (pdl.ByValue: tensor maps) takes them first
+    and always launches through pdl.launch, since CuPy cannot pass them."""
     fn = _function_with_smem(source, name, smem)
     on = pdl.enabled(name)
-    if on or cluster:
+    if on or cluster or (args and isinstance(args[0], pdl.ByValue)):
         pdl.launch(fn.kernel.ptr, grid, block, args, smem, pdl_on=on, cluster=cluster)
     else:
         fn(tuple(int(g) for g in grid), (block,), args, shared_mem=smem)

@@ -11,7 +11,8 @@ graph capture records the launches as programmatic edges.
 
 Arguments are marshalled the way CuPy does it: a cupy array is its device pointer, a numpy scalar
 its own bytes; each one gets an 8-byte slot in a reused buffer (the driver copies the values at
-launch, so reuse is safe). OPENINFER_PDL takes a comma-separated list of kernel-name prefixes (PDL for those
+launch, so reuse is safe). A `ByValue` (a struct parameter such as a TMA tensor map, tma.py) is passed from
+its own host bytes; CuPy cannot pass those, so module.launch sends such kernels here. OPENINFER_PDL takes a comma-separated list of kernel-name prefixes (PDL for those
 kernels only), 1 for every kernel, or 0 for none (every kernel launches through CuPy).
 
 The default, DEFAULT_KERNELS, is the GEMVs and the small kernels between them, in eager steps and in decode graphs
@@ -74,8 +75,8 @@ _supported: dict[int, bool] = {}
 
 
 def driver() -> ctypes.CDLL:
-    """The CUDA driver library (already loaded by CuPy), for the launch and the cluster occupancy CuPy does not
-    wrap."""
+    """The CUDA driver library (already loaded by CuPy), for what CuPy does not wrap: the launch, the cluster
+    occupancy and TMA tensor maps (tma.py)."""
     global _libcuda
     if _libcuda is None:
         lib = ctypes.CDLL("libcuda.so.1")
@@ -85,6 +86,11 @@ def driver() -> ctypes.CDLL:
         lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
                                                      ctypes.POINTER(_LaunchConfig)]
         lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
+        vp, u32 = ctypes.c_void_p, ctypes.c_uint32
+        u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+        # (map*, dtype, rank, address, dims*, strides*, box*, element strides*, interleave, swizzle, L2 promotion, oob)
+        lib.cuTensorMapEncodeTiled.argtypes = [vp, ctypes.c_int, u32, vp, u64p, u64p, u32p, u32p] + [ctypes.c_int] * 4
+        lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
         _libcuda = lib
     return _libcuda
 
@@ -119,6 +125,20 @@ def enabled(kernel: str = "") -> bool:
     return _supported[dev]
 
 
+class ByValue:
+    """A struct kernel parameter passed by value (a 128-byte CUtensorMap): `size` bytes at a host address aligned to
+    `align`, which cuLaunchKernelEx copies at launch. Kernels take these parameters first (module.launch looks there)."""
+
+    def __init__(self, size: int, align: int = 8) -> None:
+        self.size = size
+        self.buf = ctypes.create_string_buffer(size + align)
+        self.address = ctypes.addressof(self.buf) + (-ctypes.addressof(self.buf) % align)
+
+    @property
+    def raw(self) -> bytes:
+        return ctypes.string_at(self.address, self.size)
+
+
 class _Slots(threading.local):
     """Per-thread launch state: the argument buffer, pointers to its slots, the attribute and config."""
 
@@ -136,10 +156,13 @@ _slots = _Slots()
 
 def pack(args: tuple) -> tuple[list[str], list[Any]]:
     """The struct codes and values of a kernel's arguments: a numpy scalar at its own size, a device
-    array as its 64-bit pointer."""
+    array as its 64-bit pointer, a ByValue as its bytes ("<size>s")."""
     fmt, values = [], []
     for a in args:
-        if isinstance(a, np.generic):
+        if isinstance(a, ByValue):
+            fmt.append(f"{a.size}s")
+            values.append(a.raw)
+        elif isinstance(a, np.generic):
             if a.dtype.char not in _CODES:
                 raise TypeError(f"kernel argument {a!r}: a {a.dtype} scalar; pass an integer or float one")
             fmt.append(_CODES[a.dtype.char])
@@ -178,7 +201,13 @@ def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem
         raise ValueError(f"{len(args)} kernel arguments, at most {MAX_ARGS}")
     s = _slots
     codes, values = pack(args)
-    struct.pack_into("<" + "".join(c if c in "qQd" else c + "4x" for c in codes), s.buf, 0, *values)  # 8-byte slots
+    by_value = [i for i, a in enumerate(args) if isinstance(a, ByValue)] if args and isinstance(args[0], ByValue) else []
+    for i in by_value:   # its slot is skipped; the parameter pointer goes to its own bytes for this launch
+        codes[i], values[i] = "8x", None
+        s.params[i] = args[i].address
+    values = [v for v in values if v is not None]
+    struct.pack_into("<" + "".join(c if c in ("q", "Q", "d", "8x") else c + "4x" for c in codes), s.buf, 0,
+                     *values)  # 8-byte slots
     cfg = s.cfg
     g = tuple(grid) + (1, 1)
     cfg.grid[0], cfg.grid[1], cfg.grid[2] = int(g[0]), int(g[1]), int(g[2])
@@ -196,6 +225,8 @@ def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem
         n += 1
     cfg.num_attrs = n
     status = driver().cuLaunchKernelEx(ctypes.byref(cfg), function_ptr, s.params, None)
+    for i in by_value:
+        s.params[i] = ctypes.addressof(s.buf) + 8 * i
     if status:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status} (grid {tuple(grid)}, block {block}, "
                            f"{smem} bytes of shared memory, PDL {pdl_on}, cluster {cluster}); OPENINFER_PDL=0 "

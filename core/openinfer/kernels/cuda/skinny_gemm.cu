@@ -1,0 +1,172 @@
+// Skinny GEMM for decode steps of 9..128 rows (sm_90a): y[M, N] = x[M, K] @ w[N, K]^T in bf16 with fp32
+// accumulation. Like the GEMV of M <= 8 (gemv.cu) it is weight-bandwidth bound: at M = 32 / 128 a step streams the
+// same 8 GB of Qwen3-4B weights as at M = 1, and cuBLASLt's best algorithms reach ~70 % / ~60 % of the floor there
+// (docs/benchmarks/qwen3-4b-h200.md). The design keeps the SM's instruction stream out of the weights' way:
+//
+// * The product is taken transposed, y^T[N, M] = w x^T, so the weights are wgmma's A operand (64 rows a warpgroup)
+//   and the batch is its n dimension (MP = M padded to 16 / 32 / 64 / 128): both operands K-major, read by
+//   128-byte-swizzle descriptors from shared memory, as in attention_wgmma.cu's S = Q K^T.
+// * One CTA = 3 warpgroups: warpgroup 0 is the producer, one thread of which streams the stages by TMA (2-D box copies
+//   of w [BN = 128 rows][BK = 64 k] and x [MP rows][BK], out-of-range rows and k arriving as zeros); warpgroups 1 and 2
+//   each multiply 64 of the tile's weight rows. STAGES stages of full / empty mbarriers: up to 8 x 16 KB of weights
+//   in flight per SM with no load instruction per 16 bytes.
+// * Split-K across CTAs (gridDim.y, blas-side choice in skinny_gemm.py): a tile's splits form one thread-block
+//   cluster. Each stages its fp32 partial tile [MP][BN] in its (drained) stage memory; after a cluster barrier, rank
+//   r sums share r of the tile over every rank's partials in split order (deterministic) and stores bf16 rows of y.
+// * Programmatic dependent launch: the weights of the first stages are requested before griddepcontrol.wait (they
+//   do not depend on the previous kernel), x after it.
+// Mirrored in skinny_gemm.py (SG_* constants, the shared-memory size, the kernel names) and emulated in
+// tests/kernels/test_skinny_gemm_emulation.py: change them together.
+#include "common.cuh"
+#include "cluster.cuh"   // cluster_sync, ld_cluster
+#include "tma.cuh"       // tensor maps, mbarriers, TMA box copies
+#include "wgmma.cuh"     // descriptors, fences, wgmma shapes
+
+constexpr int SG_BN = 128;                  // weight rows (= output columns) a CTA takes: two consumer warpgroups
+constexpr int SG_BK = 64;                   // k a stage: one 128-byte swizzled row per weight / x row
+constexpr int SG_THREADS = 384;             // warpgroup 0 produces, 1 and 2 consume
+constexpr int SG_ROW = 128;                 // bytes of a swizzled shared-memory row
+constexpr int SG_W_BYTES = SG_BN * SG_ROW;  // one stage of weights: 16 KB
+constexpr int SG_STAGE_BUDGET = 200 * 1024; // stage bytes at most (one CTA a SM)
+constexpr int SG_MAX_STAGES = 8;
+constexpr int SG_PAD = 4;                   // floats after each staged partial row (bank-conflict-free writes)
+constexpr int SG_CONSUMER_WARPS = 8;        // arrivals that free a stage
+
+template <int MP> struct SkinnyShape {
+    static constexpr int X_BYTES = MP * SG_ROW;
+    static constexpr int STAGE = SG_W_BYTES + X_BYTES;
+    static constexpr int STAGES = SG_STAGE_BUDGET / STAGE < SG_MAX_STAGES ? SG_STAGE_BUDGET / STAGE : SG_MAX_STAGES;
+    static constexpr int LD = SG_BN + SG_PAD;  // floats of a staged partial row (one batch row m)
+    static_assert(MP * LD * 4 <= STAGES * STAGE, "the partial tile must fit the drained stages");
+};
+
+template <int MP>
+__device__ __forceinline__ void wgmma_skinny(float* d, unsigned long long a, unsigned long long b) {
+    if constexpr (MP == 16) wgmma_m64n16k16_ss(d, a, b, 1);
+    else if constexpr (MP == 32) wgmma_m64n32k16_ss(d, a, b, 1);
+    else if constexpr (MP == 64) wgmma_m64n64k16_ss(d, a, b, 1);
+    else wgmma_m64n128k16_ss(d, a, b, 1);
+}
+
+// dynamic shared memory: [1024 bytes of alignment slack][STAGES x (w [BN][64] | x [MP][64])][full[STAGES]][empty[STAGES]]
+template <int MP>
+__device__ __forceinline__ void skinny_gemm(const TensorMap* wmap, const TensorMap* xmap, bf16* __restrict__ y,
+                                            long long ldy, int M, int N, int ktiles) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using S = SkinnyShape<MP>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // the swizzle pattern repeats every 1024 bytes of absolute shared address: align the base
+    unsigned char* stages = smem_raw + ((1024 - (shared_addr(smem_raw) & 1023)) & 1023);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(stages + S::STAGES * S::STAGE);
+    unsigned long long* empty = full + S::STAGES;
+    const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    const int k0 = (int)((long long)ktiles * split / splits), iters = (int)((long long)ktiles * (split + 1) / splits) - k0;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S::STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], SG_CONSUMER_WARPS);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    float d[MP / 2];
+    if (wg == 0) {
+        if (threadIdx.x == 0) {   // the producer
+            tma_prefetch_map(wmap);
+            tma_prefetch_map(xmap);
+            const int first = iters < S::STAGES ? iters : S::STAGES;
+            for (int i = 0; i < first; ++i) {
+                mbar_arrive_expect_tx(&full[i], S::STAGE);
+                tma_load_2d(stages + i * S::STAGE, wmap, (k0 + i) * SG_BK, tile * SG_BN, &full[i]);
+            }
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            for (int i = 0; i < first; ++i)
+                tma_load_2d(stages + i * S::STAGE + SG_W_BYTES, xmap, (k0 + i) * SG_BK, 0, &full[i]);
+            for (int i = first; i < iters; ++i) {
+                const int s = i % S::STAGES;
+                mbar_wait(&empty[s], ((i / S::STAGES) & 1) ^ 1);   // released by the consumers' pass i - STAGES
+                mbar_arrive_expect_tx(&full[s], S::STAGE);
+                tma_load_2d(stages + s * S::STAGE, wmap, (k0 + i) * SG_BK, tile * SG_BN, &full[s]);
+                tma_load_2d(stages + s * S::STAGE + SG_W_BYTES, xmap, (k0 + i) * SG_BK, 0, &full[s]);
+            }
+        } else {
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+        }
+    } else {   // consumers: warpgroup wg multiplies weight rows 64 (wg - 1) .. 64 wg - 1 of the tile
+        asm volatile("griddepcontrol.wait;" ::: "memory");   // y may still be read by an earlier kernel
+#pragma unroll
+        for (int i = 0; i < MP / 2; ++i) d[i] = 0.f;
+        for (int i = 0; i < iters; ++i) {
+            const int s = i % S::STAGES;
+            mbar_wait(&full[s], (i / S::STAGES) & 1);
+            const unsigned int wa = shared_addr(stages + s * S::STAGE) + (wg - 1) * 64 * SG_ROW;
+            const unsigned int xa = shared_addr(stages + s * S::STAGE + SG_W_BYTES);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < SG_BK / 16; ++kk)   // k-step kk: 32 bytes into each swizzled row
+                wgmma_skinny<MP>(d, wgmma_desc_sw128(wa + kk * 32, 16, 1024), wgmma_desc_sw128(xa + kk * 32, 16, 1024));
+            wgmma_commit();
+            wgmma_wait<1>();   // the previous stage's wgmmas have read their operands: free that stage
+            if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % S::STAGES]);
+        }
+        wgmma_wait<0>();
+        wgmma_pin<MP / 2>(d);
+    }
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    __syncthreads();   // every wgmma has read its stage: the stages become the partial tile
+
+    // partial tile part[m][n] (fp32, row stride LD): accumulator d[4j + e] holds weight row r (+ 8 for e >= 2)
+    // and batch row 8j + 2 (lane % 4) + e % 2, r = 64 (wg - 1) + 16 warp + lane / 4 (wgmma.cuh's m64nN layout)
+    float* part = reinterpret_cast<float*>(stages);
+    if (wg > 0) {
+        const int r = (wg - 1) * 64 + warp * 16 + (lane >> 2), m0 = 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < MP / 8; ++j) {
+            float* p = part + (8 * j + m0) * S::LD + r;
+            p[0] = d[4 * j];
+            p[S::LD] = d[4 * j + 1];
+            p[8] = d[4 * j + 2];
+            p[S::LD + 8] = d[4 * j + 3];
+        }
+    }
+    cluster_sync();   // every split's partials are staged (no cluster: a CTA barrier)
+
+    // rank `split` sums chunks [lo, hi) of the tile's MP x BN / 4 float4 chunks (chunk c = row c / 32, columns
+    // 4 (c % 32) ..) over the splits in rank order and stores them as bf16
+    constexpr int CHUNKS = MP * SG_BN / 4, ROW_CHUNKS = SG_BN / 4;
+    const int lo = CHUNKS * split / splits, hi = CHUNKS * (split + 1) / splits;
+    for (int c = lo + threadIdx.x; c < hi; c += SG_THREADS) {
+        const int m = c / ROW_CHUNKS, nl = (c % ROW_CHUNKS) * 4, n = tile * SG_BN + nl;
+        if (m >= M || n >= N) continue;
+        const float4* local = reinterpret_cast<const float4*>(part + m * S::LD + nl);
+        float4 acc = splits == 1 ? *local : ld_cluster(local, 0);
+        for (int i = 1; i < splits; ++i) {
+            const float4 t = ld_cluster(local, i);
+            acc.x += t.x; acc.y += t.y; acc.z += t.z; acc.w += t.w;
+        }
+        bf16* out = y + m * ldy + n;
+        const float v[4] = {acc.x, acc.y, acc.z, acc.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (n + e < N) out[e] = from_f32<bf16>(v[e]);
+    }
+    cluster_sync();   // the other ranks' shared memory stays until every rank has read it
+#endif
+}
+
+// skinny_gemm_bf16_n<MP>: batch rows padded to MP. grid (ceil(N / 128), splits), block 384, cluster (1, splits, 1)
+// when splits > 1, dynamic shared memory skinny_gemm.py's smem_bytes(MP). wmap: w [N][K] in boxes [128][64];
+// xmap: x [M][K] in boxes [MP][64]; ktiles = ceil(K / 64).
+#define SKINNY_GEMM_KERNEL(MP)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(SG_THREADS, 1) skinny_gemm_bf16_n##MP(                         \
+        const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, bf16* __restrict__ y,   \
+        long long ldy, int M, int N, int ktiles) {                                                              \
+        skinny_gemm<MP>(&wmap, &xmap, y, ldy, M, N, ktiles);                                                    \
+    }
+
+SKINNY_GEMM_KERNEL(16)
+SKINNY_GEMM_KERNEL(32)
+SKINNY_GEMM_KERNEL(64)
+SKINNY_GEMM_KERNEL(128)

@@ -1,0 +1,81 @@
+"""`linear` for bf16 decode steps of 9..128 rows on Hopper: skinny_gemm.cu (TMA-streamed weights, wgmma with the batch
+as the n dimension, split-K reduced in a thread-block cluster).
+
+Off by default (OPENINFER_SKINNY_GEMM=1 turns it on) until the H200 shows it beating cuBLASLt's tuned algorithms on
+Qwen3-4B's batch-32 / 128 steps (scripts/gemv_bench.py --skinny). Needs sm_90 exactly (wgmma and TMA are built for
+sm_90a). Requirements of the operands: 16-byte aligned x / w / y, row strides a multiple of 16 bytes (TMA).
+"""
+from __future__ import annotations
+
+import os
+
+import cupy as cp
+import numpy as np
+
+from . import tma
+from .module import BF16, launch, sm_count
+
+ENABLED = os.environ.get("OPENINFER_SKINNY_GEMM", "0") == "1"
+MIN_M, MAX_M = 9, 128            # M <= 8 is the GEMV's (gemv.cu)
+WIDTHS = (16, 32, 64, 128)       # batch rows a kernel variant pads to (wgmma n)
+# mirrors of skinny_gemm.cu
+SG_BN, SG_BK, SG_THREADS, SG_ROW = 128, 64, 384, 128
+SG_STAGE_BUDGET, SG_MAX_STAGES = 200 * 1024, 8
+MAX_SPLITS = 8                   # a tile's splits form one cluster: at most the portable size
+MIN_KTILES_PER_SPLIT = 4         # 256 k: a split shorter than this spends its time filling the pipeline
+split_choice: dict[tuple[int, int, int, int], int] = {}   # (device, M width, N, K) -> splits timed (bench, tuner)
+
+
+def width(m: int) -> int:
+    """The kernel variant (padded batch rows) for m rows."""
+    return next(w for w in WIDTHS if m <= w)
+
+
+def stages(mp: int) -> int:
+    return min(SG_STAGE_BUDGET // (SG_BN * SG_ROW + mp * SG_ROW), SG_MAX_STAGES)
+
+
+def smem_bytes(mp: int) -> int:
+    """Dynamic shared memory of skinny_gemm_bf16_n<mp>: alignment slack, the stages, two mbarriers a stage."""
+    return 1024 + stages(mp) * (SG_BN * SG_ROW + mp * SG_ROW) + 2 * 8 * stages(mp)
+
+
+def default_splits(n: int, k: int, sms: int) -> int:
+    """Split-K so that the tiles fill one wave of the SMs (one CTA each), each split at least MIN_KTILES_PER_SPLIT
+    stages deep; weights of more tiles than SMs are not split."""
+    tiles, ktiles = -(-n // SG_BN), -(-k // SG_BK)
+    return max(1, min(sms // tiles, ktiles // MIN_KTILES_PER_SPLIT, MAX_SPLITS))
+
+
+_hopper: dict[int, bool] = {}
+
+
+def hopper() -> bool:
+    """sm_90 exactly: the kernel is built for sm_90a (elsewhere its body compiles to nothing)."""
+    dev = cp.cuda.Device().id
+    if dev not in _hopper:
+        _hopper[dev] = cp.cuda.Device(dev).compute_capability == "90"
+    return _hopper[dev]
+
+
+def usable(x2: cp.ndarray, w: cp.ndarray, m: int) -> bool:
+    """Whether linear(x2, w) may run here: on, bf16, 9..128 rows, TMA-compatible operands, an H100 / H200."""
+    return (ENABLED and x2.dtype == BF16 and MIN_M <= m <= MAX_M and tma.check_operand(x2.data.ptr, x2.strides[0])
+            and tma.check_operand(w.data.ptr, w.strides[0]) and hopper())
+
+
+def gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, splits: int | None = None) -> None:
+    """out2[M, N] = x2[M, K] @ w[N, K].T through skinny_gemm.cu (caller checked `usable`; out2 rows packed or 16-byte
+    strided). `splits` overrides the split-K factor (the benchmark's sweep)."""
+    m, k = x2.shape
+    n = w.shape[0]
+    mp, ktiles = width(m), -(-k // SG_BK)
+    if splits is None:
+        tuned = split_choice.get((cp.cuda.Device().id, mp, n, k)) if split_choice else None
+        splits = tuned or default_splits(n, k, sm_count())
+    splits = max(1, min(splits, ktiles, MAX_SPLITS))   # every split at least one stage
+    wmap = tma.matrix_map(w.data.ptr, n, k, w.strides[0], SG_BN)
+    xmap = tma.matrix_map(x2.data.ptr, m, k, x2.strides[0], mp)
+    launch("skinny_gemm", f"skinny_gemm_bf16_n{mp}", (-(-n // SG_BN), splits), SG_THREADS,
+           (wmap, xmap, out2, np.int64(out2.strides[0] // 2), np.int32(m), np.int32(n), np.int32(ktiles)),
+           smem_bytes(mp), cluster=(1, splits, 1) if splits > 1 else None)

@@ -1,0 +1,97 @@
+"""The skinny GEMM (skinny_gemm.cu, decode steps of 9..128 rows) against cuBLASLt's tuned algorithms (GPU only):
+each Qwen3-4B / Qwen3.5-4B decode weight at each batch width under every split-K factor, then the 145-GEMM Qwen3-4B
+decode chain with the rule's splits and with each shape's fastest.
+
+    python scripts/skinny_bench.py [--ms 16,32,64,128] [--json PATH]
+
+Each shape is first checked against an fp32 product. Times are CUDA-graph replays over weight copies larger than the
+L2 (tuning.replay_us), so weights come from HBM; cuBLASLt runs the algorithm lt_tune picks at start-up.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import cupy as cp
+
+from openinfer.kernels.cuda import blas, lt_tune, skinny_gemm, tuning
+from gemv_bench import FLOOR_BW, SHAPES_35, SHAPES_4B, decode_chain, rand
+
+SPLITS = range(1, 9)
+
+
+def max_rel_error(m: int, n: int, k: int) -> float:
+    x, w = rand(m, k), rand(n, k, scale=k ** -0.5)
+    y = cp.empty((m, n), x.dtype)
+    skinny_gemm.gemm(x, w, y)
+    want = x.astype(cp.float32) @ w.astype(cp.float32).T
+    return float(cp.abs(y.astype(cp.float32) - want).max() / cp.abs(want).max())
+
+
+def shape_rows(ms, stream) -> list[dict]:
+    rows = []
+    print(f"\n{'shape (K->N)':<24} {'M':>3} {'err':>7} {'cuBLASLt':>9} {'rule':>9} {'best':>9} {'x':>2} {'GB/s':>6} "
+          + " ".join(f"{f'x{s}':>6}" for s in SPLITS))
+    for name, (k, n) in {**SHAPES_4B, **SHAPES_35}.items():
+        for m in ms:
+            x, ws, y = tuning.scratch(m, n, k)
+            skinny_gemm.ENABLED = False
+            lt_us = tuning.replay_us(lambda: [blas.linear(x, w) for w in ws], stream) / len(ws)
+            skinny_gemm.ENABLED = True
+            times = {s: tuning.replay_us(lambda: [skinny_gemm.gemm(x, w, y, splits=s) for w in ws], stream) / len(ws)
+                     for s in SPLITS if s <= -(-k // skinny_gemm.SG_BK)}
+            rule = skinny_gemm.default_splits(n, k, skinny_gemm.sm_count())
+            best = min(times, key=times.get)
+            row = {"shape": name, "k": k, "n": n, "m": m, "max_rel_error": max_rel_error(m, n, k), "cublaslt_us": lt_us,
+                   "rule_splits": rule, "best_splits": best, "us_by_splits": times}
+            rows.append(row)
+            gbs = 2 * n * k / times[best] / 1e3
+            print(f"{name + f' {k}->{n}':<24} {m:>3} {row['max_rel_error']:7.1e} {lt_us:9.1f} {times[rule]:9.1f} "
+                  f"{times[best]:9.1f} {best:>2} {gbs:6.0f} " + " ".join(f"{times.get(s, 0):6.1f}" for s in SPLITS))
+            del ws
+    return rows
+
+
+def chain_rows(ms, rows, stream) -> list[dict]:
+    out = []
+    best = {(skinny_gemm.width(r["m"]), r["n"], r["k"]): r["best_splits"] for r in rows}
+    for m in ms:
+        run, nbytes = decode_chain(m)
+        floor = nbytes / FLOOR_BW * 1e6
+        res = {"m": m, "weights_gb": nbytes / 1e9, "floor_us": floor}
+        for label, on, choice in (("cuBLASLt", False, {}), ("skinny, rule splits", True, {}),
+                                  ("skinny, best splits", True, best)):
+            skinny_gemm.ENABLED = on
+            skinny_gemm.split_choice = {(cp.cuda.Device().id, *key): s for key, s in choice.items()}
+            us = tuning.replay_us(run, stream, runs=7)
+            res[label] = us
+            print(f"decode chain M={m:<3} {label:<22} {us:8.0f} us  {nbytes / us / 1e3:6.0f} GB/s  "
+                  f"{floor / us * 100:5.1f} % of floor")
+        out.append(res)
+        del run
+    skinny_gemm.split_choice = {}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ms", default="16,32,64,128")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    ms = [int(m) for m in args.ms.split(",")]
+    if not skinny_gemm.hopper():
+        sys.exit("the skinny GEMM needs an H100 / H200 (sm_90)")
+    print(f"{cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)['name'].decode()}; cuBLASLt plans: "
+          f"{lt_tune.tune(ms, [(n, k) for k, n in {**SHAPES_4B, **SHAPES_35}.values()])}")
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        rows = shape_rows(ms, stream)
+        chains = chain_rows(ms, rows, stream)
+    if args.json:
+        args.json.write_text(json.dumps({"shapes": rows, "chains": chains}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

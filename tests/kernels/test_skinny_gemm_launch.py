@@ -1,0 +1,122 @@
+"""CPU checks of the skinny GEMM's host side (no GPU): blas.linear's choice of it, its launch against the kernel's
+PTX parameters (two 128-byte tensor maps first), the by-value marshalling of pdl.launch and the tensor-map encoding
+call as cuda.h declares it."""
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cupy")
+from openinfer.kernels.cuda import blas, module, pdl, skinny_gemm, tma  # noqa: E402
+from openinfer.testing.launch_check import FAKE_CP, aligned_empty, record_launches  # noqa: E402
+
+BF16 = module.BF16
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    recorded = record_launches(monkeypatch, (blas, module, skinny_gemm))
+    monkeypatch.setattr(skinny_gemm, "ENABLED", True)
+    monkeypatch.setattr(skinny_gemm, "hopper", lambda: True)
+    monkeypatch.setattr(skinny_gemm, "sm_count", lambda: 132)
+    monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
+    monkeypatch.setattr(blas, "clusters_supported", lambda: True)
+    return recorded
+
+
+@pytest.fixture
+def maps(monkeypatch):
+    """The tensor maps asked for (matrix_map's arguments); each answered by a blank 128-byte parameter."""
+    asked = []
+    monkeypatch.setattr(tma, "matrix_map", lambda *a: (asked.append(a), pdl.ByValue(128, align=64))[1])
+    return asked
+
+
+@pytest.mark.parametrize("m,n,k,splits", [(9, 2560, 4096, 6), (32, 6144, 2560, 2), (128, 19456, 2560, 1),
+                                           (64, 200, 104, 1), (17, 2560, 9728, 6)])
+def test_linear_launches_the_skinny_gemm(launches, maps, m, n, k, splits):
+    x, w = aligned_empty((m, k), BF16), aligned_empty((n, k), BF16)
+    out = blas.linear(x, w)
+    (call,) = launches
+    mp = skinny_gemm.width(m)
+    assert (call.source, call.name, call.block) == ("skinny_gemm", f"skinny_gemm_bf16_n{mp}", 384)
+    assert call.grid == (-(-n // 128), splits) and call.cluster == ((1, splits, 1) if splits > 1 else None)
+    assert call.smem == skinny_gemm.smem_bytes(mp)
+    assert call.args[2].data.ptr == out.data.ptr and [int(a) for a in call.args[3:]] == [n, m, n, -(-k // 64)]
+    (wmap, xmap) = maps
+    assert wmap == (w.data.ptr, n, k, 2 * k, 128) and xmap == (x.data.ptr, m, k, 2 * k, mp)
+
+
+def test_other_cases_keep_their_paths(launches, maps, monkeypatch):
+    """8 rows: the GEMV; 129 rows, a misaligned x, or the switch off: no skinny launch (cuBLAS(Lt), not recorded)."""
+    monkeypatch.setattr(blas.lt, "run", lambda *a: True)   # stands in for cuBLASLt
+    monkeypatch.setattr(blas, "cp", SimpleNamespace(**vars(FAKE_CP), cuda=SimpleNamespace(
+        Device=lambda: SimpleNamespace(id=0))))
+    w = aligned_empty((256, 512), BF16)
+    blas.linear(aligned_empty((8, 512), BF16), w)
+    assert [c.source for c in launches] == ["gemv"]
+    blas.linear(aligned_empty((129, 512), BF16), w)
+    blas.linear(aligned_empty((16, 520), BF16)[:, 3:515], w)
+    monkeypatch.setattr(skinny_gemm, "ENABLED", False)
+    blas.linear(aligned_empty((16, 512), BF16), w)
+    assert len(launches) == 1
+
+
+def test_splits_are_capped_by_the_stages(launches, maps):
+    x, w = aligned_empty((32, 128), BF16), aligned_empty((256, 128), BF16)
+    skinny_gemm.gemm(x, w, aligned_empty((32, 256), BF16), splits=8)   # two 64-k stages: at most two splits
+    assert launches[-1].grid == (2, 2) and launches[-1].cluster == (1, 2, 1)
+
+
+def test_by_value_parameters_reach_the_driver(monkeypatch):
+    """pdl.launch passes a ByValue from its own bytes and the other arguments from their 8-byte slots, then points
+    the slot back for the next launch."""
+    seen = []
+
+    def launch_ex(cfg, fn, params, extra):
+        sizes = (128, 128, 8, 4) if not seen else (8, 8, 8)
+        seen.append([ctypes.string_at(params[i], n) for i, n in enumerate(sizes)])
+        return 0
+    monkeypatch.setattr(pdl, "driver", lambda: SimpleNamespace(cuLaunchKernelEx=launch_ex))
+    monkeypatch.setattr(pdl, "cp", SimpleNamespace(cuda=SimpleNamespace(
+        get_current_stream=lambda: SimpleNamespace(ptr=7))))
+    a, b = pdl.ByValue(128, align=64), pdl.ByValue(128, align=64)
+    assert a.address % 64 == 0
+    ctypes.memmove(a.address, bytes(range(128)), 128)
+    ctypes.memmove(b.address, bytes(range(128, 256)), 128)
+    pdl.launch(1, (4, 2), 384, (a, b, np.int64(-5), np.int32(9)), 1000, pdl_on=False, cluster=(1, 2, 1))
+    assert seen[0] == [bytes(range(128)), bytes(range(128, 256)), np.int64(-5).tobytes(), np.int32(9).tobytes()]
+    pdl.launch(1, (4, 1), 128, (np.int64(1), np.int64(2), np.int64(3)), 0, pdl_on=True)
+    assert seen[1] == [np.int64(v).tobytes() for v in (1, 2, 3)]
+    slots = pdl._slots
+    assert [slots.params[i] for i in range(3)] == [ctypes.addressof(slots.buf) + 8 * i for i in range(3)]
+
+
+def test_tensor_map_encoding_call(monkeypatch):
+    """cuTensorMapEncodeTiled(map, BFLOAT16 = 9, rank 2, address, {cols, rows}, {row stride}, {64, box rows},
+    {1, 1}, interleave none, 128-byte swizzle = 3, L2 promotion 256 B = 3, zero fill), once per key."""
+    calls = []
+
+    def encode(m, dtype, rank, ptr, dims, strides, box, steps, *modes):
+        calls.append((m % 64, dtype, rank, ptr, list(dims[:2]), strides[0], list(box[:2]), list(steps[:2]), modes))
+        return 0
+    monkeypatch.setattr(pdl, "driver", lambda: SimpleNamespace(cuTensorMapEncodeTiled=encode))
+    monkeypatch.setattr(tma, "_maps", {})
+    first = tma.matrix_map(4096, 100, 2560, 5120, 32)
+    assert tma.matrix_map(4096, 100, 2560, 5120, 32) is first
+    assert calls == [(0, 9, 2, 4096, [2560, 100], 5120, [64, 32], [1, 1], (0, 3, 3, 0))]
+    assert tma.check_operand(4096, 5120) and not tma.check_operand(4098, 5120) and not tma.check_operand(4096, 5122)
+    monkeypatch.setattr(pdl, "driver", lambda: SimpleNamespace(cuTensorMapEncodeTiled=lambda *a: 1))
+    with pytest.raises(RuntimeError, match="OPENINFER_SKINNY_GEMM=0"):
+        tma.matrix_map(8192, 1, 64, 128, 16)
+
+
+def test_driver_binds_tensor_map_encoding():
+    """The argument list bound in pdl.driver() is cuda.h's: 8 pointers / integers then 4 enums."""
+    import inspect
+    src = inspect.getsource(pdl.driver)
+    assert "cuTensorMapEncodeTiled.argtypes = [vp, ctypes.c_int, u32, vp, u64p, u64p, u32p, u32p] + [ctypes.c_int] * 4" \
+        in src
