@@ -4,10 +4,11 @@
 # base = 5aaebe6 (stop 17's last commit), fold = branch next/gdn-norm-fold.
 #   bash scripts/gpu_stop19_calls.sh callN   (server-stack wheels in .whl/, scripts/gpu_wheels.sh)
 # call1, in order of need (each step's figure is useful alone if the device goes away):
-#   1. the skinny GEMM's GPU tests (decode GEMMs of 9..128 rows, OPENINFER_SKINNY_GEMM, off by default);
+#   1. the skinny GEMM's GPU tests (decode GEMMs of 9..128 rows, OPENINFER_SKINNY_GEMM, off by default), and the Qwen3
+#      engine's GPU tests with it on (eager = graph, batched, prefix hits, vs transformers);
 #   2. scripts/skinny_bench.py: each decode weight at M = 16 / 32 / 64 / 128 under every split against cuBLASLt, and the
 #      145-GEMM chain;
-#   3. Qwen3-4B decode at batch 32 / 128, skinny on and off (cur), alternating;
+#   3. Qwen3-4B decode at batch 32 / 128, skinny tuned (OPENINFER_SKINNY_GEMM=tune) and off (cur), alternating;
 #   4. stop 18's call 3: attn_bench at batch 1 with the cluster occupancy cap, batch-1 decode of Qwen3-4B (clusters
 #      on / off, base) and Qwen3.5-4B (cur, base, the GDN norm fold), the split-decode and the fold's GPU tests.
 set -uo pipefail
@@ -21,11 +22,14 @@ call1) tree cur precompile & tree base precompile & tree fold precompile & wait
        ( export PYTHONPATH=$PWD/.whl/cur/core:/tmp/site; cd .whl/cur
          timeout 90 $T tests/kernels/test_cuda_skinny_gemm.py > $L/t_skinny.log 2>&1 )
        say "tests skinny: $(tail -1 $L/t_skinny.log)"; grep -h "^FAILED\|^ERROR" $L/t_skinny.log | cut -c1-200 | head -8 | tee -a $S
+       ( export PYTHONPATH=$PWD/.whl/cur/core:$PWD/.whl/cur/plugins/qwen3:/tmp/site OPENINFER_SKINNY_GEMM=1; cd .whl/cur
+         timeout 120 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3_skinny.log 2>&1 )
+       say "tests qwen3 engine, skinny on: $(tail -1 $L/t_q3_skinny.log)"
        ( cd .whl/cur/scripts && tree cur timeout 150 python3 skinny_bench.py --json $R/skinny_bench.json > $L/skinny.log 2>&1 )
        say "skinny_bench:"; grep -v "^$" $L/skinny.log | tail -62 | tee -a $S
        if grep -q " passed" $L/t_skinny.log && ! grep -q "failed\|error" $L/t_skinny.log; then
-           OPENINFER_SKINNY_GEMM=1 tree cur lat sk1_q3 60 $Q3BIG; OPENINFER_SKINNY_GEMM=0 tree cur lat sk0_q3 60 $Q3BIG
-           OPENINFER_SKINNY_GEMM=1 tree cur lat sk1b_q3 60 $Q3BIG
+           OPENINFER_SKINNY_GEMM=tune tree cur lat sk1_q3 60 $Q3BIG; OPENINFER_SKINNY_GEMM=0 tree cur lat sk0_q3 60 $Q3BIG
+           OPENINFER_SKINNY_GEMM=tune tree cur lat sk1b_q3 60 $Q3BIG; grep -h "skinny GEMM for" $L/sk1_q3.log | tee -a $S
        fi
        tree cur timeout 40 python3 .whl/cur/scripts/attn_bench.py --batches 1 --contexts 1024,16384 \
            --variants nocl,cl --split-keys 64,128 > $L/attn.log 2>&1; say "attn_bench:"; tail -6 $L/attn.log | tee -a $S

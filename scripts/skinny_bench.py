@@ -1,6 +1,6 @@
 """The skinny GEMM (skinny_gemm.cu, decode steps of 9..128 rows) against cuBLASLt's tuned algorithms (GPU only):
-each Qwen3-4B / Qwen3.5-4B decode weight at each batch width under every split-K factor, then the 145-GEMM Qwen3-4B
-decode chain with the rule's splits and with each shape's fastest.
+each Qwen3-4B / Qwen3.5-4B decode weight at each batch width under every split-K factor (skinny_tune's timing), then
+the 145-GEMM Qwen3-4B decode chain with the rule's splits and with each shape's fastest.
 
     python scripts/skinny_bench.py [--ms 16,32,64,128] [--json PATH]
 
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import cupy as cp
 
-from openinfer.kernels.cuda import blas, lt_tune, skinny_gemm, tuning
+from openinfer.kernels.cuda import lt_tune, skinny_gemm, skinny_tune, tuning
 from gemv_bench import FLOOR_BW, SHAPES_35, SHAPES_4B, decode_chain, rand
 
-SPLITS = range(1, 9)
+SPLITS = range(1, 9)   # columns of the table
 
 
 def max_rel_error(m: int, n: int, k: int) -> float:
@@ -36,12 +36,7 @@ def shape_rows(ms, stream) -> list[dict]:
           + " ".join(f"{f'x{s}':>6}" for s in SPLITS))
     for name, (k, n) in {**SHAPES_4B, **SHAPES_35}.items():
         for m in ms:
-            x, ws, y = tuning.scratch(m, n, k)
-            skinny_gemm.ENABLED = False
-            lt_us = tuning.replay_us(lambda: [blas.linear(x, w) for w in ws], stream) / len(ws)
-            skinny_gemm.ENABLED = True
-            times = {s: tuning.replay_us(lambda: [skinny_gemm.gemm(x, w, y, splits=s) for w in ws], stream) / len(ws)
-                     for s in SPLITS if s <= -(-k // skinny_gemm.SG_BK)}
+            lt_us, times = skinny_tune.time_choices(m, n, k, stream)
             rule = skinny_gemm.default_splits(n, k, skinny_gemm.sm_count())
             best = min(times, key=times.get)
             row = {"shape": name, "k": k, "n": n, "m": m, "max_rel_error": max_rel_error(m, n, k), "cublaslt_us": lt_us,
@@ -50,7 +45,6 @@ def shape_rows(ms, stream) -> list[dict]:
             gbs = 2 * n * k / times[best] / 1e3
             print(f"{name + f' {k}->{n}':<24} {m:>3} {row['max_rel_error']:7.1e} {lt_us:9.1f} {times[rule]:9.1f} "
                   f"{times[best]:9.1f} {best:>2} {gbs:6.0f} " + " ".join(f"{times.get(s, 0):6.1f}" for s in SPLITS))
-            del ws
     return rows
 
 
@@ -61,11 +55,11 @@ def chain_rows(ms, rows, stream) -> list[dict]:
         run, nbytes = decode_chain(m)
         floor = nbytes / FLOOR_BW * 1e6
         res = {"m": m, "weights_gb": nbytes / 1e9, "floor_us": floor}
-        for label, on, choice in (("cuBLASLt", False, {}), ("skinny, rule splits", True, {}),
-                                  ("skinny, best splits", True, best)):
-            skinny_gemm.ENABLED = on
+        for label, mode, choice in (("cuBLASLt", "0", {}), ("skinny, rule splits", "1", {}),
+                                    ("skinny, best splits", "1", best)):
             skinny_gemm.split_choice = {(cp.cuda.Device().id, *key): s for key, s in choice.items()}
-            us = tuning.replay_us(run, stream, runs=7)
+            with skinny_gemm.mode(mode):
+                us = tuning.replay_us(run, stream, runs=7)
             res[label] = us
             print(f"decode chain M={m:<3} {label:<22} {us:8.0f} us  {nbytes / us / 1e3:6.0f} GB/s  "
                   f"{floor / us * 100:5.1f} % of floor")

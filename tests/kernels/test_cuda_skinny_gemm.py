@@ -27,7 +27,7 @@ SHAPES = [(2560, 4096), (6144, 2560), (19456, 2560), (200, 200), (77, 1000)]
 @pytest.fixture
 def calls(monkeypatch):
     """The skinny GEMM on (it is off by default); records the x shapes it ran."""
-    monkeypatch.setattr(skinny_gemm, "ENABLED", True)
+    monkeypatch.setattr(skinny_gemm, "MODE", "1")
     seen = []
     real = skinny_gemm.gemm
     monkeypatch.setattr(skinny_gemm, "gemm", lambda x2, *a, **kw: (seen.append(x2.shape), real(x2, *a, **kw))[1])
@@ -121,3 +121,27 @@ def test_graph_capture_replays(calls):
                 stream.synchronize()
                 np.testing.assert_array_equal(replayed, eager)
     assert blas.skinny_gemm is skinny_gemm and len(calls) >= 12
+
+
+def test_start_up_tuning(monkeypatch, tmp_path):
+    """skinny_tune on the GPU: every (width, weight) pair timed once against cuBLASLt and kept on disk (a second
+    start reads it); under "tune" linear then takes the kernel exactly where a factor was chosen, and is right."""
+    from openinfer.kernels.cuda import lt_tune, skinny_tune
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(skinny_gemm, "MODE", "tune")
+    monkeypatch.setattr(skinny_gemm, "split_choice", {})
+    shapes, ms = {(2560, 4096), (6144, 2560)}, [8, 16, 32]
+    lt_tune.tune(ms, shapes)
+    got = skinny_tune.tune(ms, shapes)
+    assert (got.cached, got.timed) == (0, 4) and len(skinny_gemm.split_choice) == 4
+    first = dict(skinny_gemm.split_choice)
+    skinny_gemm.split_choice.clear()
+    assert skinny_tune.tune(ms, shapes).cached == 4 and skinny_gemm.split_choice == first
+    rng = np.random.default_rng(2)
+    for (dev, mp, n, k), splits in first.items():
+        x, w = inputs(rng, mp, n, k)
+        seen = []
+        real = skinny_gemm.gemm
+        monkeypatch.setattr(skinny_gemm, "gemm", lambda *a, **kw: (seen.append(1), real(*a, **kw))[1])
+        check(ops.linear(cp.asarray(x), cp.asarray(w)), x, w)
+        assert len(seen) == (splits > 0)

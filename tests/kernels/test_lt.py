@@ -201,16 +201,20 @@ def test_off_tunes_nothing(tuning, monkeypatch, tmp_path):
 def test_backend_tunes_every_decode_bucket(monkeypatch):
     """The M's tuned are the decode graphs' buckets (tune drops those on the GEMV), the GEMV's split-K factors are
     tuned for the same weights; the scratch is released."""
-    from openinfer.kernels.cuda import gemv_tune
+    from openinfer.kernels.cuda import gemv_tune, skinny_tune
     calls = []
     monkeypatch.setattr(lt_tune, "tune", lambda ms, shapes: calls.append((ms, shapes)) or lt_tune.Tuned(90, 5, 95))
+    monkeypatch.setattr(skinny_tune, "tune", lambda ms, shapes: calls.append(("skinny", ms)) or skinny_tune.Tuned(0, 0))
     monkeypatch.setattr(gemv_tune, "tune", lambda shapes: calls.append(shapes) or gemv_tune.Tuned(3, 2, ("64x32 2->1",)))
     backend = SimpleNamespace(device=contextlib.nullcontext(), release_cached=lambda: calls.append("released"))
     detail = CudaBackend.tune_gemms(backend, SHAPES, 256)
-    assert calls == [(buckets(256), SHAPES), SHAPES, "released"]
+    assert calls == [(buckets(256), SHAPES), ("skinny", buckets(256)), SHAPES, "released"]
     assert len([m for m in buckets(256) if m > blas.GEMV_MAX_M]) == 19   # 95 GEMMs for Qwen3-4B's 5 weights
     assert detail == ("95 decode GEMM shapes on cuBLASLt (90 from the cache, 5 timed); GEMV split-K for 5 (3 from the "
                       f"cache, 2 timed; off the rule: 64x32 2->1); of {len(SHAPES)} weight shapes")
+    monkeypatch.setattr(skinny_tune, "tune", lambda ms, shapes: skinny_tune.Tuned(2, 18, ("32:2560x4096/6",)))
+    assert "; skinny GEMM for 1 of 20 (width, shape) pairs (18 timed): 32:2560x4096/6; GEMV split-K" in \
+        CudaBackend.tune_gemms(backend, SHAPES, 256)
 
 
 @pytest.fixture

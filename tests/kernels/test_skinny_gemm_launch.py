@@ -19,7 +19,7 @@ BF16 = module.BF16
 @pytest.fixture
 def launches(monkeypatch):
     recorded = record_launches(monkeypatch, (blas, module, skinny_gemm))
-    monkeypatch.setattr(skinny_gemm, "ENABLED", True)
+    monkeypatch.setattr(skinny_gemm, "MODE", "1")
     monkeypatch.setattr(skinny_gemm, "hopper", lambda: True)
     monkeypatch.setattr(skinny_gemm, "sm_count", lambda: 132)
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
@@ -60,7 +60,7 @@ def test_other_cases_keep_their_paths(launches, maps, monkeypatch):
     assert [c.source for c in launches] == ["gemv"]
     blas.linear(aligned_empty((129, 512), BF16), w)
     blas.linear(aligned_empty((16, 520), BF16)[:, 3:515], w)
-    monkeypatch.setattr(skinny_gemm, "ENABLED", False)
+    monkeypatch.setattr(skinny_gemm, "MODE", "0")
     blas.linear(aligned_empty((16, 512), BF16), w)
     assert len(launches) == 1
 
@@ -120,3 +120,63 @@ def test_driver_binds_tensor_map_encoding():
     src = inspect.getsource(pdl.driver)
     assert "cuTensorMapEncodeTiled.argtypes = [vp, ctypes.c_int, u32, vp, u64p, u64p, u32p, u32p] + [ctypes.c_int] * 4" \
         in src
+
+
+def test_tune_mode_takes_the_kernel_only_where_chosen(launches, maps, monkeypatch):
+    """OPENINFER_SKINNY_GEMM=tune: a width and weight whose timed choice is a factor run the kernel with it; choice 0
+    (cuBLASLt was faster) or no choice stays off it."""
+    monkeypatch.setattr(skinny_gemm, "MODE", "tune")
+    monkeypatch.setattr(skinny_gemm, "cp", SimpleNamespace(**vars(FAKE_CP), cuda=SimpleNamespace(
+        Device=lambda: SimpleNamespace(id=0))))
+    monkeypatch.setattr(blas, "cp", skinny_gemm.cp)
+    monkeypatch.setattr(blas.lt, "run", lambda *a: True)   # stands in for cuBLASLt
+    monkeypatch.setattr(skinny_gemm, "split_choice", {(0, 32, 2560, 4096): 3, (0, 64, 2560, 4096): 0})
+    w = aligned_empty((2560, 4096), BF16)
+    for m in (24, 32, 40, 128):
+        blas.linear(aligned_empty((m, 4096), BF16), w)
+    assert [(c.name, c.grid) for c in launches] == [("skinny_gemm_bf16_n32", (20, 3))] * 2
+
+
+def test_tuner_widths_and_choice():
+    from openinfer.kernels.cuda import skinny_tune
+    from openinfer.backends.cuda_graphs import buckets
+    assert skinny_tune.widths(buckets(256)) == {16: 16, 32: 32, 64: 64, 128: 128}
+    assert skinny_tune.widths(buckets(100)) == {16: 16, 32: 32, 64: 64, 128: 100}
+    assert skinny_tune.widths([1, 2, 4, 8]) == {}
+    assert skinny_tune.choose(10.0, {1: 11.0, 2: 9.6, 3: 9.8}) == 2
+    assert skinny_tune.choose(10.0, {1: 11.0, 2: 9.8}) == 0    # within 3 %: cuBLASLt stays
+
+
+def test_tuner_times_once_and_reads_the_cache(monkeypatch, tmp_path):
+    from openinfer.kernels.cuda import skinny_tune
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(skinny_gemm, "MODE", "tune")
+    monkeypatch.setattr(skinny_gemm, "hopper", lambda: True)
+    monkeypatch.setattr(skinny_gemm, "split_choice", {})
+
+    class Stream:
+        def __enter__(self): return self
+        def __exit__(self, *a): return False
+        def synchronize(self): pass
+    monkeypatch.setattr(skinny_tune, "cp", SimpleNamespace(cuda=SimpleNamespace(
+        Device=lambda: SimpleNamespace(id=0), Stream=lambda **kw: Stream())))
+    monkeypatch.setattr(skinny_tune, "gpu_key", lambda dev: {"gpu": "H200", "cc": "9.0", "sms": 132})
+    monkeypatch.setattr(skinny_tune, "compile_source", lambda *a: tmp_path / "skinny_gemm-sm_90a-abc.cubin")
+    timed = []
+
+    def fake_times(m, n, k, stream):   # the kernel wins on N = 2560 (2 splits), cuBLASLt on the rest
+        timed.append((m, n, k))
+        return 10.0, ({1: 9.0, 2: 8.0} if n == 2560 else {1: 12.0})
+    monkeypatch.setattr(skinny_tune, "time_choices", fake_times)
+    shapes = {(2560, 4096), (6144, 2560)}
+    got = skinny_tune.tune([1, 8, 16, 24, 32], shapes)
+    assert (got.cached, got.timed) == (0, 4) and sorted(timed) == [(16, 2560, 4096), (16, 6144, 2560),
+                                                                    (32, 2560, 4096), (32, 6144, 2560)]
+    assert skinny_gemm.split_choice == {(0, 16, 2560, 4096): 2, (0, 32, 2560, 4096): 2,
+                                        (0, 16, 6144, 2560): 0, (0, 32, 6144, 2560): 0}
+    assert got.chosen == ("16:2560x4096/2", "32:2560x4096/2")
+    skinny_gemm.split_choice.clear()
+    again = skinny_tune.tune([16, 24, 32], shapes)
+    assert (again.cached, again.timed, len(timed)) == (4, 0, 4) and len(skinny_gemm.split_choice) == 4
+    monkeypatch.setattr(skinny_gemm, "MODE", "0")
+    assert skinny_tune.tune([16], shapes) == skinny_tune.Tuned(0, 0)

@@ -1,13 +1,17 @@
 """`linear` for bf16 decode steps of 9..128 rows on Hopper: skinny_gemm.cu (TMA-streamed weights, wgmma with the batch
 as the n dimension, split-K reduced in a thread-block cluster).
 
-Off by default (OPENINFER_SKINNY_GEMM=1 turns it on) until the H200 shows it beating cuBLASLt's tuned algorithms on
-Qwen3-4B's batch-32 / 128 steps (scripts/gemv_bench.py --skinny). Needs sm_90 exactly (wgmma and TMA are built for
-sm_90a). Requirements of the operands: 16-byte aligned x / w / y, row strides a multiple of 16 bytes (TMA).
+OPENINFER_SKINNY_GEMM: "0" (the default until the H200 has shown it beating cuBLASLt's tuned algorithms on Qwen3-4B's
+batch-32 / 128 steps, scripts/skinny_bench.py) never; "tune" for each weight and batch width where start-up timing
+(skinny_tune.py) found it faster than cuBLASLt, with the split-K factor timed fastest; "1" for every GEMM it can take.
+Needs sm_90 exactly (wgmma and TMA are built for sm_90a). Operands: 16-byte aligned x / w, row strides a multiple of
+16 bytes (TMA).
 """
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from typing import Iterator
 
 import cupy as cp
 import numpy as np
@@ -15,7 +19,10 @@ import numpy as np
 from . import tma
 from .module import BF16, launch, sm_count
 
-ENABLED = os.environ.get("OPENINFER_SKINNY_GEMM", "0") == "1"
+MODES = ("0", "tune", "1")
+MODE = os.environ.get("OPENINFER_SKINNY_GEMM", "0")
+if MODE not in MODES:
+    raise ValueError(f"OPENINFER_SKINNY_GEMM={MODE!r}: choose one of {', '.join(MODES)}")
 MIN_M, MAX_M = 9, 128            # M <= 8 is the GEMV's (gemv.cu)
 WIDTHS = (16, 32, 64, 128)       # batch rows a kernel variant pads to (wgmma n)
 # mirrors of skinny_gemm.cu
@@ -23,7 +30,8 @@ SG_BN, SG_BK, SG_THREADS, SG_ROW = 128, 64, 384, 128
 SG_STAGE_BUDGET, SG_MAX_STAGES = 200 * 1024, 8
 MAX_SPLITS = 8                   # a tile's splits form one cluster: at most the portable size
 MIN_KTILES_PER_SPLIT = 4         # 256 k: a split shorter than this spends its time filling the pipeline
-split_choice: dict[tuple[int, int, int, int], int] = {}   # (device, M width, N, K) -> splits timed (bench, tuner)
+split_choice: dict[tuple[int, int, int, int], int] = {}   # (device, width, N, K) -> split-K factor timed fastest
+                                                         # (skinny_tune.py), 0 where cuBLASLt was faster
 
 
 def width(m: int) -> int:
@@ -59,9 +67,24 @@ def hopper() -> bool:
 
 
 def usable(x2: cp.ndarray, w: cp.ndarray, m: int) -> bool:
-    """Whether linear(x2, w) may run here: on, bf16, 9..128 rows, TMA-compatible operands, an H100 / H200."""
-    return (ENABLED and x2.dtype == BF16 and MIN_M <= m <= MAX_M and tma.check_operand(x2.data.ptr, x2.strides[0])
-            and tma.check_operand(w.data.ptr, w.strides[0]) and hopper())
+    """Whether linear(x2, w) runs here: bf16, 9..128 rows, TMA-compatible operands, an H100 / H200, and MODE "1", or
+    "tune" with start-up timing having chosen it for this weight and width."""
+    if MODE == "0" or not (x2.dtype == BF16 and MIN_M <= m <= MAX_M and x2.shape[1] > 0
+                           and tma.check_operand(x2.data.ptr, x2.strides[0])
+                           and tma.check_operand(w.data.ptr, w.strides[0]) and hopper()):
+        return False
+    return MODE == "1" or bool(split_choice.get((cp.cuda.Device().id, width(m), *w.shape)))
+
+
+@contextmanager
+def mode(value: str) -> Iterator[None]:
+    """MODE is `value` inside the block (the start-up tuner's and the benchmark's comparisons with cuBLASLt)."""
+    global MODE
+    saved, MODE = MODE, value
+    try:
+        yield
+    finally:
+        MODE = saved
 
 
 def gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, splits: int | None = None) -> None:

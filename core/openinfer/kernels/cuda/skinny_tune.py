@@ -1,0 +1,88 @@
+"""Where the skinny GEMM (skinny_gemm.py) replaces cuBLASLt, and its split-K factor: chosen at start-up by timing, kept
+on disk. Used when OPENINFER_SKINNY_GEMM=tune (and "1", which takes the timed factors but the kernel everywhere).
+
+For each bf16 weight (N, K) and each batch width (16 / 32 / 64 / 128) that a decode-graph bucket of 9..128 rows falls
+in, `tune` times, at M = the width, blas.linear on cuBLASLt's tuned algorithm (lt_tune runs first) and the skinny GEMM
+under every split-K factor, as graph replays over weight copies larger than L2. The skinny GEMM is chosen, with its
+fastest factor, only if that is at least 3 % faster; otherwise the width stays on cuBLASLt (choice 0). One choice per
+width, not per M: a batch row's bits do not depend on the padding around it, so eager and graph steps of one width
+compute the same bits. The cache (tuning.py, folder skinny_gemm) is keyed by the GPU, the compiled kernel and the
+cuBLASLt switch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import cupy as cp
+
+from . import blas, lt, skinny_gemm as sg
+from .compile import arch_for, compile_source
+from .tuning import cache_path, gpu_key, read_choices, replay_us, scratch, write_choices
+
+TOLERANCE = 0.97   # the skinny GEMM replaces cuBLASLt only if at least 3 % faster
+
+
+@dataclass(frozen=True)
+class Tuned:
+    cached: int                     # (width, shape) pairs whose choice came from the cache
+    timed: int                      # pairs timed now
+    chosen: tuple[str, ...] = ()    # pairs on the skinny GEMM: "width:NxK/splits"
+
+
+def widths(ms: Iterable[int]) -> dict[int, int]:
+    """Each batch width the sizes `ms` fall in -> the largest of them in it (the M it is timed at: lt_tune planned
+    cuBLASLt there)."""
+    out: dict[int, int] = {}
+    for m in ms:
+        if sg.MIN_M <= m <= sg.MAX_M:
+            out[sg.width(m)] = max(m, out.get(sg.width(m), 0))
+    return dict(sorted(out.items()))
+
+
+def time_choices(m: int, n: int, k: int, stream: cp.cuda.Stream) -> tuple[float, dict[int, float]]:
+    """µs per GEMM at M = m: cuBLASLt's (blas.linear with the skinny GEMM off), and the skinny GEMM's by factor."""
+    x, ws, y = scratch(m, n, k)
+    with sg.mode("0"):
+        lt_us = replay_us(lambda: [blas.linear(x, w) for w in ws], stream) / len(ws)
+    factors = range(1, min(sg.MAX_SPLITS, -(-k // sg.SG_BK)) + 1)
+    return lt_us, {s: replay_us(lambda: [sg.gemm(x, w, y, splits=s) for w in ws], stream) / len(ws) for s in factors}
+
+
+def choose(lt_us: float, times: dict[int, float]) -> int:
+    """The fastest factor if it beats cuBLASLt by TOLERANCE, else 0 (cuBLASLt)."""
+    best = min(times, key=times.__getitem__)
+    return best if times[best] < TOLERANCE * lt_us else 0
+
+
+def tune(ms: Iterable[int], shapes: Iterable[tuple[int, int]]) -> Tuned:
+    """sg.split_choice for each bf16 weight (N, K) and batch width of `ms` on the current device. Nothing where
+    OPENINFER_SKINNY_GEMM=0 or the GPU is not an H100 / H200."""
+    by_width = widths(ms)
+    if sg.MODE == "0" or not by_width or not sg.hopper():
+        return Tuned(0, 0)
+    dev = cp.cuda.Device().id
+    gpu = gpu_key(dev)
+    major, minor = (int(v) for v in gpu["cc"].split("."))
+    key = {**gpu, "sources": compile_source("skinny_gemm", arch_for(major, minor)).stem, "cublaslt": lt.ENABLED}
+    path = cache_path("skinny_gemm", key)
+    saved = {name: s for name, s in read_choices(path, key).items() if isinstance(s, int) and s >= 0}
+    cached = timed = 0
+    chosen: list[str] = []
+    stream = cp.cuda.Stream(non_blocking=True)   # capturable, whatever stream is current
+    with stream:
+        for n, k in sorted(set(shapes)):
+            for mp, m in by_width.items():
+                name = f"{mp},{n},{k}"
+                if name in saved:
+                    cached += 1
+                else:
+                    saved[name] = choose(*time_choices(m, n, k, stream))
+                    timed += 1
+                sg.split_choice[(dev, mp, n, k)] = saved[name]
+                if saved[name]:
+                    chosen.append(f"{mp}:{n}x{k}/{saved[name]}")
+        stream.synchronize()
+    if timed:
+        write_choices(path, key, saved)
+    return Tuned(cached, timed, tuple(chosen))
