@@ -8,10 +8,8 @@
 #   clusters; gemv_bench.py --wide (the GEMV at 8 < M <= 64 against cuBLASLt).
 # call2 (two rounds of call 3's decode runs) was never run: the device stopped answering; call 3 replaces it.
 # From call 3 on clusters are opt-in (OPENINFER_DECODE_CLUSTER=8, exported by the calls; the default is 1).
-# call3 (for the next session; short enough for a small device budget), in order of need: attn_bench at batch 1
-#   with the cluster occupancy; batch-1 decode of Qwen3-4B (cur, base, cur with 128 keys a split) and Qwen3.5-4B
-#   (cur, base, fold with OPENINFER_GDN_NORM_FOLD=1: the GDN output norm folded into the decode step); the split-decode GPU tests and the
-#   fold's GPU tests. Make the trees first: cur = main, base = 5aaebe6, fold = next/gdn-norm-fold.
+# call3 (written for the next session) never ran: no device was lent in stop 19; it is part of
+#   scripts/gpu_stop19_calls.sh call1 now.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -24,19 +22,6 @@ call1) tree cur precompile
            > $L/attn_bench.log 2>&1; say "attn_bench (ms a call):"; tail -9 $L/attn_bench.log | tee -a $S
        tree cur timeout 200 python3 .whl/cur/scripts/gemv_bench.py --wide --output-json $R/gemv_wide.json \
            > $L/gemv_wide.log 2>&1; say "gemv wide:"; tail -60 $L/gemv_wide.log | tee -a $S ;;
-call3) tree cur precompile & tree base precompile & tree fold precompile & wait
-       tree cur timeout 40 python3 .whl/cur/scripts/attn_bench.py --batches 1 --contexts 1024,16384 \
-           --variants nocl,cl --split-keys 64,128 > $L/attn.log 2>&1; say "attn_bench:"; tail -6 $L/attn.log | tee -a $S
-       export OPENINFER_DECODE_CLUSTER=8   # opt-in (base ignores it)
-       tree cur lat cur_q3 30 $Q3B1; tree base lat base_q3 30 $Q3B1; OPENINFER_DECODE_SPLIT_KEYS=128 tree cur lat cur_k128_q3 30 $Q3B1
-       tree cur lat cur_q35 35 $Q35; tree base lat base_q35 35 $Q35; OPENINFER_GDN_NORM_FOLD=1 tree fold lat fold_q35 35 $Q35
-       OPENINFER_DECODE_CLUSTER=1 tree cur lat cur_nocl_q3 30 $Q3B1
-       ( export PYTHONPATH=$PWD/.whl/cur/core:/tmp/site; cd .whl/cur
-         timeout 60 $T tests/kernels/test_cuda_ops.py -k "split_decode or decode_attention_graph" > $L/t_core.log 2>&1 )
-       say "tests core: $(tail -1 $L/t_core.log)"
-       ( export PYTHONPATH=$PWD/.whl/fold/core:$PWD/.whl/fold/plugins/qwen35:/tmp/site; cd .whl/fold
-         timeout 120 $T plugins/qwen35/tests -k "gdn_decode_norm or norm_fold" > $L/t_fold.log 2>&1 )
-       say "tests fold: $(tail -1 $L/t_fold.log)" ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"

@@ -1,6 +1,7 @@
 """The skinny GEMM (skinny_gemm.cu, decode steps of 9..128 rows) against cuBLASLt's tuned algorithms (GPU only):
 each Qwen3-4B / Qwen3.5-4B decode weight at each batch width under every split-K factor (skinny_tune's timing), then
-the 145-GEMM Qwen3-4B decode chain with the rule's splits and with each shape's fastest.
+gate_up with its SiLU epilogue against the two ops, then the 145-GEMM Qwen3-4B decode chain with the rule's splits and
+with each shape's fastest.
 
     python scripts/skinny_bench.py [--ms 16,32,64,128] [--json PATH]
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import cupy as cp
 
-from openinfer.kernels.cuda import lt_tune, skinny_gemm, skinny_tune, tuning
+from openinfer.kernels.cuda import lt_tune, ops, skinny_gemm, skinny_tune, tuning
 from gemv_bench import FLOOR_BW, SHAPES_35, SHAPES_4B, decode_chain, rand
 
 SPLITS = range(1, 9)   # columns of the table
@@ -46,6 +47,24 @@ def shape_rows(ms, stream) -> list[dict]:
             print(f"{name + f' {k}->{n}':<24} {m:>3} {row['max_rel_error']:7.1e} {lt_us:9.1f} {times[rule]:9.1f} "
                   f"{times[best]:9.1f} {best:>2} {gbs:6.0f} " + " ".join(f"{times.get(s, 0):6.1f}" for s in SPLITS))
     return rows
+
+
+def fused_rows(ms, stream) -> list[dict]:
+    """Qwen3-4B's gate_up with silu_mul after it: cuBLASLt + silu_mul, the skinny GEMM + silu_mul, and the skinny GEMM
+    with the SiLU in its epilogue (linear_silu_mul), µs per pair over weight copies larger than the L2."""
+    k, n = SHAPES_4B["gate_up"]
+    out = []
+    for m in ms:
+        x, ws, _ = tuning.scratch(m, n, k)
+        res = {"m": m}
+        for label, mode, fn in (("cuBLASLt + silu_mul", "0", lambda w: ops.silu_mul(ops.linear(x, w))),
+                                ("skinny + silu_mul", "1", lambda w: ops.silu_mul(ops.linear(x, w))),
+                                ("skinny, SiLU epilogue", "1", lambda w: ops.linear_silu_mul(x, w))):
+            with skinny_gemm.mode(mode):
+                res[label] = tuning.replay_us(lambda: [fn(w) for w in ws], stream) / len(ws)
+        print(f"gate_up + silu_mul M={m:<3} " + "  ".join(f"{label} {us:6.1f} us" for label, us in list(res.items())[1:]))
+        out.append(res)
+    return out
 
 
 def chain_rows(ms, rows, stream) -> list[dict]:
@@ -82,9 +101,10 @@ def main() -> None:
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         rows = shape_rows(ms, stream)
+        fused = fused_rows(ms, stream)
         chains = chain_rows(ms, rows, stream)
     if args.json:
-        args.json.write_text(json.dumps({"shapes": rows, "chains": chains}, indent=1))
+        args.json.write_text(json.dumps({"shapes": rows, "fused": fused, "chains": chains}, indent=1))
 
 
 if __name__ == "__main__":

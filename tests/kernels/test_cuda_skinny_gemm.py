@@ -1,7 +1,8 @@
 """skinny_gemm.cu (decode GEMMs of 9..128 rows on sm_90) against the numpy reference on random inputs (GPU only).
 
 Shapes: Qwen3-4B's decode weights (split-K in clusters and not), a partial last tile, K past the last full stage,
-every batch width, strided operands; every split factor; PDL on; graph capture replaying bit for bit."""
+every batch width, strided operands; every split factor; the SiLU epilogue bitwise the two ops; PDL on; graph capture
+replaying bit for bit; the start-up tuner."""
 from __future__ import annotations
 
 import numpy as np
@@ -55,6 +56,20 @@ def test_linear_takes_the_skinny_gemm(m, n, k, calls):
     assert calls == [(m, k)]
     check(got, x, w)
     np.testing.assert_array_equal(cp.asnumpy(ops.linear(xd, wd)), cp.asnumpy(got))   # splits summed in rank order
+
+
+@pytest.mark.parametrize("inter,k", [(9728, 2560), (1000, 4096), (200, 264)])
+@pytest.mark.parametrize("m", [9, 32, 100, 128])
+def test_silu_epilogue_is_bitwise_the_two_ops(m, inter, k, calls):
+    """linear_silu_mul through the SILU epilogue equals silu_mul(linear) through the plain kernel bit for bit: the
+    same per-row sums in the same split order, each rounded to bf16 before silu_mul."""
+    rng = np.random.default_rng(m + inter + k)
+    x, w = inputs(rng, m, 2 * inter, k)
+    xd, wd = cp.asarray(x), cp.asarray(w)
+    fused = ops.linear_silu_mul(xd, wd)
+    two = ops.silu_mul(ops.linear(xd, wd))
+    assert calls == [(m, k), (m, k)]
+    np.testing.assert_array_equal(cp.asnumpy(fused), cp.asnumpy(two))
 
 
 @pytest.mark.parametrize("splits", range(1, 9))

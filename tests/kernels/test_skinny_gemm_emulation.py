@@ -25,8 +25,9 @@ def tma_box(smem, dst, mat, c0, c1, box_rows):
     smem[_swizzle(dst + r * ROW + k * 2) // 2] = vals
 
 
-def cta_partial(x, w, mp, tile, split, splits):
-    """One CTA's staged partial tile part[mp][LD] (fp32 values), as its producer and consumers build it."""
+def cta_partial(x, w, mp, tile, split, splits, silu=False):
+    """One CTA's staged partial tile part[mp][LD] (fp32 values), as its producer and consumers build it (silu: w is
+    [gate; up], the stage's rows 0..63 gate rows from 64 tile, 64..127 the matching up rows)."""
     K = x.shape[1]
     stage_bytes, stages = BN * ROW + mp * ROW, sg.stages(mp)
     ktiles = -(-K // BK)
@@ -37,7 +38,11 @@ def cta_partial(x, w, mp, tile, split, splits):
     rows, cols = acc_rc(mp)
     for i in range(iters):
         s = i % stages
-        tma_box(smem, s * stage_bytes, w, (k0 + i) * BK, tile * BN, BN)
+        if silu:
+            tma_box(smem, s * stage_bytes, w, (k0 + i) * BK, tile * 64, 64)
+            tma_box(smem, s * stage_bytes + 64 * ROW, w, (k0 + i) * BK, w.shape[0] // 2 + tile * 64, 64)
+        else:
+            tma_box(smem, s * stage_bytes, w, (k0 + i) * BK, tile * BN, BN)
         tma_box(smem, s * stage_bytes + BN * ROW, x, (k0 + i) * BK, 0, mp)
         for g in range(2):
             wa, xa = s * stage_bytes + g * 64 * ROW, s * stage_bytes + BN * ROW
@@ -60,27 +65,40 @@ def cta_partial(x, w, mp, tile, split, splits):
     return part
 
 
-def emulate(x, w, splits):
-    """y [M][N] as the grid (tiles, splits) of skinny_gemm_bf16_n<width(M)> stores it (before the bf16 rounding)."""
-    M, N = x.shape[0], w.shape[0]
-    mp, ld = sg.width(M), BN + PAD
+def emulate(x, w, splits, silu=False):
+    """y [M][N] as the grid (tiles, splits) of skinny_gemm_bf16_n<width(M)> stores it (before the bf16 rounding);
+    silu: skinny_gemm_silu_bf16_n<width(M)>'s [M][N / 2] with silu_mul on bf16-rounded gate and up."""
+    M = x.shape[0]
+    N = w.shape[0] // 2 if silu else w.shape[0]
+    mp, ld, cols = sg.width(M), BN + PAD, 64 if silu else BN
     y = np.full((M, N), np.nan)
-    chunks, row_chunks = mp * BN // 4, BN // 4
-    for tile in range(-(-N // BN)):
-        parts = [cta_partial(x, w, mp, tile, s, splits) for s in range(splits)]
+    row_chunks = cols // 4
+    chunks = mp * row_chunks
+    for tile in range(-(-N // cols)):
+        parts = [cta_partial(x, w, mp, tile, s, splits, silu) for s in range(splits)]
         for split in range(splits):
             lo, hi = chunks * split // splits, chunks * (split + 1) // splits
             for c in range(lo, hi):
                 m, nl = c // row_chunks, (c % row_chunks) * 4
-                n = tile * BN + nl
+                n = tile * cols + nl
                 if m >= M or n >= N:
                     continue
-                acc = parts[0][m * ld + nl: m * ld + nl + 4].copy()
-                for i in range(1, splits):
-                    acc += parts[i][m * ld + nl: m * ld + nl + 4]
+                acc = sum(p[m * ld + nl: m * ld + nl + 4] for p in parts)   # rank order
+                if silu:
+                    up = sum(p[m * ld + 64 + nl: m * ld + 64 + nl + 4] for p in parts)
+                    acc = silu_mul(bf16_round(acc), bf16_round(up))
                 e = min(4, N - n)
                 y[m, n: n + e] = acc[:e]
     return y
+
+
+def bf16_round(v):
+    import ml_dtypes
+    return np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def silu_mul(gate, up):
+    return gate / (1 + np.exp(-gate)) * up
 
 
 def bf16_values(rng, *shape):
@@ -116,3 +134,18 @@ def test_default_splits_fill_one_wave():
             [(2560, 4096), (2560, 9728), (6144, 2560), (19456, 2560), (151936, 2560)]] == [6, 6, 2, 1, 1]
     assert sg.default_splits(128, 128, 132) == 1      # too shallow to split
     assert [sg.width(m) for m in (9, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 32, 32, 64, 64, 128, 128]
+
+
+@pytest.mark.parametrize("M,inter,K,splits", [
+    (9, 64, 64, 1),         # one tile of 64 gate + 64 up rows
+    (32, 200, 192, 3),      # a partial last tile whose gate box runs into up rows (not stored)
+    (128, 128, 320, 2),     # the widest variant
+])
+def test_silu_epilogue_matches_silu_mul_of_the_product(M, inter, K, splits):
+    rng = np.random.default_rng(M + inter + K)
+    x, w = bf16_values(rng, M, K), bf16_values(rng, 2 * inter, K)
+    y = emulate(x, w, splits, silu=True)
+    h = emulate(x, w, splits)            # the plain kernel's sums: the same bits before the epilogue
+    np.testing.assert_array_equal(y, silu_mul(bf16_round(h[:, :inter]), bf16_round(h[:, inter:])))
+    want = x @ w.T
+    np.testing.assert_allclose(y, silu_mul(bf16_round(want[:, :inter]), bf16_round(want[:, inter:])), rtol=1e-6, atol=1e-9)

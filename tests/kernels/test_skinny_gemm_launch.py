@@ -180,3 +180,15 @@ def test_tuner_times_once_and_reads_the_cache(monkeypatch, tmp_path):
     assert (again.cached, again.timed, len(timed)) == (4, 0, 4) and len(skinny_gemm.split_choice) == 4
     monkeypatch.setattr(skinny_gemm, "MODE", "0")
     assert skinny_tune.tune([16], shapes) == skinny_tune.Tuned(0, 0)
+
+
+@pytest.mark.parametrize("m,inter,k,splits", [(32, 9728, 2560, 1), (16, 1000, 4096, 8), (128, 64, 256, 1)])
+def test_linear_silu_mul_launches_the_silu_epilogue(launches, maps, m, inter, k, splits):
+    x, w = aligned_empty((m, k), BF16), aligned_empty((2 * inter, k), BF16)
+    out = blas.linear_silu_mul(x, w)
+    (call,) = launches
+    mp = skinny_gemm.width(m)
+    assert out.shape == (m, inter) and call.name == f"skinny_gemm_silu_bf16_n{mp}"
+    assert call.grid == (-(-inter // 64), splits) and [int(a) for a in call.args[3:]] == [inter, m, inter, -(-k // 64)]
+    assert maps == [(w.data.ptr, 2 * inter, k, 2 * k, 64), (x.data.ptr, m, k, 2 * k, mp)]
+    assert blas.linear_silu_mul(x, aligned_empty((7, k), BF16)) is None   # no [gate; up] halves

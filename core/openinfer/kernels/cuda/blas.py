@@ -5,7 +5,7 @@ bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strid
 factor per weight timed at start-up (gemv_tune.py; else one resident wave), the splits of a tile reduced in a thread-
 block cluster (bit-deterministic, graph-safe). OPENINFER_GEMV=0 turns it off. Under programmatic dependent launch
 (pdl.py) its first weights are loaded while the previous kernel drains.
-`gemv_silu_mul` is the same GEMV with SwiGLU's silu(gate) * up in its epilogue (ops.linear_silu_mul).
+`linear_silu_mul` is the same GEMV (or skinny GEMM) with SwiGLU's silu(gate) * up in its epilogue.
 
 cuBLAS is called directly via ctypes.
 
@@ -158,18 +158,25 @@ def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
     launch_gemv("gemv_bf16", x2, w, (out2, np.int64(out2.strides[0] // 2), np.int32(w.shape[0])))
 
 
-def gemv_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
-    """silu_mul(linear(x, w)) bit for bit for w = [gate; up] ([2I, K], gate rows first, I % 8 == 0) through
-    one GEMV whose tile t takes gate rows 8t..8t+7 and the matching up rows (gemv.cu's SiluMul epilogue),
-    so each lane holds both factors; None where the GEMV path does not apply (ops.py runs the two ops)."""
+def linear_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
+    """silu_mul(linear(x, w)) bit for bit for w = [gate; up] ([2I, K], gate rows first) in one kernel with the SiLU
+    in its epilogue, where linear would run one that has it: the GEMV (I % 8 == 0; its tile t takes gate rows
+    8t..8t+7 and the matching up rows, gemv.cu's SiluMul) or the skinny GEMM (gate rows 64t.. and their up rows);
+    None elsewhere (ops.py runs the two ops)."""
     x2, w = operands(x, w)
     m, k = x2.shape
-    if w.shape[0] % 16 or not _gemv_usable(x2, w, m, k):
-        return None
     inter = w.shape[0] // 2
-    out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
-    launch_gemv("gemv_silu_bf16", x2, w, (out, np.int64(inter), np.int32(inter)))
-    return out
+    if w.shape[0] % 2 or inter == 0:
+        return None
+    if w.shape[0] % 16 == 0 and _gemv_usable(x2, w, m, k):
+        out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
+        launch_gemv("gemv_silu_bf16", x2, w, (out, np.int64(inter), np.int32(inter)))
+        return out
+    if skinny_gemm.usable(x2, w, m):
+        out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
+        skinny_gemm.gemm(x2, w, out.reshape(m, inter), silu=True)
+        return out
+    return None
 
 
 def operands(x: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:

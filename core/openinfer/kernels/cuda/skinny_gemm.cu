@@ -13,6 +13,9 @@
 // * Split-K across CTAs (gridDim.y, blas-side choice in skinny_gemm.py): a tile's splits form one thread-block
 //   cluster. Each stages its fp32 partial tile [MP][BN] in its (drained) stage memory; after a cluster barrier, rank
 //   r sums share r of the tile over every rank's partials in split order (deterministic) and stores bf16 rows of y.
+// * SILU (skinny_gemm_silu_*): w = [gate; up] ([2 inter, K]); tile t takes gate rows 64t .. 64t + 63 as its rows 0..63
+//   (warpgroup 1) and the matching up rows as 64..127 (warpgroup 2), two 64-row boxes a stage, and stores
+//   out[m, 64t + j] = silu_mul(bf16(gate), bf16(up)): the bits of silu_mul(linear(x, w)) through this kernel.
 // * Programmatic dependent launch: the weights of the first stages are requested before griddepcontrol.wait (they
 //   do not depend on the previous kernel), x after it.
 // Mirrored in skinny_gemm.py (SG_* constants, the shared-memory size, the kernel names) and emulated in
@@ -49,7 +52,20 @@ __device__ __forceinline__ void wgmma_skinny(float* d, unsigned long long a, uns
 }
 
 // dynamic shared memory: [1024 bytes of alignment slack][STAGES x (w [BN][64] | x [MP][64])][full[STAGES]][empty[STAGES]]
-template <int MP>
+// The float4 at `local`'s place in every split's staged partials, summed in rank order.
+__device__ __forceinline__ float4 sum_splits(const float4* local, int splits) {
+    float4 acc = splits == 1 ? *local : ld_cluster(local, 0);
+    for (int i = 1; i < splits; ++i) {
+        const float4 t = ld_cluster(local, i);
+        acc.x += t.x; acc.y += t.y; acc.z += t.z; acc.w += t.w;
+    }
+    return acc;
+}
+
+__device__ __forceinline__ float round_bf16(float v) { return to_f32(from_f32<bf16>(v)); }
+
+// SILU = false: y[M, N]. SILU = true: y[M, N] with N = inter, the weight [2 inter, K] read in boxes of 64 rows.
+template <int MP, bool SILU>
 __device__ __forceinline__ void skinny_gemm(const TensorMap* wmap, const TensorMap* xmap, bf16* __restrict__ y,
                                             long long ldy, int M, int N, int ktiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -76,10 +92,20 @@ __device__ __forceinline__ void skinny_gemm(const TensorMap* wmap, const TensorM
         if (threadIdx.x == 0) {   // the producer
             tma_prefetch_map(wmap);
             tma_prefetch_map(xmap);
+            // a stage's weights: 128 rows from tile * 128, or SILU's 64 gate rows from tile * 64 and their up rows
+            auto load_w = [&](int i, int s) {
+                unsigned char* dst = stages + s * S::STAGE;
+                if constexpr (SILU) {
+                    tma_load_2d(dst, wmap, (k0 + i) * SG_BK, tile * 64, &full[s]);
+                    tma_load_2d(dst + 64 * SG_ROW, wmap, (k0 + i) * SG_BK, N + tile * 64, &full[s]);
+                } else {
+                    tma_load_2d(dst, wmap, (k0 + i) * SG_BK, tile * SG_BN, &full[s]);
+                }
+            };
             const int first = iters < S::STAGES ? iters : S::STAGES;
             for (int i = 0; i < first; ++i) {
                 mbar_arrive_expect_tx(&full[i], S::STAGE);
-                tma_load_2d(stages + i * S::STAGE, wmap, (k0 + i) * SG_BK, tile * SG_BN, &full[i]);
+                load_w(i, i);
             }
             asm volatile("griddepcontrol.wait;" ::: "memory");
             for (int i = 0; i < first; ++i)
@@ -88,7 +114,7 @@ __device__ __forceinline__ void skinny_gemm(const TensorMap* wmap, const TensorM
                 const int s = i % S::STAGES;
                 mbar_wait(&empty[s], ((i / S::STAGES) & 1) ^ 1);   // released by the consumers' pass i - STAGES
                 mbar_arrive_expect_tx(&full[s], S::STAGE);
-                tma_load_2d(stages + s * S::STAGE, wmap, (k0 + i) * SG_BK, tile * SG_BN, &full[s]);
+                load_w(i, s);
                 tma_load_2d(stages + s * S::STAGE + SG_W_BYTES, xmap, (k0 + i) * SG_BK, 0, &full[s]);
             }
         } else {
@@ -133,21 +159,23 @@ __device__ __forceinline__ void skinny_gemm(const TensorMap* wmap, const TensorM
     }
     cluster_sync();   // every split's partials are staged (no cluster: a CTA barrier)
 
-    // rank `split` sums chunks [lo, hi) of the tile's MP x BN / 4 float4 chunks (chunk c = row c / 32, columns
-    // 4 (c % 32) ..) over the splits in rank order and stores them as bf16
-    constexpr int CHUNKS = MP * SG_BN / 4, ROW_CHUNKS = SG_BN / 4;
+    // rank `split` sums chunks [lo, hi) of the tile's output (chunk c = batch row c / ROW_CHUNKS, 4 columns from
+    // 4 (c % ROW_CHUNKS)) over the splits in rank order and stores them as bf16; SILU's 64 columns each combine
+    // partial column j (gate) with column 64 + j (up)
+    constexpr int COLS = SILU ? 64 : SG_BN, ROW_CHUNKS = COLS / 4, CHUNKS = MP * ROW_CHUNKS;
     const int lo = CHUNKS * split / splits, hi = CHUNKS * (split + 1) / splits;
     for (int c = lo + threadIdx.x; c < hi; c += SG_THREADS) {
-        const int m = c / ROW_CHUNKS, nl = (c % ROW_CHUNKS) * 4, n = tile * SG_BN + nl;
+        const int m = c / ROW_CHUNKS, nl = (c % ROW_CHUNKS) * 4, n = tile * COLS + nl;
         if (m >= M || n >= N) continue;
-        const float4* local = reinterpret_cast<const float4*>(part + m * S::LD + nl);
-        float4 acc = splits == 1 ? *local : ld_cluster(local, 0);
-        for (int i = 1; i < splits; ++i) {
-            const float4 t = ld_cluster(local, i);
-            acc.x += t.x; acc.y += t.y; acc.z += t.z; acc.w += t.w;
+        const float4 acc = sum_splits(reinterpret_cast<const float4*>(part + m * S::LD + nl), splits);
+        float v[4] = {acc.x, acc.y, acc.z, acc.w};
+        if constexpr (SILU) {
+            const float4 up = sum_splits(reinterpret_cast<const float4*>(part + m * S::LD + 64 + nl), splits);
+            const float u[4] = {up.x, up.y, up.z, up.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[e] = silu_mul_f32(round_bf16(v[e]), round_bf16(u[e]));
         }
         bf16* out = y + m * ldy + n;
-        const float v[4] = {acc.x, acc.y, acc.z, acc.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             if (n + e < N) out[e] = from_f32<bf16>(v[e]);
@@ -159,14 +187,16 @@ __device__ __forceinline__ void skinny_gemm(const TensorMap* wmap, const TensorM
 // skinny_gemm_bf16_n<MP>: batch rows padded to MP. grid (ceil(N / 128), splits), block 384, cluster (1, splits, 1)
 // when splits > 1, dynamic shared memory skinny_gemm.py's smem_bytes(MP). wmap: w [N][K] in boxes [128][64];
 // xmap: x [M][K] in boxes [MP][64]; ktiles = ceil(K / 64).
-#define SKINNY_GEMM_KERNEL(MP)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(SG_THREADS, 1) skinny_gemm_bf16_n##MP(                         \
+// skinny_gemm_silu_bf16_n<MP>: the same with grid (ceil(inter / 64), splits), N = inter, wmap in boxes [64][64].
+#define SKINNY_GEMM_KERNEL(NAME, MP, SILU)                                                                      \
+    extern "C" __global__ void __launch_bounds__(SG_THREADS, 1) NAME##MP(                                       \
         const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, bf16* __restrict__ y,   \
         long long ldy, int M, int N, int ktiles) {                                                              \
-        skinny_gemm<MP>(&wmap, &xmap, y, ldy, M, N, ktiles);                                                    \
+        skinny_gemm<MP, SILU>(&wmap, &xmap, y, ldy, M, N, ktiles);                                              \
     }
+#define SKINNY_GEMM_WIDTHS(NAME, SILU) \
+    SKINNY_GEMM_KERNEL(NAME, 16, SILU) SKINNY_GEMM_KERNEL(NAME, 32, SILU) \
+    SKINNY_GEMM_KERNEL(NAME, 64, SILU) SKINNY_GEMM_KERNEL(NAME, 128, SILU)
 
-SKINNY_GEMM_KERNEL(16)
-SKINNY_GEMM_KERNEL(32)
-SKINNY_GEMM_KERNEL(64)
-SKINNY_GEMM_KERNEL(128)
+SKINNY_GEMM_WIDTHS(skinny_gemm_bf16_n, false)
+SKINNY_GEMM_WIDTHS(skinny_gemm_silu_bf16_n, true)

@@ -87,9 +87,10 @@ def mode(value: str) -> Iterator[None]:
         MODE = saved
 
 
-def gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, splits: int | None = None) -> None:
+def gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, splits: int | None = None, silu: bool = False) -> None:
     """out2[M, N] = x2[M, K] @ w[N, K].T through skinny_gemm.cu (caller checked `usable`; out2 rows packed or 16-byte
-    strided). `splits` overrides the split-K factor (the benchmark's sweep)."""
+    strided). `splits` overrides the split-K factor (the benchmark's sweep). `silu`: w = [gate; up] and
+    out2[M, N / 2] = silu_mul(x2 @ w.T), bit for bit the two ops on this kernel (its SILU epilogue)."""
     m, k = x2.shape
     n = w.shape[0]
     mp, ktiles = width(m), -(-k // SG_BK)
@@ -97,8 +98,11 @@ def gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, splits: int | None = N
         tuned = split_choice.get((cp.cuda.Device().id, mp, n, k)) if split_choice else None
         splits = tuned or default_splits(n, k, sm_count())
     splits = max(1, min(splits, ktiles, MAX_SPLITS))   # every split at least one stage
-    wmap = tma.matrix_map(w.data.ptr, n, k, w.strides[0], SG_BN)
+    cols = n // 2 if silu else n                       # output columns
+    wmap = tma.matrix_map(w.data.ptr, n, k, w.strides[0], SG_BN // 2 if silu else SG_BN)
     xmap = tma.matrix_map(x2.data.ptr, m, k, x2.strides[0], mp)
-    launch("skinny_gemm", f"skinny_gemm_bf16_n{mp}", (-(-n // SG_BN), splits), SG_THREADS,
-           (wmap, xmap, out2, np.int64(out2.strides[0] // 2), np.int32(m), np.int32(n), np.int32(ktiles)),
+    tiles = -(-cols // (SG_BN // 2)) if silu else -(-n // SG_BN)
+    kind = "silu_bf16" if silu else "bf16"
+    launch("skinny_gemm", f"skinny_gemm_{kind}_n{mp}", (tiles, splits), SG_THREADS,
+           (wmap, xmap, out2, np.int64(out2.strides[0] // 2), np.int32(m), np.int32(cols), np.int32(ktiles)),
            smem_bytes(mp), cluster=(1, splits, 1) if splits > 1 else None)
