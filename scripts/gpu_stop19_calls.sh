@@ -4,7 +4,7 @@
 # base = 5aaebe6 (stop 17's last commit), fold = branch next/gdn-norm-fold.
 #   bash scripts/gpu_stop19_calls.sh callN   (server-stack wheels in .whl/, scripts/gpu_wheels.sh)
 # call1, in order of need (each step's figure is useful alone if the device goes away):
-#   1. the skinny GEMM's GPU tests (decode GEMMs of 9..128 rows, OPENINFER_SKINNY_GEMM, off by default), and the Qwen3
+#   1. a 40-second smoke run of every skinny GEMM kernel (the rest of the skinny steps only if it passes), its GPU tests (decode GEMMs of 9..128 rows, OPENINFER_SKINNY_GEMM, off by default), and the Qwen3
 #      engine's GPU tests with it on (eager = graph, batched, prefix hits, vs transformers);
 #   2. scripts/skinny_bench.py: each decode weight at M = 16 / 32 / 64 / 128 under every split against cuBLASLt, and the
 #      145-GEMM chain;
@@ -19,15 +19,17 @@ tree() { local d=$ROOT/.whl/$1; shift; PYTHONPATH=$d/core:$d/plugins/qwen3:$d/pl
 Q3BIG="--model qwen3-4b --batch-sizes 32,128 --input-lens 1024 --output-lens 64 --num-iters 2 --max-num-batched-tokens 8192"
 case ${1:-} in
 call1) tree cur precompile & tree base precompile & tree fold precompile & wait
-       ( export PYTHONPATH=$PWD/.whl/cur/core:/tmp/site; cd .whl/cur
+       ( cd .whl/cur/scripts && tree cur timeout 40 python3 skinny_bench.py --smoke > $L/smoke.log 2>&1 ); SMOKE=$?
+       say "skinny smoke (rc $SMOKE):"; tail -6 $L/smoke.log | tee -a $S
+       [ $SMOKE = 0 ] && ( export PYTHONPATH=$PWD/.whl/cur/core:/tmp/site; cd .whl/cur
          timeout 90 $T tests/kernels/test_cuda_skinny_gemm.py > $L/t_skinny.log 2>&1 )
        say "tests skinny: $(tail -1 $L/t_skinny.log)"; grep -h "^FAILED\|^ERROR" $L/t_skinny.log | cut -c1-200 | head -8 | tee -a $S
-       ( export PYTHONPATH=$PWD/.whl/cur/core:$PWD/.whl/cur/plugins/qwen3:/tmp/site OPENINFER_SKINNY_GEMM=1; cd .whl/cur
-         timeout 120 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3_skinny.log 2>&1 )
-       say "tests qwen3 engine, skinny on: $(tail -1 $L/t_q3_skinny.log)"
-       ( cd .whl/cur/scripts && tree cur timeout 150 python3 skinny_bench.py --json $R/skinny_bench.json > $L/skinny.log 2>&1 )
-       say "skinny_bench:"; grep -v "^$" $L/skinny.log | tail -62 | tee -a $S
-       if grep -q " passed" $L/t_skinny.log && ! grep -q "failed\|error" $L/t_skinny.log; then
+       [ $SMOKE = 0 ] && ( export PYTHONPATH=$PWD/.whl/cur/core:$PWD/.whl/cur/plugins/qwen3:/tmp/site OPENINFER_SKINNY_GEMM=1
+         cd .whl/cur; timeout 120 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3_skinny.log 2>&1 )
+       say "tests qwen3 engine, skinny on: $(tail -1 $L/t_q3_skinny.log 2>/dev/null)"
+       [ $SMOKE = 0 ] && ( cd .whl/cur/scripts && tree cur timeout 150 python3 skinny_bench.py --json $R/skinny_bench.json > $L/skinny.log 2>&1 )
+       say "skinny_bench:"; grep -v "^$" $L/skinny.log 2>/dev/null | tail -66 | tee -a $S
+       if [ $SMOKE = 0 ] && grep -q " passed" $L/t_skinny.log && ! grep -q "failed\|error" $L/t_skinny.log; then
            OPENINFER_SKINNY_GEMM=tune tree cur lat sk1_q3 60 $Q3BIG; OPENINFER_SKINNY_GEMM=0 tree cur lat sk0_q3 60 $Q3BIG
            OPENINFER_SKINNY_GEMM=tune tree cur lat sk1b_q3 60 $Q3BIG; grep -h "skinny GEMM for" $L/sk1_q3.log | tee -a $S
        fi

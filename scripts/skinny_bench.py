@@ -4,6 +4,7 @@ gate_up with its SiLU epilogue against the two ops, then the 145-GEMM Qwen3-4B d
 with each shape's fastest.
 
     python scripts/skinny_bench.py [--ms 16,32,64,128] [--json PATH]
+    python scripts/skinny_bench.py --smoke     # one small GEMM of each width, split and not, and the SiLU epilogue
 
 Each shape is first checked against an fp32 product. Times are CUDA-graph replays over weight copies larger than the
 L2 (tuning.replay_us), so weights come from HBM; cuBLASLt runs the algorithm lt_tune picks at start-up.
@@ -29,6 +30,24 @@ def max_rel_error(m: int, n: int, k: int) -> float:
     skinny_gemm.gemm(x, w, y)
     want = x.astype(cp.float32) @ w.astype(cp.float32).T
     return float(cp.abs(y.astype(cp.float32) - want).max() / cp.abs(want).max())
+
+
+def smoke() -> bool:
+    """Each kernel once on small shapes against fp32 (a first check on a new machine, before anything long)."""
+    ok = True
+    for m, n, k, splits, silu in ((9, 256, 128, 1, False), (32, 300, 640, 3, False), (64, 128, 256, 2, True),
+                                  (128, 2560, 4096, 6, False), (100, 400, 1000, 4, True)):
+        x, w = rand(m, k), rand(n, k, scale=k ** -0.5)
+        y = cp.empty((m, n // 2 if silu else n), x.dtype)
+        skinny_gemm.gemm(x, w, y, splits=splits, silu=silu)
+        want = x.astype(cp.float32) @ w.astype(cp.float32).T
+        if silu:
+            gate, up = (h.astype(x.dtype).astype(cp.float32) for h in (want[:, : n // 2], want[:, n // 2:]))
+            want = gate / (1 + cp.exp(-gate)) * up
+        err = float(cp.abs(y.astype(cp.float32) - want).max() / cp.abs(want).max())
+        ok &= err < 2e-2
+        print(f"smoke M={m} N={n} K={k} splits={splits} silu={silu}: max error {err:.1e} of the largest |y|")
+    return ok
 
 
 def shape_rows(ms, stream) -> list[dict]:
@@ -92,10 +111,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ms", default="16,32,64,128")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--smoke", action="store_true", help="only a quick correctness check of every kernel")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
     if not skinny_gemm.hopper():
         sys.exit("the skinny GEMM needs an H100 / H200 (sm_90)")
+    if args.smoke:
+        sys.exit(0 if smoke() else 1)
     print(f"{cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)['name'].decode()}; cuBLASLt plans: "
           f"{lt_tune.tune(ms, [(n, k) for k, n in {**SHAPES_4B, **SHAPES_35}.values()])}")
     stream = cp.cuda.Stream(non_blocking=True)

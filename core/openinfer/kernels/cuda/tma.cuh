@@ -38,11 +38,16 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, u
                  ::"r"(shared_addr(bar)), "r"(bytes) : "memory");
 }
 
+// Waits for the phase of `parity` to complete. A wait that never ends (a transaction count that cannot be met, a
+// lost arrival) traps after ~2^24 tries (seconds) instead of hanging the GPU: the launch then fails with an error.
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned int parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nwait_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra wait_%=;\n}" ::"r"(shared_addr(bar)), "r"(parity) : "memory");
+    unsigned int done = 0;
+    for (unsigned int tries = 0; !done; ++tries) {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done) : "r"(shared_addr(bar)), "r"(parity) : "memory");
+        if (tries == (1u << 24)) __trap();
+    }
 }
 
 // The box at (inner coordinate c0, outer coordinate c1) of `map` into shared memory at `dst`, signalled on `bar`.
