@@ -8,7 +8,8 @@
 #      engine's GPU tests with it on (eager = graph, batched, prefix hits, vs transformers);
 #   2. scripts/skinny_bench.py: each decode weight at M = 16 / 32 / 64 / 128 under every split against cuBLASLt, and the
 #      145-GEMM chain;
-#   3. Qwen3-4B decode at batch 32 / 128, skinny tuned (OPENINFER_SKINNY_GEMM=tune) and off (cur), alternating;
+#   3. Qwen3-4B decode at batch 32 / 128, skinny tuned (OPENINFER_SKINNY_GEMM=tune) and off (cur), alternating, and
+#      tuned with PDL for it in the larger graphs (OPENINFER_PDL_WIDE=skinny_gemm);
 #   4. stop 18's call 3: attn_bench at batch 1 with the cluster occupancy cap, batch-1 decode of Qwen3-4B (clusters
 #      on / off, base) and Qwen3.5-4B (cur, base, the GDN norm fold), the split-decode and the fold's GPU tests.
 set -uo pipefail
@@ -31,6 +32,7 @@ call1) tree cur precompile & tree base precompile & tree fold precompile & wait
        say "skinny_bench:"; grep -v "^$" $L/skinny.log 2>/dev/null | tail -66 | tee -a $S
        if [ $SMOKE = 0 ] && grep -q " passed" $L/t_skinny.log && ! grep -q "failed\|error" $L/t_skinny.log; then
            OPENINFER_SKINNY_GEMM=tune tree cur lat sk1_q3 60 $Q3BIG; OPENINFER_SKINNY_GEMM=0 tree cur lat sk0_q3 60 $Q3BIG
+           OPENINFER_SKINNY_GEMM=tune OPENINFER_PDL_WIDE=skinny_gemm tree cur lat skpdl_q3 60 $Q3BIG
            OPENINFER_SKINNY_GEMM=tune tree cur lat sk1b_q3 60 $Q3BIG; grep -h "skinny GEMM for" $L/sk1_q3.log | tee -a $S
        fi
        tree cur timeout 40 python3 .whl/cur/scripts/attn_bench.py --batches 1 --contexts 1024,16384 \

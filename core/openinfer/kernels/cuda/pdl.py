@@ -54,6 +54,9 @@ DEFAULT_KERNELS = ("gemv,paged_decode,rope,add_rms_norm,rms_norm,"
                    "conv_update,gdn_gating,gdn_decode,gated_rms_norm,sigmoid_gate")   # (Qwen3.5's GDN decode kernels)
 ENABLED, KERNELS = parse_setting(os.environ.get("OPENINFER_PDL", DEFAULT_KERNELS))
 MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)
+# ... except kernels with these name prefixes (OPENINFER_PDL_WIDE, comma-separated; none by default): the skinny GEMM
+# (skinny_gemm.cu) requests its first weight stages before its wait, which only PDL lets overlap the kernel before it
+WIDE_KERNELS = tuple(p.strip() for p in os.environ.get("OPENINFER_PDL_WIDE", "").split(",") if p.strip())
 MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
 MAX_ARGS = 32
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
@@ -114,10 +117,15 @@ def suspended(yes: bool = True) -> Iterator[None]:
 
 def enabled(kernel: str = "") -> bool:
     """PDL is on (OPENINFER_PDL) for this kernel name (every kernel, or its name starts with a listed
-    prefix), not suspended on this thread, the current device has it (sm_90+) and the current stream is
-    not the legacy default stream (whose implicit synchronisation PDL does not promise to keep)."""
-    if (not ENABLED or _suspended.depth or (KERNELS is not None and not kernel.startswith(KERNELS))
-            or cp.cuda.get_current_stream().ptr == 0):
+    prefix), not suspended on this thread (inside suspended(), only for WIDE_KERNELS), the current device has it
+    (sm_90+) and the current stream is not the legacy default stream (whose implicit synchronisation PDL does not
+    promise to keep)."""
+    if _suspended.depth:
+        if not (ENABLED and WIDE_KERNELS and kernel.startswith(WIDE_KERNELS)):
+            return False
+    elif not ENABLED or (KERNELS is not None and not kernel.startswith(KERNELS)):
+        return False
+    if cp.cuda.get_current_stream().ptr == 0:
         return False
     dev = cp.cuda.Device().id
     if dev not in _supported:
