@@ -3,14 +3,16 @@
 # (git archive REV core plugins tests scripts pyproject.toml | tar -x -C .whl/NAME): cur = the commit under test,
 # base = 5aaebe6 (stop 17's last commit), fold = branch next/gdn-norm-fold.
 #   bash scripts/gpu_stop19_calls.sh callN   (server-stack wheels in .whl/, scripts/gpu_wheels.sh)
-# call1, in order of need (each step's figure is useful alone if the device goes away):
-#   1. a 40-second smoke run of every skinny GEMM kernel (the rest of the skinny steps only if it passes), its GPU tests (decode GEMMs of 9..128 rows, OPENINFER_SKINNY_GEMM, off by default), and the Qwen3
-#      engine's GPU tests with it on (eager = graph, batched, prefix hits, vs transformers);
+# Two calls of ~5 minutes each; each step's figure is useful alone if the device goes away.
+# call1, the skinny GEMM:
+#   1. a 40-second smoke run of every skinny GEMM kernel (the rest of the skinny steps only if it passes), its GPU
+#      tests (decode GEMMs of 9..128 rows; OPENINFER_SKINNY_GEMM, off by default) and the Qwen3 engine's GPU tests
+#      with it on (eager = graph, batched, prefix hits, vs transformers);
 #   2. scripts/skinny_bench.py: each decode weight at M = 16 / 32 / 64 / 128 under every split against cuBLASLt, and the
 #      145-GEMM chain;
 #   3. Qwen3-4B decode at batch 32 / 128, skinny tuned (OPENINFER_SKINNY_GEMM=tune) and off (cur), alternating, and
 #      tuned with PDL for it in the larger graphs (OPENINFER_PDL_WIDE=skinny_gemm);
-#   4. stop 18's call 3: attn_bench at batch 1 with the cluster occupancy cap, batch-1 decode of Qwen3-4B (clusters
+# call2, stop 18's call 3: attn_bench at batch 1 with the cluster occupancy cap, batch-1 decode of Qwen3-4B (clusters
 #      on / off, base) and Qwen3.5-4B (cur, base, the GDN norm fold), the split-decode and the fold's GPU tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +21,7 @@ ROOT=$PWD
 tree() { local d=$ROOT/.whl/$1; shift; PYTHONPATH=$d/core:$d/plugins/qwen3:$d/plugins/qwen35:/tmp/site "$@"; }
 Q3BIG="--model qwen3-4b --batch-sizes 32,128 --input-lens 1024 --output-lens 64 --num-iters 2 --max-num-batched-tokens 8192"
 case ${1:-} in
-call1) tree cur precompile & tree base precompile & tree fold precompile & wait
+call1) tree cur precompile
        ( cd .whl/cur/scripts && tree cur timeout 40 python3 skinny_bench.py --smoke > $L/smoke.log 2>&1 ); SMOKE=$?
        say "skinny smoke (rc $SMOKE):"; tail -6 $L/smoke.log | tee -a $S
        [ $SMOKE = 0 ] && ( export PYTHONPATH=$PWD/.whl/cur/core:/tmp/site; cd .whl/cur
@@ -34,7 +36,8 @@ call1) tree cur precompile & tree base precompile & tree fold precompile & wait
            OPENINFER_SKINNY_GEMM=tune tree cur lat sk1_q3 60 $Q3BIG; OPENINFER_SKINNY_GEMM=0 tree cur lat sk0_q3 60 $Q3BIG
            OPENINFER_SKINNY_GEMM=tune OPENINFER_PDL_WIDE=skinny_gemm tree cur lat skpdl_q3 60 $Q3BIG
            OPENINFER_SKINNY_GEMM=tune tree cur lat sk1b_q3 60 $Q3BIG; grep -h "skinny GEMM for" $L/sk1_q3.log | tee -a $S
-       fi
+       fi ;;
+call2) tree cur precompile & tree base precompile & tree fold precompile & wait
        tree cur timeout 40 python3 .whl/cur/scripts/attn_bench.py --batches 1 --contexts 1024,16384 \
            --variants nocl,cl --split-keys 64,128 > $L/attn.log 2>&1; say "attn_bench:"; tail -6 $L/attn.log | tee -a $S
        export OPENINFER_DECODE_CLUSTER=8   # opt-in (base ignores it)
