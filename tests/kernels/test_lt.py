@@ -255,6 +255,7 @@ def test_linear_records_bf16_weight_shapes(dispatch):
         blas.linear(aligned_empty((1, 32), BF16), aligned_empty((72, 32), BF16))     # the GEMV's M too
         blas.linear(aligned_empty((16, 32), np.float32), aligned_empty((96, 32), np.float32))
         blas.linear(aligned_empty((16, 32), BF16), aligned_empty((80, 64), BF16)[:, :32])   # rows not packed
-    assert shapes == {(64, 32), (72, 32)} and lt.recorded is None
+        assert blas.linear_silu_mul(aligned_empty((16, 32), BF16), aligned_empty((112, 32), BF16)) is None  # recorded
+    assert shapes == {(64, 32), (72, 32), (112, 32)} and lt.recorded is None
     blas.linear(aligned_empty((16, 32), BF16), aligned_empty((88, 32), BF16))
-    assert shapes == {(64, 32), (72, 32)}
+    assert shapes == {(64, 32), (72, 32), (112, 32)}

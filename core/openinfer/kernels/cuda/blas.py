@@ -158,6 +158,13 @@ def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
     launch_gemv("gemv_bf16", x2, w, (out2, np.int64(out2.strides[0] // 2), np.int32(w.shape[0])))
 
 
+def _record(x2: cp.ndarray, w: cp.ndarray) -> None:
+    """While the loader's activation profile records (lt.recording), note a packed bf16 weight's (N, K) for the
+    start-up GEMM tuning."""
+    if lt.recorded is not None and x2.dtype == BF16 and w.strides[0] == 2 * w.shape[1]:
+        lt.recorded.add(w.shape)
+
+
 def linear_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
     """silu_mul(linear(x, w)) bit for bit for w = [gate; up] ([2I, K], gate rows first) in one kernel with the SiLU
     in its epilogue, where linear would run one that has it: the GEMV (I % 8 == 0; its tile t takes gate rows
@@ -166,6 +173,7 @@ def linear_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
     x2, w = operands(x, w)
     m, k = x2.shape
     inter = w.shape[0] // 2
+    _record(x2, w)
     if w.shape[0] % 2 or inter == 0:
         return None
     if w.shape[0] % 16 == 0 and _gemv_usable(x2, w, m, k):
@@ -204,8 +212,7 @@ def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     out = cp.empty((*x.shape[:-1], n_out), dtype=x.dtype)
     if m == 0 or n_out == 0:
         return out
-    if lt.recorded is not None and x.dtype == BF16 and w.strides[0] == 2 * k:
-        lt.recorded.add((n_out, k))   # a weight shape for lt_tune.tune (loader's activation profile)
+    _record(x2, w)
     if _gemv_usable(x2, w, m, k):
         gemv(x2, w, out.reshape(m, n_out))
         return out
