@@ -57,7 +57,7 @@ def shape_rows(ms, stream) -> list[dict]:
     for name, (k, n) in {**SHAPES_4B, **SHAPES_35}.items():
         for m in ms:
             lt_us, times = skinny_tune.time_choices(m, n, k, stream)
-            rule = skinny_gemm.default_splits(n, k, skinny_gemm.sm_count())
+            rule = skinny_gemm.rule_splits(n, k, skinny_gemm.width(m))
             best = min(times, key=times.get)
             row = {"shape": name, "k": k, "n": n, "m": m, "max_rel_error": max_rel_error(m, n, k), "cublaslt_us": lt_us,
                    "rule_splits": rule, "best_splits": best, "us_by_splits": times}

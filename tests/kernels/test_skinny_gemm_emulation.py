@@ -133,6 +133,9 @@ def test_default_splits_fill_one_wave():
     assert [sg.default_splits(n, k, 132) for n, k in
             [(2560, 4096), (2560, 9728), (6144, 2560), (19456, 2560), (151936, 2560)]] == [6, 6, 2, 1, 1]
     assert sg.default_splits(128, 128, 132) == 1      # too shallow to split
+    # clusters share a GPC: where only 16 clusters of 6 fit at once, o's 20 tiles take 5 splits
+    assert sg.default_splits(2560, 4096, 132, lambda s: {6: 16, 5: 24}[s]) == 5
+    assert sg.default_splits(2560, 4096, 132, lambda s: 4) == 1
     assert [sg.width(m) for m in (9, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 32, 32, 64, 64, 128, 128]
 
 

@@ -22,6 +22,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(skinny_gemm, "MODE", "1")
     monkeypatch.setattr(skinny_gemm, "hopper", lambda: True)
     monkeypatch.setattr(skinny_gemm, "sm_count", lambda: 132)
+    monkeypatch.setattr(skinny_gemm, "max_active_clusters", lambda *a: 132 // a[-1])   # a GPC holds them all
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
     monkeypatch.setattr(blas, "clusters_supported", lambda: True)
     return recorded
@@ -192,3 +193,14 @@ def test_linear_silu_mul_launches_the_silu_epilogue(launches, maps, m, inter, k,
     assert call.grid == (-(-inter // 64), splits) and [int(a) for a in call.args[3:]] == [inter, m, inter, -(-k // 64)]
     assert maps == [(w.data.ptr, 2 * inter, k, 2 * k, 64), (x.data.ptr, m, k, 2 * k, mp)]
     assert blas.linear_silu_mul(x, aligned_empty((7, k), BF16)) is None   # no [gate; up] halves
+
+
+def test_rule_splits_ask_how_many_clusters_fit(launches, maps, monkeypatch):
+    """o (N 2560: 20 tiles) would split 6 ways; where the device holds only 16 clusters of 6 at once it takes 5."""
+    asked = []
+    monkeypatch.setattr(skinny_gemm, "max_active_clusters",
+                        lambda src, name, threads, smem, c: asked.append((name, threads, smem, c)) or (16 if c == 6 else 24))
+    blas.linear(aligned_empty((32, 4096), BF16), aligned_empty((2560, 4096), BF16))
+    assert launches[-1].grid == (20, 5) and launches[-1].cluster == (1, 5, 1)
+    assert asked == [("skinny_gemm_bf16_n32", 384, skinny_gemm.smem_bytes(32), 6),
+                     ("skinny_gemm_bf16_n32", 384, skinny_gemm.smem_bytes(32), 5)]

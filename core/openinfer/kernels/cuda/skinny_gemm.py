@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import cupy as cp
 import numpy as np
 
 from . import tma
-from .module import BF16, launch, sm_count
+from .module import BF16, launch, max_active_clusters, sm_count
 
 MODES = ("0", "tune", "1")
 MODE = os.environ.get("OPENINFER_SKINNY_GEMM", "0")
@@ -48,11 +48,23 @@ def smem_bytes(mp: int) -> int:
     return 1024 + stages(mp) * (SG_BN * SG_ROW + mp * SG_ROW) + 2 * 8 * stages(mp)
 
 
-def default_splits(n: int, k: int, sms: int) -> int:
+def default_splits(n: int, k: int, sms: int, clusters_at_once: Callable[[int], int] | None = None) -> int:
     """Split-K so that the tiles fill one wave of the SMs (one CTA each), each split at least MIN_KTILES_PER_SPLIT
-    stages deep; weights of more tiles than SMs are not split."""
+    stages deep, and (given `clusters_at_once`: a split factor -> how many such clusters the device holds at once;
+    a cluster's CTAs share one GPC, so fewer fit than SMs over the size) every tile's cluster resident at once.
+    Weights of more tiles than SMs are not split."""
     tiles, ktiles = -(-n // SG_BN), -(-k // SG_BK)
-    return max(1, min(sms // tiles, ktiles // MIN_KTILES_PER_SPLIT, MAX_SPLITS))
+    for s in range(max(1, min(sms // tiles, ktiles // MIN_KTILES_PER_SPLIT, MAX_SPLITS)), 1, -1):
+        if clusters_at_once is None or tiles <= clusters_at_once(s):
+            return s
+    return 1
+
+
+def rule_splits(n: int, k: int, mp: int, silu: bool = False) -> int:
+    """default_splits on this device, asking it how many clusters of the kernel fit at once."""
+    name = f"skinny_gemm_{'silu_bf16' if silu else 'bf16'}_n{mp}"
+    return default_splits(n, k, sm_count(),
+                          lambda s: max_active_clusters("skinny_gemm", name, SG_THREADS, smem_bytes(mp), s))
 
 
 _hopper: dict[int, bool] = {}
@@ -96,7 +108,7 @@ def gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, splits: int | None = N
     mp, ktiles = width(m), -(-k // SG_BK)
     if splits is None:
         tuned = split_choice.get((cp.cuda.Device().id, mp, n, k)) if split_choice else None
-        splits = tuned or default_splits(n, k, sm_count())
+        splits = tuned or rule_splits(n, k, mp, silu)
     splits = max(1, min(splits, ktiles, MAX_SPLITS))   # every split at least one stage
     cols = n // 2 if silu else n                       # output columns
     wmap = tma.matrix_map(w.data.ptr, n, k, w.strides[0], SG_BN // 2 if silu else SG_BN)
