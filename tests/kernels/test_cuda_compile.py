@@ -143,3 +143,42 @@ def _plugin_packages() -> list:
         if (Path(mod.__file__).parent / "cuda").is_dir():
             out.append(mod)
     return out
+
+
+def test_precompile_compiles_each_source_once_in_the_background(cache, monkeypatch):
+    """precompile's threads compile every named source; a compile_source asking for one of them meanwhile waits for
+    that compile instead of running NVRTC again; a later call is a cache hit."""
+    import threading
+    _nvrtc_or_skip()
+    nvrtc = kc._nvrtc()
+    real, calls, gate = nvrtc.compileProgram, [], threading.Event()
+
+    def slow(prog, options):
+        calls.append(options)
+        gate.wait(10)   # hold the first compiles until the foreground call is waiting
+        return real(prog, options)
+    monkeypatch.setattr(nvrtc, "compileProgram", slow)
+    threads = kc.precompile("sm_90a", ["kv", "norm"], workers=2)
+    while len(calls) < 2:
+        threading.Event().wait(0.01)
+    waiter = threading.Thread(target=lambda: calls.append(("foreground", kc.compile_source("kv", "sm_90a"))))
+    waiter.start()
+    threading.Event().wait(0.2)
+    gate.set()
+    waiter.join(60)
+    for t in threads:
+        t.join(60)
+    assert len(calls) == 3 and calls[2][0] == "foreground" and calls[2][1].exists()   # NVRTC ran twice, not three times
+    assert sorted(p.name.split("-")[0] for p in cache.glob("*.cubin")) == ["kv", "norm"] and not kc._inflight
+
+
+def test_precompile_leaves_failures_to_the_launch(cache, monkeypatch, tmp_path):
+    _nvrtc_or_skip()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "broken.cu").write_text('extern "C" __global__ void k() { undefined_thing(); }\n')
+    monkeypatch.setattr(kc, "SOURCE_DIR", src)
+    for t in kc.precompile("sm_90a"):
+        t.join(60)
+    with pytest.raises(kc.KernelCompileError, match="undefined_thing"):
+        kc.compile_source("broken", "sm_90a")

@@ -68,6 +68,10 @@ class CudaBackend(Backend):
             self._h2d_done.record(self.stream)
         self._uploader: Any = None
         self.activate()
+        # a first start compiles every kernel: on background threads while the weights load (warm: a hash each)
+        from ..kernels.cuda.compile import arch_for, precompile
+        cc = self.device.compute_capability
+        precompile(arch_for(int(cc[:-1]), int(cc[-1])))
 
     def activate(self) -> None:
         """Make this GPU and the step stream current for the calling thread (CuPy keeps both per

@@ -3,13 +3,19 @@
 Cubins, not PTX: the driver then never JIT-compiles at start, and NVRTC needs no GPU, so CI
 compile-checks every source for sm_90a (`compile_all`). The cache key covers the source, the
 headers it may include, the options and the NVRTC version, so a toolkit upgrade recompiles.
+A first start compiles every source: `precompile` does that on background threads (NVRTC releases the GIL) while
+the weights load, and a launch that needs a source being compiled waits for that compile instead of starting its own.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Sequence
 
 from ...disk_cache import cache_root, write_atomic
 
@@ -72,6 +78,32 @@ def compile_source(source: str | Path, arch: str) -> Path:
     path = cache_dir() / f"{name}-{arch}-{key}.cubin"   # the key tells apart same-named plugin sources
     if path.exists():
         return path
+    with _inflight_lock:
+        pending = _inflight.get(path)
+        if pending is None:
+            mine: Future[Path] = Future()
+            _inflight[path] = mine
+    if pending is not None:   # another thread (precompile's) is compiling it
+        return pending.result()
+    try:
+        _compile(nvrtc, name, src, headers, options, arch, path)
+    except BaseException as e:
+        mine.set_exception(e)
+        raise
+    else:
+        mine.set_result(path)
+    finally:
+        with _inflight_lock:
+            del _inflight[path]
+    return path
+
+
+_inflight: dict[Path, Future[Path]] = {}   # cubin path -> the compile under way
+_inflight_lock = threading.Lock()
+
+
+def _compile(nvrtc, name: str, src: str, headers: dict[str, str], options: tuple[str, ...], arch: str,
+             path: Path) -> None:
     t0 = time.perf_counter()
     prog = nvrtc.createProgram(src, f"{name}.cu", [h.encode() for h in headers.values()],
                                [n.encode() for n in headers])
@@ -85,7 +117,31 @@ def compile_source(source: str | Path, arch: str) -> Path:
         nvrtc.destroyProgram(prog)
     write_atomic(path, cubin)
     log.info("compiled %s.cu for %s in %.2f s (%d bytes)", name, arch, time.perf_counter() - t0, len(cubin))
-    return path
+
+
+def precompile(arch: str, names: Sequence[str] | None = None, workers: int | None = None) -> list[threading.Thread]:
+    """Compile `names` (default: every core source) for `arch` on `workers` daemon threads (default: one a CPU, at
+    most 8), largest source first; returns the threads. Sources already cached cost a hash each. A failure is left
+    for the launch that needs the source, which compiles it again and raises."""
+    todo = sorted(names if names is not None else sources(), key=lambda n: source_path(n).stat().st_size)
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                name = todo.pop()   # the largest left
+            try:
+                compile_source(name, arch)
+            except Exception:  # noqa: BLE001 — raised again where the kernel is launched
+                log.debug("background compile of %s failed", name, exc_info=True)
+
+    threads = [threading.Thread(target=work, name=f"nvrtc-{i}", daemon=True)
+               for i in range(min(workers or os.cpu_count() or 1, 8, len(todo)))]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def compile_all(arch: str = "sm_90a") -> dict[str, Path]:
