@@ -13,7 +13,8 @@
 #   3. Qwen3-4B decode at batch 32 / 128, skinny tuned (OPENINFER_SKINNY_GEMM=tune) and off (cur), alternating, and
 #      tuned with PDL for it in the larger graphs (OPENINFER_PDL_WIDE=skinny_gemm);
 # call2, stop 18's call 3: attn_bench at batch 1 with the cluster occupancy cap, batch-1 decode of Qwen3-4B (clusters
-#      on / off, base) and Qwen3.5-4B (cur, base, the GDN norm fold), the split-decode and the fold's GPU tests.
+#      on / off, base) and Qwen3.5-4B (cur, base, the GDN norm fold), the split-decode and the fold's GPU tests; the
+#      first-ever start (empty kernel cache) with the kernels compiled on background threads.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -48,7 +49,9 @@ call2) tree cur precompile & tree base precompile & tree fold precompile & wait
        say "tests core: $(tail -1 $L/t_core.log)"
        ( export PYTHONPATH=$PWD/.whl/fold/core:$PWD/.whl/fold/plugins/qwen35:/tmp/site; cd .whl/fold
          timeout 120 $T plugins/qwen35/tests -k "gdn_decode_norm or norm_fold" > $L/t_fold.log 2>&1 )
-       say "tests fold: $(tail -1 $L/t_fold.log)" ;;
+       say "tests fold: $(tail -1 $L/t_fold.log)"
+       startup first_start OPENINFER_CACHE_DIR=/tmp/oc_empty   # empty kernel cache: stop 15 took 24.9 s, compiling serially
+       grep -h "compiled .* in" $L/first_start_server.log | sort -t' ' -k1,1 | tail -20 > $L/first_start_compiles.txt ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
