@@ -60,11 +60,11 @@ def default_splits(n: int, k: int, sms: int, clusters_at_once: Callable[[int], i
     return 1
 
 
-def rule_splits(n: int, k: int, mp: int, silu: bool = False) -> int:
-    """default_splits on this device, asking it how many clusters of the kernel fit at once."""
-    name = f"skinny_gemm_{'silu_bf16' if silu else 'bf16'}_n{mp}"
-    return default_splits(n, k, sm_count(),
-                          lambda s: max_active_clusters("skinny_gemm", name, SG_THREADS, smem_bytes(mp), s))
+def rule_splits(n: int, k: int, mp: int) -> int:
+    """default_splits on this device, asking it how many clusters of the plain kernel fit at once (the SiLU one splits
+    a weight as the plain one does: the same sums before its epilogue)."""
+    return default_splits(n, k, sm_count(), lambda s: max_active_clusters(
+        "skinny_gemm", f"skinny_gemm_bf16_n{mp}", SG_THREADS, smem_bytes(mp), s))
 
 
 _hopper: dict[int, bool] = {}
@@ -108,7 +108,7 @@ def gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, splits: int | None = N
     mp, ktiles = width(m), -(-k // SG_BK)
     if splits is None:
         tuned = split_choice.get((cp.cuda.Device().id, mp, n, k)) if split_choice else None
-        splits = tuned or rule_splits(n, k, mp, silu)
+        splits = tuned or rule_splits(n, k, mp)
     splits = max(1, min(splits, ktiles, MAX_SPLITS))   # every split at least one stage
     cols = n // 2 if silu else n                       # output columns
     wmap = tma.matrix_map(w.data.ptr, n, k, w.strides[0], SG_BN // 2 if silu else SG_BN)

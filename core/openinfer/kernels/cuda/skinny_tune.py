@@ -2,8 +2,8 @@
 on disk. Used when OPENINFER_SKINNY_GEMM=tune (and "1", which takes the timed factors but the kernel everywhere).
 
 For each bf16 weight (N, K) and each batch width (16 / 32 / 64 / 128) that a decode-graph bucket of 9..128 rows falls
-in, `tune` times, at M = the width, blas.linear on cuBLASLt's tuned algorithm (lt_tune runs first) and the skinny GEMM
-under every split-K factor, as graph replays over weight copies larger than L2. The skinny GEMM is chosen, with its
+in, `tune` times, at the largest bucket size of the width, blas.linear on cuBLASLt's tuned algorithm (lt_tune runs
+first) and the skinny GEMM under every split-K factor, as graph replays over weight copies larger than L2. The skinny GEMM is chosen, with its
 fastest factor, only if that is at least 3 % faster; otherwise the width stays on cuBLASLt (choice 0). One choice per
 width, not per M: a batch row's bits do not depend on the padding around it, so eager and graph steps of one width
 compute the same bits. The cache (tuning.py, folder skinny_gemm) is keyed by the GPU, the compiled kernel and the
