@@ -111,3 +111,30 @@ def test_output_parser_chains_reasoning_then_tools():
         out = split_feed(p, text, rng, 8)
         assert (out.reasoning, out.content.strip()) == (got.reasoning, got.content)
         assert [(c.name, c.arguments) for c in collect_tool_calls(out.tool_calls)] == [("f", "{}"), ("g", "{}")]
+
+
+def test_output_parser_reads_a_prefix_ahead_of_the_output():
+    """A forced call's opener ends the prompt: the parser reads it first, with the first output or, where there is
+    none, at finish; it never becomes content."""
+    fmt = ChatFormat(ThinkTagReasoningParser, BracketCalls)
+    p = fmt.stream_parser("prompt", tools=[{}], prefix="[[f")
+    assert p.feed("]] done") == ParsedDelta(content="", tool_calls=[ToolCallDelta(0, "call_0", "f", "{}")]).extend(
+        ParsedDelta(content=" done"))
+    assert fmt.parse("prompt", "]]", tools=[{}], prefix="[[g").tool_calls == [ToolCall("call_0", "g", "{}")]
+    empty = fmt.stream_parser("prompt", tools=[{}], prefix="[[h]]")
+    assert [c.name for c in empty.finish().tool_calls] == ["h"]
+
+
+def test_forced_tool_call_closes_reasoning_as_templates_do():
+    class Opener(ChatFormat):
+        def tool_call_opener(self, name):
+            return "[[" + (name or "")
+
+    fmt = Opener(ThinkTagReasoningParser, BracketCalls, assistant_prefix="<|im_start|>assistant")
+    assert fmt.forced_tool_call("<|im_start|>assistant\n<think>\n", "f") == ("\n</think>\n\n", "[[f")
+    assert fmt.forced_tool_call("<|im_start|>assistant\n", None) == ("<think>\n\n</think>\n\n", "[[")
+    assert fmt.forced_tool_call("<|im_start|>assistant\n<think>\n\n</think>\n\n", "f") == ("", "[[f")
+    # a </think> in an earlier turn does not count as this turn's
+    assert fmt.forced_tool_call("<think>x</think>y<|im_start|>assistant\n", "f")[0] == "<think>\n\n</think>\n\n"
+    assert Opener(None, BracketCalls).forced_tool_call("anything", "f") == ("", "[[f")
+    assert ChatFormat(ThinkTagReasoningParser, BracketCalls).forced_tool_call("p", "f") is None   # no opener

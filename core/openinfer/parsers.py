@@ -189,10 +189,13 @@ class ChatOutput:
 
 
 class OutputParser:
-    """One choice's reasoning parser and tool parser chained (either may be absent)."""
+    """One choice's reasoning parser and tool parser chained (either may be absent). `prefix`: text the output is
+    known to start with though the model never wrote it (a forced tool call's opener, which ended the prompt): parsed
+    ahead of the first output, never part of the output text."""
 
-    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None) -> None:
+    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None, prefix: str = "") -> None:
         self.reasoning, self.tools = reasoning, tools
+        self._prefix = prefix
 
     def _tools(self, out: ParsedDelta, final: bool) -> ParsedDelta:
         if self.tools is None:
@@ -203,10 +206,12 @@ class OutputParser:
         return ParsedDelta(reasoning=out.reasoning).extend(parsed)
 
     def feed(self, text: str) -> ParsedDelta:
+        text, self._prefix = self._prefix + text, ""
         return self._tools(self.reasoning.feed(text) if self.reasoning else ParsedDelta(content=text), False)
 
     def finish(self) -> ParsedDelta:
-        return self._tools(self.reasoning.finish() if self.reasoning else ParsedDelta(), True)
+        out = self.feed("") if self._prefix else ParsedDelta()
+        return out.extend(self._tools(self.reasoning.finish() if self.reasoning else ParsedDelta(), True))
 
 
 @dataclass(frozen=True)
@@ -234,15 +239,36 @@ class ChatFormat:
             prompt_text = prompt_text[i:]
         return prompt_text.rfind(self.think_start) > prompt_text.rfind(self.think_end)
 
-    def stream_parser(self, prompt_text: str, tools: list[dict] | None = None) -> OutputParser:
-        """A fresh parser for one choice; pass tools only when the request allows tool calls."""
+    def tool_call_opener(self, name: str | None) -> str | None:
+        """The text that starts a tool call in this line's output, up to where the model writes the function's name
+        (`name` None) or, given `name`, its arguments: what tool_choice "required" or a named function appends to
+        the prompt. None where the line cannot force a call."""
+        return None
+
+    def forced_tool_call(self, prompt_text: str, name: str | None) -> tuple[str, str] | None:
+        """(text that first closes the prompt's reasoning, the call's opener) to append to a rendered prompt so that
+        the output is a tool call (of `name`, or of a function the model picks); None where tool_call_opener is.
+        An open reasoning block is closed, and where the model would open one it gets an empty one, as the chat
+        templates write it with thinking off."""
+        opener = self.tool_call_opener(name)
+        if opener is None or self.reasoning_parser is None:
+            return None if opener is None else ("", opener)
+        if self.starts_in_reasoning(prompt_text):
+            return f"\n{self.think_end}\n\n", opener
+        i = prompt_text.rfind(self.assistant_prefix) if self.assistant_prefix is not None else -1
+        turn = prompt_text[i:] if i >= 0 else prompt_text
+        return ("" if self.think_end in turn else f"{self.think_start}\n\n{self.think_end}\n\n"), opener
+
+    def stream_parser(self, prompt_text: str, tools: list[dict] | None = None, prefix: str = "") -> OutputParser:
+        """A fresh parser for one choice; pass tools only when the request allows tool calls, and the forced call's
+        opener (which ends prompt_text) as `prefix`."""
         reasoning = self.reasoning_parser(self.starts_in_reasoning(prompt_text)) if self.reasoning_parser else None
         calls = self.tool_parser(tools) if self.tool_parser and tools else None
-        return OutputParser(reasoning, calls)
+        return OutputParser(reasoning, calls, prefix)
 
-    def parse(self, prompt_text: str, text: str, tools: list[dict] | None = None) -> ChatOutput:
+    def parse(self, prompt_text: str, text: str, tools: list[dict] | None = None, prefix: str = "") -> ChatOutput:
         """Non-streaming: the whole output of one choice."""
-        p = self.stream_parser(prompt_text, tools)
+        p = self.stream_parser(prompt_text, tools, prefix)
         out = p.feed(text).extend(p.finish())
         return ChatOutput(out.reasoning, out.content.strip() if p.tools else out.content,
                           collect_tool_calls(out.tool_calls))

@@ -55,9 +55,14 @@ def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> Non
     ("/v1/chat/completions", {**CHAT, "min_tokens": 100, "max_tokens": 10}, "min_tokens"),
     ("/v1/chat/completions", {**CHAT, "frobnicate": True}, "frobnicate"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
-    ("/v1/chat/completions", {**CHAT, "tool_choice": "required", "tools": [
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "any", "tools": [
         {"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
-    ("/v1/chat/completions", {**CHAT, "tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": [
+    ("/v1/chat/completions", {**CHAT, "tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": {"type": "function", "name": "f"}, "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "required", "add_generation_prompt": False, "tools": [
         {"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "auto"}, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools[0]"),
@@ -95,6 +100,21 @@ def test_harmless_metadata_and_noop_values_are_accepted(http: httpx.Client) -> N
     chat = {**CHAT, "response_format": {"type": "text"}, "parallel_tool_calls": True, "unknown_but_null": None,
             "prompt_cache_key": "k", "safety_identifier": "s", "max_completion_tokens": 3}
     assert http.post("/v1/chat/completions", json=chat).status_code == 200
+
+
+def test_forcing_a_tool_call_needs_a_line_that_can(http: httpx.Client, fake: FakeEngine, monkeypatch) -> None:
+    """A model line whose chat format declares no tool-call opener cannot honour tool_choice "required" or a named
+    function: a 400 naming tool_choice, and nothing reaches the engine."""
+    from openinfer.parsers import ChatFormat
+    monkeypatch.setattr(fake, "chat_format", ChatFormat(fake.chat_format.reasoning_parser,
+                                                        fake.chat_format.tool_parser))
+    before = len(fake.submitted)
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        r = http.post("/v1/chat/completions", json={**CHAT, "tool_choice": choice, "tools": [
+            {"type": "function", "function": {"name": "f"}}]})
+        err = error_of(r, 400)
+        assert (err["param"], err["code"]) == ("tool_choice", "unsupported_parameter")
+    assert len(fake.submitted) == before
 
 
 def test_unknown_model_is_404(http: httpx.Client) -> None:

@@ -134,6 +134,40 @@ def test_chat_streamed_tool_call_deltas(client: openai.OpenAI, fake: FakeEngine)
     assert finals == ["tool_calls"] and chunks[-1].usage.completion_tokens > 0
 
 
+def test_named_tool_choice_forces_that_call(client: openai.OpenAI, fake: FakeEngine) -> None:
+    """A named tool_choice ends the prompt with the call's opener and name (after an empty think block, as the
+    template writes one with thinking off); the model writes only the arguments, the response has the call."""
+    fake.say('{"city": "Oslo"}}\n</tool_call>')
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice=choice)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == [
+        ("get_weather", {"city": "Oslo"})]
+    prompt = fake.tokenizer.decode(fake.submitted[-1][1], False)
+    assert prompt.endswith('<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n{"name": "get_weather", '
+                           '"arguments": ')
+    assert r.usage.completion_tokens == len(fake.tokenizer.encode('{"city": "Oslo"}}\n</tool_call>')) + 1
+    chunks = list(client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice=choice,
+                                                 stream=True))
+    deltas = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []]
+    assert deltas[0].function.name == "get_weather" and deltas[0].id
+    assert json.loads("".join(d.function.arguments for d in deltas)) == {"city": "Oslo"}
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == [
+        "tool_calls"]
+
+
+def test_required_tool_choice_lets_the_model_name_the_call(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say('get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')
+    r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice="required",
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in r.choices[0].message.tool_calls] == [
+        ("get_weather", {"city": "Rome"})]
+    prompt = fake.tokenizer.decode(fake.submitted[-1][1], False)
+    assert prompt.endswith('<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n{"name": "')
+    assert prompt.count("<think>") == 1   # the template's empty block, not a second one
+
+
 def test_tool_choice_none_keeps_calls_as_text(client: openai.OpenAI, fake: FakeEngine) -> None:
     fake.say(CALLS)
     r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice="none")

@@ -75,3 +75,18 @@ def test_tool_conversation_round_trip(client: openai.OpenAI, engine: FakeEngine)
             "<function=get_weather>\n<parameter=city>\nParis, Île-de-France\n</parameter>\n<parameter=days>\n3\n"
             "</parameter>\n</function>\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n"
             "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n") in prompt
+
+
+def test_named_tool_choice_streams_the_forced_call(client: openai.OpenAI, engine: FakeEngine) -> None:
+    """The prompt's open think block is closed and `<tool_call>\\n<function=get_weather>\\n` appended; the model
+    writes only the parameters, and the stream's first delta names the call."""
+    engine.say("<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>")
+    chunks = list(client.chat.completions.create(model="qwen35", messages=USER, tools=TOOLS, stream=True,
+                                                 tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    assert engine.tokenizer.decode(engine.submitted[-1][1], False).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n")
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    calls = [t for d in deltas for t in d.tool_calls or []]
+    assert calls[0].function.name == "get_weather" and not any(d.content for d in deltas)
+    assert not any(d.model_extra.get("reasoning_content") for d in deltas)
+    assert json.loads("".join(t.function.arguments for t in calls)) == {"city": "Oslo", "days": 2}

@@ -4,7 +4,9 @@ Streaming follows serving.md §5.4: `role` rides on each choice's first delta (s
 real output, so a client's TTFT is not a fake early chunk); a tool call's first delta carries
 index, id, type and name, later ones index and the next `arguments` text (never null); the
 choice ends with finish_reason "tool_calls" when calls were produced. With tool_choice "none" the
-template does not see the tools and the output is plain content.
+template does not see the tools and the output is plain content. With "required" or a named function the
+prompt ends with the line's tool-call opener (ChatFormat.forced_tool_call), which the output parser reads
+ahead of the output: the call's first delta (with the name, when named) comes with the first tokens.
 """
 from __future__ import annotations
 
@@ -41,14 +43,15 @@ class ChatCompletionFormat:
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, model: ServedModel, req: ChatRequest, prompt_text: str) -> None:
+    def __init__(self, model: ServedModel, req: ChatRequest, prompt_text: str, opener: str = "") -> None:
         self.engine = model.engine
         self.req = req
-        self.prompt_text = prompt_text
+        self.prompt_text = prompt_text   # up to a forced call's opener
+        self.opener = opener
         self._role_sent: set[int] = set()
 
     def output(self, params: SamplingParams) -> ChoiceOutput:
-        parser = self.engine.chat_format.stream_parser(self.prompt_text, self.req.tools)
+        parser = self.engine.chat_format.stream_parser(self.prompt_text, self.req.tools, self.opener)
         return ChoiceOutput(self.engine.tokenizer, self.engine.eos_token_ids, self.req.gen, params, parser)
 
     def _logprobs(self, samples: list) -> dict[str, Any] | None:
@@ -91,25 +94,34 @@ class ChatCompletionFormat:
                 "finish_reason": c.out.finish_reason}
 
 
-def _render(model: ServedModel, req: ChatRequest) -> tuple[str, list[int]]:
-    tokenizer = model.engine.tokenizer
+def _render(model: ServedModel, req: ChatRequest) -> tuple[str, str, list[int]]:
+    """(the rendered prompt, a forced call's opener appended to it, the prompt's token ids)."""
+    tokenizer, fmt = model.engine.tokenizer, model.engine.chat_format
     try:
-        messages = model.engine.chat_format.template_messages(req.messages)
+        messages = fmt.template_messages(req.messages)
         text = tokenizer.apply_chat_template(messages, tools=req.tools,
                                              add_generation_prompt=req.add_generation_prompt, **req.template_kwargs)
     except ChatTemplateError as e:
         raise bad_request(f"The chat template rejected the messages: {e}", "messages") from None
-    ids = tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+    opener = ""
+    if req.tool_required:
+        forced = fmt.forced_tool_call(text, req.tool_name)
+        if forced is None:
+            raise bad_request(f"Model '{req.gen.model}' cannot be made to call a tool (its line declares no tool-call "
+                              "format); use tool_choice \"auto\".", "tool_choice", "unsupported_parameter")
+        text += forced[0]
+        opener = forced[1]
+    ids = tokenizer.encode(text + opener, add_special_tokens=req.add_special_tokens)
     if not ids:
         raise bad_request("The chat template rendered an empty prompt.", "messages")
-    return text, ids
+    return text, opener, ids
 
 
 async def create_chat_completion(host: ModelHost, body: dict[str, Any]) -> Response:
     arrival = time.perf_counter()
     req = parse_chat(body)
     model = host.get(req.gen.model)
-    text, ids = await asyncio.to_thread(_render, model, req)  # templating + encoding off the event loop
+    text, opener, ids = await asyncio.to_thread(_render, model, req)  # templating + encoding off the event loop
     max_tokens = max_tokens_for(model, len(ids), req.gen, None, "messages")
     plan = [(0, ids, req.gen.params(j, max_tokens, model.engine.vocab_size)) for j in range(req.gen.n)]
-    return await respond(model, req.gen, ChatCompletionFormat(model, req, text), arrival, plan, [len(ids)])
+    return await respond(model, req.gen, ChatCompletionFormat(model, req, text, opener), arrival, plan, [len(ids)])

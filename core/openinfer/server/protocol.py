@@ -4,8 +4,9 @@ Accepted and ignored: the OpenAI metadata in fields.IGNORED. Accepted only at th
 value (anything else is a 400): `best_of` 1, `echo` false, `suffix`, `use_beam_search` false,
 `prompt_logprobs`, `response_format` {"type": "text"}, `parallel_tool_calls` true,
 `continue_final_message` false, `modalities` ["text"] — we have no structured output, beam
-search, prompt logprobs or suffix insertion. `tool_choice` "required" or a named function is
-refused too: without constrained decoding we cannot guarantee a call. Everything else unknown
+search, prompt logprobs or suffix insertion. `tool_choice` "required" or a named function ends the prompt with
+the line's tool-call opener (and the function's name), so the output is that call; without constrained decoding
+its arguments are the model's, unchecked against the schema. Everything else unknown
 (e.g. `reasoning_effort`, `functions`, `spaces_between_special_tokens`) is a 400 naming it.
 Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids, include_stop_str_in_output, skip_special_tokens, add_special_tokens,
@@ -69,6 +70,8 @@ class ChatRequest:
     template_kwargs: dict[str, Any]
     add_generation_prompt: bool = True
     add_special_tokens: bool = False
+    tool_required: bool = False              # tool_choice "required" or a named function: the output is a call
+    tool_name: str | None = None             # ... of this function (a named tool_choice)
 
 
 def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
@@ -152,14 +155,17 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     elif f.get("top_logprobs", "int") is not None:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
     messages = parse_messages(f)
-    tools = _tools(f)
+    tools, forced = _tools(f)
     kwargs = f.get("chat_template_kwargs", "object", {})
     for key in _RESERVED_TEMPLATE_KWARGS:
         if key in kwargs:
             raise bad_request(f"'chat_template_kwargs.{key}' is set by the server; pass it as a request field.",
                               f"chat_template_kwargs.{key}")
     req = ChatRequest(gen, messages, tools, kwargs, f.get("add_generation_prompt", "bool", True),
-                      f.get("add_special_tokens", "bool", False))
+                      f.get("add_special_tokens", "bool", False), forced is not None, forced or None)
+    if req.tool_required and not req.add_generation_prompt:
+        raise bad_request("A tool_choice that forces a call needs 'add_generation_prompt' true: the call opens the "
+                          "assistant turn.", "tool_choice")
     f.only("parallel_tool_calls", True)
     f.only("continue_final_message", False)
     f.only("modalities", ["text"])
@@ -200,7 +206,9 @@ def parse_messages(f: Fields) -> list[dict[str, Any]]:
     return messages
 
 
-def _tools(f: Fields) -> list[dict[str, Any]] | None:
+def _tools(f: Fields) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """The tools the model may call (None: tool calls off) and the forced call: None (tool_choice "auto" or "none"),
+    "" ("required": a call of a function the model picks) or a function's name."""
     tools = f.get("tools", "list")
     for i, tool in enumerate(tools or []):
         name = f"tools[{i}]"
@@ -215,13 +223,24 @@ def _tools(f: Fields) -> list[dict[str, Any]] | None:
     if choice is None:
         choice = "auto" if tools else "none"
     if choice == "none":
-        return None
-    if choice != "auto":
-        raise bad_request(f"tool_choice {choice!r} is not supported: this server cannot force a tool call "
-                          "(use \"auto\" or \"none\").", "tool_choice", "unsupported_parameter")
+        return None, None
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if not (choice.get("type") == "function" and isinstance(fn, dict) and isinstance(fn.get("name"), str)
+                and set(choice) == {"type", "function"} and set(fn) == {"name"}):
+            raise bad_request("A named 'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": …}}.",
+                              "tool_choice")
+        names = [t["function"]["name"] for t in tools or []]
+        if fn["name"] not in names:
+            raise bad_request(f"tool_choice names function {fn['name']!r}, which is not in 'tools' "
+                              f"({', '.join(map(repr, names)) or 'none given'}).", "tool_choice")
+        return tools, fn["name"]
+    if choice not in ("auto", "required"):
+        raise bad_request(f"tool_choice {choice!r} is not supported: use \"auto\", \"none\", \"required\" or "
+                          "{\"type\": \"function\", \"function\": {\"name\": …}}.", "tool_choice")
     if not tools:
-        raise bad_request("tool_choice \"auto\" needs a non-empty 'tools' list.", "tool_choice")
-    return tools
+        raise bad_request(f"tool_choice \"{choice}\" needs a non-empty 'tools' list.", "tool_choice")
+    return tools, ("" if choice == "required" else None)
 
 
 @dataclass

@@ -21,11 +21,12 @@ def split_feed(parser: Any, text: str, rng: random.Random, max_cuts: int) -> Par
 
 
 def stream_output(fmt: ChatFormat, tok: Tokenizer, prompt: str, ids: list[int], tools: list[dict[str, Any]],
-                  stop: list[str] | None = None) -> ParsedDelta:
+                  stop: list[str] | None = None, prefix: str = "") -> ParsedDelta:
     """Output ids -> incremental detokenizer -> stop strings -> the format's stream parser, one
-    token at a time, as the server streams a choice; asserts no stop string matched."""
+    token at a time, as the server streams a choice; asserts no stop string matched. `prefix`: a forced tool
+    call's opener, which ends the prompt."""
     detok, stops = IncrementalDetokenizer(tok), StopStringMatcher(stop or [])
-    parser, out = fmt.stream_parser(prompt, tools), ParsedDelta()
+    parser, out = fmt.stream_parser(prompt, tools, prefix), ParsedDelta()
     for i in ids:
         text, matched = stops.feed(detok.add([i]))
         out.extend(parser.feed(text))

@@ -134,7 +134,13 @@ class Qwen3ToolCallParser(ToolCallParser):
         return out
 
 
-QWEN3_CHAT_FORMAT = ChatFormat(
+class Qwen3ChatFormat(ChatFormat):
+    def tool_call_opener(self, name: str | None) -> str | None:
+        """`<tool_call>\n{"name": "` (the model names the function), or with the name, up to its arguments' value."""
+        return '<tool_call>\n{"name": ' + ('"' if name is None else f'{json.dumps(name, ensure_ascii=False)}, "arguments": ')
+
+
+QWEN3_CHAT_FORMAT = Qwen3ChatFormat(
     reasoning_parser=Qwen3ReasoningParser,
     tool_parser=Qwen3ToolCallParser,
     assistant_prefix="<|im_start|>assistant",

@@ -137,3 +137,25 @@ def test_format_facts(tok):
     assert QWEN3_CHAT_FORMAT.parse("x", "plain", None).content == "plain"
     assert QWEN3_CHAT_FORMAT.parse("x", PARIS, None).tool_calls == []  # tools not requested
     assert isinstance(Qwen3ToolCallParser(TOOLS).parse(PARIS)[1][0], ToolCall)
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("name", ["get_weather", "wetter \"\u00fc\"", None])
+def test_forced_tool_call(tok, thinking, name):
+    """tool_choice "required" / named: an empty think block where the template has none (Qwen3 opens it in its
+    output), then `<tool_call>\\n{"name": ` and the quoted name up to the arguments; the continuation parses to
+    the call, streamed or whole."""
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS,
+                                     enable_thinking=thinking)
+    close, opener = QWEN3_CHAT_FORMAT.forced_tool_call(prompt, name)
+    assert (prompt + close).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    called = name or "get_weather"
+    whole = '<tool_call>\n{"name": ' + json.dumps(called, ensure_ascii=False) + ', "arguments": {"city": "Paris"}}\n' \
+            "</tool_call><|im_end|>"
+    assert whole.startswith(opener)
+    ids = tok.encode(whole[len(opener):])
+    full = QWEN3_CHAT_FORMAT.parse(prompt + close, tok.decode(ids), TOOLS, opener)
+    assert (full.reasoning, full.content) == ("", "")
+    assert [(c.name, c.arguments) for c in full.tool_calls] == [(called, '{"city": "Paris"}')]
+    out = stream_output(QWEN3_CHAT_FORMAT, tok, prompt + close, ids, TOOLS, prefix=opener)
+    assert [(c.name, c.arguments) for c in collect_tool_calls(out.tool_calls)] == [(called, '{"city": "Paris"}')]

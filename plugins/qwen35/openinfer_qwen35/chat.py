@@ -310,6 +310,10 @@ class Qwen35ChatFormat(ChatFormat):
         template iterates over (`arguments|items`)."""
         return [_with_object_arguments(m) for m in messages]
 
+    def tool_call_opener(self, name: str | None) -> str | None:
+        """`<tool_call>\n<function=` (the model names the function), or with the name, up to its first parameter."""
+        return "<tool_call>\n<function=" + ("" if name is None else f"{name}>\n")
+
 
 def _with_object_arguments(message: dict) -> dict:
     calls = message.get("tool_calls") if isinstance(message, dict) else None

@@ -224,3 +224,24 @@ def test_format_facts():
     assert FORMAT.reasoning_parser is Qwen35ReasoningParser and FORMAT.tool_parser is Qwen35ToolCallParser
     assert FORMAT.parse("<|im_start|>assistant\n<think>\n", PARIS, None).tool_calls == []  # tools not requested
     assert FORMAT.parse("<|im_start|>assistant\n<think>\n", PARIS, None).reasoning == PARIS  # never closed
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("name", ["get_weather", None])
+def test_forced_tool_call(tok, thinking, name):
+    """tool_choice "required" / named: the prompt's reasoning is closed as the template does with thinking off
+    (`<think>\\n\\n</think>\\n\\n` either way) and ends with `<tool_call>\\n<function=` (+ the name); the model's
+    continuation parses to the call, streamed or whole, with the opener read ahead of the output."""
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS,
+                                     enable_thinking=thinking)
+    close, opener = FORMAT.forced_tool_call(prompt, name)
+    assert (prompt + close).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert opener == "<tool_call>\n<function=" + ("get_weather>\n" if name else "")
+    whole = call("get_weather", ("city", "Paris"), ("days", "2")) + "<|im_end|>"
+    ids = tok.encode(whole[len(opener):])
+    full = FORMAT.parse(prompt + close, tok.decode(ids), TOOLS, opener)
+    assert (full.reasoning, full.content) == ("", "")
+    assert [(c.name, c.arguments) for c in full.tool_calls] == [("get_weather", '{"city": "Paris", "days": 2}')]
+    out = stream_output(FORMAT, tok, prompt + close, ids, TOOLS, prefix=opener)
+    assert [(c.name, c.arguments) for c in collect_tool_calls(out.tool_calls)] == \
+        [(c.name, c.arguments) for c in full.tool_calls]
