@@ -75,14 +75,20 @@ def test_cache_hit_skips_nvrtc(cache, monkeypatch):
     assert kc.compile_source("kv", "sm_90") != first  # the arch is part of the key
 
 
-def test_compile_error_shows_the_log(cache, monkeypatch, tmp_path):
+@pytest.fixture
+def broken_source(cache, monkeypatch, tmp_path) -> str:
+    """The only core source is broken.cu, which does not compile."""
     _nvrtc_or_skip()
     src = tmp_path / "src"
     src.mkdir()
     (src / "broken.cu").write_text('extern "C" __global__ void k() { undefined_thing(); }\n')
     monkeypatch.setattr(kc, "SOURCE_DIR", src)
+    return "broken"
+
+
+def test_compile_error_shows_the_log(broken_source):
     with pytest.raises(kc.KernelCompileError, match="undefined_thing"):
-        kc.compile_source("broken", "sm_90a")
+        kc.compile_source(broken_source, "sm_90a")
 
 
 def test_plugin_source_by_path_sees_core_and_its_own_headers(cache, tmp_path):
@@ -172,13 +178,8 @@ def test_precompile_compiles_each_source_once_in_the_background(cache, monkeypat
     assert sorted(p.name.split("-")[0] for p in cache.glob("*.cubin")) == ["kv", "norm"] and not kc._inflight
 
 
-def test_precompile_leaves_failures_to_the_launch(cache, monkeypatch, tmp_path):
-    _nvrtc_or_skip()
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "broken.cu").write_text('extern "C" __global__ void k() { undefined_thing(); }\n')
-    monkeypatch.setattr(kc, "SOURCE_DIR", src)
+def test_precompile_leaves_failures_to_the_launch(broken_source):
     for t in kc.precompile("sm_90a"):
         t.join(60)
     with pytest.raises(kc.KernelCompileError, match="undefined_thing"):
-        kc.compile_source("broken", "sm_90a")
+        kc.compile_source(broken_source, "sm_90a")
