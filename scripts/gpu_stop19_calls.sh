@@ -8,12 +8,14 @@
 #   1. a 40-second smoke run of every skinny GEMM kernel (the rest of the skinny steps only if it passes), its GPU
 #      tests (decode GEMMs of 9..128 rows; OPENINFER_SKINNY_GEMM, off by default) and the Qwen3 engine's GPU tests
 #      with it on (eager = graph, batched, prefix hits, vs transformers);
-#   2. scripts/skinny_bench.py: each decode weight at M = 16 / 32 / 64 / 128 under every split against cuBLASLt, and the
-#      145-GEMM chain;
+#   2. scripts/skinny_bench.py: each decode weight at M = 1 / 8 / 16 / 32 / 64 / 128 under every split against the GEMV
+#      (up to 8 rows) or cuBLASLt, gate_up with its SiLU epilogue, and the 145-GEMM chain;
 #   3. Qwen3-4B decode at batch 32 / 128, skinny tuned (OPENINFER_SKINNY_GEMM=tune) and off (cur), alternating, and
 #      tuned with PDL for it in the larger graphs (OPENINFER_PDL_WIDE=skinny_gemm);
 # call2, stop 18's call 3: attn_bench at batch 1 with the cluster occupancy cap, batch-1 decode of Qwen3-4B (clusters
-#      on / off, base) and Qwen3.5-4B (cur, base, the GDN norm fold), the split-decode and the fold's GPU tests; the
+#      on / off, base) and Qwen3.5-4B (cur, base, the GDN norm fold), then both with OPENINFER_SKINNY_GEMM=tune (the
+#      width-8 skinny GEMM where it beats the GEMV; SKINNY_OK=0 skips this if call 1 failed it), the split-decode and
+#      the fold's GPU tests; the
 #      first-ever start (empty kernel cache) with the kernels compiled on background threads.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +33,7 @@ call1) tree cur precompile
        [ $SMOKE = 0 ] && ( export PYTHONPATH=$PWD/.whl/cur/core:$PWD/.whl/cur/plugins/qwen3:/tmp/site OPENINFER_SKINNY_GEMM=1
          cd .whl/cur; timeout 120 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3_skinny.log 2>&1 )
        say "tests qwen3 engine, skinny on: $(tail -1 $L/t_q3_skinny.log 2>/dev/null)"
-       [ $SMOKE = 0 ] && ( cd .whl/cur/scripts && tree cur timeout 150 python3 skinny_bench.py --json $R/skinny_bench.json > $L/skinny.log 2>&1 )
+       [ $SMOKE = 0 ] && ( cd .whl/cur/scripts && tree cur timeout 200 python3 skinny_bench.py --json $R/skinny_bench.json > $L/skinny.log 2>&1 )
        say "skinny_bench:"; grep -v "^$" $L/skinny.log 2>/dev/null | tail -66 | tee -a $S
        if [ $SMOKE = 0 ] && grep -q " passed" $L/t_skinny.log && ! grep -q "failed\|error" $L/t_skinny.log; then
            OPENINFER_SKINNY_GEMM=tune tree cur lat sk1_q3 60 $Q3BIG; OPENINFER_SKINNY_GEMM=0 tree cur lat sk0_q3 60 $Q3BIG
@@ -44,6 +46,10 @@ call2) tree cur precompile & tree base precompile & tree fold precompile & wait
        export OPENINFER_DECODE_CLUSTER=8   # opt-in (base ignores it)
        tree cur lat cur_q3 30 $Q3B1; tree base lat base_q3 30 $Q3B1; OPENINFER_DECODE_CLUSTER=1 tree cur lat cur_nocl_q3 30 $Q3B1
        tree cur lat cur_q35 35 $Q35; tree base lat base_q35 35 $Q35; OPENINFER_GDN_NORM_FOLD=1 tree fold lat fold_q35 35 $Q35
+       if [ "${SKINNY_OK:-1}" = 1 ]; then   # the width-8 skinny GEMM where start-up timing beats the GEMV
+           OPENINFER_SKINNY_GEMM=tune tree cur lat sk_q3b1 30 $Q3B1; OPENINFER_SKINNY_GEMM=tune tree cur lat sk_q35 35 $Q35
+           grep -h "skinny GEMM for" $L/sk_q3b1.log $L/sk_q35.log | cut -c1-400 | tee -a $S
+       fi
        ( export PYTHONPATH=$PWD/.whl/cur/core:/tmp/site; cd .whl/cur
          timeout 60 $T tests/kernels/test_cuda_ops.py -k "split_decode or decode_attention_graph" > $L/t_core.log 2>&1 )
        say "tests core: $(tail -1 $L/t_core.log)"

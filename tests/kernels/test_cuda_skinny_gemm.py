@@ -72,10 +72,25 @@ def test_silu_epilogue_is_bitwise_the_two_ops(m, inter, k, calls):
     np.testing.assert_array_equal(cp.asnumpy(fused), cp.asnumpy(two))
 
 
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_up_to_8_rows_where_timing_chose_it(m, calls, monkeypatch):
+    """The width-8 variant in place of the GEMV (tune mode, a chosen split), plain and with the SiLU epilogue."""
+    monkeypatch.setattr(skinny_gemm, "MODE", "tune")
+    rng = np.random.default_rng(m)
+    for n, k in [(19456, 2560), (2560, 9728), (200, 264)]:
+        monkeypatch.setattr(skinny_gemm, "split_choice", {(cp.cuda.Device().id, 8, n, k): 3})
+        x, w = inputs(rng, m, n, k)
+        xd, wd = cp.asarray(x), cp.asarray(w)
+        check(ops.linear(xd, wd), x, w)
+        np.testing.assert_array_equal(cp.asnumpy(ops.linear_silu_mul(xd, wd)),
+                                      cp.asnumpy(ops.silu_mul(ops.linear(xd, wd))))
+    assert calls == [(m, k) for k in (2560, 9728, 264) for _ in range(3)]
+
+
 @pytest.mark.parametrize("splits", range(1, 9))
 def test_every_split_factor(splits, calls):
     rng = np.random.default_rng(splits)
-    for m, n, k in ((32, 2560, 4096), (128, 384, 1000)):
+    for m, n, k in ((1, 2560, 4096), (32, 2560, 4096), (128, 384, 1000)):
         x, w = inputs(rng, m, n, k)
         out = cp.empty((m, n), BF16)
         skinny_gemm.gemm(cp.asarray(x), cp.asarray(w), out, splits=splits)

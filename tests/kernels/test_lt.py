@@ -208,7 +208,7 @@ def test_backend_tunes_every_decode_bucket(monkeypatch):
     monkeypatch.setattr(gemv_tune, "tune", lambda shapes: calls.append(shapes) or gemv_tune.Tuned(3, 2, ("64x32 2->1",)))
     backend = SimpleNamespace(device=contextlib.nullcontext(), release_cached=lambda: calls.append("released"))
     detail = CudaBackend.tune_gemms(backend, SHAPES, 256)
-    assert calls == [(buckets(256), SHAPES), ("skinny", buckets(256)), SHAPES, "released"]
+    assert calls == [(buckets(256), SHAPES), SHAPES, ("skinny", buckets(256)), "released"]
     assert len([m for m in buckets(256) if m > blas.GEMV_MAX_M]) == 19   # 95 GEMMs for Qwen3-4B's 5 weights
     assert detail == ("95 decode GEMM shapes on cuBLASLt (90 from the cache, 5 timed); GEMV split-K for 5 (3 from the "
                       f"cache, 2 timed; off the rule: 64x32 2->1); of {len(SHAPES)} weight shapes")

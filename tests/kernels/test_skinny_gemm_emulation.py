@@ -107,7 +107,9 @@ def bf16_values(rng, *shape):
 
 
 @pytest.mark.parametrize("M,N,K,splits", [
-    (9, 128, 64, 1),        # one tile, one stage, the smallest batch
+    (1, 256, 192, 2),       # batch 1 on the width-8 variant, split
+    (5, 100, 64, 1),        # width 8, a partial tile
+    (9, 128, 64, 1),        # one tile, one stage, the smallest batch of width 16
     (16, 200, 200, 1),      # N past the last full tile, K past the last full stage
     (32, 256, 640, 3),      # split-K in a cluster of 3, ten stages over fewer stage buffers
     (40, 130, 192, 2),      # batch padded to 64, a two-row last tile
@@ -136,10 +138,11 @@ def test_default_splits_fill_one_wave():
     # clusters share a GPC: where only 16 clusters of 6 fit at once, o's 20 tiles take 5 splits
     assert sg.default_splits(2560, 4096, 132, lambda s: {6: 16, 5: 24}[s]) == 5
     assert sg.default_splits(2560, 4096, 132, lambda s: 4) == 1
-    assert [sg.width(m) for m in (9, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 32, 32, 64, 64, 128, 128]
+    assert [sg.width(m) for m in (1, 8, 9, 16, 17, 32, 33, 64, 65, 128)] == [8, 8, 16, 16, 32, 32, 64, 64, 128, 128]
 
 
 @pytest.mark.parametrize("M,inter,K,splits", [
+    (1, 64, 128, 2),        # batch 1: width 8, split
     (9, 64, 64, 1),         # one tile of 64 gate + 64 up rows
     (32, 200, 192, 3),      # a partial last tile whose gate box runs into up rows (not stored)
     (128, 128, 320, 2),     # the widest variant

@@ -138,12 +138,30 @@ def test_tune_mode_takes_the_kernel_only_where_chosen(launches, maps, monkeypatc
     assert [(c.name, c.grid) for c in launches] == [("skinny_gemm_bf16_n32", (20, 3))] * 2
 
 
+def test_up_to_8_rows_only_where_timing_chose_it(launches, maps, monkeypatch):
+    """Up to 8 rows the GEMV runs (MODE "1" included) unless the tuner chose the width-8 kernel for the weight; then
+    linear and linear_silu_mul both take it (the same sums before the SiLU)."""
+    monkeypatch.setattr(skinny_gemm, "cp", SimpleNamespace(**vars(FAKE_CP), cuda=SimpleNamespace(
+        Device=lambda: SimpleNamespace(id=0))))
+    monkeypatch.setattr(blas, "cp", skinny_gemm.cp)
+    w = aligned_empty((19456, 2560), BF16)
+    blas.linear(aligned_empty((1, 2560), BF16), w)
+    assert [c.source for c in launches] == ["gemv"]
+    monkeypatch.setattr(skinny_gemm, "split_choice", {(0, 8, 19456, 2560): 5})
+    for mode in ("tune", "1"):
+        monkeypatch.setattr(skinny_gemm, "MODE", mode)
+        blas.linear(aligned_empty((1, 2560), BF16), w)
+        blas.linear_silu_mul(aligned_empty((8, 2560), BF16), w)
+    assert [(c.name, c.grid) for c in launches[1:]] == [("skinny_gemm_bf16_n8", (152, 5)),
+                                                        ("skinny_gemm_silu_bf16_n8", (152, 5))] * 2
+
+
 def test_tuner_widths_and_choice():
     from openinfer.kernels.cuda import skinny_tune
     from openinfer.backends.cuda_graphs import buckets
-    assert skinny_tune.widths(buckets(256)) == {16: 16, 32: 32, 64: 64, 128: 128}
-    assert skinny_tune.widths(buckets(100)) == {16: 16, 32: 32, 64: 64, 128: 100}
-    assert skinny_tune.widths([1, 2, 4, 8]) == {}
+    assert skinny_tune.widths(buckets(256)) == {8: 8, 16: 16, 32: 32, 64: 64, 128: 128}
+    assert skinny_tune.widths(buckets(100)) == {8: 8, 16: 16, 32: 32, 64: 64, 128: 100}
+    assert skinny_tune.widths([1, 2, 4]) == {8: 4} and skinny_tune.widths([200]) == {}
     assert skinny_tune.choose(10.0, {1: 11.0, 2: 9.6, 3: 9.8}) == 2
     assert skinny_tune.choose(10.0, {1: 11.0, 2: 9.8}) == 0    # within 3 %: cuBLASLt stays
 
@@ -170,15 +188,16 @@ def test_tuner_times_once_and_reads_the_cache(monkeypatch, tmp_path):
         return 10.0, ({1: 9.0, 2: 8.0} if n == 2560 else {1: 12.0})
     monkeypatch.setattr(skinny_tune, "time_choices", fake_times)
     shapes = {(2560, 4096), (6144, 2560)}
-    got = skinny_tune.tune([1, 8, 16, 24, 32], shapes)
-    assert (got.cached, got.timed) == (0, 4) and sorted(timed) == [(16, 2560, 4096), (16, 6144, 2560),
+    got = skinny_tune.tune([1, 4, 16, 24, 32], shapes)
+    assert (got.cached, got.timed) == (0, 6) and sorted(timed) == [(4, 2560, 4096), (4, 6144, 2560),
+                                                                    (16, 2560, 4096), (16, 6144, 2560),
                                                                     (32, 2560, 4096), (32, 6144, 2560)]
-    assert skinny_gemm.split_choice == {(0, 16, 2560, 4096): 2, (0, 32, 2560, 4096): 2,
-                                        (0, 16, 6144, 2560): 0, (0, 32, 6144, 2560): 0}
-    assert got.chosen == ("16:2560x4096/2", "32:2560x4096/2")
+    assert skinny_gemm.split_choice == {(0, w, 2560, 4096): 2 for w in (8, 16, 32)} | {
+        (0, w, 6144, 2560): 0 for w in (8, 16, 32)}
+    assert got.chosen == ("8:2560x4096/2", "16:2560x4096/2", "32:2560x4096/2")
     skinny_gemm.split_choice.clear()
-    again = skinny_tune.tune([16, 24, 32], shapes)
-    assert (again.cached, again.timed, len(timed)) == (4, 0, 4) and len(skinny_gemm.split_choice) == 4
+    again = skinny_tune.tune([4, 16, 24, 32], shapes)
+    assert (again.cached, again.timed, len(timed)) == (6, 0, 6) and len(skinny_gemm.split_choice) == 6
     monkeypatch.setattr(skinny_gemm, "MODE", "0")
     assert skinny_tune.tune([16], shapes) == skinny_tune.Tuned(0, 0)
 

@@ -185,15 +185,15 @@ class CudaBackend(Backend):
     def tune_gemms(self, shapes: set[tuple[int, int]], max_num_seqs: int) -> str:
         """For the decode GEMMs of these weight shapes, before graph capture and for eager engines too (so eager
         and graph steps compute the same bits): cuBLASLt algorithms at each decode-graph bucket size above the
-        GEMV's rows (kernels/cuda/lt_tune.py), where the skinny GEMM replaces them (skinny_tune.py; with
-        OPENINFER_SKINNY_GEMM=tune or 1), and the GEMV's split-K factors (gemv_tune.py). Returns what the start-up log
+        GEMV's rows (kernels/cuda/lt_tune.py), the GEMV's split-K factors (gemv_tune.py), and where the skinny GEMM
+        replaces either (skinny_tune.py; with OPENINFER_SKINNY_GEMM=tune or 1). Returns what the start-up log
         says about it."""
         from ..kernels.cuda import gemv_tune, lt_tune, skinny_tune
         from .cuda_graphs import buckets
         with self.device:
             tuned = lt_tune.tune(buckets(max_num_seqs), shapes)
-            skinny = skinny_tune.tune(buckets(max_num_seqs), shapes)
             splits = gemv_tune.tune(shapes)
+            skinny = skinny_tune.tune(buckets(max_num_seqs), shapes)   # against the tuned cuBLASLt and GEMV
         self.release_cached()   # the timing scratch, held by CuPy's pool on the tuning streams
         lt_part = (f"{tuned.lt} decode GEMM shapes on cuBLASLt ({tuned.cached} from the cache, {tuned.timed} timed)"
                    if tuned.lt + tuned.timed else

@@ -176,13 +176,13 @@ def linear_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
     _record(x2, w)
     if w.shape[0] % 2 or inter == 0:
         return None
+    if skinny_gemm.usable(x2, w, m):   # first, as in linear: the same kernel and sums as linear would take
+        out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
+        skinny_gemm.gemm(x2, w, out.reshape(m, inter), silu=True)
+        return out
     if w.shape[0] % 16 == 0 and _gemv_usable(x2, w, m, k):
         out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
         launch_gemv("gemv_silu_bf16", x2, w, (out, np.int64(inter), np.int32(inter)))
-        return out
-    if skinny_gemm.usable(x2, w, m):
-        out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
-        skinny_gemm.gemm(x2, w, out.reshape(m, inter), silu=True)
         return out
     return None
 
@@ -204,20 +204,20 @@ def operands(x: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
 def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     """x [..., in] @ w[out, in].T -> [..., out]; bf16 or f32 in and out, fp32 accumulation.
 
-    bf16 with at most GEMV_MAX_M rows, K % 8 == 0 and 16-byte aligned rows runs the GEMV kernel
-    (gemv.cu); bf16 with 9..128 rows on an H100 / H200 the skinny GEMM where it is on (skinny_gemm.py); bf16 of a
-    shape tuned at start-up runs cuBLASLt (lt.py); everything else cublasGemmEx."""
+    bf16 on an H100 / H200 runs the skinny GEMM where it is on and, up to 8 rows, where timing chose it
+    (skinny_gemm.py); else bf16 with at most GEMV_MAX_M rows, K % 8 == 0 and 16-byte aligned rows runs the GEMV
+    kernel (gemv.cu); bf16 of a shape tuned at start-up runs cuBLASLt (lt.py); everything else cublasGemmEx."""
     x2, w = operands(x, w)
     (m, k), n_out, it = x2.shape, w.shape[0], x.itemsize
     out = cp.empty((*x.shape[:-1], n_out), dtype=x.dtype)
     if m == 0 or n_out == 0:
         return out
     _record(x2, w)
+    if skinny_gemm.usable(x2, w, m):   # (up to 8 rows only where start-up timing chose it over the GEMV)
+        skinny_gemm.gemm(x2, w, out.reshape(m, n_out))
+        return out
     if _gemv_usable(x2, w, m, k):
         gemv(x2, w, out.reshape(m, n_out))
-        return out
-    if skinny_gemm.usable(x2, w, m):
-        skinny_gemm.gemm(x2, w, out.reshape(m, n_out))
         return out
     dev = cp.cuda.Device().id
     if x.dtype == BF16 and lt.run(dev, x2, w, out.reshape(m, n_out)):

@@ -15,7 +15,8 @@ launch, so reuse is safe). A `ByValue` (a struct parameter such as a TMA tensor 
 its own host bytes; CuPy cannot pass those, so module.launch sends such kernels here. OPENINFER_PDL takes a comma-separated list of kernel-name prefixes (PDL for those
 kernels only), 1 for every kernel, or 0 for none (every kernel launches through CuPy).
 
-The default, DEFAULT_KERNELS, is the GEMVs and the small kernels between them, in eager steps and in decode graphs
+The default, DEFAULT_KERNELS, is the GEMVs (and the skinny GEMM where it stands in for them) and the small kernels
+between them, in eager steps and in decode graphs
 of at most MAX_DECODE_ROWS rows (the CUDA backend captures larger ones inside `suspended()`). Measured on the H200
 (docs/benchmarks/qwen3-4b-h200.md):
 - stop 13, Qwen3-4B: at batch 1 the step took 3.30–3.31 ms with PDL for the small kernels and 3.38–3.40 ms with
@@ -50,7 +51,7 @@ def parse_setting(value: str) -> tuple[bool, tuple[str, ...] | None]:
     return True, tuple(p.strip() for p in value.split(",") if p.strip())
 
 
-DEFAULT_KERNELS = ("gemv,paged_decode,rope,add_rms_norm,rms_norm,"
+DEFAULT_KERNELS = ("gemv,skinny_gemm,paged_decode,rope,add_rms_norm,rms_norm,"
                    "conv_update,gdn_gating,gdn_decode,gated_rms_norm,sigmoid_gate")   # (Qwen3.5's GDN decode kernels)
 ENABLED, KERNELS = parse_setting(os.environ.get("OPENINFER_PDL", DEFAULT_KERNELS))
 MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)

@@ -1,10 +1,12 @@
-// Skinny GEMM for decode steps of 9..128 rows (sm_90a): y[M, N] = x[M, K] @ w[N, K]^T in bf16 with fp32
+// Skinny GEMM for decode steps of up to 128 rows (sm_90a): y[M, N] = x[M, K] @ w[N, K]^T in bf16 with fp32
 // accumulation. Like the GEMV of M <= 8 (gemv.cu) it is weight-bandwidth bound: at M = 32 / 128 a step streams the
 // same 8 GB of Qwen3-4B weights as at M = 1, and cuBLASLt's best algorithms reach ~70 % / ~60 % of the floor there
-// (docs/benchmarks/qwen3-4b-h200.md). The design keeps the SM's instruction stream out of the weights' way:
+// (docs/benchmarks/qwen3-4b-h200.md); at M <= 8 the GEMV trails a plain read of each weight by 10-20 %, which the
+// width-8 variant may close (chosen per weight only where start-up timing finds it faster, skinny_tune.py).
+// The design keeps the SM's instruction stream out of the weights' way:
 //
 // * The product is taken transposed, y^T[N, M] = w x^T, so the weights are wgmma's A operand (64 rows a warpgroup)
-//   and the batch is its n dimension (MP = M padded to 16 / 32 / 64 / 128): both operands K-major, read by
+//   and the batch is its n dimension (MP = M padded to 8 / 16 / 32 / 64 / 128): both operands K-major, read by
 //   128-byte-swizzle descriptors from shared memory, as in attention_wgmma.cu's S = Q K^T.
 // * One CTA = 3 warpgroups: warpgroup 0 is the producer, one thread of which streams the stages by TMA (2-D box copies
 //   of w [BN = 128 rows][BK = 64 k] and x [MP rows][BK], out-of-range rows and k arriving as zeros); warpgroups 1 and 2
@@ -45,7 +47,8 @@ template <int MP> struct SkinnyShape {
 
 template <int MP>
 __device__ __forceinline__ void wgmma_skinny(float* d, unsigned long long a, unsigned long long b) {
-    if constexpr (MP == 16) wgmma_m64n16k16_ss(d, a, b, 1);
+    if constexpr (MP == 8) wgmma_m64n8k16_ss(d, a, b, 1);
+    else if constexpr (MP == 16) wgmma_m64n16k16_ss(d, a, b, 1);
     else if constexpr (MP == 32) wgmma_m64n32k16_ss(d, a, b, 1);
     else if constexpr (MP == 64) wgmma_m64n64k16_ss(d, a, b, 1);
     else wgmma_m64n128k16_ss(d, a, b, 1);
@@ -195,7 +198,7 @@ __device__ __forceinline__ void skinny_gemm(const TensorMap* wmap, const TensorM
         skinny_gemm<MP, SILU>(&wmap, &xmap, y, ldy, M, N, ktiles);                                              \
     }
 #define SKINNY_GEMM_WIDTHS(NAME, SILU) \
-    SKINNY_GEMM_KERNEL(NAME, 16, SILU) SKINNY_GEMM_KERNEL(NAME, 32, SILU) \
+    SKINNY_GEMM_KERNEL(NAME, 8, SILU) SKINNY_GEMM_KERNEL(NAME, 16, SILU) SKINNY_GEMM_KERNEL(NAME, 32, SILU) \
     SKINNY_GEMM_KERNEL(NAME, 64, SILU) SKINNY_GEMM_KERNEL(NAME, 128, SILU)
 
 SKINNY_GEMM_WIDTHS(skinny_gemm_bf16_n, false)

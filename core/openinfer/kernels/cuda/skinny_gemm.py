@@ -1,9 +1,10 @@
-"""`linear` for bf16 decode steps of 9..128 rows on Hopper: skinny_gemm.cu (TMA-streamed weights, wgmma with the batch
-as the n dimension, split-K reduced in a thread-block cluster).
+"""`linear` for bf16 decode steps of up to 128 rows on Hopper: skinny_gemm.cu (TMA-streamed weights, wgmma with the
+batch as the n dimension, split-K reduced in a thread-block cluster).
 
 OPENINFER_SKINNY_GEMM: "0" (the default until the H200 has shown it beating cuBLASLt's tuned algorithms on Qwen3-4B's
 batch-32 / 128 steps, scripts/skinny_bench.py) never; "tune" for each weight and batch width where start-up timing
-(skinny_tune.py) found it faster than cuBLASLt, with the split-K factor timed fastest; "1" for every GEMM it can take.
+(skinny_tune.py) found it faster than what runs otherwise (cuBLASLt above 8 rows, the GEMV up to 8), with the split-K
+factor timed fastest; "1" for every GEMM of 9..128 rows it can take (and up to 8 rows where timing chose it).
 Needs sm_90 exactly (wgmma and TMA are built for sm_90a). Operands: 16-byte aligned x / w, row strides a multiple of
 16 bytes (TMA).
 """
@@ -23,8 +24,9 @@ MODES = ("0", "tune", "1")
 MODE = os.environ.get("OPENINFER_SKINNY_GEMM", "0")
 if MODE not in MODES:
     raise ValueError(f"OPENINFER_SKINNY_GEMM={MODE!r}: choose one of {', '.join(MODES)}")
-MIN_M, MAX_M = 9, 128            # M <= 8 is the GEMV's (gemv.cu)
-WIDTHS = (16, 32, 64, 128)       # batch rows a kernel variant pads to (wgmma n)
+MAX_M = 128
+GEMV_ROWS = 8                    # up to this many rows the GEMV (gemv.cu) runs unless timing chose this kernel
+WIDTHS = (8, 16, 32, 64, 128)    # batch rows a kernel variant pads to (wgmma n)
 # mirrors of skinny_gemm.cu
 SG_BN, SG_BK, SG_THREADS, SG_ROW = 128, 64, 384, 128
 SG_STAGE_BUDGET, SG_MAX_STAGES = 200 * 1024, 8
@@ -79,13 +81,14 @@ def hopper() -> bool:
 
 
 def usable(x2: cp.ndarray, w: cp.ndarray, m: int) -> bool:
-    """Whether linear(x2, w) runs here: bf16, 9..128 rows, TMA-compatible operands, an H100 / H200, and MODE "1", or
-    "tune" with start-up timing having chosen it for this weight and width."""
-    if MODE == "0" or not (x2.dtype == BF16 and MIN_M <= m <= MAX_M and x2.shape[1] > 0
+    """Whether linear(x2, w) runs here: bf16, 1..128 rows, TMA-compatible operands, an H100 / H200, and start-up
+    timing chose it for this weight and width (MODE "tune", or "1" up to GEMV_ROWS rows), or MODE "1" above them."""
+    if MODE == "0" or not (x2.dtype == BF16 and 1 <= m <= MAX_M and x2.shape[1] > 0
                            and tma.check_operand(x2.data.ptr, x2.strides[0])
                            and tma.check_operand(w.data.ptr, w.strides[0]) and hopper()):
         return False
-    return MODE == "1" or bool(split_choice.get((cp.cuda.Device().id, width(m), *w.shape)))
+    return (MODE == "1" and m > GEMV_ROWS) or bool(split_choice and split_choice.get(
+        (cp.cuda.Device().id, width(m), *w.shape)))
 
 
 @contextmanager

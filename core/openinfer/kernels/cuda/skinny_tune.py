@@ -1,10 +1,12 @@
-"""Where the skinny GEMM (skinny_gemm.py) replaces cuBLASLt, and its split-K factor: chosen at start-up by timing, kept
-on disk. Used when OPENINFER_SKINNY_GEMM=tune (and "1", which takes the timed factors but the kernel everywhere).
+"""Where the skinny GEMM (skinny_gemm.py) replaces cuBLASLt or the GEMV, and its split-K factor: chosen at start-up by
+timing, kept on disk. Used when OPENINFER_SKINNY_GEMM=tune (and "1", which takes the kernel above 8 rows anyway).
 
-For each bf16 weight (N, K) and each batch width (16 / 32 / 64 / 128) that a decode-graph bucket of 9..128 rows falls
-in, `tune` times, at the largest bucket size of the width, blas.linear on cuBLASLt's tuned algorithm (lt_tune runs
-first) and the skinny GEMM under every split-K factor, as graph replays over weight copies larger than L2. The skinny GEMM is chosen, with its
-fastest factor, only if that is at least 3 % faster; otherwise the width stays on cuBLASLt (choice 0). One choice per
+For each bf16 weight (N, K) and each batch width (8 / 16 / 32 / 64 / 128) that a decode-graph bucket falls in, `tune`
+times, at the largest bucket size of the width, what blas.linear runs without this kernel (cuBLASLt's tuned algorithm
+above 8 rows, the GEMV with its tuned split up to 8: lt_tune and gemv_tune run first) and the skinny GEMM under every
+split-K factor, as graph replays over weight copies larger than L2 (with PDL where the decode graphs of that size
+have it). The skinny GEMM is chosen, with its fastest factor, only if that is at least 3 % faster; otherwise the width
+keeps the other path (choice 0). One choice per
 width, not per M: a batch row's bits do not depend on the padding around it, so eager and graph steps of one width
 compute the same bits. The cache (tuning.py, folder skinny_gemm) is keyed by the GPU, the compiled kernel and the
 cuBLASLt switch.
@@ -16,11 +18,11 @@ from typing import Iterable
 
 import cupy as cp
 
-from . import blas, lt, skinny_gemm as sg
+from . import blas, lt, pdl, skinny_gemm as sg
 from .compile import arch_for, compile_source
 from .tuning import cache_path, gpu_key, read_choices, replay_us, scratch, write_choices
 
-TOLERANCE = 0.97   # the skinny GEMM replaces cuBLASLt only if at least 3 % faster
+TOLERANCE = 0.97   # the skinny GEMM replaces the other path only if at least 3 % faster
 
 
 @dataclass(frozen=True)
@@ -35,24 +37,27 @@ def widths(ms: Iterable[int]) -> dict[int, int]:
     cuBLASLt there)."""
     out: dict[int, int] = {}
     for m in ms:
-        if sg.MIN_M <= m <= sg.MAX_M:
+        if 1 <= m <= sg.MAX_M:
             out[sg.width(m)] = max(m, out.get(sg.width(m), 0))
     return dict(sorted(out.items()))
 
 
 def time_choices(m: int, n: int, k: int, stream: cp.cuda.Stream) -> tuple[float, dict[int, float]]:
-    """µs per GEMM at M = m: cuBLASLt's (blas.linear with the skinny GEMM off), and the skinny GEMM's by factor."""
+    """µs per GEMM at M = m: the other path's (blas.linear with the skinny GEMM off), and the skinny GEMM's by factor;
+    with PDL as the decode graphs of m rows have it (pdl.MAX_DECODE_ROWS)."""
     x, ws, y = scratch(m, n, k)
-    with sg.mode("0"):
-        lt_us = replay_us(lambda: [blas.linear(x, w) for w in ws], stream) / len(ws)
-    factors = range(1, min(sg.MAX_SPLITS, -(-k // sg.SG_BK)) + 1)
-    return lt_us, {s: replay_us(lambda: [sg.gemm(x, w, y, splits=s) for w in ws], stream) / len(ws) for s in factors}
+    with pdl.suspended(m > pdl.MAX_DECODE_ROWS):
+        with sg.mode("0"):
+            other_us = replay_us(lambda: [blas.linear(x, w) for w in ws], stream) / len(ws)
+        factors = range(1, min(sg.MAX_SPLITS, -(-k // sg.SG_BK)) + 1)
+        return other_us, {s: replay_us(lambda: [sg.gemm(x, w, y, splits=s) for w in ws], stream) / len(ws)
+                          for s in factors}
 
 
-def choose(lt_us: float, times: dict[int, float]) -> int:
-    """The fastest factor if it beats cuBLASLt by TOLERANCE, else 0 (cuBLASLt)."""
+def choose(other_us: float, times: dict[int, float]) -> int:
+    """The fastest factor if it beats the other path by TOLERANCE, else 0 (the other path)."""
     best = min(times, key=times.__getitem__)
-    return best if times[best] < TOLERANCE * lt_us else 0
+    return best if times[best] < TOLERANCE * other_us else 0
 
 
 def tune(ms: Iterable[int], shapes: Iterable[tuple[int, int]]) -> Tuned:

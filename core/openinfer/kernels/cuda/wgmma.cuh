@@ -41,6 +41,16 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// d (m64 x n8, fp32) (+)= A (64 x 16, smem descriptor, K-major) * B (16 x 8, smem descriptor, K-major);
+// scale_d = 0 overwrites d (skinny_gemm.cu: the batch rows are the n dimension).
+__device__ __forceinline__ void wgmma_m64n8k16_ss(float* d, unsigned long long a, unsigned long long b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(a), "l"(b), "r"(scale_d));
+}
+
 // d (m64 x n16, fp32) (+)= A (64 x 16, smem descriptor, K-major) * B (16 x 16, smem descriptor, K-major);
 // scale_d = 0 overwrites d (skinny_gemm.cu: the batch rows are the n dimension).
 __device__ __forceinline__ void wgmma_m64n16k16_ss(float* d, unsigned long long a, unsigned long long b, int scale_d) {
