@@ -39,7 +39,8 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, u
 }
 
 // Waits for the phase of `parity` to complete. A wait that never ends (a transaction count that cannot be met, a
-// lost arrival) traps after ~2^24 tries (seconds) instead of hanging the GPU: the launch then fails with an error.
+// lost arrival) traps after 2^24 unsuccessful tries (each may suspend the thread for a hardware-defined time) instead
+// of hanging the GPU for good: the launch then fails with an error.
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned int parity) {
     unsigned int done = 0;
     for (unsigned int tries = 0; !done; ++tries) {
