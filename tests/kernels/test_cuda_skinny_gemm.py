@@ -154,8 +154,9 @@ def test_graph_capture_replays(calls):
 
 
 def test_start_up_tuning(monkeypatch, tmp_path):
-    """skinny_tune on the GPU: every (width, weight) pair timed once against cuBLASLt and kept on disk (a second
-    start reads it); under "tune" linear then takes the kernel exactly where a factor was chosen, and is right."""
+    """skinny_tune on the GPU: every (width, weight) pair timed once against cuBLASLt or the GEMV and kept on disk (a
+    second start reads it); under "tune" linear then takes the kernel exactly where a factor was chosen, and is
+    right."""
     from openinfer.kernels.cuda import lt_tune, skinny_tune
     monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(skinny_gemm, "MODE", "tune")
@@ -163,10 +164,10 @@ def test_start_up_tuning(monkeypatch, tmp_path):
     shapes, ms = {(2560, 4096), (6144, 2560)}, [8, 16, 32]
     lt_tune.tune(ms, shapes)
     got = skinny_tune.tune(ms, shapes)
-    assert (got.cached, got.timed) == (0, 4) and len(skinny_gemm.split_choice) == 4
+    assert (got.cached, got.timed) == (0, 6) and len(skinny_gemm.split_choice) == 6   # widths 8, 16, 32
     first = dict(skinny_gemm.split_choice)
     skinny_gemm.split_choice.clear()
-    assert skinny_tune.tune(ms, shapes).cached == 4 and skinny_gemm.split_choice == first
+    assert skinny_tune.tune(ms, shapes).cached == 6 and skinny_gemm.split_choice == first
     rng = np.random.default_rng(2)
     for (dev, mp, n, k), splits in first.items():
         x, w = inputs(rng, mp, n, k)

@@ -159,9 +159,9 @@ def test_up_to_8_rows_only_where_timing_chose_it(launches, maps, monkeypatch):
 def test_tuner_widths_and_choice():
     from openinfer.kernels.cuda import skinny_tune
     from openinfer.backends.cuda_graphs import buckets
-    assert skinny_tune.widths(buckets(256)) == {8: 8, 16: 16, 32: 32, 64: 64, 128: 128}
-    assert skinny_tune.widths(buckets(100)) == {8: 8, 16: 16, 32: 32, 64: 64, 128: 100}
-    assert skinny_tune.widths([1, 2, 4]) == {8: 4} and skinny_tune.widths([200]) == {}
+    assert skinny_tune.widths(buckets(256)) == {8: 1, 16: 16, 32: 32, 64: 64, 128: 128}
+    assert skinny_tune.widths(buckets(100)) == {8: 1, 16: 16, 32: 32, 64: 64, 128: 100}
+    assert skinny_tune.widths([4, 2, 8]) == {8: 2} and skinny_tune.widths([200]) == {}
     assert skinny_tune.choose(10.0, {1: 11.0, 2: 9.6, 3: 9.8}) == 2
     assert skinny_tune.choose(10.0, {1: 11.0, 2: 9.8}) == 0    # within 3 %: cuBLASLt stays
 
@@ -189,7 +189,7 @@ def test_tuner_times_once_and_reads_the_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(skinny_tune, "time_choices", fake_times)
     shapes = {(2560, 4096), (6144, 2560)}
     got = skinny_tune.tune([1, 4, 16, 24, 32], shapes)
-    assert (got.cached, got.timed) == (0, 6) and sorted(timed) == [(4, 2560, 4096), (4, 6144, 2560),
+    assert (got.cached, got.timed) == (0, 6) and sorted(timed) == [(1, 2560, 4096), (1, 6144, 2560),
                                                                     (16, 2560, 4096), (16, 6144, 2560),
                                                                     (32, 2560, 4096), (32, 6144, 2560)]
     assert skinny_gemm.split_choice == {(0, w, 2560, 4096): 2 for w in (8, 16, 32)} | {

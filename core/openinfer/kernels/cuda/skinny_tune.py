@@ -2,7 +2,8 @@
 timing, kept on disk. Used when OPENINFER_SKINNY_GEMM=tune (and "1", which takes the kernel above 8 rows anyway).
 
 For each bf16 weight (N, K) and each batch width (8 / 16 / 32 / 64 / 128) that a decode-graph bucket falls in, `tune`
-times, at the largest bucket size of the width, what blas.linear runs without this kernel (cuBLASLt's tuned algorithm
+times, at the largest bucket size of the width (the smallest up to 8 rows: batch 1), what blas.linear runs without
+this kernel (cuBLASLt's tuned algorithm
 above 8 rows, the GEMV with its tuned split up to 8: lt_tune and gemv_tune run first) and the skinny GEMM under every
 split-K factor, as graph replays over weight copies larger than L2 (with PDL where the decode graphs of that size
 have it). The skinny GEMM is chosen, with its fastest factor, only if that is at least 3 % faster; otherwise the width
@@ -33,12 +34,13 @@ class Tuned:
 
 
 def widths(ms: Iterable[int]) -> dict[int, int]:
-    """Each batch width the sizes `ms` fall in -> the largest of them in it (the M it is timed at: lt_tune planned
-    cuBLASLt there)."""
+    """Each batch width the sizes `ms` fall in -> the M it is timed at: the largest of them in it (lt_tune planned
+    cuBLASLt there), except up to the GEMV's rows, where the smallest (batch 1, the latency that counts most)."""
     out: dict[int, int] = {}
     for m in ms:
         if 1 <= m <= sg.MAX_M:
-            out[sg.width(m)] = max(m, out.get(sg.width(m), 0))
+            w = sg.width(m)
+            out[w] = (min if m <= sg.GEMV_ROWS else max)(m, out.get(w, m))
     return dict(sorted(out.items()))
 
 
