@@ -223,3 +223,17 @@ def test_rule_splits_ask_how_many_clusters_fit(launches, maps, monkeypatch):
     assert launches[-1].grid == (20, 5) and launches[-1].cluster == (1, 5, 1)
     assert asked == [("skinny_gemm_bf16_n32", 384, skinny_gemm.smem_bytes(32), 6),
                      ("skinny_gemm_bf16_n32", 384, skinny_gemm.smem_bytes(32), 5)]
+
+
+def test_the_benchmark_script_imports_and_parses(monkeypatch, capsys):
+    """scripts/skinny_bench.py loads without a GPU and says so when the device is not an H100 / H200 (a broken
+    import there would cost a device run)."""
+    import sys
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    import skinny_bench
+    monkeypatch.setattr(skinny_bench.skinny_gemm, "hopper", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["skinny_bench.py", "--smoke"])
+    with pytest.raises(SystemExit, match="H100 / H200"):
+        skinny_bench.main()
+    assert callable(skinny_bench.smoke) and skinny_bench.SHAPES_4B["o"] == (4096, 2560)
