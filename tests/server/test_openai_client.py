@@ -136,12 +136,13 @@ def test_chat_streamed_tool_call_deltas(client: openai.OpenAI, fake: FakeEngine)
 
 def test_named_tool_choice_forces_that_call(client: openai.OpenAI, fake: FakeEngine) -> None:
     """A named tool_choice ends the prompt with the call's opener and name (after an empty think block, as the
-    template writes one with thinking off); the model writes only the arguments, the response has the call."""
+    template writes one with thinking off); the model writes only the arguments, the response has the call, and
+    finish_reason is "stop", as OpenAI answers a call it was told to make by name."""
     fake.say('{"city": "Oslo"}}\n</tool_call>')
     choice = {"type": "function", "function": {"name": "get_weather"}}
     r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice=choice)
     c = r.choices[0]
-    assert c.finish_reason == "tool_calls" and c.message.content is None
+    assert c.finish_reason == "stop" and c.message.content is None   # OpenAI's for a call forced by name
     assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == [
         ("get_weather", {"city": "Oslo"})]
     prompt = fake.tokenizer.decode(fake.submitted[-1][1], False)
@@ -153,8 +154,7 @@ def test_named_tool_choice_forces_that_call(client: openai.OpenAI, fake: FakeEng
     deltas = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []]
     assert deltas[0].function.name == "get_weather" and deltas[0].id
     assert json.loads("".join(d.function.arguments for d in deltas)) == {"city": "Oslo"}
-    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == [
-        "tool_calls"]
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["stop"]
 
 
 def test_required_tool_choice_lets_the_model_name_the_call(client: openai.OpenAI, fake: FakeEngine) -> None:
@@ -162,7 +162,7 @@ def test_required_tool_choice_lets_the_model_name_the_call(client: openai.OpenAI
     r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice="required",
                                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert [(t.function.name, json.loads(t.function.arguments)) for t in r.choices[0].message.tool_calls] == [
-        ("get_weather", {"city": "Rome"})]
+        ("get_weather", {"city": "Rome"})] and r.choices[0].finish_reason == "tool_calls"
     prompt = fake.tokenizer.decode(fake.submitted[-1][1], False)
     assert prompt.endswith('<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n{"name": "')
     assert prompt.count("<think>") == 1   # the template's empty block, not a second one

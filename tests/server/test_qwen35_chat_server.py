@@ -90,3 +90,4 @@ def test_named_tool_choice_streams_the_forced_call(client: openai.OpenAI, engine
     assert calls[0].function.name == "get_weather" and not any(d.content for d in deltas)
     assert not any(d.model_extra.get("reasoning_content") for d in deltas)
     assert json.loads("".join(t.function.arguments for t in calls)) == {"city": "Oslo", "days": 2}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]

@@ -3,7 +3,8 @@
 Streaming follows serving.md §5.4: `role` rides on each choice's first delta (sent with the first
 real output, so a client's TTFT is not a fake early chunk); a tool call's first delta carries
 index, id, type and name, later ones index and the next `arguments` text (never null); the
-choice ends with finish_reason "tool_calls" when calls were produced. With tool_choice "none" the
+choice ends with finish_reason "tool_calls" when calls were produced ("stop" for a call forced by name, as OpenAI
+does). With tool_choice "none" the
 template does not see the tools and the output is plain content. With "required" or a named function the
 prompt ends with the line's tool-call opener (ChatFormat.forced_tool_call), which the output parser reads
 ahead of the output: the call's first delta (with the name, when named) comes with the first tokens.
@@ -52,7 +53,8 @@ class ChatCompletionFormat:
 
     def output(self, params: SamplingParams) -> ChoiceOutput:
         parser = self.engine.chat_format.stream_parser(self.prompt_text, self.req.tools, self.opener)
-        return ChoiceOutput(self.engine.tokenizer, self.engine.eos_token_ids, self.req.gen, params, parser)
+        return ChoiceOutput(self.engine.tokenizer, self.engine.eos_token_ids, self.req.gen, params, parser,
+                            calls_finish=self.req.tool_name is None)
 
     def _logprobs(self, samples: list) -> dict[str, Any] | None:
         if self.req.gen.logprobs is None:

@@ -36,7 +36,7 @@ class Piece:
 
 class ChoiceOutput:
     def __init__(self, tokenizer: Tokenizer, eos_token_ids: frozenset[int], gen: Generation,
-                 params: SamplingParams, parser: OutputParser | None = None) -> None:
+                 params: SamplingParams, parser: OutputParser | None = None, calls_finish: bool = True) -> None:
         self.detok = IncrementalDetokenizer(tokenizer, gen.skip_special_tokens)
         self.stops = StopStringMatcher(gen.stop, gen.include_stop)
         self.include_stop = gen.include_stop
@@ -45,6 +45,9 @@ class ChoiceOutput:
         self.min_tokens = params.min_tokens
         self.want_logprobs = params.logprobs is not None
         self.parser = parser
+        # finish_reason "tool_calls" when calls were made; OpenAI keeps "stop" for a call it was told to make by
+        # name (vLLM #25054 measured it), so a named tool_choice passes False
+        self.calls_finish = calls_finish
         self.num_tokens = 0
         self.finish_reason: str | None = None
         # the whole output so far, for non-streaming responses
@@ -85,7 +88,7 @@ class ChoiceOutput:
 
     def _close(self, piece: Piece, reason: str) -> Piece:
         self._record(piece, final=True)
-        self.finish_reason = piece.finish_reason = "tool_calls" if self.parsed.tool_calls else reason
+        self.finish_reason = piece.finish_reason = "tool_calls" if self.parsed.tool_calls and self.calls_finish else reason
         return piece
 
     def _record(self, piece: Piece, final: bool) -> Piece:
