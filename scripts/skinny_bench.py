@@ -53,20 +53,24 @@ def smoke() -> bool:
 
 
 def shape_rows(ms, stream) -> list[dict]:
+    """Each weight at each M: the other path, the rule's split, the fastest (split, CTAs a SM), then every split of
+    the one-CTA-a-SM kernel ("1/SM") and of the two-CTA one ("2/SM", up to width 64)."""
     rows = []
-    print(f"\n{'shape (K->N)':<24} {'M':>3} {'err':>7} {'other':>9} {'rule':>9} {'best':>9} {'x':>2} {'GB/s':>6} "
-          + " ".join(f"{f'x{s}':>6}" for s in SPLITS))
+    print(f"\n{'shape (K->N)':<24} {'M':>3} {'err':>7} {'other':>7} {'rule':>7} {'best':>7} {'as':>4} {'GB/s':>5} "
+          f"{'kernel':>6} " + " ".join(f"{f'x{s}':>6}" for s in SPLITS))
     for name, (k, n) in {**SHAPES_4B, **SHAPES_35}.items():
         for m in ms:
             other_us, times = skinny_tune.time_choices(m, n, k, stream)   # other: cuBLASLt above 8 rows, else GEMV
-            rule = skinny_gemm.rule_splits(n, k, skinny_gemm.width(m))
+            rule = (skinny_gemm.rule_splits(n, k, skinny_gemm.width(m)), 1)
             best = min(times, key=times.get)
             row = {"shape": name, "k": k, "n": n, "m": m, "max_rel_error": max_rel_error(m, n, k), "other_us": other_us,
-                   "rule_splits": rule, "best_splits": best, "us_by_splits": times}
+                   "rule": list(rule), "best": list(best), "us": {f"{s},{p}": t for (s, p), t in times.items()}}
             rows.append(row)
-            gbs = 2 * n * k / times[best] / 1e3
-            print(f"{name + f' {k}->{n}':<24} {m:>3} {row['max_rel_error']:7.1e} {other_us:9.1f} {times[rule]:9.1f} "
-                  f"{times[best]:9.1f} {best:>2} {gbs:6.0f} " + " ".join(f"{times.get(s, 0):6.1f}" for s in SPLITS))
+            head = (f"{name + f' {k}->{n}':<24} {m:>3} {row['max_rel_error']:7.1e} {other_us:7.1f} {times[rule]:7.1f} "
+                    f"{times[best]:7.1f} {best[0]:>2}{'x2' if best[1] == 2 else '  '} {2 * n * k / times[best] / 1e3:5.0f}")
+            for p in sorted({p for _, p in times}):
+                print(f"{head if p == 1 else '':<{len(head)}} {f'{p}/SM':>6} "
+                      + " ".join(f"{times.get((s, p), 0):6.1f}" for s in SPLITS))
     return rows
 
 
@@ -93,8 +97,8 @@ def fused_rows(ms, stream) -> list[dict]:
 def chain_rows(ms, rows, stream) -> list[dict]:
     out = []
     dev = cp.cuda.Device().id
-    rule = {(dev, skinny_gemm.width(r["m"]), r["n"], r["k"]): r["rule_splits"] for r in rows}
-    best = {(dev, skinny_gemm.width(r["m"]), r["n"], r["k"]): r["best_splits"] for r in rows}
+    rule = {(dev, skinny_gemm.width(r["m"]), r["n"], r["k"]): tuple(r["rule"]) for r in rows}
+    best = {(dev, skinny_gemm.width(r["m"]), r["n"], r["k"]): tuple(r["best"]) for r in rows}
     for m in ms:
         run, nbytes = decode_chain(m)
         floor = nbytes / FLOOR_BW * 1e6

@@ -78,7 +78,7 @@ def test_up_to_8_rows_where_timing_chose_it(m, calls, monkeypatch):
     monkeypatch.setattr(skinny_gemm, "MODE", "tune")
     rng = np.random.default_rng(m)
     for n, k in [(19456, 2560), (2560, 9728), (200, 264)]:
-        monkeypatch.setattr(skinny_gemm, "split_choice", {(cp.cuda.Device().id, 8, n, k): 3})
+        monkeypatch.setattr(skinny_gemm, "split_choice", {(cp.cuda.Device().id, 8, n, k): (3, 2 if n > 200 else 1)})
         x, w = inputs(rng, m, n, k)
         xd, wd = cp.asarray(x), cp.asarray(w)
         check(ops.linear(xd, wd), x, w)
@@ -88,13 +88,14 @@ def test_up_to_8_rows_where_timing_chose_it(m, calls, monkeypatch):
 
 
 @pytest.mark.parametrize("splits", range(1, 9))
-def test_every_split_factor(splits, calls):
+def test_every_split_factor_and_variant(splits, calls):
     rng = np.random.default_rng(splits)
-    for m, n, k in ((1, 2560, 4096), (32, 2560, 4096), (128, 384, 1000)):
+    for m, n, k in ((1, 2560, 4096), (32, 2560, 4096), (64, 19456, 2560), (128, 384, 1000)):
         x, w = inputs(rng, m, n, k)
-        out = cp.empty((m, n), BF16)
-        skinny_gemm.gemm(cp.asarray(x), cp.asarray(w), out, splits=splits)
-        check(out, x, w)
+        for per_sm in skinny_gemm.variants(skinny_gemm.width(m)):
+            out = cp.empty((m, n), BF16)
+            skinny_gemm.gemm(cp.asarray(x), cp.asarray(w), out, splits=splits, per_sm=per_sm)
+            check(out, x, w)
 
 
 def test_strided_operands_and_fallbacks(calls):
@@ -169,7 +170,7 @@ def test_start_up_tuning(monkeypatch, tmp_path):
     skinny_gemm.split_choice.clear()
     assert skinny_tune.tune(ms, shapes).cached == 6 and skinny_gemm.split_choice == first
     rng = np.random.default_rng(2)
-    for (dev, mp, n, k), splits in first.items():
+    for (dev, mp, n, k), (splits, _) in first.items():
         x, w = inputs(rng, mp, n, k)
         seen = []
         real = skinny_gemm.gemm

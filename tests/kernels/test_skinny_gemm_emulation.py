@@ -25,11 +25,11 @@ def tma_box(smem, dst, mat, c0, c1, box_rows):
     smem[_swizzle(dst + r * ROW + k * 2) // 2] = vals
 
 
-def cta_partial(x, w, mp, tile, split, splits, silu=False):
+def cta_partial(x, w, mp, tile, split, splits, silu=False, per_sm=1):
     """One CTA's staged partial tile part[mp][LD] (fp32 values), as its producer and consumers build it (silu: w is
     [gate; up], the stage's rows 0..63 gate rows from 64 tile, 64..127 the matching up rows)."""
     K = x.shape[1]
-    stage_bytes, stages = BN * ROW + mp * ROW, sg.stages(mp)
+    stage_bytes, stages = BN * ROW + mp * ROW, sg.stages(mp, per_sm)
     ktiles = -(-K // BK)
     k0 = ktiles * split // splits
     iters = ktiles * (split + 1) // splits - k0
@@ -65,7 +65,7 @@ def cta_partial(x, w, mp, tile, split, splits, silu=False):
     return part
 
 
-def emulate(x, w, splits, silu=False):
+def emulate(x, w, splits, silu=False, per_sm=1):
     """y [M][N] as the grid (tiles, splits) of skinny_gemm_bf16_n<width(M)> stores it (before the bf16 rounding);
     silu: skinny_gemm_silu_bf16_n<width(M)>'s [M][N / 2] with silu_mul on bf16-rounded gate and up."""
     M = x.shape[0]
@@ -75,7 +75,7 @@ def emulate(x, w, splits, silu=False):
     row_chunks = cols // 4
     chunks = mp * row_chunks
     for tile in range(-(-N // cols)):
-        parts = [cta_partial(x, w, mp, tile, s, splits, silu) for s in range(splits)]
+        parts = [cta_partial(x, w, mp, tile, s, splits, silu, per_sm) for s in range(splits)]
         for split in range(splits):
             lo, hi = chunks * split // splits, chunks * (split + 1) // splits
             for c in range(lo, hi):
@@ -119,15 +119,16 @@ def bf16_values(rng, *shape):
 def test_skinny_gemm_emulation_matches_matmul(M, N, K, splits):
     rng = np.random.default_rng(M * 1000 + N + K)
     x, w = bf16_values(rng, M, K), bf16_values(rng, N, K)
-    y = emulate(x, w, splits)
-    np.testing.assert_allclose(y, x @ w.T, rtol=1e-9, atol=1e-9)
+    for per_sm in sg.variants(sg.width(M)):   # the _x2 kernels: fewer stages, so the ring wraps sooner
+        np.testing.assert_allclose(emulate(x, w, splits, per_sm=per_sm), x @ w.T, rtol=1e-9, atol=1e-9)
 
 
 def test_stages_fit_shared_memory_and_the_partial_tile():
     for mp in sg.WIDTHS:
-        assert sg.smem_bytes(mp) <= 227 * 1024
-        assert mp * (BN + PAD) * 4 <= sg.stages(mp) * (BN * ROW + mp * ROW)
-        assert sg.stages(mp) >= 4
+        for per_sm in sg.variants(mp):
+            assert per_sm * sg.smem_bytes(mp, per_sm) <= 226 * 1024   # 228 KB an SM, 1 KB reserved a CTA
+            assert mp * (BN + PAD) * 4 <= sg.stages(mp, per_sm) * (BN * ROW + mp * ROW)
+            assert sg.stages(mp, per_sm) >= 4
 
 
 def test_default_splits_fill_one_wave():

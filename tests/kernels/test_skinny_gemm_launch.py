@@ -131,7 +131,7 @@ def test_tune_mode_takes_the_kernel_only_where_chosen(launches, maps, monkeypatc
         Device=lambda: SimpleNamespace(id=0))))
     monkeypatch.setattr(blas, "cp", skinny_gemm.cp)
     monkeypatch.setattr(blas.lt, "run", lambda *a: True)   # stands in for cuBLASLt
-    monkeypatch.setattr(skinny_gemm, "split_choice", {(0, 32, 2560, 4096): 3, (0, 64, 2560, 4096): 0})
+    monkeypatch.setattr(skinny_gemm, "split_choice", {(0, 32, 2560, 4096): (3, 1), (0, 64, 2560, 4096): (0, 1)})
     w = aligned_empty((2560, 4096), BF16)
     for m in (24, 32, 40, 128):
         blas.linear(aligned_empty((m, 4096), BF16), w)
@@ -147,13 +147,14 @@ def test_up_to_8_rows_only_where_timing_chose_it(launches, maps, monkeypatch):
     w = aligned_empty((19456, 2560), BF16)
     blas.linear(aligned_empty((1, 2560), BF16), w)
     assert [c.source for c in launches] == ["gemv"]
-    monkeypatch.setattr(skinny_gemm, "split_choice", {(0, 8, 19456, 2560): 5})
+    monkeypatch.setattr(skinny_gemm, "split_choice", {(0, 8, 19456, 2560): (5, 2)})
     for mode in ("tune", "1"):
         monkeypatch.setattr(skinny_gemm, "MODE", mode)
         blas.linear(aligned_empty((1, 2560), BF16), w)
         blas.linear_silu_mul(aligned_empty((8, 2560), BF16), w)
-    assert [(c.name, c.grid) for c in launches[1:]] == [("skinny_gemm_bf16_n8", (152, 5)),
-                                                        ("skinny_gemm_silu_bf16_n8", (152, 5))] * 2
+    assert [(c.name, c.grid, c.smem) for c in launches[1:]] == [
+        ("skinny_gemm_bf16_n8_x2", (152, 5), skinny_gemm.smem_bytes(8, 2)),
+        ("skinny_gemm_silu_bf16_n8_x2", (152, 5), skinny_gemm.smem_bytes(8, 2))] * 2
 
 
 def test_tuner_widths_and_choice():
@@ -162,8 +163,8 @@ def test_tuner_widths_and_choice():
     assert skinny_tune.widths(buckets(256)) == {8: 1, 16: 16, 32: 32, 64: 64, 128: 128}
     assert skinny_tune.widths(buckets(100)) == {8: 1, 16: 16, 32: 32, 64: 64, 128: 100}
     assert skinny_tune.widths([4, 2, 8]) == {8: 2} and skinny_tune.widths([200]) == {}
-    assert skinny_tune.choose(10.0, {1: 11.0, 2: 9.6, 3: 9.8}) == 2
-    assert skinny_tune.choose(10.0, {1: 11.0, 2: 9.8}) == 0    # within 3 %: cuBLASLt stays
+    assert skinny_tune.choose(10.0, {(1, 1): 11.0, (2, 1): 9.6, (3, 2): 9.8}) == (2, 1)
+    assert skinny_tune.choose(10.0, {(1, 1): 11.0, (2, 2): 9.8}) == (0, 1)    # within 3 %: cuBLASLt stays
 
 
 def test_tuner_times_once_and_reads_the_cache(monkeypatch, tmp_path):
@@ -185,16 +186,16 @@ def test_tuner_times_once_and_reads_the_cache(monkeypatch, tmp_path):
 
     def fake_times(m, n, k, stream):   # the kernel wins on N = 2560 (2 splits), cuBLASLt on the rest
         timed.append((m, n, k))
-        return 10.0, ({1: 9.0, 2: 8.0} if n == 2560 else {1: 12.0})
+        return 10.0, ({(1, 1): 9.0, (2, 2): 8.0} if n == 2560 else {(1, 1): 12.0})
     monkeypatch.setattr(skinny_tune, "time_choices", fake_times)
     shapes = {(2560, 4096), (6144, 2560)}
     got = skinny_tune.tune([1, 4, 16, 24, 32], shapes)
     assert (got.cached, got.timed) == (0, 6) and sorted(timed) == [(1, 2560, 4096), (1, 6144, 2560),
                                                                     (16, 2560, 4096), (16, 6144, 2560),
                                                                     (32, 2560, 4096), (32, 6144, 2560)]
-    assert skinny_gemm.split_choice == {(0, w, 2560, 4096): 2 for w in (8, 16, 32)} | {
-        (0, w, 6144, 2560): 0 for w in (8, 16, 32)}
-    assert got.chosen == ("8:2560x4096/2", "16:2560x4096/2", "32:2560x4096/2")
+    assert skinny_gemm.split_choice == {(0, w, 2560, 4096): (2, 2) for w in (8, 16, 32)} | {
+        (0, w, 6144, 2560): (0, 1) for w in (8, 16, 32)}
+    assert got.chosen == ("8:2560x4096/2x2", "16:2560x4096/2x2", "32:2560x4096/2x2")
     skinny_gemm.split_choice.clear()
     again = skinny_tune.tune([4, 16, 24, 32], shapes)
     assert (again.cached, again.timed, len(timed)) == (6, 0, 6) and len(skinny_gemm.split_choice) == 6
@@ -237,3 +238,33 @@ def test_the_benchmark_script_imports_and_parses(monkeypatch, capsys):
     with pytest.raises(SystemExit, match="H100 / H200"):
         skinny_bench.main()
     assert callable(skinny_bench.smoke) and skinny_bench.SHAPES_4B["o"] == (4096, 2560)
+
+
+def test_two_ctas_a_sm_variant(launches, maps):
+    """The _x2 kernels: half the stages (two CTAs share an SM's shared memory), up to width 64 only."""
+    assert [skinny_gemm.stages(mp, 2) for mp in (8, 16, 32, 64)] == [5, 5, 5, 4]
+    assert all(2 * skinny_gemm.smem_bytes(mp, 2) <= 226 * 1024 for mp in (8, 16, 32, 64))
+    assert skinny_gemm.variants(64) == (1, 2) and skinny_gemm.variants(128) == (1,)
+    x, w = aligned_empty((40, 2560), BF16), aligned_empty((19456, 2560), BF16)
+    skinny_gemm.gemm(x, w, aligned_empty((40, 19456), BF16), splits=2, per_sm=2)
+    assert (launches[-1].name, launches[-1].smem) == ("skinny_gemm_bf16_n64_x2", skinny_gemm.smem_bytes(64, 2))
+    with pytest.raises(ValueError, match="no kernel for 2 CTAs"):
+        skinny_gemm.gemm(aligned_empty((100, 2560), BF16), w, aligned_empty((100, 19456), BF16), per_sm=2, splits=1)
+
+
+def test_the_benchmark_table_on_stand_ins(monkeypatch, capsys):
+    """skinny_bench.shape_rows on stand-in timings: a row per variant, the best (split, CTAs a SM) and the rule's."""
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    import skinny_bench
+    monkeypatch.setattr(skinny_bench, "SHAPES_4B", {"o": (4096, 2560)})
+    monkeypatch.setattr(skinny_bench, "SHAPES_35", {})
+    monkeypatch.setattr(skinny_bench, "max_rel_error", lambda m, n, k: 1e-3)
+    monkeypatch.setattr(skinny_bench.skinny_gemm, "rule_splits", lambda n, k, mp: 6)
+    monkeypatch.setattr(skinny_bench.skinny_tune, "time_choices", lambda m, n, k, stream: (
+        10.0, {(s, p): 12.0 - s + p * (m == 1) for p in skinny_gemm.variants(skinny_gemm.width(m)) for s in range(1, 9)}))
+    rows = skinny_bench.shape_rows([1, 128], None)
+    assert [(r["m"], r["rule"], r["best"]) for r in rows] == [(1, [6, 1], [8, 1]), (128, [6, 1], [8, 1])]
+    assert rows[0]["us"]["3,2"] == 11.0 and "3,2" not in rows[1]["us"]
+    out = capsys.readouterr().out
+    assert out.count("1/SM") == 2 and out.count("2/SM") == 1

@@ -32,15 +32,18 @@ constexpr int SG_BK = 64;                   // k a stage: one 128-byte swizzled 
 constexpr int SG_THREADS = 384;             // warpgroup 0 produces, 1 and 2 consume
 constexpr int SG_ROW = 128;                 // bytes of a swizzled shared-memory row
 constexpr int SG_W_BYTES = SG_BN * SG_ROW;  // one stage of weights: 16 KB
-constexpr int SG_STAGE_BUDGET = 200 * 1024; // stage bytes at most (one CTA a SM)
+constexpr int SG_STAGE_BUDGET = 200 * 1024; // stage bytes at most of a variant that holds an SM alone; one of two
+                                            // CTAs a SM (the _x2 kernels) gets half, which lets one's pipeline fill
+                                            // overlap the other's stream and more tiles run at once
 constexpr int SG_MAX_STAGES = 8;
 constexpr int SG_PAD = 4;                   // floats after each staged partial row (bank-conflict-free writes)
 constexpr int SG_CONSUMER_WARPS = 8;        // arrivals that free a stage
 
-template <int MP> struct SkinnyShape {
+template <int MP, int PER_SM> struct SkinnyShape {   // PER_SM: CTAs a SM the variant is built for (1 or 2)
     static constexpr int X_BYTES = MP * SG_ROW;
     static constexpr int STAGE = SG_W_BYTES + X_BYTES;
-    static constexpr int STAGES = SG_STAGE_BUDGET / STAGE < SG_MAX_STAGES ? SG_STAGE_BUDGET / STAGE : SG_MAX_STAGES;
+    static constexpr int BUDGET = SG_STAGE_BUDGET / PER_SM;
+    static constexpr int STAGES = BUDGET / STAGE < SG_MAX_STAGES ? BUDGET / STAGE : SG_MAX_STAGES;
     static constexpr int LD = SG_BN + SG_PAD;  // floats of a staged partial row (one batch row m)
     static_assert(MP * LD * 4 <= STAGES * STAGE, "the partial tile must fit the drained stages");
 };
@@ -68,11 +71,11 @@ __device__ __forceinline__ float4 sum_splits(const float4* local, int splits) {
 __device__ __forceinline__ float round_bf16(float v) { return to_f32(from_f32<bf16>(v)); }
 
 // SILU = false: y[M, N]. SILU = true: y[M, N] with N = inter, the weight [2 inter, K] read in boxes of 64 rows.
-template <int MP, bool SILU>
+template <int MP, bool SILU, int PER_SM>
 __device__ __forceinline__ void skinny_gemm(const TensorMap* wmap, const TensorMap* xmap, bf16* __restrict__ y,
                                             long long ldy, int M, int N, int ktiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using S = SkinnyShape<MP>;
+    using S = SkinnyShape<MP, PER_SM>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // the swizzle pattern repeats every 1024 bytes of absolute shared address: align the base
     unsigned char* stages = smem_raw + ((1024 - (shared_addr(smem_raw) & 1023)) & 1023);
@@ -191,15 +194,21 @@ __device__ __forceinline__ void skinny_gemm(const TensorMap* wmap, const TensorM
 // when splits > 1, dynamic shared memory skinny_gemm.py's smem_bytes(MP). wmap: w [N][K] in boxes [128][64];
 // xmap: x [M][K] in boxes [MP][64]; ktiles = ceil(K / 64).
 // skinny_gemm_silu_bf16_n<MP>: the same with grid (ceil(inter / 64), splits), N = inter, wmap in boxes [64][64].
-#define SKINNY_GEMM_KERNEL(NAME, MP, SILU)                                                                      \
-    extern "C" __global__ void __launch_bounds__(SG_THREADS, 1) NAME##MP(                                       \
+// ..._x2: built for two CTAs a SM (half the stages, registers capped for it).
+#define SKINNY_GEMM_KERNEL(NAME, MP, SILU, PER_SM, TAG)                                                         \
+    extern "C" __global__ void __launch_bounds__(SG_THREADS, PER_SM) NAME##MP##TAG(                             \
         const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, bf16* __restrict__ y,   \
         long long ldy, int M, int N, int ktiles) {                                                              \
-        skinny_gemm<MP, SILU>(&wmap, &xmap, y, ldy, M, N, ktiles);                                              \
+        skinny_gemm<MP, SILU, PER_SM>(&wmap, &xmap, y, ldy, M, N, ktiles);                                      \
     }
-#define SKINNY_GEMM_WIDTHS(NAME, SILU) \
-    SKINNY_GEMM_KERNEL(NAME, 8, SILU) SKINNY_GEMM_KERNEL(NAME, 16, SILU) SKINNY_GEMM_KERNEL(NAME, 32, SILU) \
-    SKINNY_GEMM_KERNEL(NAME, 64, SILU) SKINNY_GEMM_KERNEL(NAME, 128, SILU)
+#define SKINNY_GEMM_WIDTHS(NAME, SILU, PER_SM, TAG)                                                     \
+    SKINNY_GEMM_KERNEL(NAME, 8, SILU, PER_SM, TAG) SKINNY_GEMM_KERNEL(NAME, 16, SILU, PER_SM, TAG)      \
+    SKINNY_GEMM_KERNEL(NAME, 32, SILU, PER_SM, TAG) SKINNY_GEMM_KERNEL(NAME, 64, SILU, PER_SM, TAG)
 
-SKINNY_GEMM_WIDTHS(skinny_gemm_bf16_n, false)
-SKINNY_GEMM_WIDTHS(skinny_gemm_silu_bf16_n, true)
+SKINNY_GEMM_WIDTHS(skinny_gemm_bf16_n, false, 1, )
+SKINNY_GEMM_KERNEL(skinny_gemm_bf16_n, 128, false, 1, )
+SKINNY_GEMM_WIDTHS(skinny_gemm_silu_bf16_n, true, 1, )
+SKINNY_GEMM_KERNEL(skinny_gemm_silu_bf16_n, 128, true, 1, )
+// two CTAs a SM up to width 64: at 128 the accumulators need more registers than two CTAs of 384 threads leave
+SKINNY_GEMM_WIDTHS(skinny_gemm_bf16_n, false, 2, _x2)
+SKINNY_GEMM_WIDTHS(skinny_gemm_silu_bf16_n, true, 2, _x2)

@@ -30,10 +30,11 @@ WIDTHS = (8, 16, 32, 64, 128)    # batch rows a kernel variant pads to (wgmma n)
 # mirrors of skinny_gemm.cu
 SG_BN, SG_BK, SG_THREADS, SG_ROW = 128, 64, 384, 128
 SG_STAGE_BUDGET, SG_MAX_STAGES = 200 * 1024, 8
+X2_MAX_WIDTH = 64                # the _x2 kernels (two CTAs a SM, half the stages) exist up to this width
 MAX_SPLITS = 8                   # a tile's splits form one cluster: at most the portable size
 MIN_KTILES_PER_SPLIT = 4         # 256 k: a split shorter than this spends its time filling the pipeline
-split_choice: dict[tuple[int, int, int, int], int] = {}   # (device, width, N, K) -> split-K factor timed fastest
-                                                         # (skinny_tune.py), 0 where cuBLASLt was faster
+Choice = tuple[int, int]         # (split-K factor, CTAs a SM the kernel variant is built for); (0, 1): the other path
+split_choice: dict[tuple[int, int, int, int], Choice] = {}   # (device, width, N, K) -> timed fastest (skinny_tune.py)
 
 
 def width(m: int) -> int:
@@ -41,13 +42,18 @@ def width(m: int) -> int:
     return next(w for w in WIDTHS if m <= w)
 
 
-def stages(mp: int) -> int:
-    return min(SG_STAGE_BUDGET // (SG_BN * SG_ROW + mp * SG_ROW), SG_MAX_STAGES)
+def stages(mp: int, per_sm: int = 1) -> int:
+    return min(SG_STAGE_BUDGET // per_sm // (SG_BN * SG_ROW + mp * SG_ROW), SG_MAX_STAGES)
 
 
-def smem_bytes(mp: int) -> int:
-    """Dynamic shared memory of skinny_gemm_bf16_n<mp>: alignment slack, the stages, two mbarriers a stage."""
-    return 1024 + stages(mp) * (SG_BN * SG_ROW + mp * SG_ROW) + 2 * 8 * stages(mp)
+def smem_bytes(mp: int, per_sm: int = 1) -> int:
+    """Dynamic shared memory of skinny_gemm_bf16_n<mp>[_x2]: alignment slack, the stages, two mbarriers a stage."""
+    return 1024 + stages(mp, per_sm) * (SG_BN * SG_ROW + mp * SG_ROW) + 2 * 8 * stages(mp, per_sm)
+
+
+def variants(mp: int) -> tuple[int, ...]:
+    """The CTAs-a-SM variants built for width mp."""
+    return (1, 2) if mp <= X2_MAX_WIDTH else (1,)
 
 
 def default_splits(n: int, k: int, sms: int, clusters_at_once: Callable[[int], int] | None = None) -> int:
@@ -87,8 +93,12 @@ def usable(x2: cp.ndarray, w: cp.ndarray, m: int) -> bool:
                            and tma.check_operand(x2.data.ptr, x2.strides[0])
                            and tma.check_operand(w.data.ptr, w.strides[0]) and hopper()):
         return False
-    return (MODE == "1" and m > GEMV_ROWS) or bool(split_choice and split_choice.get(
-        (cp.cuda.Device().id, width(m), *w.shape)))
+    return (MODE == "1" and m > GEMV_ROWS) or timed(width(m), *w.shape)[0] > 0
+
+
+def timed(mp: int, n: int, k: int) -> Choice:
+    """The tuner's choice for this width and weight: (0, 1) where there is none or the other path won."""
+    return split_choice.get((cp.cuda.Device().id, mp, n, k), (0, 1)) if split_choice else (0, 1)
 
 
 @contextmanager
@@ -102,22 +112,25 @@ def mode(value: str) -> Iterator[None]:
         MODE = saved
 
 
-def gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, splits: int | None = None, silu: bool = False) -> None:
+def gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, splits: int | None = None, silu: bool = False,
+         per_sm: int = 1) -> None:
     """out2[M, N] = x2[M, K] @ w[N, K].T through skinny_gemm.cu (caller checked `usable`; out2 rows packed or 16-byte
-    strided). `splits` overrides the split-K factor (the benchmark's sweep). `silu`: w = [gate; up] and
-    out2[M, N / 2] = silu_mul(x2 @ w.T), bit for bit the two ops on this kernel (its SILU epilogue)."""
+    strided). `splits` and `per_sm` override the timed choice (the tuner's and the benchmark's sweeps). `silu`: w =
+    [gate; up] and out2[M, N / 2] = silu_mul(x2 @ w.T), bit for bit the two ops on this kernel (its SILU epilogue)."""
     m, k = x2.shape
     n = w.shape[0]
     mp, ktiles = width(m), -(-k // SG_BK)
     if splits is None:
-        tuned = split_choice.get((cp.cuda.Device().id, mp, n, k)) if split_choice else None
-        splits = tuned or rule_splits(n, k, mp)
+        tuned = timed(mp, n, k)
+        splits, per_sm = tuned if tuned[0] else (rule_splits(n, k, mp), 1)
+    if per_sm not in variants(mp):
+        raise ValueError(f"skinny GEMM width {mp}: no kernel for {per_sm} CTAs a SM (built: {variants(mp)})")
     splits = max(1, min(splits, ktiles, MAX_SPLITS))   # every split at least one stage
     cols = n // 2 if silu else n                       # output columns
     wmap = tma.matrix_map(w.data.ptr, n, k, w.strides[0], SG_BN // 2 if silu else SG_BN)
     xmap = tma.matrix_map(x2.data.ptr, m, k, x2.strides[0], mp)
     tiles = -(-cols // (SG_BN // 2)) if silu else -(-n // SG_BN)
-    kind = "silu_bf16" if silu else "bf16"
-    launch("skinny_gemm", f"skinny_gemm_{kind}_n{mp}", (tiles, splits), SG_THREADS,
+    name = f"skinny_gemm_{'silu_bf16' if silu else 'bf16'}_n{mp}{'_x2' if per_sm == 2 else ''}"
+    launch("skinny_gemm", name, (tiles, splits), SG_THREADS,
            (wmap, xmap, out2, np.int64(out2.strides[0] // 2), np.int32(m), np.int32(cols), np.int32(ktiles)),
-           smem_bytes(mp), cluster=(1, splits, 1) if splits > 1 else None)
+           smem_bytes(mp, per_sm), cluster=(1, splits, 1) if splits > 1 else None)
