@@ -38,8 +38,7 @@ def _launched_names() -> set[str]:
                               ("{suffix(k.dtype)}", ("bf16", "f32")), ("{suffix(gate_up.dtype)}", ("bf16", "f32")),
                               ("{dtype}", ("bf16", "f32")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
-                              ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov")),
-                              ("{mp}", ("8", "16", "32", "64", "128")), ("{kind}", ("bf16", "silu_bf16"))):
+                              ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
             variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
         names |= {(source, v) for v in variants}
     return names
