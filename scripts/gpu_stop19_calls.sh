@@ -6,7 +6,7 @@
 # Two calls of ~5 minutes each; each step's figure is useful alone if the device goes away.
 # call1, the skinny GEMM:
 #   1. a 40-second smoke run of every skinny GEMM kernel (the rest of the skinny steps only if it passes), its GPU
-#      tests (decode GEMMs of 9..128 rows; OPENINFER_SKINNY_GEMM, off by default) and the Qwen3 engine's GPU tests
+#      tests (decode GEMMs of 1..128 rows; OPENINFER_SKINNY_GEMM, off by default) and the Qwen3 engine's GPU tests
 #      with it on (eager = graph, batched, prefix hits, vs transformers);
 #   2. scripts/skinny_bench.py: each decode weight at M = 1 / 8 / 16 / 32 / 64 / 128 under every split against the GEMV
 #      (up to 8 rows) or cuBLASLt, gate_up with its SiLU epilogue, and the 145-GEMM chain;

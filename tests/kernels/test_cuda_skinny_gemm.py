@@ -1,4 +1,4 @@
-"""skinny_gemm.cu (decode GEMMs of 9..128 rows on sm_90) against the numpy reference on random inputs (GPU only).
+"""skinny_gemm.cu (decode GEMMs of 1..128 rows on sm_90) against the numpy reference on random inputs (GPU only).
 
 Shapes: Qwen3-4B's decode weights (split-K in clusters and not), a partial last tile, K past the last full stage,
 every batch width, strided operands; every split factor; the SiLU epilogue bitwise the two ops; PDL on; graph capture
