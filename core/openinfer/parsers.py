@@ -231,13 +231,18 @@ class ChatFormat:
         ChatTemplateError for messages it cannot take."""
         return messages
 
+    def _assistant_turn(self, prompt_text: str) -> str:
+        """The rendered prompt from its final assistant turn on (all of it where the line marks none)."""
+        if self.assistant_prefix is not None and (i := prompt_text.rfind(self.assistant_prefix)) >= 0:
+            return prompt_text[i:]
+        return prompt_text
+
     def starts_in_reasoning(self, prompt_text: str) -> bool:
         """True if the rendered prompt ends inside an open reasoning block."""
         if self.reasoning_parser is None:
             return False
-        if self.assistant_prefix is not None and (i := prompt_text.rfind(self.assistant_prefix)) >= 0:
-            prompt_text = prompt_text[i:]
-        return prompt_text.rfind(self.think_start) > prompt_text.rfind(self.think_end)
+        turn = self._assistant_turn(prompt_text)
+        return turn.rfind(self.think_start) > turn.rfind(self.think_end)
 
     def tool_call_opener(self, name: str | None) -> str | None:
         """The text that starts a tool call in this line's output, up to where the model writes the function's name
@@ -255,9 +260,8 @@ class ChatFormat:
             return None if opener is None else ("", opener)
         if self.starts_in_reasoning(prompt_text):
             return f"\n{self.think_end}\n\n", opener
-        i = prompt_text.rfind(self.assistant_prefix) if self.assistant_prefix is not None else -1
-        turn = prompt_text[i:] if i >= 0 else prompt_text
-        return ("" if self.think_end in turn else f"{self.think_start}\n\n{self.think_end}\n\n"), opener
+        closed = self.think_end in self._assistant_turn(prompt_text)
+        return ("" if closed else f"{self.think_start}\n\n{self.think_end}\n\n"), opener
 
     def stream_parser(self, prompt_text: str, tools: list[dict] | None = None, prefix: str = "") -> OutputParser:
         """A fresh parser for one choice; pass tools only when the request allows tool calls, and the forced call's

@@ -31,7 +31,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
     monkeypatch.setattr(blas, "clusters_supported", lambda: True)
     monkeypatch.setattr(attention_decode, "clusters_supported", lambda: True)
-    monkeypatch.setattr(attention, "_hopper", lambda: False)   # it asks the (absent) GPU; tests that want sm_90 say so
+    monkeypatch.setattr(attention, "hopper", lambda: False)   # it asks the (absent) GPU; tests that want sm_90 say so
     counters = {}   # raw device memory in real life: one region per purpose
 
     def arrival_counters(purpose):
@@ -164,7 +164,7 @@ def test_wgmma_prefill_launch_args(launches, monkeypatch, tiles, d, dtype, hoppe
     """d128 bf16 prefill goes to the wgmma kernel on sm_90 only (OPENINFER_PREFILL_WGMMA, on by default)."""
     monkeypatch.setattr(attention, "PREFILL_WGMMA", True)
     monkeypatch.setattr(attention, "WGMMA_VARIANT", tiles)
-    monkeypatch.setattr(attention, "_hopper", lambda: hopper)
+    monkeypatch.setattr(attention, "hopper", lambda: hopper)
     nh, nkv, bs, q_lens, ctx = 32, 8, 16, [7, 200, 33], [7, 260, 300]
     width = -(-max(ctx) // bs)
     pool = aligned_empty((2, 1 + len(ctx) * width, 2, bs, nkv, d), dtype)

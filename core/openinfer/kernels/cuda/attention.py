@@ -12,7 +12,7 @@ import numpy as np
 
 from ...batch import ForwardBatch
 from .attention_decode import BN, DECODE_MMA, NWARPS, decode_kernel, paged_decode
-from .module import as_index, heads3d, launch, suffix
+from .module import as_index, heads3d, hopper, launch, suffix
 
 ROWS = 8                               # must match attention.cu (paged_prefill rows per warp)
 HEAD_DIMS = (64, 128, 256)
@@ -46,10 +46,6 @@ def wgmma_prefill_smem(variant: str = "") -> int:
     1024 bytes to align the base to the 128-byte swizzle's 1024-byte pattern."""
     bn, stages = WGMMA_TILES[variant]
     return (WGMMA_BM + 2 * stages * bn) * 128 * 2 + 1024
-
-
-def _hopper() -> bool:
-    return cp.cuda.Device().compute_capability == "90"
 
 
 def _aligned16(q3: cp.ndarray, q_stride: int, k_cache: cp.ndarray, v_cache: cp.ndarray) -> bool:
@@ -86,7 +82,7 @@ def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, bat
         mma = DECODE_MMA and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache)
         paged_decode(common, out, B, batch.max_context_len, nh, nkv, qscale, decode_kernel(dtype, d, it, mma))
         return out
-    if PREFILL_WGMMA and d == 128 and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache) and _hopper():
+    if PREFILL_WGMMA and d == 128 and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache) and hopper():
         tiles = WGMMA_VARIANT
         launch("attention_wgmma", f"paged_prefill_wgmma_bf16_d128{tiles}",
                (math.ceil(batch.max_query_len * G / WGMMA_BM), nkv, B), WGMMA_THREADS,

@@ -176,15 +176,15 @@ def linear_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
     _record(x2, w)
     if w.shape[0] % 2 or inter == 0:
         return None
-    if skinny_gemm.usable(x2, w, m):   # first, as in linear: the same kernel and sums as linear would take
-        out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
+    skinny = skinny_gemm.usable(x2, w, m)   # first, as in linear: the same kernel and sums as linear would take
+    if not (skinny or (w.shape[0] % 16 == 0 and _gemv_usable(x2, w, m, k))):
+        return None
+    out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
+    if skinny:
         skinny_gemm.gemm(x2, w, out.reshape(m, inter), silu=True)
-        return out
-    if w.shape[0] % 16 == 0 and _gemv_usable(x2, w, m, k):
-        out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
+    else:
         launch_gemv("gemv_silu_bf16", x2, w, (out, np.int64(inter), np.int32(inter)))
-        return out
-    return None
+    return out
 
 
 def operands(x: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:

@@ -24,7 +24,7 @@ _smem_optin: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
 _occupancy: dict[tuple[int, str, str, int, int], int] = {}
 _cluster_occupancy: dict[tuple[int, str, str, int, int, int], int] = {}
-_clusters: dict[int, bool] = {}
+_capability: dict[int, int] = {}
 _counters: dict[tuple[int, str], cp.ndarray] = {}
 
 
@@ -89,13 +89,23 @@ def blocks_per_sm(source: str, name: str, block: int, smem: int = 0) -> int:
     return _occupancy[key]
 
 
+def compute_capability() -> int:
+    """The current device's compute capability as one number (90 for sm_90)."""
+    dev = cp.cuda.Device().id
+    if dev not in _capability:
+        _capability[dev] = int(cp.cuda.Device(dev).compute_capability)
+    return _capability[dev]
+
+
 def clusters_supported() -> bool:
     """Thread-block clusters (the split reductions of gemv.cu and attention_decode.cu) need sm_90+; older GPUs
     run those kernels unsplit or without clusters."""
-    dev = cp.cuda.Device().id
-    if dev not in _clusters:
-        _clusters[dev] = int(cp.cuda.Device(dev).compute_capability) >= 90
-    return _clusters[dev]
+    return compute_capability() >= 90
+
+
+def hopper() -> bool:
+    """sm_90 exactly: the wgmma / TMA kernels are built for sm_90a (elsewhere their bodies compile to nothing)."""
+    return compute_capability() == 90
 
 
 def max_active_clusters(source: str, name: str, block: int, smem: int, cluster: int) -> int:

@@ -143,10 +143,6 @@ class ByValue:
         self.buf = ctypes.create_string_buffer(size + align)
         self.address = ctypes.addressof(self.buf) + (-ctypes.addressof(self.buf) % align)
 
-    @property
-    def raw(self) -> bytes:
-        return ctypes.string_at(self.address, self.size)
-
 
 class _Slots(threading.local):
     """Per-thread launch state: the argument buffer, pointers to its slots, the attribute and config."""
@@ -165,12 +161,12 @@ _slots = _Slots()
 
 def pack(args: tuple) -> tuple[list[str], list[Any]]:
     """The struct codes and values of a kernel's arguments: a numpy scalar at its own size, a device
-    array as its 64-bit pointer, a ByValue as its bytes ("<size>s")."""
+    array as its 64-bit pointer, a ByValue as its size ("<size>s") and no value (launch passes it by pointer)."""
     fmt, values = [], []
     for a in args:
         if isinstance(a, ByValue):
             fmt.append(f"{a.size}s")
-            values.append(a.raw)
+            values.append(None)
         elif isinstance(a, np.generic):
             if a.dtype.char not in _CODES:
                 raise TypeError(f"kernel argument {a!r}: a {a.dtype} scalar; pass an integer or float one")
@@ -210,13 +206,14 @@ def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem
         raise ValueError(f"{len(args)} kernel arguments, at most {MAX_ARGS}")
     s = _slots
     codes, values = pack(args)
-    by_value = [i for i, a in enumerate(args) if isinstance(a, ByValue)] if args and isinstance(args[0], ByValue) else []
-    for i in by_value:   # its slot is skipped; the parameter pointer goes to its own bytes for this launch
-        codes[i], values[i] = "8x", None
-        s.params[i] = args[i].address
-    values = [v for v in values if v is not None]
-    struct.pack_into("<" + "".join(c if c in ("q", "Q", "d", "8x") else c + "4x" for c in codes), s.buf, 0,
-                     *values)  # 8-byte slots
+    by_value = ()
+    if args and isinstance(args[0], ByValue):   # their slots are skipped; each parameter pointer goes to the
+        by_value = [i for i, a in enumerate(args) if isinstance(a, ByValue)]   # struct's own bytes for this launch
+        for i in by_value:
+            codes[i] = "8x"
+            s.params[i] = args[i].address
+        values = [v for v in values if v is not None]
+    struct.pack_into("<" + "".join(c + "4x" if c in "iIf" else c for c in codes), s.buf, 0, *values)  # 8-byte slots
     cfg = s.cfg
     g = tuple(grid) + (1, 1)
     cfg.grid[0], cfg.grid[1], cfg.grid[2] = int(g[0]), int(g[1]), int(g[2])

@@ -18,7 +18,7 @@ import cupy as cp
 import numpy as np
 
 from . import tma
-from .module import BF16, launch, max_active_clusters, sm_count
+from .module import BF16, hopper, launch, max_active_clusters, sm_count
 
 MODES = ("0", "tune", "1")
 MODE = os.environ.get("OPENINFER_SKINNY_GEMM", "0")
@@ -73,17 +73,6 @@ def rule_splits(n: int, k: int, mp: int) -> int:
     a weight as the plain one does: the same sums before its epilogue)."""
     return default_splits(n, k, sm_count(), lambda s: max_active_clusters(
         "skinny_gemm", f"skinny_gemm_bf16_n{mp}", SG_THREADS, smem_bytes(mp), s))
-
-
-_hopper: dict[int, bool] = {}
-
-
-def hopper() -> bool:
-    """sm_90 exactly: the kernel is built for sm_90a (elsewhere its body compiles to nothing)."""
-    dev = cp.cuda.Device().id
-    if dev not in _hopper:
-        _hopper[dev] = cp.cuda.Device(dev).compute_capability == "90"
-    return _hopper[dev]
 
 
 def usable(x2: cp.ndarray, w: cp.ndarray, m: int) -> bool:
