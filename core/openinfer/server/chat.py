@@ -50,6 +50,10 @@ class ChatCompletionFormat:
         self.prompt_text = prompt_text   # up to a forced call's opener
         self.opener = opener
         self._role_sent: set[int] = set()
+        # a structured output constrains the answer: where reasoning may come first, from its end marker on
+        fmt = self.engine.chat_format
+        self.reasoning_end = tuple(self.engine.tokenizer.encode(fmt.think_end)) \
+            if req.gen.json_schema is not None and fmt.reasoning_ahead(prompt_text) else ()
 
     def output(self, params: SamplingParams) -> ChoiceOutput:
         parser = self.engine.chat_format.stream_parser(self.prompt_text, self.req.tools, self.opener)
