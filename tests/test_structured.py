@@ -99,3 +99,11 @@ def test_serving_modules_do_not_import_llguidance() -> None:
     code = ("import sys, openinfer.cli, openinfer.engine, openinfer.server, openinfer.server.app, "
             "openinfer.structured; assert 'llguidance' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_where_reasoning_may_come_first() -> None:
+    from openinfer_qwen3.chat import QWEN3_CHAT_FORMAT as fmt
+    head = "<|im_start|>user\n<think>?</think><|im_end|>\n<|im_start|>assistant\n"
+    assert fmt.reasoning_ahead(head)   # thinking on: the model opens the block itself
+    assert fmt.reasoning_ahead(head + "<think>\nLet me")   # the prompt opened it
+    assert not fmt.reasoning_ahead(head + "<think>\n\n</think>\n\n")   # thinking off: closed already
