@@ -9,10 +9,8 @@ from typing import Iterator
 import openai
 import pytest
 
-from openinfer.engine import Engine, EngineArgs, build_engine
-from openinfer.server import ModelHost
+from openinfer.engine import Engine
 from openinfer.testing.structured import PERSON, check_person
-from server_harness import LiveServer
 
 USER = [{"role": "user", "content": "Describe a person as JSON."}]
 PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
@@ -20,16 +18,8 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}   # the promp
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    e = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=0.05)).start()
-    yield e
-    e.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(engine: Engine) -> Iterator[openai.OpenAI]:
-    with LiveServer(ModelHost({"demo": engine})) as url, \
-            openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0) as c:
+def client(url: str) -> Iterator[openai.OpenAI]:   # `engine` and `url`: the demo model's (conftest.py)
+    with openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0) as c:
         yield c
 
 
