@@ -33,10 +33,6 @@ class GrammarError(ValueError):
     """A schema llguidance cannot compile (invalid, unsatisfiable, or over its complexity limits)."""
 
 
-class ConstraintError(RuntimeError):
-    """A matcher that failed mid-request: that request fails, the engine goes on."""
-
-
 @dataclass
 class _Vocab:
     """What llguidance's TokenizerWrapper reads: every id's raw bytes, the specials, a tokenize call."""
