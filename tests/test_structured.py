@@ -12,7 +12,7 @@ from tokenizers import AddedToken, Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from openinfer.sampling import SamplingParams, sample_row
-from openinfer.structured import Constraint, GrammarError, compile_json
+from openinfer.structured import Constraint, GrammarError, ReasoningGate, compile_json, reasoning_gate
 from openinfer.tokenizer import Tokenizer
 
 PIECES = ['{', '}', '"', ':', ',', ' ', 'a', 'b', '1', '2', 't', 'r', 'u', 'e', 'f', 'l', 's', '"a"', 'true', '<eos>']
@@ -77,12 +77,26 @@ def test_sampling_honours_the_mask(engine: TinyEngine) -> None:
 
 
 def test_reasoning_runs_free_until_its_end_marker(engine: TinyEngine) -> None:
-    [c] = compile_json(engine, SCHEMA, 1, reasoning_end=(ID["b"], ID["a"]))
+    [c] = compile_json(engine, SCHEMA, 1, ReasoningGate((ID["b"], ID["a"])))   # the prompt opened the block
     for piece in ["a", "b", "1", "b"]:   # reasoning: no mask, anything goes
         c.prepare()
         assert c.mask is None and not c.advance(ID[piece])
     assert not c.advance(ID["a"])   # "b a": the end marker; the answer is constrained from here
     assert allowed(c) == {"{"}
+
+
+def test_a_line_that_may_reason_offers_the_opener_beside_the_answer(engine: TinyEngine) -> None:
+    gate = ReasoningGate((ID["b"], ID["a"]), start=ID["t"])
+    [reasons, answers] = compile_json(engine, SCHEMA, 2, gate)
+    assert allowed(reasons) == {"{", "t"}   # the first token: the answer's or the block's opener
+    assert not reasons.advance(ID["t"])
+    reasons.prepare()
+    assert reasons.mask is None and not reasons.advance(ID["1"])   # inside the block: free
+    assert not reasons.advance(ID["b"]) and not reasons.advance(ID["a"])
+    assert allowed(reasons) == {"{"}   # after the end marker, the grammar alone
+    assert allowed(answers) == {"{", "t"}
+    assert not answers.advance(ID["{"])   # no reasoning: constrained from the first token on
+    assert allowed(answers) == {'"'}
 
 
 def test_refused_token_and_bad_schema(engine: TinyEngine) -> None:
@@ -102,8 +116,13 @@ def test_serving_modules_do_not_import_llguidance() -> None:
 
 
 def test_where_reasoning_may_come_first() -> None:
-    from openinfer_qwen3.chat import QWEN3_CHAT_FORMAT as fmt
+    from openinfer_qwen3.chat import DEMO_TOKENIZER_DIR, QWEN3_CHAT_FORMAT as fmt
+    qwen3_tokenizer = Tokenizer.from_dir(DEMO_TOKENIZER_DIR)
+    start, end = (qwen3_tokenizer.encode(t) for t in ("<think>", "</think>"))
     head = "<|im_start|>user\n<think>?</think><|im_end|>\n<|im_start|>assistant\n"
     assert fmt.reasoning_ahead(head)   # thinking on: the model opens the block itself
+    assert reasoning_gate(fmt, head, qwen3_tokenizer) == ReasoningGate(tuple(end), start[0])
     assert fmt.reasoning_ahead(head + "<think>\nLet me")   # the prompt opened it
+    assert reasoning_gate(fmt, head + "<think>\nLet me", qwen3_tokenizer) == ReasoningGate(tuple(end))
     assert not fmt.reasoning_ahead(head + "<think>\n\n</think>\n\n")   # thinking off: closed already
+    assert reasoning_gate(fmt, head + "<think>\n\n</think>\n\n", qwen3_tokenizer) is None

@@ -14,7 +14,7 @@ from openinfer.engine import Engine, EngineArgs, build_engine
 from openinfer.request import Failed
 from openinfer.sampling import SamplingParams
 from openinfer.sampling_batch import ROW, to_results
-from openinfer.structured import Constraint, compile_json
+from openinfer.structured import Constraint, ReasoningGate, compile_json
 from openinfer.testing.engine import collect, generate, greedy, run_to_completion
 from openinfer.testing.structured import PERSON, check_person
 
@@ -28,9 +28,9 @@ def engine() -> Engine:
 
 
 def constrained(engine: Engine, params: SamplingParams, schema: dict = PERSON, prompt: list[int] = PROMPT,
-                reasoning_end: tuple[int, ...] = ()) -> tuple[list[int], str]:
+                gate: ReasoningGate | None = None) -> tuple[list[int], str]:
     """(tokens, finish reason) of one constrained request."""
-    [c] = compile_json(engine, schema, 1, reasoning_end)
+    [c] = compile_json(engine, schema, 1, gate)
     stream = engine.submit(prompt, params, constraint=c)
     run_to_completion(engine, [stream])
     tokens, fin, _ = collect(stream)
@@ -90,7 +90,7 @@ def test_reasoning_is_free_and_the_answer_constrained(engine: Engine) -> None:
     [(free, _, _)] = generate(engine, [PROMPT], greedy(30))
     k = next(i for i in range(3, 30) if free[i] not in free[:i])   # a token that first appears at step k
     tokens, reason = constrained(engine, SamplingParams(max_tokens=230, temperature=0.0),
-                                 reasoning_end=(free[k],))
+                                 gate=ReasoningGate((free[k],)))
     assert tokens[:k + 1] == free[:k + 1]   # the reasoning, up to its end marker, is what the model wrote
     assert reason == "stop"
     check_person(json.loads(engine.tokenizer.decode(tokens[k + 1:])))

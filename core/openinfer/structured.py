@@ -7,8 +7,10 @@ back. llguidance is imported on the first structured request only, so `openinfer
 and idles without it; its tokenizer (our vocabulary as raw bytes, ~2 s for 150k tokens) is built
 once per tokenizer, vocabulary size and eos set, and cached.
 
-Reasoning lines: a Constraint with `reasoning_end` (the end marker's token ids) leaves the output
-free until the model has written that marker, then applies the grammar to the answer.
+Reasoning lines (a ReasoningGate): where the prompt opened the reasoning block the output is free
+until the model writes the end marker, and the grammar applies to the answer after it. Where the
+model may open the block itself (Qwen3 with thinking on), its first token is the grammar's or the
+block's opener: a model that does not reason is constrained from its first token, never left free.
 """
 from __future__ import annotations
 
@@ -64,8 +66,29 @@ def _build_tokenizer(tokenizer: Tokenizer, vocab_size: int, eos_ids: tuple[int, 
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab), n_vocab=vocab_size, eos_token=list(eos_ids))
 
 
+@dataclass(frozen=True)
+class ReasoningGate:
+    """Where reasoning may come before the answer: the grammar applies after the `end` marker's ids.
+    `start` (the opener's one token id) is set when the output itself may open the block."""
+    end: tuple[int, ...]
+    start: int | None = None
+
+
+def reasoning_gate(chat_format: Any, prompt_text: str, tokenizer: Tokenizer) -> ReasoningGate | None:
+    """The gate of a chat prompt on this line, or None when the answer comes first (no reasoning, or
+    the prompt closed the block). A multi-token opener cannot be offered beside the grammar's first
+    token: the answer is then constrained from the start, as the client asked."""
+    if not chat_format.reasoning_ahead(prompt_text):
+        return None
+    end = tuple(tokenizer.encode(chat_format.think_end))
+    if chat_format.starts_in_reasoning(prompt_text):
+        return ReasoningGate(end)
+    start = tokenizer.encode(chat_format.think_start)
+    return ReasoningGate(end, start[0]) if len(start) == 1 else None
+
+
 def compile_json(engine: Any, schema: dict[str, Any], count: int,
-                 reasoning_end: tuple[int, ...] = ()) -> list[Constraint]:
+                 gate: ReasoningGate | None = None) -> list[Constraint]:
     """`count` fresh constraints (one per choice) for `schema` over the engine's vocabulary. Raises
     GrammarError for a schema llguidance rejects; its parser limits bound the work per step."""
     import llguidance
@@ -80,7 +103,7 @@ def compile_json(engine: Any, schema: dict[str, Any], count: int,
     if first.is_error():
         raise GrammarError(first.get_error())
     matchers = [first] + [first.deep_copy() for _ in range(count - 1)]
-    return [Constraint(m, engine.vocab_size, reasoning_end) for m in matchers]
+    return [Constraint(m, engine.vocab_size, gate) for m in matchers]
 
 
 @dataclass
@@ -89,15 +112,19 @@ class Constraint:
     the request (the mask is computed while the device runs), reads `mask` to sample, then advance()."""
     matcher: Any                              # llguidance.LLMatcher
     vocab_size: int
-    reasoning_end: tuple[int, ...] = ()       # the grammar waits until the output ends with these ids
+    gate: ReasoningGate | None = None         # None once the grammar applies
     mask: np.ndarray | None = None            # [vocab_size] bool: the next token's allowed ids; None: free
     error: str | None = None                  # set once the matcher failed: the request must fail
+    _reasoning: bool = False                  # inside the block: free until gate.end
     _tail: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._reasoning = self.gate is not None and self.gate.start is None   # the prompt opened the block
 
     def prepare(self) -> None:
         """The next token's mask (none while reasoning). A matcher error is recorded, never raised:
         this runs for a whole step's rows."""
-        if self.reasoning_end or self.mask is not None or self.error is not None:
+        if self._reasoning or self.mask is not None or self.error is not None:
             return
         try:
             bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
@@ -108,17 +135,25 @@ class Constraint:
         if self.matcher.is_error() or not mask.any():
             self.error = self.matcher.get_error() or "the grammar allows no next token"
             return
+        if self.gate is not None:   # the first token: the answer's, or the reasoning block's opener
+            mask[self.gate.start] = True
         self.mask = mask
 
     def advance(self, token: int) -> bool:
         """Feed the sampled token; True when the grammar is complete (only eos could follow).
         A token the matcher refuses sets `error`."""
-        if self.reasoning_end:
-            self._tail = (self._tail + [token])[-len(self.reasoning_end):]
-            if tuple(self._tail) == self.reasoning_end:
-                self.reasoning_end = ()   # the answer starts: constrain from the next token on
-            return False
         self.mask = None
+        if self._reasoning:
+            end = self.gate.end
+            self._tail = (self._tail + [token])[-len(end):]
+            if tuple(self._tail) == end:
+                self._reasoning, self.gate = False, None   # the answer starts: constrain from the next token on
+            return False
+        if self.gate is not None:   # the first token of a line that may reason
+            if token == self.gate.start:
+                self._reasoning = True
+                return False
+            self.gate = None
         if not self.matcher.consume_token(token):
             self.error = self.matcher.get_error() or f"token {token} is outside the grammar"
             return False

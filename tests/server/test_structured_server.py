@@ -66,16 +66,23 @@ def test_completions_accept_response_format(client: openai.OpenAI, engine: Engin
 
 
 def test_grammar_starts_after_the_reasoning_block(client: openai.OpenAI, engine: Engine) -> None:
-    """Thinking on: Qwen3's prompt leaves the block to the model, so the output is free until </think>
-    (which a JSON grammar would never allow first; the bias makes this random model write it at once)."""
-    end = engine.tokenizer.encode("</think>")
-    assert len(end) == 1
+    """Thinking on: Qwen3's prompt leaves the block to the model, so its first token may be <think>
+    (the bias makes this random model open it and, inside, close it at once); the answer after
+    </think> is constrained."""
+    [start], [end] = (engine.tokenizer.encode(t) for t in ("<think>", "</think>"))
     r = client.chat.completions.create(model="demo", messages=USER, response_format=PERSON_FORMAT, max_tokens=250,
-                                       temperature=0, logit_bias={str(end[0]): 100})
+                                       temperature=0, logit_bias={str(start): 100, str(end): 100})
     c = r.choices[0]
-    text = (c.model_extra.get("reasoning_content") or "") + c.message.content
-    assert text.startswith("</think>") and c.finish_reason == "stop"
-    check_person(json.loads(text.removeprefix("</think>")))
+    assert c.finish_reason == "stop" and not (c.model_extra.get("reasoning_content") or "").strip()
+    check_person(json.loads(c.message.content))
+
+
+def test_a_model_that_does_not_reason_is_constrained_from_its_first_token(client: openai.OpenAI) -> None:
+    """Thinking on, but the model answers at once (as Qwen3 instruct checkpoints do): no free output."""
+    r = client.chat.completions.create(model="demo", messages=USER, response_format=PERSON_FORMAT, max_tokens=250,
+                                       temperature=0)
+    assert r.choices[0].finish_reason == "stop"
+    check_person(json.loads(r.choices[0].message.content))
 
 
 def test_bad_schema_is_a_400_and_serving_goes_on(client: openai.OpenAI) -> None:

@@ -9,7 +9,8 @@ object); {"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "d
 schema is always enforced, `strict` or not, by constrained decoding (structured.py): the content is
 valid JSON matching it unless max_tokens (or a stop string) cuts it, and finish_reason is "stop" once
 it is complete. A malformed format or a schema llguidance rejects is a 400 naming `response_format`.
-On a reasoning line the grammar applies to the answer, from the end of the reasoning block on.
+On a reasoning line the grammar applies to the answer, after the reasoning block; where the model may open
+the block itself, its first token is the grammar's or the opener (one that answers at once is constrained).
 Logprobs are those of the masked distribution. vLLM's `structured_outputs` / `guided_*` are 400s.
 `tool_choice` "required" or a named function ends the prompt with the line's tool-call opener (and the
 function's name), so the output is that call; its arguments are the model's, unchecked against the
