@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from .philox import split64
 from .sampling import SampleResult, SamplingParams, sample_row
 from .sampling_batch import SampleRow, SamplingBatch, build_batch
 from .scheduler import Scheduler, StepPlan
+
+if TYPE_CHECKING:
+    from .structured import Constraint
 
 log = logging.getLogger("openinfer.engine")
 # a launched step: its plan, the runner's handle, the sampled rows whose logits go to the host
@@ -86,7 +89,8 @@ class Engine:
 
     # ---- client side (any thread) ------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               cache_salt: str = "") -> RequestStream:
+               cache_salt: str = "", constraint: Constraint | None = None) -> RequestStream:
+        """`constraint`: a structured output's grammar (structured.compile_json), one per request."""
         rid = request_id or f"req-{next(self._ids)}"
         stream = RequestStream(rid)
         reason = self._never_fits(prompt_ids, params)
@@ -98,8 +102,8 @@ class Engine:
             return stream
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         req = Request(rid, list(prompt_ids), params, stream, time.monotonic(), cache_salt=cache_salt, stop_ids=stops,
-                      plain_greedy=params.is_plain_greedy(), rng=np.random.default_rng(params.seed),
-                      sample_stream=next(self._streams))
+                      plain_greedy=params.is_plain_greedy() and constraint is None,
+                      rng=np.random.default_rng(params.seed), sample_stream=next(self._streams), constraint=constraint)
         self._inbox.put(req)
         self._wake.set()
         return stream
@@ -206,13 +210,20 @@ class Engine:
             return None
         sampled = [run.req for run in plan.runs if run.samples]
         rows = self._host_sampled(sampled)
+        # structured outputs sample on the host, whatever the backend: their grammar mask lives there
+        constrained = [i for i in rows if sampled[i].constraint is not None]
         try:
             if self.runner.backend.samples_on_device:
-                return plan, self.runner.launch(plan, self._sampling_batch(sampled, rows)), ()
-            return plan, self.runner.launch(plan), rows
+                on_device = [i for i in rows if sampled[i].constraint is None] if constrained else rows
+                launched, logits_rows = self.runner.launch(plan, self._sampling_batch(sampled, on_device)), constrained
+            else:
+                launched, logits_rows = self.runner.launch(plan), rows
         except Exception as e:  # noqa: BLE001 — fail this step's requests, keep serving
             self._fail(plan, e)
             return None
+        for i in constrained:   # the next tokens' masks, computed while the device runs the step
+            sampled[i].constraint.prepare()
+        return plan, launched, logits_rows
 
     def _collect(self, plan: StepPlan, launched: Launched, logits_rows: list[int] | tuple[int, ...]) -> None:
         """Queue the next decode step when pipelining allows it, then wait for this one and do its
@@ -307,12 +318,17 @@ class Engine:
             commit(req)
             if not run.samples:
                 continue
-            p = req.params
+            p, c = req.params, req.constraint
+            if c is not None and c.error is not None:
+                row += 1
+                self._end(req, _grammar_failed(c))
+                continue
             if row in device_samples:
                 s = device_samples[row]
             elif row in logits:
                 blocked = req.stop_ids if len(req.output_ids) < p.min_tokens else frozenset()
-                s = sample_row(logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked)
+                s = sample_row(logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked,
+                               None if c is None else c.mask)
             else:
                 s = SampleResult(tokens[row])
             row += 1
@@ -324,6 +340,8 @@ class Engine:
             req.stream.put(Tokens([token], [s]))
             if token in req.stop_ids:
                 self._end(req, self._finished(req, "stop", token))
+            elif c is not None and (c.advance(token) or c.error is not None):   # the grammar is complete
+                self._end(req, self._finished(req, "stop") if c.error is None else _grammar_failed(c))
             elif len(out_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
                 self._end(req, self._finished(req, "length"))
         self.generation_tokens += row
@@ -339,6 +357,11 @@ class Engine:
         self._requests.pop(req.request_id, None)
         if not req.stream.done:
             req.stream.put(ev)
+
+
+def _grammar_failed(c: Constraint) -> Failed:
+    """A structured output whose matcher failed: its request fails alone."""
+    return Failed(f"structured output failed: {c.error}")
 
 
 def _valid_ids(ids: list[int], vocab_size: int) -> bool:

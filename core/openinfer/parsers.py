@@ -244,6 +244,14 @@ class ChatFormat:
         turn = self._assistant_turn(prompt_text)
         return turn.rfind(self.think_start) > turn.rfind(self.think_end)
 
+    def reasoning_ahead(self, prompt_text: str) -> bool:
+        """True if the output may still hold reasoning: the prompt ends inside an open block, or the line
+        reasons and the final assistant turn has not closed a block (the model opens one itself)."""
+        if self.reasoning_parser is None:
+            return False
+        turn = self._assistant_turn(prompt_text)
+        return turn.rfind(self.think_start) >= turn.rfind(self.think_end)   # both absent: -1 >= -1
+
     def tool_call_opener(self, name: str | None) -> str | None:
         """The text that starts a tool call in this line's output, up to where the model writes the function's name
         (`name` None) or, given `name`, its arguments: what tool_choice "required" or a named function appends to

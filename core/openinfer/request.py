@@ -12,11 +12,14 @@ import threading
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 import numpy as np
 
 from .sampling import SamplingParams, SampleResult
+
+if TYPE_CHECKING:   # structured.py is only needed by requests that carry a constraint
+    from .structured import Constraint
 
 
 @dataclass
@@ -209,6 +212,7 @@ class Request:
     rng: np.random.Generator | None = None      # the host sampler's
     sample_stream: int = 0                      # the device sampler's Philox stream when unseeded
     prompt_unique: np.ndarray | None = None     # the prompt's distinct ids (repetition penalty), once
+    constraint: Constraint | None = None        # structured output: the grammar its tokens must follow
     first_token_time: float | None = None
     last_token_time: float | None = None
     aborted: bool = False

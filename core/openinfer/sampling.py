@@ -98,11 +98,14 @@ def apply_penalties(logits: np.ndarray, p: SamplingParams, prompt_ids: list[int]
 
 
 def sample_row(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, prompt_ids: list[int],
-               output_ids: list[int], blocked: frozenset[int] | set[int] = frozenset()) -> SampleResult:
-    """Sample one token from one row of float32 logits. `blocked` (eos while min_tokens is unmet)
-    is masked before sampling. Logprobs are those of the processed distribution before the
-    temperature/top-k/top-p/min-p filters (penalties and biases included), as vLLM reports them."""
-    x = logits.astype(np.float32, copy=True)
+               output_ids: list[int], blocked: frozenset[int] | set[int] = frozenset(),
+               allowed: np.ndarray | None = None) -> SampleResult:
+    """Sample one token from one row of float32 logits. `allowed` (a structured output's grammar
+    mask, bool per id) and `blocked` (eos while min_tokens is unmet) are masked before anything
+    else, so greedy is the argmax over the allowed ids. Logprobs are those of the processed
+    distribution before the temperature/top-k/top-p/min-p filters (mask, penalties and biases
+    included), as vLLM reports them."""
+    x = logits.astype(np.float32, copy=True) if allowed is None else np.where(allowed, logits, np.float32(-np.inf))
     x = apply_penalties(x, p, prompt_ids, output_ids)
     for tid, bias in p.logit_bias.items():
         x[tid] += bias

@@ -1,4 +1,6 @@
-"""Fixtures: one live server over two fake engines for the session; engines reset per test."""
+"""Fixtures: one live server over two fake engines for the session; engines reset per test. Modules that
+drive the real engine take `engine` and `url`: the built-in demo model (tiny random Qwen3, real
+tokenizer) behind its own server, one per module."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -8,6 +10,7 @@ import openai
 import pytest
 
 from fake_engine import FakeEngine
+from openinfer.engine import Engine, EngineArgs, build_engine
 from openinfer.server import ModelHost
 from server_harness import LiveServer
 
@@ -25,6 +28,19 @@ def engines() -> Iterator[dict[str, FakeEngine]]:
 @pytest.fixture(scope="session")
 def server(engines: dict[str, FakeEngine]) -> Iterator[str]:
     with LiveServer(ModelHost(engines)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    e = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=0.05)).start()
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture(scope="module")
+def url(engine: Engine) -> Iterator[str]:
+    with LiveServer(ModelHost({"demo": engine})) as url:
         yield url
 
 

@@ -54,7 +54,30 @@ def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> Non
     ("/v1/chat/completions", {**CHAT, "stop_token_ids": ["a"]}, "stop_token_ids"),
     ("/v1/chat/completions", {**CHAT, "min_tokens": 100, "max_tokens": 10}, "min_tokens"),
     ("/v1/chat/completions", {**CHAT, "frobnicate": True}, "frobnicate"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": "json"}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": [1]}}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "schema": {}}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "foo"}}}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "pattern": "(("}}}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"properties": {"a": {"$ref": "#/nowhere"}}}}}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}, "tool_choice": "required",
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, "response_format"),
+    ("/v1/completions", {**COMPLETION, "response_format": {"type": "json_object", "strict": True}},
+     "response_format"),
+    ("/v1/completions", {**COMPLETION, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "required": ["a"], "properties": {"a": False}}}}},
+     "response_format"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "any", "tools": [
         {"type": "function", "function": {"name": "f"}}]}, "tool_choice"),

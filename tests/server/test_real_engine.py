@@ -7,24 +7,10 @@ import httpx
 import openai
 import pytest
 
-from server_harness import LiveServer, post, wait_until
-from openinfer.engine import Engine, EngineArgs, build_engine
-from openinfer.server import ModelHost
+from server_harness import post, wait_until
+from openinfer.engine import Engine
 
 USER = [{"role": "user", "content": "Tell me a story."}]
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    e = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=0.05)).start()
-    yield e
-    e.shutdown()
-
-
-@pytest.fixture(scope="module")
-def url(engine: Engine) -> Iterator[str]:
-    with LiveServer(ModelHost({"demo": engine})) as url:
-        yield url
 
 
 @pytest.fixture

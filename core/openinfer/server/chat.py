@@ -18,6 +18,7 @@ from typing import Any
 from starlette.responses import Response
 
 from openinfer.parsers import ToolCallDelta, collect_tool_calls
+from openinfer.structured import reasoning_gate
 from openinfer.sampling import SamplingParams
 from openinfer.tokenizer import ChatTemplateError
 
@@ -50,6 +51,9 @@ class ChatCompletionFormat:
         self.prompt_text = prompt_text   # up to a forced call's opener
         self.opener = opener
         self._role_sent: set[int] = set()
+        # a structured output constrains the answer: where reasoning may come first, from its end marker on
+        self.reasoning_gate = reasoning_gate(self.engine.chat_format, prompt_text, self.engine.tokenizer) \
+            if req.gen.json_schema is not None else None
 
     def output(self, params: SamplingParams) -> ChoiceOutput:
         parser = self.engine.chat_format.stream_parser(self.prompt_text, self.req.tools, self.opener)

@@ -26,6 +26,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 class CompletionFormat:
     prefix = "cmpl"
     object = chunk_object = "text_completion"
+    reasoning_gate = None   # no chat format: a structured output is constrained from its first token
 
     def __init__(self, model: ServedModel, req: CompletionRequest) -> None:
         self.engine = model.engine

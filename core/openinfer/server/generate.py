@@ -6,6 +6,7 @@ things and the abort-on-every-exit rule (the SSE response takes over `close` onc
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, AsyncIterator, Protocol
@@ -13,6 +14,7 @@ from typing import Any, AsyncIterator, Protocol
 from starlette.responses import JSONResponse, Response
 
 from openinfer.sampling import SamplingParams
+from openinfer.structured import Constraint, GrammarError, ReasoningGate, compile_json
 
 from .errors import APIError, bad_request
 from .host import ServedModel
@@ -28,6 +30,7 @@ class Format(Protocol):
     prefix: str          # response id prefix
     object: str          # response object type
     chunk_object: str    # stream chunk object type
+    reasoning_gate: ReasoningGate | None   # where a structured output's grammar starts (None: at once)
 
     def output(self, params: SamplingParams) -> ChoiceOutput: ...
     def chunk_choice(self, c: Choice, piece: Piece) -> dict[str, Any] | None: ...
@@ -53,15 +56,30 @@ def max_tokens_for(model: ServedModel, prompt_len: int, gen: Generation, default
     return gen.max_tokens
 
 
+async def constraints(model: ServedModel, gen: Generation, count: int,
+                      gate: ReasoningGate | None) -> list[Constraint | None]:
+    """One grammar per choice when response_format asks for JSON. Compiled in a worker thread (a
+    complex schema takes up to ~1 s, bounded by llguidance's limits) before anything is submitted,
+    so a schema llguidance rejects is a 400, never an engine error (serving.md §7.7-8)."""
+    if gen.json_schema is None:
+        return [None] * count
+    try:
+        return await asyncio.to_thread(compile_json, model.engine, gen.json_schema, count, gate)
+    except GrammarError as e:
+        raise bad_request(f"'response_format' has a schema that cannot be enforced: {str(e)[:500]}",
+                          "response_format") from None
+
+
 async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: float,
                   plan: list[tuple[int, list[int], SamplingParams]], prompt_lens: list[int]) -> Response:
     """plan: (prompt index, prompt ids, params) per choice, all validated before anything runs."""
+    grammars = await constraints(model, gen, len(plan), fmt.reasoning_gate)
     sub = Submission(model.engine, model.metrics, arrival, fmt.prefix)
     head = {"id": sub.id, "object": fmt.chunk_object, "created": int(time.time()), "model": model.name}
     streaming = False
     try:
-        for prompt_index, ids, params in plan:
-            sub.add(prompt_index, ids, params, fmt.output(params), gen.cache_salt)
+        for (prompt_index, ids, params), grammar in zip(plan, grammars):
+            sub.add(prompt_index, ids, params, fmt.output(params), gen.cache_salt, grammar)
         await sub.started()
         if gen.stream:
             streaming = True

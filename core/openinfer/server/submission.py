@@ -14,6 +14,7 @@ from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from openinfer.request import Event, Failed, Finished, Rejected, RequestStream, Scheduled, Tokens
 from openinfer.sampling import SamplingParams
+from openinfer.structured import Constraint
 
 from .errors import bad_request, engine_error
 from .metrics import ModelMetrics
@@ -44,10 +45,10 @@ class Submission:
         self.choices: list[Choice] = []
 
     def add(self, prompt_index: int, prompt_ids: list[int], params: SamplingParams, out: ChoiceOutput,
-            cache_salt: str = "") -> None:
+            cache_salt: str = "", constraint: Constraint | None = None) -> None:
         index = len(self.choices)
         request_id = f"{self.id}-{index}"
-        stream = self.engine.submit(prompt_ids, params, request_id, cache_salt)
+        stream = self.engine.submit(prompt_ids, params, request_id, cache_salt, constraint)
         self.choices.append(Choice(index, prompt_index, request_id, stream, out))
 
     async def started(self) -> None:

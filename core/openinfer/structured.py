@@ -1,0 +1,160 @@
+"""Structured outputs: a JSON Schema compiled by llguidance into one token matcher per request.
+
+The server compiles (`compile_json`, in a worker thread, before submit: a bad or too complex schema
+is the client's 400, never an engine error); the engine asks each constrained request's Constraint
+for the next token's allow mask, samples on the host among the allowed tokens, and feeds the token
+back. llguidance is imported on the first structured request only, so `openinfer serve` starts
+and idles without it; its tokenizer (our vocabulary as raw bytes, ~2 s for 150k tokens) is built
+once per tokenizer, vocabulary size and eos set, and cached.
+
+Reasoning lines (a ReasoningGate): where the prompt opened the reasoning block the output is free
+until the model writes the end marker, and the grammar applies to the answer after it. Where the
+model may open the block itself (Qwen3 with thinking on), its first token is the grammar's or the
+block's opener: a model that does not reason is constrained from its first token, never left free.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+
+# Used unless the schema carries llguidance's own "x-guidance" options. Whitespace between JSON
+# tokens stays flexible (models pretty-print) but bounded, so a model cannot spin on newlines
+# until max_tokens: the failure vLLM's disable_any_whitespace works around.
+_JSON_DEFAULTS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,32}"}
+_build_lock = threading.Lock()
+
+
+class GrammarError(ValueError):
+    """A schema llguidance cannot compile (invalid, unsatisfiable, or over its complexity limits)."""
+
+
+@dataclass
+class _Vocab:
+    """What llguidance's TokenizerWrapper reads: every id's raw bytes, the specials, a tokenize call."""
+    tokenizer: Tokenizer
+    tokens: list[bytes]
+    eos_token_id: int
+    bos_token_id: int | None
+    special_token_ids: list[int]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return self.tokenizer.encode(text.decode("utf-8", "replace"))
+
+
+def grammar_tokenizer(tokenizer: Tokenizer, vocab_size: int, eos_ids: frozenset[int]) -> Any:
+    """llguidance's LLTokenizer for this vocabulary, built once (under a lock: the first structured
+    requests may arrive together) and cached."""
+    with _build_lock:
+        return _build_tokenizer(tokenizer, vocab_size, tuple(sorted(eos_ids)))
+
+
+@lru_cache(maxsize=8)
+def _build_tokenizer(tokenizer: Tokenizer, vocab_size: int, eos_ids: tuple[int, ...]) -> Any:
+    import llguidance
+    # ids past the tokenizer's vocabulary (the model's padded rows) are empty: never allowed
+    n = tokenizer.vocab_size
+    tokens = [bytes(tokenizer.token_bytes(i)) if i < n else b"" for i in range(vocab_size)]
+    vocab = _Vocab(tokenizer, tokens, eos_ids[0], tokenizer.bos_token_id, sorted(tokenizer.special_ids))
+    # every eos id ends a finished grammar (Qwen3 ends a chat turn with <|im_end|>, text with <|endoftext|>)
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab), n_vocab=vocab_size, eos_token=list(eos_ids))
+
+
+@dataclass(frozen=True)
+class ReasoningGate:
+    """Where reasoning may come before the answer: the grammar applies after the `end` marker's ids.
+    `start` (the opener's one token id) is set when the output itself may open the block."""
+    end: tuple[int, ...]
+    start: int | None = None
+
+
+def reasoning_gate(chat_format: Any, prompt_text: str, tokenizer: Tokenizer) -> ReasoningGate | None:
+    """The gate of a chat prompt on this line, or None when the answer comes first (no reasoning, or
+    the prompt closed the block). A multi-token opener cannot be offered beside the grammar's first
+    token: the answer is then constrained from the start, as the client asked."""
+    if not chat_format.reasoning_ahead(prompt_text):
+        return None
+    end = tuple(tokenizer.encode(chat_format.think_end))
+    if chat_format.starts_in_reasoning(prompt_text):
+        return ReasoningGate(end)
+    start = tokenizer.encode(chat_format.think_start)
+    return ReasoningGate(end, start[0]) if len(start) == 1 else None
+
+
+def compile_json(engine: Any, schema: dict[str, Any], count: int,
+                 gate: ReasoningGate | None = None) -> list[Constraint]:
+    """`count` fresh constraints (one per choice) for `schema` over the engine's vocabulary. Raises
+    GrammarError for a schema llguidance rejects; its parser limits bound the work per step."""
+    import llguidance
+    tok = grammar_tokenizer(engine.tokenizer, engine.vocab_size, engine.eos_token_ids)
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            schema, defaults=None if "x-guidance" in schema else _JSON_DEFAULTS)
+    except ValueError as e:
+        raise GrammarError(str(e)) from None
+    first = llguidance.LLMatcher(tok, grammar, log_level=0,
+                                 limits=llguidance.LLParserLimits(verbose_errors=False))
+    if first.is_error():
+        raise GrammarError(first.get_error())
+    matchers = [first] + [first.deep_copy() for _ in range(count - 1)]
+    return [Constraint(m, engine.vocab_size, gate) for m in matchers]
+
+
+@dataclass
+class Constraint:
+    """One request's grammar state. The engine calls prepare() when it launches a step that samples
+    the request (the mask is computed while the device runs), reads `mask` to sample, then advance()."""
+    matcher: Any                              # llguidance.LLMatcher
+    vocab_size: int
+    gate: ReasoningGate | None = None         # None once the grammar applies
+    mask: np.ndarray | None = None            # [vocab_size] bool: the next token's allowed ids; None: free
+    error: str | None = None                  # set once the matcher failed: the request must fail
+    _reasoning: bool = False                  # inside the block: free until gate.end
+    _tail: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._reasoning = self.gate is not None and self.gate.start is None   # the prompt opened the block
+
+    def prepare(self) -> None:
+        """The next token's mask (none while reasoning). A matcher error is recorded, never raised:
+        this runs for a whole step's rows."""
+        if self._reasoning or self.mask is not None or self.error is not None:
+            return
+        try:
+            bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
+        except Exception as e:  # noqa: BLE001 — llguidance raises only on API misuse; fail the request
+            self.error = f"{type(e).__name__}: {e}"
+            return
+        mask = np.unpackbits(bits, count=self.vocab_size, bitorder="little").view(bool)
+        if self.matcher.is_error() or not mask.any():
+            self.error = self.matcher.get_error() or "the grammar allows no next token"
+            return
+        if self.gate is not None:   # the first token: the answer's, or the reasoning block's opener
+            mask[self.gate.start] = True
+        self.mask = mask
+
+    def advance(self, token: int) -> bool:
+        """Feed the sampled token; True when the grammar is complete (only eos could follow).
+        A token the matcher refuses sets `error`."""
+        self.mask = None
+        if self._reasoning:
+            end = self.gate.end
+            self._tail = (self._tail + [token])[-len(end):]
+            if tuple(self._tail) == end:
+                self._reasoning, self.gate = False, None   # the answer starts: constrain from the next token on
+            return False
+        if self.gate is not None:   # the first token of a line that may reason
+            if token == self.gate.start:
+                self._reasoning = True
+                return False
+            self.gate = None
+        if not self.matcher.consume_token(token):
+            self.error = self.matcher.get_error() or f"token {token} is outside the grammar"
+            return False
+        return self.matcher.is_stopped()

@@ -1,0 +1,95 @@
+"""response_format through the real server and engine (the built-in demo model), driven by the openai
+client: JSON that satisfies the schema on both endpoints, streamed and not, with n, seed, logprobs and
+usage; the grammar after the reasoning block; a bad schema is a 400 and the server keeps serving."""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import openai
+import pytest
+
+from openinfer.engine import Engine
+from openinfer.testing.structured import PERSON, check_person
+
+USER = [{"role": "user", "content": "Describe a person as JSON."}]
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}   # the prompt closes the reasoning block
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> Iterator[openai.OpenAI]:   # `engine` and `url`: the demo model's (conftest.py)
+    with openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+def test_chat_json_schema_streamed_and_not(client: openai.OpenAI) -> None:
+    kw = dict(model="demo", messages=USER, response_format=PERSON_FORMAT, max_tokens=250, temperature=0,
+              extra_body=NO_THINKING)
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    assert c.finish_reason == "stop"
+    check_person(json.loads(c.message.content))
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    deltas = [ch.choices[0].delta.content or "" for ch in chunks if ch.choices]
+    assert len([d for d in deltas if d]) > 5 and "".join(deltas) == c.message.content   # streamed as it comes
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens > 0
+
+
+def test_chat_n_seed_logprobs(client: openai.OpenAI) -> None:
+    kw = dict(model="demo", messages=USER, response_format=PERSON_FORMAT, max_tokens=250, temperature=1.0, n=2,
+              seed=11, logprobs=True, top_logprobs=2, extra_body=NO_THINKING)
+    r = client.chat.completions.create(**kw)
+    texts = []
+    for c in sorted(r.choices, key=lambda c: c.index):
+        assert c.finish_reason == "stop"
+        check_person(json.loads(c.message.content))
+        assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in c.logprobs.content)
+        texts.append(c.message.content)
+    assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices)
+    again = client.chat.completions.create(**kw)
+    assert [c.message.content for c in sorted(again.choices, key=lambda c: c.index)] == texts   # seeded
+
+
+def test_completions_accept_response_format(client: openai.OpenAI, engine: Engine) -> None:
+    r = client.completions.create(model="demo", prompt="A person:", max_tokens=250, temperature=0,
+                                  extra_body={"response_format": PERSON_FORMAT})
+    assert r.choices[0].finish_reason == "stop"
+    check_person(json.loads(r.choices[0].text))
+    bias = {str(engine.tokenizer.encode(t)[0]): 30 for t in ['}', '"', '":', '"}', ',"']}
+    chunks = list(client.completions.create(model="demo", prompt="Some JSON:", max_tokens=100, temperature=1.0,
+                                            seed=3, logit_bias=bias, stream=True,
+                                            extra_body={"response_format": {"type": "json_object"}}))
+    assert isinstance(json.loads("".join(ch.choices[0].text for ch in chunks)), dict)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_grammar_starts_after_the_reasoning_block(client: openai.OpenAI, engine: Engine) -> None:
+    """Thinking on: Qwen3's prompt leaves the block to the model, so its first token may be <think>
+    (the bias makes this random model open it and, inside, close it at once); the answer after
+    </think> is constrained."""
+    [start], [end] = (engine.tokenizer.encode(t) for t in ("<think>", "</think>"))
+    r = client.chat.completions.create(model="demo", messages=USER, response_format=PERSON_FORMAT, max_tokens=250,
+                                       temperature=0, logit_bias={str(start): 100, str(end): 100})
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and not (c.model_extra.get("reasoning_content") or "").strip()
+    check_person(json.loads(c.message.content))
+
+
+def test_a_model_that_does_not_reason_is_constrained_from_its_first_token(client: openai.OpenAI) -> None:
+    """Thinking on, but the model answers at once (as Qwen3 instruct checkpoints do): no free output."""
+    r = client.chat.completions.create(model="demo", messages=USER, response_format=PERSON_FORMAT, max_tokens=250,
+                                       temperature=0)
+    assert r.choices[0].finish_reason == "stop"
+    check_person(json.loads(r.choices[0].message.content))
+
+
+def test_bad_schema_is_a_400_and_serving_goes_on(client: openai.OpenAI) -> None:
+    for schema in ({"type": "object", "properties": {"a": {"type": "nope"}}}, {"minimum": "x"}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="demo", messages=USER, max_tokens=5, response_format={
+                "type": "json_schema", "json_schema": {"name": "bad", "schema": schema}})
+        assert e.value.body["param"] == "response_format"
+    r = client.chat.completions.create(model="demo", messages=USER, max_tokens=3, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 3
