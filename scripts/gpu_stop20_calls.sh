@@ -9,6 +9,9 @@
 # callB (~9 min), the rest: skinny_bench (every weight, width, split and variant), decode-attention clusters at
 #   batch 1 (attn_bench, engine on / off), the GDN norm fold (Qwen3.5 batch 1, its tests), the split-decode tests,
 #   structured outputs on the CUDA backend, cur against base, and the first-ever start with an empty kernel cache.
+# callC (~8 min), main itself (the working tree) after the skinny GEMM was taken out: serve start-up and idle RSS
+#   (gpu_startup.sh: a synthesized checkpoint in the page cache, first-ever and warm), Qwen3-4B batch 1 / 32 / 128,
+#   and the GPU tests (kernels, sampling, cuBLASLt, launch arguments, structured outputs, Qwen3 and Qwen3.5 engines).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -52,6 +55,11 @@ callB) tree cur precompile & tree base precompile & tree fold precompile & wait
        say "tests structured outputs: $(tail -1 $L/t_structured.log)"
        startup first_start OPENINFER_CACHE_DIR=/tmp/oc_empty   # empty kernel cache: stop 15 took 24.9 s, compiling serially
        grep -h "compiled .* in" $L/first_start_server.log | sort -t' ' -k1,1 | tail -20 > $L/first_start_compiles.txt ;;
+callC) SKIP_TESTS=1 OUT=$L/startup timeout 200 bash scripts/gpu_startup.sh > $L/startup.log 2>&1
+       say "start-up (gpu_startup.sh):"; grep "^|" $L/startup/summary.txt | tee -a $S; cp $L/startup/summary.txt $R/startup.txt
+       lat main_q3 90 $Q3
+       tests 240 tests/kernels/test_cuda_ops.py tests/kernels/test_cuda_sampling.py tests/kernels/test_cuda_lt.py \
+           tests/kernels/test_cuda_launch_args.py tests/test_cuda_structured_engine.py ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
