@@ -48,9 +48,9 @@ wait
 for f in core qwen3 qwen35; do say "tests $f: $(grep -E '(passed|failed|error|skipped|no tests ran)' "$LOGS/tests_$f.log" | tail -1)"; done
 grep -h "^FAILED\|^ERROR" "$LOGS"/tests_*.log | cut -c1-150 | head -20 | tee -a "$SUMMARY"
 fails() { grep -h "^FAILED\|^ERROR" "$LOGS"/tests_*.log | grep -qE "$1"; }
-fails "test_cuda_ops.py::test_decode_attention" && { export OPENINFER_DECODE_MMA=0; say "decode attention tests failed: OPENINFER_DECODE_MMA=0"; }
-fails "test_cuda_ops.py::test_(linear_)?gemv" && { export OPENINFER_GEMV=0; say "GEMV tests failed: OPENINFER_GEMV=0"; }
-fails "test_cuda_ops.py::test_(prefill_attention|paged_attention)" && { export OPENINFER_PREFILL_MMA=0; say "prefill mma tests failed: OPENINFER_PREFILL_MMA=0"; }
+fails "test_cuda_attention.py::test_decode_attention" && { export OPENINFER_DECODE_MMA=0; say "decode attention tests failed: OPENINFER_DECODE_MMA=0"; }
+fails "test_cuda_gemv.py::test_(linear_)?gemv" && { export OPENINFER_GEMV=0; say "GEMV tests failed: OPENINFER_GEMV=0"; }
+fails "test_cuda_attention.py::test_(prefill_attention|paged_attention)" && { export OPENINFER_PREFILL_MMA=0; say "prefill mma tests failed: OPENINFER_PREFILL_MMA=0"; }
 snapshot
 
 # ---- figures, most important first ----

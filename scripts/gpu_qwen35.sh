@@ -34,7 +34,7 @@ rc=0
 if has tests; then
     log "GPU tests (kernels Qwen3.5 uses, then the qwen35 line)"
     T="timeout 240 $PY -m pytest -q -p no:cacheprovider"
-    $T tests/kernels/test_cuda_ops.py -k "norm or rope or d256" 2>&1 | tail -4 | tee "$OUT/tests_kernels.log"
+    $T tests/kernels/test_cuda_elementwise.py tests/kernels/test_cuda_attention.py -k "norm or rope or d256" 2>&1 | tail -4 | tee "$OUT/tests_kernels.log"
     $T plugins/qwen35/tests -m cuda 2>&1 | tail -25 | tee "$OUT/tests_qwen35.log"
     grep -qE "[0-9]+ (failed|error)" "$OUT/tests_kernels.log" "$OUT/tests_qwen35.log" && rc=1
 fi

@@ -1,0 +1,68 @@
+"""What the CUDA op tests share (test_cuda_elementwise, _gemv, _attention, _ops): the GPU check, the dtypes
+with their tolerances, the fixtures (imported by each module) and the host/device conversions.
+
+bf16 cases round the inputs to bf16 first, so both sides see identical data and only the kernel's own rounding
+(fp32 accumulation, bf16 stores) is measured; f32 cases are tight.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from openinfer.testing.cuda import kernel_stream, require_gpu
+
+cp = require_gpu()
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+own_stream = pytest.fixture(autouse=True)(kernel_stream)
+DTYPES = {"bfloat16": (BF16, 2e-2, 2e-2), "float32": (np.dtype(np.float32), 1e-5, 1e-4)}
+
+
+@pytest.fixture(params=list(DTYPES))
+def dt(request):
+    return DTYPES[request.param]
+
+
+@pytest.fixture(params=[False, True])
+def pdl(request, monkeypatch):
+    """The test runs with programmatic dependent launch off, then on for every kernel (not only the
+    default's small ones); the fixture's value says which."""
+    from openinfer.kernels.cuda import pdl as pdl_mod
+    monkeypatch.setattr(pdl_mod, "ENABLED", request.param)
+    monkeypatch.setattr(pdl_mod, "KERNELS", None)
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def arrival_counters_left_zero():
+    """Every kernel that counts block arrivals (split decode attention) leaves its counters zero: a count left
+    behind breaks the next launch that uses them."""
+    yield
+    from openinfer.kernels.cuda.module import COUNTER_PURPOSES, _counters
+    cp.cuda.Device().synchronize()
+    left = {purpose: np.flatnonzero(cp.asnumpy(c))[:8].tolist() for (dev, purpose), c in _counters.items()
+            if dev == cp.cuda.Device().id and purpose in COUNTER_PURPOSES and c.any()}
+    assert not left, f"arrival counters left non-zero (purpose: first slots): {left}"
+
+
+def rnd(rng, *shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def dev(x: np.ndarray, dtype) -> "cp.ndarray":
+    return cp.asarray(x.astype(dtype)) if x.dtype.kind == "f" else cp.asarray(x)
+
+
+def host(x) -> np.ndarray:
+    return cp.asnumpy(x).astype(np.float32)
+
+
+def exact(x: np.ndarray, dtype) -> np.ndarray:
+    """x as the kernel sees it after storage rounding."""
+    return x.astype(dtype).astype(np.float32)
+
+
+def close(got, want, dt, scale=1.0):
+    _, atol, rtol = dt
+    np.testing.assert_allclose(host(got), want, atol=atol * scale, rtol=rtol)
