@@ -245,22 +245,6 @@ def test_pdl_suspended_on_this_thread_only(monkeypatch):
     assert asked == [1, 1] and pdl._suspended.depth == 0
 
 
-def test_wide_kernels_keep_pdl_when_suspended(monkeypatch):
-    """OPENINFER_PDL_WIDE: inside suspended() (decode graphs of more than MAX_DECODE_ROWS rows) only those kernels
-    are launched with PDL, whether or not OPENINFER_PDL lists them; nothing where PDL is off."""
-    monkeypatch.setattr(pdl, "ENABLED", True)
-    monkeypatch.setattr(pdl, "KERNELS", ("rms_norm",))
-    monkeypatch.setattr(pdl, "WIDE_KERNELS", ("skinny_gemm",))
-    monkeypatch.setattr(pdl.cp.cuda, "get_current_stream", lambda: SimpleNamespace(ptr=7))
-    monkeypatch.setattr(pdl.cp.cuda, "Device", lambda *a: SimpleNamespace(id=0, compute_capability="90"))
-    monkeypatch.setattr(pdl, "_supported", {})
-    assert pdl.enabled("rms_norm_v_bf16") and not pdl.enabled("skinny_gemm_bf16_n32")
-    with pdl.suspended():
-        assert pdl.enabled("skinny_gemm_bf16_n32") and not pdl.enabled("rms_norm_v_bf16")
-        monkeypatch.setattr(pdl, "ENABLED", False)
-        assert not pdl.enabled("skinny_gemm_bf16_n32")
-
-
 # (N, K) of Qwen3-4B's projections (gate_up, down, o) and small ones; gemv_splits gives the down and o
 # projections split-K at 4 x 132 resident CTAs, gate_up none
 FUSED_SHAPES = [(19456, 2560), (2560, 9728), (2560, 4096), (256, 4096), (64, 200)]

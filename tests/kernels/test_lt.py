@@ -201,20 +201,16 @@ def test_off_tunes_nothing(tuning, monkeypatch, tmp_path):
 def test_backend_tunes_every_decode_bucket(monkeypatch):
     """The M's tuned are the decode graphs' buckets (tune drops those on the GEMV), the GEMV's split-K factors are
     tuned for the same weights; the scratch is released."""
-    from openinfer.kernels.cuda import gemv_tune, skinny_tune
+    from openinfer.kernels.cuda import gemv_tune
     calls = []
     monkeypatch.setattr(lt_tune, "tune", lambda ms, shapes: calls.append((ms, shapes)) or lt_tune.Tuned(90, 5, 95))
-    monkeypatch.setattr(skinny_tune, "tune", lambda ms, shapes: calls.append(("skinny", ms)) or skinny_tune.Tuned(0, 0))
     monkeypatch.setattr(gemv_tune, "tune", lambda shapes: calls.append(shapes) or gemv_tune.Tuned(3, 2, ("64x32 2->1",)))
     backend = SimpleNamespace(device=contextlib.nullcontext(), release_cached=lambda: calls.append("released"))
     detail = CudaBackend.tune_gemms(backend, SHAPES, 256)
-    assert calls == [(buckets(256), SHAPES), SHAPES, ("skinny", buckets(256)), "released"]
+    assert calls == [(buckets(256), SHAPES), SHAPES, "released"]
     assert len([m for m in buckets(256) if m > blas.GEMV_MAX_M]) == 19   # 95 GEMMs for Qwen3-4B's 5 weights
     assert detail == ("95 decode GEMM shapes on cuBLASLt (90 from the cache, 5 timed); GEMV split-K for 5 (3 from the "
                       f"cache, 2 timed; off the rule: 64x32 2->1); of {len(SHAPES)} weight shapes")
-    monkeypatch.setattr(skinny_tune, "tune", lambda ms, shapes: skinny_tune.Tuned(2, 18, ("32:2560x4096/6",)))
-    assert "; skinny GEMM for 1 of 20 (width, shape) pairs (18 timed): 32:2560x4096/6; GEMV split-K" in \
-        CudaBackend.tune_gemms(backend, SHAPES, 256)
 
 
 @pytest.fixture
@@ -255,7 +251,7 @@ def test_linear_records_bf16_weight_shapes(dispatch):
         blas.linear(aligned_empty((1, 32), BF16), aligned_empty((72, 32), BF16))     # the GEMV's M too
         blas.linear(aligned_empty((16, 32), np.float32), aligned_empty((96, 32), np.float32))
         blas.linear(aligned_empty((16, 32), BF16), aligned_empty((80, 64), BF16)[:, :32])   # rows not packed
-        assert blas.linear_silu_mul(aligned_empty((16, 32), BF16), aligned_empty((112, 32), BF16)) is None  # recorded
+        assert blas.gemv_silu_mul(aligned_empty((16, 32), BF16), aligned_empty((112, 32), BF16)) is None  # recorded
     assert shapes == {(64, 32), (72, 32), (112, 32)} and lt.recorded is None
     blas.linear(aligned_empty((16, 32), BF16), aligned_empty((88, 32), BF16))
     assert shapes == {(64, 32), (72, 32), (112, 32)}

@@ -185,15 +185,13 @@ class CudaBackend(Backend):
     def tune_gemms(self, shapes: set[tuple[int, int]], max_num_seqs: int) -> str:
         """For the decode GEMMs of these weight shapes, before graph capture and for eager engines too (so eager
         and graph steps compute the same bits): cuBLASLt algorithms at each decode-graph bucket size above the
-        GEMV's rows (kernels/cuda/lt_tune.py), the GEMV's split-K factors (gemv_tune.py), and where the skinny GEMM
-        replaces either (skinny_tune.py; with OPENINFER_SKINNY_GEMM=tune or 1). Returns what the start-up log
-        says about it."""
-        from ..kernels.cuda import gemv_tune, lt_tune, skinny_tune
+        GEMV's rows (kernels/cuda/lt_tune.py), and the GEMV's split-K factors (gemv_tune.py). Returns what the
+        start-up log says about it."""
+        from ..kernels.cuda import gemv_tune, lt_tune
         from .cuda_graphs import buckets
         with self.device:
             tuned = lt_tune.tune(buckets(max_num_seqs), shapes)
             splits = gemv_tune.tune(shapes)
-            skinny = skinny_tune.tune(buckets(max_num_seqs), shapes)   # against the tuned cuBLASLt and GEMV
         self.release_cached()   # the timing scratch, held by CuPy's pool on the tuning streams
         lt_part = (f"{tuned.lt} decode GEMM shapes on cuBLASLt ({tuned.cached} from the cache, {tuned.timed} timed)"
                    if tuned.lt + tuned.timed else
@@ -201,10 +199,7 @@ class CudaBackend(Backend):
         gemv_part = (f"GEMV split-K for {splits.cached + splits.timed} ({splits.cached} from the cache, {splits.timed} "
                      f"timed; off the rule: {', '.join(splits.changes) or 'none'})" if splits.cached + splits.timed else
                      "GEMV split-K: the rule (OPENINFER_GEMV_TUNE=0, or no bf16 weights)")
-        skinny_part = (f"; skinny GEMM for {len(skinny.chosen)} of {skinny.cached + skinny.timed} (width, shape) "
-                       f"pairs ({skinny.timed} timed): {', '.join(skinny.chosen) or 'none'}"
-                       if skinny.cached + skinny.timed else "")
-        return f"{lt_part}{skinny_part}; {gemv_part}; of {len(shapes)} weight shapes"
+        return f"{lt_part}; {gemv_part}; of {len(shapes)} weight shapes"
 
     def memory_info(self) -> MemoryInfo:
         with self.device:

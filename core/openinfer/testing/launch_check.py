@@ -110,9 +110,7 @@ def check_launch(call: Launch) -> None:
     assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)} parameters"
     for i, (a, (ptype, size)) in enumerate(zip(args, params)):
         where = f"{name} argument {i} ({ptype})"
-        if isinstance(a, pdl.ByValue):   # a struct (tensor map): bytes of the parameter's size
-            assert ptype == "b8" and a.size == size, f"{where}: a {a.size}-byte struct for {size} bytes"
-        elif isinstance(a, np.ndarray):
+        if isinstance(a, np.ndarray):
             assert isinstance(a, FakeArray) and ptype in ("u64", "b64", "s64"), f"{where}: an array"
         else:
             assert isinstance(a, np.generic), f"{where}: {type(a).__name__} {a!r} (pass a numpy scalar)"

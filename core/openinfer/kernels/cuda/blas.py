@@ -5,7 +5,7 @@ bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strid
 factor per weight timed at start-up (gemv_tune.py; else one resident wave), the splits of a tile reduced in a thread-
 block cluster (bit-deterministic, graph-safe). OPENINFER_GEMV=0 turns it off. Under programmatic dependent launch
 (pdl.py) its first weights are loaded while the previous kernel drains.
-`linear_silu_mul` is the same GEMV (or skinny GEMM) with SwiGLU's silu(gate) * up in its epilogue.
+`gemv_silu_mul` is the same GEMV with SwiGLU's silu(gate) * up in its epilogue (ops.linear_silu_mul).
 
 cuBLAS is called directly via ctypes.
 
@@ -25,7 +25,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from . import lt, pdl, skinny_gemm
+from . import lt, pdl
 from .module import BF16, blocks_per_sm, clusters_supported, launch, sm_count
 
 WORKSPACE_BYTES = 32 << 20
@@ -165,25 +165,19 @@ def _record(x2: cp.ndarray, w: cp.ndarray) -> None:
         lt.recorded.add(w.shape)
 
 
-def linear_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
-    """silu_mul(linear(x, w)) bit for bit for w = [gate; up] ([2I, K], gate rows first) in one kernel with the SiLU
-    in its epilogue, where linear would run one that has it: the GEMV (I % 8 == 0; its tile t takes gate rows
-    8t..8t+7 and the matching up rows, gemv.cu's SiluMul) or the skinny GEMM (gate rows 64t.. and their up rows);
-    None elsewhere (ops.py runs the two ops)."""
+def gemv_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray | None:
+    """silu_mul(linear(x, w)) bit for bit for w = [gate; up] ([2I, K], gate rows first, I % 8 == 0) through
+    one GEMV whose tile t takes gate rows 8t..8t+7 and the matching up rows (gemv.cu's SiluMul epilogue),
+    so each lane holds both factors; None where the GEMV path does not apply (ops.py runs the two ops).
+    Records w's shape as linear does, so gate_up is tuned even where the activation profile only reaches the GEMV."""
     x2, w = operands(x, w)
     m, k = x2.shape
-    inter = w.shape[0] // 2
     _record(x2, w)
-    if w.shape[0] % 2 or inter == 0:
+    if w.shape[0] == 0 or w.shape[0] % 16 or not _gemv_usable(x2, w, m, k):
         return None
-    skinny = skinny_gemm.usable(x2, w, m)   # first, as in linear: the same kernel and sums as linear would take
-    if not (skinny or (w.shape[0] % 16 == 0 and _gemv_usable(x2, w, m, k))):
-        return None
+    inter = w.shape[0] // 2
     out = cp.empty((*x.shape[:-1], inter), dtype=x.dtype)
-    if skinny:
-        skinny_gemm.gemm(x2, w, out.reshape(m, inter), silu=True)
-    else:
-        launch_gemv("gemv_silu_bf16", x2, w, (out, np.int64(inter), np.int32(inter)))
+    launch_gemv("gemv_silu_bf16", x2, w, (out, np.int64(inter), np.int32(inter)))
     return out
 
 
@@ -204,18 +198,14 @@ def operands(x: cp.ndarray, w: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
 def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     """x [..., in] @ w[out, in].T -> [..., out]; bf16 or f32 in and out, fp32 accumulation.
 
-    bf16 on an H100 / H200 runs the skinny GEMM where it is on and, up to 8 rows, where timing chose it
-    (skinny_gemm.py); else bf16 with at most GEMV_MAX_M rows, K % 8 == 0 and 16-byte aligned rows runs the GEMV
-    kernel (gemv.cu); bf16 of a shape tuned at start-up runs cuBLASLt (lt.py); everything else cublasGemmEx."""
+    bf16 with at most GEMV_MAX_M rows, K % 8 == 0 and 16-byte aligned rows runs the GEMV kernel
+    (gemv.cu); bf16 of a shape tuned at start-up runs cuBLASLt (lt.py); everything else cublasGemmEx."""
     x2, w = operands(x, w)
     (m, k), n_out, it = x2.shape, w.shape[0], x.itemsize
     out = cp.empty((*x.shape[:-1], n_out), dtype=x.dtype)
     if m == 0 or n_out == 0:
         return out
     _record(x2, w)
-    if skinny_gemm.usable(x2, w, m):   # (up to 8 rows only where start-up timing chose it over the GEMV)
-        skinny_gemm.gemm(x2, w, out.reshape(m, n_out))
-        return out
     if _gemv_usable(x2, w, m, k):
         gemv(x2, w, out.reshape(m, n_out))
         return out

@@ -70,11 +70,10 @@ def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args:
     """Launch kernel `name` of `source` (a core source's name or a plugin's .cu path, see
     compile.source_path) on the current stream (so CUDA-graph capture sees it), with programmatic
     dependent launch where it is on and the device has it (pdl.py), in thread-block clusters of
-    `cluster` CTAs (sm_90+) if given. A kernel taking by-value structs (pdl.ByValue: tensor maps) takes them first
-    and always launches through pdl.launch, since CuPy cannot pass them."""
+    `cluster` CTAs (sm_90+) if given."""
     fn = _function_with_smem(source, name, smem)
     on = pdl.enabled(name)
-    if on or cluster or (args and isinstance(args[0], pdl.ByValue)):
+    if on or cluster:
         pdl.launch(fn.kernel.ptr, grid, block, args, smem, pdl_on=on, cluster=cluster)
     else:
         fn(tuple(int(g) for g in grid), (block,), args, shared_mem=smem)
@@ -104,7 +103,7 @@ def clusters_supported() -> bool:
 
 
 def hopper() -> bool:
-    """sm_90 exactly: the wgmma / TMA kernels are built for sm_90a (elsewhere their bodies compile to nothing)."""
+    """sm_90 exactly: the wgmma kernels are built for sm_90a (elsewhere their bodies compile to nothing)."""
     return compute_capability() == 90
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from . import blas
 from .attention import paged_attention
-from .blas import linear
+from .blas import gemv_silu_mul, linear
 from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
 __all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "linear_silu_mul",
@@ -148,9 +147,9 @@ def silu_mul(gate_up: cp.ndarray) -> cp.ndarray:
 
 
 def linear_silu_mul(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
-    """silu_mul(linear(x, w)) for w = [gate; up]: one kernel with the SiLU in its epilogue where it applies
-    (blas.linear_silu_mul; the same bits), else the two ops."""
-    out = blas.linear_silu_mul(x, w)
+    """silu_mul(linear(x, w)) for w = [gate; up]: one GEMV with the SiLU in its epilogue where it applies
+    (blas.gemv_silu_mul; the same bits), else the two ops."""
+    out = gemv_silu_mul(x, w)
     return silu_mul(linear(x, w)) if out is None else out
 
 

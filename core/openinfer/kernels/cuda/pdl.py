@@ -11,12 +11,10 @@ graph capture records the launches as programmatic edges.
 
 Arguments are marshalled the way CuPy does it: a cupy array is its device pointer, a numpy scalar
 its own bytes; each one gets an 8-byte slot in a reused buffer (the driver copies the values at
-launch, so reuse is safe). A `ByValue` (a struct parameter such as a TMA tensor map, tma.py) is passed from
-its own host bytes; CuPy cannot pass those, so module.launch sends such kernels here. OPENINFER_PDL takes a comma-separated list of kernel-name prefixes (PDL for those
+launch, so reuse is safe). OPENINFER_PDL takes a comma-separated list of kernel-name prefixes (PDL for those
 kernels only), 1 for every kernel, or 0 for none (every kernel launches through CuPy).
 
-The default, DEFAULT_KERNELS, is the GEMVs (and the skinny GEMM where it stands in for them) and the small kernels
-between them, in eager steps and in decode graphs
+The default, DEFAULT_KERNELS, is the GEMVs and the small kernels between them, in eager steps and in decode graphs
 of at most MAX_DECODE_ROWS rows (the CUDA backend captures larger ones inside `suspended()`). Measured on the H200
 (docs/benchmarks/qwen3-4b-h200.md):
 - stop 13, Qwen3-4B: at batch 1 the step took 3.30–3.31 ms with PDL for the small kernels and 3.38–3.40 ms with
@@ -51,13 +49,10 @@ def parse_setting(value: str) -> tuple[bool, tuple[str, ...] | None]:
     return True, tuple(p.strip() for p in value.split(",") if p.strip())
 
 
-DEFAULT_KERNELS = ("gemv,skinny_gemm,paged_decode,rope,add_rms_norm,rms_norm,"
+DEFAULT_KERNELS = ("gemv,paged_decode,rope,add_rms_norm,rms_norm,"
                    "conv_update,gdn_gating,gdn_decode,gated_rms_norm,sigmoid_gate")   # (Qwen3.5's GDN decode kernels)
 ENABLED, KERNELS = parse_setting(os.environ.get("OPENINFER_PDL", DEFAULT_KERNELS))
 MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)
-# ... except kernels with these name prefixes (OPENINFER_PDL_WIDE, comma-separated; none by default): the skinny GEMM
-# (skinny_gemm.cu) requests its first weight stages before its wait, which only PDL lets overlap the kernel before it
-WIDE_KERNELS = tuple(p.strip() for p in os.environ.get("OPENINFER_PDL_WIDE", "").split(",") if p.strip())
 MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
 MAX_ARGS = 32
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
@@ -79,8 +74,8 @@ _supported: dict[int, bool] = {}
 
 
 def driver() -> ctypes.CDLL:
-    """The CUDA driver library (already loaded by CuPy), for what CuPy does not wrap: the launch, the cluster
-    occupancy and TMA tensor maps (tma.py)."""
+    """The CUDA driver library (already loaded by CuPy), for the launch and the cluster occupancy CuPy does not
+    wrap."""
     global _libcuda
     if _libcuda is None:
         lib = ctypes.CDLL("libcuda.so.1")
@@ -90,11 +85,6 @@ def driver() -> ctypes.CDLL:
         lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
                                                      ctypes.POINTER(_LaunchConfig)]
         lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
-        vp, u32 = ctypes.c_void_p, ctypes.c_uint32
-        u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
-        # (map*, dtype, rank, address, dims*, strides*, box*, element strides*, interleave, swizzle, L2 promotion, oob)
-        lib.cuTensorMapEncodeTiled.argtypes = [vp, ctypes.c_int, u32, vp, u64p, u64p, u32p, u32p] + [ctypes.c_int] * 4
-        lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
         _libcuda = lib
     return _libcuda
 
@@ -118,30 +108,15 @@ def suspended(yes: bool = True) -> Iterator[None]:
 
 def enabled(kernel: str = "") -> bool:
     """PDL is on (OPENINFER_PDL) for this kernel name (every kernel, or its name starts with a listed
-    prefix), not suspended on this thread (inside suspended(), only for WIDE_KERNELS), the current device has it
-    (sm_90+) and the current stream is not the legacy default stream (whose implicit synchronisation PDL does not
-    promise to keep)."""
-    if _suspended.depth:
-        if not (ENABLED and WIDE_KERNELS and kernel.startswith(WIDE_KERNELS)):
-            return False
-    elif not ENABLED or (KERNELS is not None and not kernel.startswith(KERNELS)):
-        return False
-    if cp.cuda.get_current_stream().ptr == 0:
+    prefix), not suspended on this thread, the current device has it (sm_90+) and the current stream is
+    not the legacy default stream (whose implicit synchronisation PDL does not promise to keep)."""
+    if (not ENABLED or _suspended.depth or (KERNELS is not None and not kernel.startswith(KERNELS))
+            or cp.cuda.get_current_stream().ptr == 0):
         return False
     dev = cp.cuda.Device().id
     if dev not in _supported:
         _supported[dev] = int(cp.cuda.Device(dev).compute_capability) >= MIN_COMPUTE_CAPABILITY
     return _supported[dev]
-
-
-class ByValue:
-    """A struct kernel parameter passed by value (a 128-byte CUtensorMap): `size` bytes at a host address aligned to
-    `align`, which cuLaunchKernelEx copies at launch. Kernels take these parameters first (module.launch looks there)."""
-
-    def __init__(self, size: int, align: int = 8) -> None:
-        self.size = size
-        self.buf = ctypes.create_string_buffer(size + align)
-        self.address = ctypes.addressof(self.buf) + (-ctypes.addressof(self.buf) % align)
 
 
 class _Slots(threading.local):
@@ -161,13 +136,10 @@ _slots = _Slots()
 
 def pack(args: tuple) -> tuple[list[str], list[Any]]:
     """The struct codes and values of a kernel's arguments: a numpy scalar at its own size, a device
-    array as its 64-bit pointer, a ByValue as its size ("<size>s") and no value (launch passes it by pointer)."""
+    array as its 64-bit pointer."""
     fmt, values = [], []
     for a in args:
-        if isinstance(a, ByValue):
-            fmt.append(f"{a.size}s")
-            values.append(None)
-        elif isinstance(a, np.generic):
+        if isinstance(a, np.generic):
             if a.dtype.char not in _CODES:
                 raise TypeError(f"kernel argument {a!r}: a {a.dtype} scalar; pass an integer or float one")
             fmt.append(_CODES[a.dtype.char])
@@ -206,14 +178,7 @@ def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem
         raise ValueError(f"{len(args)} kernel arguments, at most {MAX_ARGS}")
     s = _slots
     codes, values = pack(args)
-    by_value = ()
-    if args and isinstance(args[0], ByValue):   # their slots are skipped; each parameter pointer goes to the
-        by_value = [i for i, a in enumerate(args) if isinstance(a, ByValue)]   # struct's own bytes for this launch
-        for i in by_value:
-            codes[i] = "8x"
-            s.params[i] = args[i].address
-        values = [v for v in values if v is not None]
-    struct.pack_into("<" + "".join(c + "4x" if c in "iIf" else c for c in codes), s.buf, 0, *values)  # 8-byte slots
+    struct.pack_into("<" + "".join(c if c in "qQd" else c + "4x" for c in codes), s.buf, 0, *values)  # 8-byte slots
     cfg = s.cfg
     g = tuple(grid) + (1, 1)
     cfg.grid[0], cfg.grid[1], cfg.grid[2] = int(g[0]), int(g[1]), int(g[2])
@@ -231,8 +196,6 @@ def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem
         n += 1
     cfg.num_attrs = n
     status = driver().cuLaunchKernelEx(ctypes.byref(cfg), function_ptr, s.params, None)
-    for i in by_value:
-        s.params[i] = ctypes.addressof(s.buf) + 8 * i
     if status:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status} (grid {tuple(grid)}, block {block}, "
                            f"{smem} bytes of shared memory, PDL {pdl_on}, cluster {cluster}); OPENINFER_PDL=0 "

@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA building blocks (sm_90a only: wgmma needs the arch-specific target): shared-memory
 // matrix descriptors for the 128-byte-swizzle canonical layout, the fence / commit / wait protocol and the
-// wgmma shapes the prefill attention (attention_wgmma.cu) and the skinny GEMM (skinny_gemm.cu) issue. Facts from the PTX ISA
+// three wgmma shapes the prefill kernel issues (attention_wgmma.cu). Facts from the PTX ISA
 // ("Asynchronous Warpgroup Level Matrix Shared Memory Layout", "Matrix Descriptor Format"):
 //   descriptor bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
 //   49-51 base offset (0: every swizzle pattern starts 1024-byte aligned), 62-63 swizzle (1 = 128 B).
@@ -39,39 +39,6 @@ template <int N> __device__ __forceinline__ void wgmma_pin(float* r) {
 // that wgmma reads its descriptors' operands through; a barrier after it publishes them to the warpgroup.
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// d (m64 x n8, fp32) (+)= A (64 x 16, smem descriptor, K-major) * B (16 x 8, smem descriptor, K-major);
-// scale_d = 0 overwrites d (skinny_gemm.cu: the batch rows are the n dimension).
-__device__ __forceinline__ void wgmma_m64n8k16_ss(float* d, unsigned long long a, unsigned long long b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "l"(a), "l"(b), "r"(scale_d));
-}
-
-// d (m64 x n16, fp32) (+)= A (64 x 16, smem descriptor, K-major) * B (16 x 16, smem descriptor, K-major);
-// scale_d = 0 overwrites d (skinny_gemm.cu: the batch rows are the n dimension).
-__device__ __forceinline__ void wgmma_m64n16k16_ss(float* d, unsigned long long a, unsigned long long b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(a), "l"(b), "r"(scale_d));
-}
-
-// d (m64 x n32, fp32) (+)= A (64 x 16, smem descriptor, K-major) * B (16 x 32, smem descriptor, K-major);
-// scale_d = 0 overwrites d (skinny_gemm.cu: the batch rows are the n dimension).
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float* d, unsigned long long a, unsigned long long b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(a), "l"(b), "r"(scale_d));
 }
 
 // d (m64 x n64, fp32) (+)= A (64 x 16, smem descriptor, K-major) * B (16 x 64, smem descriptor, K-major);
