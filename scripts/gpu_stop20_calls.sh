@@ -10,7 +10,7 @@
 #   batch 1 (attn_bench, engine on / off), the GDN norm fold (Qwen3.5 batch 1, its tests), the split-decode tests,
 #   structured outputs on the CUDA backend, cur against base, and the first-ever start with an empty kernel cache.
 # callC (~5 min), main itself (the working tree) after the skinny GEMM was taken out: the GPU tests (kernels,
-#   sampling, cuBLASLt, launch arguments, structured outputs, Qwen3 and Qwen3.5 engines), then `openinfer serve`'s
+#   but decode attention's; sampling, cuBLASLt, launch arguments, structured outputs, the Qwen3 engine), then `openinfer serve`'s
 #   start-up and idle RSS with dummy weights, first-ever and warm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,9 +55,13 @@ callB) tree cur precompile & tree base precompile & tree fold precompile & wait
        say "tests structured outputs: $(tail -1 $L/t_structured.log)"
        startup first_start OPENINFER_CACHE_DIR=/tmp/oc_empty   # empty kernel cache: stop 15 took 24.9 s, compiling serially
        grep -h "compiled .* in" $L/first_start_server.log | sort -t' ' -k1,1 | tail -20 > $L/first_start_compiles.txt ;;
-callC) tests 150 tests/kernels/test_cuda_ops.py tests/kernels/test_cuda_elementwise.py tests/kernels/test_cuda_gemv.py \
-           tests/kernels/test_cuda_attention.py tests/kernels/test_cuda_sampling.py tests/kernels/test_cuda_lt.py \
-           tests/kernels/test_cuda_launch_args.py tests/test_cuda_structured_engine.py
+callC) K=tests/kernels
+       timeout 170 $T $K/test_cuda_ops.py $K/test_cuda_elementwise.py $K/test_cuda_gemv.py $K/test_cuda_lt.py \
+           $K/test_cuda_launch_args.py $K/test_cuda_sampling.py $K/test_cuda_attention.py -k "not decode_attention" \
+           tests/test_cuda_structured_engine.py > $L/t_core.log 2>&1 &
+       timeout 170 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
+       wait; for f in core q3; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S
        startup first_c OPENINFER_CACHE_DIR=/tmp/oc_c; startup warm_c OPENINFER_CACHE_DIR=/tmp/oc_c ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
