@@ -58,7 +58,7 @@ callB) tree cur precompile & tree base precompile & tree fold precompile & wait
 callC) K=tests/kernels
        timeout 170 $T $K/test_cuda_ops.py $K/test_cuda_elementwise.py $K/test_cuda_gemv.py $K/test_cuda_lt.py \
            $K/test_cuda_launch_args.py $K/test_cuda_sampling.py $K/test_cuda_attention.py -k "not decode_attention" \
-           tests/test_cuda_structured_engine.py > $L/t_core.log 2>&1 &
+           tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py > $L/t_core.log 2>&1 &
        timeout 170 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
        wait; for f in core q3; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
        grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S

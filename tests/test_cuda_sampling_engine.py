@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.testing.cuda import require_gpu
+from openinfer.testing.cuda import demo_engine_on_gpu, require_gpu
 # the same tests, collected here against this module's `engine` fixture
 from test_device_sampling_engine import (test_logprobs_and_min_tokens, test_seeded_requests_reproduce_in_any_batch,  # noqa: F401
                                          test_top_k_1_is_greedy, test_unseeded_requests_differ)
@@ -17,10 +16,4 @@ cp = require_gpu()
 
 @pytest.fixture(scope="module", params=["graphs", "eager"])
 def engine(request):
-    # float32: a seeded request's tokens equal alone and batched only while its logits do, and
-    # bf16 GEMMs of other batch shapes may round differently (test_cuda_sampling covers bf16 logits)
-    eng = build_engine(None, EngineArgs(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4,
-                                        kv_cache_memory_gib=0.05, enforce_eager=request.param == "eager"))
-    eng.runner.backend.activate()
-    assert eng.runner.backend.samples_on_device
-    return eng
+    return demo_engine_on_gpu(request.param, max_model_len=256)   # (test_cuda_sampling covers bf16 logits)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.testing.cuda import require_gpu
+from openinfer.testing.cuda import demo_engine_on_gpu, require_gpu
 # the same tests, collected here against this module's `engine` fixture
 from test_structured_engine import (test_failing_matcher_fails_only_its_request, test_json_object,  # noqa: F401
                                     test_output_satisfies_the_schema,
@@ -19,9 +18,4 @@ cp = require_gpu()
 
 @pytest.fixture(scope="module", params=["graphs", "eager"])
 def engine(request):
-    # float32: an unconstrained row's greedy tokens equal alone and batched only while its logits do
-    eng = build_engine(None, EngineArgs(device="cuda", dtype="float32", max_model_len=512, max_num_seqs=4,
-                                        kv_cache_memory_gib=0.05, enforce_eager=request.param == "eager"))
-    eng.runner.backend.activate()
-    assert eng.runner.backend.samples_on_device
-    return eng
+    return demo_engine_on_gpu(request.param, max_model_len=512)

@@ -1,5 +1,5 @@
-"""GPU test modules and benchmarks: skip a module without a usable NVIDIA GPU, run a test on its own stream,
-time a function as a CUDA-graph replay."""
+"""GPU test modules and benchmarks: skip a module without a usable NVIDIA GPU, the demo engine on the GPU, run a
+test on its own stream, time a function as a CUDA-graph replay."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
@@ -15,6 +15,18 @@ def require_gpu() -> Any:
     except Exception as e:  # no driver, or one too old for this cupy build
         pytest.skip(f"no usable NVIDIA GPU: {e}", allow_module_level=True)
     return cp
+
+
+def demo_engine_on_gpu(mode: str, max_model_len: int) -> Any:
+    """The built-in demo model on the GPU, sampling on the device, for the engine-level GPU tests; `mode` "graphs"
+    (decode CUDA graphs) or "eager". float32: a row's greedy or seeded tokens equal alone and batched only while
+    its logits do, and bf16 GEMMs of other batch shapes may round differently."""
+    from ..engine import EngineArgs, build_engine
+    eng = build_engine(None, EngineArgs(device="cuda", dtype="float32", max_model_len=max_model_len, max_num_seqs=4,
+                                        kv_cache_memory_gib=0.05, enforce_eager=mode == "eager"))
+    eng.runner.backend.activate()
+    assert eng.runner.backend.samples_on_device
+    return eng
 
 
 def kernel_stream() -> Iterator[Any]:
