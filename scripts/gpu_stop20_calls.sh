@@ -56,10 +56,10 @@ callB) tree cur precompile & tree base precompile & tree fold precompile & wait
        startup first_start OPENINFER_CACHE_DIR=/tmp/oc_empty   # empty kernel cache: stop 15 took 24.9 s, compiling serially
        grep -h "compiled .* in" $L/first_start_server.log | sort -t' ' -k1,1 | tail -20 > $L/first_start_compiles.txt ;;
 callC) K=tests/kernels
-       timeout 140 $T $K/test_cuda_ops.py $K/test_cuda_elementwise.py $K/test_cuda_gemv.py $K/test_cuda_lt.py \
+       timeout 120 $T $K/test_cuda_ops.py $K/test_cuda_elementwise.py $K/test_cuda_gemv.py $K/test_cuda_lt.py \
            $K/test_cuda_launch_args.py $K/test_cuda_sampling.py $K/test_cuda_attention.py -k "not decode_attention" \
            tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py > $L/t_core.log 2>&1 &
-       timeout 140 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
+       timeout 120 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
        wait; for f in core q3; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
        grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S
        startup first_c OPENINFER_CACHE_DIR=/tmp/oc_c; startup warm_c OPENINFER_CACHE_DIR=/tmp/oc_c ;;
