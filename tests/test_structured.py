@@ -12,7 +12,8 @@ from tokenizers import AddedToken, Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from openinfer.sampling import SamplingParams, sample_row
-from openinfer.structured import Constraint, GrammarError, ReasoningGate, compile_json, reasoning_gate
+from openinfer.structured import (Constraint, GrammarError, OutputGrammar, ReasoningGate, compile_grammar,
+                                  reasoning_gate)
 from openinfer.tokenizer import Tokenizer
 
 PIECES = ['{', '}', '"', ':', ',', ' ', 'a', 'b', '1', '2', 't', 'r', 'u', 'e', 'f', 'l', 's', '"a"', 'true', '<eos>']
@@ -25,7 +26,7 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type
 
 @dataclass
 class TinyEngine:
-    """What compile_json reads of an engine."""
+    """What compile_grammar reads of an engine."""
     tokenizer: Tokenizer
     vocab_size: int = VOCAB
     eos_token_ids: frozenset[int] = frozenset({EOS})
@@ -47,7 +48,7 @@ def allowed(c: Constraint) -> set[str]:
 
 
 def test_mask_and_matcher_step_by_step(engine: TinyEngine) -> None:
-    [c] = compile_json(engine, SCHEMA, 1)
+    [c] = compile_grammar(engine, OutputGrammar("json", SCHEMA), 1)
     assert allowed(c) == {"{"}
     assert not c.advance(ID["{"])
     # the key "a" is forced, and forced text comes as our tokenizer writes it (one char a token)
@@ -63,7 +64,7 @@ def test_mask_and_matcher_step_by_step(engine: TinyEngine) -> None:
 
 
 def test_sampling_honours_the_mask(engine: TinyEngine) -> None:
-    [c] = compile_json(engine, {"type": "object"}, 1)
+    [c] = compile_grammar(engine, OutputGrammar("json", {"type": "object"}), 1)
     c.prepare()
     logits = np.zeros(VOCAB, np.float32)
     logits[ID["a"]] = 50.0   # the model's favourite is not allowed
@@ -77,7 +78,8 @@ def test_sampling_honours_the_mask(engine: TinyEngine) -> None:
 
 
 def test_reasoning_runs_free_until_its_end_marker(engine: TinyEngine) -> None:
-    [c] = compile_json(engine, SCHEMA, 1, ReasoningGate((ID["b"], ID["a"])))   # the prompt opened the block
+    gate = ReasoningGate((ID["b"], ID["a"]))   # the prompt opened the block
+    [c] = compile_grammar(engine, OutputGrammar("json", SCHEMA), 1, gate)
     for piece in ["a", "b", "1", "b"]:   # reasoning: no mask, anything goes
         c.prepare()
         assert c.mask is None and not c.advance(ID[piece])
@@ -87,7 +89,7 @@ def test_reasoning_runs_free_until_its_end_marker(engine: TinyEngine) -> None:
 
 def test_a_line_that_may_reason_offers_the_opener_beside_the_answer(engine: TinyEngine) -> None:
     gate = ReasoningGate((ID["b"], ID["a"]), start=ID["t"])
-    [reasons, answers] = compile_json(engine, SCHEMA, 2, gate)
+    [reasons, answers] = compile_grammar(engine, OutputGrammar("json", SCHEMA), 2, gate)
     assert allowed(reasons) == {"{", "t"}   # the first token: the answer's or the block's opener
     assert not reasons.advance(ID["t"])
     reasons.prepare()
@@ -99,14 +101,30 @@ def test_a_line_that_may_reason_offers_the_opener_beside_the_answer(engine: Tiny
     assert allowed(answers) == {'"'}
 
 
+def test_regex_and_choice(engine: TinyEngine) -> None:
+    [digits] = compile_grammar(engine, OutputGrammar("regex", "[12]{2}"), 1)
+    assert allowed(digits) == {"1", "2"}
+    assert not digits.advance(ID["2"]) and allowed(digits) == {"1", "2"}
+    assert digits.advance(ID["1"])   # two digits: complete
+    # punctuation in a choice is literal (escaped), not regex syntax
+    [choice] = compile_grammar(engine, OutputGrammar("choice", ['"a"', "{1,2}", "true"]), 1)
+    assert allowed(choice) == {'"', '"a"', "{", "t", "true"}
+    assert not choice.advance(ID["{"]) and allowed(choice) == {"1"}
+    for piece in ["1", ",", "2"]:
+        assert not choice.advance(ID[piece])
+    assert choice.advance(ID["}"])
+    with pytest.raises(GrammarError, match="regex"):
+        compile_grammar(engine, OutputGrammar("regex", "(("), 1)
+
+
 def test_refused_token_and_bad_schema(engine: TinyEngine) -> None:
-    first, second = compile_json(engine, SCHEMA, 2)
+    first, second = compile_grammar(engine, OutputGrammar("json", SCHEMA), 2)
     assert not first.advance(ID["}"]) and first.error   # outside the grammar: the request must fail
     first.prepare()
     assert first.mask is None
     assert allowed(second) == {"{"}   # the copies are independent
     with pytest.raises(GrammarError, match="foo"):
-        compile_json(engine, {"type": "foo"}, 1)
+        compile_grammar(engine, OutputGrammar("json", {"type": "foo"}), 1)
 
 
 def test_serving_modules_do_not_import_llguidance() -> None:

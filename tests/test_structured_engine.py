@@ -14,7 +14,7 @@ from openinfer.engine import Engine, EngineArgs, build_engine
 from openinfer.request import Failed
 from openinfer.sampling import SamplingParams
 from openinfer.sampling_batch import ROW, to_results
-from openinfer.structured import Constraint, ReasoningGate, compile_json
+from openinfer.structured import Constraint, OutputGrammar, ReasoningGate, compile_grammar
 from openinfer.testing.engine import collect, generate, greedy, run_to_completion
 from openinfer.testing.structured import PERSON, check_person
 
@@ -30,7 +30,7 @@ def engine() -> Engine:
 def constrained(engine: Engine, params: SamplingParams, schema: dict = PERSON, prompt: list[int] = PROMPT,
                 gate: ReasoningGate | None = None) -> tuple[list[int], str]:
     """(tokens, finish reason) of one constrained request."""
-    [c] = compile_json(engine, schema, 1, gate)
+    [c] = compile_grammar(engine, OutputGrammar("json", schema), 1, gate)
     stream = engine.submit(prompt, params, constraint=c)
     run_to_completion(engine, [stream])
     tokens, fin, _ = collect(stream)
@@ -58,7 +58,7 @@ def test_json_object(engine: Engine) -> None:
 
 def test_unconstrained_rows_are_untouched(engine: Engine) -> None:
     [(alone, _, _)] = generate(engine, [OTHER], greedy(12))
-    [c] = compile_json(engine, PERSON, 1)
+    [c] = compile_grammar(engine, OutputGrammar("json", PERSON), 1)
     beside = engine.submit(PROMPT, SamplingParams(max_tokens=200, temperature=0.0), constraint=c)
     [(batched, _, _)] = generate(engine, [OTHER], greedy(12))
     run_to_completion(engine, [beside])
@@ -76,7 +76,7 @@ def test_device_sampling_backend_samples_constrained_rows_on_the_host(engine: En
         return to_results(batch, *ref.sample(np.asarray(logits)[batch.params[:, ROW]], batch))
     monkeypatch.setattr(be, "samples_on_device", True, raising=False)
     monkeypatch.setattr(be, "sample", sample, raising=False)
-    [c] = compile_json(engine, PERSON, 1)
+    [c] = compile_grammar(engine, OutputGrammar("json", PERSON), 1)
     streams = [engine.submit(PROMPT, SamplingParams(max_tokens=200, temperature=0.0), constraint=c),
                engine.submit(OTHER, SamplingParams(max_tokens=8, temperature=1.0, seed=1, ignore_eos=True))]
     run_to_completion(engine, streams)

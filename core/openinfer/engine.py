@@ -90,7 +90,7 @@ class Engine:
     # ---- client side (any thread) ------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                cache_salt: str = "", constraint: Constraint | None = None) -> RequestStream:
-        """`constraint`: a structured output's grammar (structured.compile_json), one per request."""
+        """`constraint`: a structured output's grammar (structured.compile_grammar), one per request."""
         rid = request_id or f"req-{next(self._ids)}"
         stream = RequestStream(rid)
         reason = self._never_fits(prompt_ids, params)

@@ -1,6 +1,7 @@
-"""Structured outputs: a JSON Schema compiled by llguidance into one token matcher per request.
+"""Structured outputs: a JSON Schema, a regular expression or a list of choices (an OutputGrammar)
+compiled by llguidance into one token matcher per request.
 
-The server compiles (`compile_json`, in a worker thread, before submit: a bad or too complex schema
+The server compiles (`compile_grammar`, in a worker thread, before submit: a bad or too complex grammar
 is the client's 400, never an engine error); the engine asks each constrained request's Constraint
 for the next token's allow mask, samples on the host among the allowed tokens, and feeds the token
 back. llguidance is imported on the first structured request only, so `openinfer serve` starts
@@ -87,15 +88,39 @@ def reasoning_gate(chat_format: Any, prompt_text: str, tokenizer: Tokenizer) -> 
     return ReasoningGate(end, start[0]) if len(start) == 1 else None
 
 
-def compile_json(engine: Any, schema: dict[str, Any], count: int,
-                 gate: ReasoningGate | None = None) -> list[Constraint]:
-    """`count` fresh constraints (one per choice) for `schema` over the engine's vocabulary. Raises
-    GrammarError for a schema llguidance rejects; its parser limits bound the work per step."""
+@dataclass(frozen=True)
+class OutputGrammar:
+    """What an output must match: kind "json" (value: a JSON Schema), "regex" (a pattern, Rust regex
+    syntax as llguidance reads it) or "choice" (value: the strings, one of which is the whole output).
+    `param` is the request field that asked, for its errors."""
+    kind: str
+    value: Any
+    param: str = "response_format"
+
+
+def _literal(text: str) -> str:
+    """`text` as a regex matching itself: ASCII punctuation and spaces as \\x{..} escapes."""
+    return "".join(c if c.isalnum() or not c.isascii() else f"\\x{{{ord(c):x}}}" for c in text)
+
+
+def _grammar(spec: OutputGrammar) -> str:
+    from llguidance import LLMatcher
+    if spec.kind == "json":
+        return LLMatcher.grammar_from_json_schema(
+            spec.value, defaults=None if "x-guidance" in spec.value else _JSON_DEFAULTS)
+    if spec.kind == "regex":
+        return LLMatcher.grammar_from_regex(spec.value)
+    return LLMatcher.grammar_from_regex("(" + "|".join(map(_literal, spec.value)) + ")")
+
+
+def compile_grammar(engine: Any, spec: OutputGrammar, count: int,
+                    gate: ReasoningGate | None = None) -> list[Constraint]:
+    """`count` fresh constraints (one per choice) for `spec` over the engine's vocabulary. Raises
+    GrammarError for a grammar llguidance rejects; its parser limits bound the work per step."""
     import llguidance
     tok = grammar_tokenizer(engine.tokenizer, engine.vocab_size, engine.eos_token_ids)
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            schema, defaults=None if "x-guidance" in schema else _JSON_DEFAULTS)
+        grammar = _grammar(spec)
     except ValueError as e:
         raise GrammarError(str(e)) from None
     first = llguidance.LLMatcher(tok, grammar, log_level=0,

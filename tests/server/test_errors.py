@@ -78,6 +78,18 @@ def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> Non
     ("/v1/completions", {**COMPLETION, "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "required": ["a"], "properties": {"a": False}}}}},
      "response_format"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"regex": "(("}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"choice": []}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"choice": ["a", 1]}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"json": "{not json"}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"json": [1]}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"grammar": "root ::= \"a\""}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+    ("/v1/chat/completions", {**CHAT, "structured_outputs": {"regex": "a"}, "response_format": {
+        "type": "json_object"}}, "structured_outputs"),
+    ("/v1/chat/completions", {**CHAT, "structured_outputs": {"choice": ["a"]}, "tool_choice": "required",
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, "structured_outputs"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "any", "tools": [
         {"type": "function", "function": {"name": "f"}}]}, "tool_choice"),

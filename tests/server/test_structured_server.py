@@ -1,9 +1,11 @@
-"""response_format through the real server and engine (the built-in demo model), driven by the openai
-client: JSON that satisfies the schema on both endpoints, streamed and not, with n, seed, logprobs and
-usage; the grammar after the reasoning block; a bad schema is a 400 and the server keeps serving."""
+"""response_format and structured_outputs through the real server and engine (the built-in demo model), driven
+by the openai client: JSON that satisfies the schema on both endpoints, streamed and not, with n, seed, logprobs
+and usage; choices and patterns; the grammar after the reasoning block; a bad schema is a 400 and the server
+keeps serving."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Iterator
 
 import openai
@@ -63,6 +65,21 @@ def test_completions_accept_response_format(client: openai.OpenAI, engine: Engin
                                             extra_body={"response_format": {"type": "json_object"}}))
     assert isinstance(json.loads("".join(ch.choices[0].text for ch in chunks)), dict)
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_structured_outputs_choice_regex_and_json(client: openai.OpenAI) -> None:
+    """vLLM's `structured_outputs`: one of the choices as written, a pattern, a schema given as JSON text."""
+    choices = ["yes, sir!", "no (way)", "maybe?"]
+    for seed in range(3):
+        r = client.completions.create(model="demo", prompt="Answer:", max_tokens=20, temperature=1.0, seed=seed,
+                                      extra_body={"structured_outputs": {"choice": choices}})
+        assert r.choices[0].text in choices and r.choices[0].finish_reason == "stop"
+    r = client.completions.create(model="demo", prompt="A code:", max_tokens=20, temperature=0,
+                                  extra_body={"structured_outputs": {"regex": "[A-Z]{2}-[0-9]{3}"}})
+    assert re.fullmatch("[A-Z]{2}-[0-9]{3}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
+    r = client.chat.completions.create(model="demo", messages=USER, max_tokens=250, temperature=0, extra_body={
+        **NO_THINKING, "structured_outputs": {"json": json.dumps(PERSON)}})
+    check_person(json.loads(r.choices[0].message.content))
 
 
 def test_grammar_starts_after_the_reasoning_block(client: openai.OpenAI, engine: Engine) -> None:

@@ -53,7 +53,7 @@ class ChatCompletionFormat:
         self._role_sent: set[int] = set()
         # a structured output constrains the answer: where reasoning may come first, from its end marker on
         self.reasoning_gate = reasoning_gate(self.engine.chat_format, prompt_text, self.engine.tokenizer) \
-            if req.gen.json_schema is not None else None
+            if req.gen.grammar is not None else None
 
     def output(self, params: SamplingParams) -> ChoiceOutput:
         parser = self.engine.chat_format.stream_parser(self.prompt_text, self.req.tools, self.opener)

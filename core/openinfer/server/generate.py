@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Protocol
 from starlette.responses import JSONResponse, Response
 
 from openinfer.sampling import SamplingParams
-from openinfer.structured import Constraint, GrammarError, ReasoningGate, compile_json
+from openinfer.structured import Constraint, GrammarError, ReasoningGate, compile_grammar
 
 from .errors import APIError, bad_request
 from .host import ServedModel
@@ -58,16 +58,17 @@ def max_tokens_for(model: ServedModel, prompt_len: int, gen: Generation, default
 
 async def constraints(model: ServedModel, gen: Generation, count: int,
                       gate: ReasoningGate | None) -> list[Constraint | None]:
-    """One grammar per choice when response_format asks for JSON. Compiled in a worker thread (a
+    """One grammar per choice when the request constrains the output. Compiled in a worker thread (a
     complex schema takes up to ~1 s, bounded by llguidance's limits) before anything is submitted,
-    so a schema llguidance rejects is a 400, never an engine error (serving.md §7.7-8)."""
-    if gen.json_schema is None:
+    so a grammar llguidance rejects is a 400, never an engine error (serving.md §7.7-8)."""
+    spec = gen.grammar
+    if spec is None:
         return [None] * count
     try:
-        return await asyncio.to_thread(compile_json, model.engine, gen.json_schema, count, gate)
+        return await asyncio.to_thread(compile_grammar, model.engine, spec, count, gate)
     except GrammarError as e:
-        raise bad_request(f"'response_format' has a schema that cannot be enforced: {str(e)[:500]}",
-                          "response_format") from None
+        raise bad_request(f"'{spec.param}' asks for a {spec.kind} grammar that cannot be enforced: {str(e)[:500]}",
+                          spec.param) from None
 
 
 async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: float,

@@ -11,11 +11,13 @@ valid JSON matching it unless max_tokens (or a stop string) cuts it, and finish_
 it is complete. A malformed format or a schema llguidance rejects is a 400 naming `response_format`.
 On a reasoning line the grammar applies to the answer, after the reasoning block; where the model may open
 the block itself, its first token is the grammar's or the opener (one that answers at once is constrained).
-Logprobs are those of the masked distribution. vLLM's `structured_outputs` / `guided_*` are 400s.
+vLLM's `structured_outputs` (one of json, regex, choice, json_object) is honoured the same way, a 400
+naming it when malformed or given with response_format; its other keys and the older `guided_*` are 400s.
+Logprobs are those of the masked distribution.
 `tool_choice` "required" or a named function ends the prompt with the line's tool-call opener (and the
 function's name), so the output is that call; its arguments are the model's, unchecked against the
 schema. Such a forced call together with a JSON `response_format` is a 400 naming `response_format`
-(the output cannot be both); with tool_choice "auto" the JSON constraint holds, so the model answers
+(or `structured_outputs`: the output cannot be both); with tool_choice "auto" the constraint holds, so the model answers
 in JSON and makes no tool call. Everything else unknown (e.g. `reasoning_effort`, `functions`,
 `spaces_between_special_tokens`) is a 400 naming it.
 Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
@@ -29,9 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openinfer.sampling import ParamError, SamplingParams
+from openinfer.structured import OutputGrammar
 
-from .errors import APIError, bad_request
+from .errors import bad_request
 from .fields import IGNORED, Fields, int_list, is_kind, str_list, token_ids
+from .grammar_fields import output_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # chat_template_kwargs that would collide with the arguments the server passes itself
@@ -54,7 +58,7 @@ class Generation:
     stop: list[str] = field(default_factory=list)
     include_stop: bool = False
     skip_special_tokens: bool = True
-    json_schema: dict[str, Any] | None = None   # response_format's schema (json_object: any object); None: text
+    grammar: OutputGrammar | None = None      # response_format / structured_outputs; None: free text
 
     def params(self, choice: int, max_tokens: int, vocab_size: int) -> SamplingParams:
         seed = None if self.seed is None else self.seed + choice  # n choices must differ, reproducibly
@@ -118,34 +122,8 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
     f.only("best_of", 1)
     f.only("use_beam_search", False)
     f.only("prompt_logprobs")
-    g.json_schema = _response_format(f)
+    g.grammar = output_grammar(f)
     return g
-
-
-def _response_format(f: Fields) -> dict[str, Any] | None:
-    """The JSON Schema the output must match, None for text. Every mistake inside is a 400 naming
-    `response_format` (the field OpenAI reports), its message naming the exact key."""
-    try:
-        rf = f.sub("response_format")
-        if rf is None:
-            return None
-        kind, schema = rf.get("type", "str", required=True), None
-        if kind == "json_object":
-            schema = {"type": "object"}
-        elif kind == "json_schema":
-            js = rf.sub("json_schema", required=True)
-            js.get("name", "str", required=True)
-            js.get("description", "str")
-            js.get("strict", "bool")
-            schema = js.get("schema", "object", required=True)
-            js.finish()
-        elif kind != "text":
-            raise bad_request(f"'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"; "
-                              f"got {kind!r}.", "response_format")
-        rf.finish()
-    except APIError as e:
-        raise bad_request(e.message, "response_format", e.code) from None
-    return schema
 
 
 def _logit_bias(f: Fields) -> dict[int, float]:
@@ -200,9 +178,9 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
                               f"chat_template_kwargs.{key}")
     req = ChatRequest(gen, messages, tools, kwargs, f.get("add_generation_prompt", "bool", True),
                       f.get("add_special_tokens", "bool", False), forced is not None, forced or None)
-    if req.tool_required and gen.json_schema is not None:
-        raise bad_request("A tool_choice that forces a call cannot be combined with a JSON 'response_format': the "
-                          "output is the call.", "response_format")
+    if req.tool_required and gen.grammar is not None:
+        raise bad_request(f"A tool_choice that forces a call cannot be combined with '{gen.grammar.param}': the "
+                          "output is the call.", gen.grammar.param)
     if req.tool_required and not req.add_generation_prompt:
         raise bad_request("A tool_choice that forces a call needs 'add_generation_prompt' true: the call opens the "
                           "assistant turn.", "tool_choice")
