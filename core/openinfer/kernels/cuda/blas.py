@@ -25,7 +25,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from . import lt, pdl
+from . import lt
 from .module import BF16, blocks_per_sm, clusters_supported, launch, sm_count
 
 WORKSPACE_BYTES = 32 << 20
