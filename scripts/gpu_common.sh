@@ -28,6 +28,9 @@ startup() {  # name, then env assignments for the server
     say "$name: $(grep -h 'ready\|frameworks' $L/$name.log | tr '\n' ' ')"
 }
 ncu() { OUT=$L NCU_S=65 TOP=18 timeout 70 bash scripts/gpu_ncu.sh "$@" > /dev/null 2>&1; cat $L/ncu_*.txt >> $S; rm -f $L/ncu_*.csv; }
+# a carried tree's code first on the path (.whl/NAME: git archive REV core plugins tests scripts pyproject.toml)
+ROOT=$PWD
+tree() { local d=$ROOT/.whl/$1; shift; PYTHONPATH=$d/core:$d/plugins/qwen3:$d/plugins/qwen35:/tmp/site "$@"; }
 precompile() { python3 -c "import cupy; from openinfer.kernels.cuda import compile as kc; kc.compile_all('sm_90a')" > $L/precompile.log 2>&1; }
 Q3="--model qwen3-4b --batch-sizes 1,32,128 --input-lens 1024 --output-lens 64 --num-iters 2 --max-num-batched-tokens 8192"
 Q3B1="--model qwen3-4b --batch-sizes 1 --input-lens 1024 --output-lens 64 --num-iters 3"

@@ -22,7 +22,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
-tree() { local d=$PWD/.whl/$1; shift; PYTHONPATH=$d/core:$d/plugins/qwen3:$d/plugins/qwen35:/tmp/site "$@"; }
 case ${1:-} in
 call1) precompile & for t in base clu gdn; do tree $t precompile & done
        wait

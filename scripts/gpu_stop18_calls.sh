@@ -9,12 +9,12 @@
 # call2 (two rounds of call 3's decode runs) was never run: the device stopped answering; call 3 replaces it.
 # From call 3 on clusters are opt-in (OPENINFER_DECODE_CLUSTER=8, exported by the calls; the default is 1).
 # call3 (written for the next session) never ran: no device was lent in stop 19; it is part of
-#   scripts/gpu_stop19_calls.sh call1 now.
+#   scripts/gpu_stop20_calls.sh callB now.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
-ROOT=$PWD   # call 1 ran its tests from .whl/cur with this path taken from there: they ran the working tree (then = cur)
-tree() { local d=$ROOT/.whl/$1; shift; PYTHONPATH=$d/core:$d/plugins/qwen3:$d/plugins/qwen35:/tmp/site "$@"; }
+# tree (gpu_common.sh) takes ROOT, not $PWD: call 1 ran its tests from .whl/cur with this path taken from there, so
+# they ran the working tree (then = cur)
 case ${1:-} in
 call1) tree cur precompile
        ( cd .whl/cur && tree cur tests 240 tests/kernels/test_cuda_ops.py -k "decode or paged_attention or gemv or silu or wide or linear" )

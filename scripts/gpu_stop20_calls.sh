@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop 20's device runs: stop 19's two calls (gpu_stop19_calls.sh, never run) re-cut for a session whose device time
+# Stop 20's device runs: stop 19's two calls (written in stop 19, never run there) re-cut for a session whose device time
 # was mostly spent on failed starts. Trees are carried in .whl/NAME (git archive REV core plugins tests scripts
 # pyproject.toml | tar -x -C .whl/NAME): cur = the commit under test, base = 5aaebe6 (stop 17), fold = next/gdn-norm-fold.
 #   bash scripts/gpu_stop20_calls.sh callN   (server-stack wheels in .whl/, scripts/gpu_wheels.sh)
@@ -15,8 +15,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
-ROOT=$PWD
-tree() { local d=$ROOT/.whl/$1; shift; PYTHONPATH=$d/core:$d/plugins/qwen3:$d/plugins/qwen35:/tmp/site "$@"; }
 Q3BIG="--model qwen3-4b --batch-sizes 32,128 --input-lens 1024 --output-lens 64 --num-iters 2 --max-num-batched-tokens 8192"
 case ${1:-} in
 callA) tree cur precompile

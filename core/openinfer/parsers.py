@@ -268,8 +268,8 @@ class ChatFormat:
             return None if opener is None else ("", opener)
         if self.starts_in_reasoning(prompt_text):
             return f"\n{self.think_end}\n\n", opener
-        closed = self.think_end in self._assistant_turn(prompt_text)
-        return ("" if closed else f"{self.think_start}\n\n{self.think_end}\n\n"), opener
+        ahead = self.reasoning_ahead(prompt_text)   # not open, so: the model would open one itself
+        return (f"{self.think_start}\n\n{self.think_end}\n\n" if ahead else ""), opener
 
     def stream_parser(self, prompt_text: str, tools: list[dict] | None = None, prefix: str = "") -> OutputParser:
         """A fresh parser for one choice; pass tools only when the request allows tool calls, and the forced call's

@@ -18,8 +18,8 @@ from typing import Any
 from starlette.responses import Response
 
 from openinfer.parsers import ToolCallDelta, collect_tool_calls
-from openinfer.structured import reasoning_gate
 from openinfer.sampling import SamplingParams
+from openinfer.structured import reasoning_gate
 from openinfer.tokenizer import ChatTemplateError
 
 from .errors import bad_request
