@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Stop 21's device runs (the working tree is main under test; server-stack wheels in .whl/, scripts/gpu_wheels.sh).
+#   bash scripts/gpu_stop21_calls.sh callN
+# call1 (~7 min): main on the GPU after stop 20 (the split kernel tests, both engines, structured outputs), the
+#   first-ever and warm `serve` start-up with idle RSS, where a batch-1 decode step goes on this card (gpu_ablation,
+#   both lines) and each decode weight's GEMV against a plain read of it (hbm_read_bench).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_common.sh
+case ${1:-} in
+call1) precompile
+       K=tests/kernels
+       tests 240 $K/test_cuda_ops.py $K/test_cuda_elementwise.py $K/test_cuda_gemv.py $K/test_cuda_attention.py \
+           $K/test_cuda_lt.py $K/test_cuda_launch_args.py $K/test_cuda_sampling.py $K/test_cuda_compile.py \
+           tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
+           tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py
+       tar -C $L -czf $R/logs_early.tgz .
+       startup first_start OPENINFER_CACHE_DIR=/tmp/oc_empty; startup warm_start OPENINFER_CACHE_DIR=/tmp/oc_empty
+       for m in qwen3-4b qwen3.5-4b; do
+           timeout 150 python3 scripts/gpu_ablation.py $m > $L/ablation_$m.log 2>&1; say "ablation $m:"; tail -14 $L/ablation_$m.log | tee -a $S
+       done
+       ( cd scripts && timeout 90 python3 hbm_read_bench.py --output-json $L/hbm_read.json > $L/hbm_read.log 2>&1 )
+       say "hbm_read_bench:"; tail -7 $L/hbm_read.log | tee -a $S ;;
+*) echo "usage: $0 callN" >&2; exit 2 ;;
+esac
+say "done in ${SECONDS}s"
+tar -C $L -czf $R/logs.tgz .
