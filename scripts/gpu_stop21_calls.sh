@@ -4,6 +4,9 @@
 # call1 (~7 min): main on the GPU after stop 20 (the split kernel tests, both engines, structured outputs), the
 #   first-ever and warm `serve` start-up with idle RSS, where a batch-1 decode step goes on this card (gpu_ablation,
 #   both lines) and each decode weight's GEMV against a plain read of it (hbm_read_bench).
+# call2 (~8 min): the rest of the core GPU tests (call 1's core run stopped at its time limit) and the Qwen3.5 GPU
+#   tests with the one-round-trip GDN decode step, then Qwen3.5-4B batch 1 against main before it (.whl/base =
+#   4feabc9), alternating, and the GDN kernels' cost in the graph.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -21,6 +24,18 @@ call1) precompile
        done
        ( cd scripts && timeout 90 python3 hbm_read_bench.py --output-json $L/hbm_read.json > $L/hbm_read.log 2>&1 )
        say "hbm_read_bench:"; tail -7 $L/hbm_read.log | tee -a $S ;;
+call2) tree base precompile & precompile & wait
+       K=tests/kernels
+       timeout 230 $T --durations=8 $K/test_cuda_lt.py $K/test_cuda_sampling.py tests/test_cuda_structured_engine.py \
+           tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py tests/test_weights_upload_cuda.py \
+           tests/test_kv_offload_cuda.py > $L/t_core.log 2>&1 &
+       timeout 230 $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1 &
+       wait; for f in core q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S
+       tar -C $L -czf $R/logs_early.tgz .
+       for r in 1 2; do tree base lat base_q35_$r 35 $Q35; lat cur_q35_$r 35 $Q35; done
+       timeout 100 python3 scripts/gpu_ablation.py qwen3.5-4b --families gdn_decode,conv_update,gated_rms_norm \
+           > $L/ablation_q35.log 2>&1; say "ablation:"; tail -5 $L/ablation_q35.log | tee -a $S ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"

@@ -9,15 +9,17 @@
 constexpr int DK_MAX = 128;  // dk of every Qwen3.5 / Qwen3-Next checkpoint; the launchers check it
 constexpr int BV = 32;       // state columns per block: one per lane
 
-// q, k rows of key head kh of token `tok` into shared memory, L2-normalised (eps 1e-6 inside the
-// root, as the reference); q also scaled by dk^-0.5. Entries dk..DK_MAX-1 are zero.
-template <typename T>
-__device__ void load_qk(const T* q, long long q_stride, const T* k, long long k_stride, long long tok, int kh,
-                        int dk, float* sq, float* sk) {
-    const int i = threadIdx.x;   // blockDim.x >= DK_MAX
-    const float qi = i < dk ? to_f32(q[tok * q_stride + (long long)kh * dk + i]) : 0.f;
-    const float ki = i < dk ? to_f32(k[tok * k_stride + (long long)kh * dk + i]) : 0.f;
-    const float qq = block_sum(qi * qi), kk = block_sum(ki * ki);
+// Entry i of the q and k rows of one key head (thread i holds it; zero past dk) into shared memory,
+// L2-normalised (eps 1e-6 inside the root, as the reference); q also scaled by dk^-0.5. Both sums in one
+// block reduction, each summed as block_sum sums it (the same bits). blockDim.x >= DK_MAX.
+__device__ void normalize_qk(float qi, float ki, int dk, float* sq, float* sk) {
+    __shared__ float2 partial[32];
+    const int i = threadIdx.x, lane = i & 31, warp = i >> 5, nwarps = blockDim.x >> 5;
+    const float qw = warp_sum(qi * qi), kw = warp_sum(ki * ki);
+    if (lane == 0) partial[warp] = make_float2(qw, kw);
+    __syncthreads();
+    const float2 p = lane < nwarps ? partial[lane] : make_float2(0.f, 0.f);
+    const float qq = warp_sum(p.x), kk = warp_sum(p.y);
     if (i < DK_MAX) {
         sq[i] = qi / sqrtf(qq + 1e-6f) * rsqrtf((float)dk);
         sk[i] = ki / sqrtf(kk + 1e-6f);
@@ -56,7 +58,7 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
                            long long v_stride, const Gates& gates, float* state,
                            long long state_stride, const int* slots, const int* query_start,
                            const int* context_lens, T* out, int nk, int nv, int dk, int dv) {
-    __shared__ float sq[DK_MAX], sk[DK_MAX], red[DEC_WARPS][BV];
+    __shared__ float sq[DK_MAX], sk[DK_MAX], red[DEC_WARPS][BV], ored[DEC_WARPS][BV];
     const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j = blockIdx.x * BV + lane;
     const bool live = has_state(query_start, context_lens, b), col = j < dv;
@@ -70,8 +72,14 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
         s[r] = live && col && i < dk ? S[(long long)i * dv] : 0.f;
     }
     pdl_begin();
-    load_qk(q, q_stride, k, k_stride, b, h / (nv / nk), dk, sq, sk);
+    // What the kernels before this one wrote (q, k, v and the gating inputs) is loaded at once, before any of
+    // it is used: one round trip to L2 after the wait instead of three (q and k, then the gates, then v).
+    const int i0 = threadIdx.x, kh = h / (nv / nk);
+    const float qi = i0 < dk ? to_f32(q[b * q_stride + (long long)kh * dk + i0]) : 0.f;
+    const float ki = i0 < dk ? to_f32(k[b * k_stride + (long long)kh * dk + i0]) : 0.f;
+    const float vj = col ? to_f32(v[b * v_stride + (long long)h * dv + j]) : 0.f;
     const float2 gb = gates(b, h);
+    normalize_qk(qi, ki, dk, sq, sk);
     const float decay = expf(gb.x);
 #pragma unroll
     for (int r = 0; r < DEC_ROWS; ++r) {
@@ -83,7 +91,7 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
     kS = 0.f;
 #pragma unroll
     for (int w = 0; w < DEC_WARPS; ++w) kS += red[w][lane];
-    const float delta = col ? gb.y * (to_f32(v[b * v_stride + (long long)h * dv + j]) - kS) : 0.f;
+    const float delta = col ? gb.y * (vj - kS) : 0.f;
     float o = 0.f;
 #pragma unroll
     for (int r = 0; r < DEC_ROWS; ++r) {
@@ -92,13 +100,12 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
         o += sq[i] * s[r];
         if (col && i < dk) S[(long long)i * dv] = s[r];
     }
-    __syncthreads();   // everyone has read red[] above
-    red[warp][lane] = o;
+    ored[warp][lane] = o;
     __syncthreads();
     if (warp == 0 && col) {
         o = 0.f;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; ++w) o += red[w][lane];
+        for (int w = 0; w < DEC_WARPS; ++w) o += ored[w][lane];
         out[((long long)b * nv + h) * dv + j] = from_f32<T>(o);
     }
 }
