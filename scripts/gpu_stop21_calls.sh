@@ -4,9 +4,9 @@
 # call1 (~7 min): main on the GPU after stop 20 (the split kernel tests, both engines, structured outputs), the
 #   first-ever and warm `serve` start-up with idle RSS, where a batch-1 decode step goes on this card (gpu_ablation,
 #   both lines) and each decode weight's GEMV against a plain read of it (hbm_read_bench).
-# call2 (~8 min): the rest of the core GPU tests (call 1's core run stopped at its time limit) and the Qwen3.5 GPU
-#   tests with the one-round-trip GDN decode step, then Qwen3.5-4B batch 1 against main before it (.whl/base =
-#   4feabc9), alternating, and the GDN kernels' cost in the graph.
+# call2 (~9 min): the rest of the core GPU tests (call 1's core run stopped at its time limit), both engines' GPU
+#   tests, with the GDN decode step and decode attention taking fewer round trips after their wait; then
+#   Qwen3-4B and Qwen3.5-4B batch 1 against main before them (.whl/base = 4feabc9), alternating, two rounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -26,16 +26,17 @@ call1) precompile
        say "hbm_read_bench:"; tail -7 $L/hbm_read.log | tee -a $S ;;
 call2) tree base precompile & precompile & wait
        K=tests/kernels
-       timeout 230 $T --durations=8 $K/test_cuda_lt.py $K/test_cuda_sampling.py tests/test_cuda_structured_engine.py \
-           tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py tests/test_weights_upload_cuda.py \
-           tests/test_kv_offload_cuda.py > $L/t_core.log 2>&1 &
-       timeout 230 $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1 &
-       wait; for f in core q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       timeout 200 $T --durations=8 $K/test_cuda_attention.py $K/test_cuda_lt.py $K/test_cuda_sampling.py \
+           tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
+           tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py > $L/t_core.log 2>&1 &
+       timeout 200 $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1 &
+       timeout 200 $T plugins/qwen3/tests/test_cuda_engine.py > $L/t_q3.log 2>&1 &
+       wait; for f in core q3 q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
        grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S
        tar -C $L -czf $R/logs_early.tgz .
-       for r in 1 2; do tree base lat base_q35_$r 35 $Q35; lat cur_q35_$r 35 $Q35; done
-       timeout 100 python3 scripts/gpu_ablation.py qwen3.5-4b --families gdn_decode,conv_update,gated_rms_norm \
-           > $L/ablation_q35.log 2>&1; say "ablation:"; tail -5 $L/ablation_q35.log | tee -a $S ;;
+       for r in 1 2; do
+           tree base lat base_q3_$r 30 $Q3B1; lat cur_q3_$r 30 $Q3B1; tree base lat base_q35_$r 35 $Q35; lat cur_q35_$r 35 $Q35
+       done ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"

@@ -138,9 +138,8 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
     const int b = blockIdx.z, split = blockIdx.x, G = nh / nkv, chunks = (G + DEC_ROWS - 1) / DEC_ROWS;
     const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * DEC_ROWS, gc = min(DEC_ROWS, G - g0);
-    const int q0 = qstart[b];
-    if (qstart[b + 1] == q0) return;  // no query this step: every split of it leaves, none counts or merges
-    const int L = ctx[b];
+    const int q0 = qstart[b], q1 = qstart[b + 1], L = ctx[b];   // loaded together: one round trip, not two
+    if (q1 == q0) return;  // no query this step: every split of it leaves, none counts or merges
     const int split_len = max(min_split, ((L + num_splits - 1) / num_splits + PASS - 1) / PASS * PASS);
     const int used = (L + split_len - 1) / split_len;
     const int CL = cluster_size(), rank = split % CL, first = split - rank;   // clusters run along the splits
@@ -162,12 +161,8 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         cp_async_commit();  // possibly empty: wait<STAGES - 1> below always means "tile t has landed"
     }
     pdl_begin();
-    if (kbeg < kend && kend == L) {
-        const int tile = (L - 1 - kbeg) / DEC_BN, s = tile / DEC_WARPS;
-        if (tile % DEC_WARPS == warp && s < STAGES - 1)
-            warp_reload_key<D>(ring + s * C::STAGE, kc, vc, kv, table, kvh, L - 1, (L - 1 - kbeg) % DEC_BN);
-    }
-
+    // Q (the kernel before wrote it) is loaded before key L - 1 is copied again, so that the two reads share
+    // one round trip
     const bf16* qrow = q + (long long)q0 * q_stride + (long long)(kvh * G + g0) * D;
     const unsigned int* qlo = gid < gc ? (const unsigned int*)(qrow + gid * D) : nullptr;
     const unsigned int* qhi = gid + 8 < gc ? (const unsigned int*)(qrow + (gid + 8) * D) : nullptr;
@@ -175,6 +170,11 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     if constexpr (C::Q_IN_REGS) {
 #pragma unroll
         for (int kk = 0; kk < KC; ++kk) q_fragment(qf[kk], qlo, qhi, kk, tq);
+    }
+    if (kbeg < kend && kend == L) {
+        const int tile = (L - 1 - kbeg) / DEC_BN, s = tile / DEC_WARPS;
+        if (tile % DEC_WARPS == warp && s < STAGES - 1)
+            warp_reload_key<D>(ring + s * C::STAGE, kc, vc, kv, table, kvh, L - 1, (L - 1 - kbeg) % DEC_BN);
     }
     // this lane holds rows gid, gid + 8 (h = 0, 1) and key columns 2 tq + {0, 1} of each 8-key n-tile
     float o[DT][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
@@ -280,7 +280,7 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, gc, head0, nh, q0, b, split, used, num_splits,
                                                         out, part_o, part_m, part_l);
         if (used > 1)
-            merge_splits_if_last<bf16, D>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0, b,
+            merge_splits_if_last<bf16, D, D >= 128>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0, b,
                                           used, num_splits, out);
         return;
     }
@@ -302,7 +302,7 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     store_merged_warps<bf16, 1, DEC_ROWS, D>(bm, bl, mo, gc, head0, nh, q0, b, split / CL, used_parts, parts, out,
                                             part_o, part_m, part_l);
     if (used_parts > 1)
-        merge_splits_if_last<bf16, D>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0, b,
+        merge_splits_if_last<bf16, D, D >= 128>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0, b,
                                       used_parts, parts, out);
 }
 

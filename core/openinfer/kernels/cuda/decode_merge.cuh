@@ -50,6 +50,18 @@ __device__ __forceinline__ void store_merged_warps(const float* wm, const float*
 
 constexpr int MERGE_UNROLL = 16;   // splits whose partial float4s a thread loads at once (L2 round trips)
 
+// Float4 idx % (D / 4) of output row idx / (D / 4) (head head0 + that row) in the partials of splits s0 ..
+// s0 + MERGE_UNROLL - 1; past the last used split a row is loaded again and never used.
+template <int D>
+__device__ __forceinline__ void load_partial_rows(float4* v, const float* part_o, long long base, int idx, int s0,
+                                                  int used, int num_splits) {
+    constexpr int V = D / 4;
+    const float4* po = reinterpret_cast<const float4*>(part_o + (base + (long long)(idx / V) * num_splits) * D)
+                       + idx % V;
+#pragma unroll
+    for (int u = 0; u < MERGE_UNROLL; ++u) v[u] = __ldcg(po + (long long)min(s0 + u, used - 1) * V);
+}
+
 // Every used split's block calls this once its partials are stored (used > 1; the last block is the
 // used-th to arrive). counters: one int per (sequence, head chunk), zero on entry and
 // left zero (the last block resets its own), so a CUDA graph replays cleanly. scratch: shared memory for
@@ -58,7 +70,7 @@ constexpr int MERGE_UNROLL = 16;   // splits whose partial float4s a thread load
 // out = sum_s w_s o_s / sum_s w_s summed in split order, so the output is the same bits
 // whichever block came last. Each thread owns float4s of the gc output rows and keeps MERGE_UNROLL
 // splits' loads in flight.
-template <typename T, int D>
+template <typename T, int D, bool EARLY = false>
 __device__ void merge_splits_if_last(const float* part_o, const float* part_m, const float* part_l, int* counters,
                                      float* scratch, int gc, int head0, int nh, int q0, int b, int used,
                                      int num_splits, T* out) {
@@ -77,6 +89,13 @@ __device__ void merge_splits_if_last(const float* part_o, const float* part_m, c
     // (head0 + g, split s) is partial p = base + g * num_splits + s
     const long long base = ((long long)b * nh + head0) * num_splits;
     const int n = gc * used;
+    constexpr int V = D / 4;         // float4s of a row
+    // EARLY: the thread's first MERGE_UNROLL partial rows are loaded with the m and l below (they do not depend
+    // on them), one round trip for both where a thread's output float4 takes one pass (gc * V <= blockDim, used
+    // <= 16). It holds 64 more registers through the m and l pass, so only kernels with registers to spare ask.
+    float4 first[MERGE_UNROLL];
+    if (EARLY && threadIdx.x < gc * V)
+        load_partial_rows<D>(first, part_o, base, threadIdx.x, 0, used, num_splits);
     float* wsm = scratch;            // [gc][used]: m, then the weight
     float* lsm = scratch + n;        // [gc][used]: l
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -96,18 +115,19 @@ __device__ void merge_splits_if_last(const float* part_o, const float* part_m, c
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         wsm[i] = exp2f(wsm[i] - head_max[i / used]) * lsm[i];
     __syncthreads();
-    constexpr int V = D / 4;         // float4s of a row
     for (int idx = threadIdx.x; idx < gc * V; idx += blockDim.x) {
-        const int g = idx / V, c = idx % V;
-        const float4* po = reinterpret_cast<const float4*>(part_o + (base + (long long)g * num_splits) * D) + c;
+        const int g = idx / V;
         const float* w = wsm + g * used;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         float lsum = 0.f;
         for (int s0 = 0; s0 < used; s0 += MERGE_UNROLL) {
             float4 v[MERGE_UNROLL];
+            if (EARLY && idx == threadIdx.x && s0 == 0) {
 #pragma unroll
-            for (int u = 0; u < MERGE_UNROLL; ++u)  // past the last split: a reloaded row, never used
-                v[u] = __ldcg(po + (long long)min(s0 + u, used - 1) * V);
+                for (int u = 0; u < MERGE_UNROLL; ++u) v[u] = first[u];
+            } else {
+                load_partial_rows<D>(v, part_o, base, idx, s0, used, num_splits);
+            }
 #pragma unroll
             for (int u = 0; u < MERGE_UNROLL; ++u) {
                 if (s0 + u >= used) break;
@@ -119,7 +139,7 @@ __device__ void merge_splits_if_last(const float* part_o, const float* part_m, c
                 acc.w = fmaf(wu, v[u].w, acc.w);
             }
         }
-        T* o = out + ((long long)q0 * nh + head0 + g) * D + 4 * c;
+        T* o = out + ((long long)q0 * nh + head0 + g) * D + 4 * (idx % V);
         o[0] = from_f32<T>(acc.x / lsum);
         o[1] = from_f32<T>(acc.y / lsum);
         o[2] = from_f32<T>(acc.z / lsum);
