@@ -5,7 +5,7 @@
 #   first-ever and warm `serve` start-up with idle RSS, where a batch-1 decode step goes on this card (gpu_ablation,
 #   both lines) and each decode weight's GEMV against a plain read of it (hbm_read_bench).
 # call2 (~9 min): the rest of the core GPU tests (call 1's core run stopped at its time limit), both engines' GPU
-#   tests, with the GDN decode step and decode attention taking fewer round trips after their wait; then
+#   tests, with the GDN decode step, its output norm and decode attention taking fewer round trips after their wait; then
 #   Qwen3-4B and Qwen3.5-4B batch 1 against main before them (.whl/base = 4feabc9), alternating, two rounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."

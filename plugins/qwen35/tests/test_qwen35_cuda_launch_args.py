@@ -164,3 +164,13 @@ def test_decode_launches_are_graph_safe(launches):
                 assert {id(b.state_slots), id(b.query_start), id(b.context_lens)} <= ids, c.name
         grids.append([(c.name, c.grid) for c in launches])
     assert grids[0] == grids[1]
+
+
+def test_gated_rms_norm_rejects_a_head_past_the_register_rows(launches):
+    """The kernel holds a row in registers (8 entries a lane): a wider head is refused before any launch."""
+    x = zeros((1, 2, 288), BF16)
+    with pytest.raises(ValueError, match="head dim 288"):
+        ops.qwen35_gated_rms_norm(x, x, zeros(288, BF16), 1e-6)
+    assert not launches
+    ops.qwen35_gated_rms_norm(x[:, :, :256], x[:, :, :256], zeros(256, BF16), 1e-6)
+    assert [c.name for c in launches] == ["gated_rms_norm_bf16"]

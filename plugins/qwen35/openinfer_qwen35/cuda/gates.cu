@@ -17,8 +17,10 @@ __device__ void gdn_gating(const T* a, long long a_stride, const T* b, long long
     beta[i] = gb.y;
 }
 
-// x, z [T, nh, d] (heads packed, any token stride) -> out [T, nh, d] packed; w [d].
-// One warp per (token, head) row, 4 rows a block; the second pass re-reads x (L1 hits).
+// x, z [T, nh, d] (heads packed, any token stride) -> out [T, nh, d] packed; w [d], d <= 32 * GN_PER_LANE.
+// One warp per (token, head) row, 4 rows a block. A lane loads its entries of x, z and w at once, into
+// registers: one round trip after the wait (a second pass over x, then z and w, took two).
+constexpr int GN_PER_LANE = 8;
 template <typename T>
 __device__ void gated_rms_norm(const T* x, long long x_stride, const T* z, long long z_stride, const T* w,
                                T* out, int rows, int nh, int d, float eps) {
@@ -28,11 +30,22 @@ __device__ void gated_rms_norm(const T* x, long long x_stride, const T* z, long 
     const T* xr = x + t * x_stride + h * d;
     const T* zr = z + t * z_stride + h * d;
     T* o = out + (long long)row * d;
+    float xv[GN_PER_LANE], zv[GN_PER_LANE], wv[GN_PER_LANE];
+#pragma unroll
+    for (int u = 0; u < GN_PER_LANE; ++u) {
+        const int i = lane + 32 * u;
+        xv[u] = i < d ? to_f32(xr[i]) : 0.f;
+        zv[u] = i < d ? to_f32(zr[i]) : 0.f;
+        wv[u] = i < d ? to_f32(w[i]) : 0.f;
+    }
     float ss = 0.f;
-    for (int i = lane; i < d; i += 32) { const float v = to_f32(xr[i]); ss += v * v; }
+#pragma unroll
+    for (int u = 0; u < GN_PER_LANE; ++u)
+        if (lane + 32 * u < d) ss += xv[u] * xv[u];
     const float inv = 1.f / sqrtf(warp_sum(ss) / d + eps);
-    for (int i = lane; i < d; i += 32)
-        o[i] = from_f32<T>(to_f32(xr[i]) * inv * to_f32(w[i]) * silu(to_f32(zr[i])));
+#pragma unroll
+    for (int u = 0; u < GN_PER_LANE; ++u)
+        if (lane + 32 * u < d) o[lane + 32 * u] = from_f32<T>(xv[u] * inv * wv[u] * silu(zv[u]));
 }
 
 // x, gate [T, n] (any row strides) -> out [T, n] packed. grid (T, column blocks), a grid-stride loop.

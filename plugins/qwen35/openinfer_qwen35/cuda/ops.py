@@ -24,6 +24,7 @@ __all__ = ["qwen35_causal_conv1d", "qwen35_causal_conv1d_update", "qwen35_gdn_ga
 
 CONV, GATES = Path(__file__).with_name("conv.cu"), Path(__file__).with_name("gates.cu")
 CONV_K, CONV_TOK, THREADS = 4, 16, 128   # CONV_K and CONV_TOK must match conv.cu
+GATED_NORM_MAX_D = 32 * 8                 # gates.cu: 32 lanes x GN_PER_LANE
 
 
 def _conv_args(x: cp.ndarray, weight: cp.ndarray, conv_state: cp.ndarray) -> tuple[cp.ndarray, int, cp.ndarray]:
@@ -106,6 +107,8 @@ def qwen35_gated_rms_norm(x: cp.ndarray, z: cp.ndarray, w: cp.ndarray, eps: floa
     x3, xs = heads3d(x)
     z3, zs = heads3d(z)
     T, nh, d = x.shape
+    if d > GATED_NORM_MAX_D:
+        raise ValueError(f"gated rms norm: head dim {d} is over {GATED_NORM_MAX_D} (gates.cu's GN_PER_LANE)")
     out = cp.empty(x.shape, dtype=x.dtype)
     if T * nh:
         launch(GATES, f"gated_rms_norm_{suffix(x.dtype)}", ((T * nh + 3) // 4,), THREADS,
