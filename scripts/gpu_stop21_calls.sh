@@ -4,9 +4,12 @@
 # call1 (~7 min): main on the GPU after stop 20 (the split kernel tests, both engines, structured outputs), the
 #   first-ever and warm `serve` start-up with idle RSS, where a batch-1 decode step goes on this card (gpu_ablation,
 #   both lines) and each decode weight's GEMV against a plain read of it (hbm_read_bench).
+# call1b (~5 min): call 1's tests and start-up again (call 1 ran without the wheels carried: run with carry .whl).
 # call2 (~9 min): the rest of the core GPU tests (call 1's core run stopped at its time limit), both engines' GPU
 #   tests, with the GDN decode step, its output norm and decode attention taking fewer round trips after their wait; then
 #   Qwen3-4B and Qwen3.5-4B batch 1 against main before them (.whl/base = 4feabc9), alternating, two rounds.
+# call3 (~8 min), not run yet: the GPU tests calls 1b and 2 left unfinished at their time limits (the core files from
+#   the attention tests on; Qwen3.5's kernel tests and fidelity) with the stop-21 kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -24,6 +27,23 @@ call1) precompile
        done
        ( cd scripts && timeout 90 python3 hbm_read_bench.py --output-json $L/hbm_read.json > $L/hbm_read.log 2>&1 )
        say "hbm_read_bench:"; tail -7 $L/hbm_read.log | tee -a $S ;;
+call1b) precompile
+       K=tests/kernels
+       tests 240 $K/test_cuda_ops.py $K/test_cuda_elementwise.py $K/test_cuda_gemv.py $K/test_cuda_attention.py \
+           $K/test_cuda_lt.py $K/test_cuda_launch_args.py $K/test_cuda_sampling.py $K/test_cuda_compile.py \
+           tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
+           tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py
+       startup first_start OPENINFER_CACHE_DIR=/tmp/oc_empty; startup warm_start OPENINFER_CACHE_DIR=/tmp/oc_empty
+       startup warm_start2 OPENINFER_CACHE_DIR=/tmp/oc_empty ;;
+call3) precompile
+       K=tests/kernels
+       timeout 420 $T --durations=10 $K/test_cuda_attention.py $K/test_cuda_lt.py $K/test_cuda_sampling.py \
+           tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
+           tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py > $L/t_core.log 2>&1 &
+       timeout 420 $T plugins/qwen35/tests/test_qwen35_cuda_ops.py plugins/qwen35/tests/test_qwen35_fidelity.py \
+           > $L/t_q35.log 2>&1 &
+       wait; for f in core q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S ;;
 call2) tree base precompile & precompile & wait
        K=tests/kernels
        timeout 200 $T --durations=8 $K/test_cuda_attention.py $K/test_cuda_lt.py $K/test_cuda_sampling.py \
