@@ -13,30 +13,25 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
+K=tests/kernels
+main_checks() {   # call 1's GPU tests of main (the split kernel modules, both engines) and its start-ups
+    precompile
+    tests 240 $K/test_cuda_ops.py $K/test_cuda_elementwise.py $K/test_cuda_gemv.py $K/test_cuda_attention.py \
+        $K/test_cuda_lt.py $K/test_cuda_launch_args.py $K/test_cuda_sampling.py $K/test_cuda_compile.py \
+        tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
+        tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py
+    tar -C $L -czf $R/logs_early.tgz .
+    startup first_start OPENINFER_CACHE_DIR=/tmp/oc_empty; startup warm_start OPENINFER_CACHE_DIR=/tmp/oc_empty
+}
 case ${1:-} in
-call1) precompile
-       K=tests/kernels
-       tests 240 $K/test_cuda_ops.py $K/test_cuda_elementwise.py $K/test_cuda_gemv.py $K/test_cuda_attention.py \
-           $K/test_cuda_lt.py $K/test_cuda_launch_args.py $K/test_cuda_sampling.py $K/test_cuda_compile.py \
-           tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
-           tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py
-       tar -C $L -czf $R/logs_early.tgz .
-       startup first_start OPENINFER_CACHE_DIR=/tmp/oc_empty; startup warm_start OPENINFER_CACHE_DIR=/tmp/oc_empty
+call1) main_checks
        for m in qwen3-4b qwen3.5-4b; do
            timeout 150 python3 scripts/gpu_ablation.py $m > $L/ablation_$m.log 2>&1; say "ablation $m:"; tail -14 $L/ablation_$m.log | tee -a $S
        done
        ( cd scripts && timeout 90 python3 hbm_read_bench.py --output-json $L/hbm_read.json > $L/hbm_read.log 2>&1 )
        say "hbm_read_bench:"; tail -7 $L/hbm_read.log | tee -a $S ;;
-call1b) precompile
-       K=tests/kernels
-       tests 240 $K/test_cuda_ops.py $K/test_cuda_elementwise.py $K/test_cuda_gemv.py $K/test_cuda_attention.py \
-           $K/test_cuda_lt.py $K/test_cuda_launch_args.py $K/test_cuda_sampling.py $K/test_cuda_compile.py \
-           tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
-           tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py
-       startup first_start OPENINFER_CACHE_DIR=/tmp/oc_empty; startup warm_start OPENINFER_CACHE_DIR=/tmp/oc_empty
-       startup warm_start2 OPENINFER_CACHE_DIR=/tmp/oc_empty ;;
+call1b) main_checks; startup warm_start2 OPENINFER_CACHE_DIR=/tmp/oc_empty ;;
 call3) precompile
-       K=tests/kernels
        timeout 420 $T --durations=10 $K/test_cuda_attention.py $K/test_cuda_lt.py $K/test_cuda_sampling.py \
            tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
            tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py > $L/t_core.log 2>&1 &
@@ -45,7 +40,6 @@ call3) precompile
        wait; for f in core q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
        grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S ;;
 call2) tree base precompile & precompile & wait
-       K=tests/kernels
        timeout 200 $T --durations=8 $K/test_cuda_attention.py $K/test_cuda_lt.py $K/test_cuda_sampling.py \
            tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
            tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py > $L/t_core.log 2>&1 &
