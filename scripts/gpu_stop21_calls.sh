@@ -10,6 +10,9 @@
 #   Qwen3-4B and Qwen3.5-4B batch 1 against main before them (.whl/base = 4feabc9), alternating, two rounds.
 # call3 (~8 min), not run yet: the GPU tests calls 1b and 2 left unfinished at their time limits (the core files from
 #   the attention tests on; Qwen3.5's kernel tests and fidelity) with the stop-21 kernels.
+# call4 (~6 min), not run yet: issue 6's side by side in one run, on one random-weight checkpoint (`openinfer synth`):
+#   the transformers peer (scripts/hf_peer.py: 1k / 16k prefill, decode at batch 1 and 32, top-1 agreement), then
+#   openinfer's decode at batch 1 and 32 on the same checkpoint and its cold prefill and prefix hits.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -51,6 +54,14 @@ call2) tree base precompile & precompile & wait
        for r in 1 2; do
            tree base lat base_q3_$r 30 $Q3B1; lat cur_q3_$r 30 $Q3B1; tree base lat base_q35_$r 35 $Q35; lat cur_q35_$r 35 $Q35
        done ;;
+call4) precompile
+       timeout 120 $OI synth --preset qwen3-4b --out /tmp/q3 --device cuda > $L/synth.log 2>&1; say "synth: $(tail -1 $L/synth.log)"
+       timeout 240 python3 scripts/hf_peer.py /tmp/q3 --agreement > $L/peer.json 2> $L/peer.err
+       say "transformers peer: $(cat $L/peer.json)"; tail -3 $L/peer.err | tee -a $S
+       lat ours_q3 60 --model /tmp/q3 --batch-sizes 1,32 --input-lens 1024 --output-lens 64 --num-iters 2 \
+           --max-num-batched-tokens 8192
+       timeout 90 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix.log 2>&1
+       say "prefix hits and cold prefill:"; tail -6 $L/prefix.log | tee -a $S ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
