@@ -12,7 +12,8 @@
 #   the attention tests on; Qwen3.5's kernel tests and fidelity) with the stop-21 kernels.
 # call4 (~6 min), not run yet: issue 6's side by side in one run, on one random-weight checkpoint (`openinfer synth`):
 #   the transformers peer (scripts/hf_peer.py: 1k / 16k prefill, decode at batch 1 and 32, top-1 agreement), then
-#   openinfer's decode at batch 1 and 32 on the same checkpoint and its cold prefill and prefix hits.
+#   openinfer's decode at batch 1 and 32 on that checkpoint's config (`lat` loads dummy weights: the values do not
+#   change the timing) and its cold prefill and prefix hits.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
