@@ -117,6 +117,29 @@ def test_regex_and_choice(engine: TinyEngine) -> None:
         compile_grammar(engine, OutputGrammar("regex", "(("), 1)
 
 
+@pytest.mark.parametrize("text", [
+    'start: "{" pair ("," pair)* "}"\npair: KEY ":" NUM\nKEY: "a" | "b"\nNUM: /[12]+/',   # Lark
+    'root ::= "{" pair ("," pair)* "}"\npair ::= [ab] ":" [12]+',                          # GBNF, as vLLM's clients
+], ids=["lark", "gbnf"])
+def test_context_free_grammar(engine: TinyEngine, text: str) -> None:
+    """A grammar no regex can express (repetition of a bracketed pair) drives the mask as the JSON Schema does."""
+    [c] = compile_grammar(engine, OutputGrammar("grammar", text), 1)
+    assert allowed(c) == {"{"}
+    assert not c.advance(ID["{"])
+    assert allowed(c) == {"a", "b"}
+    for piece in ["a", ":", "1", "2", ",", "b", ":", "2"]:
+        assert piece in allowed(c)
+        assert not c.advance(ID[piece])
+    assert allowed(c) == {"1", "2", ",", "}"}
+    assert c.advance(ID["}"])   # complete: only eos may follow
+
+
+def test_a_bad_grammar_is_a_grammar_error(engine: TinyEngine) -> None:
+    for text in ("root ::= foo", "start: undefined_rule", "root ::= [a", "start: ("):
+        with pytest.raises(GrammarError):
+            compile_grammar(engine, OutputGrammar("grammar", text), 1)
+
+
 def test_refused_token_and_bad_schema(engine: TinyEngine) -> None:
     first, second = compile_grammar(engine, OutputGrammar("json", SCHEMA), 2)
     assert not first.advance(ID["}"]) and first.error   # outside the grammar: the request must fail

@@ -1,5 +1,5 @@
-"""Structured outputs: a JSON Schema, a regular expression or a list of choices (an OutputGrammar)
-compiled by llguidance into one token matcher per request.
+"""Structured outputs: a JSON Schema, a regular expression, a list of choices or a context-free grammar
+(Lark or GBNF; an OutputGrammar) compiled by llguidance into one token matcher per request.
 
 The server compiles (`compile_grammar`, in a worker thread, before submit: a bad or too complex grammar
 is the client's 400, never an engine error); the engine asks each constrained request's Constraint
@@ -91,8 +91,9 @@ def reasoning_gate(chat_format: Any, prompt_text: str, tokenizer: Tokenizer) -> 
 @dataclass(frozen=True)
 class OutputGrammar:
     """What an output must match: kind "json" (value: a JSON Schema), "regex" (a pattern, Rust regex
-    syntax as llguidance reads it) or "choice" (value: the strings, one of which is the whole output).
-    `param` is the request field that asked, for its errors."""
+    syntax as llguidance reads it), "choice" (value: the strings, one of which is the whole output) or
+    "grammar" (value: a context-free grammar in Lark syntax, or in llama.cpp's GBNF as vLLM's clients write
+    it, `root ::= ...`; llguidance converts GBNF). `param` is the request field that asked, for its errors."""
     kind: str
     value: Any
     param: str = "response_format"
@@ -110,6 +111,9 @@ def _grammar(spec: OutputGrammar) -> str:
             spec.value, defaults=None if "x-guidance" in spec.value else _JSON_DEFAULTS)
     if spec.kind == "regex":
         return LLMatcher.grammar_from_regex(spec.value)
+    if spec.kind == "grammar":
+        from llguidance import grammar_from
+        return grammar_from("grammar", spec.value)
     return LLMatcher.grammar_from_regex("(" + "|".join(map(_literal, spec.value)) + ")")
 
 

@@ -83,7 +83,11 @@ def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> Non
     ("/v1/completions", {**COMPLETION, "structured_outputs": {"choice": ["a", 1]}}, "structured_outputs"),
     ("/v1/completions", {**COMPLETION, "structured_outputs": {"json": "{not json"}}, "structured_outputs"),
     ("/v1/completions", {**COMPLETION, "structured_outputs": {"json": [1]}}, "structured_outputs"),
-    ("/v1/completions", {**COMPLETION, "structured_outputs": {"grammar": "root ::= \"a\""}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"grammar": "root ::= foo"}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"grammar": "start: ("}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"grammar": " "}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"grammar": ["start: x"]}}, "structured_outputs"),
+    ("/v1/completions", {**COMPLETION, "structured_outputs": {"structural_tag": "{}"}}, "structured_outputs"),
     ("/v1/completions", {**COMPLETION, "structured_outputs": {}}, "structured_outputs"),
     ("/v1/completions", {**COMPLETION, "structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
     ("/v1/chat/completions", {**CHAT, "structured_outputs": {"regex": "a"}, "response_format": {

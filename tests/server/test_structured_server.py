@@ -82,6 +82,33 @@ def test_structured_outputs_choice_regex_and_json(client: openai.OpenAI) -> None
     check_person(json.loads(r.choices[0].message.content))
 
 
+def test_structured_outputs_grammar_streamed_and_not(client: openai.OpenAI) -> None:
+    """A context-free grammar (GBNF, as vLLM's clients write it): balanced brackets, which no regex matches."""
+    grammar = 'root ::= group\ngroup ::= "(" (group* | [a-z]{1,3}) ")"'
+
+    def group(s: str, i: int) -> int:
+        """The end of the group starting at s[i] (-1: none): a word, or groups side by side, in brackets."""
+        if not s.startswith("(", i):
+            return -1
+        word = re.match(r"[a-z]{1,3}", s[i + 1:])
+        i = i + 1 + (word.end() if word else 0)
+        while not word and s.startswith("(", i):
+            i = group(s, i)
+            if i < 0:
+                return -1
+        return i + 1 if s.startswith(")", i) else -1
+
+    for seed in range(3):
+        body = {"structured_outputs": {"grammar": grammar}}
+        r = client.completions.create(model="demo", prompt="Nest:", max_tokens=40, temperature=1.0, seed=seed,
+                                      extra_body=body)
+        text = r.choices[0].text
+        assert r.choices[0].finish_reason == "stop" and group(text, 0) == len(text), text
+        chunks = list(client.completions.create(model="demo", prompt="Nest:", max_tokens=40, temperature=1.0,
+                                                seed=seed, stream=True, extra_body=body))
+        assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text   # seeded: the same output
+
+
 def test_grammar_starts_after_the_reasoning_block(client: openai.OpenAI, engine: Engine) -> None:
     """Thinking on: Qwen3's prompt leaves the block to the model, so its first token may be <think>
     (the bias makes this random model open it and, inside, close it at once); the answer after

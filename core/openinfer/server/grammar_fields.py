@@ -46,7 +46,8 @@ def _response_format(f: Fields) -> OutputGrammar | None:
 
 def _structured_outputs(f: Fields) -> OutputGrammar | None:
     """vLLM's {"json": schema (an object or its JSON text) | "regex": pattern | "choice": [str, ...] |
-    "json_object": true}, exactly one; its other keys (grammar, structural_tag, whitespace options) are 400s."""
+    "grammar": Lark or GBNF text | "json_object": true}, exactly one; its other keys (structural_tag,
+    whitespace options) are 400s."""
     param = "structured_outputs"
     try:
         so = f.sub(param)
@@ -68,11 +69,16 @@ def _structured_outputs(f: Fields) -> OutputGrammar | None:
             if not choice or not all(isinstance(c, str) and c for c in choice):
                 raise bad_request("'structured_outputs.choice' must be a non-empty array of non-empty strings.", param)
             found.append(OutputGrammar("choice", choice, param))
+        if (grammar := so.get("grammar", "str")) is not None:
+            if not grammar.strip():
+                raise bad_request("'structured_outputs.grammar' is empty.", param)
+            found.append(OutputGrammar("grammar", grammar, param))
         if so.get("json_object", "bool"):
             found.append(OutputGrammar("json", {"type": "object"}, param))
         so.finish()
         if len(found) != 1:
-            raise bad_request("'structured_outputs' takes exactly one of json, regex, choice and json_object.", param)
+            raise bad_request("'structured_outputs' takes exactly one of json, regex, choice, grammar and "
+                              "json_object.", param)
     except APIError as e:
         raise bad_request(e.message, param, e.code) from None
     return found[0]

@@ -11,8 +11,9 @@ valid JSON matching it unless max_tokens (or a stop string) cuts it, and finish_
 it is complete. A malformed format or a schema llguidance rejects is a 400 naming `response_format`.
 On a reasoning line the grammar applies to the answer, after the reasoning block; where the model may open
 the block itself, its first token is the grammar's or the opener (one that answers at once is constrained).
-vLLM's `structured_outputs` (one of json, regex, choice, json_object) is honoured the same way, a 400
-naming it when malformed or given with response_format; its other keys and the older `guided_*` are 400s.
+vLLM's `structured_outputs` (one of json, regex, choice, grammar (Lark or GBNF), json_object) is honoured the
+same way, a 400 naming it when malformed or given with response_format; its other keys and the older `guided_*`
+are 400s.
 Logprobs are those of the masked distribution.
 `tool_choice` "required" or a named function ends the prompt with the line's tool-call opener (and the
 function's name), so the output is that call; its arguments are the model's, unchecked against the
