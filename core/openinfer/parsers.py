@@ -258,6 +258,12 @@ class ChatFormat:
         the prompt. None where the line cannot force a call."""
         return None
 
+    def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
+        """What the output may be after tool_call_opener(name), as a grammar in llguidance's Lark syntax
+        (structured.lark_literal, lark_json): the rest of the call, its arguments valid against the function's
+        `parameters` schema, and (`name` None) further calls. None leaves a forced call's arguments to the model."""
+        return None
+
     def forced_tool_call(self, prompt_text: str, name: str | None) -> tuple[str, str] | None:
         """(text that first closes the prompt's reasoning, the call's opener) to append to a rendered prompt so that
         the output is a tool call (of `name`, or of a function the model picks); None where tool_call_opener is.

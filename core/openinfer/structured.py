@@ -15,6 +15,7 @@ block's opener: a model that does not reason is constrained from its first token
 """
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -97,6 +98,17 @@ class OutputGrammar:
     kind: str
     value: Any
     param: str = "response_format"
+
+
+def lark_literal(text: str) -> str:
+    """`text` as a string literal of llguidance's Lark syntax (a JSON string: the same escapes)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def lark_json(schema: dict[str, Any], layout: dict[str, Any] | None = None) -> str:
+    """A Lark item matching JSON valid against `schema`, laid out as llguidance's "x-guidance" options `layout`
+    say (default: whitespace bounded as for the JSON formats) unless the schema carries its own."""
+    return "%json " + json.dumps(schema if "x-guidance" in schema else {**schema, "x-guidance": layout or _JSON_DEFAULTS})
 
 
 def _literal(text: str) -> str:

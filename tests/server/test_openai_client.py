@@ -166,6 +166,9 @@ def test_required_tool_choice_lets_the_model_name_the_call(client: openai.OpenAI
     prompt = fake.tokenizer.decode(fake.submitted[-1][1], False)
     assert prompt.endswith('<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n{"name": "')
     assert prompt.count("<think>") == 1   # the template's empty block, not a second one
+    cut = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice="required",
+                                         max_tokens=6)
+    assert cut.choices[0].finish_reason == "length"   # not "tool_calls": the call's arguments are incomplete
 
 
 def test_tool_choice_none_keeps_calls_as_text(client: openai.OpenAI, fake: FakeEngine) -> None:

@@ -137,3 +137,50 @@ def test_bad_schema_is_a_400_and_serving_goes_on(client: openai.OpenAI) -> None:
         assert e.value.body["param"] == "response_format"
     r = client.chat.completions.create(model="demo", messages=USER, max_tokens=3, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 3
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+             "additionalProperties": False}}}]
+
+
+def check_call(name: str, arguments: str) -> None:
+    args = json.loads(arguments)
+    assert arguments == json.dumps(args, ensure_ascii=False)   # laid out as the chat template writes calls
+    if name == "get_weather":
+        assert set(args) == {"city", "days"} and isinstance(args["city"], str) and len(args["city"]) <= 8
+        assert isinstance(args["days"], int) and 1 <= args["days"] <= 7
+    else:
+        assert name == "get_time" and args["zone"] in ("UTC", "CET")
+
+
+def test_a_forced_tool_call_holds_to_the_parameters_schema(client: openai.OpenAI) -> None:
+    """tool_choice "required" or a named function: the demo model's random weights write valid calls only because
+    the arguments (and, for "required", the names) are constrained; streamed as not."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(3):
+        for choice in (named, "required"):
+            r = client.chat.completions.create(model="demo", messages=USER, tools=TOOLS, tool_choice=choice,
+                                               max_tokens=120, temperature=1.0, seed=seed)
+            calls = r.choices[0].message.tool_calls
+            assert calls and r.choices[0].finish_reason == ("stop" if choice is named else "tool_calls")
+            for call in calls:
+                check_call(call.function.name, call.function.arguments)
+            assert choice != named or [c.function.name for c in calls] == ["get_weather"]
+    chunks = list(client.chat.completions.create(model="demo", messages=USER, tools=TOOLS, tool_choice="required",
+                                                 max_tokens=120, temperature=1.0, seed=0, stream=True))
+    streamed: dict[int, list[str]] = {}
+    for d in (d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []):
+        streamed.setdefault(d.index, [d.function.name, ""])[1] += d.function.arguments or ""
+    assert streamed and all(check_call(name, args) is None for name, args in streamed.values())
+
+
+def test_a_tool_schema_that_cannot_be_enforced_is_a_400(client: openai.OpenAI) -> None:
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="demo", messages=USER, tools=bad, tool_choice="required", max_tokens=5)
+    assert e.value.body["param"] == "tools"

@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from openinfer.parsers import ToolCallDelta, collect_tool_calls
 from openinfer.sampling import SamplingParams
-from openinfer.structured import reasoning_gate
+from openinfer.structured import OutputGrammar, reasoning_gate
 from openinfer.tokenizer import ChatTemplateError
 
 from .errors import bad_request
@@ -128,6 +128,8 @@ async def create_chat_completion(host: ModelHost, body: dict[str, Any]) -> Respo
     req = parse_chat(body)
     model = host.get(req.gen.model)
     text, opener, ids = await asyncio.to_thread(_render, model, req)  # templating + encoding off the event loop
+    if req.tool_required and (grammar := model.engine.chat_format.tool_call_grammar(req.tools, req.tool_name)):
+        req.gen.grammar = OutputGrammar("grammar", grammar, "tools")   # the arguments hold to their schemas
     max_tokens = max_tokens_for(model, len(ids), req.gen, None, "messages")
     plan = [(0, ids, req.gen.params(j, max_tokens, model.engine.vocab_size)) for j in range(req.gen.n)]
     return await respond(model, req.gen, ChatCompletionFormat(model, req, text, opener), arrival, plan, [len(ids)])

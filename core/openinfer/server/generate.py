@@ -67,8 +67,7 @@ async def constraints(model: ServedModel, gen: Generation, count: int,
     try:
         return await asyncio.to_thread(compile_grammar, model.engine, spec, count, gate)
     except GrammarError as e:
-        raise bad_request(f"'{spec.param}' asks for a {spec.kind} grammar that cannot be enforced: {str(e)[:500]}",
-                          spec.param) from None
+        raise bad_request(f"The {spec.kind} of '{spec.param}' cannot be enforced: {str(e)[:500]}", spec.param) from None
 
 
 async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: float,

@@ -88,7 +88,9 @@ class ChoiceOutput:
 
     def _close(self, piece: Piece, reason: str) -> Piece:
         self._record(piece, final=True)
-        self.finish_reason = piece.finish_reason = "tool_calls" if self.parsed.tool_calls and self.calls_finish else reason
+        # a call cut by max_tokens stays "length": its arguments are incomplete
+        calls = self.parsed.tool_calls and self.calls_finish and reason == "stop"
+        self.finish_reason = piece.finish_reason = "tool_calls" if calls else reason
         return piece
 
     def _record(self, piece: Piece, final: bool) -> Piece:

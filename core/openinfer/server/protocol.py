@@ -16,8 +16,10 @@ same way, a 400 naming it when malformed or given with response_format; its othe
 are 400s.
 Logprobs are those of the masked distribution.
 `tool_choice` "required" or a named function ends the prompt with the line's tool-call opener (and the
-function's name), so the output is that call; its arguments are the model's, unchecked against the
-schema. Such a forced call together with a JSON `response_format` is a 400 naming `response_format`
+function's name), so the output is that call. Where the line gives a grammar for its calls (ChatFormat.
+tool_call_grammar; Qwen3 does) decoding holds the arguments to the function's `parameters` schema (and, for
+"required", the names to the tools'), and a schema llguidance cannot enforce is a 400 naming `tools`; elsewhere
+the arguments are the model's, unchecked. A call cut by max_tokens finishes with "length". Such a forced call together with a JSON `response_format` is a 400 naming `response_format`
 (or `structured_outputs`: the output cannot be both); with tool_choice "auto" the constraint holds, so the model answers
 in JSON and makes no tool call. Everything else unknown (e.g. `reasoning_effort`, `functions`,
 `spaces_between_special_tokens`) is a 400 naming it.

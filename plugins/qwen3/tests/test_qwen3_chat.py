@@ -159,3 +159,51 @@ def test_forced_tool_call(tok, thinking, name):
     assert [(c.name, c.arguments) for c in full.tool_calls] == [(called, '{"city": "Paris"}')]
     out = stream_output(QWEN3_CHAT_FORMAT, tok, prompt + close, ids, TOOLS, prefix=opener)
     assert [(c.name, c.arguments) for c in collect_tool_calls(out.tool_calls)] == [(called, '{"city": "Paris"}')]
+
+
+@pytest.mark.parametrize("name", ["get_weather", None])
+def test_tool_call_grammar_takes_the_template_s_calls_and_refuses_others(name):
+    """The grammar of a forced call's rest: the calls as the template writes them pass token by token (for
+    "required", two calls, one a function with a quoted name); arguments off their schema, or laid out otherwise,
+    are refused where they leave it."""
+    from dataclasses import dataclass
+
+    from openinfer.structured import OutputGrammar, compile_grammar
+
+    demo = Tokenizer.from_dir(DEMO_TOKENIZER_DIR)
+
+    @dataclass
+    class Vocab:   # what compile_grammar reads of an engine
+        tokenizer: Tokenizer = demo
+        vocab_size: int = demo.vocab_size
+        eos_token_ids: frozenset = frozenset(demo.encode("<|im_end|>"))
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"], "additionalProperties": False}}},
+        {"type": "function", "function": {"name": 'say "hi"'}}]   # no parameters: any object
+    opener = QWEN3_CHAT_FORMAT.tool_call_opener(name)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    text = call[len(opener):]
+    if name is None:
+        text += '\n<tool_call>\n{"name": "say \\"hi\\"", "arguments": {"loud": true}}\n</tool_call>'
+
+    def run(output: str) -> tuple[int, bool]:
+        """(tokens of `output` the grammar took, whether the output may end after them)."""
+        [c] = compile_grammar(Vocab(), OutputGrammar("grammar", QWEN3_CHAT_FORMAT.tool_call_grammar(tools, name),
+                                                     "tools"), 1)
+        ids = demo.encode(output)
+        for i, t in enumerate(ids):
+            c.prepare()
+            if c.error or not c.mask[t]:
+                return i, False
+            c.advance(t)
+        return len(ids), c.matcher.is_accepting()
+
+    assert run(text) == (len(demo.encode(text)), True)
+    assert not run(text[:-1])[1]   # inside the closing tag: not yet
+    bad = [text.replace('"days": 2', '"days": "2"'), text.replace('"city": "Paris", ', ""),
+           text.replace('{"city": "Paris"', '{"city":"Paris"')]
+    for b in bad + ([text.replace("get_weather", "get_time")] if name is None else []):
+        taken, ends = run(b)
+        assert not ends and taken < len(demo.encode(b)), b
