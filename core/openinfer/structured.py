@@ -100,6 +100,10 @@ class OutputGrammar:
     param: str = "response_format"
 
 
+# JSON laid out as chat templates write it (their tojson: Python's json.dumps separators, on one line)
+JSON_DUMPS_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def lark_literal(text: str) -> str:
     """`text` as a string literal of llguidance's Lark syntax (a JSON string: the same escapes)."""
     return json.dumps(text, ensure_ascii=False)

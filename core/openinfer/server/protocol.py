@@ -17,7 +17,7 @@ are 400s.
 Logprobs are those of the masked distribution.
 `tool_choice` "required" or a named function ends the prompt with the line's tool-call opener (and the
 function's name), so the output is that call. Where the line gives a grammar for its calls (ChatFormat.
-tool_call_grammar; Qwen3 does) decoding holds the arguments to the function's `parameters` schema (and, for
+tool_call_grammar; Qwen3's and Qwen3.5's do) decoding holds the arguments to the function's `parameters` schema (and, for
 "required", the names to the tools'), and a schema llguidance cannot enforce is a 400 naming `tools`; elsewhere
 the arguments are the model's, unchecked. A call cut by max_tokens finishes with "length". Such a forced call together with a JSON `response_format` is a 400 naming `response_format`
 (or `structured_outputs`: the output cannot be both); with tool_choice "auto" the constraint holds, so the model answers

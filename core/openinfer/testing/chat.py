@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from ..detokenize import IncrementalDetokenizer, StopStringMatcher
@@ -33,3 +34,27 @@ def stream_output(fmt: ChatFormat, tok: Tokenizer, prompt: str, ids: list[int], 
         assert not matched, f"stop string matched at token {i}"
     out.extend(parser.feed(stops.feed(detok.flush())[0] + stops.flush()))
     return out.extend(parser.finish())
+
+
+@dataclass
+class _Vocab:
+    """What structured.compile_grammar reads of an engine."""
+    tokenizer: Tokenizer
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+
+
+def tool_call_grammar_run(fmt: ChatFormat, tok: Tokenizer, tools: list[dict[str, Any]], name: str | None,
+                          output: str) -> tuple[int, bool]:
+    """A forced call's rest `output` fed token by token to the format's tool_call_grammar, as the engine
+    samples under it: (the tokens the grammar allowed before one it refused, whether the output may end there)."""
+    from ..structured import OutputGrammar, compile_grammar
+    vocab = _Vocab(tok, tok.vocab_size, frozenset(tok.encode("<|im_end|>")))
+    [c] = compile_grammar(vocab, OutputGrammar("grammar", fmt.tool_call_grammar(tools, name), "tools"), 1)
+    ids = tok.encode(output)
+    for i, t in enumerate(ids):
+        c.prepare()
+        if c.error or not c.mask[t]:
+            return i, False
+        c.advance(t)
+    return len(ids), c.matcher.is_accepting()

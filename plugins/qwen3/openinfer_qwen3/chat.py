@@ -13,7 +13,7 @@ from pathlib import Path
 from openinfer.detokenize import partial_suffix_len
 from openinfer.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ThinkTagReasoningParser, ToolCallDelta,
                                ToolCallParser, new_call_id)
-from openinfer.structured import lark_json, lark_literal
+from openinfer.structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
 
 # The genuine Qwen3 tokenizer vendored for the built-in demo model (see demo_tokenizer/NOTICE).
 DEMO_TOKENIZER_DIR = Path(__file__).parent / "demo_tokenizer"
@@ -135,10 +135,6 @@ class Qwen3ToolCallParser(ToolCallParser):
         return out
 
 
-# A call's arguments as the chat template writes them (its tojson: Python's json.dumps separators, one line)
-ARGUMENTS_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
 class Qwen3ChatFormat(ChatFormat):
     def tool_call_opener(self, name: str | None) -> str | None:
         """`<tool_call>\n{"name": "` (the model names the function), or with the name, up to its arguments' value."""
@@ -150,10 +146,10 @@ class Qwen3ChatFormat(ChatFormat):
         end = lark_literal("}\n</tool_call>")
         fns = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
         if name is not None:
-            return f"start: {lark_json(fns[name], ARGUMENTS_LAYOUT)} {end}"
+            return f"start: {lark_json(fns[name], JSON_DUMPS_LAYOUT)} {end}"
         # each name's JSON text after its opening quote, then its arguments: `get_weather", "arguments": {...}`
         heads = {n: lark_literal(json.dumps(n, ensure_ascii=False)[1:] + ', "arguments": ') for n in fns}
-        calls = " | ".join(f"{heads[n]} {lark_json(schema, ARGUMENTS_LAYOUT)} {end}" for n, schema in fns.items())
+        calls = " | ".join(f"{heads[n]} {lark_json(schema, JSON_DUMPS_LAYOUT)} {end}" for n, schema in fns.items())
         again = lark_literal("\n" + self.tool_call_opener(None))
         return f"start: call ({again} call)*\ncall: {calls}"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from openinfer.parsers import ParsedDelta, ToolCall, collect_tool_calls
-from openinfer.testing.chat import split_feed, stream_output
+from openinfer.testing.chat import split_feed, stream_output, tool_call_grammar_run
 from openinfer.tokenizer import Tokenizer
 from openinfer_qwen3.chat import (DEMO_TOKENIZER_DIR, QWEN3_CHAT_FORMAT, Qwen3ReasoningParser,
                                   Qwen3ToolCallParser)
@@ -166,18 +166,7 @@ def test_tool_call_grammar_takes_the_template_s_calls_and_refuses_others(name):
     """The grammar of a forced call's rest: the calls as the template writes them pass token by token (for
     "required", two calls, one a function with a quoted name); arguments off their schema, or laid out otherwise,
     are refused where they leave it."""
-    from dataclasses import dataclass
-
-    from openinfer.structured import OutputGrammar, compile_grammar
-
     demo = Tokenizer.from_dir(DEMO_TOKENIZER_DIR)
-
-    @dataclass
-    class Vocab:   # what compile_grammar reads of an engine
-        tokenizer: Tokenizer = demo
-        vocab_size: int = demo.vocab_size
-        eos_token_ids: frozenset = frozenset(demo.encode("<|im_end|>"))
-
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
         "required": ["city"], "additionalProperties": False}}},
@@ -189,16 +178,7 @@ def test_tool_call_grammar_takes_the_template_s_calls_and_refuses_others(name):
         text += '\n<tool_call>\n{"name": "say \\"hi\\"", "arguments": {"loud": true}}\n</tool_call>'
 
     def run(output: str) -> tuple[int, bool]:
-        """(tokens of `output` the grammar took, whether the output may end after them)."""
-        [c] = compile_grammar(Vocab(), OutputGrammar("grammar", QWEN3_CHAT_FORMAT.tool_call_grammar(tools, name),
-                                                     "tools"), 1)
-        ids = demo.encode(output)
-        for i, t in enumerate(ids):
-            c.prepare()
-            if c.error or not c.mask[t]:
-                return i, False
-            c.advance(t)
-        return len(ids), c.matcher.is_accepting()
+        return tool_call_grammar_run(QWEN3_CHAT_FORMAT, demo, tools, name, output)
 
     assert run(text) == (len(demo.encode(text)), True)
     assert not run(text[:-1])[1]   # inside the closing tag: not yet

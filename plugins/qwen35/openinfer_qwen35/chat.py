@@ -29,6 +29,7 @@ from typing import Any
 from openinfer.detokenize import partial_suffix_len
 from openinfer.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser,
                                ToolCallDelta, ToolCallParser, new_call_id)
+from openinfer.structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
 from openinfer.tokenizer import ChatTemplateError
 
 # The genuine Qwen3.5 tokenizer (built by tokenizer_build.py) and chat template; see tokenizer/NOTICE.
@@ -40,6 +41,7 @@ _INT = re.compile(r"[-+]?\d+")
 _FLOAT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 # A value ends at its closing tag or, leniently, where the next parameter or the call begins/ends.
 _VALUE_ENDS = ("</parameter>", "<parameter=", "</function>", "</tool_call>")
+_VALUE_END, _CALL_END = "\n</parameter>\n", "</function>\n</tool_call>"   # as the template closes them
 
 
 class Qwen35ReasoningParser(ThinkTagReasoningParser):
@@ -313,6 +315,32 @@ class Qwen35ChatFormat(ChatFormat):
     def tool_call_opener(self, name: str | None) -> str | None:
         """`<tool_call>\n<function=` (the model names the function), or with the name, up to its first parameter."""
         return "<tool_call>\n<function=" + ("" if name is None else f"{name}>\n")
+
+    def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
+        """After the opener, a call as the template writes one: the declared parameters in the schema's order
+        (the required ones present), each `<parameter=P>\\n` value `\\n</parameter>\\n`, then `</function>\\n
+        </tool_call>`; for "required" the function's name first and further calls after. A text parameter's value
+        (string or untyped) is free text up to its closing tag; a typed one is JSON valid against its schema, as
+        the template's tojson writes it. A function that declares no properties takes any parameters as text."""
+        fns = [t["function"] for t in tools]
+        rules = [f'text[suffix={lark_literal(_VALUE_END)}]: /(.|\\n)*/',   # up to (and with) the closing tag
+                 'any_param: "<parameter=" /[^>\\n]+/ ">\\n" text']
+        for i, fn in enumerate(fns):
+            params = fn.get("parameters") or {}
+            props, required = params.get("properties") or {}, set(params.get("required") or [])
+            items = []
+            for j, (p, schema) in enumerate(props.items()):
+                value = "text" if _is_text(_types(schema)) else \
+                    f"{lark_json(schema, JSON_DUMPS_LAYOUT)} {lark_literal(_VALUE_END)}"
+                rules.append(f"p{i}_{j}: {lark_literal(f'<parameter={p}>' + chr(10))} {value}")
+                items.append(f"p{i}_{j}" if p in required else f"p{i}_{j}?")
+            head = "" if name is not None else lark_literal(fn["name"] + ">\n") + " "
+            rules.append(f"call{i}: {head}{' '.join(items) if props else 'any_param*'} {lark_literal(_CALL_END)}")
+        if name is not None:
+            return "\n".join([f"start: call{[fn['name'] for fn in fns].index(name)}", *rules])
+        again = lark_literal("\n" + self.tool_call_opener(None))
+        calls = " | ".join(f"call{i}" for i in range(len(fns)))
+        return "\n".join([f"start: call ({again} call)*", f"call: {calls}", *rules])
 
 
 def _with_object_arguments(message: dict) -> dict:

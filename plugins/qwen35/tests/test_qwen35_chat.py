@@ -6,7 +6,7 @@ import random
 import pytest
 
 from openinfer.parsers import ParsedDelta, collect_tool_calls
-from openinfer.testing.chat import split_feed, stream_output
+from openinfer.testing.chat import split_feed, stream_output, tool_call_grammar_run
 from openinfer.tokenizer import ChatTemplateError, Tokenizer
 from openinfer_qwen35.chat import (TOKENIZER_DIR, Qwen35ChatFormat, Qwen35ReasoningParser, Qwen35ToolCallParser,
                                    convert_value)
@@ -245,3 +245,38 @@ def test_forced_tool_call(tok, thinking, name):
     out = stream_output(FORMAT, tok, prompt + close, ids, TOOLS, prefix=opener)
     assert [(c.name, c.arguments) for c in collect_tool_calls(out.tool_calls)] == \
         [(c.name, c.arguments) for c in full.tool_calls]
+
+
+@pytest.mark.parametrize("name", ["get_weather", None])
+def test_tool_call_grammar_takes_the_template_s_calls_and_refuses_others(tok, name):
+    """The grammar of a forced call's rest accepts the calls exactly as the chat template renders an assistant turn
+    with them (for "required", two calls: one with text and typed parameters, one to a function that declares no
+    properties); a missing required parameter, an undeclared one, a value off its type or a broken tag is refused."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "opts": {"type": "object"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "note"}}]
+    calls = [{"type": "function", "function": {"name": "get_weather", "arguments": {
+        "city": "New <York>\nNY", "days": 3, "opts": {"units": "C", "hourly": [1, 2]}}}}]
+    if name is None:
+        calls.append({"type": "function", "function": {"name": "note", "arguments": {"text": "hi"}}})
+    turn = tok.apply_chat_template([{"role": "user", "content": "?"}, {"role": "assistant", "content": "",
+                                    "tool_calls": calls}], tools=tools, enable_thinking=False,
+                                  add_generation_prompt=False)
+    text = turn[turn.index("<tool_call>", turn.rindex("<|im_start|>assistant")):]   # past the system prompt's example
+    text = text[:text.rindex("</tool_call>") + len("</tool_call>")]
+    opener = FORMAT.tool_call_opener(name)
+    assert text.startswith(opener)
+    rest = text[len(opener):]
+
+    def run(output: str) -> tuple[int, bool]:
+        return tool_call_grammar_run(FORMAT, tok, tools, name, output)
+
+    assert run(rest) == (len(tok.encode(rest)), True)
+    assert not run(rest[:-1])[1]
+    bad = [rest.replace("<parameter=city>\nNew <York>\nNY\n</parameter>\n", ""),
+           rest.replace("<parameter=days>\n3", "<parameter=days>\nthree"),
+           rest.replace("<parameter=days>", "<parameter=weeks>"),
+           rest.replace("</function>", "</func>")]
+    for b in bad:
+        taken, ends = run(b)
+        assert not ends and taken < len(tok.encode(b)), b
