@@ -322,7 +322,7 @@ class Qwen35ChatFormat(ChatFormat):
         </tool_call>`; for "required" the function's name first and further calls after. A text parameter's value
         (string or untyped) is free text up to its closing tag; a typed one is JSON valid against its schema, as
         the template's tojson writes it. A function that declares no properties takes any parameters as text."""
-        fns = [t["function"] for t in tools]
+        fns = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
         rules = [f'text[suffix={lark_literal(_VALUE_END)}]: /(.|\\n)*/',   # up to (and with) the closing tag
                  'any_param: "<parameter=" /[^>\\n]+/ ">\\n" text']
         for i, fn in enumerate(fns):
@@ -332,12 +332,13 @@ class Qwen35ChatFormat(ChatFormat):
             for j, (p, schema) in enumerate(props.items()):
                 value = "text" if _is_text(_types(schema)) else \
                     f"{lark_json(schema, JSON_DUMPS_LAYOUT)} {lark_literal(_VALUE_END)}"
-                rules.append(f"p{i}_{j}: {lark_literal(f'<parameter={p}>' + chr(10))} {value}")
+                tag = lark_literal(f"<parameter={p}>\n")
+                rules.append(f"p{i}_{j}: {tag} {value}")
                 items.append(f"p{i}_{j}" if p in required else f"p{i}_{j}?")
             head = "" if name is not None else lark_literal(fn["name"] + ">\n") + " "
             rules.append(f"call{i}: {head}{' '.join(items) if props else 'any_param*'} {lark_literal(_CALL_END)}")
-        if name is not None:
-            return "\n".join([f"start: call{[fn['name'] for fn in fns].index(name)}", *rules])
+        if name is not None:   # the named function's call alone (the opener wrote its name)
+            return "\n".join(["start: call0", *rules])
         again = lark_literal("\n" + self.tool_call_opener(None))
         calls = " | ".join(f"call{i}" for i in range(len(fns)))
         return "\n".join([f"start: call ({again} call)*", f"call: {calls}", *rules])
