@@ -1,6 +1,7 @@
 # Shared by the GPU call scripts (source it from the repo root): output folders, the server-stack wheels from .whl/,
-# the editable install, and the helpers every call uses. $OUT is the device tool's output folder; /tmp/L holds logs.
-R=${OUT:-/tmp/openinfer-gpu}; L=/tmp/L; mkdir -p "$R" $L; S=$R/summary.txt
+# the editable install, and the helpers every call uses. $OUT is the device tool's output folder; logs go to $OUT/logs, so
+# that a call stopped at its time limit still returns them.
+R=${OUT:-/tmp/openinfer-gpu}; L=$R/logs; mkdir -p "$R" $L; S=$R/summary.txt
 export PYTHONUNBUFFERED=1 OPENINFER_CACHE_DIR=/tmp/oc
 say() { echo "$*" | tee -a $S; }
 say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(git rev-parse --short HEAD 2>/dev/null)"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Stop 22's device runs (the working tree is main under test; server-stack wheels in .whl/, scripts/gpu_wheels.sh;
+# pass carry [".whl"]).   bash scripts/gpu_stop22_calls.sh callN
+# call1 (~9 min): stop 21's call3. The GPU tests stop 21 left unfinished at their time limits (the core files from the
+#   attention tests on; Qwen3.5's kernel tests and fidelity) with the stop-21 kernels; then each decode weight's GEMV
+#   at M = 1 under every split and the kernel variants u4 (the default), u8 and u4_o8.
+# call2 (~6 min): stop 21's call4, issue 6's side by side in one run on one random-weight checkpoint (`openinfer
+#   synth`): the transformers peer (scripts/hf_peer.py: 1k / 16k prefill, decode at batch 1 and 32, top-1
+#   agreement), then openinfer's decode at batch 1 and 32 on that checkpoint and its cold prefill and prefix hits.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_common.sh
+K=tests/kernels
+case ${1:-} in
+call1) precompile
+       timeout 280 $T --durations=10 $K/test_cuda_attention.py $K/test_cuda_lt.py $K/test_cuda_sampling.py \
+           tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
+           tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py > $L/t_core.log 2>&1 &
+       timeout 280 $T -k "cuda or gpu or checkpoint" plugins/qwen35/tests/test_qwen35_cuda_ops.py \
+           plugins/qwen35/tests/test_qwen35_fidelity.py > $L/t_q35.log 2>&1 &
+       wait; for f in core q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S
+       for v in u4 u8 u4_o8; do   # does a weight stream faster with more loads in flight a thread (u8) or more CTAs?
+           OPENINFER_GEMV_VARIANT=$v timeout 70 python3 scripts/gemv_bench.py --splits > $L/splits_$v.log 2>&1
+           say "gemv splits, $v:"; tail -11 $L/splits_$v.log | tee -a $S
+       done ;;
+call2) precompile
+       timeout 120 $OI synth --preset qwen3-4b --out /tmp/q3 --device cuda > $L/synth.log 2>&1; say "synth: $(tail -1 $L/synth.log)"
+       timeout 240 python3 scripts/hf_peer.py /tmp/q3 --agreement > $L/peer.json 2> $L/peer.err
+       say "transformers peer: $(cat $L/peer.json)"; tail -3 $L/peer.err | tee -a $S
+       lat ours_q3 60 --model /tmp/q3 --batch-sizes 1,32 --input-lens 1024 --output-lens 64 --num-iters 2 \
+           --max-num-batched-tokens 8192
+       timeout 90 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix.log 2>&1
+       say "prefix hits and cold prefill:"; tail -6 $L/prefix.log | tee -a $S ;;
+*) echo "usage: $0 callN" >&2; exit 2 ;;
+esac
+say "done in ${SECONDS}s"
