@@ -3,7 +3,8 @@
 # pass carry [".whl"]).   bash scripts/gpu_stop22_calls.sh callN
 # call1 (~9 min): stop 21's call3. The GPU tests stop 21 left unfinished at their time limits (the core files from the
 #   attention tests on; Qwen3.5's kernel tests and fidelity) with the stop-21 kernels; then each decode weight's GEMV
-#   at M = 1 under every split and the kernel variants u4 (the default), u8 and u4_o8.
+#   at M = 1 under every split and the kernel variants u4 (the default), u8 and u4_o8. With them, the prompt-logprobs
+#   tests on the GPU (score_rows against numpy; the engine's prompt logprobs against its full forward).
 # call2 (~6 min): stop 21's call4, issue 6's side by side in one run on one random-weight checkpoint (`openinfer
 #   synth`): the transformers peer (scripts/hf_peer.py: 1k / 16k prefill, decode at batch 1 and 32, top-1
 #   agreement), then openinfer's decode at batch 1 and 32 on that checkpoint and its cold prefill and prefix hits.
@@ -15,7 +16,8 @@ case ${1:-} in
 call1) precompile
        timeout 280 $T --durations=10 $K/test_cuda_attention.py $K/test_cuda_lt.py $K/test_cuda_sampling.py \
            tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
-           tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py > $L/t_core.log 2>&1 &
+           tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py tests/test_cuda_prompt_logprobs.py \
+           $K/test_cuda_ops.py > $L/t_core.log 2>&1 &
        timeout 280 $T -k "cuda or gpu or checkpoint" plugins/qwen35/tests/test_qwen35_cuda_ops.py \
            plugins/qwen35/tests/test_qwen35_fidelity.py > $L/t_q35.log 2>&1 &
        wait; for f in core q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done

@@ -24,8 +24,8 @@ from .kv.host_tier import AHEAD_POLL_S, HostTier
 from .kv.offload_stats import OffloadStats
 from .model_runner import Launched, ModelRunner, StepOutput
 from .pipeline import next_decode_plan
-from .request import (Failed, Finished, Rejected, Request, RequestStream, Scheduled, Status, Tokens,
-                      wakeups_batched)
+from .request import (Failed, Finished, PromptLogprobs, Rejected, Request, RequestStream, Scheduled, Status,
+                      Tokens, wakeups_batched)
 from .philox import split64
 from .sampling import SampleResult, SamplingParams, sample_row
 from .sampling_batch import SampleRow, SamplingBatch, build_batch
@@ -103,7 +103,8 @@ class Engine:
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         req = Request(rid, list(prompt_ids), params, stream, time.monotonic(), cache_salt=cache_salt, stop_ids=stops,
                       plain_greedy=params.is_plain_greedy() and constraint is None,
-                      rng=np.random.default_rng(params.seed), sample_stream=next(self._streams), constraint=constraint)
+                      rng=np.random.default_rng(params.seed), sample_stream=next(self._streams), constraint=constraint,
+                      prompt_logprobs=None if params.prompt_logprobs is None else [])
         self._inbox.put(req)
         self._wake.set()
         return stream
@@ -312,6 +313,8 @@ class Engine:
         tokens = out.tokens.tolist()   # one conversion, not a numpy scalar per row
         row = 0
         commit, device_samples, logits = self.blocks.commit, out.samples, out.logits   # looked up once a step
+        for i, scored in out.scored.items():
+            plan.runs[i].req.prompt_logprobs += scored
         for run in plan.runs:
             req = run.req
             req.num_computed = run.start + run.length
@@ -337,6 +340,9 @@ class Engine:
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
+            if req.prompt_logprobs is not None:   # the prompt is all scored: its logprobs come first
+                req.stream.put(PromptLogprobs(req.prompt_logprobs))
+                req.prompt_logprobs = None
             req.stream.put(Tokens([token], [s]))
             if token in req.stop_ids:
                 self._end(req, self._finished(req, "stop", token))

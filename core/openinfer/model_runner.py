@@ -3,6 +3,8 @@
 Greedy tokens are taken on the device (one int per sampled row crosses to the host). Other rows
 are sampled on the device where the backend can (CUDA: only ids and asked-for logprobs cross);
 elsewhere their float32 logits rows go to the host sampler.
+Prompt rows of requests that score their prompt (prompt logprobs) get their logits too, after the
+sampled rows', and are scored on the device against the prompt's next token.
 Decode-only steps replay a captured CUDA graph when the backend has them. A step is launched and
 collected apart, so a pipelined engine can queue the next decode step in between (pipeline.py).
 """
@@ -18,6 +20,7 @@ from .batch import ForwardBatch
 from .kv.block_tables import BlockTables
 from .kv.pool import StatePools
 from .model_line import Model
+from .request import Request
 from .sampling import SampleResult
 from .sampling_batch import ROW, SamplingBatch
 from .scheduler import StepPlan
@@ -35,6 +38,7 @@ class HostBatch:
     sample_rows: np.ndarray   # [S] int32
     state_slots: np.ndarray | None = None   # [B] int32, rows of the "slots" state groups (hybrid models)
     checkpoints: np.ndarray | None = None   # [2, B] int32, ForwardBatch.checkpoint_lens and _rows
+    scored: Scored | None = None            # prompt rows to score, their logits after the sampled rows'
 
     @property
     def is_decode(self) -> bool:
@@ -42,10 +46,35 @@ class HostBatch:
 
 
 @dataclass
+class Scored:
+    """A step's prompt rows to score: every prompt token but the last of the runs that score theirs."""
+    rows: np.ndarray                   # [R] int32 token rows
+    targets: np.ndarray                # [R] int32 the prompt token each row predicts
+    runs: list[tuple[int, int, int, int]]   # (run index, its first row among the R, its rows, its top k)
+    top_k: int                         # the most alternatives any run asks for
+
+    @staticmethod
+    def of(scoring: list[tuple[int, Request, int, int]], qstart: np.ndarray) -> Scored | None:
+        """scoring: (run index, request, first position, run length) of each run scoring its prompt."""
+        rows, targets, runs, k, at = [], [], [], 0, 0
+        for i, req, start, length in scoring:
+            n = min(start + length, len(req.prompt_ids) - 1) - start
+            rows.append(np.arange(qstart[i], qstart[i] + n, dtype=np.int32))
+            targets += req.prompt_ids[start + 1: start + 1 + n]
+            runs.append((i, at, n, req.params.prompt_logprobs))
+            at += n
+            k = max(k, req.params.prompt_logprobs)
+        if not at:
+            return None
+        return Scored(np.concatenate(rows), np.array(targets, np.int32), runs, k)
+
+
+@dataclass
 class StepOutput:
     tokens: np.ndarray                 # [S] argmax of each sampled row's logits
     logits: dict[int, np.ndarray]      # sampled row index -> float32 logits, for the rows asked for
     samples: dict[int, SampleResult] = field(default_factory=dict)   # sampled row index -> device draw
+    scored: dict[int, list[SampleResult]] = field(default_factory=dict)   # run index -> its prompt tokens scored
 
 
 @dataclass
@@ -58,6 +87,7 @@ class Launched:
     samples: dict[int, SampleResult]   # the device sampler's draws
     graph: bool                        # replayed a decode graph
     fetch: Callable[[], np.ndarray] | None = None   # waits for its tokens' host copy, once queued
+    scores: tuple[Any, ...] | None = None   # the scored prompt rows (Backend.score_rows), on the device
 
 
 def slot_mapping(table: np.ndarray, rows: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
@@ -85,11 +115,13 @@ class ModelRunner:
         step): at batch 128 a per-run Python loop of small arrays cost ~3 ms a step."""
         bs, runs = self.block_size, plan.runs
         B = len(runs)
-        reqs, starts, lengths, samples, token_ids, saves = [], [], [], [], [], []
+        reqs, starts, lengths, samples, token_ids, saves, scoring = [], [], [], [], [], [], []
         for run in runs:   # one pass over the runs: the only per-run Python of the step's inputs
             req, start = run.req, run.start
             if req.state_checkpoint is not None:
                 saves.append((len(reqs), req.state_checkpoint))
+            if req.prompt_logprobs is not None and start < len(req.prompt_ids) - 1:
+                scoring.append((len(reqs), req, start, run.length))
             reqs.append(req)
             starts.append(start)
             lengths.append(run.length)
@@ -113,7 +145,7 @@ class ModelRunner:
                 for i, (position, row) in saves:
                     checkpoints[:, i] = position - starts[i], row
         return HostBatch(ids, pos.astype(np.int32), slots, table, qstart, (starts + lengths).astype(np.int32),
-                         qstart[1:][sampled] - 1, state_slots, checkpoints)
+                         qstart[1:][sampled] - 1, state_slots, checkpoints, Scored.of(scoring, qstart) if scoring else None)
 
     def dummy_batch(self, num_seqs: int, tokens_each: int) -> HostBatch:
         """Sequences of `tokens_each` prefill tokens in consecutive blocks from block 1 (profiling)."""
@@ -136,7 +168,8 @@ class ModelRunner:
         return ForwardBatch(
             token_ids=to(h.token_ids), positions=to(h.positions), slot_mapping=to(h.slot_mapping),
             block_tables=to(h.block_tables), query_start=to(h.query_start), context_lens=to(h.context_lens),
-            sample_rows=to(h.sample_rows), query_start_host=h.query_start, context_lens_host=h.context_lens,
+            sample_rows=to(h.sample_rows if h.scored is None else np.concatenate([h.sample_rows, h.scored.rows])),
+            query_start_host=h.query_start, context_lens_host=h.context_lens,
             block_size=self.block_size, max_query_len=int(np.diff(h.query_start).max()),
             max_context_len=int(h.context_lens.max()),
             state_slots=None if h.state_slots is None else to(h.state_slots),
@@ -166,11 +199,14 @@ class ModelRunner:
         else:
             logits, tokens = self._forward(self.upload(h))
             rows = np.arange(len(h.sample_rows), dtype=np.int32)
+        scores = None
+        if h.scored is not None:   # never in a graph: only prefill runs score
+            scores = be.score_rows(logits[len(rows):], h.scored.targets, h.scored.top_k)
         samples = {}
         if sampling is not None and len(sampling):   # launched before the host waits for the greedy tokens
             sampling.params[:, ROW] = rows[sampling.sampled]
             samples = dict(zip(sampling.sampled.tolist(), be.sample(logits, sampling)))
-        return Launched(h, logits, tokens, rows, samples, graph)
+        return Launched(h, logits, tokens, rows, samples, graph, scores=scores)
 
     def launch_next(self, plan: StepPlan, prev: Launched) -> Launched:
         """Queue the decode step that follows `prev` (pipeline.py: the same requests, one token on,
@@ -200,4 +236,15 @@ class ModelRunner:
             wanted = list(logits_rows)
             got = be.to_host(step.logits[be.asarray(rows[wanted])])
             picked = dict(zip(wanted, np.asarray(got, dtype=np.float32)))
-        return StepOutput(host_tokens.astype(np.int64), picked, step.samples)
+        scored = {} if step.scores is None else self._scored(step.host.scored, [be.to_host(a) for a in step.scores])
+        return StepOutput(host_tokens.astype(np.int64), picked, step.samples, scored)
+
+    @staticmethod
+    def _scored(scored: Scored, arrays: list[np.ndarray]) -> dict[int, list[SampleResult]]:
+        """Each scoring run's prompt tokens as SampleResults, with the top alternatives its request asks for."""
+        logprob, rank, top_v, top_i = (a.tolist() for a in arrays)
+        out = {}
+        for run, first, n, k in scored.runs:
+            out[run] = [SampleResult(t, logprob[r], [*zip(top_i[r][:k], top_v[r][:k])] if k else None, rank[r])
+                        for r, t in zip(range(first, first + n), scored.targets[first:first + n].tolist())]
+        return out

@@ -1,6 +1,6 @@
 """A request inside the engine, and the ordered event stream its client reads.
 
-Events: Scheduled -> Tokens... -> exactly one terminal (Finished, Failed or Rejected). The order
+Events: Scheduled -> PromptLogprobs (when asked) -> Tokens... -> exactly one terminal (Finished, Failed or Rejected). The order
 is enforced by `RequestStream.put`; a client reads with `for ev in stream` (threads) or
 `async for ev in stream` (asyncio), and the engine thread never blocks on a slow reader.
 """
@@ -34,6 +34,11 @@ class Tokens:
 
 
 @dataclass
+class PromptLogprobs:
+    samples: list[SampleResult]   # prompt tokens 1.. (the first has no context to score it), before any Tokens
+
+
+@dataclass
 class Finished:
     reason: str                   # "stop" (eos / stop token), "length", "abort"
     prompt_tokens: int
@@ -53,7 +58,7 @@ class Rejected:
     param: str | None = None
 
 
-Event = Scheduled | Tokens | Finished | Failed | Rejected
+Event = Scheduled | PromptLogprobs | Tokens | Finished | Failed | Rejected
 TERMINAL = (Finished, Failed, Rejected)
 
 
@@ -103,7 +108,7 @@ class RequestStream:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._blocked = 0              # threads inside get()'s wait
-        self._state = "new"            # new -> scheduled -> done
+        self._state = "new"            # new -> scheduled -> streaming (tokens came) -> done
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
 
     @property
@@ -112,7 +117,7 @@ class RequestStream:
 
     def put(self, ev: Event) -> None:
         with self._lock:
-            if type(ev) is Tokens and self._state == "scheduled":
+            if type(ev) is Tokens and self._state == "streaming":
                 pass   # in order; tested first, as one comes per running request and step
             elif self._state == "done":
                 raise EventOrderError(f"{self.request_id}: {type(ev).__name__} after the terminal event")
@@ -120,8 +125,12 @@ class RequestStream:
                 if self._state != "new":
                     raise EventOrderError(f"{self.request_id}: scheduled twice")
                 self._state = "scheduled"
-            elif isinstance(ev, Tokens):
-                raise EventOrderError(f"{self.request_id}: tokens before scheduled")
+            elif isinstance(ev, (Tokens, PromptLogprobs)):
+                if self._state != "scheduled":
+                    raise EventOrderError(f"{self.request_id}: {type(ev).__name__} "
+                                          f"{'before scheduled' if self._state == 'new' else 'after tokens'}")
+                if isinstance(ev, Tokens):
+                    self._state = "streaming"
             elif isinstance(ev, TERMINAL):
                 if isinstance(ev, Finished) and self._state == "new" and ev.reason != "abort":
                     raise EventOrderError(f"{self.request_id}: finished before scheduled")
@@ -213,6 +222,7 @@ class Request:
     sample_stream: int = 0                      # the device sampler's Philox stream when unseeded
     prompt_unique: np.ndarray | None = None     # the prompt's distinct ids (repetition penalty), once
     constraint: Constraint | None = None        # structured output: the grammar its tokens must follow
+    prompt_logprobs: list[SampleResult] | None = None   # scored prompt tokens so far, when params ask for them
     first_token_time: float | None = None
     last_token_time: float | None = None
     aborted: bool = False
@@ -229,6 +239,11 @@ class Request:
         if start >= n:
             return self.output_ids[start - n: end - n]
         return self.prompt_ids[start:] + self.output_ids[: end - n]
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        """A request scoring its prompt computes every prompt token: a cached one has no logits."""
+        return self.params.prompt_logprobs is None
 
     @property
     def num_tokens(self) -> int:

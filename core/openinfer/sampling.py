@@ -34,6 +34,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None      # None: none; k >= 0: the chosen token's logprob + top-k alternatives
+    prompt_logprobs: int | None = None   # the same for every prompt token after the first (prefill computes them)
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         def check(ok: bool, param: str, message: str) -> None:
@@ -53,6 +54,8 @@ class SamplingParams:
         check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "repetition_penalty must be in (0, 2]")
         check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "logprobs",
               "logprobs must be between 0 and 20")
+        check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20),
+              "prompt_logprobs", "prompt_logprobs must be between 0 and 20")
         check(self.seed is None or isinstance(self.seed, int), "seed", "seed must be an integer")
         for tid, bias in self.logit_bias.items():
             check(isinstance(tid, int) and (vocab_size is None or 0 <= tid < vocab_size), "logit_bias",
@@ -78,11 +81,31 @@ class SampleResult:
     token: int
     logprob: float | None = None                     # of the chosen token, when logprobs was asked
     top: list[tuple[int, float]] | None = None       # top-k (token, logprob), best first
+    rank: int | None = None                          # of the token among all (1: the most likely); prompt tokens
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     m = x.max()
     return x - m - np.log(np.exp(x - m).sum())
+
+
+def score_rows(logits: np.ndarray, targets: np.ndarray, k: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's target token scored against the row's raw logits (prompt logprobs): (float32 logprob [R],
+    int32 rank [R] (1 + how many logits are larger), top max(k, 1) float32 logprobs [R, k] and their int32
+    ids, best first, ties to the lower id)."""
+    x = np.asarray(logits, np.float32)
+    m = x.max(axis=1, keepdims=True)
+    logp = x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
+    rows = np.arange(len(x))
+    chosen = logp[rows, targets]
+    rank = 1 + (x > x[rows, targets][:, None]).sum(axis=1)
+    kk = max(k, 1)
+    part = np.argpartition(-logp, kk - 1, axis=1)[:, :kk]
+    order = np.lexsort((part, -np.take_along_axis(logp, part, axis=1)), axis=1)
+    ids = np.take_along_axis(part, order, axis=1)
+    return (chosen.astype(np.float32), rank.astype(np.int32),
+            np.take_along_axis(logp, ids, axis=1).astype(np.float32), ids.astype(np.int32))
 
 
 def apply_penalties(logits: np.ndarray, p: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> np.ndarray:

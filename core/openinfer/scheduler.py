@@ -6,6 +6,8 @@ whole KV lifetime (block_manager), so running requests never stall; requests tha
 wait, and those that can never fit were rejected at submit. With a host offload tier, a request
 whose prefix is being restored from host memory waits in `restoring` (holding its blocks) and
 starts in the first step after the copies landed.
+A request scoring its prompt (prompt logprobs) has the logits of every prompt row computed; a step holds
+at most max_num_seqs such rows, the logits memory the engine reserves for sampled rows.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class Scheduler:
         self.blocks, self.host_tier = blocks, host_tier
         self.max_tokens = max_num_batched_tokens
         self.max_seqs = max_num_seqs
+        self._score_rows = max_num_seqs   # prompt rows a step may still score (reset each step)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.restoring: list[Request] = []
@@ -56,6 +59,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan, budget = StepPlan(), self.max_tokens
+        self._score_rows = self.max_seqs
         tier = self.host_tier
         if tier is not None:
             tier.poll()
@@ -70,9 +74,9 @@ class Scheduler:
         for r in prefilling:
             if budget == 0:
                 break
-            n = self.blocks.prefill_chunk(r, min(r.num_tokens - r.num_computed, budget))
-            plan.runs.append(self._run(r, n))
-            budget -= n
+            if n := self._chunk(r, budget):
+                plan.runs.append(self._run(r, n))
+                budget -= n
         if tier is not None:
             for r in [r for r in self.restoring if tier.landed(r)]:
                 self.restoring.remove(r)
@@ -97,10 +101,21 @@ class Scheduler:
         r.status = Status.RUNNING
         self.running.append(r)
         plan.newly_scheduled.append(r)
-        n = self.blocks.prefill_chunk(r, min(r.num_tokens - r.num_computed, budget))
+        n = self._chunk(r, budget)
         if n:
             plan.runs.append(self._run(r, n))
         return budget - n
+
+    def _chunk(self, r: Request, budget: int) -> int:
+        """The tokens r's prefill run takes this step: the rest of its sequence within the budget, and
+        for a request scoring its prompt, only as many prompt rows as the step has left."""
+        n = min(r.num_tokens - r.num_computed, budget)
+        rows = len(r.prompt_ids) - 1 - r.num_computed   # prompt rows still to score
+        if r.params.prompt_logprobs is None or rows <= 0:
+            return self.blocks.prefill_chunk(r, n)
+        n = self.blocks.prefill_chunk(r, min(n, self._score_rows) if rows > self._score_rows else n)
+        self._score_rows -= min(n, rows)
+        return n
 
     def _run(self, r: Request, n: int) -> ScheduledRun:
         start = r.num_computed

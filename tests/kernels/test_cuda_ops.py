@@ -32,6 +32,24 @@ def test_argmax_and_top_logprobs(dt):
     np.testing.assert_allclose(cp.asnumpy(values), np.take_along_axis(lsm, order, 1), atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("k", [0, 3])
+def test_score_rows_matches_numpy(dt, k):
+    """Prompt logprobs: each row's target scored as sampling.score_rows scores it (logprob, rank, top k)."""
+    from openinfer.sampling import score_rows
+    rng = np.random.default_rng(6)
+    R, V = 6, 10007
+    logits = exact(rnd(rng, R, V, scale=4), dt[0])
+    targets = rng.integers(0, V, R).astype(np.int32)
+    targets[0] = logits[0].argmax()                       # rank 1
+    logits[1, [3, 700, 9000]] = logits[1, targets[1]]     # ties with the target do not lower its rank
+    want = score_rows(logits, targets, k)
+    got = [cp.asnumpy(a) for a in ops.score_rows(dev(logits, dt[0]), cp.asarray(targets), k)]
+    np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=1e-5)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[3], want[3])
+    np.testing.assert_allclose(got[2], want[2], atol=1e-4, rtol=1e-5)
+
+
 def test_graph_capture_replays_cublas_and_kernels():
     rng = np.random.default_rng(5)
     x, w, nw = (dev(rnd(rng, *s), BF16) for s in ((12, 256), (512, 256), (512,)))  # 12 rows: cuBLAS, not GEMV

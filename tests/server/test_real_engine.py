@@ -97,3 +97,46 @@ def test_errors_from_the_real_engine(url: str) -> None:
         assert r.status_code == 200  # ids past the tokenizer's vocabulary but inside the model's are fine
         assert http.get("/health").status_code == 200
         assert 'vllm:kv_cache_usage_perc{model_name="demo"}' in http.get("/metrics").text
+
+
+def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI, url: str) -> None:
+    """lm-eval's loglikelihood request: echo, logprobs 1, max_tokens 1, token-id prompts."""
+    text = "The quick brown fox jumps over the lazy dog"
+    ids = httpx.post(url + "/tokenize", json={"model": "demo", "prompt": text}).json()["tokens"]
+    kw = dict(model="demo", max_tokens=1, temperature=0, logprobs=1, echo=True)
+    r = client.completions.create(prompt=[ids], **kw).choices[0]
+    lp = r.logprobs
+    assert r.text.startswith(text) and len(lp.tokens) == len(ids) + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.text_offset[:3] == [0, len(lp.tokens[0]), len(lp.tokens[0]) + len(lp.tokens[1])]
+    vllm = client.completions.create(prompt=[ids], model="demo", max_tokens=1, temperature=0,
+                                     extra_body={"prompt_logprobs": 2}).choices[0].model_extra["prompt_logprobs"]
+    assert vllm[0] is None and len(vllm) == len(ids)
+    for i, (token, entry) in enumerate(zip(ids[1:], vllm[1:]), 1):
+        own = entry[str(token)]
+        assert own["logprob"] == pytest.approx(lp.token_logprobs[i], abs=1e-5)
+        assert len(entry) <= 3 and {1, 2} <= {e["rank"] for e in entry.values()}   # the token and the top 2
+        # lm-eval's is_greedy: the token's logprob equals the best of top_logprobs exactly when it ranks first
+        assert (lp.token_logprobs[i] == max(lp.top_logprobs[i].values())) == (own["rank"] == 1)
+    assert client.completions.create(prompt=text, model="demo", max_tokens=1, echo=True).choices[0].text.startswith(text)
+
+
+def test_echo_streams_the_prompt_first(client: openai.OpenAI) -> None:
+    kw = dict(model="demo", prompt="Echo me, then go on", max_tokens=5, temperature=0, logprobs=2, echo=True,
+              extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
+    assert chunks[0].text.startswith("Echo me, then go on")
+    assert "".join(c.text for c in chunks) == whole.text
+    assert [t for c in chunks for t in c.logprobs.tokens] == whole.logprobs.tokens
+    assert [v for c in chunks for v in c.logprobs.token_logprobs] == whole.logprobs.token_logprobs
+
+
+def test_chat_prompt_logprobs(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="demo", messages=USER, max_tokens=2,
+                                       extra_body={"prompt_logprobs": 0})
+    lps = r.model_extra["prompt_logprobs"]
+    assert len(lps) == r.usage.prompt_tokens and lps[0] is None
+    assert all(len(e) == 1 and next(iter(e.values()))["rank"] >= 1 for e in lps[1:])
+    assert r.usage.prompt_tokens_details.cached_tokens == 0

@@ -161,6 +161,11 @@ class CudaBackend(Backend):
             top_v[top_rows], top_i[top_rows] = self.to_host(values), self.to_host(ids)
         return to_results(batch, host[0], host[1].view(np.float32), top_v, top_i)
 
+    def score_rows(self, logits: Any, targets: np.ndarray, k: int) -> tuple[Any, Any, Any, Any]:
+        from ..kernels.cuda.ops import score_rows
+        with self.device, self.stream:
+            return score_rows(logits, self.asarray(targets), k)
+
     def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int,
                       state_slots: bool = False) -> Any:
         from ..kernels.cuda import pdl

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from ..sampling import score_rows
 from .block_copy import BlockCopier, HostPoolCopier
 
 if TYPE_CHECKING:
@@ -44,6 +45,10 @@ class Backend(ABC):
     @abstractmethod
     def argmax(self, logits: Any) -> Any:
         """The greedy token of each row of [S, vocab] logits (ties: the lowest index)."""
+
+    def score_rows(self, logits: Any, targets: np.ndarray, k: int) -> tuple[Any, Any, Any, Any]:
+        """Prompt logprobs: each row's target token scored (sampling.score_rows), as arrays `to_host` takes."""
+        return score_rows(self.to_host(logits), targets, k)
 
     def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int,
                       state_slots: bool = False) -> Any:

@@ -125,7 +125,7 @@ class BlockManager:
         by_hash, tokens_of = self.by_hash, self.tokens_of
         hashes: list[int] = []
         hits: list[int] = []
-        hitting = True
+        hitting = req.reads_prefix_cache
         for h, tokens in chain(zip(*[iter(ids)] * bs), req.cache_salt, None, self.block_hash):   # tuples built in C
             hashes.append(h)
             if hitting:

@@ -185,8 +185,8 @@ class HostTier:
     # ---- restore -------------------------------------------------------------------------------
     def _admitted(self, req: Request) -> None:
         last = len(req.prompt_ids) - 1
-        if req.num_computed >= last:
-            return                               # the device held the whole prompt (copy-on-write)
+        if req.num_computed >= last or not req.reads_prefix_cache:
+            return                               # the device held the whole prompt (copy-on-write), or it scores it
         admitted, bs, start = time.monotonic(), self.block_size, req.num_hashed_blocks
         chain = req.block_hashes[start:]
         self.stats.queries += len(chain) * bs

@@ -25,7 +25,7 @@ from openinfer.tokenizer import ChatTemplateError
 from .errors import bad_request
 from .generate import max_tokens_for, respond
 from .host import ModelHost, ServedModel
-from .output import ChoiceOutput, Piece, finite
+from .output import ChoiceOutput, Piece, finite, vllm_prompt_logprobs
 from .protocol import ChatRequest, parse_chat
 from .submission import Choice
 
@@ -98,6 +98,13 @@ class ChatCompletionFormat:
                                       "function": {"name": t.name, "arguments": t.arguments}} for t in calls]
         return {"index": c.index, "message": message, "logprobs": self._logprobs(c.out.samples),
                 "finish_reason": c.out.finish_reason}
+
+    def response_fields(self, choices: list[Choice]) -> dict[str, Any]:
+        """vLLM's prompt_logprobs, once per response: every choice scored the same prompt."""
+        k = self.req.gen.prompt_logprobs
+        if k is None:
+            return {}
+        return {"prompt_logprobs": vllm_prompt_logprobs(self.engine.tokenizer, choices[0].out.prompt_samples or [], k)}
 
 
 def _render(model: ServedModel, req: ChatRequest) -> tuple[str, str, list[int]]:

@@ -6,17 +6,18 @@ every prompt uses seed + j, so a batch answers like the same prompts sent one by
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
 from starlette.responses import Response
 
-from openinfer.sampling import SamplingParams
+from openinfer.sampling import SampleResult, SamplingParams
 
 from .errors import bad_request
 from .generate import max_tokens_for, respond
 from .host import ModelHost, ServedModel
-from .output import ChoiceOutput, Piece, finite
+from .output import ChoiceOutput, Piece, finite, vllm_prompt_logprobs
 from .protocol import CompletionRequest, parse_completion
 from .submission import Choice
 
@@ -28,36 +29,70 @@ class CompletionFormat:
     object = chunk_object = "text_completion"
     reasoning_gate = None   # no chat format: a structured output is constrained from its first token
 
-    def __init__(self, model: ServedModel, req: CompletionRequest) -> None:
+    def __init__(self, model: ServedModel, req: CompletionRequest, prompts: list[list[int]]) -> None:
         self.engine = model.engine
         self.tokenizer = model.engine.tokenizer
         self.req = req
+        self.prompts = prompts
+        self._echoed: set[int] = set()   # streamed choices whose first chunk carried the prompt
 
     def output(self, params: SamplingParams) -> ChoiceOutput:
         return ChoiceOutput(self.tokenizer, self.engine.eos_token_ids, self.req.gen, params)
 
-    def _logprobs(self, samples: list) -> dict[str, Any] | None:
+    def _echo_text(self, c: Choice) -> str:
+        """The prompt as echoed: the client's string, or its token ids decoded."""
+        prompt = self.req.prompts[c.prompt_index]
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+
+    def _prompt_entries(self, c: Choice) -> list[tuple[int, SampleResult | None, int]]:
+        """(token, its logprobs, text offset) of each prompt token: the first has none; offsets add up the
+        tokens' texts (vLLM's text_offset)."""
+        ids, samples = self.prompts[c.prompt_index], c.out.prompt_samples or []
+        offsets = itertools.accumulate((len(self.tokenizer.token_text(t)) for t in ids[:-1]), initial=0)
+        return list(zip(ids, [None, *samples], offsets))
+
+    def _logprobs(self, entries: list[tuple[int, SampleResult | None, int]]) -> dict[str, Any] | None:
         if self.req.gen.logprobs is None:
             return None
-        text = self.tokenizer.token_text
+        text, k = self.tokenizer.token_text, self.req.gen.logprobs
         out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for s, offset in samples:
-            out["tokens"].append(text(s.token))
-            out["token_logprobs"].append(finite(s.logprob))
-            # the sampled token plus the top-k alternatives (so up to k+1 entries, as OpenAI documents)
-            top = {text(s.token): finite(s.logprob)}
-            top.update((text(t), finite(lp)) for t, lp in s.top or [])
-            out["top_logprobs"].append(top)
+        for token, s, offset in entries:
+            out["tokens"].append(text(token))
             out["text_offset"].append(offset)
+            if s is None:   # the first prompt token: nothing before it to score it
+                out["token_logprobs"].append(None)
+                out["top_logprobs"].append(None)
+                continue
+            out["token_logprobs"].append(finite(s.logprob))
+            # the token plus the top-k alternatives (so up to k+1 entries, as OpenAI documents)
+            top = {text(s.token): finite(s.logprob)}
+            top.update((text(t), finite(lp)) for t, lp in (s.top or [])[:k])
+            out["top_logprobs"].append(top)
         return out
 
+    def _choice(self, c: Choice, text: str, samples: list[tuple[SampleResult, int]], echo: bool,
+                finish_reason: str | None) -> dict[str, Any]:
+        entries = [(s.token, s, offset) for s, offset in samples]
+        if echo:
+            prompt = self._echo_text(c)
+            head = self._prompt_entries(c) if self.req.gen.logprobs is not None else []
+            text, entries = prompt + text, head + [(t, s, len(prompt) + o) for t, s, o in entries]
+        choice = {"index": c.index, "text": text, "logprobs": self._logprobs(entries), "finish_reason": finish_reason}
+        if self.req.gen.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, c.out.prompt_samples or [],
+                                                             self.req.gen.prompt_logprobs)
+        return choice
+
     def chunk_choice(self, c: Choice, piece: Piece) -> dict[str, Any] | None:
-        return {"index": c.index, "text": piece.text, "logprobs": self._logprobs(piece.samples),
-                "finish_reason": piece.finish_reason}
+        echo = self.req.echo and c.index not in self._echoed   # the prompt comes with a choice's first chunk
+        self._echoed.add(c.index)
+        return self._choice(c, piece.text, piece.samples, echo, piece.finish_reason)
 
     def final_choice(self, c: Choice) -> dict[str, Any]:
-        return {"index": c.index, "text": c.out.text, "logprobs": self._logprobs(c.out.samples),
-                "finish_reason": c.out.finish_reason}
+        return self._choice(c, c.out.text, c.out.samples, self.req.echo, c.out.finish_reason)
+
+    def response_fields(self, choices: list[Choice]) -> dict[str, Any]:
+        return {}
 
 
 def _encode(model: ServedModel, req: CompletionRequest) -> list[list[int]]:
@@ -83,4 +118,4 @@ async def create_completion(host: ModelHost, body: dict[str, Any]) -> Response:
     for i, ids in enumerate(prompts):
         max_tokens = max_tokens_for(model, len(ids), req.gen, DEFAULT_MAX_TOKENS, "prompt")
         plan += [(i, ids, req.gen.params(j, max_tokens, model.engine.vocab_size)) for j in range(req.gen.n)]
-    return await respond(model, req.gen, CompletionFormat(model, req), arrival, plan, [len(p) for p in prompts])
+    return await respond(model, req.gen, CompletionFormat(model, req, prompts), arrival, plan, [len(p) for p in prompts])

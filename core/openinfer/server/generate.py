@@ -35,6 +35,7 @@ class Format(Protocol):
     def output(self, params: SamplingParams) -> ChoiceOutput: ...
     def chunk_choice(self, c: Choice, piece: Piece) -> dict[str, Any] | None: ...
     def final_choice(self, c: Choice) -> dict[str, Any]: ...
+    def response_fields(self, choices: list[Choice]) -> dict[str, Any]: ...
 
 
 def max_tokens_for(model: ServedModel, prompt_len: int, gen: Generation, default: int | None,
@@ -87,7 +88,7 @@ async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: flo
         async for _ in sub.pieces():
             pass  # each ChoiceOutput accumulates its whole output
         return JSONResponse({**head, "object": fmt.object, "choices": [fmt.final_choice(c) for c in sub.choices],
-                             "usage": sub.usage(prompt_lens)})
+                             "usage": sub.usage(prompt_lens), **fmt.response_fields(sub.choices)})
     finally:
         if not streaming:
             sub.close()

@@ -22,6 +22,19 @@ def finite(logprob: float) -> float:
     return max(logprob, -9999.0)
 
 
+def vllm_prompt_logprobs(tokenizer: Tokenizer, samples: list[SampleResult], k: int) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: null for the first prompt token, then per token {id: {logprob, rank,
+    decoded_token}} for the token itself and the k most likely."""
+    text = tokenizer.token_text
+    out: list[dict | None] = [None]
+    for s in samples:
+        entry = {str(s.token): {"logprob": finite(s.logprob), "rank": s.rank, "decoded_token": text(s.token)}}
+        for rank, (t, lp) in enumerate((s.top or [])[:k], 1):
+            entry.setdefault(str(t), {"logprob": finite(lp), "rank": rank, "decoded_token": text(t)})
+        out.append(entry)
+    return out
+
+
 @dataclass
 class Piece:
     """What one engine event added to one choice."""
@@ -54,6 +67,7 @@ class ChoiceOutput:
         self.text = ""
         self.parsed = ParsedDelta()
         self.samples: list[tuple[SampleResult, int]] = []
+        self.prompt_samples: list[SampleResult] | None = None   # the prompt scored (prompt logprobs), when asked
 
     def _visible(self, delta: str) -> str:
         if self.num_tokens <= self.min_tokens or not delta:

@@ -1,9 +1,14 @@
 """Request parsing and validation for every endpoint: honour each field or reject it by name.
 
 Accepted and ignored: the OpenAI metadata in fields.IGNORED. Accepted only at their no-op
-value (anything else is a 400): `best_of` 1, `echo` false, `suffix`, `use_beam_search` false,
-`prompt_logprobs`, `parallel_tool_calls` true, `continue_final_message` false, `modalities`
-["text"] — we have no beam search, prompt logprobs or suffix insertion.
+value (anything else is a 400): `best_of` 1, `suffix`, `use_beam_search` false, `parallel_tool_calls`
+true, `continue_final_message` false, `modalities` ["text"] — we have no beam search or suffix insertion.
+Prompt logprobs: completions' `echo` puts the prompt before the text, and with `logprobs` its tokens
+before the completion's in `logprobs` (the first prompt token's entries null), as lm-eval's loglikelihood
+tasks read them; vLLM's `prompt_logprobs` (0-20, both endpoints, not streamed) returns vLLM's list
+(null, then {token id: {logprob, rank, decoded_token}} per prompt token: the token and the top k), per
+choice on completions and once per response on chat. Scored prompts skip the prefix cache: a cached
+token has no logits.
 `response_format` (both endpoints, as in vLLM): {"type": "text"}; {"type": "json_object"} (any JSON
 object); {"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "description"?}} — the
 schema is always enforced, `strict` or not, by constrained decoding (structured.py): the content is
@@ -58,6 +63,8 @@ class Generation:
     seed: int | None = None
     cache_salt: str = ""                     # prefix-cache hits only among requests with the same salt
     logprobs: int | None = None              # engine top-k; None: no logprobs
+    prompt_logprobs: int | None = None       # vLLM's prompt_logprobs, reported in vLLM's form; None: not asked
+    echo_logprobs: bool = False              # completions' echo with logprobs: the prompt's tokens in `logprobs`
     stop: list[str] = field(default_factory=list)
     include_stop: bool = False
     skip_special_tokens: bool = True
@@ -65,12 +72,18 @@ class Generation:
 
     def params(self, choice: int, max_tokens: int, vocab_size: int) -> SamplingParams:
         seed = None if self.seed is None else self.seed + choice  # n choices must differ, reproducibly
-        p = SamplingParams(max_tokens=max_tokens, seed=seed, logprobs=self.logprobs, **self.sampling)
+        p = SamplingParams(max_tokens=max_tokens, seed=seed, logprobs=self.logprobs,
+                           prompt_logprobs=self.prompt_top_k(), **self.sampling)
         try:
             return p.validate(vocab_size)
         except ParamError as e:
             param = self.max_tokens_param if e.param == "max_tokens" else e.param
             raise bad_request(str(e), param) from None
+
+    def prompt_top_k(self) -> int | None:
+        """The engine's prompt_logprobs: the most alternatives any report of the prompt needs."""
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.echo_logprobs else None) if k is not None]
+        return max(wanted) if wanted else None
 
 
 @dataclass
@@ -78,6 +91,7 @@ class CompletionRequest:
     gen: Generation
     prompts: list[str | list[int]]
     add_special_tokens: bool = True
+    echo: bool = False                       # the prompt goes before each choice's text
 
 
 @dataclass
@@ -124,7 +138,10 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
     g.skip_special_tokens = f.get("skip_special_tokens", "bool", True)
     f.only("best_of", 1)
     f.only("use_beam_search", False)
-    f.only("prompt_logprobs")
+    g.prompt_logprobs = f.ranged("prompt_logprobs", "int", 0, 20)
+    if g.prompt_logprobs is not None and g.stream:
+        raise bad_request("'prompt_logprobs' is not available when streaming: send 'stream': false (on completions, "
+                          "'echo' with 'logprobs' streams the prompt's logprobs).", "prompt_logprobs")
     g.grammar = output_grammar(f)
     return g
 
@@ -144,8 +161,8 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
     gen = _generation(f, ("max_tokens",))
     if (k := f.ranged("logprobs", "int", 0, 20)) is not None:
         gen.logprobs = k
-    req = CompletionRequest(gen, _prompts(f), f.get("add_special_tokens", "bool", True))
-    f.only("echo", False)
+    req = CompletionRequest(gen, _prompts(f), f.get("add_special_tokens", "bool", True), f.get("echo", "bool", False))
+    gen.echo_logprobs = req.echo and gen.logprobs is not None
     f.only("suffix", "")
     f.finish(IGNORED)
     return req

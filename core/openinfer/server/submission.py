@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
-from openinfer.request import Event, Failed, Finished, Rejected, RequestStream, Scheduled, Tokens
+from openinfer.request import Event, Failed, Finished, PromptLogprobs, Rejected, RequestStream, Scheduled, Tokens
 from openinfer.sampling import SamplingParams
 from openinfer.structured import Constraint
 
@@ -96,6 +96,8 @@ class Submission:
             c.first = None
             if isinstance(ev, Scheduled):
                 c.cached_tokens = ev.cached_tokens
+            elif isinstance(ev, PromptLogprobs):
+                c.out.prompt_samples = ev.samples
             elif isinstance(ev, Tokens):
                 now = time.perf_counter()
                 if last is None:

@@ -239,3 +239,19 @@ def top_logprobs(logits: cp.ndarray, k: int) -> tuple[cp.ndarray, cp.ndarray]:
         launch("sampling", "top_logprobs_merge", (S,), 256,
                (cm, cs, cv, ci, np.int32(chunks), np.int32(k), values, indices))
     return values, indices
+
+
+def score_rows(logits: cp.ndarray, targets: cp.ndarray, k: int
+               ) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray, cp.ndarray]:
+    """Each row's target token scored (sampling.score_rows is the reference): (float32 logprob [R], int32
+    rank [R], top-k float32 logprobs [R, max(k, 1)] and int32 ids, best first)."""
+    x, stride = rows2d(logits)
+    R, n = x.shape
+    kk = max(k, 1)   # the top-1 gives the log-sum-exp
+    values, ids = top_logprobs(x, kk)
+    logprob, rank = cp.empty((R,), cp.float32), cp.empty((R,), cp.int32)
+    if R:
+        launch("sampling", f"score_rows_{suffix(x.dtype)}", (R,), 256,
+               (x, np.int64(stride), np.int32(n), as_index(targets, np.int32), values, ids, np.int32(kk),
+                logprob, rank))
+    return logprob, rank, values, ids

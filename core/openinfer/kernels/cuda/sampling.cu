@@ -61,6 +61,26 @@ __device__ void best_below_list(const float* cv, const int* ci, int m, float pv,
 
 FOR_EACH_DTYPE(SAMPLING_KERNELS)
 
+// A scored prompt row (one block each): the logprob of its target token, from the row's top-1 logprob
+// (log-sum-exp = its logit - its logprob), and the target's rank, 1 + how many logits are larger.
+#define SCORE_KERNELS(suffix, T)                                                                           \
+    extern "C" __global__ void score_rows_##suffix(const T* logits, long long stride, int n,              \
+                                                   const int* targets, const float* top_v, const int* top_i,\
+                                                   int k, float* logprob, int* rank) { pdl_begin();      \
+        const T* row = logits + blockIdx.x * stride;                                                       \
+        const float xt = to_f32(row[targets[blockIdx.x]]);                                                 \
+        float above = 0.f; /* exact: a vocabulary is far below 2^24 */                                     \
+        for (int j = threadIdx.x; j < n; j += blockDim.x) above += to_f32(row[j]) > xt ? 1.f : 0.f;       \
+        above = block_sum(above);                                                                          \
+        if (threadIdx.x == 0) {                                                                            \
+            const long long best = (long long)blockIdx.x * k;                                              \
+            logprob[blockIdx.x] = xt - (to_f32(row[top_i[best]]) - top_v[best]);                           \
+            rank[blockIdx.x] = 1 + (int)above;                                                             \
+        }                                                                                                  \
+    }
+
+FOR_EACH_DTYPE(SCORE_KERNELS)
+
 extern "C" __global__ void argmax_merge(const float* cv, const int* ci, int chunks, int* out) { pdl_begin();
     float v;
     int i;
