@@ -6,6 +6,9 @@ bf16 cases round the inputs to bf16 first, so both sides see identical data and 
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import numpy as np
 import pytest
 
@@ -44,6 +47,15 @@ def arrival_counters_left_zero():
     left = {purpose: np.flatnonzero(cp.asnumpy(c))[:8].tolist() for (dev, purpose), c in _counters.items()
             if dev == cp.cuda.Device().id and purpose in COUNTER_PURPOSES and c.any()}
     assert not left, f"arrival counters left non-zero (purpose: first slots): {left}"
+
+
+@contextlib.contextmanager
+def after_inputs(stream: "cp.cuda.Stream") -> Iterator["cp.cuda.Stream"]:
+    """Enter `stream` (a capture's) once the work queued on the current stream, the test's inputs, is done:
+    a non-blocking stream is not ordered after it, and a kernel could read inputs still being copied."""
+    cp.cuda.get_current_stream().synchronize()
+    with stream:
+        yield stream
 
 
 def rnd(rng, *shape, scale=1.0):

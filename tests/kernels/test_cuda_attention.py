@@ -10,7 +10,7 @@ import pytest
 from openinfer.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
-    BF16, DTYPES, arrival_counters_left_zero, close, cp, dev, dt, exact, host, own_stream, rnd)
+    BF16, DTYPES, after_inputs, arrival_counters_left_zero, close, cp, dev, dt, exact, host, own_stream, rnd)
 from openinfer.kernels.cuda import ops
 from test_attention_mma_emulation import shuffled_tables
 
@@ -153,7 +153,7 @@ def test_prefill_attention_wgmma_graph_capture(wgmma_on):
 def _assert_graph_replays_eager(dt, qd, kc, vc, db, want) -> None:
     """paged_attention (head_dim 128) captured into a CUDA graph: a replay writes what eager computed."""
     stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
+    with after_inputs(stream):
         eager = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
         stream.begin_capture()
         got = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
@@ -329,7 +329,7 @@ def test_split_decode_graph_replays_twice(decode_grids):
     qd, kc, vc, db, want = _decode_inputs(dt, [9000, 2, 600], 32, 8, 128, 25)
     db = dataclasses.replace(db, max_context_len=20480)
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()   # the graph's own pool, as in
-    with stream:                                                                # cuda_graphs.py
+    with after_inputs(stream):                                                  # cuda_graphs.py
         eager = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
         with cp.cuda.using_allocator(pool.malloc):
             stream.begin_capture()

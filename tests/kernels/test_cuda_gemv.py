@@ -8,7 +8,7 @@ import pytest
 
 from openinfer.kernels import numpy_ops as ref
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
-    BF16, DTYPES, arrival_counters_left_zero, close, cp, dev, dt, exact, host, own_stream, pdl, rnd)
+    BF16, DTYPES, after_inputs, arrival_counters_left_zero, close, cp, dev, dt, exact, host, own_stream, pdl, rnd)
 from openinfer.kernels.cuda import blas, ops
 
 pytestmark = pytest.mark.cuda
@@ -125,7 +125,7 @@ def test_gemv_graph_capture_replays(pdl):
 
     for m in (1, 8):
         x = dev(rnd(rng, m, 2560), BF16)
-        with stream:
+        with after_inputs(stream):
             eager = chain(x)  # warms the pool and the split-K counters
             stream.begin_capture()
             y = chain(x)
@@ -203,7 +203,7 @@ def test_fused_gemv_graph_capture_replays(pdl, gemv_kernels):
 
     for m in (1, 8):
         x = dev(rnd(rng, m, H), BF16)
-        with stream:
+        with after_inputs(stream):
             eager = host(mlp(x)[0])  # sets up the counters
             with cp.cuda.using_allocator(pool.malloc):
                 stream.begin_capture()

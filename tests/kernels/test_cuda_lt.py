@@ -13,6 +13,7 @@ pytestmark = pytest.mark.cuda
 cp = require_gpu()
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
+from cuda_cases import after_inputs  # noqa: E402
 from openinfer.kernels.cuda import lt, lt_tune, ops  # noqa: E402  (imports cupy-dependent modules)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -69,7 +70,7 @@ def test_graph_replay_is_eager_bit_for_bit(tuned):
 
     for m in MS:
         x = cp.asarray(rng.standard_normal((m, k0)).astype(BF16))
-        with stream:
+        with after_inputs(stream):
             chain(x)
             with cp.cuda.using_allocator(pool.malloc):
                 stream.begin_capture()

@@ -9,7 +9,7 @@ import pytest
 
 from openinfer.philox import normals
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
-    BF16, arrival_counters_left_zero, cp, dev, dt, exact, host, own_stream, rnd)
+    BF16, after_inputs, arrival_counters_left_zero, cp, dev, dt, exact, host, own_stream, rnd)
 from openinfer.kernels.cuda import ops
 from openinfer.kernels.cuda.random_fill import fill_normal
 
@@ -54,7 +54,7 @@ def test_graph_capture_replays_cublas_and_kernels():
     rng = np.random.default_rng(5)
     x, w, nw = (dev(rnd(rng, *s), BF16) for s in ((12, 256), (512, 256), (512,)))  # 12 rows: cuBLAS, not GEMV
     stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
+    with after_inputs(stream):
         eager = ops.rms_norm(ops.linear(x, w), nw, 1e-6)  # warms the pool and the cuBLAS handle
         stream.begin_capture()
         y = ops.rms_norm(ops.linear(x, w), nw, 1e-6)
