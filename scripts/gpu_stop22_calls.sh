@@ -8,6 +8,10 @@
 # call2 (~6 min): stop 21's call4, issue 6's side by side in one run on one random-weight checkpoint (`openinfer
 #   synth`): the transformers peer (scripts/hf_peer.py: 1k / 16k prefill, decode at batch 1 and 32, top-1
 #   agreement), then openinfer's decode at batch 1 and 32 on that checkpoint and its cold prefill and prefix hits.
+# call3 (~8 min): the capture tests with their inputs awaited (cuda_cases.after_inputs) and the prompt-logprobs
+#   tests; then Qwen3-4B and Qwen3.5-4B batch 1 with the GEMV kernel variant u4_o8 (u4 capped at 64 registers for 8
+#   CTAs an SM, each weight's split tuned for it) against u4 (the default), alternating, two rounds. Call 1's
+#   gemv_bench put u4_o8 ahead on the wide weights (gate_up 41.9 against 44.5 us, lm_head 283.7 against 290.4).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -34,6 +38,16 @@ call2) precompile
            --max-num-batched-tokens 8192
        timeout 90 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix.log 2>&1
        say "prefix hits and cold prefill:"; tail -6 $L/prefix.log | tee -a $S ;;
+call3) precompile
+       timeout 200 $T $K/test_cuda_attention.py $K/test_cuda_ops.py > $L/t_core.log 2>&1 &
+       timeout 200 $T -v $K/test_cuda_gemv.py $K/test_cuda_lt.py tests/test_cuda_prompt_logprobs.py > $L/t_q3.log 2>&1 &
+       wait; for f in core q3; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S
+       grep -h "prompt_logprobs.py.*PASSED" $L/t_q3.log | wc -l | xargs -I{} echo "prompt-logprobs engine tests passed: {}" | tee -a $S
+       for r in 1 2; do
+           lat u4_q3_$r 40 $Q3B1; OPENINFER_GEMV_VARIANT=u4_o8 lat o8_q3_$r 40 $Q3B1
+           lat u4_q35_$r 45 $Q35; OPENINFER_GEMV_VARIANT=u4_o8 lat o8_q35_$r 45 $Q35
+       done ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"
