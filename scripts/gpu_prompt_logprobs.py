@@ -34,10 +34,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen3-4b")
     ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--max-num-seqs", default="64,256")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
-    print(f"{'max_num_seqs':>12} {'plain ms':>9} {'scored ms':>10} {'k':>3}  sanity")
-    for seqs in (64, 256):
+    print(f"{'max_num_seqs':>12} {'rows/step':>9} {'plain ms':>9} {'scored ms':>10} {'k':>3}  sanity")
+    for seqs in map(int, a.max_num_seqs.split(",")):
         engine = build_engine(a.model, EngineArgs(device="cuda", load_format="dummy", max_model_len=4096,
                                                   max_num_seqs=seqs, enable_prefix_caching=False, kv_cache_memory_gib=4))
         engine.runner.backend.activate()
@@ -51,7 +52,7 @@ def main() -> None:
             ok = (len(s) == a.tokens - 1 and all(r.logprob <= 0 and r.rank >= 1 for r in s)
                   and all(abs(r.logprob - r.top[0][1]) < 1e-3 for r in s if r.rank == 1)
                   and [r.token for r in s] == prompt[1:])
-            print(f"{seqs:>12} {plain:>9.2f} {np.median([r[0] for r in runs]):>10.2f} {k:>3}  {'ok' if ok else 'FAILED'}")
+            print(f"{seqs:>12} {engine.scheduler.max_score_rows:>9} {plain:>9.2f} {np.median([r[0] for r in runs]):>10.2f} {k:>3}  {'ok' if ok else 'FAILED'}")
         del engine
 
 

@@ -6,8 +6,11 @@ whole KV lifetime (block_manager), so running requests never stall; requests tha
 wait, and those that can never fit were rejected at submit. With a host offload tier, a request
 whose prefix is being restored from host memory waits in `restoring` (holding its blocks) and
 starts in the first step after the copies landed.
-A request scoring its prompt (prompt logprobs) has the logits of every prompt row computed; a step holds
-at most max_num_seqs such rows, the logits memory the engine reserves for sampled rows.
+A request scoring its prompt (prompt logprobs) has the logits of every prompt row computed; a step holds at
+most max(max_num_seqs, max_num_batched_tokens // 32) such rows: their logits (256 rows of a 152k vocabulary
+in bf16 on a GPU, 78 MB) stay well below the activations the engine measured for a full step, and they are
+computed after the layers, when those are free. A 1k prompt scores in 46 ms at 256 rows a step and 181 ms at 64
+(Qwen3-4B shape, H100, scripts/gpu_prompt_logprobs.py), against 15 ms unscored.
 """
 from __future__ import annotations
 
@@ -45,7 +48,8 @@ class Scheduler:
         self.blocks, self.host_tier = blocks, host_tier
         self.max_tokens = max_num_batched_tokens
         self.max_seqs = max_num_seqs
-        self._score_rows = max_num_seqs   # prompt rows a step may still score (reset each step)
+        self.max_score_rows = max(max_num_seqs, max_num_batched_tokens // 32)
+        self._score_rows = self.max_score_rows   # prompt rows a step may still score (reset each step)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.restoring: list[Request] = []
@@ -59,7 +63,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan, budget = StepPlan(), self.max_tokens
-        self._score_rows = self.max_seqs
+        self._score_rows = self.max_score_rows
         tier = self.host_tier
         if tier is not None:
             tier.poll()
