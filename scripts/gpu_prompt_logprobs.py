@@ -1,5 +1,5 @@
 """Scoring a prompt on the GPU at a real shape (prompt logprobs, dummy weights): the time to the first token of one
-request with and without prompt_logprobs, for max_num_seqs (the rows a step scores) 64 and 256, and sanity of the
+request with and without prompt_logprobs (medians of 7), for max_num_seqs (the rows a step scores) 64 and 256, and sanity of the
 scores (every logprob <= 0, ranks >= 1, a rank-1 token's logprob equal to its top-1 alternative's).
 
     python scripts/gpu_prompt_logprobs.py [--model qwen3-4b] [--tokens 1024]
@@ -45,9 +45,9 @@ def main() -> None:
         prompt = rng.integers(0, engine.vocab_size, a.tokens).tolist()
         for k in (None, 1, 5):   # warm-up of each path
             first_token_ms(engine, prompt, k)
-        plain = np.median([first_token_ms(engine, prompt, None)[0] for _ in range(3)])
+        plain = np.median([first_token_ms(engine, prompt, None)[0] for _ in range(7)])
         for k in (1, 5):
-            runs = [first_token_ms(engine, prompt, k) for _ in range(3)]
+            runs = [first_token_ms(engine, prompt, k) for _ in range(7)]
             s = runs[0][1]
             ok = (len(s) == a.tokens - 1 and all(r.logprob <= 0 and r.rank >= 1 for r in s)
                   and all(abs(r.logprob - r.top[0][1]) < 1e-3 for r in s if r.rank == 1)
