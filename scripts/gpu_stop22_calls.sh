@@ -12,6 +12,9 @@
 #   tests; then Qwen3-4B and Qwen3.5-4B batch 1 with the GEMV kernel variant u4_o8 (u4 capped at 64 registers for 8
 #   CTAs an SM, each weight's split tuned for it) against u4 (the default), alternating, two rounds. Call 1's
 #   gemv_bench put u4_o8 ahead on the wide weights (gate_up 41.9 against 44.5 us, lm_head 283.7 against 290.4).
+# call4 (~4 min): the engine GPU tests of both lines, the sampling / structured / prompt-logprobs engine tests and
+#   Qwen3.5's prompt logprobs against transformers on the GPU, with prompt scoring in the step path; then Qwen3-4B
+#   and Qwen3.5-4B batch 1 once each (call 3's u4 rounds are the baseline: 3.52-3.53 and 3.58 ms).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -48,6 +51,14 @@ call3) precompile
            lat u4_q3_$r 40 $Q3B1; OPENINFER_GEMV_VARIANT=u4_o8 lat o8_q3_$r 40 $Q3B1
            lat u4_q35_$r 45 $Q35; OPENINFER_GEMV_VARIANT=u4_o8 lat o8_q35_$r 45 $Q35
        done ;;
+call4) precompile
+       timeout 200 $T plugins/qwen3/tests/test_cuda_engine.py tests/test_cuda_sampling_engine.py \
+           tests/test_cuda_structured_engine.py tests/test_cuda_prompt_logprobs.py > $L/t_core.log 2>&1 &
+       timeout 200 $T plugins/qwen35/tests/test_qwen35_cuda_engine.py plugins/qwen35/tests/test_qwen35_cuda.py \
+           > $L/t_q35.log 2>&1 &
+       wait; for f in core q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S
+       lat q3 40 $Q3B1; lat q35 45 $Q35 ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"

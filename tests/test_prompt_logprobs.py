@@ -9,7 +9,7 @@ import pytest
 from openinfer.engine import EngineArgs, build_engine
 from openinfer.request import EventOrderError, PromptLogprobs, RequestStream, Scheduled, Tokens
 from openinfer.sampling import SampleResult, score_rows
-from openinfer.testing.engine import greedy, prompt_logits, run_to_completion
+from openinfer.testing.engine import greedy, log_softmax, prompt_logits, run_to_completion, score_prompt
 
 PROMPT = [(7 * i + 3) % 5000 + 100 for i in range(45)]
 
@@ -21,21 +21,10 @@ def engine():
                                          kv_cache_memory_gib=0.02))
 
 
-def scored(engine, prompt, k, **kw):
-    """(prompt logprobs, generated tokens, cached tokens) of one request run alone."""
-    stream = engine.submit(list(prompt), greedy(6, prompt_logprobs=k, **kw))
-    run_to_completion(engine, [stream])
-    events = stream.drain()
-    lps = [ev.samples for ev in events if isinstance(ev, PromptLogprobs)]
-    tokens = [t for ev in events if isinstance(ev, Tokens) for t in ev.token_ids]
-    return (lps[0] if lps else None), tokens, events[0].cached_tokens
-
-
 def reference(engine, prompt, k):
     """float64 log-softmax of the full forward's logits: (logprob, rank, top-k ids) of each next prompt token."""
-    x = prompt_logits(engine, prompt)[:-1].astype(np.float64)
-    logp = x - x.max(1, keepdims=True)
-    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    x = prompt_logits(engine, prompt)[:-1]
+    logp = log_softmax(x)
     rows = np.arange(len(x))
     target = np.array(prompt[1:])
     ranks = 1 + (x > x[rows, target][:, None]).sum(1)
@@ -43,7 +32,7 @@ def reference(engine, prompt, k):
 
 
 def test_prompt_logprobs_match_the_full_forward(engine) -> None:
-    lps, tokens, _ = scored(engine, PROMPT, 3)
+    lps, tokens, _ = score_prompt(engine, PROMPT, 3)
     chosen, ranks, top, logp = reference(engine, PROMPT, 3)
     assert [s.token for s in lps] == PROMPT[1:]
     np.testing.assert_allclose([s.logprob for s in lps], chosen, atol=1e-4)
@@ -54,24 +43,24 @@ def test_prompt_logprobs_match_the_full_forward(engine) -> None:
         assert ids.tolist() == top.tolist() and [s.rank for s in lps] == ranks.tolist()
     else:   # other GEMM shapes round differently: near-ties may swap
         assert np.abs(np.array([s.rank for s in lps]) - ranks).max() <= 3
-    _, plain, _ = scored(engine, PROMPT, None)
+    _, plain, _ = score_prompt(engine, PROMPT, None)
     assert tokens == plain   # scoring the prompt leaves the generation as it was
 
 
 def test_only_the_token_itself_at_zero(engine) -> None:
-    lps, _, _ = scored(engine, PROMPT[:20], 0)
+    lps, _, _ = score_prompt(engine, PROMPT[:20], 0)
     assert len(lps) == 19 and all(s.top is None and s.rank >= 1 for s in lps)
-    assert scored(engine, PROMPT[:1], 0)[0] == []   # a one-token prompt has nothing to score
+    assert score_prompt(engine, PROMPT[:1], 0)[0] == []   # a one-token prompt has nothing to score
 
 
 def test_scored_prompts_skip_the_prefix_cache(engine) -> None:
     prompt = PROMPT[:40]
-    scored(engine, prompt, None)                     # fills the cache
-    lps, _, cached = scored(engine, prompt, 1)
+    score_prompt(engine, prompt, None)                     # fills the cache
+    lps, _, cached = score_prompt(engine, prompt, 1)
     assert cached == 0 and len(lps) == 39
-    again, _, _ = scored(engine, prompt, 1)
+    again, _, _ = score_prompt(engine, prompt, 1)
     assert [(s.logprob, s.rank) for s in again] == [(s.logprob, s.rank) for s in lps]
-    assert scored(engine, prompt, None)[2] > 0       # and the cache still serves the others
+    assert score_prompt(engine, prompt, None)[2] > 0       # and the cache still serves the others
 
 
 def test_a_step_scores_at_most_max_num_seqs_rows(engine, monkeypatch) -> None:
@@ -91,7 +80,7 @@ def test_a_step_scores_at_most_max_num_seqs_rows(engine, monkeypatch) -> None:
     assert sum(rows) == 29 + 11 and max(rows) == min(engine.scheduler.max_score_rows, 40)
     monkeypatch.undo()
     together = [[t for ev in s.drain() if isinstance(ev, Tokens) for t in ev.token_ids] for s in streams]
-    assert together == [scored(engine, p, None)[1] for p in prompts]   # batching changed no token
+    assert together == [score_prompt(engine, p, None)[1] for p in prompts]   # batching changed no token
 
 
 def test_score_rows_ties() -> None:

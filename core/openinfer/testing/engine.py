@@ -1,4 +1,4 @@
-"""Driving an Engine synchronously in tests: generate, and logits of every prompt position."""
+"""Driving an Engine synchronously in tests: generate, score a prompt, and logits of every prompt position."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -6,8 +6,8 @@ from typing import Sequence
 import numpy as np
 
 from ..engine import Engine
-from ..request import Finished, Request, RequestStream, Scheduled, Tokens
-from ..sampling import SamplingParams
+from ..request import Finished, PromptLogprobs, Request, RequestStream, Scheduled, Tokens
+from ..sampling import SampleResult, SamplingParams
 from ..scheduler import ScheduledRun, StepPlan
 
 
@@ -44,6 +44,38 @@ def generate(engine: Engine, prompts: Sequence[list[int]], params: SamplingParam
     streams = [engine.submit(list(p), sp) for p, sp in zip(prompts, plist)]
     run_to_completion(engine, streams)
     return [collect(s) for s in streams]
+
+
+def score_prompt(engine: Engine, ids: Sequence[int], k: int | None, max_tokens: int = 6
+                 ) -> tuple[list[SampleResult] | None, list[int], int]:
+    """One greedy request run alone, scoring its prompt with k alternatives (None: not scoring): (its prompt
+    logprobs, its tokens, the cached tokens reported at scheduling)."""
+    stream = engine.submit(list(ids), greedy(max_tokens, prompt_logprobs=k))
+    run_to_completion(engine, [stream])
+    events = stream.drain()
+    scored = [ev.samples for ev in events if isinstance(ev, PromptLogprobs)]
+    tokens = [t for ev in events if isinstance(ev, Tokens) for t in ev.token_ids]
+    return (scored[0] if scored else None), tokens, events[0].cached_tokens
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float64 log-softmax of each row (the reference prompt logprobs are checked against)."""
+    x = np.asarray(logits, np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def assert_scores_match(scored: list[SampleResult], ids: Sequence[int], logits: np.ndarray, k: int,
+                        atol: float = 1e-4) -> None:
+    """Prompt logprobs against reference logits [T, vocab] of the same prompt: each token's logprob, and its k
+    alternatives' logprobs, best first, within atol (near-ties may order the ids differently)."""
+    logp = log_softmax(np.asarray(logits)[:-1])
+    rows = np.arange(len(logp))
+    assert [s.token for s in scored] == list(ids[1:])
+    np.testing.assert_allclose([s.logprob for s in scored], logp[rows, list(ids[1:])], atol=atol)
+    top = np.sort(logp, axis=1)[:, ::-1][:, :k]
+    np.testing.assert_allclose([[v for _, v in s.top] for s in scored], top, atol=atol)
+    np.testing.assert_allclose([[logp[r, t] for t, _ in s.top] for r, s in enumerate(scored)], top, atol=atol)
 
 
 def prompt_logits(engine: Engine, ids: list[int]) -> np.ndarray:

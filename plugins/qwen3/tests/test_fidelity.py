@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from openinfer.engine import EngineArgs, build_engine
-from openinfer.testing.engine import generate, greedy, prompt_logits
+from openinfer.testing.engine import assert_scores_match, generate, greedy, prompt_logits, score_prompt
 from openinfer.testing.hf_reference import hf_greedy, hf_logits
 
 CHAT = [{"role": "system", "content": "You are terse."},
@@ -95,3 +95,13 @@ def test_prefix_cache_hit_reports_cached_tokens_and_same_output(untied):
     disabled = engine_for(ckpt, enable_prefix_caching=False)
     [(plain, _, c)] = generate(disabled, [turn2], greedy(16))
     assert c == 0 and plain == tokens
+
+
+@pytest.mark.parametrize("which", ["untied", "bf16"])
+def test_prompt_logprobs_match_transformers(which, request):
+    """Prompt logprobs (echo / prompt_logprobs), scored 4 rows a step, against transformers' log-softmax."""
+    ckpt, hf = request.getfixturevalue(which)
+    eng = engine_for(ckpt, max_num_seqs=4, max_num_batched_tokens=16)
+    ids = chat_prompt(eng)
+    scored, _, _ = score_prompt(eng, ids, 3)
+    assert_scores_match(scored, ids, hf_logits(hf, ids), 3)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from openinfer.testing.cuda import require_gpu
-from openinfer.testing.engine import generate, greedy, prompt_logits
+from openinfer.testing.engine import assert_scores_match, generate, greedy, prompt_logits, score_prompt
 from openinfer.testing.hf_reference import assert_within_bf16_noise, hf_greedy_stepwise, hf_logits
 
 from conftest import _build
@@ -37,6 +37,17 @@ def test_float32_matches_transformers(d64):
     prompts = [tokens(n, seed=10 + n) for n in (1, 3, 64, 65, 150)]
     want = [hf_greedy_stepwise(hf, p, 16) for p in prompts]
     assert [out for out, _, _ in generate(eng, prompts, greedy(16))] == want
+
+
+def test_prompt_logprobs_match_transformers(d64):
+    """Prompt logprobs in float32 on the GPU (score_rows; 8 rows a step, so chunks end inside the delta rule's
+    64-token chunks) against transformers' log-softmax, within the 1e-3 the float32 logits meet."""
+    ckpt, hf = d64
+    eng = engine_for(ckpt, device="cuda", dtype="float32", enforce_eager=True, kv_cache_memory_gib=0.25,
+                     max_num_seqs=8, max_num_batched_tokens=32)
+    ids = tokens(100, seed=3)
+    scored, _, _ = score_prompt(eng, ids, 2)
+    assert_scores_match(scored, ids, hf_logits(hf, ids), 2, atol=2e-3)
 
 
 def test_bfloat16_against_transformers(d64):

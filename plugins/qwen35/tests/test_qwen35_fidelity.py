@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from openinfer.engine import EngineArgs, build_engine
-from openinfer.testing.engine import collect, generate, greedy, prompt_logits, run_to_completion
+from openinfer.testing.engine import (assert_scores_match, collect, generate, greedy, prompt_logits, run_to_completion,
+                                     score_prompt)
 from openinfer.testing.hf_reference import hf_greedy_stepwise, hf_logits
 
 
@@ -33,6 +34,17 @@ def test_logits_and_greedy_match_transformers(which, request):
     [(out, fin, _)] = generate(eng, [ids], greedy(32))
     assert out == hf_greedy_stepwise(hf, ids, 32)
     assert fin.reason == "length" and fin.completion_tokens == 32
+
+
+def test_prompt_logprobs_match_transformers(untied):
+    """Prompt logprobs scored 3 rows a step (so 3-token chunks, ending inside and across conv windows) against
+    transformers' log-softmax; the generation is the unscored one's."""
+    ckpt, hf = untied
+    eng = engine_for(ckpt, max_num_seqs=3, max_num_batched_tokens=8)
+    ids = tokens(40, seed=9)
+    scored, out, cached = score_prompt(eng, ids, 2)
+    assert_scores_match(scored, ids, hf_logits(hf, ids), 2)
+    assert out == score_prompt(eng, ids, None)[1] and cached == 0
 
 
 def test_short_prompts_and_single_token_prompt(untied):
