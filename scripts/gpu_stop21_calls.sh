@@ -8,16 +8,7 @@
 # call2 (~9 min): the rest of the core GPU tests (call 1's core run stopped at its time limit), both engines' GPU
 #   tests, with the GDN decode step, its output norm and decode attention taking fewer round trips after their wait; then
 #   Qwen3-4B and Qwen3.5-4B batch 1 against main before them (.whl/base = 4feabc9), alternating, two rounds.
-# call3 (~8 min), not run yet: the GPU tests calls 1b and 2 left unfinished at their time limits (the core files from
-#   the attention tests on; Qwen3.5's kernel tests and fidelity) with the stop-21 kernels; then each decode weight's
-#   GEMV at M = 1 under every split and the kernel variants u4 (the default), u8 and u4_o8: the H100's GEMV trails a
-#   plain read most on down (21.5 against 17.8 µs), where few CTAs hold few loads in flight. If u8 wins on some
-#   weights, the tuner should choose the variant per weight with the split (the same bits: U does not change a lane's
-#   order of chunks).
-# call4 (~6 min), not run yet: issue 6's side by side in one run, on one random-weight checkpoint (`openinfer synth`):
-#   the transformers peer (scripts/hf_peer.py: 1k / 16k prefill, decode at batch 1 and 32, top-1 agreement), then
-#   openinfer's decode at batch 1 and 32 on that checkpoint's config (`lat` loads dummy weights: the values do not
-#   change the timing) and its cold prefill and prefix hits.
+# call3 and call4 were written here and ran as stop 22's call1 and call2 (scripts/gpu_stop22_calls.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -39,19 +30,6 @@ call1) main_checks
        ( cd scripts && timeout 90 python3 hbm_read_bench.py --output-json $L/hbm_read.json > $L/hbm_read.log 2>&1 )
        say "hbm_read_bench:"; tail -7 $L/hbm_read.log | tee -a $S ;;
 call1b) main_checks; startup warm_start2 OPENINFER_CACHE_DIR=/tmp/oc_empty ;;
-call3) precompile
-       timeout 300 $T --durations=10 $K/test_cuda_attention.py $K/test_cuda_lt.py $K/test_cuda_sampling.py \
-           tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
-           tests/test_weights_upload_cuda.py tests/test_kv_offload_cuda.py > $L/t_core.log 2>&1 &
-       timeout 300 $T -k "cuda or gpu or checkpoint" plugins/qwen35/tests/test_qwen35_cuda_ops.py \
-           plugins/qwen35/tests/test_qwen35_fidelity.py \
-           > $L/t_q35.log 2>&1 &
-       wait; for f in core q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
-       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S
-       for v in u4 u8 u4_o8; do   # does a weight stream faster with more loads in flight a thread (u8) or more CTAs?
-           OPENINFER_GEMV_VARIANT=$v timeout 80 python3 scripts/gemv_bench.py --splits > $L/splits_$v.log 2>&1
-           say "gemv splits, $v:"; tail -11 $L/splits_$v.log | tee -a $S
-       done ;;
 call2) tree base precompile & precompile & wait
        timeout 200 $T --durations=8 $K/test_cuda_attention.py $K/test_cuda_lt.py $K/test_cuda_sampling.py \
            tests/test_cuda_structured_engine.py tests/test_cuda_sampling_engine.py tests/test_cuda_graphs_capture.py \
@@ -64,14 +42,6 @@ call2) tree base precompile & precompile & wait
        for r in 1 2; do
            tree base lat base_q3_$r 30 $Q3B1; lat cur_q3_$r 30 $Q3B1; tree base lat base_q35_$r 35 $Q35; lat cur_q35_$r 35 $Q35
        done ;;
-call4) precompile
-       timeout 120 $OI synth --preset qwen3-4b --out /tmp/q3 --device cuda > $L/synth.log 2>&1; say "synth: $(tail -1 $L/synth.log)"
-       timeout 240 python3 scripts/hf_peer.py /tmp/q3 --agreement > $L/peer.json 2> $L/peer.err
-       say "transformers peer: $(cat $L/peer.json)"; tail -3 $L/peer.err | tee -a $S
-       lat ours_q3 60 --model /tmp/q3 --batch-sizes 1,32 --input-lens 1024 --output-lens 64 --num-iters 2 \
-           --max-num-batched-tokens 8192
-       timeout 90 python3 scripts/gpu_prefix_hit.py --lengths 1024,16384 --repeats 6 --gc-freeze > $L/prefix.log 2>&1
-       say "prefix hits and cold prefill:"; tail -6 $L/prefix.log | tee -a $S ;;
 *) echo "usage: $0 callN" >&2; exit 2 ;;
 esac
 say "done in ${SECONDS}s"

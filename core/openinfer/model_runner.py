@@ -54,8 +54,8 @@ class Scored:
     top_k: int                         # the most alternatives any run asks for
 
     @staticmethod
-    def of(scoring: list[tuple[int, Request, int, int]], qstart: np.ndarray) -> Scored | None:
-        """scoring: (run index, request, first position, run length) of each run scoring its prompt."""
+    def of(scoring: list[tuple[int, Request, int, int]], qstart: np.ndarray) -> Scored:
+        """scoring: (run index, request, first position, run length) of each run that has prompt rows to score."""
         rows, targets, runs, k, at = [], [], [], 0, 0
         for i, req, start, length in scoring:
             n = min(start + length, len(req.prompt_ids) - 1) - start
@@ -64,8 +64,6 @@ class Scored:
             runs.append((i, at, n, req.params.prompt_logprobs))
             at += n
             k = max(k, req.params.prompt_logprobs)
-        if not at:
-            return None
         return Scored(np.concatenate(rows), np.array(targets, np.int32), runs, k)
 
 
@@ -144,8 +142,9 @@ class ModelRunner:
                 checkpoints = np.zeros((2, B), np.int32)
                 for i, (position, row) in saves:
                     checkpoints[:, i] = position - starts[i], row
+        scored = Scored.of(scoring, qstart) if scoring else None
         return HostBatch(ids, pos.astype(np.int32), slots, table, qstart, (starts + lengths).astype(np.int32),
-                         qstart[1:][sampled] - 1, state_slots, checkpoints, Scored.of(scoring, qstart) if scoring else None)
+                         qstart[1:][sampled] - 1, state_slots, checkpoints, scored)
 
     def dummy_batch(self, num_seqs: int, tokens_each: int) -> HostBatch:
         """Sequences of `tokens_each` prefill tokens in consecutive blocks from block 1 (profiling)."""

@@ -1,8 +1,9 @@
 """A request inside the engine, and the ordered event stream its client reads.
 
-Events: Scheduled -> PromptLogprobs (when asked) -> Tokens... -> exactly one terminal (Finished, Failed or Rejected). The order
-is enforced by `RequestStream.put`; a client reads with `for ev in stream` (threads) or
-`async for ev in stream` (asyncio), and the engine thread never blocks on a slow reader.
+Events: Scheduled -> PromptLogprobs (when asked) -> Tokens... -> exactly one terminal (Finished,
+Failed or Rejected). The order is enforced by `RequestStream.put`; a client reads with
+`for ev in stream` (threads) or `async for ev in stream` (asyncio), and the engine thread never
+blocks on a slow reader.
 """
 from __future__ import annotations
 
