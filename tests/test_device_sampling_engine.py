@@ -11,7 +11,7 @@ from openinfer import sampling_reference as ref
 from openinfer.engine import Engine, EngineArgs, build_engine
 from openinfer.sampling import SamplingParams
 from openinfer.sampling_batch import ROW, to_results
-from openinfer.testing.engine import generate, greedy
+from openinfer.testing.engine import generate, greedy, prompt_logits
 
 PROMPTS = [[9707, 11, 1879, 0, 358, 1079], [40, 1079, 264, 1614], [3838, 374, 279, 6722, 315, 9625, 30]]
 
@@ -66,3 +66,19 @@ def test_logprobs_and_min_tokens(engine: Engine) -> None:
         assert len(s.top) == 3 and s.logprob <= s.top[0][1] + 1e-5
         assert [lp for _, lp in s.top] == sorted((lp for _, lp in s.top), reverse=True)
     assert samples[3].logprob > -1e-3   # a +100 bias: all the mass
+
+
+def test_allowed_token_ids_are_masked_on_the_host(engine: Engine) -> None:
+    """allowed_token_ids rows sample on the host beside the device-sampled ones: greedy is the argmax over the
+    allowed ids, sampled tokens stay among them, and the other rows of the batch are what they are alone."""
+    allowed = [13, 1079, 3838, 9625, 40000]
+    x = prompt_logits(engine, PROMPTS[0])[-1]
+    seeded = sampled(seed=7, top_k=40)
+    mixed = generate(engine, [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0]],
+                     [greedy(6, allowed_token_ids=allowed), sampled(seed=3, allowed_token_ids=allowed, logprobs=2),
+                      seeded, greedy(6)])
+    assert mixed[0][0][0] == allowed[int(np.argmax(x[allowed]))]
+    assert all(t in allowed for out, _, _ in mixed[:2] for t in out)
+    assert mixed[2][0] == generate(engine, [PROMPTS[2]], seeded)[0][0]
+    assert mixed[3][0] == generate(engine, [PROMPTS[0]], greedy(6))[0][0]
+    assert mixed[3][0][0] != mixed[0][0][0]   # the mask changed the greedy token

@@ -211,19 +211,21 @@ class Engine:
             return None
         sampled = [run.req for run in plan.runs if run.samples]
         rows = self._host_sampled(sampled)
-        # structured outputs sample on the host, whatever the backend: their grammar mask lives there
-        constrained = [i for i in rows if sampled[i].constraint is not None]
+        # masked rows (structured outputs, allowed_token_ids) sample on the host, whatever the backend: their
+        # mask lives there
+        masked = [i for i in rows if sampled[i].masked]
         try:
             if self.runner.backend.samples_on_device:
-                on_device = [i for i in rows if sampled[i].constraint is None] if constrained else rows
-                launched, logits_rows = self.runner.launch(plan, self._sampling_batch(sampled, on_device)), constrained
+                on_device = [i for i in rows if not sampled[i].masked] if masked else rows
+                launched, logits_rows = self.runner.launch(plan, self._sampling_batch(sampled, on_device)), masked
             else:
                 launched, logits_rows = self.runner.launch(plan), rows
         except Exception as e:  # noqa: BLE001 — fail this step's requests, keep serving
             self._fail(plan, e)
             return None
-        for i in constrained:   # the next tokens' masks, computed while the device runs the step
-            sampled[i].constraint.prepare()
+        for i in masked:   # the next tokens' grammar masks, computed while the device runs the step
+            if (c := sampled[i].constraint) is not None:
+                c.prepare()
         return plan, launched, logits_rows
 
     def _collect(self, plan: StepPlan, launched: Launched, logits_rows: list[int] | tuple[int, ...]) -> None:

@@ -242,6 +242,12 @@ class Request:
         return self.prompt_ids[start:] + self.output_ids[: end - n]
 
     @property
+    def masked(self) -> bool:
+        """Its tokens come from a subset of the vocabulary (a grammar, or allowed_token_ids): it is sampled on
+        the host, where the mask is."""
+        return self.constraint is not None or self.params.allowed_token_ids is not None
+
+    @property
     def reads_prefix_cache(self) -> bool:
         """A request scoring its prompt computes every prompt token: a cached one has no logits."""
         return self.params.prompt_logprobs is None

@@ -35,6 +35,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None      # None: none; k >= 0: the chosen token's logprob + top-k alternatives
     prompt_logprobs: int | None = None   # the same for every prompt token after the first (prefill computes them)
+    allowed_token_ids: list[int] | None = None   # sample only among these ids (vLLM's); None: the whole vocabulary
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         def check(ok: bool, param: str, message: str) -> None:
@@ -61,6 +62,11 @@ class SamplingParams:
             check(isinstance(tid, int) and (vocab_size is None or 0 <= tid < vocab_size), "logit_bias",
                   f"logit_bias token id {tid} is outside the vocabulary")
             check(-100.0 <= bias <= 100.0, "logit_bias", "logit_bias values must be between -100 and 100")
+        if self.allowed_token_ids is not None:
+            check(len(self.allowed_token_ids) > 0, "allowed_token_ids", "allowed_token_ids must not be empty")
+            for tid in self.allowed_token_ids:
+                check(isinstance(tid, int) and (vocab_size is None or 0 <= tid < vocab_size), "allowed_token_ids",
+                      f"allowed token id {tid} is outside the vocabulary")
         for tid in self.stop_token_ids:
             check(isinstance(tid, int) and (vocab_size is None or 0 <= tid < vocab_size), "stop_token_ids",
                   f"stop token id {tid} is outside the vocabulary")
@@ -73,7 +79,7 @@ class SamplingParams:
     def is_plain_greedy(self) -> bool:
         """The token is the argmax of the raw logits: nothing reshapes them and no logprobs are asked."""
         return (self.greedy and self.logprobs is None and not self.logit_bias and self.repetition_penalty == 1.0
-                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0)
+                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0 and self.allowed_token_ids is None)
 
 
 @dataclass(slots=True)   # slots: one is made per sampled row and step
@@ -124,11 +130,15 @@ def sample_row(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, 
                output_ids: list[int], blocked: frozenset[int] | set[int] = frozenset(),
                allowed: np.ndarray | None = None) -> SampleResult:
     """Sample one token from one row of float32 logits. `allowed` (a structured output's grammar
-    mask, bool per id) and `blocked` (eos while min_tokens is unmet) are masked before anything
-    else, so greedy is the argmax over the allowed ids. Logprobs are those of the processed
+    mask, bool per id), the params' allowed_token_ids and `blocked` (eos while min_tokens is unmet)
+    are masked before anything else, so greedy is the argmax over the allowed ids. Logprobs are those of the processed
     distribution before the temperature/top-k/top-p/min-p filters (mask, penalties and biases
     included), as vLLM reports them."""
     x = logits.astype(np.float32, copy=True) if allowed is None else np.where(allowed, logits, np.float32(-np.inf))
+    if p.allowed_token_ids is not None:
+        kept = np.full_like(x, -np.inf)
+        kept[p.allowed_token_ids] = x[p.allowed_token_ids]
+        x = kept
     x = apply_penalties(x, p, prompt_ids, output_ids)
     for tid, bias in p.logit_bias.items():
         x[tid] += bias

@@ -140,3 +140,36 @@ def test_chat_prompt_logprobs(client: openai.OpenAI) -> None:
     assert len(lps) == r.usage.prompt_tokens and lps[0] is None
     assert all(len(e) == 1 and next(iter(e.values()))["rank"] >= 1 for e in lps[1:])
     assert r.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_allowed_token_ids(client: openai.OpenAI, url: str) -> None:
+    allowed = httpx.post(url + "/tokenize", json={"model": "demo", "prompt": " yes no maybe"}).json()["tokens"]
+    for temperature in (0, 1.0):
+        r = client.completions.create(model="demo", prompt="Answer:", max_tokens=5, temperature=temperature, seed=1,
+                                      extra_body={"allowed_token_ids": allowed, "ignore_eos": True,
+                                                  "return_tokens_as_token_ids": True}, logprobs=0)
+        assert r.choices[0].logprobs.tokens and all(int(t.split(":")[1]) in allowed for t in r.choices[0].logprobs.tokens)
+
+
+def test_truncate_prompt_tokens(client: openai.OpenAI, url: str) -> None:
+    text = "one two three four five six seven eight"
+    ids = httpx.post(url + "/tokenize", json={"model": "demo", "prompt": text}).json()["tokens"]
+    kw = dict(model="demo", max_tokens=2, temperature=0, echo=True, extra_body={"truncate_prompt_tokens": 3})
+    r = client.completions.create(prompt=text, **kw)
+    tail = httpx.post(url + "/detokenize", json={"model": "demo", "tokens": ids[-3:]}).json()["prompt"]
+    assert r.usage.prompt_tokens == 3 and r.choices[0].text.startswith(tail) and not r.choices[0].text.startswith(text)
+    assert r.choices[0].text == client.completions.create(prompt=[ids[-3:]], model="demo", max_tokens=2, temperature=0,
+                                                          echo=True).choices[0].text
+    whole = client.completions.create(prompt=text, **{**kw, "extra_body": {"truncate_prompt_tokens": 50}})
+    assert whole.usage.prompt_tokens == len(ids) and whole.choices[0].text.startswith(text)
+    chat = client.chat.completions.create(model="demo", messages=USER, max_tokens=1,
+                                          extra_body={"truncate_prompt_tokens": 5})
+    assert chat.usage.prompt_tokens == 5
+
+
+def test_chat_logprobs_name_tokens_by_id(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="demo", messages=USER, max_tokens=3, logprobs=True, top_logprobs=2,
+                                       extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 3 and all(e.token.startswith("token_id:") for e in content)
+    assert all(t.token.startswith("token_id:") for e in content for t in e.top_logprobs)

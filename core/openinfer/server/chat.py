@@ -25,7 +25,7 @@ from openinfer.tokenizer import ChatTemplateError
 from .errors import bad_request
 from .generate import max_tokens_for, respond
 from .host import ModelHost, ServedModel
-from .output import ChoiceOutput, Piece, finite, vllm_prompt_logprobs
+from .output import ChoiceOutput, Piece, finite, token_namer, vllm_prompt_logprobs
 from .protocol import ChatRequest, parse_chat
 from .submission import Choice
 
@@ -64,9 +64,10 @@ class ChatCompletionFormat:
         if self.req.gen.logprobs is None:
             return None
         tok = self.engine.tokenizer
+        name = token_namer(tok, self.req.gen)
 
         def entry(token: int, logprob: float) -> dict[str, Any]:
-            return {"token": tok.token_text(token), "logprob": finite(logprob), "bytes": tok.token_bytes(token)}
+            return {"token": name(token), "logprob": finite(logprob), "bytes": tok.token_bytes(token)}
 
         return {"content": [{**entry(s.token, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top or []]}
                             for s, _ in samples]}
@@ -124,7 +125,8 @@ def _render(model: ServedModel, req: ChatRequest) -> tuple[str, str, list[int]]:
                               "format); use tool_choice \"auto\".", "tool_choice", "unsupported_parameter")
         text += forced[0]
         opener = forced[1]
-    ids = tokenizer.encode(text + opener, add_special_tokens=req.add_special_tokens)
+    ids = req.gen.truncated(tokenizer.encode(text + opener, add_special_tokens=req.add_special_tokens),
+                            model.engine.max_model_len)
     if not ids:
         raise bad_request("The chat template rendered an empty prompt.", "messages")
     return text, opener, ids

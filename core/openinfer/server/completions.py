@@ -17,7 +17,7 @@ from openinfer.sampling import SampleResult, SamplingParams
 from .errors import bad_request
 from .generate import max_tokens_for, respond
 from .host import ModelHost, ServedModel
-from .output import ChoiceOutput, Piece, finite, vllm_prompt_logprobs
+from .output import ChoiceOutput, Piece, finite, token_namer, vllm_prompt_logprobs
 from .protocol import CompletionRequest, parse_completion
 from .submission import Choice
 
@@ -29,20 +29,22 @@ class CompletionFormat:
     object = chunk_object = "text_completion"
     reasoning_gate = None   # no chat format: a structured output is constrained from its first token
 
-    def __init__(self, model: ServedModel, req: CompletionRequest, prompts: list[list[int]]) -> None:
+    def __init__(self, model: ServedModel, req: CompletionRequest, prompts: list[list[int]], truncated: set[int]
+                 ) -> None:
         self.engine = model.engine
         self.tokenizer = model.engine.tokenizer
         self.req = req
         self.prompts = prompts
+        self.truncated = truncated       # the prompts cut by truncate_prompt_tokens
         self._echoed: set[int] = set()   # streamed choices whose first chunk carried the prompt
 
     def output(self, params: SamplingParams) -> ChoiceOutput:
         return ChoiceOutput(self.tokenizer, self.engine.eos_token_ids, self.req.gen, params)
 
     def _echo_text(self, c: Choice) -> str:
-        """The prompt as echoed: the client's string, or its token ids decoded."""
-        prompt = self.req.prompts[c.prompt_index]
-        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+        """The prompt as echoed: the client's string, or the token ids it ran on decoded (given or truncated)."""
+        prompt, ids = self.req.prompts[c.prompt_index], self.prompts[c.prompt_index]
+        return prompt if isinstance(prompt, str) and c.prompt_index not in self.truncated else self.tokenizer.decode(ids)
 
     def _prompt_entries(self, c: Choice) -> list[tuple[int, SampleResult | None, int]]:
         """(token, its logprobs, text offset) of each prompt token: the first has none; offsets add up the
@@ -54,7 +56,7 @@ class CompletionFormat:
     def _logprobs(self, entries: list[tuple[int, SampleResult | None, int]]) -> dict[str, Any] | None:
         if self.req.gen.logprobs is None:
             return None
-        text, k = self.tokenizer.token_text, self.req.gen.logprobs
+        text, k = token_namer(self.tokenizer, self.req.gen), self.req.gen.logprobs
         out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token, s, offset in entries:
             out["tokens"].append(text(token))
@@ -95,10 +97,15 @@ class CompletionFormat:
         return {}
 
 
-def _encode(model: ServedModel, req: CompletionRequest) -> list[list[int]]:
-    out = []
+def _encode(model: ServedModel, req: CompletionRequest) -> tuple[list[list[int]], set[int]]:
+    """Each prompt's token ids (truncated as asked), and which prompts truncate_prompt_tokens cut."""
+    out, cut = [], set()
     for i, prompt in enumerate(req.prompts):
         ids = model.engine.tokenizer.encode(prompt, req.add_special_tokens) if isinstance(prompt, str) else prompt
+        kept = req.gen.truncated(ids, model.engine.max_model_len)
+        if len(kept) < len(ids):
+            ids = kept
+            cut.add(i)
         param = "prompt" if len(req.prompts) == 1 else f"prompt[{i}]"
         if not ids:
             raise bad_request(f"'{param}' is empty.", param)
@@ -106,16 +113,16 @@ def _encode(model: ServedModel, req: CompletionRequest) -> list[list[int]]:
             raise bad_request(f"'{param}' has token id {bad[0]} outside the vocabulary "
                               f"(0..{model.engine.vocab_size - 1}).", param)
         out.append(ids)
-    return out
+    return out, cut
 
 
 async def create_completion(host: ModelHost, body: dict[str, Any]) -> Response:
     arrival = time.perf_counter()
     req = parse_completion(body)
     model = host.get(req.gen.model)
-    prompts = await asyncio.to_thread(_encode, model, req)  # big prompts must not stall the event loop
+    prompts, cut = await asyncio.to_thread(_encode, model, req)  # big prompts must not stall the event loop
     plan = []
     for i, ids in enumerate(prompts):
         max_tokens = max_tokens_for(model, len(ids), req.gen, DEFAULT_MAX_TOKENS, "prompt")
         plan += [(i, ids, req.gen.params(j, max_tokens, model.engine.vocab_size)) for j in range(req.gen.n)]
-    return await respond(model, req.gen, CompletionFormat(model, req, prompts), arrival, plan, [len(p) for p in prompts])
+    return await respond(model, req.gen, CompletionFormat(model, req, prompts, cut), arrival, plan, [len(p) for p in prompts])

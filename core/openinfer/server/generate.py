@@ -65,6 +65,9 @@ async def constraints(model: ServedModel, gen: Generation, count: int,
     spec = gen.grammar
     if spec is None:
         return [None] * count
+    if gen.sampling.get("allowed_token_ids") is not None:   # two masks whose overlap may be empty
+        raise bad_request(f"'allowed_token_ids' cannot be combined with '{spec.param}': send one of them.",
+                          "allowed_token_ids")
     try:
         return await asyncio.to_thread(compile_grammar, model.engine, spec, count, gate)
     except GrammarError as e:

@@ -22,6 +22,11 @@ def finite(logprob: float) -> float:
     return max(logprob, -9999.0)
 
 
+def token_namer(tokenizer: Tokenizer, gen: Generation):
+    """How logprobs name a token: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids)."""
+    return (lambda t: f"token_id:{t}") if gen.tokens_as_ids else tokenizer.token_text
+
+
 def vllm_prompt_logprobs(tokenizer: Tokenizer, samples: list[SampleResult], k: int) -> list[dict | None]:
     """vLLM's `prompt_logprobs`: null for the first prompt token, then per token {id: {logprob, rank,
     decoded_token}} for the token itself and the k most likely."""

@@ -29,9 +29,11 @@ the arguments are the model's, unchecked. A call cut by max_tokens finishes with
 in JSON and makes no tool call. Everything else unknown (e.g. `reasoning_effort`, `functions`,
 `spaces_between_special_tokens`) is a 400 naming it.
 Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
-stop_token_ids, include_stop_str_in_output, skip_special_tokens, add_special_tokens,
-chat_template_kwargs, add_generation_prompt, cache_salt (prefix-cache hits only between requests
-with the same salt); `logprobs` works on completion batches too.
+stop_token_ids, allowed_token_ids (sampled on the host as structured outputs are, and a 400 together with
+one), include_stop_str_in_output, skip_special_tokens, return_tokens_as_token_ids, truncate_prompt_tokens (the
+prompt's last N tokens; an echo shows what was kept), add_special_tokens,
+chat_template_kwargs, add_generation_prompt, cache_salt (prefix-cache hits only between requests with the same salt);
+`logprobs` works on completion batches too.
 """
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ class Generation:
     stop: list[str] = field(default_factory=list)
     include_stop: bool = False
     skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None   # vLLM's: keep the prompt's last N tokens (-1: max_model_len)
+    tokens_as_ids: bool = False              # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     grammar: OutputGrammar | None = None      # response_format / structured_outputs; None: free text
 
     def params(self, choice: int, max_tokens: int, vocab_size: int) -> SamplingParams:
@@ -79,6 +83,11 @@ class Generation:
         except ParamError as e:
             param = self.max_tokens_param if e.param == "max_tokens" else e.param
             raise bad_request(str(e), param) from None
+
+    def truncated(self, ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt's last truncate_prompt_tokens tokens (-1: max_model_len), or all of them."""
+        keep = max_model_len if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
+        return ids[-keep:] if keep is not None and len(ids) > keep else ids
 
     def prompt_top_k(self) -> int | None:
         """The engine's prompt_logprobs: the most alternatives any report of the prompt needs."""
@@ -128,6 +137,7 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
             s[key] = value
     s["ignore_eos"] = f.get("ignore_eos", "bool", False)
     s["stop_token_ids"] = int_list(f, "stop_token_ids") or []
+    s["allowed_token_ids"] = int_list(f, "allowed_token_ids")
     s["logit_bias"] = _logit_bias(f)
     g.seed = f.get("seed", "int")
     if (salt := f.get("cache_salt", "str")) == "":
@@ -136,6 +146,11 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
     g.stop = [x for x in str_list(f, "stop") if x]
     g.include_stop = f.get("include_stop_str_in_output", "bool", False)
     g.skip_special_tokens = f.get("skip_special_tokens", "bool", True)
+    g.tokens_as_ids = f.get("return_tokens_as_token_ids", "bool", False)
+    g.truncate_prompt_tokens = f.get("truncate_prompt_tokens", "int")
+    if g.truncate_prompt_tokens is not None and g.truncate_prompt_tokens < 1 and g.truncate_prompt_tokens != -1:
+        raise bad_request("'truncate_prompt_tokens' must be -1 (the model's context length) or at least 1.",
+                          "truncate_prompt_tokens")
     f.only("best_of", 1)
     f.only("use_beam_search", False)
     g.prompt_logprobs = f.ranged("prompt_logprobs", "int", 0, 20)
