@@ -173,3 +173,23 @@ def test_chat_logprobs_name_tokens_by_id(client: openai.OpenAI) -> None:
     content = r.choices[0].logprobs.content
     assert len(content) == 3 and all(e.token.startswith("token_id:") for e in content)
     assert all(t.token.startswith("token_id:") for e in content for t in e.top_logprobs)
+
+
+def test_return_token_ids(client: openai.OpenAI, url: str) -> None:
+    extra = {"return_token_ids": True, "ignore_eos": True}
+    kw = dict(model="demo", prompt="Token ids, please", max_tokens=6, temperature=0, extra_body=extra)
+    whole = client.completions.create(**kw).choices[0].model_extra
+    ids = httpx.post(url + "/tokenize", json={"model": "demo", "prompt": "Token ids, please"}).json()["tokens"]
+    assert whole["prompt_token_ids"] == ids and len(whole["token_ids"]) == 6
+    chunks = [c.choices[0].model_extra for c in client.completions.create(stream=True, **kw) if c.choices]
+    assert chunks[0]["prompt_token_ids"] == ids and all("prompt_token_ids" not in c for c in chunks[1:])
+    assert [t for c in chunks for t in c["token_ids"]] == whole["token_ids"]
+
+    chat = dict(model="demo", messages=USER, max_tokens=5, temperature=0, extra_body=extra)
+    r = client.chat.completions.create(**chat)
+    assert len(r.model_extra["prompt_token_ids"]) == r.usage.prompt_tokens
+    assert len(r.choices[0].model_extra["token_ids"]) == r.usage.completion_tokens == 5
+    stream = list(client.chat.completions.create(stream=True, **chat))
+    assert stream[0].model_extra["prompt_token_ids"] == r.model_extra["prompt_token_ids"]
+    assert all("prompt_token_ids" not in c.model_extra for c in stream[1:])
+    assert [t for c in stream for t in c.choices[0].model_extra["token_ids"]] == r.choices[0].model_extra["token_ids"]

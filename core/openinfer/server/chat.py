@@ -45,9 +45,12 @@ class ChatCompletionFormat:
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, model: ServedModel, req: ChatRequest, prompt_text: str, opener: str = "") -> None:
+    def __init__(self, model: ServedModel, req: ChatRequest, prompt_text: str, prompt_ids: list[int],
+                 opener: str = "") -> None:
         self.engine = model.engine
         self.req = req
+        self.prompt_ids = prompt_ids
+        self._ids_sent = False           # return_token_ids: the prompt's ids went out with the first chunk
         self.prompt_text = prompt_text   # up to a forced call's opener
         self.opener = opener
         self._role_sent: set[int] = set()
@@ -81,13 +84,16 @@ class ChatCompletionFormat:
             delta["content"] = d.content
         if d.tool_calls:
             delta["tool_calls"] = [_tool_delta(t) for t in d.tool_calls]
-        if not delta and not piece.samples and piece.finish_reason is None:
+        if not delta and not piece.samples and not piece.token_ids and piece.finish_reason is None:
             return None  # the parser held the text back (a partial tag)
         if c.index not in self._role_sent:
             self._role_sent.add(c.index)
             delta = {"role": "assistant", **delta}
-        return {"index": c.index, "delta": delta, "logprobs": self._logprobs(piece.samples),
-                "finish_reason": piece.finish_reason}
+        choice = {"index": c.index, "delta": delta, "logprobs": self._logprobs(piece.samples),
+                  "finish_reason": piece.finish_reason}
+        if self.req.gen.return_token_ids:
+            choice["token_ids"] = piece.token_ids
+        return choice
 
     def final_choice(self, c: Choice) -> dict[str, Any]:
         out = c.out.parsed
@@ -97,15 +103,27 @@ class ChatCompletionFormat:
         if calls:
             message["tool_calls"] = [{"id": t.id, "type": "function",
                                       "function": {"name": t.name, "arguments": t.arguments}} for t in calls]
-        return {"index": c.index, "message": message, "logprobs": self._logprobs(c.out.samples),
-                "finish_reason": c.out.finish_reason}
+        choice = {"index": c.index, "message": message, "logprobs": self._logprobs(c.out.samples),
+                  "finish_reason": c.out.finish_reason}
+        if self.req.gen.return_token_ids:
+            choice["token_ids"] = c.out.token_ids
+        return choice
+
+    def chunk_fields(self) -> dict[str, Any]:
+        """return_token_ids: the prompt's ids at the top of the stream's first chunk."""
+        if not self.req.gen.return_token_ids or self._ids_sent:
+            return {}
+        self._ids_sent = True
+        return {"prompt_token_ids": self.prompt_ids}
 
     def response_fields(self, choices: list[Choice]) -> dict[str, Any]:
-        """vLLM's prompt_logprobs, once per response: every choice scored the same prompt."""
-        k = self.req.gen.prompt_logprobs
-        if k is None:
-            return {}
-        return {"prompt_logprobs": vllm_prompt_logprobs(self.engine.tokenizer, choices[0].out.prompt_samples or [], k)}
+        """vLLM's prompt_logprobs and prompt_token_ids, once per response: every choice ran the same prompt."""
+        out: dict[str, Any] = {}
+        if (k := self.req.gen.prompt_logprobs) is not None:
+            out["prompt_logprobs"] = vllm_prompt_logprobs(self.engine.tokenizer, choices[0].out.prompt_samples or [], k)
+        if self.req.gen.return_token_ids:
+            out["prompt_token_ids"] = self.prompt_ids
+        return out
 
 
 def _render(model: ServedModel, req: ChatRequest) -> tuple[str, str, list[int]]:
@@ -141,4 +159,4 @@ async def create_chat_completion(host: ModelHost, body: dict[str, Any]) -> Respo
         req.gen.grammar = OutputGrammar("grammar", grammar, "tools")   # the arguments hold to their schemas
     max_tokens = max_tokens_for(model, len(ids), req.gen, None, "messages")
     plan = [(0, ids, req.gen.params(j, max_tokens, model.engine.vocab_size)) for j in range(req.gen.n)]
-    return await respond(model, req.gen, ChatCompletionFormat(model, req, text, opener), arrival, plan, [len(ids)])
+    return await respond(model, req.gen, ChatCompletionFormat(model, req, text, ids, opener), arrival, plan, [len(ids)])

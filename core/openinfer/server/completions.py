@@ -36,7 +36,7 @@ class CompletionFormat:
         self.req = req
         self.prompts = prompts
         self.truncated = truncated       # the prompts cut by truncate_prompt_tokens
-        self._echoed: set[int] = set()   # streamed choices whose first chunk carried the prompt
+        self._started: set[int] = set()   # streamed choices whose first chunk went out
 
     def output(self, params: SamplingParams) -> ChoiceOutput:
         return ChoiceOutput(self.tokenizer, self.engine.eos_token_ids, self.req.gen, params)
@@ -72,26 +72,35 @@ class CompletionFormat:
             out["top_logprobs"].append(top)
         return out
 
-    def _choice(self, c: Choice, text: str, samples: list[tuple[SampleResult, int]], echo: bool,
-                finish_reason: str | None) -> dict[str, Any]:
+    def _choice(self, c: Choice, text: str, samples: list[tuple[SampleResult, int]], token_ids: list[int],
+                first: bool, finish_reason: str | None) -> dict[str, Any]:
+        """A choice's JSON: `first` marks its first chunk, or the whole choice, where the prompt goes."""
         entries = [(s.token, s, offset) for s, offset in samples]
-        if echo:
+        if first and self.req.echo:
             prompt = self._echo_text(c)
             head = self._prompt_entries(c) if self.req.gen.logprobs is not None else []
             text, entries = prompt + text, head + [(t, s, len(prompt) + o) for t, s, o in entries]
         choice = {"index": c.index, "text": text, "logprobs": self._logprobs(entries), "finish_reason": finish_reason}
-        if self.req.gen.prompt_logprobs is not None:
+        gen = self.req.gen
+        if gen.prompt_logprobs is not None:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, c.out.prompt_samples or [],
-                                                             self.req.gen.prompt_logprobs)
+                                                             gen.prompt_logprobs)
+        if gen.return_token_ids:
+            choice["token_ids"] = token_ids
+            if first:
+                choice["prompt_token_ids"] = self.prompts[c.prompt_index]
         return choice
 
     def chunk_choice(self, c: Choice, piece: Piece) -> dict[str, Any] | None:
-        echo = self.req.echo and c.index not in self._echoed   # the prompt comes with a choice's first chunk
-        self._echoed.add(c.index)
-        return self._choice(c, piece.text, piece.samples, echo, piece.finish_reason)
+        first = c.index not in self._started   # the prompt comes with a choice's first chunk
+        self._started.add(c.index)
+        return self._choice(c, piece.text, piece.samples, piece.token_ids, first, piece.finish_reason)
 
     def final_choice(self, c: Choice) -> dict[str, Any]:
-        return self._choice(c, c.out.text, c.out.samples, self.req.echo, c.out.finish_reason)
+        return self._choice(c, c.out.text, c.out.samples, c.out.token_ids, True, c.out.finish_reason)
+
+    def chunk_fields(self) -> dict[str, Any]:
+        return {}
 
     def response_fields(self, choices: list[Choice]) -> dict[str, Any]:
         return {}

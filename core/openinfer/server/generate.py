@@ -35,7 +35,8 @@ class Format(Protocol):
     def output(self, params: SamplingParams) -> ChoiceOutput: ...
     def chunk_choice(self, c: Choice, piece: Piece) -> dict[str, Any] | None: ...
     def final_choice(self, c: Choice) -> dict[str, Any]: ...
-    def response_fields(self, choices: list[Choice]) -> dict[str, Any]: ...
+    def response_fields(self, choices: list[Choice]) -> dict[str, Any]: ...   # top-level, non-streamed
+    def chunk_fields(self) -> dict[str, Any]: ...   # top-level, each streamed chunk
 
 
 def max_tokens_for(model: ServedModel, prompt_len: int, gen: Generation, default: int | None,
@@ -102,7 +103,7 @@ async def _events(sub: Submission, gen: Generation, fmt: Format, head: dict[str,
     try:
         async for c, piece in sub.pieces():
             if (choice := fmt.chunk_choice(c, piece)) is not None:
-                yield event({**head, "choices": [choice], "usage": None})
+                yield event({**head, "choices": [choice], "usage": None, **fmt.chunk_fields()})
         if gen.include_usage:
             yield event({**head, "choices": [], "usage": sub.usage(prompt_lens)})
     except APIError as e:  # after the first byte an error can only be an event

@@ -46,10 +46,12 @@ class Piece:
     text: str = ""                                   # visible text after stop handling
     parsed: ParsedDelta | None = None                # chat: text split into reasoning / content / tool calls
     samples: list[tuple[SampleResult, int]] = field(default_factory=list)  # (logprobs, text offset)
+    token_ids: list[int] = field(default_factory=list)   # the tokens it came from, when return_token_ids asks
     finish_reason: str | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.samples or self.finish_reason or (self.parsed if self.parsed is not None else self.text))
+        return bool(self.samples or self.token_ids or self.finish_reason
+                    or (self.parsed if self.parsed is not None else self.text))
 
 
 class ChoiceOutput:
@@ -62,6 +64,7 @@ class ChoiceOutput:
         self.stop_ids = eos | set(params.stop_token_ids)
         self.min_tokens = params.min_tokens
         self.want_logprobs = params.logprobs is not None
+        self.want_ids = gen.return_token_ids
         self.parser = parser
         # finish_reason "tool_calls" when calls were made; OpenAI keeps "stop" for a call it was told to make by
         # name (vLLM #25054 measured it), so a named tool_choice passes False
@@ -72,6 +75,7 @@ class ChoiceOutput:
         self.text = ""
         self.parsed = ParsedDelta()
         self.samples: list[tuple[SampleResult, int]] = []
+        self.token_ids: list[int] = []   # every token generated, when return_token_ids asks
         self.prompt_samples: list[SampleResult] | None = None   # the prompt scored (prompt logprobs), when asked
 
     def _visible(self, delta: str) -> str:
@@ -89,6 +93,8 @@ class ChoiceOutput:
             if self.finish_reason is not None:
                 break  # tokens the engine produced past a stop string
             self.num_tokens += 1
+            if self.want_ids:
+                piece.token_ids.append(tok)
             if self.want_logprobs and i < len(samples):
                 piece.samples.append((samples[i], len(self.text) + len(piece.text)))
             if tok in self.stop_ids and self.num_tokens > self.min_tokens and not self.include_stop:
@@ -120,4 +126,5 @@ class ChoiceOutput:
             self.parsed.extend(piece.parsed)
         self.text += piece.text
         self.samples += piece.samples
+        self.token_ids += piece.token_ids
         return piece

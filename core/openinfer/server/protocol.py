@@ -30,8 +30,9 @@ in JSON and makes no tool call. Everything else unknown (e.g. `reasoning_effort`
 `spaces_between_special_tokens`) is a 400 naming it.
 Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids, allowed_token_ids (sampled on the host as structured outputs are, and a 400 together with
-one), include_stop_str_in_output, skip_special_tokens, return_tokens_as_token_ids, truncate_prompt_tokens (the
-prompt's last N tokens; an echo shows what was kept), add_special_tokens,
+one), include_stop_str_in_output, skip_special_tokens, return_tokens_as_token_ids, return_token_ids (vLLM's
+fields: prompt_token_ids per choice on completions, per response or first chunk on chat; token_ids per choice or
+chunk), truncate_prompt_tokens (the prompt's last N tokens; an echo shows what was kept), add_special_tokens,
 chat_template_kwargs, add_generation_prompt, cache_salt (prefix-cache hits only between requests with the same salt);
 `logprobs` works on completion batches too.
 """
@@ -71,6 +72,7 @@ class Generation:
     include_stop: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None   # vLLM's: keep the prompt's last N tokens (-1: max_model_len)
+    return_token_ids: bool = False           # vLLM's: the prompt's and each choice's token ids in the response
     tokens_as_ids: bool = False              # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     grammar: OutputGrammar | None = None      # response_format / structured_outputs; None: free text
 
@@ -147,6 +149,7 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
     g.include_stop = f.get("include_stop_str_in_output", "bool", False)
     g.skip_special_tokens = f.get("skip_special_tokens", "bool", True)
     g.tokens_as_ids = f.get("return_tokens_as_token_ids", "bool", False)
+    g.return_token_ids = f.get("return_token_ids", "bool", False)
     g.truncate_prompt_tokens = f.get("truncate_prompt_tokens", "int")
     if g.truncate_prompt_tokens is not None and g.truncate_prompt_tokens < 1 and g.truncate_prompt_tokens != -1:
         raise bad_request("'truncate_prompt_tokens' must be -1 (the model's context length) or at least 1.",
