@@ -83,6 +83,12 @@ def test_a_step_scores_at_most_max_num_seqs_rows(engine, monkeypatch) -> None:
     assert together == [score_prompt(engine, p, None)[1] for p in prompts]   # batching changed no token
 
 
+def test_max_tokens_0_scores_and_generates_nothing(engine) -> None:
+    lps, tokens, _ = score_prompt(engine, PROMPT[:30], 1, max_tokens=0)
+    assert len(lps) == 29 and tokens == []
+    assert engine.blocks.usage() == 0.0 and not engine.has_unfinished()
+
+
 def test_score_rows_ties() -> None:
     x = np.array([[0.0, 2.0, 2.0, 1.0, 2.0]], np.float32)
     logprob, rank, top_v, top_i = score_rows(x, np.array([2]), 2)

@@ -328,6 +328,11 @@ class Engine:
                 row += 1
                 self._end(req, _grammar_failed(c))
                 continue
+            if p.scores_only:   # max_tokens 0: the prompt's logprobs, and no token
+                row += 1
+                req.stream.put(PromptLogprobs(req.prompt_logprobs))
+                self._end(req, self._finished(req, "length"))
+                continue
             if row in device_samples:
                 s = device_samples[row]
             elif row in logits:

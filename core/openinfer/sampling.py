@@ -42,7 +42,8 @@ class SamplingParams:
             if not ok:
                 raise ParamError(param, message)
 
-        check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "max_tokens must be an integer >= 1")
+        check(isinstance(self.max_tokens, int) and (self.max_tokens >= 1 or self.max_tokens == 0 and self.scores_only),
+              "max_tokens", "max_tokens must be an integer >= 1 (0 only to score the prompt: with prompt logprobs)")
         check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
               "min_tokens must be an integer between 0 and max_tokens")
         check(0.0 <= self.temperature <= 2.0, "temperature", "temperature must be between 0 and 2")
@@ -71,6 +72,11 @@ class SamplingParams:
             check(isinstance(tid, int) and (vocab_size is None or 0 <= tid < vocab_size), "stop_token_ids",
                   f"stop token id {tid} is outside the vocabulary")
         return self
+
+    @property
+    def scores_only(self) -> bool:
+        """max_tokens 0 with prompt logprobs: the request scores its prompt and generates nothing."""
+        return self.max_tokens == 0 and self.prompt_logprobs is not None
 
     @property
     def greedy(self) -> bool:

@@ -193,3 +193,16 @@ def test_return_token_ids(client: openai.OpenAI, url: str) -> None:
     assert stream[0].model_extra["prompt_token_ids"] == r.model_extra["prompt_token_ids"]
     assert all("prompt_token_ids" not in c.model_extra for c in stream[1:])
     assert [t for c in stream for t in c.choices[0].model_extra["token_ids"]] == r.choices[0].model_extra["token_ids"]
+
+
+def test_echo_scores_the_prompt_alone_at_max_tokens_0(client: openai.OpenAI) -> None:
+    """Older lm-eval sends max_tokens 0: the prompt, scored, and no completion."""
+    kw = dict(model="demo", prompt="Score this prompt only", max_tokens=0, echo=True, logprobs=2)
+    r = client.completions.create(**kw)
+    c = r.choices[0]
+    assert c.text == "Score this prompt only" and c.finish_reason == "length"
+    assert r.usage.completion_tokens == 0 and len(c.logprobs.tokens) == r.usage.prompt_tokens
+    assert c.logprobs.token_logprobs[0] is None and all(v <= 0 for v in c.logprobs.token_logprobs[1:])
+    streamed = [ch.choices[0] for ch in client.completions.create(stream=True, **kw) if ch.choices]
+    assert "".join(ch.text for ch in streamed) == c.text
+    assert [v for ch in streamed for v in ch.logprobs.token_logprobs] == c.logprobs.token_logprobs

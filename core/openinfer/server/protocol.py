@@ -5,7 +5,7 @@ value (anything else is a 400): `best_of` 1, `suffix`, `use_beam_search` false, 
 true, `continue_final_message` false, `modalities` ["text"] — we have no beam search or suffix insertion.
 Prompt logprobs: completions' `echo` puts the prompt before the text, and with `logprobs` its tokens
 before the completion's in `logprobs` (the first prompt token's entries null), as lm-eval's loglikelihood
-tasks read them; vLLM's `prompt_logprobs` (0-20, both endpoints, not streamed) returns vLLM's list
+tasks read them (`max_tokens` 0 scores the prompt alone, as older lm-eval asks; 0 is a 400 otherwise); vLLM's `prompt_logprobs` (0-20, both endpoints, not streamed) returns vLLM's list
 (null, then {token id: {logprob, rank, decoded_token}} per prompt token: the token and the top k), per
 choice on completions and once per response on chat. Scored prompts skip the prefix cache: a cached
 token has no logits.
