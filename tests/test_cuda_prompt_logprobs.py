@@ -7,8 +7,8 @@ import pytest
 from openinfer.testing.cuda import demo_engine_on_gpu, require_gpu
 # the same tests, collected here against this module's `engine` fixture
 from test_prompt_logprobs import (test_a_step_scores_at_most_max_num_seqs_rows,  # noqa: F401
-                                  test_only_the_token_itself_at_zero, test_prompt_logprobs_match_the_full_forward,
-                                  test_scored_prompts_skip_the_prefix_cache)
+                                  test_max_tokens_0_scores_and_generates_nothing, test_only_the_token_itself_at_zero,
+                                  test_prompt_logprobs_match_the_full_forward, test_scored_prompts_skip_the_prefix_cache)
 
 pytestmark = pytest.mark.cuda
 cp = require_gpu()
