@@ -89,6 +89,17 @@ def test_max_tokens_0_scores_and_generates_nothing(engine) -> None:
     assert engine.blocks.usage() == 0.0 and not engine.has_unfinished()
 
 
+def test_abort_while_scoring(engine) -> None:
+    stream = engine.submit(list(PROMPT), greedy(6, prompt_logprobs=2))
+    engine.step()
+    engine.step()   # a few of its 44 rows scored
+    engine.abort(stream.request_id)
+    run_to_completion(engine, [stream])
+    events = stream.drain()
+    assert [type(ev).__name__ for ev in events] == ["Scheduled", "Finished"] and events[-1].reason == "abort"
+    assert engine.blocks.usage() == 0.0
+
+
 def test_score_rows_ties() -> None:
     x = np.array([[0.0, 2.0, 2.0, 1.0, 2.0]], np.float32)
     logprob, rank, top_v, top_i = score_rows(x, np.array([2]), 2)
