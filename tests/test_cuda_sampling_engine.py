@@ -7,7 +7,8 @@ import pytest
 
 from openinfer.testing.cuda import demo_engine_on_gpu, require_gpu
 # the same tests, collected here against this module's `engine` fixture
-from test_device_sampling_engine import (test_allowed_token_ids_are_masked_on_the_host, test_logprobs_and_min_tokens,  # noqa: F401
+from test_device_sampling_engine import (test_allowed_token_ids_are_masked_on_the_host,  # noqa: F401
+                                         test_bad_words_mask_their_last_token, test_logprobs_and_min_tokens,
                                          test_seeded_requests_reproduce_in_any_batch,
                                          test_top_k_1_is_greedy, test_unseeded_requests_differ)
 

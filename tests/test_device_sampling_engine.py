@@ -82,3 +82,14 @@ def test_allowed_token_ids_are_masked_on_the_host(engine: Engine) -> None:
     assert mixed[2][0] == generate(engine, [PROMPTS[2]], seeded)[0][0]
     assert mixed[3][0] == generate(engine, [PROMPTS[0]], greedy(6))[0][0]
     assert mixed[3][0][0] != mixed[0][0][0]   # the mask changed the greedy token
+
+
+def test_bad_words_mask_their_last_token(engine: Engine) -> None:
+    """A one-token bad word never comes out; a two-token one only loses its second token after its first. Sampled
+    on the host beside the device-sampled rows."""
+    [(base, _, _)] = generate(engine, [PROMPTS[0]], greedy(6))
+    one = generate(engine, [PROMPTS[0], PROMPTS[1]], [greedy(6, bad_words_ids=[[base[0]]]), greedy(6)])
+    assert one[0][0][0] != base[0] and base[0] not in one[0][0]
+    assert one[1][0] == generate(engine, [PROMPTS[1]], greedy(6))[0][0]
+    [(two, _, _)] = generate(engine, [PROMPTS[0]], greedy(6, bad_words_ids=[[base[0], base[1]]]))
+    assert two[0] == base[0] and two[1] != base[1]

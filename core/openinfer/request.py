@@ -243,9 +243,10 @@ class Request:
 
     @property
     def masked(self) -> bool:
-        """Its tokens come from a subset of the vocabulary (a grammar, or allowed_token_ids): it is sampled on
-        the host, where the mask is."""
-        return self.constraint is not None or self.params.allowed_token_ids is not None
+        """Its tokens come from a subset of the vocabulary (a grammar, allowed_token_ids or bad words): it is
+        sampled on the host, where the mask is."""
+        p = self.params
+        return self.constraint is not None or p.allowed_token_ids is not None or bool(p.bad_words_ids)
 
     @property
     def reads_prefix_cache(self) -> bool:

@@ -36,6 +36,8 @@ class SamplingParams:
     logprobs: int | None = None      # None: none; k >= 0: the chosen token's logprob + top-k alternatives
     prompt_logprobs: int | None = None   # the same for every prompt token after the first (prefill computes them)
     allowed_token_ids: list[int] | None = None   # sample only among these ids (vLLM's); None: the whole vocabulary
+    bad_words_ids: list[list[int]] = field(default_factory=list)   # token sequences whose last token is banned
+                                                                      # after the rest of it (vLLM's bad_words)
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         def check(ok: bool, param: str, message: str) -> None:
@@ -68,6 +70,9 @@ class SamplingParams:
             for tid in self.allowed_token_ids:
                 check(isinstance(tid, int) and (vocab_size is None or 0 <= tid < vocab_size), "allowed_token_ids",
                       f"allowed token id {tid} is outside the vocabulary")
+        for seq in self.bad_words_ids:
+            check(len(seq) > 0 and all(isinstance(t, int) and (vocab_size is None or 0 <= t < vocab_size) for t in seq),
+                  "bad_words", "bad_words must tokenize to ids in the vocabulary")
         for tid in self.stop_token_ids:
             check(isinstance(tid, int) and (vocab_size is None or 0 <= tid < vocab_size), "stop_token_ids",
                   f"stop token id {tid} is outside the vocabulary")
@@ -85,7 +90,8 @@ class SamplingParams:
     def is_plain_greedy(self) -> bool:
         """The token is the argmax of the raw logits: nothing reshapes them and no logprobs are asked."""
         return (self.greedy and self.logprobs is None and not self.logit_bias and self.repetition_penalty == 1.0
-                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0 and self.allowed_token_ids is None)
+                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0 and self.allowed_token_ids is None
+                and not self.bad_words_ids)
 
 
 @dataclass(slots=True)   # slots: one is made per sampled row and step
@@ -136,8 +142,8 @@ def sample_row(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, 
                output_ids: list[int], blocked: frozenset[int] | set[int] = frozenset(),
                allowed: np.ndarray | None = None) -> SampleResult:
     """Sample one token from one row of float32 logits. `allowed` (a structured output's grammar
-    mask, bool per id), the params' allowed_token_ids and `blocked` (eos while min_tokens is unmet)
-    are masked before anything else, so greedy is the argmax over the allowed ids. Logprobs are those of the processed
+    mask, bool per id), the params' allowed_token_ids and bad words, and `blocked` (eos while min_tokens
+    is unmet) are masked before anything else, so greedy is the argmax over the allowed ids. Logprobs are those of the processed
     distribution before the temperature/top-k/top-p/min-p filters (mask, penalties and biases
     included), as vLLM reports them."""
     x = logits.astype(np.float32, copy=True) if allowed is None else np.where(allowed, logits, np.float32(-np.inf))
@@ -145,6 +151,10 @@ def sample_row(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, 
         kept = np.full_like(x, -np.inf)
         kept[p.allowed_token_ids] = x[p.allowed_token_ids]
         x = kept
+    for seq in p.bad_words_ids:   # its last token, where the output ends with the rest of it
+        rest = len(seq) - 1
+        if rest == 0 or (len(output_ids) >= rest and output_ids[len(output_ids) - rest:] == seq[:-1]):
+            x[seq[-1]] = -np.inf
     x = apply_penalties(x, p, prompt_ids, output_ids)
     for tid, bias in p.logit_bias.items():
         x[tid] += bias

@@ -127,6 +127,7 @@ def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> Non
     ("/v1/chat/completions", {**CHAT, "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ("/v1/chat/completions", {**CHAT, "return_tokens_as_token_ids": 1}, "return_tokens_as_token_ids"),
     ("/v1/completions", {**COMPLETION, "return_token_ids": "yes"}, "return_token_ids"),
+    ("/v1/chat/completions", {**CHAT, "bad_words": 5}, "bad_words"),
     ("/v1/completions", {**COMPLETION, "max_tokens": 0, "echo": True}, "max_tokens"),   # 0 only when scoring
     ("/v1/completions", {**COMPLETION, "allowed_token_ids": [-1]}, "allowed_token_ids"),
     ("/v1/chat/completions", {**CHAT, "allowed_token_ids": ["a"]}, "allowed_token_ids"),

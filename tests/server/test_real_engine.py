@@ -206,3 +206,18 @@ def test_echo_scores_the_prompt_alone_at_max_tokens_0(client: openai.OpenAI) -> 
     streamed = [ch.choices[0] for ch in client.completions.create(stream=True, **kw) if ch.choices]
     assert "".join(ch.text for ch in streamed) == c.text
     assert [v for ch in streamed for v in ch.logprobs.token_logprobs] == c.logprobs.token_logprobs
+
+
+def test_bad_words(client: openai.OpenAI, engine: Engine) -> None:
+    from openinfer.server.protocol import bad_words_ids
+    tok = engine.tokenizer
+    assert bad_words_ids(tok, ["hello"]) == [tok.encode("hello", add_special_tokens=False),
+                                             tok.encode(" hello", add_special_tokens=False)]
+    kw = dict(model="demo", prompt="Say it:", max_tokens=6, temperature=0)
+    first = client.completions.create(extra_body={"return_token_ids": True, "ignore_eos": True}, **kw)
+    t0 = first.choices[0].model_extra["token_ids"][0]
+    word = tok.decode([t0])
+    banned = client.completions.create(extra_body={"return_token_ids": True, "ignore_eos": True,
+                                                   "bad_words": [word]}, **kw)
+    ids = banned.choices[0].model_extra["token_ids"]
+    assert t0 in [seq[-1] for seq in bad_words_ids(tok, [word])] and t0 not in ids

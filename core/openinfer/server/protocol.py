@@ -30,7 +30,8 @@ in JSON and makes no tool call. Everything else unknown (e.g. `reasoning_effort`
 `spaces_between_special_tokens`) is a 400 naming it.
 Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids, allowed_token_ids (sampled on the host as structured outputs are, and a 400 together with
-one), include_stop_str_in_output, skip_special_tokens, return_tokens_as_token_ids, return_token_ids (vLLM's
+one), bad_words (the last token of each word's tokens is masked where the output ends with the rest; sampled on
+the host too), include_stop_str_in_output, skip_special_tokens, return_tokens_as_token_ids, return_token_ids (vLLM's
 fields: prompt_token_ids per choice on completions, per response or first chunk on chat; token_ids per choice or
 chunk), truncate_prompt_tokens (the prompt's last N tokens; an echo shows what was kept), add_special_tokens,
 chat_template_kwargs, add_generation_prompt, cache_salt (prefix-cache hits only between requests with the same salt);
@@ -43,6 +44,7 @@ from typing import Any
 
 from openinfer.sampling import ParamError, SamplingParams
 from openinfer.structured import OutputGrammar
+from openinfer.tokenizer import Tokenizer
 
 from .errors import bad_request
 from .fields import IGNORED, Fields, int_list, is_kind, str_list, token_ids
@@ -69,6 +71,7 @@ class Generation:
     prompt_logprobs: int | None = None       # vLLM's prompt_logprobs, reported in vLLM's form; None: not asked
     echo_logprobs: bool = False              # completions' echo with logprobs: the prompt's tokens in `logprobs`
     stop: list[str] = field(default_factory=list)
+    bad_words: list[str] = field(default_factory=list)   # vLLM's: words whose last token the output never completes
     include_stop: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None   # vLLM's: keep the prompt's last N tokens (-1: max_model_len)
@@ -76,10 +79,11 @@ class Generation:
     tokens_as_ids: bool = False              # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     grammar: OutputGrammar | None = None      # response_format / structured_outputs; None: free text
 
-    def params(self, choice: int, max_tokens: int, vocab_size: int) -> SamplingParams:
+    def params(self, choice: int, max_tokens: int, tokenizer: Tokenizer, vocab_size: int) -> SamplingParams:
         seed = None if self.seed is None else self.seed + choice  # n choices must differ, reproducibly
         p = SamplingParams(max_tokens=max_tokens, seed=seed, logprobs=self.logprobs,
-                           prompt_logprobs=self.prompt_top_k(), **self.sampling)
+                           prompt_logprobs=self.prompt_top_k(), bad_words_ids=bad_words_ids(tokenizer, self.bad_words),
+                           **self.sampling)
         try:
             return p.validate(vocab_size)
         except ParamError as e:
@@ -146,6 +150,7 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
         raise bad_request("'cache_salt' must be a non-empty string if given.", "cache_salt")
     g.cache_salt = salt or ""
     g.stop = [x for x in str_list(f, "stop") if x]
+    g.bad_words = [x for x in str_list(f, "bad_words") if x.strip()]
     g.include_stop = f.get("include_stop_str_in_output", "bool", False)
     g.skip_special_tokens = f.get("skip_special_tokens", "bool", True)
     g.tokens_as_ids = f.get("return_tokens_as_token_ids", "bool", False)
@@ -162,6 +167,19 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
                           "'echo' with 'logprobs' streams the prompt's logprobs).", "prompt_logprobs")
     g.grammar = output_grammar(f)
     return g
+
+
+def bad_words_ids(tokenizer: Tokenizer, words: list[str]) -> list[list[int]]:
+    """Each bad word's token ids as it would start the text and after a space (where those differ, have the same
+    length and begin differently), as vLLM tokenizes them."""
+    out: list[list[int]] = []
+    for word in words:
+        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        out.append(bare)
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return out
 
 
 def _logit_bias(f: Fields) -> dict[int, float]:
