@@ -128,6 +128,8 @@ def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> Non
     ("/v1/chat/completions", {**CHAT, "return_tokens_as_token_ids": 1}, "return_tokens_as_token_ids"),
     ("/v1/completions", {**COMPLETION, "return_token_ids": "yes"}, "return_token_ids"),
     ("/v1/chat/completions", {**CHAT, "bad_words": 5}, "bad_words"),
+    ("/v1/chat/completions", {**CHAT, "priority": 1}, "priority"),
+    ("/v1/completions", {**COMPLETION, "length_penalty": 0.5}, "length_penalty"),
     ("/v1/completions", {**COMPLETION, "max_tokens": 0, "echo": True}, "max_tokens"),   # 0 only when scoring
     ("/v1/completions", {**COMPLETION, "allowed_token_ids": [-1]}, "allowed_token_ids"),
     ("/v1/chat/completions", {**CHAT, "allowed_token_ids": ["a"]}, "allowed_token_ids"),
@@ -150,7 +152,8 @@ def test_harmless_metadata_and_noop_values_are_accepted(http: httpx.Client) -> N
             "temperature": 0.0, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
     assert http.post("/v1/completions", json=body).status_code == 200  # what vllm bench serve sends
     chat = {**CHAT, "response_format": {"type": "text"}, "parallel_tool_calls": True, "unknown_but_null": None,
-            "prompt_cache_key": "k", "safety_identifier": "s", "max_completion_tokens": 3}
+            "prompt_cache_key": "k", "safety_identifier": "s", "max_completion_tokens": 3, "priority": 0,
+            "length_penalty": 1.0}
     assert http.post("/v1/chat/completions", json=chat).status_code == 200
 
 

@@ -1,11 +1,13 @@
 """Request parsing and validation for every endpoint: honour each field or reject it by name.
 
 Accepted and ignored: the OpenAI metadata in fields.IGNORED. Accepted only at their no-op
-value (anything else is a 400): `best_of` 1, `suffix`, `use_beam_search` false, `parallel_tool_calls`
-true, `continue_final_message` false, `modalities` ["text"] — we have no beam search or suffix insertion.
+value (anything else is a 400): `best_of` 1, `suffix`, `use_beam_search` false, `length_penalty` 1,
+`priority` 0 (first come, first served), `parallel_tool_calls` true, `continue_final_message` false,
+`modalities` ["text"] — we have no beam search or suffix insertion.
 Prompt logprobs: completions' `echo` puts the prompt before the text, and with `logprobs` its tokens
 before the completion's in `logprobs` (the first prompt token's entries null), as lm-eval's loglikelihood
-tasks read them (`max_tokens` 0 scores the prompt alone, as older lm-eval asks; 0 is a 400 otherwise); vLLM's `prompt_logprobs` (0-20, both endpoints, not streamed) returns vLLM's list
+tasks read them (`max_tokens` 0 scores the prompt alone, as older lm-eval asks; 0 is a 400 otherwise);
+vLLM's `prompt_logprobs` (0-20, both endpoints, not streamed) returns vLLM's list
 (null, then {token id: {logprob, rank, decoded_token}} per prompt token: the token and the top k), per
 choice on completions and once per response on chat. Scored prompts skip the prefix cache: a cached
 token has no logits.
@@ -161,6 +163,8 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
                           "truncate_prompt_tokens")
     f.only("best_of", 1)
     f.only("use_beam_search", False)
+    f.only("length_penalty", 1.0, 1)   # a beam-search knob
+    f.only("priority", 0)              # vLLM's, honoured only under its priority policy: we schedule first come
     g.prompt_logprobs = f.ranged("prompt_logprobs", "int", 0, 20)
     if g.prompt_logprobs is not None and g.stream:
         raise bad_request("'prompt_logprobs' is not available when streaming: send 'stream': false (on completions, "
