@@ -89,8 +89,10 @@ class Engine:
 
     # ---- client side (any thread) ------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               cache_salt: str = "", constraint: Constraint | None = None) -> RequestStream:
-        """`constraint`: a structured output's grammar (structured.compile_grammar), one per request."""
+               cache_salt: str = "", constraint: Constraint | None = None, after: str | None = None) -> RequestStream:
+        """`constraint`: a structured output's grammar (structured.compile_grammar), one per request. `after`: the id
+        of a request submitted before with the same prompt and salt (another choice of it): this one is admitted
+        once that one has computed the prompt, to take it from the prefix cache."""
         rid = request_id or f"req-{next(self._ids)}"
         stream = RequestStream(rid)
         reason = self._never_fits(prompt_ids, params)
@@ -105,6 +107,8 @@ class Engine:
                       plain_greedy=params.is_plain_greedy() and constraint is None,
                       rng=np.random.default_rng(params.seed), sample_stream=next(self._streams), constraint=constraint,
                       prompt_logprobs=None if params.prompt_logprobs is None else [])
+        if self.blocks.enable_prefix_cache and req.reads_prefix_cache and len(prompt_ids) > self.blocks.block_size:
+            req.after = after   # (a prompt within one block leaves nothing to take from the cache)
         self._inbox.put(req)
         self._wake.set()
         return stream
@@ -275,6 +279,8 @@ class Engine:
         while not self._inbox.empty():
             req = self._inbox.get()
             self._requests[req.request_id] = req
+            if req.after is not None:
+                req.leader = self._requests.get(req.after)   # None once it ended: nothing to wait for
             self.scheduler.add(req)
         while not self._aborts.empty():
             req = self._requests.get(self._aborts.get())

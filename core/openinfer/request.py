@@ -224,6 +224,8 @@ class Request:
     prompt_unique: np.ndarray | None = None     # the prompt's distinct ids (repetition penalty), once
     constraint: Constraint | None = None        # structured output: the grammar its tokens must follow
     prompt_logprobs: list[SampleResult] | None = None   # scored prompt tokens so far, when params ask for them
+    after: str | None = None                    # submit's `after`: the id of another choice of the same prompt
+    leader: Request | None = None               # ... that request, found when the engine takes this one in
     first_token_time: float | None = None
     last_token_time: float | None = None
     aborted: bool = False
@@ -247,6 +249,17 @@ class Request:
         sampled on the host, where the mask is."""
         p = self.params
         return self.constraint is not None or p.allowed_token_ids is not None or bool(p.bad_words_ids)
+
+    def waits_for_leader(self) -> bool:
+        """Whether its leader is still computing the prompt they share (so admitting it now would compute the
+        prompt twice); once the leader is done with it, the prefix cache holds it and the link is dropped."""
+        lead = self.leader
+        if lead is None:
+            return False
+        if lead.status == Status.FINISHED or lead.num_computed >= len(lead.prompt_ids) - 1:
+            self.leader = None
+            return False
+        return True
 
     @property
     def reads_prefix_cache(self) -> bool:

@@ -6,6 +6,8 @@ whole KV lifetime (block_manager), so running requests never stall; requests tha
 wait, and those that can never fit were rejected at submit. With a host offload tier, a request
 whose prefix is being restored from host memory waits in `restoring` (holding its blocks) and
 starts in the first step after the copies landed.
+The other choices of one prompt (n > 1) wait until the first has computed it, then hit it in the prefix cache:
+the prompt is computed once, not n times.
 A request scoring its prompt (prompt logprobs) has the logits of every prompt row computed; a step holds at
 most max(max_num_seqs, max_num_batched_tokens // 32) such rows: their logits (256 rows of a 152k vocabulary
 in bf16 on a GPU, 78 MB) stay well below the activations the engine measured for a full step, and they are
@@ -85,8 +87,12 @@ class Scheduler:
             for r in [r for r in self.restoring if tier.landed(r)]:
                 self.restoring.remove(r)
                 budget = self._start(r, plan, budget)
+        later = []   # choices whose leader still computes their prompt: admitted once it is cached
         while self.waiting and budget > 0 and len(self.running) + len(self.restoring) < self.max_seqs:
             r = self.waiting[0]
+            if r.waits_for_leader():
+                later.append(self.waiting.popleft())
+                continue
             if not self.blocks.try_admit(r):
                 break
             self.waiting.popleft()
@@ -95,6 +101,7 @@ class Scheduler:
                 self.restoring.append(r)
                 continue
             budget = self._start(r, plan, budget)
+        self.waiting.extendleft(reversed(later))
         if plan.runs:   # an empty plan is not run, so its copies wait for the next one
             plan.state_copies = self.blocks.take_state_copies()
             plan.block_copies = self.blocks.take_block_copies()

@@ -93,8 +93,9 @@ class FakeEngine:
 
     # ---- the Engine API ----
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               cache_salt: str = "", constraint: object = None) -> RequestStream:
-        """A structured output's `constraint` is not followed: the script is what comes out."""
+               cache_salt: str = "", constraint: object = None, after: str | None = None) -> RequestStream:
+        """A structured output's `constraint` is not followed, nor `after` (each choice runs at once): the script
+        is what comes out."""
         rid = request_id or f"fake-{len(self.submitted)}"
         stream = RequestStream(rid)
         self.submitted.append((rid, list(prompt_ids), params))

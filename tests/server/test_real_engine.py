@@ -221,3 +221,12 @@ def test_bad_words(client: openai.OpenAI, engine: Engine) -> None:
                                                    "bad_words": [word]}, **kw)
     ids = banned.choices[0].model_extra["token_ids"]
     assert t0 in [seq[-1] for seq in bad_words_ids(tok, [word])] and t0 not in ids
+
+
+def test_choices_compute_their_prompt_once(client: openai.OpenAI, engine: Engine) -> None:
+    prompt = "Three greedy choices of one prompt long enough to fill a few KV blocks of sixteen tokens. " * 2
+    before = engine.stats().prefix_hits
+    r = client.completions.create(model="demo", prompt=prompt, n=3, max_tokens=4, temperature=0)
+    full = (r.usage.prompt_tokens - 1) // 16 * 16
+    assert full >= 32 and engine.stats().prefix_hits - before == 2 * full   # the two followers hit the first's blocks
+    assert len({c.text for c in r.choices}) == 1

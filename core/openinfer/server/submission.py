@@ -48,7 +48,9 @@ class Submission:
             cache_salt: str = "", constraint: Constraint | None = None) -> None:
         index = len(self.choices)
         request_id = f"{self.id}-{index}"
-        stream = self.engine.submit(prompt_ids, params, request_id, cache_salt, constraint)
+        # a prompt's other choices wait for its first to compute it, and take it from the prefix cache
+        leader = next((c.request_id for c in self.choices if c.prompt_index == prompt_index), None)
+        stream = self.engine.submit(prompt_ids, params, request_id, cache_salt, constraint, after=leader)
         self.choices.append(Choice(index, prompt_index, request_id, stream, out))
 
     async def started(self) -> None:

@@ -47,6 +47,19 @@ def test_prompt_logprobs_match_transformers(untied):
     assert out == score_prompt(eng, ids, None)[1] and cached == 0
 
 
+def test_choices_of_one_prompt_share_its_state(untied):
+    """n > 1: the followers wait for the first choice's prefill and hit its state checkpoint with the KV."""
+    ckpt, hf = untied
+    eng = engine_for(ckpt)
+    ids = tokens(45, seed=11)
+    streams = [eng.submit(ids, greedy(8), f"c{i}", after="c0" if i else None) for i in range(3)]
+    run_to_completion(eng, streams)
+    got = [collect(s) for s in streams]
+    assert [cached for _, _, cached in got] == [0, 32, 32]
+    want = hf_greedy_stepwise(hf, ids, 8)
+    assert all(out == want for out, _, _ in got)
+
+
 def test_short_prompts_and_single_token_prompt(untied):
     """Prompts shorter than the conv window, and a one-token prompt (its first step is a
     one-token run with no state before it, so it takes the decode ops)."""
