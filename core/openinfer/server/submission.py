@@ -43,14 +43,16 @@ class Submission:
         self.arrival = arrival
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.choices: list[Choice] = []
+        self._first: dict[int, str] = {}   # prompt index -> the request id of its first choice
 
     def add(self, prompt_index: int, prompt_ids: list[int], params: SamplingParams, out: ChoiceOutput,
             cache_salt: str = "", constraint: Constraint | None = None) -> None:
         index = len(self.choices)
         request_id = f"{self.id}-{index}"
         # a prompt's other choices wait for its first to compute it, and take it from the prefix cache
-        leader = next((c.request_id for c in self.choices if c.prompt_index == prompt_index), None)
-        stream = self.engine.submit(prompt_ids, params, request_id, cache_salt, constraint, after=leader)
+        leader = self._first.setdefault(prompt_index, request_id)
+        stream = self.engine.submit(prompt_ids, params, request_id, cache_salt, constraint,
+                                    after=None if leader == request_id else leader)
         self.choices.append(Choice(index, prompt_index, request_id, stream, out))
 
     async def started(self) -> None:
