@@ -8,6 +8,7 @@ the same reason (vLLM does the same). Stop strings count only once min_tokens we
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from openinfer.detokenize import IncrementalDetokenizer, StopStringMatcher
 from openinfer.parsers import OutputParser, ParsedDelta
@@ -22,7 +23,7 @@ def finite(logprob: float) -> float:
     return max(logprob, -9999.0)
 
 
-def token_namer(tokenizer: Tokenizer, gen: Generation):
+def token_namer(tokenizer: Tokenizer, gen: Generation) -> Callable[[int], str]:
     """How logprobs name a token: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids)."""
     return (lambda t: f"token_id:{t}") if gen.tokens_as_ids else tokenizer.token_text
 
