@@ -129,6 +129,8 @@ def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> Non
     ("/v1/completions", {**COMPLETION, "return_token_ids": "yes"}, "return_token_ids"),
     ("/v1/chat/completions", {**CHAT, "bad_words": 5}, "bad_words"),
     ("/v1/chat/completions", {**CHAT, "priority": 1}, "priority"),
+    ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": 1}},
+     "stream_options.continuous_usage_stats"),
     ("/v1/completions", {**COMPLETION, "length_penalty": 0.5}, "length_penalty"),
     ("/v1/completions", {**COMPLETION, "max_tokens": 0, "echo": True}, "max_tokens"),   # 0 only when scoring
     ("/v1/completions", {**COMPLETION, "allowed_token_ids": [-1]}, "allowed_token_ids"),

@@ -230,3 +230,12 @@ def test_choices_compute_their_prompt_once(client: openai.OpenAI, engine: Engine
     full = (r.usage.prompt_tokens - 1) // 16 * 16
     assert full >= 32 and engine.stats().prefix_hits - before == 2 * full   # the two followers hit the first's blocks
     assert len({c.text for c in r.choices}) == 1
+
+
+def test_continuous_usage_stats(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model="demo", prompt="Count the tokens", max_tokens=5, stream=True,
+                                            extra_body={"ignore_eos": True},
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == sorted(counts) and counts[-1] == 5 and chunks[-1].usage.completion_tokens == 5
+    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks)

@@ -103,7 +103,8 @@ async def _events(sub: Submission, gen: Generation, fmt: Format, head: dict[str,
     try:
         async for c, piece in sub.pieces():
             if (choice := fmt.chunk_choice(c, piece)) is not None:
-                yield event({**head, "choices": [choice], "usage": None, **fmt.chunk_fields()})
+                usage = sub.usage(prompt_lens) if gen.continuous_usage else None
+                yield event({**head, "choices": [choice], "usage": usage, **fmt.chunk_fields()})
         if gen.include_usage:
             yield event({**head, "choices": [], "usage": sub.usage(prompt_lens)})
     except APIError as e:  # after the first byte an error can only be an event

@@ -64,6 +64,7 @@ class Generation:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False           # stream_options.continuous_usage_stats: each chunk carries usage so far
     max_tokens: int | None = None            # None: the endpoint's default
     max_tokens_param: str = "max_tokens"     # the name the client used, for error messages
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -131,6 +132,7 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
         if not g.stream:
             raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
         g.include_usage = opts.get("include_usage", "bool", False)
+        g.continuous_usage = opts.get("continuous_usage_stats", "bool", False)   # vLLM's: usage in every chunk
         opts.get("include_obfuscation", "bool")  # padding against side channels; we send none
         opts.finish()
     for key in max_tokens_keys:  # the first one present wins (max_completion_tokens over max_tokens)

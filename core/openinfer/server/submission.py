@@ -142,10 +142,13 @@ class Submission:
                 self.engine.abort(c.request_id)
 
     def usage(self, num_prompt_tokens: list[int]) -> dict:
-        """OpenAI usage: each prompt counted once however many choices it has."""
-        completion = sum(c.completion_tokens for c in self.choices)
-        cached = sum(next(c.cached_tokens for c in self.choices if c.prompt_index == i)
-                     for i in range(len(num_prompt_tokens)))
+        """OpenAI usage: each prompt counted once however many choices it has (its first choice's cached tokens);
+        a running choice counts the tokens it has so far."""
+        completion = sum(c.completion_tokens if c.done else c.out.num_tokens for c in self.choices)
+        first: dict[int, Choice] = {}
+        for c in self.choices:
+            first.setdefault(c.prompt_index, c)
+        cached = sum(c.cached_tokens for c in first.values())
         prompt = sum(num_prompt_tokens)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": cached}}
