@@ -130,6 +130,35 @@ def test_chat_template_matches_transformers(tok, hf, name, add_generation_prompt
     assert ours == ref
 
 
+CONTINUED = {
+    "content": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}],
+    "trailing_space": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is "}],
+    "reasoning": [{"role": "user", "content": "Hi"},
+                  {"role": "assistant", "content": "Sure:", "reasoning_content": "think"}],
+    "json_prefill": [{"role": "user", "content": "Give JSON"}, {"role": "assistant", "content": '{"a":'}],
+    "user_turn": [{"role": "system", "content": "S"}, {"role": "user", "content": "Write a"}],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTINUED))
+@pytest.mark.parametrize("thinking", [True, False])
+def test_continue_final_message_matches_transformers(tok, hf, name, thinking):
+    messages = CONTINUED[name]
+    ours = tok.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True,
+                                   enable_thinking=thinking)
+    ref = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=False, continue_final_message=True,
+                                 enable_thinking=thinking)
+    assert ours == ref and ours.endswith(messages[-1]["content"])
+
+
+def test_continue_final_message_errors(tok):
+    with pytest.raises(ChatTemplateError, match="cannot both"):
+        tok.apply_chat_template(CONTINUED["content"], add_generation_prompt=True, continue_final_message=True)
+    with pytest.raises(ChatTemplateError, match="empty or does not appear"):
+        tok.apply_chat_template([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}],
+                                add_generation_prompt=False, continue_final_message=True)
+
+
 def test_chat_template_facts(tok):
     plain = tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert plain == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

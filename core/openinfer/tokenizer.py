@@ -68,6 +68,19 @@ def _unpacked(gz: Path) -> HFTokenizer:
     return HFTokenizer.from_file(str(path))
 
 
+def _cut_after_final_message(text: str, final: dict) -> str:
+    """The rendered chat up to the end of its final message's content (transformers' continue_final_message:
+    the last occurrence, or of the stripped content where a template trims messages)."""
+    content = final.get("content") or ""
+    if isinstance(content, list):   # content parts: the text of the last one
+        content = content[-1].get("text", "") if content else ""
+    for needle in (content, content.strip()):
+        if needle and (i := text.rfind(needle)) >= 0:
+            return text[: i + len(needle)]
+    raise ChatTemplateError("continue_final_message is set but the final message's content is empty or does not "
+                            "appear in the rendered chat")
+
+
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
@@ -228,8 +241,18 @@ class Tokenizer:
         return template
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
-                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
-        """Render the conversation to prompt text; kwargs (e.g. enable_thinking) reach the template."""
+                            add_generation_prompt: bool = True, continue_final_message: bool = False,
+                            **kwargs: Any) -> str:
+        """Render the conversation to prompt text; kwargs (e.g. enable_thinking) reach the template.
+        continue_final_message: the text ends where the final message's content does (no end-of-turn after it),
+        so the model continues that message, as transformers renders it."""
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be set")
+        text = self._render(messages, tools, add_generation_prompt, kwargs)
+        return _cut_after_final_message(text, messages[-1]) if continue_final_message else text
+
+    def _render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+                kwargs: dict[str, Any]) -> str:
         source = self._template_source(tools)
         if source not in self._templates:
             try:

@@ -239,3 +239,15 @@ def test_continuous_usage_stats(client: openai.OpenAI) -> None:
     counts = [c.usage.completion_tokens for c in chunks if c.choices]
     assert counts == sorted(counts) and counts[-1] == 5 and chunks[-1].usage.completion_tokens == 5
     assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks)
+
+
+def test_continue_final_message(client: openai.OpenAI, url: str) -> None:
+    """The prompt ends inside the assistant's prefill, which the model continues: /tokenize and chat agree on it."""
+    messages = [*USER, {"role": "assistant", "content": "Once upon a"}]
+    flags = {"continue_final_message": True, "add_generation_prompt": False}
+    ids = httpx.post(url + "/tokenize", json={"model": "demo", "messages": messages, **flags}).json()["tokens"]
+    text = httpx.post(url + "/detokenize", json={"model": "demo", "tokens": ids}).json()["prompt"]
+    assert text.endswith("assistant\n<think>\n\n</think>\n\nOnce upon a")
+    r = client.chat.completions.create(model="demo", messages=messages, max_tokens=3, temperature=0,
+                                       extra_body={**flags, "ignore_eos": True})
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 3

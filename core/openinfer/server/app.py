@@ -84,6 +84,7 @@ def create_app(host: ModelHost) -> Starlette:
                     messages = model.engine.chat_format.template_messages(req.messages)
                     text = tokenizer.apply_chat_template(messages, tools=req.tools,
                                                          add_generation_prompt=req.add_generation_prompt,
+                                                         continue_final_message=req.continue_final_message,
                                                          **req.template_kwargs)
                 except (ChatTemplateError, TypeError) as e:
                     raise bad_request(f"The chat template rejected the messages: {e}", "messages") from None

@@ -131,8 +131,8 @@ def _render(model: ServedModel, req: ChatRequest) -> tuple[str, str, list[int]]:
     tokenizer, fmt = model.engine.tokenizer, model.engine.chat_format
     try:
         messages = fmt.template_messages(req.messages)
-        text = tokenizer.apply_chat_template(messages, tools=req.tools,
-                                             add_generation_prompt=req.add_generation_prompt, **req.template_kwargs)
+        text = tokenizer.apply_chat_template(messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
+                                             continue_final_message=req.continue_final_message, **req.template_kwargs)
     except ChatTemplateError as e:
         raise bad_request(f"The chat template rejected the messages: {e}", "messages") from None
     opener = ""

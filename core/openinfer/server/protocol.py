@@ -2,8 +2,9 @@
 
 Accepted and ignored: the OpenAI metadata in fields.IGNORED. Accepted only at their no-op
 value (anything else is a 400): `best_of` 1, `suffix`, `use_beam_search` false, `length_penalty` 1,
-`priority` 0 (first come, first served), `parallel_tool_calls` true, `continue_final_message` false,
-`modalities` ["text"] — we have no beam search or suffix insertion.
+`priority` 0 (first come, first served), `parallel_tool_calls` true, `modalities` ["text"] — we have no beam
+search or suffix insertion. Chat's `continue_final_message` (with `add_generation_prompt` false) ends the prompt
+inside the final message, as transformers renders it, for the model to continue.
 Prompt logprobs: completions' `echo` puts the prompt before the text, and with `logprobs` its tokens
 before the completion's in `logprobs` (the first prompt token's entries null), as lm-eval's loglikelihood
 tasks read them (`max_tokens` 0 scores the prompt alone, as older lm-eval asks; 0 is a 400 otherwise);
@@ -54,7 +55,7 @@ from .grammar_fields import output_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # chat_template_kwargs that would collide with the arguments the server passes itself
-_RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt")
+_RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "continue_final_message")
 
 
 @dataclass
@@ -122,6 +123,7 @@ class ChatRequest:
     add_special_tokens: bool = False
     tool_required: bool = False              # tool_choice "required" or a named function: the output is a call
     tool_name: str | None = None             # ... of this function (a named tool_choice)
+    continue_final_message: bool = False     # the prompt ends inside the final message, which the model continues
 
 
 def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
@@ -246,11 +248,20 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     if req.tool_required and not req.add_generation_prompt:
         raise bad_request("A tool_choice that forces a call needs 'add_generation_prompt' true: the call opens the "
                           "assistant turn.", "tool_choice")
+    req.continue_final_message = _continue_final_message(f, req.add_generation_prompt)
     f.only("parallel_tool_calls", True)
-    f.only("continue_final_message", False)
     f.only("modalities", ["text"])
     f.finish(IGNORED)
     return req
+
+
+def _continue_final_message(f: Fields, add_generation_prompt: bool) -> bool:
+    """vLLM's continue_final_message, which needs add_generation_prompt false (the two end the prompt apart)."""
+    cont = f.get("continue_final_message", "bool", False)
+    if cont and add_generation_prompt:
+        raise bad_request("'continue_final_message' needs 'add_generation_prompt' false: the prompt either ends inside "
+                          "the final message or opens a new one.", "continue_final_message")
+    return cont
 
 
 def parse_messages(f: Fields) -> list[dict[str, Any]]:
@@ -332,6 +343,7 @@ class TokenizeRequest:
     add_generation_prompt: bool
     template_kwargs: dict[str, Any]
     tools: list[dict[str, Any]] | None
+    continue_final_message: bool = False
 
 
 def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
@@ -344,6 +356,8 @@ def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
     req = TokenizeRequest(model, prompt, messages, f.get("add_special_tokens", "bool", messages is None),
                           f.get("add_generation_prompt", "bool", True), f.get("chat_template_kwargs", "object", {}),
                           f.get("tools", "list"))
+    if messages is not None:
+        req.continue_final_message = _continue_final_message(f, req.add_generation_prompt)
     f.finish()
     return req
 
