@@ -334,9 +334,11 @@ class Engine:
                 row += 1
                 self._end(req, _grammar_failed(c))
                 continue
+            if req.prompt_logprobs is not None:   # the prompt is all scored: its logprobs come first
+                req.stream.put(PromptLogprobs(req.prompt_logprobs))
+                req.prompt_logprobs = None
             if p.scores_only:   # max_tokens 0: the prompt's logprobs, and no token
                 row += 1
-                req.stream.put(PromptLogprobs(req.prompt_logprobs))
                 self._end(req, self._finished(req, "length"))
                 continue
             if row in device_samples:
@@ -353,9 +355,6 @@ class Engine:
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
-            if req.prompt_logprobs is not None:   # the prompt is all scored: its logprobs come first
-                req.stream.put(PromptLogprobs(req.prompt_logprobs))
-                req.prompt_logprobs = None
             req.stream.put(Tokens([token], [s]))
             if token in req.stop_ids:
                 self._end(req, self._finished(req, "stop", token))

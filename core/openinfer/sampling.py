@@ -58,7 +58,8 @@ class SamplingParams:
         check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "repetition_penalty must be in (0, 2]")
         check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "logprobs",
               "logprobs must be between 0 and 20")
-        check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20),
+        check(self.prompt_logprobs is None
+              or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20),
               "prompt_logprobs", "prompt_logprobs must be between 0 and 20")
         check(self.seed is None or isinstance(self.seed, int), "seed", "seed must be an integer")
         for tid, bias in self.logit_bias.items():
@@ -103,8 +104,9 @@ class SampleResult:
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
+    """Over the last axis (one row, or each row of a matrix)."""
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
 def score_rows(logits: np.ndarray, targets: np.ndarray, k: int
@@ -113,8 +115,7 @@ def score_rows(logits: np.ndarray, targets: np.ndarray, k: int
     int32 rank [R] (1 + how many logits are larger), top max(k, 1) float32 logprobs [R, k] and their int32
     ids, best first, ties to the lower id)."""
     x = np.asarray(logits, np.float32)
-    m = x.max(axis=1, keepdims=True)
-    logp = x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
+    logp = _log_softmax(x)
     rows = np.arange(len(x))
     chosen = logp[rows, targets]
     rank = 1 + (x > x[rows, targets][:, None]).sum(axis=1)
@@ -143,9 +144,9 @@ def sample_row(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, 
                allowed: np.ndarray | None = None) -> SampleResult:
     """Sample one token from one row of float32 logits. `allowed` (a structured output's grammar
     mask, bool per id), the params' allowed_token_ids and bad words, and `blocked` (eos while min_tokens
-    is unmet) are masked before anything else, so greedy is the argmax over the allowed ids. Logprobs are those of the processed
-    distribution before the temperature/top-k/top-p/min-p filters (mask, penalties and biases
-    included), as vLLM reports them."""
+    is unmet) are masked before anything else, so greedy is the argmax over the allowed ids. Logprobs
+    are those of the processed distribution before the temperature/top-k/top-p/min-p filters (mask,
+    penalties and biases included), as vLLM reports them."""
     x = logits.astype(np.float32, copy=True) if allowed is None else np.where(allowed, logits, np.float32(-np.inf))
     if p.allowed_token_ids is not None:
         kept = np.full_like(x, -np.inf)

@@ -24,21 +24,22 @@ same way, a 400 naming it when malformed or given with response_format; its othe
 are 400s.
 Logprobs are those of the masked distribution.
 `tool_choice` "required" or a named function ends the prompt with the line's tool-call opener (and the
-function's name), so the output is that call. Where the line gives a grammar for its calls (ChatFormat.
-tool_call_grammar; Qwen3's and Qwen3.5's do) decoding holds the arguments to the function's `parameters` schema (and, for
-"required", the names to the tools'), and a schema llguidance cannot enforce is a 400 naming `tools`; elsewhere
-the arguments are the model's, unchecked. A call cut by max_tokens finishes with "length". Such a forced call together with a JSON `response_format` is a 400 naming `response_format`
-(or `structured_outputs`: the output cannot be both); with tool_choice "auto" the constraint holds, so the model answers
-in JSON and makes no tool call. Everything else unknown (e.g. `reasoning_effort`, `functions`,
+function's name), so the output is that call. Where the line gives a grammar for its calls
+(ChatFormat.tool_call_grammar; Qwen3's and Qwen3.5's do) decoding holds the arguments to the function's
+`parameters` schema (and, for "required", the names to the tools'), and a schema llguidance cannot enforce is
+a 400 naming `tools`; elsewhere the arguments are the model's, unchecked. A call cut by max_tokens finishes with
+"length". Such a forced call together with a JSON `response_format` is a 400 naming `response_format` (or
+`structured_outputs`: the output cannot be both); with tool_choice "auto" the constraint holds, so the model
+answers in JSON and makes no tool call. Everything else unknown (e.g. `reasoning_effort`, `functions`,
 `spaces_between_special_tokens`) is a 400 naming it.
 Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids, allowed_token_ids (sampled on the host as structured outputs are, and a 400 together with
-one), bad_words (the last token of each word's tokens is masked where the output ends with the rest; sampled on
-the host too), include_stop_str_in_output, skip_special_tokens, return_tokens_as_token_ids, return_token_ids (vLLM's
-fields: prompt_token_ids per choice on completions, per response or first chunk on chat; token_ids per choice or
-chunk), truncate_prompt_tokens (the prompt's last N tokens; an echo shows what was kept), add_special_tokens,
-chat_template_kwargs, add_generation_prompt, cache_salt (prefix-cache hits only between requests with the same salt);
-`logprobs` works on completion batches too.
+one), bad_words (the last token of each word's tokens is masked where the output ends with the rest; sampled
+on the host too), include_stop_str_in_output, skip_special_tokens, return_tokens_as_token_ids,
+return_token_ids (vLLM's fields: prompt_token_ids per choice on completions, per response or first chunk on
+chat; token_ids per choice or chunk), truncate_prompt_tokens (the prompt's last N tokens; an echo shows what
+was kept), add_special_tokens, chat_template_kwargs, add_generation_prompt, cache_salt (prefix-cache hits only
+between requests with the same salt); `logprobs` works on completion batches too.
 """
 from __future__ import annotations
 
