@@ -121,3 +121,123 @@ extern "C" __global__ void __launch_bounds__(128, 4) gemv_chain(const Op* ops, c
         }
     }
 }
+
+// gemv_stream   every op, persistently, with the weights streamed through shared memory ahead of the math.
+//   The question: does a step that never stops streaming weights (across op boundaries, while the math waits for
+//   the previous op) read them at the rate of one long copy (lm_head's ~4.2 TB/s on the H200) instead of each
+//   GEMV's own ramp and tail (~3.3 TB/s summed)? gemv_chain could not: its look-ahead is what a CTA's registers
+//   hold (~16 KB a SM) or an L2 prefetch that measured slower.
+//   grid   one CTA a SM (all resident: the waits on `done` rely on it); CTA c of G takes rows
+//          [n c / G, n (c + 1) / G) of every op: one contiguous byte range of w, the same share of every op.
+//   warp 4 (lane 0), the producer: copies the CTA's rows of op after op into a ring of `stages` slots
+//          (slot_bytes each, whole rows, at most RMAX) with cp.async.bulk, each completing on its slot's full
+//          mbarrier; it waits only for a slot to be released, never for an op's x, so the copies run ahead
+//          across op boundaries by up to the ring (stages * slot_bytes a SM).
+//   warps 0-3, the consumers: before op i, wait until every CTA has counted op i - 1 (x may be its y), copy x
+//          into shared memory, then per slot: each thread sums its 16-byte chunks of the slot's rows against x,
+//          warps reduce, the four warps' sums meet in shared memory (fixed order) and thread r stores row r's y.
+//          After the op each CTA counts it once in done[i] (`done` zero at launch).
+// dynamic smem: stages * slot_bytes + the largest k * 2 (x). Outputs are not bit-identical to gemv_units (other
+// summation order); the bench checks them against it and numpy with a tolerance.
+namespace {
+
+constexpr int RMAX = 8, CONSUMERS = 128, MAX_STAGES = 16;
+
+__device__ __forceinline__ unsigned int smem_u32(const void* p) {
+    return static_cast<unsigned int>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bar_wait(unsigned long long* bar, unsigned int parity) {
+    asm volatile("{\n .reg .pred p;\n WAIT_%=:\n"
+                 " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 " @!p bra WAIT_%=;\n}" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void consumers_sync() {   // warps 0-3 only: the producer never joins
+    asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
+}
+
+__device__ __forceinline__ int rows_per_slot(int k, int slot_bytes) { return max(1, min(RMAX, slot_bytes / (2 * k))); }
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1) gemv_stream(const Op* ops, int num_ops, int* done,
+                                                                          int stages, int slot_bytes) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ __align__(8) unsigned long long full[MAX_STAGES], empty[MAX_STAGES];
+    __shared__ float red[2][CONSUMERS / 32][RMAX];
+    const int G = gridDim.x, c = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        for (int s = 0; s < stages; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(&full[s])));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(&empty[s])));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    unsigned char* ring = smem;
+    uint4* xs = reinterpret_cast<uint4*>(smem + stages * slot_bytes);
+
+    if (warp == CONSUMERS / 32) {   // the producer
+        if (lane != 0) return;
+        int it = 0;
+        for (int i = 0; i < num_ops; ++i) {
+            const Op op = ops[i];
+            const int r0 = (int)((long long)op.n * c / G), r1 = (int)((long long)op.n * (c + 1) / G);
+            const int rps = rows_per_slot(op.k, slot_bytes);
+            for (int r = r0; r < r1; r += rps, ++it) {
+                const int s = it % stages;
+                if (it >= stages) bar_wait(&empty[s], ((it / stages) - 1) & 1);
+                const unsigned int bytes = (unsigned int)(min(rps, r1 - r) * op.k * 2);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                             :: "r"(smem_u32(&full[s])), "r"(bytes) : "memory");
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                             :: "r"(smem_u32(ring + s * slot_bytes)), "l"(op.w + (long long)r * op.k), "r"(bytes),
+                                "r"(smem_u32(&full[s])) : "memory");
+            }
+        }
+        return;
+    }
+
+    int it = 0, buf = 0;
+    for (int i = 0; i < num_ops; ++i) {
+        const Op op = ops[i];
+        const int r0 = (int)((long long)op.n * c / G), r1 = (int)((long long)op.n * (c + 1) / G);
+        const int rps = rows_per_slot(op.k, slot_bytes), chunks = op.k / 8;
+        if (i > 0 && tid == 0)
+            while (load_acquire(done + i - 1) < G) __nanosleep(32);
+        consumers_sync();   // op i - 1 is complete everywhere, for every consumer thread
+        for (int j = tid; j < chunks; j += CONSUMERS) xs[j] = __ldcg(reinterpret_cast<const uint4*>(op.x) + j);
+        consumers_sync();
+        for (int r = r0; r < r1; r += rps, ++it) {
+            const int s = it % stages, nr = min(rps, r1 - r);
+            bar_wait(&full[s], (it / stages) & 1);
+            const uint4* slot = reinterpret_cast<const uint4*>(ring + s * slot_bytes);
+            float acc[RMAX] = {};
+            for (int j = tid; j < chunks; j += CONSUMERS) {
+                const uint4 xv = xs[j];
+#pragma unroll
+                for (int q = 0; q < RMAX; ++q)
+                    if (q < nr) acc[q] += dot8(slot[q * chunks + j], xv);
+            }
+#pragma unroll
+            for (int q = 0; q < RMAX; ++q) {
+                const float v = warp_sum(acc[q]);
+                if (lane == 0) red[buf][warp][q] = v;
+            }
+            consumers_sync();   // every consumer is done with slot s and has posted its sums
+            if (tid == 0)
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(&empty[s])) : "memory");
+            if (tid < nr) {
+                float v = red[buf][0][tid];
+#pragma unroll
+                for (int w = 1; w < CONSUMERS / 32; ++w) v += red[buf][w][tid];
+                op.y[r + tid] = from_f32<bf16>(v);
+            }
+            buf ^= 1;   // the next slot's sums go to the other half: no second barrier before red is reused
+        }
+        __threadfence();    // this thread's stores of y are visible device-wide ...
+        consumers_sync();   // ... for every consumer, before the CTA counts the op
+        if (tid == 0) atomicAdd(done + i, 1);
+    }
+}

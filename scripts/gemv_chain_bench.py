@@ -5,9 +5,12 @@ The 145 GEMVs of a Qwen3-4B decode step (36 x qkv, o, gate_up, down, then lm_hea
   units        gemv_units, one launch per op (the same unit code as the chain: the baseline)
   chain        gemv_chain, one persistent launch: CTAs flow from one op into the next, waiting on counters
   chain+pf     the same, each CTA prefetching its next unit's weights into L2 before it waits
+  stream S/B   gemv_stream, one persistent launch, a CTA a SM: the weights copied (cp.async.bulk) into a ring of S
+               slots of B KiB by a producer warp that runs ahead across op boundaries, the math by four warps
   engine       openinfer's GEMV (blas.gemv, tensor cores, split-K), one launch per op, for reference
-Checks first: units and both chains give bit-identical outputs on the real chain, and on a chain of square
-GEMVs where op i + 1 reads op i's output (x = the previous y), all three match a numpy reference.
+Checks first: units and both chains give bit-identical outputs on the real chain (stream, which sums in another
+order, within bf16 rounding of units), and on a chain of square GEMVs where op i + 1 reads op i's output (x = the
+previous y), all of them match a numpy reference.
     python scripts/gemv_chain_bench.py [--layers 36] [--repeats 10] [--output-json FILE]
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ from openinfer.testing.cuda import graph_ms  # noqa: E402
 
 SOURCE = Path(__file__).with_name("gemv_chain.cu")
 ROWS = 16                                           # rows of w a unit takes (gemv_chain.cu)
+STREAM_RINGS = ((4, 24), (8, 24), (6, 32), (4, 48))  # gemv_stream's (slots, KiB a slot)
 OP_DTYPE = np.dtype([("w", "<u8"), ("x", "<u8"), ("y", "<u8"), ("n", "<i4"), ("k", "<i4")])   # struct Op
 LAYER = ("qkv", "o", "gate_up", "down")
 HBM_BYTES_PER_S = 4.3e12
@@ -86,6 +90,14 @@ class Chain:
         self.module.launch(SOURCE, "gemv_chain", (self.grid,), 128,
                            (self.ops, self.bases, np.int32(len(self.shapes)), self.done, np.int32(prefetch)))
 
+    def stream(self, stages: int, kib: int) -> None:
+        stream = self.cp.cuda.get_current_stream()
+        self.cp.cuda.runtime.memsetAsync(self.done.data.ptr, 0, self.done.nbytes, stream.ptr)
+        smem = stages * kib * 1024 + 2 * max(k for _, k in self.shapes)
+        self.module.launch(SOURCE, "gemv_stream", (self.module.sm_count(),), 160,
+                           (self.ops, np.int32(len(self.shapes)), self.done, np.int32(stages),
+                            np.int32(kib * 1024)), smem)
+
     def engine(self) -> None:
         from openinfer.kernels.cuda import blas
         for w, x, y in zip(self.ws, self.xs, self.ys):
@@ -94,6 +106,10 @@ class Chain:
     def variants(self) -> list[tuple[str, Callable[[], None]]]:
         """The ways to run the ops that compute the same bits."""
         return [("units", self.units), ("chain", lambda: self.chain(False)), ("chain+pf", lambda: self.chain(True))]
+
+    def streams(self) -> list[tuple[str, Callable[[], None]]]:
+        """gemv_stream at each ring depth: the same sums in another order."""
+        return [(f"stream {s}/{kib}", lambda s=s, kib=kib: self.stream(s, kib)) for s, kib in STREAM_RINGS]
 
     def outputs(self, fn: Callable[[], None]) -> list[np.ndarray]:
         """Every op's y (bf16) after fn() ran on zeroed outputs."""
@@ -121,9 +137,15 @@ def check(layers: int) -> list[str]:
     for name in ("chain", "chain+pf"):
         if any(not np.array_equal(a.view(np.uint16), b.view(np.uint16)) for a, b in zip(runs["units"], runs[name])):
             failures.append(f"{name} differs from units on the real shapes")
+    for name, fn in c.streams():
+        for i, (a, b) in enumerate(zip(runs["units"], c.outputs(fn))):
+            a, b = a.astype(np.float64), b.astype(np.float64)
+            if not np.allclose(b, a, rtol=1e-2, atol=1e-2 * np.abs(a).max()):
+                failures.append(f"{name} op {i}: max |diff| from units {np.abs(b - a).max():.3g}")
+                break
     sq = Chain([(1024, 1024)] * 8, chained=True, seed=1)
     want = reference_chain(sq)
-    for name, fn in sq.variants():
+    for name, fn in sq.variants() + sq.streams():
         got = sq.outputs(fn)[-1].astype(np.float64)
         if not np.allclose(got, want, rtol=3e-2, atol=3e-2 * np.abs(want).max()):
             failures.append(f"{name} on the chained square ops: max |diff| {np.abs(got - want).max():.3g}")
@@ -145,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}: {len(shapes)} GEMVs, {nbytes / 1e9:.2f} GB, "
           f"floor {nbytes / HBM_BYTES_PER_S * 1e3:.2f} ms; persistent grid {c.grid} CTAs")
     rows = {}
-    for name, fn in c.variants() + [("engine", c.engine), ("units again", c.units)]:
+    for name, fn in c.variants() + c.streams() + [("engine", c.engine), ("units again", c.units)]:
         ms = graph_ms(fn, a.repeats)
         rows[name] = ms
         print(f"{name:12s} {ms:8.3f} ms  {nbytes / ms / 1e9:6.2f} TB/s  {nbytes / HBM_BYTES_PER_S * 1e3 / ms:5.1%} of floor")
