@@ -29,7 +29,7 @@ from openinfer.testing.cuda import graph_ms  # noqa: E402
 
 SOURCE = Path(__file__).with_name("gemv_chain.cu")
 ROWS = 16                                           # rows of w a unit takes (gemv_chain.cu)
-STREAM_RINGS = ((4, 24), (8, 24), (6, 32), (4, 48))  # gemv_stream's (slots, KiB a slot)
+X
 OP_DTYPE = np.dtype([("w", "<u8"), ("x", "<u8"), ("y", "<u8"), ("n", "<i4"), ("k", "<i4")])   # struct Op
 LAYER = ("qkv", "o", "gate_up", "down")
 HBM_BYTES_PER_S = 4.3e12
