@@ -29,7 +29,7 @@ from openinfer.testing.cuda import graph_ms  # noqa: E402
 
 SOURCE = Path(__file__).with_name("gemv_chain.cu")
 ROWS = 16                                           # rows of w a unit takes (gemv_chain.cu)
-X
+STREAM_RINGS = ((4, 24), (8, 24), (12, 16), (4, 48))  # gemv_stream's (slots, KiB a slot)
 OP_DTYPE = np.dtype([("w", "<u8"), ("x", "<u8"), ("y", "<u8"), ("n", "<i4"), ("k", "<i4")])   # struct Op
 LAYER = ("qkv", "o", "gate_up", "down")
 HBM_BYTES_PER_S = 4.3e12
