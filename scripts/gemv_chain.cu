@@ -129,13 +129,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) gemv_chain(const Op* ops, c
 //   hold (~16 KB a SM) or an L2 prefetch that measured slower.
 //   grid   one CTA a SM (all resident: the waits on `done` rely on it); CTA c of G takes rows
 //          [n c / G, n (c + 1) / G) of every op: one contiguous byte range of w, the same share of every op.
-//   warp 4 (lane 0), the producer: copies the CTA's rows of op after op into a ring of `stages` slots
+//   warp 8 (lane 0), the producer: copies the CTA's rows of op after op into a ring of `stages` slots
 //          (slot_bytes each, whole rows, at most RMAX) with cp.async.bulk, each completing on its slot's full
 //          mbarrier; it waits only for a slot to be released, never for an op's x, so the copies run ahead
 //          across op boundaries by up to the ring (stages * slot_bytes a SM).
-//   warps 0-3, the consumers: before op i, wait until every CTA has counted op i - 1 (x may be its y), copy x
-//          into shared memory; then warp w takes slots w, w + 4, ... on its own (no block barrier a slot: a first
-//          version with the four warps sharing each slot and meeting at a barrier ran at 1.6 TB/s on an H100):
+//   warps 0-7, the consumers: before op i, wait until every CTA has counted op i - 1 (x may be its y), copy x
+//          into shared memory; then warp w takes slots w, w + 8, ... on its own (no block barrier a slot: a first
+//          version with four warps sharing each slot and meeting at a barrier ran at 1.6 TB/s on an H100, and
+//          four warps each on its own slots at 1.6-1.8, issue-bound: 1.25 warps a scheduler):
 //          each lane sums its 16-byte chunks of the slot's rows against x, the warp reduces, lane 0 releases the
 //          slot and stores the rows' y.
 //          After the op each CTA counts it once in done[i] (`done` zero at launch).
@@ -143,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) gemv_chain(const Op* ops, c
 // summation order); the bench checks them against it and numpy with a tolerance.
 namespace {
 
-constexpr int RMAX = 8, CONSUMERS = 128, MAX_STAGES = 16;
+constexpr int RMAX = 8, MAX_STAGES = 16;
 
 __device__ __forceinline__ unsigned int smem_u32(const void* p) {
     return static_cast<unsigned int>(__cvta_generic_to_shared(p));
@@ -155,16 +156,15 @@ __device__ __forceinline__ void bar_wait(unsigned long long* bar, unsigned int p
                  " @!p bra WAIT_%=;\n}" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
 }
 
-__device__ __forceinline__ void consumers_sync() {   // warps 0-3 only: the producer never joins
+template <int CONSUMERS>
+__device__ __forceinline__ void consumers_sync() {   // the consumer warps only: the producer never joins
     asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
 }
 
 __device__ __forceinline__ int rows_per_slot(int k, int slot_bytes) { return max(1, min(RMAX, slot_bytes / (2 * k))); }
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1) gemv_stream(const Op* ops, int num_ops, int* done,
-                                                                          int stages, int slot_bytes) {
+template <int CONSUMERS, bool UNROLL>
+__device__ __forceinline__ void stream(const Op* ops, int num_ops, int* done, int stages, int slot_bytes) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) unsigned long long full[MAX_STAGES], empty[MAX_STAGES];
     const int G = gridDim.x, c = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -207,20 +207,27 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1) gemv_stream(cons
         const int rps = rows_per_slot(op.k, slot_bytes), chunks = op.k / 8;
         if (i > 0 && tid == 0)
             while (load_acquire(done + i - 1) < G) __nanosleep(32);
-        consumers_sync();   // op i - 1 is complete everywhere, for every consumer thread
+        consumers_sync<CONSUMERS>();   // op i - 1 is complete everywhere, for every consumer thread
         for (int j = tid; j < chunks; j += CONSUMERS) xs[j] = __ldcg(reinterpret_cast<const uint4*>(op.x) + j);
-        consumers_sync();
+        consumers_sync<CONSUMERS>();
         for (int r = r0; r < r1; r += rps, ++it) {
             if (it % (CONSUMERS / 32) != warp) continue;   // slot `it` is this warp's: no block barrier a slot
             const int s = it % stages, nr = min(rps, r1 - r);
             bar_wait(&full[s], (it / stages) & 1);
             const uint4* slot = reinterpret_cast<const uint4*>(ring + s * slot_bytes);
             float acc[RMAX] = {};
-            for (int j = lane; j < chunks; j += 32) {
-                const uint4 xv = xs[j];
+            int j = lane;
+            for (; UNROLL && j + 32 < chunks; j += 64) {   // two chunks a row at once: their shared-memory loads overlap
+                const uint4 x0 = xs[j], x1 = xs[j + 32];
 #pragma unroll
                 for (int q = 0; q < RMAX; ++q)
-                    if (q < nr) acc[q] += dot8(slot[q * chunks + j], xv);
+                    if (q < nr) acc[q] += dot8(slot[q * chunks + j], x0) + dot8(slot[q * chunks + j + 32], x1);
+            }
+            for (; j < chunks; j += 32) {
+                const uint4 x0 = xs[j];
+#pragma unroll
+                for (int q = 0; q < RMAX; ++q)
+                    if (q < nr) acc[q] += dot8(slot[q * chunks + j], x0);
             }
 #pragma unroll
             for (int q = 0; q < RMAX; ++q)
@@ -233,7 +240,20 @@ extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1) gemv_stream(cons
             }
         }
         __threadfence();    // this thread's stores of y are visible device-wide ...
-        consumers_sync();   // ... for every consumer, before the CTA counts the op
+        consumers_sync<CONSUMERS>();   // ... for every consumer, before the CTA counts the op
         if (tid == 0) atomicAdd(done + i, 1);
     }
 }
+
+}  // namespace
+
+// CONSUMERS / 32 consumer warps and the producer's; _r1: a chunk a row at a time
+#define STREAM_KERNEL(NAME, CONSUMERS, UNROLL)                                                                   \
+    extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1) NAME(const Op* ops, int num_ops, int* done, \
+                                                                          int stages, int slot_bytes) {         \
+        stream<CONSUMERS, UNROLL>(ops, num_ops, done, stages, slot_bytes);                                       \
+    }
+STREAM_KERNEL(gemv_stream, 256, true)
+STREAM_KERNEL(gemv_stream_w8_r1, 256, false)
+STREAM_KERNEL(gemv_stream_w4, 128, true)
+STREAM_KERNEL(gemv_stream_w4_r1, 128, false)
