@@ -168,6 +168,9 @@ __device__ __forceinline__ void stream(const Op* ops, int num_ops, int* done, in
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) unsigned long long full[MAX_STAGES], empty[MAX_STAGES];
     const int G = gridDim.x, c = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    // Slot s is always taken by warp s % warps: were it shared, a warp waiting for its second use could find the
+    // parity of the slot's current phase already "complete" and read it early (this faulted on the H100).
+    if (stages % (CONSUMERS / 32) != 0 || stages > MAX_STAGES) __trap();
     if (tid == 0) {
         for (int s = 0; s < stages; ++s) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(&full[s])));
@@ -217,7 +220,7 @@ __device__ __forceinline__ void stream(const Op* ops, int num_ops, int* done, in
             const uint4* slot = reinterpret_cast<const uint4*>(ring + s * slot_bytes);
             float acc[RMAX] = {};
             int j = lane;
-            for (; UNROLL && j + 32 < chunks; j += 64) {   // two chunks a row at once: their shared-memory loads overlap
+            for (; UNROLL && j + 32 < chunks; j += 64) {   // two chunks a row at once: their loads overlap
                 const uint4 x0 = xs[j], x1 = xs[j + 32];
 #pragma unroll
                 for (int q = 0; q < RMAX; ++q)

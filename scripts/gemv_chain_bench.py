@@ -6,7 +6,7 @@ The 145 GEMVs of a Qwen3-4B decode step (36 x qkv, o, gate_up, down, then lm_hea
   chain        gemv_chain, one persistent launch: CTAs flow from one op into the next, waiting on counters
   chain+pf     the same, each CTA prefetching its next unit's weights into L2 before it waits
   stream S/B   gemv_stream, one persistent launch, a CTA a SM: the weights copied (cp.async.bulk) into a ring of S
-               slots of B KiB by a producer warp that runs ahead across op boundaries, the math by eight warps
+               slots of B KiB by a producer warp that runs ahead across op boundaries, the math by 4 or 8 warps
   engine       openinfer's GEMV (blas.gemv, tensor cores, split-K), one launch per op, for reference
 Checks first: units and both chains give bit-identical outputs on the real chain (stream, which sums in another
 order, within bf16 rounding of units), and on a chain of square GEMVs where op i + 1 reads op i's output (x = the
@@ -29,7 +29,10 @@ from openinfer.testing.cuda import graph_ms  # noqa: E402
 
 SOURCE = Path(__file__).with_name("gemv_chain.cu")
 ROWS = 16                                           # rows of w a unit takes (gemv_chain.cu)
-STREAM_RINGS = ((8, 24), (10, 20), (16, 12))  # gemv_stream's (slots, KiB a slot)
+# gemv_stream's builds (4 or 8 consumer warps; _r1: a chunk a row at a time) and rings (slots, KiB a slot); the
+# slots a multiple of the warps
+STREAM_RINGS = (("gemv_stream_w4_r1", 4, 48), ("gemv_stream_w4", 4, 48), ("gemv_stream_w8_r1", 8, 24),
+                ("gemv_stream", 8, 24), ("gemv_stream", 16, 12))
 OP_DTYPE = np.dtype([("w", "<u8"), ("x", "<u8"), ("y", "<u8"), ("n", "<i4"), ("k", "<i4")])   # struct Op
 LAYER = ("qkv", "o", "gate_up", "down")
 HBM_BYTES_PER_S = 4.3e12
@@ -111,8 +114,8 @@ class Chain:
     def streams(self) -> list[tuple[str, Callable[[], None]]]:
         """gemv_stream at each ring depth: the same sums in another order."""
         row = 2 * max(k for _, k in self.shapes)   # a slot holds at least one row
-        return [(f"stream {s}/{kib}", lambda s=s, kib=kib: self.stream(s, kib)) for s, kib in STREAM_RINGS
-                if kib * 1024 >= row]
+        return [(f"{k[5:]} {s}/{kib}", lambda k=k, s=s, kib=kib: self.stream(s, kib, k))
+                for k, s, kib in STREAM_RINGS if kib * 1024 >= row]
 
     def outputs(self, fn: Callable[[], None]) -> list[np.ndarray]:
         """Every op's y (bf16) after fn() ran on zeroed outputs."""
@@ -173,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, fn in c.variants() + c.streams() + [("engine", c.engine), ("units again", c.units)]:
         ms = graph_ms(fn, a.repeats)
         rows[name] = ms
-        print(f"{name:12s} {ms:8.3f} ms  {nbytes / ms / 1e9:6.2f} TB/s  {nbytes / HBM_BYTES_PER_S * 1e3 / ms:5.1%} of floor")
+        floor = nbytes / HBM_BYTES_PER_S * 1e3
+        print(f"{name:20s} {ms:8.3f} ms  {nbytes / ms / 1e9:6.2f} TB/s  {floor / ms:5.1%} of floor")
     if a.output_json:
         Path(a.output_json).write_text(json.dumps({"gemvs": len(shapes), "bytes": nbytes, "grid": c.grid,
                                                    "checks": failures, "ms": rows}, indent=1))
