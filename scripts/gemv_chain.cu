@@ -140,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) gemv_chain(const Op* ops, c
 //          each lane sums its 16-byte chunks of the slot's rows against x, the warp reduces, lane 0 releases the
 //          slot and stores the rows' y.
 //          After the op each CTA counts it once in done[i] (`done` zero at launch).
-// dynamic smem: stages * slot_bytes + the largest k * 2 (x). Outputs are not bit-identical to gemv_units (other
+// dynamic smem: stages * slot_bytes + the largest k * 2 + 64 (x). Outputs are not bit-identical to gemv_units (other
 // summation order); the bench checks them against it and numpy with a tolerance.
 namespace {
 
@@ -161,9 +161,30 @@ __device__ __forceinline__ void consumers_sync() {   // the consumer warps only:
     asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
 }
 
-__device__ __forceinline__ int rows_per_slot(int k, int slot_bytes) { return max(1, min(RMAX, slot_bytes / (2 * k))); }
+// a slot's rows in shared memory: packed, or (MMA) each padded by 64 bytes so that the two rows 8 lanes read at
+// once fall in different bank halves
+template <bool MMA> __device__ __forceinline__ int row_stride(int k) { return 2 * k + (MMA ? 64 : 0); }
+template <bool MMA> __device__ __forceinline__ int rows_per_slot(int k, int slot_bytes) {
+    return max(1, min(RMAX, slot_bytes / row_stride<MMA>(k)));
+}
 
-template <int CONSUMERS, bool UNROLL>
+// MMA: y = w x on the tensor cores (mma.sync m16n8k16), as gemv.cu's GEMV, for a slot of up to 8 rows. Row g is
+// both A row g (its first half of k) and A row g + 8 (its second half); B column 0 is x's first half and column 1
+// its second half, so C[g][0] + C[g + 8][1] is row g's sum. Lane (g, q) loads one 16-byte chunk of each half
+// of row g and the chunk of column g of x; a chunk's 8 values are the k slots {2q, 2q + 1 | 2q + 8, 2q + 9} of
+// two k-steps, the same for A and B. Needs k % 64 == 0 (each half whole rounds of 4 chunks).
+__device__ __forceinline__ void mma2(float* c, const uint4& a, const uint4& b, const uint4& xv) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a.x), "r"(b.x), "r"(a.y), "r"(b.y), "r"(xv.x), "r"(xv.y));
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a.z), "r"(b.z), "r"(a.w), "r"(b.w), "r"(xv.z), "r"(xv.w));
+}
+
+template <int CONSUMERS, bool UNROLL, bool MMA>
 __device__ __forceinline__ void stream(const Op* ops, int num_ops, int* done, int stages, int slot_bytes) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) unsigned long long full[MAX_STAGES], empty[MAX_STAGES];
@@ -188,16 +209,19 @@ __device__ __forceinline__ void stream(const Op* ops, int num_ops, int* done, in
         for (int i = 0; i < num_ops; ++i) {
             const Op op = ops[i];
             const int r0 = (int)((long long)op.n * c / G), r1 = (int)((long long)op.n * (c + 1) / G);
-            const int rps = rows_per_slot(op.k, slot_bytes);
+            const int rps = rows_per_slot<MMA>(op.k, slot_bytes), rs = row_stride<MMA>(op.k);
             for (int r = r0; r < r1; r += rps, ++it) {
-                const int s = it % stages;
+                const int s = it % stages, nr = min(rps, r1 - r);
                 if (it >= stages) bar_wait(&empty[s], ((it / stages) - 1) & 1);
-                const unsigned int bytes = (unsigned int)(min(rps, r1 - r) * op.k * 2);
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                             :: "r"(smem_u32(&full[s])), "r"(bytes) : "memory");
-                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                             :: "r"(smem_u32(ring + s * slot_bytes)), "l"(op.w + (long long)r * op.k), "r"(bytes),
-                                "r"(smem_u32(&full[s])) : "memory");
+                             :: "r"(smem_u32(&full[s])), "r"((unsigned int)(nr * op.k * 2)) : "memory");
+                // packed rows: one copy; padded rows: a copy a row
+                for (int q = 0; q < (MMA ? nr : 1); ++q)
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                                 "[%0], [%1], %2, [%3];"
+                                 :: "r"(smem_u32(ring + s * slot_bytes + q * rs)),
+                                    "l"(op.w + (long long)(r + q) * op.k),
+                                    "r"((unsigned int)((MMA ? 1 : nr) * op.k * 2)), "r"(smem_u32(&full[s])) : "memory");
             }
         }
         return;
@@ -207,17 +231,33 @@ __device__ __forceinline__ void stream(const Op* ops, int num_ops, int* done, in
     for (int i = 0; i < num_ops; ++i) {
         const Op op = ops[i];
         const int r0 = (int)((long long)op.n * c / G), r1 = (int)((long long)op.n * (c + 1) / G);
-        const int rps = rows_per_slot(op.k, slot_bytes), chunks = op.k / 8;
+        const int rps = rows_per_slot<MMA>(op.k, slot_bytes), chunks = op.k / 8, half = chunks / 2;
+        if (MMA && op.k % 64 != 0) __trap();
         if (i > 0 && tid == 0)
             while (load_acquire(done + i - 1) < G) __nanosleep(32);
         consumers_sync<CONSUMERS>();   // op i - 1 is complete everywhere, for every consumer thread
-        for (int j = tid; j < chunks; j += CONSUMERS) xs[j] = __ldcg(reinterpret_cast<const uint4*>(op.x) + j);
+        // MMA: x's second half 64 bytes further on, off the banks of the first
+        for (int j = tid; j < chunks; j += CONSUMERS)
+            xs[j + (MMA && j >= half ? 4 : 0)] = __ldcg(reinterpret_cast<const uint4*>(op.x) + j);
         consumers_sync<CONSUMERS>();
         for (int r = r0; r < r1; r += rps, ++it) {
             if (it % (CONSUMERS / 32) != warp) continue;   // slot `it` is this warp's: no block barrier a slot
             const int s = it % stages, nr = min(rps, r1 - r);
             bar_wait(&full[s], (it / stages) & 1);
             const uint4* slot = reinterpret_cast<const uint4*>(ring + s * slot_bytes);
+            if constexpr (MMA) {
+                const int g = lane >> 2, q = lane & 3;
+                const uint4* row = slot + min(g, nr - 1) * (row_stride<MMA>(op.k) / 16);   // rows past nr: unused
+                const uint4* xcol = xs + (g == 1 ? half + 4 : 0);
+                float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+                for (int cc = q; cc < half; cc += 4) mma2(acc, row[cc], row[half + cc], xcol[cc]);
+                __syncwarp();   // every lane's reads of the slot are done
+                if (lane == 0)
+                    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(&empty[s])) : "memory");
+                if (q == 0 && g < nr) op.y[r + g] = from_f32<bf16>(acc[0] + acc[3]);
+                continue;
+            }
             float acc[RMAX] = {};
             int j = lane;
             for (; UNROLL && j + 32 < chunks; j += 64) {   // two chunks a row at once: their loads overlap
@@ -250,13 +290,14 @@ __device__ __forceinline__ void stream(const Op* ops, int num_ops, int* done, in
 
 }  // namespace
 
-// CONSUMERS / 32 consumer warps and the producer's; _r1: a chunk a row at a time
-#define STREAM_KERNEL(NAME, CONSUMERS, UNROLL)                                                                   \
+// CONSUMERS / 32 consumer warps and the producer's; _r1: a chunk a row at a time; _mma: the tensor cores
+#define STREAM_KERNEL(NAME, CONSUMERS, UNROLL, MMA)                                                              \
     extern "C" __global__ void __launch_bounds__(CONSUMERS + 32, 1) NAME(const Op* ops, int num_ops, int* done, \
                                                                           int stages, int slot_bytes) {         \
-        stream<CONSUMERS, UNROLL>(ops, num_ops, done, stages, slot_bytes);                                       \
+        stream<CONSUMERS, UNROLL, MMA>(ops, num_ops, done, stages, slot_bytes);                                  \
     }
-STREAM_KERNEL(gemv_stream, 256, true)
-STREAM_KERNEL(gemv_stream_w8_r1, 256, false)
-STREAM_KERNEL(gemv_stream_w4, 128, true)
-STREAM_KERNEL(gemv_stream_w4_r1, 128, false)
+STREAM_KERNEL(gemv_stream, 256, true, false)
+STREAM_KERNEL(gemv_stream_w8_r1, 256, false, false)
+STREAM_KERNEL(gemv_stream_w4, 128, true, false)
+STREAM_KERNEL(gemv_stream_w4_r1, 128, false, false)
+STREAM_KERNEL(gemv_stream_mma, 256, true, true)

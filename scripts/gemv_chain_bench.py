@@ -7,6 +7,7 @@ The 145 GEMVs of a Qwen3-4B decode step (36 x qkv, o, gate_up, down, then lm_hea
   chain+pf     the same, each CTA prefetching its next unit's weights into L2 before it waits
   stream S/B   gemv_stream, one persistent launch, a CTA a SM: the weights copied (cp.async.bulk) into a ring of S
                slots of B KiB by a producer warp that runs ahead across op boundaries, the math by 4 or 8 warps
+               (stream_mma: on the tensor cores, as the engine's GEMV)
   engine       openinfer's GEMV (blas.gemv, tensor cores, split-K), one launch per op, for reference
 Checks first: units and both chains give bit-identical outputs on the real chain (stream, which sums in another
 order, within bf16 rounding of units), and on a chain of square GEMVs where op i + 1 reads op i's output (x = the
@@ -32,7 +33,7 @@ ROWS = 16                                           # rows of w a unit takes (ge
 # gemv_stream's builds (4 or 8 consumer warps; _r1: a chunk a row at a time) and rings (slots, KiB a slot); the
 # slots a multiple of the warps
 STREAM_RINGS = (("gemv_stream_w4_r1", 4, 48), ("gemv_stream_w4", 4, 48), ("gemv_stream_w8_r1", 8, 24),
-                ("gemv_stream", 8, 24), ("gemv_stream", 16, 12))
+                ("gemv_stream", 8, 24), ("gemv_stream_mma", 8, 24), ("gemv_stream_mma", 16, 12))
 OP_DTYPE = np.dtype([("w", "<u8"), ("x", "<u8"), ("y", "<u8"), ("n", "<i4"), ("k", "<i4")])   # struct Op
 LAYER = ("qkv", "o", "gate_up", "down")
 HBM_BYTES_PER_S = 4.3e12
@@ -96,7 +97,7 @@ class Chain:
     def stream(self, stages: int, kib: int, kernel: str = "gemv_stream") -> None:
         stream = self.cp.cuda.get_current_stream()
         self.cp.cuda.runtime.memsetAsync(self.done.data.ptr, 0, self.done.nbytes, stream.ptr)
-        smem = stages * kib * 1024 + 2 * max(k for _, k in self.shapes)
+        smem = stages * kib * 1024 + 2 * max(k for _, k in self.shapes) + 64
         block = 160 if "_w4" in kernel else 288   # the consumer warps and the producer's
         self.module.launch(SOURCE, kernel, (self.module.sm_count(),), block,
                            (self.ops, np.int32(len(self.shapes)), self.done, np.int32(stages),
@@ -113,9 +114,9 @@ class Chain:
 
     def streams(self) -> list[tuple[str, Callable[[], None]]]:
         """gemv_stream at each ring depth: the same sums in another order."""
-        row = 2 * max(k for _, k in self.shapes)   # a slot holds at least one row
+        row = 2 * max(k for _, k in self.shapes)   # a slot holds at least one row (the mma build's padded by 64 bytes)
         return [(f"{k[5:]} {s}/{kib}", lambda k=k, s=s, kib=kib: self.stream(s, kib, k))
-                for k, s, kib in STREAM_RINGS if kib * 1024 >= row]
+                for k, s, kib in STREAM_RINGS if kib * 1024 >= row + (64 if k.endswith("_mma") else 0)]
 
     def outputs(self, fn: Callable[[], None]) -> list[np.ndarray]:
         """Every op's y (bf16) after fn() ran on zeroed outputs."""
