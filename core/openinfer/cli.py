@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -60,9 +61,14 @@ def cmd_serve(a: argparse.Namespace) -> int:
     create_context_early(a.device)   # on a thread, while the imports below and the tokenizer run
     from .engine import build_engine
     from .server import ModelHost, serve
+    keys = a.api_key + ([k] if (k := os.environ.get("OPENINFER_API_KEY")) else [])
+    if "" in keys:
+        raise ValueError("--api-key needs a non-empty key")
+    host = ModelHost(max_waiting_requests=a.max_waiting_requests)   # checks the limit before any model loads
     specs = [_parse_model(m) for m in a.model] or [(None, None)]
-    engines = [build_engine(path, _engine_args(a, name)) for name, path in specs]
-    serve(ModelHost(engines), a.host, a.port, a.log_level)
+    for name, path in specs:
+        host.add(build_engine(path, _engine_args(a, name)))
+    serve(host, a.host, a.port, a.log_level, api_keys=keys, shutdown_timeout=a.shutdown_timeout)
     return 0
 
 
@@ -146,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="info")
+    s.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every route but /health, /live, /ping, /version and "
+                        "/metrics; repeat for several keys (also read from OPENINFER_API_KEY)")
+    s.add_argument("--max-waiting-requests", type=int, default=None, metavar="N",
+                   help="answer 503 with Retry-After to a generation request while N requests wait in its "
+                        "model's queue (default: no limit)")
+    s.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="S",
+                   help="on SIGTERM / SIGINT, seconds that in-flight requests get to finish before they are aborted")
     _engine_flags(s)
     s.set_defaults(func=cmd_serve)
     g = sub.add_parser("generate", help="one prompt in, text out (streamed to the terminal)")

@@ -3,12 +3,15 @@
 Every route answers errors with the OpenAI envelope (errors.py), including unknown paths and
 unexpected exceptions (a 500 that names no internals beyond the exception's message). The
 generation routes run raced against the client's disconnect (submission.until_disconnect).
+Probes: /health (readiness: 503 once an engine died), /live (liveness: the process answers),
+/ping (SageMaker's name for /health), /version. With API keys the app is wrapped in auth.APIKeyAuth.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Awaitable, Callable, Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -19,6 +22,7 @@ from starlette.routing import Route
 from openinfer.tokenizer import ChatTemplateError
 
 from . import metrics
+from .auth import APIKeyAuth, ASGIApp
 from .chat import create_chat_completion
 from .completions import create_completion
 from .errors import APIError, bad_request, model_not_found
@@ -51,7 +55,15 @@ async def read_json(request: Request) -> dict[str, Any]:
     return parse_json_object(await request.body())
 
 
-def create_app(host: ModelHost) -> Starlette:
+def package_version() -> str:
+    try:
+        return version("openinfer")
+    except PackageNotFoundError:   # run from a source tree that was never installed
+        return "unknown"
+
+
+def create_app(host: ModelHost, api_keys: Sequence[str] = ()) -> ASGIApp:
+    """The server's ASGI app over `host`; with api_keys, every route but the probes wants one of them."""
     def generation(handler: Callable[[ModelHost, dict[str, Any]], Awaitable[Response]]) -> Handler:
         @endpoint
         async def route(request: Request) -> Response:
@@ -109,6 +121,12 @@ def create_app(host: ModelHost) -> Starlette:
             return APIError(503, "Engine dead: " + "; ".join(dead), code="engine_dead").response()
         return Response(status_code=200)
 
+    async def live(_: Request) -> Response:
+        return Response(status_code=200)
+
+    async def version_info(_: Request) -> Response:
+        return JSONResponse({"version": package_version()})
+
     @endpoint
     async def metrics_text(_: Request) -> Response:
         text = metrics.render([(m.name, m.metrics, m.engine.stats()) for m in host])
@@ -126,8 +144,11 @@ def create_app(host: ModelHost) -> Starlette:
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/health", health),
+        Route("/ping", health, methods=["GET", "POST"]),
+        Route("/live", live),
+        Route("/version", version_info),
         Route("/metrics", metrics_text),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.host = host
-    return app
+    return APIKeyAuth(app, api_keys) if api_keys else app

@@ -44,7 +44,9 @@ class CompletionFormat:
     def _echo_text(self, c: Choice) -> str:
         """The prompt as echoed: the client's string, or the token ids it ran on decoded (given or truncated)."""
         prompt, ids = self.req.prompts[c.prompt_index], self.prompts[c.prompt_index]
-        return prompt if isinstance(prompt, str) and c.prompt_index not in self.truncated else self.tokenizer.decode(ids)
+        if isinstance(prompt, str) and c.prompt_index not in self.truncated:
+            return prompt
+        return self.tokenizer.decode(ids)
 
     def _prompt_entries(self, c: Choice) -> list[tuple[int, SampleResult | None, int]]:
         """(token, its logprobs, text offset) of each prompt token: the first has none; offsets add up the
@@ -135,4 +137,5 @@ async def create_completion(host: ModelHost, body: dict[str, Any]) -> Response:
         max_tokens = max_tokens_for(model, len(ids), req.gen, DEFAULT_MAX_TOKENS, "prompt")
         plan += [(i, ids, req.gen.params(j, max_tokens, model.engine.tokenizer, model.engine.vocab_size))
                  for j in range(req.gen.n)]
-    return await respond(model, req.gen, CompletionFormat(model, req, prompts, cut), arrival, plan, [len(p) for p in prompts])
+    return await respond(model, req.gen, CompletionFormat(model, req, prompts, cut), arrival, plan,
+                         [len(p) for p in prompts])

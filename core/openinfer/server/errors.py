@@ -10,15 +10,17 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error", 500: "server_error", 503: "service_unavailable"}
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
+          405: "invalid_request_error", 500: "server_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
     """An error that becomes one HTTP response (or one mid-stream error event)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None) -> None:
+                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.param = param
@@ -29,7 +31,7 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -78,6 +78,7 @@ async def constraints(model: ServedModel, gen: Generation, count: int,
 async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: float,
                   plan: list[tuple[int, list[int], SamplingParams]], prompt_lens: list[int]) -> Response:
     """plan: (prompt index, prompt ids, params) per choice, all validated before anything runs."""
+    model.admit()
     grammars = await constraints(model, gen, len(plan), fmt.reasoning_gate)
     sub = Submission(model.engine, model.metrics, arrival, fmt.prefix)
     head = {"id": sub.id, "object": fmt.chunk_object, "created": int(time.time()), "model": model.name}

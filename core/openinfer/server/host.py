@@ -1,7 +1,9 @@
 """ModelHost: the engines one server process serves, by model name.
 
 The request's `model` selects an engine; `/v1/models` lists the names. One engine may be served
-under several names (aliases); start() and shutdown() reach each engine once.
+under several names (aliases); start() and shutdown() reach each engine once. With a waiting limit
+(`--max-waiting-requests`) a generation request that finds its engine's queue full is a 503 with
+Retry-After, which OpenAI clients retry, instead of a wait with no bound.
 """
 from __future__ import annotations
 
@@ -41,8 +43,18 @@ class Engine(Protocol):
 class ServedModel:
     name: str
     engine: Engine
+    max_waiting: int | None = None   # requests queued in the engine beyond which new ones are refused
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: ModelMetrics = field(default_factory=ModelMetrics)
+
+    def admit(self) -> None:
+        """Raise a 503 (Retry-After: 1) when the engine already has max_waiting requests queued."""
+        if self.max_waiting is None:
+            return
+        waiting = self.engine.stats().num_waiting
+        if waiting >= self.max_waiting:
+            raise APIError(503, f"The server is busy: {waiting} requests are already waiting for '{self.name}'. "
+                                "Retry later.", code="server_overloaded", headers={"Retry-After": "1"})
 
     def card(self) -> dict[str, Any]:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "openinfer",
@@ -50,7 +62,11 @@ class ServedModel:
 
 
 class ModelHost:
-    def __init__(self, engines: Iterable[Engine] | Mapping[str, Engine] = ()) -> None:
+    def __init__(self, engines: Iterable[Engine] | Mapping[str, Engine] = (),
+                 max_waiting_requests: int | None = None) -> None:
+        if max_waiting_requests is not None and max_waiting_requests < 1:
+            raise ValueError(f"max_waiting_requests must be at least 1, not {max_waiting_requests}")
+        self.max_waiting_requests = max_waiting_requests
         self._models: dict[str, ServedModel] = {}
         items = engines.items() if isinstance(engines, Mapping) else ((e.name, e) for e in engines)
         for name, engine in items:
@@ -61,7 +77,7 @@ class ModelHost:
         name = name or engine.name
         if name in self._models:
             raise ValueError(f"model name {name!r} is already served")
-        self._models[name] = ServedModel(name, engine)
+        self._models[name] = ServedModel(name, engine, self.max_waiting_requests)
 
     def get(self, name: str) -> ServedModel:
         """The model a request names: 404 if unknown, 500 if its engine died."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+from typing import Sequence
 
 import uvicorn
 
@@ -9,9 +10,11 @@ from .app import create_app
 from .host import ModelHost
 
 
-def serve(host: ModelHost, address: str, port: int, log_level: str = "info") -> None:
+def serve(host: ModelHost, address: str, port: int, log_level: str = "info", api_keys: Sequence[str] = (),
+          shutdown_timeout: float = 5.0) -> None:
     """Start the host's engines, serve HTTP on address:port until SIGINT/SIGTERM, then shut the
-    engines down. In-flight requests get 5 s to finish; the rest are aborted with their engine."""
+    engines down. On the signal the server stops accepting connections and in-flight requests get
+    shutdown_timeout seconds to finish; the rest are aborted with their engine."""
     # What loading built (weights' wrappers, tokenizer, kernels, graphs) lives as long as the
     # process; a full collection walking it took ~20 ms on the H200 host (12 ms for the demo
     # model here), landing on some request's time to first token. Frozen objects are left out
@@ -20,8 +23,8 @@ def serve(host: ModelHost, address: str, port: int, log_level: str = "info") -> 
     gc.freeze()
     host.start()
     try:
-        config = uvicorn.Config(create_app(host), host=address, port=port, log_level=log_level,
-                                lifespan="off", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(create_app(host, api_keys), host=address, port=port, log_level=log_level,
+                                lifespan="off", timeout_graceful_shutdown=shutdown_timeout)
         uvicorn.Server(config).run()
     finally:
         host.shutdown()

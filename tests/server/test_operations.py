@@ -1,0 +1,130 @@
+"""What an operator of the server relies on: API keys, a bound on the waiting queue (503 + Retry-After), the
+probes (/health, /live, /ping, /version) and the shutdown grace period reaching uvicorn."""
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from fake_engine import FakeEngine
+from openinfer import cli
+from openinfer.server import ModelHost
+from openinfer.server import run as server_run
+from server_harness import LiveServer, wait_until
+
+KEYS = ("sk-first", "sk-second")
+
+
+@pytest.fixture(scope="module")
+def quiet() -> Iterator[FakeEngine]:
+    e = FakeEngine("quiet")
+    e.start()
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture(scope="module")
+def keyed(quiet: FakeEngine) -> Iterator[str]:
+    with LiveServer(ModelHost({"quiet": quiet}), api_keys=KEYS) as url:
+        yield url
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "sk-first"},
+                                     {"Authorization": "Basic sk-first"}, {"Authorization": "Bearer sk-first2"}])
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/completions", "/tokenize", "/no/such/path"])
+def test_a_request_without_a_valid_key_is_a_401(keyed: str, quiet: FakeEngine, headers: dict, path: str) -> None:
+    quiet.reset()
+    r = httpx.post(keyed + path, json={"model": "quiet", "prompt": "hi"}, headers=headers) if path != "/v1/models" \
+        else httpx.get(keyed + path, headers=headers)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert r.json() == {"error": {"message": r.json()["error"]["message"], "type": "invalid_request_error",
+                                  "param": None, "code": "invalid_api_key"}}
+    assert "Authorization: Bearer" in r.json()["error"]["message"]
+    assert quiet.submitted == []   # nothing reached the engine
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_each_key_serves_every_route_streams_included(keyed: str, quiet: FakeEngine, key: str) -> None:
+    quiet.reset()
+    quiet.say("Hello there.")
+    with openai.OpenAI(base_url=keyed + "/v1", api_key=key, max_retries=0) as client:
+        assert [m.id for m in client.models.list()] == ["quiet"]
+        assert client.completions.create(model="quiet", prompt="hi", max_tokens=8).choices[0].text == "Hello there."
+        quiet.say("Streamed.")
+        chunks = client.chat.completions.create(model="quiet", messages=[{"role": "user", "content": "hi"}],
+                                                stream=True, max_tokens=8)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Streamed."
+    r = httpx.post(keyed + "/tokenize", json={"model": "quiet", "prompt": "hi"},
+                   headers={"authorization": f"bearer {key}"})
+    assert r.status_code == 200 and r.json()["count"] > 0
+
+
+@pytest.mark.parametrize("path", ["/health", "/live", "/ping", "/version", "/metrics"])
+def test_the_probes_need_no_key(keyed: str, path: str) -> None:
+    assert httpx.get(keyed + path).status_code == 200
+
+
+def test_probes_and_version(http: httpx.Client, fake: FakeEngine) -> None:
+    version = http.get("/version").json()["version"]
+    assert version and version[0].isdigit()
+    assert http.post("/ping").status_code == 200
+    fake.kill("simulated crash")
+    try:
+        # readiness fails once the engine died; liveness (the process answers) does not
+        assert http.get("/health").status_code == 503 and http.get("/ping").status_code == 503
+        assert http.get("/live").status_code == 200
+    finally:
+        fake.dead_reason = None
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_recovers(quiet: FakeEngine) -> None:
+    quiet.reset()
+    quiet.paused = True   # requests wait unscheduled
+    with LiveServer(ModelHost({"quiet": quiet}, max_waiting_requests=2)) as url:
+        results: list[int] = []
+        threads = [threading.Thread(target=lambda: results.append(httpx.post(
+            url + "/v1/completions", json={"model": "quiet", "prompt": "hi", "max_tokens": 4}, timeout=30).status_code))
+            for _ in range(2)]
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: quiet.stats().num_waiting == 2)
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "quiet", "max_tokens": 4,
+                                                             "messages": [{"role": "user", "content": "hi"}]},
+                       timeout=10)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        err = r.json()["error"]
+        assert err["code"] == "server_overloaded" and err["type"] == "service_unavailable"
+        assert "2 requests are already waiting for 'quiet'" in err["message"]
+        assert len(quiet.submitted) == 2   # the refused request never reached the engine
+        quiet.paused = False
+        for t in threads:
+            t.join(timeout=30)
+        assert results == [200, 200]
+        ok = httpx.post(url + "/v1/completions", json={"model": "quiet", "prompt": "hi", "max_tokens": 4})
+        assert ok.status_code == 200
+
+
+def test_a_waiting_limit_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_waiting_requests must be at least 1"):
+        ModelHost(max_waiting_requests=0)
+
+
+def test_serve_passes_the_keys_and_the_grace_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+    monkeypatch.setattr(server_run.uvicorn.Server, "run", lambda self: seen.update(config=self.config))
+    monkeypatch.setattr(server_run, "create_app", lambda host, keys: seen.update(keys=keys) or object())
+    monkeypatch.setenv("OPENINFER_API_KEY", "sk-env")
+    built = []
+    monkeypatch.setattr("openinfer.engine.build_engine", lambda path, args: built.append(args) or FakeEngine("demo"))
+    assert cli.main(["serve", "--api-key", "sk-a", "--shutdown-timeout", "12.5", "--max-waiting-requests", "7"]) == 0
+    assert seen["keys"] == ["sk-a", "sk-env"] and seen["config"].timeout_graceful_shutdown == 12.5
+    assert len(built) == 1
+
+
+def test_an_empty_api_key_is_an_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.delenv("OPENINFER_API_KEY", raising=False)
+    assert cli.main(["serve", "--api-key", ""]) == 1
+    assert "--api-key needs a non-empty key" in capsys.readouterr().err
