@@ -7,6 +7,9 @@
 #   and the engine's GEMV; then the engine's batch 1 for this machine's baseline.
 # call2 (~2 min): Nsight Compute on gemv_stream (ring 8 x 24 KB) and the first GEMV kernels of a 8-layer chain:
 #   speed of light, warp stall reasons, occupancy. Call 1 had gemv_stream at 1.6-1.8 TB/s against 2.6 for the units.
+# call3 (~4 min): where Qwen3.5's 1k prefill spends its GDN time: Nsight Compute (full set) on the first layer's
+#   gdn_chunk_prep and gdn_chunk_state (stop 17: 3.87 and 5.52 ms of a 23.4 ms prefill over 24 layers, 2-5x their
+#   estimates in delta_rule.cu), and every kernel's time of one 1k prefill.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -28,5 +31,13 @@ PY
            --section SourceCounters python3 /tmp/drv.py > $L/ncu_stream.txt 2>&1
        grep -E "gemv_|Duration|DRAM Throughput|Achieved Occupancy|Stall|Warp Cycles Per Issued|Registers Per" \
            $L/ncu_stream.txt | head -60 | tee -a $S ;;
-*) echo "usage: $0 call1|call2"; exit 2 ;;
+call3) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+       precompile
+       timeout 200 $NCU --clock-control none -k regex:"gdn_chunk" --launch-count 2 --set full \
+           python3 scripts/gpu_kernel_times.py qwen3.5-4b prefill 1024 > $L/ncu_gdn.txt 2>&1
+       grep -E "gdn_chunk|Duration|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Registers Per|Local Memory Spill|Achieved Occupancy|Warp Cycles Per Issued|Dynamic Shared" \
+           $L/ncu_gdn.txt | head -40 | tee -a $S
+       OUT=$L NCU_S=120 TOP=16 timeout 130 bash scripts/gpu_ncu.sh "qwen3.5-4b prefill 1024" > /dev/null 2>&1
+       cat $L/ncu_qwen3.5-4b_prefill_1024.txt | tee -a $S ;;
+*) echo "usage: $0 call1|call2|call3"; exit 2 ;;
 esac
