@@ -10,6 +10,9 @@
 # call3 (~4 min): where Qwen3.5's 1k prefill spends its GDN time: Nsight Compute (full set) on the first layer's
 #   gdn_chunk_prep and gdn_chunk_state (stop 17: 3.87 and 5.52 ms of a 23.4 ms prefill over 24 layers, 2-5x their
 #   estimates in delta_rule.cu), and every kernel's time of one 1k prefill.
+# call4 (~8 min): gdn_chunk_state with 16 warps a block (the new default) against 8: Qwen3.5's GPU kernel tests (the
+#   two builds bit for bit among them) and engine tests, each prefill kernel's time under Nsight Compute for both,
+#   and Qwen3.5-4B's 1k prefill in the engine, alternating, two rounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -39,5 +42,17 @@ call3) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null |
            $L/ncu_gdn.txt | head -40 | tee -a $S
        OUT=$L NCU_S=120 TOP=16 timeout 130 bash scripts/gpu_ncu.sh "qwen3.5-4b prefill 1024" > /dev/null 2>&1
        cat $L/ncu_qwen3.5-4b_prefill_1024.txt | tee -a $S ;;
-*) echo "usage: $0 call1|call2|call3"; exit 2 ;;
+call4) precompile
+       timeout 230 $T plugins/qwen35/tests/test_qwen35_cuda_ops.py plugins/qwen35/tests/test_qwen35_cuda_engine.py \
+           > $L/t_q35.log 2>&1
+       say "tests q35: $(tail -1 $L/t_q35.log)"; grep -h "^FAILED\|^ERROR" $L/t_q35.log | cut -c1-220 | head -8 | tee -a $S
+       for w in 8 16; do
+           OPENINFER_GDN_STATE_WARPS=$w OUT=$L NCU_S=100 TOP=6 timeout 110 bash scripts/gpu_ncu.sh \
+               "qwen3.5-4b prefill 1024" > /dev/null 2>&1
+           say "kernels, state w$w:"; cat $L/ncu_qwen3.5-4b_prefill_1024.txt | tee -a $S
+           mv $L/ncu_qwen3.5-4b_prefill_1024.txt $L/ncu_q35_prefill_w$w.txt; rm -f $L/ncu_*.csv
+       done
+       P35="--model qwen3.5-4b --batch-sizes 1 --input-lens 1024 --output-lens 8 --num-iters 5"
+       for r in 1 2; do for w in 8 16; do OPENINFER_GDN_STATE_WARPS=$w lat q35_w${w}_$r 45 $P35; done; done ;;
+*) echo "usage: $0 call1|call2|call3|call4"; exit 2 ;;
 esac

@@ -312,8 +312,11 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
     store("U", rows * dv + cols[~isw] - DK_MAX, X[:, ~isw])
 
 
-def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int, nv: int, dk: int, dv: int) -> None:
-    """One gdn_chunk_state block (run `seq`, value head h, columns j0..j0+31) with its thread maps."""
+def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int, nv: int, dk: int, dv: int,
+                warps: int = WARPS) -> None:
+    """One gdn_chunk_state block of `warps` warps (run `seq`, value head h, columns j0..j0+31) with its thread maps."""
+    tid = np.arange(32 * warps)
+    LANE, WARP, TR = tid & 31, tid >> 5, L // warps   # TR: a warp's rows of a chunk
     s0 = int(b.query_start[seq])
     n = int(b.query_start[seq + 1]) - s0
     if n == 0:
@@ -321,8 +324,8 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
     rec, live, col = record(dv), _live(b, seq), j0 + LANE < dv
     slot = b.state_slots[seq]
     sm = Smem(dict(W=L * DK_MAX, Qg=L * DK_MAX, Kt=L * DK_MAX, P=L * L, S=DK_MAX * SP, V=L * SP))
-    for r in range(DK_MAX // WARPS):
-        d = WARP + WARPS * r
+    for r in range(DK_MAX // warps):
+        d = WARP + warps * r
         init = np.where(live & col & (d < dk), state[slot, h, np.minimum(d, dk - 1), np.minimum(j0 + LANE, dv - 1)], 0)
         sm.write("S", d * SP + LANE, init)
     assert [sm.off[f] - sm.off["W"] for f in ("Qg", "Kt", "P")] == [rec[f] - rec["W"] for f in ("Qg", "Kt", "P")]
@@ -338,7 +341,7 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
     for c, (c0, nc) in enumerate(grid):
         base = rec_base(b, seq, c, h, nv, dv)
         more, nxt = c + 1 < len(grid), base + nv * rec["total"]   # the kernel's next record
-        t = WARPS * WARP[:, None] + np.arange(L // WARPS)        # a. [thread, m]
+        t = TR * WARP[:, None] + np.arange(TR)                   # a. [thread, m]
         d = np.arange(DK_MAX)
         sd = sm.read("S", d * SP + LANE[:, None])                # [thread, d]
         vp = np.einsum("tmd,td->tm", sm.read("W", t[..., None] * DK_MAX + d), sd)
@@ -349,13 +352,13 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
         if more:                                                 # W, Qg of chunk c + 1
             assert nxt == rec_base(b, seq, c + 1, h, nv, dv)
             stage("W", nxt + rec["W"], 2 * L * DK_MAX)
-        jj = np.arange(L)                                        # b. P rows t < 8 warp + 8: columns j below that
-        jb = np.where(jj < WARPS * WARP[:, None] + WARPS, jj, 0)
+        jj = np.arange(L)                                        # b. P rows t < TR (warp + 1): columns j below that
+        jb = np.where(jj < TR * WARP[:, None] + TR, jj, 0)
         ov += np.einsum("tmj,tj->tm", sm.read("P", t[..., None] * L + jb[:, None, :]),
-                        np.where(jj < WARPS * WARP[:, None] + WARPS, sm.read("V", jb * SP + LANE[:, None]), 0))
+                        np.where(jj < TR * WARP[:, None] + TR, sm.read("V", jb * SP + LANE[:, None]), 0))
         keep = (t < nc) & col[:, None]
         out[s0 + c0 + t[keep], h, np.broadcast_to(j0 + LANE[:, None], t.shape)[keep]] = ov[keep]
-        RS = DK_MAX // WARPS                                     # c. S rows RS warp + m
+        RS = DK_MAX // warps                                     # c. S rows RS warp + m
         dm = RS * WARP[:, None] + np.arange(RS)
         acc = np.einsum("ptm,pt->tm", sm.read("Kt", jj[:, None, None] * DK_MAX + dm),
                         sm.read("V", jj[:, None] * SP + LANE))
@@ -367,16 +370,17 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
             state[ckpt_row, h, dm[m], np.broadcast_to(j0 + LANE[:, None], dm.shape)[m]] = sm.read("S", sidx[m])
         if more:                                                 # Kt, P of chunk c + 1
             stage("Kt", nxt + rec["Kt"], L * DK_MAX + L * L)
-    for r in range(-(-dk // WARPS)):
-        d = WARP + WARPS * r
+    for r in range(-(-dk // warps)):
+        d = WARP + warps * r
         m = (d < dk) & col
         state[slot, h, d[m], j0 + LANE[m]] = sm.read("S", d[m] * SP + LANE[m])
 
 
+@pytest.mark.parametrize("warps", [8, 16], ids=["state_w8", "state_w16"])
 @pytest.mark.parametrize("saves", [None, [16, 0, 0, 48, 128]], ids=["plain", "checkpoints"])
 @pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 2, 128, 32), (1, 1, 128, 128)],
                          ids=["tiny_partial_tile", "dk128", "4b_head"])
-def test_chunk_kernels_thread_maps(dims, saves):
+def test_chunk_kernels_thread_maps(dims, saves, warps):
     """The thread-level emulation of gdn_chunk_prep's grid then gdn_chunk_state's (every smem and
     scratch word read was written, none stored twice) equals the sequential reference on runs
     around the chunk size, fresh and continuing, with checkpoints off and on the chunk grid (130
@@ -399,7 +403,7 @@ def test_chunk_kernels_thread_maps(dims, saves):
     for seq in range(B):
         for h in range(nv):
             for j0 in range(0, dv, BV):
-                state_block(scratch, state, got, b, seq, h, j0, nv, dk, dv)
+                state_block(scratch, state, got, b, seq, h, j0, nv, dk, dv, warps)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
     np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)
 
@@ -408,7 +412,7 @@ def test_launcher_sizes_match_the_emulated_layouts():
     pytest.importorskip("cupy")
     pytest.importorskip("ml_dtypes")
     from openinfer_qwen35.cuda import delta_rule as dr
-    assert (dr.CHUNK, dr.BV, dr.DK_MAX, dr.CHUNK_THREADS) == (L, BV, DK_MAX, THREADS)
+    assert (dr.CHUNK, dr.BV, dr.DK_MAX, dr.CHUNK_THREADS, dr.STATE_WARPS) == (L, BV, DK_MAX, THREADS, (8, 16))
     assert dr.PREP_SMEM == 4 * Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L)).mem.size
     sizes = dict(W=L * DK_MAX, Qg=L * DK_MAX, Kt=L * DK_MAX, P=L * L, S=DK_MAX * SP, V=L * SP)
     assert dr.STATE_SMEM == 4 * Smem(sizes).mem.size

@@ -285,17 +285,20 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
 
 // Start copying `count` floats (a multiple of 4, 16-byte aligned) of a record into shared memory.
 __device__ __forceinline__ void stage(float* dst, const float* src, int count) {
-    for (int e = threadIdx.x * 4; e < count; e += CH_THREADS * 4) cp_async16(dst + e, src + e, 16);
+    for (int e = threadIdx.x * 4; e < count; e += blockDim.x * 4) cp_async16(dst + e, src + e, 16);
     cp_async_commit();
 }
 
-template <typename T>
+// WARPS warps a block: warp w takes rows L / WARPS * w ... of a chunk (steps a, b) and DK_MAX / WARPS rows of the
+// state (step c). Every output element sums the same terms in the same order for any WARPS: the same bits.
+template <typename T, int WARPS>
 __device__ void gdn_chunk_state(const float* scratch, float* state, long long state_stride, const int* slots,
                                 const int* query_start, const int* context_lens, const int* ckpt_lens,
                                 const int* ckpt_rows, T* out, int nv, int dk, int dv) {
     pdl_begin();
     extern __shared__ float smem[];
-    constexpr int SP = BV + 1;
+    constexpr int SP = BV + 1, TR = L / WARPS;   // TR: a warp's rows of a chunk
+    static_assert(L % (4 * WARPS) == 0 && DK_MAX % (4 * WARPS) == 0, "whole float4 groups a warp");
     float *Ws = smem, *Qg = Ws + L * DK_MAX, *Kt = Qg + L * DK_MAX, *Ps = Kt + L * DK_MAX, *Ss = Ps + L * L;
     float* Vs = Ss + DK_MAX * SP;
     const int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * BV;
@@ -305,7 +308,7 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
     const Rec rec(dv);
     const bool live = has_state(query_start, context_lens, b), col = j0 + lane < dv;
     float* Sg = state + (long long)slots[b] * state_stride + (long long)h * dk * dv + j0 + lane;
-    for (int d = warp; d < DK_MAX; d += CH_WARPS)
+    for (int d = warp; d < DK_MAX; d += WARPS)
         Ss[d * SP + lane] = live && col && d < dk ? Sg[(long long)d * dv] : 0.f;
     const Chunks chunks(ckpt_lens, b, n);
     // W, Qg of chunk c + 1 load (cp.async) behind steps b and c of chunk c; Kt, P once c is done
@@ -314,22 +317,22 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         const int c0 = chunks.start(c), nc = chunks.size(c, n);
         const bool more = c + 1 < chunks.count;
         const float* R = scratch + (rec_index(query_start, ckpt_lens, b, c) * nv + h) * rec.total;
-        float u[L / CH_WARPS];   // U's rows of this thread, loaded while the copies land
+        float u[TR];   // U's rows of this thread, loaded while the copies land
 #pragma unroll
-        for (int m = 0; m < L / CH_WARPS; ++m) u[m] = col ? R[rec.U + (CH_WARPS * warp + m) * dv + j0 + lane] : 0.f;
+        for (int m = 0; m < TR; ++m) u[m] = col ? R[rec.U + (TR * warp + m) * dv + j0 + lane] : 0.f;
         cp_async_wait<0>();
         __syncthreads();
         // a. V' = U - W S, o = Qg S; thread = column `lane`, rows 8 warp + m: per 4 d, 16 float4
         // broadcasts and 4 S words for 64 FMA
-        float vp[L / CH_WARPS], ov[L / CH_WARPS];
+        float vp[TR], ov[TR];
 #pragma unroll
-        for (int m = 0; m < L / CH_WARPS; ++m) vp[m] = ov[m] = 0.f;
+        for (int m = 0; m < TR; ++m) vp[m] = ov[m] = 0.f;
         for (int d = 0; d < DK_MAX; d += 4) {
             const float s0v = Ss[d * SP + lane], s1v = Ss[(d + 1) * SP + lane];
             const float s2v = Ss[(d + 2) * SP + lane], s3v = Ss[(d + 3) * SP + lane];
 #pragma unroll
-            for (int m = 0; m < L / CH_WARPS; ++m) {
-                const int t = CH_WARPS * warp + m;
+            for (int m = 0; m < TR; ++m) {
+                const int t = TR * warp + m;
                 const float4 w = *reinterpret_cast<const float4*>(Ws + t * DK_MAX + d);
                 const float4 qv = *reinterpret_cast<const float4*>(Qg + t * DK_MAX + d);
                 vp[m] += w.x * s0v + w.y * s1v + w.z * s2v + w.w * s3v;
@@ -337,31 +340,31 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
             }
         }
 #pragma unroll
-        for (int m = 0; m < L / CH_WARPS; ++m) {
-            const int t = CH_WARPS * warp + m;
+        for (int m = 0; m < TR; ++m) {
+            const int t = TR * warp + m;
             Vs[t * SP + lane] = u[m] - vp[m];
         }
         __syncthreads();   // W and Qg are free
         if (more) stage(Ws, R + (long long)nv * rec.total + rec.W, 2 * L * DK_MAX);   // chunk c + 1's record
-        // b. o += P V' and out (P is zero above its diagonal: columns below 8 warp + 8 only);
+        // b. o += P V' and out (P is zero above its diagonal: columns below TR (warp + 1) only);
         // c. S = exp(gamma_L) S + Kt^T V', thread = column `lane`, S rows 16 warp + m. No barrier
         // between: b reads P, V'; c reads Kt, V' and writes S, which a read before the barrier above
-        for (int j = 0; j < CH_WARPS * warp + CH_WARPS; j += 4) {
+        for (int j = 0; j < TR * warp + TR; j += 4) {
             const float v0 = Vs[j * SP + lane], v1 = Vs[(j + 1) * SP + lane];
             const float v2 = Vs[(j + 2) * SP + lane], v3 = Vs[(j + 3) * SP + lane];
 #pragma unroll
-            for (int m = 0; m < L / CH_WARPS; ++m) {
-                const float4 p = *reinterpret_cast<const float4*>(Ps + (CH_WARPS * warp + m) * L + j);
+            for (int m = 0; m < TR; ++m) {
+                const float4 p = *reinterpret_cast<const float4*>(Ps + (TR * warp + m) * L + j);
                 ov[m] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
             }
         }
 #pragma unroll
-        for (int m = 0; m < L / CH_WARPS; ++m) {
-            const int t = CH_WARPS * warp + m;
+        for (int m = 0; m < TR; ++m) {
+            const int t = TR * warp + m;
             if (t < nc && col) out[((long long)(s0 + c0 + t) * nv + h) * dv + j0 + lane] = from_f32<T>(ov[m]);
         }
         {
-            constexpr int RS = DK_MAX / CH_WARPS;
+            constexpr int RS = DK_MAX / WARPS;
             float acc[RS];
 #pragma unroll
             for (int m = 0; m < RS; ++m) acc[m] = 0.f;
@@ -392,8 +395,17 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         if (more) stage(Kt, R + (long long)nv * rec.total + rec.Kt, L * DK_MAX + L * L);
     }
     if (col)
-        for (int d = warp; d < dk; d += CH_WARPS) Sg[(long long)d * dv] = Ss[d * SP + lane];
+        for (int d = warp; d < dk; d += WARPS) Sg[(long long)d * dv] = Ss[d * SP + lane];
 }
+
+// gdn_chunk_state_w{WARPS}_{suffix}
+#define STATE_KERNEL(suffix, T, WARPS)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) gdn_chunk_state_w##WARPS##_##suffix(              \
+        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
+        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
+        gdn_chunk_state<T, WARPS>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out, nv, \
+                                  dk, dv);                                                                      \
+    }
 
 #define DELTA_RULE_KERNELS(suffix, T)                                                                          \
     extern "C" __global__ void gdn_decode_##suffix(                                                            \
@@ -419,11 +431,7 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         gdn_chunk_prep<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, qs, ckpt_lens, scratch, nk, nv, dk,  \
                           dv);                                                                                  \
     }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(CH_THREADS) gdn_chunk_state_##suffix(                         \
-        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
-        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
-        gdn_chunk_state<T>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out, nv, dk,    \
-                           dv);                                                                                 \
-    }
+    STATE_KERNEL(suffix, T, 8)                                                                                  \
+    STATE_KERNEL(suffix, T, 16)
 
 FOR_EACH_DTYPE(DELTA_RULE_KERNELS)
