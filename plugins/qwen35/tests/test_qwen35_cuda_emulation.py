@@ -188,7 +188,8 @@ def test_conv_blocking_equals_the_reference(saves):
     np.testing.assert_array_equal(state, want_state)
 
 
-THREADS, WARPS = 256, 8   # the chunk kernels' block
+THREADS, WARPS = 256, 8   # gdn_chunk_prep's block
+ST_WARPS = 16             # gdn_chunk_state's warps (any multiple of 4 dividing 16 gives the same sums)
 TID = np.arange(THREADS)
 LANE, WARP = TID & 31, TID >> 5
 KP, AP, SP = DK_MAX + 4, L + 4, BV + 1   # delta_rule.cu: prep's q/k and A row strides, the S/V' tile's
@@ -313,7 +314,7 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
 
 
 def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int, nv: int, dk: int, dv: int,
-                warps: int = WARPS) -> None:
+                warps: int = ST_WARPS) -> None:
     """One gdn_chunk_state block of `warps` warps (run `seq`, value head h, columns j0..j0+31) with its thread maps."""
     tid = np.arange(32 * warps)
     LANE, WARP, TR = tid & 31, tid >> 5, L // warps   # TR: a warp's rows of a chunk
@@ -376,7 +377,7 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
         state[slot, h, d[m], j0 + LANE[m]] = sm.read("S", d[m] * SP + LANE[m])
 
 
-@pytest.mark.parametrize("warps", [8, 16], ids=["state_w8", "state_w16"])
+@pytest.mark.parametrize("warps", [ST_WARPS, 8], ids=["state_block", "state_block_of_8_warps"])
 @pytest.mark.parametrize("saves", [None, [16, 0, 0, 48, 128]], ids=["plain", "checkpoints"])
 @pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 2, 128, 32), (1, 1, 128, 128)],
                          ids=["tiny_partial_tile", "dk128", "4b_head"])
@@ -412,7 +413,7 @@ def test_launcher_sizes_match_the_emulated_layouts():
     pytest.importorskip("cupy")
     pytest.importorskip("ml_dtypes")
     from openinfer_qwen35.cuda import delta_rule as dr
-    assert (dr.CHUNK, dr.BV, dr.DK_MAX, dr.CHUNK_THREADS, dr.STATE_WARPS) == (L, BV, DK_MAX, THREADS, (8, 16))
+    assert (dr.CHUNK, dr.BV, dr.DK_MAX, dr.CHUNK_THREADS, dr.STATE_THREADS) == (L, BV, DK_MAX, THREADS, 32 * ST_WARPS)
     assert dr.PREP_SMEM == 4 * Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L)).mem.size
     sizes = dict(W=L * DK_MAX, Qg=L * DK_MAX, Kt=L * DK_MAX, P=L * L, S=DK_MAX * SP, V=L * SP)
     assert dr.STATE_SMEM == 4 * Smem(sizes).mem.size

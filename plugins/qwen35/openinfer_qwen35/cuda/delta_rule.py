@@ -9,7 +9,6 @@ finds its run's bounds on the device.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import cupy as cp
@@ -20,17 +19,9 @@ from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, rows2
 
 SOURCE = Path(__file__).with_name("delta_rule.cu")
 DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match delta_rule.cu
+STATE_THREADS = 32 * 16   # gdn_chunk_state's block: ST_WARPS warps
 PREP_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (CHUNK + 4) + 3 * CHUNK)   # gdn_chunk_prep: Q, K, A, gamma...
 STATE_SMEM = 4 * (3 * CHUNK * DK_MAX + CHUNK * CHUNK + (DK_MAX + CHUNK) * (BV + 1))   # gdn_chunk_state
-STATE_WARPS = (8, 16)   # gdn_chunk_state's builds: one block a SM (its shared memory), so more warps hide more
-
-
-def state_warps() -> int:
-    """The warps of gdn_chunk_state's block (OPENINFER_GDN_STATE_WARPS, default 16); the same bits for each."""
-    warps = int(os.environ.get("OPENINFER_GDN_STATE_WARPS", "16"))
-    if warps not in STATE_WARPS:
-        raise ValueError(f"OPENINFER_GDN_STATE_WARPS must be one of {STATE_WARPS}, not {warps}")
-    return warps
 
 
 def record_floats(dv: int) -> int:
@@ -97,8 +88,7 @@ def qwen35_gated_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.n
         launch(SOURCE, f"gdn_chunk_prep_{sfx}", (-(-batch.max_query_len // CHUNK) + m - 1, int(nv), B),
                CHUNK_THREADS, (q3, qs, k3, ks, v3, vs, g32, b32, query_start, ck_lens, scratch, nk, nv, dk, dv),
                PREP_SMEM)
-        warps = state_warps()
-        launch(SOURCE, f"gdn_chunk_state_w{warps}_{sfx}", grid, 32 * warps,
+        launch(SOURCE, f"gdn_chunk_state_{sfx}", grid, STATE_THREADS,
                (scratch, state, state_stride, slots, query_start, ctx, ck_lens, ck_rows, out, nv, dk, dv),
                STATE_SMEM)
     return out
