@@ -13,6 +13,8 @@
 # call4 (~8 min): gdn_chunk_state with 16 warps a block (the new default) against 8: Qwen3.5's GPU kernel tests (the
 #   two builds bit for bit among them) and engine tests, each prefill kernel's time under Nsight Compute for both,
 #   and Qwen3.5-4B's 1k prefill in the engine, alternating, two rounds.
+# call5 (~4 min): the final tree (gdn_chunk_state of 16 warps the only build): Qwen3.5's GPU kernel, engine and
+#   fidelity tests, and its 1k prefill and decode once more.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -54,5 +56,9 @@ call4) precompile
        done
        P35="--model qwen3.5-4b --batch-sizes 1 --input-lens 1024 --output-lens 8 --num-iters 5"
        for r in 1 2; do for w in 8 16; do OPENINFER_GDN_STATE_WARPS=$w lat q35_w${w}_$r 45 $P35; done; done ;;
-*) echo "usage: $0 call1|call2|call3|call4"; exit 2 ;;
+call5) precompile
+       timeout 250 $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1
+       say "tests q35: $(tail -1 $L/t_q35.log)"; grep -h "^FAILED\|^ERROR" $L/t_q35.log | cut -c1-220 | head -8 | tee -a $S
+       lat q35_final 45 --model qwen3.5-4b --batch-sizes 1 --input-lens 1024 --output-lens 8 --num-iters 5 ;;
+*) echo "usage: $0 call1|call2|call3|call4|call5"; exit 2 ;;
 esac
