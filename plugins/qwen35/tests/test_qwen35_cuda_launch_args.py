@@ -36,7 +36,7 @@ def signatures() -> dict[str, list[tuple[str, bool]]]:
     sigs = {}
     for path in CUDA_DIR.glob("*.cu"):
         text = path.read_text().replace("\\\n", " ")
-        for name, params in re.findall(r'extern "C" __global__ void\s+(?:__launch_bounds__\([\w, ]+\)\s*)?([\w#]+)\s*'
+        for name, params in re.findall(r'extern "C" __global__ void\s+(?:__launch_bounds__\([\w, *]+\)\s*)?([\w#]+)\s*'
                                        r'\(([^)]*)\)', text):
             parsed = []
             for p in params.split(","):
