@@ -35,6 +35,9 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
     p.add_argument("--kv-offload", action="store_true",
                    help="save KV blocks evicted from the device to host memory and restore them at admission")
+    p.add_argument("--generation-config", default="auto", choices=["auto", "none"],
+                   help="auto: the checkpoint's generation_config.json gives the sampling defaults (temperature, top_p, "
+                        "top_k, min_p, repetition_penalty) for the fields a request leaves out; none: OpenAI's")
     p.add_argument("--kv-offload-host-gib", type=float, default=8.0,
                    help="host memory for --kv-offload (pinned on CUDA)")
 
@@ -47,7 +50,7 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       prefix_cache_hash=a.prefix_cache_hash,
                       num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed,
                       enforce_eager=a.enforce_eager, pipelined_decode=a.pipelined_decode, kv_offload=a.kv_offload,
-                      kv_offload_host_gib=a.kv_offload_host_gib)
+                      kv_offload_host_gib=a.kv_offload_host_gib, generation_config=a.generation_config)
 
 
 def _parse_model(spec: str) -> tuple[str | None, str]:

@@ -64,8 +64,11 @@ class EngineStats:
 class Engine:
     def __init__(self, name: str, runner: ModelRunner, blocks: BlockManager, args: EngineArgs, *,
                  tokenizer: Any, chat_format: Any, max_model_len: int, vocab_size: int,
-                 eos_token_ids: frozenset[int], host_tier: HostTier | None = None) -> None:
+                 eos_token_ids: frozenset[int], host_tier: HostTier | None = None,
+                 sampling_defaults: dict[str, float | int] | None = None) -> None:
         self.name, self.runner, self.blocks, self.args = name, runner, blocks, args
+        # the model's recommended sampling (generation_config.json); the server fills a request's missing fields
+        self.sampling_defaults = dict(sampling_defaults or {})
         self.tokenizer, self.chat_format = tokenizer, chat_format
         self.max_model_len, self.vocab_size, self.eos_token_ids = max_model_len, vocab_size, eos_token_ids
         self.host_tier = host_tier

@@ -38,6 +38,7 @@ class EngineArgs:
     pipelined_decode: bool = True           # queue decode step N+1 before step N's host work (pipeline.py)
     kv_offload: bool = False                # save evicted KV blocks to host memory, restore them at admission
     kv_offload_host_gib: float = 8.0        # the host tier's size (pinned memory on CUDA)
+    generation_config: str = "auto"         # auto: generation_config.json's sampling fields are the defaults; none
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
@@ -58,5 +59,7 @@ class EngineArgs:
             raise ValueError("kv_offload_host_gib must be > 0")
         if self.kv_offload and not self.enable_prefix_caching:
             raise ValueError("kv_offload needs the prefix cache: it restores evicted prefix-cache blocks")
+        if self.generation_config not in ("auto", "none"):
+            raise ValueError(f"unknown generation_config {self.generation_config!r}: use auto or none")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")

@@ -20,6 +20,7 @@ from .model_line import ModelLine, StateGroup
 from .model_runner import ModelRunner
 from .phases import in_background, phase, release_free_heap
 from .plugins import Plugins, get_plugins
+from .sampling import defaults_from_generation_config
 from .tokenizer import Tokenizer
 from .weights import Checkpoint, DummyWeights, WeightSource
 
@@ -107,12 +108,22 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     eos = set(tokenizer.eos_token_ids)
     gen_eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
     eos |= set(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
+    sampling_defaults: dict[str, float | int] = {}
+    if args.generation_config == "auto":
+        sampling_defaults, skipped = defaults_from_generation_config(gen_config)
+        for why in skipped:
+            log.warning("generation_config.json: %s; not a sampling default", why)
+        if sampling_defaults:
+            log.info("sampling defaults from generation_config.json (a request's own values win; "
+                     "--generation-config none drops them): %s",
+                     ", ".join(f"{k}={v}" for k, v in sampling_defaults.items()))
     log.info("loaded %s (%s line) on %s in %.2fs (weights %.2fs): %d KV blocks of %d tokens (%.1f MiB), "
              "max_model_len %d", name, line.name, args.device, time.perf_counter() - t0, t_weights, num_blocks,
              args.block_size, num_blocks * per_block / 2**20, max_len)
     return Engine(name, runner, blocks, args,
                   tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=max_len,
-                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier)
+                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier,
+                  sampling_defaults=sampling_defaults)
 
 
 def _kv_cache(backend: Any, groups: list[StateGroup], args: EngineArgs, per_block: int, state_bytes: int,

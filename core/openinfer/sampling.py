@@ -95,6 +95,33 @@ class SamplingParams:
                 and not self.bad_words_ids)
 
 
+# The fields of a checkpoint's generation_config.json that become a model's sampling defaults, as vLLM reads them
+# (`--generation-config auto`): a request's own value of a field still wins, field by field.
+GENERATION_CONFIG_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float,
+                            "repetition_penalty": float}
+
+
+def defaults_from_generation_config(config: dict) -> tuple[dict[str, float | int], list[str]]:
+    """(the sampling defaults generation_config.json recommends, why any of its values was left out). A value that
+    SamplingParams would refuse is left out: it must never become a 400 for a client that did not send it."""
+    defaults: dict[str, float | int] = {}
+    skipped: list[str] = []
+    for name, kind in GENERATION_CONFIG_FIELDS.items():
+        value = config.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+            skipped.append(f"{name}={value!r} is not {'an integer' if kind is int else 'a number'}")
+            continue
+        try:
+            SamplingParams(**{name: kind(value)}).validate()
+        except ParamError as e:
+            skipped.append(f"{name}={value!r}: {e}")
+            continue
+        defaults[name] = kind(value)
+    return defaults, skipped
+
+
 @dataclass(slots=True)   # slots: one is made per sampled row and step
 class SampleResult:
     token: int

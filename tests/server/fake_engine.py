@@ -64,6 +64,7 @@ class FakeEngine:
         self.paused = False   # True: requests wait unscheduled (a full engine)
         self.kv_tokens = kv_tokens
         self.dead_reason: str | None = None
+        self.sampling_defaults: dict = {}   # a test sets the model's generation_config defaults
         self.submitted: list[tuple[str, list[int], SamplingParams]] = []
         self.aborted: list[str] = []
         self.script: Script = lambda prompt, params: self.tokenizer.encode("Hello from the fake engine.") + [self.eos]

@@ -46,3 +46,17 @@ def test_metrics_exposition(http: httpx.Client) -> None:
     # every sample line is `name{labels} number`
     for line in text.splitlines():
         assert line.startswith("# ") or re.fullmatch(r'[a-z0-9_:]+(\{[^}]*\})? (\S+)', line), line
+
+
+def test_the_models_sampling_defaults_fill_what_a_request_leaves_out(http: httpx.Client, fake: FakeEngine) -> None:
+    fake.sampling_defaults = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    try:
+        http.post("/v1/chat/completions", json={"model": "fake", "messages": [{"role": "user", "content": "hi"}]})
+        http.post("/v1/completions", json={"model": "fake", "prompt": "hi", "temperature": 0, "top_p": 1})
+    finally:
+        fake.sampling_defaults = {}
+    (_, _, chat), (_, _, done) = fake.submitted[-2:]
+    assert (chat.temperature, chat.top_k, chat.top_p) == (0.6, 20, 0.95)
+    assert (done.temperature, done.top_k, done.top_p) == (0.0, 20, 1.0)   # the request's own values win, field by field
+    http.post("/v1/completions", json={"model": "fake", "prompt": "hi"})
+    assert (fake.submitted[-1][2].temperature, fake.submitted[-1][2].top_k) == (1.0, -1)   # no defaults: OpenAI's

@@ -119,9 +119,10 @@ def test_serve_passes_the_keys_and_the_grace_period(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OPENINFER_API_KEY", "sk-env")
     built = []
     monkeypatch.setattr("openinfer.engine.build_engine", lambda path, args: built.append(args) or FakeEngine("demo"))
-    assert cli.main(["serve", "--api-key", "sk-a", "--shutdown-timeout", "12.5", "--max-waiting-requests", "7"]) == 0
+    assert cli.main(["serve", "--api-key", "sk-a", "--shutdown-timeout", "12.5", "--max-waiting-requests", "7",
+                     "--generation-config", "none"]) == 0
     assert seen["keys"] == ["sk-a", "sk-env"] and seen["config"].timeout_graceful_shutdown == 12.5
-    assert len(built) == 1
+    assert len(built) == 1 and built[0].generation_config == "none"
 
 
 def test_an_empty_api_key_is_an_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

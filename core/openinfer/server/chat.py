@@ -158,6 +158,7 @@ async def create_chat_completion(host: ModelHost, body: dict[str, Any]) -> Respo
     if req.tool_required and (grammar := model.engine.chat_format.tool_call_grammar(req.tools, req.tool_name)):
         req.gen.grammar = OutputGrammar("grammar", grammar, "tools")   # the arguments hold to their schemas
     max_tokens = max_tokens_for(model, len(ids), req.gen, None, "messages")
-    plan = [(0, ids, req.gen.params(j, max_tokens, model.engine.tokenizer, model.engine.vocab_size))
+    defaults = model.engine.sampling_defaults
+    plan = [(0, ids, req.gen.params(j, max_tokens, model.engine.tokenizer, model.engine.vocab_size, defaults))
             for j in range(req.gen.n)]
     return await respond(model, req.gen, ChatCompletionFormat(model, req, text, ids, opener), arrival, plan, [len(ids)])

@@ -135,7 +135,8 @@ async def create_completion(host: ModelHost, body: dict[str, Any]) -> Response:
     plan = []
     for i, ids in enumerate(prompts):
         max_tokens = max_tokens_for(model, len(ids), req.gen, DEFAULT_MAX_TOKENS, "prompt")
-        plan += [(i, ids, req.gen.params(j, max_tokens, model.engine.tokenizer, model.engine.vocab_size))
+        plan += [(i, ids, req.gen.params(j, max_tokens, model.engine.tokenizer, model.engine.vocab_size,
+                                         model.engine.sampling_defaults))
                  for j in range(req.gen.n)]
     return await respond(model, req.gen, CompletionFormat(model, req, prompts, cut), arrival, plan,
                          [len(p) for p in prompts])

@@ -29,6 +29,7 @@ class Engine(Protocol):
     vocab_size: int
     eos_token_ids: frozenset[int]    # the ids that end a request (the engine's, which may add to the tokenizer's)
     dead_reason: str | None
+    sampling_defaults: Mapping[str, Any]   # the model's defaults for the sampling fields a request leaves out
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                cache_salt: str = "") -> RequestStream: ...

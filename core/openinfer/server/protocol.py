@@ -39,12 +39,15 @@ on the host too), include_stop_str_in_output, skip_special_tokens, return_tokens
 return_token_ids (vLLM's fields: prompt_token_ids per choice on completions, per response or first chunk on
 chat; token_ids per choice or chunk), truncate_prompt_tokens (the prompt's last N tokens; an echo shows what
 was kept), add_special_tokens, chat_template_kwargs, add_generation_prompt, cache_salt (prefix-cache hits only
-between requests with the same salt); `logprobs` works on completion batches too.
+between requests with the same salt); `logprobs` works on completion batches too. A sampling field the request leaves out takes the
+model's default from its generation_config.json where it has one (temperature, top_p, top_k, min_p,
+repetition_penalty, as vLLM does), else SamplingParams' (OpenAI's).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from openinfer.sampling import ParamError, SamplingParams
 from openinfer.structured import OutputGrammar
@@ -84,11 +87,13 @@ class Generation:
     tokens_as_ids: bool = False              # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     grammar: OutputGrammar | None = None      # response_format / structured_outputs; None: free text
 
-    def params(self, choice: int, max_tokens: int, tokenizer: Tokenizer, vocab_size: int) -> SamplingParams:
+    def params(self, choice: int, max_tokens: int, tokenizer: Tokenizer, vocab_size: int,
+               defaults: Mapping[str, Any] = MappingProxyType({})) -> SamplingParams:
+        """`defaults`: the model's sampling defaults (generation_config.json), for the fields the request left out."""
         seed = None if self.seed is None else self.seed + choice  # n choices must differ, reproducibly
         p = SamplingParams(max_tokens=max_tokens, seed=seed, logprobs=self.logprobs,
                            prompt_logprobs=self.prompt_top_k(), bad_words_ids=bad_words_ids(tokenizer, self.bad_words),
-                           **self.sampling)
+                           **{**defaults, **self.sampling})
         try:
             return p.validate(vocab_size)
         except ParamError as e:

@@ -1,0 +1,57 @@
+"""A checkpoint's generation_config.json gives the model's sampling defaults (as vLLM's --generation-config auto):
+which fields are read, which values are refused, and the engine loading them (or not, with none)."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from openinfer.engine import EngineArgs, build_engine
+from openinfer.sampling import defaults_from_generation_config
+from openinfer.synth import synthesize
+
+QWEN3_4B = {"bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+            "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"}   # Qwen/Qwen3-4B's
+
+
+def test_the_sampling_fields_are_read_and_nothing_else() -> None:
+    assert defaults_from_generation_config(QWEN3_4B) == ({"temperature": 0.6, "top_k": 20, "top_p": 0.95}, [])
+    got, skipped = defaults_from_generation_config({"min_p": 0.05, "repetition_penalty": 1.05, "max_length": 10})
+    assert got == {"min_p": 0.05, "repetition_penalty": 1.05} and skipped == []
+    assert defaults_from_generation_config({}) == ({}, [])
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("temperature", 5.0, "temperature must be between 0 and 2"), ("top_p", 0.0, "top_p must be in (0, 1]"),
+    ("top_k", 20.5, "is not an integer"), ("temperature", True, "is not a number"), ("top_p", "0.9", "is not a number"),
+    ("repetition_penalty", 0, "repetition_penalty must be in (0, 2]")])
+def test_a_value_the_engine_would_refuse_is_left_out(field: str, value: object, why: str) -> None:
+    got, skipped = defaults_from_generation_config({field: value, "top_k": 20} if field != "top_k" else {field: value})
+    assert field not in got and len(skipped) == 1 and why in skipped[0] and skipped[0].startswith(field)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("qwen3-tiny")
+    synthesize("qwen3-tiny", path, dtype="F32")
+    (path / "generation_config.json").write_text(json.dumps({**QWEN3_4B, "temperature": 9.0}))
+    return path
+
+
+@pytest.mark.parametrize("mode, want", [("auto", {"top_k": 20, "top_p": 0.95}), ("none", {})])
+def test_the_engine_loads_them_unless_told_not_to(checkpoint: Path, mode: str, want: dict,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="openinfer"):
+        engine = build_engine(str(checkpoint), EngineArgs(max_model_len=64, kv_cache_memory_gib=0.001,
+                                                          generation_config=mode))
+    assert engine.sampling_defaults == want
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert (["generation_config.json: temperature=9.0: temperature must be between 0 and 2; not a sampling default"]
+            if mode == "auto" else []) == [w for w in warned if "generation_config" in w]
+
+
+def test_an_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown generation_config 'vllm': use auto or none"):
+        EngineArgs(generation_config="vllm")
