@@ -36,8 +36,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-offload", action="store_true",
                    help="save KV blocks evicted from the device to host memory and restore them at admission")
     p.add_argument("--generation-config", default="auto", choices=["auto", "none"],
-                   help="auto: the checkpoint's generation_config.json gives the sampling defaults (temperature, top_p, "
-                        "top_k, min_p, repetition_penalty) for the fields a request leaves out; none: OpenAI's")
+                   help="auto: the checkpoint's generation_config.json gives the sampling defaults (temperature, "
+                        "top_p, top_k, min_p, repetition_penalty) for the fields a request leaves out; none: OpenAI's")
     p.add_argument("--kv-offload-host-gib", type=float, default=8.0,
                    help="host memory for --kv-offload (pinned on CUDA)")
 

@@ -110,7 +110,8 @@ def defaults_from_generation_config(config: dict) -> tuple[dict[str, float | int
         value = config.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        wrong_type = isinstance(value, bool) or not isinstance(value, (int, float))
+        if wrong_type or (kind is int and not isinstance(value, int)):
             skipped.append(f"{name}={value!r} is not {'an integer' if kind is int else 'a number'}")
             continue
         try:

@@ -39,9 +39,9 @@ on the host too), include_stop_str_in_output, skip_special_tokens, return_tokens
 return_token_ids (vLLM's fields: prompt_token_ids per choice on completions, per response or first chunk on
 chat; token_ids per choice or chunk), truncate_prompt_tokens (the prompt's last N tokens; an echo shows what
 was kept), add_special_tokens, chat_template_kwargs, add_generation_prompt, cache_salt (prefix-cache hits only
-between requests with the same salt); `logprobs` works on completion batches too. A sampling field the request leaves out takes the
-model's default from its generation_config.json where it has one (temperature, top_p, top_k, min_p,
-repetition_penalty, as vLLM does), else SamplingParams' (OpenAI's).
+between requests with the same salt); `logprobs` works on completion batches too. A sampling field the
+request leaves out takes the model's default from its generation_config.json where it has one (temperature,
+top_p, top_k, min_p, repetition_penalty, as vLLM does), else SamplingParams' (OpenAI's).
 """
 from __future__ import annotations
 
