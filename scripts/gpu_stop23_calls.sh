@@ -15,6 +15,9 @@
 #   and Qwen3.5-4B's 1k prefill in the engine, alternating, two rounds.
 # call5 (~4 min): the final tree (gdn_chunk_state of 16 warps the only build): Qwen3.5's GPU kernel, engine and
 #   fidelity tests, and its 1k prefill and decode once more.
+# call6 (~5 min): gdn_chunk_state with 32 warps a block against 16 (OPENINFER_GDN_STATE_WARPS, an experiment's
+#   switch): Qwen3.5's delta-rule GPU tests with 32, the two builds' outputs and states compared bit for bit, each
+#   build's prefill kernels under Nsight Compute, and the 1k prefill in the engine, alternating, two rounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -60,5 +63,18 @@ call5) precompile
        timeout 250 $T plugins/qwen35/tests -k "cuda or gpu or checkpoint" > $L/t_q35.log 2>&1
        say "tests q35: $(tail -1 $L/t_q35.log)"; grep -h "^FAILED\|^ERROR" $L/t_q35.log | cut -c1-220 | head -8 | tee -a $S
        lat q35_final 45 --model qwen3.5-4b --batch-sizes 1 --input-lens 1024 --output-lens 8 --num-iters 5 ;;
-*) echo "usage: $0 call1|call2|call3|call4|call5"; exit 2 ;;
+call6) precompile
+       OPENINFER_GDN_STATE_WARPS=32 timeout 120 $T plugins/qwen35/tests/test_qwen35_cuda_ops.py -k "delta or checkpoint" \
+           > $L/t_w32.log 2>&1; say "tests with 32 warps: $(tail -1 $L/t_w32.log)"
+       timeout 100 python3 scripts/gdn_state_bits.py 2>&1 | tail -3 | tee -a $S
+       for w in 16 32; do
+           OPENINFER_GDN_STATE_WARPS=$w OUT=$L NCU_S=100 TOP=4 timeout 110 bash scripts/gpu_ncu.sh \
+               "qwen3.5-4b prefill 1024" > /dev/null 2>&1
+           say "kernels, state w$w:"; cat $L/ncu_qwen3.5-4b_prefill_1024.txt | tee -a $S
+           mv $L/ncu_qwen3.5-4b_prefill_1024.txt $L/ncu_q35_prefill_w$w.txt; rm -f $L/ncu_*.csv $L/ncu_*.log
+       done
+       P35="--model qwen3.5-4b --batch-sizes 1 --input-lens 1024 --output-lens 8 --num-iters 5"
+       for r in 1 2; do for w in 16 32; do OPENINFER_GDN_STATE_WARPS=$w lat q35_w${w}_$r 45 $P35; done; done
+       rm -f $L/*.json ;;
+*) echo "usage: $0 call1|call2|call3|call4|call5|call6"; exit 2 ;;
 esac

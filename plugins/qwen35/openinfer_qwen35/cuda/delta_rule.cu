@@ -302,7 +302,8 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
     pdl_begin();
     extern __shared__ float smem[];
     constexpr int SP = BV + 1, TR = L / WARPS;   // TR: a warp's rows of a chunk
-    static_assert(L % (4 * WARPS) == 0 && DK_MAX % (4 * WARPS) == 0, "whole float4 groups a warp");
+    // step b reads P and V' in groups of 4 columns, past a warp's last row where TR < 4 (zeros of P: the same sums)
+    static_assert(L % WARPS == 0 && DK_MAX % (4 * WARPS) == 0, "whole rows and float4 groups a warp");
     float *Ws = smem, *Qg = Ws + L * DK_MAX, *Kt = Qg + L * DK_MAX, *Ps = Kt + L * DK_MAX, *Ss = Ps + L * L;
     float* Vs = Ss + DK_MAX * SP;
     const int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * BV;
@@ -351,7 +352,7 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         __syncthreads();   // W and Qg are free
         if (more) stage(Ws, R + (long long)nv * rec.total + rec.W, 2 * L * DK_MAX);   // chunk c + 1's record
         // b. o += P V' and out (P is zero above its diagonal: columns below TR (warp + 1) only);
-        // c. S = exp(gamma_L) S + Kt^T V', thread = column `lane`, S rows 16 warp + m. No barrier
+        // c. S = exp(gamma_L) S + Kt^T V', thread = column `lane`, S rows RS warp + m. No barrier
         // between: b reads P, V'; c reads Kt, V' and writes S, which a read before the barrier above
         for (int j = 0; j < TR * warp + TR; j += 4) {
             const float v0 = Vs[j * SP + lane], v1 = Vs[(j + 1) * SP + lane];
@@ -402,6 +403,14 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         for (int d = warp; d < dk; d += WARPS) Sg[(long long)d * dv] = Ss[d * SP + lane];
 }
 
+#define STATE_KERNEL(suffix, T, WARPS)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) gdn_chunk_state_w##WARPS##_##suffix(              \
+        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
+        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
+        gdn_chunk_state<T, WARPS>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out, nv, \
+                                  dk, dv);                                                                      \
+    }
+
 #define DELTA_RULE_KERNELS(suffix, T)                                                                          \
     extern "C" __global__ void gdn_decode_##suffix(                                                            \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
@@ -426,11 +435,7 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         gdn_chunk_prep<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, qs, ckpt_lens, scratch, nk, nv, dk,  \
                           dv);                                                                                  \
     }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * ST_WARPS) gdn_chunk_state_##suffix(                     \
-        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
-        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
-        gdn_chunk_state<T, ST_WARPS>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out,  \
-                                     nv, dk, dv);                                                               \
-    }
+    STATE_KERNEL(suffix, T, 16)                                                                                 \
+    STATE_KERNEL(suffix, T, 32)
 
 FOR_EACH_DTYPE(DELTA_RULE_KERNELS)
