@@ -17,7 +17,7 @@
 #   fidelity tests, and its 1k prefill and decode once more.
 # call6 (~5 min): gdn_chunk_state with 32 warps a block against 16 (OPENINFER_GDN_STATE_WARPS, an experiment's
 #   switch): Qwen3.5's delta-rule GPU tests with 32, the two builds' outputs and states compared bit for bit, each
-#   build's prefill kernels under Nsight Compute, and the 1k prefill in the engine, alternating, two rounds.
+#   build's prefill kernels under Nsight Compute, and the 1k prefill in the engine once each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -74,7 +74,7 @@ call6) precompile
            mv $L/ncu_qwen3.5-4b_prefill_1024.txt $L/ncu_q35_prefill_w$w.txt; rm -f $L/ncu_*.csv $L/ncu_*.log
        done
        P35="--model qwen3.5-4b --batch-sizes 1 --input-lens 1024 --output-lens 8 --num-iters 5"
-       for r in 1 2; do for w in 16 32; do OPENINFER_GDN_STATE_WARPS=$w lat q35_w${w}_$r 45 $P35; done; done
+       for w in 16 32; do OPENINFER_GDN_STATE_WARPS=$w lat q35_w$w 45 $P35; done
        rm -f $L/*.json ;;
 *) echo "usage: $0 call1|call2|call3|call4|call5|call6"; exit 2 ;;
 esac
