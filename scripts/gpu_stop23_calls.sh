@@ -15,8 +15,8 @@
 #   and Qwen3.5-4B's 1k prefill in the engine, alternating, two rounds.
 # call5 (~4 min): the final tree (gdn_chunk_state of 16 warps the only build): Qwen3.5's GPU kernel, engine and
 #   fidelity tests, and its 1k prefill and decode once more.
-# call6 (~5 min): gdn_chunk_state with 32 warps a block against 16 (OPENINFER_GDN_STATE_WARPS, an experiment's
-#   switch): Qwen3.5's delta-rule GPU tests with 32, the two builds' outputs and states compared bit for bit, each
+# call6 (~5 min; ran at 473377b, whose switch and scripts/gdn_state_bits.py were taken out after it): gdn_chunk_state
+#   with 32 warps a block against 16 (OPENINFER_GDN_STATE_WARPS, an experiment's switch): Qwen3.5's delta-rule GPU tests with 32, the two builds' outputs and states compared bit for bit, each
 #   build's prefill kernels under Nsight Compute, and the 1k prefill in the engine once each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,7 +66,7 @@ call5) precompile
 call6) precompile
        OPENINFER_GDN_STATE_WARPS=32 timeout 120 $T plugins/qwen35/tests/test_qwen35_cuda_ops.py -k "delta or checkpoint" \
            > $L/t_w32.log 2>&1; say "tests with 32 warps: $(tail -1 $L/t_w32.log)"
-       timeout 100 python3 scripts/gdn_state_bits.py 2>&1 | tail -3 | tee -a $S
+       timeout 100 python3 scripts/gdn_state_bits.py 2>&1 | tail -3 | tee -a $S   # at 473377b (removed since)
        for w in 16 32; do
            OPENINFER_GDN_STATE_WARPS=$w OUT=$L NCU_S=100 TOP=4 timeout 110 bash scripts/gpu_ncu.sh \
                "qwen3.5-4b prefill 1024" > /dev/null 2>&1

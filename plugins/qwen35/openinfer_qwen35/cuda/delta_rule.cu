@@ -292,8 +292,8 @@ __device__ __forceinline__ void stage(float* dst, const float* src, int count) {
 // WARPS warps a block: warp w takes rows L / WARPS * w ... of a chunk (steps a, b) and DK_MAX / WARPS rows of the
 // state (step c). Every output element sums the same terms in the same order for any WARPS: the same bits. The
 // records and the state tile hold one block a SM, so the block's warps are all there is to hide latency: 16
-// (ST_WARPS) took 5.27 ms over a 1k prompt's 24 layers on an H100 where 8 took 7.94 (the GPU tests found the two
-// builds bit-identical; docs/benchmarks/qwen35-4b-h200.md, stop 23).
+// (ST_WARPS) took 5.27 ms over a 1k prompt's 24 layers on an H100 where 8 took 7.94 and 32 took 5.96 (the GPU
+// tests found the builds bit-identical; docs/benchmarks/qwen35-4b-h200.md, stop 23).
 constexpr int ST_WARPS = 16;
 template <typename T, int WARPS>
 __device__ void gdn_chunk_state(const float* scratch, float* state, long long state_stride, const int* slots,
@@ -302,8 +302,7 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
     pdl_begin();
     extern __shared__ float smem[];
     constexpr int SP = BV + 1, TR = L / WARPS;   // TR: a warp's rows of a chunk
-    // step b reads P and V' in groups of 4 columns, past a warp's last row where TR < 4 (zeros of P: the same sums)
-    static_assert(L % WARPS == 0 && DK_MAX % (4 * WARPS) == 0, "whole rows and float4 groups a warp");
+    static_assert(L % (4 * WARPS) == 0 && DK_MAX % (4 * WARPS) == 0, "whole float4 groups a warp");
     float *Ws = smem, *Qg = Ws + L * DK_MAX, *Kt = Qg + L * DK_MAX, *Ps = Kt + L * DK_MAX, *Ss = Ps + L * L;
     float* Vs = Ss + DK_MAX * SP;
     const int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * BV;
@@ -403,14 +402,6 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         for (int d = warp; d < dk; d += WARPS) Sg[(long long)d * dv] = Ss[d * SP + lane];
 }
 
-#define STATE_KERNEL(suffix, T, WARPS)                                                                         \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS) gdn_chunk_state_w##WARPS##_##suffix(              \
-        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
-        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
-        gdn_chunk_state<T, WARPS>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out, nv, \
-                                  dk, dv);                                                                      \
-    }
-
 #define DELTA_RULE_KERNELS(suffix, T)                                                                          \
     extern "C" __global__ void gdn_decode_##suffix(                                                            \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
@@ -435,7 +426,11 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         gdn_chunk_prep<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, qs, ckpt_lens, scratch, nk, nv, dk,  \
                           dv);                                                                                  \
     }                                                                                                           \
-    STATE_KERNEL(suffix, T, 16)                                                                                 \
-    STATE_KERNEL(suffix, T, 32)
+    extern "C" __global__ void __launch_bounds__(32 * ST_WARPS) gdn_chunk_state_##suffix(                     \
+        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
+        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
+        gdn_chunk_state<T, ST_WARPS>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out,  \
+                                     nv, dk, dv);                                                               \
+    }
 
 FOR_EACH_DTYPE(DELTA_RULE_KERNELS)

@@ -9,7 +9,6 @@ finds its run's bounds on the device.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import cupy as cp
@@ -89,8 +88,7 @@ def qwen35_gated_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.n
         launch(SOURCE, f"gdn_chunk_prep_{sfx}", (-(-batch.max_query_len // CHUNK) + m - 1, int(nv), B),
                CHUNK_THREADS, (q3, qs, k3, ks, v3, vs, g32, b32, query_start, ck_lens, scratch, nk, nv, dk, dv),
                PREP_SMEM)
-        warps = int(os.environ.get("OPENINFER_GDN_STATE_WARPS", "16"))   # an experiment's switch: 16 or 32
-        launch(SOURCE, f"gdn_chunk_state_w{warps}_{sfx}", grid, 32 * warps,
+        launch(SOURCE, f"gdn_chunk_state_{sfx}", grid, STATE_THREADS,
                (scratch, state, state_stride, slots, query_start, ctx, ck_lens, ck_rows, out, nv, dk, dv),
                STATE_SMEM)
     return out
