@@ -71,7 +71,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     specs = [_parse_model(m) for m in a.model] or [(None, None)]
     for name, path in specs:
         host.add(build_engine(path, _engine_args(a, name)))
-    serve(host, a.host, a.port, a.log_level, api_keys=keys, shutdown_timeout=a.shutdown_timeout)
+    origins = [] if a.allowed_origins == ["none"] else a.allowed_origins or ["*"]
+    serve(host, a.host, a.port, a.log_level, api_keys=keys, shutdown_timeout=a.shutdown_timeout,
+          allowed_origins=origins)
     return 0
 
 
@@ -161,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-waiting-requests", type=int, default=None, metavar="N",
                    help="answer 503 with Retry-After to a generation request while N requests wait in its "
                         "model's queue (default: no limit)")
+    s.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN",
+                   help="origins browsers may call the API from (CORS), e.g. https://app.example; repeat for several "
+                        "(default: every origin, without credentials; 'none': no CORS)")
     s.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="S",
                    help="on SIGTERM / SIGINT, seconds that in-flight requests get to finish before they are aborted")
     _engine_flags(s)

@@ -1,5 +1,5 @@
-"""What an operator of the server relies on: API keys, a bound on the waiting queue (503 + Retry-After), the
-probes (/health, /live, /ping, /version) and the shutdown grace period reaching uvicorn."""
+"""What an operator of the server relies on: API keys, CORS for browsers, a bound on the waiting queue (503 +
+Retry-After), the probes (/health, /live, /ping, /version) and the shutdown grace period reaching uvicorn."""
 from __future__ import annotations
 
 import threading
@@ -107,6 +107,30 @@ def test_a_full_queue_answers_503_with_retry_after_and_recovers(quiet: FakeEngin
         assert ok.status_code == 200
 
 
+def test_browsers_may_call_from_any_origin_by_default_keys_still_apply(keyed: str) -> None:
+    origin = {"Origin": "https://ui.example"}
+    pre = httpx.options(keyed + "/v1/chat/completions", headers={**origin, "Access-Control-Request-Method": "POST",
+                                                                 "Access-Control-Request-Headers": "authorization"})
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "*"   # a preflight has no key
+    assert "authorization" in pre.headers["access-control-allow-headers"].lower()
+    denied = httpx.get(keyed + "/v1/models", headers=origin)
+    assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == "*"   # readable by the page
+    ok = httpx.get(keyed + "/v1/models", headers={**origin, "Authorization": "Bearer sk-first"})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "*"
+
+
+@pytest.mark.parametrize("origins, origin, allowed", [(("https://ui.example",), "https://ui.example", True),
+                                                      (("https://ui.example",), "https://evil.example", False),
+                                                      ((), "https://ui.example", False)])
+def test_allowed_origins(quiet: FakeEngine, origins: tuple, origin: str, allowed: bool) -> None:
+    with LiveServer(ModelHost({"quiet": quiet}), allowed_origins=origins) as url:
+        pre = httpx.options(url + "/v1/models", headers={"Origin": origin, "Access-Control-Request-Method": "GET"})
+        got = httpx.get(url + "/v1/models", headers={"Origin": origin})
+    assert got.status_code == 200
+    assert (pre.headers.get("access-control-allow-origin") == origin) is allowed
+    assert (got.headers.get("access-control-allow-origin") == origin) is allowed
+
+
 def test_a_waiting_limit_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_waiting_requests must be at least 1"):
         ModelHost(max_waiting_requests=0)
@@ -115,14 +139,20 @@ def test_a_waiting_limit_below_one_is_refused() -> None:
 def test_serve_passes_the_keys_and_the_grace_period(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
     monkeypatch.setattr(server_run.uvicorn.Server, "run", lambda self: seen.update(config=self.config))
-    monkeypatch.setattr(server_run, "create_app", lambda host, keys: seen.update(keys=keys) or object())
+    monkeypatch.setattr(server_run, "create_app",
+                        lambda host, keys, origins: seen.update(keys=keys, origins=origins) or object())
     monkeypatch.setenv("OPENINFER_API_KEY", "sk-env")
     built = []
     monkeypatch.setattr("openinfer.engine.build_engine", lambda path, args: built.append(args) or FakeEngine("demo"))
     assert cli.main(["serve", "--api-key", "sk-a", "--shutdown-timeout", "12.5", "--max-waiting-requests", "7",
                      "--generation-config", "none"]) == 0
     assert seen["keys"] == ["sk-a", "sk-env"] and seen["config"].timeout_graceful_shutdown == 12.5
-    assert len(built) == 1 and built[0].generation_config == "none"
+    assert seen["origins"] == ["*"]
+    assert cli.main(["serve", "--allowed-origins", "https://a.example", "--allowed-origins", "https://b.example"]) == 0
+    assert seen["origins"] == ["https://a.example", "https://b.example"]
+    assert cli.main(["serve", "--allowed-origins", "none"]) == 0 and seen["origins"] == []
+    assert len(built) == 3   # one engine a serve
+    assert built[0].generation_config == "none"
 
 
 def test_an_empty_api_key_is_an_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

@@ -4,7 +4,9 @@ Every route answers errors with the OpenAI envelope (errors.py), including unkno
 unexpected exceptions (a 500 that names no internals beyond the exception's message). The
 generation routes run raced against the client's disconnect (submission.until_disconnect).
 Probes: /health (readiness: 503 once an engine died), /live (liveness: the process answers),
-/ping (SageMaker's name for /health), /version. With API keys the app is wrapped in auth.APIKeyAuth.
+/ping (SageMaker's name for /health), /version. With API keys the app is wrapped in auth.APIKeyAuth; outside
+that, CORS (Starlette's pure ASGI middleware) answers browsers' preflights, which carry no key, for the
+allowed origins (every origin by default, without credentials, as vLLM does).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -62,8 +65,9 @@ def package_version() -> str:
         return "unknown"
 
 
-def create_app(host: ModelHost, api_keys: Sequence[str] = ()) -> ASGIApp:
-    """The server's ASGI app over `host`; with api_keys, every route but the probes wants one of them."""
+def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: Sequence[str] = ("*",)) -> ASGIApp:
+    """The server's ASGI app over `host`; with api_keys, every route but the probes wants one of them; browsers
+    may call it from allowed_origins (none: no CORS headers, so browsers refuse cross-origin calls)."""
     def generation(handler: Callable[[ModelHost, dict[str, Any]], Awaitable[Response]]) -> Handler:
         @endpoint
         async def route(request: Request) -> Response:
@@ -151,4 +155,7 @@ def create_app(host: ModelHost, api_keys: Sequence[str] = ()) -> ASGIApp:
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.host = host
-    return APIKeyAuth(app, api_keys) if api_keys else app
+    guarded: ASGIApp = APIKeyAuth(app, api_keys) if api_keys else app
+    if not allowed_origins:
+        return guarded
+    return CORSMiddleware(guarded, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"])

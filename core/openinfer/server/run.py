@@ -11,7 +11,7 @@ from .host import ModelHost
 
 
 def serve(host: ModelHost, address: str, port: int, log_level: str = "info", api_keys: Sequence[str] = (),
-          shutdown_timeout: float = 5.0) -> None:
+          shutdown_timeout: float = 5.0, allowed_origins: Sequence[str] = ("*",)) -> None:
     """Start the host's engines, serve HTTP on address:port until SIGINT/SIGTERM, then shut the
     engines down. On the signal the server stops accepting connections and in-flight requests get
     shutdown_timeout seconds to finish; the rest are aborted with their engine."""
@@ -23,8 +23,9 @@ def serve(host: ModelHost, address: str, port: int, log_level: str = "info", api
     gc.freeze()
     host.start()
     try:
-        config = uvicorn.Config(create_app(host, api_keys), host=address, port=port, log_level=log_level,
-                                lifespan="off", timeout_graceful_shutdown=shutdown_timeout)
+        app = create_app(host, api_keys, allowed_origins)
+        config = uvicorn.Config(app, host=address, port=port, log_level=log_level, lifespan="off",
+                                timeout_graceful_shutdown=shutdown_timeout)
         uvicorn.Server(config).run()
     finally:
         host.shutdown()
