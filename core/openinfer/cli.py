@@ -73,7 +73,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         host.add(build_engine(path, _engine_args(a, name)))
     origins = [] if a.allowed_origins == ["none"] else a.allowed_origins or ["*"]
     serve(host, a.host, a.port, a.log_level, api_keys=keys, shutdown_timeout=a.shutdown_timeout,
-          allowed_origins=origins)
+          allowed_origins=origins, log_stats=not a.disable_log_stats)
     return 0
 
 
@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN",
                    help="origins browsers may call the API from (CORS), e.g. https://app.example; repeat for several "
                         "(default: every origin, without credentials; 'none': no CORS)")
+    s.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic stats line (throughput, running / waiting requests, KV cache, prefix hits)")
     s.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="S",
                    help="on SIGTERM / SIGINT, seconds that in-flight requests get to finish before they are aborted")
     _engine_flags(s)

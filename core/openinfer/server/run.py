@@ -8,10 +8,11 @@ import uvicorn
 
 from .app import create_app
 from .host import ModelHost
+from .stats_log import StatsLogger
 
 
 def serve(host: ModelHost, address: str, port: int, log_level: str = "info", api_keys: Sequence[str] = (),
-          shutdown_timeout: float = 5.0, allowed_origins: Sequence[str] = ("*",)) -> None:
+          shutdown_timeout: float = 5.0, allowed_origins: Sequence[str] = ("*",), log_stats: bool = True) -> None:
     """Start the host's engines, serve HTTP on address:port until SIGINT/SIGTERM, then shut the
     engines down. On the signal the server stops accepting connections and in-flight requests get
     shutdown_timeout seconds to finish; the rest are aborted with their engine."""
@@ -22,10 +23,13 @@ def serve(host: ModelHost, address: str, port: int, log_level: str = "info", api
     gc.collect()
     gc.freeze()
     host.start()
+    stats = StatsLogger(host).start() if log_stats else None
     try:
         app = create_app(host, api_keys, allowed_origins)
         config = uvicorn.Config(app, host=address, port=port, log_level=log_level, lifespan="off",
                                 timeout_graceful_shutdown=shutdown_timeout)
         uvicorn.Server(config).run()
     finally:
+        if stats is not None:
+            stats.stop()
         host.shutdown()
