@@ -2,7 +2,7 @@
 
 Every route answers errors with the OpenAI envelope (errors.py), including unknown paths and
 unexpected exceptions (a 500 that names no internals beyond the exception's message). The
-generation routes run raced against the client's disconnect (submission.until_disconnect).
+generation routes (POST /v1/responses too, over one ResponseStore per app) run raced against the client's disconnect (submission.until_disconnect).
 Probes: /health (readiness: 503 once an engine died), /live (liveness: the process answers),
 /ping (SageMaker's name for /health), /version. With API keys the app is wrapped in auth.APIKeyAuth; outside
 that, CORS (Starlette's pure ASGI middleware) answers browsers' preflights, which carry no key, for the
@@ -28,10 +28,12 @@ from . import metrics
 from .auth import APIKeyAuth, ASGIApp
 from .chat import create_chat_completion
 from .completions import create_completion
-from .errors import APIError, bad_request, model_not_found
+from .errors import APIError, bad_request, internal_error, model_not_found
 from .fields import parse_json_object
 from .host import ModelHost
 from .protocol import parse_detokenize, parse_tokenize
+from .response_store import ResponseStore
+from .responses import create_response, retrieve_response
 from .submission import ClientDisconnected, until_disconnect
 
 log = logging.getLogger("openinfer.server")
@@ -50,7 +52,7 @@ def endpoint(fn: Handler) -> Handler:
             return Response(status_code=CLIENT_GONE)
         except Exception as e:
             log.exception("unexpected error on %s", request.url.path)
-            return APIError(500, f"Internal server error: {type(e).__name__}: {e}", code="internal_error").response()
+            return internal_error(e).response()
     return wrapped
 
 
@@ -74,6 +76,15 @@ def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: S
             body = await read_json(request)
             return await until_disconnect(request.receive, handler(host, body))
         return route
+
+    store = ResponseStore()
+
+    async def create_stored_response(host: ModelHost, body: dict[str, Any]) -> Response:
+        return await create_response(host, body, store)
+
+    @endpoint
+    async def get_response(request: Request) -> Response:
+        return retrieve_response(store, request.path_params["response_id"], dict(request.query_params))
 
     @endpoint
     async def list_models(_: Request) -> Response:
@@ -145,6 +156,8 @@ def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: S
         Route("/v1/models/{model:path}", get_model),
         Route("/v1/completions", generation(create_completion), methods=["POST"]),
         Route("/v1/chat/completions", generation(create_chat_completion), methods=["POST"]),
+        Route("/v1/responses", generation(create_stored_response), methods=["POST"]),
+        Route("/v1/responses/{response_id}", get_response),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/health", health),

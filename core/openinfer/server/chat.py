@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import Response
@@ -23,7 +24,7 @@ from openinfer.structured import OutputGrammar, reasoning_gate
 from openinfer.tokenizer import ChatTemplateError
 
 from .errors import bad_request
-from .generate import max_tokens_for, respond
+from .generate import Plan, max_tokens_for, respond
 from .host import ModelHost, ServedModel
 from .output import ChoiceOutput, Piece, finite, token_namer, vllm_prompt_logprobs
 from .protocol import ChatRequest, parse_chat
@@ -40,28 +41,43 @@ def _tool_delta(d: ToolCallDelta) -> dict[str, Any]:
     return out
 
 
-class ChatCompletionFormat:
-    prefix = "chatcmpl"
-    object = "chat.completion"
-    chunk_object = "chat.completion.chunk"
+@dataclass
+class ChatPrompt:
+    """A chat request's rendered prompt and its choices' plan, ready for generate.submit."""
+    text: str      # up to a forced call's opener
+    opener: str    # a forced call's opener, which ends the prompt the engine sees
+    ids: list[int]
+    plan: Plan
 
-    def __init__(self, model: ServedModel, req: ChatRequest, prompt_text: str, prompt_ids: list[int],
-                 opener: str = "") -> None:
+
+class ChatOutputs:
+    """How a chat prompt's output is read: reasoning split off, then tool calls (generate.Outputs)."""
+
+    def __init__(self, model: ServedModel, req: ChatRequest, prompt: ChatPrompt, prefix: str = "chatcmpl") -> None:
         self.engine = model.engine
         self.req = req
-        self.prompt_ids = prompt_ids
-        self._ids_sent = False           # return_token_ids: the prompt's ids went out with the first chunk
-        self.prompt_text = prompt_text   # up to a forced call's opener
-        self.opener = opener
-        self._role_sent: set[int] = set()
+        self.prefix = prefix
+        self.prompt_text = prompt.text
+        self.opener = prompt.opener
         # a structured output constrains the answer: where reasoning may come first, from its end marker on
-        self.reasoning_gate = reasoning_gate(self.engine.chat_format, prompt_text, self.engine.tokenizer) \
+        self.reasoning_gate = reasoning_gate(self.engine.chat_format, prompt.text, self.engine.tokenizer) \
             if req.gen.grammar is not None else None
 
     def output(self, params: SamplingParams) -> ChoiceOutput:
         parser = self.engine.chat_format.stream_parser(self.prompt_text, self.req.tools, self.opener)
         return ChoiceOutput(self.engine.tokenizer, self.engine.eos_token_ids, self.req.gen, params, parser,
                             calls_finish=self.req.tool_name is None)
+
+
+class ChatCompletionFormat(ChatOutputs):
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, model: ServedModel, req: ChatRequest, prompt: ChatPrompt) -> None:
+        super().__init__(model, req, prompt)
+        self.prompt_ids = prompt.ids
+        self._ids_sent = False           # return_token_ids: the prompt's ids went out with the first chunk
+        self._role_sent: set[int] = set()
 
     def _logprobs(self, samples: list) -> dict[str, Any] | None:
         if self.req.gen.logprobs is None:
@@ -126,7 +142,7 @@ class ChatCompletionFormat:
         return out
 
 
-def _render(model: ServedModel, req: ChatRequest) -> tuple[str, str, list[int]]:
+def _render(model: ServedModel, req: ChatRequest, prompt_param: str) -> tuple[str, str, list[int]]:
     """(the rendered prompt, a forced call's opener appended to it, the prompt's token ids)."""
     tokenizer, fmt = model.engine.tokenizer, model.engine.chat_format
     try:
@@ -134,7 +150,7 @@ def _render(model: ServedModel, req: ChatRequest) -> tuple[str, str, list[int]]:
         text = tokenizer.apply_chat_template(messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
                                              continue_final_message=req.continue_final_message, **req.template_kwargs)
     except ChatTemplateError as e:
-        raise bad_request(f"The chat template rejected the messages: {e}", "messages") from None
+        raise bad_request(f"The chat template rejected the messages: {e}", prompt_param) from None
     opener = ""
     if req.tool_required:
         forced = fmt.forced_tool_call(text, req.tool_name)
@@ -146,19 +162,27 @@ def _render(model: ServedModel, req: ChatRequest) -> tuple[str, str, list[int]]:
     ids = req.gen.truncated(tokenizer.encode(text + opener, add_special_tokens=req.add_special_tokens),
                             model.engine.max_model_len)
     if not ids:
-        raise bad_request("The chat template rendered an empty prompt.", "messages")
+        raise bad_request("The chat template rendered an empty prompt.", prompt_param)
     return text, opener, ids
+
+
+async def chat_prompt(model: ServedModel, req: ChatRequest, prompt_param: str = "messages") -> ChatPrompt:
+    """The prompt of `req` (messages; `prompt_param` names them in errors) and the SamplingParams of its choices;
+    a forced call's arguments held to their schemas where the line gives a grammar."""
+    text, opener, ids = await asyncio.to_thread(_render, model, req, prompt_param)  # off the event loop
+    if req.tool_required and (grammar := model.engine.chat_format.tool_call_grammar(req.tools, req.tool_name)):
+        req.gen.grammar = OutputGrammar("grammar", grammar, "tools")   # the arguments hold to their schemas
+    max_tokens = max_tokens_for(model, len(ids), req.gen, None, prompt_param)
+    engine = model.engine
+    plan = [(0, ids, req.gen.params(j, max_tokens, engine.tokenizer, engine.vocab_size, engine.sampling_defaults))
+            for j in range(req.gen.n)]
+    return ChatPrompt(text, opener, ids, plan)
 
 
 async def create_chat_completion(host: ModelHost, body: dict[str, Any]) -> Response:
     arrival = time.perf_counter()
     req = parse_chat(body)
     model = host.get(req.gen.model)
-    text, opener, ids = await asyncio.to_thread(_render, model, req)  # templating + encoding off the event loop
-    if req.tool_required and (grammar := model.engine.chat_format.tool_call_grammar(req.tools, req.tool_name)):
-        req.gen.grammar = OutputGrammar("grammar", grammar, "tools")   # the arguments hold to their schemas
-    max_tokens = max_tokens_for(model, len(ids), req.gen, None, "messages")
-    defaults = model.engine.sampling_defaults
-    plan = [(0, ids, req.gen.params(j, max_tokens, model.engine.tokenizer, model.engine.vocab_size, defaults))
-            for j in range(req.gen.n)]
-    return await respond(model, req.gen, ChatCompletionFormat(model, req, text, ids, opener), arrival, plan, [len(ids)])
+    prompt = await chat_prompt(model, req)
+    return await respond(model, req.gen, ChatCompletionFormat(model, req, prompt), arrival, prompt.plan,
+                         [len(prompt.ids)])

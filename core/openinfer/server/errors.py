@@ -43,5 +43,10 @@ def model_not_found(model: str) -> APIError:
                     type="invalid_request_error")
 
 
+def internal_error(e: Exception) -> APIError:
+    """An unexpected exception as a 500 that names no internals beyond the exception's message."""
+    return APIError(500, f"Internal server error: {type(e).__name__}: {e}", code="internal_error")
+
+
 def engine_error(message: str) -> APIError:
     return APIError(500, message, code="engine_error")

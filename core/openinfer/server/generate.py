@@ -7,7 +7,6 @@ things and the abort-on-every-exit rule (the SSE response takes over `close` onc
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any, AsyncIterator, Protocol
 
@@ -16,23 +15,26 @@ from starlette.responses import JSONResponse, Response
 from openinfer.sampling import SamplingParams
 from openinfer.structured import Constraint, GrammarError, ReasoningGate, compile_grammar
 
-from .errors import APIError, bad_request
+from .errors import bad_request
 from .host import ServedModel
 from .output import ChoiceOutput, Piece
 from .protocol import Generation
-from .sse import DONE, SSEResponse, error_event, event
+from .sse import DONE, SSEResponse, error_event, event, guarded
 from .submission import Choice, Submission
 
-log = logging.getLogger("openinfer.server")
 
-
-class Format(Protocol):
+class Outputs(Protocol):
+    """How an endpoint reads its choices' output: what submit() needs."""
     prefix: str          # response id prefix
-    object: str          # response object type
-    chunk_object: str    # stream chunk object type
     reasoning_gate: ReasoningGate | None   # where a structured output's grammar starts (None: at once)
 
     def output(self, params: SamplingParams) -> ChoiceOutput: ...
+
+
+class Format(Outputs, Protocol):
+    object: str          # response object type
+    chunk_object: str    # stream chunk object type
+
     def chunk_choice(self, c: Choice, piece: Piece) -> dict[str, Any] | None: ...
     def final_choice(self, c: Choice) -> dict[str, Any]: ...
     def response_fields(self, choices: list[Choice]) -> dict[str, Any]: ...   # top-level, non-streamed
@@ -75,18 +77,31 @@ async def constraints(model: ServedModel, gen: Generation, count: int,
         raise bad_request(f"The {spec.kind} of '{spec.param}' cannot be enforced: {str(e)[:500]}", spec.param) from None
 
 
-async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: float,
-                  plan: list[tuple[int, list[int], SamplingParams]], prompt_lens: list[int]) -> Response:
-    """plan: (prompt index, prompt ids, params) per choice, all validated before anything runs."""
+Plan = list[tuple[int, list[int], SamplingParams]]   # (prompt index, prompt ids, params) per choice
+
+
+async def submit(model: ServedModel, gen: Generation, outputs: Outputs, arrival: float, plan: Plan) -> Submission:
+    """Every choice of `plan` (all validated before anything runs) submitted and taken by the engine; on any
+    error the requests already submitted are aborted."""
     model.admit()
-    grammars = await constraints(model, gen, len(plan), fmt.reasoning_gate)
-    sub = Submission(model.engine, model.metrics, arrival, fmt.prefix)
+    grammars = await constraints(model, gen, len(plan), outputs.reasoning_gate)
+    sub = Submission(model.engine, model.metrics, arrival, outputs.prefix)
+    try:
+        for (prompt_index, ids, params), grammar in zip(plan, grammars):
+            sub.add(prompt_index, ids, params, outputs.output(params), gen.cache_salt, grammar)
+        await sub.started()
+    except BaseException:
+        sub.close()
+        raise
+    return sub
+
+
+async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: float, plan: Plan,
+                  prompt_lens: list[int]) -> Response:
+    sub = await submit(model, gen, fmt, arrival, plan)
     head = {"id": sub.id, "object": fmt.chunk_object, "created": int(time.time()), "model": model.name}
     streaming = False
     try:
-        for (prompt_index, ids, params), grammar in zip(plan, grammars):
-            sub.add(prompt_index, ids, params, fmt.output(params), gen.cache_salt, grammar)
-        await sub.started()
         if gen.stream:
             streaming = True
             return SSEResponse(_events(sub, gen, fmt, head, prompt_lens), sub.close)
@@ -101,16 +116,16 @@ async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: flo
 
 async def _events(sub: Submission, gen: Generation, fmt: Format, head: dict[str, Any],
                   prompt_lens: list[int]) -> AsyncIterator[str]:
-    try:
-        async for c, piece in sub.pieces():
-            if (choice := fmt.chunk_choice(c, piece)) is not None:
-                usage = sub.usage(prompt_lens) if gen.continuous_usage else None
-                yield event({**head, "choices": [choice], "usage": usage, **fmt.chunk_fields()})
-        if gen.include_usage:
-            yield event({**head, "choices": [], "usage": sub.usage(prompt_lens)})
-    except APIError as e:  # after the first byte an error can only be an event
-        yield error_event(e)
-    except Exception as e:
-        log.exception("stream %s failed", sub.id)
-        yield error_event(APIError(500, f"Internal server error: {type(e).__name__}: {e}", code="internal_error"))
+    async for text in guarded(_chunks(sub, gen, fmt, head, prompt_lens), sub.id, error_event):
+        yield text
     yield DONE
+
+
+async def _chunks(sub: Submission, gen: Generation, fmt: Format, head: dict[str, Any],
+                  prompt_lens: list[int]) -> AsyncIterator[str]:
+    async for c, piece in sub.pieces():
+        if (choice := fmt.chunk_choice(c, piece)) is not None:
+            usage = sub.usage(prompt_lens) if gen.continuous_usage else None
+            yield event({**head, "choices": [choice], "usage": usage, **fmt.chunk_fields()})
+    if gen.include_usage:
+        yield event({**head, "choices": [], "usage": sub.usage(prompt_lens)})

@@ -240,7 +240,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     elif f.get("top_logprobs", "int") is not None:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
     messages = parse_messages(f)
-    tools, forced = _tools(f)
+    tools, forced = parse_tools(f)
     kwargs = f.get("chat_template_kwargs", "object", {})
     for key in _RESERVED_TEMPLATE_KWARGS:
         if key in kwargs:
@@ -303,7 +303,7 @@ def parse_messages(f: Fields) -> list[dict[str, Any]]:
     return messages
 
 
-def _tools(f: Fields) -> tuple[list[dict[str, Any]] | None, str | None]:
+def parse_tools(f: Fields) -> tuple[list[dict[str, Any]] | None, str | None]:
     """The tools the model may call (None: tool calls off) and the forced call: None (tool_choice "auto" or "none"),
     "" ("required": a call of a function the model picks) or a function's name."""
     tools = f.get("tools", "list")

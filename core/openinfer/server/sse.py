@@ -10,14 +10,16 @@ request still queued in the engine writes nothing.
 from __future__ import annotations
 
 import json
+import logging
 from contextlib import aclosing
 from typing import Any, AsyncIterator, Callable
 
 from starlette.types import Receive, Scope, Send
 
-from .errors import APIError
+from .errors import APIError, internal_error
 from .submission import ClientDisconnected, until_disconnect
 
+log = logging.getLogger("openinfer.server")
 DONE = "data: [DONE]\n\n"
 _HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no")]
@@ -27,8 +29,27 @@ def event(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def typed_event(payload: dict[str, Any]) -> str:
+    """An event named by its payload's `type` (the Responses API's stream: `event: <type>` before the data)."""
+    return f"event: {payload['type']}\n{event(payload)}"
+
+
 def error_event(err: APIError) -> str:
     return event(err.body())
+
+
+async def guarded(events: AsyncIterator[str], stream_id: str, on_error: Callable[[APIError], str]
+                  ) -> AsyncIterator[str]:
+    """`events`, ended by one error event (`on_error`'s) if they fail: after the first byte an error can only
+    be an event."""
+    try:
+        async for text in events:
+            yield text
+    except APIError as e:
+        yield on_error(e)
+    except Exception as e:
+        log.exception("stream %s failed", stream_id)
+        yield on_error(internal_error(e))
 
 
 class SSEResponse:

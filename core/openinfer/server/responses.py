@@ -1,0 +1,115 @@
+"""POST /v1/responses and GET /v1/responses/{id}: OpenAI's Responses API (a subset, response_request.py) over the
+chat endpoint's path: the conversation's items become chat messages, chat.chat_prompt renders them and plans
+the one choice, and its parsed output (reasoning, content, tool calls) becomes output items (response_items.py).
+
+Status "incomplete" (incomplete_details.reason "max_output_tokens") when the output was cut by the token limit.
+usage.output_tokens_details.reasoning_tokens counts the reasoning text's tokens (the think tags not included).
+A stream is `event: <type>` / `data: <json>` pairs with increasing sequence_number: response.created,
+response.in_progress, each item's events, then response.completed (or response.incomplete) with the whole
+response; an error after the first byte is an `error` event. No `[DONE]`: OpenAI sends none here. A stored
+response (`store`, default true) is kept in the ResponseStore once it ended.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from starlette.responses import JSONResponse, Response
+
+from .chat import ChatOutputs, ChatPrompt, chat_prompt
+from .errors import APIError, bad_request
+from .generate import submit
+from .host import ModelHost, ServedModel
+from .response_items import Event, OutputItems
+from .response_request import ResponsesRequest, conversation_messages, parse_responses
+from .response_store import ResponseStore
+from .sse import SSEResponse, guarded, typed_event
+from .submission import Submission
+
+
+class ResponseRun:
+    """One response being generated: its object, its output items and its stream's sequence numbers."""
+
+    def __init__(self, model: ServedModel, req: ResponsesRequest, prompt: ChatPrompt,
+                 conversation: list[dict[str, Any]], store: ResponseStore) -> None:
+        self.model, self.req, self.prompt, self.store = model, req, prompt, store
+        self.conversation = conversation   # the input items, the previous responses' included
+        params = prompt.plan[0][2]         # the sampling values used, the model's defaults included
+        self.body: dict[str, Any] = {
+            "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
+            "status": "in_progress", "error": None, "incomplete_details": None, "instructions": req.instructions,
+            "model": model.name, "output": [], "usage": None, "temperature": params.temperature,
+            "top_p": params.top_p, "previous_response_id": req.previous_response_id, "store": req.store, **req.echo}
+        self.items = OutputItems(None if req.echo["parallel_tool_calls"] else 1)
+        self._seq = 0
+
+    def sse(self, payload: Event) -> str:
+        text = typed_event({**payload, "sequence_number": self._seq})
+        self._seq += 1
+        return text
+
+    def error_event(self, e: APIError) -> str:
+        return self.sse({"type": "error", "code": e.code, "message": e.message, "param": e.param})
+
+    async def collect(self, sub: Submission) -> dict[str, Any]:
+        async for _, piece in sub.pieces():
+            self.items.feed(piece.parsed)
+        self.finish(sub)
+        return self.body
+
+    async def stream(self, sub: Submission) -> AsyncIterator[str]:
+        for kind in ("response.created", "response.in_progress"):
+            yield self.sse({"type": kind, "response": self.body})
+        async for _, piece in sub.pieces():
+            for ev in self.items.feed(piece.parsed):
+                yield self.sse(ev)
+        for ev in self.finish(sub):
+            yield self.sse(ev)
+
+    def finish(self, sub: Submission) -> list[Event]:
+        """Close the output, complete the response object (stored when asked) and return the closing events."""
+        reason = sub.choices[0].out.finish_reason
+        status = "incomplete" if reason in ("length", "abort") else "completed"
+        events = self.items.finish(status)
+        output = self.items.items
+        u = sub.usage([len(self.prompt.ids)])
+        encode = self.model.engine.tokenizer.encode
+        reasoning = sum(len(encode(part["text"])) for item in output if item["type"] == "reasoning"
+                        for part in item["content"])
+        self.body.update(status=status, output=output, usage={
+            "input_tokens": u["prompt_tokens"], "input_tokens_details": u["prompt_tokens_details"],
+            "output_tokens": u["completion_tokens"], "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": u["total_tokens"]})
+        if reason == "length":
+            self.body["incomplete_details"] = {"reason": "max_output_tokens"}
+        if self.req.store:
+            self.store.put(self.body, self.conversation + output)
+        return [*events, {"type": f"response.{status}", "response": self.body}]
+
+
+async def create_response(host: ModelHost, body: dict[str, Any], store: ResponseStore) -> Response:
+    arrival = time.perf_counter()
+    req = parse_responses(body)
+    model = host.get(req.chat.gen.model)
+    previous = [] if req.previous_response_id is None else \
+        store.get(req.previous_response_id, "previous_response_id").conversation
+    conversation = previous + req.items
+    req.chat.messages = conversation_messages(req.instructions, conversation)
+    prompt = await chat_prompt(model, req.chat, "input")
+    run = ResponseRun(model, req, prompt, conversation, store)
+    sub = await submit(model, req.chat.gen, ChatOutputs(model, req.chat, prompt, "resp"), arrival, prompt.plan)
+    if req.chat.gen.stream:
+        return SSEResponse(guarded(run.stream(sub), sub.id, run.error_event), sub.close)
+    try:
+        return JSONResponse(await run.collect(sub))
+    finally:
+        sub.close()   # a no-op once finished; aborts the engine request on a disconnect or error
+
+
+def retrieve_response(store: ResponseStore, response_id: str, query: dict[str, str]) -> Response:
+    """GET /v1/responses/{id}: a stored response object (its query options, e.g. stream, are not supported)."""
+    if query:
+        key = next(iter(query))
+        raise bad_request(f"Unsupported parameter: '{key}'.", key, "unsupported_parameter")
+    return JSONResponse(store.get(response_id).body)
