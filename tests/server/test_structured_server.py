@@ -184,3 +184,16 @@ def test_a_tool_schema_that_cannot_be_enforced_is_a_400(client: openai.OpenAI) -
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="demo", messages=USER, tools=bad, tool_choice="required", max_tokens=5)
     assert e.value.body["param"] == "tools"
+
+
+def test_responses_text_format_json_schema(client: openai.OpenAI) -> None:
+    """/v1/responses' text.format goes the response_format way: the answer is JSON matching the schema."""
+    person = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
+    r = client.responses.create(model="demo", input=USER[0]["content"], text={"format": person},
+                                max_output_tokens=250, temperature=0)
+    assert r.status == "completed" and r.text.format.type == "json_schema"
+    check_person(json.loads(r.output_text))
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="demo", input="x", max_output_tokens=5, text={"format": {
+            "type": "json_schema", "name": "bad", "schema": {"minimum": "x"}}})
+    assert e.value.body["param"] == "text.format"

@@ -2,7 +2,8 @@
 
 Every route answers errors with the OpenAI envelope (errors.py), including unknown paths and
 unexpected exceptions (a 500 that names no internals beyond the exception's message). The
-generation routes (POST /v1/responses too, over one ResponseStore per app) run raced against the client's disconnect (submission.until_disconnect).
+generation routes (POST /v1/responses too, over one ResponseStore per app) run raced against the client's
+disconnect (submission.until_disconnect).
 Probes: /health (readiness: 503 once an engine died), /live (liveness: the process answers),
 /ping (SageMaker's name for /health), /version. With API keys the app is wrapped in auth.APIKeyAuth; outside
 that, CORS (Starlette's pure ASGI middleware) answers browsers' preflights, which carry no key, for the
@@ -32,8 +33,7 @@ from .errors import APIError, bad_request, internal_error, model_not_found
 from .fields import parse_json_object
 from .host import ModelHost
 from .protocol import parse_detokenize, parse_tokenize
-from .response_store import ResponseStore
-from .responses import create_response, retrieve_response
+from .responses import ResponseStore, create_response, retrieve_response
 from .submission import ClientDisconnected, until_disconnect
 
 log = logging.getLogger("openinfer.server")

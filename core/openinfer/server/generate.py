@@ -3,6 +3,7 @@ length check -> submit every choice -> wait until the engine took them -> stream
 
 An endpoint supplies a Format (how a choice becomes JSON); this module owns the order of
 things and the abort-on-every-exit rule (the SSE response takes over `close` once returned).
+submit() is the part before the output, which /v1/responses (its own output shape) shares.
 """
 from __future__ import annotations
 

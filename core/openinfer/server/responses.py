@@ -7,12 +7,17 @@ usage.output_tokens_details.reasoning_tokens counts the reasoning text's tokens 
 A stream is `event: <type>` / `data: <json>` pairs with increasing sequence_number: response.created,
 response.in_progress, each item's events, then response.completed (or response.incomplete) with the whole
 response; an error after the first byte is an `error` event. No `[DONE]`: OpenAI sends none here. A stored
-response (`store`, default true) is kept in the ResponseStore once it ended.
+response (`store`, default true) is kept in the ResponseStore once it ended: the last `capacity` (1000) in
+memory, each with its response object and its conversation (every input item, those of the responses before it
+included, then its output items), which a follow-up continues; instructions are not carried over, as OpenAI
+documents. A process restart forgets them.
 """
 from __future__ import annotations
 
 import time
 import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from starlette.responses import JSONResponse, Response
@@ -23,9 +28,32 @@ from .generate import submit
 from .host import ModelHost, ServedModel
 from .response_items import Event, OutputItems
 from .response_request import ResponsesRequest, conversation_messages, parse_responses
-from .response_store import ResponseStore
 from .sse import SSEResponse, guarded, typed_event
 from .submission import Submission
+
+
+@dataclass
+class StoredResponse:
+    body: dict[str, Any]                  # the response object as returned
+    conversation: list[dict[str, Any]]    # input items, then output items
+
+
+class ResponseStore:
+    def __init__(self, capacity: int = 1000) -> None:
+        self.capacity = capacity
+        self._responses: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def put(self, body: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        self._responses[body["id"]] = StoredResponse(body, conversation)
+        while len(self._responses) > self.capacity:
+            self._responses.popitem(last=False)
+
+    def get(self, response_id: str, param: str | None = None) -> StoredResponse:
+        """The stored response; a 404 naming `param` when it is unknown (never stored, or dropped)."""
+        stored = self._responses.get(response_id)
+        if stored is None:
+            raise APIError(404, f"Response with id '{response_id}' not found.", param, "not_found")
+        return stored
 
 
 class ResponseRun:
