@@ -43,8 +43,9 @@ async def guarded(events: AsyncIterator[str], stream_id: str, on_error: Callable
     """`events`, ended by one error event (`on_error`'s) if they fail: after the first byte an error can only
     be an event."""
     try:
-        async for text in events:
-            yield text
+        async with aclosing(events) as inner:   # closed with this one: its finally blocks cancel the choices' tasks
+            async for text in inner:
+                yield text
     except APIError as e:
         yield on_error(e)
     except Exception as e:
