@@ -51,11 +51,17 @@ def test_reads_land_in_place_through_reused_buffers(tmp_path):
     path = tmp_path / "blob"
     path.write_bytes(data.tobytes())
     buffers = [np.zeros(MIN_PIECE // 4, np.uint8) for _ in range(6)]   # 3 threads x 2: reused many times
-    seen_threads, contexts = set(), []
+    seen_threads, contexts, lock, second = set(), [], threading.Lock(), threading.Event()
 
     def sink(staged, dst, at, context):
-        seen_threads.add(threading.current_thread().name)
-        contexts.append(context)
+        with lock:
+            seen_threads.add(threading.current_thread().name)
+            contexts.append(context)
+            if len(seen_threads) > 1:
+                second.set()
+        # the first piece's thread holds on until another thread takes a piece: on a busy machine one thread could
+        # otherwise take them all, and the check below of reads spread over the pool would fail by timing alone
+        second.wait(10)
         return LateCopy(staged, dst, at)
 
     reader = StagedReader(buffers, sink, threads=3)
