@@ -72,9 +72,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     for name, path in specs:
         host.add(build_engine(path, _engine_args(a, name)))
     origins = [] if a.allowed_origins == ["none"] else a.allowed_origins or ["*"]
-    serve(host, a.host, a.port, a.log_level, api_keys=keys, shutdown_timeout=a.shutdown_timeout,
-          allowed_origins=origins, log_stats=not a.disable_log_stats)
-    return 0
+    return serve(host, a.host, a.port, a.log_level, api_keys=keys, shutdown_timeout=a.shutdown_timeout,
+                 allowed_origins=origins, log_stats=not a.disable_log_stats)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:

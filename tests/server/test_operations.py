@@ -2,7 +2,9 @@
 Retry-After), the probes (/health, /live, /ping, /version) and the shutdown grace period reaching uvicorn."""
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from typing import Iterator
 
 import httpx
@@ -129,6 +131,21 @@ def test_allowed_origins(quiet: FakeEngine, origins: tuple, origin: str, allowed
     assert got.status_code == 200
     assert (pre.headers.get("access-control-allow-origin") == origin) is allowed
     assert (got.headers.get("access-control-allow-origin") == origin) is allowed
+
+
+def test_a_dead_engine_ends_the_server_with_exit_status_1(caplog: pytest.LogCaptureFixture) -> None:
+    engine = FakeEngine("doomed")
+    result: list[int] = []
+    with caplog.at_level(logging.ERROR, logger="openinfer.server"):
+        t = threading.Thread(target=lambda: result.append(server_run.serve(
+            ModelHost({"doomed": engine}), "127.0.0.1", 0, "warning", log_stats=False, shutdown_timeout=1)))
+        t.start()
+        time.sleep(1.0)   # serving
+        assert t.is_alive() and not result
+        engine.kill("simulated crash")
+        t.join(timeout=10)
+    assert result == [server_run.ENGINE_DIED] and not t.is_alive()
+    assert any("engine died ('doomed': simulated crash)" in r.getMessage() for r in caplog.records)
 
 
 def test_a_waiting_limit_below_one_is_refused() -> None:
