@@ -268,3 +268,14 @@ def test_the_store_keeps_the_most_recent() -> None:
     with pytest.raises(APIError) as e:
         store.get("resp_0", "previous_response_id")
     assert (e.value.status, e.value.param) == (404, "previous_response_id")
+
+
+def test_chat_template_kwargs_switch_thinking_off(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say("Plain.")
+    client.responses.create(model="fake", input="hi")
+    thinking = prompt_text(fake)
+    client.responses.create(model="fake", input="hi", extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert "<think>" not in thinking and prompt_text(fake).endswith("<think>\n\n</think>\n\n")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="fake", input="hi", extra_body={"chat_template_kwargs": {"tools": []}})
+    assert e.value.body["param"] == "chat_template_kwargs.tools"

@@ -241,12 +241,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
     messages = parse_messages(f)
     tools, forced = parse_tools(f)
-    kwargs = f.get("chat_template_kwargs", "object", {})
-    for key in _RESERVED_TEMPLATE_KWARGS:
-        if key in kwargs:
-            raise bad_request(f"'chat_template_kwargs.{key}' is set by the server; pass it as a request field.",
-                              f"chat_template_kwargs.{key}")
-    req = ChatRequest(gen, messages, tools, kwargs, f.get("add_generation_prompt", "bool", True),
+    req = ChatRequest(gen, messages, tools, template_kwargs(f), f.get("add_generation_prompt", "bool", True),
                       f.get("add_special_tokens", "bool", False), forced is not None, forced or None)
     if req.tool_required and gen.grammar is not None:
         raise bad_request(f"A tool_choice that forces a call cannot be combined with '{gen.grammar.param}': the "
@@ -352,6 +347,16 @@ class TokenizeRequest:
     continue_final_message: bool = False
 
 
+def template_kwargs(f: Fields) -> dict[str, Any]:
+    """chat_template_kwargs (e.g. Qwen3's enable_thinking), without the arguments the server passes itself."""
+    kwargs = f.get("chat_template_kwargs", "object", {})
+    for key in _RESERVED_TEMPLATE_KWARGS:
+        if key in kwargs:
+            raise bad_request(f"'chat_template_kwargs.{key}' is set by the server; pass it as a request field.",
+                              f"chat_template_kwargs.{key}")
+    return kwargs
+
+
 def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
     f = Fields(body)
     model = f.get("model", "str", required=True)
@@ -360,8 +365,7 @@ def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
     prompt = f.get("prompt", "str") if "prompt" in body else None
     messages = parse_messages(f) if "messages" in body else None
     req = TokenizeRequest(model, prompt, messages, f.get("add_special_tokens", "bool", messages is None),
-                          f.get("add_generation_prompt", "bool", True), f.get("chat_template_kwargs", "object", {}),
-                          f.get("tools", "list"))
+                          f.get("add_generation_prompt", "bool", True), template_kwargs(f), f.get("tools", "list"))
     if messages is not None:
         req.continue_final_message = _continue_final_message(f, req.add_generation_prompt)
     f.finish()

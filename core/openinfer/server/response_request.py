@@ -7,8 +7,8 @@ message with tool_calls and `tool` messages, as a chat client sends them), and r
 out of the prompt (chat templates drop past turns' reasoning). `instructions` is a system message placed first.
 Tools come in the Responses' flat form ({"type": "function", "name", …}); a built-in tool is a 400 naming `tools`.
 `parallel_tool_calls` false keeps the first call only. `text.format` json_object / json_schema constrains the
-answer as chat's response_format does. Anything else unknown (e.g. `reasoning` effort, `top_logprobs`,
-`background`) is a 400 naming it.
+answer as chat's response_format does. vLLM's `chat_template_kwargs` work as on chat (Qwen3's enable_thinking).
+Anything else unknown (e.g. `reasoning` effort, `top_logprobs`, `background`) is a 400 naming it.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from openinfer.structured import OutputGrammar
 
 from .errors import bad_request
 from .fields import IGNORED, Fields, is_kind
-from .protocol import ChatRequest, Generation, parse_tools
+from .protocol import ChatRequest, Generation, parse_tools, template_kwargs
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text")
@@ -52,7 +52,8 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
     if forced is not None and gen.grammar is not None:
         raise bad_request("A tool_choice that forces a call cannot be combined with 'text.format': the output is "
                           "the call.", "text.format")
-    chat = ChatRequest(gen, [], chat_tools, {}, tool_required=forced is not None, tool_name=forced or None)
+    chat = ChatRequest(gen, [], chat_tools, template_kwargs(f), tool_required=forced is not None,
+                       tool_name=forced or None)
     metadata = f.get("metadata", "object")
     if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
         raise bad_request("'metadata' must map keys to strings.", "metadata", "invalid_type")
