@@ -23,7 +23,7 @@ def error_of(r: httpx.Response, status: int) -> dict:
 
 @pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'"text"', b"", b"\xff\xfe"])
 def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> None:
-    for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"):
         r = http.post(path, content=content, headers={"content-type": "application/json"})
         assert error_of(r, 400)["code"] == "invalid_json"
 
@@ -234,6 +234,23 @@ def test_mid_stream_failure_is_an_error_event(server: str, fake: FakeEngine) -> 
                 if i == 2:
                     fake.kill("boom")
     fake.dead_reason = None
+
+
+def test_mid_stream_failure_of_a_response_is_an_error_event(server: str, fake: FakeEngine) -> None:
+    fake.step_s = 0.002
+    with httpx.Client(base_url=server) as http:
+        body = {"model": "fake", "input": "x", "max_output_tokens": 1000, "stream": True}
+        with http.stream("POST", "/v1/responses", json=body) as r:
+            lines = r.iter_lines()
+            assert next(lines) == "event: response.created"
+            fake.kill("boom")
+            events = [line for line in lines if line]
+    fake.dead_reason = None
+    assert events[-2] == "event: error" and not any(line.startswith("data: [DONE]") for line in events)
+    last = json.loads(events[-1][len("data: "):])
+    assert (last["type"], last["message"], last["code"]) == ("error", "engine died: boom", "engine_error")
+    numbers = [json.loads(line[len("data: "):])["sequence_number"] for line in events if line.startswith("data: ")]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))   # the error event keeps the count
 
 
 def test_dead_engine_health_and_requests(http: httpx.Client, fake: FakeEngine) -> None:
