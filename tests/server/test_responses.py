@@ -217,7 +217,9 @@ def test_generation_config_defaults_apply(client: openai.OpenAI, fake: FakeEngin
 
 @pytest.mark.parametrize("extra, param", [
     ({"frobnicate": 1}, "frobnicate"),
-    ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"reasoning": {"summary": "long"}}, "reasoning.summary"),
+    ({"reasoning": {"generate_summary": "auto"}}, "reasoning.generate_summary"),
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"tools": [{"type": "function"}]}, "tools[0].name"),
     ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice"),
@@ -279,3 +281,17 @@ def test_chat_template_kwargs_switch_thinking_off(client: openai.OpenAI, fake: F
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="fake", input="hi", extra_body={"chat_template_kwargs": {"tools": []}})
     assert e.value.body["param"] == "chat_template_kwargs.tools"
+
+
+def test_reasoning_effort_switches_thinking_and_is_echoed(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say("Plain.")
+    r = client.responses.create(model="fake", input="hi", reasoning={"effort": "high", "summary": "auto"})
+    assert "<think>" not in prompt_text(fake) and (r.reasoning.effort, r.reasoning.summary) == ("high", "auto")
+    for effort in ("none", "minimal"):
+        r = client.responses.create(model="fake", input="hi", reasoning={"effort": effort})
+        assert prompt_text(fake).endswith("<think>\n\n</think>\n\n") and r.reasoning.effort == effort
+    # an explicit template switch wins over the effort
+    client.responses.create(model="fake", input="hi", reasoning={"effort": "minimal"},
+                            extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert "<think>" not in prompt_text(fake)
+    assert client.responses.create(model="fake", input="hi").reasoning.effort is None

@@ -7,8 +7,9 @@ message with tool_calls and `tool` messages, as a chat client sends them), and r
 out of the prompt (chat templates drop past turns' reasoning). `instructions` is a system message placed first.
 Tools come in the Responses' flat form ({"type": "function", "name", …}); a built-in tool is a 400 naming `tools`.
 `parallel_tool_calls` false keeps the first call only. `text.format` json_object / json_schema constrains the
-answer as chat's response_format does. vLLM's `chat_template_kwargs` work as on chat (Qwen3's enable_thinking).
-Anything else unknown (e.g. `reasoning` effort, `top_logprobs`, `background`) is a 400 naming it.
+answer as chat's response_format does. vLLM's `chat_template_kwargs` work as on chat (Qwen3's enable_thinking);
+`reasoning.effort` none or minimal turns thinking off (the other efforts leave it on), `reasoning.summary` is
+accepted and writes none. Anything else unknown (e.g. `top_logprobs`, `background`) is a 400 naming it.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from .fields import IGNORED, Fields, is_kind
 from .protocol import ChatRequest, Generation, parse_tools, template_kwargs
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")   # OpenAI's reasoning.effort values
+THINKING_OFF = ("none", "minimal")
+SUMMARIES = ("auto", "concise", "detailed")
 _TEXT_PARTS = ("input_text", "output_text")
 
 
@@ -57,12 +61,12 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
     metadata = f.get("metadata", "object")
     if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
         raise bad_request("'metadata' must map keys to strings.", "metadata", "invalid_type")
-    reasoning = f.sub("reasoning")
-    if reasoning is not None:
-        reasoning.finish()   # {} or nulls only: the model's own reasoning is what it does
+    reasoning = _reasoning(f)
+    if reasoning["effort"] in THINKING_OFF:   # the one dial a hybrid thinker has: thinking off
+        chat.template_kwargs.setdefault("enable_thinking", False)
     echo = {"max_output_tokens": gen.max_tokens, "tools": tools, "tool_choice": choice or "auto",
             "parallel_tool_calls": f.get("parallel_tool_calls", "bool", True), "metadata": metadata or {},
-            "text": {"format": text or {"type": "text"}}}
+            "text": {"format": text or {"type": "text"}}, "reasoning": reasoning}
     req = ResponsesRequest(chat, items, f.get("instructions", "str"), f.get("previous_response_id", "str"),
                            f.get("store", "bool", True), echo)
     f.only("truncation", "disabled")
@@ -70,6 +74,20 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
     f.only("include", [])
     f.finish(IGNORED)
     return req
+
+
+def _reasoning(f: Fields) -> dict[str, str | None]:
+    """`reasoning` {effort, summary} as the response repeats it. The Qwen lines think or not (enable_thinking), so
+    effort none / minimal turns thinking off and the others leave it on; summary is accepted (clients such as Codex
+    send "auto") and none is written: the whole reasoning is in the reasoning item's content."""
+    r = f.sub("reasoning") or Fields({}, "reasoning")
+    effort, summary = r.get("effort", "str"), r.get("summary", "str")
+    if effort is not None and effort not in EFFORTS:
+        raise bad_request(f"'reasoning.effort' must be one of {', '.join(EFFORTS)}.", "reasoning.effort")
+    if summary is not None and summary not in SUMMARIES:
+        raise bad_request(f"'reasoning.summary' must be one of {', '.join(SUMMARIES)}.", "reasoning.summary")
+    r.finish()
+    return {"effort": effort, "summary": summary}
 
 
 def _text_format(f: Fields) -> dict[str, Any] | None:
