@@ -291,11 +291,15 @@ def parse_messages(f: Fields) -> list[dict[str, Any]]:
         mf.get("tool_calls", "list")
         mf.only("refusal", "")
         mf.finish()
-        # "developer" is OpenAI's newer name for the system role; templates know only "system".
-        # Null content (an assistant turn that only called tools) renders as "", as in vLLM:
-        # templates read message.content unguarded.
-        messages.append({**m, "role": "system" if role == "developer" else role, "content": content or ""})
+        messages.append(template_message(m))
     return messages
+
+
+def template_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A validated message as the chat template reads it. "developer" is OpenAI's newer name for the system role;
+    templates know only "system". Null content (an assistant turn that only called tools) renders as "", as in
+    vLLM: templates read message.content unguarded."""
+    return {**m, "role": "system" if m["role"] == "developer" else m["role"], "content": m.get("content") or ""}
 
 
 def parse_tools(f: Fields) -> tuple[list[dict[str, Any]] | None, str | None]:

@@ -20,7 +20,7 @@ from openinfer.structured import OutputGrammar
 
 from .errors import bad_request
 from .fields import IGNORED, Fields, is_kind
-from .protocol import ChatRequest, Generation, parse_tools, template_kwargs
+from .protocol import ChatRequest, Generation, parse_tools, template_kwargs, template_message
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")   # OpenAI's reasoning.effort values
@@ -203,8 +203,7 @@ def conversation_messages(instructions: str | None, items: list[dict[str, Any]])
     messages: list[dict[str, Any]] = [] if instructions is None else [{"role": "system", "content": instructions}]
     for item in items:
         if item["type"] == "message":
-            role = "system" if item["role"] == "developer" else item["role"]   # templates know only "system"
-            messages.append({"role": role, "content": _content(item["content"])})
+            messages.append(template_message({"role": item["role"], "content": _content(item["content"])}))
         elif item["type"] == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
