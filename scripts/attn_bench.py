@@ -8,8 +8,13 @@ sizing), CALLS calls captured into one CUDA graph, the replay timed with CUDA ev
 the K/V bytes one call must read (batch x context x 8 heads x 128 x 2 x 2 bytes) over its time;
 the H200 copies at ~4.3 TB/s. "max |diff|" compares each variant's output with the first one's. --split-keys
 repeats each point for each fewest-keys-a-split (OPENINFER_DECODE_SPLIT_KEYS).
+
+--layout head-major asks what a cache laid out [block][kv head][token][d] would read at: each (sequence, KV head)
+becomes a sequence of its own with one KV head and its 4 query heads, so a block reads its keys in 4 KB runs
+(16 tokens x 256 bytes) where the engine's [block][token][kv head][d] gives it 256-byte runs 2 KB apart. The
+bytes, the blocks a grid holds and their work are the same; the rows print as batch x 8.
     python scripts/attn_bench.py [--batches 1,32,128] [--contexts 1024,16384] [--max-model-len 20480]
-                                 [--split-keys 64,256] [--variants old,new,nocl]
+                                 [--split-keys 64,256] [--variants old,new,nocl] [--layout token-major,head-major]
 """
 from __future__ import annotations
 
@@ -28,12 +33,13 @@ NH, NKV, D, BS = 32, 8, 128, 16
 CALLS = 20
 
 
-def make_inputs(batch: int, context: int, max_model_len: int, rng: np.random.Generator):
+def make_inputs(batch: int, context: int, max_model_len: int, rng: np.random.Generator, nh: int = NH,
+                nkv: int = NKV):
     per = -(-context // BS)
     num_blocks = batch * per + 1
     tables = (1 + rng.permutation(batch * per).astype(np.int32)).reshape(batch, per)
-    k, v = (cp.random.standard_normal((num_blocks, BS, NKV, D), dtype=cp.float32).astype(BF16) for _ in range(2))
-    q = cp.random.standard_normal((batch, NH, D), dtype=cp.float32).astype(BF16)
+    k, v = (cp.random.standard_normal((num_blocks, BS, nkv, D), dtype=cp.float32).astype(BF16) for _ in range(2))
+    q = cp.random.standard_normal((batch, nh, D), dtype=cp.float32).astype(BF16)
     qs, lens = np.arange(batch + 1, dtype=np.int32), np.full(batch, context, np.int32)
     fb = ForwardBatch(
         token_ids=cp.zeros(batch, cp.int32), positions=cp.asarray(lens - 1), slot_mapping=cp.zeros(batch, cp.int64),
@@ -52,6 +58,8 @@ def main() -> None:
                     "OPENINFER_DECODE_CLUSTER says), nocl (tensor-core without clusters), cl (tensor-core in clusters "
                     "of up to 8), comma-separated")
     ap.add_argument("--split-keys", default=str(attention_decode.DECODE_SPLIT_KEYS))
+    ap.add_argument("--layout", default="token-major", help="token-major (the engine's), head-major (emulated, "
+                    "see above), comma-separated")
     args = ap.parse_args()
     kinds = {"old": (False, 1), "new": (True, attention_decode.DECODE_CLUSTER), "nocl": (True, 1),
              "cl": (True, 8)}   # mma, most CTAs a cluster
@@ -63,13 +71,14 @@ def main() -> None:
     kernel = attention_decode.decode_kernel("bf16", D, 2, True)
     print("clusters of 2..8 the device holds at once:", [max_active_clusters(kernel.source, kernel.name, kernel.threads,
                                                                               kernel.smem, c) for c in range(2, 9)])
-    print(f"{'batch':>5} {'context':>7} {'keys':>5} {'KV MB':>8} "
+    print(f"{'lay':5} {'batch':>5} {'context':>7} {'keys':>5} {'KV MB':>8} "
           + " ".join(f"{n + ' ms':>9} {n + ' GB/s':>10}" for n, *_ in variants) + f" {'max |diff|':>10}")
-    points = [(int(b), int(c), int(k)) for b in args.batches.split(",") for c in args.contexts.split(",")
-              for k in args.split_keys.split(",")]
-    for b, ctx, keys in points:
+    points = [(lay, int(b), int(c), int(k)) for lay in args.layout.split(",") for b in args.batches.split(",")
+              for c in args.contexts.split(",") for k in args.split_keys.split(",")]
+    for layout, b, ctx, keys in points:
         attention_decode.DECODE_SPLIT_KEYS = keys
-        q, k, v, fb = make_inputs(b, ctx, args.max_model_len, rng)
+        heads = (NH // NKV, 1) if layout == "head-major" else (NH, NKV)
+        q, k, v, fb = make_inputs(b * NKV // heads[1], ctx, args.max_model_len, rng, *heads)
         scale = D ** -0.5
         outs, ms = {}, {}
         for name, mma, cluster in variants:
@@ -80,7 +89,7 @@ def main() -> None:
         kv_bytes = b * ctx * NKV * D * 2 * 2
         first = outs[variants[0][0]]
         diff = max(float(np.abs(o - first).max()) for o in outs.values())
-        print(f"{b:>5} {ctx:>7} {keys:>5} {kv_bytes / 1e6:>8.1f} "
+        print(f"{layout[:5]} {b:>5} {ctx:>7} {keys:>5} {kv_bytes / 1e6:>8.1f} "
               + " ".join(f"{t:>9.4f} {kv_bytes / t / 1e6:>10.0f}" for t in ms.values()) + f" {diff:>10.2e}")
         del q, k, v, fb, outs
         cp.get_default_memory_pool().free_all_blocks()

@@ -9,7 +9,9 @@ operands: bf16 in and out, fp32 compute, row-major y[M, N] = x[M, K] @ w[N, K].T
 y^T = op_T(w) @ x^T, as blas.py does. Times are CUDA-graph replays cycling through distinct weight copies
 (gemv_bench.graph_us, weight_copies), so weights come from HBM, not L2; GB/s counts weight bytes only. Every
 algorithm's output is checked against GemmEx's; one off by more than 1e-2 of max|y| is flagged and never "best".
-The chain line adds the per-shape times up as a decode step runs them (36 layers x qkv, o, gate_up, down +
+--wide adds cuBLASLt's best configurations of every algorithm id (search limited by algorithm id) and each of those
+split over K in 2-16 parts with each reduction scheme it supports (lt.Lt.wide_candidates); their indices print
+as w0, w1, ... after the heuristic's 0..N-1. The chain line adds the per-shape times up as a decode step runs them (36 layers x qkv, o, gate_up, down +
 lm_head = 145 GEMMs): arithmetic, not a measured chain.
 """
 from __future__ import annotations
@@ -28,8 +30,9 @@ MAX_REL_ERR = 1e-2                  # max|y - y_GemmEx| / max|y_GemmEx| above th
 CHAIN_COUNTS = {"qkv": 36, "o": 36, "gate_up": 36, "down": 36, "lm_head": 1}   # GEMMs of one Qwen3-4B decode step
 
 
-def measure(lt: Lt, ws: list[cp.ndarray], m: int, count: int, reps: int) -> dict:
-    """GemmEx and each usable heuristic algorithm on x[m, K] against the weight copies ws, us per GEMM."""
+def measure(lt: Lt, ws: list[cp.ndarray], m: int, count: int, reps: int, wide: bool = False) -> dict:
+    """GemmEx and each usable heuristic algorithm (and with `wide`, lt.wide_candidates) on x[m, K] against the
+    weight copies ws, us per GEMM."""
     n, k = ws[0].shape
     x, y = rand(m, k), cp.empty((m, n), dtype=bf)
     ref = blas.linear(x, ws[0]).astype(cp.float32)
@@ -37,22 +40,31 @@ def measure(lt: Lt, ws: list[cp.ndarray], m: int, count: int, reps: int) -> dict
     row = {"m": m, "gemmex_us": graph_us(lambda: [blas.linear(x, w) for w in ws], reps=reps) / len(ws),
            "algos": [], "skipped": []}
     lay = layouts(lt.lib, m, n, k)
+    candidates, seen = [], set()
     for index, result in enumerate(lt.heuristics(lay, count)):
         if result.state or result.workspace_size > WORKSPACE_BYTES:
             row["skipped"].append({"index": index, "why": f"state {result.state}, workspace {result.workspace_size}"})
             continue
+        candidates.append((index, result.algo, result.workspace_size, result.waves_count))
+        seen.add(bytes(result.algo))
+    if wide:
+        extra = [a for a in lt.wide_candidates(lay) if bytes(a) not in seen]
+        candidates += [(f"w{i}", a, None, None) for i, a in enumerate(extra)]
+    for index, algo, workspace, waves in candidates:
         try:
-            lt.matmul(result.algo, lay, x, ws[0], y)   # checked eagerly first: a failing call never gets captured
+            lt.matmul(algo, lay, x, ws[0], y)   # checked eagerly first: a failing call never gets captured
         except RuntimeError as e:
             row["skipped"].append({"index": index, "why": str(e)})
             continue
         rel_err = float(cp.abs(y.astype(cp.float32) - ref).max()) / scale
-        us = graph_us(lambda: [lt.matmul(result.algo, lay, x, w, y) for w in ws], reps=reps) / len(ws)
+        us = graph_us(lambda: [lt.matmul(algo, lay, x, w, y) for w in ws], reps=reps) / len(ws)
         row["algos"].append({"index": index, "us": us, "rel_err": rel_err, "flagged": rel_err > MAX_REL_ERR,
-                             "workspace": result.workspace_size, "waves": result.waves_count})
+                             "workspace": workspace, "waves": waves, "algo": bytes(algo).hex()})
     good = [a for a in row["algos"] if not a["flagged"]]
     best = min(good, key=lambda a: a["us"]) if good else None
     row["best_index"], row["best_us"] = (best["index"], best["us"]) if best else (None, None)
+    heur = [a for a in good if isinstance(a["index"], int)]
+    row["best_heuristic_us"] = min(a["us"] for a in heur) if heur else None
     return row
 
 
@@ -77,9 +89,12 @@ def print_chain(rows: list[dict], shapes: list[str], ms: list[int]) -> list[dict
         at_m = [r for r in rows if r["m"] == m]
         gemmex = chain_us({r["shape"]: r["gemmex_us"] for r in at_m})
         best = chain_us({r["shape"]: r["best_us"] or r["gemmex_us"] for r in at_m})
-        print(f"  M={m:<4} GemmEx {gemmex:7.0f} us ({floor / gemmex:4.0%} of floor)   best Lt per shape "
-              f"{best:7.0f} us ({floor / best:4.0%})   speed-up {gemmex / best:.3f}")
-        out.append({"m": m, "gemms": gemms, "weight_bytes": nbytes, "gemmex_us": gemmex, "best_lt_us": best})
+        heur = chain_us({r["shape"]: r["best_heuristic_us"] or r["gemmex_us"] for r in at_m})
+        print(f"  M={m:<4} GemmEx {gemmex:7.0f} us ({floor / gemmex:4.0%} of floor)   best heuristic Lt per shape "
+              f"{heur:7.0f} us ({floor / heur:4.0%})   best of all tried {best:7.0f} us ({floor / best:4.0%})   "
+              f"speed-up {gemmex / best:.3f}")
+        out.append({"m": m, "gemms": gemms, "weight_bytes": nbytes, "gemmex_us": gemmex, "best_heuristic_us": heur,
+                    "best_lt_us": best})
     return out
 
 
@@ -90,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--m", nargs="+", type=int, default=[16, 32, 64, 128, 256], help="rows (batch) to measure")
     p.add_argument("--algos", type=int, default=16, help="cuBLASLt heuristic results to request per problem")
     p.add_argument("--reps", type=int, default=20, help="graph replays per timing")
+    p.add_argument("--wide", action="store_true", help="also every algorithm id's configurations and split-K "
+                   "variants (lt.Lt.wide_candidates)")
     p.add_argument("--output-json", help="also write every row and every algorithm's time here")
     return p.parse_args(argv)
 
@@ -104,8 +121,8 @@ def print_row(row: dict) -> None:
     ok, got = len(row["algos"]) - len(flagged), len(row["algos"]) + len(row["skipped"])
     name = f"{row['shape']} {row['k']}->{row['n']}"
     print(f"{name:<24} {row['m']:>4} {gemmex:9.1f} {weight_gbps / gemmex:5.0f} "
-          f"{first:8.1f} {best:10.1f} {'-' if row['best_index'] is None else row['best_index']:>3} "
-          f"{weight_gbps / best:5.0f} {gemmex / best:8.3f} {f'{ok}/{got}':>7} {','.join(flagged) or '-':>7}")
+          f"{first:8.1f} {best:10.1f} {'-' if row['best_index'] is None else row['best_index']:>4} "
+          f"{weight_gbps / best:5.0f} {gemmex / best:8.3f} {f'{ok}/{got}':>7} {len(flagged):>7}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,14 +132,14 @@ def main(argv: list[str] | None = None) -> None:
     device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     print(f"{device}, cuBLASLt {lt.lib.cublasLtGetVersion()}, top {args.algos} heuristic algorithms, "
           f"workspace {WORKSPACE_BYTES >> 20} MiB")
-    print(f"\n{'GEMM (K->N)':<24} {'M':>4} {'GemmEx us':>9} {'GB/s':>5} {'Lt#0 us':>8} {'best Lt us':>10} {'#':>3} "
+    print(f"\n{'GEMM (K->N)':<24} {'M':>4} {'GemmEx us':>9} {'GB/s':>5} {'Lt#0 us':>8} {'best Lt us':>10} {'#':>4} "
           f"{'GB/s':>5} {'speed-up':>8} {'ok/got':>7} {'flagged':>7}")
     rows = []
     for shape in args.shapes:
         k, n = SHAPES_4B[shape]
         ws = [rand(n, k, scale=k ** -0.5) for _ in range(weight_copies(2 * n * k))]
         for m in args.m:
-            row = {"shape": shape, "k": k, "n": n, **measure(lt, ws, m, args.algos, args.reps)}
+            row = {"shape": shape, "k": k, "n": n, **measure(lt, ws, m, args.algos, args.reps, args.wide)}
             rows.append(row)
             print_row(row)
         del ws

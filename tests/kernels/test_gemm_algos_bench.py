@@ -35,7 +35,7 @@ def test_chain_arithmetic():
                                                                  9728 * 2560) + 2560 * 151936) == 8_044_544_000
 
 
-TIMES = {"gemmex": 10.0, 0: 12.0, 2: 4.0, 3: 8.0}   # us per GEMM; algorithm 2 is fastest but computes garbage
+TIMES = {"gemmex": 10.0, 0: 12.0, 2: 4.0, 3: 8.0, 5: 6.0}   # us per GEMM; algorithm 2 is fastest but wrong
 
 
 class FakeLt:
@@ -49,6 +49,12 @@ class FakeLt:
             r.algo.data[0], r.workspace_size = i, 1 << 20
         results[1].state = 15   # CUBLAS_STATUS_NOT_SUPPORTED
         return results[:count]
+
+    def wide_candidates(self, lay):
+        """--wide: a duplicate of heuristic #3 (tried once) and #5, the fastest correct one."""
+        found = [lt.MatmulAlgo(), lt.MatmulAlgo()]
+        found[0].data[0], found[1].data[0] = 3, 5
+        return found
 
     def matmul(self, algo, lay, x, w, y):
         FakeLt.last = algo.data[0]
@@ -83,3 +89,7 @@ def test_run_on_host_stand_ins(monkeypatch, tmp_path, capsys):
         [(16, 145, 1450.0, 1160.0), (32, 145, 1450.0, 1160.0)]
     printed = capsys.readouterr().out
     assert "speed-up 1.250" in printed and "2/4" in printed
+    bench.main(["--m", "16", "--algos", "4", "--wide", "--output-json", str(out)])
+    row = json.loads(out.read_text())["rows"][0]
+    assert [a["index"] for a in row["algos"]] == [0, 2, 3, "w0"]   # the duplicate of #3 is not timed again
+    assert (row["best_index"], row["best_us"], row["best_heuristic_us"]) == ("w0", 6.0, 8.0)

@@ -35,14 +35,18 @@ def test_structs_match_cublasLt_h():
 
 def test_prototypes_match_cublasLt_h(monkeypatch):
     """Parameter counts of cublasLt.h (nvidia-cublas 13): cublasLtMatmul 16, cublasLtMatmulAlgoCheck 8,
-    cublasLtMatmulAlgoGetHeuristic 10; cublasLtGetVersion returns size_t."""
+    cublasLtMatmulAlgoGetHeuristic 10, cublasLtMatmulAlgoGetIds 10, cublasLtMatmulAlgoInit 9,
+    cublasLtMatmulAlgoCapGetAttribute 5, cublasLtMatmulAlgoConfigSetAttribute 4; cublasLtGetVersion returns
+    size_t."""
     names = ("cublasLtCreate", "cublasLtMatmulDescCreate", "cublasLtMatmulDescSetAttribute",
              "cublasLtMatrixLayoutCreate", "cublasLtMatmulPreferenceCreate", "cublasLtMatmulPreferenceSetAttribute",
-             "cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmulAlgoCheck", "cublasLtMatmul", "cublasLtGetVersion")
+             "cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmulAlgoCheck", "cublasLtMatmul", "cublasLtGetVersion",
+             "cublasLtMatmulAlgoGetIds", "cublasLtMatmulAlgoInit", "cublasLtMatmulAlgoCapGetAttribute",
+             "cublasLtMatmulAlgoConfigSetAttribute")
     fake = SimpleNamespace(**{n: SimpleNamespace() for n in names})
     monkeypatch.setattr(blas, "load_cublas", lambda name: fake if name == "cublasLt" else None)
     lib = lt.load_lt()
-    assert [len(getattr(lib, n).argtypes) for n in names] == [1, 3, 4, 5, 1, 4, 10, 8, 16, 0]
+    assert [len(getattr(lib, n).argtypes) for n in names] == [1, 3, 4, 5, 1, 4, 10, 8, 16, 0, 10, 9, 5, 4]
     assert lib.cublasLtGetVersion.restype is ctypes.c_size_t and lib.cublasLtMatmul.restype is ctypes.c_int
     assert lib.cublasLtMatmulAlgoCheck.argtypes[6]._type_ is lt.MatmulAlgo
 
