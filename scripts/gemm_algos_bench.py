@@ -9,14 +9,17 @@ operands: bf16 in and out, fp32 compute, row-major y[M, N] = x[M, K] @ w[N, K].T
 y^T = op_T(w) @ x^T, as blas.py does. Times are CUDA-graph replays cycling through distinct weight copies
 (gemv_bench.graph_us, weight_copies), so weights come from HBM, not L2; GB/s counts weight bytes only. Every
 algorithm's output is checked against GemmEx's; one off by more than 1e-2 of max|y| is flagged and never "best".
---wide adds cuBLASLt's best configurations of every algorithm id (search limited by algorithm id) and each of those
-split over K in 2-16 parts with each reduction scheme it supports (lt.Lt.wide_candidates); their indices print
-as w0, w1, ... after the heuristic's 0..N-1. The chain line adds the per-shape times up as a decode step runs them (36 layers x qkv, o, gate_up, down +
+--wide adds cuBLASLt's best configurations of every algorithm id (search limited by algorithm id) and each id's
+best split over K in 2-16 parts with each reduction scheme it supports (wide_candidates); their indices print
+as w0, w1, ... after the heuristic's 0..N-1. On an H100 (stop 24) none of ~80 more a shape beat the heuristic's
+top 16 at M = 32 or 128, and some split-K ones computed wrong rows (flagged), so the tuner keeps to the heuristic.
+The chain line adds the per-shape times up as a decode step runs them (36 layers x qkv, o, gate_up, down +
 lm_head = 145 GEMMs): arithmetic, not a measured chain.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 
 import cupy as cp
@@ -24,14 +27,74 @@ import cupy as cp
 from gemv_bench import FLOOR_BW, SHAPES_4B, bf, graph_us, rand, weight_copies
 from openinfer.kernels.cuda import blas
 from openinfer.kernels.cuda.blas import WORKSPACE_BYTES
-from openinfer.kernels.cuda.lt import Lt, layouts   # the ctypes bindings the engine uses
+from openinfer.kernels.cuda.lt import HeuristicResult, Lt, MatmulAlgo, layouts, preference   # the engine's bindings
 
 MAX_REL_ERR = 1e-2                  # max|y - y_GemmEx| / max|y_GemmEx| above this flags an algorithm
+SEARCH_LIMITED_BY_ALGO_ID = 1       # cublasLtMatmulSearch_t: the heuristic configures the algorithm id it is given
+CAP_SPLITK_SUPPORT, CAP_REDUCTION_SCHEME_MASK = 0, 1   # cublasLtMatmulAlgoCapAttributes_t (int32_t, uint32_t)
+CONFIG_SPLITK_NUM, CONFIG_REDUCTION_SCHEME = 2, 3      # cublasLtMatmulAlgoConfigAttributes_t (int32_t, uint32_t)
+REDUCTION_SCHEMES = (1, 2, 4)       # cublasLtReductionScheme_t: in place, in the compute type, in the output type
 CHAIN_COUNTS = {"qkv": 36, "o": 36, "gate_up": 36, "down": 36, "lm_head": 1}   # GEMMs of one Qwen3-4B decode step
 
 
+def algo_ids(lt: Lt) -> list[int]:
+    """Every algorithm id the library has for bf16 operands with fp32 compute."""
+    types = (blas._COMPUTE_32F, blas._CUDA_R_32F) + (blas._CUDA_R_16BF,) * 4
+    ids, returned = (ctypes.c_int * 512)(), ctypes.c_int(0)
+    blas._check(lt.lib.cublasLtMatmulAlgoGetIds(lt.handle, *types, 512, ids, ctypes.byref(returned)),
+                "LtMatmulAlgoGetIds")
+    return list(ids[:returned.value])
+
+
+def wide_candidates(lt: Lt, lay: tuple, per_id: int = 4,
+                    splits: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16)) -> list[MatmulAlgo]:
+    """More than the heuristic's overall top N: its best `per_id` configurations of each algorithm id, and the
+    best of each id split over K in `splits` parts with every reduction scheme the algorithm supports, where
+    cublasLtMatmulAlgoCheck accepts it within the workspace. Distinct by their 64 bytes."""
+    a, b, c = lay
+    pref_by_id = preference(lt.lib, SEARCH_LIMITED_BY_ALGO_ID)
+    types = (blas._COMPUTE_32F, blas._CUDA_R_32F) + (blas._CUDA_R_16BF,) * 4
+    found: dict[bytes, MatmulAlgo] = {}
+    firsts: list[MatmulAlgo] = []
+    for algo_id in algo_ids(lt):
+        results, returned = (HeuristicResult * per_id)(), ctypes.c_int(0)
+        for r in results:
+            if lt.lib.cublasLtMatmulAlgoInit(lt.handle, *types, algo_id, ctypes.byref(r.algo)):
+                break
+        else:
+            if lt.lib.cublasLtMatmulAlgoGetHeuristic(lt.handle, lt.desc, a, b, c, c, pref_by_id, per_id, results,
+                                                     ctypes.byref(returned)) == 0:
+                ok = [r.algo for r in results[:returned.value]
+                      if r.state == 0 and r.workspace_size <= blas.WORKSPACE_BYTES]
+                firsts += [MatmulAlgo.from_buffer_copy(ok[0])] if ok else []
+                for algo in ok:
+                    found.setdefault(bytes(algo), MatmulAlgo.from_buffer_copy(algo))
+    for base in firsts:
+        if not _cap(lt, base, CAP_SPLITK_SUPPORT, ctypes.c_int32):
+            continue
+        mask = _cap(lt, base, CAP_REDUCTION_SCHEME_MASK, ctypes.c_uint32)
+        for parts in splits:
+            for scheme in (s for s in REDUCTION_SCHEMES if mask & s):
+                algo = MatmulAlgo.from_buffer_copy(base)
+                for attr, value in ((CONFIG_SPLITK_NUM, ctypes.c_int32(parts)),
+                                    (CONFIG_REDUCTION_SCHEME, ctypes.c_uint32(scheme))):
+                    lt.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
+                                                                ctypes.sizeof(value))
+                if lt.usable(algo, lay):
+                    found.setdefault(bytes(algo), algo)
+    return list(found.values())
+
+
+def _cap(lt: Lt, algo: MatmulAlgo, attr: int, ctype: type) -> int:
+    """An algorithm capability (0 where the library does not report it)."""
+    value, written = ctype(0), ctypes.c_size_t(0)
+    status = lt.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
+                                                      ctypes.sizeof(value), ctypes.byref(written))
+    return int(value.value) if status == 0 else 0
+
+
 def measure(lt: Lt, ws: list[cp.ndarray], m: int, count: int, reps: int, wide: bool = False) -> dict:
-    """GemmEx and each usable heuristic algorithm (and with `wide`, lt.wide_candidates) on x[m, K] against the
+    """GemmEx and each usable heuristic algorithm (and with `wide`, wide_candidates) on x[m, K] against the
     weight copies ws, us per GEMM."""
     n, k = ws[0].shape
     x, y = rand(m, k), cp.empty((m, n), dtype=bf)
@@ -48,7 +111,7 @@ def measure(lt: Lt, ws: list[cp.ndarray], m: int, count: int, reps: int, wide: b
         candidates.append((index, result.algo, result.workspace_size, result.waves_count))
         seen.add(bytes(result.algo))
     if wide:
-        extra = [a for a in lt.wide_candidates(lay) if bytes(a) not in seen]
+        extra = [a for a in wide_candidates(lt, lay) if bytes(a) not in seen]
         candidates += [(f"w{i}", a, None, None) for i, a in enumerate(extra)]
     for index, algo, workspace, waves in candidates:
         try:
@@ -106,7 +169,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--algos", type=int, default=16, help="cuBLASLt heuristic results to request per problem")
     p.add_argument("--reps", type=int, default=20, help="graph replays per timing")
     p.add_argument("--wide", action="store_true", help="also every algorithm id's configurations and split-K "
-                   "variants (lt.Lt.wide_candidates)")
+                   "variants (wide_candidates)")
     p.add_argument("--output-json", help="also write every row and every algorithm's time here")
     return p.parse_args(argv)
 

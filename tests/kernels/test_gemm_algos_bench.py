@@ -50,12 +50,6 @@ class FakeLt:
         results[1].state = 15   # CUBLAS_STATUS_NOT_SUPPORTED
         return results[:count]
 
-    def wide_candidates(self, lay):
-        """--wide: a duplicate of heuristic #3 (tried once) and #5, the fastest correct one."""
-        found = [lt.MatmulAlgo(), lt.MatmulAlgo()]
-        found[0].data[0], found[1].data[0] = 3, 5
-        return found
-
     def matmul(self, algo, lay, x, w, y):
         FakeLt.last = algo.data[0]
         y[...] = (x.astype(np.float32) @ w.astype(np.float32).T + (algo.data[0] == 2)).astype(y.dtype)
@@ -89,6 +83,11 @@ def test_run_on_host_stand_ins(monkeypatch, tmp_path, capsys):
         [(16, 145, 1450.0, 1160.0), (32, 145, 1450.0, 1160.0)]
     printed = capsys.readouterr().out
     assert "speed-up 1.250" in printed and "2/4" in printed
+    def wide_candidates(lt_, lay):   # --wide: a duplicate of heuristic #3 (tried once) and #5, the fastest right one
+        found = [lt.MatmulAlgo(), lt.MatmulAlgo()]
+        found[0].data[0], found[1].data[0] = 3, 5
+        return found
+    monkeypatch.setattr(bench, "wide_candidates", wide_candidates)
     bench.main(["--m", "16", "--algos", "4", "--wide", "--output-json", str(out)])
     row = json.loads(out.read_text())["rows"][0]
     assert [a["index"] for a in row["algos"]] == [0, 2, 3, "w0"]   # the duplicate of #3 is not timed again

@@ -25,10 +25,6 @@ from . import blas
 ENABLED = os.environ.get("OPENINFER_CUBLASLT", "1") != "0"
 DESC_TRANSA, DESC_TRANSB = 3, 4     # cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_TRANSA/B, int32_t values
 PREF_SEARCH_MODE, PREF_MAX_WORKSPACE_BYTES = 0, 1   # cublasLtMatmulPreferenceAttributes_t (uint32_t, uint64_t)
-SEARCH_LIMITED_BY_ALGO_ID = 1       # cublasLtMatmulSearch_t: the heuristic configures the algorithm id it is given
-CAP_SPLITK_SUPPORT, CAP_REDUCTION_SCHEME_MASK = 0, 1   # cublasLtMatmulAlgoCapAttributes_t (int32_t, uint32_t)
-CONFIG_SPLITK_NUM, CONFIG_REDUCTION_SCHEME = 2, 3      # cublasLtMatmulAlgoConfigAttributes_t (int32_t, uint32_t)
-REDUCTION_SCHEMES = (1, 2, 4)       # cublasLtReductionScheme_t: in place, in the compute type, in the output type
 ALIGN = 256                         # the heuristic's default pointer alignment (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*)
 
 
@@ -87,7 +83,7 @@ def matmul_desc(lib: ctypes.CDLL) -> ctypes.c_void_p:
 
 def preference(lib: ctypes.CDLL, search_mode: int = 0) -> ctypes.c_void_p:
     """Heuristic search limited to algorithms whose workspace fits blas.WORKSPACE_BYTES (search_mode 0: the best
-    fits over every algorithm; SEARCH_LIMITED_BY_ALGO_ID: configurations of the one algorithm id given)."""
+    fits over every algorithm; 1, CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID: configurations of the algorithm id given)."""
     pref, limit, mode = ctypes.c_void_p(), ctypes.c_uint64(blas.WORKSPACE_BYTES), ctypes.c_uint32(search_mode)
     blas._check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "LtMatmulPreferenceCreate")
     for attr, value in ((PREF_MAX_WORKSPACE_BYTES, limit), (PREF_SEARCH_MODE, mode)):
@@ -116,7 +112,6 @@ class Lt:
         self.handle = ctypes.c_void_p()
         blas._check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "LtCreate")
         self.desc, self.pref = matmul_desc(self.lib), preference(self.lib)
-        self.pref_by_id = preference(self.lib, SEARCH_LIMITED_BY_ALGO_ID)
         self.workspace = cp.empty(blas.WORKSPACE_BYTES, dtype=cp.uint8)
 
     def heuristics(self, lay: tuple[ctypes.c_void_p, ...], count: int) -> list[HeuristicResult]:
@@ -127,58 +122,6 @@ class Lt:
                                                          results, ctypes.byref(returned))
         blas._check(status, "LtMatmulAlgoGetHeuristic")
         return list(results[:returned.value])
-
-    def algo_ids(self) -> list[int]:
-        """Every algorithm id this library has for bf16 operands with fp32 compute."""
-        types = (blas._COMPUTE_32F, blas._CUDA_R_32F) + (blas._CUDA_R_16BF,) * 4
-        ids, returned = (ctypes.c_int * 512)(), ctypes.c_int(0)
-        blas._check(self.lib.cublasLtMatmulAlgoGetIds(self.handle, *types, 512, ids, ctypes.byref(returned)),
-                    "LtMatmulAlgoGetIds")
-        return list(ids[:returned.value])
-
-    def wide_candidates(self, lay: tuple[ctypes.c_void_p, ...], per_id: int = 4,
-                        splits: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16)) -> list[MatmulAlgo]:
-        """More than the heuristic's overall top N: its best `per_id` configurations of each algorithm id, and the
-        best of each id split over K in `splits` parts with every reduction scheme the algorithm supports, where
-        cublasLtMatmulAlgoCheck accepts it within the workspace. Distinct by their 64 bytes."""
-        a, b, c = lay
-        types = (blas._COMPUTE_32F, blas._CUDA_R_32F) + (blas._CUDA_R_16BF,) * 4
-        found: dict[bytes, MatmulAlgo] = {}
-        firsts: list[MatmulAlgo] = []
-        for algo_id in self.algo_ids():
-            results, returned = (HeuristicResult * per_id)(), ctypes.c_int(0)
-            for r in results:
-                if self.lib.cublasLtMatmulAlgoInit(self.handle, *types, algo_id, ctypes.byref(r.algo)):
-                    break
-            else:
-                if self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, self.desc, a, b, c, c, self.pref_by_id,
-                                                           per_id, results, ctypes.byref(returned)) == 0:
-                    ok = [r.algo for r in results[:returned.value]
-                          if r.state == 0 and r.workspace_size <= blas.WORKSPACE_BYTES]
-                    firsts += [MatmulAlgo.from_buffer_copy(ok[0])] if ok else []
-                    for algo in ok:
-                        found.setdefault(bytes(algo), MatmulAlgo.from_buffer_copy(algo))
-        for base in firsts:
-            if not self._cap(base, CAP_SPLITK_SUPPORT, ctypes.c_int32):
-                continue
-            mask = self._cap(base, CAP_REDUCTION_SCHEME_MASK, ctypes.c_uint32)
-            for parts in splits:
-                for scheme in (s for s in REDUCTION_SCHEMES if mask & s):
-                    algo = MatmulAlgo.from_buffer_copy(base)
-                    for attr, value in ((CONFIG_SPLITK_NUM, ctypes.c_int32(parts)),
-                                        (CONFIG_REDUCTION_SCHEME, ctypes.c_uint32(scheme))):
-                        self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
-                                                                      ctypes.sizeof(value))
-                    if self.usable(algo, lay):
-                        found.setdefault(bytes(algo), algo)
-        return list(found.values())
-
-    def _cap(self, algo: MatmulAlgo, attr: int, ctype: type) -> int:
-        """An algorithm capability (0 where the library does not report it)."""
-        value, written = ctype(0), ctypes.c_size_t(0)
-        status = self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
-                                                            ctypes.sizeof(value), ctypes.byref(written))
-        return int(value.value) if status == 0 else 0
 
     def usable(self, algo: MatmulAlgo, lay: tuple[ctypes.c_void_p, ...]) -> bool:
         """Whether this library on this GPU runs `algo` for these layouts within the workspace (host call)."""

@@ -9,7 +9,6 @@ saved algorithm with cublasLtMatmulAlgoCheck (a host call) and times only shapes
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -20,9 +19,6 @@ from .lt import Lt, MatmulAlgo, Plan
 from .tuning import cache_path, gpu_key, read_choices, replay_us, scratch, write_choices
 
 HEURISTICS = 16                 # candidates asked of cublasLtMatmulAlgoGetHeuristic per shape
-# wide: also time every algorithm id's configurations and their split-K variants (lt.Lt.wide_candidates), an
-# experiment's switch (scripts/gemm_algos_bench.py --wide measures the same candidates per shape)
-WIDE = os.environ.get("OPENINFER_GEMM_SEARCH", "heuristic") == "wide"
 Timer = Callable[[MatmulAlgo], float]   # an algorithm -> us per GEMM; raises RuntimeError where it cannot run
 _lts: dict[int, Lt] = {}
 
@@ -36,7 +32,7 @@ class Tuned:
 
 def device_key(dev: int, lib: Any) -> dict[str, Any]:
     """What a saved choice depends on: the GPU and the library version."""
-    return {**gpu_key(dev), "cublaslt": int(lib.cublasLtGetVersion()), **({"search": "wide"} if WIDE else {})}
+    return {**gpu_key(dev), "cublaslt": int(lib.cublasLtGetVersion())}
 
 
 def from_hex(text: str) -> MatmulAlgo | None:
@@ -51,18 +47,15 @@ def fastest(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], timer: Timer) -> MatmulAl
     """The fastest of the heuristic's usable candidates (a copy, not a view into the result array);
     candidates marked unusable, needing more workspace than there is, or failing to run are skipped."""
     best, best_us = None, float("inf")
-    candidates = [r.algo for r in lt_.heuristics(lay, HEURISTICS)
-                  if not r.state and r.workspace_size <= blas.WORKSPACE_BYTES]
-    if WIDE:
-        seen = {bytes(a) for a in candidates}
-        candidates += [a for a in lt_.wide_candidates(lay) if bytes(a) not in seen]
-    for algo in candidates:
+    for result in lt_.heuristics(lay, HEURISTICS):
+        if result.state or result.workspace_size > blas.WORKSPACE_BYTES:
+            continue
         try:
-            us = timer(algo)
+            us = timer(result.algo)
         except RuntimeError:   # cublasLtMatmul refused it (blas._check)
             continue
         if us < best_us:
-            best, best_us = MatmulAlgo.from_buffer_copy(algo), us
+            best, best_us = MatmulAlgo.from_buffer_copy(result.algo), us
     return best
 
 
