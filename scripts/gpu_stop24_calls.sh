@@ -9,6 +9,9 @@
 #   ran (batch 1 at 5.21 ms): the engine's batch 1 / 32 / 128 again alone; then cuBLASLt beyond its heuristic's top
 #   16 (gemm_algos_bench.py --wide: every algorithm id's best configurations and their split-K variants) for the
 #   Qwen3-4B decode GEMMs at M = 32 and 128.
+# call3 (~5 min): gdn_chunk_prep with a row's exp(gamma) and beta exp(gamma) computed once (not per element): its
+#   time against the stop-23 kernel (.whl/base24 = git archive of af80286, the commit before) and four ablations
+#   (gdn_prep_bench.py), the delta-rule GPU tests, and Qwen3.5-4B's 1k prefill in the engine, both trees alternating.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -30,5 +33,19 @@ call2) lat q3 120 $Q3
            > $L/algos_wide.log 2>&1
        say "gemm algos, wide:"; grep -v "^$" $L/algos_wide.log | tail -16 | tee -a $S
        rm -f $L/q3*.json ;;
-*) echo "usage: $0 call1|call2"; exit 2 ;;
+call3) precompile
+       timeout 120 python3 scripts/gdn_prep_bench.py \
+           --source base=.whl/base24/plugins/qwen35/openinfer_qwen35/cuda/delta_rule.cu > $L/prep.log 2>&1
+       say "gdn_chunk_prep:"; tail -9 $L/prep.log | tee -a $S
+       timeout 150 $T plugins/qwen35/tests/test_qwen35_cuda_ops.py -k "delta or chunk or prefill or checkpoint" \
+           > $L/t_q35.log 2>&1
+       say "tests q35: $(tail -1 $L/t_q35.log)"; grep -h "^FAILED\|^ERROR" $L/t_q35.log | cut -c1-220 | head -8 | tee -a $S
+       P35="--model qwen3.5-4b --batch-sizes 1 --input-lens 1024 --output-lens 8 --num-iters 5"
+       for r in 1 2; do
+           OPENINFER_CACHE_DIR=/tmp/oc_base tree base24 timeout 60 $LAT $P35 > $L/q35_base_$r.log 2>&1
+           say "q35_base_$r:"; grep -A3 "^batch" $L/q35_base_$r.log | tail -1 | tee -a $S
+           lat q35_cur_$r 60 $P35
+       done
+       rm -f $L/*.json ;;
+*) echo "usage: $0 call1|call2|call3"; exit 2 ;;
 esac
