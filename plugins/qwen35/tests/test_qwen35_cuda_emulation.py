@@ -258,7 +258,7 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
         assert np.isnan(scratch[at]).all() and len(np.unique(at)) == len(at), f"record {field} stored twice"
         scratch[at] = np.broadcast_to(np.asarray(values, F32), np.asarray(i).shape).ravel()
 
-    sm = Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L, eg=L, beg=L))
+    sm = Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L))
     for r in range(L // WARPS):                                  # 1. a warp per token
         t = WARP + WARPS * r
         tok = np.minimum(s0 + c0 + t, s0 + n - 1)                # (only read where t < nc)
@@ -282,9 +282,7 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
     gam = np.cumsum(gl, dtype=F32)                               # warp 0's scan
     sm.write("gam", np.arange(L), gam)
     sm.write("tail", np.arange(L), np.exp(gam[-1] - gam))
-    sm.write("eg", np.arange(L), np.exp(gam))
     store("dec", 0, np.exp(gam[-1]))
-    sm.write("beg", np.arange(L), sm.read("bet", np.arange(L)) * sm.read("eg", np.arange(L)))   # threads < L
     ti, tj = TID >> 4, TID & 15                                  # 2. rows ti + 16 a, columns tj + 16 e
     i, j = (ti[:, None] + 16 * np.arange(4))[:, :, None], (tj[:, None] + 16 * np.arange(4))[:, None, :]
     d = np.arange(DK_MAX)
@@ -299,14 +297,14 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
     store("P", i * L + j, aq * D)
     e = np.arange(L * DK_MAX)
     t, dd = e // DK_MAX, e % DK_MAX
-    store("Qg", e, sm.read("eg", t) * sm.read("Q", t * KP + dd))
+    store("Qg", e, np.exp(sm.read("gam", t)) * sm.read("Q", t * KP + dd))
     store("Kt", e, sm.read("tail", t) * sm.read("K", t * KP + dd))
     cols = np.arange(DK_MAX + dv)                                # 3. a thread per column, X in registers
     isw, rows = cols < DK_MAX, np.arange(L)[:, None]
     vcol = np.minimum(np.maximum(cols - DK_MAX, 0), dv - 1)
     vtok = np.minimum(s0 + c0 + rows, s0 + n - 1)
     kw = sm.read("K", rows * KP + np.minimum(cols, DK_MAX - 1))
-    X = np.where(isw, sm.read("beg", rows) * kw,
+    X = np.where(isw, sm.read("bet", rows) * np.exp(sm.read("gam", rows)) * kw,
                  np.where(rows < nc, sm.read("bet", rows) * v[vtok, h, vcol], 0)).astype(F32)   # [row, column]
     assert AP % 4 == 0 and sm.off["A"] % 4 == 0
     for r in range(1, L):
@@ -416,7 +414,7 @@ def test_launcher_sizes_match_the_emulated_layouts():
     pytest.importorskip("ml_dtypes")
     from openinfer_qwen35.cuda import delta_rule as dr
     assert (dr.CHUNK, dr.BV, dr.DK_MAX, dr.CHUNK_THREADS, dr.STATE_THREADS) == (L, BV, DK_MAX, THREADS, 32 * ST_WARPS)
-    assert dr.PREP_SMEM == 4 * Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L, eg=L, beg=L)).mem.size
+    assert dr.PREP_SMEM == 4 * Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L)).mem.size
     sizes = dict(W=L * DK_MAX, Qg=L * DK_MAX, Kt=L * DK_MAX, P=L * L, S=DK_MAX * SP, V=L * SP)
     assert dr.STATE_SMEM == 4 * Smem(sizes).mem.size
     assert all(dr.record_floats(dv) == record(dv)["total"] for dv in (16, 48, 128))

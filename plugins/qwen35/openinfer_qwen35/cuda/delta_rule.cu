@@ -171,7 +171,6 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
     pdl_begin();
     extern __shared__ float smem[];
     float *Qs = smem, *Ks = Qs + L * KP, *As = Ks + L * KP, *gam = As + L * AP, *bet = gam + L, *tail = bet + L;
-    float *eg = tail + L, *beg = eg + L;   // exp(gamma), beta exp(gamma): a row's factors, computed once
     const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / (nv / nk);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int s0 = query_start[b], n = query_start[b + 1] - s0;
@@ -211,12 +210,9 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
         gam[lane + 32] = g1;
         tail[lane] = expf(last - g0);
         tail[lane + 32] = expf(last - g1);
-        eg[lane] = expf(g0);
-        eg[lane + 32] = expf(g1);
         if (lane == 0) R[rec.dec] = expf(last);
     }
     __syncthreads();
-    if (tid < L) beg[tid] = bet[tid] * eg[tid];
     // 2. A = strict_lower(diag(beta) K K^T * D) to shared memory, P = lower(Q K^T * D) to the record;
     // thread (ti, tj) holds rows ti + 16 a, columns tj + 16 e: 12 float4 loads per <= 128 FMA; tiles
     // a < e lie above the diagonal (zero), so 10 of the 16 are computed.
@@ -252,7 +248,7 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
     // exp(gamma) Q and tail K for the state kernel (rows past the run are zero)
     for (int e = tid; e < L * DK_MAX; e += CH_THREADS) {
         const int t = e / DK_MAX, d = e % DK_MAX;
-        R[rec.Qg + e] = eg[t] * Qs[t * KP + d];
+        R[rec.Qg + e] = expf(gam[t]) * Qs[t * KP + d];
         R[rec.Kt + e] = tail[t] * Ks[t * KP + d];
     }
     __syncthreads();
@@ -263,7 +259,7 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
         float X[L];
 #pragma unroll
         for (int i = 0; i < L; ++i)
-            X[i] = isw ? beg[i] * Ks[i * KP + col]
+            X[i] = isw ? bet[i] * expf(gam[i]) * Ks[i * KP + col]
                        : (i < nc ? bet[i] * to_f32(v[(long long)(s0 + c0 + i) * v_stride + (long long)h * dv
                                                      + col - DK_MAX])
                                  : 0.f);

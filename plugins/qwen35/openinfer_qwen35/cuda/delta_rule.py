@@ -20,7 +20,7 @@ from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, rows2
 SOURCE = Path(__file__).with_name("delta_rule.cu")
 DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match delta_rule.cu
 STATE_THREADS = 32 * 16   # gdn_chunk_state's block: ST_WARPS warps
-PREP_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (CHUNK + 4) + 5 * CHUNK)   # gdn_chunk_prep: Q, K, A, gamma...
+PREP_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (CHUNK + 4) + 3 * CHUNK)   # gdn_chunk_prep: Q, K, A, gamma...
 STATE_SMEM = 4 * (3 * CHUNK * DK_MAX + CHUNK * CHUNK + (DK_MAX + CHUNK) * (BV + 1))   # gdn_chunk_state
 
 
