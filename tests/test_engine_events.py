@@ -117,6 +117,21 @@ def test_rejections_name_the_reason(engine):
         engine.step()
 
 
+def test_priority_policy_admits_by_priority_and_fcfs_refuses_one(engine):
+    [ev] = list(engine.submit(PROMPT, greedy(2), priority=1))
+    assert isinstance(ev, Rejected) and ev.param == "priority" and "--scheduling-policy priority" in ev.reason
+    assert engine.submit(PROMPT, greedy(1), priority=0).drain() == []   # 0 is first come, first served
+    run_to_completion(engine, [])
+    eng = build_engine(None, EngineArgs(max_model_len=256, kv_cache_memory_gib=0.01, max_num_seqs=1,
+                                        scheduling_policy="priority"))
+    streams = {name: eng.submit(PROMPT, greedy(3), priority=p) for name, p in (("a", 0), ("b", 5), ("c", -1))}
+    started = []   # one place: the requests run one after another, in admission order
+    while eng.has_unfinished():
+        eng.step()
+        started += [name for name, s in streams.items() if any(isinstance(e, Scheduled) for e in s.drain())]
+    assert started == ["c", "a", "b"]
+
+
 def test_kv_budget_rejection():
     small = build_engine(None, EngineArgs(max_model_len=4096, kv_cache_memory_gib=0.0005, block_size=16))
     [ev] = list(small.submit(PROMPT, SamplingParams(max_tokens=3000)))

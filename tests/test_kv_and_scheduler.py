@@ -9,8 +9,8 @@ from openinfer.sampling import SamplingParams
 from openinfer.scheduler import Scheduler
 
 
-def req(rid: str, prompt: list[int], max_tokens: int = 4) -> Request:
-    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens), RequestStream(rid), 0.0)
+def req(rid: str, prompt: list[int], max_tokens: int = 4, priority: int = 0) -> Request:
+    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens), RequestStream(rid), 0.0, priority=priority)
 
 
 def compute_all(bm: BlockManager, r: Request) -> None:
@@ -117,6 +117,28 @@ def test_scheduler_caps_running_sequences():
         s.add(req(str(i), [1, 2, 3]))
     plan = s.schedule()
     assert len(plan.runs) == 2 and len(s.waiting) == 1
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_priority_policy_admits_lower_priorities_first_in_arrival_order(policy):
+    bm = BlockManager(num_blocks=64, block_size=4)
+    s = Scheduler(bm, max_num_batched_tokens=100, max_num_seqs=3, policy=policy)
+    for rid, priority in (("a", 0), ("b", 5), ("c", -1), ("d", 5), ("e", 0), ("f", -1)):
+        s.add(req(rid, [1, 2, 3], priority=priority))
+    order = [r.request_id for r in s.waiting]
+    assert order == (list("abcdef") if policy == "fcfs" else list("cfaebd"))
+    plan = s.schedule()   # three places: the first three of that order run
+    assert [r.req.request_id for r in plan.runs] == order[:3] and [r.request_id for r in s.waiting] == order[3:]
+
+
+def test_scheduling_policy_flag():
+    from openinfer.cli import _engine_args, build_parser
+    from openinfer.engine_args import EngineArgs
+    parser = build_parser()
+    assert _engine_args(parser.parse_args(["serve"])).scheduling_policy == "fcfs"
+    assert _engine_args(parser.parse_args(["serve", "--scheduling-policy", "priority"])).scheduling_policy == "priority"
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        EngineArgs(scheduling_policy="lifo")
 
 
 def test_admission_hashes_are_the_block_chain():

@@ -38,6 +38,9 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generation-config", default="auto", choices=["auto", "none"],
                    help="auto: the checkpoint's generation_config.json gives the sampling defaults (temperature, "
                         "top_p, top_k, min_p, repetition_penalty) for the fields a request leaves out; none: OpenAI's")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="priority: waiting requests are admitted by their `priority` (lower first, then arrival), as "
+                        "vLLM's; a running request is never preempted (its KV was reserved at admission)")
     p.add_argument("--kv-offload-host-gib", type=float, default=8.0,
                    help="host memory for --kv-offload (pinned on CUDA)")
 
@@ -50,7 +53,8 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       prefix_cache_hash=a.prefix_cache_hash,
                       num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed,
                       enforce_eager=a.enforce_eager, pipelined_decode=a.pipelined_decode, kv_offload=a.kv_offload,
-                      kv_offload_host_gib=a.kv_offload_host_gib, generation_config=a.generation_config)
+                      kv_offload_host_gib=a.kv_offload_host_gib, generation_config=a.generation_config,
+                      scheduling_policy=a.scheduling_policy)
 
 
 def _parse_model(spec: str) -> tuple[str | None, str]:

@@ -72,7 +72,8 @@ class Engine:
         self.tokenizer, self.chat_format = tokenizer, chat_format
         self.max_model_len, self.vocab_size, self.eos_token_ids = max_model_len, vocab_size, eos_token_ids
         self.host_tier = host_tier
-        self.scheduler = Scheduler(blocks, args.max_num_batched_tokens, args.max_num_seqs, host_tier)
+        self.scheduler = Scheduler(blocks, args.max_num_batched_tokens, args.max_num_seqs, host_tier,
+                                   args.scheduling_policy)
         self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -92,13 +93,19 @@ class Engine:
 
     # ---- client side (any thread) ------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               cache_salt: str = "", constraint: Constraint | None = None, after: str | None = None) -> RequestStream:
+               cache_salt: str = "", constraint: Constraint | None = None, after: str | None = None,
+               priority: int = 0) -> RequestStream:
         """`constraint`: a structured output's grammar (structured.compile_grammar), one per request. `after`: the id
         of a request submitted before with the same prompt and salt (another choice of it): this one is admitted
-        once that one has computed the prompt, to take it from the prefix cache."""
+        once that one has computed the prompt, to take it from the prefix cache. `priority`: under the priority
+        scheduling policy, waiting requests of a lower value are admitted first; any other value than 0 is refused
+        under fcfs, as vLLM does."""
         rid = request_id or f"req-{next(self._ids)}"
         stream = RequestStream(rid)
         reason = self._never_fits(prompt_ids, params)
+        if reason is None and priority and self.args.scheduling_policy != "priority":
+            reason = (f"priority {priority} needs the priority scheduling policy (serve with --scheduling-policy "
+                      "priority); this server admits first come first served, so send 0 or leave it out", "priority")
         if reason is not None:
             stream.put(Rejected(*reason))
             return stream
@@ -109,7 +116,7 @@ class Engine:
         req = Request(rid, list(prompt_ids), params, stream, time.monotonic(), cache_salt=cache_salt, stop_ids=stops,
                       plain_greedy=params.is_plain_greedy() and constraint is None,
                       rng=np.random.default_rng(params.seed), sample_stream=next(self._streams), constraint=constraint,
-                      prompt_logprobs=None if params.prompt_logprobs is None else [])
+                      prompt_logprobs=None if params.prompt_logprobs is None else [], priority=priority)
         if self.blocks.enable_prefix_cache and req.reads_prefix_cache and len(prompt_ids) > self.blocks.block_size:
             req.after = after   # (a prompt within one block leaves nothing to take from the cache)
         self._inbox.put(req)

@@ -39,6 +39,7 @@ class EngineArgs:
     kv_offload: bool = False                # save evicted KV blocks to host memory, restore them at admission
     kv_offload_host_gib: float = 8.0        # the host tier's size (pinned memory on CUDA)
     generation_config: str = "auto"         # auto: generation_config.json's sampling fields are the defaults; none
+    scheduling_policy: str = "fcfs"         # fcfs, or priority: waiting requests admitted by their priority first
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
@@ -59,6 +60,8 @@ class EngineArgs:
             raise ValueError("kv_offload_host_gib must be > 0")
         if self.kv_offload and not self.enable_prefix_caching:
             raise ValueError("kv_offload needs the prefix cache: it restores evicted prefix-cache blocks")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}: use fcfs or priority")
         if self.generation_config not in ("auto", "none"):
             raise ValueError(f"unknown generation_config {self.generation_config!r}: use auto or none")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

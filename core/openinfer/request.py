@@ -224,6 +224,7 @@ class Request:
     prompt_unique: np.ndarray | None = None     # the prompt's distinct ids (repetition penalty), once
     constraint: Constraint | None = None        # structured output: the grammar its tokens must follow
     prompt_logprobs: list[SampleResult] | None = None   # scored prompt tokens so far, when params ask for them
+    priority: int = 0                           # lower is admitted first under the priority scheduling policy
     after: str | None = None                    # submit's `after`: the id of another choice of the same prompt
     leader: Request | None = None               # ... that request, found when the engine takes this one in
     first_token_time: float | None = None

@@ -1,7 +1,8 @@
 """Continuous batching with chunked prefill under a per-step token budget.
 
 Each step: every running request in decode gets one token, then running prefills continue and
-waiting requests are admitted (FCFS) into the remaining budget. Admission reserves the request's
+waiting requests are admitted into the remaining budget: first come first served, or under the priority
+policy by their priority (lower first), then arrival. Admission reserves the request's
 whole KV lifetime (block_manager), so running requests never stall; requests that cannot fit yet
 wait, and those that can never fit were rejected at submit. With a host offload tier, a request
 whose prefix is being restored from host memory waits in `restoring` (holding its blocks) and
@@ -46,8 +47,8 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_batched_tokens: int, max_num_seqs: int,
-                 host_tier: HostTier | None = None) -> None:
-        self.blocks, self.host_tier = blocks, host_tier
+                 host_tier: HostTier | None = None, policy: str = "fcfs") -> None:
+        self.blocks, self.host_tier, self.by_priority = blocks, host_tier, policy == "priority"
         self.max_tokens = max_num_batched_tokens
         self.max_seqs = max_num_seqs
         self.max_score_rows = max(max_num_seqs, max_num_batched_tokens // 32)
@@ -57,7 +58,13 @@ class Scheduler:
         self.restoring: list[Request] = []
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        """Queue `req`: at the end, or under the priority policy after every waiting request of its priority or a
+        lower one (the queue stays sorted by priority, arrivals in order within one)."""
+        if self.by_priority and self.waiting and self.waiting[-1].priority > req.priority:
+            at = next(i for i, w in enumerate(self.waiting) if w.priority > req.priority)
+            self.waiting.insert(at, req)
+        else:
+            self.waiting.append(req)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.restoring) or (

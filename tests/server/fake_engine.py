@@ -62,6 +62,8 @@ class FakeEngine:
         self.filler = self.tokenizer.encode(" x")[0]   # what it says once the script runs out
         self.step_s = step_s
         self.paused = False   # True: requests wait unscheduled (a full engine)
+        self.scheduling_policy = "fcfs"   # as EngineArgs': a priority other than 0 is refused under fcfs
+        self.priorities: dict[str, int] = {}   # request id -> the priority it was submitted with
         self.kv_tokens = kv_tokens
         self.dead_reason: str | None = None
         self.sampling_defaults: dict = {}   # a test sets the model's generation_config defaults
@@ -88,18 +90,25 @@ class FakeEngine:
         self.paused = False
         self.submitted.clear()
         self.aborted.clear()
+        self.priorities.clear()
+        self.scheduling_policy = "fcfs"
 
     def kill(self, reason: str = "simulated crash") -> None:
         self.dead_reason = reason
 
     # ---- the Engine API ----
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               cache_salt: str = "", constraint: object = None, after: str | None = None) -> RequestStream:
+               cache_salt: str = "", constraint: object = None, after: str | None = None,
+               priority: int = 0) -> RequestStream:
         """A structured output's `constraint` is not followed, nor `after` (each choice runs at once): the script
         is what comes out."""
         rid = request_id or f"fake-{len(self.submitted)}"
         stream = RequestStream(rid)
         self.submitted.append((rid, list(prompt_ids), params))
+        self.priorities[rid] = priority
+        if priority and self.scheduling_policy != "priority":
+            stream.put(Rejected(f"priority {priority} needs the priority scheduling policy", "priority"))
+            return stream
         if len(prompt_ids) + params.max_tokens > self.kv_tokens:
             stream.put(Rejected(f"the request needs {len(prompt_ids) + params.max_tokens} tokens of KV cache "
                                 f"but the pool holds {self.kv_tokens}", "max_tokens"))

@@ -60,3 +60,12 @@ def test_the_models_sampling_defaults_fill_what_a_request_leaves_out(http: httpx
     assert (done.temperature, done.top_k, done.top_p) == (0.0, 20, 1.0)   # the request's own values win, field by field
     http.post("/v1/completions", json={"model": "fake", "prompt": "hi"})
     assert (fake.submitted[-1][2].temperature, fake.submitted[-1][2].top_k) == (1.0, -1)   # no defaults: OpenAI's
+
+
+def test_priority_reaches_the_engine_under_the_priority_policy(http: httpx.Client, fake: FakeEngine) -> None:
+    fake.scheduling_policy = "priority"   # (reset per test)
+    r = http.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 2, "priority": -3, "n": 2})
+    assert r.status_code == 200 and sorted(fake.priorities.values()) == [-3, -3]   # every choice of the request
+    r = http.post("/v1/chat/completions", json={"model": "fake", "messages": [{"role": "user", "content": "hi"}],
+                                                "max_tokens": 2, "priority": 7})
+    assert r.status_code == 200 and list(fake.priorities.values())[-1] == 7

@@ -129,6 +129,7 @@ def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> Non
     ("/v1/completions", {**COMPLETION, "return_token_ids": "yes"}, "return_token_ids"),
     ("/v1/chat/completions", {**CHAT, "bad_words": 5}, "bad_words"),
     ("/v1/chat/completions", {**CHAT, "priority": 1}, "priority"),
+    ("/v1/completions", {**COMPLETION, "priority": "high"}, "priority"),
     ("/v1/chat/completions", {**CHAT, "continue_final_message": True}, "continue_final_message"),
     ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"continue_final_message": True}},
      "chat_template_kwargs.continue_final_message"),

@@ -89,7 +89,7 @@ async def submit(model: ServedModel, gen: Generation, outputs: Outputs, arrival:
     sub = Submission(model.engine, model.metrics, arrival, outputs.prefix)
     try:
         for (prompt_index, ids, params), grammar in zip(plan, grammars):
-            sub.add(prompt_index, ids, params, outputs.output(params), gen.cache_salt, grammar)
+            sub.add(prompt_index, ids, params, outputs.output(params), gen.cache_salt, grammar, gen.priority)
         await sub.started()
     except BaseException:
         sub.close()

@@ -2,8 +2,9 @@
 
 Accepted and ignored: the OpenAI metadata in fields.IGNORED. Accepted only at their no-op
 value (anything else is a 400): `best_of` 1, `suffix`, `use_beam_search` false, `length_penalty` 1,
-`priority` 0 (first come, first served), `parallel_tool_calls` true, `modalities` ["text"] — we have no beam
-search or suffix insertion. Chat's `continue_final_message` (with `add_generation_prompt` false) ends the prompt
+`parallel_tool_calls` true, `modalities` ["text"] — we have no beam search or suffix insertion. vLLM's `priority`
+orders admission under `--scheduling-policy priority`; the engine refuses a value other than 0 under fcfs.
+Chat's `continue_final_message` (with `add_generation_prompt` false) ends the prompt
 inside the final message, as transformers renders it, for the model to continue.
 Prompt logprobs: completions' `echo` puts the prompt before the text, and with `logprobs` its tokens
 before the completion's in `logprobs` (the first prompt token's entries null), as lm-eval's loglikelihood
@@ -86,6 +87,7 @@ class Generation:
     return_token_ids: bool = False           # vLLM's: the prompt's and each choice's token ids in the response
     tokens_as_ids: bool = False              # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     grammar: OutputGrammar | None = None      # response_format / structured_outputs; None: free text
+    priority: int = 0                         # vLLM's: admission order under the priority scheduling policy
 
     def params(self, choice: int, max_tokens: int, tokenizer: Tokenizer, vocab_size: int,
                defaults: Mapping[str, Any] = MappingProxyType({})) -> SamplingParams:
@@ -174,7 +176,8 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
     f.only("best_of", 1)
     f.only("use_beam_search", False)
     f.only("length_penalty", 1.0, 1)   # a beam-search knob
-    f.only("priority", 0)              # vLLM's, honoured only under its priority policy: we schedule first come
+    g.priority = f.get("priority", "int", 0)   # vLLM's: the engine refuses a value other than 0 unless it runs the
+    # priority scheduling policy
     g.prompt_logprobs = f.ranged("prompt_logprobs", "int", 0, 20)
     if g.prompt_logprobs is not None and g.stream:
         raise bad_request("'prompt_logprobs' is not available when streaming: send 'stream': false (on completions, "

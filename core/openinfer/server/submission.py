@@ -46,13 +46,13 @@ class Submission:
         self._first: dict[int, str] = {}   # prompt index -> the request id of its first choice
 
     def add(self, prompt_index: int, prompt_ids: list[int], params: SamplingParams, out: ChoiceOutput,
-            cache_salt: str = "", constraint: Constraint | None = None) -> None:
+            cache_salt: str = "", constraint: Constraint | None = None, priority: int = 0) -> None:
         index = len(self.choices)
         request_id = f"{self.id}-{index}"
         # a prompt's other choices wait for its first to compute it, and take it from the prefix cache
         leader = self._first.setdefault(prompt_index, request_id)
         stream = self.engine.submit(prompt_ids, params, request_id, cache_salt, constraint,
-                                    after=None if leader == request_id else leader)
+                                    after=None if leader == request_id else leader, priority=priority)
         self.choices.append(Choice(index, prompt_index, request_id, stream, out))
 
     async def started(self) -> None:
@@ -62,7 +62,7 @@ class Submission:
             c.first = ev = await c.stream.aget()
             if isinstance(ev, Rejected):
                 c.done = True
-                raise bad_request(ev.reason, ev.param, "context_length_exceeded" if ev.param else None)
+                raise bad_request(ev.reason, ev.param, "context_length_exceeded" if ev.param == "max_tokens" else None)
             if isinstance(ev, Failed):
                 c.done = True
                 raise engine_error(ev.message)
