@@ -12,6 +12,9 @@
 # call3 (~5 min): gdn_chunk_prep with a row's exp(gamma) and beta exp(gamma) computed once (not per element): its
 #   time against the stop-23 kernel (.whl/base24 = git archive of af80286, the commit before) and four ablations
 #   (gdn_prep_bench.py), the delta-rule GPU tests, and Qwen3.5-4B's 1k prefill in the engine, both trees alternating.
+# call4 (~5 min): the final tree's engine GPU tests (the scheduler's admission changed: priority scheduling):
+#   the Qwen3 and Qwen3.5 CUDA engines (eager = graph, batched, prefix hits, against transformers), sampling,
+#   structured outputs, prompt logprobs, graph capture and KV offload on the GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -47,5 +50,14 @@ call3) precompile
            lat q35_cur_$r 60 $P35
        done
        rm -f $L/*.json ;;
-*) echo "usage: $0 call1|call2|call3"; exit 2 ;;
+call4) precompile
+       timeout 280 $T plugins/qwen3/tests/test_cuda_engine.py tests/test_cuda_graphs_capture.py \
+           tests/test_kv_offload_cuda.py > $L/t_q3.log 2>&1 &
+       timeout 280 $T tests/test_cuda_sampling_engine.py tests/test_cuda_structured_engine.py \
+           tests/test_cuda_prompt_logprobs.py > $L/t_core.log 2>&1 &
+       timeout 280 $T plugins/qwen35/tests/test_qwen35_cuda_engine.py plugins/qwen35/tests/test_qwen35_graphs.py \
+           > $L/t_q35.log 2>&1 &
+       wait; for f in q3 core q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
+       grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S ;;
+*) echo "usage: $0 call1|call2|call3|call4"; exit 2 ;;
 esac
