@@ -158,6 +158,43 @@ def test_retrieve_and_store_false(client: openai.OpenAI, http: httpx.Client) -> 
     assert res.status_code == 400 and res.json()["error"]["param"] == "stream"
 
 
+def test_delete_forgets_a_stored_response(client: openai.OpenAI, http: httpx.Client) -> None:
+    r = client.responses.create(model="fake", input="hi")
+    res = http.delete(f"/v1/responses/{r.id}")
+    assert res.status_code == 200 and res.json() == {"id": r.id, "object": "response.deleted", "deleted": True}
+    for call in (lambda: client.responses.retrieve(r.id), lambda: client.responses.delete(r.id),
+                 lambda: client.responses.create(model="fake", input="x", previous_response_id=r.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    kept = client.responses.create(model="fake", input="hi")
+    assert client.responses.delete(kept.id) is None   # the SDK's form of the call
+
+
+def test_input_items_list_the_conversation_before_a_response(client: openai.OpenAI, http: httpx.Client,
+                                                             fake: FakeEngine) -> None:
+    fake.say("Hi Ann.")
+    r1 = client.responses.create(model="fake", input="My name is Ann.", instructions="Be brief.")
+    r2 = client.responses.create(model="fake", previous_response_id=r1.id, input=[
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is my name?"}]}])
+    items = client.responses.input_items.list(r2.id).data   # newest first, OpenAI's default
+    assert [(i.type, i.role) for i in items] == [("message", "user"), ("message", "assistant"), ("message", "user")]
+    assert [i.content[0].text for i in items] == ["What is my name?", "Hi Ann.", "My name is Ann."]
+    assert [i.content[0].type for i in items] == ["input_text", "output_text", "input_text"]
+    assert items[1].id == r1.output[0].id and len({i.id for i in items}) == 3
+    again = client.responses.input_items.list(r2.id).data
+    assert [i.id for i in again] == [i.id for i in items]   # ids given once, at creation
+    paged = list(client.responses.input_items.list(r2.id, limit=1, order="asc"))   # the SDK follows `after`
+    assert [i.id for i in paged] == [i.id for i in reversed(items)]
+    first = http.get(f"/v1/responses/{r2.id}/input_items", params={"limit": 2, "order": "asc"}).json()
+    assert (first["first_id"], first["last_id"], first["has_more"]) == (items[2].id, items[1].id, True)
+    assert [i.id for i in client.responses.input_items.list(r1.id).data] == [items[2].id]
+    for params, param in (({"limit": 0}, "limit"), ({"limit": "x"}, "limit"), ({"order": "up"}, "order"),
+                          ({"after": "msg_nope"}, "after"), ({"include": "message.input_image.image_url"}, "include")):
+        res = http.get(f"/v1/responses/{r2.id}/input_items", params=params)
+        assert res.status_code == 400 and res.json()["error"]["param"] == param, params
+    assert http.get("/v1/responses/resp_nope/input_items").status_code == 404
+
+
 def test_stream_events_build_the_same_response(client: openai.OpenAI, fake: FakeEngine) -> None:
     fake.say("<think>\nHmm.\n</think>\n\nIt is 4.")
     plain = client.responses.create(model="fake", input="2+2?")

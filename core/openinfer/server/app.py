@@ -33,7 +33,7 @@ from .errors import APIError, bad_request, internal_error, model_not_found
 from .fields import parse_json_object
 from .host import ModelHost
 from .protocol import parse_detokenize, parse_tokenize
-from .responses import ResponseStore, create_response, retrieve_response
+from .responses import ResponseStore, create_response, delete_response, list_input_items, retrieve_response
 from .submission import ClientDisconnected, until_disconnect
 
 log = logging.getLogger("openinfer.server")
@@ -83,8 +83,15 @@ def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: S
         return await create_response(host, body, store)
 
     @endpoint
-    async def get_response(request: Request) -> Response:
-        return retrieve_response(store, request.path_params["response_id"], dict(request.query_params))
+    async def response_by_id(request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        if request.method == "DELETE":
+            return delete_response(store, response_id)
+        return retrieve_response(store, response_id, dict(request.query_params))
+
+    @endpoint
+    async def response_input_items(request: Request) -> Response:
+        return list_input_items(store, request.path_params["response_id"], request.query_params)
 
     @endpoint
     async def list_models(_: Request) -> Response:
@@ -157,7 +164,8 @@ def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: S
         Route("/v1/completions", generation(create_completion), methods=["POST"]),
         Route("/v1/chat/completions", generation(create_chat_completion), methods=["POST"]),
         Route("/v1/responses", generation(create_stored_response), methods=["POST"]),
-        Route("/v1/responses/{response_id}", get_response),
+        Route("/v1/responses/{response_id}", response_by_id, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", response_input_items),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/health", health),

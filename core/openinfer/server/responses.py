@@ -1,4 +1,5 @@
-"""POST /v1/responses and GET /v1/responses/{id}: OpenAI's Responses API (a subset, response_request.py) over the
+"""POST /v1/responses, GET and DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items: OpenAI's Responses
+API (a subset, response_request.py) over the
 chat endpoint's path: the conversation's items become chat messages, chat.chat_prompt renders them and plans
 the one choice, and its parsed output (reasoning, content, tool calls) becomes output items (response_items.py).
 
@@ -10,7 +11,9 @@ response; an error after the first byte is an `error` event. No `[DONE]`: OpenAI
 response (`store`, default true) is kept in the ResponseStore once it ended: the last `capacity` (1000) in
 memory, each with its response object and its conversation (every input item, those of the responses before it
 included, then its output items), which a follow-up continues; instructions are not carried over, as OpenAI
-documents. A process restart forgets them.
+documents. A process restart forgets them. An input item without an id gets one when its response is created, so
+that input_items lists every item of the conversation before the response with an id (its pagination cursor),
+messages with their text as input_text / output_text parts, as OpenAI lists them.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+from starlette.datastructures import QueryParams
 from starlette.responses import JSONResponse, Response
 
 from .chat import ChatOutputs, ChatPrompt, chat_prompt
@@ -32,10 +36,14 @@ from .sse import SSEResponse, guarded, typed_event
 from .submission import Submission
 
 
+ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
 @dataclass
 class StoredResponse:
     body: dict[str, Any]                  # the response object as returned
     conversation: list[dict[str, Any]]    # input items, then output items
+    inputs: int = 0                       # how many of them are its input (the previous responses' included)
 
 
 class ResponseStore:
@@ -43,8 +51,8 @@ class ResponseStore:
         self.capacity = capacity
         self._responses: OrderedDict[str, StoredResponse] = OrderedDict()
 
-    def put(self, body: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        self._responses[body["id"]] = StoredResponse(body, conversation)
+    def put(self, body: dict[str, Any], conversation: list[dict[str, Any]], inputs: int = 0) -> None:
+        self._responses[body["id"]] = StoredResponse(body, conversation, inputs)
         while len(self._responses) > self.capacity:
             self._responses.popitem(last=False)
 
@@ -54,6 +62,10 @@ class ResponseStore:
         if stored is None:
             raise APIError(404, f"Response with id '{response_id}' not found.", param, "not_found")
         return stored
+
+    def delete(self, response_id: str) -> None:
+        self.get(response_id)
+        del self._responses[response_id]
 
 
 class ResponseRun:
@@ -112,7 +124,7 @@ class ResponseRun:
         if reason == "length":
             self.body["incomplete_details"] = {"reason": "max_output_tokens"}
         if self.req.store:
-            self.store.put(self.body, self.conversation + output)
+            self.store.put(self.body, self.conversation + output, len(self.conversation))
         return [*events, {"type": f"response.{status}", "response": self.body}]
 
 
@@ -122,7 +134,8 @@ async def create_response(host: ModelHost, body: dict[str, Any], store: Response
     model = host.get(req.chat.gen.model)
     previous = [] if req.previous_response_id is None else \
         store.get(req.previous_response_id, "previous_response_id").conversation
-    conversation = previous + req.items
+    conversation = previous + [item if item.get("id") else {"id": f"{ITEM_ID_PREFIX[item['type']]}_{uuid.uuid4().hex}",
+                                                             **item} for item in req.items]
     req.chat.messages = conversation_messages(req.instructions, conversation)
     prompt = await chat_prompt(model, req.chat, "input")
     run = ResponseRun(model, req, prompt, conversation, store)
@@ -141,3 +154,47 @@ def retrieve_response(store: ResponseStore, response_id: str, query: dict[str, s
         key = next(iter(query))
         raise bad_request(f"Unsupported parameter: '{key}'.", key, "unsupported_parameter")
     return JSONResponse(store.get(response_id).body)
+
+
+def delete_response(store: ResponseStore, response_id: str) -> Response:
+    store.delete(response_id)
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+def list_input_items(store: ResponseStore, response_id: str, query: QueryParams) -> Response:
+    """GET /v1/responses/{id}/input_items: the items the response was generated from, `order` desc (OpenAI's
+    default) or asc, `limit` 1-100 (default 20) a page, from after the item id `after`."""
+    stored = store.get(response_id)
+    params = dict(query)
+    if unknown := [k for k in params if k not in ("limit", "order", "after")]:
+        # include asks for fields (search results, image urls, encrypted reasoning...) these items never have
+        raise bad_request(f"Unsupported parameter: '{unknown[0]}'.", unknown[0], "unsupported_parameter")
+    limit = params.get("limit", "20")
+    if not (limit.isdigit() and 1 <= int(limit) <= 100):
+        raise bad_request(f"'limit' must be an integer between 1 and 100, got {limit!r}.", "limit")
+    order = params.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"'order' must be \"asc\" or \"desc\", got {order!r}.", "order")
+    items = [_listed(item) for item in stored.conversation[:stored.inputs]]
+    if order == "desc":
+        items.reverse()
+    if (after := params.get("after")) is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise bad_request(f"No input item with id '{after}' in response '{response_id}'.", "after")
+        items = items[ids.index(after) + 1:]
+    page = items[:int(limit)]
+    return JSONResponse({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                         "last_id": page[-1]["id"] if page else None, "has_more": len(items) > len(page)})
+
+
+def _listed(item: dict[str, Any]) -> dict[str, Any]:
+    """An item as input_items lists it: a message's text as one part (input_text, or output_text for the
+    assistant), with a status."""
+    if item["type"] != "message":
+        return item
+    content = item["content"]
+    if isinstance(content, str):
+        part = "output_text" if item["role"] == "assistant" else "input_text"
+        content = [{"type": part, "text": content, **({"annotations": []} if part == "output_text" else {})}]
+    return {**item, "content": content, "status": item.get("status", "completed")}
