@@ -6,7 +6,8 @@ tree's source that each skip one phase (their output is wrong; only the time is 
     no_AP     phase 2's K K^T and Q K^T products skipped
     no_QgKt   the exp(gamma) Q and tail K rows not written
     no_subst  phase 3's forward substitution skipped (its loads and stores kept)
-gdn_chunk_state runs once after, for scale. The first source's records are compared bit for bit with the others'.
+Then both state walks (gdn_chunk_state, gdn_chunk_state_tc) after the tree's prep, timed and compared. The first
+source's records are compared bit for bit with the others'.
     python scripts/gdn_prep_bench.py [--tokens 1024] [--source base=PATH ...] [--no-ablations]
 """
 from __future__ import annotations
@@ -94,16 +95,24 @@ def main() -> None:
 
 
 def run_state(prep_args: tuple, scratch: cp.ndarray, chunks: int, T: int) -> None:
-    """gdn_chunk_state after the tree's prep, for scale."""
+    """The state walks after the tree's prep: gdn_chunk_state (fp32 CUDA cores) and gdn_chunk_state_tc (3xTF32 tensor
+    cores), each timed, and the second's output and state against the first's (from the same zero state)."""
     launch(dr.SOURCE, "gdn_chunk_prep_bf16", (chunks, NV, 1), dr.CHUNK_THREADS, prep_args, dr.PREP_SMEM)
-    state = cp.zeros((1, NV, D, D), dtype=cp.float32)
-    out = cp.empty((T, NV, D), dtype=prep_args[4].dtype)
     slots, ctx = cp.zeros(1, cp.int32), cp.asarray(np.array([T], np.int32))
-    sargs = (scratch, state, np.int64(NV * D * D), slots, prep_args[8], ctx, NULL, NULL, out, np.int32(NV),
-             np.int32(D), np.int32(D))
-    ms = graph_ms(lambda: launch(dr.SOURCE, "gdn_chunk_state_bf16", (D // dr.BV, NV, 1), dr.STATE_THREADS, sargs,
-                                 dr.STATE_SMEM), repeats=20, calls=10)
-    print(f"  gdn_chunk_state {1e3 * ms:8.1f} us")
+    results = []
+    for name, smem in (("gdn_chunk_state_bf16", dr.STATE_SMEM), ("gdn_chunk_state_tc_bf16", dr.STATE_TC_SMEM)):
+        state = cp.zeros((1, NV, D, D), dtype=cp.float32)
+        out = cp.empty((T, NV, D), dtype=prep_args[4].dtype)
+        sargs = (scratch, state, np.int64(NV * D * D), slots, prep_args[8], ctx, NULL, NULL, out, np.int32(NV),
+                 np.int32(D), np.int32(D))
+        launch(dr.SOURCE, name, (D // dr.BV, NV, 1), dr.STATE_THREADS, sargs, smem)   # once from the zero state
+        results.append((cp.asnumpy(out).astype(np.float32), cp.asnumpy(state)))
+        ms = graph_ms(lambda: launch(dr.SOURCE, name, (D // dr.BV, NV, 1), dr.STATE_THREADS, sargs, smem),
+                      repeats=20, calls=10)
+        print(f"  {name:<24} {1e3 * ms:8.1f} us")
+    (o1, s1), (o2, s2) = results
+    print(f"  tc against fp32: out max |diff| {np.abs(o2 - o1).max():.3g} (max |out| {np.abs(o1).max():.3g}), "
+          f"state max |diff| {np.abs(s2 - s1).max():.3g} (max |state| {np.abs(s1).max():.3g})")
 
 
 if __name__ == "__main__":

@@ -377,6 +377,147 @@ def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int,
         state[slot, h, d[m], j0 + LANE[m]] = sm.read("S", d[m] * SP + LANE[m])
 
 
+TC_WQ, TC_KT, TC_P, TC_SV = DK_MAX + 4, DK_MAX + 8, L + 4, BV + 8   # gdn_chunk_state_tc's padded row strides
+LANES = np.arange(32)
+G, T4 = LANES >> 2, LANES & 3
+
+
+def tf32(x) -> np.ndarray:
+    """cvt.rna.tf32.f32: the 13 low mantissa bits rounded off, ties away from zero."""
+    u = np.asarray(x, F32).view(np.uint32)
+    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(F32)
+
+
+def mma3(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One warp's mma3 (split_tf32, then hi*hi + hi*lo + lo*hi on m16n8k8): the registers a [4, lane], b [2, lane]
+    placed by PTX's fragment layout of mma.m16n8k8 .tf32 (A: a_i at row g + 8 (i % 2), column t + 4 (i / 2); B: b_i
+    at row t + 4 i, column g), the product, and c [4, lane] read back by the accumulator layout (c_i at row
+    g + 8 (i / 2), column 2 t + i % 2). Summed in float64."""
+    A, B = np.full((16, 8), np.nan), np.full((8, 8), np.nan)
+    for i in range(4):
+        A[G + 8 * (i % 2), T4 + 4 * (i // 2)] = a[i]
+    for i in range(2):
+        B[T4 + 4 * i, G] = b[i]
+    assert not np.isnan(A).any() and not np.isnan(B).any()   # every element of both tiles has one owner
+    ah, bh = tf32(A).astype(np.float64), tf32(B).astype(np.float64)
+    al, bl = tf32(A - ah).astype(np.float64), tf32(B - bh).astype(np.float64)
+    D = ah @ bh + (ah @ bl + al @ bh)
+    return np.stack([D[G + 8 * (i // 2), 2 * T4 + i % 2] for i in range(4)])
+
+
+def state_block_tc(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int, nv: int, dk: int,
+                   dv: int) -> None:
+    """One gdn_chunk_state_tc block: every warp's fragment reads at the kernel's addresses, through mma3."""
+    warps, s0 = 16, int(b.query_start[seq])
+    n = int(b.query_start[seq + 1]) - s0
+    if n == 0:
+        return
+    rec, live, slot = record(dv), _live(b, seq), b.state_slots[seq]
+    sm = Smem(dict(W=L * TC_WQ, Qg=L * TC_WQ, Kt=L * TC_KT, P=L * TC_P, S=DK_MAX * TC_SV, V=L * TC_SV))
+    col = j0 + LANES < dv
+    for warp in range(warps):
+        for d in range(warp, DK_MAX, warps):
+            init = state[slot, h, min(d, dk - 1), np.minimum(j0 + LANES, dv - 1)] if live and d < dk else 0
+            sm.write("S", d * TC_SV + LANES, np.where(col, init, 0))
+
+    def stage_rows(dst: str, stride: int, src: int, rows: int, cols: int) -> None:
+        e = np.arange(rows * cols)
+        staged = scratch[src + e]
+        assert not np.isnan(staged).any(), "prep left record words unwritten"
+        sm.mem[sm.off[dst] + (e // cols) * stride + e % cols] = staged
+
+    def frag_a(name: str, base: int, ld: int, tr: bool) -> np.ndarray:
+        r, k = [G + 8 * (i % 2) for i in range(4)], [T4 + 4 * (i // 2) for i in range(4)]
+        return np.stack([sm.read(name, base + (k[i] * ld + r[i] if tr else r[i] * ld + k[i])) for i in range(4)])
+
+    def frag_b(name: str, base: int, ld: int) -> np.ndarray:
+        return np.stack([sm.read(name, base + (T4 + 4 * i) * ld + G) for i in range(2)])
+
+    def stage_all(base: int, which: tuple[str, ...]) -> None:
+        for name in which:
+            stride, cols = dict(W=(TC_WQ, DK_MAX), Qg=(TC_WQ, DK_MAX), Kt=(TC_KT, DK_MAX), P=(TC_P, L))[name]
+            stage_rows(name, stride, base + rec[name], L, cols)
+
+    grid, (split, ckpt_row) = chunk_grid(b, seq), checkpoint(b, seq)
+    stage_all(rec_base(b, seq, 0, h, nv, dv), ("W", "Qg", "Kt", "P"))
+    for c, (cs, nc) in enumerate(grid):
+        base = rec_base(b, seq, c, h, nv, dv)
+        nxt = base + nv * rec["total"] if c + 1 < len(grid) else None
+        o = {}
+        for warp in range(warps):                                # a. V' = U - W S, O = Qg S
+            r0, n0 = 16 * (warp // 4), 8 * (warp % 4)
+            v, o[warp] = np.zeros((4, 32)), np.zeros((4, 32))
+            for k0 in range(0, DK_MAX, 8):
+                s_frag = frag_b("S", k0 * TC_SV + n0, TC_SV)
+                v += mma3(frag_a("W", r0 * TC_WQ + k0, TC_WQ, False), s_frag)
+                o[warp] += mma3(frag_a("Qg", r0 * TC_WQ + k0, TC_WQ, False), s_frag)
+            for i in range(4):
+                row, j = r0 + G + 8 * (i // 2), n0 + 2 * T4 + i % 2
+                u = np.where(j0 + j < dv, scratch[base + rec["U"] + row * dv + np.minimum(j0 + j, dv - 1)], 0)
+                assert not np.isnan(u).any()
+                sm.write("V", row * TC_SV + j, u - v[i])
+        if nxt is not None:
+            assert nxt == rec_base(b, seq, c + 1, h, nv, dv)
+            stage_all(nxt, ("W", "Qg"))
+        decay = scratch[base + rec["dec"]]
+        for warp in range(warps):                                # b. O += P V', out; c. S = decay S + Kt^T V'
+            r0, n0 = 16 * (warp // 4), 8 * (warp % 4)
+            for k0 in range(0, r0 + 16, 8):
+                o[warp] += mma3(frag_a("P", r0 * TC_P + k0, TC_P, False), frag_b("V", k0 * TC_SV + n0, TC_SV))
+            for i in range(4):
+                row, j = r0 + G + 8 * (i // 2), j0 + n0 + 2 * T4 + i % 2
+                keep = (row < nc) & (j < dv)
+                out[s0 + cs + row[keep], h, j[keep]] = o[warp][i][keep]
+        new_s = []
+        for warp in range(warps):
+            r0, n0 = 16 * (warp // 4), 8 * (warp % 4)
+            for d0 in (r0, r0 + 64):
+                acc = np.zeros((4, 32))
+                for k0 in range(0, L, 8):
+                    acc += mma3(frag_a("Kt", k0 * TC_KT + d0, TC_KT, True), frag_b("V", k0 * TC_SV + n0, TC_SV))
+                for i in range(4):
+                    d, j = d0 + G + 8 * (i // 2), n0 + 2 * T4 + i % 2
+                    new_s.append((d, j, decay * sm.read("S", d * TC_SV + j) + acc[i]))
+        for d, j, value in new_s:   # every thread reads its own entries before writing them: one pass is the same
+            sm.mem[sm.idx("S", d * TC_SV + j)] = value
+            if split and cs + nc == split:                       # the checkpoint: the entries just made
+                m = (d < dk) & (j0 + j < dv)
+                state[ckpt_row, h, d[m], j0 + j[m]] = value[m]
+        if nxt is not None:
+            stage_all(nxt, ("Kt", "P"))
+    for warp in range(warps):
+        for d in range(warp, dk, warps):
+            state[slot, h, d, j0 + LANES[col]] = sm.read("S", d * TC_SV + LANES[col])
+
+
+@pytest.mark.parametrize("saves", [None, [16, 0, 0, 48, 128]], ids=["plain", "checkpoints"])
+@pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 1, 128, 128)], ids=["tiny_partial_tile", "4b_head"])
+def test_tensor_core_state_walk_thread_maps(dims, saves):
+    """gdn_chunk_state_tc's emulation (its fragment addresses placed by PTX's m16n8k8 layout, 3xTF32) after the
+    emulated prep equals the sequential reference on the same runs as the fp32 walk's test."""
+    nk, nv, dk, dv = dims
+    rng = np.random.default_rng(11)
+    b = batch([(0, 70), (4, 1), (9, 0), (30, 64), (0, 130)], [2, 0, 4, 1, 3])
+    if saves is not None:
+        with_checkpoints(b, saves, 5)
+    q, k, v, g, beta = gdn_inputs(rng, int(b.query_start[-1]), nk, nv, dk, dv)
+    state = rng.standard_normal((10, nv, dk, dv), F32)
+    want_state = state.copy()
+    want = ops.qwen35_gated_delta_rule(q, k, v, g, beta, want_state, b)
+    got, scratch = np.full(v.shape, np.nan, F32), scratch_for(b, nv, dv)
+    B = len(b.state_slots)
+    for c in range(-(-b.max_query_len // L) + per_seq(b) - 1):
+        for h in range(nv):
+            for seq in range(B):
+                prep_block(q, k, v, g, beta, scratch, b, c, h, seq)
+    for seq in range(B):
+        for h in range(nv):
+            for j0 in range(0, dv, BV):
+                state_block_tc(scratch, state, got, b, seq, h, j0, nv, dk, dv)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)
+
+
 @pytest.mark.parametrize("warps", [ST_WARPS, 8], ids=["state_block", "state_block_of_8_warps"])
 @pytest.mark.parametrize("saves", [None, [16, 0, 0, 48, 128]], ids=["plain", "checkpoints"])
 @pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 2, 128, 32), (1, 1, 128, 128)],
@@ -417,4 +558,6 @@ def test_launcher_sizes_match_the_emulated_layouts():
     assert dr.PREP_SMEM == 4 * Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L)).mem.size
     sizes = dict(W=L * DK_MAX, Qg=L * DK_MAX, Kt=L * DK_MAX, P=L * L, S=DK_MAX * SP, V=L * SP)
     assert dr.STATE_SMEM == 4 * Smem(sizes).mem.size
+    tc = dict(W=L * TC_WQ, Qg=L * TC_WQ, Kt=L * TC_KT, P=L * TC_P, S=DK_MAX * TC_SV, V=L * TC_SV)
+    assert dr.STATE_TC_SMEM == 4 * Smem(tc).mem.size
     assert all(dr.record_floats(dv) == record(dv)["total"] for dv in (16, 48, 128))

@@ -36,6 +36,22 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned int* a, unsign
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// x = hi + lo, both TF32 (round to nearest, ties away): the split of 3xTF32, whose products hi*hi + hi*lo + lo*hi
+// keep close to fp32's accuracy on the tensor cores (lo*lo, ~2^-22 relative, is left out).
+__device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+
+// c += a (16x8, row) * b (8x8, col): TF32 inputs (fp32 bit patterns), fp32 accumulators.
+__device__ __forceinline__ void mma_tf32(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // 2^x on the SFU, denormal results flushed to zero (exp2f adds a range fix-up around every call);
 // 2^-inf = 0.
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -402,6 +402,149 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         for (int d = warp; d < dk; d += WARPS) Sg[(long long)d * dv] = Ss[d * SP + lane];
 }
 
+// gdn_chunk_state on the tensor cores: the same three steps, each a product of shared-memory tiles by mma.sync
+// m16n8k8 in 3xTF32 (split_tf32: hi*hi + hi*lo + lo*hi, the hi*hi chain and the cross terms' chain summed at the
+// end; close to fp32, not the same bits as gdn_chunk_state). Block = 32 state columns of one (sequence, value head),
+// TC_WARPS warps: warp w owns the m16n8 tile of rows 16 (w / 4), columns 8 (w % 4) of V' and O (O stays in registers
+// from step a to step b) and the S tiles of rows 16 (w / 4) and 16 (w / 4) + 64, the same columns (step c). Row
+// strides are padded so that every fragment load is free of bank conflicts: W, Qg 132 and P 68 (A fragments, bank
+// 4 g + t), Kt 136 (read as Kt^T, bank 8 t + g), S and V' 40 (B fragments, bank 8 t + g).
+constexpr int TC_WARPS = 16, TC_WQ = DK_MAX + 4, TC_KT = DK_MAX + 8, TC_P = L + 4, TC_SV = BV + 8;
+static_assert(TC_WARPS == 16 && BV == 32 && L == 64 && DK_MAX == 128, "the tensor-core walk's tile map");
+
+// `rows` rows of `cols` floats (a multiple of 4) from packed global memory into shared rows `stride` floats apart.
+__device__ __forceinline__ void stage_rows(float* dst, int stride, const float* src, int rows, int cols) {
+    const int per = cols / 4;
+    for (int e = threadIdx.x; e < rows * per; e += blockDim.x)
+        cp_async16(dst + (e / per) * stride + (e % per) * 4, src + e * 4, 16);
+}
+
+// The A fragment (16 x 8) at m of a row-major tile, row stride ld: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4),
+// a3 (g + 8, t + 4); or (tr) of its transpose, A[i][k] = m[k][i]. Split into TF32 hi and lo.
+template <bool TR>
+__device__ __forceinline__ void frag_a(unsigned int* hi, unsigned int* lo, const float* m, int ld, int g, int t) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i & 1), k = t + 4 * (i >> 1);
+        split_tf32(TR ? m[k * ld + r] : m[r * ld + k], hi[i], lo[i]);
+    }
+}
+
+// The B fragment (8 x 8, k x n) at m of a row-major [k][n] tile: b0 (k = t, n = g), b1 (k = t + 4, n = g).
+__device__ __forceinline__ void frag_b(unsigned int* hi, unsigned int* lo, const float* m, int ld, int g, int t) {
+    split_tf32(m[t * ld + g], hi[0], lo[0]);
+    split_tf32(m[(t + 4) * ld + g], hi[1], lo[1]);
+}
+
+// c += a b in 3xTF32: hi hi into c, the cross terms into x.
+__device__ __forceinline__ void mma3(float* c, float* x, const unsigned int* ah, const unsigned int* al,
+                                     const unsigned int* bh, const unsigned int* bl) {
+    mma_tf32(c, ah, bh[0], bh[1]);
+    mma_tf32(x, ah, bl[0], bl[1]);
+    mma_tf32(x, al, bh[0], bh[1]);
+}
+
+template <typename T>
+__device__ void gdn_chunk_state_tc(const float* scratch, float* state, long long state_stride, const int* slots,
+                                   const int* query_start, const int* context_lens, const int* ckpt_lens,
+                                   const int* ckpt_rows, T* out, int nv, int dk, int dv) {
+    pdl_begin();
+    extern __shared__ float smem[];
+    float *Ws = smem, *Qg = Ws + L * TC_WQ, *Kt = Qg + L * TC_WQ, *Ps = Kt + L * TC_KT, *Ss = Ps + L * TC_P;
+    float* Vs = Ss + DK_MAX * TC_SV;
+    const int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * BV;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int s0 = query_start[b], n = query_start[b + 1] - s0;
+    if (n == 0) return;   // no tokens: the state row is left as it is
+    const Rec rec(dv);
+    const bool live = has_state(query_start, context_lens, b), col = j0 + lane < dv;
+    float* Sg = state + (long long)slots[b] * state_stride + (long long)h * dk * dv + j0 + lane;
+    for (int d = warp; d < DK_MAX; d += TC_WARPS)
+        Ss[d * TC_SV + lane] = live && col && d < dk ? Sg[(long long)d * dv] : 0.f;
+    const Chunks chunks(ckpt_lens, b, n);
+    const float* R0 = scratch + (rec_index(query_start, ckpt_lens, b, 0) * nv + h) * rec.total;
+    stage_rows(Ws, TC_WQ, R0 + rec.W, L, DK_MAX);
+    stage_rows(Qg, TC_WQ, R0 + rec.Qg, L, DK_MAX);
+    stage_rows(Kt, TC_KT, R0 + rec.Kt, L, DK_MAX);
+    stage_rows(Ps, TC_P, R0 + rec.P, L, L);
+    cp_async_commit();
+    // this warp's V' / O tile, and this thread's accumulator entries i: row r0 + g + 8 (i / 2), column ca + i % 2
+    const int r0 = 16 * (warp / 4), n0 = 8 * (warp % 4), ca = n0 + 2 * t;
+    for (int c = 0; c < chunks.count; ++c) {
+        const int cs = chunks.start(c), nc = chunks.size(c, n);
+        const float* R = scratch + (rec_index(query_start, ckpt_lens, b, c) * nv + h) * rec.total;
+        const float* next = c + 1 < chunks.count ? R + (long long)nv * rec.total : nullptr;   // chunk c + 1's record
+        float u[4];   // U at this thread's V' entries, loaded while the copies land
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            u[i] = j0 + ca + i % 2 < dv ? R[rec.U + (r0 + g + 8 * (i / 2)) * dv + j0 + ca + i % 2] : 0.f;
+        cp_async_wait<0>();
+        __syncthreads();
+        // a. V' = U - W S and O = Qg S on this warp's tile (k = 128)
+        float v[4] = {}, vx[4] = {}, o[4] = {}, ox[4] = {};
+#pragma unroll 4
+        for (int k0 = 0; k0 < DK_MAX; k0 += 8) {
+            unsigned int wh[4], wl[4], qh[4], ql[4], sh[2], sl[2];
+            frag_a<false>(wh, wl, Ws + r0 * TC_WQ + k0, TC_WQ, g, t);
+            frag_a<false>(qh, ql, Qg + r0 * TC_WQ + k0, TC_WQ, g, t);
+            frag_b(sh, sl, Ss + k0 * TC_SV + n0, TC_SV, g, t);
+            mma3(v, vx, wh, wl, sh, sl);
+            mma3(o, ox, qh, ql, sh, sl);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) Vs[(r0 + g + 8 * (i / 2)) * TC_SV + ca + i % 2] = u[i] - (v[i] + vx[i]);
+        __syncthreads();   // V' is whole; W and Qg are free
+        if (next != nullptr) {
+            stage_rows(Ws, TC_WQ, next + rec.W, L, DK_MAX);
+            stage_rows(Qg, TC_WQ, next + rec.Qg, L, DK_MAX);
+            cp_async_commit();
+        }
+        // b. O += P V' (P is zero above its diagonal: k only up to this tile's last row), then out
+        for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
+            unsigned int ph[4], pl[4], vh[2], vl[2];
+            frag_a<false>(ph, pl, Ps + r0 * TC_P + k0, TC_P, g, t);
+            frag_b(vh, vl, Vs + k0 * TC_SV + n0, TC_SV, g, t);
+            mma3(o, ox, ph, pl, vh, vl);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = r0 + g + 8 * (i / 2), j = j0 + ca + i % 2;
+            if (row < nc && j < dv) out[((long long)(s0 + cs + row) * nv + h) * dv + j] = from_f32<T>(o[i] + ox[i]);
+        }
+        // c. S = exp(gamma_L) S + Kt^T V' on this warp's two S tiles (rows d0 = r0 and r0 + 64; k = 64); the state at
+        // the run's checkpoint goes out as it is made
+        const float decay = R[rec.dec];
+        float* ck = c + 1 == chunks.first ? state + (long long)ckpt_rows[b] * state_stride + (long long)h * dk * dv
+                                          : nullptr;
+#pragma unroll
+        for (int d0 = r0; d0 < DK_MAX; d0 += 64) {
+            float s[4] = {}, sx[4] = {};
+#pragma unroll 4
+            for (int k0 = 0; k0 < L; k0 += 8) {
+                unsigned int kh[4], kl[4], vh[2], vl[2];
+                frag_a<true>(kh, kl, Kt + k0 * TC_KT + d0, TC_KT, g, t);
+                frag_b(vh, vl, Vs + k0 * TC_SV + n0, TC_SV, g, t);
+                mma3(s, sx, kh, kl, vh, vl);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int d = d0 + g + 8 * (i / 2), j = ca + i % 2;
+                const float sn = decay * Ss[d * TC_SV + j] + (s[i] + sx[i]);
+                Ss[d * TC_SV + j] = sn;
+                if (ck != nullptr && d < dk && j0 + j < dv) ck[(long long)d * dv + j0 + j] = sn;
+            }
+        }
+        __syncthreads();   // Kt, P and V' are free; S is whole
+        if (next != nullptr) {
+            stage_rows(Kt, TC_KT, next + rec.Kt, L, DK_MAX);
+            stage_rows(Ps, TC_P, next + rec.P, L, L);
+            cp_async_commit();
+        }
+    }
+    if (col)
+        for (int d = warp; d < dk; d += TC_WARPS) Sg[(long long)d * dv] = Ss[d * TC_SV + lane];
+}
+
 #define DELTA_RULE_KERNELS(suffix, T)                                                                          \
     extern "C" __global__ void gdn_decode_##suffix(                                                            \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
@@ -431,6 +574,12 @@ __device__ void gdn_chunk_state(const float* scratch, float* state, long long st
         const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
         gdn_chunk_state<T, ST_WARPS>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out,  \
                                      nv, dk, dv);                                                               \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * TC_WARPS) gdn_chunk_state_tc_##suffix(                  \
+        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
+        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
+        gdn_chunk_state_tc<T>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out, nv, dk, \
+                              dv);                                                                              \
     }
 
 FOR_EACH_DTYPE(DELTA_RULE_KERNELS)
