@@ -15,9 +15,9 @@
 # call4 (~5 min): the final tree's engine GPU tests (the scheduler's admission changed: priority scheduling):
 #   the Qwen3 and Qwen3.5 CUDA engines (eager = graph, batched, prefix hits, against transformers), sampling,
 #   structured outputs, prompt logprobs, graph capture and KV offload on the GPU.
-# call5 (~5 min, branch next/gdn-state-tc): the GDN state walk on the tensor cores (gdn_chunk_state_tc, 3xTF32):
-#   its time and output against gdn_chunk_state (gdn_prep_bench.py), Qwen3.5's delta-rule, engine and fidelity GPU
-#   tests with it (OPENINFER_GDN_STATE_TC=1), and the 1k prefill in the engine with and without it, alternating.
+# call5 (~3 min, branch next/gdn-state-tc): the GDN state walk on the tensor cores (gdn_chunk_state_tc, 3xTF32):
+#   its time and output against gdn_chunk_state (gdn_prep_bench.py), Qwen3.5's delta-rule GPU tests with it
+#   (OPENINFER_GDN_STATE_TC=1), and the 1k prefill in the engine without and with it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -62,14 +62,13 @@ call4) precompile
            > $L/t_q35.log 2>&1 &
        wait; for f in q3 core q35; do say "tests $f: $(tail -1 $L/t_$f.log)"; done
        grep -h "^FAILED\|^ERROR" $L/t_*.log | cut -c1-220 | head -12 | tee -a $S ;;
-call5) timeout 90 python3 scripts/gdn_prep_bench.py --no-ablations > $L/state_tc.log 2>&1
+call5) timeout 60 python3 scripts/gdn_prep_bench.py --no-ablations > $L/state_tc.log 2>&1
        say "state walks:"; tail -5 $L/state_tc.log | tee -a $S
-       OPENINFER_GDN_STATE_TC=1 timeout 170 $T plugins/qwen35/tests/test_qwen35_cuda_ops.py \
-           plugins/qwen35/tests/test_qwen35_cuda_engine.py plugins/qwen35/tests/test_qwen35_fidelity.py \
-           -k "cuda or gpu or checkpoint or delta or chunk or prefill" > $L/t_tc.log 2>&1
+       OPENINFER_GDN_STATE_TC=1 timeout 60 $T plugins/qwen35/tests/test_qwen35_cuda_ops.py \
+           -k "delta or chunk or checkpoint" > $L/t_tc.log 2>&1
        say "tests with tc: $(tail -1 $L/t_tc.log)"; grep -h "^FAILED\|^ERROR" $L/t_tc.log | cut -c1-220 | head -8 | tee -a $S
        P35="--model qwen3.5-4b --batch-sizes 1 --input-lens 1024 --output-lens 8 --num-iters 5"
-       for r in 1 2; do for tc in 0 1; do OPENINFER_GDN_STATE_TC=$tc lat q35_tc${tc}_$r 45 $P35; done; done
+       for tc in 0 1; do OPENINFER_GDN_STATE_TC=$tc lat q35_tc$tc 40 $P35; done
        rm -f $L/*.json ;;
 *) echo "usage: $0 call1|call2|call3|call4|call5"; exit 2 ;;
 esac
