@@ -158,6 +158,11 @@ class RequestStream:
                 raise TimeoutError(f"no event for {self.request_id} within {timeout}s")
             return self._events.popleft()
 
+    def get_nowait(self) -> Event | None:
+        """The next event if one is queued, else None."""
+        with self._lock:
+            return self._events.popleft() if self._events else None
+
     def drain(self) -> list[Event]:
         """Every event queued so far, without waiting."""
         with self._lock:

@@ -195,6 +195,57 @@ def test_input_items_list_the_conversation_before_a_response(client: openai.Open
     assert http.get("/v1/responses/resp_nope/input_items").status_code == 404
 
 
+def test_background_response_is_polled_to_completion(client: openai.OpenAI, http: httpx.Client,
+                                                     fake: FakeEngine) -> None:
+    fake.say("Done in the background.")
+    fake.paused = True   # the engine holds the request: the response is seen queued
+    r = client.responses.create(model="fake", input="Work on it.", background=True)
+    assert r.status == "queued" and r.background is True and r.output == []
+    assert client.responses.retrieve(r.id).status == "queued"
+    res = http.post("/v1/responses", json={"model": "fake", "input": "next", "previous_response_id": r.id})
+    assert res.status_code == 400 and res.json()["error"]["param"] == "previous_response_id"
+    fake.paused = False
+    assert wait_until(lambda: client.responses.retrieve(r.id).status == "completed")
+    done = client.responses.retrieve(r.id)
+    assert done.output_text == "Done in the background." and done.usage.output_tokens > 0
+    with pytest.raises(openai.BadRequestError):   # only one in progress can be cancelled
+        client.responses.cancel(r.id)
+    follow = client.responses.create(model="fake", input="And?", previous_response_id=r.id)
+    assert follow.status == "completed"
+
+
+def test_background_response_refused_by_the_engine_is_a_400(http: httpx.Client, fake: FakeEngine) -> None:
+    fake.kv_tokens = 8   # the engine refuses it at submit: the client hears at once, not from a poll
+    try:
+        res = http.post("/v1/responses", json={"model": "fake", "input": "hi there", "background": True})
+    finally:
+        fake.kv_tokens = 1 << 20
+    assert res.status_code == 400 and res.json()["error"]["param"] == "max_output_tokens"
+
+
+def test_cancel_stops_a_background_response(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.paused = True
+    r = client.responses.create(model="fake", input="Long task.", background=True)
+    cancelled = client.responses.cancel(r.id)
+    assert cancelled.status == "cancelled" and client.responses.retrieve(r.id).status == "cancelled"
+    assert wait_until(lambda: any(rid.startswith("resp-") for rid in fake.aborted))   # its engine request
+    assert wait_until(lambda: fake.stats().num_running == 0)
+    fake.paused = False
+    assert client.responses.retrieve(r.id).status == "cancelled"   # stays so once the engine lets go
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(r.id)
+    plain = client.responses.create(model="fake", input="hi")
+    with pytest.raises(openai.BadRequestError):   # not a background response
+        client.responses.cancel(plain.id)
+    fake.paused = True
+    gone = client.responses.create(model="fake", input="Another.", background=True)
+    client.responses.delete(gone.id)   # deleting a running one cancels it
+    assert wait_until(lambda: fake.stats().num_running == 0)
+    fake.paused = False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(gone.id)
+
+
 def test_stream_events_build_the_same_response(client: openai.OpenAI, fake: FakeEngine) -> None:
     fake.say("<think>\nHmm.\n</think>\n\nIt is 4.")
     plain = client.responses.create(model="fake", input="2+2?")
@@ -264,7 +315,8 @@ def test_generation_config_defaults_apply(client: openai.OpenAI, fake: FakeEngin
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"temperature": 3}, "temperature"),
     ({"top_logprobs": 2}, "top_logprobs"),
-    ({"background": True}, "background"),
+    ({"background": True, "store": False}, "background"),
+    ({"background": True, "stream": True}, "background"),
     ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
     ({"metadata": {"k": 1}}, "metadata"),
     ({"input": None}, "input"),

@@ -33,7 +33,8 @@ from .errors import APIError, bad_request, internal_error, model_not_found
 from .fields import parse_json_object
 from .host import ModelHost
 from .protocol import parse_detokenize, parse_tokenize
-from .responses import ResponseStore, create_response, delete_response, list_input_items, retrieve_response
+from .responses import (ResponseStore, cancel_response, create_response, delete_response, list_input_items,
+                        retrieve_response)
 from .submission import ClientDisconnected, until_disconnect
 
 log = logging.getLogger("openinfer.server")
@@ -92,6 +93,10 @@ def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: S
     @endpoint
     async def response_input_items(request: Request) -> Response:
         return list_input_items(store, request.path_params["response_id"], request.query_params)
+
+    @endpoint
+    async def response_cancel(request: Request) -> Response:
+        return cancel_response(store, request.path_params["response_id"])
 
     @endpoint
     async def list_models(_: Request) -> Response:
@@ -166,6 +171,7 @@ def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: S
         Route("/v1/responses", generation(create_stored_response), methods=["POST"]),
         Route("/v1/responses/{response_id}", response_by_id, methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/input_items", response_input_items),
+        Route("/v1/responses/{response_id}/cancel", response_cancel, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/health", health),

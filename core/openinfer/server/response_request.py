@@ -9,7 +9,9 @@ Tools come in the Responses' flat form ({"type": "function", "name", …}); a bu
 `parallel_tool_calls` false keeps the first call only. `text.format` json_object / json_schema constrains the
 answer as chat's response_format does. vLLM's `chat_template_kwargs` work as on chat (Qwen3's enable_thinking);
 `reasoning.effort` none or minimal turns thinking off (the other efforts leave it on), `reasoning.summary` is
-accepted and writes none. Anything else unknown (e.g. `top_logprobs`, `background`) is a 400 naming it.
+accepted and writes none. `background` (with `store`, without `stream`) answers at once with a queued response that
+GET /v1/responses/{id} follows and POST /v1/responses/{id}/cancel stops. Anything else unknown (e.g.
+`top_logprobs`) is a 400 naming it.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class ResponsesRequest:
     instructions: str | None
     previous_response_id: str | None
     store: bool
+    background: bool             # answer at once; the response is generated on, to be polled
     echo: dict[str, Any]         # the request's settings as the response object repeats them
 
 
@@ -67,10 +70,16 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
     echo = {"max_output_tokens": gen.max_tokens, "tools": tools, "tool_choice": choice or "auto",
             "parallel_tool_calls": f.get("parallel_tool_calls", "bool", True), "metadata": metadata or {},
             "text": {"format": text or {"type": "text"}}, "reasoning": reasoning}
-    req = ResponsesRequest(chat, items, f.get("instructions", "str"), f.get("previous_response_id", "str"),
-                           f.get("store", "bool", True), echo)
+    store, background = f.get("store", "bool", True), f.get("background", "bool", False)
+    if background and not store:
+        raise bad_request("'background' needs 'store': a background response is read back by its id.", "background")
+    if background and gen.stream:
+        raise bad_request("'background' with 'stream' is not supported: poll GET /v1/responses/{id} instead.",
+                          "background")
+    echo["background"] = background
+    req = ResponsesRequest(chat, items, f.get("instructions", "str"), f.get("previous_response_id", "str"), store,
+                           background, echo)
     f.only("truncation", "disabled")
-    f.only("background", False)
     f.only("include", [])
     f.finish(IGNORED)
     return req

@@ -55,11 +55,12 @@ class Submission:
                                     after=None if leader == request_id else leader, priority=priority)
         self.choices.append(Choice(index, prompt_index, request_id, stream, out))
 
-    async def started(self) -> None:
+    async def started(self, wait: bool = True) -> None:
         """Wait for each choice's first event, so a request the engine refuses becomes a plain 400
-        (or 500) before any streamed byte."""
+        (or 500) before any streamed byte. Without `wait`, only what the engine refused at submit (it answers those
+        at once) is raised; the rest comes to the run loop."""
         for c in self.choices:
-            c.first = ev = await c.stream.aget()
+            c.first = ev = await c.stream.aget() if wait else c.stream.get_nowait()
             if isinstance(ev, Rejected):
                 c.done = True
                 raise bad_request(ev.reason, ev.param, "context_length_exceeded" if ev.param == "max_tokens" else None)
