@@ -490,44 +490,11 @@ def state_block_tc(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: i
             state[slot, h, d, j0 + LANES[col]] = sm.read("S", d * TC_SV + LANES[col])
 
 
-@pytest.mark.parametrize("dims, saves", [((2, 4, 16, 48), [16, 0, 0, 48, 128]), ((1, 1, 128, 128), None)],
-                         ids=["tiny_partial_tile_checkpoints", "4b_head"])
-def test_tensor_core_state_walk_thread_maps(dims, saves):
-    """gdn_chunk_state_tc's emulation (its fragment addresses placed by PTX's m16n8k8 layout, 3xTF32) after the
-    emulated prep equals the sequential reference on the same runs as the fp32 walk's test (two of its cases: ~20 s
-    of numpy a case)."""
-    nk, nv, dk, dv = dims
-    rng = np.random.default_rng(11)
-    b = batch([(0, 70), (4, 1), (9, 0), (30, 64), (0, 130)], [2, 0, 4, 1, 3])
-    if saves is not None:
-        with_checkpoints(b, saves, 5)
-    q, k, v, g, beta = gdn_inputs(rng, int(b.query_start[-1]), nk, nv, dk, dv)
-    state = rng.standard_normal((10, nv, dk, dv), F32)
-    want_state = state.copy()
-    want = ops.qwen35_gated_delta_rule(q, k, v, g, beta, want_state, b)
-    got, scratch = np.full(v.shape, np.nan, F32), scratch_for(b, nv, dv)
-    B = len(b.state_slots)
-    for c in range(-(-b.max_query_len // L) + per_seq(b) - 1):
-        for h in range(nv):
-            for seq in range(B):
-                prep_block(q, k, v, g, beta, scratch, b, c, h, seq)
-    for seq in range(B):
-        for h in range(nv):
-            for j0 in range(0, dv, BV):
-                state_block_tc(scratch, state, got, b, seq, h, j0, nv, dk, dv)
-    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
-    np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)
-
-
-@pytest.mark.parametrize("warps", [ST_WARPS, 8], ids=["state_block", "state_block_of_8_warps"])
-@pytest.mark.parametrize("saves", [None, [16, 0, 0, 48, 128]], ids=["plain", "checkpoints"])
-@pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 2, 128, 32), (1, 1, 128, 128)],
-                         ids=["tiny_partial_tile", "dk128", "4b_head"])
-def test_chunk_kernels_thread_maps(dims, saves, warps):
-    """The thread-level emulation of gdn_chunk_prep's grid then gdn_chunk_state's (every smem and
-    scratch word read was written, none stored twice) equals the sequential reference on runs
-    around the chunk size, fresh and continuing, with checkpoints off and on the chunk grid (130
-    tokens split at 128: one more chunk than the run alone, which the grid and scratch must hold)."""
+def check_chunk_kernels(dims: tuple[int, int, int, int], saves: list[int] | None, state_walk) -> None:
+    """The thread-level emulation of gdn_chunk_prep's grid, then `state_walk`'s blocks (every smem and scratch word
+    read was written, none stored twice), equals the sequential reference on runs around the chunk size, fresh and
+    continuing, with checkpoints off and on the chunk grid (130 tokens split at 128: one more chunk than the run
+    alone, which the grid and scratch must hold)."""
     nk, nv, dk, dv = dims
     rng = np.random.default_rng(11)
     b = batch([(0, 70), (4, 1), (9, 0), (30, 64), (0, 130)], [2, 0, 4, 1, 3])
@@ -546,9 +513,26 @@ def test_chunk_kernels_thread_maps(dims, saves, warps):
     for seq in range(B):
         for h in range(nv):
             for j0 in range(0, dv, BV):
-                state_block(scratch, state, got, b, seq, h, j0, nv, dk, dv, warps)
+                state_walk(scratch, state, got, b, seq, h, j0, nv, dk, dv)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
     np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("warps", [ST_WARPS, 8], ids=["state_block", "state_block_of_8_warps"])
+@pytest.mark.parametrize("saves", [None, [16, 0, 0, 48, 128]], ids=["plain", "checkpoints"])
+@pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 2, 128, 32), (1, 1, 128, 128)],
+                         ids=["tiny_partial_tile", "dk128", "4b_head"])
+def test_chunk_kernels_thread_maps(dims, saves, warps):
+    """gdn_chunk_prep then gdn_chunk_state (of `warps` warps), emulated thread by thread (check_chunk_kernels)."""
+    check_chunk_kernels(dims, saves, lambda *args: state_block(*args, warps))
+
+
+@pytest.mark.parametrize("dims, saves", [((2, 4, 16, 48), [16, 0, 0, 48, 128]), ((1, 1, 128, 128), None)],
+                         ids=["tiny_partial_tile_checkpoints", "4b_head"])
+def test_tensor_core_state_walk_thread_maps(dims, saves):
+    """gdn_chunk_prep then gdn_chunk_state_tc, whose emulation places its fragment addresses by PTX's m16n8k8
+    layout in 3xTF32 (check_chunk_kernels; two of the fp32 walk's cases: ~20 s of numpy a case)."""
+    check_chunk_kernels(dims, saves, state_block_tc)
 
 
 def test_launcher_sizes_match_the_emulated_layouts():
