@@ -214,6 +214,19 @@ def test_background_response_is_polled_to_completion(client: openai.OpenAI, http
     assert follow.status == "completed"
 
 
+def test_background_response_failing_mid_generation_is_failed(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.step_s = 0.002
+    r = client.responses.create(model="fake", input="x", max_output_tokens=1000, background=True)
+    try:
+        assert wait_until(lambda: client.responses.retrieve(r.id).status == "in_progress")
+        fake.kill("boom")
+        assert wait_until(lambda: client.responses.retrieve(r.id).status == "failed")
+    finally:
+        fake.dead_reason = None
+    failed = client.responses.retrieve(r.id)
+    assert (failed.error.code, failed.error.message) == ("engine_error", "engine died: boom")
+
+
 def test_background_response_refused_by_the_engine_is_a_400(http: httpx.Client, fake: FakeEngine) -> None:
     fake.kv_tokens = 8   # the engine refuses it at submit: the client hears at once, not from a poll
     try:

@@ -120,8 +120,9 @@ class ResponseRun:
     async def _generate(self, sub: Submission) -> None:
         try:
             await self.collect(sub)
-        except APIError as e:
-            self.body.update(status="failed", error={"code": e.code or "server_error", "message": e.message})
+        except Exception as e:   # the engine's error, or a bug here: the response says so rather than stay in progress
+            code, message = (e.code, e.message) if isinstance(e, APIError) else (None, f"{type(e).__name__}: {e}")
+            self.body.update(status="failed", error={"code": code or "server_error", "message": message})
             self.store.put(self.body, self.conversation, len(self.conversation))
         finally:
             sub.close()
