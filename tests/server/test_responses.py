@@ -215,6 +215,7 @@ def test_background_response_is_polled_to_completion(client: openai.OpenAI, http
 
 
 def test_background_response_failing_mid_generation_is_failed(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say("Working", eos=False)   # then filler up to the limit: ~2 s at a step of 2 ms, killed well before
     fake.step_s = 0.002
     r = client.responses.create(model="fake", input="x", max_output_tokens=1000, background=True)
     try:
