@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from openinfer.sampling import SamplingParams
 from openinfer.structured import Constraint, GrammarError, ReasoningGate, compile_grammar
 
-from .errors import APIError, bad_request
+from .errors import bad_request
 from .host import ServedModel
 from .output import ChoiceOutput, Piece
 from .protocol import Generation
@@ -87,16 +87,11 @@ async def submit(model: ServedModel, gen: Generation, outputs: Outputs, arrival:
     on any error the requests already submitted are aborted."""
     model.admit()
     grammars = await constraints(model, gen, len(plan), outputs.reasoning_gate)
-    sub = Submission(model.engine, model.metrics, arrival, outputs.prefix)
+    sub = Submission(model.engine, model.metrics, arrival, outputs.prefix, gen.max_tokens_param)
     try:
         for (prompt_index, ids, params), grammar in zip(plan, grammars):
             sub.add(prompt_index, ids, params, outputs.output(params), gen.cache_salt, grammar, gen.priority)
         await sub.started(wait)
-    except APIError as e:
-        sub.close()
-        if e.param == "max_tokens":   # the engine's name for the limit: the one the client used instead
-            raise APIError(e.status, e.message, gen.max_tokens_param, e.code, e.type, e.headers) from None
-        raise
     except BaseException:
         sub.close()
         raise

@@ -110,12 +110,13 @@ class ResponseRun:
         return self.body
 
     def start_background(self, sub: Submission) -> dict[str, Any]:
-        """Store the response as queued and generate it in a task of its own; its object, as first returned."""
+        """Store the response as queued and generate it in a task of its own; its object (JSONResponse renders it at
+        once, before the task runs)."""
         self.body["status"] = "queued"
         self.store.put(self.body, self.conversation, len(self.conversation))
         self.store.running[self.body["id"]] = self
         self._sub, self._task = sub, asyncio.create_task(self._generate(sub))
-        return dict(self.body)
+        return self.body
 
     async def _generate(self, sub: Submission) -> None:
         try:

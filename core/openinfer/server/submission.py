@@ -16,7 +16,7 @@ from openinfer.request import Event, Failed, Finished, PromptLogprobs, Rejected,
 from openinfer.sampling import SamplingParams
 from openinfer.structured import Constraint
 
-from .errors import bad_request, engine_error
+from .errors import APIError, bad_request, engine_error
 from .metrics import ModelMetrics
 from .output import ChoiceOutput, Piece
 
@@ -37,8 +37,11 @@ class Choice:
 
 
 class Submission:
-    def __init__(self, engine, metrics: ModelMetrics, arrival: float, prefix: str) -> None:
+    def __init__(self, engine, metrics: ModelMetrics, arrival: float, prefix: str,
+                 max_tokens_param: str = "max_tokens") -> None:
+        """`max_tokens_param`: the field the client set the token limit with, named where the engine refuses it."""
         self.engine = engine
+        self.max_tokens_param = max_tokens_param
         self.metrics = metrics
         self.arrival = arrival
         self.id = f"{prefix}-{uuid.uuid4().hex}"
@@ -63,7 +66,7 @@ class Submission:
             c.first = ev = await c.stream.aget() if wait else c.stream.get_nowait()
             if isinstance(ev, Rejected):
                 c.done = True
-                raise bad_request(ev.reason, ev.param, "context_length_exceeded" if ev.param == "max_tokens" else None)
+                raise self._refused(ev)
             if isinstance(ev, Failed):
                 c.done = True
                 raise engine_error(ev.message)
@@ -130,7 +133,13 @@ class Submission:
                 raise engine_error(ev.message)
             elif isinstance(ev, Rejected):
                 c.done = True
-                raise bad_request(ev.reason, ev.param)
+                raise self._refused(ev)
+
+    def _refused(self, ev: Rejected) -> APIError:
+        """The engine's refusal as a 400 naming the client's field (the engine calls the token limit max_tokens)."""
+        if ev.param == "max_tokens":
+            return bad_request(ev.reason, self.max_tokens_param, "context_length_exceeded")
+        return bad_request(ev.reason, ev.param)
 
     def _finished(self, c: Choice) -> None:
         self.metrics.e2e.observe(time.perf_counter() - self.arrival)
