@@ -167,10 +167,19 @@ def qwen35_gated_rms_norm(x: np.ndarray, z: np.ndarray, w: np.ndarray, eps: floa
     return x / np.sqrt(var + np.float32(eps)) * w * _silu(z.astype(np.float32))
 
 
+def qwen35_gdn_decode_norm(q: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray,
+                           A_log: np.ndarray, dt_bias: np.ndarray, state: np.ndarray, batch: ForwardBatch,
+                           z: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """The decode step with the GDN output norm after it: `qwen35_gated_rms_norm(qwen35_gdn_decode(...), z, w, eps)`
+    (one launch on GPUs with thread-block clusters, OPENINFER_GDN_NORM_FOLD=1). z [B, nv, dv]; w [dv]."""
+    return qwen35_gated_rms_norm(qwen35_gdn_decode(q, k, v, a, b, A_log, dt_bias, state, batch), z, w, eps)
+
+
 def qwen35_sigmoid_gate(x: np.ndarray, gate: np.ndarray) -> np.ndarray:
     """The gated-attention output gate: x * sigmoid(gate), both [T, nh * d] (before o_proj)."""
     return x / (1.0 + np.exp(-gate))
 
 
 OPS = ("qwen35_causal_conv1d", "qwen35_causal_conv1d_update", "qwen35_gdn_gating", "qwen35_gdn_decode",
-       "qwen35_gated_delta_rule", "qwen35_gated_delta_rule_update", "qwen35_gated_rms_norm", "qwen35_sigmoid_gate")
+       "qwen35_gdn_decode_norm", "qwen35_gated_delta_rule", "qwen35_gated_delta_rule_update", "qwen35_gated_rms_norm",
+       "qwen35_sigmoid_gate")

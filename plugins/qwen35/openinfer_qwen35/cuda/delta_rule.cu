@@ -3,6 +3,7 @@
 //     S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
 // Columns of S are independent given q, k, g, beta, so every kernel splits dv into 32-column tiles.
 #include "common.cuh"
+#include "cluster.cuh"   // cluster_sync, ld_cluster (the decode step with the output norm folded in)
 #include "gdn.cuh"
 #include "mma.cuh"
 
@@ -53,11 +54,80 @@ struct GatesFromAB {
     }
 };
 
-template <typename T, typename Gates>
+// Where the decode step's output o goes once the block has summed it (warp 0, lane = column j): stored as it is
+// (StoreOut), or through the GDN output norm (NormOut). load() runs after the PDL wait, before the state update.
+template <typename T>
+struct StoreOut {
+    T* out;
+    __device__ void load(int, int, int, bool, int) {}
+    __device__ void store(const float (*red)[BV], int b, int h, int j, int lane, int warp, bool col, int nv,
+                          int dv) {
+        if (warp == 0 && col) {
+            float o = 0.f;
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; ++w) o += red[w][lane];
+            out[((long long)b * nv + h) * dv + j] = from_f32<T>(o);
+        }
+    }
+};
+
+// out = rms_norm(o) * w * silu(z) over the head's dv values, bit for bit as gated_rms_norm (gates.cu) computes it
+// from the stored o: the ceil(dv / BV) column tiles of one (sequence, head) run as one thread-block cluster of
+// (ceil(dv / BV), 1, 1) CTAs (cluster rank = blockIdx.x = column tile; a single tile runs without). Each rounds its
+// o to T and back (what gated_rms_norm reads), leaves it in its shared memory, and after a cluster barrier lane l
+// of every tile sums the squares of elements l, l + 32, ... (rank 0 first, from 0.f: gated_rms_norm's loop, the
+// same expression, so the same contraction into fma), then the same warp_sum, inverse and product. A second
+// barrier keeps each CTA's shared memory alive until every CTA of the cluster has read it.
+constexpr int NORM_TILES_MAX = 8;   // dv <= 256: the portable cluster size
+
+template <typename T>
+struct NormOut {
+    T* out;
+    const T* z;
+    long long z_stride;
+    const T* w;
+    float eps;
+    float zj = 0.f, wj = 0.f;   // column j's gate and weight (warp 0), loaded before the state update
+    __device__ void load(int b, int h, int j, bool col, int dv) {
+        if (threadIdx.x < BV && col) {
+            zj = to_f32(z[b * z_stride + (long long)h * dv + j]);
+            wj = to_f32(w[j]);
+        }
+    }
+    __device__ void store(const float (*red)[BV], int b, int h, int j, int lane, int warp, bool col, int nv,
+                          int dv) {
+        __shared__ float xs[BV];   // this tile's o as stored, for the cluster
+        float x = 0.f;
+        if (warp == 0) {
+            float o = 0.f;
+#pragma unroll
+            for (int wp = 0; wp < DEC_WARPS; ++wp) o += red[wp][lane];   // StoreOut's sum
+            x = to_f32(from_f32<T>(o));
+            xs[lane] = x;   // lanes past dv (col false): never read
+        }
+        const bool cluster = gridDim.x > 1;   // one tile: each lane reads back only its own word
+        if (cluster) cluster_sync();
+        if (warp == 0) {
+            float xr[NORM_TILES_MAX];   // element r BV + lane, from CTA r: every load issued before the sum
+#pragma unroll
+            for (int r = 0; r < NORM_TILES_MAX; ++r)
+                xr[r] = r * BV + lane < dv ? (cluster ? ld_cluster(&xs[lane], r) : xs[lane]) : 0.f;
+            float ss = 0.f;
+#pragma unroll
+            for (int r = 0; r < NORM_TILES_MAX; ++r)
+                if (r * BV + lane < dv) ss += xr[r] * xr[r];   // gated_rms_norm: i = lane, lane + 32, ... < d
+            const float inv = 1.f / sqrtf(warp_sum(ss) / dv + eps);
+            if (col) out[((long long)b * nv + h) * dv + j] = from_f32<T>(x * inv * wj * silu(zj));
+        }
+        if (cluster) cluster_sync();
+    }
+};
+
+template <typename T, typename Gates, typename Out>
 __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long k_stride, const T* v,
                            long long v_stride, const Gates& gates, float* state,
                            long long state_stride, const int* slots, const int* query_start,
-                           const int* context_lens, T* out, int nk, int nv, int dk, int dv) {
+                           const int* context_lens, Out sink, int nk, int nv, int dk, int dv) {
     __shared__ float sq[DK_MAX], sk[DK_MAX], red[DEC_WARPS][BV], ored[DEC_WARPS][BV];
     const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j = blockIdx.x * BV + lane;
@@ -78,6 +148,7 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
     const float qi = i0 < dk ? to_f32(q[b * q_stride + (long long)kh * dk + i0]) : 0.f;
     const float ki = i0 < dk ? to_f32(k[b * k_stride + (long long)kh * dk + i0]) : 0.f;
     const float vj = col ? to_f32(v[b * v_stride + (long long)h * dv + j]) : 0.f;
+    sink.load(b, h, j, col, dv);
     const float2 gb = gates(b, h);
     normalize_qk(qi, ki, dk, sq, sk);
     const float decay = expf(gb.x);
@@ -102,12 +173,7 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
     }
     ored[warp][lane] = o;
     __syncthreads();
-    if (warp == 0 && col) {
-        o = 0.f;
-#pragma unroll
-        for (int w = 0; w < DEC_WARPS; ++w) o += ored[w][lane];
-        out[((long long)b * nv + h) * dv + j] = from_f32<T>(o);
-    }
+    sink.store(ored, b, h, j, lane, warp, col, nv, dv);
 }
 
 // Chunked prefill (the WY form of fla's chunk_gated_delta_rule, models.md §3.3), chunks of L tokens.
@@ -551,7 +617,7 @@ __device__ void gdn_chunk_state_tc(const float* scratch, float* state, long long
         const float* g, const float* beta, float* state, long long state_stride, const int* slots,             \
         const int* qs, const int* ctx, T* out, int nk, int nv, int dk, int dv) {                               \
         gdn_decode<T>(q, q_stride, k, k_stride, v, v_stride, GatesGiven{g, beta, nv}, state, state_stride,     \
-                      slots, qs, ctx, out, nk, nv, dk, dv);                                                     \
+                      slots, qs, ctx, StoreOut<T>{out}, nk, nv, dk, dv);                                        \
     }                                                                                                           \
     extern "C" __global__ void gdn_decode_gated_##suffix(                                                      \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
@@ -560,7 +626,20 @@ __device__ void gdn_chunk_state_tc(const float* scratch, float* state, long long
         const int* ctx, T* out, int nk, int nv, int dk, int dv) {                                               \
         gdn_decode<T>(q, q_stride, k, k_stride, v, v_stride,                                                    \
                       GatesFromAB<T>{a, a_stride, bb, b_stride, A_log, dt_bias}, state, state_stride, slots,   \
-                      qs, ctx, out, nk, nv, dk, dv);                                                            \
+                      qs, ctx, StoreOut<T>{out}, nk, nv, dk, dv);                                               \
+    }                                                                                                           \
+    /* gdn_decode_gated, then gated_rms_norm(out, z, w, eps) folded in (NormOut): grid (ceil(dv / 32), nv, B) in  \
+       clusters of (ceil(dv / 32), 1, 1) CTAs, dv <= 256 (no cluster where dv <= 32); z [B, nv, dv] (any token    \
+       stride), w [dv] */                                                                                       \
+    extern "C" __global__ void gdn_decode_gated_norm_##suffix(                                                 \
+        const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \
+        const T* a, long long a_stride, const T* bb, long long b_stride, const float* A_log,                  \
+        const float* dt_bias, float* state, long long state_stride, const int* slots, const int* qs,           \
+        const int* ctx, const T* z, long long z_stride, const T* w, T* out, int nk, int nv, int dk, int dv,    \
+        float eps) {                                                                                            \
+        gdn_decode<T>(q, q_stride, k, k_stride, v, v_stride,                                                    \
+                      GatesFromAB<T>{a, a_stride, bb, b_stride, A_log, dt_bias}, state, state_stride, slots,   \
+                      qs, ctx, NormOut<T>{out, z, z_stride, w, eps}, nk, nv, dk, dv);                           \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(CH_THREADS, 2) gdn_chunk_prep_##suffix(                        \
         const T* q, long long q_stride, const T* k, long long k_stride, const T* v, long long v_stride,        \

@@ -16,6 +16,7 @@ import cupy as cp
 import numpy as np
 
 from openinfer.batch import ForwardBatch
+from openinfer.kernels.cuda import blas
 from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, rows2d, suffix
 
 SOURCE = Path(__file__).with_name("delta_rule.cu")
@@ -28,6 +29,7 @@ STATE_TC_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (DK_MAX + 8) + CHUNK * (
                      + (DK_MAX + CHUNK) * (BV + 8))
 # the state walk on the tensor cores (3xTF32, close to fp32 but not its bits); an experiment's switch until measured
 STATE_TC = os.environ.get("OPENINFER_GDN_STATE_TC", "0") == "1"
+NORM_TILES_MAX = 8   # gdn_decode_gated_norm: a head's column tiles in one cluster (the portable size): dv <= 256
 
 
 def record_floats(dv: int) -> int:
@@ -115,14 +117,51 @@ def qwen35_gdn_decode(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, a: cp.ndarray
                       dt_bias: cp.ndarray, state: cp.ndarray, batch: ForwardBatch) -> cp.ndarray:
     """`qwen35_gated_delta_rule_update` computing its own gating from a, b [B, nv] (any row strides, v's dtype) and
     A_log, dt_bias [nv] float32, bit for bit as qwen35_gdn_gating does (gdn.cuh's gdn_gate): one launch a layer."""
+    args, grid, out = _args(q, k, v, _ab_gates(v, a, b, A_log, dt_bias), state, batch)
+    if v.shape[0]:
+        launch(SOURCE, f"gdn_decode_gated_{suffix(v.dtype)}", grid, DECODE_THREADS, args)
+    return out
+
+
+def _ab_gates(v: cp.ndarray, a: cp.ndarray, b: cp.ndarray, A_log: cp.ndarray, dt_bias: cp.ndarray) -> tuple:
+    """The arguments of gdn_decode_gated* that give each sequence's g and beta (GatesFromAB in delta_rule.cu)."""
     a2, a_stride = rows2d(a)
     b2, b_stride = rows2d(b)
     if a.dtype != v.dtype or b.dtype != v.dtype or a.shape != b.shape or a.shape != (v.shape[0], v.shape[1]):
         raise ValueError(f"gdn decode: a {a.shape} {a.dtype} and b {b.shape} {b.dtype} must be [B, nv] of v's dtype "
                          f"(v {v.shape} {v.dtype})")
-    gates = (a2, np.int64(a_stride), b2, np.int64(b_stride), cp.ascontiguousarray(A_log, dtype=cp.float32),
-             cp.ascontiguousarray(dt_bias, dtype=cp.float32))
-    args, grid, out = _args(q, k, v, gates, state, batch)
+    return (a2, np.int64(a_stride), b2, np.int64(b_stride), cp.ascontiguousarray(A_log, dtype=cp.float32),
+            cp.ascontiguousarray(dt_bias, dtype=cp.float32))
+
+
+def norm_fold_applies(dv: int) -> bool:
+    """gdn_decode_gated_norm runs a head's ceil(dv / 32) column tiles as one thread-block cluster: sm_90+ and
+    dv <= 256 (a single tile, dv <= 32, launches without one, but the kernel uses cluster instructions all the same)."""
+    return -(-dv // BV) <= NORM_TILES_MAX and blas.clusters_supported()
+
+
+def gdn_decode_norm(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, a: cp.ndarray, b: cp.ndarray, A_log: cp.ndarray,
+                    dt_bias: cp.ndarray, state: cp.ndarray, batch: ForwardBatch, z: cp.ndarray, w: cp.ndarray,
+                    eps: float) -> cp.ndarray | None:
+    """`qwen35_gdn_decode` with the GDN output norm folded in: rms_norm(o) * w * silu(z) over each head's dv values,
+    bit for bit what qwen35_gated_rms_norm makes of qwen35_gdn_decode's output, in one launch (gdn_decode_gated_norm:
+    the grid of gdn_decode_gated in clusters of a head's ceil(dv / 32) column tiles, each of which reads the head's
+    dv values over distributed shared memory for the sum of squares). z [B, nv, dv] (heads packed, any token
+    stride) and w [dv] in v's dtype. None where `norm_fold_applies` does not (ops.py then runs the two launches).
+    The grid depends only on the batch size and nothing is allocated but the output, so it captures into a CUDA
+    graph."""
+    dv = v.shape[2]
+    if z.dtype != v.dtype or w.dtype != v.dtype:
+        raise TypeError(f"gdn decode norm: z {z.dtype} and w {w.dtype} must be v's dtype {v.dtype}")
+    if z.shape != v.shape or w.shape != (dv,):
+        raise ValueError(f"gdn decode norm: z {z.shape} must be v's shape {v.shape}, w {w.shape} [{dv}]")
+    if not norm_fold_applies(dv):
+        return None
+    args, grid, out = _args(q, k, v, _ab_gates(v, a, b, A_log, dt_bias), state, batch)
+    head, tail = args[:-5], args[-5:]   # tail: the output, nk, nv, dk, dv; z and w go before it, eps after
+    z3, zs = heads3d(z)
+    args = (*head, z3, np.int64(zs), cp.ascontiguousarray(w), *tail, np.float32(eps))
     if v.shape[0]:
-        launch(SOURCE, f"gdn_decode_gated_{suffix(v.dtype)}", grid, DECODE_THREADS, args)
+        launch(SOURCE, f"gdn_decode_gated_norm_{suffix(v.dtype)}", grid, DECODE_THREADS, args,
+               cluster=(grid[0], 1, 1) if grid[0] > 1 else None)
     return out

@@ -17,10 +17,12 @@ import numpy as np
 from openinfer.batch import ForwardBatch
 from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, rows2d, suffix
 
-from .delta_rule import checkpoint_args, qwen35_gated_delta_rule, qwen35_gated_delta_rule_update, qwen35_gdn_decode
+from .delta_rule import (checkpoint_args, gdn_decode_norm, qwen35_gated_delta_rule, qwen35_gated_delta_rule_update,
+                         qwen35_gdn_decode)
 
 __all__ = ["qwen35_causal_conv1d", "qwen35_causal_conv1d_update", "qwen35_gdn_gating", "qwen35_gdn_decode",
-           "qwen35_gated_delta_rule", "qwen35_gated_delta_rule_update", "qwen35_gated_rms_norm", "qwen35_sigmoid_gate"]
+           "qwen35_gdn_decode_norm", "qwen35_gated_delta_rule", "qwen35_gated_delta_rule_update",
+           "qwen35_gated_rms_norm", "qwen35_sigmoid_gate"]
 
 CONV, GATES = Path(__file__).with_name("conv.cu"), Path(__file__).with_name("gates.cu")
 CONV_K, CONV_TOK, THREADS = 4, 16, 128   # CONV_K and CONV_TOK must match conv.cu
@@ -114,6 +116,18 @@ def qwen35_gated_rms_norm(x: cp.ndarray, z: cp.ndarray, w: cp.ndarray, eps: floa
         launch(GATES, f"gated_rms_norm_{suffix(x.dtype)}", ((T * nh + 3) // 4,), THREADS,
                (x3, np.int64(xs), z3, np.int64(zs), cp.ascontiguousarray(w), out, np.int32(T * nh), np.int32(nh),
                 np.int32(d), np.float32(eps)))
+    return out
+
+
+def qwen35_gdn_decode_norm(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, a: cp.ndarray, b: cp.ndarray,
+                           A_log: cp.ndarray, dt_bias: cp.ndarray, state: cp.ndarray, batch: ForwardBatch,
+                           z: cp.ndarray, w: cp.ndarray, eps: float) -> cp.ndarray:
+    """qwen35_gated_rms_norm(qwen35_gdn_decode(q, k, v, a, b, A_log, dt_bias, state, batch), z, w, eps), the same
+    bits: one launch where the device has thread-block clusters (sm_90+) and dv <= 256 (delta_rule.gdn_decode_norm),
+    else those two launches."""
+    out = gdn_decode_norm(q, k, v, a, b, A_log, dt_bias, state, batch, z, w, eps)
+    if out is None:
+        out = qwen35_gated_rms_norm(qwen35_gdn_decode(q, k, v, a, b, A_log, dt_bias, state, batch), z, w, eps)
     return out
 
 
