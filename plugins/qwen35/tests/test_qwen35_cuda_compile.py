@@ -42,7 +42,7 @@ def test_every_launched_kernel_exists(cubins):
     for py in KERNEL_DIR.glob("*.py"):
         for const, name in re.findall(r'launch\((\w+), f"(\w+)_\{(?:suffix\([\w.]+\)|sfx)\}"', py.read_text()):
             launched |= {(SOURCES[const], f"{name}_{dt}") for dt in ("bf16", "f32")}
-    assert len(launched) == 20   # 10 kernels, two dtypes
+    assert len(launched) == 22   # 11 kernels, two dtypes
     for source, name in launched:
         assert name.encode() + b"\0" in cubins[source], f"{source}.cu has no kernel {name}"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -21,8 +22,9 @@ pytest.importorskip("cupy")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from openinfer.batch import ForwardBatch  # noqa: E402
-from openinfer.kernels.cuda import module  # noqa: E402
+from openinfer.kernels.cuda import blas, module, pdl  # noqa: E402
 from openinfer.testing.launch_check import Launch, fake, record_launches  # noqa: E402
+from openinfer_qwen35 import layers  # noqa: E402
 from openinfer_qwen35.cuda import delta_rule, ops  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -98,9 +100,10 @@ def batch(runs: list[tuple[int, int]], checkpoints: list[int] | None = None) -> 
     return b
 
 
-def layer_forward(dtype, b: ForwardBatch, decode: bool, nk=16, nv=32, dk=128, dv=128, layers=3) -> None:
+def layer_forward(dtype, b: ForwardBatch, decode: bool, nk=16, nv=32, dk=128, dv=128, layers=3, fold=False) -> None:
     """The GDN mixer's op sequence on the views the model passes (layers.py): slices of the fused
-    in_proj output, a layer's slice of the state pools; then the attention output gate."""
+    in_proj output, a layer's slice of the state pools; then the attention output gate. `fold`: the
+    decode step with the output norm folded in (OPENINFER_GDN_NORM_FOLD=1)."""
     T, C, K = int(b.query_start_host[-1]), 2 * nk * dk + nv * dv, 4
     proj = zeros((T, C + nv * dv + 2 * nv), dtype)
     conv_pool = zeros((5, layers, K - 1, C), np.float32)
@@ -111,24 +114,30 @@ def layer_forward(dtype, b: ForwardBatch, decode: bool, nk=16, nv=32, dk=128, dv
     conv = conv_op(proj[:, :C], zeros((C, K), dtype), conv_pool[:, 1], b)
     q, k = conv[:, :nk * dk].reshape(T, nk, dk), conv[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)
     v = conv[:, 2 * nk * dk:].reshape(T, nv, dv)
-    if decode:   # the decode step computes its own gating
-        o = ops.qwen35_gdn_decode(q, k, v, a, bb, zeros(nv, np.float32), zeros(nv, np.float32), ssm_pool[:, 1], b)
+    if decode and fold:
+        ops.qwen35_gdn_decode_norm(q, k, v, a, bb, zeros(nv, np.float32), zeros(nv, np.float32), ssm_pool[:, 1], b,
+                                   z, fake(np.ones(dv, dtype)), 1e-6)
     else:
-        g, beta = ops.qwen35_gdn_gating(a, bb, zeros(nv, np.float32), zeros(nv, np.float32))
-        o = ops.qwen35_gated_delta_rule(q, k, v, g, beta, ssm_pool[:, 1], b)
-    ops.qwen35_gated_rms_norm(o, z, fake(np.ones(dv, dtype)), 1e-6)
+        if decode:   # the decode step computes its own gating
+            o = ops.qwen35_gdn_decode(q, k, v, a, bb, zeros(nv, np.float32), zeros(nv, np.float32), ssm_pool[:, 1],
+                                      b)
+        else:
+            g, beta = ops.qwen35_gdn_gating(a, bb, zeros(nv, np.float32), zeros(nv, np.float32))
+            o = ops.qwen35_gated_delta_rule(q, k, v, g, beta, ssm_pool[:, 1], b)
+        ops.qwen35_gated_rms_norm(o, z, fake(np.ones(dv, dtype)), 1e-6)
     qkvg = zeros((T, 4 * 256 * 3), dtype)
     ops.qwen35_sigmoid_gate(qkvg[:, :1024], qkvg[:, 2048:])
 
 
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=["bf16", "f32"])
-@pytest.mark.parametrize("kind", ["prefill", "decode", "prefill_with_checkpoints"])
-def test_launch_arguments_match_the_kernel_signatures(launches, dtype, kind):
-    decode, saves = kind == "decode", kind == "prefill_with_checkpoints"
+@pytest.mark.parametrize("kind", ["prefill", "decode", "prefill_with_checkpoints", "decode_norm_fold"])
+def test_launch_arguments_match_the_kernel_signatures(launches, monkeypatch, dtype, kind):
+    decode, saves, fold = kind.startswith("decode"), kind == "prefill_with_checkpoints", kind == "decode_norm_fold"
+    monkeypatch.setattr(blas, "clusters_supported", lambda: True)   # it asks the (absent) GPU
     b = batch([(0, 1), (7, 1), (3, 1)] if decode else [(0, 70), (5, 1), (64, 130)], [48, 0, 16] if saves else None)
-    layer_forward(dtype, b, decode)
+    layer_forward(dtype, b, decode, fold=fold)
     names = [c.name for c in launches]
-    assert len(names) == (4 if decode else 8 if saves else 7), names
+    assert len(names) == (3 if fold else 4 if decode else 8 if saves else 7), names
     if saves:   # the chunk grid has room for the extra chunk a split adds
         prep = next(c for c in launches if c.name.startswith("gdn_chunk_prep"))
         assert prep.grid[0] == -(-130 // delta_rule.CHUNK) + 1
@@ -150,19 +159,21 @@ def test_gdn_decode_with_given_gates_launches(launches, dtype):
         check(call, dtype)
 
 
-def test_decode_launches_are_graph_safe(launches):
-    """The decode launches read the batch's own device index arrays, and their grids depend on the
-    batch size alone (a replay runs the captured grid with whatever the buffers hold)."""
+@pytest.mark.parametrize("fold", [False, True], ids=["two_launches", "norm_fold"])
+def test_decode_launches_are_graph_safe(launches, monkeypatch, fold):
+    """The decode launches read the batch's own device index arrays, and their grids (and clusters)
+    depend on the batch size alone (a replay runs the captured grid with whatever the buffers hold)."""
+    monkeypatch.setattr(blas, "clusters_supported", lambda: True)
     grids = []
     for runs in ([(0, 1), (7, 1), (3, 1)], [(500, 1), (1, 1), (90, 1)]):
         launches.clear()
         b = batch(runs)
-        layer_forward(BF16, b, decode=True)
+        layer_forward(BF16, b, decode=True, fold=fold)
         for c in launches:
             if c.name.startswith(("conv_", "gdn_decode")):
                 ids = {id(a) for a in c.args if isinstance(a, np.ndarray)}
                 assert {id(b.state_slots), id(b.query_start), id(b.context_lens)} <= ids, c.name
-        grids.append([(c.name, c.grid) for c in launches])
+        grids.append([(c.name, c.grid, c.cluster) for c in launches])
     assert grids[0] == grids[1]
 
 
@@ -174,3 +185,95 @@ def test_gated_rms_norm_rejects_a_head_past_the_register_rows(launches):
     assert not launches
     ops.qwen35_gated_rms_norm(x[:, :, :256], x[:, :, :256], zeros(256, BF16), 1e-6)
     assert [c.name for c in launches] == ["gated_rms_norm_bf16"]
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=["bf16", "f32"])
+@pytest.mark.parametrize("dv, cluster", [(16, None), (80, (3, 1, 1)), (128, (4, 1, 1)), (256, (8, 1, 1))])
+def test_gdn_decode_norm_runs_a_head_as_one_cluster(launches, monkeypatch, dtype, dv, cluster):
+    """The fold launches gdn_decode_gated's grid (ceil(dv / 32) column tiles, nv heads, B sequences) with a head's
+    tiles as one cluster (none for a single tile), z's token stride and w after the state arguments, eps last."""
+    monkeypatch.setattr(blas, "clusters_supported", lambda: True)
+    nk, nv, dk, B = 2, 6, 64, 3
+    b = batch([(0, 1), (7, 1), (3, 1)])
+    q, k, v = zeros((B, nk, dk), dtype), zeros((B, nk, dk), dtype), zeros((B, nv, dv), dtype)
+    zw = zeros((B, nv * dv + 40), dtype)
+    z = zw[:, 8:8 + nv * dv].reshape(B, nv, dv)   # a slice of the fused projection
+    ab = zeros((B, 2 * nv + 3), dtype)
+    o = ops.qwen35_gdn_decode_norm(q, k, v, ab[:, nv + 3:], ab[:, :nv], zeros(nv, np.float32), zeros(nv, np.float32),
+                                   zeros((5, 3, nv, dk, dv), np.float32)[:, 1], b, z, zeros(dv, dtype), 1e-6)
+    [call] = launches
+    assert call.name == f"gdn_decode_gated_norm_{module.suffix(dtype)}"
+    assert call.grid == (-(-dv // 32), nv, B) and call.block == delta_rule.DECODE_THREADS
+    assert call.cluster == cluster
+    assert call.name.startswith(pdl.parse_setting(pdl.DEFAULT_KERNELS)[1])   # on PDL by default ("gdn_decode")
+    assert o.shape == (B, nv, dv) and o.dtype == dtype
+    zarg = call.args[17]
+    assert zarg.strides[0] == int(call.args[18]) * zarg.itemsize == zw.strides[0]
+    assert call.args[-1] == np.float32(1e-6)
+    check(call, dtype)
+
+
+@pytest.mark.parametrize("dv, clusters", [(128, False), (288, True)], ids=["no_clusters", "dv_past_8_tiles"])
+def test_gdn_decode_norm_falls_back_to_two_launches(launches, monkeypatch, dv, clusters):
+    """Without thread-block clusters (before sm_90), or with a head wider than a portable cluster's 8 tiles, the op
+    runs gdn_decode_gated then gated_rms_norm."""
+    monkeypatch.setattr(blas, "clusters_supported", lambda: clusters)
+    nk, nv, dk, B = 2, 4, 64, 2
+    b = batch([(0, 1), (7, 1)])
+    ab = zeros((B, 2 * nv), BF16)
+    ops.qwen35_gdn_decode_norm(zeros((B, nk, dk), BF16), zeros((B, nk, dk), BF16), zeros((B, nv, dv), BF16),
+                               ab[:, nv:], ab[:, :nv], zeros(nv, np.float32), zeros(nv, np.float32),
+                               zeros((5, 3, nv, dk, dv), np.float32)[:, 1], b, zeros((B, nv, dv), BF16),
+                               zeros(dv, BF16), 1e-6)
+    assert [c.name for c in launches] == ["gdn_decode_gated_bf16", "gated_rms_norm_bf16"]
+    assert all(c.cluster is None for c in launches)
+    for call in launches:
+        check(call, BF16)
+
+
+class _Pools:
+    """StatePools.layer over two host pools (the GDN group's conv and ssm parts)."""
+
+    def __init__(self, conv, ssm) -> None:
+        self.parts = {"conv": conv, "ssm": ssm}
+
+    def layer(self, group: str, part: str, index: int):
+        assert group == layers.GDN_GROUP
+        return self.parts[part][:, index]
+
+
+@pytest.mark.parametrize("fold, clusters", [(False, True), (True, True), (True, False)],
+                         ids=["default", "fold", "fold_without_clusters"])
+def test_gdn_layer_decode_launches(launches, monkeypatch, fold, clusters):
+    """layers.GatedDeltaNet's decode step: conv_update, gdn_decode_gated and gated_rms_norm by default; with
+    OPENINFER_GDN_NORM_FOLD=1 (layers.NORM_FOLD, read when the layer is made) conv_update and the one
+    gdn_decode_gated_norm in clusters of a head's 4 column tiles, unless the device has no clusters."""
+    monkeypatch.setattr(layers, "NORM_FOLD", fold)
+    monkeypatch.setattr(blas, "clusters_supported", lambda: clusters)
+    nk, nv, dk, dv, H, K = 16, 32, 128, 128, 64, 4
+    C = 2 * nk * dk + nv * dv
+    cfg = SimpleNamespace(linear_num_key_heads=nk, linear_num_value_heads=nv, linear_key_head_dim=dk,
+                          linear_value_head_dim=dv, conv_dim=C, rms_norm_eps=1e-6)
+    w = layers.GDNWeights(in_proj=zeros((C + nv * dv + 2 * nv, H), BF16), conv=zeros((C, K), BF16),
+                          A_log=zeros(nv, np.float32), dt_bias=zeros(nv, np.float32), norm=zeros(dv, BF16),
+                          out_proj=zeros((H, nv * dv), BF16))
+    linears = []
+
+    def linear(x, weight):
+        linears.append(weight.shape)
+        return zeros((x.shape[0], weight.shape[0]), x.dtype)
+
+    gdn_ops = SimpleNamespace(linear=linear, **{name: getattr(ops, name) for name in ops.__all__})
+    mixer = layers.GatedDeltaNet(gdn_ops, cfg, 1, w)
+    b = batch([(0, 1), (7, 1), (3, 1)])
+    out = mixer(zeros((3, H), BF16), b, _Pools(zeros((5, 3, K - 1, C), np.float32),
+                                               zeros((5, 3, nv, dk, dv), np.float32)))
+    assert out.shape == (3, H) and linears == [w.in_proj.shape, w.out_proj.shape]
+    names = [c.name for c in launches]
+    if fold and clusters:
+        assert names == ["conv_update_bf16", "gdn_decode_gated_norm_bf16"]
+        assert launches[1].cluster == (4, 1, 1) and launches[1].grid == (4, nv, 3)
+    else:
+        assert names == ["conv_update_bf16", "gdn_decode_gated_bf16", "gated_rms_norm_bf16"]
+    for call in launches:
+        check(call, BF16)

@@ -161,6 +161,93 @@ def test_gdn_decode_computes_its_gating_bit_for_bit(dt, shape):
     np.testing.assert_array_equal(cp.asnumpy(pool2), cp.asnumpy(pool))
 
 
+# (nk, nv, dk, dv) of the folded decode step: the tiny model (one column tile: no cluster), Qwen3.5-4B (clusters of
+# 4), heads of 80 values (3 tiles, the last one part-filled) and of 256 (clusters of 8, the most)
+FOLD_SHAPES = {"tiny": (2, 4, 16, 16), "4b": (16, 32, 128, 128), "dv80": (2, 6, 64, 80), "dv256": (1, 2, 128, 256)}
+# B = 1, a live row and a fresh one (no state before it: a graph's padding rows are such rows), and B = 3 with one
+FOLD_RUNS = {"b1": [(9, 1)], "b1_fresh": [(0, 1)], "b3": [(7, 1), (0, 1), (300, 1)]}
+
+
+def fold_host(rng, B: int, shape: str, dtype) -> dict[str, np.ndarray]:
+    """Host buffers of the folded step's inputs (bf16 cases rounded first): a conv-output-like [B, C] row
+    (q | k | v), an in_proj-like one [b | 5 others | a], the fused projection's z part with 16 columns before it,
+    w, A_log and dt_bias."""
+    nk, nv, dk, dv = FOLD_SHAPES[shape]
+    return dict(mixed=exact(rnd(rng, B, 2 * nk * dk + nv * dv), dtype).astype(dtype),
+                ab=exact(rnd(rng, B, 2 * nv + 5), dtype).astype(dtype),
+                zw=exact(rnd(rng, B, nv * dv + 16), dtype).astype(dtype), w=exact(rnd(rng, dv), dtype).astype(dtype),
+                A_log=np.log(rng.uniform(0.02, 0.1, nv)).astype(np.float32), dt_bias=rnd(rng, nv))
+
+
+def fold_inputs(rng, B: int, shape: str, dtype) -> tuple:
+    """Device buffers of `fold_host`, the op's views of them ((q, k, v, a, b, A_log, dt_bias), z, w: strided as the
+    model passes them) and a stale state pool [ROWS, LAYERS, nv, dk, dv]."""
+    nk, nv, dk, dv = FOLD_SHAPES[shape]
+    bufs = {name: cp.asarray(a) for name, a in fold_host(rng, B, shape, dtype).items()}
+    m, ab = bufs["mixed"], bufs["ab"]
+    gdn_in = (m[:, :nk * dk].reshape(B, nk, dk), m[:, nk * dk:2 * nk * dk].reshape(B, nk, dk),
+              m[:, 2 * nk * dk:].reshape(B, nv, dv), ab[:, nv + 5:], ab[:, :nv], bufs["A_log"], bufs["dt_bias"])
+    _, pool = states(rng, nv, dk, dv)
+    return bufs, gdn_in, bufs["zw"][:, 16:].reshape(B, nv, dv), bufs["w"], pool
+
+
+def require_clusters() -> None:
+    from openinfer_qwen35.cuda import delta_rule
+    if not delta_rule.norm_fold_applies(128):
+        pytest.skip("no thread-block clusters (sm_90+): qwen35_gdn_decode_norm runs the two launches")
+
+
+@pytest.mark.parametrize("runs", list(FOLD_RUNS))
+@pytest.mark.parametrize("shape", list(FOLD_SHAPES))
+def test_gdn_decode_norm_folds_the_output_norm_bit_for_bit(dt, shape, runs):
+    """qwen35_gdn_decode_norm (gdn_decode_gated_norm: the gated RMSNorm inside the decode step, a head's column
+    tiles as one cluster) against qwen35_gdn_decode then qwen35_gated_rms_norm: the same output and state bits."""
+    require_clusters()
+    rng = np.random.default_rng(8)
+    _, db = batches(FOLD_RUNS[runs], rng)
+    _, gdn_in, z, w, pool = fold_inputs(rng, len(FOLD_RUNS[runs]), shape, dt[0])
+    pool2 = pool.copy()
+    want = ops.qwen35_gated_rms_norm(ops.qwen35_gdn_decode(*gdn_in, pool[:, 1], db), z, w, 1e-6)
+    got = ops.qwen35_gdn_decode_norm(*gdn_in, pool2[:, 1], db, z, w, 1e-6)
+    assert got.dtype == dt[0] and got.shape == want.shape
+    assert np.isfinite(host(got)).all()
+    np.testing.assert_array_equal(host(got), host(want))
+    np.testing.assert_array_equal(cp.asnumpy(pool2), cp.asnumpy(pool))
+
+
+@pytest.mark.parametrize("shape", ["4b", "dv80"])
+def test_gdn_decode_norm_replays_in_a_cuda_graph(dt, shape):
+    """The fold captured once replays right after the batch's index arrays and the inputs change in place, with the
+    bits of the two launches run eagerly on a copy of the state before the replay."""
+    require_clusters()
+    rng = np.random.default_rng(9)
+    B = 3
+    bufs, gdn_in, z, w, pool = fold_inputs(rng, B, shape, dt[0])
+    _, db = batches([(3, 1)] * B, rng)
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def fold():
+        return ops.qwen35_gdn_decode_norm(*gdn_in, pool[:, 1], db, z, w, 1e-6)
+
+    with stream:
+        fold()                                       # compile and load outside the capture
+        stream.begin_capture()
+        out = fold()
+        graph = stream.end_capture()
+        for runs in ([(0, 1), (5, 1), (90, 1)], [(12, 1), (1, 1), (0, 1)]):
+            _, new = batches(runs, rng)
+            for field in ("query_start", "context_lens", "state_slots"):
+                getattr(db, field)[...] = getattr(new, field)
+            for name, a in fold_host(rng, B, shape, dt[0]).items():   # in place: the views the graph reads
+                bufs[name].set(a)
+            before = pool.copy()
+            graph.launch(stream)
+            want = ops.qwen35_gated_rms_norm(ops.qwen35_gdn_decode(*gdn_in, before[:, 1], db), z, w, 1e-6)
+            stream.synchronize()
+            np.testing.assert_array_equal(host(out), host(want))
+            np.testing.assert_array_equal(cp.asnumpy(pool), cp.asnumpy(before))
+
+
 def test_gated_delta_rule_long_runs(dt):
     """A 1024-token prompt (16 chunks, the prefill the kernels are tuned for) beside a continuing
     run: the state carried through many chunks stays as close to the recurrence."""
