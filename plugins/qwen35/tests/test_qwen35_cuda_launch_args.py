@@ -213,12 +213,10 @@ def test_gdn_decode_norm_runs_a_head_as_one_cluster(launches, monkeypatch, dtype
     check(call, dtype)
 
 
-@pytest.mark.parametrize("dv, clusters", [(128, False), (288, True)], ids=["no_clusters", "dv_past_8_tiles"])
-def test_gdn_decode_norm_falls_back_to_two_launches(launches, monkeypatch, dv, clusters):
-    """Without thread-block clusters (before sm_90), or with a head wider than a portable cluster's 8 tiles, the op
-    runs gdn_decode_gated then gated_rms_norm."""
-    monkeypatch.setattr(blas, "clusters_supported", lambda: clusters)
-    nk, nv, dk, B = 2, 4, 64, 2
+def test_gdn_decode_norm_falls_back_to_two_launches(launches, monkeypatch):
+    """Without thread-block clusters (before sm_90) the op runs gdn_decode_gated then gated_rms_norm."""
+    monkeypatch.setattr(blas, "clusters_supported", lambda: False)
+    nk, nv, dk, dv, B = 2, 4, 64, 128, 2
     b = batch([(0, 1), (7, 1)])
     ab = zeros((B, 2 * nv), BF16)
     ops.qwen35_gdn_decode_norm(zeros((B, nk, dk), BF16), zeros((B, nk, dk), BF16), zeros((B, nv, dv), BF16),
@@ -229,6 +227,22 @@ def test_gdn_decode_norm_falls_back_to_two_launches(launches, monkeypatch, dv, c
     assert all(c.cluster is None for c in launches)
     for call in launches:
         check(call, BF16)
+
+
+def test_gdn_decode_norm_refuses_a_head_past_eight_tiles(launches, monkeypatch):
+    """A head wider than a portable cluster's 8 column tiles is past gated_rms_norm's register rows too: refused
+    before any launch, with or without clusters."""
+    nk, nv, dk, dv, B = 2, 4, 64, 288, 2
+    b = batch([(0, 1), (7, 1)])
+    ab = zeros((B, 2 * nv), BF16)
+    for clusters in (True, False):
+        monkeypatch.setattr(blas, "clusters_supported", lambda: clusters)
+        with pytest.raises(ValueError, match="head dim 288"):
+            ops.qwen35_gdn_decode_norm(zeros((B, nk, dk), BF16), zeros((B, nk, dk), BF16), zeros((B, nv, dv), BF16),
+                                       ab[:, nv:], ab[:, :nv], zeros(nv, np.float32), zeros(nv, np.float32),
+                                       zeros((5, 3, nv, dk, dv), np.float32)[:, 1], b, zeros((B, nv, dv), BF16),
+                                       zeros(dv, BF16), 1e-6)
+    assert not launches
 
 
 class _Pools:

@@ -102,6 +102,11 @@ def qwen35_gdn_gating(a: cp.ndarray, b: cp.ndarray, A_log: cp.ndarray, dt_bias: 
     return g, beta
 
 
+def _check_norm_head(d: int) -> None:
+    if d > GATED_NORM_MAX_D:
+        raise ValueError(f"gated rms norm: head dim {d} is over {GATED_NORM_MAX_D} (gates.cu's GN_PER_LANE)")
+
+
 def qwen35_gated_rms_norm(x: cp.ndarray, z: cp.ndarray, w: cp.ndarray, eps: float) -> cp.ndarray:
     """rms_norm(x) * w * silu(z) per head: x, z [T, nv, dv] (heads packed, any token stride), w [dv]."""
     if not x.dtype == z.dtype == w.dtype:
@@ -109,8 +114,7 @@ def qwen35_gated_rms_norm(x: cp.ndarray, z: cp.ndarray, w: cp.ndarray, eps: floa
     x3, xs = heads3d(x)
     z3, zs = heads3d(z)
     T, nh, d = x.shape
-    if d > GATED_NORM_MAX_D:
-        raise ValueError(f"gated rms norm: head dim {d} is over {GATED_NORM_MAX_D} (gates.cu's GN_PER_LANE)")
+    _check_norm_head(d)
     out = cp.empty(x.shape, dtype=x.dtype)
     if T * nh:
         launch(GATES, f"gated_rms_norm_{suffix(x.dtype)}", ((T * nh + 3) // 4,), THREADS,
@@ -125,6 +129,7 @@ def qwen35_gdn_decode_norm(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, a: cp.nd
     """qwen35_gated_rms_norm(qwen35_gdn_decode(q, k, v, a, b, A_log, dt_bias, state, batch), z, w, eps), the same
     bits: one launch where the device has thread-block clusters (sm_90+) and dv <= 256 (delta_rule.gdn_decode_norm),
     else those two launches."""
+    _check_norm_head(v.shape[2])
     out = gdn_decode_norm(q, k, v, a, b, A_log, dt_bias, state, batch, z, w, eps)
     if out is None:
         out = qwen35_gated_rms_norm(qwen35_gdn_decode(q, k, v, a, b, A_log, dt_bias, state, batch), z, w, eps)
