@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Stop 25's device calls (run from the repo root with `carry: [".whl"]`); logs under $OUT/logs, packed into
 # $OUT/logs.tgz at the end so that few files come back.
-# call1 (~8 min): the two opt-in Qwen3.5 kernels, tested on the GPU and measured in the engine:
+# call1 (~7 min): the two opt-in Qwen3.5 kernels, tested on the GPU and measured in the engine:
 #   - the GDN state walk on the tensor cores (OPENINFER_GDN_STATE_TC=1; prefill only): gdn_prep_bench's timing and
 #     comparison with the fp32 walk;
 #   - the gated RMSNorm folded into the GDN decode step (OPENINFER_GDN_NORM_FOLD=1; decode only);
 #   every Qwen3.5 GPU test with both on (the fold's own tests: bit for bit against the two kernels, graph replay,
-#   greedy through the engine), the engine's Qwen3.5-4B TTFT and TPOT with both off and both on, twice each, and an
-#   ablation with both on.
+#   greedy through the engine), then the engine's Qwen3.5-4B TTFT and TPOT with both off and both on, twice each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -25,9 +24,6 @@ call1) precompile
            lat q35_off_$r 60 $Q35
            OPENINFER_GDN_STATE_TC=1 OPENINFER_GDN_NORM_FOLD=1 lat q35_on_$r 60 $Q35
        done
-       OPENINFER_GDN_STATE_TC=1 OPENINFER_GDN_NORM_FOLD=1 timeout 80 python3 scripts/gpu_ablation.py qwen3.5-4b \
-           > $L/abl_on.log 2>&1
-       say "ablation, both on:"; tail -12 $L/abl_on.log | tee -a $S
        rm -f $L/*.json; pack ;;
 *) echo "usage: $0 call1"; exit 2 ;;
 esac
