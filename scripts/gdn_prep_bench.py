@@ -6,8 +6,9 @@ tree's source that each skip one phase (their output is wrong; only the time is 
     no_AP     phase 2's K K^T and Q K^T products skipped
     no_QgKt   the exp(gamma) Q and tail K rows not written
     no_subst  phase 3's forward substitution skipped (its loads and stores kept)
-Then both state walks (gdn_chunk_state, gdn_chunk_state_tc) after the tree's prep, timed and compared. The first
-source's records are compared bit for bit with the others'.
+Then the state walk (gdn_chunk_state) of the tree and of each given source after the tree's prep, timed and compared
+(a source from before stop 25 walks in fp32 on the CUDA cores, with OLD_STATE_SMEM bytes of shared memory). The tree's
+records are compared bit for bit with the other sources'.
     python scripts/gdn_prep_bench.py [--tokens 1024] [--source base=PATH ...] [--no-ablations]
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from openinfer.testing.cuda import graph_ms
 from openinfer_qwen35.cuda import delta_rule as dr
 
 NK, NV, D = 16, 32, 128
+OLD_STATE_SMEM = 4 * (3 * dr.CHUNK * dr.DK_MAX + dr.CHUNK * dr.CHUNK + (dr.DK_MAX + dr.CHUNK) * (dr.BV + 1))
 ABLATIONS = {   # name: (text of the tree's source, what replaces it)
     "no_load": ("const bool in = t < nc && i < dk;", "const bool in = false;"),
     "no_AP": ("for (int d = 0; d < DK_MAX; d += 4) {\n            float4 qi[4]",
@@ -91,28 +93,33 @@ def main() -> None:
             bits = " records: " + ("the same bits as tree's" if np.array_equal(records[name], records["tree"])
                                    else "differ from tree's")
         print(f"  {name:<10} {1e3 * ms:8.1f} us{bits}")
-    run_state(prep_args, scratch, chunks, T)
+    run_state(prep_args, scratch, chunks, T, {name: sources[name] for name in sources if name in given})
 
 
-def run_state(prep_args: tuple, scratch: cp.ndarray, chunks: int, T: int) -> None:
-    """The state walks after the tree's prep: gdn_chunk_state (fp32 CUDA cores) and gdn_chunk_state_tc (3xTF32 tensor
-    cores), each timed, and the second's output and state against the first's (from the same zero state)."""
+def run_state(prep_args: tuple, scratch: cp.ndarray, chunks: int, T: int, sources: dict[str, Path]) -> None:
+    """The state walk (gdn_chunk_state) of each given source after the tree's prep, timed, and each one's output and
+    state against the tree's (from the same zero state): e.g. an older tree's fp32 walk against the tensor-core one."""
     launch(dr.SOURCE, "gdn_chunk_prep_bf16", (chunks, NV, 1), dr.CHUNK_THREADS, prep_args, dr.PREP_SMEM)
     slots, ctx = cp.zeros(1, cp.int32), cp.asarray(np.array([T], np.int32))
-    results = []
-    for name, smem in (("gdn_chunk_state_bf16", dr.STATE_SMEM), ("gdn_chunk_state_tc_bf16", dr.STATE_TC_SMEM)):
+    results = {}
+    for name, path in sources.items():
+        smem = dr.STATE_SMEM if name == "tree" else OLD_STATE_SMEM
         state = cp.zeros((1, NV, D, D), dtype=cp.float32)
         out = cp.empty((T, NV, D), dtype=prep_args[4].dtype)
         sargs = (scratch, state, np.int64(NV * D * D), slots, prep_args[8], ctx, NULL, NULL, out, np.int32(NV),
                  np.int32(D), np.int32(D))
-        launch(dr.SOURCE, name, (D // dr.BV, NV, 1), dr.STATE_THREADS, sargs, smem)   # once from the zero state
-        results.append((cp.asnumpy(out).astype(np.float32), cp.asnumpy(state)))
-        ms = graph_ms(lambda: launch(dr.SOURCE, name, (D // dr.BV, NV, 1), dr.STATE_THREADS, sargs, smem),
-                      repeats=20, calls=10)
-        print(f"  {name:<24} {1e3 * ms:8.1f} us")
-    (o1, s1), (o2, s2) = results
-    print(f"  tc against fp32: out max |diff| {np.abs(o2 - o1).max():.3g} (max |out| {np.abs(o1).max():.3g}), "
-          f"state max |diff| {np.abs(s2 - s1).max():.3g} (max |state| {np.abs(s1).max():.3g})")
+
+        def run(path=path, sargs=sargs, smem=smem):
+            launch(path, "gdn_chunk_state_bf16", (D // dr.BV, NV, 1), dr.STATE_THREADS, sargs, smem)
+        run()   # once from the zero state
+        results[name] = (cp.asnumpy(out).astype(np.float32), cp.asnumpy(state))
+        ms = graph_ms(run, repeats=20, calls=10)
+        print(f"  gdn_chunk_state_bf16 of {name:<8} {1e3 * ms:8.1f} us")
+    o1, s1 = results["tree"]
+    for name, (o2, s2) in results.items():
+        if name != "tree":
+            print(f"  {name} against tree: out max |diff| {np.abs(o2 - o1).max():.3g} (max |out| {np.abs(o1).max():.3g}),"
+                  f" state max |diff| {np.abs(s2 - s1).max():.3g} (max |state| {np.abs(s1).max():.3g})")
 
 
 if __name__ == "__main__":

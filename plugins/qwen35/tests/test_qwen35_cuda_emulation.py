@@ -189,10 +189,10 @@ def test_conv_blocking_equals_the_reference(saves):
 
 
 THREADS, WARPS = 256, 8   # gdn_chunk_prep's block
-ST_WARPS = 16             # gdn_chunk_state's warps (any multiple of 4 dividing 16 gives the same sums)
+TC_WARPS = 16             # gdn_chunk_state's warps
 TID = np.arange(THREADS)
 LANE, WARP = TID & 31, TID >> 5
-KP, AP, SP = DK_MAX + 4, L + 4, BV + 1   # delta_rule.cu: prep's q/k and A row strides, the S/V' tile's
+KP, AP = DK_MAX + 4, L + 4   # delta_rule.cu: prep's q/k and A row strides
 
 
 class Smem:
@@ -313,71 +313,7 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
     store("U", rows * dv + cols[~isw] - DK_MAX, X[:, ~isw])
 
 
-def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int, nv: int, dk: int, dv: int,
-                warps: int = ST_WARPS) -> None:
-    """One gdn_chunk_state block of `warps` warps (run `seq`, value head h, columns j0..j0+31) with its thread maps."""
-    tid = np.arange(32 * warps)
-    LANE, WARP, TR = tid & 31, tid >> 5, L // warps   # TR: a warp's rows of a chunk
-    s0 = int(b.query_start[seq])
-    n = int(b.query_start[seq + 1]) - s0
-    if n == 0:
-        return
-    rec, live, col = record(dv), _live(b, seq), j0 + LANE < dv
-    slot = b.state_slots[seq]
-    sm = Smem(dict(W=L * DK_MAX, Qg=L * DK_MAX, Kt=L * DK_MAX, P=L * L, S=DK_MAX * SP, V=L * SP))
-    for r in range(DK_MAX // warps):
-        d = WARP + warps * r
-        init = np.where(live & col & (d < dk), state[slot, h, np.minimum(d, dk - 1), np.minimum(j0 + LANE, dv - 1)], 0)
-        sm.write("S", d * SP + LANE, init)
-    assert [sm.off[f] - sm.off["W"] for f in ("Qg", "Kt", "P")] == [rec[f] - rec["W"] for f in ("Qg", "Kt", "P")]
-
-    def stage(dst: str, src: int, count: int) -> None:   # cp.async of record words, float4 by float4
-        assert src % 4 == 0 and count % 4 == 0 and sm.off[dst] % 4 == 0
-        staged = scratch[src + np.arange(count)]
-        assert not np.isnan(staged).any(), "prep left record words unwritten"
-        sm.mem[sm.off[dst]:sm.off[dst] + count] = staged
-
-    stage("W", rec_base(b, seq, 0, h, nv, dv), 3 * L * DK_MAX + L * L)   # W, Qg, Kt, P of chunk 0
-    grid, (split, ckpt_row) = chunk_grid(b, seq), checkpoint(b, seq)
-    for c, (c0, nc) in enumerate(grid):
-        base = rec_base(b, seq, c, h, nv, dv)
-        more, nxt = c + 1 < len(grid), base + nv * rec["total"]   # the kernel's next record
-        t = TR * WARP[:, None] + np.arange(TR)                   # a. [thread, m]
-        d = np.arange(DK_MAX)
-        sd = sm.read("S", d * SP + LANE[:, None])                # [thread, d]
-        vp = np.einsum("tmd,td->tm", sm.read("W", t[..., None] * DK_MAX + d), sd)
-        ov = np.einsum("tmd,td->tm", sm.read("Qg", t[..., None] * DK_MAX + d), sd)
-        u = np.where(col[:, None], scratch[base + rec["U"] + t * dv + np.minimum(j0 + LANE, dv - 1)[:, None]], 0)
-        assert not np.isnan(u).any()
-        sm.write("V", t * SP + LANE[:, None], u - vp)
-        if more:                                                 # W, Qg of chunk c + 1
-            assert nxt == rec_base(b, seq, c + 1, h, nv, dv)
-            stage("W", nxt + rec["W"], 2 * L * DK_MAX)
-        jj = np.arange(L)                                        # b. P rows t < TR (warp + 1): columns j below that
-        jb = np.where(jj < TR * WARP[:, None] + TR, jj, 0)
-        ov += np.einsum("tmj,tj->tm", sm.read("P", t[..., None] * L + jb[:, None, :]),
-                        np.where(jj < TR * WARP[:, None] + TR, sm.read("V", jb * SP + LANE[:, None]), 0))
-        keep = (t < nc) & col[:, None]
-        out[s0 + c0 + t[keep], h, np.broadcast_to(j0 + LANE[:, None], t.shape)[keep]] = ov[keep]
-        RS = DK_MAX // warps                                     # c. S rows RS warp + m
-        dm = RS * WARP[:, None] + np.arange(RS)
-        acc = np.einsum("ptm,pt->tm", sm.read("Kt", jj[:, None, None] * DK_MAX + dm),
-                        sm.read("V", jj[:, None] * SP + LANE))
-        decay = scratch[base + rec["dec"]]
-        sidx = dm * SP + LANE[:, None]
-        sm.write("S", sidx, decay * sm.read("S", sidx) + acc)
-        if split and c0 + nc == split:                           # the checkpoint: rows just updated
-            m = (dm < dk) & col[:, None]
-            state[ckpt_row, h, dm[m], np.broadcast_to(j0 + LANE[:, None], dm.shape)[m]] = sm.read("S", sidx[m])
-        if more:                                                 # Kt, P of chunk c + 1
-            stage("Kt", nxt + rec["Kt"], L * DK_MAX + L * L)
-    for r in range(-(-dk // warps)):
-        d = WARP + warps * r
-        m = (d < dk) & col
-        state[slot, h, d[m], j0 + LANE[m]] = sm.read("S", d[m] * SP + LANE[m])
-
-
-TC_WQ, TC_KT, TC_P, TC_SV = DK_MAX + 4, DK_MAX + 8, L + 4, BV + 8   # gdn_chunk_state_tc's padded row strides
+TC_WQ, TC_KT, TC_P, TC_SV = DK_MAX + 4, DK_MAX + 8, L + 4, BV + 8   # gdn_chunk_state's padded row strides
 LANES = np.arange(32)
 G, T4 = LANES >> 2, LANES & 3
 
@@ -407,8 +343,8 @@ def mma3(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def state_block_tc(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int, nv: int, dk: int,
                    dv: int) -> None:
-    """One gdn_chunk_state_tc block: every warp's fragment reads at the kernel's addresses, through mma3."""
-    warps, s0 = 16, int(b.query_start[seq])
+    """One gdn_chunk_state block: every warp's fragment reads at the kernel's addresses, through mma3."""
+    warps, s0 = TC_WARPS, int(b.query_start[seq])
     n = int(b.query_start[seq + 1]) - s0
     if n == 0:
         return
@@ -518,20 +454,12 @@ def check_chunk_kernels(dims: tuple[int, int, int, int], saves: list[int] | None
     np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("warps", [ST_WARPS, 8], ids=["state_block", "state_block_of_8_warps"])
 @pytest.mark.parametrize("saves", [None, [16, 0, 0, 48, 128]], ids=["plain", "checkpoints"])
 @pytest.mark.parametrize("dims", [(2, 4, 16, 48), (1, 2, 128, 32), (1, 1, 128, 128)],
                          ids=["tiny_partial_tile", "dk128", "4b_head"])
-def test_chunk_kernels_thread_maps(dims, saves, warps):
-    """gdn_chunk_prep then gdn_chunk_state (of `warps` warps), emulated thread by thread (check_chunk_kernels)."""
-    check_chunk_kernels(dims, saves, lambda *args: state_block(*args, warps))
-
-
-@pytest.mark.parametrize("dims, saves", [((2, 4, 16, 48), [16, 0, 0, 48, 128]), ((1, 1, 128, 128), None)],
-                         ids=["tiny_partial_tile_checkpoints", "4b_head"])
-def test_tensor_core_state_walk_thread_maps(dims, saves):
-    """gdn_chunk_prep then gdn_chunk_state_tc, whose emulation places its fragment addresses by PTX's m16n8k8
-    layout in 3xTF32 (check_chunk_kernels; two of the fp32 walk's cases: ~20 s of numpy a case)."""
+def test_chunk_kernels_thread_maps(dims, saves):
+    """gdn_chunk_prep then gdn_chunk_state, whose emulation places its fragment addresses by PTX's m16n8k8 layout
+    in 3xTF32 (check_chunk_kernels)."""
     check_chunk_kernels(dims, saves, state_block_tc)
 
 
@@ -539,10 +467,8 @@ def test_launcher_sizes_match_the_emulated_layouts():
     pytest.importorskip("cupy")
     pytest.importorskip("ml_dtypes")
     from openinfer_qwen35.cuda import delta_rule as dr
-    assert (dr.CHUNK, dr.BV, dr.DK_MAX, dr.CHUNK_THREADS, dr.STATE_THREADS) == (L, BV, DK_MAX, THREADS, 32 * ST_WARPS)
+    assert (dr.CHUNK, dr.BV, dr.DK_MAX, dr.CHUNK_THREADS, dr.STATE_THREADS) == (L, BV, DK_MAX, THREADS, 32 * TC_WARPS)
     assert dr.PREP_SMEM == 4 * Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L)).mem.size
-    sizes = dict(W=L * DK_MAX, Qg=L * DK_MAX, Kt=L * DK_MAX, P=L * L, S=DK_MAX * SP, V=L * SP)
-    assert dr.STATE_SMEM == 4 * Smem(sizes).mem.size
     tc = dict(W=L * TC_WQ, Qg=L * TC_WQ, Kt=L * TC_KT, P=L * TC_P, S=DK_MAX * TC_SV, V=L * TC_SV)
-    assert dr.STATE_TC_SMEM == 4 * Smem(tc).mem.size
+    assert dr.STATE_SMEM == 4 * Smem(tc).mem.size
     assert all(dr.record_floats(dv) == record(dv)["total"] for dv in (16, 48, 128))

@@ -194,10 +194,9 @@ static_assert(CH_THREADS == 256 && L == 64 && BV == 32 && DK_MAX == 128, "the ke
 //    exp(gamma_L) (147 KB). Per block 0.66M FMA (A, P lower tiles) + 0.52M (substitution, X in
 //    registers); 512 blocks, 2 per SM: 2 waves of ~10 us at the FMA limit, 75 MB written: ~30 us.
 // 2. gdn_chunk_state, grid (dv / BV, nv, B): walks the run's chunks with the S tile in shared
-//    memory: V' = U - W S, O = Qg S + P V', S = exp(gamma_L) S + Kt^T V'; 0.86M FMA per chunk
-//    (3.8 us at the FMA limit, ~5-6 us with its loads) and a 120 KB record loaded by cp.async
-//    behind the previous chunk: ~16 x 6 = ~100 us. Tensor cores would cut it further, but bf16/tf32
-//    inputs lose the fp32 reference's accuracy.
+//    memory: V' = U - W S, O = Qg S + P V', S = exp(gamma_L) S + Kt^T V'; 0.86M FMA per chunk and a
+//    120 KB record loaded by cp.async behind the previous chunk. On the tensor cores in 3xTF32 (below):
+//    bf16 or plain tf32 inputs would lose the fp32 reference's accuracy, three tf32 products keep it.
 // A run may save its state part-way, after its first ckpt_lens[b] = t tokens (0 < t < n; a prompt's
 // last full block, kv/hybrid.py): then [0, t) and [t, n) are chunked apart, as two runs split at
 // t would be, so the state at t is a chunk boundary and equals what a step ending at t computed.
@@ -349,128 +348,9 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
     }
 }
 
-// Start copying `count` floats (a multiple of 4, 16-byte aligned) of a record into shared memory.
-__device__ __forceinline__ void stage(float* dst, const float* src, int count) {
-    for (int e = threadIdx.x * 4; e < count; e += blockDim.x * 4) cp_async16(dst + e, src + e, 16);
-    cp_async_commit();
-}
-
-// WARPS warps a block: warp w takes rows L / WARPS * w ... of a chunk (steps a, b) and DK_MAX / WARPS rows of the
-// state (step c). Every output element sums the same terms in the same order for any WARPS: the same bits. The
-// records and the state tile hold one block a SM, so the block's warps are all there is to hide latency: 16
-// (ST_WARPS) took 5.27 ms over a 1k prompt's 24 layers on an H100 where 8 took 7.94 and 32 took 5.96 (the GPU
-// tests found the builds bit-identical; docs/benchmarks/qwen35-4b-h200.md, stop 23).
-constexpr int ST_WARPS = 16;
-template <typename T, int WARPS>
-__device__ void gdn_chunk_state(const float* scratch, float* state, long long state_stride, const int* slots,
-                                const int* query_start, const int* context_lens, const int* ckpt_lens,
-                                const int* ckpt_rows, T* out, int nv, int dk, int dv) {
-    pdl_begin();
-    extern __shared__ float smem[];
-    constexpr int SP = BV + 1, TR = L / WARPS;   // TR: a warp's rows of a chunk
-    static_assert(L % (4 * WARPS) == 0 && DK_MAX % (4 * WARPS) == 0, "whole float4 groups a warp");
-    float *Ws = smem, *Qg = Ws + L * DK_MAX, *Kt = Qg + L * DK_MAX, *Ps = Kt + L * DK_MAX, *Ss = Ps + L * L;
-    float* Vs = Ss + DK_MAX * SP;
-    const int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * BV;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int s0 = query_start[b], n = query_start[b + 1] - s0;
-    if (n == 0) return;   // no tokens: the state row is left as it is
-    const Rec rec(dv);
-    const bool live = has_state(query_start, context_lens, b), col = j0 + lane < dv;
-    float* Sg = state + (long long)slots[b] * state_stride + (long long)h * dk * dv + j0 + lane;
-    for (int d = warp; d < DK_MAX; d += WARPS)
-        Ss[d * SP + lane] = live && col && d < dk ? Sg[(long long)d * dv] : 0.f;
-    const Chunks chunks(ckpt_lens, b, n);
-    // W, Qg of chunk c + 1 load (cp.async) behind steps b and c of chunk c; Kt, P once c is done
-    stage(Ws, scratch + (rec_index(query_start, ckpt_lens, b, 0) * nv + h) * rec.total, 3 * L * DK_MAX + L * L);
-    for (int c = 0; c < chunks.count; ++c) {
-        const int c0 = chunks.start(c), nc = chunks.size(c, n);
-        const bool more = c + 1 < chunks.count;
-        const float* R = scratch + (rec_index(query_start, ckpt_lens, b, c) * nv + h) * rec.total;
-        float u[TR];   // U's rows of this thread, loaded while the copies land
-#pragma unroll
-        for (int m = 0; m < TR; ++m) u[m] = col ? R[rec.U + (TR * warp + m) * dv + j0 + lane] : 0.f;
-        cp_async_wait<0>();
-        __syncthreads();
-        // a. V' = U - W S, o = Qg S; thread = column `lane`, rows 8 warp + m: per 4 d, 16 float4
-        // broadcasts and 4 S words for 64 FMA
-        float vp[TR], ov[TR];
-#pragma unroll
-        for (int m = 0; m < TR; ++m) vp[m] = ov[m] = 0.f;
-        for (int d = 0; d < DK_MAX; d += 4) {
-            const float s0v = Ss[d * SP + lane], s1v = Ss[(d + 1) * SP + lane];
-            const float s2v = Ss[(d + 2) * SP + lane], s3v = Ss[(d + 3) * SP + lane];
-#pragma unroll
-            for (int m = 0; m < TR; ++m) {
-                const int t = TR * warp + m;
-                const float4 w = *reinterpret_cast<const float4*>(Ws + t * DK_MAX + d);
-                const float4 qv = *reinterpret_cast<const float4*>(Qg + t * DK_MAX + d);
-                vp[m] += w.x * s0v + w.y * s1v + w.z * s2v + w.w * s3v;
-                ov[m] += qv.x * s0v + qv.y * s1v + qv.z * s2v + qv.w * s3v;
-            }
-        }
-#pragma unroll
-        for (int m = 0; m < TR; ++m) {
-            const int t = TR * warp + m;
-            Vs[t * SP + lane] = u[m] - vp[m];
-        }
-        __syncthreads();   // W and Qg are free
-        if (more) stage(Ws, R + (long long)nv * rec.total + rec.W, 2 * L * DK_MAX);   // chunk c + 1's record
-        // b. o += P V' and out (P is zero above its diagonal: columns below TR (warp + 1) only);
-        // c. S = exp(gamma_L) S + Kt^T V', thread = column `lane`, S rows RS warp + m. No barrier
-        // between: b reads P, V'; c reads Kt, V' and writes S, which a read before the barrier above
-        for (int j = 0; j < TR * warp + TR; j += 4) {
-            const float v0 = Vs[j * SP + lane], v1 = Vs[(j + 1) * SP + lane];
-            const float v2 = Vs[(j + 2) * SP + lane], v3 = Vs[(j + 3) * SP + lane];
-#pragma unroll
-            for (int m = 0; m < TR; ++m) {
-                const float4 p = *reinterpret_cast<const float4*>(Ps + (TR * warp + m) * L + j);
-                ov[m] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
-            }
-        }
-#pragma unroll
-        for (int m = 0; m < TR; ++m) {
-            const int t = TR * warp + m;
-            if (t < nc && col) out[((long long)(s0 + c0 + t) * nv + h) * dv + j0 + lane] = from_f32<T>(ov[m]);
-        }
-        {
-            constexpr int RS = DK_MAX / WARPS;
-            float acc[RS];
-#pragma unroll
-            for (int m = 0; m < RS; ++m) acc[m] = 0.f;
-            for (int t = 0; t < L; ++t) {
-                const float vt = Vs[t * SP + lane];
-#pragma unroll
-                for (int m = 0; m < RS; m += 4) {
-                    const float4 kt = *reinterpret_cast<const float4*>(Kt + t * DK_MAX + RS * warp + m);
-                    acc[m] += kt.x * vt;
-                    acc[m + 1] += kt.y * vt;
-                    acc[m + 2] += kt.z * vt;
-                    acc[m + 3] += kt.w * vt;
-                }
-            }
-            const float decay = R[rec.dec];
-            // the state at the run's checkpoint: each thread stores the rows it just updated
-            float* ck = c + 1 == chunks.first && col
-                        ? state + (long long)ckpt_rows[b] * state_stride + (long long)h * dk * dv + j0 + lane : nullptr;
-#pragma unroll
-            for (int m = 0; m < RS; ++m) {
-                const int d = RS * warp + m;
-                const float s = decay * Ss[d * SP + lane] + acc[m];
-                Ss[d * SP + lane] = s;
-                if (ck != nullptr && d < dk) ck[(long long)d * dv] = s;
-            }
-        }
-        __syncthreads();   // Kt, P and V' are free
-        if (more) stage(Kt, R + (long long)nv * rec.total + rec.Kt, L * DK_MAX + L * L);
-    }
-    if (col)
-        for (int d = warp; d < dk; d += WARPS) Sg[(long long)d * dv] = Ss[d * SP + lane];
-}
-
-// gdn_chunk_state on the tensor cores: the same three steps, each a product of shared-memory tiles by mma.sync
-// m16n8k8 in 3xTF32 (split_tf32: hi*hi + hi*lo + lo*hi, the hi*hi chain and the cross terms' chain summed at the
-// end; close to fp32, not the same bits as gdn_chunk_state). Block = 32 state columns of one (sequence, value head),
+// gdn_chunk_state: the three steps, each a product of shared-memory tiles by mma.sync m16n8k8 in 3xTF32
+// (split_tf32: hi*hi + hi*lo + lo*hi, the hi*hi chain and the cross terms' chain summed at the end; close to fp32,
+// not its bits: it replaced a walk in fp32 on the CUDA cores, STATS). Block = 32 state columns of one (sequence, value head),
 // TC_WARPS warps: warp w owns the m16n8 tile of rows 16 (w / 4), columns 8 (w % 4) of V' and O (O stays in registers
 // from step a to step b) and the S tiles of rows 16 (w / 4) and 16 (w / 4) + 64, the same columns (step c). Row
 // strides are padded so that every fragment load is free of bank conflicts: W, Qg 132 and P 68 (A fragments, bank
@@ -511,7 +391,7 @@ __device__ __forceinline__ void mma3(float* c, float* x, const unsigned int* ah,
 }
 
 template <typename T>
-__device__ void gdn_chunk_state_tc(const float* scratch, float* state, long long state_stride, const int* slots,
+__device__ void gdn_chunk_state(const float* scratch, float* state, long long state_stride, const int* slots,
                                    const int* query_start, const int* context_lens, const int* ckpt_lens,
                                    const int* ckpt_rows, T* out, int nv, int dk, int dv) {
     pdl_begin();
@@ -648,17 +528,10 @@ __device__ void gdn_chunk_state_tc(const float* scratch, float* state, long long
         gdn_chunk_prep<T>(q, q_stride, k, k_stride, v, v_stride, g, beta, qs, ckpt_lens, scratch, nk, nv, dk,  \
                           dv);                                                                                  \
     }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * ST_WARPS) gdn_chunk_state_##suffix(                     \
-        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
-        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
-        gdn_chunk_state<T, ST_WARPS>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out,  \
-                                     nv, dk, dv);                                                               \
-    }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * TC_WARPS) gdn_chunk_state_tc_##suffix(                  \
-        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,           \
-        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {          \
-        gdn_chunk_state_tc<T>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out, nv, dk, \
-                              dv);                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * TC_WARPS) gdn_chunk_state_##suffix(                       \
+        const float* scratch, float* state, long long state_stride, const int* slots, const int* qs,            \
+        const int* ctx, const int* ckpt_lens, const int* ckpt_rows, T* out, int nv, int dk, int dv) {           \
+        gdn_chunk_state<T>(scratch, state, state_stride, slots, qs, ctx, ckpt_lens, ckpt_rows, out, nv, dk, dv);\
     }
 
 FOR_EACH_DTYPE(DELTA_RULE_KERNELS)

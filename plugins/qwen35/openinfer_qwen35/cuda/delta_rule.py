@@ -9,7 +9,6 @@ finds its run's bounds on the device.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import cupy as cp
@@ -21,14 +20,10 @@ from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, rows2
 
 SOURCE = Path(__file__).with_name("delta_rule.cu")
 DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match delta_rule.cu
-STATE_THREADS = 32 * 16   # gdn_chunk_state's block: ST_WARPS warps (gdn_chunk_state_tc's: TC_WARPS, the same)
+STATE_THREADS = 32 * 16   # gdn_chunk_state's block: TC_WARPS warps
 PREP_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (CHUNK + 4) + 3 * CHUNK)   # gdn_chunk_prep: Q, K, A, gamma...
-STATE_SMEM = 4 * (3 * CHUNK * DK_MAX + CHUNK * CHUNK + (DK_MAX + CHUNK) * (BV + 1))   # gdn_chunk_state
-# gdn_chunk_state_tc: W, Qg rows padded to 132 floats, Kt to 136, P to 68, S and V' to 40
-STATE_TC_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (DK_MAX + 8) + CHUNK * (CHUNK + 4)
-                     + (DK_MAX + CHUNK) * (BV + 8))
-# the state walk on the tensor cores (3xTF32, close to fp32 but not its bits); an experiment's switch until measured
-STATE_TC = os.environ.get("OPENINFER_GDN_STATE_TC", "0") == "1"
+# gdn_chunk_state: W, Qg rows padded to 132 floats, Kt to 136, P to 68, S and V' to 40
+STATE_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (DK_MAX + 8) + CHUNK * (CHUNK + 4) + (DK_MAX + CHUNK) * (BV + 8))
 NORM_TILES_MAX = 8   # gdn_decode_gated_norm: a head's column tiles in one cluster (the portable size): dv <= 256
 
 
@@ -96,9 +91,8 @@ def qwen35_gated_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.n
         launch(SOURCE, f"gdn_chunk_prep_{sfx}", (-(-batch.max_query_len // CHUNK) + m - 1, int(nv), B),
                CHUNK_THREADS, (q3, qs, k3, ks, v3, vs, g32, b32, query_start, ck_lens, scratch, nk, nv, dk, dv),
                PREP_SMEM)
-        launch(SOURCE, f"gdn_chunk_state_tc_{sfx}" if STATE_TC else f"gdn_chunk_state_{sfx}", grid, STATE_THREADS,
-               (scratch, state, state_stride, slots, query_start, ctx, ck_lens, ck_rows, out, nv, dk, dv),
-               STATE_TC_SMEM if STATE_TC else STATE_SMEM)
+        launch(SOURCE, f"gdn_chunk_state_{sfx}", grid, STATE_THREADS,
+               (scratch, state, state_stride, slots, query_start, ctx, ck_lens, ck_rows, out, nv, dk, dv), STATE_SMEM)
     return out
 
 
