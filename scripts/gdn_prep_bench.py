@@ -118,8 +118,9 @@ def run_state(prep_args: tuple, scratch: cp.ndarray, chunks: int, T: int, source
     o1, s1 = results["tree"]
     for name, (o2, s2) in results.items():
         if name != "tree":
-            print(f"  {name} against tree: out max |diff| {np.abs(o2 - o1).max():.3g} (max |out| {np.abs(o1).max():.3g}),"
-                  f" state max |diff| {np.abs(s2 - s1).max():.3g} (max |state| {np.abs(s1).max():.3g})")
+            print(f"  {name} against tree: out max |diff| {np.abs(o2 - o1).max():.3g} "
+                  f"(max |out| {np.abs(o1).max():.3g}), state max |diff| {np.abs(s2 - s1).max():.3g} "
+                  f"(max |state| {np.abs(s1).max():.3g})")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 with a bounded recurrent state) and gated full attention (core GQA with an output gate)."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from openinfer.batch import Array, ForwardBatch
@@ -13,9 +12,6 @@ from openinfer.layers.attention import GQAAttention
 from .config import Qwen35Config
 
 GDN_GROUP = "gdn"   # the "slots" state group: part "conv" [K-1, C] and "ssm" [nv, dk, dv] per layer
-# OPENINFER_GDN_NORM_FOLD=1: the decode step runs the output norm inside the delta-rule step (qwen35_gdn_decode_norm:
-# one launch a layer where the device has thread-block clusters, the same bits). Opt-in until measured on a GPU.
-NORM_FOLD = os.environ.get("OPENINFER_GDN_NORM_FOLD", "0") == "1"
 
 
 @dataclass
@@ -34,7 +30,6 @@ class GatedDeltaNet:
         self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.conv_dim, self.eps = cfg.conv_dim, cfg.rms_norm_eps
-        self.norm_fold = NORM_FOLD   # read at load: a captured decode graph keeps the launches it was made with
 
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         ops, T = self.ops, x.shape[0]
@@ -50,16 +45,13 @@ class GatedDeltaNet:
         q = conv[:, :nk * dk].reshape(T, nk, dk)
         k = conv[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)
         v = conv[:, 2 * nk * dk:].reshape(T, nv, dv)
-        if decode and self.norm_fold:   # the step computes its gating and the output norm too
+        if decode:   # the step computes its gating and the output norm too (one launch a layer on GPUs)
             o = ops.qwen35_gdn_decode_norm(q, k, v, a, b, self.w.A_log, self.w.dt_bias, ssm_state, batch, z,
                                            self.w.norm, self.eps)
         else:
-            if decode:   # the step computes its own gating (one launch fewer on GPUs)
-                o = ops.qwen35_gdn_decode(q, k, v, a, b, self.w.A_log, self.w.dt_bias, ssm_state, batch)
-            else:
-                g, beta = ops.qwen35_gdn_gating(a, b, self.w.A_log, self.w.dt_bias)
-                o = ops.qwen35_gated_delta_rule(q, k, v, g, beta, ssm_state, batch)
-            o = ops.qwen35_gated_rms_norm(o, z, self.w.norm, self.eps)
+            g, beta = ops.qwen35_gdn_gating(a, b, self.w.A_log, self.w.dt_bias)
+            o = ops.qwen35_gated_rms_norm(ops.qwen35_gated_delta_rule(q, k, v, g, beta, ssm_state, batch), z,
+                                          self.w.norm, self.eps)
         return ops.linear(o.reshape(T, nv * dv), self.w.out_proj)
 
 

@@ -171,7 +171,7 @@ def qwen35_gdn_decode_norm(q: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.nd
                            A_log: np.ndarray, dt_bias: np.ndarray, state: np.ndarray, batch: ForwardBatch,
                            z: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """The decode step with the GDN output norm after it: `qwen35_gated_rms_norm(qwen35_gdn_decode(...), z, w, eps)`
-    (one launch on GPUs with thread-block clusters, OPENINFER_GDN_NORM_FOLD=1). z [B, nv, dv]; w [dv]."""
+    (one launch on GPUs with thread-block clusters). z [B, nv, dv]; w [dv]."""
     return qwen35_gated_rms_norm(qwen35_gdn_decode(q, k, v, a, b, A_log, dt_bias, state, batch), z, w, eps)
 
 

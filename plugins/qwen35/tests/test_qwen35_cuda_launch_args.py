@@ -103,7 +103,7 @@ def batch(runs: list[tuple[int, int]], checkpoints: list[int] | None = None) -> 
 def layer_forward(dtype, b: ForwardBatch, decode: bool, nk=16, nv=32, dk=128, dv=128, layers=3, fold=False) -> None:
     """The GDN mixer's op sequence on the views the model passes (layers.py): slices of the fused
     in_proj output, a layer's slice of the state pools; then the attention output gate. `fold`: the
-    decode step with the output norm folded in (OPENINFER_GDN_NORM_FOLD=1)."""
+    decode step with the output norm folded in (the layer's path); else the two ops it stands for."""
     T, C, K = int(b.query_start_host[-1]), 2 * nk * dk + nv * dv, 4
     proj = zeros((T, C + nv * dv + 2 * nv), dtype)
     conv_pool = zeros((5, layers, K - 1, C), np.float32)
@@ -256,13 +256,10 @@ class _Pools:
         return self.parts[part][:, index]
 
 
-@pytest.mark.parametrize("fold, clusters", [(False, True), (True, True), (True, False)],
-                         ids=["default", "fold", "fold_without_clusters"])
-def test_gdn_layer_decode_launches(launches, monkeypatch, fold, clusters):
-    """layers.GatedDeltaNet's decode step: conv_update, gdn_decode_gated and gated_rms_norm by default; with
-    OPENINFER_GDN_NORM_FOLD=1 (layers.NORM_FOLD, read when the layer is made) conv_update and the one
-    gdn_decode_gated_norm in clusters of a head's 4 column tiles, unless the device has no clusters."""
-    monkeypatch.setattr(layers, "NORM_FOLD", fold)
+@pytest.mark.parametrize("clusters", [True, False], ids=["fold", "without_clusters"])
+def test_gdn_layer_decode_launches(launches, monkeypatch, clusters):
+    """layers.GatedDeltaNet's decode step: conv_update and the one gdn_decode_gated_norm in clusters of a head's 4
+    column tiles; where the device has no clusters, conv_update, gdn_decode_gated and gated_rms_norm."""
     monkeypatch.setattr(blas, "clusters_supported", lambda: clusters)
     nk, nv, dk, dv, H, K = 16, 32, 128, 128, 64, 4
     C = 2 * nk * dk + nv * dv
@@ -284,7 +281,7 @@ def test_gdn_layer_decode_launches(launches, monkeypatch, fold, clusters):
                                                zeros((5, 3, nv, dk, dv), np.float32)))
     assert out.shape == (3, H) and linears == [w.in_proj.shape, w.out_proj.shape]
     names = [c.name for c in launches]
-    if fold and clusters:
+    if clusters:
         assert names == ["conv_update_bf16", "gdn_decode_gated_norm_bf16"]
         assert launches[1].cluster == (4, 1, 1) and launches[1].grid == (4, nv, 3)
     else:

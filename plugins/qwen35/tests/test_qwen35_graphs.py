@@ -75,23 +75,3 @@ def test_pipelined_decode_streams_match_serial(untied):
         assert bool(launches) == pipelined and not eng.scheduler.running
     assert events[1] == events[0]
     assert events[0]["turn2"][0].cached_tokens == 48   # the rolling checkpoint after 48 tokens
-
-
-def test_norm_fold_switch_keeps_greedy(untied, monkeypatch):
-    """OPENINFER_GDN_NORM_FOLD=1 (layers.NORM_FOLD, read as the model loads) on the CPU: the GDN layers' decode step
-    calls qwen35_gdn_decode_norm (numpy: the decode step, then the gated norm), eagerly and through (emulated)
-    graphs, with the greedy tokens of the engine without it."""
-    from openinfer_qwen35 import layers
-    ckpt, _ = untied
-    plain = engine_for(ckpt, max_num_seqs=4, block_size=16)
-    monkeypatch.setattr(layers, "NORM_FOLD", True)
-    calls = []
-    fold = engine_for(ckpt, max_num_seqs=4, block_size=16)
-    ops = fold.runner.model.ops
-    real = ops.qwen35_gdn_decode_norm
-    monkeypatch.setattr(ops, "qwen35_gdn_decode_norm", lambda *a: calls.append(len(a)) or real(*a))
-    graphs = emulate_graphs(fold)
-    prompts = [tokens(45, seed=1), tokens(1, seed=2), tokens(20, seed=3)]
-    want = [t for t, _, _ in generate(plain, prompts, greedy(12))]
-    assert [t for t, _, _ in generate(fold, prompts, greedy(12))] == want
-    assert calls and graphs.replays
