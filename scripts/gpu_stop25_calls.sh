@@ -7,8 +7,7 @@
 #   - the gated RMSNorm folded into the GDN decode step (OPENINFER_GDN_NORM_FOLD=1; decode only);
 #   every Qwen3.5 GPU test with both on (the fold's own tests: bit for bit against the two kernels, graph replay,
 #   greedy through the engine), then the engine's Qwen3.5-4B TTFT and TPOT with both off and both on, twice each.
-# call2 (~4 min): the tree with both made the defaults: the walk against the fp32 one of .whl/base24, every Qwen3.5
-#   GPU test, the engine's Qwen3.5-4B TTFT and TPOT.
+# call2 (~3 min): every Qwen3.5 GPU test on the tree with both made the defaults.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
@@ -28,13 +27,9 @@ call1) precompile
        done
        rm -f $L/*.json; pack ;;
 call2) precompile   # the tree with both as the defaults (the fp32 walk deleted, the fold the only decode path)
-       timeout 60 python3 scripts/gdn_prep_bench.py --no-ablations \
-           --source fp32=.whl/base24/plugins/qwen35/openinfer_qwen35/cuda/delta_rule.cu > $L/state.log 2>&1
-       say "state walks:"; tail -4 $L/state.log | tee -a $S
        timeout 170 $T plugins/qwen35/tests -m cuda > $L/t_q35.log 2>&1
        say "qwen35 GPU tests: $(tail -1 $L/t_q35.log)"
        grep -h "^FAILED\|^ERROR" $L/t_q35.log | cut -c1-220 | head -10 | tee -a $S
-       lat q35 60 $Q35
-       rm -f $L/*.json; pack ;;
+       pack ;;
 *) echo "usage: $0 call1|call2"; exit 2 ;;
 esac
