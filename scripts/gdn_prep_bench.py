@@ -7,7 +7,7 @@ tree's source that each skip one phase (their output is wrong; only the time is 
     no_QgKt   the exp(gamma) Q and tail K rows not written
     no_subst  phase 3's forward substitution skipped (its loads and stores kept)
 Then the state walk (gdn_chunk_state) of the tree and of each given source after the tree's prep, timed and compared
-(a source from before stop 25 walks in fp32 on the CUDA cores, with OLD_STATE_SMEM bytes of shared memory). The tree's
+(a source from before stop 25 walks in fp32 on the CUDA cores; every walk gets the larger shared memory). The tree's
 records are compared bit for bit with the other sources'.
     python scripts/gdn_prep_bench.py [--tokens 1024] [--source base=PATH ...] [--no-ablations]
 """
@@ -102,14 +102,14 @@ def run_state(prep_args: tuple, scratch: cp.ndarray, chunks: int, T: int, source
     launch(dr.SOURCE, "gdn_chunk_prep_bf16", (chunks, NV, 1), dr.CHUNK_THREADS, prep_args, dr.PREP_SMEM)
     slots, ctx = cp.zeros(1, cp.int32), cp.asarray(np.array([T], np.int32))
     results = {}
+    smem = max(dr.STATE_SMEM, OLD_STATE_SMEM)   # enough for either walk's layout
     for name, path in sources.items():
-        smem = dr.STATE_SMEM if name == "tree" else OLD_STATE_SMEM
         state = cp.zeros((1, NV, D, D), dtype=cp.float32)
         out = cp.empty((T, NV, D), dtype=prep_args[4].dtype)
         sargs = (scratch, state, np.int64(NV * D * D), slots, prep_args[8], ctx, NULL, NULL, out, np.int32(NV),
                  np.int32(D), np.int32(D))
 
-        def run(path=path, sargs=sargs, smem=smem):
+        def run(path=path, sargs=sargs):
             launch(path, "gdn_chunk_state_bf16", (D // dr.BV, NV, 1), dr.STATE_THREADS, sargs, smem)
         run()   # once from the zero state
         results[name] = (cp.asnumpy(out).astype(np.float32), cp.asnumpy(state))

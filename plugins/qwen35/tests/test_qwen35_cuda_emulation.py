@@ -341,7 +341,7 @@ def mma3(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.stack([D[G + 8 * (i // 2), 2 * T4 + i % 2] for i in range(4)])
 
 
-def state_block_tc(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int, nv: int, dk: int,
+def state_block(scratch, state, out, b: ForwardBatch, seq: int, h: int, j0: int, nv: int, dk: int,
                    dv: int) -> None:
     """One gdn_chunk_state block: every warp's fragment reads at the kernel's addresses, through mma3."""
     warps, s0 = TC_WARPS, int(b.query_start[seq])
@@ -460,7 +460,7 @@ def check_chunk_kernels(dims: tuple[int, int, int, int], saves: list[int] | None
 def test_chunk_kernels_thread_maps(dims, saves):
     """gdn_chunk_prep then gdn_chunk_state, whose emulation places its fragment addresses by PTX's m16n8k8 layout
     in 3xTF32 (check_chunk_kernels)."""
-    check_chunk_kernels(dims, saves, state_block_tc)
+    check_chunk_kernels(dims, saves, state_block)
 
 
 def test_launcher_sizes_match_the_emulated_layouts():
