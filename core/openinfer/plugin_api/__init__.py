@@ -1,0 +1,32 @@
+"""The declared plugin API: everything a model-line or kernel-provider plugin may import from the core.
+
+A plugin imports from here (and, for CUDA kernels, from `openinfer.plugin_api.cuda`; for its tests, from
+`openinfer.testing`), never from the core's internal modules, so the core can move its files without
+breaking plugins. `tests/test_plugin_api.py` keeps the plugins in this repository to it.
+
+Importing this module is cheap and never touches a GPU.
+"""
+from __future__ import annotations
+
+from ..batch import Array, ForwardBatch
+from ..config import ConfigError, require
+from ..detokenize import partial_suffix_len
+from ..hookspecs import hookimpl
+from ..kernels.registry import KernelRegistry, Ops
+from ..kv.pool import StatePools
+from ..layers.attention import AttentionWeights, GQAAttention
+from ..layers.rope import RopeConfig, cos_sin, rope_config
+from ..model_line import Model, ModelLine, Probe, StateGroup
+from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
+                       ToolCallDelta, collect_tool_calls)
+from ..structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
+from ..tokenizer import ChatTemplateError, Tokenizer, byte_level_chars
+from ..weights import WeightSource
+
+__all__ = [
+    "Array", "AttentionWeights", "ChatFormat", "ChatTemplateError", "ConfigError", "ContentTrimmer", "ForwardBatch",
+    "GQAAttention", "KernelRegistry", "Model", "ModelLine", "Ops", "ParsedDelta", "Probe", "ReasoningParser",
+    "RopeConfig", "StatePools", "StateGroup", "ThinkTagReasoningParser", "Tokenizer", "ToolCall", "ToolCallDelta",
+    "WeightSource", "byte_level_chars", "collect_tool_calls", "cos_sin", "hookimpl", "JSON_DUMPS_LAYOUT", "lark_json",
+    "lark_literal", "partial_suffix_len", "require", "rope_config",
+]
