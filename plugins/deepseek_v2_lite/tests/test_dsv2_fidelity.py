@@ -8,7 +8,7 @@ import pytest
 
 from openinfer.engine import EngineArgs, build_engine
 from openinfer.kv.pool import bytes_per_block
-from openinfer.testing.engine import generate, greedy, prompt_logits
+from openinfer.testing.engine import assert_prefix_hit, generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import hf_greedy_stepwise, hf_logits
 
 from conftest import VOCAB
@@ -96,12 +96,8 @@ def test_prefix_cache_hit_reports_cached_tokens_and_same_output(full):
     ckpt, hf = full
     eng = engine_for(ckpt, block_size=16)
     ids = chat_prompt(eng)
-    [(first, _, cached0)] = generate(eng, [ids], greedy(32))
-    [(again, fin, cached1)] = generate(eng, [ids], greedy(32))
-    assert cached0 == 0
-    assert cached1 == (len(ids) - 1 if len(ids) % 16 == 0 else len(ids) // 16 * 16) > 0
-    assert fin.cached_tokens == cached1
-    assert first == again == hf_greedy(hf, ids, 32)
+    first = assert_prefix_hit(eng, ids, 32)
+    assert first == hf_greedy(hf, ids, 32)
     # turn 2 of a conversation reuses turn 1 (prompt + its output), and gives the uncached engine's tokens
     turn2 = ids + first + eng.tokenizer.encode("<｜end▁of▁sentence｜>User: And five more?\n\nAssistant:")
     [(tokens, _, cached2)] = generate(eng, [turn2], greedy(12))
