@@ -37,12 +37,12 @@ def tokenizer_dir(tmp_path_factory):
     return tiny_bpe_tokenizer_dir(tmp_path_factory.mktemp("dsv2-tokenizer"), [BOS, EOS], TOKENIZER_CONFIG, VOCAB)
 
 
-def build(tmp_path_factory, tokenizer_dir, name: str, config: dict):
+def build(tmp_path_factory, tokenizer_dir, name: str, config: dict, save_dtype: str = "float32"):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from openinfer.testing.hf_reference import build_hf_checkpoint
     out = tmp_path_factory.mktemp(name)
-    return out, build_hf_checkpoint(out, "deepseek_v2", config, tokenizer_dir=tokenizer_dir)
+    return out, build_hf_checkpoint(out, "deepseek_v2", config, tokenizer_dir=tokenizer_dir, save_dtype=save_dtype)
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +53,9 @@ def lite(tmp_path_factory, tokenizer_dir):
 @pytest.fixture(scope="session")
 def full(tmp_path_factory, tokenizer_dir):
     return build(tmp_path_factory, tokenizer_dir, "dsv2-full", FULL)
+
+
+@pytest.fixture(scope="session")
+def full_bf16(tmp_path_factory, tokenizer_dir):
+    """Saved in bfloat16, as the real checkpoints are (the reference reloads the rounded weights)."""
+    return build(tmp_path_factory, tokenizer_dir, "dsv2-full-bf16", FULL, save_dtype="bfloat16")

@@ -45,7 +45,7 @@ def assert_logits_close(ours: np.ndarray, ref: np.ndarray) -> None:
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
-@pytest.mark.parametrize("which", ["lite", "full"])
+@pytest.mark.parametrize("which", ["lite", "full", "full_bf16"])
 def test_logits_and_greedy_match_transformers(which, request):
     ckpt, hf = request.getfixturevalue(which)
     eng = engine_for(ckpt)
