@@ -1,6 +1,6 @@
 """The DeepSeek-V2 line behind the real server: a tiny synthesized checkpoint (openinfer synth's tiny
 preset, a tiny tokenizer with the checkpoints' chat template) served to the openai client. A chat turn is
-the engine's greedy continuation of the rendered prompt; a tool message is a 400 naming it."""
+the engine's greedy continuation of the rendered prompt; a tool message and tools are 400s naming them."""
 from __future__ import annotations
 
 import shutil
@@ -68,3 +68,14 @@ def test_a_tool_message_is_refused_naming_it(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match=r"messages\[1\]: role 'tool' is not supported"):
         client.chat.completions.create(model="dsv2", max_tokens=4, messages=USER + [
             {"role": "tool", "content": "2, 3, 5", "tool_call_id": "a"}])
+
+
+def test_tools_are_refused_naming_the_field(client: openai.OpenAI) -> None:
+    """The line has no tool-call format: tools would reach neither the template nor an output parser."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for choice in ("auto", "required"):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="dsv2", max_tokens=4, messages=USER, tools=tools, tool_choice=choice)
+        assert e.value.body["param"] == ("tools" if choice == "auto" else "tool_choice")
+    r = client.chat.completions.create(model="dsv2", max_tokens=2, messages=USER, tools=tools, tool_choice="none")
+    assert r.usage.completion_tokens >= 1
