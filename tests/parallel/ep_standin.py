@@ -1,25 +1,22 @@
-"""A MoE stand-in model line for the expert-parallel tests: the tiny Qwen3 decoder with a routed MoE
-(softmax top-k over a few experts, renormalised) added to each layer's MLP. Its experts shard over
-the ranks of `backend.comm` like a real MoE line's, so EP = N can be checked against EP = 1 without
-depending on a particular model line. CPU only (numpy)."""
+"""A MoE stand-in model line for the core's expert-parallel tests: the tiny Qwen3 decoder with the core MoE
+layer (softmax top-k over a few routed experts, renormalised) added to each layer's MLP. Its experts shard
+over the ranks of `backend.comm` as a real MoE line's do, so the executor, the workers and the
+communicators are tested without a particular MoE line; its random weights need no checkpoint."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-import numpy as np
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.line import PRESETS, Qwen3Line
 from openinfer_qwen3.model import Qwen3Model
 
-from openinfer.model_line import Probe
-from openinfer.parallel import expert_shard
-from openinfer.plugin_api import hookimpl
+from openinfer.plugin_api import (MoE, Probe, RouterConfig, expert_shard, hookimpl, load_moe_weights,
+                                  moe_weight_shapes)
 
 NAME = "ep-standin"
-CONFIG = {**PRESETS["qwen3-tiny-untied"], "model_type": "openinfer_ep_standin", "num_experts": 8,
-          "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-          "vocab_size": 512}
+CONFIG = {**PRESETS["qwen3-tiny-untied"], "model_type": "openinfer_ep_standin", "vocab_size": 512,
+          "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 
 
 @dataclass(frozen=True)
@@ -32,30 +29,14 @@ class StandInConfig(Qwen3Config):
 class StandInModel(Qwen3Model):
     def __init__(self, cfg: StandInConfig, weights: Any, backend: Any, ops: Any) -> None:
         super().__init__(cfg, weights, backend, ops)
-        self.comm = backend.comm
-        rank, world = (0, 1) if self.comm is None else (self.comm.rank, self.comm.world_size)
-        self.offset, count = expert_shard(cfg.num_experts, rank, world)
-        self.router, self.experts = [], []
-        for i in range(cfg.num_layers):
-            p = f"model.layers.{i}.moe."
-            self.router.append(weights.get(p + "router.weight"))
-            self.experts.append([(backend.load(weights, f"{p}experts.{e}.gate.weight", f"{p}experts.{e}.up.weight"),
-                                  backend.load(weights, f"{p}experts.{e}.down.weight"))
-                                 for e in range(self.offset, self.offset + count)])
-
-    def moe(self, x: np.ndarray, i: int) -> np.ndarray:
-        """This rank's experts' share of the routed MoE, summed over the ranks."""
-        logits = x @ self.router[i].T
-        probs = np.exp(logits - logits.max(-1, keepdims=True))
-        ids = np.argsort(-probs, axis=-1, kind="stable")[:, : self.cfg.top_k]
-        w = np.take_along_axis(probs, ids, -1)
-        w /= w.sum(-1, keepdims=True)
-        y = np.zeros_like(x)
-        for j, (gate_up, down) in enumerate(self.experts[i]):
-            t, k = np.nonzero(ids == self.offset + j)
-            if len(t):
-                y[t] += w[t, k, None] * self.ops.linear(self.ops.linear_silu_mul(x[t], gate_up), down)
-        return y if self.comm is None else self.comm.all_reduce(y)
+        comm = backend.comm
+        offset, count = (0, cfg.num_experts) if comm is None else expert_shard(cfg.num_experts, comm.rank,
+                                                                                comm.world_size)
+        router = RouterConfig(cfg.top_k, norm_topk_prob=True)
+        self.moe = [MoE(ops, router, load_moe_weights(ops, backend, weights, f"model.layers.{i}.moe.",
+                                                      cfg.moe_intermediate_size, shared=False, bias=False,
+                                                      expert_offset=offset, expert_count=count), offset, comm)
+                    for i in range(cfg.num_layers)]
 
     def forward(self, batch: Any, state: Any) -> Any:
         ops, eps = self.ops, self.cfg.rms_norm_eps
@@ -63,7 +44,7 @@ class StandInModel(Qwen3Model):
         x = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
             x, residual = ops.add_rms_norm(layer.attn(x, batch, state), residual, layer.post_norm, eps)
-            m = ops.linear(ops.linear_silu_mul(x, layer.gate_up), layer.down) + self.moe(x, i)
+            m = ops.linear(ops.linear_silu_mul(x, layer.gate_up), layer.down) + self.moe[i](x)
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             x, residual = ops.add_rms_norm(m, residual, next_norm, eps)
         return ops.linear(ops.gather_rows(x, batch.sample_rows), self.lm_head)
@@ -84,14 +65,13 @@ class StandInLine(Qwen3Line):
 
     def weight_shapes(self, cfg: StandInConfig) -> dict[str, tuple[int, ...]]:
         shapes = super().weight_shapes(cfg)
-        H, I = cfg.hidden_size, cfg.moe_intermediate_size
         for i in range(cfg.num_layers):
-            p = f"model.layers.{i}.moe."
-            shapes[p + "router.weight"] = (cfg.num_experts, H)
-            for e in range(cfg.num_experts):
-                shapes.update({f"{p}experts.{e}.gate.weight": (I, H), f"{p}experts.{e}.up.weight": (I, H),
-                               f"{p}experts.{e}.down.weight": (H, I)})
+            shapes.update(moe_weight_shapes(f"model.layers.{i}.moe.", cfg.hidden_size, cfg.num_experts,
+                                            cfg.moe_intermediate_size, 0, bias=False))
         return shapes
+
+    def kernel_plan(self, cfg: StandInConfig) -> list[str]:
+        return super().kernel_plan(cfg) + ["router_logits", "moe_route", "moe_experts"]
 
     def num_experts(self, cfg: StandInConfig) -> int:
         return cfg.num_experts
