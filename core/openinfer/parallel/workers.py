@@ -16,6 +16,7 @@ import logging
 import multiprocessing as mp
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -140,8 +141,10 @@ class Workers:
                 c.send(None)
             except OSError:
                 pass
+        deadline = time.monotonic() + STOP_TIMEOUT_S   # one wait for all: a rank stuck in a collective
+        for p in self.procs:                            # does not hold the others' stop up
+            p.join(max(0.0, deadline - time.monotonic()))
         for p in self.procs:
-            p.join(STOP_TIMEOUT_S)
             if p.is_alive():
                 p.terminate()
                 p.join()
