@@ -4,6 +4,7 @@ over the ranks of `backend.comm` as a real MoE line's do, so the executor, the w
 communicators are tested without a particular MoE line; its random weights need no checkpoint."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -15,6 +16,7 @@ from openinfer.plugin_api import (MoE, Probe, RouterConfig, expert_shard, hookim
                                   moe_weight_shapes)
 
 NAME = "ep-standin"
+FAIL_RANK = "OPENINFER_TEST_EP_FAIL_RANK"   # this rank's load raises (worker processes inherit the environment)
 CONFIG = {**PRESETS["qwen3-tiny-untied"], "model_type": "openinfer_ep_standin", "vocab_size": 512,
           "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 
@@ -30,6 +32,8 @@ class StandInModel(Qwen3Model):
     def __init__(self, cfg: StandInConfig, weights: Any, backend: Any, ops: Any) -> None:
         super().__init__(cfg, weights, backend, ops)
         comm = backend.comm
+        if comm is not None and os.environ.get(FAIL_RANK) == str(comm.rank):
+            raise RuntimeError(f"rank {comm.rank} was told to fail its load")
         offset, count = (0, cfg.num_experts) if comm is None else expert_shard(cfg.num_experts, comm.rank,
                                                                                 comm.world_size)
         router = RouterConfig(cfg.top_k, norm_topk_prob=True)

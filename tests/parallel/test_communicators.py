@@ -2,32 +2,13 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import threading
 
 import numpy as np
 import pytest
 
 from openinfer.parallel import LocalGroup, RankFailed, expert_shard
 from openinfer.parallel.pipes import PipeCommunicator
-
-
-def run_ranks(comms, body):
-    """body(comm) on a thread per rank; their results in rank order (a rank's exception re-raised)."""
-    out, errors = [None] * len(comms), []
-
-    def go(c):
-        try:
-            out[c.rank] = body(c)
-        except BaseException as e:  # noqa: BLE001 — reported below
-            errors.append(e)
-    threads = [threading.Thread(target=go, args=(c,)) for c in comms]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+from openinfer.testing.parallel import run_ranks
 
 
 def pipe_group(n):

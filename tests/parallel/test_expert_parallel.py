@@ -7,7 +7,7 @@ import os
 import signal
 
 import pytest
-from ep_standin import NAME
+from ep_standin import FAIL_RANK, NAME
 from starlette.testclient import TestClient
 
 from openinfer.cli import _engine_args, build_parser
@@ -84,6 +84,12 @@ def test_a_killed_worker_fails_the_requests_and_the_engine(standin_plugins):
         assert health.status_code == 503 and "rank 1" in health.json()["error"]["message"]
     finally:
         engine.shutdown()
+
+
+def test_a_worker_that_fails_to_load_fails_the_load(standin_plugins, monkeypatch):
+    monkeypatch.setenv(FAIL_RANK, "1")
+    with pytest.raises(LoadError, match="expert-parallel rank 1 failed to load: RuntimeError: rank 1 was told to fail"):
+        build_engine(NAME, EngineArgs(**{**vars(ARGS), "ep": 2}), standin_plugins)
 
 
 def test_refusals_before_anything_loads(standin_plugins, monkeypatch):
