@@ -18,6 +18,7 @@ from openinfer.request import Failed, Tokens
 from openinfer.server import ModelHost
 from openinfer.server.app import create_app
 from openinfer.testing.engine import generate, greedy
+from openinfer.testing.graphs import emulate_graphs
 from openinfer.testing.parallel import assert_logits_match, assert_ranks_match, record_steps, replay_on_ranks
 
 # a 16-token budget chunks the long prompts; the third shares the first's prefix (a prefix-cache hit)
@@ -48,6 +49,21 @@ def test_in_process_ranks_give_ep1_logits(standin_plugins, ep1, world_size):
     steps, _ = ep1
     per_rank, recorders = replay_on_ranks(NAME, ARGS, standin_plugins, steps, world_size)
     assert_ranks_match(steps, per_rank, recorders)
+
+
+def test_pipelined_graph_decode_on_ranks(standin_plugins):
+    """Decode steps queued before the previous one's tokens reach the host (emulated graphs): every rank
+    feeds rank 0's tokens, and the logits stay EP = 1's."""
+    engine = build_engine(NAME, ARGS, standin_plugins)
+    emulate_graphs(engine)
+    steps = record_steps(engine)
+    generate(engine, [[3, 4, 5], [6, 7]], greedy(6))
+    engine.shutdown()
+    follows = sum(step.follows for step, _ in steps)
+    assert follows
+    per_rank, recorders = replay_on_ranks(NAME, ARGS, standin_plugins, steps, 2, graphs=True)
+    assert_ranks_match(steps, per_rank, recorders)
+    assert [r.broadcasts for r in recorders] == [follows, follows]
 
 
 def test_worker_processes_give_ep1_tokens(standin_plugins, ep1):

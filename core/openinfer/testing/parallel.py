@@ -14,6 +14,7 @@ from ..loader import load_rank, read_source
 from ..model_runner import Step
 from ..parallel import LocalGroup
 from ..plugins import Plugins
+from .graphs import EmulatedGraphs
 
 
 def run_ranks(comms: Sequence[Any], body: Callable[[Any], Any]) -> list[Any]:
@@ -52,11 +53,17 @@ def record_steps(engine: Engine) -> list[tuple[Step, np.ndarray]]:
 
 
 class Recorder:
-    """Wraps a communicator; keeps what this rank contributed to each all_reduce, and the sum it got."""
+    """Wraps a communicator; keeps what this rank contributed to each all_reduce and the sum it got, and
+    counts its broadcasts."""
 
     def __init__(self, comm: Any) -> None:
         self.comm, self.rank, self.world_size = comm, comm.rank, comm.world_size
         self.reduced: list[tuple[np.ndarray, np.ndarray]] = []
+        self.broadcasts = 0
+
+    def broadcast(self, x: Any, root: int = 0) -> Any:
+        self.broadcasts += 1
+        return self.comm.broadcast(x, root)
 
     def all_reduce(self, x: Any) -> Any:
         mine = np.array(x, np.float32)
@@ -69,14 +76,19 @@ class Recorder:
 
 
 def replay_on_ranks(model: str | None, args: EngineArgs, plugins: Plugins, steps: Sequence[tuple[Step, Any]],
-                    world_size: int) -> tuple[list[list[np.ndarray]], list[Recorder]]:
+                    world_size: int, graphs: bool = False) -> tuple[list[list[np.ndarray]], list[Recorder]]:
     """Load `model` on `world_size` expert-parallel ranks (threads, in-process group) and run the recorded
-    steps on every rank: (each rank's logits of each step, each rank's recorded all_reduces)."""
+    steps on every rank: (each rank's logits of each step, each rank's recorded all_reduces). `graphs`: the
+    ranks decode through emulated graphs (testing/graphs.py), as an engine given `emulate_graphs` does."""
     ep_args = replace(args, ep=world_size)
     comms = [Recorder(c) for c in LocalGroup(world_size).communicators]
 
     def rank(comm: Recorder) -> list[np.ndarray]:
-        runner = load_rank(read_source(model, ep_args, plugins), ep_args, comm.rank, lambda backend: comm).runner
+        ranked = load_rank(read_source(model, ep_args, plugins), ep_args, comm.rank, lambda backend: comm)
+        runner = ranked.runner
+        if graphs:
+            runner.graphs = EmulatedGraphs(runner._forward, args.max_num_seqs, ranked.max_len, runner.block_size,
+                                           bool(runner.pools.slots))
         logits, prev = [], None
         for step, _ in steps:
             prev = runner.execute(step, prev=prev)
