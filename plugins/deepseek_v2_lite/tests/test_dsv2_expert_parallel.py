@@ -13,7 +13,7 @@ from openinfer.plugins import get_plugins
 from openinfer.testing.engine import generate, greedy
 from openinfer.testing.parallel import assert_logits_match, assert_ranks_match, record_steps, replay_on_ranks
 
-from conftest import VOCAB
+from dsv2_tiny import VOCAB
 
 # a 24-token budget chunks the 50-token prompt; the last prompt shares its first 40 tokens (a prefix hit)
 ARGS = EngineArgs(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=24)
