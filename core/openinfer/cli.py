@@ -33,6 +33,9 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipelined-decode", action=argparse.BooleanOptionalAction, default=True,
                    help="queue each graph decode step before the previous step's host bookkeeping (default: on)")
     p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="a folder with tokenizer.json (+ tokenizer_config.json) used instead of the checkpoint's, or for "
+                        "a preset of a line that ships no tokenizer (e.g. --model deepseek-v2-lite --load-format dummy)")
     p.add_argument("--kv-offload", action="store_true",
                    help="save KV blocks evicted from the device to host memory and restore them at admission")
     p.add_argument("--generation-config", default="auto", choices=["auto", "none"],
@@ -57,7 +60,8 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed,
                       enforce_eager=a.enforce_eager, pipelined_decode=a.pipelined_decode, kv_offload=a.kv_offload,
                       kv_offload_host_gib=a.kv_offload_host_gib, generation_config=a.generation_config,
-                      scheduling_policy=a.scheduling_policy, ep=a.ep)
+                      scheduling_policy=a.scheduling_policy, ep=a.ep,
+                      tokenizer=a.tokenizer)
 
 
 def _parse_model(spec: str) -> tuple[str | None, str]:

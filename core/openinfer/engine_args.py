@@ -33,6 +33,7 @@ class EngineArgs:
     prefix_cache_hash: str = "builtin"      # block keys: builtin (Python's hash) | sha256 (kv/block_manager.py)
     num_state_checkpoints: int | None = None  # hybrid models: prefix checkpoints of the bounded state; None: max_num_seqs
     served_model_name: str | None = None
+    tokenizer: str | None = None            # a tokenizer folder used instead of the checkpoint's (or a preset line's)
     seed: int = 0                           # dummy-weight seed
     enforce_eager: bool = False             # CUDA: no graph capture
     pipelined_decode: bool = True           # queue decode step N+1 before step N's host work (pipeline.py)

@@ -135,13 +135,18 @@ def read_source(model: str | None, args: EngineArgs, plugins: Plugins) -> Source
                 raise LoadError(f"{model!r} is a preset, not a checkpoint folder: add --load-format dummy (random "
                                 f"weights of its real shapes) or write one with `openinfer synth --preset {model} --out DIR`")
             tok_dir, gen_config, name = line.tokenizer_dir(), {}, args.served_model_name or model
-            if tok_dir is None:
-                raise LoadError(f"the {line.name} line ships no tokenizer, so preset {model!r} cannot be served")
+            if tok_dir is None and args.tokenizer is None:
+                raise LoadError(f"the {line.name} line ships no tokenizer, so preset {model!r} cannot be served "
+                                "without one: add --tokenizer DIR (a folder with tokenizer.json)")
         else:
             config = read_model_config(model)
             line = detect_line(config, plugins, f"{model}/config.json")
             tok_dir, gen_config = Path(model), read_generation_config(model)
             name = args.served_model_name or Path(model).name
+        if args.tokenizer is not None:
+            tok_dir = Path(args.tokenizer)
+            if not (tok_dir / "tokenizer.json").is_file() and not any(tok_dir.glob("tiktoken.model")):
+                raise LoadError(f"--tokenizer {args.tokenizer}: no tokenizer.json in that folder")
         cfg = line.parse_config(config)
         check_expert_parallel(args, line.name, line.num_experts(cfg))
         shapes = line.weight_shapes(cfg)

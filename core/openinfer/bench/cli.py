@@ -127,6 +127,8 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-iters-warmup", type=int, default=1)
     p.add_argument("--num-iters", type=int, default=3)
     p.add_argument("--vocab-size", type=int, default=None, help="token ids are drawn below this (default: the model's vocabulary)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="a tokenizer folder, for a preset of a line that ships none (token ids are random either way)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", type=Path, default=None)
     p.set_defaults(func=_run_latency)

@@ -108,7 +108,8 @@ def run_latency(args: argparse.Namespace) -> int:
     engine = build_engine(args.model, EngineArgs(
         device=args.device, load_format=args.load_format, max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory_gib, enforce_eager=args.enforce_eager,
-        pipelined_decode=args.pipelined_decode, max_num_batched_tokens=budget, max_num_seqs=max(args.batch_sizes)))
+        pipelined_decode=args.pipelined_decode, max_num_batched_tokens=budget, max_num_seqs=max(args.batch_sizes),
+        tokenizer=args.tokenizer))
 
     def make_params(max_tokens: int) -> Any:
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

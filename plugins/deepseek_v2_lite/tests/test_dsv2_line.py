@@ -114,3 +114,14 @@ def test_synth_preset_and_dummy_weights_serve_on_the_cpu(tmp_path, tokenizer_dir
     [(tokens, _, _)] = generate(build_engine(str(out), EngineArgs()), [ids], greedy(8))
     [(dummy, _, _)] = generate(build_engine(str(out), EngineArgs(load_format="dummy")), [ids], greedy(8))
     assert tokens == dummy and len(tokens) == 8
+
+
+def test_a_preset_loads_with_a_tokenizer_given_and_is_refused_without(tmp_path, tokenizer_dir):
+    """The line ships no tokenizer: a preset with dummy weights needs --tokenizer, and then generates."""
+    with pytest.raises(LoadError, match="--tokenizer DIR"):
+        build_engine("deepseek-v2-lite-tiny", EngineArgs(load_format="dummy"))
+    with pytest.raises(LoadError, match="no tokenizer.json"):
+        build_engine("deepseek-v2-lite-tiny", EngineArgs(load_format="dummy", tokenizer=str(tmp_path)))
+    engine = build_engine("deepseek-v2-lite-tiny", EngineArgs(load_format="dummy", tokenizer=str(tokenizer_dir)))
+    [(tokens, _, _)] = generate(engine, [[5, 6, 7, 8]], greedy(4))
+    assert len(tokens) == 4
