@@ -145,8 +145,8 @@ def read_source(model: str | None, args: EngineArgs, plugins: Plugins) -> Source
             name = args.served_model_name or Path(model).name
         if args.tokenizer is not None:
             tok_dir = Path(args.tokenizer)
-            if not (tok_dir / "tokenizer.json").is_file() and not any(tok_dir.glob("tiktoken.model")):
-                raise LoadError(f"--tokenizer {args.tokenizer}: no tokenizer.json in that folder")
+            if not tok_dir.is_dir():
+                raise LoadError(f"--tokenizer {args.tokenizer}: no such folder")
         cfg = line.parse_config(config)
         check_expert_parallel(args, line.name, line.num_experts(cfg))
         shapes = line.weight_shapes(cfg)
