@@ -20,6 +20,7 @@ from ..layers.mla import (MLADims, MLAttention, MLAWeights, load_mla_weights, ml
 from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
 from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..model_line import Model, ModelLine, Probe, StateGroup
+from ..parallel.communicator import expert_shard
 from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
                        ToolCallDelta, ToolCallParser, collect_tool_calls, new_call_id)
 from ..structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
@@ -36,4 +37,5 @@ __all__ = [
     "ToolCallParser", "new_call_id", "convert_value", "is_text", "param_types", "schema_types", "with_object_arguments",
     "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
     "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes",
+    "expert_shard",
 ]

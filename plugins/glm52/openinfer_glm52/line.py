@@ -4,9 +4,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
-from openinfer.plugin_api import ModelLine, StateGroup
+from openinfer.plugin_api import ModelLine, StateGroup, mla_state_group, mla_weight_shapes, moe_weight_shapes
 
 from .config import Glm52Config
+from .indexer import indexer_state_group, indexer_weight_shapes
+from .model import KERNEL_PLAN, Glm52Model, mla_dims
 
 log = logging.getLogger("openinfer.glm52")
 
@@ -39,40 +41,23 @@ class Glm52Line(ModelLine):
         return Glm52Config.from_dict(config)
 
     def weight_shapes(self, cfg: Glm52Config) -> dict[str, tuple[int, ...]]:
-        H, nh, R, P = cfg.hidden_size, cfg.num_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        H = cfg.hidden_size
         shapes = {"model.embed_tokens.weight": (cfg.vocab_size, H), "model.norm.weight": (H,)}
         if not cfg.tie_word_embeddings:
             shapes["lm_head.weight"] = (cfg.vocab_size, H)
         for i in range(cfg.num_layers):
             p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-            shapes.update({
-                p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
-                a + "q_a_proj.weight": (cfg.q_lora_rank, H), a + "q_a_layernorm.weight": (cfg.q_lora_rank,),
-                a + "q_b_proj.weight": (nh * cfg.qk_head_dim, cfg.q_lora_rank),
-                a + "kv_a_proj_with_mqa.weight": (R + P, H), a + "kv_a_layernorm.weight": (R,),
-                a + "kv_b_proj.weight": (nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), R),
-                a + "o_proj.weight": (H, nh * cfg.v_head_dim),
-            })
+            shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,)})
+            shapes.update(mla_weight_shapes(a, mla_dims(cfg)))
             if cfg.indexer_types[i] == "full":   # a shared layer has no indexer weights
-                Hi, Di = cfg.index_n_heads, cfg.index_head_dim
-                shapes.update({a + "indexer.wq_b.weight": (Hi * Di, cfg.q_lora_rank), a + "indexer.wk.weight": (Di, H),
-                               a + "indexer.k_norm.weight": (Di,), a + "indexer.k_norm.bias": (Di,),
-                               a + "indexer.weights_proj.weight": (Hi, H)})
+                shapes.update(indexer_weight_shapes(a + "indexer.", cfg))
             if cfg.mlp_layer_types[i] == "dense":
                 inter = cfg.intermediate_size
                 shapes.update({p + "mlp.gate_proj.weight": (inter, H), p + "mlp.up_proj.weight": (inter, H),
                                p + "mlp.down_proj.weight": (H, inter)})
-                continue
-            E, inter = cfg.n_routed_experts, cfg.moe_intermediate_size
-            shapes.update({p + "mlp.gate.weight": (E, H), p + "mlp.gate.e_score_correction_bias": (E,)})
-            for e in range(E):
-                x = f"{p}mlp.experts.{e}."
-                shapes.update({x + "gate_proj.weight": (inter, H), x + "up_proj.weight": (inter, H),
-                               x + "down_proj.weight": (H, inter)})
-            if cfg.n_shared_experts:
-                s, si = p + "mlp.shared_experts.", inter * cfg.n_shared_experts
-                shapes.update({s + "gate_proj.weight": (si, H), s + "up_proj.weight": (si, H),
-                               s + "down_proj.weight": (H, si)})
+            else:
+                shapes.update(moe_weight_shapes(p + "mlp.", H, cfg.n_routed_experts, cfg.moe_intermediate_size,
+                                                cfg.moe_intermediate_size * cfg.n_shared_experts, True))
         return shapes
 
     def ignored_weights(self, cfg: Glm52Config) -> tuple[str, ...]:
@@ -80,16 +65,15 @@ class Glm52Line(ModelLine):
         return tuple(f"model.layers.{cfg.num_layers + k}." for k in range(cfg.num_mtp_layers))
 
     def state_spec(self, cfg: Glm52Config) -> list[StateGroup]:
-        # The indexer keys live only on the full layers: a shared layer reuses an earlier selection.
-        return [StateGroup("mla", "paged", cfg.num_layers, {"latent": (cfg.kv_lora_rank + cfg.qk_rope_head_dim,)}),
-                StateGroup("indexer", "paged", len(cfg.full_layers), {"key": (cfg.index_head_dim,)})]
+        return [mla_state_group(mla_dims(cfg), cfg.num_layers), indexer_state_group(cfg)]
 
     def kernel_plan(self, cfg: Glm52Config) -> list[str]:
-        from .model import KERNEL_PLAN
         return list(KERNEL_PLAN)
 
+    def num_experts(self, cfg: Glm52Config) -> int:
+        return cfg.n_routed_experts
+
     def build(self, cfg: Glm52Config, weights, backend, ops):
-        from .model import Glm52Model
         if cfg.num_mtp_layers:
             log.info("GLM multi-token-prediction layer(s) %s are skipped (no speculative decoding)",
                      ", ".join(f"model.layers.{p[13:-1]}.*" for p in self.ignored_weights(cfg)))

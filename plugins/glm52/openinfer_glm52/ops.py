@@ -50,8 +50,8 @@ def glm52_indexer_rope_write(q: np.ndarray, k: np.ndarray, norm_w: np.ndarray, n
     k = (k - mean) / np.sqrt(var + np.float32(INDEXER_NORM_EPS)) * norm_w + norm_b
     c, s = cos[positions], sin[positions]                         # [T, P/2]
     k = _rotate(k, c, s, interleave)
-    flat = cache.reshape(-1, cache.shape[-1])
-    flat[np.asarray(slot_mapping)] = k.astype(cache.dtype)
+    blocks, offsets = np.divmod(np.asarray(slot_mapping), cache.shape[1])   # cache is a strided layer view
+    cache[blocks, offsets] = k
     return _rotate(q.astype(np.float32), c[:, None, :], s[:, None, :], interleave)
 
 

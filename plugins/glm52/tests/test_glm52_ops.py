@@ -96,12 +96,12 @@ def test_indexer_rope_write_puts_normalised_rotated_keys_at_their_slots():
     cos, sin = cos_sin(RopeConfig(8e6, P), 64)
     b = paged_batch([(3, 5), (0, 2)])
     T = b.num_tokens
-    cache = np.zeros((64, BS, DI), np.float32)
+    cache = np.zeros((64, 3, BS, DI), np.float32)[:, 1]      # a layer view of a state pool, as the model passes
     q, k, nw, nb = rand(T, HI, DI), rand(T, DI), rand(DI), rand(DI)
     qr = ops.glm52_indexer_rope_write(q, k, nw, nb, b.positions, cos, sin, cache, b.slot_mapping, True)
     norm = (k - k.mean(-1, keepdims=True)) / np.sqrt(k.var(-1, keepdims=True) + 1e-6) * nw + nb
     want_k = ops._rotate(norm, cos[b.positions], sin[b.positions], True)
-    np.testing.assert_allclose(cache.reshape(-1, DI)[b.slot_mapping], want_k, atol=1e-5)
+    np.testing.assert_allclose(cache[b.slot_mapping // BS, b.slot_mapping % BS], want_k, atol=1e-5)
     np.testing.assert_allclose(qr, ops._rotate(q, cos[b.positions][:, None], sin[b.positions][:, None], True),
                                atol=1e-6)
 
