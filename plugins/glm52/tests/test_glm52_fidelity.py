@@ -1,0 +1,204 @@
+"""The GLM-5.x line against transformers on tiny random models whose prompts are longer than index_topk (so
+attention really is sparse), with full and shared indexer layers: logits and greedy continuations, also batched,
+chunked, on prefix-cache hits, through emulated decode graphs and with the experts sharded over 2 and 4 ranks.
+
+Exact score ties at the top-k cut would make the selection depend on torch.topk's order among them; with 16
+indexer heads the tiny models have none, so any difference in a selection shows up as a logits mismatch."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+from openinfer.backends.numpy_backend import NumpyBackend
+from openinfer.engine import EngineArgs, build_engine
+from openinfer.kv.pool import StatePools
+from openinfer.loader import LoadError
+from openinfer.parallel import LocalGroup
+from openinfer.testing.engine import generate, greedy, prompt_logits
+from openinfer.testing.graphs import emulate_graphs
+from openinfer.testing.hf_reference import hf_greedy, hf_logits
+from openinfer.weights import Checkpoint
+from openinfer_glm52.chat import GLM52_CHAT_FORMAT
+from openinfer_glm52.line import Glm52Line
+
+CHAT = [{"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name three prime numbers and explain why 1 is not prime."}]
+
+
+def engine_for(ckpt, **kw):
+    return build_engine(str(ckpt), EngineArgs(**kw))
+
+
+def chat_prompt(engine) -> list[int]:
+    text = engine.tokenizer.apply_chat_template(GLM52_CHAT_FORMAT.template_messages(CHAT), enable_thinking=False)
+    return engine.tokenizer.encode(text)
+
+
+def assert_logits_close(ours: np.ndarray, ref: np.ndarray) -> None:
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def _prompts(eng, n=6):
+    base = chat_prompt(eng)
+    rng = np.random.default_rng(0)
+    return [base[: 5 + 7 * i] + [int(t) for t in rng.integers(0, 700, size=i)] for i in range(n)]
+
+
+@pytest.mark.parametrize("which", ["sparse", "dense"])
+def test_logits_and_greedy_match_transformers(which, request):
+    ckpt, hf = request.getfixturevalue(which)
+    eng = engine_for(ckpt)
+    ids = chat_prompt(eng)
+    assert len(ids) > 16
+    assert_logits_close(prompt_logits(eng, ids), hf_logits(hf, ids))
+    [(tokens, fin, _)] = generate(eng, [ids], greedy(32))
+    assert tokens == hf_greedy(hf, ids, 32)
+    assert fin.reason == "length" and fin.completion_tokens == 32
+
+
+def test_sparse_attention_changes_the_logits(sparse):
+    """The sparse model's prompts really select: the same weights with a top-k covering every key give other
+    logits (transformers' own), and ours follow the sparse ones."""
+    ckpt, hf = sparse
+    ids = chat_prompt(engine_for(ckpt))
+    want = hf_logits(hf, ids)
+    indexers = [layer.self_attn.indexer for layer in hf.model.layers if layer.self_attn.indexer is not None]
+    for m in indexers:
+        m.index_topk = 4096
+    try:
+        dense = hf_logits(hf, ids)
+    finally:
+        for m in indexers:
+            m.index_topk = 4
+    assert np.abs(dense[8:] - want[8:]).max() > 100 * 1e-4 * np.abs(want).max()
+    assert_logits_close(prompt_logits(engine_for(ckpt), ids), want)
+
+
+def test_shared_layers_load_without_indexer_weights(sparse):
+    ckpt, _ = sparse
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["indexer_types"] == ["full", "full", "shared", "full"]
+    names = set(Checkpoint(str(ckpt)).names())
+    assert not any(n.startswith("model.layers.2.self_attn.indexer.") for n in names)
+    cfg = Glm52Line().parse_config(config)
+    groups = {g.name: g for g in Glm52Line().state_spec(cfg)}
+    assert groups["indexer"].layers == 3 and groups["mla"].layers == 4
+
+
+def test_a_full_layer_without_indexer_weights_is_refused(sparse, tmp_path):
+    ckpt, _ = sparse
+    copy = tmp_path / "ckpt"
+    shutil.copytree(ckpt, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["indexer_types"] = ["full"] * 4
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LoadError, match="model.layers.2.self_attn.indexer"):
+        engine_for(copy)
+
+
+def test_concurrent_requests_of_different_lengths(sparse):
+    ckpt, hf = sparse
+    eng = engine_for(ckpt)
+    prompts = _prompts(eng)
+    for p, (tokens, _, _) in zip(prompts, generate(eng, prompts, greedy(24))):
+        assert tokens == hf_greedy(hf, p, 24)
+
+
+def test_chunked_prefill_matches(sparse):
+    ckpt, hf = sparse
+    ids = chat_prompt(engine_for(ckpt))
+    want = hf_greedy(hf, ids, 24)
+    for budget in (3, 7, 16):
+        [(tokens, _, _)] = generate(engine_for(ckpt, max_num_batched_tokens=budget), [ids], greedy(24))
+        assert tokens == want, f"token budget {budget}"
+    eng = engine_for(ckpt, max_num_batched_tokens=10)   # decode rows and prefill chunks in one step
+    prompts = _prompts(eng, 4)
+    for p, (tokens, _, _) in zip(prompts, generate(eng, prompts, greedy(12))):
+        assert tokens == hf_greedy(hf, p, 12)
+
+
+def test_prefix_cache_hit_same_output(sparse):
+    """A hit restores both the latents and the indexer keys of the cached blocks."""
+    ckpt, hf = sparse
+    eng = engine_for(ckpt, block_size=8)
+    ids = chat_prompt(eng)
+    [(first, _, cached0)] = generate(eng, [ids], greedy(24))
+    [(again, _, cached1)] = generate(eng, [ids], greedy(24))
+    assert cached0 == 0 and cached1 >= len(ids) - 8
+    assert first == again == hf_greedy(hf, ids, 24)
+    turn2 = ids + first + eng.tokenizer.encode("<|user|>And five more?<|assistant|><think></think>")
+    [(tokens, _, cached2)] = generate(eng, [turn2], greedy(12))
+    assert cached2 >= (len(ids) + len(first)) // 8 * 8 - 8
+    assert tokens == hf_greedy(hf, turn2, 12)
+
+
+def test_emulated_graph_decode_matches_eager(sparse):
+    ckpt, _ = sparse
+    eager, graph = engine_for(ckpt, max_num_seqs=4), engine_for(ckpt, max_num_seqs=4)
+    graphs = emulate_graphs(graph)
+    prompts = _prompts(graph, 4)
+    for batch in ([prompts[2]], prompts[:3], prompts):
+        want = [t for t, _, _ in generate(eager, batch, greedy(10))]
+        assert [t for t, _, _ in generate(graph, batch, greedy(10))] == want, f"batch of {len(batch)}"
+    assert {1, 4} <= set(graphs.replays)
+
+
+class _ShardedModel:
+    """The engine's model replaced by `world` in-process ranks (threads), each holding its share of the experts
+    and its own state pools; the forward returns rank 0's logits after checking every rank got the same."""
+
+    def __init__(self, eng, ckpt, world: int) -> None:
+        line = Glm52Line()
+        cfg = line.parse_config(json.loads((ckpt / "config.json").read_text()))
+        group, pools = LocalGroup(world), eng.runner.pools
+        self.ranks = []
+        for comm in group.communicators:
+            backend = NumpyBackend()
+            backend.comm = comm
+            model = line.build(cfg, Checkpoint(str(ckpt)), backend, eng.runner.model.ops)
+            self.ranks.append((model, StatePools(backend, line.state_spec(cfg), pools.num_blocks, pools.block_size)))
+
+    def forward(self, batch, _pools):
+        out: list = [None] * len(self.ranks)
+
+        def run(r: int) -> None:
+            model, pools = self.ranks[r]
+            out[r] = model.forward(batch, pools)
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(len(self.ranks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for o in out[1:]:
+            np.testing.assert_array_equal(o, out[0])
+        return out[0]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_expert_parallel_in_process_equals_one_rank(sparse, world):
+    ckpt, hf = sparse
+    eng = engine_for(ckpt, enable_prefix_caching=False)   # the ranks keep their own pools: nothing to hit
+    ids = chat_prompt(eng)
+    want = prompt_logits(eng, ids)
+    eng.runner.model = _ShardedModel(eng, ckpt, world)
+    got = prompt_logits(eng, ids)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    [(tokens, _, _)] = generate(eng, [ids], greedy(16))
+    assert tokens == hf_greedy(hf, ids, 16)
+
+
+def test_expert_parallel_engine_greedy(sparse):
+    """--ep 2: a worker process holds half the experts; the output is the single-rank output."""
+    ckpt, hf = sparse
+    eng = engine_for(ckpt, ep=2)
+    try:
+        prompts = _prompts(eng, 3)
+        for p, (tokens, _, _) in zip(prompts, generate(eng, prompts, greedy(12))):
+            assert tokens == hf_greedy(hf, p, 12)
+    finally:
+        eng.shutdown()
