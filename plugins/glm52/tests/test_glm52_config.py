@@ -55,3 +55,9 @@ def test_indexer_types_win_over_the_schedule():
 def test_refusals_name_the_field(change, field):
     with pytest.raises(ConfigError, match=field.replace("[", r"\[")):
         Glm52Config.from_dict({**PRESETS["glm-5.2"], **change})
+
+
+def test_indexer_rope_layout_is_read_from_the_config():
+    assert Glm52Config.from_dict(PRESETS["glm-5.2"]).indexer_rope_interleave is True
+    assert Glm52Config.from_dict({**PRESETS["glm-5.2"], "indexer_rope_interleave": False}).indexer_rope_interleave \
+        is False

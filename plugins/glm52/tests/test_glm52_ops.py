@@ -146,26 +146,34 @@ def test_sparse_attention_reads_only_the_selection():
         np.testing.assert_allclose(got[t], (p / p.sum(-1, keepdims=True)) @ rows[keep, :R], rtol=1e-5, atol=1e-6)
 
 
-def test_indexer_equals_transformers():
-    """q, keys, weights and the top-k against GlmMoeDsaIndexer on random inputs; selections compared as sets
-    on rows whose k-th and (k+1)-th scores differ (torch.topk's order among exact ties is its own)."""
+@pytest.mark.parametrize("interleave", [True, False])
+def test_indexer_equals_transformers(interleave):
+    """q, keys, weights and the top-k against transformers' indexer on random inputs: GLM's (GlmMoeDsaIndexer,
+    interleaved RoPE) and, for the rotate-half layout, DeepSeek-V3.2's (DeepseekV32Indexer). Selections compared
+    as sets on rows whose k-th and (k+1)-th scores differ (torch.topk's order among exact ties is its own)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from transformers import GlmMoeDsaConfig
-    from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaIndexer, GlmMoeDsaRotaryEmbedding
+    if interleave:
+        from transformers import GlmMoeDsaConfig as Config
+        from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaIndexer as Indexer
+        from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaRotaryEmbedding as Rotary
+    else:
+        from transformers import DeepseekV32Config as Config
+        from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32Indexer as Indexer
+        from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32RotaryEmbedding as Rotary
 
     S, topk, hidden, qlr = 24, 7, 32, 20
-    cfg = GlmMoeDsaConfig(hidden_size=hidden, q_lora_rank=qlr, qk_rope_head_dim=P, index_n_heads=HI,
-                          index_head_dim=DI, index_topk=topk, num_hidden_layers=1, num_attention_heads=4,
-                          rope_parameters={"rope_type": "default", "rope_theta": 8e6})
+    cfg = Config(hidden_size=hidden, q_lora_rank=qlr, qk_rope_head_dim=P, index_n_heads=HI, index_head_dim=DI,
+                 index_topk=topk, num_hidden_layers=1, num_attention_heads=4,
+                 rope_parameters={"rope_type": "default", "rope_theta": 8e6})
     torch.manual_seed(0)
-    idx = GlmMoeDsaIndexer(cfg, 0).eval()
+    idx = Indexer(cfg, 0).eval()
     with torch.no_grad():
         for prm in idx.parameters():
             prm.copy_(torch.randn_like(prm) * (0.3 if prm.ndim > 1 else 1.0))
     x, q_resid = torch.randn(1, S, hidden), torch.randn(1, S, qlr)
     pos = torch.arange(S)[None]
-    emb = GlmMoeDsaRotaryEmbedding(cfg)(x, pos)
+    emb = Rotary(cfg)(x, pos)
     mask = torch.full((S, S), float("-inf")).triu(1)[None]
     with torch.no_grad():
         want = idx(x, q_resid, emb, mask, pos)[0].numpy()
@@ -176,7 +184,7 @@ def test_indexer_equals_transformers():
     cache = np.zeros((64, BS, DI), np.float32)
     q = (q_resid[0].numpy() @ sd["wq_b.weight"].T).reshape(S, HI, DI)
     qr = ops.glm52_indexer_rope_write(q, x[0].numpy() @ sd["wk.weight"].T, sd["k_norm.weight"], sd["k_norm.bias"],
-                                      b.positions, cos, sin, cache, b.slot_mapping, True)
+                                      b.positions, cos, sin, cache, b.slot_mapping, interleave)
     w = (x[0].numpy() @ sd["weights_proj.weight"].T) * HI ** -0.5
     got = ops.glm52_indexer_topk(qr, w, cache, b, topk, DI ** -0.5)
     scores = ops.glm52_indexer_scores(qr, w, cache.reshape(-1, DI)[b.slot_mapping], DI ** -0.5)
