@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 from ..batch import Array
 from ..config import ConfigError
 from ..kernels.registry import Ops
+from .mlp import SwiGLU, load_swiglu
 
 SCORINGS = ("softmax", "sigmoid")
 METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -61,8 +62,7 @@ class MoEWeights:
     bias: Array | None        # [E] float32 e_score_correction_bias (noaux_tc), else None
     gate_up: Array            # [E_local, 2I, D]: this rank's experts, gate rows then up rows
     down: Array               # [E_local, D, I]
-    shared_gate_up: Array | None   # [2 Is, D] shared experts as one MLP, or None
-    shared_down: Array | None      # [D, Is]
+    shared: SwiGLU | None     # the shared experts as one MLP (intermediate n_shared * I), or None
 
 
 class MoE:
@@ -78,8 +78,8 @@ class MoE:
         if self.comm is not None:
             reduced = self.comm.all_reduce(y)
             y = y if reduced is None else reduced
-        if w.shared_gate_up is not None:
-            y = y + ops.linear(ops.linear_silu_mul(x, w.shared_gate_up), w.shared_down)
+        if w.shared is not None:
+            y = y + w.shared(x)
         return y
 
 
@@ -105,8 +105,8 @@ def expert_names(prefix: str, e: int) -> tuple[str, str, str]:
     return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
 
 
-def load_moe_weights(backend: Any, weights: Any, prefix: str, expert_inter: int, shared: bool, bias: bool,
-                     expert_offset: int, expert_count: int) -> MoEWeights:
+def load_moe_weights(ops: Ops, backend: Any, weights: Any, prefix: str, expert_inter: int, shared: bool,
+                     bias: bool, expert_offset: int, expert_count: int) -> MoEWeights:
     """Stack experts [expert_offset, expert_offset + expert_count) as gate_up [E_local, 2I, D] and down
     [E_local, D, I] (one concatenating load each); the router and its bias in float32."""
     experts = [expert_names(prefix, e) for e in range(expert_offset, expert_offset + expert_count)]
@@ -114,10 +114,8 @@ def load_moe_weights(backend: Any, weights: Any, prefix: str, expert_inter: int,
     down = backend.load(weights, *[d for _, _, d in experts])
     gate_up = gate_up.reshape(expert_count, 2 * expert_inter, -1)
     down = down.reshape(expert_count, -1, expert_inter)
-    s = prefix + "shared_experts."
     return MoEWeights(
         gate=backend.asarray(weights.get(prefix + "gate.weight"), "float32"),
         bias=backend.asarray(weights.get(prefix + "gate.e_score_correction_bias"), "float32") if bias else None,
         gate_up=gate_up, down=down,
-        shared_gate_up=backend.load(weights, s + "gate_proj.weight", s + "up_proj.weight") if shared else None,
-        shared_down=backend.load(weights, s + "down_proj.weight") if shared else None)
+        shared=load_swiglu(ops, backend, weights, prefix + "shared_experts.") if shared else None)

@@ -17,6 +17,7 @@ from ..kv.pool import StatePools
 from ..layers.attention import AttentionWeights, GQAAttention
 from ..layers.mla import (MLADims, MLAttention, MLAWeights, load_mla_weights, mla_softmax_scale, mla_state_group,
                           mla_weight_shapes)
+from ..layers.mlp import SwiGLU, load_swiglu
 from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
 from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..model_line import Model, ModelLine, Probe, StateGroup
@@ -36,6 +37,6 @@ __all__ = [
     "lark_literal", "partial_suffix_len", "require", "rope_config",
     "ToolCallParser", "new_call_id", "convert_value", "is_text", "param_types", "schema_types", "with_object_arguments",
     "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
-    "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes",
+    "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
     "expert_shard",
 ]

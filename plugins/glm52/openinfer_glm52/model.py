@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from openinfer.plugin_api import (Array, ForwardBatch, MLADims, MLAttention, Model, MoE, Ops, RouterConfig, StatePools,
-                                  WeightSource, cos_sin, expert_shard, load_mla_weights, load_moe_weights,
-                                  mla_softmax_scale)
+                                  SwiGLU, WeightSource, cos_sin, expert_shard, load_mla_weights, load_moe_weights,
+                                  load_swiglu, mla_softmax_scale)
 
 from .config import Glm52Config
 from .indexer import Indexer, load_indexer_weights
@@ -37,22 +37,12 @@ def router_config(cfg: Glm52Config) -> RouterConfig:
 
 
 @dataclass
-class DenseMLP:
-    ops: Ops
-    gate_up: Array    # [2I, D]: gate and up fused at load
-    down: Array       # [D, I]
-
-    def __call__(self, x: Array) -> Array:
-        return self.ops.linear(self.ops.linear_silu_mul(x, self.gate_up), self.down)
-
-
-@dataclass
 class Layer:
     input_norm: Array
     post_norm: Array
     attn: MLAttention
     indexer: Indexer | None       # None on a shared layer
-    mlp: DenseMLP | MoE
+    mlp: SwiGLU | MoE
 
 
 class Glm52Model(Model):
@@ -82,10 +72,9 @@ class Glm52Model(Model):
             if i in slots:
                 indexer = Indexer(ops, slots[i], cfg, cos, sin, load_indexer_weights(backend, weights, a + "indexer."))
             if cfg.mlp_layer_types[i] == "dense":
-                mlp: DenseMLP | MoE = DenseMLP(ops, load(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                                               load(p + "mlp.down_proj.weight"))
+                mlp: SwiGLU | MoE = load_swiglu(ops, backend, weights, p + "mlp.")
             else:
-                w = load_moe_weights(backend, weights, p + "mlp.", cfg.moe_intermediate_size,
+                w = load_moe_weights(ops, backend, weights, p + "mlp.", cfg.moe_intermediate_size,
                                      cfg.n_shared_experts > 0, True, offset, count)
                 mlp = MoE(ops, router, w, offset, comm)
             self.layers.append(Layer(load(p + "input_layernorm.weight"), load(p + "post_attention_layernorm.weight"),
