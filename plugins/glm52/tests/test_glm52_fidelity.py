@@ -38,6 +38,17 @@ def chat_prompt(engine) -> list[int]:
     return engine.tokenizer.encode(text)
 
 
+_GREEDY: dict = {}
+
+
+def ref_greedy(hf, ids: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation, generated once per prompt (32 tokens) and cut to n <= 32."""
+    key = (id(hf), tuple(ids))
+    if key not in _GREEDY:
+        _GREEDY[key] = hf_greedy(hf, ids, 32)
+    return _GREEDY[key][:n]
+
+
 def assert_logits_close(ours: np.ndarray, ref: np.ndarray) -> None:
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
@@ -56,7 +67,7 @@ def test_logits_and_greedy_match_transformers(which, request):
     assert len(ids) > 16
     assert_logits_close(prompt_logits(eng, ids), hf_logits(hf, ids))
     [(tokens, fin, _)] = generate(eng, [ids], greedy(32))
-    assert tokens == hf_greedy(hf, ids, 32)
+    assert tokens == ref_greedy(hf, ids, 32)
     assert fin.reason == "length" and fin.completion_tokens == 32
 
 
@@ -103,22 +114,22 @@ def test_a_full_layer_without_indexer_weights_is_refused(sparse, tmp_path):
 def test_concurrent_requests_of_different_lengths(sparse):
     ckpt, hf = sparse
     eng = engine_for(ckpt)
-    prompts = _prompts(eng)
-    for p, (tokens, _, _) in zip(prompts, generate(eng, prompts, greedy(24))):
-        assert tokens == hf_greedy(hf, p, 24)
+    prompts = _prompts(eng, 4)
+    for p, (tokens, _, _) in zip(prompts, generate(eng, prompts, greedy(16))):
+        assert tokens == ref_greedy(hf, p, 16)
 
 
 def test_chunked_prefill_matches(sparse):
     ckpt, hf = sparse
     ids = chat_prompt(engine_for(ckpt))
-    want = hf_greedy(hf, ids, 24)
-    for budget in (3, 7, 16):
+    want = ref_greedy(hf, ids, 24)
+    for budget in (3, 16):
         [(tokens, _, _)] = generate(engine_for(ckpt, max_num_batched_tokens=budget), [ids], greedy(24))
         assert tokens == want, f"token budget {budget}"
     eng = engine_for(ckpt, max_num_batched_tokens=10)   # decode rows and prefill chunks in one step
     prompts = _prompts(eng, 4)
     for p, (tokens, _, _) in zip(prompts, generate(eng, prompts, greedy(12))):
-        assert tokens == hf_greedy(hf, p, 12)
+        assert tokens == ref_greedy(hf, p, 12)
 
 
 def test_prefix_cache_hit_same_output(sparse):
@@ -129,11 +140,11 @@ def test_prefix_cache_hit_same_output(sparse):
     [(first, _, cached0)] = generate(eng, [ids], greedy(24))
     [(again, _, cached1)] = generate(eng, [ids], greedy(24))
     assert cached0 == 0 and cached1 >= len(ids) - 8
-    assert first == again == hf_greedy(hf, ids, 24)
+    assert first == again == ref_greedy(hf, ids, 24)
     turn2 = ids + first + eng.tokenizer.encode("<|user|>And five more?<|assistant|><think></think>")
     [(tokens, _, cached2)] = generate(eng, [turn2], greedy(12))
     assert cached2 >= (len(ids) + len(first)) // 8 * 8 - 8
-    assert tokens == hf_greedy(hf, turn2, 12)
+    assert tokens == ref_greedy(hf, turn2, 12)
 
 
 def test_emulated_graph_decode_matches_eager(sparse):
@@ -189,7 +200,7 @@ def test_expert_parallel_in_process_equals_one_rank(sparse, world):
     got = prompt_logits(eng, ids)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     [(tokens, _, _)] = generate(eng, [ids], greedy(16))
-    assert tokens == hf_greedy(hf, ids, 16)
+    assert tokens == ref_greedy(hf, ids, 16)
 
 
 def test_expert_parallel_engine_greedy(sparse):
@@ -197,8 +208,8 @@ def test_expert_parallel_engine_greedy(sparse):
     ckpt, hf = sparse
     eng = engine_for(ckpt, ep=2)
     try:
-        prompts = _prompts(eng, 3)
+        prompts = _prompts(eng, 2)
         for p, (tokens, _, _) in zip(prompts, generate(eng, prompts, greedy(12))):
-            assert tokens == hf_greedy(hf, p, 12)
+            assert tokens == ref_greedy(hf, p, 12)
     finally:
         eng.shutdown()
