@@ -53,10 +53,10 @@ def test_think_parser_random_splits():
 
 
 class _CallEndsThinking(ThinkTagReasoningParser):
-    ends_reasoning = ("<call>",)
+    end_markers = ("<call>",)
 
 
-def test_a_tag_in_ends_reasoning_closes_the_block_and_stays_content():
+def test_an_end_marker_closes_the_block_and_stays_content():
     assert _CallEndsThinking(True).parse("plan\n<call>x</call>") == ("plan", "<call>x</call>")
     assert _CallEndsThinking(True).parse("plan</think>\n<call>x") == ("plan", "<call>x")
     assert _CallEndsThinking().parse("text <call>x") == ("", "text <call>x")   # outside a block: content as is

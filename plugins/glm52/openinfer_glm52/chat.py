@@ -32,7 +32,7 @@ _NAME_END = re.compile(r"[<\n]")
 
 class Glm52ReasoningParser(ThinkTagReasoningParser):
     """`<think>…</think>`; a tool call opened inside the block ends it (the call is content, then parsed)."""
-    ends_reasoning = (_CALL,)
+    end_markers = (_CALL,)
 
 
 def _untyped_value(text: str) -> Any:
