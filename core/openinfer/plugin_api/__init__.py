@@ -12,6 +12,7 @@ from ..batch import Array, ForwardBatch
 from ..config import ConfigError, require
 from ..detokenize import partial_suffix_len
 from ..hookspecs import hookimpl
+from ..kernels.numpy_ops import sequence_runs
 from ..kernels.registry import KernelRegistry, Ops
 from ..kv.pool import StatePools
 from ..layers.attention import AttentionWeights, GQAAttention
@@ -38,5 +39,5 @@ __all__ = [
     "ToolCallParser", "new_call_id", "convert_value", "is_text", "param_types", "schema_types", "with_object_arguments",
     "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
     "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
-    "expert_shard",
+    "expert_shard", "sequence_runs",
 ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from openinfer.plugin_api import ForwardBatch
+from openinfer.plugin_api import ForwardBatch, sequence_runs
 
 INDEXER_NORM_EPS = 1e-6   # the indexer's k_norm is nn.LayerNorm(eps=1e-6) whatever rms_norm_eps says
 
@@ -55,10 +55,9 @@ def glm52_indexer_rope_write(q: np.ndarray, k: np.ndarray, norm_w: np.ndarray, n
     return _rotate(q.astype(np.float32), c[:, None, :], s[:, None, :], interleave)
 
 
-def _sequence_keys(cache: np.ndarray, table: np.ndarray, length: int) -> np.ndarray:
-    """The first `length` tokens' rows of one sequence's paged cache layer: [length, D]."""
-    bs = cache.shape[1]
-    return cache[table[: (length + bs - 1) // bs]].reshape(-1, cache.shape[-1])[:length]
+def _sequence_keys(cache: np.ndarray, blocks: np.ndarray, length: int) -> np.ndarray:
+    """The first `length` tokens' rows of one sequence's paged cache layer (its blocks in order): [length, D]."""
+    return cache[blocks].reshape(-1, cache.shape[-1])[:length]
 
 
 def glm52_indexer_scores(q: np.ndarray, weights: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
@@ -85,16 +84,10 @@ def glm52_indexer_topk(q: np.ndarray, weights: np.ndarray, cache: np.ndarray, ba
     """Each query's `topk` best keys under the causal mask: q [T, Hi, Di] rotated (glm52_indexer_rope_write),
     weights [T, Hi] float32 (weights_proj output times Hi^-0.5), cache [blocks, bs, Di] holding this step's
     keys already. Returns [T, topk] int32 key positions (module docstring)."""
-    T = q.shape[0]
-    out = np.full((T, topk), -1, dtype=np.int32)
-    qs, lens = np.asarray(batch.query_start), np.asarray(batch.context_lens)
-    for i in range(len(lens)):
-        start, end, L = int(qs[i]), int(qs[i + 1]), int(lens[i])
+    out = np.full((q.shape[0], topk), -1, dtype=np.int32)
+    for start, end, L, blocks in sequence_runs(batch, cache.shape[1]):
         n = end - start
-        if n == 0:
-            continue
-        keys = _sequence_keys(cache, np.asarray(batch.block_tables)[i], L)
-        scores = glm52_indexer_scores(q[start:end], weights[start:end], keys, scale)
+        scores = glm52_indexer_scores(q[start:end], weights[start:end], _sequence_keys(cache, blocks, L), scale)
         for j in range(n):
             out[start + j] = select_topk(scores[j], L - n + j + 1, topk)
     return out
@@ -108,13 +101,9 @@ def glm52_sparse_mla_attention(q_latent: np.ndarray, q_pe: np.ndarray, cache: np
     over s in the selection; returns softmax · c [T, H, R] float32."""
     T, H, R = q_latent.shape
     out = np.zeros((T, H, R), dtype=np.float32)
-    qs, lens = np.asarray(batch.query_start), np.asarray(batch.context_lens)
-    for i in range(len(lens)):
-        start, end, L = int(qs[i]), int(qs[i + 1]), int(lens[i])
+    for start, end, L, blocks in sequence_runs(batch, cache.shape[1]):
         n = end - start
-        if n == 0:
-            continue
-        rows = _sequence_keys(cache, np.asarray(batch.block_tables)[i], L).astype(np.float32)
+        rows = _sequence_keys(cache, blocks, L).astype(np.float32)
         for j in range(n):
             t = start + j
             sel = indices[t][(indices[t] >= 0) & (indices[t] <= L - n + j)]
