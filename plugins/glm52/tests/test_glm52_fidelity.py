@@ -213,3 +213,31 @@ def test_expert_parallel_engine_greedy(sparse):
             assert tokens == ref_greedy(hf, p, 12)
     finally:
         eng.shutdown()
+
+
+def test_dummy_weights_cover_every_tensor_the_model_loads(sparse):
+    """--load-format dummy draws every tensor weight_shapes names, and the model loads nothing else."""
+    ckpt, _ = sparse
+    eng = engine_for(ckpt, load_format="dummy")
+    [(tokens, _, _)] = generate(eng, [chat_prompt(eng)], greedy(4))
+    assert len(tokens) == 4
+
+
+def test_the_mtp_layer_is_skipped_and_named_in_the_log(sparse, tmp_path, caplog):
+    """A checkpoint's next-token-prediction layer (model.layers.{num_hidden_layers}.*) loads as unused, and the
+    log says so; the output is the model's without it."""
+    from safetensors.numpy import save_file
+    ckpt, hf = sparse
+    copy = tmp_path / "ckpt"
+    shutil.copytree(ckpt, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    save_file({"model.layers.4.eh_proj.weight": np.ones((64, 128), np.float32),
+               "model.layers.4.self_attn.q_a_proj.weight": np.ones((48, 64), np.float32)},
+              str(copy / "mtp.safetensors"))
+    caplog.set_level("INFO", logger="openinfer")
+    eng = engine_for(copy)
+    assert "model.layers.4.* are skipped" in caplog.text and "not used" not in caplog.text
+    ids = chat_prompt(eng)
+    [(tokens, _, _)] = generate(eng, [ids], greedy(8))
+    assert tokens == ref_greedy(hf, ids, 8)
