@@ -15,7 +15,7 @@ import pytest
 
 from openinfer.backends.numpy_backend import NumpyBackend
 from openinfer.engine import EngineArgs, build_engine
-from openinfer.kv.pool import StatePools
+from openinfer.kv.pool import StatePools, bytes_per_block
 from openinfer.loader import LoadError
 from openinfer.parallel import LocalGroup
 from openinfer.testing.engine import generate, greedy, prompt_logits
@@ -145,6 +145,25 @@ def test_prefix_cache_hit_same_output(sparse):
     [(tokens, _, cached2)] = generate(eng, [turn2], greedy(12))
     assert cached2 >= (len(ids) + len(first)) // 8 * 8 - 8
     assert tokens == ref_greedy(hf, turn2, 12)
+
+
+def test_host_tier_restore_gives_identical_tokens(sparse):
+    """--kv-offload: blocks evicted from a small device pool (latents and indexer keys alike) come back from the
+    host tier and the output is transformers'."""
+    ckpt, hf = sparse
+    groups = list(engine_for(ckpt).runner.pools.groups.values())
+    per_block = bytes_per_block(groups, 16, {g.name: 4 for g in groups})
+    eng = engine_for(ckpt, max_model_len=512, kv_cache_memory_gib=24 * per_block / 2**30, kv_offload=True,
+                     kv_offload_host_gib=64 * per_block / 2**30)
+    rng = np.random.default_rng(5)
+    prompt = [int(t) for t in rng.integers(10, 700, 83)]
+    [(cold, _, cached)] = generate(eng, [prompt], greedy(12))
+    assert cached == 0 and cold == ref_greedy(hf, prompt, 12)
+    for _ in range(3):   # fresh prompts through the whole device pool: nothing of the first stays there
+        generate(eng, [[int(t) for t in rng.integers(10, 700, eng.blocks.usable_blocks * 8 - 8)]], greedy(4))
+    [(restored, fin, cached)] = generate(eng, [prompt], greedy(12))
+    assert cached == fin.cached_tokens == 80 and restored == cold
+    assert eng.stats().offload.restored_blocks == 5
 
 
 def test_emulated_graph_decode_matches_eager(sparse):
