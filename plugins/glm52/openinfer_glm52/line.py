@@ -76,7 +76,7 @@ class Glm52Line(ModelLine):
     def build(self, cfg: Glm52Config, weights, backend, ops):
         if cfg.num_mtp_layers:
             log.info("GLM multi-token-prediction layer(s) %s are skipped (no speculative decoding)",
-                     ", ".join(f"model.layers.{p[13:-1]}.*" for p in self.ignored_weights(cfg)))
+                     ", ".join(f"{prefix}*" for prefix in self.ignored_weights(cfg)))
         return Glm52Model(cfg, weights, backend, ops)
 
     def chat_format(self):

@@ -201,10 +201,11 @@ __device__ void sparse_mla_attention(const T* q_latent, const T* q_pe, const T* 
                                      const int* query_start, const int* context_lens, int num_seqs,
                                      const int* indices, int topk, T* out, int heads, int R, int P, float scale) {
     extern __shared__ float smem[];
-    const int D = R + P;
+    const int D = R + P, LD = D + 1;     // latent rows padded by one float: the score loop's lanes read rows
+                                         // D apart, and D (576) is a multiple of the 32 banks
     float* qs = smem;                    // [HG][D]
-    float* lat = qs + HG * D;            // [KT][D]
-    float* p = lat + KT * D;             // [HG][KT] scores, then probabilities
+    float* lat = qs + HG * D;            // [KT][LD]
+    float* p = lat + KT * LD;            // [HG][KT] scores, then probabilities
     float* run_max = p + HG * KT;        // [HG]
     float* run_sum = run_max + HG;       // [HG]
     float* factor = run_sum + HG;        // [HG]
@@ -240,14 +241,14 @@ __device__ void sparse_mla_attention(const T* q_latent, const T* q_pe, const T* 
         __syncthreads();
         for (int e = tid; e < KT * D; e += blockDim.x) {
             const int j = e / D, d = e % D, s = rows[j];
-            lat[e] = s < 0 ? 0.f : to_f32(cache[cache_row(block_tables, table_stride, sp.x, s, block_size,
-                                                           block_stride, D) + d]);
+            lat[j * LD + d] = s < 0 ? 0.f : to_f32(cache[cache_row(block_tables, table_stride, sp.x, s, block_size,
+                                                                    block_stride, D) + d]);
         }
         __syncthreads();
         for (int e = tid; e < HG * KT; e += blockDim.x) {
             const int h = e / KT, j = e % KT;
             float dot = 0.f;
-            for (int d = 0; d < D; ++d) dot += qs[h * D + d] * lat[j * D + d];
+            for (int d = 0; d < D; ++d) dot += qs[h * D + d] * lat[j * LD + d];
             p[e] = rows[j] < 0 || h >= hcount ? NEG_INF : dot * scale;
         }
         __syncthreads();
@@ -274,7 +275,7 @@ __device__ void sparse_mla_attention(const T* q_latent, const T* q_pe, const T* 
             const int r = ar + 16 * u;
             if (r < R) {
                 float v = acc[u] * f;
-                for (int j = 0; j < KT; ++j) v += p[ah * KT + j] * lat[j * D + r];
+                for (int j = 0; j < KT; ++j) v += p[ah * KT + j] * lat[j * LD + r];
                 acc[u] = v;
             }
         }

@@ -25,10 +25,10 @@ HG, KT, SPARSE_THREADS, R_PER_THREAD = 16, 32, 256, 32   # dsa.cu: sparse_mla_at
 
 
 def sparse_mla_smem(R: int, P: int) -> int:
-    """Bytes of dynamic shared memory of sparse_mla_attention: the heads' queries, a tile of latent rows, the
-    tile's scores and three per-head softmax values, in float32."""
+    """Bytes of dynamic shared memory of sparse_mla_attention: the heads' queries, a tile of latent rows (padded
+    by one), the tile's scores and three per-head softmax values, in float32."""
     D = R + P
-    return 4 * (HG * D + KT * D + HG * KT + 3 * HG)
+    return 4 * (HG * D + KT * (D + 1) + HG * KT + 3 * HG)
 
 
 def _layer_view(cache: cp.ndarray, dim: int, what: str) -> int:
