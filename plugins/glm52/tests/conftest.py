@@ -14,28 +14,18 @@ from openinfer_glm52.chat import CHAT_TEMPLATE
 SPECIAL = ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
 TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
         "</arg_value>", "<tool_response>", "</tool_response>"]
-CORPUS = ["The weather in Paris is sunny today, 23 degrees.", "Name three prime numbers: 2, 3 and 5.",
-          "You are a helpful assistant. Answer briefly.", '{"city": "Paris", "days": [1, 2]} get_weather city',
-          "天气 🌤 — the user wants the weather forecast for tomorrow."]
 
 
-def build_glm_tokenizer(out: Path, vocab_size: int = 700) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIAL) - len(TAGS), special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS * 20, trainer)
-    tok.add_tokens(TAGS)
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    added = {str(tok.token_to_id(t)): {"content": t, "special": t in SPECIAL} for t in SPECIAL + TAGS}
-    (out / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": added,
-                                                           "eos_token": "<|endoftext|>"}))
+def build_glm_tokenizer(out: Path) -> Path:
+    """A tokenizer folder: the tiny byte-level BPE of openinfer.testing with GLM's tokens, its chat template and
+    the stop tokens in generation_config.json."""
+    from openinfer.testing.tokenizers import tiny_bpe_tokenizer_dir
+    tokens = SPECIAL + TAGS   # ids 0, 1, ... in this order
+    added = {str(i): {"content": t, "special": t in SPECIAL} for i, t in enumerate(tokens)}
+    tiny_bpe_tokenizer_dir(out, tokens, {"added_tokens_decoder": added, "eos_token": "<|endoftext|>"})
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE.read_text())
-    (out / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [tok.token_to_id(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]}))
+    stops = [tokens.index(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
     return out
 
 
