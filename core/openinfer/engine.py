@@ -1,8 +1,10 @@
-"""The Engine: one model on one device, a step loop in its own thread, an event stream per request.
+"""The Engine: one model on one device (or an expert-parallel group of devices, which its Executor runs each
+step on), a step loop in its own thread, an event stream per request.
 
 submit()/abort() are thread-safe and never block on the GPU; the step loop drains them between
-steps. An error inside a step fails only that step's requests; an error outside one kills the
-engine (is_alive() goes False, every request gets Failed) so /health can report it.
+steps. An error inside a step fails only that step's requests; an error outside one, or a lost
+expert-parallel rank (RankFailed), kills the engine (is_alive() goes False, every request gets
+Failed) so /health can report it.
 """
 from __future__ import annotations
 

@@ -7,15 +7,11 @@ experts, meeting rank 0 in the MoE layers' collectives. A single device is the c
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .model_runner import Launched, ModelRunner, Step, StepOutput
 from .parallel.communicator import RankFailed
+from .parallel.workers import DEATH_NOTICE_S, Workers
 from .sampling_batch import SamplingBatch
 from .scheduler import StepPlan
-
-if TYPE_CHECKING:
-    from .parallel.workers import Workers
 
 
 class Executor:
@@ -53,7 +49,7 @@ class Executor:
         try:
             return self.runner.execute(step, sampling, prev)
         except RankFailed:
-            self.check()   # the watchdog's reason (which rank, its exit status) when it has one
+            self.workers.check(DEATH_NOTICE_S)   # the watchdog's reason: which rank, how it ended
             raise
         except Exception as e:
             # the workers ran (or are running) this step's collectives: the ranks no longer pair up

@@ -234,11 +234,14 @@ class ModelRunner:
         return Launched(h, logits, tokens, rows, samples, graph, scores=scores)
 
     def _replay_next(self, h: HostBatch, prev: Launched) -> Launched:
-        """Its input ids are prev's greedy tokens, copied on the device; prev's tokens are first queued
-        to the host, since this replay overwrites the graph's output buffer and prev's collect must not
-        wait for this step."""
+        """Its input ids are prev's greedy tokens (rank 0's, on every rank), copied on the device; prev's
+        tokens are first queued to the host, since this replay overwrites the graph's output buffer and
+        prev's collect must not wait for this step."""
         prev.fetch = self.graphs.fetch(prev.tokens)
-        logits, tokens = self.graphs.replay(h, ids=prev.tokens)
+        ids = prev.tokens
+        if self.backend.comm is not None:   # every rank feeds rank 0's tokens: a replicated layer tuned
+            ids = self.backend.comm.broadcast(ids)   # to another GEMM algorithm may round a near-tie otherwise
+        logits, tokens = self.graphs.replay(h, ids=ids)
         return Launched(h, logits, tokens[: len(h.context_lens)], h.sample_rows, {}, True)
 
     def next_host(self, plan: StepPlan, prev: HostBatch) -> HostBatch:

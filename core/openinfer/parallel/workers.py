@@ -16,6 +16,7 @@ import logging
 import multiprocessing as mp
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("openinfer.parallel")
 STOP_TIMEOUT_S = 10.0   # a worker told to stop that is still running after this is terminated
+DEATH_NOTICE_S = 2.0    # how long a rank 0 that found a peer's pipe closed waits for the watchdog's word
 
 
 @dataclass
@@ -121,7 +123,11 @@ class Workers:
             except OSError as e:
                 raise RankFailed(f"expert-parallel rank {rank} is gone ({type(e).__name__})") from None
 
-    def check(self) -> None:
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise RankFailed if a worker died. `wait_s`: a collective just found a rank gone, so give the
+        watchdog that long to name which one and how it ended."""
+        if wait_s and self.dead_reason is None:
+            self._watchdog.join(wait_s)
         if self.dead_reason is not None:
             raise RankFailed(self.dead_reason)
 
@@ -135,8 +141,10 @@ class Workers:
                 c.send(None)
             except OSError:
                 pass
+        deadline = time.monotonic() + STOP_TIMEOUT_S   # one wait for all: a rank stuck in a collective
+        for p in self.procs:                            # does not hold the others' stop up
+            p.join(max(0.0, deadline - time.monotonic()))
         for p in self.procs:
-            p.join(STOP_TIMEOUT_S)
             if p.is_alive():
                 p.terminate()
                 p.join()

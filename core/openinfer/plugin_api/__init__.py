@@ -22,7 +22,7 @@ from ..layers.mlp import SwiGLU, load_swiglu
 from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
 from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..model_line import Model, ModelLine, Probe, StateGroup
-from ..parallel.communicator import expert_shard
+from ..parallel import Communicator, expert_shard
 from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
                        ToolCallDelta, ToolCallParser, collect_tool_calls, new_call_id)
 from ..structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
@@ -39,5 +39,5 @@ __all__ = [
     "ToolCallParser", "new_call_id", "convert_value", "is_text", "param_types", "schema_types", "with_object_arguments",
     "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
     "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
-    "expert_shard", "sequence_runs",
+    "Communicator", "expert_shard", "sequence_runs",
 ]
