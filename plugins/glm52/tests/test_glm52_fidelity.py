@@ -1,6 +1,6 @@
 """The GLM-5.x line against transformers on tiny random models whose prompts are longer than index_topk (so
 attention really is sparse), with full and shared indexer layers: logits and greedy continuations, also batched,
-chunked, on prefix-cache hits, through emulated decode graphs and with the experts sharded over 2 and 4 ranks.
+chunked, on prefix-cache hits, restored from the host tier and through emulated decode graphs.
 
 Exact score ties at the top-k cut would make the selection depend on torch.topk's order among them; with 16
 indexer heads the tiny models have none, so any difference in a selection shows up as a logits mismatch."""
@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 
 import numpy as np
 import pytest
 
-from openinfer.backends.numpy_backend import NumpyBackend
 from openinfer.engine import EngineArgs, build_engine
-from openinfer.kv.pool import StatePools, bytes_per_block
+from openinfer.kv.pool import bytes_per_block
 from openinfer.loader import LoadError
-from openinfer.parallel import LocalGroup
 from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.testing.graphs import emulate_graphs
 from openinfer.testing.hf_reference import hf_greedy, hf_logits
@@ -175,63 +172,6 @@ def test_emulated_graph_decode_matches_eager(sparse):
         want = [t for t, _, _ in generate(eager, batch, greedy(10))]
         assert [t for t, _, _ in generate(graph, batch, greedy(10))] == want, f"batch of {len(batch)}"
     assert {1, 4} <= set(graphs.replays)
-
-
-class _ShardedModel:
-    """The engine's model replaced by `world` in-process ranks (threads), each holding its share of the experts
-    and its own state pools; the forward returns rank 0's logits after checking every rank got the same."""
-
-    def __init__(self, eng, ckpt, world: int) -> None:
-        line = Glm52Line()
-        cfg = line.parse_config(json.loads((ckpt / "config.json").read_text()))
-        group, pools = LocalGroup(world), eng.runner.pools
-        self.ranks = []
-        for comm in group.communicators:
-            backend = NumpyBackend()
-            backend.comm = comm
-            model = line.build(cfg, Checkpoint(str(ckpt)), backend, eng.runner.model.ops)
-            self.ranks.append((model, StatePools(backend, line.state_spec(cfg), pools.num_blocks, pools.block_size)))
-
-    def forward(self, batch, _pools):
-        out: list = [None] * len(self.ranks)
-
-        def run(r: int) -> None:
-            model, pools = self.ranks[r]
-            out[r] = model.forward(batch, pools)
-
-        threads = [threading.Thread(target=run, args=(r,)) for r in range(len(self.ranks))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for o in out[1:]:
-            np.testing.assert_array_equal(o, out[0])
-        return out[0]
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_expert_parallel_in_process_equals_one_rank(sparse, world):
-    ckpt, hf = sparse
-    eng = engine_for(ckpt, enable_prefix_caching=False)   # the ranks keep their own pools: nothing to hit
-    ids = chat_prompt(eng)
-    want = prompt_logits(eng, ids)
-    eng.runner.model = _ShardedModel(eng, ckpt, world)
-    got = prompt_logits(eng, ids)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    [(tokens, _, _)] = generate(eng, [ids], greedy(16))
-    assert tokens == ref_greedy(hf, ids, 16)
-
-
-def test_expert_parallel_engine_greedy(sparse):
-    """--ep 2: a worker process holds half the experts; the output is the single-rank output."""
-    ckpt, hf = sparse
-    eng = engine_for(ckpt, ep=2)
-    try:
-        prompts = _prompts(eng, 2)
-        for p, (tokens, _, _) in zip(prompts, generate(eng, prompts, greedy(12))):
-            assert tokens == ref_greedy(hf, p, 12)
-    finally:
-        eng.shutdown()
 
 
 def test_dummy_weights_cover_every_tensor_the_model_loads(sparse):
