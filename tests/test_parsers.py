@@ -52,6 +52,23 @@ def test_think_parser_random_splits():
         assert (out.reasoning, out.content) == expected, (text, starts)
 
 
+class _CallEndsThinking(ThinkTagReasoningParser):
+    end_markers = ("<call>",)
+
+
+def test_an_end_marker_closes_the_block_and_stays_content():
+    assert _CallEndsThinking(True).parse("plan\n<call>x</call>") == ("plan", "<call>x</call>")
+    assert _CallEndsThinking(True).parse("plan</think>\n<call>x") == ("plan", "<call>x")
+    assert _CallEndsThinking().parse("text <call>x") == ("", "text <call>x")   # outside a block: content as is
+    rng = random.Random(4)
+    pieces = ["<think>", "</think>", "<call>", "<ca", "ll>", "\n", "abc"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+        starts = rng.random() < 0.5
+        out = split_feed(_CallEndsThinking(starts), text, rng, 8)
+        assert (out.reasoning, out.content) == _CallEndsThinking(starts).parse(text), (text, starts)
+
+
 def test_think_parser_streams_early():
     p = ThinkTagReasoningParser()
     assert p.feed("<th") == ParsedDelta()

@@ -116,19 +116,33 @@ class MLAttention:
         self.scale, self.cos, self.sin, self.w = scale, cos, sin, w
 
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
+        q_latent, q_pe, _ = self.project(x, batch, state)
+        return self.output(self.ops.mla_attention(q_latent, q_pe, self.cache(state), batch, self.scale))
+
+    def cache(self, state: StatePools) -> Array:
+        """This layer's latent cache [num_blocks, block_size, R + P]."""
+        return state.layer(STATE_GROUP, "latent", self.layer)
+
+    def project(self, x: Array, batch: ForwardBatch, state: StatePools) -> tuple[Array, Array, Array | None]:
+        """Write the step's latents to the cache; return the absorbed query q_latent [T, H, R], the rotated
+        q_pe [T, H, P] and the normalised q-LoRA activation [T, q_lora] (None without q-LoRA), which sparse
+        attention's indexer reads too."""
         ops, w, d = self.ops, self.w, self.dims
         T, H, R, dn = x.shape[0], d.num_heads, d.kv_lora_rank, d.qk_nope_head_dim
         if d.q_lora_rank is None:
-            q, kv = ops.linear(x, w.q), ops.linear(x, w.kv_a)
+            q_resid, (q, kv) = None, (ops.linear(x, w.q), ops.linear(x, w.kv_a))
         else:
             qa_kv = ops.linear(x, w.q_a_kv_a)
-            q = ops.linear(ops.rms_norm(qa_kv[:, :d.q_lora_rank], w.q_a_norm, LATENT_NORM_EPS), w.q_b)
-            kv = qa_kv[:, d.q_lora_rank:]
+            q_resid = ops.rms_norm(qa_kv[:, :d.q_lora_rank], w.q_a_norm, LATENT_NORM_EPS)
+            q, kv = ops.linear(q_resid, w.q_b), qa_kv[:, d.q_lora_rank:]
         q = q.reshape(T, H, d.qk_head_dim)
         c = ops.rms_norm(kv[:, :R], w.kv_a_norm, LATENT_NORM_EPS)
         q_pe, k_pe = ops.mla_rope(q[:, :, dn:], kv[:, R:], batch.positions, self.cos, self.sin)
-        cache = state.layer(STATE_GROUP, "latent", self.layer)
-        ops.mla_write_latent(cache, c, k_pe, batch.slot_mapping)
-        q_latent = ops.per_head_linear(q[:, :, :dn], w.w_uk_t)
-        out = ops.per_head_linear(ops.mla_attention(q_latent, q_pe, cache, batch, self.scale), w.w_uv)
-        return ops.linear(out.reshape(T, H * d.v_head_dim), w.o)
+        ops.mla_write_latent(self.cache(state), c, k_pe, batch.slot_mapping)
+        return ops.per_head_linear(q[:, :, :dn], w.w_uk_t), q_pe, q_resid
+
+    def output(self, attn: Array) -> Array:
+        """The attention's latent output [T, H, R] through W_UV and o_proj: [T, D]."""
+        T, d = attn.shape[0], self.dims
+        out = self.ops.per_head_linear(attn, self.w.w_uv)
+        return self.ops.linear(out.reshape(T, d.num_heads * d.v_head_dim), self.w.o)

@@ -12,6 +12,7 @@ from ..batch import Array, ForwardBatch
 from ..config import ConfigError, require
 from ..detokenize import partial_suffix_len
 from ..hookspecs import hookimpl
+from ..kernels.numpy_ops import sequence_runs
 from ..kernels.registry import KernelRegistry, Ops
 from ..kv.pool import StatePools
 from ..layers.attention import AttentionWeights, GQAAttention
@@ -23,9 +24,10 @@ from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..model_line import Model, ModelLine, Probe, StateGroup
 from ..parallel import Communicator, expert_shard
 from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
-                       ToolCallDelta, collect_tool_calls)
+                       ToolCallDelta, ToolCallParser, collect_tool_calls, new_call_id)
 from ..structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
 from ..tokenizer import ChatTemplateError, Tokenizer, byte_level_chars
+from ..tool_args import convert_value, is_text, param_types, schema_types, with_object_arguments
 from ..weights import WeightSource
 
 __all__ = [
@@ -34,7 +36,8 @@ __all__ = [
     "RopeConfig", "StatePools", "StateGroup", "ThinkTagReasoningParser", "Tokenizer", "ToolCall", "ToolCallDelta",
     "WeightSource", "byte_level_chars", "collect_tool_calls", "cos_sin", "hookimpl", "JSON_DUMPS_LAYOUT", "lark_json",
     "lark_literal", "partial_suffix_len", "require", "rope_config",
+    "ToolCallParser", "new_call_id", "convert_value", "is_text", "param_types", "schema_types", "with_object_arguments",
     "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
     "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
-    "Communicator", "expert_shard",
+    "Communicator", "expert_shard", "sequence_runs",
 ]

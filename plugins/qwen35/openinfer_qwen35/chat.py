@@ -18,27 +18,22 @@ object, while OpenAI clients send them back as JSON text (Qwen35ChatFormat.templ
 """
 from __future__ import annotations
 
-import ast
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from openinfer.detokenize import partial_suffix_len
 from openinfer.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser,
                                ToolCallDelta, ToolCallParser, new_call_id)
 from openinfer.structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
-from openinfer.tokenizer import ChatTemplateError
+from openinfer.tool_args import convert_value, is_text, param_types, schema_types, with_object_arguments
 
 # The genuine Qwen3.5 tokenizer (built by tokenizer_build.py) and chat template; see tokenizer/NOTICE.
 TOKENIZER_DIR = Path(__file__).parent / "tokenizer"
 
 _FUNCTION = re.compile(r"<function=([^>\n]*)>")
 _PARAMETER = re.compile(r"<parameter=([^>\n]*)>")
-_INT = re.compile(r"[-+]?\d+")
-_FLOAT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 # A value ends at its closing tag or, leniently, where the next parameter or the call begins/ends.
 _VALUE_ENDS = ("</parameter>", "<parameter=", "</function>", "</tool_call>")
 _VALUE_END, _CALL_END = "\n</parameter>\n", "</function>\n</tool_call>"   # as the template closes them
@@ -46,71 +41,6 @@ _VALUE_END, _CALL_END = "\n</parameter>\n", "</function>\n</tool_call>"   # as t
 
 class Qwen35ReasoningParser(ThinkTagReasoningParser):
     """`<think>…</think>` (ids 248068/248069, special=false, so they survive detokenization)."""
-
-
-def _types(schema: Any) -> list[str]:
-    """The JSON types a parameter schema allows, in order (type, type lists, anyOf/oneOf)."""
-    if not isinstance(schema, dict):
-        return []
-    t = schema.get("type")
-    if isinstance(t, str):
-        return [t]
-    if isinstance(t, list):
-        return [x for x in t if isinstance(x, str)]
-    for key in ("anyOf", "oneOf"):
-        if isinstance(schema.get(key), list):
-            return [x for sub in schema[key] for x in _types(sub)]
-    return []
-
-
-def _structured(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    try:  # the template renders nested values with tojson, but models also write Python literals
-        return json.loads(json.dumps(ast.literal_eval(text)))  # tuples become lists; sets, bytes fail
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return None
-
-
-def convert_value(value: str, types: list[str]) -> Any:
-    """A parameter's text as the first of `types` it parses as; the text itself if none fits."""
-    text = value.strip()
-    for t in types:
-        if t == "string":
-            return value
-        if t == "null" and text in ("null", "None"):
-            return None
-        if t == "boolean" and text.lower() in ("true", "false"):
-            return text.lower() == "true"
-        if t == "integer" and _INT.fullmatch(text):
-            return int(text)
-        if t == "number" and _FLOAT.fullmatch(text):
-            if _INT.fullmatch(text):
-                return int(text)
-            if math.isfinite(number := float(text)):
-                return number
-        if t in ("object", "array") and isinstance(v := _structured(text), dict if t == "object" else list):
-            return v
-    return value
-
-
-def _param_types(tools: list[dict]) -> dict[str, dict[str, list[str]]]:
-    """function name -> parameter name -> allowed JSON types, from the request's tools."""
-    out: dict[str, dict[str, list[str]]] = {}
-    for tool in tools or []:
-        fn = tool.get("function", tool) if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            continue
-        props = (fn.get("parameters") or {}).get("properties") if isinstance(fn.get("parameters"), dict) else None
-        out[fn["name"]] = {k: _types(v) for k, v in props.items()} if isinstance(props, dict) else {}
-    return out
-
-
-def _is_text(types: list[str]) -> bool:
-    # Streamed as a JSON string as it arrives: declared string (or nullable string), or untyped.
-    return not [t for t in types if t != "null"] or set(types) <= {"string", "null"}
 
 
 def _escape(text: str) -> str:
@@ -133,7 +63,7 @@ class Qwen35ToolCallParser(ToolCallParser):
 
     def __init__(self, tools: list[dict]) -> None:
         super().__init__(tools)
-        self._types = _param_types(tools)
+        self._types = param_types(tools)
         self._buf = ""
         self._state = "text"   # text | block (awaiting a function) | params | value
         self._content = ContentTrimmer()
@@ -165,7 +95,7 @@ class Qwen35ToolCallParser(ToolCallParser):
 
     def _open_param(self, out: ParsedDelta, name: str) -> None:
         self._param_types = self._fn_types.get(name, [])
-        self._text_value = _is_text(self._param_types)
+        self._text_value = is_text(self._param_types)
         self._value_started = False
         self._key = ("{" if self._params == 0 else ", ") + json.dumps(name, ensure_ascii=False) + ": "
         self._params += 1
@@ -310,7 +240,7 @@ class Qwen35ChatFormat(ChatFormat):
     def template_messages(self, messages: list[dict]) -> list[dict]:
         """Assistant tool calls with their JSON-text arguments parsed into objects, which the
         template iterates over (`arguments|items`)."""
-        return [_with_object_arguments(m) for m in messages]
+        return [with_object_arguments(m) for m in messages]
 
     def tool_call_opener(self, name: str | None) -> str | None:
         """`<tool_call>\n<function=` (the model names the function), or with the name, up to its first parameter."""
@@ -330,7 +260,7 @@ class Qwen35ChatFormat(ChatFormat):
             props, required = params.get("properties") or {}, set(params.get("required") or [])
             items = []
             for j, (p, schema) in enumerate(props.items()):
-                value = "text" if _is_text(_types(schema)) else \
+                value = "text" if is_text(schema_types(schema)) else \
                     f"{lark_json(schema, JSON_DUMPS_LAYOUT)} {lark_literal(_VALUE_END)}"
                 tag = lark_literal(f"<parameter={p}>\n")
                 rules.append(f"p{i}_{j}: {tag} {value}")
@@ -342,22 +272,3 @@ class Qwen35ChatFormat(ChatFormat):
         again = lark_literal("\n" + self.tool_call_opener(None))
         calls = " | ".join(f"call{i}" for i in range(len(fns)))
         return "\n".join([f"start: call ({again} call)*", f"call: {calls}", *rules])
-
-
-def _with_object_arguments(message: dict) -> dict:
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    if not isinstance(calls, list):
-        return message
-    fixed = []
-    for call in calls:
-        fn = call.get("function") if isinstance(call, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-            try:
-                args = json.loads(fn["arguments"] or "{}")
-            except ValueError:
-                args = None
-            if not isinstance(args, dict):
-                raise ChatTemplateError(f"tool call arguments must be a JSON object, got {fn['arguments']!r}")
-            call = {**call, "function": {**fn, "arguments": args}}
-        fixed.append(call)
-    return {**message, "tool_calls": fixed}

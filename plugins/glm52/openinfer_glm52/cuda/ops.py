@@ -1,0 +1,109 @@
+"""CUDA implementations of the glm52_* ops (dsa.cu): the numpy reference signatures (../ops.py) on CuPy arrays,
+bf16 or f32 activations and caches, float32 indexer weights and scores.
+
+ForwardBatch fields read on the device: query_start, context_lens, block_tables (a token finds its sequence
+by a binary search over query_start); on the host: num_seqs and max_context_len, which sizes the indexer's
+score rows (a decode graph's batch carries the model's length there, so the graph's buffers fit any step).
+These kernels use the CUDA cores only: a first, correct implementation to be measured, not a tuned one.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+from openinfer.plugin_api import ForwardBatch
+from openinfer.plugin_api.cuda import as_index, heads3d, launch, rows2d, suffix
+
+__all__ = ["glm52_indexer_rope_write", "glm52_indexer_topk", "glm52_sparse_mla_attention"]
+
+SOURCE = Path(__file__).with_name("dsa.cu")
+ROPE_THREADS, SCORE_THREADS, SELECT_THREADS = 128, 128, 512
+MAX_INDEX_HEADS, MAX_ROPE_DIM = 64, 1024          # dsa.cu: MAX_INDEX_HEADS, kn[1024]
+HG, KT, SPARSE_THREADS, R_PER_THREAD = 16, 32, 256, 32   # dsa.cu: sparse_mla_attention's tiling
+
+
+def sparse_mla_smem(R: int, P: int) -> int:
+    """Bytes of dynamic shared memory of sparse_mla_attention: the heads' queries, a tile of latent rows (padded
+    by one), the tile's scores and three per-head softmax values, in float32."""
+    D = R + P
+    return 4 * (HG * D + KT * (D + 1) + HG * KT + 3 * HG)
+
+
+def _layer_view(cache: cp.ndarray, dim: int, what: str) -> int:
+    """A paged cache layer view [blocks, block_size, dim] packed inside a block: its block stride in elements."""
+    it = cache.itemsize
+    if cache.ndim != 3 or cache.shape[2] != dim or cache.strides[1:] != (dim * it, it):
+        raise ValueError(f"{what}: cache must be a layer view [blocks, block_size, {dim}] packed inside a block "
+                         f"(got {cache.shape}, strides {cache.strides})")
+    return cache.strides[0] // it
+
+
+def _sequences(batch: ForwardBatch) -> tuple:
+    tables = as_index(batch.block_tables, np.int32)
+    return (tables, np.int32(tables.strides[0] // tables.itemsize), as_index(batch.query_start, np.int32),
+            as_index(batch.context_lens, np.int32), np.int32(batch.num_seqs))
+
+
+def glm52_indexer_rope_write(q: cp.ndarray, k: cp.ndarray, norm_w: cp.ndarray, norm_b: cp.ndarray,
+                             positions: cp.ndarray, cos: cp.ndarray, sin: cp.ndarray, cache: cp.ndarray,
+                             slot_mapping: cp.ndarray, interleave: bool) -> cp.ndarray:
+    T, heads, dim = q.shape
+    if dim > MAX_ROPE_DIM or k.shape != (T, dim) or k.dtype != q.dtype or cache.dtype != q.dtype:
+        raise ValueError(f"glm52_indexer_rope_write: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, cache "
+                         f"{cache.dtype}: k must be [T, dim] of q's dtype, dim <= {MAX_ROPE_DIM}")
+    block_stride = _layer_view(cache, dim, "glm52_indexer_rope_write")
+    q3, q_stride = heads3d(q)
+    k2, k_stride = rows2d(k)
+    out = cp.empty((T, heads, dim), dtype=q.dtype)
+    if T == 0:
+        return out
+    launch(SOURCE, f"indexer_rope_write_{suffix(q.dtype)}", (T,), ROPE_THREADS,
+           (q3, np.int64(q_stride), k2, np.int64(k_stride), cp.ascontiguousarray(norm_w),
+            cp.ascontiguousarray(norm_b), as_index(positions, np.int32), cos, sin, np.int32(cos.shape[1]), cache,
+            np.int64(block_stride), np.int32(cache.shape[1]), as_index(slot_mapping, np.int64), out,
+            np.int32(heads), np.int32(dim), np.int32(bool(interleave))))
+    return out
+
+
+def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, batch: ForwardBatch, topk: int,
+                       scale: float) -> cp.ndarray:
+    T, heads, dim = q.shape
+    if heads > MAX_INDEX_HEADS:
+        raise ValueError(f"glm52_indexer_topk: {heads} indexer heads, the kernel holds at most {MAX_INDEX_HEADS}")
+    block_stride = _layer_view(cache, dim, "glm52_indexer_topk")
+    out = cp.empty((T, topk), dtype=np.int32)
+    if T == 0:
+        return out
+    width = int(batch.max_context_len)
+    scores = cp.empty((T, width), dtype=np.float32)
+    tables, table_stride, qstart, lens, B = _sequences(batch)
+    smem = 4 * (heads * dim + heads)
+    launch(SOURCE, f"indexer_scores_{suffix(q.dtype)}", (T, -(-width // SCORE_THREADS)), SCORE_THREADS,
+           (cp.ascontiguousarray(q), cp.ascontiguousarray(weights, dtype=np.float32), cache, np.int64(block_stride),
+            np.int32(cache.shape[1]), tables, table_stride, qstart, lens, B, scores, np.int32(width), np.int32(heads),
+            np.int32(dim), np.float32(scale)), smem=smem)
+    launch(SOURCE, "indexer_topk_select", (T,), SELECT_THREADS,
+           (scores, np.int32(width), qstart, lens, B, np.int32(topk), out))
+    return out
+
+
+def glm52_sparse_mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, indices: cp.ndarray,
+                               batch: ForwardBatch, scale: float) -> cp.ndarray:
+    T, heads, R = q_latent.shape
+    P = q_pe.shape[2]
+    if R > 16 * R_PER_THREAD or q_pe.shape[:2] != (T, heads) or q_pe.dtype != q_latent.dtype:
+        raise ValueError(f"glm52_sparse_mla_attention: q_latent {q_latent.shape}, q_pe {q_pe.shape}: kv_lora_rank "
+                         f"must be at most {16 * R_PER_THREAD} and q_pe [T, heads, P] of q_latent's dtype")
+    block_stride = _layer_view(cache, R + P, "glm52_sparse_mla_attention")
+    out = cp.empty((T, heads, R), dtype=q_latent.dtype)
+    if T == 0:
+        return out
+    tables, table_stride, qstart, lens, B = _sequences(batch)
+    launch(SOURCE, f"sparse_mla_attention_{suffix(q_latent.dtype)}", (T, -(-heads // HG)), SPARSE_THREADS,
+           (cp.ascontiguousarray(q_latent), cp.ascontiguousarray(q_pe), cache, np.int64(block_stride),
+            np.int32(cache.shape[1]), tables, table_stride, qstart, lens, B, as_index(indices, np.int32),
+            np.int32(indices.shape[1]), out, np.int32(heads), np.int32(R), np.int32(P), np.float32(scale)),
+           smem=sparse_mla_smem(R, P))
+    return out

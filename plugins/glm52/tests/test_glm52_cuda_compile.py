@@ -1,0 +1,129 @@
+"""CPU-only checks of the glm52 CUDA kernels (no GPU): dsa.cu compiles to an sm_90a cubin with NVRTC, every
+launch matches its kernel's compiled parameters (openinfer.testing.launch_check), the source ships as package
+data, the ops register lazily for "cuda", and a numpy emulation of the top-k kernel's radix select and tie rule
+equals the reference selection."""
+from __future__ import annotations
+
+import fnmatch
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from openinfer.plugin_api import ForwardBatch, KernelRegistry
+from openinfer_glm52 import cuda, ops, plugin
+
+KERNEL_DIR = Path(cuda.__file__).parent
+PLUGIN_ROOT = KERNEL_DIR.parents[1]
+
+
+def test_dsa_compiles_to_an_sm90a_cubin_with_every_kernel(tmp_path, monkeypatch):
+    from openinfer.kernels.cuda import compile as kc
+    from openinfer.testing.launch_check import require_nvrtc
+    require_nvrtc()
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
+    cubin = kc.compile_source(KERNEL_DIR / "dsa.cu", "sm_90a").read_bytes()
+    assert cubin[:4] == b"\x7fELF"
+    names = ["indexer_topk_select"] + [f"{k}_{s}" for k in ("indexer_rope_write", "indexer_scores",
+                                                            "sparse_mla_attention") for s in ("bf16", "f32")]
+    for name in names:
+        assert name.encode() + b"\0" in cubin, name
+
+
+def test_source_ships_as_package_data():
+    patterns = tomllib.loads((PLUGIN_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for path in KERNEL_DIR.glob("*.cu"):
+        rel = path.relative_to(PLUGIN_ROOT / "openinfer_glm52").as_posix()
+        assert any(fnmatch.fnmatch(rel, p) for p in patterns["openinfer_glm52"]), rel
+
+
+def test_registered_lazily_for_cuda():
+    reg = KernelRegistry()
+    plugin.register_kernels(reg.register)
+    for op in ops.OPS:
+        for dtype in cuda.DTYPES:
+            assert reg.candidates(op, "cuda", dtype)[0].impl == f"openinfer_glm52.cuda.ops:{op}"
+        assert reg.candidates(op, "numpy", "float32")[0].impl == f"openinfer_glm52.ops:{op}"
+    code = ("import sys, openinfer_glm52.plugin; "
+            "bad = [m for m in ('cupy', 'cuda', 'torch') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _batch(runs: list[tuple[int, int]], fake, block_size: int = 16) -> ForwardBatch:
+    qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
+    lens = np.asarray([p + n for p, n in runs], dtype=np.int32)
+    width = max(-(-L // block_size) for L in lens)
+    tables = np.arange(len(runs) * width, dtype=np.int32).reshape(len(runs), width)
+    positions = np.concatenate([np.arange(p, p + n) for p, n in runs]).astype(np.int32)
+    T = int(qs[-1])
+    return ForwardBatch(fake(np.zeros(T, np.int32)), fake(positions), fake(np.zeros(T, np.int64)), fake(tables),
+                        fake(qs), fake(lens), fake(np.zeros(1, np.int32)), qs, lens, block_size,
+                        max(n for _, n in runs), int(lens.max()))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("runs", [[(0, 40), (7, 1), (300, 1)], [(5, 1), (2047, 1)]])
+def test_launches_match_the_kernels(monkeypatch, dtype, runs):
+    pytest.importorskip("cupy")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from openinfer.kernels.cuda import module
+    from openinfer.testing.launch_check import aligned_empty, fake, record_launches
+    from openinfer_glm52.cuda import ops as cuda_ops
+    recorded = record_launches(monkeypatch, [cuda_ops, module])
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    b = _batch(runs, fake)
+    T, Hi, Di, H, R, P, layers, blocks = b.num_tokens, 32, 128, 64, 512, 64, 3, 64
+    index_pool = aligned_empty((blocks, layers, 16, Di), dt)
+    latent_pool = aligned_empty((blocks, layers, 16, R + P), dt)
+    cos = aligned_empty((4096, P // 2), np.float32)
+    q = cuda_ops.glm52_indexer_rope_write(aligned_empty((T, Hi, Di), dt), aligned_empty((T, Di), dt),
+                                          aligned_empty(Di, dt), aligned_empty(Di, dt), b.positions, cos, cos,
+                                          index_pool[:, 1], b.slot_mapping, True)
+    sel = cuda_ops.glm52_indexer_topk(q, aligned_empty((T, Hi), np.float32), index_pool[:, 2], b, 2048, Di ** -0.5)
+    out = cuda_ops.glm52_sparse_mla_attention(aligned_empty((T, H, R), dt), aligned_empty((T, H, P), dt),
+                                              latent_pool[:, 0], sel, b, 0.07)
+    assert q.shape == (T, Hi, Di) and sel.shape == (T, 2048) and out.shape == (T, H, R)
+    assert [c.name for c in recorded] == [f"indexer_rope_write_{module.suffix(dt)}",
+                                          f"indexer_scores_{module.suffix(dt)}", "indexer_topk_select",
+                                          f"sparse_mla_attention_{module.suffix(dt)}"]
+
+
+def emulate_select(scores: np.ndarray, visible: int, topk: int) -> np.ndarray:
+    """indexer_topk_select's algorithm in numpy: order keys, four 8-bit radix passes for the k-th largest key,
+    then every larger key and the earliest equal ones, in ascending positions."""
+    if visible <= topk:
+        return np.array([i if i < visible else -1 for i in range(topk)], np.int32)
+    x = np.where(scores[:visible] == 0, np.float32(0), scores[:visible]).astype(np.float32)
+    u = x.view(np.uint32)
+    keys = np.where(u & 0x80000000, ~u, u | 0x80000000).astype(np.uint32)
+    prefix, mask, need = 0, 0, topk
+    for shift in (24, 16, 8, 0):
+        inside = keys[(keys & mask) == prefix]
+        hist = np.bincount((inside >> shift) & 255, minlength=256)
+        above, b = 0, 255
+        while b > 0 and above + hist[b] < need:
+            above += hist[b]
+            b -= 1
+        prefix, need, mask = prefix | (b << shift), need - above, mask | (0xFF << shift)
+    equal_rank = np.cumsum(keys == prefix) - 1
+    take = (keys > prefix) | ((keys == prefix) & (equal_rank < need))
+    return np.flatnonzero(take).astype(np.int32)
+
+
+def test_the_top_k_kernel_s_algorithm_is_the_reference_selection():
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        L, topk = int(rng.integers(1, 300)), int(rng.integers(1, 64))
+        kind = trial % 3
+        if kind == 0:
+            s = rng.standard_normal(L).astype(np.float32)
+        elif kind == 1:   # the ReLU's exact ties: many zeros of both signs, a few values
+            s = np.where(rng.random(L) < 0.7, np.float32(0) * rng.choice([-1, 1], L),
+                         rng.standard_normal(L)).astype(np.float32)
+        else:             # few distinct values
+            s = rng.integers(-3, 3, L).astype(np.float32)
+        visible = int(rng.integers(1, L + 1))
+        np.testing.assert_array_equal(emulate_select(s, visible, topk), ops.select_topk(s, visible, topk))
