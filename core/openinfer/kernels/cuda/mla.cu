@@ -1,0 +1,225 @@
+// Multi-head latent attention (DeepSeek MLA, absorbed form) over the paged latent cache, on the tensor cores
+// (bf16 in, fp32 accumulate), and the latent cache write.
+//
+// Cache row of a token: MLA_D = 576 bf16, the normalised compressed KV c in [0, 512) then the rotated k_pe in
+// [512, 576). The attention is MQA over that one "KV head": score(row, key) = q_row . cache_key (q_latent ||
+// q_pe, 576 wide) * scale, out_row = softmax . c_key (the first 512 columns: V is K's latent part).
+//
+//   rows   a row is a (token, head) pair of a sequence's run, row = token * nh + head, so a decode step's rows
+//          are its heads. A block takes MLA_ROWS = 16 rows (one m16 tile), zero-padded past the run. Query j
+//          of a run of n sits at position L - n + j and sees keys 0 .. L - n + j (numpy paged_attention's rule).
+//   grid   (split, row tile, sequence). Decode (runs of one token) splits each context over the grid's
+//          splits in whole tiles (at least min_split keys each), like attention_decode.cu: splits past a
+//          sequence's `used` ones leave at once, each split stores partials and the last block of a (sequence,
+//          row tile) merges them (decode_merge.cuh). Longer runs are launched with one split.
+//   tile   MLA_BN = 32 keys, double-buffered by cp.async (tile t + 1 loads while tile t computes). Warp w
+//          computes S for keys 8w .. 8w + 7 of the tile over all 576 columns (Q from shared memory by
+//          ldmatrix); the row maxima meet in shared memory, so every warp holds the same running max; P goes
+//          to shared memory as bf16 and warp w accumulates O's columns 128w .. 128w + 127 (V by ldmatrix.trans
+//          of the cached rows). Each warp keeps its own partial row sums (same max, same rescale), summed at
+//          the end. Softmax in the log2 domain (scale * log2(e) folded into `scale`), as attention_mma.cu.
+//
+// Mirrored in mla.py: MLA_ROWS, MLA_BN, the shared-memory size, the kernel names.
+#include "common.cuh"
+#include "mma.cuh"
+#include "decode_merge.cuh"
+
+constexpr int MLA_R = 512, MLA_P = 64, MLA_D = MLA_R + MLA_P;   // latent width, rope width, cache row
+constexpr int MLA_WARPS = 4, MLA_BN = 32, MLA_ROWS = 16;
+constexpr int MLA_LD = MLA_D + 8;          // smem row stride (bf16): 1168 bytes, ldmatrix rows on distinct banks
+constexpr int MLA_PLD = MLA_BN + 8;        // P row stride (bf16)
+constexpr int MLA_CHUNKS = MLA_D / 8;      // 16-byte chunks of a row
+constexpr int MLA_VCOLS = MLA_R / MLA_WARPS;   // O columns of one warp
+constexpr int MLA_STAGE = MLA_BN * MLA_LD;     // one K/V tile, bf16 elements
+// shared memory (bytes): Q rows, two K/V stages, P, the warps' row maxima
+constexpr int MLA_SMEM_Q = MLA_ROWS * MLA_LD * 2;
+constexpr int MLA_SMEM = MLA_SMEM_Q + 2 * MLA_STAGE * 2 + MLA_ROWS * MLA_PLD * 2 + MLA_WARPS * MLA_ROWS * 4;
+static_assert(MLA_ROWS * MLA_R * 4 + 2 * MLA_ROWS * 4 + MLA_WARPS * MLA_ROWS * 4 <= 2 * MLA_STAGE * 2,
+              "the merge area must fit over the K/V stages");
+
+// Keys k0 .. k0 + MLA_BN - 1 of a sequence into a stage; keys at or past kend are zero rows (masked; 0 * V = 0).
+__device__ __forceinline__ void mla_load_tile(bf16* stage, const bf16* cache, const KvLayout& kv, const int* table,
+                                              int k0, int kend) {
+    for (int i = threadIdx.x; i < MLA_BN * MLA_CHUNKS; i += MLA_WARPS * 32) {
+        const int r = i / MLA_CHUNKS, c = i % MLA_CHUNKS, key = k0 + r;
+        const bool ok = key < kend;
+        const bf16* src = ok ? cache + kv.offset(table, key, 0, MLA_D) + c * 8 : cache;
+        cp_async16(stage + r * MLA_LD + c * 8, src, ok ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attention_bf16(
+    const bf16* ql, long long ql_stride, const bf16* qp, long long qp_stride, const bf16* cache,
+    long long block_stride, int block_size, const int* tables, int table_stride, const int* qstart, const int* ctx,
+    bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, float scale, int num_splits,
+    int min_split) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* qs = (bf16*)smem_raw;                        // [MLA_ROWS][MLA_LD]
+    bf16* kvs = qs + MLA_ROWS * MLA_LD;                // [2][MLA_BN][MLA_LD]
+    bf16* ps = kvs + 2 * MLA_STAGE;                    // [MLA_ROWS][MLA_PLD]
+    float* red = (float*)(ps + MLA_ROWS * MLA_PLD);    // [MLA_WARPS][MLA_ROWS]
+    pdl_begin();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
+    const int b = blockIdx.z, split = blockIdx.x;
+    const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
+    const int rows = n * nh, row0 = blockIdx.y * MLA_ROWS;
+    if (row0 >= rows) return;   // block-uniform (empty runs too)
+    const int gc = min(MLA_ROWS, rows - row0);
+    const int kall = L - n + (row0 + gc - 1) / nh + 1;   // keys any row of the block sees
+    const int split_len = max(min_split, ((kall + num_splits - 1) / num_splits + MLA_BN - 1) / MLA_BN * MLA_BN);
+    const int used = (kall + split_len - 1) / split_len;
+    if (split >= used) return;
+    const int kbeg = split * split_len, kend = min(kall, kbeg + split_len);
+    const int ntiles = (kend - kbeg + MLA_BN - 1) / MLA_BN;
+    const KvLayout kv{block_stride, MLA_D, block_size};
+    const int* table = tables + (long long)b * table_stride;
+
+    // Q rows (q_latent || q_pe; zeros past the block's rows) and the first tile: cp.async group 0
+    for (int i = threadIdx.x; i < MLA_ROWS * MLA_CHUNKS; i += blockDim.x) {
+        const int r = i / MLA_CHUNKS, c = i % MLA_CHUNKS, row = row0 + r;
+        const bf16* src = ql;
+        if (r < gc) {
+            const long long tok = q0 + row / nh, head = row % nh;
+            src = c < MLA_R / 8 ? ql + tok * ql_stride + head * MLA_R + c * 8
+                                : qp + tok * qp_stride + head * MLA_P + (c - MLA_R / 8) * 8;
+        }
+        cp_async16(qs + r * MLA_LD + c * 8, src, r < gc ? 16 : 0);
+    }
+    mla_load_tile(kvs, cache, kv, table, kbeg, kend);
+    cp_async_commit();
+
+    // this lane holds rows gid, gid + 8 (h = 0, 1): their positions (-1: a padding row, sees nothing)
+    int qpos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + gid + 8 * h;
+        qpos[h] = gid + 8 * h < gc ? L - n + r / nh : -1;
+    }
+    float o[MLA_VCOLS / 8][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < MLA_VCOLS / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    const int aoff = ((lane & 7) + ((lane >> 3) & 1) * 8) * MLA_LD + (lane >> 4) * 8;      // A rows (Q)
+    const int poff = ((lane & 7) + ((lane >> 3) & 1) * 8) * MLA_PLD + (lane >> 4) * 8;     // A rows (P)
+    const int koff = (8 * warp + (lane & 7)) * MLA_LD + (lane >> 3) * 8;                  // B: 8 keys x 32 columns
+    const int voff = ((lane & 7) + ((lane >> 3) & 1) * 8) * MLA_LD + (lane >> 4) * 8 + warp * MLA_VCOLS;
+
+    for (int t = 0; t < ntiles; ++t) {
+        cp_async_wait<0>();
+        __syncthreads();   // tile t landed for every thread; every warp is done with tile t - 1's stage and P
+        if (t + 1 < ntiles) mla_load_tile(kvs + ((t + 1) & 1) * MLA_STAGE, cache, kv, table, kbeg + (t + 1) * MLA_BN, kend);
+        cp_async_commit();
+        const bf16* kt = kvs + (t & 1) * MLA_STAGE;
+        const int k0 = kbeg + t * MLA_BN;
+
+        // S for this warp's 8 keys: rows gid (s[0], s[1]) and gid + 8 (s[2], s[3]), keys 8 warp + 2 tq + {0, 1}
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 6
+        for (int kk = 0; kk < MLA_D / 32; ++kk) {
+            unsigned int bk[4], a[4];
+            ldmatrix_x4(bk, kt + koff + kk * 32);
+            ldmatrix_x4(a, qs + aoff + kk * 32);
+            mma_bf16(s, a, bk[0], bk[1]);
+            ldmatrix_x4(a, qs + aoff + kk * 32 + 16);
+            mma_bf16(s, a, bk[2], bk[3]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * warp + 2 * tq + (e & 1);
+            if (key >= kend || key > qpos[e >> 1]) s[e] = NEG_INF;
+        }
+        float mx[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(s[2 * h], s[2 * h + 1]);
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            if (tq == 0) red[warp * MLA_ROWS + gid + 8 * h] = mx[h];
+        }
+        __syncthreads();
+        float alpha[2], base[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mt = m[h];
+#pragma unroll
+            for (int w = 0; w < MLA_WARPS; ++w) mt = fmaxf(mt, red[w * MLA_ROWS + gid + 8 * h]);
+            base[h] = mt == NEG_INF ? 0.f : mt * scale;   // a row that has seen nothing yet
+            alpha[h] = fast_exp2(m[h] * scale - base[h]);  // m = -inf: 0
+            m[h] = mt;
+            l[h] *= alpha[h];
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[e] = fast_exp2(fmaf(s[e], scale, -base[e >> 1]));
+            l[e >> 1] += s[e];
+        }
+        unsigned int* prow = (unsigned int*)ps;
+        prow[((gid * MLA_PLD) + 8 * warp + 2 * tq) / 2] = pack_bf16x2(s[0], s[1]);
+        prow[(((gid + 8) * MLA_PLD) + 8 * warp + 2 * tq) / 2] = pack_bf16x2(s[2], s[3]);
+#pragma unroll
+        for (int j = 0; j < MLA_VCOLS / 8; ++j) {
+            o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+        }
+        __syncthreads();   // P complete
+        // O[:, 128 warp ..] += P V over the tile's 32 keys (two k-steps of 16)
+#pragma unroll
+        for (int kk = 0; kk < MLA_BN / 16; ++kk) {
+            unsigned int a[4];
+            ldmatrix_x4(a, ps + poff + kk * 16);
+#pragma unroll
+            for (int dp = 0; dp < MLA_VCOLS / 16; ++dp) {
+                unsigned int bv[4];
+                ldmatrix_x4_trans(bv, kt + voff + kk * 16 * MLA_LD + dp * 16);
+                mma_bf16(o[2 * dp], a, bv[0], bv[1]);
+                mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();   // every warp is done with the stages: the merge area goes over them
+
+    // the block's state: O [row][512] unnormalised, m (log2 units) per row, l summed over the warps
+    float* mo = (float*)kvs;
+    float* mm = mo + MLA_ROWS * MLA_R;
+    float* ml = mm + MLA_ROWS;
+    float* wl = ml + MLA_ROWS;   // [MLA_WARPS][MLA_ROWS]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+        const int r = gid + 8 * h;
+#pragma unroll
+        for (int j = 0; j < MLA_VCOLS / 8; ++j)
+            *(float2*)(mo + r * MLA_R + warp * MLA_VCOLS + 8 * j + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
+        if (tq == 0) {
+            wl[warp * MLA_ROWS + r] = l[h];
+            if (warp == 0) mm[r] = m[h] == NEG_INF ? NEG_INF : m[h] * scale;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < MLA_ROWS) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < MLA_WARPS; ++w) sum += wl[w * MLA_ROWS + threadIdx.x];
+        ml[threadIdx.x] = sum;
+    }
+    __syncthreads();
+    // row g of the block is output row row0 + g of the run: out[(q0 * nh + row0 + g) * 512 ..]
+    store_merged_warps<bf16, 1, MLA_ROWS, MLA_R>(mm, ml, mo, gc, row0, nh, q0, b, split, used, num_splits, out,
+                                                 part_o, part_m, part_l);
+    if (used > 1)
+        merge_splits_if_last<bf16, MLA_R>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, row0, nh, q0, b,
+                                          used, num_splits, out);
+}
+
+// cache [num_blocks, block_size, 576] (any block stride): row slot = c[t] || k_pe[t]; negative slots are skipped.
+extern "C" __global__ void mla_write_latent_bf16(bf16* cache, long long block_stride, int block_size, const bf16* c,
+                                                 long long c_stride, const bf16* kpe, long long kpe_stride,
+                                                 const long long* slots) {
+    pdl_begin();
+    const long long slot = slots[blockIdx.x];
+    if (slot < 0) return;
+    bf16* dst = cache + (slot / block_size) * block_stride + (slot % block_size) * (long long)MLA_D;
+    for (int i = threadIdx.x; i < MLA_D; i += blockDim.x)
+        dst[i] = i < MLA_R ? c[blockIdx.x * c_stride + i] : kpe[blockIdx.x * kpe_stride + i - MLA_R];
+}

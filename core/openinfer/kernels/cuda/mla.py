@@ -1,0 +1,93 @@
+"""MLA on CUDA: `mla_attention` over the paged latent cache (mla.cu, tensor cores, bf16) and `mla_write_latent`.
+
+Decode batches (every run one token) split each context over the grid so that batch 1 fills the GPU; the grid
+depends only on the batch size, the heads and `max_context_len`, and the kernel reads only the batch's device
+fields, so a CUDA graph captured at the longest context serves shorter ones (as attention_decode.py). Runs of
+more tokens (prefill chunks, prefix hits, mixed steps) launch one split per (sequence, 16-row tile).
+"""
+from __future__ import annotations
+
+import math
+
+import cupy as cp
+import numpy as np
+
+from ...batch import ForwardBatch
+from .attention import LOG2E
+from .attention_decode import decode_splits
+from .module import (BF16, COUNTER_SLOTS, NULL, arrival_counters, as_index, blocks_per_sm, heads3d, launch,
+                     rows2d)
+
+LATENT, ROPE = 512, 64                 # must match mla.cu (MLA_R, MLA_P)
+ROW = LATENT + ROPE
+ROWS, BN, WARPS = 16, 32, 4            # rows of a block, keys of a tile, warps of a block (mla.cu)
+SPLIT_KEYS = 64                        # fewest keys of a decode split (whole tiles)
+SMEM = ROWS * (ROW + 8) * 2 + 2 * BN * (ROW + 8) * 2 + ROWS * (BN + 8) * 2 + WARPS * ROWS * 4   # MLA_SMEM
+
+
+def _check_cache(op: str, cache: cp.ndarray) -> None:
+    if cache.ndim != 3 or cache.shape[2] != ROW or cache.strides[1:] != (ROW * 2, 2) or cache.dtype != BF16:
+        raise ValueError(f"{op}: the latent cache must be a bf16 [num_blocks, block_size, {ROW}] view packed inside "
+                         f"a block (got {cache.dtype} {cache.shape}, strides {cache.strides})")
+
+
+def mla_write_latent(cache: cp.ndarray, c: cp.ndarray, k_pe: cp.ndarray, slot_mapping) -> None:
+    """cache[slot] = c[t] || k_pe[t] for cache [num_blocks, block_size, 576]; negative slots are skipped."""
+    _check_cache("mla_write_latent", cache)
+    if c.shape[-1] != LATENT or k_pe.shape[-1] != ROPE or c.dtype != BF16 or k_pe.dtype != BF16:
+        raise ValueError(f"mla_write_latent: c [T, {LATENT}] and k_pe [T, {ROPE}] bf16 (got {c.shape}, {k_pe.shape})")
+    c2, cs = rows2d(c)
+    p2, ps = rows2d(k_pe)
+    T = c2.shape[0]
+    if T:
+        launch("mla", "mla_write_latent_bf16", (T,), 192,
+               (cache, np.int64(cache.strides[0] // 2), np.int32(cache.shape[1]), c2, np.int64(cs), p2, np.int64(ps),
+                as_index(slot_mapping, np.int64)))
+
+
+def _queries(q: cp.ndarray, width: int) -> tuple[cp.ndarray, int]:
+    """q [T, H, width] with heads packed and 16-byte aligned rows (the kernel copies 16-byte words)."""
+    q3, stride = heads3d(q)
+    if (q3.data.ptr | stride * 2) % 16:
+        q3 = cp.ascontiguousarray(q3)
+        stride = q3.strides[0] // 2
+    return q3, stride
+
+
+def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, batch: ForwardBatch,
+                  scale: float) -> cp.ndarray:
+    """Causal MQA over the latent cache: out [T, H, 512] = softmax((q_latent . c + q_pe . k_pe) * scale) . c."""
+    _check_cache("mla_attention", cache)
+    T, nh, r = q_latent.shape
+    if r != LATENT or q_pe.shape != (T, nh, ROPE) or q_latent.dtype != BF16 or q_pe.dtype != BF16:
+        raise ValueError(f"mla_attention: q_latent [T, H, {LATENT}] and q_pe [T, H, {ROPE}] bf16 "
+                         f"(got {q_latent.dtype} {q_latent.shape}, {q_pe.dtype} {q_pe.shape})")
+    if cache.data.ptr % 16 or cache.strides[0] % 16:
+        raise ValueError("mla_attention: the latent cache must be 16-byte aligned")
+    ql, ql_stride = _queries(q_latent, LATENT)
+    qp, qp_stride = _queries(q_pe, ROPE)
+    out = cp.empty((T, nh, LATENT), dtype=BF16)
+    B = batch.num_seqs
+    if T == 0 or B == 0:
+        return out
+    tables = as_index(batch.block_tables, np.int32)
+    tiles = math.ceil(batch.max_query_len * nh / ROWS)
+    splits, parts = 1, (NULL, NULL, NULL, NULL)
+    if batch.max_query_len == 1:
+        splits = decode_splits(B, tiles, batch.max_context_len, SPLIT_KEYS, blocks_per_sm("mla", "mla_attention_bf16",
+                                                                                          WARPS * 32, SMEM))
+        splits = min(splits, SMEM // (2 * 4 * ROWS))   # the merging block's m and l of every part
+        # asked on every decode so that an eager run sets the counters up before any capture
+        counters = arrival_counters("decode_attention")
+        if counters is None or B * tiles > COUNTER_SLOTS:
+            splits = 1
+        if splits > 1:
+            part_o = cp.empty((B, nh, splits, LATENT), dtype=cp.float32)
+            part_ml = cp.empty((2, B, nh, splits), dtype=cp.float32)
+            parts = (part_o, part_ml[0], part_ml[1], counters)
+    launch("mla", "mla_attention_bf16", (splits, tiles, B), WARPS * 32,
+           (ql, np.int64(ql_stride), qp, np.int64(qp_stride), cache, np.int64(cache.strides[0] // 2),
+            np.int32(cache.shape[1]), tables, np.int32(tables.strides[0] // tables.itemsize),
+            as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32), out, *parts,
+            np.int32(nh), np.float32(scale * LOG2E), np.int32(splits), np.int32(SPLIT_KEYS)), SMEM)
+    return out

@@ -1,0 +1,169 @@
+"""MoE on the GPU against the numpy reference on random inputs (skipped without one): moe_route (softmax greedy,
+group-limited greedy, sigmoid noaux_tc; ties) and moe_experts (decode- and prefill-sized batches, an expert-parallel
+shard, shapes off the tiles, routing decided on the device and replayed from a CUDA graph)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
+    BF16, DTYPES, after_inputs, close, cp, dev, exact, host, own_stream, pdl, rnd)
+from openinfer.kernels.cuda import moe
+
+pytestmark = pytest.mark.cuda
+BF = DTYPES["bfloat16"]
+
+
+@dataclass(frozen=True)
+class Router:   # the fields of layers/moe.py's RouterConfig that the op reads
+    top_k: int
+    scoring: str
+    method: str
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+
+
+def ref_moe_route(logits, bias, cfg):
+    """transformers' DeepSeek-V2 / V3 routers in float64; top-k best first, ties to the lower expert."""
+    x = logits.astype(np.float64)
+    if cfg.scoring == "softmax":
+        scores = np.exp(x - x.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
+    else:
+        scores = 1 / (1 + np.exp(-x))
+    choice = scores + (bias if cfg.method == "noaux_tc" and bias is not None else 0)
+    T, E = x.shape
+    if cfg.method != "greedy" and cfg.topk_group < cfg.n_group:
+        g = choice.reshape(T, cfg.n_group, -1)
+        gscore = g.max(-1) if cfg.method == "group_limited_greedy" else np.sort(g, -1)[..., -2:].sum(-1)
+        keep = np.argsort(-gscore, axis=-1, kind="stable")[:, : cfg.topk_group]
+        mask = np.zeros((T, cfg.n_group), bool)
+        np.put_along_axis(mask, keep, True, axis=-1)
+        mask = np.repeat(mask, E // cfg.n_group, axis=-1)
+        choice = np.where(mask, choice, -np.inf if cfg.method == "noaux_tc" else 0.0)
+    ids = np.argsort(-choice, axis=-1, kind="stable")[:, : cfg.top_k]
+    w = np.take_along_axis(scores if cfg.method == "noaux_tc" else choice, ids, -1)
+    if cfg.norm_topk_prob:
+        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    return ids.astype(np.int32), (w * cfg.routed_scaling_factor).astype(np.float32)
+
+
+def ref_moe_experts(x, gate_up, down, ids, weights, offset):
+    T, D = x.shape
+    E, I = gate_up.shape[0], gate_up.shape[1] // 2
+    y = np.zeros((T, D), np.float64)
+    for e in range(E):
+        t, j = np.nonzero(ids == e + offset)
+        if len(t):
+            g = x[t].astype(np.float64) @ gate_up[e].T.astype(np.float64)
+            h = g[:, :I] / (1 + np.exp(-g[:, :I])) * g[:, I:]
+            np.add.at(y, t, weights[t, j][:, None] * (h @ down[e].T.astype(np.float64)))
+    return y.astype(np.float32)
+
+
+ROUTERS = {
+    "v2_lite_greedy": (64, Router(6, "softmax", "greedy", routed_scaling_factor=1.0)),
+    "v2_group_limited": (160, Router(6, "softmax", "group_limited_greedy", 8, 3, routed_scaling_factor=16.0)),
+    "v3_noaux": (256, Router(8, "sigmoid", "noaux_tc", 8, 4, True, 2.5)),
+    "kimi_noaux_one_group": (384, Router(8, "sigmoid", "noaux_tc", 1, 1, True, 2.827)),
+    "glm_noaux": (256, Router(8, "sigmoid", "noaux_tc", 1, 1, True, 2.5)),
+    "qwen_style_norm": (128, Router(8, "softmax", "greedy", norm_topk_prob=True)),
+}
+
+
+@pytest.mark.parametrize("T", [1, 7, 300])
+@pytest.mark.parametrize("case", list(ROUTERS))
+def test_moe_route(case, T, pdl):
+    E, cfg = ROUTERS[case]
+    rng = np.random.default_rng(T + len(case))
+    logits = rnd(rng, T, E, scale=2.0)
+    bias = rnd(rng, E, scale=0.3) if cfg.method == "noaux_tc" else None
+    want_ids, want_w = ref_moe_route(logits, bias, cfg)
+    ids, w = moe.moe_route(cp.asarray(logits), None if bias is None else cp.asarray(bias), cfg)
+    np.testing.assert_array_equal(cp.asnumpy(ids), want_ids)
+    np.testing.assert_allclose(cp.asnumpy(w), want_w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["v2_lite_greedy", "v2_group_limited", "v3_noaux"])
+def test_moe_route_ties_go_to_the_lower_expert(case):
+    """Logits from a handful of values: many exact ties among experts and among groups."""
+    E, cfg = ROUTERS[case]
+    rng = np.random.default_rng(3)
+    logits = rng.integers(0, 3, (64, E)).astype(np.float32)
+    bias = np.zeros(E, np.float32) if cfg.method == "noaux_tc" else None
+    want_ids, want_w = ref_moe_route(logits, bias, cfg)
+    ids, w = moe.moe_route(cp.asarray(logits), None if bias is None else cp.asarray(bias), cfg)
+    np.testing.assert_array_equal(cp.asnumpy(ids), want_ids)
+    np.testing.assert_allclose(cp.asnumpy(w), want_w, rtol=1e-5, atol=1e-6)
+
+
+def _expert_inputs(T, D, I, E, k, n_ids, seed):
+    """x, expert weights of E local experts, and a routing of T tokens over n_ids experts (k distinct each)."""
+    rng = np.random.default_rng(seed)
+    x = exact(rnd(rng, T, D), BF16)
+    gate_up = exact(rnd(rng, E, 2 * I, D, scale=D ** -0.5), BF16)
+    down = exact(rnd(rng, E, D, I, scale=I ** -0.5), BF16)
+    ids = np.argsort(rng.random((T, n_ids)), axis=-1)[:, :k].astype(np.int32)
+    weights = rng.random((T, k)).astype(np.float32)
+    return x, gate_up, down, ids, weights
+
+
+EXPERT_CASES = {
+    # T, D, I, local experts, top-k, experts routed over, offset of the local ones
+    "v2_lite_decode_1": (1, 2048, 1408, 8, 6, 8, 0),
+    "v2_lite_decode_32": (32, 2048, 1408, 8, 6, 8, 0),
+    "decode_64_experts": (4, 256, 128, 64, 6, 64, 0),
+    "prefill_wide_tiles": (300, 256, 192, 16, 6, 16, 0),
+    "prefill_narrow_tiles": (40, 128, 96, 16, 2, 16, 0),
+    "ep_shard": (50, 256, 128, 4, 6, 12, 4),
+    "ep_shard_wide": (400, 128, 64, 4, 6, 12, 8),
+    "odd_shapes": (9, 72, 40, 5, 3, 5, 0),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPERT_CASES))
+def test_moe_experts(case, pdl):
+    T, D, I, E, k, n_ids, offset = EXPERT_CASES[case]
+    x, gate_up, down, ids, weights = _expert_inputs(T, D, I, E, k, n_ids, len(case))
+    want = ref_moe_experts(x, gate_up, down, ids, weights, offset)
+    args = (dev(x, BF16), dev(gate_up, BF16), dev(down, BF16), cp.asarray(ids), cp.asarray(weights), offset)
+    got = moe.moe_experts(*args)
+    close(got, want, BF)
+    np.testing.assert_array_equal(host(moe.moe_experts(*args)), host(got))   # deterministic
+
+
+def test_moe_experts_no_token_routed_here():
+    """A shard none of whose experts is chosen gives zeros."""
+    x, gate_up, down, ids, weights = _expert_inputs(6, 64, 32, 4, 2, 4, 1)
+    got = moe.moe_experts(dev(x, BF16), dev(gate_up, BF16), dev(down, BF16), cp.asarray(ids), cp.asarray(weights), 4)
+    np.testing.assert_array_equal(host(got), np.zeros((6, 64), np.float32))
+
+
+@pytest.mark.parametrize("T", [3, 200])
+def test_moe_route_and_experts_replay_from_a_graph(T):
+    """Router and experts captured once: replays with other logits route on the device and match the reference."""
+    E, cfg = ROUTERS["v2_lite_greedy"]
+    D, I = 256, 128
+    rng = np.random.default_rng(T)
+    x, gate_up, down, _, _ = _expert_inputs(T, D, I, E, cfg.top_k, E, 11)
+    xd, gud, dd = dev(x, BF16), dev(gate_up, BF16), dev(down, BF16)
+    logits = cp.asarray(rnd(rng, T, E))
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with after_inputs(stream):
+        moe.moe_experts(xd, gud, dd, *moe.moe_route(logits, None, cfg), 0)   # kernels loaded outside the capture
+        with cp.cuda.using_allocator(pool.malloc):
+            stream.begin_capture()
+            got = moe.moe_experts(xd, gud, dd, *moe.moe_route(logits, None, cfg), 0)
+            graph = stream.end_capture()
+        for seed in range(2):
+            new = rnd(np.random.default_rng(100 + seed), T, E, scale=3.0)
+            logits.set(new)
+            got[...] = 0
+            graph.launch(stream)
+            stream.synchronize()
+            ids, w = ref_moe_route(new, None, cfg)
+            close(got, ref_moe_experts(x, gate_up, down, ids, w, 0), BF)
