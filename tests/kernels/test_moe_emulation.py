@@ -1,0 +1,184 @@
+"""CPU emulation of moe.cu's expert path (no GPU): moe_align's per-lane scans and tile lists (its scatter in a random
+order within each expert, as the atomics may give), the grouped GEMM blocks lane by lane over numpy "shared memory"
+(ldmatrix / mma.sync fragment models of test_attention_mma_emulation, cp.async zero-fill), and the combine,
+against the op's definition; and row_tiles' bound on the tiles any routing gives. Shared memory starts as NaN, so
+a read of a pad or of a never-written word poisons the output. Mirrors the kernels: change both together."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from openinfer.kernels.cuda.moe import GEMM_BK, GEMM_BN, GEMM_STAGES, row_tiles
+from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma
+
+NW, LD = 4, GEMM_BK + 8
+GID, TQ = LANE >> 2, LANE & 3
+
+
+def emulate_align(ids, e_local, e_offset, bm, rng):
+    """moe_align: (sorted pair ids, tile_expert, tile_start, tile_end, num_tiles)."""
+    flat = ids.ravel()
+    local = flat - e_offset
+    count = np.bincount(local[(local >= 0) & (local < e_local)], minlength=e_local)
+    per = (e_local + 31) // 32
+    lane_rows, lane_tiles = [], []
+    for lane in range(32):
+        e0, e1 = min(e_local, lane * per), min(e_local, lane * per + per)
+        lane_rows.append(int(count[e0:e1].sum()))
+        lane_tiles.append(int(sum((c + bm - 1) // bm for c in count[e0:e1])))
+    row_off = np.cumsum(lane_rows) - lane_rows     # the exclusive scans
+    tile_off = np.cumsum(lane_tiles) - lane_tiles
+    num_tiles = int(sum(lane_tiles))
+    cursor = np.zeros(e_local, np.int64)
+    te, ts, tend = [], [], []
+    for lane in range(32):
+        ro, to = int(row_off[lane]), int(tile_off[lane])
+        for e in range(min(e_local, lane * per), min(e_local, lane * per + per)):
+            c = int(count[e])
+            cursor[e] = ro
+            for i in range(0, c, bm):
+                assert to == len(te)
+                te.append(e), ts.append(ro + i), tend.append(ro + c)
+                to += 1
+            ro += c
+    sorted_pairs = np.full(len(flat), -1)
+    for p in rng.permutation(len(flat)):   # the atomics' order within an expert is free
+        e = int(local[p])
+        if 0 <= e < e_local:
+            sorted_pairs[cursor[e]] = p
+            cursor[e] += 1
+    return sorted_pairs, np.array(te), np.array(ts), np.array(tend), num_tiles
+
+
+def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, w, N, K, e, r0, r1, bx, mt, route_w, out,
+                       out_stride):
+    """One moe_gemm block (n tile bx) of one tile; a, w, out flat arrays; w the expert's [rows, K] matrix."""
+    BM = 16 * mt
+    m = min(BM, r1 - r0)
+    n0 = bx * (GEMM_BN // 2 if gate_up else GEMM_BN)
+    pair_of = [int(sorted_pairs[r0 + i]) if i < m else -1 for i in range(BM)]
+    a_rows = [None if p < 0 else (p // topk) * a_stride if gate_up else (r0 + i) * a_stride
+              for i, p in enumerate(pair_of)]
+    w_rows = []
+    for r in range(GEMM_BN):
+        col = n0 + (r % (GEMM_BN // 2) if gate_up else r)
+        wr = N + col if gate_up and r >= GEMM_BN // 2 else col
+        w_rows.append(wr * K if col < N else None)
+    sm = np.full((GEMM_STAGES, BM + GEMM_BN, LD), np.nan, np.float32)
+
+    def load(stage, k0):
+        for i in range((BM + GEMM_BN) * (GEMM_BK // 8)):
+            r, c = divmod(i, GEMM_BK // 8)
+            k = k0 + c * 8
+            row, src = (a_rows[r], a) if r < BM else (w_rows[r - BM], w)
+            sm[stage, r, c * 8: c * 8 + 8] = src[row + k: row + k + 8] if row is not None and k < K else 0
+
+    nk = (K + GEMM_BK - 1) // GEMM_BK
+    for s in range(GEMM_STAGES - 1):
+        if s < nk:
+            load(s, s * GEMM_BK)
+    acc = np.zeros((NW, mt, 2, 32, 4))
+    aoff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
+    for kt in range(nk):
+        pre = kt + GEMM_STAGES - 1
+        if pre < nk:
+            load(pre % GEMM_STAGES, pre * GEMM_BK)
+        st = sm[kt % GEMM_STAGES].ravel()
+        for warp in range(NW):
+            nrow = ((LANE >> 4) * (GEMM_BN // 2) + 8 * warp if gate_up else 16 * warp + (LANE >> 4) * 8) + (LANE & 7)
+            boff = (BM + nrow) * LD + ((LANE >> 3) & 1) * 8   # the W rows follow the A rows in a stage
+            for kk in range(GEMM_BK // 16):
+                b = ldmatrix_x4(st, boff + kk * 16)
+                for t in range(mt):
+                    af = ldmatrix_x4(st, t * 16 * LD + aoff + kk * 16)
+                    mma(acc[warp, t, 0], af, b[:, 0], b[:, 1])
+                    mma(acc[warp, t, 1], af, b[:, 2], b[:, 3])
+    for warp in range(NW):
+        for t in range(mt):
+            for h in range(2):
+                for ln in range(32):
+                    row = t * 16 + GID[ln] + 8 * h
+                    if row >= m:
+                        continue
+                    for c in range(2):
+                        if gate_up:
+                            col = n0 + 8 * warp + 2 * TQ[ln] + c
+                            if col < N:
+                                g, u = acc[warp, t, 0, ln, 2 * h + c], acc[warp, t, 1, ln, 2 * h + c]
+                                out[(r0 + row) * out_stride + col] = bf(g / (1 + np.exp(-g)) * u)
+                        else:
+                            p = pair_of[row]
+                            for j in range(2):
+                                col = n0 + 16 * warp + 8 * j + 2 * TQ[ln] + c
+                                if col < N:
+                                    out[p * out_stride + col] = route_w[p] * acc[warp, t, j, ln, 2 * h + c]
+
+
+def emulate_experts(x, gate_up, down, ids, weights, offset, mt, rng):
+    T, D = x.shape
+    E, I = gate_up.shape[0], gate_up.shape[1] // 2
+    k = ids.shape[1]
+    pairs = T * k
+    sorted_pairs, te, ts, tend, num_tiles = emulate_align(ids, E, offset, 16 * mt, rng)
+    assert num_tiles <= row_tiles(pairs, E, mt)
+    h = np.full(pairs * I, np.nan, np.float32)
+    y = np.full(pairs * D, np.nan, np.float32)
+    for slot in range(num_tiles):
+        e, r0, r1 = int(te[slot]), int(ts[slot]), int(tend[slot])
+        for bx in range(-(-I // (GEMM_BN // 2))):
+            emulate_gemm_block(True, x.ravel(), D, sorted_pairs, k, gate_up[e].ravel(), I, D, e, r0, r1, bx, mt,
+                               None, h, I)
+    for slot in range(num_tiles):
+        e, r0, r1 = int(te[slot]), int(ts[slot]), int(tend[slot])
+        for bx in range(-(-D // GEMM_BN)):
+            emulate_gemm_block(False, h, I, sorted_pairs, k, down[e].ravel(), D, I, e, r0, r1, bx, mt,
+                               weights.ravel(), y, D)
+    out = np.zeros((T, D))
+    for t in range(T):
+        for j in range(k):
+            if 0 <= ids[t, j] - offset < E:
+                out[t] += y[(t * k + j) * D: (t * k + j + 1) * D]
+    return out
+
+
+def reference(x, gate_up, down, ids, weights, offset):
+    E, I = gate_up.shape[0], gate_up.shape[1] // 2
+    y = np.zeros(x.shape)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = ids[t, j] - offset
+            if 0 <= e < E:
+                g = gate_up[e].astype(np.float64) @ x[t]
+                y[t] += weights[t, j] * (down[e].astype(np.float64) @ (g[:I] / (1 + np.exp(-g[:I])) * g[I:]))
+    return y
+
+
+# T, D, I, local experts, top-k, experts routed over, offset, m-tiles a block: two k tiles with a ragged last one
+# (D 72 = 64 + 8, I 40), outputs off the n tiles, an expert-parallel shard, 64-row tiles
+CASES = {"narrow": (5, 72, 40, 3, 2, 3, 0, 1), "shard": (6, 64, 32, 2, 3, 6, 2, 1),
+         "wide": (20, 64, 32, 2, 2, 2, 0, 4)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_moe_experts_emulation(case):
+    T, D, I, E, k, n_ids, offset, mt = CASES[case]
+    rng = np.random.default_rng(len(case))
+    x = bf(rng.standard_normal((T, D)).astype(np.float32))
+    gate_up = bf((rng.standard_normal((E, 2 * I, D)) * D ** -0.5).astype(np.float32))
+    down = bf((rng.standard_normal((E, D, I)) * I ** -0.5).astype(np.float32))
+    ids = np.argsort(rng.random((T, n_ids)), axis=-1)[:, :k].astype(np.int32)
+    weights = rng.random((T, k)).astype(np.float32)
+    got = emulate_experts(x, gate_up, down, ids, weights, offset, mt, rng)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, reference(x, gate_up, down, ids, weights, offset), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("mt", [1, 4])
+def test_row_tiles_bound_every_routing(mt):
+    """The GEMM grids' tile count: never fewer than the tiles of skewed, spread or one-expert routings."""
+    rng = np.random.default_rng(mt)
+    for T, k, E in [(1, 6, 64), (5, 6, 64), (33, 8, 16), (300, 6, 64), (7, 2, 3), (1000, 8, 384)]:
+        for ids in (rng.integers(0, E, (T, k)), np.zeros((T, k), int), np.arange(T * k).reshape(T, k) % E,
+                    np.minimum(rng.geometric(0.3, (T, k)) - 1, E - 1)):
+            tiles = sum(-(-c // (16 * mt)) for c in np.bincount(ids.ravel(), minlength=E))
+            assert tiles <= row_tiles(T * k, E, mt)
