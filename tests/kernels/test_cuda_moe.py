@@ -3,75 +3,24 @@ group-limited greedy, sigmoid noaux_tc; ties) and moe_experts (decode- and prefi
 shard, shapes off the tiles, routing decided on the device and replayed from a CUDA graph)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
     BF16, DTYPES, after_inputs, close, cp, dev, exact, host, own_stream, pdl, rnd)
 from openinfer.kernels.cuda import moe
+from test_moe_emulation import ref_moe_experts, ref_moe_route, route_config
 
 pytestmark = pytest.mark.cuda
 BF = DTYPES["bfloat16"]
 
-
-@dataclass(frozen=True)
-class Router:   # the fields of layers/moe.py's RouterConfig that the op reads
-    top_k: int
-    scoring: str
-    method: str
-    n_group: int = 1
-    topk_group: int = 1
-    norm_topk_prob: bool = False
-    routed_scaling_factor: float = 1.0
-
-
-def ref_moe_route(logits, bias, cfg):
-    """transformers' DeepSeek-V2 / V3 routers in float64; top-k best first, ties to the lower expert."""
-    x = logits.astype(np.float64)
-    if cfg.scoring == "softmax":
-        scores = np.exp(x - x.max(-1, keepdims=True))
-        scores /= scores.sum(-1, keepdims=True)
-    else:
-        scores = 1 / (1 + np.exp(-x))
-    choice = scores + (bias if cfg.method == "noaux_tc" and bias is not None else 0)
-    T, E = x.shape
-    if cfg.method != "greedy" and cfg.topk_group < cfg.n_group:
-        g = choice.reshape(T, cfg.n_group, -1)
-        gscore = g.max(-1) if cfg.method == "group_limited_greedy" else np.sort(g, -1)[..., -2:].sum(-1)
-        keep = np.argsort(-gscore, axis=-1, kind="stable")[:, : cfg.topk_group]
-        mask = np.zeros((T, cfg.n_group), bool)
-        np.put_along_axis(mask, keep, True, axis=-1)
-        mask = np.repeat(mask, E // cfg.n_group, axis=-1)
-        choice = np.where(mask, choice, -np.inf if cfg.method == "noaux_tc" else 0.0)
-    ids = np.argsort(-choice, axis=-1, kind="stable")[:, : cfg.top_k]
-    w = np.take_along_axis(scores if cfg.method == "noaux_tc" else choice, ids, -1)
-    if cfg.norm_topk_prob:
-        w = w / (w.sum(-1, keepdims=True) + 1e-20)
-    return ids.astype(np.int32), (w * cfg.routed_scaling_factor).astype(np.float32)
-
-
-def ref_moe_experts(x, gate_up, down, ids, weights, offset):
-    T, D = x.shape
-    E, I = gate_up.shape[0], gate_up.shape[1] // 2
-    y = np.zeros((T, D), np.float64)
-    for e in range(E):
-        t, j = np.nonzero(ids == e + offset)
-        if len(t):
-            g = x[t].astype(np.float64) @ gate_up[e].T.astype(np.float64)
-            h = g[:, :I] / (1 + np.exp(-g[:, :I])) * g[:, I:]
-            np.add.at(y, t, weights[t, j][:, None] * (h @ down[e].T.astype(np.float64)))
-    return y.astype(np.float32)
-
-
 ROUTERS = {
-    "v2_lite_greedy": (64, Router(6, "softmax", "greedy", routed_scaling_factor=1.0)),
-    "v2_group_limited": (160, Router(6, "softmax", "group_limited_greedy", 8, 3, routed_scaling_factor=16.0)),
-    "v3_noaux": (256, Router(8, "sigmoid", "noaux_tc", 8, 4, True, 2.5)),
-    "kimi_noaux_one_group": (384, Router(8, "sigmoid", "noaux_tc", 1, 1, True, 2.827)),
-    "glm_noaux": (256, Router(8, "sigmoid", "noaux_tc", 1, 1, True, 2.5)),
-    "qwen_style_norm": (128, Router(8, "softmax", "greedy", norm_topk_prob=True)),
+    "v2_lite_greedy": (64, route_config("softmax", "greedy")),
+    "v2_group_limited": (160, route_config("softmax", "group_limited_greedy", 8, 3, scale=16.0)),
+    "v3_noaux": (256, route_config("sigmoid", "noaux_tc", 8, 4, True, 2.5, 8)),
+    "kimi_noaux_one_group": (384, route_config("sigmoid", "noaux_tc", 1, 1, True, 2.827, 8)),
+    "glm_noaux": (256, route_config("sigmoid", "noaux_tc", 1, 1, True, 2.5, 8)),
+    "qwen_style_norm": (128, route_config("softmax", "greedy", norm=True, top_k=8)),
 }
 
 

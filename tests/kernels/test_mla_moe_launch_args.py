@@ -3,8 +3,6 @@ through openinfer.testing.launch_check, and of the grids they choose: decode spl
 for longer runs, router and expert-GEMM grids sized from the token count alone."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
@@ -12,6 +10,7 @@ pytest.importorskip("cupy")
 from openinfer.batch import ForwardBatch  # noqa: E402
 from openinfer.kernels.cuda import attention_decode, mla, module, moe  # noqa: E402
 from openinfer.testing.launch_check import aligned_empty, fake, record_launches  # noqa: E402
+from test_moe_emulation import route_config  # noqa: E402
 
 BF16 = module.BF16
 
@@ -77,20 +76,9 @@ def test_mla_rejects_a_cache_of_another_width(launches):
         mla.mla_attention(ql, qp, aligned_empty((4, 16, 512), BF16), _batch([1], [10], 16), 0.1)
 
 
-@dataclass(frozen=True)
-class Router:
-    top_k: int
-    scoring: str
-    method: str
-    n_group: int = 1
-    topk_group: int = 1
-    norm_topk_prob: bool = False
-    routed_scaling_factor: float = 1.0
-
-
-@pytest.mark.parametrize("E,cfg,bias", [(64, Router(6, "softmax", "greedy"), False),
-                                        (160, Router(6, "softmax", "group_limited_greedy", 8, 3), False),
-                                        (384, Router(8, "sigmoid", "noaux_tc", 1, 1, True, 2.8), True)])
+@pytest.mark.parametrize("E,cfg,bias", [(64, route_config("softmax", "greedy"), False),
+                                        (160, route_config("softmax", "group_limited_greedy", 8, 3), False),
+                                        (384, route_config("sigmoid", "noaux_tc", 1, 1, True, 2.8, 8), True)])
 def test_moe_route_launch_args(launches, E, cfg, bias):
     T = 9
     ids, w = moe.moe_route(aligned_empty((T, E), np.float32), aligned_empty((E,), np.float32) if bias else None, cfg)
@@ -98,8 +86,8 @@ def test_moe_route_launch_args(launches, E, cfg, bias):
     assert call.grid == (-(-T // moe.ROUTE_WARPS),) and ids.shape == w.shape == (T, cfg.top_k)
 
 
-@pytest.mark.parametrize("cfg,E", [(Router(6, "softmax", "beam"), 64), (Router(6, "softmax", "greedy"), 1024),
-                                   (Router(6, "softmax", "group_limited_greedy", 7, 3), 64)])
+@pytest.mark.parametrize("cfg,E", [(route_config("softmax", "beam"), 64), (route_config("softmax", "greedy"), 1024),
+                                   (route_config("softmax", "group_limited_greedy", 7, 3), 64)])
 def test_moe_route_rejects_what_it_cannot_compute(launches, cfg, E):
     with pytest.raises(ValueError, match="moe_route"):
         moe.moe_route(aligned_empty((2, E), np.float32), None, cfg)

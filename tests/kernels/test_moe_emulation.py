@@ -141,16 +141,18 @@ def emulate_experts(x, gate_up, down, ids, weights, offset, mt, rng):
     return out
 
 
-def reference(x, gate_up, down, ids, weights, offset):
+def ref_moe_experts(x, gate_up, down, ids, weights, offset):
+    """The op's definition in float64, one matrix product per expert."""
+    T, D = x.shape
     E, I = gate_up.shape[0], gate_up.shape[1] // 2
-    y = np.zeros(x.shape)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = ids[t, j] - offset
-            if 0 <= e < E:
-                g = gate_up[e].astype(np.float64) @ x[t]
-                y[t] += weights[t, j] * (down[e].astype(np.float64) @ (g[:I] / (1 + np.exp(-g[:I])) * g[I:]))
-    return y
+    y = np.zeros((T, D), np.float64)
+    for e in range(E):
+        t, j = np.nonzero(ids == e + offset)
+        if len(t):
+            g = x[t].astype(np.float64) @ gate_up[e].T.astype(np.float64)
+            h = g[:, :I] / (1 + np.exp(-g[:, :I])) * g[:, I:]
+            np.add.at(y, t, weights[t, j][:, None] * (h @ down[e].T.astype(np.float64)))
+    return y.astype(np.float32)
 
 
 # T, D, I, local experts, top-k, experts routed over, offset, m-tiles a block: two k tiles with a ragged last one
@@ -170,7 +172,7 @@ def test_moe_experts_emulation(case):
     weights = rng.random((T, k)).astype(np.float32)
     got = emulate_experts(x, gate_up, down, ids, weights, offset, mt, rng)
     assert not np.isnan(got).any()
-    np.testing.assert_allclose(got, reference(x, gate_up, down, ids, weights, offset), atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(got, ref_moe_experts(x, gate_up, down, ids, weights, offset), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("mt", [1, 4])
@@ -182,3 +184,129 @@ def test_row_tiles_bound_every_routing(mt):
                     np.minimum(rng.geometric(0.3, (T, k)) - 1, E - 1)):
             tiles = sum(-(-c // (16 * mt)) for c in np.bincount(ids.ravel(), minlength=E))
             assert tiles <= row_tiles(T * k, E, mt)
+
+
+def route_config(scoring, method, n_group=1, topk_group=1, norm=False, scale=1.0, top_k=6):
+    from types import SimpleNamespace
+    return SimpleNamespace(top_k=top_k, scoring=scoring, method=method, n_group=n_group, topk_group=topk_group,
+                           norm_topk_prob=norm, routed_scaling_factor=scale)
+
+
+def ref_moe_route(logits, bias, cfg):
+    """transformers' DeepSeek-V2 / V3 routers in float64; top-k best first, ties to the lower expert."""
+    x = logits.astype(np.float64)
+    if cfg.scoring == "softmax":
+        scores = np.exp(x - x.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
+    else:
+        scores = 1 / (1 + np.exp(-x))
+    choice = scores + (bias if cfg.method == "noaux_tc" and bias is not None else 0)
+    T, E = x.shape
+    if cfg.method != "greedy" and cfg.topk_group < cfg.n_group:
+        g = choice.reshape(T, cfg.n_group, -1)
+        gscore = g.max(-1) if cfg.method == "group_limited_greedy" else np.sort(g, -1)[..., -2:].sum(-1)
+        keep = np.argsort(-gscore, axis=-1, kind="stable")[:, : cfg.topk_group]
+        mask = np.zeros((T, cfg.n_group), bool)
+        np.put_along_axis(mask, keep, True, axis=-1)
+        mask = np.repeat(mask, E // cfg.n_group, axis=-1)
+        choice = np.where(mask, choice, -np.inf if cfg.method == "noaux_tc" else 0.0)
+    ids = np.argsort(-choice, axis=-1, kind="stable")[:, : cfg.top_k]
+    w = np.take_along_axis(scores if cfg.method == "noaux_tc" else choice, ids, -1)
+    if cfg.norm_topk_prob:
+        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    return ids.astype(np.int32), (w * cfg.routed_scaling_factor).astype(np.float32)
+
+
+def _butterfly(better, *vals):
+    """A warp's xor-shuffle reduction: each step a lane takes its partner's values where better(partner, own)."""
+    vals = [v.copy() for v in vals]
+    for o in (16, 8, 4, 2, 1):
+        other = [v[LANE ^ o] for v in vals]
+        take = better(other, vals)
+        vals = [np.where(take, ov, v) for ov, v in zip(other, vals)]
+    return vals
+
+
+def _route_better(a, b):
+    return (a[0] > b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
+
+
+def emulate_route(x, bias, cfg):
+    """moe_route_f32's warp for one token, lane by lane (float32 as the kernel computes)."""
+    E, k, method = len(x), cfg.top_k, {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}[cfg.method]
+    e = LANE[:, None] + 32 * np.arange(16)[None, :]
+    valid = e < E
+    f32 = np.float32
+    with np.errstate(over="ignore", invalid="ignore"):
+        score = np.where(valid, x[np.minimum(e, E - 1)], -np.inf).astype(f32)
+        if cfg.scoring == "sigmoid":
+            score = (f32(1) / (f32(1) + np.exp(-score))).astype(f32)
+        else:
+            score = np.where(valid, np.exp(score - score.max()), f32(0)).astype(f32)
+            score = (score / score.sum(dtype=f32)).astype(f32)
+    choice = np.where(valid, score + (bias[np.minimum(e, E - 1)] if method == 2 and bias is not None else 0),
+                      -np.inf).astype(f32)
+    if method and cfg.topk_group < cfg.n_group:
+        gs = E // cfg.n_group
+        gscore = np.full(32, -np.inf, f32)
+        for g in range(cfg.n_group):
+            a1, a2 = np.full(32, -np.inf, f32), np.full(32, -np.inf, f32)
+            for j in range(16):
+                v = choice[:, j]
+                mine = valid[:, j] & (e[:, j] // gs == g)
+                up1 = mine & (v > a1)
+                up2 = mine & ~up1 & (v > a2)
+                a2 = np.where(up1, a1, np.where(up2, v, a2))
+                a1 = np.where(up1, v, a1)
+            for o in (16, 8, 4, 2, 1):
+                b1, b2 = a1[LANE ^ o], a2[LANE ^ o]
+                a1, a2 = np.maximum(a1, b1), np.maximum(np.minimum(a1, b1), np.maximum(a2, b2))
+            gscore[g] = a1[0] + a2[0] if method == 2 else a1[0]
+        keep = 0
+        for _ in range(cfg.topk_group):
+            free = (LANE < cfg.n_group) & ~((keep >> LANE) & 1).astype(bool)
+            v, g = _butterfly(_route_better, np.where(free, gscore[np.minimum(LANE, 31)], -np.inf),
+                              np.where(free, LANE, 2**31 - 1))
+            keep |= 1 << int(g[0])
+        choice = np.where(valid & ~((keep >> (e // gs)) & 1).astype(bool), -np.inf if method == 2 else 0.0,
+                          choice).astype(f32)
+    taken = np.zeros((32, 16), bool)
+    ids, ws = [], []
+    for _ in range(k):
+        v, best, w = np.full(32, -np.inf, f32), np.full(32, 2**31 - 1), np.zeros(32, f32)
+        for j in range(16):
+            ok = valid[:, j] & ~taken[:, j] & _route_better((choice[:, j], e[:, j]), (v, best))
+            v, best = np.where(ok, choice[:, j], v), np.where(ok, e[:, j], best)
+            w = np.where(ok, score[:, j] if method == 2 else choice[:, j], w)
+        v, best, w = _butterfly(_route_better, v, best, w)
+        taken[int(best[0]) & 31, int(best[0]) >> 5] = True
+        ids.append(int(best[0]))
+        ws.append(w[0])
+    ws = np.array(ws, f32)
+    if cfg.norm_topk_prob:
+        ws = ws / (ws.sum(dtype=f32) + f32(1e-20))
+    return np.array(ids, np.int32), (ws * f32(cfg.routed_scaling_factor)).astype(f32)
+
+
+ROUTE_CASES = {
+    "v2_lite_greedy": (64, route_config("softmax", "greedy")),
+    "v2_group_limited": (160, route_config("softmax", "group_limited_greedy", 8, 3, scale=16.0)),
+    "v3_noaux": (256, route_config("sigmoid", "noaux_tc", 8, 4, True, 2.5, 8)),
+    "kimi_one_group": (384, route_config("sigmoid", "noaux_tc", 1, 1, True, 2.827, 8)),
+    "odd_experts": (37, route_config("softmax", "greedy", norm=True, top_k=5)),
+}
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("case", list(ROUTE_CASES))
+def test_moe_route_emulation(case, ties):
+    E, cfg = ROUTE_CASES[case]
+    rng = np.random.default_rng(E)
+    T = 6
+    logits = (rng.integers(0, 3, (T, E)) if ties else 2 * rng.standard_normal((T, E))).astype(np.float32)
+    bias = (0.3 * rng.standard_normal(E)).astype(np.float32) if cfg.method == "noaux_tc" and not ties else None
+    want_ids, want_w = ref_moe_route(logits, bias, cfg)
+    for t in range(T):
+        ids, w = emulate_route(logits[t], bias, cfg)
+        np.testing.assert_array_equal(ids, want_ids[t])
+        np.testing.assert_allclose(w, want_w[t], rtol=1e-5, atol=1e-6)
