@@ -1,6 +1,7 @@
-"""MLA on the GPU against the numpy reference on random inputs (skipped without one): mla_attention's decode kernel
+"""MLA on the GPU against the numpy reference ops on random inputs (skipped without one): mla_attention's decode kernel
 (split contexts merged in the kernel, grids as a CUDA graph sizes them, graph capture and replay) and its runs of
-several tokens (prefill, prefix hits, empty runs, heads of a row tile spanning tokens), and mla_write_latent."""
+several tokens (prefill, prefix hits, empty runs, heads of a row tile spanning tokens), mla_write_latent, mla_rope and
+per_head_linear."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,32 +12,12 @@ import pytest
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
     BF16, DTYPES, after_inputs, arrival_counters_left_zero, close, cp, dev, exact, host, own_stream, pdl, rnd)
 from test_cuda_attention import _batch
-from openinfer.kernels.cuda import mla
+from openinfer.kernels import numpy_mla_moe as ref
+from openinfer.kernels.cuda import blas, mla
 
 pytestmark = pytest.mark.cuda
 BF = DTYPES["bfloat16"]
 R, P = 512, 64
-
-
-def ref_mla_attention(q_latent, q_pe, cache, batch, scale):
-    """The op's definition: causal MQA of each run over its sequence's latent rows (c || k_pe), values c."""
-    T, nh, _ = q_latent.shape
-    bs = cache.shape[1]
-    out = np.zeros((T, nh, R), np.float32)
-    qs, lens = batch.query_start_host, batch.context_lens_host
-    for i, L in enumerate(lens):
-        s, e = int(qs[i]), int(qs[i + 1])
-        n = e - s
-        if n == 0:
-            continue
-        rows = cache[batch.block_tables[i, : -(-L // bs)]].reshape(-1, R + P)[:L].astype(np.float64)
-        q = np.concatenate([q_latent[s:e], q_pe[s:e]], axis=-1).astype(np.float64)   # [n, nh, 576]
-        scores = np.einsum("nhd,ld->nhl", q, rows) * scale
-        masked = np.arange(L)[None, :] > (L - n + np.arange(n))[:, None]
-        scores = np.where(masked[:, None, :], -np.inf, scores)
-        p = np.exp(scores - scores.max(-1, keepdims=True))
-        out[s:e] = np.einsum("nhl,ld->nhd", p / p.sum(-1, keepdims=True), rows[:, :R])
-    return out
 
 
 def _inputs(runs, nh, seed, bs=16, q_pad=0):
@@ -51,7 +32,7 @@ def _inputs(runs, nh, seed, bs=16, q_pad=0):
     ql = wide[:, : nh * R].reshape(T, nh, R)
     qp = wide[:, nh * R: nh * (R + P)].reshape(T, nh, P)
     scale = 192 ** -0.5
-    want = ref_mla_attention(ql, qp, pool[:, 1], hb, scale)
+    want = ref.mla_attention(ql, qp, pool[:, 1], hb, scale)
     wide_d, pool_d = dev(wide, BF16), dev(pool, BF16)
     qld = wide_d[:, : nh * R].reshape(T, nh, R)
     qpd = wide_d[:, nh * R: nh * (R + P)].reshape(T, nh, P)
@@ -123,7 +104,33 @@ def test_mla_write_latent():
     pool_d, kv_d = dev(pool, BF16), dev(kv, BF16)
     mla.mla_write_latent(pool_d[:, 0], kv_d[:, :R], kv_d[:, R: R + P], cp.asarray(slots))
     want = pool.copy()
-    for t, s in enumerate(slots):
-        if s >= 0:
-            want[s // bs, 0, s % bs] = kv[t, : R + P]
+    keep = slots >= 0
+    ref.mla_write_latent(want[:, 0], kv[keep, :R], kv[keep, R: R + P], slots[keep])
     np.testing.assert_array_equal(host(pool_d), want)
+
+
+@pytest.mark.parametrize("T,nh", [(1, 16), (37, 4)])
+def test_mla_rope(T, nh, pdl):
+    """q_pe and k_pe as slices of the projections (q [T, H, dn + P], kv [T, R + P]), YaRN-like tables."""
+    rng = np.random.default_rng(T)
+    dn, max_pos = 128, 4096
+    q = exact(rnd(rng, T, nh, dn + P), BF16)
+    kv = exact(rnd(rng, T, R + P), BF16)
+    pos = rng.integers(0, max_pos, T).astype(np.int32)
+    angles = np.outer(np.arange(max_pos), 10000.0 ** (-np.arange(0, P, 2) / P))
+    cos, sin = (0.9 * np.cos(angles)).astype(np.float32), (0.9 * np.sin(angles)).astype(np.float32)
+    want_q, want_k = ref.mla_rope(q[:, :, dn:], kv[:, R:], pos, cos, sin)
+    qd, kvd = dev(q, BF16), dev(kv, BF16)
+    got_q, got_k = mla.mla_rope(qd[:, :, dn:], kvd[:, R:], cp.asarray(pos), cp.asarray(cos), cp.asarray(sin))
+    close(got_q, want_q, BF)
+    close(got_k, want_k, BF)
+
+
+@pytest.mark.parametrize("T,H,n_in,n_out", [(1, 16, 128, 512), (9, 16, 512, 128), (40, 4, 16, 512)])
+def test_per_head_linear(T, H, n_in, n_out, pdl):
+    """x as a strided slice (q_nope of q [T, H, dn + P]); MLA's W_UK^T and W_UV shapes."""
+    rng = np.random.default_rng(n_in)
+    wide = exact(rnd(rng, T, H, n_in + 64), BF16)
+    w = exact(rnd(rng, H, n_out, n_in, scale=n_in ** -0.5), BF16)
+    got = blas.per_head_linear(dev(wide, BF16)[:, :, :n_in], dev(w, BF16))
+    close(got, ref.per_head_linear(wide[:, :, :n_in], w), BF)

@@ -1,4 +1,5 @@
-"""MoE on the GPU against the numpy reference on random inputs (skipped without one): moe_route (softmax greedy,
+"""MoE on the GPU against the numpy reference ops on random inputs (skipped without one): router_logits, moe_route
+(softmax greedy,
 group-limited greedy, sigmoid noaux_tc; ties) and moe_experts (decode- and prefill-sized batches, an expert-parallel
 shard, shapes off the tiles, routing decided on the device and replayed from a CUDA graph)."""
 from __future__ import annotations
@@ -8,8 +9,9 @@ import pytest
 
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
     BF16, DTYPES, after_inputs, close, cp, dev, exact, host, own_stream, pdl, rnd)
+from openinfer.kernels import numpy_mla_moe as ref
 from openinfer.kernels.cuda import moe
-from test_moe_emulation import ref_moe_experts, ref_moe_route, route_config
+from test_moe_emulation import route_config
 
 pytestmark = pytest.mark.cuda
 BF = DTYPES["bfloat16"]
@@ -24,6 +26,16 @@ ROUTERS = {
 }
 
 
+@pytest.mark.parametrize("T,D,E", [(1, 2048, 64), (7, 2048, 64), (300, 64, 160), (5, 72, 384)])
+def test_router_logits(T, D, E, pdl):
+    """The gate in float32 from bf16 activations (a strided view, as a fused projection leaves them)."""
+    rng = np.random.default_rng(T)
+    wide = exact(rnd(rng, T, D + 8), BF16)
+    w = rnd(rng, E, D, scale=D ** -0.5)
+    got = moe.router_logits(dev(wide, BF16)[:, 4: 4 + D], cp.asarray(w))
+    np.testing.assert_allclose(cp.asnumpy(got), ref.router_logits(wide[:, 4: 4 + D], w), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("T", [1, 7, 300])
 @pytest.mark.parametrize("case", list(ROUTERS))
 def test_moe_route(case, T, pdl):
@@ -31,7 +43,7 @@ def test_moe_route(case, T, pdl):
     rng = np.random.default_rng(T + len(case))
     logits = rnd(rng, T, E, scale=2.0)
     bias = rnd(rng, E, scale=0.3) if cfg.method == "noaux_tc" else None
-    want_ids, want_w = ref_moe_route(logits, bias, cfg)
+    want_ids, want_w = ref.moe_route(logits, bias, cfg)
     ids, w = moe.moe_route(cp.asarray(logits), None if bias is None else cp.asarray(bias), cfg)
     np.testing.assert_array_equal(cp.asnumpy(ids), want_ids)
     np.testing.assert_allclose(cp.asnumpy(w), want_w, rtol=1e-5, atol=1e-6)
@@ -44,7 +56,7 @@ def test_moe_route_ties_go_to_the_lower_expert(case):
     rng = np.random.default_rng(3)
     logits = rng.integers(0, 3, (64, E)).astype(np.float32)
     bias = np.zeros(E, np.float32) if cfg.method == "noaux_tc" else None
-    want_ids, want_w = ref_moe_route(logits, bias, cfg)
+    want_ids, want_w = ref.moe_route(logits, bias, cfg)
     ids, w = moe.moe_route(cp.asarray(logits), None if bias is None else cp.asarray(bias), cfg)
     np.testing.assert_array_equal(cp.asnumpy(ids), want_ids)
     np.testing.assert_allclose(cp.asnumpy(w), want_w, rtol=1e-5, atol=1e-6)
@@ -78,7 +90,7 @@ EXPERT_CASES = {
 def test_moe_experts(case, pdl):
     T, D, I, E, k, n_ids, offset = EXPERT_CASES[case]
     x, gate_up, down, ids, weights = _expert_inputs(T, D, I, E, k, n_ids, len(case))
-    want = ref_moe_experts(x, gate_up, down, ids, weights, offset)
+    want = ref.moe_experts(x, gate_up, down, ids, weights, offset)
     args = (dev(x, BF16), dev(gate_up, BF16), dev(down, BF16), cp.asarray(ids), cp.asarray(weights), offset)
     got = moe.moe_experts(*args)
     close(got, want, BF)
@@ -114,5 +126,5 @@ def test_moe_route_and_experts_replay_from_a_graph(T):
             got[...] = 0
             graph.launch(stream)
             stream.synchronize()
-            ids, w = ref_moe_route(new, None, cfg)
-            close(got, ref_moe_experts(x, gate_up, down, ids, w, 0), BF)
+            ids, w = ref.moe_route(new, None, cfg)
+            close(got, ref.moe_experts(x, gate_up, down, ids, w, 0), BF)

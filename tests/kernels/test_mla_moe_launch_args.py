@@ -3,12 +3,14 @@ through openinfer.testing.launch_check, and of the grids they choose: decode spl
 for longer runs, router and expert-GEMM grids sized from the token count alone."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 pytest.importorskip("cupy")
 from openinfer.batch import ForwardBatch  # noqa: E402
-from openinfer.kernels.cuda import attention_decode, mla, module, moe  # noqa: E402
+from openinfer.kernels.cuda import attention_decode, blas, mla, module, moe  # noqa: E402
 from openinfer.testing.launch_check import aligned_empty, fake, record_launches  # noqa: E402
 from test_moe_emulation import route_config  # noqa: E402
 
@@ -17,7 +19,7 @@ BF16 = module.BF16
 
 @pytest.fixture
 def launches(monkeypatch):
-    recorded = record_launches(monkeypatch, (mla, moe, module))
+    recorded = record_launches(monkeypatch, (blas, mla, moe, module))
     monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
     monkeypatch.setattr(mla, "blocks_per_sm", lambda *a: 2)
     counters = aligned_empty((module.COUNTER_SLOTS,), np.int32)
@@ -115,3 +117,43 @@ def test_moe_experts_rejects_mismatched_weights(launches):
     with pytest.raises(ValueError, match="moe_experts"):
         moe.moe_experts(x, aligned_empty((4, 64, 64), BF16), aligned_empty((4, 64, 16), BF16),
                         fake(np.zeros((2, 2), np.int32)), fake(np.zeros((2, 2), np.float32)), 0)
+
+
+def test_mla_rope_launch_args(launches):
+    T, nh, dn = 7, 16, 128
+    q = aligned_empty((T, nh, dn + mla.ROPE), BF16)
+    kv = aligned_empty((T, mla.ROW), BF16)
+    tables = aligned_empty((100, mla.ROPE // 2), np.float32)
+    q_pe, k_pe = mla.mla_rope(q[:, :, dn:], kv[:, mla.LATENT:], np.arange(T, dtype=np.int32), tables, tables)
+    (call,) = launches
+    assert call.grid == (T,) and q_pe.shape == (T, nh, mla.ROPE) and k_pe.shape == (T, mla.ROPE)
+    assert [int(a) for a in (call.args[1], call.args[2], call.args[4])] == [nh * (dn + mla.ROPE), dn + mla.ROPE,
+                                                                            mla.ROW]
+
+
+def test_router_logits_launch_args(launches):
+    out = moe.router_logits(aligned_empty((9, 2048), BF16), aligned_empty((64, 2048), np.float32))
+    (call,) = launches
+    assert call.grid == (64 // moe.ROUTER_WARPS, -(-9 // moe.ROUTER_TOKENS)) and out.shape == (9, 64)
+
+
+def test_per_head_linear_cublas_arguments(launches, monkeypatch):
+    """y_h^T [out, T] = op_T(w_h) [out, in] @ x_h^T: m = out, n = T, k = in; x's token and head strides as ldb and
+    strideB; y [T, H, out] packed: ldc = H * out, strideC = out."""
+    calls = []
+    lib = SimpleNamespace(cublasGemmStridedBatchedEx=lambda *a: calls.append(a) or 0)
+    handle = SimpleNamespace(lib=lib, bind=lambda stream: 1)
+    monkeypatch.setattr(blas, "_handles", {0: handle})
+    monkeypatch.setattr(blas.cp, "cuda", SimpleNamespace(Device=lambda: SimpleNamespace(id=0),
+                                                         get_current_stream=lambda: SimpleNamespace(ptr=0)),
+                        raising=False)
+    T, H, dn, P, R = 3, 16, 128, 64, 512
+    q = aligned_empty((T, H, dn + P), BF16)
+    w = aligned_empty((H, R, dn), BF16)
+    out = blas.per_head_linear(q[:, :, :dn], w)
+    (a,) = calls
+    assert out.shape == (T, H, R)
+    assert a[1:6] == (1, 0, R, T, dn)                                   # op_T(w), op_N(x): m, n, k
+    assert (a[9], a[10]) == (dn, R * dn)                                # lda, strideA
+    assert (a[13], a[14]) == (H * (dn + P), dn + P)                     # ldb, strideB: q's token and head strides
+    assert (a[18], a[19], a[20]) == (H * R, R, H)                       # ldc, strideC, heads

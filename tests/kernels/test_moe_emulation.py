@@ -1,7 +1,7 @@
 """CPU emulation of moe.cu's expert path (no GPU): moe_align's per-lane scans and tile lists (its scatter in a random
 order within each expert, as the atomics may give), the grouped GEMM blocks lane by lane over numpy "shared memory"
 (ldmatrix / mma.sync fragment models of test_attention_mma_emulation, cp.async zero-fill), and the combine,
-against the op's definition; and row_tiles' bound on the tiles any routing gives. Shared memory starts as NaN, so
+against the numpy reference ops; and row_tiles' bound on the tiles any routing gives. Shared memory starts as NaN, so
 a read of a pad or of a never-written word poisons the output. Mirrors the kernels: change both together."""
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from openinfer.kernels.cuda.moe import GEMM_BK, GEMM_BN, GEMM_STAGES, row_tiles
+from openinfer.kernels.numpy_mla_moe import moe_experts as ref_moe_experts, moe_route as ref_moe_route
+from openinfer.layers.moe import RouterConfig
 from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma
 
 NW, LD = 4, GEMM_BK + 8
@@ -141,20 +143,6 @@ def emulate_experts(x, gate_up, down, ids, weights, offset, mt, rng):
     return out
 
 
-def ref_moe_experts(x, gate_up, down, ids, weights, offset):
-    """The op's definition in float64, one matrix product per expert."""
-    T, D = x.shape
-    E, I = gate_up.shape[0], gate_up.shape[1] // 2
-    y = np.zeros((T, D), np.float64)
-    for e in range(E):
-        t, j = np.nonzero(ids == e + offset)
-        if len(t):
-            g = x[t].astype(np.float64) @ gate_up[e].T.astype(np.float64)
-            h = g[:, :I] / (1 + np.exp(-g[:, :I])) * g[:, I:]
-            np.add.at(y, t, weights[t, j][:, None] * (h @ down[e].T.astype(np.float64)))
-    return y.astype(np.float32)
-
-
 # T, D, I, local experts, top-k, experts routed over, offset, m-tiles a block: two k tiles with a ragged last one
 # (D 72 = 64 + 8, I 40), outputs off the n tiles, an expert-parallel shard, 64-row tiles
 CASES = {"narrow": (5, 72, 40, 3, 2, 3, 0, 1), "shard": (6, 64, 32, 2, 3, 6, 2, 1),
@@ -172,7 +160,9 @@ def test_moe_experts_emulation(case):
     weights = rng.random((T, k)).astype(np.float32)
     got = emulate_experts(x, gate_up, down, ids, weights, offset, mt, rng)
     assert not np.isnan(got).any()
-    np.testing.assert_allclose(got, ref_moe_experts(x, gate_up, down, ids, weights, offset), atol=2e-2, rtol=2e-2)
+    want = ref_moe_experts(x.astype(np.float64), gate_up.astype(np.float64), down.astype(np.float64), ids, weights,
+                           offset)
+    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("mt", [1, 4])
@@ -187,34 +177,7 @@ def test_row_tiles_bound_every_routing(mt):
 
 
 def route_config(scoring, method, n_group=1, topk_group=1, norm=False, scale=1.0, top_k=6):
-    from types import SimpleNamespace
-    return SimpleNamespace(top_k=top_k, scoring=scoring, method=method, n_group=n_group, topk_group=topk_group,
-                           norm_topk_prob=norm, routed_scaling_factor=scale)
-
-
-def ref_moe_route(logits, bias, cfg):
-    """transformers' DeepSeek-V2 / V3 routers in float64; top-k best first, ties to the lower expert."""
-    x = logits.astype(np.float64)
-    if cfg.scoring == "softmax":
-        scores = np.exp(x - x.max(-1, keepdims=True))
-        scores /= scores.sum(-1, keepdims=True)
-    else:
-        scores = 1 / (1 + np.exp(-x))
-    choice = scores + (bias if cfg.method == "noaux_tc" and bias is not None else 0)
-    T, E = x.shape
-    if cfg.method != "greedy" and cfg.topk_group < cfg.n_group:
-        g = choice.reshape(T, cfg.n_group, -1)
-        gscore = g.max(-1) if cfg.method == "group_limited_greedy" else np.sort(g, -1)[..., -2:].sum(-1)
-        keep = np.argsort(-gscore, axis=-1, kind="stable")[:, : cfg.topk_group]
-        mask = np.zeros((T, cfg.n_group), bool)
-        np.put_along_axis(mask, keep, True, axis=-1)
-        mask = np.repeat(mask, E // cfg.n_group, axis=-1)
-        choice = np.where(mask, choice, -np.inf if cfg.method == "noaux_tc" else 0.0)
-    ids = np.argsort(-choice, axis=-1, kind="stable")[:, : cfg.top_k]
-    w = np.take_along_axis(scores if cfg.method == "noaux_tc" else choice, ids, -1)
-    if cfg.norm_topk_prob:
-        w = w / (w.sum(-1, keepdims=True) + 1e-20)
-    return ids.astype(np.int32), (w * cfg.routed_scaling_factor).astype(np.float32)
+    return RouterConfig(top_k, scoring, method, n_group, topk_group, norm, scale)
 
 
 def _butterfly(better, *vals):
@@ -244,9 +207,8 @@ def emulate_route(x, bias, cfg):
         else:
             score = np.where(valid, np.exp(score - score.max()), f32(0)).astype(f32)
             score = (score / score.sum(dtype=f32)).astype(f32)
-    choice = np.where(valid, score + (bias[np.minimum(e, E - 1)] if method == 2 and bias is not None else 0),
-                      -np.inf).astype(f32)
-    if method and cfg.topk_group < cfg.n_group:
+    choice = np.where(valid, score + (bias[np.minimum(e, E - 1)] if bias is not None else 0), -np.inf).astype(f32)
+    if method and cfg.n_group > 1:
         gs = E // cfg.n_group
         gscore = np.full(32, -np.inf, f32)
         for g in range(cfg.n_group):
@@ -277,7 +239,7 @@ def emulate_route(x, bias, cfg):
         for j in range(16):
             ok = valid[:, j] & ~taken[:, j] & _route_better((choice[:, j], e[:, j]), (v, best))
             v, best = np.where(ok, choice[:, j], v), np.where(ok, e[:, j], best)
-            w = np.where(ok, score[:, j] if method == 2 else choice[:, j], w)
+            w = np.where(ok, score[:, j], w)
         v, best, w = _butterfly(_route_better, v, best, w)
         taken[int(best[0]) & 31, int(best[0]) >> 5] = True
         ids.append(int(best[0]))

@@ -223,3 +223,23 @@ extern "C" __global__ void mla_write_latent_bf16(bf16* cache, long long block_st
     for (int i = threadIdx.x; i < MLA_D; i += blockDim.x)
         dst[i] = i < MLA_R ? c[blockIdx.x * c_stride + i] : kpe[blockIdx.x * kpe_stride + i - MLA_R];
 }
+
+// DeepSeek's interleaved RoPE (numpy_mla_moe.mla_rope): pairs (x[2i], x[2i + 1]) turn by frequency i. q [T, nh, P]
+// (token stride q_stride, head stride q_head), k [T, P] (row stride k_stride), both any slice; outputs packed.
+// cos / sin [max_pos, half] fp32, P = 2 * half. A block per token, a thread per pair.
+extern "C" __global__ void mla_rope_bf16(const bf16* q, long long q_stride, long long q_head, const bf16* k,
+                                         long long k_stride, const int* positions, const float* cos, const float* sin,
+                                         int half, int nh, bf16* q_out, bf16* k_out) {
+    pdl_begin();
+    const int t = blockIdx.x;
+    const long long pos = positions[t];
+    for (int i = threadIdx.x; i < (nh + 1) * half; i += blockDim.x) {
+        const int head = i / half, j = i % half;
+        const bf16* src = head < nh ? q + t * q_stride + head * q_head : k + t * k_stride;
+        bf16* dst = head < nh ? q_out + ((long long)t * nh + head) * 2 * half : k_out + (long long)t * 2 * half;
+        const float x0 = to_f32(src[2 * j]), x1 = to_f32(src[2 * j + 1]);
+        const float c = cos[pos * half + j], s = sin[pos * half + j];
+        dst[2 * j] = from_f32<bf16>(x0 * c - x1 * s);
+        dst[2 * j + 1] = from_f32<bf16>(x1 * c + x0 * s);
+    }
+}

@@ -45,6 +45,28 @@ def mla_write_latent(cache: cp.ndarray, c: cp.ndarray, k_pe: cp.ndarray, slot_ma
                 as_index(slot_mapping, np.int64)))
 
 
+def mla_rope(q_pe: cp.ndarray, k_pe: cp.ndarray, positions, cos: cp.ndarray, sin: cp.ndarray
+             ) -> tuple[cp.ndarray, cp.ndarray]:
+    """DeepSeek's interleaved RoPE of q_pe [T, H, P] and the shared k_pe [T, P] (any slices of the projections);
+    cos / sin [max_pos, P / 2] tables. Returns packed rotated copies."""
+    T, nh, p = q_pe.shape
+    half = cos.shape[1]
+    if p != 2 * half or k_pe.shape != (T, p) or q_pe.dtype != BF16 or k_pe.dtype != BF16:
+        raise ValueError(f"mla_rope: q_pe [T, H, {2 * half}] and k_pe [T, {2 * half}] bf16 for tables of {half} "
+                         f"frequencies (got {q_pe.dtype} {q_pe.shape}, {k_pe.dtype} {k_pe.shape})")
+    if q_pe.strides[2] != 2 or k_pe.strides[1] != 2:
+        q_pe, k_pe = cp.ascontiguousarray(q_pe), cp.ascontiguousarray(k_pe)
+    q_out, k_out = cp.empty((T, nh, p), dtype=BF16), cp.empty((T, p), dtype=BF16)
+    if T:
+        cos = cp.ascontiguousarray(cos, dtype=cp.float32)   # tables are built float32; converting copies
+        sin = cp.ascontiguousarray(sin, dtype=cp.float32)
+        launch("mla", "mla_rope_bf16", (T,), 128,
+               (q_pe, np.int64(q_pe.strides[0] // 2), np.int64(q_pe.strides[1] // 2), k_pe,
+                np.int64(k_pe.strides[0] // 2), as_index(positions, np.int32), cos, sin, np.int32(half),
+                np.int32(nh), q_out, k_out))
+    return q_out, k_out
+
+
 def _queries(q: cp.ndarray, width: int) -> tuple[cp.ndarray, int]:
     """q [T, H, width] with heads packed and 16-byte aligned rows (the kernel copies 16-byte words)."""
     q3, stride = heads3d(q)

@@ -37,8 +37,9 @@ __device__ __forceinline__ void warp_argmax(float& v, int& e, float& w) {
     }
 }
 
-// method: 0 greedy, 1 group_limited_greedy (groups by their best score, others' scores 0), 2 noaux_tc (scores plus
-// bias choose, groups by the sum of their two best, others -inf; the weights are the scores without the bias).
+// method: 0 greedy, 1 group_limited_greedy (groups by their best score, others' scores 0), 2 noaux_tc (groups by the
+// sum of their two best, others -inf). Experts are chosen on the scores plus the bias where one is given; the
+// weights are the scores (kernels/numpy_mla_moe.py: moe_route).
 extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
     const float* logits, long long stride, const float* bias, int T, int E, int k, int sigmoid, int method,
     int n_group, int topk_group, int norm, float routed_scale, int* ids, float* weights) {
@@ -72,9 +73,9 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
 #pragma unroll
     for (int j = 0; j < ROUTE_PER_LANE; ++j) {
         const int e = lane + 32 * j;
-        choice[j] = e < E ? score[j] + (method == 2 && bias ? bias[e] : 0.f) : NEG_INF;
+        choice[j] = e < E ? score[j] + (bias ? bias[e] : 0.f) : NEG_INF;
     }
-    if (method != 0 && topk_group < n_group) {
+    if (method != 0 && n_group > 1) {
         // group g's score ends in lane g; the selected groups' bits in `keep`
         const int gs = E / n_group;
         float gscore = NEG_INF;
@@ -121,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
         for (int j = 0; j < ROUTE_PER_LANE; ++j) {
             const int ej = lane + 32 * j;
             if (ej < E && !(taken >> j & 1u) && route_better(choice[j], ej, v, e)) {
-                v = choice[j]; e = ej; w = method == 2 ? score[j] : choice[j];
+                v = choice[j]; e = ej; w = score[j];
             }
         }
         warp_argmax(v, e, w);
@@ -132,6 +133,31 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
     if (lane < k) {
         ids[t * k + lane] = my_id;
         weights[t * k + lane] = mine * routed_scale;
+    }
+}
+
+// The gate in fp32 (router_logits): out[t, e] = x[t] . w[e], x bf16 [T, D] (row stride x_stride), w fp32 [E, D].
+// A warp per expert and ROUTER_TOKENS tokens, so a gate row is read once per ROUTER_TOKENS tokens.
+constexpr int ROUTER_WARPS = 8, ROUTER_TOKENS = 4;
+
+extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) router_logits_bf16(
+    const bf16* x, long long x_stride, const float* w, int T, int E, int D, float* out) {
+    pdl_begin();
+    const int lane = threadIdx.x & 31, e = blockIdx.x * ROUTER_WARPS + (threadIdx.x >> 5);
+    const int t0 = blockIdx.y * ROUTER_TOKENS;
+    if (e >= E) return;
+    float acc[ROUTER_TOKENS] = {};
+    const float* we = w + (long long)e * D;
+    for (int d = lane; d < D; d += 32) {
+        const float wv = we[d];
+#pragma unroll
+        for (int i = 0; i < ROUTER_TOKENS; ++i)
+            if (t0 + i < T) acc[i] = fmaf(to_f32(x[(long long)(t0 + i) * x_stride + d]), wv, acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < ROUTER_TOKENS; ++i) {
+        const float v = warp_sum(acc[i]);
+        if (lane == 0 && t0 + i < T) out[(long long)(t0 + i) * E + e] = v;
     }
 }
 

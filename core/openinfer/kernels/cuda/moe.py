@@ -32,6 +32,24 @@ def row_tiles(pairs: int, experts: int, mt: int) -> int:
     return -(-pairs // (16 * mt)) + min(experts, pairs)
 
 
+ROUTER_WARPS, ROUTER_TOKENS = 8, 4                # moe.cu: experts and tokens of a router_logits block
+
+
+def router_logits(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
+    """The MoE gate in float32 whatever the activations: x [T, D] bf16, w [E, D] float32 -> [T, E] float32."""
+    if x.dtype != BF16 or w.dtype != np.float32:
+        raise TypeError("router_logits on CUDA takes bf16 activations and a float32 gate")
+    x2, stride = rows2d(x)
+    (T, D), E = x2.shape, w.shape[0]
+    if w.shape[1] != D:
+        raise ValueError(f"router_logits: x has {D} features, the gate expects {w.shape[1]}")
+    out = cp.empty((T, E), dtype=cp.float32)
+    if T and E:
+        launch("moe", "router_logits_bf16", (-(-E // ROUTER_WARPS), -(-T // ROUTER_TOKENS)), 32 * ROUTER_WARPS,
+               (x2, np.int64(stride), cp.ascontiguousarray(w), np.int32(T), np.int32(E), np.int32(D), out))
+    return out
+
+
 def _route_config(cfg: Any, E: int) -> tuple[int, int, int, int, int]:
     """(top_k, sigmoid, method, n_group, topk_group) of a RouterConfig, checked against what moe.cu computes."""
     k, method = int(cfg.top_k), METHODS.get(cfg.method)
@@ -43,15 +61,15 @@ def _route_config(cfg: Any, E: int) -> tuple[int, int, int, int, int]:
         raise ValueError(f"moe_route: {E} experts, top {k}: the CUDA router takes up to {ROUTE_MAX_EXPERTS} "
                          "experts and a top-k of up to 32")
     n_group, topk_group = int(cfg.n_group or 1), int(cfg.topk_group or 1)
-    if method and (n_group > 32 or E % n_group or not 0 < topk_group <= n_group):
+    if method and n_group > 1 and (n_group > 32 or E % n_group or not 0 < topk_group <= n_group):
         raise ValueError(f"moe_route: {n_group} groups (top {topk_group}) of {E} experts: need up to 32 groups "
                          "that divide the experts")
     return k, int(cfg.scoring == "sigmoid"), method, n_group, topk_group
 
 
 def moe_route(logits: cp.ndarray, bias: cp.ndarray | None, cfg: Any) -> tuple[cp.ndarray, cp.ndarray]:
-    """Router logits [T, E] float32 -> (expert ids [T, k] int32, weights [T, k] float32), as transformers routes:
-    best first, ties to the lower expert."""
+    """Router logits [T, E] float32 -> (expert ids [T, k] int32, weights [T, k] float32) as numpy_mla_moe.moe_route
+    gives them: best first, ties to the lower expert."""
     if logits.dtype != np.float32 or (bias is not None and bias.dtype != np.float32):
         raise TypeError("moe_route takes float32 router logits and correction bias")
     x, stride = rows2d(logits)
