@@ -1,15 +1,21 @@
-"""CPU emulation of mla.cu's mla_attention_bf16 (no GPU): the kernel's own address arithmetic run lane by lane over
-numpy "shared memory", with ldmatrix / mma.sync m16n8k16 / cp.async zero-fill modelled from the PTX ISA fragment
-layouts (test_attention_mma_emulation's models), the split partials merged as decode_merge.cuh does, compared with
-the op's definition. Shared memory starts as NaN, so a read of a row pad or of a never-written word poisons the
-output. Mirrors the kernel line by line: change both together."""
+"""CPU emulation of mla.cu (no GPU), driven by mla.py's recorded launches (fake_device.py): mla_attention_bf16's
+own address arithmetic run lane by lane over numpy "shared memory", with ldmatrix / mma.sync m16n8k16 / cp.async
+zero-fill modelled from the PTX ISA fragment layouts (test_attention_mma_emulation's models), the split partials
+merged as decode_merge.cuh does, and mla_rope / mla_write_latent, against the numpy reference ops. Shared memory
+starts as NaN, so a read of a row pad or of a never-written word poisons the output. Mirrors the kernels line by
+line: change both together."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
 
+from fake_device import flat, run
+from openinfer.batch import ForwardBatch
+from openinfer.kernels import numpy_mla_moe as ref
+from openinfer.kernels.cuda import attention_decode, mla, module
+from openinfer.kernels.cuda.module import BF16, NULL
+from openinfer.testing.launch_check import fake, record_launches
 from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma, shuffled_tables
 
 R, P = 512, 64
@@ -134,16 +140,22 @@ def emulate_block(ql, ql_stride, qp, qp_stride, cache, block_stride, bs, table, 
     return row0, gc, used, mo[:gc], mm[:gc], wl.sum(0)[:gc]
 
 
-def emulate(ql, qp, cache, block_stride, bs, tables, qstart, ctx, nh, scale, num_splits, min_split):
-    """The grid (split, row tile, sequence), then the partials merged (decode_merge.cuh's weights)."""
-    T = int(qstart[-1])
-    out = np.full((T, nh, R), np.nan)
-    max_q = int(np.diff(qstart).max())
-    for b in range(len(ctx)):
-        q0, n, L = int(qstart[b]), int(qstart[b + 1] - qstart[b]), int(ctx[b])
-        for ty in range(math.ceil(max_q * nh / ROWS)):
-            parts = [emulate_block(ql, nh * R, qp, nh * P, cache, block_stride, bs, tables[b], q0, n, L, nh, scale,
-                                   s, ty, num_splits, min_split) for s in range(num_splits)]
+def emulate_attention(call):
+    """mla_attention_bf16's grid on its recorded arguments; the split partials merged as decode_merge.cuh merges
+    them (weights exp2(m_s - M) l_s, in split order), rows stored as bf16."""
+    (ql, ql_stride, qp, qp_stride, cache, block_stride, bs, tables, table_stride, qstart, ctx, out, part_o, part_m,
+     part_l, counters, nh, scale, num_splits, min_split) = call.args
+    splits, tiles, B = call.grid
+    assert int(num_splits) == splits and (part_o is NULL) == (splits == 1) and call.smem == mla.SMEM
+    qlf, qpf, cf = (flat(a).astype(np.float32) for a in (ql, qp, cache))
+    tab, qs, cx, outf = flat(tables), flat(qstart), flat(ctx), flat(out)
+    nh = int(nh)
+    for b in range(B):
+        q0, n, L = int(qs[b]), int(qs[b + 1] - qs[b]), int(cx[b])
+        for ty in range(tiles):
+            parts = [emulate_block(qlf, int(ql_stride), qpf, int(qp_stride), cf, int(block_stride), int(bs),
+                                   tab[b * int(table_stride):], q0, n, L, nh, float(scale), s, ty, splits,
+                                   int(min_split)) for s in range(splits)]
             parts = [p for p in parts if p is not None]
             if not parts:
                 continue
@@ -152,57 +164,113 @@ def emulate(ql, qp, cache, block_stride, bs, tables, qstart, ctx, nh, scale, num
             M = np.max([p[4] for p in parts], axis=0)
             wts = [np.exp2(p[4] - M) * p[5] for p in parts]
             o = sum(wt[:, None] * p[3] / p[5][:, None] for wt, p in zip(wts, parts)) / sum(wts)[:, None]
-            flat = out.reshape(-1, R)
-            flat[q0 * nh + row0: q0 * nh + row0 + gc] = o
-    return out
+            outf[(q0 * nh + row0) * R: (q0 * nh + row0 + gc) * R] = o.ravel()
 
 
-def reference(ql, qp, rows_of, qstart, ctx, nh, scale):
-    out = np.zeros((int(qstart[-1]), nh, R))
-    for b, L in enumerate(ctx):
-        s, e = int(qstart[b]), int(qstart[b + 1])
-        n = e - s
-        if not n:
-            continue
-        kv = rows_of(b, L)
-        q = np.concatenate([ql[s:e], qp[s:e]], -1).astype(np.float64)
-        sc = np.einsum("nhd,ld->nhl", q, kv) * scale
-        sc = np.where((np.arange(L)[None, :] > (L - n + np.arange(n))[:, None])[:, None], -np.inf, sc)
-        p = np.exp(sc - sc.max(-1, keepdims=True))
-        out[s:e] = np.einsum("nhl,ld->nhd", p / p.sum(-1, keepdims=True), kv[:, :R])
-    return out
+def emulate_write_latent(call):
+    cache, block_stride, bs, c, c_stride, kpe, kpe_stride, slots = call.args
+    cf, c_f, k_f, sl = flat(cache), flat(c), flat(kpe), flat(slots)
+    for t in range(call.grid[0]):
+        slot = int(sl[t])
+        if slot >= 0:
+            dst = slot // int(bs) * int(block_stride) + slot % int(bs) * D
+            cf[dst: dst + R] = c_f[t * int(c_stride):][:R]
+            cf[dst + R: dst + D] = k_f[t * int(kpe_stride):][:P]
+
+
+def emulate_rope(call):
+    q, q_stride, q_head, k, k_stride, positions, cos, sin, half, nh, q_out, k_out = call.args
+    qf, kf, pos, cf, sf = flat(q).astype(np.float32), flat(k).astype(np.float32), flat(positions), flat(cos), flat(sin)
+    qo, ko = flat(q_out), flat(k_out)
+    half, nh = int(half), int(nh)
+    for t in range(call.grid[0]):
+        c, s = cf[pos[t] * half:][:half], sf[pos[t] * half:][:half]
+        for head in range(nh + 1):
+            src = qf[t * int(q_stride) + head * int(q_head):] if head < nh else kf[t * int(k_stride):]
+            dst = qo[(t * nh + head) * 2 * half:] if head < nh else ko[t * 2 * half:]
+            x0, x1 = src[0: 2 * half: 2], src[1: 2 * half: 2]
+            dst[0: 2 * half: 2] = x0 * c - x1 * s
+            dst[1: 2 * half: 2] = x1 * c + x0 * s
+
+
+KERNELS = {"mla_attention_bf16": emulate_attention, "mla_write_latent_bf16": emulate_write_latent,
+           "mla_rope_bf16": emulate_rope}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """mla.py's launchers on host arrays, with a 132-SM device holding two blocks an SM."""
+    recorded = record_launches(monkeypatch, (mla, module))
+    monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
+    monkeypatch.setattr(mla, "blocks_per_sm", lambda *a: 2)
+    counters = fake(np.zeros(module.COUNTER_SLOTS, np.int32))
+    monkeypatch.setattr(mla, "arrival_counters", lambda purpose: counters)
+    return recorded
+
+
+def _batch(runs, bs, rng, num_blocks):
+    tables = shuffled_tables([-(-L // bs) for L, _ in runs], num_blocks, rng)
+    qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
+    lens = np.array([L for L, _ in runs], np.int32)
+    T = int(qs[-1])
+    return ForwardBatch(fake(np.zeros(T, np.int32)), fake(np.zeros(T, np.int32)), fake(np.zeros(T, np.int64)),
+                        fake(tables), fake(qs), fake(lens), fake(np.zeros(0, np.int32)), qs, lens, bs,
+                        int(np.diff(qs).max()), int(lens.max()))
 
 
 CASES = {
-    # runs (context, query run), heads, grid splits, fewest keys a split: decode splits (uneven last tiles, a split
+    # runs (context, query run), heads, fewest keys of a decode split: decode splits (uneven last tiles, splits
     # past a short context), runs of several tokens whose row tiles span tokens (4 and 6 heads), an empty run
-    "decode_split": ([(70, 1), (5, 1), (33, 1)], 16, 3, 32),
-    "decode_32_heads": ([(40, 1)], 32, 1, 64),
-    "prefill_4_heads": ([(20, 20), (37, 5), (3, 0)], 4, 1, 64),
-    "prefill_6_heads": ([(9, 9), (35, 2)], 6, 1, 64),
+    "decode_split": ([(70, 1), (5, 1), (33, 1)], 16, 32),
+    "decode_32_heads": ([(140, 1)], 32, 64),
+    "prefill_4_heads": ([(20, 20), (37, 5), (3, 0)], 4, 64),
+    "prefill_6_heads": ([(9, 9), (35, 2)], 6, 64),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_mla_kernel_emulation(case):
-    runs, nh, num_splits, min_split = CASES[case]
+def test_mla_attention_emulation(case, launches, monkeypatch):
+    """mla.mla_attention on a strided q (slices of one projection) and a layer's view of the pool, its launch
+    emulated, against numpy_mla_moe.mla_attention."""
+    runs, nh, split_keys = CASES[case]
+    monkeypatch.setattr(mla, "SPLIT_KEYS", split_keys)
     rng = np.random.default_rng(len(case))
     bs, layers = 16, 2
     num_blocks = sum(-(-L // bs) for L, _ in runs) + 2
-    tables = shuffled_tables([-(-L // bs) for L, _ in runs], num_blocks, rng)
-    qstart = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int64)
-    ctx = [L for L, _ in runs]
-    T = int(qstart[-1])
-    pool = bf(rng.standard_normal((num_blocks, layers, bs, D)).astype(np.float32))
-    ql = bf(rng.standard_normal((T, nh, R)).astype(np.float32))
-    qp = bf(rng.standard_normal((T, nh, P)).astype(np.float32))
-    scale = 192 ** -0.5 * math.log2(math.e)   # the kernel's scale is in log2 units
-    layer = 1
-    got = emulate(ql.ravel(), qp.ravel(), pool.ravel()[layer * bs * D:], layers * bs * D, bs, tables, qstart, ctx,
-                  nh, scale, num_splits, min_split)
+    batch = _batch(runs, bs, rng, num_blocks)
+    T = int(batch.query_start_host[-1])
+    pool = fake(rng.standard_normal((num_blocks, layers, bs, D)), BF16)
+    wide = fake(rng.standard_normal((T, nh * D + 8)), BF16)
+    ql, qp = wide[:, : nh * R].reshape(T, nh, R), wide[:, nh * R: nh * D].reshape(T, nh, P)
+    out = mla.mla_attention(ql, qp, pool[:, 1], batch, 192 ** -0.5)
+    (call,) = launches
+    assert (call.grid[0] > 1) == case.startswith("decode")
+    run(launches, KERNELS)
+    f32 = [np.asarray(a, np.float32) for a in (ql, qp, pool[:, 1])]
+    want = ref.mla_attention(*f32, batch, 192 ** -0.5)
+    np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=1e-2, rtol=1e-2)
 
-    def rows_of(b, L):
-        return pool[tables[b, : -(-L // bs)], layer].reshape(-1, D)[:L].astype(np.float64)
-    want = reference(ql, qp, rows_of, qstart, ctx, nh, 192 ** -0.5)
-    assert not np.isnan(got).any()
-    np.testing.assert_allclose(got, want, atol=1e-2, rtol=1e-2)
+
+def test_mla_write_latent_and_rope_emulation(launches):
+    """mla_rope on slices of q and kv, then mla_write_latent of c and the rotated k_pe (a negative slot skipped),
+    emulated from their launches, against the numpy references."""
+    rng = np.random.default_rng(0)
+    T, nh, dn, bs = 5, 4, 16, 16
+    q = fake(rng.standard_normal((T, nh, dn + P)), BF16)
+    kv = fake(rng.standard_normal((T, D + 8)), BF16)
+    pos = fake(rng.integers(0, 50, T).astype(np.int32))
+    cos, sin = fake(rng.standard_normal((50, P // 2)).astype(np.float32)), fake(rng.random((50, P // 2)).astype(np.float32))
+    q_pe, k_pe = mla.mla_rope(q[:, :, dn:], kv[:, R: D], pos, cos, sin)
+    pool = fake(np.zeros((3, 2, bs, D)), BF16)
+    slots = fake(np.array([3, 40, -1, 17, 0], np.int64))
+    mla.mla_write_latent(pool[:, 1], kv[:, :R], k_pe, slots)
+    run(launches, KERNELS)
+    want_q, want_k = ref.mla_rope(np.asarray(q[:, :, dn:], np.float32), np.asarray(kv[:, R: D], np.float32), pos,
+                                  cos, sin)
+    np.testing.assert_allclose(np.asarray(q_pe, np.float32), want_q, atol=2e-2, rtol=1e-2)
+    np.testing.assert_allclose(np.asarray(k_pe, np.float32), want_k, atol=2e-2, rtol=1e-2)
+    want_pool = np.zeros((3, bs, D), np.float32)
+    keep = np.asarray(slots) >= 0
+    ref.mla_write_latent(want_pool, np.asarray(kv[:, :R], np.float32)[keep], np.asarray(k_pe, np.float32)[keep],
+                         np.asarray(slots)[keep])
+    np.testing.assert_array_equal(np.asarray(pool[:, 1], np.float32), want_pool)

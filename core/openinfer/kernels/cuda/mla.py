@@ -22,6 +22,7 @@ LATENT, ROPE = 512, 64                 # must match mla.cu (MLA_R, MLA_P)
 ROW = LATENT + ROPE
 ROWS, BN, WARPS = 16, 32, 4            # rows of a block, keys of a tile, warps of a block (mla.cu)
 SPLIT_KEYS = 64                        # fewest keys of a decode split (whole tiles)
+MAX_TILES = 65535                      # row tiles of one sequence: the grid's y
 SMEM = ROWS * (ROW + 8) * 2 + 2 * BN * (ROW + 8) * 2 + ROWS * (BN + 8) * 2 + WARPS * ROWS * 4   # MLA_SMEM
 
 
@@ -94,6 +95,9 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
         return out
     tables = as_index(batch.block_tables, np.int32)
     tiles = math.ceil(batch.max_query_len * nh / ROWS)
+    if tiles > MAX_TILES:
+        raise ValueError(f"mla_attention: a run of {batch.max_query_len} tokens x {nh} heads exceeds the grid "
+                         f"({MAX_TILES * ROWS} rows); prefill in smaller chunks (--max-num-batched-tokens)")
     splits, parts = 1, (NULL, NULL, NULL, NULL)
     if batch.max_query_len == 1:
         splits = decode_splits(B, tiles, batch.max_context_len, SPLIT_KEYS, blocks_per_sm("mla", "mla_attention_bf16",
