@@ -6,7 +6,6 @@ starts as NaN, so a read of a row pad or of a never-written word poisons the out
 line: change both together."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -230,8 +229,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_mla_attention_emulation(case, launches, monkeypatch):
-    """mla.mla_attention on a strided q (slices of one projection) and a layer's view of the pool, its launch
-    emulated, against numpy_mla_moe.mla_attention."""
+    """mla.mla_attention on a strided q_latent and a layer's view of the pool, its launch emulated, against
+    numpy_mla_moe.mla_attention."""
     runs, nh, split_keys = CASES[case]
     monkeypatch.setattr(mla, "SPLIT_KEYS", split_keys)
     rng = np.random.default_rng(len(case))
@@ -240,8 +239,9 @@ def test_mla_attention_emulation(case, launches, monkeypatch):
     batch = _batch(runs, bs, rng, num_blocks)
     T = int(batch.query_start_host[-1])
     pool = fake(rng.standard_normal((num_blocks, layers, bs, D)), BF16)
-    wide = fake(rng.standard_normal((T, nh * D + 8)), BF16)
-    ql, qp = wide[:, : nh * R].reshape(T, nh, R), wide[:, nh * R: nh * D].reshape(T, nh, P)
+    # q_latent rows inside a wider buffer, q_pe packed (mla_rope's output): different token strides
+    ql = fake(rng.standard_normal((T, nh * R + 16)), BF16)[:, 8: 8 + nh * R].reshape(T, nh, R)
+    qp = fake(rng.standard_normal((T, nh, P)), BF16)
     out = mla.mla_attention(ql, qp, pool[:, 1], batch, 192 ** -0.5)
     (call,) = launches
     assert (call.grid[0] > 1) == case.startswith("decode")

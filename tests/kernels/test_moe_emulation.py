@@ -1,26 +1,36 @@
-"""CPU emulation of moe.cu's expert path (no GPU): moe_align's per-lane scans and tile lists (its scatter in a random
-order within each expert, as the atomics may give), the grouped GEMM blocks lane by lane over numpy "shared memory"
-(ldmatrix / mma.sync fragment models of test_attention_mma_emulation, cp.async zero-fill), and the combine,
-against the numpy reference ops; and row_tiles' bound on the tiles any routing gives. Shared memory starts as NaN, so
-a read of a pad or of a never-written word poisons the output. Mirrors the kernels: change both together."""
+"""CPU emulation of moe.cu (no GPU), driven by moe.py's recorded launches (fake_device.py): router_logits and
+moe_route_f32 (lane by lane: warp shuffles, group selection, top-k rounds), moe_align's per-lane scans and tile
+lists (its scatter in a random order within each expert, as the atomics may give), the grouped GEMM blocks lane by
+lane over numpy "shared memory" (ldmatrix / mma.sync fragment models of test_attention_mma_emulation, cp.async
+zero-fill) and the combine, against the numpy reference ops; and row_tiles' bound on the tiles any routing gives.
+Shared memory starts as NaN, so a read of a pad or of a never-written word poisons the output. Mirrors the kernels:
+change both together."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from openinfer.kernels.cuda.moe import GEMM_BK, GEMM_BN, GEMM_STAGES, row_tiles
-from openinfer.kernels.numpy_mla_moe import moe_experts as ref_moe_experts, moe_route as ref_moe_route
+from fake_device import flat, run
+from openinfer.kernels.cuda import module, moe
+from openinfer.kernels.cuda.module import BF16, NULL
+from openinfer.kernels.cuda.moe import (GEMM_BK, GEMM_BN, GEMM_STAGES, METHODS, ROUTER_TOKENS, ROUTER_WARPS, gemm_smem,
+                                        row_tiles)
+from openinfer.kernels.numpy_mla_moe import (moe_experts as ref_moe_experts, moe_route as ref_moe_route,
+                                             router_logits as ref_router_logits)
 from openinfer.layers.moe import RouterConfig
+from openinfer.testing.launch_check import fake, record_launches
 from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma
 
 NW, LD = 4, GEMM_BK + 8
 GID, TQ = LANE >> 2, LANE & 3
 
 
-def emulate_align(ids, e_local, e_offset, bm, rng):
-    """moe_align: (sorted pair ids, tile_expert, tile_start, tile_end, num_tiles)."""
-    flat = ids.ravel()
-    local = flat - e_offset
+def emulate_align(call, rng):
+    """moe_align on its recorded arguments: per-lane scans of the counts, the tile lists, the scatter in a random
+    order within each expert (as the atomics may give)."""
+    ids, pairs, e_local, e_offset, bm, sorted_pairs, tile_expert, tile_start, tile_end, num_tiles = call.args
+    pairs, e_local, bm = int(pairs), int(e_local), int(bm)
+    local = flat(ids)[:pairs].astype(np.int64) - int(e_offset)
     count = np.bincount(local[(local >= 0) & (local < e_local)], minlength=e_local)
     per = (e_local + 31) // 32
     lane_rows, lane_tiles = [], []
@@ -30,26 +40,23 @@ def emulate_align(ids, e_local, e_offset, bm, rng):
         lane_tiles.append(int(sum((c + bm - 1) // bm for c in count[e0:e1])))
     row_off = np.cumsum(lane_rows) - lane_rows     # the exclusive scans
     tile_off = np.cumsum(lane_tiles) - lane_tiles
-    num_tiles = int(sum(lane_tiles))
+    flat(num_tiles)[0] = sum(lane_tiles)
+    te, ts, tend, srt = flat(tile_expert), flat(tile_start), flat(tile_end), flat(sorted_pairs)
     cursor = np.zeros(e_local, np.int64)
-    te, ts, tend = [], [], []
     for lane in range(32):
         ro, to = int(row_off[lane]), int(tile_off[lane])
         for e in range(min(e_local, lane * per), min(e_local, lane * per + per)):
             c = int(count[e])
             cursor[e] = ro
             for i in range(0, c, bm):
-                assert to == len(te)
-                te.append(e), ts.append(ro + i), tend.append(ro + c)
+                te[to], ts[to], tend[to] = e, ro + i, ro + c
                 to += 1
             ro += c
-    sorted_pairs = np.full(len(flat), -1)
-    for p in rng.permutation(len(flat)):   # the atomics' order within an expert is free
+    for p in rng.permutation(pairs):
         e = int(local[p])
         if 0 <= e < e_local:
-            sorted_pairs[cursor[e]] = p
+            srt[cursor[e]] = p
             cursor[e] += 1
-    return sorted_pairs, np.array(te), np.array(ts), np.array(tend), num_tiles
 
 
 def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, w, N, K, e, r0, r1, bx, mt, route_w, out,
@@ -116,53 +123,89 @@ def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, w, N, K, e, r0,
                                     out[p * out_stride + col] = route_w[p] * acc[warp, t, j, ln, 2 * h + c]
 
 
-def emulate_experts(x, gate_up, down, ids, weights, offset, mt, rng):
-    T, D = x.shape
-    E, I = gate_up.shape[0], gate_up.shape[1] // 2
-    k = ids.shape[1]
-    pairs = T * k
-    sorted_pairs, te, ts, tend, num_tiles = emulate_align(ids, E, offset, 16 * mt, rng)
-    assert num_tiles <= row_tiles(pairs, E, mt)
-    h = np.full(pairs * I, np.nan, np.float32)
-    y = np.full(pairs * D, np.nan, np.float32)
-    for slot in range(num_tiles):
-        e, r0, r1 = int(te[slot]), int(ts[slot]), int(tend[slot])
-        for bx in range(-(-I // (GEMM_BN // 2))):
-            emulate_gemm_block(True, x.ravel(), D, sorted_pairs, k, gate_up[e].ravel(), I, D, e, r0, r1, bx, mt,
-                               None, h, I)
-    for slot in range(num_tiles):
-        e, r0, r1 = int(te[slot]), int(ts[slot]), int(tend[slot])
-        for bx in range(-(-D // GEMM_BN)):
-            emulate_gemm_block(False, h, I, sorted_pairs, k, down[e].ravel(), D, I, e, r0, r1, bx, mt,
-                               weights.ravel(), y, D)
-    out = np.zeros((T, D))
-    for t in range(T):
+def emulate_gemm(call):
+    """moe_gate_up / moe_down on their recorded arguments: every used tile's blocks."""
+    gate_up = call.name.startswith("moe_gate_up")
+    mt = int(call.name.rsplit("_m", 1)[1])
+    assert call.smem == gemm_smem(mt)
+    a, a_stride, sorted_pairs, topk, w, w_expert_stride, N, K, te, ts, tend, num_tiles = call.args[:12]
+    route_w, out, out_stride = (None, *call.args[12:]) if gate_up else call.args[12:]
+    af, wf, srt = flat(a).astype(np.float32), flat(w).astype(np.float32), flat(sorted_pairs)
+    used = int(flat(num_tiles)[0])
+    assert used <= call.grid[1]
+    for slot in range(used):
+        e, r0, r1 = int(flat(te)[slot]), int(flat(ts)[slot]), int(flat(tend)[slot])
+        for bx in range(call.grid[0]):
+            emulate_gemm_block(gate_up, af, int(a_stride), srt, int(topk), wf[e * int(w_expert_stride):], int(N),
+                               int(K), e, r0, r1, bx, mt, None if route_w is None else flat(route_w), flat(out),
+                               int(out_stride))
+
+
+def emulate_combine(call):
+    y, ids, topk, e_local, e_offset, D, out = call.args
+    yf, idf, of = flat(y), flat(ids), flat(out)
+    k, D = int(topk), int(D)
+    for t in range(call.grid[0]):
+        acc = np.zeros(D, np.float32)
         for j in range(k):
-            if 0 <= ids[t, j] - offset < E:
-                out[t] += y[(t * k + j) * D: (t * k + j + 1) * D]
-    return out
+            if 0 <= idf[t * k + j] - int(e_offset) < int(e_local):
+                acc += yf[(t * k + j) * D:][:D]
+        of[t * D: (t + 1) * D] = acc
 
 
-# T, D, I, local experts, top-k, experts routed over, offset, m-tiles a block: two k tiles with a ragged last one
-# (D 72 = 64 + 8, I 40), outputs off the n tiles, an expert-parallel shard, 64-row tiles
-CASES = {"narrow": (5, 72, 40, 3, 2, 3, 0, 1), "shard": (6, 64, 32, 2, 3, 6, 2, 1),
-         "wide": (20, 64, 32, 2, 2, 2, 0, 4)}
+def emulate_route_call(call):
+    x, stride, bias, T, E, k, sigmoid, method, n_group, topk_group, norm, scale, ids, weights = call.args
+    cfg = RouterConfig(int(k), "sigmoid" if sigmoid else "softmax", list(METHODS)[int(method)], int(n_group),
+                       int(topk_group), bool(norm), float(scale))
+    xf, idf, wf = flat(x), flat(ids), flat(weights)
+    b = None if bias is NULL else flat(bias)[: int(E)]
+    for t in range(int(T)):
+        got_ids, got_w = emulate_route(xf[t * int(stride):][: int(E)], b, cfg)
+        idf[t * int(k): (t + 1) * int(k)] = got_ids
+        wf[t * int(k): (t + 1) * int(k)] = got_w
+
+
+def emulate_router_logits(call):
+    x, stride, w, T, E, D, out = call.args
+    T, E, D = int(T), int(E), int(D)
+    xf, wf = flat(x).astype(np.float32), flat(w)
+    rows = np.stack([xf[t * int(stride):][:D] for t in range(T)])
+    flat(out)[: T * E] = (rows @ wf[: E * D].reshape(E, D).T).ravel()
+    assert call.grid == (-(-E // ROUTER_WARPS), -(-T // ROUTER_TOKENS))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    return record_launches(monkeypatch, (moe, module))
+
+
+def kernels(rng):
+    return {"moe_align": lambda c: emulate_align(c, rng), "moe_gate_up": emulate_gemm, "moe_down": emulate_gemm,
+            "moe_combine": emulate_combine, "moe_route": emulate_route_call, "router_logits": emulate_router_logits}
+
+
+# T, D, I, local experts, top-k, experts routed over, offset: two k tiles with a ragged last one (D 72 = 64 + 8,
+# I 40), outputs off the n tiles, an expert-parallel shard, 64-row tiles (>= 32 rows an expert on average)
+CASES = {"narrow": (5, 72, 40, 3, 2, 3, 0), "shard": (6, 64, 32, 2, 3, 6, 2), "wide": (40, 64, 32, 2, 2, 2, 0)}
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_moe_experts_emulation(case):
-    T, D, I, E, k, n_ids, offset, mt = CASES[case]
+def test_moe_experts_emulation(case, launches):
+    """moe.moe_experts on a strided x, its four launches emulated, against numpy_mla_moe.moe_experts."""
+    T, D, I, E, k, n_ids, offset = CASES[case]
     rng = np.random.default_rng(len(case))
-    x = bf(rng.standard_normal((T, D)).astype(np.float32))
-    gate_up = bf((rng.standard_normal((E, 2 * I, D)) * D ** -0.5).astype(np.float32))
-    down = bf((rng.standard_normal((E, D, I)) * I ** -0.5).astype(np.float32))
-    ids = np.argsort(rng.random((T, n_ids)), axis=-1)[:, :k].astype(np.int32)
-    weights = rng.random((T, k)).astype(np.float32)
-    got = emulate_experts(x, gate_up, down, ids, weights, offset, mt, rng)
-    assert not np.isnan(got).any()
-    want = ref_moe_experts(x.astype(np.float64), gate_up.astype(np.float64), down.astype(np.float64), ids, weights,
-                           offset)
-    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+    wide = fake(rng.standard_normal((T, D + 8)), BF16)
+    x = wide[:, 8:]
+    gate_up = fake(rng.standard_normal((E, 2 * I, D)) * D ** -0.5, BF16)
+    down = fake(rng.standard_normal((E, D, I)) * I ** -0.5, BF16)
+    ids = fake(np.argsort(rng.random((T, n_ids)), axis=-1)[:, :k].astype(np.int32))
+    weights = fake(rng.random((T, k)).astype(np.float32))
+    y = moe.moe_experts(x, gate_up, down, ids, weights, offset)
+    assert [c.name for c in launches][1] == f"moe_gate_up_bf16_m{4 if case == 'wide' else 1}"
+    run(launches, kernels(rng))
+    f64 = [np.asarray(a, np.float64) for a in (x, gate_up, down)]
+    want = ref_moe_experts(*f64, np.asarray(ids), np.asarray(weights), offset)
+    np.testing.assert_allclose(np.asarray(y, np.float32), want, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("mt", [1, 4])
@@ -261,14 +304,18 @@ ROUTE_CASES = {
 
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("case", list(ROUTE_CASES))
-def test_moe_route_emulation(case, ties):
+def test_moe_route_emulation(case, ties, launches):
+    """router_logits then moe_route through their wrappers, emulated (moe_route_f32 lane by lane), against the
+    numpy references; logits from a handful of values give exact ties among experts and groups."""
     E, cfg = ROUTE_CASES[case]
     rng = np.random.default_rng(E)
-    T = 6
-    logits = (rng.integers(0, 3, (T, E)) if ties else 2 * rng.standard_normal((T, E))).astype(np.float32)
-    bias = (0.3 * rng.standard_normal(E)).astype(np.float32) if cfg.method == "noaux_tc" and not ties else None
-    want_ids, want_w = ref_moe_route(logits, bias, cfg)
-    for t in range(T):
-        ids, w = emulate_route(logits[t], bias, cfg)
-        np.testing.assert_array_equal(ids, want_ids[t])
-        np.testing.assert_allclose(w, want_w[t], rtol=1e-5, atol=1e-6)
+    T, D = 6, 16
+    x = fake(rng.integers(-1, 2, (T, D)) if ties else rng.standard_normal((T, D)), BF16)
+    gate = fake(rng.integers(0, 2, (E, D)).astype(np.float32) if ties else rng.standard_normal((E, D)).astype(np.float32))
+    bias = fake((0.3 * rng.standard_normal(E)).astype(np.float32)) if cfg.method == "noaux_tc" and not ties else None
+    ids, w = moe.moe_route(moe.router_logits(x, gate), bias, cfg)
+    run(launches, kernels(rng))
+    logits = ref_router_logits(np.asarray(x, np.float32), np.asarray(gate))
+    want_ids, want_w = ref_moe_route(logits, None if bias is None else np.asarray(bias), cfg)
+    np.testing.assert_array_equal(np.asarray(ids), want_ids)
+    np.testing.assert_allclose(np.asarray(w), want_w, rtol=1e-5, atol=1e-6)
