@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
-    BF16, DTYPES, after_inputs, arrival_counters_left_zero, close, cp, dev, exact, host, own_stream, pdl, rnd)
+    BF16, DTYPES, after_inputs, arrival_counters_left_zero, captured, close, cp, dev, exact, host, own_stream, pdl,
+    replayed, rnd)
 from test_cuda_attention import _batch
 from openinfer.kernels import numpy_mla_moe as ref
 from openinfer.kernels.cuda import blas, mla
@@ -81,15 +82,9 @@ def test_mla_decode_graph_replays():
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
     with after_inputs(stream):
         eager = host(mla.mla_attention(qld, qpd, cache, db, scale))
-        with cp.cuda.using_allocator(pool.malloc):
-            stream.begin_capture()
-            got = mla.mla_attention(qld, qpd, cache, db, scale)
-            graph = stream.end_capture()
+        got, graph = captured(lambda: mla.mla_attention(qld, qpd, cache, db, scale), stream, pool)
         for _ in range(2):
-            got[...] = 0
-            graph.launch(stream)
-            stream.synchronize()
-            np.testing.assert_array_equal(host(got), eager)
+            np.testing.assert_array_equal(replayed(graph, stream, got), eager)
     close(eager, want, BF)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
-    BF16, DTYPES, after_inputs, close, cp, dev, exact, host, own_stream, pdl, rnd)
+    BF16, DTYPES, after_inputs, captured, close, cp, dev, exact, host, own_stream, pdl, replayed, rnd)
 from openinfer.kernels import numpy_mla_moe as ref
 from openinfer.kernels.cuda import moe
 from test_moe_emulation import route_config
@@ -115,16 +115,12 @@ def test_moe_route_and_experts_replay_from_a_graph(T):
     logits = cp.asarray(rnd(rng, T, E))
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
     with after_inputs(stream):
-        moe.moe_experts(xd, gud, dd, *moe.moe_route(logits, None, cfg), 0)   # kernels loaded outside the capture
-        with cp.cuda.using_allocator(pool.malloc):
-            stream.begin_capture()
-            got = moe.moe_experts(xd, gud, dd, *moe.moe_route(logits, None, cfg), 0)
-            graph = stream.end_capture()
+        def step():
+            return moe.moe_experts(xd, gud, dd, *moe.moe_route(logits, None, cfg), 0)
+        step()   # kernels loaded outside the capture
+        got, graph = captured(step, stream, pool)
         for seed in range(2):
             new = rnd(np.random.default_rng(100 + seed), T, E, scale=3.0)
             logits.set(new)
-            got[...] = 0
-            graph.launch(stream)
-            stream.synchronize()
             ids, w = ref.moe_route(new, None, cfg)
-            close(got, ref.moe_experts(x, gate_up, down, ids, w, 0), BF)
+            close(replayed(graph, stream, got), ref.moe_experts(x, gate_up, down, ids, w, 0), BF)

@@ -311,7 +311,7 @@ def test_moe_route_emulation(case, ties, launches):
     rng = np.random.default_rng(E)
     T, D = 6, 16
     x = fake(rng.integers(-1, 2, (T, D)) if ties else rng.standard_normal((T, D)), BF16)
-    gate = fake(rng.integers(0, 2, (E, D)).astype(np.float32) if ties else rng.standard_normal((E, D)).astype(np.float32))
+    gate = fake((rng.integers(0, 2, (E, D)) if ties else rng.standard_normal((E, D))).astype(np.float32))
     bias = fake((0.3 * rng.standard_normal(E)).astype(np.float32)) if cfg.method == "noaux_tc" and not ties else None
     ids, w = moe.moe_route(moe.router_logits(x, gate), bias, cfg)
     run(launches, kernels(rng))

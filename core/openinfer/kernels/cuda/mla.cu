@@ -106,7 +106,8 @@ extern "C" __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attention_bf16(
     for (int t = 0; t < ntiles; ++t) {
         cp_async_wait<0>();
         __syncthreads();   // tile t landed for every thread; every warp is done with tile t - 1's stage and P
-        if (t + 1 < ntiles) mla_load_tile(kvs + ((t + 1) & 1) * MLA_STAGE, cache, kv, table, kbeg + (t + 1) * MLA_BN, kend);
+        if (t + 1 < ntiles)
+            mla_load_tile(kvs + ((t + 1) & 1) * MLA_STAGE, cache, kv, table, kbeg + (t + 1) * MLA_BN, kend);
         cp_async_commit();
         const bf16* kt = kvs + (t & 1) * MLA_STAGE;
         const int k0 = kbeg + t * MLA_BN;

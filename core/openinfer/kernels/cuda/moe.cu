@@ -252,7 +252,8 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
         if (i < BM) {
             const int p = i < m ? sorted[r0 + i] : -1;
             pair_of[i] = p;
-            a_rows[i] = p < 0 ? nullptr : GATE_UP ? a + (long long)(p / topk) * a_stride : a + (long long)(r0 + i) * a_stride;
+            const long long row = GATE_UP ? p / topk : r0 + i;   // gate_up: the token's x row; down: h in sorted order
+            a_rows[i] = p < 0 ? nullptr : a + row * a_stride;
         } else {
             const int r = i - BM, col = n0 + (GATE_UP ? r % (GEMM_BN / 2) : r);
             const long long wr = GATE_UP && r >= GEMM_BN / 2 ? (long long)N + col : col;
@@ -263,7 +264,8 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
     const int nk = (K + GEMM_BK - 1) / GEMM_BK;
 #pragma unroll
     for (int s = 0; s < GEMM_STAGES - 1; ++s) {
-        if (s < nk) gemm_load_stage<BM>(sm + s * STAGE, sm + s * STAGE + BM * GEMM_LD, a_rows, w_rows, s * GEMM_BK, K, we);
+        if (s < nk)
+            gemm_load_stage<BM>(sm + s * STAGE, sm + s * STAGE + BM * GEMM_LD, a_rows, w_rows, s * GEMM_BK, K, we);
         cp_async_commit();
     }
     // the warp's two n8 tiles: W rows (gate_up) 8 warp .. and 32 + 8 warp .., (down) 16 warp .. and 16 warp + 8 ..
