@@ -159,6 +159,9 @@ def _render(model: ServedModel, req: ChatRequest, prompt_param: str) -> tuple[st
                               "format); use tool_choice \"auto\".", "tool_choice", "unsupported_parameter")
         text += forced[0]
         opener = forced[1]
+    elif req.tools and fmt.tool_parser is None:
+        raise bad_request(f"Model '{req.gen.model}' has no tool-call format (its line declares none), so it cannot "
+                          "use 'tools'; send none, or tool_choice \"none\".", "tools", "unsupported_parameter")
     ids = req.gen.truncated(tokenizer.encode(text + opener, add_special_tokens=req.add_special_tokens),
                             model.engine.max_model_len)
     if not ids:

@@ -7,7 +7,7 @@ import pytest
 from openinfer.plugin_api import ChatTemplateError, Tokenizer
 from openinfer_deepseek_v2_lite.chat import DEEPSEEK_V2_CHAT_FORMAT
 
-from conftest import BOS, EOS
+from dsv2_tiny import BOS, EOS
 
 
 def test_template_renders_the_deepseek_v2_turns(tokenizer_dir):

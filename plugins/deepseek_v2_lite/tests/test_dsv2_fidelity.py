@@ -11,7 +11,7 @@ from openinfer.kv.pool import bytes_per_block
 from openinfer.testing.engine import assert_prefix_hit, generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import hf_greedy_stepwise, hf_logits
 
-from conftest import VOCAB
+from dsv2_tiny import VOCAB
 
 _REFERENCE: dict[tuple[int, tuple[int, ...]], list[int]] = {}
 

@@ -20,7 +20,7 @@ from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.weights import Checkpoint
 from openinfer_deepseek_v2_lite.line import PRESETS, DeepseekV2Line
 
-from conftest import VOCAB
+from dsv2_tiny import VOCAB
 
 
 class ThreadComm:
