@@ -10,7 +10,7 @@ import pytest
 from openinfer.testing.cuda import require_gpu
 from openinfer.testing.engine import assert_prefix_hit, generate, greedy, prompt_logits
 
-from conftest import FULL, TINY, build
+from dsv2_tiny import FULL, TINY
 from test_dsv2_fidelity import _prompts, chat_prompt, engine_for, random_prompt
 
 pytestmark = pytest.mark.cuda
@@ -20,15 +20,23 @@ GPU = dict(device="cuda", dtype="bfloat16", kv_cache_memory_gib=0.25, max_num_se
 LATENT = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32)
 
 
+def _build(tmp_path_factory, tokenizer_dir, name: str, config: dict):
+    pytest.importorskip("torch")
+    from openinfer.testing.hf_reference import build_hf_checkpoint
+    out = tmp_path_factory.mktemp(name)
+    return out, build_hf_checkpoint(out, "deepseek_v2", dict(config, **LATENT), tokenizer_dir=tokenizer_dir,
+                                    save_dtype="bfloat16")
+
+
 @pytest.fixture(scope="module")
 def lite(tmp_path_factory, tokenizer_dir):
-    return build(tmp_path_factory, tokenizer_dir, "dsv2-lite-gpu", dict(TINY, **LATENT), save_dtype="bfloat16")
+    return _build(tmp_path_factory, tokenizer_dir, "dsv2-lite-gpu", TINY)
 
 
 @pytest.fixture(scope="module")
 def full(tmp_path_factory, tokenizer_dir):
     """q-LoRA and group-limited routing."""
-    return build(tmp_path_factory, tokenizer_dir, "dsv2-full-gpu", dict(FULL, **LATENT), save_dtype="bfloat16")
+    return _build(tmp_path_factory, tokenizer_dir, "dsv2-full-gpu", FULL)
 
 
 def gpu_engine(ckpt, **kw):
