@@ -38,7 +38,7 @@ def _launched_names() -> set[str]:
                               ("{suffix(k.dtype)}", ("bf16", "f32")), ("{suffix(gate_up.dtype)}", ("bf16", "f32")),
                               ("{dtype}", ("bf16", "f32")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
-                              ("{mt}", ("1", "4")),   # moe.py's row tiles: 16 or 64 rows
+                              ("{mt}", ("1", "8")),   # moe.py's row tiles: 16 or 128 rows
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
             variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
         names |= {(source, v) for v in variants}

@@ -77,6 +77,7 @@ EXPERT_CASES = {
     # T, D, I, local experts, top-k, experts routed over, offset of the local ones
     "v2_lite_decode_1": (1, 2048, 1408, 8, 6, 8, 0),
     "v2_lite_decode_32": (32, 2048, 1408, 8, 6, 8, 0),
+    "v2_lite_prefill": (512, 2048, 1408, 8, 6, 8, 0),
     "decode_64_experts": (4, 256, 128, 64, 6, 64, 0),
     "prefill_wide_tiles": (300, 256, 192, 16, 6, 16, 0),
     "prefill_narrow_tiles": (40, 128, 96, 16, 2, 16, 0),

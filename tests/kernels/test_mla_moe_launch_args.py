@@ -95,7 +95,7 @@ def test_moe_route_rejects_what_it_cannot_compute(launches, cfg, E):
         moe.moe_route(aligned_empty((2, E), np.float32), None, cfg)
 
 
-@pytest.mark.parametrize("T,E,k,wide", [(1, 64, 6, False), (32, 64, 6, False), (400, 64, 6, True),
+@pytest.mark.parametrize("T,E,k,wide", [(1, 64, 6, False), (32, 64, 6, False), (700, 64, 6, True),
                                          (512, 8, 8, True), (3, 4, 2, False)])
 def test_moe_experts_launch_args(launches, T, E, k, wide):
     D, I = 2048, 1408
@@ -104,7 +104,7 @@ def test_moe_experts_launch_args(launches, T, E, k, wide):
     y = moe.moe_experts(x, gate_up, down, fake(np.zeros((T, k), np.int32)), fake(np.zeros((T, k), np.float32)), 0)
     assert y.shape == (T, D) and y.dtype == BF16
     align, gate, dn, combine = launches
-    mt = 4 if wide else 1
+    mt = 8 if wide else 1
     tiles = moe.row_tiles(T * k, E, mt)
     assert align.name == "moe_align" and combine.name == "moe_combine_bf16"
     assert gate.name == f"moe_gate_up_bf16_m{mt}" and gate.grid == (I // 32, tiles)

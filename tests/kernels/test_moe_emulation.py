@@ -86,41 +86,48 @@ def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, w, N, K, e, r0,
     for s in range(GEMM_STAGES - 1):
         if s < nk:
             load(s, s * GEMM_BK)
-    acc = np.zeros((NW, mt, 2, 32, 4))
+    split_m = mt >= NW
+    WM, WP = (mt // NW, GEMM_BN // 16) if split_m else (mt, GEMM_BN // 16 // NW)
+    acc = np.zeros((NW, WM, WP, 2, 32, 4))
     aoff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
+    brow = ((LANE >> 4) * (GEMM_BN // 2) if gate_up else (LANE >> 4) * 8) + (LANE & 7)
+    pstride = 8 if gate_up else 16
     for kt in range(nk):
         pre = kt + GEMM_STAGES - 1
         if pre < nk:
             load(pre % GEMM_STAGES, pre * GEMM_BK)
         st = sm[kt % GEMM_STAGES].ravel()
+        ws = BM * LD   # the W rows follow the A rows in a stage
         for warp in range(NW):
-            nrow = ((LANE >> 4) * (GEMM_BN // 2) + 8 * warp if gate_up else 16 * warp + (LANE >> 4) * 8) + (LANE & 7)
-            boff = (BM + nrow) * LD + ((LANE >> 3) & 1) * 8   # the W rows follow the A rows in a stage
+            mbase, pbase = (warp * WM, 0) if split_m else (0, warp * WP)
             for kk in range(GEMM_BK // 16):
-                b = ldmatrix_x4(st, boff + kk * 16)
-                for t in range(mt):
-                    af = ldmatrix_x4(st, t * 16 * LD + aoff + kk * 16)
-                    mma(acc[warp, t, 0], af, b[:, 0], b[:, 1])
-                    mma(acc[warp, t, 1], af, b[:, 2], b[:, 3])
+                af = [ldmatrix_x4(st, (mbase + t) * 16 * LD + aoff + kk * 16) for t in range(WM)]
+                for pp in range(WP):
+                    b = ldmatrix_x4(st, ws + (pbase + pp) * pstride * LD + brow * LD + ((LANE >> 3) & 1) * 8 + kk * 16)
+                    for t in range(WM):
+                        mma(acc[warp, t, pp, 0], af[t], b[:, 0], b[:, 1])
+                        mma(acc[warp, t, pp, 1], af[t], b[:, 2], b[:, 3])
     for warp in range(NW):
-        for t in range(mt):
+        mbase, pbase = (warp * WM, 0) if split_m else (0, warp * WP)
+        for t in range(WM):
             for h in range(2):
                 for ln in range(32):
-                    row = t * 16 + GID[ln] + 8 * h
+                    row = (mbase + t) * 16 + GID[ln] + 8 * h
                     if row >= m:
                         continue
-                    for c in range(2):
-                        if gate_up:
-                            col = n0 + 8 * warp + 2 * TQ[ln] + c
-                            if col < N:
-                                g, u = acc[warp, t, 0, ln, 2 * h + c], acc[warp, t, 1, ln, 2 * h + c]
-                                out[(r0 + row) * out_stride + col] = bf(g / (1 + np.exp(-g)) * u)
-                        else:
-                            p = pair_of[row]
-                            for j in range(2):
-                                col = n0 + 16 * warp + 8 * j + 2 * TQ[ln] + c
+                    for pp in range(WP):
+                        for c in range(2):
+                            if gate_up:
+                                col = n0 + 8 * (pbase + pp) + 2 * TQ[ln] + c
                                 if col < N:
-                                    out[p * out_stride + col] = route_w[p] * acc[warp, t, j, ln, 2 * h + c]
+                                    g, u = acc[warp, t, pp, 0, ln, 2 * h + c], acc[warp, t, pp, 1, ln, 2 * h + c]
+                                    out[(r0 + row) * out_stride + col] = bf(g / (1 + np.exp(-g)) * u)
+                            else:
+                                p = pair_of[row]
+                                for j in range(2):
+                                    col = n0 + 16 * (pbase + pp) + 8 * j + 2 * TQ[ln] + c
+                                    if col < N:
+                                        out[p * out_stride + col] = route_w[p] * acc[warp, t, pp, j, ln, 2 * h + c]
 
 
 def emulate_gemm(call):
@@ -185,8 +192,9 @@ def kernels(rng):
 
 
 # T, D, I, local experts, top-k, experts routed over, offset: two k tiles with a ragged last one (D 72 = 64 + 8,
-# I 40), outputs off the n tiles, an expert-parallel shard, 64-row tiles (>= 32 rows an expert on average)
-CASES = {"narrow": (5, 72, 40, 3, 2, 3, 0), "shard": (6, 64, 32, 2, 3, 6, 2), "wide": (40, 64, 32, 2, 2, 2, 0)}
+# I 40), outputs off the n tiles, an expert-parallel shard, 128-row tiles (>= 64 rows an expert on average, two
+# tiles an expert)
+CASES = {"narrow": (5, 72, 40, 3, 2, 3, 0), "shard": (6, 64, 32, 2, 3, 6, 2), "wide": (150, 72, 40, 2, 2, 2, 0)}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -201,14 +209,14 @@ def test_moe_experts_emulation(case, launches):
     ids = fake(np.argsort(rng.random((T, n_ids)), axis=-1)[:, :k].astype(np.int32))
     weights = fake(rng.random((T, k)).astype(np.float32))
     y = moe.moe_experts(x, gate_up, down, ids, weights, offset)
-    assert [c.name for c in launches][1] == f"moe_gate_up_bf16_m{4 if case == 'wide' else 1}"
+    assert [c.name for c in launches][1] == f"moe_gate_up_bf16_m{8 if case == 'wide' else 1}"
     run(launches, kernels(rng))
     f64 = [np.asarray(a, np.float64) for a in (x, gate_up, down)]
     want = ref_moe_experts(*f64, np.asarray(ids), np.asarray(weights), offset)
     np.testing.assert_allclose(np.asarray(y, np.float32), want, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("mt", [1, 4])
+@pytest.mark.parametrize("mt", [1, 8])
 def test_row_tiles_bound_every_routing(mt):
     """The GEMM grids' tile count: never fewer than the tiles of skewed, spread or one-expert routings."""
     rng = np.random.default_rng(mt)

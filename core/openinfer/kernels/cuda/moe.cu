@@ -10,7 +10,8 @@
 //                 tiles any routing can give and their extra blocks leave at once).
 //   moe_gemm      block (n tile, row tile): C[BM x 64] = A rows . W_e^T over K, A rows gathered (x rows of the
 //                 tile's tokens for gate_up, the tile's rows of h for down), W_e the expert's [N, K] rows, three
-//                 cp.async stages of 64 columns, ldmatrix + mma.sync m16n8k16; each warp owns two n8 tiles.
+//                 cp.async stages of 64 columns, ldmatrix + mma.sync m16n8k16; 16-row tiles at decode (the warps
+//                 split the W rows), 128-row tiles for prefill-sized batches (the warps split the rows).
 //                 gate_up: the 64 W rows are 32 gate rows and the 32 matching up rows, so a thread holds gate and
 //                 up of the same outputs and writes h = silu(gate) * up (bf16, in sorted order); down: writes
 //                 weight * (h . W_down^T) in fp32 at the pair's own row.
@@ -229,13 +230,18 @@ __device__ __forceinline__ void gemm_load_stage(bf16* as, bf16* ws, const bf16* 
 
 // GATE_UP: a = x [T, K] (row of pair p: token p / topk), w = gate_up [E, 2N, K], out = h [pairs, N] bf16 in sorted
 // order. Down: a = h [pairs, K] in sorted order, w = down [E, N, K], out = y [pairs, N] fp32 at the pair's row,
-// times its routing weight.
+// times its routing weight. A block takes BM = 16 * MT rows; each warp WM of its m16 tiles and WP pairs of n8
+// tiles of the 64 W rows: the warps split the W rows (MT = 1: WM 1, WP 1, decode) or the rows (MT = 8: WM 2, WP 4,
+// every B fragment then feeds two mma per m tile, prefill). A pair is (gate tile g, up tile g) for gate_up, so a
+// thread holds gate and up of the same outputs, and (2g, 2g + 1) for down.
 template <int MT, bool GATE_UP>
 __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, int topk, const bf16* w,
                          long long w_expert_stride, int N, int K, const int* tile_expert, const int* tile_start,
                          const int* tile_end, const int* num_tiles, const float* route_w, void* out,
                          long long out_stride) {
     constexpr int BM = 16 * MT, STAGE = (BM + GEMM_BN) * GEMM_LD;
+    constexpr bool SPLIT_M = MT >= GEMM_WARPS;
+    constexpr int WM = SPLIT_M ? MT / GEMM_WARPS : MT, WP = SPLIT_M ? GEMM_BN / 16 : GEMM_BN / 16 / GEMM_WARPS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ const bf16* a_rows[BM];
     __shared__ const bf16* w_rows[GEMM_BN];
@@ -247,6 +253,7 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
     const int e = tile_expert[slot], r0 = tile_start[slot], m = min(BM, tile_end[slot] - r0);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
     const int n0 = blockIdx.x * (GATE_UP ? GEMM_BN / 2 : GEMM_BN);   // first output column of the block
+    const int mbase = SPLIT_M ? warp * WM : 0, pbase = SPLIT_M ? 0 : warp * WP;   // the warp's first m tile, pair
     const bf16* we = w + e * w_expert_stride;
     for (int i = threadIdx.x; i < BM + GEMM_BN; i += blockDim.x) {
         if (i < BM) {
@@ -268,15 +275,18 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
             gemm_load_stage<BM>(sm + s * STAGE, sm + s * STAGE + BM * GEMM_LD, a_rows, w_rows, s * GEMM_BK, K, we);
         cp_async_commit();
     }
-    // the warp's two n8 tiles: W rows (gate_up) 8 warp .. and 32 + 8 warp .., (down) 16 warp .. and 16 warp + 8 ..
-    const int nrow = (GATE_UP ? (lane >> 4) * (GEMM_BN / 2) + 8 * warp : 16 * warp + (lane >> 4) * 8) + (lane & 7);
-    const int boff = nrow * GEMM_LD + ((lane >> 3) & 1) * 8;
+    // W row of this lane's ldmatrix address for pair pp: gate_up (gate rows, then up rows 32 on), down (2 pp, 2 pp + 1)
+    const int brow = GATE_UP ? (lane >> 4) * (GEMM_BN / 2) + (lane & 7) : (lane >> 4) * 8 + (lane & 7);
+    const int boff = brow * GEMM_LD + ((lane >> 3) & 1) * 8;
+    const int pstride = GATE_UP ? 8 : 16;   // W rows between pairs
     const int aoff = ((lane & 7) + ((lane >> 3) & 1) * 8) * GEMM_LD + (lane >> 4) * 8;
-    float acc[MT][2][4];
+    float acc[WM][WP][2][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < WM; ++mt)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+        for (int pp = 0; pp < WP; ++pp)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) acc[mt][pp][j][0] = acc[mt][pp][j][1] = acc[mt][pp][j][2] = acc[mt][pp][j][3] = 0.f;
     for (int kt = 0; kt < nk; ++kt) {
         cp_async_wait<GEMM_STAGES - 2>();
         __syncthreads();   // stage kt landed everywhere; every warp is done with the stage refilled below
@@ -290,43 +300,51 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
         const bf16* ws = as + BM * GEMM_LD;
 #pragma unroll
         for (int kk = 0; kk < GEMM_BK / 16; ++kk) {
-            unsigned int b[4];
-            ldmatrix_x4(b, ws + boff + kk * 16);
+            unsigned int af[WM][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                unsigned int af[4];
-                ldmatrix_x4(af, as + mt * 16 * GEMM_LD + aoff + kk * 16);
-                mma_bf16(acc[mt][0], af, b[0], b[1]);
-                mma_bf16(acc[mt][1], af, b[2], b[3]);
+            for (int mt = 0; mt < WM; ++mt) ldmatrix_x4(af[mt], as + (mbase + mt) * 16 * GEMM_LD + aoff + kk * 16);
+#pragma unroll
+            for (int pp = 0; pp < WP; ++pp) {
+                unsigned int b[4];
+                ldmatrix_x4(b, ws + (pbase + pp) * pstride * GEMM_LD + boff + kk * 16);
+#pragma unroll
+                for (int mt = 0; mt < WM; ++mt) {
+                    mma_bf16(acc[mt][pp][0], af[mt], b[0], b[1]);
+                    mma_bf16(acc[mt][pp][1], af[mt], b[2], b[3]);
+                }
             }
         }
     }
     cp_async_wait<0>();
-    // thread's outputs: rows mt * 16 + gid (+ 8), columns 2 tq + {0, 1} of each n8 tile
+    // thread's outputs: rows (mbase + mt) * 16 + gid (+ 8), columns 2 tq + {0, 1} of each n8 tile
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < WM; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int row = mt * 16 + gid + 8 * h;
+            const int row = (mbase + mt) * 16 + gid + 8 * h;
             if (row >= m) continue;
-            if constexpr (GATE_UP) {
-                bf16* hrow = (bf16*)out + (long long)(r0 + row) * out_stride;
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int col = n0 + 8 * warp + 2 * tq + c;
-                    if (col < N) hrow[col] = from_f32<bf16>(silu_mul_f32(acc[mt][0][2 * h + c], acc[mt][1][2 * h + c]));
-                }
-            } else {
-                const int p = pair_of[row];
-                const float rw = route_w[p];
-                float* yrow = (float*)out + (long long)p * out_stride;
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
+            for (int pp = 0; pp < WP; ++pp) {
+                if constexpr (GATE_UP) {
+                    bf16* hrow = (bf16*)out + (long long)(r0 + row) * out_stride;
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
-                        const int col = n0 + 16 * warp + 8 * j + 2 * tq + c;
-                        if (col < N) yrow[col] = rw * acc[mt][j][2 * h + c];
+                        const int col = n0 + 8 * (pbase + pp) + 2 * tq + c;
+                        if (col < N)
+                            hrow[col] = from_f32<bf16>(silu_mul_f32(acc[mt][pp][0][2 * h + c], acc[mt][pp][1][2 * h + c]));
                     }
+                } else {
+                    const int p = pair_of[row];
+                    const float rw = route_w[p];
+                    float* yrow = (float*)out + (long long)p * out_stride;
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) {
+                            const int col = n0 + 16 * (pbase + pp) + 8 * j + 2 * tq + c;
+                            if (col < N) yrow[col] = rw * acc[mt][pp][j][2 * h + c];
+                        }
+                }
             }
         }
 }
@@ -348,7 +366,7 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
     }
 
 MOE_GEMM_KERNEL(1)
-MOE_GEMM_KERNEL(4)
+MOE_GEMM_KERNEL(8)
 
 // ---------------------------------------------------------------------------------------------------- combine
 extern "C" __global__ void moe_combine_bf16(const float* y, const int* ids, int topk, int e_local, int e_offset,

@@ -4,7 +4,7 @@ Every launch's shape depends only on the token count, the top-k and the local ex
 back to the host, so a decode step with its MoE layers captures into a CUDA graph. The grouped GEMMs are sized for
 the most row tiles any routing of T tokens can give; the tiles a routing does not use leave at once. At decode
 (few rows an expert) each selected expert's weights stream through once in 16-row tiles; prefill-sized batches
-take 64-row tiles, so each weight tile serves four times the rows.
+take 128-row tiles, so each weight tile serves eight times the rows.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ ROUTE_WARPS, ROUTE_MAX_EXPERTS = 4, 512        # must match moe.cu (ROUTE_WARPS,
 METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
 ALIGN_THREADS, ALIGN_MAX_EXPERTS = 1024, 1024  # moe.cu
 GEMM_BN, GEMM_BK, GEMM_STAGES, GEMM_THREADS = 64, 64, 3, 128
-WIDE_ROWS_PER_EXPERT = 32                      # average rows an expert from which the 64-row tiles are used
+WIDE_ROWS_PER_EXPERT = 64                      # average rows an expert from which the 128-row tiles are used
 
 
 def gemm_smem(mt: int) -> int:
@@ -119,7 +119,7 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
     weights = cp.ascontiguousarray(weights, dtype=cp.float32)
     x2, xs = _aligned_rows(x)
     pairs = T * k
-    mt = 4 if pairs >= WIDE_ROWS_PER_EXPERT * E else 1
+    mt = 8 if pairs >= WIDE_ROWS_PER_EXPERT * E else 1
     tiles = row_tiles(pairs, E, mt)
     sorted_pairs = cp.empty((pairs,), dtype=cp.int32)
     tile = cp.empty((3, tiles), dtype=cp.int32)   # expert, first row, end of the expert's rows
