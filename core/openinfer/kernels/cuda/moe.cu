@@ -2,8 +2,9 @@
 // routed experts as grouped GEMMs on the tensor cores (bf16 in, fp32 accumulate), all shapes fixed by the token
 // count so a CUDA graph captures them (no host sync: the grouping is decided on the device).
 //
+//   router_logits the gate in fp32 from bf16 activations.
 //   moe_route     one warp a token: scores, group selection, then top_k rounds of a warp argmax (ties: the lower
-//                 expert), weights normalised and scaled as transformers' DeepSeek routers do.
+//                 expert), weights normalised and scaled as numpy_mla_moe.moe_route does (transformers' routers).
 //   moe_align     one block: counts the (token, slot) pairs of each local expert, lays them out grouped by expert
 //                 (`sorted`: pair ids, an expert's run contiguous) and cuts each run into tiles of BM rows
 //                 (tile_expert / tile_start / tile_end, *num_tiles of them; the GEMM grids are sized for the most
