@@ -19,15 +19,18 @@ from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma, shuffled_ta
 
 R, P = 512, 64
 D = R + P
-NW, BN, ROWS = 4, 32, 16           # MLA_WARPS, MLA_BN, MLA_ROWS
-LD, PLD, CH, VCOLS = D + 8, BN + 8, D // 8, R // NW
+BN, KW = 32, 4                     # MLA_BN, MLA_KEY_WARPS
+LD, PLD, CH = D + 8, BN + 8, D // 8
 GID, TQ = LANE >> 2, LANE & 3
 
 
-def emulate_block(ql, ql_stride, qp, qp_stride, cache, block_stride, bs, table, q0, n, L, nh, scale, split, ty,
-                  num_splits, min_split):
-    """One block (split, row tile ty) of one sequence: None if it leaves early, else (row0, gc, used, o [16, 512]
-    unnormalised, m [16] in log2 units, l [16])."""
+def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, bs, table, q0, n, L, nh, scale,
+                  split, ty, num_splits, min_split):
+    """One block of mla_attention<MT> (split, row tile ty) of one sequence: None if it leaves early, else
+    (row0, gc, used, o [gc, 512] unnormalised, m [gc] in log2 units, l [gc])."""
+    MT = mt_count
+    ROWS, NW = 16 * MT, KW * MT
+    VCOLS = R // NW
     rows, row0 = n * nh, ty * ROWS
     if row0 >= rows:
         return None
@@ -43,7 +46,7 @@ def emulate_block(ql, ql_stride, qp, qp_stride, cache, block_stride, bs, table, 
     qs = np.full(ROWS * LD, np.nan, np.float32)
     kvs = np.full(2 * BN * LD, np.nan, np.float32)
     ps = np.full(ROWS * PLD, np.nan, np.float32)
-    red = np.full(NW * ROWS, np.nan, np.float32)
+    red = np.full(KW * ROWS, np.nan, np.float32)
     for i in range(ROWS * CH):
         r, c = divmod(i, CH)
         row = row0 + r
@@ -67,11 +70,12 @@ def emulate_block(ql, ql_stride, qp, qp_stride, cache, block_stride, bs, table, 
                 dst[:] = 0
 
     load_tile(0, kbeg)
-    qpos = np.stack([np.where(GID + 8 * h < gc, L - n + (row0 + GID + 8 * h) // nh, -1) for h in range(2)], 1)
-    o = np.zeros((NW, 32, VCOLS // 8, 4))
-    m = np.full((NW, 32, 2), -np.inf)
+    smt, skw = [w // KW for w in range(NW)], [w % KW for w in range(NW)]
+    qpos = [np.stack([np.where(smt[w] * 16 + GID + 8 * h < gc, L - n + (row0 + smt[w] * 16 + GID + 8 * h) // nh, -1)
+                      for h in range(2)], 1) for w in range(NW)]
+    o = np.zeros((NW, MT, 32, VCOLS // 8, 4))
+    m = np.full((NW, MT, 32, 2), -np.inf)
     lsum = np.zeros((NW, 32, 2))
-    aoff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
     poff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * PLD + (LANE >> 4) * 8
     for t in range(ntiles):
         if t + 1 < ntiles:
@@ -79,63 +83,68 @@ def emulate_block(ql, ql_stride, qp, qp_stride, cache, block_stride, bs, table, 
         kt, k0 = (t & 1) * BN * LD, kbeg + t * BN
         s = np.zeros((NW, 32, 4))
         for w in range(NW):
-            koff = (8 * w + (LANE & 7)) * LD + (LANE >> 3) * 8
+            aoff = (smt[w] * 16 + (LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
+            koff = (8 * skw[w] + (LANE & 7)) * LD + (LANE >> 3) * 8
             for kk in range(D // 32):
                 bk = ldmatrix_x4(kvs, kt + koff + kk * 32)
                 mma(s[w], ldmatrix_x4(qs, aoff + kk * 32), bk[:, 0], bk[:, 1])
                 mma(s[w], ldmatrix_x4(qs, aoff + kk * 32 + 16), bk[:, 2], bk[:, 3])
             for e in range(4):
-                key = k0 + 8 * w + 2 * TQ + (e & 1)
-                s[w][:, e] = np.where((key >= kend) | (key > qpos[:, e >> 1]), -np.inf, s[w][:, e])
+                key = k0 + 8 * skw[w] + 2 * TQ + (e & 1)
+                s[w][:, e] = np.where((key >= kend) | (key > qpos[w][:, e >> 1]), -np.inf, s[w][:, e])
             for h in range(2):
                 mx = np.maximum(s[w][:, 2 * h], s[w][:, 2 * h + 1])
                 mx = np.maximum(mx, mx[LANE ^ 1])
                 mx = np.maximum(mx, mx[LANE ^ 2])
                 for ln in np.flatnonzero(TQ == 0):
-                    red[w * ROWS + GID[ln] + 8 * h] = mx[ln]
+                    red[skw[w] * ROWS + smt[w] * 16 + GID[ln] + 8 * h] = mx[ln]
         for w in range(NW):
-            alpha, base = np.empty((32, 2)), np.empty((32, 2))
-            for h in range(2):
-                mt = m[w][:, h].copy()
-                for w2 in range(NW):
-                    mt = np.maximum(mt, red[w2 * ROWS + GID + 8 * h])
-                base[:, h] = np.where(mt == -np.inf, 0.0, mt * scale)
-                with np.errstate(invalid="ignore"):
-                    alpha[:, h] = np.exp2(m[w][:, h] * scale - base[:, h])
-                m[w][:, h] = mt
-                lsum[w][:, h] *= alpha[:, h]
+            alpha, base = np.empty((MT, 32, 2)), np.empty((MT, 32, 2))
+            for mt in range(MT):
+                for h in range(2):
+                    mn = m[w, mt][:, h].copy()
+                    for w2 in range(KW):
+                        mn = np.maximum(mn, red[w2 * ROWS + mt * 16 + GID + 8 * h])
+                    base[mt][:, h] = np.where(mn == -np.inf, 0.0, mn * scale)
+                    with np.errstate(invalid="ignore"):
+                        alpha[mt][:, h] = np.exp2(m[w, mt][:, h] * scale - base[mt][:, h])
+                    m[w, mt][:, h] = mn
+            lsum[w] *= alpha[smt[w]]
             for e in range(4):
-                s[w][:, e] = np.exp2(s[w][:, e] * scale - base[:, e >> 1])
+                s[w][:, e] = np.exp2(s[w][:, e] * scale - base[smt[w]][:, e >> 1])
                 lsum[w][:, e >> 1] += s[w][:, e]
             for ln in range(32):
                 for h in range(2):
-                    at = (GID[ln] + 8 * h) * PLD + 8 * w + 2 * TQ[ln]
+                    at = (smt[w] * 16 + GID[ln] + 8 * h) * PLD + 8 * skw[w] + 2 * TQ[ln]
                     ps[at: at + 2] = bf(s[w][ln, 2 * h: 2 * h + 2])
-            o[w] *= np.repeat(alpha, 2, axis=1)[:, None, :]
+            for mt in range(MT):
+                o[w, mt] *= np.repeat(alpha[mt], 2, axis=1)[:, None, :]
         for w in range(NW):
             voff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8 + w * VCOLS
             for kk in range(BN // 16):
-                a = ldmatrix_x4(ps, poff + kk * 16)
+                a = [ldmatrix_x4(ps, poff + mt * 16 * PLD + kk * 16) for mt in range(MT)]
                 for dp in range(VCOLS // 16):
                     bv = ldmatrix_x4(kvs, kt + voff + kk * 16 * LD + dp * 16, trans=True)
-                    mma(o[w][:, 2 * dp], a, bv[:, 0], bv[:, 1])
-                    mma(o[w][:, 2 * dp + 1], a, bv[:, 2], bv[:, 3])
+                    for mt in range(MT):
+                        mma(o[w, mt][:, 2 * dp], a[mt], bv[:, 0], bv[:, 1])
+                        mma(o[w, mt][:, 2 * dp + 1], a[mt], bv[:, 2], bv[:, 3])
     mo = np.full((ROWS, R), np.nan)
-    wl = np.full((NW, ROWS), np.nan)
+    wl = np.full((KW, ROWS), np.nan)
     mm = np.full(ROWS, np.nan)
     for w in range(NW):
         lw = lsum[w] + lsum[w][LANE ^ 1]
         lw = lw + lw[LANE ^ 2]
         for ln in range(32):
             for h in range(2):
-                r = GID[ln] + 8 * h
-                for j in range(VCOLS // 8):
-                    col = w * VCOLS + 8 * j + 2 * TQ[ln]
-                    mo[r, col: col + 2] = o[w][ln, j, 2 * h: 2 * h + 2]
                 if TQ[ln] == 0:
-                    wl[w, r] = lw[ln, h]
-                    if w == 0:
-                        mm[r] = -np.inf if m[w][ln, h] == -np.inf else m[w][ln, h] * scale
+                    wl[skw[w], smt[w] * 16 + GID[ln] + 8 * h] = lw[ln, h]
+                for mt in range(MT):
+                    r = mt * 16 + GID[ln] + 8 * h
+                    for j in range(VCOLS // 8):
+                        col = w * VCOLS + 8 * j + 2 * TQ[ln]
+                        mo[r, col: col + 2] = o[w, mt][ln, j, 2 * h: 2 * h + 2]
+                    if TQ[ln] == 0 and w == 0:
+                        mm[r] = -np.inf if m[w, mt][ln, h] == -np.inf else m[w, mt][ln, h] * scale
     return row0, gc, used, mo[:gc], mm[:gc], wl.sum(0)[:gc]
 
 
@@ -145,14 +154,16 @@ def emulate_attention(call):
     (ql, ql_stride, qp, qp_stride, cache, block_stride, bs, tables, table_stride, qstart, ctx, out, part_o, part_m,
      part_l, counters, nh, scale, num_splits, min_split) = call.args
     splits, tiles, B = call.grid
-    assert int(num_splits) == splits and (part_o is NULL) == (splits == 1) and call.smem == mla.SMEM
+    kernel = {k.name: k for k in (mla.DECODE, mla.PREFILL)}[call.name]
+    assert int(num_splits) == splits and (part_o is NULL) == (splits == 1) and call.smem == kernel.smem
+    assert call.block == kernel.threads and (splits == 1 or kernel is mla.DECODE)
     qlf, qpf, cf = (flat(a).astype(np.float32) for a in (ql, qp, cache))
     tab, qs, cx, outf = flat(tables), flat(qstart), flat(ctx), flat(out)
     nh = int(nh)
     for b in range(B):
         q0, n, L = int(qs[b]), int(qs[b + 1] - qs[b]), int(cx[b])
         for ty in range(tiles):
-            parts = [emulate_block(qlf, int(ql_stride), qpf, int(qp_stride), cf, int(block_stride), int(bs),
+            parts = [emulate_block(kernel.rows // 16, qlf, int(ql_stride), qpf, int(qp_stride), cf, int(block_stride), int(bs),
                                    tab[b * int(table_stride):], q0, n, L, nh, float(scale), s, ty, splits,
                                    int(min_split)) for s in range(splits)]
             parts = [p for p in parts if p is not None]
@@ -192,7 +203,8 @@ def emulate_rope(call):
             dst[1: 2 * half: 2] = x1 * c + x0 * s
 
 
-KERNELS = {"mla_attention_bf16": emulate_attention, "mla_write_latent_bf16": emulate_write_latent,
+KERNELS = {"mla_attention_bf16": emulate_attention, "mla_prefill_bf16": emulate_attention,
+           "mla_write_latent_bf16": emulate_write_latent,
            "mla_rope_bf16": emulate_rope}
 
 

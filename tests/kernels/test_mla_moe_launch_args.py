@@ -54,8 +54,9 @@ def test_mla_attention_launch_args(launches, nh, q_lens, ctx):
     mla.mla_attention(ql, qp, cache, _batch(q_lens, ctx, bs), 192 ** -0.5)
     (call,) = launches
     splits, tiles, seqs = call.grid
-    assert call.name == "mla_attention_bf16" and call.smem == mla.SMEM and seqs == len(ctx)
-    assert tiles == -(-max(q_lens) * nh // mla.ROWS)
+    kernel = mla.DECODE if max(q_lens) == 1 else mla.PREFILL
+    assert call.name == kernel.name and call.smem == kernel.smem and call.block == kernel.threads and seqs == len(ctx)
+    assert tiles == -(-max(q_lens) * nh // kernel.rows)
     assert int(call.args[-2]) == splits and (call.args[-6] is module.NULL) == (splits == 1)
     if max(q_lens) > 1:
         assert splits == 1   # runs of several tokens are never split

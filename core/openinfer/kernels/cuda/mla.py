@@ -3,11 +3,12 @@
 Decode batches (every run one token) split each context over the grid so that batch 1 fills the GPU; the grid
 depends only on the batch size, the heads and `max_context_len`, and the kernel reads only the batch's device
 fields, so a CUDA graph captured at the longest context serves shorter ones (as attention_decode.py). Runs of
-more tokens (prefill chunks, prefix hits, mixed steps) launch one split per (sequence, 16-row tile).
+more tokens (prefill chunks, prefix hits, mixed steps) launch one split per (sequence, 32-row tile).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import cupy as cp
 import numpy as np
@@ -20,10 +21,29 @@ from .module import (BF16, COUNTER_SLOTS, NULL, arrival_counters, as_index, bloc
 
 LATENT, ROPE = 512, 64                 # must match mla.cu (MLA_R, MLA_P)
 ROW = LATENT + ROPE
-ROWS, BN, WARPS = 16, 32, 4            # rows of a block, keys of a tile, warps of a block (mla.cu)
+BN, KEY_WARPS = 32, 4                  # keys of a tile, warps sharing an m tile's scores (mla.cu)
 SPLIT_KEYS = 64                        # fewest keys of a decode split (whole tiles)
 MAX_TILES = 65535                      # row tiles of one sequence: the grid's y
-SMEM = ROWS * (ROW + 8) * 2 + 2 * BN * (ROW + 8) * 2 + ROWS * (BN + 8) * 2 + WARPS * ROWS * 4   # MLA_SMEM
+
+
+def smem(rows: int) -> int:
+    """Mla<MT>::SMEM: Q rows, two K/V stages, P, the warps' row maxima."""
+    return rows * (ROW + 8) * 2 + 2 * BN * (ROW + 8) * 2 + rows * (BN + 8) * 2 + KEY_WARPS * rows * 4
+
+
+@dataclass(frozen=True)
+class MlaKernel:
+    name: str
+    rows: int      # rows (token, head) of a block
+    threads: int
+
+    @property
+    def smem(self) -> int:
+        return smem(self.rows)
+
+
+DECODE = MlaKernel("mla_attention_bf16", 16, 128)   # one m16 tile a block: splits merged in the kernel
+PREFILL = MlaKernel("mla_prefill_bf16", 32, 256)    # two: each K/V tile serves twice the rows
 
 
 def _check_cache(op: str, cache: cp.ndarray) -> None:
@@ -94,15 +114,16 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
     if T == 0 or B == 0:
         return out
     tables = as_index(batch.block_tables, np.int32)
-    tiles = math.ceil(batch.max_query_len * nh / ROWS)
+    kernel = DECODE if batch.max_query_len == 1 else PREFILL
+    tiles = math.ceil(batch.max_query_len * nh / kernel.rows)
     if tiles > MAX_TILES:
         raise ValueError(f"mla_attention: a run of {batch.max_query_len} tokens x {nh} heads exceeds the grid "
-                         f"({MAX_TILES * ROWS} rows); prefill in smaller chunks (--max-num-batched-tokens)")
+                         f"({MAX_TILES * kernel.rows} rows); prefill in smaller chunks (--max-num-batched-tokens)")
     splits, parts = 1, (NULL, NULL, NULL, NULL)
-    if batch.max_query_len == 1:
-        splits = decode_splits(B, tiles, batch.max_context_len, SPLIT_KEYS, blocks_per_sm("mla", "mla_attention_bf16",
-                                                                                          WARPS * 32, SMEM))
-        splits = min(splits, SMEM // (2 * 4 * ROWS))   # the merging block's m and l of every part
+    if kernel is DECODE:
+        per_sm = blocks_per_sm("mla", kernel.name, kernel.threads, kernel.smem)
+        splits = decode_splits(B, tiles, batch.max_context_len, SPLIT_KEYS, per_sm)
+        splits = min(splits, kernel.smem // (2 * 4 * kernel.rows))   # the merging block's m and l of every part
         # asked on every decode so that an eager run sets the counters up before any capture
         counters = arrival_counters("decode_attention")
         if counters is None or B * tiles > COUNTER_SLOTS:
@@ -111,9 +132,9 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
             part_o = cp.empty((B, nh, splits, LATENT), dtype=cp.float32)
             part_ml = cp.empty((2, B, nh, splits), dtype=cp.float32)
             parts = (part_o, part_ml[0], part_ml[1], counters)
-    launch("mla", "mla_attention_bf16", (splits, tiles, B), WARPS * 32,
+    launch("mla", kernel.name, (splits, tiles, B), kernel.threads,
            (ql, np.int64(ql_stride), qp, np.int64(qp_stride), cache, np.int64(cache.strides[0] // 2),
             np.int32(cache.shape[1]), tables, np.int32(tables.strides[0] // tables.itemsize),
             as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32), out, *parts,
-            np.int32(nh), np.float32(scale * LOG2E), np.int32(splits), np.int32(SPLIT_KEYS)), SMEM)
+            np.int32(nh), np.float32(scale * LOG2E), np.int32(splits), np.int32(SPLIT_KEYS)), kernel.smem)
     return out
