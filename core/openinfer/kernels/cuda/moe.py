@@ -1,4 +1,5 @@
-"""MoE on CUDA: `moe_route` (one launch) and `moe_experts` (moe.cu: align, gate_up, down, combine).
+"""MoE on CUDA: `router_logits`, `moe_route` (one launch each) and `moe_experts` (moe.cu: align, gate_up, down,
+combine).
 
 Every launch's shape depends only on the token count, the top-k and the local expert count, and nothing is read
 back to the host, so a decode step with its MoE layers captures into a CUDA graph. The grouped GEMMs are sized for
@@ -15,7 +16,8 @@ import numpy as np
 
 from .module import BF16, NULL, launch, rows2d
 
-ROUTE_WARPS, ROUTE_MAX_EXPERTS = 4, 512        # must match moe.cu (ROUTE_WARPS, 32 * ROUTE_PER_LANE)
+ROUTER_WARPS, ROUTER_TOKENS = 8, 4             # must match moe.cu: experts and tokens of a router_logits block
+ROUTE_WARPS, ROUTE_MAX_EXPERTS = 4, 512        # moe.cu (ROUTE_WARPS, 32 * ROUTE_PER_LANE)
 METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
 ALIGN_THREADS, ALIGN_MAX_EXPERTS = 1024, 1024  # moe.cu
 GEMM_BN, GEMM_BK, GEMM_STAGES, GEMM_THREADS = 64, 64, 3, 128
@@ -30,9 +32,6 @@ def gemm_smem(mt: int) -> int:
 def row_tiles(pairs: int, experts: int, mt: int) -> int:
     """The most tiles of 16 * mt rows that `pairs` (token, expert) pairs cut into per-expert runs can give."""
     return -(-pairs // (16 * mt)) + min(experts, pairs)
-
-
-ROUTER_WARPS, ROUTER_TOKENS = 8, 4                # moe.cu: experts and tokens of a router_logits block
 
 
 def router_logits(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
