@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from openinfer.testing.cuda import require_gpu
-from openinfer.testing.engine import assert_prefix_hit, generate, greedy, prompt_logits
+from openinfer.testing.engine import assert_graphs_replay_eager, assert_prefix_hit, generate, greedy, prompt_logits
 
 from dsv2_tiny import FULL, TINY
 from test_dsv2_fidelity import _prompts, chat_prompt, engine_for, random_prompt
@@ -77,14 +77,8 @@ def test_decode_follows_the_cpu_engine(lite, context):
 def test_graph_replay_matches_eager(which, request):
     """Batch sizes that are graph buckets, so eager and replay run the same shapes: the same greedy tokens."""
     ckpt, _ = request.getfixturevalue(which)
-    eager = gpu_engine(ckpt, enforce_eager=True)
     graph = gpu_engine(ckpt)
-    assert graph.runner.graphs is not None and eager.runner.graphs is None
-    prompts = _prompts(graph, 8)
-    for batch in ([prompts[3]], prompts[:2], prompts[:4], prompts):
-        want = [t for t, _, _ in generate(eager, batch, greedy(24))]
-        got = [t for t, _, _ in generate(graph, batch, greedy(24))]
-        assert got == want, f"batch of {len(batch)}"
+    assert_graphs_replay_eager(gpu_engine(ckpt, enforce_eager=True), graph, _prompts(graph, 8), 24)
 
 
 def test_long_context_replays_like_eager(lite):
