@@ -58,6 +58,25 @@ def after_inputs(stream: "cp.cuda.Stream") -> Iterator["cp.cuda.Stream"]:
         yield stream
 
 
+def captured(fn, stream: "cp.cuda.Stream", pool: "cp.cuda.MemoryPool"):
+    """fn() captured into a CUDA graph on `stream`, allocating from `pool`, the graph's own (as cuda_graphs.py
+    does; the caller keeps it as long as the graph, whose temporaries live there): (its output, the graph)."""
+    with cp.cuda.using_allocator(pool.malloc):
+        stream.begin_capture()
+        out = fn()
+        graph = stream.end_capture()
+    return out, graph
+
+
+def replayed(graph, stream: "cp.cuda.Stream", out) -> np.ndarray:
+    """The graph replayed on `stream` into its output `out`, zeroed first (so an unwritten element shows): out on
+    the host, as float32."""
+    out[...] = 0
+    graph.launch(stream)
+    stream.synchronize()
+    return host(out)
+
+
 def rnd(rng, *shape, scale=1.0):
     return (scale * rng.standard_normal(shape)).astype(np.float32)
 

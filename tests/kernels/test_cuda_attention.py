@@ -10,7 +10,8 @@ import pytest
 from openinfer.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
-    BF16, DTYPES, after_inputs, arrival_counters_left_zero, close, cp, dev, dt, exact, host, own_stream, rnd)
+    BF16, DTYPES, after_inputs, arrival_counters_left_zero, captured, close, cp, dev, dt, exact, host, own_stream,
+    replayed, rnd)
 from openinfer.kernels.cuda import ops
 from test_attention_mma_emulation import shuffled_tables
 
@@ -328,18 +329,12 @@ def test_split_decode_graph_replays_twice(decode_grids):
     dt = DTYPES["bfloat16"]
     qd, kc, vc, db, want = _decode_inputs(dt, [9000, 2, 600], 32, 8, 128, 25)
     db = dataclasses.replace(db, max_context_len=20480)
-    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()   # the graph's own pool, as in
-    with after_inputs(stream):                                                  # cuda_graphs.py
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with after_inputs(stream):
         eager = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
-        with cp.cuda.using_allocator(pool.malloc):
-            stream.begin_capture()
-            got = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
-            graph = stream.end_capture()
+        got, graph = captured(lambda: ops.paged_attention(qd, kc, vc, db, 128 ** -0.5), stream, pool)
         for _ in range(2):
-            got[...] = 0
-            graph.launch(stream)
-            stream.synchronize()
-            np.testing.assert_array_equal(host(got), eager)
+            np.testing.assert_array_equal(replayed(graph, stream, got), eager)
             assert _counters_zero()
     close(eager, want, dt)
     assert decode_grids[1][0] > 1, decode_grids   # the captured launch splits

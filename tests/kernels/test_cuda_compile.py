@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.kernels.cuda import DTYPES, OPS, compile as kc, register
+from openinfer.kernels.cuda import BF16_OPS, DTYPES, OPS, compile as kc, register
 from openinfer.kernels.registry import KernelRegistry
 
 WRAPPERS = Path(kc.__file__).parent
@@ -38,6 +38,7 @@ def _launched_names() -> set[str]:
                               ("{suffix(k.dtype)}", ("bf16", "f32")), ("{suffix(gate_up.dtype)}", ("bf16", "f32")),
                               ("{dtype}", ("bf16", "f32")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
+                              ("{mt}", ("1", "8")),   # moe.py's row tiles: 16 or 128 rows
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
             variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
         names |= {(source, v) for v in variants}
@@ -120,6 +121,9 @@ def test_register_is_lazy_and_complete():
         for dtype in DTYPES:
             impl = reg.candidates(op, "cuda", dtype)[0]
             assert impl.impl == f"openinfer.kernels.cuda.ops:{op}"
+    for op, module in BF16_OPS.items():   # the MLA and MoE ops: bf16 models only
+        assert reg.candidates(op, "cuda", "bfloat16")[0].impl == f"openinfer.kernels.cuda.{module}:{op}"
+        assert not reg.candidates(op, "cuda", "float32")
     assert not reg.candidates("rms_norm", "cuda", "float16")
 
 

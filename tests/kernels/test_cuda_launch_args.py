@@ -304,11 +304,15 @@ def test_linear_silu_mul_needs_whole_8_row_tiles(launches):
 
 def test_cublas_gemm_ex_binding():
     """cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C,
-    Ctype, ldc, computeType, algo): 19 parameters, as bound."""
+    Ctype, ldc, computeType, algo): 19 parameters, as bound; cublasGemmStridedBatchedEx adds strideA, strideB,
+    strideC (64-bit) and batchCount: 23."""
     lib = SimpleNamespace(**{n: SimpleNamespace() for n in ("cublasCreate_v2", "cublasSetStream_v2",
-                                                           "cublasSetWorkspace_v2", "cublasGemmEx")})
+                                                           "cublasSetWorkspace_v2", "cublasGemmEx",
+                                                           "cublasGemmStridedBatchedEx")})
     blas._bind(lib)
     assert len(lib.cublasGemmEx.argtypes) == 19
+    batched = lib.cublasGemmStridedBatchedEx.argtypes
+    assert len(batched) == 23 and [batched[i] for i in (10, 14, 19)] == [ctypes.c_longlong] * 3
 
 
 def test_launch_config_matches_cuda_h():

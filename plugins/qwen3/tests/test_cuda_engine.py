@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from openinfer.testing.cuda import require_gpu
-from openinfer.testing.engine import generate, greedy, prompt_logits
+from openinfer.testing.engine import assert_graphs_replay_eager, generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import hf_greedy, hf_logits
 
 from conftest import _build
@@ -71,12 +71,8 @@ def test_graph_replay_matches_eager(untied, dtype):
     ckpt, _ = untied
     eager = gpu_engine(ckpt, dtype=dtype, enforce_eager=True)
     graph = gpu_engine(ckpt, dtype=dtype)
-    assert graph.runner.graphs is not None and eager.runner.graphs is None
     prompts = _prompts(graph, 8)
-    for batch in ([prompts[3]], prompts[:2], prompts[:4], prompts):
-        want = [t for t, _, _ in generate(eager, batch, greedy(24))]
-        got = [t for t, _, _ in generate(graph, batch, greedy(24))]
-        assert got == want, f"batch of {len(batch)}"
+    assert_graphs_replay_eager(eager, graph, prompts, 24)
     # a prefix-cache hit replays too, with the same tokens
     [(hit, fin, cached)] = generate(graph, [prompts[7]], greedy(24))
     assert cached > 0 and fin.cached_tokens == cached

@@ -59,7 +59,11 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.cublasSetStream_v2.argtypes = [vp, vp]
     lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
     lib.cublasGemmEx.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, vp, i32, i32, vp, vp, i32, i32, i32, i32]
-    for fn in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx):
+    i64 = ctypes.c_longlong
+    lib.cublasGemmStridedBatchedEx.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, i64, vp, i32, i32, i64,
+                                               vp, vp, i32, i32, i64, i32, i32, i32]
+    for fn in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx,
+               lib.cublasGemmStridedBatchedEx):
         fn.restype = i32
 
 
@@ -218,4 +222,30 @@ def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
         handle.bind(cp.cuda.get_current_stream().ptr), _OP_T, _OP_N, n_out, m, k, ctypes.addressof(_ONE),
         w.data.ptr, dt, w.strides[0] // it, x2.data.ptr, dt, x2.strides[0] // it, ctypes.addressof(_ZERO),
         out.data.ptr, dt, n_out, _COMPUTE_32F, _GEMM_DEFAULT), "GemmEx")
+    return out
+
+
+def per_head_linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
+    """A linear map of its own per head: x [T, H, in] (any token and head strides, unit last stride), w [H, out, in]
+    -> [T, H, out], one strided-batched cublasGemmEx (head h: y_h^T = op_T(w_h) @ op_N(x_h^T), column-major)."""
+    T, H, k = x.shape
+    n_out = w.shape[1]
+    if w.shape != (H, n_out, k) or x.dtype != w.dtype or x.dtype not in _DATA_TYPE:
+        raise ValueError(f"per_head_linear: x {x.dtype} {x.shape} and w {w.dtype} {w.shape} (want [H, out, in] of "
+                         "x's heads and features, both bfloat16 or float32)")
+    it = x.itemsize
+    if x.strides[2] != it or x.strides[0] % it or x.strides[1] % it:
+        x = cp.ascontiguousarray(x)
+    w = cp.ascontiguousarray(w)
+    out = cp.empty((T, H, n_out), dtype=x.dtype)
+    if T == 0 or H == 0 or n_out == 0:
+        return out
+    dev = cp.cuda.Device().id
+    handle: Any = _handles.get(dev) or _handles.setdefault(dev, _Handle())
+    dt = _DATA_TYPE[x.dtype]
+    _check(handle.lib.cublasGemmStridedBatchedEx(
+        handle.bind(cp.cuda.get_current_stream().ptr), _OP_T, _OP_N, n_out, T, k, ctypes.addressof(_ONE),
+        w.data.ptr, dt, k, n_out * k, x.data.ptr, dt, x.strides[0] // it, x.strides[1] // it,
+        ctypes.addressof(_ZERO), out.data.ptr, dt, H * n_out, n_out, H, _COMPUTE_32F, _GEMM_DEFAULT),
+        "GemmStridedBatchedEx")
     return out

@@ -1,0 +1,140 @@
+"""MLA on CUDA: `mla_attention` over the paged latent cache (mla.cu, tensor cores, bf16) and `mla_write_latent`.
+
+Decode batches (every run one token) split each context over the grid so that batch 1 fills the GPU; the grid
+depends only on the batch size, the heads and `max_context_len`, and the kernel reads only the batch's device
+fields, so a CUDA graph captured at the longest context serves shorter ones (as attention_decode.py). Runs of
+more tokens (prefill chunks, prefix hits, mixed steps) launch one split per (sequence, 32-row tile).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cupy as cp
+import numpy as np
+
+from ...batch import ForwardBatch
+from .attention import LOG2E
+from .attention_decode import decode_splits
+from .module import (BF16, COUNTER_SLOTS, NULL, arrival_counters, as_index, blocks_per_sm, heads3d, launch,
+                     rows2d)
+
+LATENT, ROPE = 512, 64                 # must match mla.cu (MLA_R, MLA_P)
+ROW = LATENT + ROPE
+BN, KEY_WARPS = 32, 4                  # keys of a tile, warps sharing an m tile's scores (mla.cu)
+SPLIT_KEYS = 64                        # fewest keys of a decode split (whole tiles)
+MAX_TILES = 65535                      # row tiles of one sequence: the grid's y
+
+
+def smem(rows: int) -> int:
+    """Mla<MT>::SMEM: Q rows, two K/V stages, P, the warps' row maxima."""
+    return rows * (ROW + 8) * 2 + 2 * BN * (ROW + 8) * 2 + rows * (BN + 8) * 2 + KEY_WARPS * rows * 4
+
+
+@dataclass(frozen=True)
+class MlaKernel:
+    name: str
+    rows: int      # rows (token, head) of a block
+    threads: int
+
+    @property
+    def smem(self) -> int:
+        return smem(self.rows)
+
+
+DECODE = MlaKernel("mla_attention_bf16", 16, 128)   # one m16 tile a block: splits merged in the kernel
+PREFILL = MlaKernel("mla_prefill_bf16", 32, 256)    # two: each K/V tile serves twice the rows
+
+
+def _check_cache(op: str, cache: cp.ndarray) -> None:
+    if cache.ndim != 3 or cache.shape[2] != ROW or cache.strides[1:] != (ROW * 2, 2) or cache.dtype != BF16:
+        raise ValueError(f"{op}: the latent cache must be a bf16 [num_blocks, block_size, {ROW}] view packed inside "
+                         f"a block (got {cache.dtype} {cache.shape}, strides {cache.strides})")
+
+
+def mla_write_latent(cache: cp.ndarray, c: cp.ndarray, k_pe: cp.ndarray, slot_mapping) -> None:
+    """cache[slot] = c[t] || k_pe[t] for cache [num_blocks, block_size, 576]; negative slots are skipped."""
+    _check_cache("mla_write_latent", cache)
+    if c.shape[-1] != LATENT or k_pe.shape[-1] != ROPE or c.dtype != BF16 or k_pe.dtype != BF16:
+        raise ValueError(f"mla_write_latent: c [T, {LATENT}] and k_pe [T, {ROPE}] bf16 (got {c.shape}, {k_pe.shape})")
+    c2, cs = rows2d(c)
+    p2, ps = rows2d(k_pe)
+    T = c2.shape[0]
+    if T:
+        launch("mla", "mla_write_latent_bf16", (T,), 192,
+               (cache, np.int64(cache.strides[0] // 2), np.int32(cache.shape[1]), c2, np.int64(cs), p2, np.int64(ps),
+                as_index(slot_mapping, np.int64)))
+
+
+def mla_rope(q_pe: cp.ndarray, k_pe: cp.ndarray, positions, cos: cp.ndarray, sin: cp.ndarray
+             ) -> tuple[cp.ndarray, cp.ndarray]:
+    """DeepSeek's interleaved RoPE of q_pe [T, H, P] and the shared k_pe [T, P] (any slices of the projections);
+    cos / sin [max_pos, P / 2] tables. Returns packed rotated copies."""
+    T, nh, p = q_pe.shape
+    half = cos.shape[1]
+    if p != 2 * half or k_pe.shape != (T, p) or q_pe.dtype != BF16 or k_pe.dtype != BF16:
+        raise ValueError(f"mla_rope: q_pe [T, H, {2 * half}] and k_pe [T, {2 * half}] bf16 for tables of {half} "
+                         f"frequencies (got {q_pe.dtype} {q_pe.shape}, {k_pe.dtype} {k_pe.shape})")
+    if q_pe.strides[2] != 2 or k_pe.strides[1] != 2:
+        q_pe, k_pe = cp.ascontiguousarray(q_pe), cp.ascontiguousarray(k_pe)
+    q_out, k_out = cp.empty((T, nh, p), dtype=BF16), cp.empty((T, p), dtype=BF16)
+    if T:
+        cos = cp.ascontiguousarray(cos, dtype=cp.float32)   # tables are built float32; converting copies
+        sin = cp.ascontiguousarray(sin, dtype=cp.float32)
+        launch("mla", "mla_rope_bf16", (T,), 128,
+               (q_pe, np.int64(q_pe.strides[0] // 2), np.int64(q_pe.strides[1] // 2), k_pe,
+                np.int64(k_pe.strides[0] // 2), as_index(positions, np.int32), cos, sin, np.int32(half),
+                np.int32(nh), q_out, k_out))
+    return q_out, k_out
+
+
+def _queries(q: cp.ndarray, width: int) -> tuple[cp.ndarray, int]:
+    """q [T, H, width] with heads packed and 16-byte aligned rows (the kernel copies 16-byte words)."""
+    q3, stride = heads3d(q)
+    if (q3.data.ptr | stride * 2) % 16:
+        q3 = cp.ascontiguousarray(q3)
+        stride = q3.strides[0] // 2
+    return q3, stride
+
+
+def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, batch: ForwardBatch,
+                  scale: float) -> cp.ndarray:
+    """Causal MQA over the latent cache: out [T, H, 512] = softmax((q_latent . c + q_pe . k_pe) * scale) . c."""
+    _check_cache("mla_attention", cache)
+    T, nh, r = q_latent.shape
+    if r != LATENT or q_pe.shape != (T, nh, ROPE) or q_latent.dtype != BF16 or q_pe.dtype != BF16:
+        raise ValueError(f"mla_attention: q_latent [T, H, {LATENT}] and q_pe [T, H, {ROPE}] bf16 "
+                         f"(got {q_latent.dtype} {q_latent.shape}, {q_pe.dtype} {q_pe.shape})")
+    if cache.data.ptr % 16 or cache.strides[0] % 16:
+        raise ValueError("mla_attention: the latent cache must be 16-byte aligned")
+    ql, ql_stride = _queries(q_latent, LATENT)
+    qp, qp_stride = _queries(q_pe, ROPE)
+    out = cp.empty((T, nh, LATENT), dtype=BF16)
+    B = batch.num_seqs
+    if T == 0 or B == 0:
+        return out
+    tables = as_index(batch.block_tables, np.int32)
+    kernel = DECODE if batch.max_query_len == 1 else PREFILL
+    tiles = math.ceil(batch.max_query_len * nh / kernel.rows)
+    if tiles > MAX_TILES:
+        raise ValueError(f"mla_attention: a run of {batch.max_query_len} tokens x {nh} heads exceeds the grid "
+                         f"({MAX_TILES * kernel.rows} rows); prefill in smaller chunks (--max-num-batched-tokens)")
+    splits, parts = 1, (NULL, NULL, NULL, NULL)
+    if kernel is DECODE:
+        per_sm = blocks_per_sm("mla", kernel.name, kernel.threads, kernel.smem)
+        splits = decode_splits(B, tiles, batch.max_context_len, SPLIT_KEYS, per_sm)
+        splits = min(splits, kernel.smem // (2 * 4 * kernel.rows))   # the merging block's m and l of every part
+        # asked on every decode so that an eager run sets the counters up before any capture
+        counters = arrival_counters("decode_attention")
+        if counters is None or B * tiles > COUNTER_SLOTS:
+            splits = 1
+        if splits > 1:
+            part_o = cp.empty((B, nh, splits, LATENT), dtype=cp.float32)
+            part_ml = cp.empty((2, B, nh, splits), dtype=cp.float32)
+            parts = (part_o, part_ml[0], part_ml[1], counters)
+    launch("mla", kernel.name, (splits, tiles, B), kernel.threads,
+           (ql, np.int64(ql_stride), qp, np.int64(qp_stride), cache, np.int64(cache.strides[0] // 2),
+            np.int32(cache.shape[1]), tables, np.int32(tables.strides[0] // tables.itemsize),
+            as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32), out, *parts,
+            np.int32(nh), np.float32(scale * LOG2E), np.int32(splits), np.int32(SPLIT_KEYS)), kernel.smem)
+    return out

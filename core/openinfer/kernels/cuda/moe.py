@@ -1,0 +1,141 @@
+"""MoE on CUDA: `router_logits`, `moe_route` (one launch each) and `moe_experts` (moe.cu: align, gate_up, down,
+combine).
+
+Every launch's shape depends only on the token count, the top-k and the local expert count, and nothing is read
+back to the host, so a decode step with its MoE layers captures into a CUDA graph. The grouped GEMMs are sized for
+the most row tiles any routing of T tokens can give; the tiles a routing does not use leave at once. At decode
+(few rows an expert) each selected expert's weights stream through once in 16-row tiles; prefill-sized batches
+take 128-row tiles, so each weight tile serves eight times the rows.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import cupy as cp
+import numpy as np
+
+from .module import BF16, NULL, launch, rows2d
+
+ROUTER_WARPS, ROUTER_TOKENS = 8, 4             # must match moe.cu: experts and tokens of a router_logits block
+ROUTE_WARPS, ROUTE_MAX_EXPERTS = 4, 512        # moe.cu (ROUTE_WARPS, 32 * ROUTE_PER_LANE)
+METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
+ALIGN_THREADS, ALIGN_MAX_EXPERTS = 1024, 1024  # moe.cu
+GEMM_BN, GEMM_BK, GEMM_STAGES, GEMM_THREADS = 64, 64, 3, 128
+WIDE_ROWS_PER_EXPERT = 64                      # average rows an expert from which the 128-row tiles are used
+
+
+def gemm_smem(mt: int) -> int:
+    """The grouped GEMM's cp.async stages: 16 * mt A rows and 64 W rows of 64 (+ 8 pad) bf16 each."""
+    return GEMM_STAGES * (16 * mt + GEMM_BN) * (GEMM_BK + 8) * 2
+
+
+def row_tiles(pairs: int, experts: int, mt: int) -> int:
+    """The most tiles of 16 * mt rows that `pairs` (token, expert) pairs cut into per-expert runs can give."""
+    return -(-pairs // (16 * mt)) + min(experts, pairs)
+
+
+def router_logits(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
+    """The MoE gate in float32 whatever the activations: x [T, D] bf16, w [E, D] float32 -> [T, E] float32."""
+    if x.dtype != BF16 or w.dtype != np.float32:
+        raise TypeError("router_logits on CUDA takes bf16 activations and a float32 gate")
+    x2, stride = rows2d(x)
+    (T, D), E = x2.shape, w.shape[0]
+    if w.shape[1] != D:
+        raise ValueError(f"router_logits: x has {D} features, the gate expects {w.shape[1]}")
+    out = cp.empty((T, E), dtype=cp.float32)
+    if T and E:
+        launch("moe", "router_logits_bf16", (-(-E // ROUTER_WARPS), -(-T // ROUTER_TOKENS)), 32 * ROUTER_WARPS,
+               (x2, np.int64(stride), cp.ascontiguousarray(w), np.int32(T), np.int32(E), np.int32(D), out))
+    return out
+
+
+def _route_config(cfg: Any, E: int) -> tuple[int, int, int, int, int]:
+    """(top_k, sigmoid, method, n_group, topk_group) of a RouterConfig, checked against what moe.cu computes."""
+    k, method = int(cfg.top_k), METHODS.get(cfg.method)
+    if method is None:
+        raise ValueError(f"moe_route: method {cfg.method!r} is not one of {sorted(METHODS)}")
+    if cfg.scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"moe_route: scoring {cfg.scoring!r} is not softmax or sigmoid")
+    if not 0 < E <= ROUTE_MAX_EXPERTS or not 0 < k <= min(E, 32):
+        raise ValueError(f"moe_route: {E} experts, top {k}: the CUDA router takes up to {ROUTE_MAX_EXPERTS} "
+                         "experts and a top-k of up to 32")
+    n_group, topk_group = int(cfg.n_group or 1), int(cfg.topk_group or 1)
+    if method and n_group > 1 and (n_group > 32 or E % n_group or not 0 < topk_group <= n_group):
+        raise ValueError(f"moe_route: {n_group} groups (top {topk_group}) of {E} experts: need up to 32 groups "
+                         "that divide the experts")
+    return k, int(cfg.scoring == "sigmoid"), method, n_group, topk_group
+
+
+def moe_route(logits: cp.ndarray, bias: cp.ndarray | None, cfg: Any) -> tuple[cp.ndarray, cp.ndarray]:
+    """Router logits [T, E] float32 -> (expert ids [T, k] int32, weights [T, k] float32) as numpy_mla_moe.moe_route
+    gives them: best first, ties to the lower expert."""
+    if logits.dtype != np.float32 or (bias is not None and bias.dtype != np.float32):
+        raise TypeError("moe_route takes float32 router logits and correction bias")
+    x, stride = rows2d(logits)
+    T, E = x.shape
+    k, sigmoid, method, n_group, topk_group = _route_config(cfg, E)
+    ids = cp.empty((T, k), dtype=cp.int32)
+    weights = cp.empty((T, k), dtype=cp.float32)
+    if T:
+        b = NULL if bias is None else cp.ascontiguousarray(bias)
+        launch("moe", "moe_route_f32", (-(-T // ROUTE_WARPS),), 32 * ROUTE_WARPS,
+               (x, np.int64(stride), b, np.int32(T), np.int32(E), np.int32(k), np.int32(sigmoid), np.int32(method),
+                np.int32(n_group), np.int32(topk_group), np.int32(bool(cfg.norm_topk_prob)),
+                np.float32(cfg.routed_scaling_factor), ids, weights))
+    return ids, weights
+
+
+def _aligned_rows(x: cp.ndarray) -> tuple[cp.ndarray, int]:
+    """x as [rows, n] whose rows start on 16-byte boundaries (the GEMM copies 16-byte words)."""
+    x2, stride = rows2d(x)
+    if (x2.data.ptr | stride * x2.itemsize) % 16:
+        x2 = cp.ascontiguousarray(x2)
+        stride = x2.shape[1]
+    return x2, stride
+
+
+def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
+                expert_offset: int) -> cp.ndarray:
+    """y [T, D] = sum over each token's slots whose expert lies in [expert_offset, expert_offset + E_local) of
+    weight * down_e(silu(gate_e x) * up_e x); gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]."""
+    T, D = x.shape
+    E, two_i, d2 = gate_up.shape
+    I = two_i // 2
+    if (x.dtype, gate_up.dtype, down.dtype) != (BF16, BF16, BF16):
+        raise TypeError("moe_experts on CUDA takes bf16 activations and expert weights")
+    if d2 != D or two_i != 2 * I or down.shape != (E, D, I):
+        raise ValueError(f"moe_experts: gate_up {gate_up.shape} and down {down.shape} do not fit x {x.shape}")
+    if D % 8 or I % 8 or not (gate_up.flags.c_contiguous and down.flags.c_contiguous) \
+            or (gate_up.data.ptr | down.data.ptr) % 16:
+        raise ValueError("moe_experts: expert weights must be packed, 16-byte aligned, with D and I multiples of 8")
+    if E > ALIGN_MAX_EXPERTS:
+        raise ValueError(f"moe_experts: {E} local experts; the CUDA path takes up to {ALIGN_MAX_EXPERTS}")
+    k = ids.shape[1]
+    y = cp.empty((T, D), dtype=BF16)
+    if T == 0:
+        return y
+    ids = cp.ascontiguousarray(ids, dtype=cp.int32)
+    weights = cp.ascontiguousarray(weights, dtype=cp.float32)
+    x2, xs = _aligned_rows(x)
+    pairs = T * k
+    mt = 8 if pairs >= WIDE_ROWS_PER_EXPERT * E else 1
+    tiles = row_tiles(pairs, E, mt)
+    sorted_pairs = cp.empty((pairs,), dtype=cp.int32)
+    tile = cp.empty((3, tiles), dtype=cp.int32)   # expert, first row, end of the expert's rows
+    num_tiles = cp.empty((1,), dtype=cp.int32)
+    launch("moe", "moe_align", (1,), ALIGN_THREADS,
+           (ids, np.int32(pairs), np.int32(E), np.int32(expert_offset), np.int32(16 * mt), sorted_pairs, tile[0],
+            tile[1], tile[2], num_tiles))
+    grouping = (sorted_pairs, np.int32(k))
+    tile_args = (tile[0], tile[1], tile[2], num_tiles)
+    h = cp.empty((pairs, I), dtype=BF16)
+    launch("moe", f"moe_gate_up_bf16_m{mt}", (-(-I // (GEMM_BN // 2)), tiles), GEMM_THREADS,
+           (x2, np.int64(xs), *grouping, gate_up, np.int64(two_i * D), np.int32(I), np.int32(D), *tile_args, h,
+            np.int64(I)), gemm_smem(mt))
+    y_pairs = cp.empty((pairs, D), dtype=cp.float32)
+    launch("moe", f"moe_down_bf16_m{mt}", (-(-D // GEMM_BN), tiles), GEMM_THREADS,
+           (h, np.int64(I), *grouping, down, np.int64(D * I), np.int32(D), np.int32(I), *tile_args, weights, y_pairs,
+            np.int64(D)), gemm_smem(mt))
+    launch("moe", "moe_combine_bf16", (T, min(-(-D // 256), 8)), 256,
+           (y_pairs, ids, np.int32(k), np.int32(E), np.int32(expert_offset), np.int32(D), y))
+    return y

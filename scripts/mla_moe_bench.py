@@ -1,0 +1,95 @@
+"""MLA and MoE kernel microbenchmark on one GPU at DeepSeek-V2-Lite's shapes (16 heads, latent 512 + 64, hidden 2048,
+64 experts top-6 of width 1408; bf16, block size 64), each op as the engine runs it: CALLS calls captured into one
+CUDA graph, the replay timed with CUDA events (openinfer.testing.cuda.graph_ms), random inputs.
+
+- mla decode: one layer's mla_attention for batch x context, its grid sized for --max-model-len (the CUDA graphs'
+  sizing). GB/s counts the latent rows a step must read (batch x context x 576 x 2 bytes) over its time.
+- mla prefill: one layer's mla_attention over a prompt of T tokens (causal, absorbed: 2 x 16 x T^2 / 2 x (576 + 512)
+  FLOPs). TFLOP/s over its time.
+- moe decode / prefill: router_logits + moe_route + moe_experts of one layer for T tokens. GB/s counts the distinct
+  experts the routing selects (3 x 2048 x 1408 x 2 bytes each) over its time; TFLOP/s the routed GEMMs
+  (T x 6 x 3 x 2048 x 1408 x 2).
+Compare GB/s with the device's copy rate (~3.35 TB/s H100, ~4.3 TB/s H200) and TFLOP/s with ~700 (bf16 dense).
+    python scripts/mla_moe_bench.py [--batches 1,32,128] [--contexts 1024,8192] [--prompts 1024,8192]
+                                    [--tokens 1,8,32,512,2048] [--max-model-len 16384]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import cupy as cp
+import numpy as np
+
+from openinfer.batch import ForwardBatch
+from openinfer.kernels.cuda import mla, moe
+from openinfer.kernels.cuda.module import BF16
+from openinfer.layers.moe import RouterConfig
+from openinfer.testing.cuda import graph_ms
+
+H, R, P, D, E, K, I, BS = 16, 512, 64, 2048, 64, 6, 1408, 64
+CALLS = 10
+
+
+def _normal(*shape, scale: float = 1.0) -> cp.ndarray:
+    return (cp.random.standard_normal(shape, dtype=cp.float32) * scale).astype(BF16)
+
+
+def mla_inputs(batch: int, context: int, run: int, rng: np.random.Generator):
+    """q_latent, q_pe, a latent cache and a batch of `batch` sequences of `context` keys, the last `run` new."""
+    per = -(-context // BS)
+    tables = (1 + rng.permutation(batch * per).astype(np.int32)).reshape(batch, per)
+    cache = _normal(batch * per + 1, BS, R + P)
+    qs = np.arange(batch + 1, dtype=np.int32) * run
+    lens = np.full(batch, context, np.int32)
+    T = batch * run
+    fb = ForwardBatch(
+        token_ids=cp.zeros(T, cp.int32), positions=cp.zeros(T, cp.int32), slot_mapping=cp.zeros(T, cp.int64),
+        block_tables=cp.asarray(tables), query_start=cp.asarray(qs), context_lens=cp.asarray(lens),
+        sample_rows=cp.zeros(batch, cp.int32), query_start_host=qs, context_lens_host=lens, block_size=BS,
+        max_query_len=run, max_context_len=context)
+    return _normal(T, H, R), _normal(T, H, P), cache, fb
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,32,128")
+    ap.add_argument("--contexts", default="1024,8192")
+    ap.add_argument("--prompts", default="1024,8192")
+    ap.add_argument("--tokens", default="1,8,32,512,2048")
+    ap.add_argument("--max-model-len", type=int, default=16384)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    scale = (128 + P) ** -0.5
+    print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; V2-Lite shapes, bf16, {CALLS} calls a graph")
+    print(f"{'op':12} {'batch':>6} {'context':>8} {'ms':>9} {'GB/s':>8} {'TFLOP/s':>8}")
+    for b in map(int, args.batches.split(",")):
+        for ctx in map(int, args.contexts.split(",")):
+            ql, qp, cache, fb = mla_inputs(b, ctx, 1, rng)
+            fb = dataclasses.replace(fb, max_context_len=args.max_model_len)
+            ms = graph_ms(lambda: mla.mla_attention(ql, qp, cache, fb, scale), calls=CALLS)
+            print(f"{'mla decode':12} {b:>6} {ctx:>8} {ms:>9.4f} {b * ctx * (R + P) * 2 / ms / 1e6:>8.0f} {'':>8}")
+    for t in map(int, args.prompts.split(",")):
+        ql, qp, cache, fb = mla_inputs(1, t, t, rng)
+        ms = graph_ms(lambda: mla.mla_attention(ql, qp, cache, fb, scale), calls=CALLS)
+        flops = 2 * H * t * t / 2 * (R + P + R)
+        print(f"{'mla prefill':12} {1:>6} {t:>8} {ms:>9.4f} {'':>8} {flops / ms / 1e9:>8.1f}")
+    gate = cp.random.standard_normal((E, D), dtype=cp.float32) * D ** -0.5
+    gate_up, down = _normal(E, 2 * I, D, scale=D ** -0.5), _normal(E, D, I, scale=I ** -0.5)
+    cfg = RouterConfig(top_k=K)
+    for t in map(int, args.tokens.split(",")):
+        x = _normal(t, D)
+
+        def layer():
+            ids, w = moe.moe_route(moe.router_logits(x, gate), None, cfg)
+            return moe.moe_experts(x, gate_up, down, ids, w, 0)
+        ms = graph_ms(layer, calls=CALLS)
+        ids, _ = moe.moe_route(moe.router_logits(x, gate), None, cfg)
+        experts = len(np.unique(cp.asnumpy(ids)))
+        gbs = experts * 3 * D * I * 2 / ms / 1e6
+        flops = t * K * 3 * D * I * 2
+        print(f"{'moe':12} {t:>6} {'':>8} {ms:>9.4f} {gbs:>8.0f} {flops / ms / 1e9:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()

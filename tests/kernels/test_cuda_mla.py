@@ -1,0 +1,131 @@
+"""MLA on the GPU against the numpy reference ops on random inputs (skipped without one): mla_attention's decode kernel
+(split contexts merged in the kernel, grids as a CUDA graph sizes them, graph capture and replay) and its runs of
+several tokens (prefill, prefix hits, empty runs, heads of a row tile spanning tokens), mla_write_latent, mla_rope and
+per_head_linear."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
+    BF16, DTYPES, after_inputs, arrival_counters_left_zero, captured, close, cp, dev, exact, host, own_stream, pdl,
+    replayed, rnd)
+from test_cuda_attention import _batch
+from openinfer.kernels import numpy_mla_moe as ref
+from openinfer.kernels.cuda import blas, mla
+
+pytestmark = pytest.mark.cuda
+BF = DTYPES["bfloat16"]
+R, P = 512, 64
+
+
+def _inputs(runs, nh, seed, bs=16, q_pad=0):
+    """A batch of (context, run) sequences over a shuffled latent pool (layer 1 of 2) and q_latent / q_pe as
+    strided views of one wider buffer (q_pad extra columns a token, as a fused projection would leave)."""
+    rng = np.random.default_rng(seed)
+    num_blocks = sum(-(-L // bs) for L, _ in runs) + 3
+    hb, db = _batch(runs, bs, rng, num_blocks)
+    T = int(hb.query_start_host[-1])
+    pool = exact(rnd(rng, num_blocks, 2, bs, R + P), BF16)
+    wide = exact(rnd(rng, T, nh * (R + P) + q_pad), BF16)
+    ql = wide[:, : nh * R].reshape(T, nh, R)
+    qp = wide[:, nh * R: nh * (R + P)].reshape(T, nh, P)
+    scale = 192 ** -0.5
+    want = ref.mla_attention(ql, qp, pool[:, 1], hb, scale)
+    wide_d, pool_d = dev(wide, BF16), dev(pool, BF16)
+    qld = wide_d[:, : nh * R].reshape(T, nh, R)
+    qpd = wide_d[:, nh * R: nh * (R + P)].reshape(T, nh, P)
+    return qld, qpd, pool_d[:, 1], db, scale, want
+
+
+CASES = {
+    # runs (context, query run), heads: decode with long and tiny contexts (V2-Lite's 16 heads, 64 = 4 row tiles)
+    "decode_16": ([(3000, 1), (17, 1), (1, 1), (513, 1), (4100, 1)], 16),
+    "decode_64_heads": ([(700, 1), (33, 1)], 64),
+    "decode_4_heads": ([(1000, 1), (2, 1), (64, 1)], 4),
+    "decode_many": ([(100, 1)] * 40, 16),
+    # runs of several tokens: whole prompts, prefix hits, an empty run, a one-token run among them
+    "prefill_16": ([(37, 37), (100, 30), (5, 1), (70, 64), (50, 0), (16, 16)], 16),
+    "prefill_4_heads": ([(130, 130), (77, 13), (9, 9)], 4),
+    "prefill_long_prefix": ([(1500, 40), (300, 300)], 16),
+    "prefill_6_heads": ([(45, 45), (200, 7)], 6),
+}
+
+
+@pytest.mark.parametrize("graph_width", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_mla_attention(case, graph_width, pdl):
+    runs, nh = CASES[case]
+    qld, qpd, cache, db, scale, want = _inputs(runs, nh, len(case), q_pad=8 if "prefill" in case else 0)
+    if graph_width:   # the grid a CUDA graph captured at a long context launches (decode splits mostly empty)
+        db = dataclasses.replace(db, max_context_len=20480)
+    got = mla.mla_attention(qld, qpd, cache, db, scale)
+    close(got, want, BF)
+    np.testing.assert_array_equal(host(mla.mla_attention(qld, qpd, cache, db, scale)), host(got))   # deterministic
+
+
+@pytest.mark.parametrize("bs", [64, 1])
+def test_mla_attention_block_sizes(bs):
+    qld, qpd, cache, db, scale, want = _inputs([(300, 1), (129, 1)], 16, 3, bs=bs)
+    close(mla.mla_attention(qld, qpd, cache, db, scale), want, BF)
+    qld, qpd, cache, db, scale, want = _inputs([(300, 20), (129, 129)], 16, 4, bs=bs)
+    close(mla.mla_attention(qld, qpd, cache, db, scale), want, BF)
+
+
+def test_mla_decode_graph_replays():
+    """Split decode captured into a CUDA graph at a long context and replayed twice (output zeroed before each):
+    the same bits as eager, so each replay left its arrival counters zero for the next."""
+    qld, qpd, cache, db, scale, want = _inputs([(5000, 1), (2, 1), (600, 1)], 16, 9)
+    db = dataclasses.replace(db, max_context_len=20480)
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with after_inputs(stream):
+        eager = host(mla.mla_attention(qld, qpd, cache, db, scale))
+        got, graph = captured(lambda: mla.mla_attention(qld, qpd, cache, db, scale), stream, pool)
+        for _ in range(2):
+            np.testing.assert_array_equal(replayed(graph, stream, got), eager)
+    close(eager, want, BF)
+
+
+def test_mla_write_latent():
+    """Rows land at their slots (c then k_pe), from strided views; negative slots and other rows stay untouched."""
+    rng = np.random.default_rng(5)
+    nb, bs, T = 6, 16, 9
+    pool = exact(rnd(rng, nb, 2, bs, R + P), BF16)
+    kv = exact(rnd(rng, T, R + P + 8), BF16)   # c || k_pe || something else, as a fused projection leaves them
+    slots = rng.choice(nb * bs, T, replace=False).astype(np.int64)
+    slots[3] = -1
+    pool_d, kv_d = dev(pool, BF16), dev(kv, BF16)
+    mla.mla_write_latent(pool_d[:, 0], kv_d[:, :R], kv_d[:, R: R + P], cp.asarray(slots))
+    want = pool.copy()
+    keep = slots >= 0
+    ref.mla_write_latent(want[:, 0], kv[keep, :R], kv[keep, R: R + P], slots[keep])
+    np.testing.assert_array_equal(host(pool_d), want)
+
+
+@pytest.mark.parametrize("T,nh", [(1, 16), (37, 4)])
+def test_mla_rope(T, nh, pdl):
+    """q_pe and k_pe as slices of the projections (q [T, H, dn + P], kv [T, R + P]), YaRN-like tables."""
+    rng = np.random.default_rng(T)
+    dn, max_pos = 128, 4096
+    q = exact(rnd(rng, T, nh, dn + P), BF16)
+    kv = exact(rnd(rng, T, R + P), BF16)
+    pos = rng.integers(0, max_pos, T).astype(np.int32)
+    angles = np.outer(np.arange(max_pos), 10000.0 ** (-np.arange(0, P, 2) / P))
+    cos, sin = (0.9 * np.cos(angles)).astype(np.float32), (0.9 * np.sin(angles)).astype(np.float32)
+    want_q, want_k = ref.mla_rope(q[:, :, dn:], kv[:, R:], pos, cos, sin)
+    qd, kvd = dev(q, BF16), dev(kv, BF16)
+    got_q, got_k = mla.mla_rope(qd[:, :, dn:], kvd[:, R:], cp.asarray(pos), cp.asarray(cos), cp.asarray(sin))
+    close(got_q, want_q, BF)
+    close(got_k, want_k, BF)
+
+
+@pytest.mark.parametrize("T,H,n_in,n_out", [(1, 16, 128, 512), (9, 16, 512, 128), (40, 4, 16, 512)])
+def test_per_head_linear(T, H, n_in, n_out, pdl):
+    """x as a strided slice (q_nope of q [T, H, dn + P]); MLA's W_UK^T and W_UV shapes."""
+    rng = np.random.default_rng(n_in)
+    wide = exact(rnd(rng, T, H, n_in + 64), BF16)
+    w = exact(rnd(rng, H, n_out, n_in, scale=n_in ** -0.5), BF16)
+    got = blas.per_head_linear(dev(wide, BF16)[:, :, :n_in], dev(w, BF16))
+    close(got, ref.per_head_linear(wide[:, :, :n_in], w), BF)

@@ -1,0 +1,289 @@
+"""CPU emulation of mla.cu (no GPU), driven by mla.py's recorded launches (fake_device.py): mla_attention_bf16's
+own address arithmetic run lane by lane over numpy "shared memory", with ldmatrix / mma.sync m16n8k16 / cp.async
+zero-fill modelled from the PTX ISA fragment layouts (test_attention_mma_emulation's models), the split partials
+merged as decode_merge.cuh does, and mla_rope / mla_write_latent, against the numpy reference ops. Shared memory
+starts as NaN, so a read of a row pad or of a never-written word poisons the output. Mirrors the kernels line by
+line: change both together."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fake_device import flat, run
+from openinfer.batch import ForwardBatch
+from openinfer.kernels import numpy_mla_moe as ref
+from openinfer.kernels.cuda import attention_decode, mla, module
+from openinfer.kernels.cuda.module import BF16, NULL
+from openinfer.testing.launch_check import fake, record_launches
+from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma, shuffled_tables
+
+R, P = 512, 64
+D = R + P
+BN, KW = 32, 4                     # MLA_BN, MLA_KEY_WARPS
+LD, PLD, CH = D + 8, BN + 8, D // 8
+GID, TQ = LANE >> 2, LANE & 3
+
+
+def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, bs, table, q0, n, L, nh, scale,
+                  split, ty, num_splits, min_split):
+    """One block of mla_attention<MT> (split, row tile ty) of one sequence: None if it leaves early, else
+    (row0, gc, used, o [gc, 512] unnormalised, m [gc] in log2 units, l [gc])."""
+    MT = mt_count
+    ROWS, NW = 16 * MT, KW * MT
+    VCOLS = R // NW
+    rows, row0 = n * nh, ty * ROWS
+    if row0 >= rows:
+        return None
+    gc = min(ROWS, rows - row0)
+    kall = L - n + (row0 + gc - 1) // nh + 1
+    split_len = max(min_split, ((kall + num_splits - 1) // num_splits + BN - 1) // BN * BN)
+    used = (kall + split_len - 1) // split_len
+    if split >= used:
+        return None
+    kbeg = split * split_len
+    kend = min(kall, kbeg + split_len)
+    ntiles = (kend - kbeg + BN - 1) // BN
+    qs = np.full(ROWS * LD, np.nan, np.float32)
+    kvs = np.full(2 * BN * LD, np.nan, np.float32)
+    ps = np.full(ROWS * PLD, np.nan, np.float32)
+    red = np.full(KW * ROWS, np.nan, np.float32)
+    for i in range(ROWS * CH):
+        r, c = divmod(i, CH)
+        row = row0 + r
+        dst = qs[r * LD + c * 8: r * LD + c * 8 + 8]
+        if r < gc:
+            tok, head = q0 + row // nh, row % nh
+            dst[:] = (ql[tok * ql_stride + head * R + c * 8:][:8] if c < R // 8
+                      else qp[tok * qp_stride + head * P + (c - R // 8) * 8:][:8])
+        else:
+            dst[:] = 0
+
+    def load_tile(stage, k0):
+        for i in range(BN * CH):
+            r, c = divmod(i, CH)
+            key = k0 + r
+            dst = kvs[stage * BN * LD + r * LD + c * 8:][:8]
+            if key < kend:
+                off = int(table[key // bs]) * block_stride + (key % bs) * D
+                dst[:] = cache[off + c * 8: off + c * 8 + 8]
+            else:
+                dst[:] = 0
+
+    load_tile(0, kbeg)
+    smt, skw = [w // KW for w in range(NW)], [w % KW for w in range(NW)]
+    qpos = [np.stack([np.where(smt[w] * 16 + GID + 8 * h < gc, L - n + (row0 + smt[w] * 16 + GID + 8 * h) // nh, -1)
+                      for h in range(2)], 1) for w in range(NW)]
+    o = np.zeros((NW, MT, 32, VCOLS // 8, 4))
+    m = np.full((NW, MT, 32, 2), -np.inf)
+    lsum = np.zeros((NW, 32, 2))
+    poff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * PLD + (LANE >> 4) * 8
+    for t in range(ntiles):
+        if t + 1 < ntiles:
+            load_tile((t + 1) & 1, kbeg + (t + 1) * BN)
+        kt, k0 = (t & 1) * BN * LD, kbeg + t * BN
+        s = np.zeros((NW, 32, 4))
+        for w in range(NW):
+            aoff = (smt[w] * 16 + (LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
+            koff = (8 * skw[w] + (LANE & 7)) * LD + (LANE >> 3) * 8
+            for kk in range(D // 32):
+                bk = ldmatrix_x4(kvs, kt + koff + kk * 32)
+                mma(s[w], ldmatrix_x4(qs, aoff + kk * 32), bk[:, 0], bk[:, 1])
+                mma(s[w], ldmatrix_x4(qs, aoff + kk * 32 + 16), bk[:, 2], bk[:, 3])
+            for e in range(4):
+                key = k0 + 8 * skw[w] + 2 * TQ + (e & 1)
+                s[w][:, e] = np.where((key >= kend) | (key > qpos[w][:, e >> 1]), -np.inf, s[w][:, e])
+            for h in range(2):
+                mx = np.maximum(s[w][:, 2 * h], s[w][:, 2 * h + 1])
+                mx = np.maximum(mx, mx[LANE ^ 1])
+                mx = np.maximum(mx, mx[LANE ^ 2])
+                for ln in np.flatnonzero(TQ == 0):
+                    red[skw[w] * ROWS + smt[w] * 16 + GID[ln] + 8 * h] = mx[ln]
+        for w in range(NW):
+            alpha, base = np.empty((MT, 32, 2)), np.empty((MT, 32, 2))
+            for mt in range(MT):
+                for h in range(2):
+                    mn = m[w, mt][:, h].copy()
+                    for w2 in range(KW):
+                        mn = np.maximum(mn, red[w2 * ROWS + mt * 16 + GID + 8 * h])
+                    base[mt][:, h] = np.where(mn == -np.inf, 0.0, mn * scale)
+                    with np.errstate(invalid="ignore"):
+                        alpha[mt][:, h] = np.exp2(m[w, mt][:, h] * scale - base[mt][:, h])
+                    m[w, mt][:, h] = mn
+            lsum[w] *= alpha[smt[w]]
+            for e in range(4):
+                s[w][:, e] = np.exp2(s[w][:, e] * scale - base[smt[w]][:, e >> 1])
+                lsum[w][:, e >> 1] += s[w][:, e]
+            for ln in range(32):
+                for h in range(2):
+                    at = (smt[w] * 16 + GID[ln] + 8 * h) * PLD + 8 * skw[w] + 2 * TQ[ln]
+                    ps[at: at + 2] = bf(s[w][ln, 2 * h: 2 * h + 2])
+            for mt in range(MT):
+                o[w, mt] *= np.repeat(alpha[mt], 2, axis=1)[:, None, :]
+        for w in range(NW):
+            voff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8 + w * VCOLS
+            for kk in range(BN // 16):
+                a = [ldmatrix_x4(ps, poff + mt * 16 * PLD + kk * 16) for mt in range(MT)]
+                for dp in range(VCOLS // 16):
+                    bv = ldmatrix_x4(kvs, kt + voff + kk * 16 * LD + dp * 16, trans=True)
+                    for mt in range(MT):
+                        mma(o[w, mt][:, 2 * dp], a[mt], bv[:, 0], bv[:, 1])
+                        mma(o[w, mt][:, 2 * dp + 1], a[mt], bv[:, 2], bv[:, 3])
+    mo = np.full((ROWS, R), np.nan)
+    wl = np.full((KW, ROWS), np.nan)
+    mm = np.full(ROWS, np.nan)
+    for w in range(NW):
+        lw = lsum[w] + lsum[w][LANE ^ 1]
+        lw = lw + lw[LANE ^ 2]
+        for ln in range(32):
+            for h in range(2):
+                if TQ[ln] == 0:
+                    wl[skw[w], smt[w] * 16 + GID[ln] + 8 * h] = lw[ln, h]
+                for mt in range(MT):
+                    r = mt * 16 + GID[ln] + 8 * h
+                    for j in range(VCOLS // 8):
+                        col = w * VCOLS + 8 * j + 2 * TQ[ln]
+                        mo[r, col: col + 2] = o[w, mt][ln, j, 2 * h: 2 * h + 2]
+                    if TQ[ln] == 0 and w == 0:
+                        mm[r] = -np.inf if m[w, mt][ln, h] == -np.inf else m[w, mt][ln, h] * scale
+    return row0, gc, used, mo[:gc], mm[:gc], wl.sum(0)[:gc]
+
+
+def emulate_attention(call):
+    """mla_attention_bf16's grid on its recorded arguments; the split partials merged as decode_merge.cuh merges
+    them (weights exp2(m_s - M) l_s, in split order), rows stored as bf16."""
+    (ql, ql_stride, qp, qp_stride, cache, block_stride, bs, tables, table_stride, qstart, ctx, out, part_o, part_m,
+     part_l, counters, nh, scale, num_splits, min_split) = call.args
+    splits, tiles, B = call.grid
+    kernel = {k.name: k for k in (mla.DECODE, mla.PREFILL)}[call.name]
+    assert int(num_splits) == splits and (part_o is NULL) == (splits == 1) and call.smem == kernel.smem
+    assert call.block == kernel.threads and (splits == 1 or kernel is mla.DECODE)
+    qlf, qpf, cf = (flat(a).astype(np.float32) for a in (ql, qp, cache))
+    tab, qs, cx, outf = flat(tables), flat(qstart), flat(ctx), flat(out)
+    nh = int(nh)
+    for b in range(B):
+        q0, n, L = int(qs[b]), int(qs[b + 1] - qs[b]), int(cx[b])
+        for ty in range(tiles):
+            parts = [emulate_block(kernel.rows // 16, qlf, int(ql_stride), qpf, int(qp_stride), cf, int(block_stride), int(bs),
+                                   tab[b * int(table_stride):], q0, n, L, nh, float(scale), s, ty, splits,
+                                   int(min_split)) for s in range(splits)]
+            parts = [p for p in parts if p is not None]
+            if not parts:
+                continue
+            row0, gc, used = parts[0][:3]
+            assert len(parts) == used and all(p[2] == used for p in parts)
+            M = np.max([p[4] for p in parts], axis=0)
+            wts = [np.exp2(p[4] - M) * p[5] for p in parts]
+            o = sum(wt[:, None] * p[3] / p[5][:, None] for wt, p in zip(wts, parts)) / sum(wts)[:, None]
+            outf[(q0 * nh + row0) * R: (q0 * nh + row0 + gc) * R] = o.ravel()
+
+
+def emulate_write_latent(call):
+    cache, block_stride, bs, c, c_stride, kpe, kpe_stride, slots = call.args
+    cf, c_f, k_f, sl = flat(cache), flat(c), flat(kpe), flat(slots)
+    for t in range(call.grid[0]):
+        slot = int(sl[t])
+        if slot >= 0:
+            dst = slot // int(bs) * int(block_stride) + slot % int(bs) * D
+            cf[dst: dst + R] = c_f[t * int(c_stride):][:R]
+            cf[dst + R: dst + D] = k_f[t * int(kpe_stride):][:P]
+
+
+def emulate_rope(call):
+    q, q_stride, q_head, k, k_stride, positions, cos, sin, half, nh, q_out, k_out = call.args
+    qf, kf, pos, cf, sf = flat(q).astype(np.float32), flat(k).astype(np.float32), flat(positions), flat(cos), flat(sin)
+    qo, ko = flat(q_out), flat(k_out)
+    half, nh = int(half), int(nh)
+    for t in range(call.grid[0]):
+        c, s = cf[pos[t] * half:][:half], sf[pos[t] * half:][:half]
+        for head in range(nh + 1):
+            src = qf[t * int(q_stride) + head * int(q_head):] if head < nh else kf[t * int(k_stride):]
+            dst = qo[(t * nh + head) * 2 * half:] if head < nh else ko[t * 2 * half:]
+            x0, x1 = src[0: 2 * half: 2], src[1: 2 * half: 2]
+            dst[0: 2 * half: 2] = x0 * c - x1 * s
+            dst[1: 2 * half: 2] = x1 * c + x0 * s
+
+
+KERNELS = {"mla_attention_bf16": emulate_attention, "mla_prefill_bf16": emulate_attention,
+           "mla_write_latent_bf16": emulate_write_latent,
+           "mla_rope_bf16": emulate_rope}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """mla.py's launchers on host arrays, with a 132-SM device holding two blocks an SM."""
+    recorded = record_launches(monkeypatch, (mla, module))
+    monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
+    monkeypatch.setattr(mla, "blocks_per_sm", lambda *a: 2)
+    counters = fake(np.zeros(module.COUNTER_SLOTS, np.int32))
+    monkeypatch.setattr(mla, "arrival_counters", lambda purpose: counters)
+    return recorded
+
+
+def _batch(runs, bs, rng, num_blocks):
+    tables = shuffled_tables([-(-L // bs) for L, _ in runs], num_blocks, rng)
+    qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
+    lens = np.array([L for L, _ in runs], np.int32)
+    T = int(qs[-1])
+    return ForwardBatch(fake(np.zeros(T, np.int32)), fake(np.zeros(T, np.int32)), fake(np.zeros(T, np.int64)),
+                        fake(tables), fake(qs), fake(lens), fake(np.zeros(0, np.int32)), qs, lens, bs,
+                        int(np.diff(qs).max()), int(lens.max()))
+
+
+CASES = {
+    # runs (context, query run), heads, fewest keys of a decode split: decode splits (uneven last tiles, splits
+    # past a short context), runs of several tokens whose row tiles span tokens (4 and 6 heads), an empty run
+    "decode_split": ([(70, 1), (5, 1), (33, 1)], 16, 32),
+    "decode_32_heads": ([(140, 1)], 32, 64),
+    "prefill_4_heads": ([(20, 20), (37, 5), (3, 0)], 4, 64),
+    "prefill_6_heads": ([(9, 9), (35, 2)], 6, 64),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_mla_attention_emulation(case, launches, monkeypatch):
+    """mla.mla_attention on a strided q_latent and a layer's view of the pool, its launch emulated, against
+    numpy_mla_moe.mla_attention."""
+    runs, nh, split_keys = CASES[case]
+    monkeypatch.setattr(mla, "SPLIT_KEYS", split_keys)
+    rng = np.random.default_rng(len(case))
+    bs, layers = 16, 2
+    num_blocks = sum(-(-L // bs) for L, _ in runs) + 2
+    batch = _batch(runs, bs, rng, num_blocks)
+    T = int(batch.query_start_host[-1])
+    pool = fake(rng.standard_normal((num_blocks, layers, bs, D)), BF16)
+    # q_latent rows inside a wider buffer, q_pe packed (mla_rope's output): different token strides
+    ql = fake(rng.standard_normal((T, nh * R + 16)), BF16)[:, 8: 8 + nh * R].reshape(T, nh, R)
+    qp = fake(rng.standard_normal((T, nh, P)), BF16)
+    out = mla.mla_attention(ql, qp, pool[:, 1], batch, 192 ** -0.5)
+    (call,) = launches
+    assert (call.grid[0] > 1) == case.startswith("decode")
+    run(launches, KERNELS)
+    f32 = [np.asarray(a, np.float32) for a in (ql, qp, pool[:, 1])]
+    want = ref.mla_attention(*f32, batch, 192 ** -0.5)
+    np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=1e-2, rtol=1e-2)
+
+
+def test_mla_write_latent_and_rope_emulation(launches):
+    """mla_rope on slices of q and kv, then mla_write_latent of c and the rotated k_pe (a negative slot skipped),
+    emulated from their launches, against the numpy references."""
+    rng = np.random.default_rng(0)
+    T, nh, dn, bs = 5, 4, 16, 16
+    q = fake(rng.standard_normal((T, nh, dn + P)), BF16)
+    kv = fake(rng.standard_normal((T, D + 8)), BF16)
+    pos = fake(rng.integers(0, 50, T).astype(np.int32))
+    cos = fake(rng.standard_normal((50, P // 2)).astype(np.float32))
+    sin = fake(rng.random((50, P // 2)).astype(np.float32))
+    q_pe, k_pe = mla.mla_rope(q[:, :, dn:], kv[:, R: D], pos, cos, sin)
+    pool = fake(np.zeros((3, 2, bs, D)), BF16)
+    slots = fake(np.array([3, 40, -1, 17, 0], np.int64))
+    mla.mla_write_latent(pool[:, 1], kv[:, :R], k_pe, slots)
+    run(launches, KERNELS)
+    want_q, want_k = ref.mla_rope(np.asarray(q[:, :, dn:], np.float32), np.asarray(kv[:, R: D], np.float32), pos,
+                                  cos, sin)
+    np.testing.assert_allclose(np.asarray(q_pe, np.float32), want_q, atol=2e-2, rtol=1e-2)
+    np.testing.assert_allclose(np.asarray(k_pe, np.float32), want_k, atol=2e-2, rtol=1e-2)
+    want_pool = np.zeros((3, bs, D), np.float32)
+    keep = np.asarray(slots) >= 0
+    ref.mla_write_latent(want_pool, np.asarray(kv[:, :R], np.float32)[keep], np.asarray(k_pe, np.float32)[keep],
+                         np.asarray(slots)[keep])
+    np.testing.assert_array_equal(np.asarray(pool[:, 1], np.float32), want_pool)

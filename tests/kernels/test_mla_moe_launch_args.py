@@ -1,0 +1,160 @@
+"""CPU check of the MLA and MoE launches (mla.py, moe.py) against the kernels' compiled parameter lists (no GPU),
+through openinfer.testing.launch_check, and of the grids they choose: decode splits and their partials, one split
+for longer runs, router and expert-GEMM grids sized from the token count alone."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cupy")
+from openinfer.batch import ForwardBatch  # noqa: E402
+from openinfer.kernels.cuda import attention_decode, blas, mla, module, moe  # noqa: E402
+from openinfer.testing.launch_check import aligned_empty, fake, record_launches  # noqa: E402
+from test_moe_emulation import route_config  # noqa: E402
+
+BF16 = module.BF16
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    recorded = record_launches(monkeypatch, (blas, mla, moe, module))
+    monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
+    monkeypatch.setattr(mla, "blocks_per_sm", lambda *a: 2)
+    counters = aligned_empty((module.COUNTER_SLOTS,), np.int32)
+    monkeypatch.setattr(mla, "arrival_counters", lambda purpose: counters)
+    return recorded
+
+
+def _batch(q_lens, ctx, bs) -> ForwardBatch:
+    qstart = np.concatenate(([0], np.cumsum(q_lens))).astype(np.int32)
+    T, width = int(qstart[-1]), -(-max(ctx) // bs)
+    tables = np.arange(len(ctx) * width, dtype=np.int32).reshape(len(ctx), width) + 1
+    return ForwardBatch(fake(np.zeros(T, np.int32)), fake(np.arange(T, dtype=np.int32)),
+                        fake(np.arange(T, dtype=np.int64)), fake(tables), fake(qstart),
+                        fake(np.asarray(ctx, np.int32)), fake(qstart[1:] - 1), qstart, np.asarray(ctx, np.int32),
+                        bs, int(max(q_lens)), int(max(ctx)))
+
+
+def _mla_inputs(T, nh, ctx, bs):
+    pool = aligned_empty((1 + len(ctx) * -(-max(ctx) // bs), 3, bs, mla.ROW), BF16)   # [blocks, layer, ...]
+    wide = aligned_empty((T, nh * mla.ROW + 8), BF16)   # q_latent and q_pe: slices of one projection
+    ql = wide[:, : nh * mla.LATENT].reshape(T, nh, mla.LATENT)
+    qp = wide[:, nh * mla.LATENT: nh * mla.ROW].reshape(T, nh, mla.ROPE)
+    return ql, qp, pool[:, 1]
+
+
+@pytest.mark.parametrize("nh", [16, 64, 4])
+@pytest.mark.parametrize("q_lens,ctx", [([1], [5000]), ([1, 1, 1], [5000, 17, 900]), ([1] * 64, [30] * 64),
+                                         ([7, 1, 33], [7, 40, 300])])
+def test_mla_attention_launch_args(launches, nh, q_lens, ctx):
+    T, bs = sum(q_lens), 16
+    ql, qp, cache = _mla_inputs(T, nh, ctx, bs)
+    mla.mla_attention(ql, qp, cache, _batch(q_lens, ctx, bs), 192 ** -0.5)
+    (call,) = launches
+    splits, tiles, seqs = call.grid
+    kernel = mla.DECODE if max(q_lens) == 1 else mla.PREFILL
+    assert call.name == kernel.name and call.smem == kernel.smem and call.block == kernel.threads and seqs == len(ctx)
+    assert tiles == -(-max(q_lens) * nh // kernel.rows)
+    assert int(call.args[-2]) == splits and (call.args[-6] is module.NULL) == (splits == 1)
+    if max(q_lens) > 1:
+        assert splits == 1   # runs of several tokens are never split
+    elif max(ctx) == 5000 and len(ctx) * tiles < 132:
+        assert splits > 1    # a long context fills the GPU
+
+
+def test_mla_write_latent_launch_args(launches):
+    T, bs = 5, 64
+    kv = aligned_empty((T, mla.ROW + 16), BF16)   # c, k_pe and more of one projection row
+    pool = aligned_empty((4, 2, bs, mla.ROW), BF16)
+    mla.mla_write_latent(pool[:, 1], kv[:, : mla.LATENT], kv[:, mla.LATENT: mla.ROW], np.arange(T, dtype=np.int64))
+    (call,) = launches
+    assert call.grid == (T,) and int(call.args[1]) == 2 * bs * mla.ROW
+
+
+def test_mla_rejects_a_cache_of_another_width(launches):
+    ql, qp, _ = _mla_inputs(1, 16, [10], 16)
+    with pytest.raises(ValueError, match="latent cache"):
+        mla.mla_attention(ql, qp, aligned_empty((4, 16, 512), BF16), _batch([1], [10], 16), 0.1)
+
+
+@pytest.mark.parametrize("E,cfg,bias", [(64, route_config("softmax", "greedy"), False),
+                                        (160, route_config("softmax", "group_limited_greedy", 8, 3), False),
+                                        (384, route_config("sigmoid", "noaux_tc", 1, 1, True, 2.8, 8), True)])
+def test_moe_route_launch_args(launches, E, cfg, bias):
+    T = 9
+    ids, w = moe.moe_route(aligned_empty((T, E), np.float32), aligned_empty((E,), np.float32) if bias else None, cfg)
+    (call,) = launches
+    assert call.grid == (-(-T // moe.ROUTE_WARPS),) and ids.shape == w.shape == (T, cfg.top_k)
+
+
+@pytest.mark.parametrize("cfg,E", [(route_config("softmax", "beam"), 64), (route_config("softmax", "greedy"), 1024),
+                                   (route_config("softmax", "group_limited_greedy", 7, 3), 64)])
+def test_moe_route_rejects_what_it_cannot_compute(launches, cfg, E):
+    with pytest.raises(ValueError, match="moe_route"):
+        moe.moe_route(aligned_empty((2, E), np.float32), None, cfg)
+
+
+@pytest.mark.parametrize("T,E,k,wide", [(1, 64, 6, False), (32, 64, 6, False), (700, 64, 6, True),
+                                         (512, 8, 8, True), (3, 4, 2, False)])
+def test_moe_experts_launch_args(launches, T, E, k, wide):
+    D, I = 2048, 1408
+    x = aligned_empty((T, D), BF16)
+    gate_up, down = aligned_empty((E, 2 * I, D), BF16), aligned_empty((E, D, I), BF16)
+    y = moe.moe_experts(x, gate_up, down, fake(np.zeros((T, k), np.int32)), fake(np.zeros((T, k), np.float32)), 0)
+    assert y.shape == (T, D) and y.dtype == BF16
+    align, gate, dn, combine = launches
+    mt = 8 if wide else 1
+    tiles = moe.row_tiles(T * k, E, mt)
+    assert align.name == "moe_align" and combine.name == "moe_combine_bf16"
+    assert gate.name == f"moe_gate_up_bf16_m{mt}" and gate.grid == (I // 32, tiles)
+    assert dn.name == f"moe_down_bf16_m{mt}" and dn.grid == (D // 64, tiles)
+    assert gate.smem == dn.smem == moe.gemm_smem(mt)
+
+
+def test_moe_experts_rejects_mismatched_weights(launches):
+    x = aligned_empty((2, 64), BF16)
+    with pytest.raises(ValueError, match="moe_experts"):
+        moe.moe_experts(x, aligned_empty((4, 64, 64), BF16), aligned_empty((4, 64, 16), BF16),
+                        fake(np.zeros((2, 2), np.int32)), fake(np.zeros((2, 2), np.float32)), 0)
+
+
+def test_mla_rope_launch_args(launches):
+    T, nh, dn = 7, 16, 128
+    q = aligned_empty((T, nh, dn + mla.ROPE), BF16)
+    kv = aligned_empty((T, mla.ROW), BF16)
+    tables = aligned_empty((100, mla.ROPE // 2), np.float32)
+    q_pe, k_pe = mla.mla_rope(q[:, :, dn:], kv[:, mla.LATENT:], np.arange(T, dtype=np.int32), tables, tables)
+    (call,) = launches
+    assert call.grid == (T,) and q_pe.shape == (T, nh, mla.ROPE) and k_pe.shape == (T, mla.ROPE)
+    assert [int(a) for a in (call.args[1], call.args[2], call.args[4])] == [nh * (dn + mla.ROPE), dn + mla.ROPE,
+                                                                            mla.ROW]
+
+
+def test_router_logits_launch_args(launches):
+    out = moe.router_logits(aligned_empty((9, 2048), BF16), aligned_empty((64, 2048), np.float32))
+    (call,) = launches
+    assert call.grid == (64 // moe.ROUTER_WARPS, -(-9 // moe.ROUTER_TOKENS)) and out.shape == (9, 64)
+
+
+def test_per_head_linear_cublas_arguments(launches, monkeypatch):
+    """y_h^T [out, T] = op_T(w_h) [out, in] @ x_h^T: m = out, n = T, k = in; x's token and head strides as ldb and
+    strideB; y [T, H, out] packed: ldc = H * out, strideC = out."""
+    calls = []
+    lib = SimpleNamespace(cublasGemmStridedBatchedEx=lambda *a: calls.append(a) or 0)
+    handle = SimpleNamespace(lib=lib, bind=lambda stream: 1)
+    monkeypatch.setattr(blas, "_handles", {0: handle})
+    monkeypatch.setattr(blas.cp, "cuda", SimpleNamespace(Device=lambda: SimpleNamespace(id=0),
+                                                         get_current_stream=lambda: SimpleNamespace(ptr=0)),
+                        raising=False)
+    T, H, dn, P, R = 3, 16, 128, 64, 512
+    q = aligned_empty((T, H, dn + P), BF16)
+    w = aligned_empty((H, R, dn), BF16)
+    out = blas.per_head_linear(q[:, :, :dn], w)
+    (a,) = calls
+    assert out.shape == (T, H, R)
+    assert a[1:6] == (1, 0, R, T, dn)                                   # op_T(w), op_N(x): m, n, k
+    assert (a[9], a[10]) == (dn, R * dn)                                # lda, strideA
+    assert (a[13], a[14]) == (H * (dn + P), dn + P)                     # ldb, strideB: q's token and head strides
+    assert (a[18], a[19], a[20]) == (H * R, R, H)                       # ldc, strideC, heads
