@@ -196,9 +196,9 @@ def _itemsize(dtype: str) -> int:
 
 def _demo(plugins: Plugins) -> tuple[ModelLine, dict[str, Any], Path]:
     for line in plugins.lines.values():
-        demo = getattr(line, "demo_checkpoint", None)
+        demo = line.demo_checkpoint()
         if demo is not None:
-            config, tok_dir = demo()
+            config, tok_dir = demo
             return line, config, tok_dir
     raise LoadError("no installed model line provides a demo model: `pip install openinfer-qwen3`, "
                     "or pass --model PATH")

@@ -18,7 +18,7 @@ from ..layers.attention import AttentionWeights, GQAAttention
 from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..model_line import Model, ModelLine, Probe, StateGroup
 from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
-                       ToolCallDelta, collect_tool_calls)
+                       ToolCallDelta, ToolCallParser, collect_tool_calls, new_call_id)
 from ..structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
 from ..tokenizer import ChatTemplateError, Tokenizer, byte_level_chars
 from ..weights import WeightSource
@@ -28,5 +28,5 @@ __all__ = [
     "GQAAttention", "KernelRegistry", "Model", "ModelLine", "Ops", "ParsedDelta", "Probe", "ReasoningParser",
     "RopeConfig", "StatePools", "StateGroup", "ThinkTagReasoningParser", "Tokenizer", "ToolCall", "ToolCallDelta",
     "WeightSource", "byte_level_chars", "collect_tool_calls", "cos_sin", "hookimpl", "JSON_DUMPS_LAYOUT", "lark_json",
-    "lark_literal", "partial_suffix_len", "require", "rope_config",
+    "lark_literal", "partial_suffix_len", "require", "rope_config", "ToolCallParser", "new_call_id",
 ]

@@ -26,11 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openinfer.detokenize import partial_suffix_len
-from openinfer.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser,
-                               ToolCallDelta, ToolCallParser, new_call_id)
-from openinfer.structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
-from openinfer.tokenizer import ChatTemplateError
+from openinfer.plugin_api import (JSON_DUMPS_LAYOUT, ChatFormat, ChatTemplateError, ContentTrimmer, ParsedDelta,
+                                  ReasoningParser, ThinkTagReasoningParser, ToolCallDelta, ToolCallParser, lark_json,
+                                  lark_literal, new_call_id, partial_suffix_len)
 
 # The genuine Qwen3.5 tokenizer (built by tokenizer_build.py) and chat template; see tokenizer/NOTICE.
 TOKENIZER_DIR = Path(__file__).parent / "tokenizer"
