@@ -1,7 +1,8 @@
 """Engine configuration (the `openinfer serve` flags that shape an engine)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+from dataclasses import dataclass, field
 
 from .kv.block_manager import BLOCK_HASHES
 
@@ -40,8 +41,11 @@ class EngineArgs:
     kv_offload_host_gib: float = 8.0        # the host tier's size (pinned memory on CUDA)
     generation_config: str = "auto"         # auto: generation_config.json's sampling fields are the defaults; none
     scheduling_policy: str = "fcfs"         # fcfs, or priority: waiting requests admitted by their priority first
+    kernels: dict[str, str] = field(default_factory=dict)   # op -> the registry implementation it gets (--kernel)
 
     def __post_init__(self) -> None:
+        if not all(isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.kernels.items()):
+            raise ValueError("kernels maps op names to implementation names, e.g. {'paged_attention': 'mma'}")
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = default_batched_tokens(self.device)
         if self.max_num_batched_tokens < 1:
@@ -66,3 +70,10 @@ class EngineArgs:
             raise ValueError(f"unknown generation_config {self.generation_config!r}: use auto or none")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+
+def add_kernel_option(p: argparse.ArgumentParser) -> None:
+    """`--kernel OP=IMPL`, repeatable: EngineArgs.kernels (through kernels.registry.parse_kernel_overrides)."""
+    p.add_argument("--kernel", action="append", default=[], metavar="OP=IMPL",
+                   help="give op OP the kernel implementation named IMPL instead of the registry's choice; repeat "
+                        "for several ops (`openinfer plugins --plan MODEL` lists each op's implementations)")

@@ -68,7 +68,8 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     tokenizer_loaded = in_background("tokenizer", Tokenizer.from_dir, tok_dir)
     with phase("backend (device context)") as p:
         backend = get_backend(args.device, args.dtype, args.gpu_memory_utilization)
-        ops = plugins.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype)
+        ops = plugins.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype, backend.compute_capability,
+                                      args.kernels)
         p.detail = f"{backend.name} {backend.dtype}"
     with phase("weights") as p:
         t_weights = time.perf_counter()

@@ -18,6 +18,7 @@ class Backend(ABC):
     dtype: str         # compute/storage dtype of activations, weights and KV
     xp: Any            # the array module (numpy or cupy)
     samples_on_device = False   # True: sample(logits, batch) draws every row on the device
+    compute_capability: int | None = None   # the GPU's (90 for sm_90); kernel implementations may require one
 
     @abstractmethod
     def asarray(self, host: np.ndarray, dtype: str | None = None) -> Any:

@@ -97,7 +97,7 @@ def test_programmatic_dependent_launch_keeps_every_token(untied, monkeypatch):
         launch(*a, **kw)
     monkeypatch.setattr(pdl, "launch", spy)
     monkeypatch.setattr(pdl, "suspended", lambda yes=True: suspended.append(yes) or suspend(yes))
-    monkeypatch.setattr(pdl, "KERNELS", None)   # every kernel, not just the default's small ones
+    monkeypatch.setattr(pdl, "KERNELS", ("",))   # every kernel, not just the default's small ones
     for on in (False, True):
         monkeypatch.setattr(pdl, "ENABLED", on)
         eager = gpu_engine(ckpt, dtype="bfloat16", enforce_eager=True)
