@@ -8,7 +8,7 @@ from .kv.block_manager import BLOCK_HASHES
 
 
 # Per-step token budget when none is given. On a GPU a long prompt's prefill is GEMM-bound: 1k-token chunks
-# ran a 16k prompt in ~435 ms, 8k ones in ~390 ms (H200, docs/benchmarks/qwen3-4b-h200.md), at the price of
+# ran a 16k prompt in ~435 ms, 8k ones in ~390 ms (Qwen3-4B shape on an H200), at the price of
 # longer pauses for the running decodes while a chunk runs (vLLM's API server picks 8192 on such GPUs too).
 # On the CPU a step is slow anyway, and short chunks keep streams moving.
 GPU_BATCHED_TOKENS = 8192

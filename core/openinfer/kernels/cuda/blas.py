@@ -10,7 +10,7 @@ block cluster (bit-deterministic, graph-safe). Under programmatic dependent laun
 cuBLAS is called directly via ctypes.
 
 CuPy's own cuBLAS wrappers refuse CUDA-graph capture; direct cublasGemmEx calls capture and
-replay bit-identically (reference/gpu-notes.md). Four entry points are all we need, so they are
+replay bit-identically. Four entry points are all we need, so they are
 bound with ctypes rather than through a bindings package (nvmath-python loads every CUDA math
 library at import and, with torch installed, torch too). One handle per device, bound to the
 current stream at each call, with a preallocated workspace so capture never allocates.
