@@ -2,7 +2,7 @@
 
 Every package under plugins/*/ (and the example plugin) may import `openinfer.plugin_api` and
 `openinfer.plugin_api.cuda`; nothing else of the core, neither by import statement nor by a lazy "module:attr"
-registration string (its tests, outside the package, may use `openinfer.testing` too). Its CUDA sources may include their own headers and the core headers that
+registration string. Its tests (plugins/<name>/tests/) may use `openinfer.testing` and its modules too. Its CUDA sources may include their own headers and the core headers that
 `openinfer.plugin_api.cuda.HEADERS` declares. New plugins are found by walking plugins/, so they are held to it too.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = ("openinfer.plugin_api", "openinfer.plugin_api.cuda")
-CORE_REF = re.compile(r"^openinfer(\.[A-Za-z_]\w*)*(:[\w.]+)?$")
+CORE_REF = re.compile(r"^openinfer(\.[A-Za-z_]\w*)*:[\w.]+$")   # a lazy "module:attr" reference
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -77,6 +77,18 @@ def test_plugin_imports_only_the_plugin_api(package: Path):
     bad = {str(f.relative_to(ROOT)): refs for f in sorted(package.rglob("*.py"))
            if (refs := core_references(f.read_text()))}
     assert not bad, f"{package.name} reaches past openinfer.plugin_api: {bad}; re-export what it needs there"
+
+
+@pytest.mark.parametrize("package", plugin_packages(), ids=lambda p: p.name)
+def test_plugin_tests_import_only_the_api_and_the_testing_kit(package: Path):
+    tests = package.parent / "tests"
+    bad = {}
+    for f in sorted(tests.rglob("*.py")) if tests.is_dir() else []:
+        refs = [r for r in core_references(f.read_text(), ALLOWED + ("openinfer.testing",))
+                if not r.split(": ")[1].startswith("openinfer.testing.")]
+        if refs:
+            bad[str(f.relative_to(ROOT))] = refs
+    assert not bad, f"{package.name}'s tests reach past openinfer.plugin_api and openinfer.testing: {bad}"
 
 
 @pytest.mark.parametrize("package", plugin_packages(), ids=lambda p: p.name)

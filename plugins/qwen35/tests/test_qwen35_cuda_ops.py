@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.batch import ForwardBatch
+from openinfer.plugin_api import ForwardBatch
 from openinfer.testing.cuda import kernel_stream, require_gpu
 from openinfer_qwen35 import ops as ref
 

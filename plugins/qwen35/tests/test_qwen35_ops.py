@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from openinfer.batch import ForwardBatch
+from openinfer.plugin_api import ForwardBatch
 from openinfer_qwen35 import ops
 
 RNG = np.random.default_rng(0)

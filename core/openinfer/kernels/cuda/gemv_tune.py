@@ -41,7 +41,7 @@ def candidates(n: int, k: int, rule: int) -> list[int]:
 
 
 def device_key(dev: int) -> dict[str, Any]:
-    """What a saved choice depends on: the GPU, the kernel variant and the compiled GEMV (its cubin's name carries
+    """What a saved choice depends on: the GPU and the compiled GEMV (its cubin's name carries
     compile.py's hash of the sources, options and NVRTC version)."""
     gpu = gpu_key(dev)
     major, minor = (int(v) for v in gpu["cc"].split("."))
