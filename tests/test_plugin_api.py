@@ -2,8 +2,9 @@
 
 Every package under plugins/*/ (and the example plugin) may import `openinfer.plugin_api` and
 `openinfer.plugin_api.cuda`; nothing else of the core, neither by import statement nor by a lazy "module:attr"
-registration string. Its tests (plugins/<name>/tests/) may use `openinfer.testing` and its modules too. Its CUDA sources may include their own headers and the core headers that
-`openinfer.plugin_api.cuda.HEADERS` declares. New plugins are found by walking plugins/, so they are held to it too.
+registration string. Its tests (plugins/<name>/tests/) may use `openinfer.testing` and its modules too. Its CUDA
+sources may include their own headers and the core headers that `openinfer.plugin_api.cuda.HEADERS` declares. New
+plugins are found by walking plugins/, so they are held to it too.
 """
 from __future__ import annotations
 

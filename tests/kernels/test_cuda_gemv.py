@@ -9,7 +9,7 @@ import pytest
 from openinfer.kernels import numpy_ops as ref
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
     BF16, DTYPES, after_inputs, arrival_counters_left_zero, close, cp, dev, dt, exact, host, own_stream, pdl, rnd)
-from openinfer.kernels.cuda import blas, ops
+from openinfer.kernels.cuda import ops
 
 pytestmark = pytest.mark.cuda
 

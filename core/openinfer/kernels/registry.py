@@ -74,10 +74,6 @@ class Ops:
             out[name] = impl.label + (f"; also: {', '.join(others)}" if others else "")
         return out
 
-    def chosen(self, op: str) -> str:
-        """The name of the implementation `op` got."""
-        return self._table[op].name
-
 
 def parse_kernel_overrides(specs: list[str] | tuple[str, ...]) -> dict[str, str]:
     """`--kernel OP=NAME` values -> {op: name}; a malformed or repeated op is a ValueError naming it."""

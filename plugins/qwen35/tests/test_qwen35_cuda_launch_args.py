@@ -22,7 +22,7 @@ pytest.importorskip("cupy")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from openinfer.plugin_api import ForwardBatch  # noqa: E402
-from openinfer.plugin_api.cuda import blas, pdl  # noqa: E402
+from openinfer.plugin_api.cuda import NULL, blas, pdl, suffix  # noqa: E402
 from openinfer.testing.launch_check import Launch, fake, record_launches  # noqa: E402
 from openinfer_qwen35 import layers  # noqa: E402
 from openinfer_qwen35.cuda import delta_rule, ops  # noqa: E402
