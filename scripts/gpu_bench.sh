@@ -66,7 +66,8 @@ if has startup; then
 fi
 if has peer; then
     log "transformers peer on a synthesized Qwen3-4B checkpoint"
-    [ -f "$MODEL_DIR/model.safetensors" ] || $OI synth --preset qwen3-4b --out "$MODEL_DIR" --device cuda >"$OUT/synth.log" 2>&1
+    [ -f "$MODEL_DIR/model.safetensors" ] \
+        || $OI synth --preset qwen3-4b --out "$MODEL_DIR" --device cuda >"$OUT/synth.log" 2>&1
     $PY scripts/hf_peer.py "$MODEL_DIR" --agreement >"$OUT/peer.json" 2>"$OUT/peer.log"
     $LAT --model "$MODEL_DIR" --batch-sizes 1,32 --input-lens 1024 --output-lens 64 --num-iters 2 \
         --max-num-batched-tokens 8192 --output-json "$OUT/peer_ours.json" >"$OUT/peer_ours.log" 2>&1
@@ -81,7 +82,8 @@ fi
 if has qwen35-sweep; then
     log "Qwen3.5-4B request-rate sweep"
     mkdir -p "$OUT/qwen35_sweep"
-    if serve "$OUT/qwen35_sweep/server.log" --model qwen3.5-4b --load-format dummy --device cuda --max-model-len 4096; then
+    if serve "$OUT/qwen35_sweep/server.log" --model qwen3.5-4b --load-format dummy --device cuda \
+            --max-model-len 4096; then
         $OI bench serve --base-url http://127.0.0.1:8011 --model qwen3.5-4b --input-len 1024 --output-len 256 \
             --num-prompts 32 --sweep 1,4,16,inf --num-warmups 2 --disable-tqdm --save-result \
             --result-dir "$OUT/qwen35_sweep" >"$OUT/qwen35_sweep/sweep.log" 2>&1

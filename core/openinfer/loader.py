@@ -70,7 +70,8 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
         backend = get_backend(args.device, args.dtype, args.gpu_memory_utilization)
         ops = plugins.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype, backend.compute_capability,
                                       args.kernels)
-        p.detail = f"{backend.name} {backend.dtype}"
+        overrides = "".join(f", --kernel {op}={name}" for op, name in args.kernels.items())
+        p.detail = f"{backend.name} {backend.dtype}{overrides}"
     with phase("weights") as p:
         t_weights = time.perf_counter()
         built = line.build(cfg, weights, backend, ops)

@@ -1,8 +1,8 @@
 """CPU emulation of attention_decode.cu's indexing (no GPU): the kernel's address arithmetic run lane by
 lane over NaN-filled numpy "shared memory" (ldmatrix / mma.sync / cp.async modelled as in
 test_attention_mma_emulation), each warp's ring in program order, the warp merge, and the merge of the
-splits of decode_merge.cuh (blocks arriving in a random order at their (sequence, head chunk) counter, the last one merging in part order);
-compared with the numpy reference. Mirrors the kernel line by line: change both together."""
+splits of decode_merge.cuh (blocks arriving in a random order at their (sequence, head chunk) counter, the last one
+merging in part order); compared with the numpy reference. Mirrors the kernel line by line: change both together."""
 from __future__ import annotations
 
 import math

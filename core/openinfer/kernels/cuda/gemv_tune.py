@@ -1,8 +1,10 @@
 """The GEMV's split-K factor per weight shape (blas.gemv_splits), chosen at start-up by timing, kept on disk.
 
-The one-wave rule misses by up to a third on some shapes. On the H200 at M = 1, Qwen3-4B's qkv (2560 -> 6144) took 13.5 µs at the rule's 2 splits and 9.9 µs at 1, and Qwen3.5's GDN
-in_proj (2560 -> 12352) took 29.1 µs at 1 and 21.1 µs at 5. The wave's fill, each warp's share of whole loop
-iterations and the split-K reduction interact there, which no simple rule captured.
+The one-wave rule misses by up to a third on some shapes. On the H200 at M = 1, Qwen3-4B's qkv (2560 -> 6144) took
+13.5 µs at the rule's 2 splits and 9.9 µs at 1, and Qwen3.5's GDN in_proj (2560 -> 12352) took 29.1 µs at 1 and 21.1
+µs at 5. The wave's fill, each warp's share of whole loop iterations and the split-K reduction interact there, which
+no simple rule captured.
+
 
 `tune` times each candidate at M = 1 as a graph replay over weight copies larger than L2, so the weights come from
 HBM as in a decode step. It keeps the fastest unless the rule's own factor is within TOLERANCE of it. It runs in
