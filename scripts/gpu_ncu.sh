@@ -2,7 +2,8 @@
 # On a GPU machine with Nsight Compute: per-kernel GPU time of single engine steps (scripts/gpu_kernel_times.py),
 # one ncu process per scenario, each summed by scripts/ncu_table.py into $OUT/ncu_<name>.txt.
 #   bash scripts/gpu_ncu.sh "qwen3-4b decode 1" "qwen3-4b decode 32" "qwen3.5-4b prefill 1024"
-# Assumes openinfer is installed (scripts/gpu_quick.sh does that). Clocks are left alone (--clock-control none).
+# Assumes openinfer is installed (scripts/gpu_bench.sh and gpu_test.sh do that). Clocks are left alone
+# (--clock-control none).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/openinfer-gpu}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 3: the serve sweep for openinfer and for Hugging Face `transformers serve` (continuous batching) on the
-# same random-weight Qwen3-4B checkpoint, one after the other on one GPU, in one call (< TOTAL_S = 570 s).
+# The serve sweep for openinfer and for Hugging Face `transformers serve` (continuous batching) on the
+# same random-weight Qwen3-4B checkpoint, one after the other on one GPU, in one run (< TOTAL_S = 570 s).
 # Run from the repo root on the GPU machine, after `bash scripts/gpu_wheels.sh` here has filled .whl/:
 #   bash scripts/gpu_serve_compare.sh
 # Results in $OUT: summary.md (table with ratios), compare.png, one sweep PNG per server, results.tar.gz
@@ -9,7 +9,7 @@
 # SWEEP_S (200: openinfer's sweep budget; transformers gets the rest of TOTAL_S, which its sweep needs: ~300 s on the
 # H200; points done by then are kept),
 # SKIP_INSTALL=1 (use the current environment), SYNTH_ONLY=1 (install and synthesize, then stop: synthesizing
-# the 8 GB checkpoint takes minutes, so a first call can do it and a second, on the still-warm machine, the sweeps).
+# the 8 GB checkpoint takes minutes, so a first run can do it and a second, on the same machine, the sweeps).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/openinfer-compare}

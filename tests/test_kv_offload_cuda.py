@@ -69,7 +69,7 @@ def test_cold_device_hit_and_host_restore_give_identical_tokens_on_gpu(n, cached
     """Every hit (on the device, restored from the host) gives the same tokens; in float32 also the cold
     run's, as the Qwen3 engine tests compare cold runs with hits. In bf16 a full hit's last token runs the
     decode path (GEMV, decode attention) and the cold run the prefill path, which round differently, so a
-    near-tie of the random demo model may flip between those two (it did, with the stop-11 dummy weights)."""
+    near-tie of the random demo model may flip between those two (it did, with an earlier draw of the dummy weights)."""
     engine = build_engine(None, EngineArgs(device="cuda", dtype=dtype, max_model_len=512, max_num_seqs=4,
                                            kv_cache_memory_gib=demo_kv_gib(24, itemsize), kv_offload=True,
                                            kv_offload_host_gib=demo_kv_gib(64, itemsize)))

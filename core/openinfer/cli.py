@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from .engine_args import EngineArgs
+from .engine_args import EngineArgs, add_kernel_option
+from .kernels.registry import parse_kernel_overrides
 from .kv.block_manager import BLOCK_HASHES
 
 
@@ -49,6 +50,7 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep", type=int, default=1, metavar="N",
                    help="expert parallelism: shard a MoE model's routed experts over N processes, one per GPU "
                         "(--device cuda:i uses GPUs i..i+N-1; on the CPU, N processes); N must divide the expert count")
+    add_kernel_option(p)
 
 
 def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
@@ -60,8 +62,8 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed,
                       enforce_eager=a.enforce_eager, pipelined_decode=a.pipelined_decode, kv_offload=a.kv_offload,
                       kv_offload_host_gib=a.kv_offload_host_gib, generation_config=a.generation_config,
-                      scheduling_policy=a.scheduling_policy, ep=a.ep,
-                      tokenizer=a.tokenizer)
+                      scheduling_policy=a.scheduling_policy, ep=a.ep, tokenizer=a.tokenizer,
+                      kernels=parse_kernel_overrides(a.kernel))
 
 
 def _parse_model(spec: str) -> tuple[str | None, str]:
@@ -141,7 +143,8 @@ def cmd_plugins(a: argparse.Namespace) -> int:
         line = detect_line(read_model_config(a.plan), plugins, f"{a.plan}/config.json")
         backend = get_backend(a.device)
         ops = plugins.kernels.resolve(line.kernel_plan(line.parse_config(read_model_config(a.plan))),
-                                      backend.name, backend.dtype)
+                                      backend.name, backend.dtype, backend.compute_capability,
+                                      parse_kernel_overrides(a.kernel))
         print(f"kernel plan of {a.plan} ({line.name} line, {backend.name}/{backend.dtype}):")
         plan = ops.describe()
         width = max(map(len, plan))
@@ -197,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="installed plugins, their model lines and load errors")
     p.add_argument("--plan", metavar="MODEL_DIR", help="also print which implementation each op of this model gets")
     p.add_argument("--device", default="cpu")
+    add_kernel_option(p)
     p.add_argument("--strict", action="store_true", help="exit 1 when a plugin failed to load")
     p.set_defaults(func=cmd_plugins)
     y = sub.add_parser("synth", help="write a random-weight checkpoint with a preset's real shapes")

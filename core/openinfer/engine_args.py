@@ -1,13 +1,14 @@
 """Engine configuration (the `openinfer serve` flags that shape an engine)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+from dataclasses import dataclass, field
 
 from .kv.block_manager import BLOCK_HASHES
 
 
 # Per-step token budget when none is given. On a GPU a long prompt's prefill is GEMM-bound: 1k-token chunks
-# ran a 16k prompt in ~435 ms, 8k ones in ~390 ms (H200, docs/benchmarks/qwen3-4b-h200.md), at the price of
+# ran a 16k prompt in ~435 ms, 8k ones in ~390 ms (Qwen3-4B shape on an H200), at the price of
 # longer pauses for the running decodes while a chunk runs (vLLM's API server picks 8192 on such GPUs too).
 # On the CPU a step is slow anyway, and short chunks keep streams moving.
 GPU_BATCHED_TOKENS = 8192
@@ -42,8 +43,11 @@ class EngineArgs:
     generation_config: str = "auto"         # auto: generation_config.json's sampling fields are the defaults; none
     scheduling_policy: str = "fcfs"         # fcfs, or priority: waiting requests admitted by their priority first
     ep: int = 1                             # expert-parallel ranks: one process per device, experts sharded
+    kernels: dict[str, str] = field(default_factory=dict)   # op -> the registry implementation it gets (--kernel)
 
     def __post_init__(self) -> None:
+        if not all(isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.kernels.items()):
+            raise ValueError("kernels maps op names to implementation names, e.g. {'paged_attention': 'mma'}")
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = default_batched_tokens(self.device)
         if self.max_num_batched_tokens < 1:
@@ -73,3 +77,10 @@ class EngineArgs:
                              "cache, and the host tier saves and restores rank 0's only; serve without one of them")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+
+def add_kernel_option(p: argparse.ArgumentParser) -> None:
+    """`--kernel OP=IMPL`, repeatable: EngineArgs.kernels (through kernels.registry.parse_kernel_overrides)."""
+    p.add_argument("--kernel", action="append", default=[], metavar="OP=IMPL",
+                   help="give op OP the kernel implementation named IMPL instead of the registry's choice; repeat "
+                        "for several ops (`openinfer plugins --plan MODEL` lists each op's implementations)")

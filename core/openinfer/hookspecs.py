@@ -19,8 +19,3 @@ def register_model_lines(register) -> None:
 @hookspec
 def register_kernels(register) -> None:
     """Call `register(op, backend, impl, dtypes=(), priority=0)` for each op implementation."""
-
-
-@hookspec
-def add_cli_options(parser) -> None:
-    """Add options to the `openinfer serve` argparse parser."""

@@ -169,8 +169,10 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
         backend = get_backend(rank_device(args.device, rank), args.dtype, args.gpu_memory_utilization)
         if connect is not None:
             backend.comm = connect(backend)
-        ops = src.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype)
-        p.detail = f"{backend.name} {backend.dtype}"
+        ops = src.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype, backend.compute_capability,
+                                  args.kernels)
+        overrides = "".join(f", --kernel {op}={name}" for op, name in args.kernels.items())
+        p.detail = f"{backend.name} {backend.dtype}{overrides}"
     with phase("weights") as p:
         t_weights = time.perf_counter()
         built = line.build(cfg, src.weights, backend, ops)
@@ -314,9 +316,9 @@ def _itemsize(dtype: str) -> int:
 
 def _demo(plugins: Plugins) -> tuple[ModelLine, dict[str, Any], Path]:
     for line in plugins.lines.values():
-        demo = getattr(line, "demo_checkpoint", None)
+        demo = line.demo_checkpoint()
         if demo is not None:
-            config, tok_dir = demo()
+            config, tok_dir = demo
             return line, config, tok_dir
     raise LoadError("no installed model line provides a demo model: `pip install openinfer-qwen3`, "
                     "or pass --model PATH")

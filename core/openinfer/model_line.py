@@ -103,6 +103,12 @@ class ModelLine(ABC):
         which `openinfer synth` copies beside the weights; None if the line ships none."""
         return None
 
+    def demo_checkpoint(self) -> tuple[dict[str, Any], Path] | None:
+        """A small config.json and a tokenizer folder that `openinfer serve` without `--model` runs with random
+        weights (the built-in demo); None if the line offers none. The first installed line that offers one
+        serves the demo."""
+        return None
+
     def max_model_len(self, cfg: Any) -> int:
         return int(getattr(cfg, "max_position_embeddings"))
 

@@ -84,8 +84,8 @@ def test_frameworks_mapped_sees_torch_in_a_process_that_imported_it() -> None:
 
 
 def test_frameworks_in_reads_package_folders_only() -> None:
-    """The H200 image's venv lives at /opt/torch/.venv: its cupy files are not torch's (this read "torch"
-    for a server that never imported it, stop 12)."""
+    """The H200 image's venv lives at /opt/torch/.venv: its cupy files are not torch's (reading the
+    path's words alone finds "torch" for a server that never imported it)."""
     venv = "7f00-7f01 r-xp 00000000 00:2a 1 /opt/torch/.venv/lib/python3.12/site-packages/"
     assert frameworks_in(venv + "cupy/_core/core.so\n") == set()
     assert frameworks_in(venv + "torch/lib/libtorch_cpu.so\n") == {"torch"}

@@ -33,7 +33,7 @@ def pdl(request, monkeypatch):
     default's small ones); the fixture's value says which."""
     from openinfer.kernels.cuda import pdl as pdl_mod
     monkeypatch.setattr(pdl_mod, "ENABLED", request.param)
-    monkeypatch.setattr(pdl_mod, "KERNELS", None)
+    monkeypatch.setattr(pdl_mod, "KERNELS", ("",))
     return request.param
 
 

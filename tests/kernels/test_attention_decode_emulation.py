@@ -1,9 +1,8 @@
 """CPU emulation of attention_decode.cu's indexing (no GPU): the kernel's address arithmetic run lane by
 lane over NaN-filled numpy "shared memory" (ldmatrix / mma.sync / cp.async modelled as in
-test_attention_mma_emulation), each warp's ring in program order, the warp merge, the merge of a
-cluster's splits in its rank 0 (merge_cluster), and the merge of the parts of decode_merge.cuh (rank 0s
-arriving in a random order at their (sequence, head chunk) counter, the last one merging in part order);
-compared with the numpy reference. Mirrors the kernel line by line: change both together."""
+test_attention_mma_emulation), each warp's ring in program order, the warp merge, and the merge of the
+splits of decode_merge.cuh (blocks arriving in a random order at their (sequence, head chunk) counter, the last one
+merging in part order); compared with the numpy reference. Mirrors the kernel line by line: change both together."""
 from __future__ import annotations
 
 import math
@@ -62,8 +61,6 @@ def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, spli
     STAGE, RING = 2 * DEC_BN * LD, S * 2 * DEC_BN * LD
     split_len = split_length(L, num_splits, min_split)
     kbeg, kend = split * split_len, min(L, split * split_len + split_len)
-    if kbeg >= kend:  # a rank past the context (in a used cluster): no keys, no warp state
-        return np.zeros((gc, D), np.float32), np.full(gc, -np.inf, np.float32), np.zeros(gc, np.float32)
     nall = (kend - kbeg + DEC_BN - 1) // DEC_BN if kend > kbeg else 0
     smem = np.full(DEC_WARPS * RING, np.nan, np.float32)
     koff = ((LANE & 7) + ((LANE >> 4) & 1) * 8) * LD + ((LANE >> 3) & 1) * 8
@@ -151,7 +148,7 @@ def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, spli
 
 
 def merge_states(states):
-    """merge_warps / merge_cluster in float32: states (o [gc, D] unnormalised, M [gc], lsum [gc]) combined in
+    """merge_warps in float32: states (o [gc, D] unnormalised, M [gc], lsum [gc]) combined in
     order, each weighted exp2(M_i - M); M = -inf, lsum = o = 0 where none saw a key."""
     o = np.array([s[0] for s in states], np.float32)
     m = np.array([s[1] for s in states], np.float32)
@@ -168,7 +165,7 @@ def merge_states(states):
 
 def merge_splits(parts, gc, D):
     """merge_splits_if_last in float32: weights exp2(m - M) l (l = 0 parts skipped), o and l summed in
-    part order, whichever rank 0 arrived last."""
+    part order, whichever block arrived last."""
     m = np.array([p[1] for p in parts], np.float32)   # [split, head], as stored (log2 units)
     l = np.array([p[2] for p in parts], np.float32)
     M = m.max(0)
@@ -187,46 +184,42 @@ def merge_splits(parts, gc, D):
 
 
 def emulate(q, q_stride, kflat, vflat, cache_base, block_stride, token_stride, bs, tables, qstart, ctx, nh, nkv,
-            scale, D, num_splits, cluster, min_split, rng):
+            scale, D, num_splits, min_split, rng):
     G, B = nh // nkv, len(ctx)
     chunks = (G + DEC_ROWS - 1) // DEC_ROWS
     grid_y = nkv * chunks
-    nparts = num_splits // cluster   # the grid's clusters; each is one part of a context
     counters = np.zeros(4096, np.int32)   # arrival_counters: zero on entry
     out = np.full((int(qstart[-1]), nh, D), np.nan)
     merges = 0
-    # the grid's clusters (part, y, sequence) finish in any order; a cluster's rank 0 stores or counts
-    for i in rng.permutation(nparts * grid_y * B):
-        part, by, b = i % nparts, i // nparts % grid_y, i // (nparts * grid_y)
+    # the grid's blocks (split, y, sequence) finish in any order; each stores or counts
+    for i in rng.permutation(num_splits * grid_y * B):
+        split, by, b = i % num_splits, i // num_splits % grid_y, i // (num_splits * grid_y)
         q0, L = int(qstart[b]), int(ctx[b])
         if qstart[b + 1] == q0:   # no query: every block of it leaves before counting
             continue
         used = -(-L // split_length(L, num_splits, min_split))
-        first = part * cluster
-        if first >= used:   # the whole cluster is past the context
+        if split >= used:   # past the context
             continue
-        used_parts = -(-used // cluster)
         kvh, g0 = by // chunks, (by % chunks) * DEC_ROWS
         gc = min(DEC_ROWS, G - g0)
 
         def offset(t):
             return cache_base + int(tables[b][t // bs]) * block_stride + (t % bs) * token_stride + kvh * D
 
-        def merged_part(p):   # rank 0 of cluster p: its first min(cluster, used - first) ranks' states merged
-            ranks = range(p * cluster, min(p * cluster + cluster, used))
-            o, M, lsum = merge_states([emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, s,
-                                                     num_splits, min_split, scale, D) for s in ranks])
-            return o / lsum[:, None], M, lsum   # store_merged_warps over the one merged state: o / lsum
+        def stored(p):   # split p's block: its state as store_merged_warps writes it, o / lsum
+            o, M, lsum = emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, p, num_splits,
+                                       min_split, scale, D)
+            return o / lsum[:, None], M, lsum
 
         heads = slice(kvh * G + g0, kvh * G + g0 + gc)
-        if used_parts == 1:   # rank 0 stores o / lsum itself
-            out[q0, heads] = merged_part(part)[0]
+        if used == 1:   # the one split stores o / lsum itself
+            out[q0, heads] = stored(split)[0]
             continue
         slot = b * grid_y + by
         counters[slot] += 1
-        if counters[slot] == used_parts:   # the last to arrive: merges every used part's partials
+        if counters[slot] == used:   # the last to arrive: merges every used split's partials
             counters[slot] = 0
-            out[q0, heads] = merge_splits([merged_part(p) for p in range(used_parts)], gc, D)
+            out[q0, heads] = merge_splits([stored(p) for p in range(used)], gc, D)
             merges += 1
     assert not counters.any()   # left zero for the next launch
     return out
@@ -239,16 +232,14 @@ CASES = {
     "g8_d256_split": ([200, 16, 3], 16, 2, 256, 3, None),
     "g32_two_chunks_d64": ([90, 40], 32, 1, 64, 2, None),
     "no_query_sequence": ([500, 300, 70], 8, 2, 64, 5, [1, 0, 1]),   # its blocks never count
-    "one_long_context": ([2000, 1024, 63], 8, 1, 128, 32, None),   # 4 clusters of 8 / one whole cluster
+    "one_long_context": ([2000, 1024, 63], 8, 1, 128, 32, None),
 }
 
 
-@pytest.mark.parametrize("cluster", [1, 2, 8])
 @pytest.mark.parametrize("min_split", [64, 128])
 @pytest.mark.parametrize("case", list(CASES))
-def test_mma_decode_emulation_matches_reference(case, min_split, cluster):
-    """Without clusters (1) every split is merged through the partials; in clusters of 2 or 8 (as many as
-    the grid's splits hold, whole ones) the ranks past a context take part with no keys."""
+def test_mma_decode_emulation_matches_reference(case, min_split):
+    """Every split of a context is merged through the partials; the splits past a context leave at once."""
     ctx, nh, nkv, D, splits, q_lens = CASES[case]
     rng = np.random.default_rng(3)
     bs, layers, layer = 16, 2, 1
@@ -266,10 +257,8 @@ def test_mma_decode_emulation_matches_reference(case, min_split, cluster):
     batch = ForwardBatch(np.zeros(T, np.int32), np.zeros(T, np.int32), np.zeros(T, np.int64), tables, qs, lens,
                          np.zeros(0, np.int32), qs, lens, bs, 1, int(lens.max()))
     num_splits = splits or decode_splits(B, nkv * -(-(nh // nkv) // DEC_ROWS), 20480)
-    cluster = min(cluster, num_splits)
-    num_splits = num_splits // cluster * cluster   # whole clusters, as paged_decode launches them
     want = ref.paged_attention(q, pool[0][:, layer], pool[1][:, layer], batch, scale)
     got = emulate(qbuf.reshape(-1), nh * D + q_extra, pool[0].reshape(-1), pool[1].reshape(-1), layer * bs * nkv * D,
                   layers * bs * nkv * D, nkv * D, bs, tables, qs, lens, nh, nkv, scale * 1.4426950408889634, D,
-                  num_splits, cluster, min_split, rng)
+                  num_splits, min_split, rng)
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)

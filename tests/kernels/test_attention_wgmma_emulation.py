@@ -90,11 +90,10 @@ def load_kv_tile(smem, ks, vs, kflat, vflat, offset, kend, k0, BN):
         cp_async16(smem, vs + dst, o + c, vflat, o >= 0)
 
 
-def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, scale, T_out, BN, overlap):
-    """q: flat bf16 values; offset(table, key, kvh): a key's element offset in the flat caches. overlap: the
-    OVERLAP schedule (three stages, S of tile t + 1 issued in tile t)."""
+def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, scale, T_out, BN):
+    """q: flat bf16 values; offset(table, key, kvh): a key's element offset in the flat caches."""
     NS, TILE = BN // 2, BN * D                        # accumulators per thread; elements of a K/V stage
-    STAGES = 3 if overlap else 2
+    STAGES = 2
     AHEAD = STAGES - 1
     out = np.full((T_out, nh, D), np.nan, np.float32)
     G, gx = nh // nkv, math.ceil(int(np.diff(qstart).max()) * nh // nkv / BM)
@@ -116,8 +115,6 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
             cp_async16(smem, sw128_offset(r, c, BM) // 2, src, q, row < rows)
         key_off = lambda k: offset(tables[b], k, kvh)  # noqa: E731
         load_kv_tile(smem, ks, vs, kflat, vflat, key_off, kend, 0, BN)
-        if overlap and ntiles > 1:
-            load_kv_tile(smem, ks + TILE, vs + TILE, kflat, vflat, key_off, kend, BN, BN)
         kcol = 2 * (LANE & 3)
         wrow = WG * 64 + WARP * 16
         qpos = np.stack([np.where(r < rows, L - n + r // G, -1) for r in
@@ -135,18 +132,13 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
                 s[wg * 128: wg * 128 + 128] = S[srow, scol]
             return s
 
-        if overlap:
-            s = issue_qk(2 * ks)
         for t in range(ntiles):
             k0, st = t * BN, t % STAGES
             if t + AHEAD < ntiles:
                 sa = (t + AHEAD) % STAGES
                 load_kv_tile(smem, ks + sa * TILE, vs + sa * TILE, kflat, vflat, key_off, kend, k0 + AHEAD * BN, BN)
             vaddr = 2 * (vs + st * TILE)
-            if overlap:
-                sn = issue_qk(2 * (ks + (t + 1) % STAGES * TILE)) if t + 1 < ntiles else None
-            else:
-                s = issue_qk(2 * (ks + st * TILE))
+            s = issue_qk(2 * (ks + st * TILE))
             i = np.arange(NS)
             for wg in range(2):
                 sel = WG == wg
@@ -171,8 +163,6 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
                     dv = desc_sw128(vaddr + kk * 16 * SW_ROW, BN * SW_ROW, 1024)
                     O += areg_matrix(pa[wg * 128: wg * 128 + 128, kk]) @ mnmajor_operand(smem, dv, D)
                 o[wg * 128: wg * 128 + 128] += O[orow, ocol]
-            if overlap:
-                s = sn
         lh = l_ + l_[TID ^ 1]
         lh = lh + lh[TID ^ 2]
         inv = np.where(lh > 0, 1 / np.where(lh > 0, lh, 1), 0)
@@ -217,9 +207,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("tiles", ["", "_n64", "_ov", "_n64ov"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_wgmma_prefill_emulation_matches_reference(case, tiles):
+def test_wgmma_prefill_emulation_matches_reference(case):
     runs, nh, nkv = CASES[case]
     c = prefill_case(runs, nh, nkv, D, np.random.default_rng(7))
     plane, row = c.layers * c.bs * nkv * D, nkv * D
@@ -228,19 +217,15 @@ def test_wgmma_prefill_emulation_matches_reference(case, tiles):
         return c.layer * c.bs * row + int(table[k // c.bs]) * plane + (k % c.bs) * row + kvh * D
 
     got = emulate(c.qbuf.reshape(-1), c.q_row, c.pool[0].reshape(-1), c.pool[1].reshape(-1), offset, c.tables,
-                  c.qs, c.lens, nh, nkv, c.scale * 1.4426950408889634, int(c.qs[-1]), 64 if "n64" in tiles else 128,
-                  "ov" in tiles)
+                  c.qs, c.lens, nh, nkv, c.scale * 1.4426950408889634, int(c.qs[-1]), 128)
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, c.want, atol=2e-2, rtol=2e-2)
 
 
 def test_sm90a_build_keeps_the_wgmma_body():
     """The kernel body sits under __CUDA_ARCH_FEAT_SM90_ALL (wgmma needs sm_90a): the Hopper build must keep
-    it, all 8 + 8 (128-key tiles) and 8 + 4 (64-key tiles) wgmma of a K/V tile, plus the up-front 8 of the
-    overlapped schedule."""
+    it, all 8 + 8 wgmma of a 128-key K/V tile."""
     from openinfer.testing.launch_check import ptx_entries, require_nvrtc
     require_nvrtc()
     counts = {name: body.count("wgmma.mma_async") for name, (_, body) in ptx_entries("attention_wgmma").items()}
-    assert counts == {"paged_prefill_wgmma_bf16_d128": 16, "paged_prefill_wgmma_bf16_d128_n64": 12,
-                      "paged_prefill_wgmma_bf16_d128_nostagger": 16, "paged_prefill_wgmma_bf16_d128_ov": 24,
-                      "paged_prefill_wgmma_bf16_d128_n64ov": 20}
+    assert counts == {"paged_prefill_wgmma_bf16_d128": 16}

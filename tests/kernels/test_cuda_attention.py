@@ -1,6 +1,6 @@
 """Paged attention against the numpy reference on random inputs (GPU only; skipped elsewhere): prefill
 (mma and wgmma kernels, varlen batches, prefix hits, strided q) and decode (ragged contexts, GQA, head dims
-64-256, split-KV with and without clusters, deterministic merges, graph capture).
+64-256, split-KV, deterministic merges, graph capture), for each of paged_attention's CUDA implementations.
 """
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from openinfer.kernels import numpy_ops as ref
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
     BF16, DTYPES, after_inputs, arrival_counters_left_zero, captured, close, cp, dev, dt, exact, host, own_stream,
     replayed, rnd)
-from openinfer.kernels.cuda import ops
+from openinfer.kernels.cuda import attention
 from test_attention_mma_emulation import shuffled_tables
 
 pytestmark = pytest.mark.cuda
+# paged_attention's registry implementations by name; "wgmma" is the default on sm_90 (elsewhere it runs as "mma")
+IMPLS = {"wgmma": attention.paged_attention, "mma": attention.paged_attention_mma,
+         "cuda_cores": attention.paged_attention_cuda_cores}
 
 
 def _batch(runs, block_size, rng, num_blocks):
@@ -49,11 +52,9 @@ ATTN_CASES = {
 }
 
 
-@pytest.mark.parametrize("wgmma", [True, False])   # d128 bf16 prefill: the wgmma kernel (default on sm_90) or mma
+@pytest.mark.parametrize("impl", ["wgmma", "mma"])   # d128 bf16 prefill: the wgmma kernel (on sm_90) or mma
 @pytest.mark.parametrize("case", list(ATTN_CASES))
-def test_paged_attention(dt, case, wgmma, monkeypatch):
-    from openinfer.kernels.cuda import attention
-    monkeypatch.setattr(attention, "PREFILL_WGMMA", wgmma)
+def test_paged_attention(dt, case, impl):
     runs, nh, nkv, d = ATTN_CASES[case]
     rng = np.random.default_rng(len(case))
     bs, layers = 16, 2
@@ -65,7 +66,7 @@ def test_paged_attention(dt, case, wgmma, monkeypatch):
     q = exact(rnd(rng, T, nh, d), dt[0])
     scale = d ** -0.5
     want = ref.paged_attention(q, pool[0][:, 1], pool[1][:, 1], hb, scale)
-    got = ops.paged_attention(dev(q, dt[0]), pool_d[0][:, 1], pool_d[1][:, 1], db, scale)
+    got = IMPLS[impl](dev(q, dt[0]), pool_d[0][:, 1], pool_d[1][:, 1], db, scale)
     close(got, want, dt)
 
 
@@ -89,17 +90,7 @@ def _prefill_inputs(dt, runs, nh, nkv, d, seed, q_offset=0):
 @pytest.mark.parametrize("q_offset", [0, 2])
 def test_prefill_attention_strided_q(dt, q_offset):
     qd, kc, vc, db, want = _prefill_inputs(dt, [(300, 200), (90, 90)], 16, 4, 128, 12, q_offset)
-    close(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5), want, dt)
-
-
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_prefill_attention_one_mtile_variant(monkeypatch, d):
-    """The one-m-tile-per-warp mma kernels (kept for A/B timings) agree with the reference too."""
-    from openinfer.kernels.cuda import attention
-    monkeypatch.setattr(attention, "MMA_VARIANT", "_m1")
-    dt = DTYPES["bfloat16"]
-    qd, kc, vc, db, want = _prefill_inputs(dt, [(300, 200), (90, 90), (7, 2)], 16, 4, d, 14)
-    close(ops.paged_attention(qd, kc, vc, db, d ** -0.5), want, dt)
+    close(attention.paged_attention(qd, kc, vc, db, 128 ** -0.5), want, dt)
 
 
 WGMMA_CASES = {
@@ -115,30 +106,24 @@ WGMMA_CASES = {
 
 @pytest.fixture
 def wgmma_on(monkeypatch):
-    """Turns OPENINFER_PREFILL_WGMMA on (Hopper only); returns the names of the attention kernels launched."""
-    from openinfer.kernels.cuda import attention
+    """Skips without sm_90; returns the names of the attention kernels launched."""
     if cp.cuda.Device().compute_capability != "90":
         pytest.skip("the wgmma prefill kernel needs sm_90")
     names = []
     real = attention.launch
     monkeypatch.setattr(attention, "launch", lambda src, name, *a: (names.append(name), real(src, name, *a)))
-    monkeypatch.setattr(attention, "PREFILL_WGMMA", True)
     return names
 
 
-@pytest.mark.parametrize("tiles", ["", "_n64", "_nostagger", "_ov", "_n64ov"])
 @pytest.mark.parametrize("case", list(WGMMA_CASES))
-def test_prefill_attention_wgmma(wgmma_on, monkeypatch, case, tiles):
+def test_prefill_attention_wgmma(wgmma_on, case):
     """The wgmma prefill kernel against the reference and against the mma kernel."""
-    from openinfer.kernels.cuda import attention
     runs, nh, nkv = WGMMA_CASES[case]
     dt = DTYPES["bfloat16"]
     qd, kc, vc, db, want = _prefill_inputs(dt, runs, nh, nkv, 128, 15)
-    monkeypatch.setattr(attention, "WGMMA_VARIANT", tiles)
-    got = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
-    monkeypatch.setattr(attention, "PREFILL_WGMMA", False)
-    mma = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
-    assert wgmma_on == [f"paged_prefill_wgmma_bf16_d128{tiles}", "paged_prefill_mma_bf16_d128"]
+    got = host(attention.paged_attention(qd, kc, vc, db, 128 ** -0.5))
+    mma = attention.paged_attention_mma(qd, kc, vc, db, 128 ** -0.5)
+    assert wgmma_on == ["paged_prefill_wgmma_bf16_d128", "paged_prefill_mma_bf16_d128"]
     close(got, want, dt)
     close(mma, got, dt)
 
@@ -155,9 +140,9 @@ def _assert_graph_replays_eager(dt, qd, kc, vc, db, want) -> None:
     """paged_attention (head_dim 128) captured into a CUDA graph: a replay writes what eager computed."""
     stream = cp.cuda.Stream(non_blocking=True)
     with after_inputs(stream):
-        eager = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
+        eager = attention.paged_attention(qd, kc, vc, db, 128 ** -0.5)
         stream.begin_capture()
-        got = ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)
+        got = attention.paged_attention(qd, kc, vc, db, 128 ** -0.5)
         graph = stream.end_capture()
         got[...] = 0
         graph.launch(stream)
@@ -203,34 +188,26 @@ def _decode_inputs(dt, ctx, nh, nkv, d, seed):
     return dev(q, dt[0]), pool_d[0][:, 1], pool_d[1][:, 1], db, want
 
 
-# decode kernels: the tensor-core one with its splits in clusters of up to 8 (the default) or without
-# clusters (OPENINFER_DECODE_CLUSTER=1), and the fp32 CUDA-core one
-DECODE_KERNELS = ["mma", "mma_nocluster", "fp32"]
-
-
-def _use_decode_kernel(kernel, monkeypatch):
-    from openinfer.kernels.cuda import attention, attention_decode
-    monkeypatch.setattr(attention, "DECODE_MMA", kernel != "fp32")
-    monkeypatch.setattr(attention_decode, "DECODE_CLUSTER", 1 if kernel == "mma_nocluster" else 8)
+# decode kernels: the tensor-core one (the "mma" and "wgmma" implementations) and the fp32 CUDA-core one
+DECODE_KERNELS = ["mma", "cuda_cores"]
 
 
 @pytest.mark.parametrize("kernel", DECODE_KERNELS)
 @pytest.mark.parametrize("graph_width", [False, True])
 @pytest.mark.parametrize("case", list(DECODE_CASES))
-def test_decode_attention(dt, case, graph_width, kernel, monkeypatch):
-    """Both decode kernels (bf16: the tensor-core one unless OPENINFER_DECODE_MMA=0, in clusters or not;
+def test_decode_attention(dt, case, graph_width, kernel):
+    """Both decode kernels (bf16: the tensor-core one, or the fp32 one of the "cuda_cores" implementation;
     float32: the fp32 one) against the reference, with the grid sized for this batch or, as a CUDA graph
     sizes it, for a 20480-token context (most splits then empty; each sequence splits its own length)."""
     import dataclasses
 
-    if kernel != "fp32" and dt[0] != BF16:
+    if kernel != "cuda_cores" and dt[0] != BF16:
         pytest.skip("the tensor-core decode kernel is bf16 only")
-    _use_decode_kernel(kernel, monkeypatch)
     ctx, nh, nkv, d = DECODE_CASES[case]
     qd, kc, vc, db, want = _decode_inputs(dt, ctx, nh, nkv, d, len(case))
     if graph_width:
         db = dataclasses.replace(db, max_context_len=20480)
-    close(ops.paged_attention(qd, kc, vc, db, d ** -0.5), want, dt)
+    close(IMPLS[kernel](qd, kc, vc, db, d ** -0.5), want, dt)
 
 
 def test_decode_attention_graph_capture():
@@ -260,32 +237,30 @@ def _counters_zero() -> bool:
 
 
 @pytest.mark.parametrize("kernel", DECODE_KERNELS)
-def test_split_decode_is_deterministic(kernel, decode_grids, monkeypatch):
-    """The merging block is whichever split (cluster) finished last, a race; the merge sums in split order, so
+def test_split_decode_is_deterministic(kernel, decode_grids):
+    """The merging block is whichever split finished last, a race; the merge sums in split order, so
     repeated runs give the same bits, and every run leaves the arrival counters zero."""
     import dataclasses
 
-    _use_decode_kernel(kernel, monkeypatch)
     dt = DTYPES["bfloat16"]
     qd, kc, vc, db, want = _decode_inputs(dt, [20000, 1, 333, 4096, 15], 32, 8, 128, 23)
     db = dataclasses.replace(db, max_context_len=20480)   # most splits of the short contexts empty
-    first = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
+    first = host(IMPLS[kernel](qd, kc, vc, db, 128 ** -0.5))
     close(first, want, dt)
     for _ in range(5):
-        np.testing.assert_array_equal(host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)), first)
+        np.testing.assert_array_equal(host(IMPLS[kernel](qd, kc, vc, db, 128 ** -0.5)), first)
     assert all(g[0] > 1 for g in decode_grids), decode_grids
     assert _counters_zero()
 
 
 @pytest.mark.parametrize("kernel", DECODE_KERNELS)
-def test_split_decode_with_a_no_query_sequence(dt, kernel, decode_grids, monkeypatch):
+def test_split_decode_with_a_no_query_sequence(dt, kernel, decode_grids):
     """A sequence without a query this step (query_start repeats): all its blocks leave before counting,
     the others merge as usual, and the next launch still finds the counters zero."""
     import dataclasses
 
-    if kernel != "fp32" and dt[0] != BF16:
+    if kernel != "cuda_cores" and dt[0] != BF16:
         pytest.skip("the tensor-core decode kernel is bf16 only")
-    _use_decode_kernel(kernel, monkeypatch)
     rng = np.random.default_rng(24)
     runs, nh, nkv, d, bs = [(3000, 1), (2000, 0), (700, 1), (5, 0), (64, 1)], 16, 4, 64, 16
     num_blocks = sum(-(-L // bs) for L, _ in runs) + 3
@@ -296,7 +271,7 @@ def test_split_decode_with_a_no_query_sequence(dt, kernel, decode_grids, monkeyp
     want = ref.paged_attention(q, pool[0][:, 0], pool[1][:, 0], hb, d ** -0.5)
     pool_d, qd = dev(pool, dt[0]), dev(q, dt[0])
     for _ in range(2):
-        close(ops.paged_attention(qd, pool_d[0][:, 0], pool_d[1][:, 0], db, d ** -0.5), want, dt)
+        close(IMPLS[kernel](qd, pool_d[0][:, 0], pool_d[1][:, 0], db, d ** -0.5), want, dt)
         assert _counters_zero()
     assert decode_grids[0][0] > 1 and decode_grids[0][2] == len(runs), decode_grids
 
@@ -304,20 +279,19 @@ def test_split_decode_with_a_no_query_sequence(dt, kernel, decode_grids, monkeyp
 @pytest.mark.parametrize("kernel", DECODE_KERNELS)
 @pytest.mark.parametrize("keys", [64, 128, 256, 1024])
 def test_split_decode_with_longer_splits(kernel, keys, decode_grids, monkeypatch):
-    """OPENINFER_DECODE_SPLIT_KEYS: each context is cut into splits of at least `keys` keys, the grid's
+    """DECODE_SPLIT_KEYS: each context is cut into splits of at least `keys` keys, the grid's
     other splits leave without counting; the merge waits for the used ones only. Against the reference,
     the same bits on a rerun, the counters left zero, in a grid sized for 20480 keys."""
     import dataclasses
 
     from openinfer.kernels.cuda import attention_decode
-    _use_decode_kernel(kernel, monkeypatch)
     monkeypatch.setattr(attention_decode, "DECODE_SPLIT_KEYS", keys)
     dt = DTYPES["bfloat16"]
     qd, kc, vc, db, want = _decode_inputs(dt, [20000, 1, 1024, 333, 4097, 64, 65], 32, 8, 128, 26)
     db = dataclasses.replace(db, max_context_len=20480)
-    first = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
+    first = host(IMPLS[kernel](qd, kc, vc, db, 128 ** -0.5))
     close(first, want, dt)
-    np.testing.assert_array_equal(host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5)), first)
+    np.testing.assert_array_equal(host(IMPLS[kernel](qd, kc, vc, db, 128 ** -0.5)), first)
     assert _counters_zero()
     assert decode_grids[0][0] > 1, decode_grids
 
@@ -331,8 +305,8 @@ def test_split_decode_graph_replays_twice(decode_grids):
     db = dataclasses.replace(db, max_context_len=20480)
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
     with after_inputs(stream):
-        eager = host(ops.paged_attention(qd, kc, vc, db, 128 ** -0.5))
-        got, graph = captured(lambda: ops.paged_attention(qd, kc, vc, db, 128 ** -0.5), stream, pool)
+        eager = host(attention.paged_attention(qd, kc, vc, db, 128 ** -0.5))
+        got, graph = captured(lambda: attention.paged_attention(qd, kc, vc, db, 128 ** -0.5), stream, pool)
         for _ in range(2):
             np.testing.assert_array_equal(replayed(graph, stream, got), eager)
             assert _counters_zero()

@@ -9,7 +9,7 @@ import pytest
 from openinfer.kernels import numpy_ops as ref
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
     BF16, DTYPES, after_inputs, arrival_counters_left_zero, close, cp, dev, dt, exact, host, own_stream, pdl, rnd)
-from openinfer.kernels.cuda import blas, ops
+from openinfer.kernels.cuda import ops
 
 pytestmark = pytest.mark.cuda
 
@@ -48,11 +48,9 @@ def test_linear_gemv(m, n, k, gemv_calls):
     np.testing.assert_array_equal(host(ops.linear(xd, wd)), host(got))  # split-K sums in a fixed order
 
 
-@pytest.mark.parametrize("variant", blas.GEMV_VARIANTS)
-def test_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_calls):
-    """Every kernel variant the benchmark sweeps, eager with and without PDL, split-K and tails."""
-    from openinfer.kernels.cuda import blas, pdl as pdl_mod
-    monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
+def test_gemv_kernel_with_and_without_pdl(pdl, gemv_calls):
+    """The GEMV eager with and without PDL, split-K and tails."""
+    from openinfer.kernels.cuda import pdl as pdl_mod
     rng = np.random.default_rng(3)
     assert pdl_mod.enabled() == pdl
     for m, n, k in ((1, 2560, 4096), (8, 2560, 9728), (3, 77, 1000), (6, 1000, 2056)):
@@ -175,11 +173,8 @@ def test_linear_silu_mul_is_bitwise_the_two_ops(m, n, k, gemv_kernels):
     close(got, ref.linear_silu_mul(x, w), DTYPES["bfloat16"], scale=5)
 
 
-@pytest.mark.parametrize("variant", blas.GEMV_VARIANTS)
-def test_fused_gemv_kernel_variants(variant, pdl, monkeypatch, gemv_kernels):
-    """The SiLU epilogue in every kernel variant, eager with and without PDL, split-K and not."""
-    from openinfer.kernels.cuda import blas
-    monkeypatch.setattr(blas, "GEMV_VARIANT", variant)
+def test_fused_gemv_kernel_with_and_without_pdl(pdl, gemv_kernels):
+    """The SiLU epilogue eager with and without PDL, split-K and not."""
     rng = np.random.default_rng(4)
     for m, n, k in ((1, 2560, 9728), (8, 512, 4096), (3, 19456, 2560)):
         xd, wd = (dev(a, BF16) for a in _fused_inputs(rng, m, n, k))

@@ -27,10 +27,8 @@ def launches(monkeypatch):
                                              sampler))
     monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
     monkeypatch.setattr(attention_decode, "blocks_per_sm", lambda *a: 4)
-    monkeypatch.setattr(attention_decode, "max_active_clusters", lambda *a: 4 * 132 // a[-1])   # a GPC holds them all
     monkeypatch.setattr(blas, "gemv_resident", lambda name: 4 * 132)
     monkeypatch.setattr(blas, "clusters_supported", lambda: True)
-    monkeypatch.setattr(attention_decode, "clusters_supported", lambda: True)
     monkeypatch.setattr(attention, "hopper", lambda: False)   # it asks the (absent) GPU; tests that want sm_90 say so
     counters = {}   # raw device memory in real life: one region per purpose
 
@@ -40,15 +38,8 @@ def launches(monkeypatch):
     return recorded
 
 
-@pytest.fixture
-def clusters(monkeypatch):
-    """Decode attention's splits in clusters of up to 8 (OPENINFER_DECODE_CLUSTER=8; off by default)."""
-    monkeypatch.setattr(attention_decode, "DECODE_CLUSTER", 8)
-
-
-def test_decode_clusters_are_off_by_default(launches):
-    """Without OPENINFER_DECODE_CLUSTER the split decode launches as in stop 17: no cluster, every split a part."""
-    assert attention_decode.DECODE_CLUSTER == 1
+def test_split_decode_launches_without_clusters(launches):
+    """Split decode launches no thread-block cluster: every split stores a part, merged through the counters."""
     pool = aligned_empty((2, 1 + 64, 1, 16, 8, 128), BF16)
     q = aligned_empty((1, 32, 128), BF16)
     attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [20480], 16, 64), 0.125)
@@ -70,7 +61,7 @@ def _batch(q_lens, ctx, bs, width) -> ForwardBatch:
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("q_lens,ctx", [([1, 1, 1], [5000, 17, 900]), ([1] * 64, [30] * 64),   # decode, split / not
                                          ([7, 1, 33], [7, 40, 300])])                          # prefill
-def test_paged_attention_launch_args(launches, clusters, dtype, d, q_lens, ctx):
+def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
     nh, nkv, bs, layers = 24, 4, 16, 3
     width = -(-max(ctx) // bs)
     pool = aligned_empty((2, 1 + len(ctx) * width, layers, bs, nkv, d), dtype)   # [k/v, blocks, layer, ...]
@@ -84,23 +75,17 @@ def test_paged_attention_launch_args(launches, clusters, dtype, d, q_lens, ctx):
         assert call.name.startswith("paged_decode_mma" if dtype == BF16 else "paged_decode_"), call.name
         splits, counters, min_split = call.grid[0], call.args[-6], int(call.args[-1])
         assert (splits > 1) == (max(ctx) == 5000), call.grid   # only the long context splits
-        # the tensor-core kernel's splits run in clusters (merged in them); the clusters are the merged parts
-        cluster = call.cluster[0] if call.cluster else 1
-        assert (cluster > 1) == (splits > 1 and dtype == BF16) and call.cluster in (None, (cluster, 1, 1))
-        assert splits % cluster == 0 and cluster <= 8
-        parts = splits // cluster
+        parts = splits
+        assert call.cluster is None
         assert (counters is not module.NULL) == (parts > 1) and int(call.args[-2]) == splits
         assert min_split % (64 if dtype == BF16 else 128) == 0 and min_split >= attention_decode.DECODE_SPLIT_KEYS
         assert parts <= attention_decode.merge_max_splits(
             attention_decode.decode_kernel(module.suffix(dtype), d, np.dtype(dtype).itemsize, dtype == BF16))
 
 
-@pytest.mark.parametrize("cluster", [1, 8])
-def test_decode_splits_capped_by_the_merge(launches, monkeypatch, cluster):
+def test_decode_splits_capped_by_the_merge(launches):
     """One sequence on one KV head wants more parts than the merging block's shared memory holds
-    weights for (d64 tensor-core kernel: 432); the launch is capped there. In clusters of 8 the parts are
-    the clusters: the one-wave limit (528 splits, 66 clusters) comes first."""
-    monkeypatch.setattr(attention_decode, "DECODE_CLUSTER", cluster)
+    weights for (d64 tensor-core kernel: 432); the launch is capped there."""
     d, ctx = 64, 40000
     pool = aligned_empty((2, 1 + -(-ctx // 16), 1, 16, 1, d), BF16)
     q = aligned_empty((1, 2, d), BF16)
@@ -108,14 +93,13 @@ def test_decode_splits_capped_by_the_merge(launches, monkeypatch, cluster):
     (call,) = launches
     cap = attention_decode.merge_max_splits(attention_decode.decode_kernel("bf16", d, 2, True))
     assert cap == 432
-    assert call.grid == ((cap if cluster == 1 else 4 * 132), 1, 1)
-    assert call.cluster == (None if cluster == 1 else (8, 1, 1))
+    assert call.grid == (cap, 1, 1) and call.cluster is None
 
 
 @pytest.mark.parametrize("keys,want", [(1, 64), (64, 64), (100, 128), (256, 256)])
 @pytest.mark.parametrize("width", [1024, 20480])
-def test_decode_split_keys_set_the_shortest_split(launches, clusters, monkeypatch, keys, want, width):
-    """OPENINFER_DECODE_SPLIT_KEYS reaches the kernel in whole 64-key passes. A CUDA graph's grid (20480
+def test_decode_split_keys_set_the_shortest_split(launches, monkeypatch, keys, want, width):
+    """DECODE_SPLIT_KEYS reaches the kernel in whole 64-key passes. A CUDA graph's grid (20480
     keys wide) keeps its one-wave split count whatever the keys, since the kernel leaves the splits a short
     context does not use; an eager grid for a 1k context launches no more splits than it has."""
     monkeypatch.setattr(attention_decode, "DECODE_SPLIT_KEYS", keys)
@@ -124,28 +108,13 @@ def test_decode_split_keys_set_the_shortest_split(launches, clusters, monkeypatc
     attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [width], 16, 64), 0.125)
     (call,) = launches
     assert int(call.args[-1]) == want
-    splits = 4 * 132 // 8 if width == 20480 else min(16, 1024 // want)   # in clusters: whole clusters of them
-    assert call.grid[0] == {66: 64, 16: 16, 8: 8, 4: 4}[splits]
+    assert call.grid[0] == (4 * 132 // 8 if width == 20480 else min(16, 1024 // want))
 
 
-def test_decode_clusters_fit_the_device_at_once(launches, clusters, monkeypatch):
-    """A cluster's CTAs share one GPC, so the device may hold fewer clusters than its CTA slots over the size:
-    the grid then takes the largest size whose clusters all fit (batch 1 in a 20480-token graph: 66 splits of
-    8 KV heads; here 8 x 8 clusters of 8, 9 x 8 of 7 and 11 x 8 of 6 do not fit, 13 x 8 of 5 do)."""
-    monkeypatch.setattr(attention_decode, "max_active_clusters",
-                        lambda *a: {8: 60, 7: 70, 6: 80}.get(a[-1], 4 * 132 // a[-1]))
-    pool = aligned_empty((2, 1 + 64, 1, 16, 8, 128), BF16)
-    q = aligned_empty((1, 32, 128), BF16)
-    attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [20480], 16, 64), 0.125)
-    (call,) = launches
-    assert call.grid == (65, 8, 1) and call.cluster == (5, 1, 1)
-
-
-@pytest.mark.parametrize("seqs,splits,cluster", [(1, 16, 8), (5, 12, 6), (32, 2, 2), (66, 1, 1), (128, 1, 1)])
-def test_decode_splits_fill_one_wave(launches, clusters, seqs, splits, cluster):
+@pytest.mark.parametrize("seqs,splits", [(1, 16), (5, 13), (32, 2), (66, 1), (128, 1)])
+def test_decode_splits_fill_one_wave(launches, seqs, splits):
     """Qwen3-4B decode at 1k context (8 KV heads, 4 blocks an SM on 132 SMs: 528 places): the most
-    splits whose blocks fit in one wave, capped by the context's 16 passes, in whole clusters that leave
-    at most an eighth of them out (5 sequences: 13 splits, 2 clusters of 6); a batch whose blocks already
+    splits whose blocks fit in one wave, capped by the context's 16 passes; a batch whose blocks already
     fill the machine does not split."""
     d, ctx, bs = 128, 1024, 16
     width = -(-ctx // bs)
@@ -153,17 +122,14 @@ def test_decode_splits_fill_one_wave(launches, clusters, seqs, splits, cluster):
     q = aligned_empty((seqs, 32, d), BF16)
     attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1] * seqs, [ctx] * seqs, bs, width), 0.125)
     (call,) = launches
-    assert call.grid == (splits, 8, seqs) and call.cluster == (None if cluster == 1 else (cluster, 1, 1))
+    assert call.grid == (splits, 8, seqs) and call.cluster is None
     assert splits == 1 or splits * 8 * seqs <= 4 * 132
 
 
-@pytest.mark.parametrize("tiles", ["", "_n64", "_nostagger", "_ov", "_n64ov"])
 @pytest.mark.parametrize("d,dtype,hopper", [(128, BF16, True), (64, BF16, True), (128, np.float32, True),
                                             (128, BF16, False)])
-def test_wgmma_prefill_launch_args(launches, monkeypatch, tiles, d, dtype, hopper):
-    """d128 bf16 prefill goes to the wgmma kernel on sm_90 only (OPENINFER_PREFILL_WGMMA, on by default)."""
-    monkeypatch.setattr(attention, "PREFILL_WGMMA", True)
-    monkeypatch.setattr(attention, "WGMMA_VARIANT", tiles)
+def test_wgmma_prefill_launch_args(launches, monkeypatch, d, dtype, hopper):
+    """The "wgmma" implementation sends d128 bf16 prefill to the wgmma kernel on sm_90 only."""
     monkeypatch.setattr(attention, "hopper", lambda: hopper)
     nh, nkv, bs, q_lens, ctx = 32, 8, 16, [7, 200, 33], [7, 260, 300]
     width = -(-max(ctx) // bs)
@@ -173,8 +139,8 @@ def test_wgmma_prefill_launch_args(launches, monkeypatch, tiles, d, dtype, hoppe
     attention.paged_attention(q, pool[0, :, 1], pool[1, :, 1], _batch(q_lens, ctx, bs, width), 0.125)
     (call,) = launches
     if d == 128 and dtype == BF16 and hopper:
-        assert call.name == f"paged_prefill_wgmma_bf16_d128{tiles}" and call.block == 256
-        assert call.grid == (-(-200 * 4 // 128), nkv, 3) and call.smem == attention.wgmma_prefill_smem(tiles)
+        assert call.name == "paged_prefill_wgmma_bf16_d128" and call.block == 256
+        assert call.grid == (-(-200 * 4 // 128), nkv, 3) and call.smem == attention.wgmma_prefill_smem()
     else:
         assert "wgmma" not in call.name
 
@@ -185,19 +151,17 @@ def test_linear_gemv_launch_args(launches, m, n, k):
     x = aligned_empty((m, k), BF16)
     w = aligned_empty((n, k), BF16)
     blas.linear(x, w)
-    assert [(c.source, c.name) for c in launches] == [("gemv", f"gemv_bf16_{blas.GEMV_VARIANT}")]
+    assert [(c.source, c.name) for c in launches] == [("gemv", "gemv_bf16")]
 
 
-def test_pdl_setting_names_kernels(monkeypatch):
-    """OPENINFER_PDL: 0 off, 1 every kernel, or kernel-name prefixes (PDL for those launches only)."""
-    assert pdl.parse_setting("0") == (False, None) and pdl.parse_setting("") == (False, None)
-    assert pdl.parse_setting("1") == (True, None)
-    assert pdl.parse_setting("gemv, paged_decode") == (True, ("gemv", "paged_decode"))
+def test_pdl_names_kernels(monkeypatch):
+    """PDL for the kernels whose names start with one of pdl.KERNELS only."""
+    assert pdl.KERNELS[:2] == ("gemv", "paged_decode")
     monkeypatch.setattr(pdl, "ENABLED", True)
     monkeypatch.setattr(pdl, "KERNELS", ("gemv",))
     assert not pdl.enabled("add_rms_norm_v_bf16")   # decided by name before the device is asked
     monkeypatch.setattr(pdl, "ENABLED", False)
-    assert not pdl.enabled("gemv_bf16_u4")
+    assert not pdl.enabled("gemv_bf16")
 
 
 @pytest.mark.parametrize("pdl_on,cluster", [(True, None), (False, (1, 4, 1)), (True, (1, 8, 1))])
@@ -274,7 +238,7 @@ def test_linear_silu_mul_launches(launches, cublas, m, n, k):
         assert [c.name for c in launches] == [("cublas", m), "silu_mul_v_bf16"]
         return
     (call,) = launches
-    assert call.name == f"gemv_silu_bf16_{blas.GEMV_VARIANT}"
+    assert call.name == "gemv_silu_bf16"
     splits = blas.gemv_splits(n, k, 4 * 132)
     assert call.grid == (n // 16, splits) and call.cluster == ((1, splits, 1) if splits > 1 else None)
     assert call.args[-1] == n // 2 and call.args[-3] is out
@@ -299,7 +263,7 @@ def test_gemv_takes_the_tuned_split_for_its_weight(launches, monkeypatch):
 def test_linear_silu_mul_needs_whole_8_row_tiles(launches):
     """I % 8 != 0 (gate and up rows of a tile would straddle the halves): the plain GEMV, then silu_mul."""
     ops.linear_silu_mul(aligned_empty((2, 256), BF16), aligned_empty((2 * 12, 256), BF16))
-    assert [c.name for c in launches] == [f"gemv_bf16_{blas.GEMV_VARIANT}", "silu_mul_bf16"]
+    assert [c.name for c in launches] == ["gemv_bf16", "silu_mul_bf16"]
 
 
 def test_cublas_gemm_ex_binding():

@@ -26,7 +26,6 @@ SHAPES = [(6144, 2560), (2560, 9728), (200, 96)]   # (N, K): Qwen3-4B's qkv and 
 def tuned(monkeypatch, tmp_path):
     """Tuned from an empty cache in tmp_path; lt_run records whether each linear took cuBLASLt."""
     monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(lt, "ENABLED", True)
     monkeypatch.setattr(lt, "plans", {})
     took = []
     real = lt.run

@@ -1,6 +1,6 @@
 """CPU checks of the GEMV's split-K tuning (kernels/cuda/gemv_tune.py; no GPU): the candidates a weight allows, the
 choice (the fastest, unless the rule's own factor is within the tolerance), the cache file and its key, a warm start
-timing nothing, OPENINFER_GEMV_TUNE=0, and that blas launches the chosen factor for the plain and the SiLU GEMV --
+timing nothing, and that blas launches the chosen factor for the plain and the SiLU GEMV --
 with fakes for the timer and the device."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("cupy")
 from openinfer.kernels.cuda import blas, gemv_tune  # noqa: E402
 
-KEY = {"gpu": "fake", "cc": "9.0", "sms": 132, "variant": "u4", "sources": "0" * 16}
+KEY = {"gpu": "fake", "cc": "9.0", "sms": 132, "sources": "0" * 16}
 QKV, GATE_UP, DOWN = (6144, 2560), (19456, 2560), (2560, 9728)
 # µs by factor: qkv fastest unsplit (the rule says 2), gate_up 5 % faster at 5, down 1 % faster at 2 (noise: kept)
 TIMES = {QKV: {1: 9.9, 2: 13.5, 3: 14.5, 4: 14.4, 5: 12.3, 6: 14.8, 8: 16.2},
@@ -91,7 +91,3 @@ def test_a_cache_of_another_key_or_unreadable_is_ignored(tmp_path):
     assert gemv_tune.saved_splits(path, KEY) == {}
 
 
-def test_off_tunes_nothing(tuning, monkeypatch, tmp_path):
-    monkeypatch.setattr(gemv_tune, "ENABLED", False)
-    assert gemv_tune.tune({QKV}) == gemv_tune.Tuned(0, 0)
-    assert tuning == [] and blas.gemv_split_choice == {} and not (tmp_path / "gemv_splits").exists()

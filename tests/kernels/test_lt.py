@@ -1,6 +1,6 @@
 """CPU checks of the cuBLASLt path (kernels/cuda/lt.py, lt_tune.py; no GPU): the ctypes structs and prototypes
 against cublasLt.h, the choice of the fastest usable candidate, the cache file (round trip, its key, a saved
-algorithm that fails the check is timed again), OPENINFER_CUBLASLT=0, the shapes blas.linear records and which
+algorithm that fails the check is timed again), the shapes blas.linear records and which
 calls blas.linear sends to cuBLASLt -- with fakes for the library, the timer and the GPU."""
 from __future__ import annotations
 
@@ -109,7 +109,6 @@ def tuning(monkeypatch, tmp_path):
     """lt_tune.tune on fakes: FakeLt, a fake timer (its calls in .timed), host scratch, the cache in tmp_path."""
     monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(lt, "plans", {})
-    monkeypatch.setattr(lt, "ENABLED", True)
     monkeypatch.setattr(lt_tune, "_lts", {})
     state = SimpleNamespace(timed=[], key={"gpu": "NVIDIA H200", "cc": "9.0", "sms": 132, "cublaslt": 130802})
     monkeypatch.setattr(lt_tune, "cp", SimpleNamespace(cuda=SimpleNamespace(
@@ -191,13 +190,8 @@ def test_cache_key_and_unreadable_files(monkeypatch, tmp_path):
     assert lt_tune.from_hex("01" + "00" * 63).data[0] == 1
 
 
-def test_off_tunes_nothing(tuning, monkeypatch, tmp_path):
-    monkeypatch.setattr(lt, "ENABLED", False)
+def test_no_bf16_shapes_tunes_nothing(tuning, tmp_path):
     before = FakeLt.instances
-    assert lt_tune.tune(buckets(256), SHAPES) == lt_tune.Tuned(0, 0, 0)
-    assert lt.plans == {} and FakeLt.instances == before and tuning.timed == []
-    assert not (tmp_path / "gemm_algos").exists()
-    monkeypatch.setattr(lt, "ENABLED", True)
     assert lt_tune.tune(buckets(256), set()) == lt_tune.Tuned(0, 0, 0)   # float32 models: no bf16 shapes
     assert FakeLt.instances == before and not (tmp_path / "gemm_algos").exists()
 

@@ -71,6 +71,7 @@ class CudaBackend(Backend):
         # a first start compiles every kernel: on background threads while the weights load (warm: a hash each)
         from ..kernels.cuda.compile import arch_for, precompile
         cc = self.device.compute_capability
+        self.compute_capability = int(cc)
         precompile(arch_for(int(cc[:-1]), int(cc[-1])))
 
     def activate(self) -> None:
@@ -200,10 +201,10 @@ class CudaBackend(Backend):
         self.release_cached()   # the timing scratch, held by CuPy's pool on the tuning streams
         lt_part = (f"{tuned.lt} decode GEMM shapes on cuBLASLt ({tuned.cached} from the cache, {tuned.timed} timed)"
                    if tuned.lt + tuned.timed else
-                   "cuBLASLt: none (no decode batch above the GEMV's rows, OPENINFER_CUBLASLT=0, or no bf16 weights)")
+                   "cuBLASLt: none (no decode batch above the GEMV's rows, or no bf16 weights)")
         gemv_part = (f"GEMV split-K for {splits.cached + splits.timed} ({splits.cached} from the cache, {splits.timed} "
                      f"timed; off the rule: {', '.join(splits.changes) or 'none'})" if splits.cached + splits.timed else
-                     "GEMV split-K: the rule (OPENINFER_GEMV_TUNE=0, or no bf16 weights)")
+                     "GEMV split-K: the rule (no bf16 weights)")
         return f"{lt_part}; {gemv_part}; of {len(shapes)} weight shapes"
 
     def memory_info(self) -> MemoryInfo:

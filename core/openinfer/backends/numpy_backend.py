@@ -21,6 +21,7 @@ class Backend(ABC):
     samples_on_device = False   # True: sample(logits, batch) draws every row on the device
     # the expert-parallel group this device is a rank of (parallel/); None: the model runs on this device alone
     comm: Communicator | None = None
+    compute_capability: int | None = None   # the GPU's (90 for sm_90); kernel implementations may require one
 
     @abstractmethod
     def asarray(self, host: np.ndarray, dtype: str | None = None) -> Any:

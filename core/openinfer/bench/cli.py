@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..engine_args import add_kernel_option
+
 
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
@@ -124,6 +126,7 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-lens", type=_ints, default=[32])
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="per-step token budget (default: batch x input, so prefill is one step)")
+    add_kernel_option(p)
     p.add_argument("--num-iters-warmup", type=int, default=1)
     p.add_argument("--num-iters", type=int, default=3)
     p.add_argument("--vocab-size", type=int, default=None, help="token ids are drawn below this (default: the model's vocabulary)")

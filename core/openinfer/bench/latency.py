@@ -102,6 +102,7 @@ def format_points(rows: list[dict[str, Any]]) -> str:
 def run_latency(args: argparse.Namespace) -> int:
     # Imported here: the engine pulls in the model runtime, which the HTTP benchmarks never need.
     from openinfer.engine import EngineArgs, build_engine
+    from openinfer.kernels.registry import parse_kernel_overrides
     from openinfer.sampling import SamplingParams
 
     budget = args.max_num_batched_tokens or max(b * i for b in args.batch_sizes for i in args.input_lens)
@@ -109,7 +110,7 @@ def run_latency(args: argparse.Namespace) -> int:
         device=args.device, load_format=args.load_format, max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory_gib, enforce_eager=args.enforce_eager,
         pipelined_decode=args.pipelined_decode, max_num_batched_tokens=budget, max_num_seqs=max(args.batch_sizes),
-        tokenizer=args.tokenizer))
+        tokenizer=args.tokenizer, kernels=parse_kernel_overrides(args.kernel)))
 
     def make_params(max_tokens: int) -> Any:
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

@@ -1,8 +1,8 @@
 """API keys: with `--api-key` (or OPENINFER_API_KEY) every route but the probes wants `Authorization: Bearer KEY`.
 
-A pure ASGI wrapper around the app, not Starlette's BaseHTTPMiddleware, which breaks long streams (serving.md
-§7.11). The probes (health, liveness, version, metrics) stay open, as vLLM leaves them, for load balancers and
-scrapers. Keys are compared in constant time.
+A pure ASGI wrapper around the app, not Starlette's BaseHTTPMiddleware, which gets in the way of long streams and of
+seeing a client's disconnect. The probes (health, liveness, version, metrics) stay open, as vLLM leaves them, for
+load balancers and scrapers. Keys are compared in constant time.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: chat template -> engine -> reasoning / content / tool calls.
 
-Streaming follows serving.md §5.4: `role` rides on each choice's first delta (sent with the first
+Streaming as OpenAI streams: `role` rides on each choice's first delta (sent with the first
 real output, so a client's TTFT is not a fake early chunk); a tool call's first delta carries
 index, id, type and name, later ones index and the next `arguments` text (never null); the
 choice ends with finish_reason "tool_calls" when calls were produced ("stop" for a call forced by name, as OpenAI

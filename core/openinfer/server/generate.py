@@ -45,7 +45,7 @@ class Format(Outputs, Protocol):
 def max_tokens_for(model: ServedModel, prompt_len: int, gen: Generation, default: int | None,
                    prompt_param: str) -> int:
     """The request's max_tokens, else `default` (None: fill the context) clamped to what fits;
-    400 with the numbers when the prompt plus max_tokens exceed the context (serving.md §7.6)."""
+    400 with the numbers when the prompt plus max_tokens exceed the context."""
     limit = model.engine.max_model_len
     if prompt_len >= limit:
         raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {prompt_param} "
@@ -65,7 +65,7 @@ async def constraints(model: ServedModel, gen: Generation, count: int,
                       gate: ReasoningGate | None) -> list[Constraint | None]:
     """One grammar per choice when the request constrains the output. Compiled in a worker thread (a
     complex schema takes up to ~1 s, bounded by llguidance's limits) before anything is submitted,
-    so a grammar llguidance rejects is a 400, never an engine error (serving.md §7.7-8)."""
+    so a grammar llguidance rejects is a 400, never an engine error."""
     spec = gen.grammar
     if spec is None:
         return [None] * count

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
 
 from openinfer.parsers import ChatFormat
 from openinfer.request import RequestStream
@@ -18,6 +18,10 @@ from openinfer.tokenizer import Tokenizer
 
 from .errors import APIError, model_not_found
 from .metrics import ModelMetrics
+
+if TYPE_CHECKING:
+    from openinfer.engine import EngineStats
+    from openinfer.structured import Constraint
 
 
 class Engine(Protocol):
@@ -32,11 +36,12 @@ class Engine(Protocol):
     sampling_defaults: Mapping[str, Any]   # the model's defaults for the sampling fields a request leaves out
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               cache_salt: str = "", priority: int = 0) -> RequestStream: ...
+               cache_salt: str = "", constraint: Constraint | None = None, after: str | None = None,
+               priority: int = 0) -> RequestStream: ...
     def abort(self, request_id: str) -> None: ...
     def is_alive(self) -> bool: ...
-    def stats(self) -> Any: ...
-    def start(self) -> None: ...
+    def stats(self) -> EngineStats: ...
+    def start(self) -> object: ...
     def shutdown(self) -> None: ...
 
 

@@ -1,6 +1,6 @@
 """serve(): run the OpenAI-compatible server in this process until interrupted, or until an engine dies.
 
-A dead engine ends the process with exit status 1 (serving.md §7.4): its requests already fail and /health
+A dead engine ends the process with exit status 1: its requests already fail and /health
 says 503, but a server that stays up with a dead engine is one no supervisor restarts.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The engine requests behind one API request (n choices per prompt), read as one merged stream.
 
-Abort discipline (serving.md §7.1-2, §7.14): every exit path — client disconnect, cancellation,
+Abort discipline: every exit path — client disconnect, cancellation,
 an error in another choice — ends in `close()`, which aborts exactly the engine requests that
 have not finished (no flood of no-op aborts). A stop-string match aborts its request at once.
 """

@@ -1,8 +1,32 @@
 """GPU test modules and benchmarks: skip a module without a usable NVIDIA GPU, the demo engine on the GPU, run a
-test on its own stream, time a function as a CUDA-graph replay."""
+test on its own stream, time a function as a CUDA-graph replay; the CUDA backend itself (CudaBackend imports CuPy
+only when one is built)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
+
+from pathlib import Path
+
+from ..backends.cuda_backend import CudaBackend
+from ..kernels.cuda import compile as kc
+
+__all__ = ["CudaBackend", "compile_cubin", "demo_engine_on_gpu", "graph_ms", "kernel_stream", "require_gpu",
+           "require_nvrtc"]
+
+
+def require_nvrtc() -> None:
+    """Skip the calling test where no NVRTC library is there to compile the sources (no GPU needed)."""
+    import pytest
+    try:
+        kc._nvrtc()
+    except kc.KernelCompileError as e:
+        pytest.skip(f"no NVRTC library to compile with: {e}")
+
+
+def compile_cubin(source: str | Path, arch: str = "sm_90a") -> bytes:
+    """`source` (a core source's name or a plugin's path) compiled by NVRTC for `arch`: the cubin's bytes (through
+    the engine's own compile layer and its disk cache)."""
+    return kc.compile_source(source, arch).read_bytes()
 
 
 def require_gpu() -> Any:

@@ -22,7 +22,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..kernels.cuda import compile as kc
-from ..kernels.cuda import pdl
+from ..kernels.cuda import module, pdl
+from .cuda import require_nvrtc
 
 PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+\w+(?:\[(\d+)\])?")
 SMEM_MAX = 227 * 1024   # the opt-in ceiling of dynamic shared memory per block on sm_90
@@ -130,19 +131,10 @@ def check_launch(call: Launch) -> None:
         assert 1 < int(np.prod(call.cluster)) <= CLUSTER_MAX, f"{name}: cluster {call.cluster}"
 
 
-def require_nvrtc() -> None:
-    """Skip the calling test where no NVRTC library is there to compile the sources to PTX."""
-    import pytest
-    try:
-        kc._nvrtc()
-    except kc.KernelCompileError as e:
-        pytest.skip(f"no NVRTC library to compile with: {e}")
-
-
 def record_launches(monkeypatch: Any, modules: Iterable[ModuleType]) -> list[Launch]:
     """Put FAKE_CP in place of each module's `cp` and a checking recorder in place of its `launch`
-    (where it has one), with PDL reported off, through pytest's `monkeypatch`; returns the list the
-    checked launches land in."""
+    (where it has one), the core's kernel module (kernels/cuda/module.py) always among them, with PDL reported off,
+    through pytest's `monkeypatch`; returns the list the checked launches land in."""
     require_nvrtc()
     recorded: list[Launch] = []
 
@@ -153,7 +145,7 @@ def record_launches(monkeypatch: Any, modules: Iterable[ModuleType]) -> list[Lau
         recorded.append(call)
 
     monkeypatch.setattr(pdl, "enabled", lambda kernel="": False)   # it asks the (absent) GPU
-    for mod in modules:
+    for mod in (*modules, module):
         monkeypatch.setattr(mod, "cp", FAKE_CP)
         if hasattr(mod, "launch"):
             monkeypatch.setattr(mod, "launch", launch)

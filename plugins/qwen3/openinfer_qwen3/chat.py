@@ -10,10 +10,9 @@ import json
 import re
 from pathlib import Path
 
-from openinfer.detokenize import partial_suffix_len
-from openinfer.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ThinkTagReasoningParser, ToolCallDelta,
-                               ToolCallParser, new_call_id)
-from openinfer.structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
+from openinfer.plugin_api import (JSON_DUMPS_LAYOUT, ChatFormat, ContentTrimmer, ParsedDelta, ThinkTagReasoningParser,
+                                  ToolCallDelta, ToolCallParser, lark_json, lark_literal, new_call_id,
+                                  partial_suffix_len)
 
 # The genuine Qwen3 tokenizer vendored for the built-in demo model (see demo_tokenizer/NOTICE).
 DEMO_TOKENIZER_DIR = Path(__file__).parent / "demo_tokenizer"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from openinfer.model_line import ModelLine, Probe, StateGroup
+from openinfer.plugin_api import ModelLine, Probe, StateGroup
 
 from .config import Qwen3Config
 

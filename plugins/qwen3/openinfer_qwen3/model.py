@@ -3,13 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from openinfer.batch import Array, ForwardBatch
-from openinfer.kernels.registry import Ops
-from openinfer.kv.pool import StatePools
-from openinfer.layers.attention import AttentionWeights, GQAAttention
-from openinfer.layers.rope import cos_sin
-from openinfer.model_line import Model
-from openinfer.weights import WeightSource
+from openinfer.plugin_api import (Array, AttentionWeights, ForwardBatch, GQAAttention, Model, Ops, StatePools,
+                                  WeightSource, cos_sin)
 
 from .config import Qwen3Config
 

@@ -1,5 +1,5 @@
 """openinfer entry point of the qwen3 plugin."""
-from openinfer.hookspecs import hookimpl
+from openinfer.plugin_api import hookimpl
 
 
 @hookimpl

@@ -83,7 +83,7 @@ def test_programmatic_dependent_launch_keeps_every_token(untied, monkeypatch):
     """Every kernel launched with PDL against none at all: the same greedy
     tokens, eager and in graphs, batched, and bit-identical logits (PDL changes when a kernel starts,
     never what it computes)."""
-    from openinfer.kernels.cuda import pdl
+    from openinfer.plugin_api.cuda import pdl
     ckpt, _ = untied
     runs, launched, launch, suspended, suspend = {}, [], pdl.launch, [], pdl.suspended
 
@@ -93,7 +93,7 @@ def test_programmatic_dependent_launch_keeps_every_token(untied, monkeypatch):
         launch(*a, **kw)
     monkeypatch.setattr(pdl, "launch", spy)
     monkeypatch.setattr(pdl, "suspended", lambda yes=True: suspended.append(yes) or suspend(yes))
-    monkeypatch.setattr(pdl, "KERNELS", None)   # every kernel, not just the default's small ones
+    monkeypatch.setattr(pdl, "KERNELS", ("",))   # every kernel, not just the default's small ones
     for on in (False, True):
         monkeypatch.setattr(pdl, "ENABLED", on)
         eager = gpu_engine(ckpt, dtype="bfloat16", enforce_eager=True)
@@ -144,7 +144,7 @@ def test_float32_batching_and_prefix_hits_keep_greedy(untied):
 
 
 def test_non_greedy_rows_sample_beside_greedy_rows(untied):
-    from openinfer.sampling import SamplingParams
+    from openinfer.testing import SamplingParams
     ckpt, _ = untied
     eng = gpu_engine(ckpt, dtype="float32")
     prompts = _prompts(eng, 3)
@@ -157,8 +157,8 @@ def test_non_greedy_rows_sample_beside_greedy_rows(untied):
 
 
 def test_weights_upload_raw_bytes_and_fuse(bf16, untied):
-    from openinfer.backends.cuda_backend import CudaBackend
-    from openinfer.weights import Checkpoint, DummyWeights
+    from openinfer.testing import Checkpoint, DummyWeights
+    from openinfer.testing.cuda import CudaBackend
     be = CudaBackend(0, "bfloat16")
     names = [f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv"]
     for ckpt in (bf16[0], untied[0]):   # a bf16 checkpoint (bytes as is) and an f32 one (cast on the GPU)

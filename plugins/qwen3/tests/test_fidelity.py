@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
+from openinfer.testing import EngineArgs, build_engine
 from openinfer.testing.engine import (assert_prefix_hit, assert_scores_match, generate, greedy, prompt_logits,
                                       score_prompt)
 from openinfer.testing.hf_reference import hf_greedy, hf_logits

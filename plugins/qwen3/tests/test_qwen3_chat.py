@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.parsers import ParsedDelta, ToolCall, collect_tool_calls
+from openinfer.plugin_api import ParsedDelta, Tokenizer, ToolCall, collect_tool_calls
 from openinfer.testing.chat import split_feed, stream_output, tool_call_grammar_run
-from openinfer.tokenizer import Tokenizer
 from openinfer_qwen3.chat import (DEMO_TOKENIZER_DIR, QWEN3_CHAT_FORMAT, Qwen3ReasoningParser,
                                   Qwen3ToolCallParser)
 

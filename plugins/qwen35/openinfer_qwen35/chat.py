@@ -23,11 +23,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from openinfer.detokenize import partial_suffix_len
-from openinfer.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser,
-                               ToolCallDelta, ToolCallParser, new_call_id)
-from openinfer.structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
-from openinfer.tool_args import convert_value, is_text, param_types, schema_types, with_object_arguments
+from openinfer.plugin_api import (JSON_DUMPS_LAYOUT, ChatFormat, ChatTemplateError, ContentTrimmer, ParsedDelta,
+                                  ReasoningParser, ThinkTagReasoningParser, ToolCallDelta, ToolCallParser, convert_value,
+                                  is_text, lark_json, lark_literal, new_call_id, param_types, partial_suffix_len,
+                                  schema_types, with_object_arguments)
 
 # The genuine Qwen3.5 tokenizer (built by tokenizer_build.py) and chat template; see tokenizer/NOTICE.
 TOKENIZER_DIR = Path(__file__).parent / "tokenizer"

@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from openinfer.config import ConfigError, require
-from openinfer.layers.rope import RopeConfig, rope_config
+from openinfer.plugin_api import ConfigError, RopeConfig, require, rope_config
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from openinfer.batch import Array, ForwardBatch
-from openinfer.kernels.registry import Ops
-from openinfer.kv.pool import StatePools
-from openinfer.layers.attention import GQAAttention
+from openinfer.plugin_api import Array, ForwardBatch, GQAAttention, Ops, StatePools
 
 from .config import Qwen35Config
 

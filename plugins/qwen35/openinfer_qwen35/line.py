@@ -4,8 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from openinfer.model_line import ModelLine, StateGroup
-from openinfer.parsers import ChatFormat
+from openinfer.plugin_api import ChatFormat, ModelLine, StateGroup
 
 from .config import Qwen35Config
 from .layers import GDN_GROUP

@@ -13,13 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from openinfer.batch import Array, ForwardBatch
-from openinfer.kernels.registry import Ops
-from openinfer.kv.pool import StatePools
-from openinfer.layers.attention import AttentionWeights
-from openinfer.layers.rope import cos_sin
-from openinfer.model_line import Model
-from openinfer.weights import WeightSource
+from openinfer.plugin_api import Array, AttentionWeights, ForwardBatch, Model, Ops, StatePools, WeightSource, cos_sin
 
 from .config import Qwen35Config
 from .layers import GatedAttention, GatedDeltaNet, GDNWeights

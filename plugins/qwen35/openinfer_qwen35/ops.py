@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from openinfer.batch import ForwardBatch
+from openinfer.plugin_api import ForwardBatch
 
 
 def _silu(x: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """openinfer entry point of the qwen35 plugin: the model line, its numpy ops and their CUDA kernels."""
-from openinfer.hookspecs import hookimpl
+from openinfer.plugin_api import hookimpl
 
 from . import cuda
 from .ops import OPS

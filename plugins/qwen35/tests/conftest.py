@@ -1,4 +1,4 @@
-"""Tiny random Qwen3.5 checkpoints built with transformers (models.md §3.5), shared by the tests:
+"""Tiny random Qwen3.5 checkpoints built with transformers, shared by the tests:
 the real layout (Qwen3_5ForConditionalGeneration, weights under model.language_model.) untied
 and tied, and a text-only export (Qwen3_5ForCausalLM, weights under model.)."""
 from __future__ import annotations

@@ -5,9 +5,8 @@ import random
 
 import pytest
 
-from openinfer.parsers import ParsedDelta, collect_tool_calls
+from openinfer.plugin_api import ChatTemplateError, ParsedDelta, Tokenizer, collect_tool_calls
 from openinfer.testing.chat import split_feed, stream_output, tool_call_grammar_run
-from openinfer.tokenizer import ChatTemplateError, Tokenizer
 from openinfer_qwen35.chat import (TOKENIZER_DIR, Qwen35ChatFormat, Qwen35ReasoningParser, Qwen35ToolCallParser,
                                    convert_value)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.engine import Engine
+from openinfer.testing import Engine
 from openinfer.testing.engine import collect, generate, greedy, run_to_completion
 from openinfer.testing.hf_reference import hf_greedy_stepwise
 
@@ -25,7 +25,7 @@ def state_row(eng: Engine, row: int) -> dict[str, np.ndarray]:
 
 def checkpoint_row(eng: Engine, ids: list[int], boundary: int) -> int:
     """The row of the checkpoint at `boundary` of prompt `ids` (whose blocks the engine has hashed)."""
-    from openinfer.kv.block_manager import block_hashes
+    from openinfer.testing import block_hashes
     h = block_hashes(ids, eng.blocks.block_size)[boundary // eng.blocks.block_size - 1]
     row = eng.blocks.checkpoints.rows.get(h)
     assert row is not None, f"no checkpoint at {boundary}"

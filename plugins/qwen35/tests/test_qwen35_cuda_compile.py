@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.kernels.cuda import compile as kc
-from openinfer.kernels.registry import KernelRegistry
+from openinfer.plugin_api import KernelRegistry
+from openinfer.testing.cuda import compile_cubin, require_nvrtc
 from openinfer_qwen35 import cuda, plugin
 from openinfer_qwen35.ops import OPS
 
@@ -24,12 +24,9 @@ SOURCES = {"SOURCE": "delta_rule", "CONV": "conv", "GATES": "gates"}   # launche
 
 @pytest.fixture
 def cubins(tmp_path, monkeypatch) -> dict[str, bytes]:
-    try:
-        kc._nvrtc()
-    except kc.KernelCompileError as e:
-        pytest.skip(f"no NVRTC library to compile with: {e}")
+    require_nvrtc()
     monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
-    return {p.stem: kc.compile_source(p, "sm_90a").read_bytes() for p in sorted(KERNEL_DIR.glob("*.cu"))}
+    return {p.stem: compile_cubin(p) for p in sorted(KERNEL_DIR.glob("*.cu"))}
 
 
 def test_every_source_compiles_to_sm90a_cubin(cubins):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.batch import ForwardBatch
+from openinfer.plugin_api import ForwardBatch
 from openinfer_qwen35 import ops
 
 from test_qwen35_ops import batch

@@ -5,7 +5,7 @@ top, each argument tuple is matched against the kernel's C signature parsed from
 a pointer gets an array of the pointee's dtype, `long long` np.int64, `int` np.int32, `float`
 np.float32 (CuPy passes numpy scalars by their dtype, so a wrong width shifts every later
 argument). A pointer with a row stride argument after it must have a unit last stride and that
-row stride; any other pointer must be packed, or null (module.NULL: the checkpoint arrays of a batch
+row stride; any other pointer must be packed, or null (NULL: the checkpoint arrays of a batch
 without checkpoints). Decode launches must pass the batch's own index
 arrays (a CUDA graph reads the static buffers) and a grid of the batch size alone."""
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("cupy")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from openinfer.batch import ForwardBatch  # noqa: E402
-from openinfer.kernels.cuda import blas, module, pdl  # noqa: E402
+from openinfer.plugin_api import ForwardBatch  # noqa: E402
+from openinfer.plugin_api.cuda import NULL, blas, pdl, suffix  # noqa: E402
 from openinfer.testing.launch_check import Launch, fake, record_launches  # noqa: E402
 from openinfer_qwen35 import layers  # noqa: E402
 from openinfer_qwen35.cuda import delta_rule, ops  # noqa: E402
@@ -54,7 +54,7 @@ SIGS = signatures()
 @pytest.fixture
 def launches(monkeypatch):
     """Launchers on host stand-ins; returns the list of launches, each checked against its PTX parameters."""
-    return record_launches(monkeypatch, (ops, delta_rule, module))
+    return record_launches(monkeypatch, (ops, delta_rule))
 
 
 def zeros(shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -65,7 +65,7 @@ def zeros(shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
 def check(call: Launch, dtype) -> None:
     """The C-signature checks: pointee dtypes, exact scalar types, strides and packing."""
     name, args = call.name, call.args
-    sfx = module.suffix(dtype)
+    sfx = suffix(dtype)
     key = name.replace(sfx, "{sfx}") if name.endswith(sfx) else name
     sig = SIGS[key]
     assert len(args) == len(sig), f"{name}: {len(args)} arguments for {len(sig)} parameters"
@@ -74,7 +74,7 @@ def check(call: Launch, dtype) -> None:
         if not ptr:
             assert type(a) is SCALARS[base], f"{where}: got {type(a).__name__}"
             continue
-        if a is module.NULL:
+        if a is NULL:
             continue
         assert isinstance(a, np.ndarray), f"{where}: got {type(a).__name__}"
         want = dtype if base in ("T", "bf16") else POINTEES[base]
@@ -202,10 +202,10 @@ def test_gdn_decode_norm_runs_a_head_as_one_cluster(launches, monkeypatch, dtype
     o = ops.qwen35_gdn_decode_norm(q, k, v, ab[:, nv + 3:], ab[:, :nv], zeros(nv, np.float32), zeros(nv, np.float32),
                                    zeros((5, 3, nv, dk, dv), np.float32)[:, 1], b, z, zeros(dv, dtype), 1e-6)
     [call] = launches
-    assert call.name == f"gdn_decode_gated_norm_{module.suffix(dtype)}"
+    assert call.name == f"gdn_decode_gated_norm_{suffix(dtype)}"
     assert call.grid == (-(-dv // 32), nv, B) and call.block == delta_rule.DECODE_THREADS
     assert call.cluster == cluster
-    assert call.name.startswith(pdl.parse_setting(pdl.DEFAULT_KERNELS)[1])   # on PDL by default ("gdn_decode")
+    assert call.name.startswith(pdl.KERNELS)   # on PDL by default ("gdn_decode")
     assert o.shape == (B, nv, dv) and o.dtype == dtype
     zarg = call.args[17]
     assert zarg.strides[0] == int(call.args[18]) * zarg.itemsize == zw.strides[0]

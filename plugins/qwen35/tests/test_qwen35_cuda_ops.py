@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.batch import ForwardBatch
+from openinfer.plugin_api import ForwardBatch
 from openinfer.testing.cuda import kernel_stream, require_gpu
 from openinfer_qwen35 import ops as ref
 
@@ -20,7 +20,7 @@ from openinfer_qwen35.cuda import ops  # noqa: E402  (imports cupy-dependent mod
 BF16 = np.dtype(ml_dtypes.bfloat16)
 own_stream = pytest.fixture(autouse=True)(kernel_stream)
 DTYPES = {"bfloat16": (BF16, 2e-2, 2e-2), "float32": (np.dtype(np.float32), 1e-5, 1e-4)}
-# (nk, nv, dk, dv, conv channels): the tiny test model and Qwen3.5-4B (models.md §3.1)
+# (nk, nv, dk, dv, conv channels): the tiny test model and Qwen3.5-4B
 SHAPES = {"tiny": (2, 4, 16, 16, 2 * 2 * 16 + 4 * 16), "4b": (16, 32, 128, 128, 2 * 16 * 128 + 32 * 128)}
 # (tokens before the run, run length) per sequence: around the 64-token chunk, fresh and continuing
 PREFILL_RUNS = [(0, 1), (5, 63), (0, 64), (100, 65), (0, 300), (9, 0), (40, 129)]

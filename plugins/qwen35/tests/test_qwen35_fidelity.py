@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
+from openinfer.testing import EngineArgs, build_engine
 from openinfer.testing.engine import (assert_scores_match, collect, generate, greedy, prompt_logits, run_to_completion,
                                      score_prompt)
 from openinfer.testing.hf_reference import hf_greedy_stepwise, hf_logits

@@ -8,11 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from openinfer.detect import detect_line
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.plugins import get_plugins
+from openinfer.testing import EngineArgs, build_engine, detect_line, get_plugins, save_safetensors
 from openinfer.testing.engine import prompt_logits
-from openinfer.weights import save_safetensors
 from openinfer_qwen35.line import PRESETS, Qwen35Line
 
 
@@ -55,7 +52,7 @@ def test_real_layout_skips_vision_and_mtp_tensors(untied, tmp_path, caplog):
 def test_synthesized_tiny_preset_serves_consistently(tmp_path):
     """`openinfer synth` output of the tiny preset (dummy weights) loads and decodes the same
     alone, batched, chunked and from a prefix hit."""
-    from openinfer.synth import synthesize
+    from openinfer.testing import synthesize
     from openinfer.testing.engine import generate, greedy
     synthesize("qwen3.5-tiny", tmp_path, dtype="F32")   # writes the genuine Qwen3.5 tokenizer too
     prompts = [[int(t) for t in np.random.default_rng(i).integers(0, 151000, size=20 + 7 * i)] for i in range(3)]
@@ -70,8 +67,7 @@ def test_synthesized_tiny_preset_serves_consistently(tmp_path):
 def test_a_preset_name_loads_with_dummy_weights(tmp_path):
     """`--model qwen3.5-4b --load-format dummy` (benchmarks): the preset's config and the line's
     tokenizer, no folder; the same model as a synthesized folder loaded with dummy weights."""
-    from openinfer.loader import LoadError
-    from openinfer.synth import synthesize
+    from openinfer.testing import LoadError, synthesize
     synthesize("qwen3.5-tiny", tmp_path, dtype="F32")
     by_name = build_engine("qwen3.5-tiny", EngineArgs(load_format="dummy"))
     by_dir = build_engine(str(tmp_path), EngineArgs(load_format="dummy"))

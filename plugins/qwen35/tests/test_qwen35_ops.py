@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from openinfer.batch import ForwardBatch
+from openinfer.plugin_api import ForwardBatch
 from openinfer_qwen35 import ops
 
 RNG = np.random.default_rng(0)
@@ -77,7 +77,7 @@ def test_gated_delta_rule_update_continues_a_prefill():
 
 
 def chunked_delta_rule(q, k, v, g, beta, chunk: int):
-    """The chunked (WY) form transformers and fla use for prefill, per value head (models.md §3.3)."""
+    """The chunked (WY) form transformers and fla use for prefill, per value head."""
     qn, kn = ops._prepare_qk(q, k, v.shape[1])
     T = q.shape[0]
     out = np.zeros(v.shape, np.float64)

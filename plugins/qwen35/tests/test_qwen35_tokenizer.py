@@ -13,7 +13,7 @@ import unicodedata
 
 import pytest
 
-from openinfer.tokenizer import Tokenizer
+from openinfer.plugin_api import Tokenizer
 from openinfer_qwen35 import tokenizer_build as tb
 from openinfer_qwen35.chat import TOKENIZER_DIR
 

@@ -4,9 +4,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from openinfer.hookspecs import hookimpl
-from openinfer.model_line import Model, ModelLine, StateGroup
-from openinfer.parsers import ChatFormat
+from openinfer.plugin_api import ChatFormat, Model, ModelLine, StateGroup, hookimpl
 
 
 class BigramModel(Model):

@@ -6,16 +6,24 @@ Importing this package touches neither cupy nor the GPU: ops are registered as l
 from __future__ import annotations
 
 OPS = ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "linear_silu_mul",
-       "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs")
+       "write_kv", "rope_write_kv", "gather_rows", "argmax", "top_logprobs")
 DTYPES = ("bfloat16", "float32")
 # the MLA and MoE ops (bf16 models): op -> its module
 BF16_OPS = {"mla_rope": "mla", "mla_write_latent": "mla", "mla_attention": "mla", "per_head_linear": "blas",
             "router_logits": "moe", "moe_route": "moe", "moe_experts": "moe"}
+# paged_attention's implementations (attention.py): name, function, dtypes, priority, GPU generations
+ATTENTION = (("wgmma", "paged_attention", ("bfloat16",), 20, (90,)),
+             ("mma", "paged_attention_mma", ("bfloat16",), 10, ()),
+             ("cuda_cores", "paged_attention_cuda_cores", DTYPES, 0, ()))
 
 
 def register(register_kernel) -> None:
-    """Registers every op above for backend "cuda" (called through the core's own hookimpl)."""
+    """Registers every op above, and paged_attention's implementations, for backend "cuda" (called through the
+    core's own hookimpl)."""
     for name in OPS:
         register_kernel(name, "cuda", f"{__name__}.ops:{name}", dtypes=DTYPES)
     for name, module in BF16_OPS.items():
         register_kernel(name, "cuda", f"{__name__}.{module}:{name}", dtypes=("bfloat16",))
+    for name, fn, dtypes, priority, capabilities in ATTENTION:
+        register_kernel("paged_attention", "cuda", f"{__name__}.attention:{fn}", dtypes=dtypes, priority=priority,
+                        name=name, capabilities=capabilities)

@@ -1,51 +1,47 @@
-"""paged_attention on CUDA: a decode kernel (split-KV, attention_decode.py) for one-token steps; for
-everything else the tensor-core prefill kernel (attention_mma.cu, bf16; on Hopper with d128 the
-warpgroup-MMA one, attention_wgmma.cu: 425 against 327 TFLOP/s at 16k on the H200) or the fp32 flash-style one (attention.cu), with the kernels'
-launch constants mirrored here."""
+"""paged_attention on CUDA: a decode kernel (split-KV, attention_decode.py) for one-token steps, a prefill
+kernel for everything else, with the kernels' launch constants mirrored here. Three registry implementations:
+
+- "wgmma" (bf16, sm_90 only; the default there): the tensor-core decode kernel, and d128 prefill on warpgroup MMA
+  (attention_wgmma.cu: 425 against mma.sync's 327 TFLOP/s at 16k on the H200); other head dims as "mma".
+- "mma" (bf16; the default elsewhere): the tensor-core decode kernel and mma.sync prefill (attention_mma.cu).
+- "cuda_cores" (bf16 and float32; float32's only one): the fp32 flash-style kernels of attention.cu.
+
+A call the tensor-core kernels cannot take (rows not 16-byte aligned) runs the CUDA-core kernels."""
 from __future__ import annotations
 
 import math
-import os
 
 import cupy as cp
 import numpy as np
 
 from ...batch import ForwardBatch
-from .attention_decode import BN, DECODE_MMA, NWARPS, decode_kernel, paged_decode
+from .attention_decode import BN, NWARPS, decode_kernel, paged_decode
 from .module import as_index, heads3d, hopper, launch, suffix
 
 ROWS = 8                               # must match attention.cu (paged_prefill rows per warp)
 HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634
-PREFILL_MMA = os.environ.get("OPENINFER_PREFILL_MMA", "1") != "0"   # bf16 prefill on the tensor cores (0: the fp32-core kernel)
 MMA_WARPS = 4                          # must match attention_mma.cu
-MMA_MT = {64: 2, 128: 2, 256: 1}       # 16-row m-tiles per warp of the default kernels
+MMA_MT = {64: 2, 128: 2, 256: 1}       # 16-row m-tiles per warp (attention_mma.cu's MMA_KERNEL list)
 MMA_BN = {64: 64, 128: 64, 256: 32}    # keys per K/V tile
-MMA_VARIANT = ""                       # "_m1": the one-m-tile-per-warp kernels (for A/B timings)
-PREFILL_WGMMA = os.environ.get("OPENINFER_PREFILL_WGMMA", "1") != "0"   # d128 bf16 prefill by wgmma on sm_90 (0: mma)
 WGMMA_THREADS = 256                    # must match attention_wgmma.cu: two warpgroups
 WGMMA_BM = 128                         # rows per block, 64 a warpgroup
-# keys per K/V tile and K/V stages of each variant (attention_wgmma.cu's WGMMA_KERNEL list)
-WGMMA_TILES = {"": (128, 2), "_n64": (64, 2), "_nostagger": (128, 2), "_ov": (128, 3), "_n64ov": (64, 3)}
-WGMMA_VARIANT = os.environ.get("OPENINFER_PREFILL_WGMMA_VARIANT", "")   # a WGMMA_TILES key (A/B timings)
-if WGMMA_VARIANT not in WGMMA_TILES:
-    raise ValueError(f"OPENINFER_PREFILL_WGMMA_VARIANT={WGMMA_VARIANT!r}: not one of {sorted(WGMMA_TILES)}")
+WGMMA_BN, WGMMA_STAGES = 128, 2       # keys per K/V tile and K/V stages (attention_wgmma.cu)
 
 
-def mma_rows_per_block(d: int, variant: str = "") -> int:
-    return 16 * MMA_WARPS * (1 if variant == "_m1" else MMA_MT[d])
+def mma_rows_per_block(d: int) -> int:
+    return 16 * MMA_WARPS * MMA_MT[d]
 
 
-def mma_prefill_smem(d: int, variant: str = "") -> int:
+def mma_prefill_smem(d: int) -> int:
     """Bytes of shared memory of the mma prefill kernel: Q and two K/V stages, rows padded by 8 bf16."""
-    return (mma_rows_per_block(d, variant) + 4 * MMA_BN[d]) * (d + 8) * 2
+    return (mma_rows_per_block(d) + 4 * MMA_BN[d]) * (d + 8) * 2
 
 
-def wgmma_prefill_smem(variant: str = "") -> int:
+def wgmma_prefill_smem() -> int:
     """Bytes of shared memory of the wgmma prefill kernel: Q and the K/V stages of [rows][128] bf16, plus
     1024 bytes to align the base to the 128-byte swizzle's 1024-byte pattern."""
-    bn, stages = WGMMA_TILES[variant]
-    return (WGMMA_BM + 2 * stages * bn) * 128 * 2 + 1024
+    return (WGMMA_BM + 2 * WGMMA_STAGES * WGMMA_BN) * 128 * 2 + 1024
 
 
 def _aligned16(q3: cp.ndarray, q_stride: int, k_cache: cp.ndarray, v_cache: cp.ndarray) -> bool:
@@ -56,6 +52,24 @@ def _aligned16(q3: cp.ndarray, q_stride: int, k_cache: cp.ndarray, v_cache: cp.n
 
 def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, batch: ForwardBatch,
                     scale: float) -> cp.ndarray:
+    """The "wgmma" implementation (sm_90)."""
+    return _paged_attention(q, k_cache, v_cache, batch, scale, "wgmma")
+
+
+def paged_attention_mma(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, batch: ForwardBatch,
+                        scale: float) -> cp.ndarray:
+    """The "mma" implementation."""
+    return _paged_attention(q, k_cache, v_cache, batch, scale, "mma")
+
+
+def paged_attention_cuda_cores(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, batch: ForwardBatch,
+                               scale: float) -> cp.ndarray:
+    """The "cuda_cores" implementation."""
+    return _paged_attention(q, k_cache, v_cache, batch, scale, "cuda_cores")
+
+
+def _paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, batch: ForwardBatch, scale: float,
+                     impl: str) -> cp.ndarray:
     T, nh, d = q.shape
     nb, bs, nkv, _ = k_cache.shape
     it = q.itemsize
@@ -78,21 +92,19 @@ def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, bat
               qstart, as_index(batch.context_lens, np.int32), out)
     qscale = np.float32(scale * LOG2E)
     G = nh // nkv
+    tensor_cores = impl != "cuda_cores" and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache)
     if batch.max_query_len == 1:
-        mma = DECODE_MMA and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache)
-        paged_decode(common, out, B, batch.max_context_len, nh, nkv, qscale, decode_kernel(dtype, d, it, mma))
+        paged_decode(common, out, B, batch.max_context_len, nh, nkv, qscale, decode_kernel(dtype, d, it, tensor_cores))
         return out
-    if PREFILL_WGMMA and d == 128 and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache) and hopper():
-        tiles = WGMMA_VARIANT
-        launch("attention_wgmma", f"paged_prefill_wgmma_bf16_d128{tiles}",
+    if tensor_cores and impl == "wgmma" and d == 128 and hopper():
+        launch("attention_wgmma", "paged_prefill_wgmma_bf16_d128",
                (math.ceil(batch.max_query_len * G / WGMMA_BM), nkv, B), WGMMA_THREADS,
-               (*common, np.int32(nh), np.int32(nkv), qscale), wgmma_prefill_smem(tiles))
+               (*common, np.int32(nh), np.int32(nkv), qscale), wgmma_prefill_smem())
         return out
-    if PREFILL_MMA and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache):
-        variant = MMA_VARIANT
-        launch("attention_mma", f"paged_prefill_mma_bf16_d{d}{variant}",
-               (math.ceil(batch.max_query_len * G / mma_rows_per_block(d, variant)), nkv, B), MMA_WARPS * 32,
-               (*common, np.int32(nh), np.int32(nkv), qscale), mma_prefill_smem(d, variant))
+    if tensor_cores:
+        launch("attention_mma", f"paged_prefill_mma_bf16_d{d}",
+               (math.ceil(batch.max_query_len * G / mma_rows_per_block(d)), nkv, B), MMA_WARPS * 32,
+               (*common, np.int32(nh), np.int32(nkv), qscale), mma_prefill_smem(d))
         return out
     rows_per_block = NWARPS * ROWS
     smem = (rows_per_block * d + BN * (words + 1) + BN * words) * 4

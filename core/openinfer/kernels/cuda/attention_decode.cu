@@ -13,20 +13,16 @@
 //          tiles of every warp in flight, which is what keeps HBM busy. S = Q K^T and O += P V by
 //          mma.sync m16n8k16 (fragments by ldmatrix, .trans for V; Q fragments straight from global),
 //          online softmax in the log2 domain (S scaled by scale * log2(e) in fp32), as attention_mma.cu.
-//   merge  the warps' (m, l, O) meet in shared memory (over the rings, once all are drained). Launched in
-//          thread-block clusters along the splits (sm_90+), the splits of a cluster then meet in its
-//          rank 0 over distributed shared memory, merged in rank order: the cluster is one "part" of
-//          the context. Its rank 0 stores the normalized row (the sequence uses one cluster) or the part's
-//          partial; the last rank 0 of a (sequence, head chunk) to finish merges the parts
-//          (merge_splits_if_last). Without clusters every split is a part (C = 1), as before stop 18:
-//          a 1k context at batch 1 then paid the global partials, a fence, an atomic and the last
-//          block's two dependent loads of them on every layer.
+//   merge  the warps' (m, l, O) meet in shared memory (over the rings, once all are drained); the block
+//          stores the normalized row (the context has one split) or its split's partial, and the last
+//          block of a (sequence, head chunk) to finish merges the partials (merge_splits_if_last).
+//          Merging the splits of a thread-block cluster over distributed shared memory instead measured
+//          slower in the engine's decode step on the H100 and the H200, and is not built.
 //
 // Mirrored in attention_decode.py: DEC_WARPS, DEC_BN, DEC_ROWS, STAGES per head dim, the smem size.
 #include "common.cuh"
 #include "mma.cuh"
 #include "decode_merge.cuh"
-#include "cluster.cuh"
 
 constexpr int DEC_WARPS = 4, DEC_BN = 16, DEC_ROWS = 16;
 
@@ -87,46 +83,6 @@ __device__ __forceinline__ void q_fragment(unsigned int* a, const unsigned int* 
     a[3] = hi ? hi[kk * 8 + 4 + tq] : 0u;
 }
 
-// Rank 0 of a cluster: the states of its first nr ranks (M, l per head, unnormalised o [head][D] in each
-// rank's bm, bl, o) merged in rank order as merge_warps merges warps, written over its own. Rank 0 is never
-// past the context, so the max is finite. All of the block's threads call it.
-template <int D>
-__device__ void merge_cluster(float* bm, float* bl, float* o, int gc, int nr) {
-    constexpr int CMAX = 8, V = D / 4;   // the portable cluster size; float4s of a row
-    __shared__ float rm[DEC_ROWS][CMAX], rl[DEC_ROWS][CMAX];
-    for (int i = threadIdx.x; i < gc * nr; i += blockDim.x) {
-        const int g = i / nr, r = i % nr;
-        rm[g][r] = ld_cluster(bm + g, r);
-        rl[g][r] = ld_cluster(bl + g, r);
-    }
-    __syncthreads();
-    float4* o4 = reinterpret_cast<float4*>(o);
-    for (int idx = threadIdx.x; idx < gc * V; idx += blockDim.x) {
-        const int g = idx / V;
-        float4 v[CMAX];
-#pragma unroll
-        for (int r = 0; r < CMAX; ++r)
-            if (r < nr) v[r] = ld_cluster(o4 + idx, r);
-        float M = NEG_INF, lsum = 0.f;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int r = 0; r < CMAX; ++r)
-            if (r < nr) M = fmaxf(M, rm[g][r]);
-#pragma unroll
-        for (int r = 0; r < CMAX; ++r) {
-            if (r >= nr) break;
-            const float f = exp2f(rm[g][r] - M);   // a rank without keys: exp2(-inf) = 0, its l and o are 0
-            lsum += f * rl[g][r];
-            acc.x = fmaf(f, v[r].x, acc.x);
-            acc.y = fmaf(f, v[r].y, acc.y);
-            acc.z = fmaf(f, v[r].z, acc.z);
-            acc.w = fmaf(f, v[r].w, acc.w);
-        }
-        o4[idx] = acc;
-        if (idx % V == 0) { bm[g] = M; bl[g] = lsum; }
-    }
-}
-
 template <int D>
 __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
                            const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
@@ -142,9 +98,7 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     if (q1 == q0) return;  // no query this step: every split of it leaves, none counts or merges
     const int split_len = max(min_split, ((L + num_splits - 1) / num_splits + PASS - 1) / PASS * PASS);
     const int used = (L + split_len - 1) / split_len;
-    const int CL = cluster_size(), rank = split % CL, first = split - rank;   // clusters run along the splits
-    if (first >= used) return;  // the whole cluster is past this context: neither stores, counts nor merges
-    // a rank past the context (first < used <= split) takes no keys but meets the cluster's barriers
+    if (split >= used) return;  // past this context: neither stores, counts nor merges
     const int kbeg = split * split_len, kend = min(L, kbeg + split_len);
     const int* table = tables + (long long)b * table_stride;
     // this warp's tiles start at kbeg + (warp + i * DEC_WARPS) * DEC_BN, i < ntiles
@@ -276,34 +230,11 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     }
     __syncthreads();
     const int head0 = kvh * G + g0;
-    if (CL == 1) {
-        store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, gc, head0, nh, q0, b, split, used, num_splits,
-                                                        out, part_o, part_m, part_l);
-        if (used > 1)
-            merge_splits_if_last<bf16, D, D >= 128>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0, b,
-                                          used, num_splits, out);
-        return;
-    }
-    // The block's state (the warps merged, unnormalised) over warp 0's rows of the merge area: element (g, dd)
-    // is read and rewritten by one thread only. Then rank 0 merges the cluster's states into the same place.
-    __shared__ float bm[DEC_ROWS], bl[DEC_ROWS];
-    for (int idx = threadIdx.x; idx < gc * D; idx += blockDim.x) {
-        const int g = idx / D, dd = idx % D;
-        float M, lsum, o;
-        merge_warps<DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, g, dd, M, lsum, o);
-        mo[g * D + dd] = o;
-        if (dd == 0) { bm[g] = M; bl[g] = lsum; }
-    }
-    cluster_sync();
-    if (rank == 0) merge_cluster<D>(bm, bl, mo, gc, min(CL, used - first));
-    cluster_sync();   // the other ranks' shared memory stays until rank 0 has read it
-    if (rank != 0) return;
-    const int parts = gridDim.x / CL, used_parts = (used + CL - 1) / CL;
-    store_merged_warps<bf16, 1, DEC_ROWS, D>(bm, bl, mo, gc, head0, nh, q0, b, split / CL, used_parts, parts, out,
-                                            part_o, part_m, part_l);
-    if (used_parts > 1)
+    store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, gc, head0, nh, q0, b, split, used, num_splits, out,
+                                                    part_o, part_m, part_l);
+    if (used > 1)
         merge_splits_if_last<bf16, D, D >= 128>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0, b,
-                                      used_parts, parts, out);
+                                              used, num_splits, out);
 }
 
 #define DECODE_KERNEL(D)                                                                                        \

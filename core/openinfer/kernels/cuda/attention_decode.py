@@ -4,10 +4,7 @@ bf16 runs on the tensor-core kernel (attention_decode.cu), float32 (and bf16 tha
 aligned) on the fp32 CUDA-core kernel of attention.cu. Both give a block one split of one sequence's
 context, one KV head and the query heads of its group, so K/V is read once per step; both store
 per-split partials, and the last block of a (sequence, head chunk) to finish merges them
-(decode_merge.cuh), counted on arrival_counters("decode_attention"): one launch per layer. On sm_90+ the
-tensor-core kernel can run its splits in thread-block clusters of up to DECODE_CLUSTER (opt-in): a cluster's splits are
-merged in its first block over distributed shared memory, and only the clusters' partials go through global
-memory and the arrival counter (none at all where one cluster holds the context). The grid
+(decode_merge.cuh), counted on arrival_counters("decode_attention"): one launch per layer. The grid
 depends only on the batch size, the heads and `max_context_len`: each sequence divides its own length
 over the splits (at least `split_keys` keys each), so a CUDA graph captured with the longest context
 stays right for shorter ones: a sequence's splits past its own context leave at once.
@@ -15,39 +12,27 @@ stays right for shorter ones: a sequence's splits past its own context leave at 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import cupy as cp
 import numpy as np
 
-from .module import (COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, clusters_supported, launch, max_active_clusters,
-                     sm_count)
+from .module import COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, sm_count
 
 NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its blocks' warps, key tile, group rows)
 MIN_SPLIT = NWARPS * BN                      # its split: whole passes of the block's warps
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16      # must match attention_decode.cu
 DEC_STAGES = {64: 3, 128: 3, 256: 2}         # cp.async ring depth per warp (DecTile::STAGES)
 DEC_PASS = DEC_WARPS * DEC_BN
-DECODE_MMA = os.environ.get("OPENINFER_DECODE_MMA", "1") != "0"   # 0: the fp32 CUDA-core kernel for bf16 too
 # fewest keys a split takes (rounded up to the kernel's pass): fewer, longer splits for short contexts, so
 # fewer partials to store and merge; the grid's split count (set by the longest context) is unchanged
-DECODE_SPLIT_KEYS = int(os.environ.get("OPENINFER_DECODE_SPLIT_KEYS", "64"))
-# most splits of one thread-block cluster (the tensor-core kernel, sm_90+; 8 is the portable cluster size,
-# which merge_cluster in attention_decode.cu assumes); 1 (the default): every split merges through global
-# partials. Off until measured in the engine: stop 18's only GPU run (attn_bench, batch 1) had 1k contexts faster
-# in clusters (6.8 against 8.3 us a layer at 128 keys a split) and 16k ones slower (36 against 27 us) before
-# clusters were sized to what the device holds at once (docs/benchmarks/qwen3-4b-h200.md, stop 18)
-DECODE_CLUSTER = int(os.environ.get("OPENINFER_DECODE_CLUSTER", "1"))
-if not 1 <= DECODE_CLUSTER <= 8:
-    raise ValueError(f"OPENINFER_DECODE_CLUSTER={DECODE_CLUSTER}: choose 1 (no clusters) to 8")
+DECODE_SPLIT_KEYS = 64
 
 
 @dataclass(frozen=True)
 class DecodeKernel:
     source: str      # the .cu file
     name: str
-    clustered: bool  # its splits may run in thread-block clusters (attention_decode.cu's merge_cluster)
     rows: int        # query heads of a group one block takes (more: the group is cut into chunks)
     pass_len: int    # splits are whole multiples of this many keys
     smem: int        # dynamic shared memory, bytes
@@ -66,10 +51,10 @@ def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool) -> DecodeKernel:
     """The tensor-core kernel (split until one wave of resident blocks is full), or the fp32 one,
     whose split count keeps its original tuning (two blocks an SM)."""
     if mma:
-        return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_d{d}", True, DEC_ROWS, DEC_PASS,
+        return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_d{d}", DEC_ROWS, DEC_PASS,
                             mma_decode_smem(d), 32 * DEC_WARPS, 0)
     words = d * itemsize // 4
-    return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", False, GMAX, MIN_SPLIT,
+    return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, MIN_SPLIT,
                         (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 2)
 
 
@@ -95,22 +80,6 @@ def merge_max_splits(kernel: DecodeKernel) -> int:
     return kernel.smem // (2 * 4 * kernel.rows)
 
 
-def cluster_size(kernel: DecodeKernel, splits: int, rows: int) -> int:
-    """CTAs of one cluster for a grid of up to `splits` splits of `rows` (sequence, head chunk) rows (the grid then
-    takes whole clusters): the largest size up to DECODE_CLUSTER that leaves at most an eighth of the splits out
-    (13 splits: 2 clusters of 6, not 1 of 8) and whose clusters the device holds at once (a cluster's CTAs share
-    one GPC, so fewer of them fit than CTAs over the size); 1 where none does, or the kernel or the device has
-    no clusters."""
-    if not kernel.clustered or splits == 1 or not clusters_supported():
-        return 1
-    for c in range(min(DECODE_CLUSTER, splits), 1, -1):
-        if (8 * c * (splits // c) >= 7 * splits
-                and splits // c * rows <= max_active_clusters(kernel.source, kernel.name, kernel.threads,
-                                                              kernel.smem, c)):
-            return c
-    return 1
-
-
 def paged_decode(common: tuple, out: cp.ndarray, num_seqs: int, max_context_len: int, nh: int, nkv: int,
                  qscale: np.float32, kernel: DecodeKernel) -> None:
     """Launch `kernel` on paged_attention's leading arguments (`common`: q .. context_lens, out); split
@@ -119,21 +88,17 @@ def paged_decode(common: tuple, out: cp.ndarray, num_seqs: int, max_context_len:
     kv_blocks = nkv * math.ceil(nh // nkv / kernel.rows)
     per_sm = kernel.per_sm or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
     min_split = split_keys(kernel)
-    splits = decode_splits(num_seqs, kv_blocks, max_context_len, min_split, per_sm)
-    cluster = cluster_size(kernel, splits, num_seqs * kv_blocks)
-    # whole clusters (the grid's x a multiple of theirs), at most as many parts as the merging block holds
-    splits = min(splits // cluster, merge_max_splits(kernel)) * cluster
+    # at most as many parts as the merging block holds
+    splits = min(decode_splits(num_seqs, kv_blocks, max_context_len, min_split, per_sm), merge_max_splits(kernel))
     # asked on every decode, split or not, so that an eager run of any batch (cuda_graphs.py runs only
     # the largest bucket, which may not split) sets them up before a smaller bucket is captured
     counters = arrival_counters("decode_attention")
     if counters is None or num_seqs * kv_blocks > COUNTER_SLOTS:   # one counter a (sequence, head chunk)
-        splits = cluster   # a cluster's merge needs no counter
+        splits = 1
     parts = (NULL, NULL, NULL, NULL)
-    nparts = splits // cluster
-    if nparts > 1:
-        part_o = cp.empty((num_seqs, nh, nparts, d), dtype=cp.float32)
-        part_ml = cp.empty((2, num_seqs, nh, nparts), dtype=cp.float32)
+    if splits > 1:
+        part_o = cp.empty((num_seqs, nh, splits, d), dtype=cp.float32)
+        part_ml = cp.empty((2, num_seqs, nh, splits), dtype=cp.float32)
         parts = (part_o, part_ml[0], part_ml[1], counters)
     launch(kernel.source, kernel.name, (splits, kv_blocks, num_seqs), kernel.threads,
-           (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits), np.int32(min_split)), kernel.smem,
-           cluster=(cluster, 1, 1) if cluster > 1 else None)
+           (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits), np.int32(min_split)), kernel.smem)

@@ -246,9 +246,9 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
     }
 }
 
-// paged_prefill_mma_bf16_d<D><variant>: "" the default tiling of D, "_m1" one m-tile per warp (for A/B timing)
-#define MMA_KERNEL(D, MT, VARIANT)                                                                              \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) paged_prefill_mma_bf16_d##D##VARIANT(          \
+// paged_prefill_mma_bf16_d<D>: MT m-tiles of 16 rows per warp (attention.py's MMA_MT)
+#define MMA_KERNEL(D, MT)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) paged_prefill_mma_bf16_d##D(                   \
         const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
         const int* ctx, bf16* out, int nh, int nkv, float scale) { pdl_begin();                                \
@@ -256,9 +256,6 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
                            table_stride, qstart, ctx, out, nh, nkv, scale);                                    \
     }
 
-MMA_KERNEL(64, 2, )
-MMA_KERNEL(128, 2, )
-MMA_KERNEL(256, 1, )
-MMA_KERNEL(64, 1, _m1)
-MMA_KERNEL(128, 1, _m1)
-MMA_KERNEL(256, 1, _m1)
+MMA_KERNEL(64, 2)
+MMA_KERNEL(128, 2)
+MMA_KERNEL(256, 1)

@@ -8,16 +8,16 @@
 //         memory), online softmax in the log2 domain on the fp32 accumulators (per warp the m16n8 C
 //         layout, see wgmma.cuh), P packed to bf16 in registers as the A operand of O += P V by wgmma
 //         m64n128k16 with V from shared memory as a transposed (MN-major) B operand.
-//   smem  Q [2][BM][64] and two (OVERLAP: three) stages of K, V [2][BN][64] (bf16; a [rows][128] tile kept
+//   smem  Q [2][BM][64] and two stages of K, V [2][BN][64] (bf16; a [rows][128] tile kept
 //         as two halves of 64 columns = one 128-byte row each, 128-byte swizzled, 1024-byte aligned), filled
-//         by cp.async 16-byte copies: tile t + 1 (t + 2) loads while tile t computes. K and V share the layout:
+//         by cp.async 16-byte copies: tile t + 1 loads while tile t computes. K and V share the layout:
 //         K is the K-major B of Q K^T, V the MN-major B of P V. Keys past the block's last visible key
 //         are zero-filled.
-//   order with STAGGER, warpgroup 1 issues its S = Q K^T only once warpgroup 0's has completed (named
-//         barrier 1), so the tensor cores run one warpgroup's GEMMs while the other does its softmax
-//         (FlashAttention-3's ping-pong, here within each tile: S0 | S1 + softmax0 | PV0 + softmax1 | PV1);
-//         with OVERLAP, each warpgroup issues S of tile t + 1 before its softmax of tile t and waits for it
-//         together with P V of tile t (FlashAttention-3's intra-warpgroup overlap; two S live: registers).
+//   order warpgroup 1 issues its S = Q K^T only once warpgroup 0's has completed (named barrier 1), so the
+//         tensor cores run one warpgroup's GEMMs while the other does its softmax (FlashAttention-3's
+//         ping-pong, here within each tile: S0 | S1 + softmax0 | PV0 + softmax1 | PV1). This schedule with
+//         128-key tiles timed faster than 64-key tiles, than both warpgroups issuing freely, and than
+//         FlashAttention-3's intra-warpgroup overlap (S of tile t + 1 during the softmax of tile t).
 //   out   normalized rows are staged in the warp's own (swizzled) Q rows and stored as 16-byte words.
 //
 // Mirrored in attention.py (WGMMA_* constants, the shared-memory size, the kernel names) and emulated
@@ -79,15 +79,14 @@ __device__ __forceinline__ void issue_qk(float* s, unsigned int qaddr, unsigned 
     wgmma_commit();
 }
 
-template <int BN, bool STAGGER, bool OVERLAP>
+template <int BN>
 __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
                               const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
                               int nh, int nkv, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    static_assert(!(STAGGER && OVERLAP), "one schedule at a time");
     constexpr int D = WG_D, BM = WG_BM, NS = BN / 2;
     constexpr int TILE = BN * D * 2;            // bytes of one K (or V) stage
-    constexpr int STAGES = OVERLAP ? 3 : 2;     // OVERLAP loads two tiles ahead: S of tile t + 1 runs in tile t
+    constexpr int STAGES = 2;
     constexpr int AHEAD = STAGES - 1;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // the swizzle pattern repeats every 1024 bytes of absolute shared address: align the base (the
@@ -104,7 +103,7 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
     const int kend = L - n + (min(row0 + BM, rows) - 1) / G + 1;  // keys any row of this block sees
     const int ntiles = (kend + BN - 1) / BN;
 
-    // Q rows (zeros past the end) and the first K/V tile: cp.async group 0; OVERLAP: tile 1, group 1
+    // Q rows (zeros past the end) and the first K/V tile: cp.async group 0
 #pragma unroll
     for (int p = 0; p < BM * 16 / WG_THREADS; ++p) {
         const int r = p * 16 + (threadIdx.x >> 4), c = (threadIdx.x & 15) * 8, row = row0 + r;
@@ -114,10 +113,6 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
     }
     load_kv_tile_sw<BN>(ks, vs, kc, vc, kv, table, kvh, 0, kend);
     cp_async_commit();
-    if constexpr (OVERLAP) {
-        if (ntiles > 1) load_kv_tile_sw<BN>(ks + TILE, vs + TILE, kc, vc, kv, table, kvh, BN, kend);
-        cp_async_commit();
-    }
 
     // The warp's rows wrow .. wrow + 15 (of the block); this thread holds rows g = lane / 4 and g + 8
     // (h = 0, 1) and columns 2 * (lane % 4) + {0, 1} of every 8-column group of the accumulators.
@@ -135,14 +130,6 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
     float o[64], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, s[NS];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    if constexpr (OVERLAP) {  // S of tile 0 up front; tile t issues that of tile t + 1
-        cp_async_wait<1>();
-        fence_proxy_async_smem();
-        __syncthreads();
-        issue_qk<BN>(s, qaddr, smem_addr(ks));
-        wgmma_wait<0>();
-        wgmma_pin<NS>(s);
-    }
 
     for (int t = 0; t < ntiles; ++t) {
         const int k0 = t * BN, st = t % STAGES;
@@ -156,16 +143,11 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
         __syncthreads();
         const unsigned int vaddr = smem_addr(vs + st * TILE);
 
-        float sn[OVERLAP ? NS : 1];  // OVERLAP: S of tile t + 1, computed while this thread does tile t's softmax
-        if constexpr (OVERLAP) {
-            if (t + 1 < ntiles) issue_qk<BN>(sn, qaddr, smem_addr(ks + ((t + 1) % STAGES) * TILE));
-        } else {
-            if (STAGGER && wg == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory");
-            issue_qk<BN>(s, qaddr, smem_addr(ks + st * TILE));
-            wgmma_wait<0>();
-            wgmma_pin<NS>(s);
-            if (STAGGER && wg == 0) asm volatile("bar.arrive 1, %0;\n" ::"n"(WG_THREADS) : "memory");
-        }
+        if (wg == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory");
+        issue_qk<BN>(s, qaddr, smem_addr(ks + st * TILE));
+        wgmma_wait<0>();
+        wgmma_pin<NS>(s);
+        if (wg == 0) asm volatile("bar.arrive 1, %0;\n" ::"n"(WG_THREADS) : "memory");
 
         if (wg_tail || k0 + BN - 1 > qmin_wg) {  // causal mask (and keys past kend, rows past the end)
 #pragma unroll
@@ -209,13 +191,8 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
         for (int kk = 0; kk < BN / 16; ++kk)
             wgmma_m64n128k16_rs_tb(o, pa[kk], wgmma_desc_sw128(vaddr + kk * 16 * SW_ROW, BN * SW_ROW, 1024));
         wgmma_commit();
-        wgmma_wait<0>();  // P V of tile t and (OVERLAP) S of tile t + 1
+        wgmma_wait<0>();  // P V of tile t
         wgmma_pin<64>(o);
-        if constexpr (OVERLAP) {
-            wgmma_pin<NS>(sn);
-#pragma unroll
-            for (int i = 0; i < NS; ++i) s[i] = sn[i];
-        }
         __syncthreads();  // stage st is consumed before a later iteration refills it
     }
     cp_async_wait<0>();  // only empty groups remain; keeps the tail tidy
@@ -245,20 +222,12 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
 #endif
 }
 
-// paged_prefill_wgmma_bf16_d128<variant>: "" 128-key tiles, staggered; for A/B timing "_n64" 64-key tiles,
-// "_nostagger" 128-key tiles with both warpgroups issuing freely, "_ov" / "_n64ov" 128- / 64-key tiles with
-// S of the next tile overlapping the softmax (three stages; "_ov" takes 254 registers and 225 KB)
-#define WGMMA_KERNEL(BN, STAGGER, OVERLAP, VARIANT)                                                                \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) paged_prefill_wgmma_bf16_d128##VARIANT(            \
-        const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,                 \
-        long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,            \
-        const int* ctx, bf16* out, int nh, int nkv, float scale) { pdl_begin();                                    \
-        prefill_wgmma<BN, STAGGER, OVERLAP>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, \
-                                   tables, table_stride, qstart, ctx, out, nh, nkv, scale);                        \
-    }
-
-WGMMA_KERNEL(128, true, false, )
-WGMMA_KERNEL(64, true, false, _n64)
-WGMMA_KERNEL(128, false, false, _nostagger)
-WGMMA_KERNEL(64, false, true, _n64ov)
-WGMMA_KERNEL(128, false, true, _ov)
+// paged_prefill_wgmma_bf16_d128: 128-key tiles (attention.py's WGMMA_BN)
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) paged_prefill_wgmma_bf16_d128(
+    const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,
+    long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,
+    const int* ctx, bf16* out, int nh, int nkv, float scale) {
+    pdl_begin();
+    prefill_wgmma<128>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables, table_stride,
+                       qstart, ctx, out, nh, nkv, scale);
+}

@@ -3,14 +3,14 @@
 The GEMV path (decode at small batch is weight-bandwidth bound, where cuBLAS reached ~72 % of HBM
 bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strides); split-K by a
 factor per weight timed at start-up (gemv_tune.py; else one resident wave), the splits of a tile reduced in a thread-
-block cluster (bit-deterministic, graph-safe). OPENINFER_GEMV=0 turns it off. Under programmatic dependent launch
+block cluster (bit-deterministic, graph-safe). Under programmatic dependent launch
 (pdl.py) its first weights are loaded while the previous kernel drains.
 `gemv_silu_mul` is the same GEMV with SwiGLU's silu(gate) * up in its epilogue (ops.linear_silu_mul).
 
 cuBLAS is called directly via ctypes.
 
 CuPy's own cuBLAS wrappers refuse CUDA-graph capture; direct cublasGemmEx calls capture and
-replay bit-identically (reference/gpu-notes.md). Four entry points are all we need, so they are
+replay bit-identically. Four entry points are all we need, so they are
 bound with ctypes rather than through a bindings package (nvmath-python loads every CUDA math
 library at import and, with torch installed, torch too). One handle per device, bound to the
 current stream at each call, with a preallocated workspace so capture never allocates.
@@ -19,7 +19,6 @@ Row-major y[T, out] = x[T, in] @ w[out, in].T is, column-major, y^T = op_T(w) @ 
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Any
 
 import cupy as cp
@@ -102,12 +101,6 @@ _handles: dict[int, _Handle] = {}
 
 # --- the small-M GEMV path (gemv.cu) ---------------------------------------------------------
 GEMV_MAX_M = 8
-GEMV_ENABLED = os.environ.get("OPENINFER_GEMV", "1") != "0"
-GEMV_VARIANTS = ("u2", "u4", "u8", "u4_o8")
-GEMV_VARIANT = os.environ.get("OPENINFER_GEMV_VARIANT", "u4")  # gemv.cu kernel gemv_bf16_<variant>: u2/u4/u8 = 2U
-                             # weight loads in flight per thread, u4_o8 = u4 capped at 64 registers for 8 CTAs per SM
-if GEMV_VARIANT not in GEMV_VARIANTS:
-    raise ValueError(f"OPENINFER_GEMV_VARIANT={GEMV_VARIANT!r}: choose one of {', '.join(GEMV_VARIANTS)}")
 GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the resident CTA slots (one wave)
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
 _resident: dict[tuple[int, str], int] = {}
@@ -135,24 +128,23 @@ def gemv_splits(n: int, k: int, resident: int) -> int:
 
 
 def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
-    return (GEMV_ENABLED and x2.dtype == BF16 and 1 <= m <= GEMV_MAX_M and k % 8 == 0 and k > 0
+    return (x2.dtype == BF16 and 1 <= m <= GEMV_MAX_M and k % 8 == 0 and k > 0
             and (m == 1 or (x2.strides[0] >= 0 and x2.strides[0] % 16 == 0)) and w.strides[0] % 16 == 0
             and x2.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
 def launch_gemv(kernel: str, x2: cp.ndarray, w: cp.ndarray, epilogue: tuple) -> None:
-    """gemv.cu's `kernel`_<GEMV_VARIANT> over x2[M, K] and w[N, K] (caller checked _gemv_usable): one CTA per
+    """gemv.cu's `kernel` over x2[M, K] and w[N, K] (caller checked _gemv_usable): one CTA per
     16 rows of w, the epilogue's own arguments last. Split-K as the plain GEMV would split this weight
     (its occupancy), so a fused variant sums in the same order: the same bits before its epilogue."""
     m = x2.shape[0]
     n, k = w.shape
     tuned = gemv_split_choice.get((cp.cuda.Device().id, n, k)) if gemv_split_choice else None
-    splits = tuned or gemv_splits(n, k, gemv_resident(f"gemv_bf16_{GEMV_VARIANT}"))
+    splits = tuned or gemv_splits(n, k, gemv_resident("gemv_bf16"))
     if not clusters_supported():
         splits = 1
     ldx = x2.strides[0] // 2 if m > 1 else 0
-    name = f"{kernel}_{GEMV_VARIANT}"
-    launch("gemv", name, (-(-n // 16), splits), 128,
+    launch("gemv", kernel, (-(-n // 16), splits), 128,
            (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), np.int32(m), np.int32(k // 8), *epilogue),
            cluster=(1, splits, 1) if splits > 1 else None)
 

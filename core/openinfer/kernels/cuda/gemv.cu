@@ -14,17 +14,16 @@
 //   tiny and read by every CTA).
 // * Split-K across CTAs (gridDim.y > 1; the factor per weight timed at start-up, gemv_tune.py): the splits of a
 //   tile form one thread-block cluster; rank 0 sums their fp32 partial tiles over distributed shared memory
-//   in split order (deterministic) and writes bf16. Until stop 16 the partials went through a global
-//   workspace and the last CTA to arrive at a per-tile counter summed them: two fences, an atomic and a
-//   read of the workspace on the tail of every split GEMV.
+//   in split order (deterministic) and writes bf16, with no global workspace, fence or arrival counter on the
+//   tail of a split GEMV.
 // * Programmatic dependent launch (when the wrapper launches with it): the weights do not depend
 //   on the previous kernel, so the first iteration's weights are loaded into registers before
 //   griddepcontrol.wait; only x is read after it. A CTA lets the next
 //   kernel launch (launch_dependents) once its main loop is done, so that kernel's CTAs take the SMs
 //   this grid's tail leaves idle. On the H200 (Qwen3-4B, batch 1) that order measured 3.27 ms a step
 //   against 3.52 (trigger after the wait) and 3.75 (before it: the next kernel's CTAs then wait through
-//   this whole GEMV), and an L2 prefetch of further weights before the wait cost more than it hid
-//   (docs/benchmarks/qwen3-4b-h200.md, stop 15). Without PDL both instructions are no-ops.
+//   this whole GEMV), and an L2 prefetch of further weights before the wait cost more than it hid.
+//   Without PDL both instructions are no-ops.
 // * The x loader is a template parameter (LoadX reads x as given), the place where an elementwise
 //   step before the GEMV can be folded in. SiLU-and-multiply folded in this way was measured slower
 //   on the H200 (31 vs 17.5 us for the 4B down projection at M = 1): the 8 lane groups of the mma's B
@@ -34,7 +33,7 @@
 //   once: StoreY (plain y), SiluMul (w = [gate; up], silu(gate) * up stored). The add + RMSNorm after
 //   the o / down projections was tried there too (the grid's last CTA normalising the M rows) and taken
 //   out: its one-CTA tail cost more than the kernel boundary it saved (o at M = 1: 12.5 vs 11.5 us, M = 8:
-//   26.1 vs 12.0 us; docs/benchmarks/qwen3-4b-h200.md, stop 12).
+//   26.1 vs 12.0 us on the H200).
 // Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8.
 #include "common.cuh"
 #include "cluster.cuh"   // cluster_sync, ld_cluster
@@ -222,23 +221,19 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 }  // namespace
 
 // grid (tiles, splits), block 128, launched with cluster dims (1, splits, 1) when splits > 1 (at most 8, the
-// portable cluster size); then the epilogue's arguments.
-// <prefix>_u{U}: min 1 CTA per SM in the launch bounds, so ptxas keeps all 2U weight loads of an
-// iteration in flight (with the default it sank them between the mmas, ~3 in flight); _o{B}: capped
-// for B CTAs per SM (more warps, fewer registers). EPI: the epilogue built from the trailing parameters.
-#define GEMV_KERNEL(NAME, U, MIN_BLOCKS, EPI, ...)                                                         \
-    extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) NAME(                                    \
+// portable cluster size); then the epilogue's arguments. U = 4 chunks a thread (8 weight loads in flight) and min 1
+// CTA per SM in the launch bounds, so ptxas keeps all of an iteration's loads in flight (with the default it sank
+// them between the mmas, ~3 in flight): in the engine's decode step this beat 2 and 8 chunks, and 4 capped at 64
+// registers for 8 CTAs an SM, though the last was faster on some weights alone.
+// EPI: the epilogue built from the trailing parameters.
+#define GEMV_KERNEL(NAME, EPI, ...)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128, 1) NAME(                                             \
         const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw, int M, int chunks,        \
         __VA_ARGS__) {                                                                                     \
-        gemv_tile<U, LoadX>(x, ldx, w, ldw, M, chunks, EPI);                                               \
+        gemv_tile<4, LoadX>(x, ldx, w, ldw, M, chunks, EPI);                                               \
     }
-#define GEMV_VARIANTS(PREFIX, EPI, ...)                        \
-    GEMV_KERNEL(PREFIX##_u2, 2, 1, EPI, __VA_ARGS__)           \
-    GEMV_KERNEL(PREFIX##_u4, 4, 1, EPI, __VA_ARGS__)           \
-    GEMV_KERNEL(PREFIX##_u8, 8, 1, EPI, __VA_ARGS__)           \
-    GEMV_KERNEL(PREFIX##_u4_o8, 4, 8, EPI, __VA_ARGS__)
 
 // tiles = ceil(n / 16)
-GEMV_VARIANTS(gemv_bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
+GEMV_KERNEL(gemv_bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
 // tiles = inter / 8 (w: [2 inter, K])
-GEMV_VARIANTS(gemv_silu_bf16, (SiluMul{out, ldo, inter}), bf16* __restrict__ out, long long ldo, int inter)
+GEMV_KERNEL(gemv_silu_bf16, (SiluMul{out, ldo, inter}), bf16* __restrict__ out, long long ldo, int inter)

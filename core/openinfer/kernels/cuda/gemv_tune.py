@@ -1,20 +1,19 @@
 """The GEMV's split-K factor per weight shape (blas.gemv_splits), chosen at start-up by timing, kept on disk.
 
-The one-wave rule misses by up to a third on some shapes. On the H200 at M = 1 (docs/benchmarks/qwen3-4b-h200.md,
-stop 15), Qwen3-4B's qkv (2560 -> 6144) took 13.5 µs at the rule's 2 splits and 9.9 µs at 1, and Qwen3.5's GDN
-in_proj (2560 -> 12352) took 29.1 µs at 1 and 21.1 µs at 5. The wave's fill, each warp's share of whole loop
-iterations and the split-K reduction interact there, which no simple rule captured.
+The one-wave rule misses by up to a third on some shapes. On the H200 at M = 1, Qwen3-4B's qkv (2560 -> 6144) took
+13.5 µs at the rule's 2 splits and 9.9 µs at 1, and Qwen3.5's GDN in_proj (2560 -> 12352) took 29.1 µs at 1 and 21.1
+µs at 5. The wave's fill, each warp's share of whole loop iterations and the split-K reduction interact there, which
+no simple rule captured.
+
 
 `tune` times each candidate at M = 1 as a graph replay over weight copies larger than L2, so the weights come from
 HBM as in a decode step. It keeps the fastest unless the rule's own factor is within TOLERANCE of it. It runs in
 loader.py's "GEMM tuning" phase, before any graph is captured, so eager and graph steps use the same factor, and
 so does the SiLU-epilogue GEMV, which splits as the plain one on the same weight: the same bits either way.
-The cache (tuning.py, folder gemv_splits) is keyed by the GPU, its SM count, the kernel variant and the compiled
-GEMV. OPENINFER_GEMV_TUNE=0 keeps the rule alone.
+The cache (tuning.py, folder gemv_splits) is keyed by the GPU, its SM count and the compiled GEMV.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,7 +24,6 @@ from . import blas
 from .compile import arch_for, compile_source
 from .tuning import cache_path, gpu_key, read_choices, replay_us, scratch, write_choices
 
-ENABLED = os.environ.get("OPENINFER_GEMV_TUNE", "1") != "0"
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8)
 TOLERANCE = 0.97                # another factor replaces the rule's only if at least 3 % faster
 MIN_SPLIT_CHUNKS = 16           # 8-k chunks a split keeps at least: one per lane group of each of its 4 warps
@@ -45,11 +43,11 @@ def candidates(n: int, k: int, rule: int) -> list[int]:
 
 
 def device_key(dev: int) -> dict[str, Any]:
-    """What a saved choice depends on: the GPU, the kernel variant and the compiled GEMV (its cubin's name carries
+    """What a saved choice depends on: the GPU and the compiled GEMV (its cubin's name carries
     compile.py's hash of the sources, options and NVRTC version)."""
     gpu = gpu_key(dev)
     major, minor = (int(v) for v in gpu["cc"].split("."))
-    return {**gpu, "variant": blas.GEMV_VARIANT, "sources": compile_source("gemv", arch_for(major, minor)).stem}
+    return {**gpu, "sources": compile_source("gemv", arch_for(major, minor)).stem}
 
 
 def saved_splits(path: Path, key: dict[str, Any]) -> dict[str, int]:
@@ -69,12 +67,10 @@ def time_splits(n: int, k: int, factors: list[int], dev: int, stream: cp.cuda.St
 
 def tune(shapes: Iterable[tuple[int, int]]) -> Tuned:
     """A split-K factor in blas.gemv_split_choice for each bf16 weight (N, K) the GEMV can take, on the current
-    device; shapes chosen before are kept. Nothing where OPENINFER_GEMV_TUNE=0 or the GEMV is off. Its scratch goes
+    device; shapes chosen before are kept. Its scratch goes
     back to CuPy's pool, on a stream of its own: free_all_blocks() (backend.release_cached) returns it."""
-    if not (ENABLED and blas.GEMV_ENABLED):
-        return Tuned(0, 0)
     dev = cp.cuda.Device().id
-    resident = blas.gemv_resident(f"gemv_bf16_{blas.GEMV_VARIANT}")
+    resident = blas.gemv_resident("gemv_bf16")
     key = device_key(dev)
     path = cache_path("gemv_splits", key)
     saved = saved_splits(path, key)

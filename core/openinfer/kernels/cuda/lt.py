@@ -1,19 +1,17 @@
 """cuBLASLt matmul with, per (M, N, K), the fastest of cuBLASLt's heuristic algorithms chosen by timing.
 
-cublasGemmEx (blas.linear above GEMV_MAX_M rows) runs cuBLAS's first heuristic; on the H200 the fastest
-of cuBLASLt's top 16 beats it by 5-12 % at M = 16..64 for Qwen3-4B's decode GEMMs (scripts/
-gemm_algos_bench.py). `tune` times those candidates once per shape at start-up, outside graph capture
-(eager and graph decode then run the same algorithm: the same bits), and keeps the winners' opaque
-64 bytes in the on-disk cache, keyed by GPU, SM count and cuBLASLt version; a warm start only checks
-them (cublasLtMatmulAlgoCheck). `run` is blas.linear's path for a tuned bf16 shape; OPENINFER_CUBLASLT=0
-leaves every GEMM on cublasGemmEx. Descriptors are made once per shape and the workspace is
-preallocated, so capture never allocates. Row-major y[M, N] = x[M, K] @ w[N, K].T is, column-major,
-y^T = op_T(w) @ op_N(x^T), as for GemmEx. Signatures and enum values: cublasLt.h of nvidia-cublas 13.
+cublasGemmEx (blas.linear above GEMV_MAX_M rows) runs cuBLAS's first heuristic; on the H200 the fastest of cuBLASLt's
+top 16 beats it by 5-12 % at M = 16..64 for Qwen3-4B's decode GEMMs, and no candidate beyond the heuristic's top 16
+beat its best at M = 32 or 128. `tune` times those candidates once per shape at start-up, outside graph capture (eager
+and graph decode then run the same algorithm: the same bits), and keeps the winners' opaque 64 bytes in the on-disk
+cache, keyed by GPU, SM count and cuBLASLt version; a warm start only checks them (cublasLtMatmulAlgoCheck). `run` is
+blas.linear's path for a tuned bf16 shape. Descriptors are made once per shape and the workspace is preallocated, so
+capture never allocates. Row-major y[M, N] = x[M, K] @ w[N, K].T is, column-major, y^T = op_T(w) @ op_N(x^T), as for
+GemmEx. Signatures and enum values: cublasLt.h of nvidia-cublas 13.
 """
 from __future__ import annotations
 
 import ctypes
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -22,7 +20,6 @@ import cupy as cp
 
 from . import blas
 
-ENABLED = os.environ.get("OPENINFER_CUBLASLT", "1") != "0"
 DESC_TRANSA, DESC_TRANSB = 3, 4     # cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_TRANSA/B, int32_t values
 PREF_SEARCH_MODE, PREF_MAX_WORKSPACE_BYTES = 0, 1   # cublasLtMatmulPreferenceAttributes_t (uint32_t, uint64_t)
 ALIGN = 256                         # the heuristic's default pointer alignment (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*)

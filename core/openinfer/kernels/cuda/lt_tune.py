@@ -70,10 +70,10 @@ def graph_timer(lt_: Lt, lay: tuple[ctypes.c_void_p, ...], x: cp.ndarray, ws: li
 
 def tune(ms: Iterable[int], shapes: Iterable[tuple[int, int]]) -> Tuned:
     """Plans (lt.plans) for bf16 x[M, K] @ w[N, K].T at each M above GEMV_MAX_M and each weight (N, K) on the
-    current device; shapes planned before are kept. Nothing where OPENINFER_CUBLASLT=0. Its scratch goes
+    current device; shapes planned before are kept. Its scratch goes
     back to CuPy's pool, on a stream of its own: free_all_blocks() (backend.release_cached) returns it."""
     ms, shapes = sorted({m for m in ms if m > blas.GEMV_MAX_M}), sorted(set(shapes))
-    if not lt.ENABLED or not ms or not shapes:   # (a float32 model has no bf16 shapes)
+    if not ms or not shapes:   # (a float32 model has no bf16 shapes)
         return Tuned(0, 0, 0)
     dev = cp.cuda.Device().id
     lt_ = _lts.get(dev) or _lts.setdefault(dev, Lt())

@@ -23,7 +23,6 @@ _functions: dict[tuple[int, str, str], Any] = {}
 _smem_optin: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
 _occupancy: dict[tuple[int, str, str, int, int], int] = {}
-_cluster_occupancy: dict[tuple[int, str, str, int, int, int], int] = {}
 _capability: dict[int, int] = {}
 _counters: dict[tuple[int, str], cp.ndarray] = {}
 
@@ -97,23 +96,13 @@ def compute_capability() -> int:
 
 
 def clusters_supported() -> bool:
-    """Thread-block clusters (the split reductions of gemv.cu and attention_decode.cu) need sm_90+; older GPUs
-    run those kernels unsplit or without clusters."""
+    """Thread-block clusters need sm_90+; older GPUs run the kernels that use them unsplit (gemv.cu) or not at all."""
     return compute_capability() >= 90
 
 
 def hopper() -> bool:
     """sm_90 exactly: the wgmma kernels are built for sm_90a (elsewhere their bodies compile to nothing)."""
     return compute_capability() == 90
-
-
-def max_active_clusters(source: str, name: str, block: int, smem: int, cluster: int) -> int:
-    """How many clusters of `cluster` blocks of the kernel the device holds at once (sm_90+)."""
-    key = (cp.cuda.Device().id, source, name, block, smem, cluster)
-    if key not in _cluster_occupancy:
-        fn = _function_with_smem(source, name, smem)
-        _cluster_occupancy[key] = pdl.max_active_clusters(fn.kernel.ptr, block, smem, cluster)
-    return _cluster_occupancy[key]
 
 
 def sm_count() -> int:

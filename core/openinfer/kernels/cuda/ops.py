@@ -2,19 +2,18 @@
 
 Each wrapper checks layouts, picks a launch shape and launches on the current stream; strided
 views (a slice of the fused qkv output, a layer's slice of the KV pool) are used in place.
-`linear` lives in blas.py and `paged_attention` in attention.py.
+`linear` lives in blas.py and `paged_attention`'s implementations in attention.py.
 """
 from __future__ import annotations
 
 import cupy as cp
 import numpy as np
 
-from .attention import paged_attention
 from .blas import gemv_silu_mul, linear
 from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
 __all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "linear_silu_mul",
-           "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "argmax", "top_logprobs"]
+           "write_kv", "rope_write_kv", "gather_rows", "argmax", "top_logprobs"]
 
 
 def _threads(n: int, cap: int = 1024) -> int:

@@ -11,24 +11,22 @@ graph capture records the launches as programmatic edges.
 
 Arguments are marshalled the way CuPy does it: a cupy array is its device pointer, a numpy scalar
 its own bytes; each one gets an 8-byte slot in a reused buffer (the driver copies the values at
-launch, so reuse is safe). OPENINFER_PDL takes a comma-separated list of kernel-name prefixes (PDL for those
-kernels only), 1 for every kernel, or 0 for none (every kernel launches through CuPy).
+launch, so reuse is safe).
 
-The default, DEFAULT_KERNELS, is the GEMVs and the small kernels between them, in eager steps and in decode graphs
-of at most MAX_DECODE_ROWS rows (the CUDA backend captures larger ones inside `suspended()`). Measured on the H200
-(docs/benchmarks/qwen3-4b-h200.md):
-- stop 13, Qwen3-4B: at batch 1 the step took 3.30–3.31 ms with PDL for the small kernels and 3.38–3.40 ms with
-  none; at batch 32 4.61–4.69 ms with and 4.46–4.47 ms without; at batch 128 no difference;
-- stop 15, batch 1: with the GEMVs too, 3.27 ms (Qwen3-4B) and 3.14 ms (Qwen3.5-4B) against 3.37 and 3.26 without,
-  once the GEMV let the next kernel launch only after its main loop (gemv.cu). Stop 13's GEMVs did so at their
-  start and took 3.97 ms: the next kernel's CTAs then held SM slots through the whole GEMV.
-- stop 16, batch 1: Qwen3.5-4B's GDN decode kernels (conv_update, gdn_gating, gdn_decode, gated_rms_norm) and the
+PDL is used for the kernels whose names start with one of KERNELS (the GEMVs and the small kernels between them),
+in eager steps and in decode graphs of at most MAX_DECODE_ROWS rows (the CUDA backend captures larger ones inside
+`suspended()`); every other kernel launches through CuPy. Measured on the H200 in the decode step:
+- Qwen3-4B, batch 1: 3.30–3.31 ms with PDL for the small kernels against 3.38–3.40 ms with none, and 3.96 against
+  3.70 ms with PDL for every kernel; at batch 32 4.61–4.69 ms with and 4.46–4.47 ms without; at 128 no difference;
+- batch 1 with the GEMVs too: 3.27 ms (Qwen3-4B) and 3.14 ms (Qwen3.5-4B) against 3.37 and 3.26 without, once the
+  GEMV lets the next kernel launch only after its main loop (gemv.cu); a GEMV that did so at its start took 3.97 ms:
+  the next kernel's CTAs then held SM slots through the whole GEMV;
+- Qwen3.5-4B, batch 1: its GDN decode kernels (conv_update, gdn_gating, gdn_decode, gated_rms_norm) and the
   attention output gate (sigmoid_gate) on PDL too: 2.90 ms against 3.00 ms without, twice each.
 """
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import threading
 from contextlib import contextmanager
@@ -37,21 +35,10 @@ from typing import Any, Iterator, Sequence
 import cupy as cp
 import numpy as np
 
-
-
-def parse_setting(value: str) -> tuple[bool, tuple[str, ...] | None]:
-    """OPENINFER_PDL -> (on, kernel-name prefixes or None for every kernel): "0" or "" off, "1" all."""
-    value = value.strip()
-    if value in ("", "0"):
-        return False, None
-    if value == "1":
-        return True, None
-    return True, tuple(p.strip() for p in value.split(",") if p.strip())
-
-
-DEFAULT_KERNELS = ("gemv,paged_decode,rope,add_rms_norm,rms_norm,"
-                   "conv_update,gdn_gating,gdn_decode,gated_rms_norm,sigmoid_gate")   # (Qwen3.5's GDN decode kernels)
-ENABLED, KERNELS = parse_setting(os.environ.get("OPENINFER_PDL", DEFAULT_KERNELS))
+# kernel-name prefixes launched with PDL (the last five: Qwen3.5's GDN decode kernels)
+KERNELS = ("gemv", "paged_decode", "rope", "add_rms_norm", "rms_norm",
+           "conv_update", "gdn_gating", "gdn_decode", "gated_rms_norm", "sigmoid_gate")
+ENABLED = True                # off: every kernel through CuPy (the launch tests and the benches compare both)
 MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)
 MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
 MAX_ARGS = 32
@@ -74,17 +61,13 @@ _supported: dict[int, bool] = {}
 
 
 def driver() -> ctypes.CDLL:
-    """The CUDA driver library (already loaded by CuPy), for the launch and the cluster occupancy CuPy does not
-    wrap."""
+    """The CUDA driver library (already loaded by CuPy), for the launch CuPy does not wrap."""
     global _libcuda
     if _libcuda is None:
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
                                          ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
         lib.cuLaunchKernelEx.restype = ctypes.c_int
-        lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
-                                                     ctypes.POINTER(_LaunchConfig)]
-        lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
         _libcuda = lib
     return _libcuda
 
@@ -107,10 +90,10 @@ def suspended(yes: bool = True) -> Iterator[None]:
 
 
 def enabled(kernel: str = "") -> bool:
-    """PDL is on (OPENINFER_PDL) for this kernel name (every kernel, or its name starts with a listed
-    prefix), not suspended on this thread, the current device has it (sm_90+) and the current stream is
-    not the legacy default stream (whose implicit synchronisation PDL does not promise to keep)."""
-    if (not ENABLED or _suspended.depth or (KERNELS is not None and not kernel.startswith(KERNELS))
+    """PDL is on for this kernel name (it starts with one of KERNELS), not suspended on this thread, the
+    current device has it (sm_90+) and the current stream is not the legacy default stream (whose implicit
+    synchronisation PDL does not promise to keep)."""
+    if (not ENABLED or _suspended.depth or not kernel.startswith(KERNELS)
             or cp.cuda.get_current_stream().ptr == 0):
         return False
     dev = cp.cuda.Device().id
@@ -150,26 +133,6 @@ def pack(args: tuple) -> tuple[list[str], list[Any]]:
     return fmt, values
 
 
-def max_active_clusters(function_ptr: int, block: int, smem: int, cluster: int) -> int:
-    """How many clusters of `cluster` CTAs (along x) of the CUfunction can be resident on the device at once
-    (cuOccupancyMaxActiveClusters): a cluster needs all its CTAs on one GPC, so this can be less than the
-    resident CTAs over `cluster`."""
-    attrs = (_LaunchAttr * 1)()
-    attrs[0].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attrs[0].value[0], attrs[0].value[1], attrs[0].value[2] = cluster, 1, 1
-    cfg = _LaunchConfig()
-    cfg.grid[0], cfg.grid[1], cfg.grid[2] = cluster, 1, 1
-    cfg.block[0], cfg.block[1], cfg.block[2] = block, 1, 1
-    cfg.smem = smem
-    cfg.attrs, cfg.num_attrs = ctypes.cast(attrs, ctypes.POINTER(_LaunchAttr)), 1
-    n = ctypes.c_int(0)
-    status = driver().cuOccupancyMaxActiveClusters(ctypes.byref(n), function_ptr, ctypes.byref(cfg))
-    if status:
-        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {status} (cluster {cluster}, block "
-                           f"{block}, {smem} bytes of shared memory)")
-    return n.value
-
-
 def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem: int, pdl_on: bool = True,
            cluster: tuple[int, int, int] | None = None) -> None:
     """Launch the CUfunction at `function_ptr` on the current stream through cuLaunchKernelEx: with PDL
@@ -198,5 +161,4 @@ def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem
     status = driver().cuLaunchKernelEx(ctypes.byref(cfg), function_ptr, s.params, None)
     if status:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status} (grid {tuple(grid)}, block {block}, "
-                           f"{smem} bytes of shared memory, PDL {pdl_on}, cluster {cluster}); OPENINFER_PDL=0 "
-                           f"launches without PDL")
+                           f"{smem} bytes of shared memory, PDL {pdl_on}, cluster {cluster})")

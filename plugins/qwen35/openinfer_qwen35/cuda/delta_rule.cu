@@ -176,7 +176,7 @@ __device__ void gdn_decode(const T* q, long long q_stride, const T* k, long long
     sink.store(ored, b, h, j, lane, warp, col, nv, dv);
 }
 
-// Chunked prefill (the WY form of fla's chunk_gated_delta_rule, models.md §3.3), chunks of L tokens.
+// Chunked prefill (the WY form of fla's chunk_gated_delta_rule), chunks of L tokens.
 // Per chunk, with gamma = in-chunk cumsum(g), D_ij = exp(gamma_i - gamma_j) (i >= j):
 //     A = strict_lower(diag(beta) K K^T * D);  (I + A) [U | W] = [diag(beta) V | diag(beta exp(gamma)) K]
 //     V' = U - W S;  O = diag(exp(gamma)) Q S + (Q K^T * D) V'
@@ -351,8 +351,8 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
 // gdn_chunk_state: the three steps, each a product of shared-memory tiles by mma.sync m16n8k8 in 3xTF32
 // (split_tf32: hi*hi + hi*lo + lo*hi, the hi*hi chain and the cross terms' chain summed at the end; close to fp32,
 // not its bits). It replaced a walk in fp32 on the CUDA cores: 181.7 us a layer against 203.5 over a 1k prompt on
-// the H200, the state within 1.8e-7 of that walk's and the bf16 output within a rounding step (stop 25,
-// scripts/gdn_prep_bench.py). Block = 32 state columns of one (sequence, value head),
+// the H200, the state within 1.8e-7 of that walk's and the bf16 output within a rounding step.
+// Block = 32 state columns of one (sequence, value head),
 // TC_WARPS warps: warp w owns the m16n8 tile of rows 16 (w / 4), columns 8 (w % 4) of V' and O (O stays in registers
 // from step a to step b) and the S tiles of rows 16 (w / 4) and 16 (w / 4) + 64, the same columns (step c). Row
 // strides are padded so that every fragment load is free of bank conflicts: W, Qg 132 and P 68 (A fragments, bank

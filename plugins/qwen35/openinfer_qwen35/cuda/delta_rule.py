@@ -14,9 +14,8 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from openinfer.batch import ForwardBatch
-from openinfer.kernels.cuda import blas
-from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, rows2d, suffix
+from openinfer.plugin_api import ForwardBatch
+from openinfer.plugin_api.cuda import NULL, as_index, blas, heads3d, launch, rows2d, suffix
 
 SOURCE = Path(__file__).with_name("delta_rule.cu")
 DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match delta_rule.cu

@@ -14,8 +14,8 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from openinfer.batch import ForwardBatch
-from openinfer.kernels.cuda.module import NULL, as_index, heads3d, launch, rows2d, suffix
+from openinfer.plugin_api import ForwardBatch
+from openinfer.plugin_api.cuda import NULL, as_index, heads3d, launch, rows2d, suffix
 
 from .delta_rule import (checkpoint_args, gdn_decode_norm, qwen35_gated_delta_rule, qwen35_gated_delta_rule_update,
                          qwen35_gdn_decode)
