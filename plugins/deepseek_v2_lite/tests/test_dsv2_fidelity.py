@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.kv.pool import bytes_per_block
+from openinfer.testing import EngineArgs, build_engine
+from openinfer.testing import bytes_per_block
 from openinfer.testing.engine import assert_prefix_hit, generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import hf_greedy_stepwise, hf_logits
 

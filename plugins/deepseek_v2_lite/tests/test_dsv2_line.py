@@ -9,14 +9,15 @@ import shutil
 import numpy as np
 import pytest
 
-from openinfer.config import ConfigError, read_model_config
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.backends import NumpyBackend
-from openinfer.loader import LoadError
-from openinfer.plugins import get_plugins
-from openinfer.synth import synthesize
+from openinfer.plugin_api import ConfigError
+from openinfer.testing import read_model_config
+from openinfer.testing import EngineArgs, build_engine
+from openinfer.testing import NumpyBackend
+from openinfer.testing import LoadError
+from openinfer.testing import get_plugins
+from openinfer.testing import synthesize
 from openinfer.testing.engine import generate, greedy
-from openinfer.weights import Checkpoint
+from openinfer.testing import Checkpoint
 from openinfer_deepseek_v2_lite.line import PRESETS, DeepseekV2Line
 
 from dsv2_tiny import VOCAB

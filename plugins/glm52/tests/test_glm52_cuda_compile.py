@@ -21,11 +21,10 @@ PLUGIN_ROOT = KERNEL_DIR.parents[1]
 
 
 def test_dsa_compiles_to_an_sm90a_cubin_with_every_kernel(tmp_path, monkeypatch):
-    from openinfer.kernels.cuda import compile as kc
-    from openinfer.testing.launch_check import require_nvrtc
+    from openinfer.testing.cuda import compile_cubin, require_nvrtc
     require_nvrtc()
     monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path))
-    cubin = kc.compile_source(KERNEL_DIR / "dsa.cu", "sm_90a").read_bytes()
+    cubin = compile_cubin(KERNEL_DIR / "dsa.cu")
     assert cubin[:4] == b"\x7fELF"
     names = ["indexer_topk_select"] + [f"{k}_{s}" for k in ("indexer_rope_write", "indexer_scores",
                                                             "sparse_mla_attention") for s in ("bf16", "f32")]
@@ -69,10 +68,10 @@ def _batch(runs: list[tuple[int, int]], fake, block_size: int = 16) -> ForwardBa
 def test_launches_match_the_kernels(monkeypatch, dtype, runs):
     pytest.importorskip("cupy")
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    from openinfer.kernels.cuda import module
+    from openinfer.plugin_api.cuda import suffix
     from openinfer.testing.launch_check import aligned_empty, fake, record_launches
     from openinfer_glm52.cuda import ops as cuda_ops
-    recorded = record_launches(monkeypatch, [cuda_ops, module])
+    recorded = record_launches(monkeypatch, [cuda_ops])
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
     b = _batch(runs, fake)
     T, Hi, Di, H, R, P, layers, blocks = b.num_tokens, 32, 128, 64, 512, 64, 3, 64
@@ -86,9 +85,9 @@ def test_launches_match_the_kernels(monkeypatch, dtype, runs):
     out = cuda_ops.glm52_sparse_mla_attention(aligned_empty((T, H, R), dt), aligned_empty((T, H, P), dt),
                                               latent_pool[:, 0], sel, b, 0.07)
     assert q.shape == (T, Hi, Di) and sel.shape == (T, 2048) and out.shape == (T, H, R)
-    assert [c.name for c in recorded] == [f"indexer_rope_write_{module.suffix(dt)}",
-                                          f"indexer_scores_{module.suffix(dt)}", "indexer_topk_select",
-                                          f"sparse_mla_attention_{module.suffix(dt)}"]
+    assert [c.name for c in recorded] == [f"indexer_rope_write_{suffix(dt)}",
+                                          f"indexer_scores_{suffix(dt)}", "indexer_topk_select",
+                                          f"sparse_mla_attention_{suffix(dt)}"]
 
 
 def emulate_select(scores: np.ndarray, visible: int, topk: int) -> np.ndarray:

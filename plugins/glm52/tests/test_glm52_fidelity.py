@@ -12,13 +12,13 @@ import shutil
 import numpy as np
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.kv.pool import bytes_per_block
-from openinfer.loader import LoadError
+from openinfer.testing import EngineArgs, build_engine
+from openinfer.testing import bytes_per_block
+from openinfer.testing import LoadError
 from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.testing.graphs import emulate_graphs
 from openinfer.testing.hf_reference import hf_greedy, hf_logits
-from openinfer.weights import Checkpoint
+from openinfer.testing import Checkpoint
 from openinfer_glm52.chat import GLM52_CHAT_FORMAT
 from openinfer_glm52.line import Glm52Line
 
