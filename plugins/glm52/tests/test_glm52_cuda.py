@@ -13,7 +13,7 @@ from openinfer.testing.cuda import kernel_stream, require_gpu
 from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer_glm52 import ops as ref
 
-from conftest import TINY
+from glm52_tiny import TINY
 from test_glm52_fidelity import chat_prompt, engine_for
 
 pytestmark = pytest.mark.cuda
