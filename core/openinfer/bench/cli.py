@@ -128,6 +128,7 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-iters", type=int, default=3)
     p.add_argument("--vocab-size", type=int, default=None, help="token ids are drawn below this (default: the model's vocabulary)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above: sampled decoding")
     p.add_argument("--output-json", type=Path, default=None)
     p.set_defaults(func=_run_latency)
 
