@@ -282,10 +282,11 @@ class ChatFormat:
         the prompt. None where the line cannot force a call."""
         return None
 
-    def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
+    def tool_call_grammar(self, tools: list[dict], name: str | None, parallel: bool = True) -> str | None:
         """What the output may be after tool_call_opener(name), as a grammar in llguidance's Lark syntax
         (structured.lark_literal, lark_json): the rest of the call, its arguments valid against the function's
-        `parameters` schema, and (`name` None) further calls. None leaves a forced call's arguments to the model."""
+        `parameters` schema, and (`name` None and `parallel`, parallel_tool_calls) further calls. None leaves a forced
+        call's arguments to the model."""
         return None
 
     def forced_tool_call(self, prompt_text: str, name: str | None) -> tuple[str, str] | None:

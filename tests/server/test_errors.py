@@ -71,8 +71,6 @@ def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> Non
         "name": "x", "schema": {"type": "string", "pattern": "(("}}}}, "response_format"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"properties": {"a": {"$ref": "#/nowhere"}}}}}}, "response_format"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}, "tool_choice": "required",
-                              "tools": [{"type": "function", "function": {"name": "f"}}]}, "response_format"),
     ("/v1/completions", {**COMPLETION, "response_format": {"type": "json_object", "strict": True}},
      "response_format"),
     ("/v1/completions", {**COMPLETION, "response_format": {"type": "json_schema", "json_schema": {
@@ -92,8 +90,6 @@ def test_malformed_or_non_object_body(http: httpx.Client, content: bytes) -> Non
     ("/v1/completions", {**COMPLETION, "structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
     ("/v1/chat/completions", {**CHAT, "structured_outputs": {"regex": "a"}, "response_format": {
         "type": "json_object"}}, "structured_outputs"),
-    ("/v1/chat/completions", {**CHAT, "structured_outputs": {"choice": ["a"]}, "tool_choice": "required",
-                              "tools": [{"type": "function", "function": {"name": "f"}}]}, "structured_outputs"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "any", "tools": [
         {"type": "function", "function": {"name": "f"}}]}, "tool_choice"),

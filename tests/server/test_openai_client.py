@@ -194,6 +194,20 @@ def test_a_call_cut_by_max_tokens_is_a_call_with_its_arguments_so_far(client: op
         assert content == "" and finish == ["length"] and calls == [(name, args)], (tokens, calls)
 
 
+def test_a_forced_call_with_a_json_format_is_the_call(client: openai.OpenAI, fake: FakeEngine) -> None:
+    """As OpenAI answers it (agent stacks send their output schema on every turn): the format applies to text
+    answers, and a forced call's output is the call."""
+    fake.say('{"city": "Oslo"}}\n</tool_call>')
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice=choice,
+                                       response_format={"type": "json_object"})
+    assert [json.loads(t.function.arguments) for t in r.choices[0].message.tool_calls] == [{"city": "Oslo"}]
+    r = client.responses.create(model="fake", input="hi", tools=[{"type": "function", **TOOLS[0]["function"]}],
+                                tool_choice={"type": "function", "name": "get_weather"},
+                                text={"format": {"type": "json_object"}})
+    assert [json.loads(c.arguments) for c in r.output] == [{"city": "Oslo"}]
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call(client: openai.OpenAI, fake: FakeEngine) -> None:
     fake.say(CALLS)
     r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, parallel_tool_calls=False)

@@ -160,19 +160,22 @@ def check_call(name: str, arguments: str) -> None:
 
 def test_a_forced_tool_call_holds_to_the_parameters_schema(client: openai.OpenAI) -> None:
     """tool_choice "required" or a named function: the demo model's random weights write valid calls only because
-    the arguments (and, for "required", the names) are constrained; streamed as not."""
+    the arguments (and, for "required", the names) are constrained; streamed as not. parallel_tool_calls false holds
+    "required" to one call (a random model would chain calls until max_tokens cuts one)."""
     named = {"type": "function", "function": {"name": "get_weather"}}
     for seed in range(3):
         for choice in (named, "required"):
             r = client.chat.completions.create(model="demo", messages=USER, tools=TOOLS, tool_choice=choice,
-                                               max_tokens=120, temperature=1.0, seed=seed)
+                                               max_tokens=120, temperature=1.0, seed=seed, parallel_tool_calls=False)
             calls = r.choices[0].message.tool_calls
+            assert len(calls) == 1 and r.usage.completion_tokens < 120
             assert calls and r.choices[0].finish_reason == ("stop" if choice is named else "tool_calls")
             for call in calls:
                 check_call(call.function.name, call.function.arguments)
             assert choice != named or [c.function.name for c in calls] == ["get_weather"]
     chunks = list(client.chat.completions.create(model="demo", messages=USER, tools=TOOLS, tool_choice="required",
-                                                 max_tokens=120, temperature=1.0, seed=0, stream=True))
+                                                 max_tokens=120, temperature=1.0, seed=0, stream=True,
+                                                 parallel_tool_calls=False))
     streamed: dict[int, list[str]] = {}
     for d in (d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []):
         streamed.setdefault(d.index, [d.function.name, ""])[1] += d.function.arguments or ""

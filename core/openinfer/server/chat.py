@@ -174,8 +174,9 @@ async def chat_prompt(model: ServedModel, req: ChatRequest, prompt_param: str = 
     """The prompt of `req` (messages; `prompt_param` names them in errors) and the SamplingParams of its choices;
     a forced call's arguments held to their schemas where the line gives a grammar."""
     text, opener, ids = await asyncio.to_thread(_render, model, req, prompt_param)  # off the event loop
-    if req.tool_required and (grammar := model.engine.chat_format.tool_call_grammar(req.tools, req.tool_name)):
-        req.gen.grammar = OutputGrammar("grammar", grammar, "tools")   # the arguments hold to their schemas
+    if req.tool_required:   # the output is the call: a JSON format given too applies to text answers, not to it
+        grammar = model.engine.chat_format.tool_call_grammar(req.tools, req.tool_name, req.parallel_tool_calls)
+        req.gen.grammar = OutputGrammar("grammar", grammar, "tools") if grammar else None   # the arguments' schemas
     max_tokens = max_tokens_for(model, len(ids), req.gen, None, prompt_param)
     engine = model.engine
     plan = [(0, ids, req.gen.params(j, max_tokens, engine.tokenizer, engine.vocab_size, engine.sampling_defaults))

@@ -31,9 +31,9 @@ function's name), so the output is that call. Where the line gives a grammar for
 (ChatFormat.tool_call_grammar; Qwen3's and Qwen3.5's do) decoding holds the arguments to the function's
 `parameters` schema (and, for "required", the names to the tools'), and a schema llguidance cannot enforce is
 a 400 naming `tools`; elsewhere the arguments are the model's, unchecked. A call cut by max_tokens comes back as a call
-with its arguments so far, finishing with "length". Such a forced call together with a JSON `response_format` is a 400 naming `response_format` (or
-`structured_outputs`: the output cannot be both); with tool_choice "auto" the constraint holds, so the model
-answers in JSON and makes no tool call. Everything else unknown (e.g. `verbosity`, `functions`,
+with its arguments so far, finishing with "length". A forced call together with a `response_format` or `structured_outputs` is the call, as OpenAI answers
+it (agent stacks send an output schema on every turn): the format applies to text answers, and there is none; with
+tool_choice "auto" the constraint holds, so the model answers in JSON and makes no tool call. Everything else unknown (e.g. `verbosity`, `functions`,
 `spaces_between_special_tokens`) is a 400 naming it.
 Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids, allowed_token_ids (sampled on the host as structured outputs are, and a 400 together with
@@ -262,9 +262,6 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     tools, forced = parse_tools(f)
     req = ChatRequest(gen, messages, tools, template_kwargs(f), f.get("add_generation_prompt", "bool", True),
                       f.get("add_special_tokens", "bool", False), forced is not None, forced or None)
-    if req.tool_required and gen.grammar is not None:
-        raise bad_request(f"A tool_choice that forces a call cannot be combined with '{gen.grammar.param}': the "
-                          "output is the call.", gen.grammar.param)
     if req.tool_required and not req.add_generation_prompt:
         raise bad_request("A tool_choice that forces a call needs 'add_generation_prompt' true: the call opens the "
                           "assistant turn.", "tool_choice")

@@ -54,9 +54,6 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
     choice = f.get("tool_choice", "object" if isinstance(body.get("tool_choice"), dict) else "str")
     chat_tools, forced = parse_tools(Fields({"tools": [_chat_tool(t, i) for i, t in enumerate(tools)] or None,
                                              "tool_choice": _chat_tool_choice(choice)}))
-    if forced is not None and gen.grammar is not None:
-        raise bad_request("A tool_choice that forces a call cannot be combined with 'text.format': the output is "
-                          "the call.", "text.format")
     chat = ChatRequest(gen, [], chat_tools, template_kwargs(f), tool_required=forced is not None,
                        tool_name=forced or None)
     metadata = f.get("metadata", "object")

@@ -145,9 +145,10 @@ class Qwen3ChatFormat(ChatFormat):
         """`<tool_call>\n{"name": "` (the model names the function), or with the name, up to its arguments' value."""
         return '<tool_call>\n{"name": ' + ('"' if name is None else f'{json.dumps(name, ensure_ascii=False)}, "arguments": ')
 
-    def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
+    def tool_call_grammar(self, tools: list[dict], name: str | None, parallel: bool = True) -> str | None:
         """After the opener: the named function's arguments and the call's end; or one of the functions' names
-        with its arguments, and as many further calls as the model writes (the template's newline between them)."""
+        with its arguments, and (`parallel`) as many further calls as the model writes (the template's newline
+        between them)."""
         end = lark_literal("}\n</tool_call>")
         fns = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
         if name is not None:
@@ -156,7 +157,7 @@ class Qwen3ChatFormat(ChatFormat):
         heads = {n: lark_literal(json.dumps(n, ensure_ascii=False)[1:] + ', "arguments": ') for n in fns}
         calls = " | ".join(f"{heads[n]} {lark_json(schema, JSON_DUMPS_LAYOUT)} {end}" for n, schema in fns.items())
         again = lark_literal("\n" + self.tool_call_opener(None))
-        return f"start: call ({again} call)*\ncall: {calls}"
+        return f"start: call{f' ({again} call)*' if parallel else ''}\ncall: {calls}"
 
 
 QWEN3_CHAT_FORMAT = Qwen3ChatFormat(
