@@ -68,7 +68,8 @@ def test_known_family_without_plugin_names_the_package(model_type, package):
     with pytest.raises(DetectionError) as e:
         detect_line({"model_type": model_type}, plugins)
     msg = str(e.value)
-    assert f"pip install {package}" in msg
+    folder = package.removeprefix("openinfer-").replace("-", "_")
+    assert f"`pip install ./plugins/{folder}` in an openinfer checkout" in msg and f"{package} is not on PyPI" in msg
     assert "qwen3: model_type" in msg   # every installed line's reason is listed
 
 
