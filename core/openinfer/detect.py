@@ -6,6 +6,7 @@ from typing import Any, Mapping
 from .model_line import ModelLine
 from .plugins import Plugins
 
+
 def install_hint(distribution: str) -> str:
     """How a plugin distribution is installed today: from the repository's plugins/<name> folder, or its wheel
     (scripts/build_dists.sh); none is on a package index."""
@@ -52,7 +53,8 @@ def detect_line(config: Mapping[str, Any], plugins: Plugins, source: str = "conf
              f"architectures {config.get('architectures')})."]
     if model_type in KNOWN_FAMILIES:
         lines.append(f"This is a known family: {install_hint(KNOWN_FAMILIES[model_type])} adds its model line.")
-    lines.append("Installed lines said:" if reasons else f"No model lines are installed ({install_hint('openinfer-qwen3')}).")
+    lines.append("Installed lines said:" if reasons
+                 else f"No model lines are installed ({install_hint('openinfer-qwen3')}).")
     lines.extend(reasons)
     for err in plugins.errors:
         lines.append(f"  (plugin {err.plugin} from {err.distribution} failed to load: {err.error})")

@@ -112,7 +112,8 @@ def lark_literal(text: str) -> str:
 def lark_json(schema: dict[str, Any], layout: dict[str, Any] | None = None) -> str:
     """A Lark item matching JSON valid against `schema`, laid out as llguidance's "x-guidance" options `layout`
     say (default: compact, as for the JSON formats) unless the schema carries its own."""
-    return "%json " + json.dumps(schema if "x-guidance" in schema else {**schema, "x-guidance": layout or JSON_COMPACT_LAYOUT})
+    options = layout or JSON_COMPACT_LAYOUT
+    return "%json " + json.dumps(schema if "x-guidance" in schema else {**schema, "x-guidance": options})
 
 
 def _literal(text: str) -> str:

@@ -148,7 +148,8 @@ def _render(model: ServedModel, req: ChatRequest, prompt_param: str) -> tuple[st
     tokenizer, fmt = model.engine.tokenizer, model.engine.chat_format
     if req.reasoning_effort not in (None, "none") and fmt.reasoning_parser is None:
         raise bad_request(f"'{req.reasoning_effort_param}' is not supported by model '{req.gen.model}': it does not "
-                          "reason. Leave it out (or send \"none\").", req.reasoning_effort_param, "unsupported_parameter")
+                          "reason. Leave it out (or send \"none\").", req.reasoning_effort_param,
+                          "unsupported_parameter")
     try:
         messages = fmt.template_messages(req.messages)
         text = tokenizer.apply_chat_template(messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,

@@ -30,11 +30,12 @@ Logprobs are those of the masked distribution.
 function's name), so the output is that call. Where the line gives a grammar for its calls
 (ChatFormat.tool_call_grammar; Qwen3's and Qwen3.5's do) decoding holds the arguments to the function's
 `parameters` schema (and, for "required", the names to the tools'), and a schema llguidance cannot enforce is
-a 400 naming `tools`; elsewhere the arguments are the model's, unchecked. A call cut by max_tokens comes back as a call
-with its arguments so far, finishing with "length". A forced call together with a `response_format` or `structured_outputs` is the call, as OpenAI answers
-it (agent stacks send an output schema on every turn): the format applies to text answers, and there is none; with
-tool_choice "auto" the constraint holds, so the model answers in JSON and makes no tool call. Everything else unknown (e.g. `verbosity`, `functions`,
-`spaces_between_special_tokens`) is a 400 naming it.
+a 400 naming `tools`; elsewhere the arguments are the model's, unchecked. A call cut by max_tokens comes back as a
+call with its arguments so far, finishing with "length". A forced call together with a `response_format` or
+`structured_outputs` is the call, as OpenAI answers it (agent stacks send an output schema on every turn): the format
+applies to text answers, and there is none; with tool_choice "auto" the constraint holds, so the model answers in
+JSON and makes no tool call. Everything else unknown (e.g. `verbosity`, `functions`, `spaces_between_special_tokens`)
+is a 400 naming it.
 Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids, allowed_token_ids (sampled on the host as structured outputs are, and a 400 together with
 one), bad_words (the last token of each word's tokens is masked where the output ends with the rest; sampled

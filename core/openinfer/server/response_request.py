@@ -9,8 +9,8 @@ Tools come in the Responses' flat form ({"type": "function", "name", …}); a bu
 `parallel_tool_calls` false keeps the first call only. `text.format` json_object / json_schema constrains the
 answer as chat's response_format does. vLLM's `chat_template_kwargs` work as on chat (Qwen3's enable_thinking);
 `reasoning.effort` none or minimal turns thinking off (the other efforts leave it on; a line that does not reason
-takes "none" only), `reasoning.summary` is accepted and writes none. `background` (with `store`, without `stream`) answers at once with a queued response that
-GET /v1/responses/{id} follows and POST /v1/responses/{id}/cancel stops. Anything else unknown (e.g.
+takes "none" only), `reasoning.summary` is accepted and writes none. `background` (with `store`, without `stream`)
+answers at once with a queued response that GET /v1/responses/{id} follows and POST /v1/responses/{id}/cancel stops. Anything else unknown (e.g.
 `top_logprobs`) is a 400 naming it.
 """
 from __future__ import annotations

@@ -319,9 +319,10 @@ class Qwen35ChatFormat(ChatFormat):
     def tool_call_grammar(self, tools: list[dict], name: str | None, parallel: bool = True) -> str | None:
         """After the opener, a call as the template writes one: the declared parameters in the schema's order
         (the required ones present), each `<parameter=P>\\n` value `\\n</parameter>\\n`, then `</function>\\n
-        </tool_call>`; for "required" the function's name first and (`parallel`) further calls after. A text parameter's value
-        (string or untyped) is free text up to its closing tag; a typed one is JSON valid against its schema, as
-        the template's tojson writes it. A function that declares no properties takes any parameters as text."""
+        </tool_call>`; for "required" the function's name first and (`parallel`) further calls after. A text
+        parameter's value (string or untyped) is free text up to its closing tag; a typed one is JSON valid against
+        its schema, as the template's tojson writes it. A function that declares no properties takes any parameters
+        as text."""
         fns = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
         rules = [f'text[suffix={lark_literal(_VALUE_END)}]: /(.|\\n)*/',   # up to (and with) the closing tag
                  'any_param: "<parameter=" /[^>\\n]+/ ">\\n" text']
