@@ -91,6 +91,7 @@ def test_chat_format_starts_in_reasoning():
 
 class BracketCalls(ToolCallParser):
     """A toy format for the contract test: [[name]] is a call without arguments."""
+    start_tag = "[["
 
     def __init__(self, tools):
         super().__init__(tools)
@@ -140,6 +141,21 @@ def test_output_parser_reads_a_prefix_ahead_of_the_output():
     assert fmt.parse("prompt", "]]", tools=[{}], prefix="[[g").tool_calls == [ToolCall("call_0", "g", "{}")]
     empty = fmt.stream_parser("prompt", tools=[{}], prefix="[[h]]")
     assert [c.name for c in empty.finish().tool_calls] == ["h"]
+
+
+def test_output_parser_turns_an_unclosed_call_into_a_call_and_keeps_max_calls():
+    """A call the output leaves open (cut by max_tokens) that the format gives back as content becomes a call without
+    a name, never markup in the content, streamed or not; max_calls drops the calls after the first ones."""
+    fmt = ChatFormat(ThinkTagReasoningParser, BracketCalls)
+    got = fmt.parse("prompt", "ok [[f]] then [[g", tools=[{}])
+    assert got.content == "ok  then" and [(c.name, c.arguments) for c in got.tool_calls] == [("f", "{}"), ("", "")]
+    rng = random.Random(5)
+    for _ in range(50):
+        out = split_feed(fmt.stream_parser("prompt", tools=[{}]), "ok [[f]] then [[g", rng, 6)
+        assert "[[" not in out.content and [d.index for d in out.tool_calls if d.id] == [0, 1]
+    first = split_feed(fmt.stream_parser("prompt", tools=[{}], max_calls=1), "[[f]] [[g]] [[h", rng, 6)
+    assert [(c.name, c.arguments) for c in collect_tool_calls(first.tool_calls)] == [("f", "{}")]
+    assert fmt.parse("prompt", "a [b] c", tools=[{}]).content == "a [b] c"
 
 
 def test_forced_tool_call_closes_reasoning_as_templates_do():

@@ -68,7 +68,8 @@ def test_known_family_without_plugin_names_the_package(model_type, package):
     with pytest.raises(DetectionError) as e:
         detect_line({"model_type": model_type}, plugins)
     msg = str(e.value)
-    assert f"pip install {package}" in msg
+    folder = package.removeprefix("openinfer-").replace("-", "_")
+    assert f"`pip install ./plugins/{folder}` in an openinfer checkout" in msg and f"{package} is not on PyPI" in msg
     assert "qwen3: model_type" in msg   # every installed line's reason is listed
 
 
@@ -80,3 +81,19 @@ def test_unknown_family_lists_reasons():
 def test_missing_op_fails_at_resolve_naming_it():
     with pytest.raises(KernelPlanError, match="no_such_op"):
         _plugins().kernels.resolve(["rms_norm", "no_such_op"], "numpy", "float32")
+
+
+def test_every_line_that_forces_calls_holds_parallel_tool_calls_false_to_one():
+    """The ChatFormat contract for forced calls: a line that gives a grammar for them takes `parallel` (the server
+    passes parallel_tool_calls), and for "required" without it the grammar differs (it ends after the first call)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+    forcing = 0
+    for name, line in _plugins().lines.items():
+        fmt = line.chat_format()
+        if fmt.tool_call_opener(None) is None or fmt.tool_call_grammar(tools, None) is None:
+            continue
+        forcing += 1
+        assert fmt.tool_call_grammar(tools, None, False) != fmt.tool_call_grammar(tools, None, True), name
+        assert fmt.tool_call_grammar(tools, "f", False) is not None, name
+    assert forcing >= 2   # Qwen3 and Qwen3.5 at least

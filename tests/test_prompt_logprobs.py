@@ -12,6 +12,7 @@ from openinfer.sampling import SampleResult, score_rows
 from openinfer.testing.engine import greedy, log_softmax, prompt_logits, run_to_completion, score_prompt
 
 PROMPT = [(7 * i + 3) % 5000 + 100 for i in range(45)]
+TIE = 1e-4   # logits this close may order either way across GEMM shapes
 
 
 @pytest.fixture(scope="module")
@@ -22,27 +23,28 @@ def engine():
 
 
 def reference(engine, prompt, k):
-    """float64 log-softmax of the full forward's logits: (logprob, rank, top-k ids) of each next prompt token."""
+    """float64 log-softmax of the full forward's logits: (logprob, rank range, top-k ids) of each next prompt token.
+    The rank is a range: logits within TIE of the token's count as ties either way, since the chunks' GEMMs have other
+    shapes than the full forward's and BLAS rounds each shape its own way (AVX-512 and AVX2 kernels differ)."""
     x = prompt_logits(engine, prompt)[:-1]
     logp = log_softmax(x)
     rows = np.arange(len(x))
     target = np.array(prompt[1:])
-    ranks = 1 + (x > x[rows, target][:, None]).sum(1)
+    own = x[rows, target][:, None]
+    ranks = (1 + (x > own + TIE).sum(1), 1 + (x > own - TIE).sum(1))
     return logp[rows, target], ranks, np.argsort(-logp, axis=1, kind="stable")[:, :k], logp
 
 
 def test_prompt_logprobs_match_the_full_forward(engine) -> None:
     lps, tokens, _ = score_prompt(engine, PROMPT, 3)
-    chosen, ranks, top, logp = reference(engine, PROMPT, 3)
+    chosen, (lo, hi), top, logp = reference(engine, PROMPT, 3)
     assert [s.token for s in lps] == PROMPT[1:]
     np.testing.assert_allclose([s.logprob for s in lps], chosen, atol=1e-4)
     ids, values = np.array([[t for t, _ in s.top] for s in lps]), np.array([[v for _, v in s.top] for s in lps])
     np.testing.assert_allclose(values, np.take_along_axis(logp, top, 1), atol=1e-4)
-    np.testing.assert_allclose(np.take_along_axis(logp, ids, 1), values, atol=1e-4)
-    if engine.runner.backend.name == "numpy":   # the chunks' logits are the full forward's, bit for bit
-        assert ids.tolist() == top.tolist() and [s.rank for s in lps] == ranks.tolist()
-    else:   # other GEMM shapes round differently: near-ties may swap
-        assert np.abs(np.array([s.rank for s in lps]) - ranks).max() <= 3
+    np.testing.assert_allclose(np.take_along_axis(logp, ids, 1), values, atol=1e-4)   # near-ties may swap ids
+    rank = np.array([s.rank for s in lps])
+    assert (lo <= rank).all() and (rank <= hi).all(), (rank, lo, hi)
     _, plain, _ = score_prompt(engine, PROMPT, None)
     assert tokens == plain   # scoring the prompt leaves the generation as it was
 

@@ -9,31 +9,17 @@ import pytest
 
 from openinfer import sampling_reference as ref
 from openinfer.philox import split64
-from openinfer.sampling import SamplingParams, sample_row
+from openinfer.sampling import SamplingParams, draw, kept_distribution, processed_logits, sample_row
 from openinfer.sampling_batch import SampleRow, build_batch, to_results
 
 V = 600
 
 
-class Pick:
-    """A stand-in rng for the host sampler: records the kept distribution, returns index `i`."""
-
-    def __init__(self, i: int = 0) -> None:
-        self.i, self.p = i, None
-
-    def choice(self, n: int, p: np.ndarray) -> int:
-        self.p = p
-        return self.i
-
-
 def host_distribution(x: np.ndarray, p: SamplingParams, prompt, out, blocked) -> dict[int, float]:
-    """token -> probability of the host sampler's kept distribution."""
-    probe = Pick()
-    sample_row(x, p, probe, prompt, out, blocked)
-    dist = {}
-    for i in np.flatnonzero(probe.p):
-        dist[sample_row(x, p, Pick(int(i)), prompt, out, blocked).token] = float(probe.p[i])
-    return dist
+    """token -> probability of the host sampler's kept distribution (what sample_row draws from)."""
+    ids, weights = kept_distribution(processed_logits(x, p, prompt, out, blocked) / p.temperature, p)
+    ids = np.arange(len(weights)) if ids is None else ids
+    return {int(ids[i]): float(weights[i] / weights.sum(dtype=np.float64)) for i in np.flatnonzero(weights)}
 
 
 def row(p: SamplingParams, prompt=(), out=(), blocked=frozenset(), seed: int = 0) -> SampleRow:
@@ -59,6 +45,8 @@ CASES = [
     dict(temperature=1.0, top_k=50, top_p=0.9, min_p=0.01),
     dict(temperature=0.5, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.4,
          logit_bias={3: 5.0, 7: -100.0}, top_p=0.95),
+    dict(temperature=20.0, top_p=0.97),   # nearly flat: top-p needs most of the vocabulary
+    dict(temperature=1.0, top_k=V - 1, min_p=0.2),
 ]
 
 
@@ -81,7 +69,7 @@ def test_processed_logits_and_logprobs_match_host():
     prompt, out = rng.integers(0, V, 30).tolist(), [4, 4, 9, 4]
     p = SamplingParams(temperature=0.0, repetition_penalty=1.7, presence_penalty=-0.5, frequency_penalty=1.5,
                        logit_bias={1: 2.5, 9: -3.0}, logprobs=V)
-    host = sample_row(x, p, Pick(), prompt, out, {2, 8})
+    host = sample_row(x, p, np.random.default_rng(0), prompt, out, {2, 8})
     host_logp = np.empty(V, np.float32)
     for t, lp in host.top:
         host_logp[t] = lp
@@ -94,6 +82,23 @@ def test_processed_logits_and_logprobs_match_host():
     [res] = to_results(b, tokens, lps, top_v, top_i)
     assert res.token == host.token and abs(res.logprob - host.logprob) < 1e-5
     assert [t for t, _ in res.top[:20]] == [t for t, _ in host.top[:20]]
+
+
+def test_host_draw_is_the_inverse_cdf():
+    """draw() against a float64 running sum, at the ends, at block edges and over zero weights."""
+    rng = np.random.default_rng(3)
+    w = rng.random(5000).astype(np.float32)
+    w[rng.random(5000) < 0.5] = 0
+    w[1024:2048] = 0                                  # a whole block without weight
+    w[-1], w[0] = 0, 0
+    cdf = np.cumsum(w, dtype=np.float64)
+    positive = np.flatnonzero(w)
+    for u in [0.0, 1 - 1e-12, *cdf[[1023, 1024, 2047, 2048, 3000]] / cdf[-1], *rng.random(200)]:
+        want = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+        got = draw(w, float(u))
+        assert w[got] > 0 and (got == want or (want not in positive and got == positive[positive < want][-1]))
+    assert draw(w, 0.0) == positive[0] and draw(w, 1 - 1e-12) == positive[-1]
+    assert draw(np.array([0, 0, 2.0], np.float32), 0.99) == 2
 
 
 def test_race_follows_the_kept_distribution():

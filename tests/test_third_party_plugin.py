@@ -58,6 +58,7 @@ def test_plugins_command_lists_the_line_and_the_broken_entry_point(example_insta
     out = subprocess.run(OPENINFER + ["plugins"], capture_output=True, text=True, check=True).stdout
     assert "example (openinfer-example 0.1.0) model lines: bigram" in out
     assert "qwen3 (openinfer-qwen3" in out
+    assert "    bigram presets: none\n" in out and "    qwen3 presets: qwen3-4b, qwen3-8b, qwen3-tiny" in out
     assert "example_broken (openinfer-example): ImportError: openinfer_example.broken is broken on purpose" in out
 
 

@@ -132,6 +132,9 @@ def cmd_plugins(a: argparse.Namespace) -> int:
     for info in plugins.infos:
         lines = f" model lines: {', '.join(info.model_lines)}" if info.model_lines else ""
         print(f"  {info.name} ({info.distribution} {info.version}){lines}")
+        for name in info.model_lines:   # what `openinfer synth --preset` and `--load-format dummy` take
+            presets = plugins.lines[name].presets
+            print(f"    {name} presets: {', '.join(presets) if presets else 'none'}")
     if plugins.errors:
         print("failed to load:")
         for err in plugins.errors:

@@ -6,6 +6,15 @@ from typing import Any, Mapping
 from .model_line import ModelLine
 from .plugins import Plugins
 
+
+def install_hint(distribution: str) -> str:
+    """How a plugin distribution is installed today: from the repository's plugins/<name> folder, or its wheel
+    (scripts/build_dists.sh); none is on a package index."""
+    folder = distribution.removeprefix("openinfer-").replace("-", "_")
+    return (f"`pip install ./plugins/{folder}` in an openinfer checkout (or its wheel, built by "
+            f"scripts/build_dists.sh: {distribution} is not on PyPI)")
+
+
 # Families with a plugin of their own, so a missing one can be named in the error.
 KNOWN_FAMILIES: dict[str, str] = {
     "qwen3": "openinfer-qwen3",
@@ -43,8 +52,9 @@ def detect_line(config: Mapping[str, Any], plugins: Plugins, source: str = "conf
     lines = [f"no installed model line claims {source} (model_type {model_type!r}, "
              f"architectures {config.get('architectures')})."]
     if model_type in KNOWN_FAMILIES:
-        lines.append(f"This is a known family: `pip install {KNOWN_FAMILIES[model_type]}` adds its model line.")
-    lines.append("Installed lines said:" if reasons else "No model lines are installed (pip install openinfer-qwen3).")
+        lines.append(f"This is a known family: {install_hint(KNOWN_FAMILIES[model_type])} adds its model line.")
+    lines.append("Installed lines said:" if reasons
+                 else f"No model lines are installed ({install_hint('openinfer-qwen3')}).")
     lines.extend(reasons)
     for err in plugins.errors:
         lines.append(f"  (plugin {err.plugin} from {err.distribution} failed to load: {err.error})")

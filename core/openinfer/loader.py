@@ -12,7 +12,7 @@ import numpy as np
 
 from .backends import Backend, get_backend
 from .config import read_generation_config, read_model_config
-from .detect import detect_line
+from .detect import detect_line, install_hint
 from .engine import Engine
 from .engine_args import EngineArgs
 from .executor import Executor
@@ -320,7 +320,7 @@ def _demo(plugins: Plugins) -> tuple[ModelLine, dict[str, Any], Path]:
         if demo is not None:
             config, tok_dir = demo
             return line, config, tok_dir
-    raise LoadError("no installed model line provides a demo model: `pip install openinfer-qwen3`, "
+    raise LoadError(f"no installed model line provides a demo model: {install_hint('openinfer-qwen3')}, "
                     "or pass --model PATH")
 
 

@@ -110,7 +110,13 @@ class ContentTrimmer:
 
 class ToolCallParser(ABC):
     """Extracts tool calls from one choice's content stream. `tools` is the request's tool list
-    (formats that write arguments as text, like XML, need the schemas to type the values)."""
+    (formats that write arguments as text, like XML, need the schemas to type the values).
+
+    A call the output leaves unclosed (cut by max_tokens) is closed by finish() as far as it goes: its name
+    and arguments so far. Where the format cannot read it yet (cut inside the name), finish() may give it back
+    as content; OutputParser then turns content from `start_tag` on into a call without a name, so a call's
+    markup never reaches the content."""
+    start_tag: str = ""   # the markup that opens a call
 
     def __init__(self, tools: list[dict]) -> None:
         self.tools = tools
@@ -197,19 +203,37 @@ class ChatOutput:
 class OutputParser:
     """One choice's reasoning parser and tool parser chained (either may be absent). `prefix`: text the output is
     known to start with though the model never wrote it (a forced tool call's opener, which ended the prompt): parsed
-    ahead of the first output, never part of the output text."""
+    ahead of the first output, never part of the output text. `max_calls`: calls past this many are dropped
+    (parallel_tool_calls false: 1)."""
 
-    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None, prefix: str = "") -> None:
+    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None, prefix: str = "",
+                 max_calls: int | None = None) -> None:
         self.reasoning, self.tools = reasoning, tools
         self._prefix = prefix
+        self.max_calls = max_calls
+        self._calls = 0   # calls seen (the next call's index)
 
     def _tools(self, out: ParsedDelta, final: bool) -> ParsedDelta:
         if self.tools is None:
             return out
         parsed = self.tools.feed(out.content)
         if final:
-            parsed.extend(self.tools.finish())
+            parsed.extend(self._unclosed(self.tools.finish()))
+        self._calls = max([self._calls] + [d.index + 1 for d in parsed.tool_calls])
+        if self.max_calls is not None:
+            parsed.tool_calls = [d for d in parsed.tool_calls if d.index < self.max_calls]
         return ParsedDelta(reasoning=out.reasoning).extend(parsed)
+
+    def _unclosed(self, out: ParsedDelta) -> ParsedDelta:
+        """The tool parser's last output with a call it gave back as content (cut where the format could not read
+        it yet) as a call without a name or arguments."""
+        tag = self.tools.start_tag if self.tools is not None else ""
+        if not tag or (i := out.content.find(tag)) < 0:
+            return out
+        index = max([self._calls] + [d.index + 1 for d in out.tool_calls])
+        out.content = out.content[:i].rstrip()
+        out.tool_calls.append(ToolCallDelta(index, new_call_id(), ""))
+        return out
 
     def feed(self, text: str) -> ParsedDelta:
         text, self._prefix = self._prefix + text, ""
@@ -264,10 +288,11 @@ class ChatFormat:
         the prompt. None where the line cannot force a call."""
         return None
 
-    def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
+    def tool_call_grammar(self, tools: list[dict], name: str | None, parallel: bool = True) -> str | None:
         """What the output may be after tool_call_opener(name), as a grammar in llguidance's Lark syntax
         (structured.lark_literal, lark_json): the rest of the call, its arguments valid against the function's
-        `parameters` schema, and (`name` None) further calls. None leaves a forced call's arguments to the model."""
+        `parameters` schema, and (`name` None and `parallel`, parallel_tool_calls) further calls. None leaves a forced
+        call's arguments to the model."""
         return None
 
     def forced_tool_call(self, prompt_text: str, name: str | None) -> tuple[str, str] | None:
@@ -283,12 +308,13 @@ class ChatFormat:
         ahead = self.reasoning_ahead(prompt_text)   # not open, so: the model would open one itself
         return (f"{self.think_start}\n\n{self.think_end}\n\n" if ahead else ""), opener
 
-    def stream_parser(self, prompt_text: str, tools: list[dict] | None = None, prefix: str = "") -> OutputParser:
-        """A fresh parser for one choice; pass tools only when the request allows tool calls, and the forced call's
-        opener (which ends prompt_text) as `prefix`."""
+    def stream_parser(self, prompt_text: str, tools: list[dict] | None = None, prefix: str = "",
+                      max_calls: int | None = None) -> OutputParser:
+        """A fresh parser for one choice; pass tools only when the request allows tool calls, the forced call's
+        opener (which ends prompt_text) as `prefix`, and 1 as `max_calls` to keep the first call only."""
         reasoning = self.reasoning_parser(self.starts_in_reasoning(prompt_text)) if self.reasoning_parser else None
         calls = self.tool_parser(tools) if self.tool_parser and tools else None
-        return OutputParser(reasoning, calls, prefix)
+        return OutputParser(reasoning, calls, prefix, max_calls)
 
     def parse(self, prompt_text: str, text: str, tools: list[dict] | None = None, prefix: str = "") -> ChatOutput:
         """Non-streaming: the whole output of one choice."""

@@ -167,14 +167,11 @@ def apply_penalties(logits: np.ndarray, p: SamplingParams, prompt_ids: list[int]
     return logits
 
 
-def sample_row(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, prompt_ids: list[int],
-               output_ids: list[int], blocked: frozenset[int] | set[int] = frozenset(),
-               allowed: np.ndarray | None = None) -> SampleResult:
-    """Sample one token from one row of float32 logits. `allowed` (a structured output's grammar
-    mask, bool per id), the params' allowed_token_ids and bad words, and `blocked` (eos while min_tokens
-    is unmet) are masked before anything else, so greedy is the argmax over the allowed ids. Logprobs
-    are those of the processed distribution before the temperature/top-k/top-p/min-p filters (mask,
-    penalties and biases included), as vLLM reports them."""
+def processed_logits(logits: np.ndarray, p: SamplingParams, prompt_ids: list[int], output_ids: list[int],
+                     blocked: frozenset[int] | set[int] = frozenset(), allowed: np.ndarray | None = None) -> np.ndarray:
+    """One row of float32 logits as the sampler and the logprobs see it (a copy). `allowed` (a structured output's
+    grammar mask, bool per id), the params' allowed_token_ids and bad words, and `blocked` (eos while min_tokens is
+    unmet) are masked before anything else; then the penalties and logit_bias apply."""
     x = logits.astype(np.float32, copy=True) if allowed is None else np.where(allowed, logits, np.float32(-np.inf))
     if p.allowed_token_ids is not None:
         kept = np.full_like(x, -np.inf)
@@ -189,11 +186,23 @@ def sample_row(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, 
         x[tid] += bias
     if blocked:
         x[list(blocked)] = -np.inf
+    return x
+
+
+def sample_row(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, prompt_ids: list[int],
+               output_ids: list[int], blocked: frozenset[int] | set[int] = frozenset(),
+               allowed: np.ndarray | None = None) -> SampleResult:
+    """Sample one token from one row of float32 logits, processed (processed_logits), so greedy is the argmax over
+    the allowed ids. Logprobs are those of the processed distribution before the temperature/top-k/top-p/min-p
+    filters (mask, penalties and biases included), as vLLM reports them."""
+    x = processed_logits(logits, p, prompt_ids, output_ids, blocked, allowed)
     logp = _log_softmax(x) if p.logprobs is not None else None
     if p.greedy:
         token = int(np.argmax(x))
     else:
-        token = _sample_filtered(x / p.temperature, p, rng)
+        ids, weights = kept_distribution(x / p.temperature, p)
+        i = draw(weights, rng.random())
+        token = i if ids is None else int(ids[i])
     if logp is None:
         return SampleResult(token)
     top = None
@@ -204,20 +213,58 @@ def sample_row(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, 
     return SampleResult(token, float(logp[token]), top)
 
 
-def _sample_filtered(x: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
-    probs = np.exp(x - x.max())
-    probs /= probs.sum()
-    order = np.argsort(-probs, kind="stable")
-    sorted_p = probs[order]
-    keep = np.ones(len(order), dtype=bool)
-    if p.top_k > 0:
-        keep[p.top_k:] = False
-    if p.top_p < 1.0:
-        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-        before = np.cumsum(sorted_p) - sorted_p
-        keep &= before < p.top_p
-    if p.min_p > 0.0:
-        keep &= sorted_p >= p.min_p * sorted_p[0]
-    kept = np.where(keep, sorted_p, 0.0)
-    kept /= kept.sum()
-    return int(order[rng.choice(len(order), p=kept)])
+def kept_distribution(x: np.ndarray, p: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """softmax(x) as top_k, top_p and min_p leave it: (the kept ids, None for every id; their weights, exp(x - max),
+    unnormalised). Each filter is measured on the whole distribution and keeps a prefix of the tokens by falling
+    probability (ties: the lower id first), so only top_k and top_p need that order, and only over the top tokens
+    that hold their share: the vocabulary is not sorted (~12 ms at 152k ids, ten times a demo-model step)."""
+    weights = np.exp(x - x.max())   # the top token's is 1
+    n = len(weights)
+    k = p.top_k if 0 < p.top_k < n else n
+    ids = None
+    if k < n or p.top_p < 1.0:
+        mass = p.top_p * float(weights.sum(dtype=np.float64)) if p.top_p < 1.0 else None
+        ids = _top_prefix(weights, k, mass)
+        weights = weights[ids]
+    if p.min_p > 0.0:   # of the top token's probability
+        weights = np.where(weights >= np.float32(p.min_p), weights, np.float32(0.0))
+    return ids, weights
+
+
+def _top_prefix(weights: np.ndarray, k: int, mass: float | None) -> np.ndarray:
+    """The ids top_k (`k`) and top_p keep, by falling weight (ties by id): top_p keeps a token while the weight
+    ranked before it is under `mass` (None: no limit). The top is partitioned off, growing until it holds `mass`,
+    and only it is sorted."""
+    n = len(weights)
+    m = k if mass is None else min(k, 64)
+    while True:
+        part = np.argpartition(-weights, m - 1)[:m] if m < n else np.arange(n)
+        if mass is None or m >= k or weights[part].sum(dtype=np.float64) >= mass:
+            break
+        m = min(8 * m, k)
+    ids = part[np.lexsort((part, -weights[part]))]
+    if mass is not None:
+        w = weights[ids].astype(np.float64)
+        ids = ids[np.cumsum(w) - w < mass]
+    return ids
+
+
+_DRAW_BLOCK = 1024
+
+
+def draw(weights: np.ndarray, u: float) -> int:
+    """The index i of the inverse CDF at `u` in [0, 1): weights[:i].sum() <= u * weights.sum() < weights[:i+1].sum(),
+    an index of positive weight. Two levels (block sums, then one block's running sum) cost a pass over the weights
+    instead of a float64 running sum of them all (~1 ms at 152k ids)."""
+    starts = np.arange(0, len(weights), _DRAW_BLOCK)
+    ends = np.cumsum(np.add.reduceat(weights, starts, dtype=np.float64))
+    target = u * ends[-1]
+    b = min(int(np.searchsorted(ends, target, side="right")), len(starts) - 1)
+    block = weights[starts[b]:starts[b] + _DRAW_BLOCK]
+    inner = np.cumsum(block, dtype=np.float64)
+    j = min(int(np.searchsorted(inner, target - (ends[b - 1] if b else 0.0), side="right")), len(block) - 1)
+    i = int(starts[b]) + j
+    if weights[i] > 0:
+        return i
+    positive = np.flatnonzero(weights > 0)   # rounding at an edge landed on a zero weight: the nearest kept id
+    return int(positive[max(int(np.searchsorted(positive, i)) - 1, 0)])

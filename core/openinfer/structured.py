@@ -26,10 +26,10 @@ import numpy as np
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
-# Used unless the schema carries llguidance's own "x-guidance" options. Whitespace between JSON
-# tokens stays flexible (models pretty-print) but bounded, so a model cannot spin on newlines
-# until max_tokens: the failure vLLM's disable_any_whitespace works around.
-_JSON_DEFAULTS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,32}"}
+# Used unless the schema carries llguidance's own "x-guidance" options: compact JSON, as OpenAI's structured outputs
+# write it. Free whitespace between JSON tokens lets a model spend its whole budget on newlines and tabs (the failure
+# vLLM's disable_any_whitespace works around), so none is allowed.
+JSON_COMPACT_LAYOUT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 _build_lock = threading.Lock()
 
 
@@ -111,8 +111,9 @@ def lark_literal(text: str) -> str:
 
 def lark_json(schema: dict[str, Any], layout: dict[str, Any] | None = None) -> str:
     """A Lark item matching JSON valid against `schema`, laid out as llguidance's "x-guidance" options `layout`
-    say (default: whitespace bounded as for the JSON formats) unless the schema carries its own."""
-    return "%json " + json.dumps(schema if "x-guidance" in schema else {**schema, "x-guidance": layout or _JSON_DEFAULTS})
+    say (default: compact, as for the JSON formats) unless the schema carries its own."""
+    options = layout or JSON_COMPACT_LAYOUT
+    return "%json " + json.dumps(schema if "x-guidance" in schema else {**schema, "x-guidance": options})
 
 
 def _literal(text: str) -> str:
@@ -124,7 +125,7 @@ def _grammar(spec: OutputGrammar) -> str:
     from llguidance import LLMatcher
     if spec.kind == "json":
         return LLMatcher.grammar_from_json_schema(
-            spec.value, defaults=None if "x-guidance" in spec.value else _JSON_DEFAULTS)
+            spec.value, defaults=None if "x-guidance" in spec.value else JSON_COMPACT_LAYOUT)
     if spec.kind == "regex":
         return LLMatcher.grammar_from_regex(spec.value)
     if spec.kind == "grammar":

@@ -171,6 +171,84 @@ def test_required_tool_choice_lets_the_model_name_the_call(client: openai.OpenAI
     assert cut.choices[0].finish_reason == "length"   # not "tool_calls": the call's arguments are incomplete
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_tokens_is_a_call_with_its_arguments_so_far(client: openai.OpenAI, fake: FakeEngine,
+                                                                      stream: bool) -> None:
+    """A forced call cut inside its header or its arguments: a tool_calls entry (the name once written, the
+    arguments so far), finish_reason "length", and none of the call's markup in content."""
+    kw = dict(model="fake", messages=USER, tools=TOOLS, tool_choice="required", stream=stream)
+    fake.say('get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')   # 14 tokens
+    # cut after `get_weather", "`, after `{"city": "R`, and inside the name (a call without one yet)
+    for tokens, name, args in [(4, "get_weather", ""), (11, "get_weather", '{"city": "R'), (2, "", "")]:
+        r = client.chat.completions.create(max_tokens=tokens, **kw)
+        if stream:
+            chunks = [c.choices[0] for c in r if c.choices]
+            content = "".join(c.delta.content or "" for c in chunks)
+            deltas = [d for c in chunks for d in c.delta.tool_calls or []]
+            calls = [(deltas[0].function.name, "".join(d.function.arguments for d in deltas))]
+            finish = [c.finish_reason for c in chunks if c.finish_reason]
+        else:
+            m = r.choices[0].message
+            content, finish = m.content or "", [r.choices[0].finish_reason]
+            calls = [(t.function.name, t.function.arguments) for t in m.tool_calls]
+        assert content == "" and finish == ["length"] and calls == [(name, args)], (tokens, calls)
+
+
+def test_a_forced_call_with_a_json_format_is_the_call(client: openai.OpenAI, fake: FakeEngine) -> None:
+    """As OpenAI answers it (agent stacks send their output schema on every turn): the format applies to text
+    answers, and a forced call's output is the call."""
+    fake.say('{"city": "Oslo"}}\n</tool_call>')
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice=choice,
+                                       response_format={"type": "json_object"})
+    assert [json.loads(t.function.arguments) for t in r.choices[0].message.tool_calls] == [{"city": "Oslo"}]
+    r = client.responses.create(model="fake", input="hi", tools=[{"type": "function", **TOOLS[0]["function"]}],
+                                tool_choice={"type": "function", "name": "get_weather"},
+                                text={"format": {"type": "json_object"}})
+    assert [json.loads(c.arguments) for c in r.output] == [{"city": "Oslo"}]
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say(CALLS)
+    r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, parallel_tool_calls=False)
+    c = r.choices[0]
+    assert [json.loads(t.function.arguments) for t in c.message.tool_calls] == [{"city": "Paris"}]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    chunks = list(client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, parallel_tool_calls=False,
+                                                 stream=True))
+    deltas = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []]
+    assert {d.index for d in deltas} == {0} and json.loads("".join(d.function.arguments for d in deltas)) == {
+        "city": "Paris"}
+    r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, parallel_tool_calls=True)
+    assert len(r.choices[0].message.tool_calls) == 2
+
+
+def test_reasoning_effort_switches_thinking(client: openai.OpenAI, fake: FakeEngine) -> None:
+    fake.say("Plain.")
+    client.chat.completions.create(model="fake", messages=USER, reasoning_effort="low")
+    assert not fake.tokenizer.decode(fake.submitted[-1][1], False).endswith("</think>\n\n")
+    for effort in ("none", "minimal"):
+        client.chat.completions.create(model="fake", messages=USER, reasoning_effort=effort)
+        assert fake.tokenizer.decode(fake.submitted[-1][1], False).endswith("<think>\n\n</think>\n\n")
+    client.chat.completions.create(model="fake", messages=USER, reasoning_effort="minimal",   # the explicit switch wins
+                                   extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert not fake.tokenizer.decode(fake.submitted[-1][1], False).endswith("</think>\n\n")
+
+
+def test_reasoning_effort_on_a_line_that_does_not_reason(client: openai.OpenAI, fake: FakeEngine,
+                                                         monkeypatch) -> None:
+    from openinfer.parsers import ChatFormat
+    monkeypatch.setattr(fake, "chat_format", ChatFormat(tool_parser=fake.chat_format.tool_parser))
+    fake.say("Plain.")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="fake", messages=USER, reasoning_effort="high")
+    assert e.value.body["param"] == "reasoning_effort" and not fake.submitted
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="fake", input="hi", reasoning={"effort": "low"})
+    assert e.value.body["param"] == "reasoning.effort"
+    assert client.chat.completions.create(model="fake", messages=USER, reasoning_effort="none").choices[0]
+
+
 def test_tool_choice_none_keeps_calls_as_text(client: openai.OpenAI, fake: FakeEngine) -> None:
     fake.say(CALLS)
     r = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice="none")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Iterator
 
 import openai
@@ -160,19 +161,22 @@ def check_call(name: str, arguments: str) -> None:
 
 def test_a_forced_tool_call_holds_to_the_parameters_schema(client: openai.OpenAI) -> None:
     """tool_choice "required" or a named function: the demo model's random weights write valid calls only because
-    the arguments (and, for "required", the names) are constrained; streamed as not."""
+    the arguments (and, for "required", the names) are constrained; streamed as not. parallel_tool_calls false holds
+    "required" to one call (a random model would chain calls until max_tokens cuts one)."""
     named = {"type": "function", "function": {"name": "get_weather"}}
     for seed in range(3):
         for choice in (named, "required"):
             r = client.chat.completions.create(model="demo", messages=USER, tools=TOOLS, tool_choice=choice,
-                                               max_tokens=120, temperature=1.0, seed=seed)
+                                               max_tokens=120, temperature=1.0, seed=seed, parallel_tool_calls=False)
             calls = r.choices[0].message.tool_calls
+            assert len(calls) == 1 and r.usage.completion_tokens < 120
             assert calls and r.choices[0].finish_reason == ("stop" if choice is named else "tool_calls")
             for call in calls:
                 check_call(call.function.name, call.function.arguments)
             assert choice != named or [c.function.name for c in calls] == ["get_weather"]
     chunks = list(client.chat.completions.create(model="demo", messages=USER, tools=TOOLS, tool_choice="required",
-                                                 max_tokens=120, temperature=1.0, seed=0, stream=True))
+                                                 max_tokens=120, temperature=1.0, seed=0, stream=True,
+                                                 parallel_tool_calls=False))
     streamed: dict[int, list[str]] = {}
     for d in (d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []):
         streamed.setdefault(d.index, [d.function.name, ""])[1] += d.function.arguments or ""
@@ -197,3 +201,28 @@ def test_responses_text_format_json_schema(client: openai.OpenAI) -> None:
         client.responses.create(model="demo", input="x", max_output_tokens=5, text={"format": {
             "type": "json_schema", "name": "bad", "schema": {"minimum": "x"}}})
     assert e.value.body["param"] == "text.format"
+
+
+def readme_structured_requests() -> list[dict]:
+    """The chat bodies of the README's curl examples that ask for structured output."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    bodies = [json.loads(b) for b in re.findall(r"/v1/chat/completions -H '[^']*' -d '(\{.*?\})'", readme, re.S)]
+    return [b for b in bodies if "response_format" in b]
+
+
+def test_the_readme_s_structured_example_completes_with_the_demo_model(client: openai.OpenAI) -> None:
+    """The README's json_schema example, as a new user would run it: JSON that matches its schema (compact, so it
+    closes within the example's max_tokens), greedy and sampled."""
+    examples = readme_structured_requests()
+    assert examples
+    for body in examples:
+        schema = body["response_format"]["json_schema"]["schema"]
+        for seed in (None, 0, 1):
+            r = client.chat.completions.create(**{**body, "model": "demo"}, seed=seed, temperature=None if seed is None
+                                               else 1.0)
+            assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+            value = json.loads(r.choices[0].message.content)
+            assert not re.search(r"\s", r.choices[0].message.content)   # compact
+            assert sorted(value) == sorted(schema["required"]) == sorted(schema["properties"])
+            for key, prop in schema["properties"].items():
+                assert isinstance(value[key], int) and prop["minimum"] <= value[key] <= prop["maximum"]

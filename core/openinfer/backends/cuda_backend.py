@@ -19,7 +19,8 @@ from .numpy_backend import Backend
 if TYPE_CHECKING:
     from ..weights import WeightSource
 
-INSTALL_HINT = "install openinfer[cuda13] (CUDA 13 driver, >= 580) or openinfer[cuda12] (CUDA 12 driver)"
+INSTALL_HINT = ("install the cuda13 extra (CUDA 13 driver, >= 580; pip install -e '.[cuda13]' in an openinfer checkout) "
+                "or the cuda12 one (CUDA 12 driver)")
 PINNED_BYTES = 4 << 20    # transfers up to this size go through pinned buffers; bigger ones copy directly
 DTYPES = ("bfloat16", "float32")
 

@@ -133,6 +133,7 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="a tokenizer folder, for a preset of a line that ships none (token ids are random either way)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above: sampled decoding")
     p.add_argument("--output-json", type=Path, default=None)
     p.set_defaults(func=_run_latency)
 

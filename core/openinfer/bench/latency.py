@@ -113,7 +113,7 @@ def run_latency(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer, kernels=parse_kernel_overrides(args.kernel)))
 
     def make_params(max_tokens: int) -> Any:
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, ignore_eos=True, seed=args.seed)
 
     points = sweep(engine, make_params, args.batch_sizes, args.input_lens, args.output_lens,
                    args.vocab_size or engine.vocab_size, args.num_iters_warmup, args.num_iters, args.seed)

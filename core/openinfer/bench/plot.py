@@ -40,7 +40,7 @@ def pyplot(what: str) -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise RuntimeError(f"{what} needs matplotlib: pip install 'openinfer[plot]'") from e
+        raise RuntimeError(f"{what} needs matplotlib: pip install matplotlib (the plot extra)") from e
     return plt
 
 

@@ -64,7 +64,8 @@ class ChatOutputs:
             if req.gen.grammar is not None else None
 
     def output(self, params: SamplingParams) -> ChoiceOutput:
-        parser = self.engine.chat_format.stream_parser(self.prompt_text, self.req.tools, self.opener)
+        parser = self.engine.chat_format.stream_parser(self.prompt_text, self.req.tools, self.opener,
+                                                       None if self.req.parallel_tool_calls else 1)
         return ChoiceOutput(self.engine.tokenizer, self.engine.eos_token_ids, self.req.gen, params, parser,
                             calls_finish=self.req.tool_name is None)
 
@@ -145,6 +146,10 @@ class ChatCompletionFormat(ChatOutputs):
 def _render(model: ServedModel, req: ChatRequest, prompt_param: str) -> tuple[str, str, list[int]]:
     """(the rendered prompt, a forced call's opener appended to it, the prompt's token ids)."""
     tokenizer, fmt = model.engine.tokenizer, model.engine.chat_format
+    if req.reasoning_effort not in (None, "none") and fmt.reasoning_parser is None:
+        raise bad_request(f"'{req.reasoning_effort_param}' is not supported by model '{req.gen.model}': it does not "
+                          "reason. Leave it out (or send \"none\").", req.reasoning_effort_param,
+                          "unsupported_parameter")
     try:
         messages = fmt.template_messages(req.messages)
         text = tokenizer.apply_chat_template(messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
@@ -173,8 +178,9 @@ async def chat_prompt(model: ServedModel, req: ChatRequest, prompt_param: str = 
     """The prompt of `req` (messages; `prompt_param` names them in errors) and the SamplingParams of its choices;
     a forced call's arguments held to their schemas where the line gives a grammar."""
     text, opener, ids = await asyncio.to_thread(_render, model, req, prompt_param)  # off the event loop
-    if req.tool_required and (grammar := model.engine.chat_format.tool_call_grammar(req.tools, req.tool_name)):
-        req.gen.grammar = OutputGrammar("grammar", grammar, "tools")   # the arguments hold to their schemas
+    if req.tool_required:   # the output is the call: a JSON format given too applies to text answers, not to it
+        grammar = model.engine.chat_format.tool_call_grammar(req.tools, req.tool_name, req.parallel_tool_calls)
+        req.gen.grammar = OutputGrammar("grammar", grammar, "tools") if grammar else None   # the arguments' schemas
     max_tokens = max_tokens_for(model, len(ids), req.gen, None, prompt_param)
     engine = model.engine
     plan = [(0, ids, req.gen.params(j, max_tokens, engine.tokenizer, engine.vocab_size, engine.sampling_defaults))

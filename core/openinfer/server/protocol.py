@@ -2,7 +2,9 @@
 
 Accepted and ignored: the OpenAI metadata in fields.IGNORED. Accepted only at their no-op
 value (anything else is a 400): `best_of` 1, `suffix`, `use_beam_search` false, `length_penalty` 1,
-`parallel_tool_calls` true, `modalities` ["text"] — we have no beam search or suffix insertion. vLLM's `priority`
+`modalities` ["text"] — we have no beam search or suffix insertion. Chat's `parallel_tool_calls` false keeps the first
+call only; `reasoning_effort` none or minimal turns thinking off and the other efforts leave it on, on a line that
+reasons (a 400 naming it on one that does not, where only "none" is accepted). vLLM's `priority`
 orders admission under `--scheduling-policy priority`; the engine refuses a value other than 0 under fcfs.
 Chat's `continue_final_message` (with `add_generation_prompt` false) ends the prompt
 inside the final message, as transformers renders it, for the model to continue.
@@ -28,11 +30,12 @@ Logprobs are those of the masked distribution.
 function's name), so the output is that call. Where the line gives a grammar for its calls
 (ChatFormat.tool_call_grammar; Qwen3's and Qwen3.5's do) decoding holds the arguments to the function's
 `parameters` schema (and, for "required", the names to the tools'), and a schema llguidance cannot enforce is
-a 400 naming `tools`; elsewhere the arguments are the model's, unchecked. A call cut by max_tokens finishes with
-"length". Such a forced call together with a JSON `response_format` is a 400 naming `response_format` (or
-`structured_outputs`: the output cannot be both); with tool_choice "auto" the constraint holds, so the model
-answers in JSON and makes no tool call. Everything else unknown (e.g. `reasoning_effort`, `functions`,
-`spaces_between_special_tokens`) is a 400 naming it.
+a 400 naming `tools`; elsewhere the arguments are the model's, unchecked. A call cut by max_tokens comes back as a
+call with its arguments so far, finishing with "length". A forced call together with a `response_format` or
+`structured_outputs` is the call, as OpenAI answers it (agent stacks send an output schema on every turn): the format
+applies to text answers, and there is none; with tool_choice "auto" the constraint holds, so the model answers in
+JSON and makes no tool call. Everything else unknown (e.g. `verbosity`, `functions`, `spaces_between_special_tokens`)
+is a 400 naming it.
 Honoured beyond OpenAI: vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids, allowed_token_ids (sampled on the host as structured outputs are, and a 400 together with
 one), bad_words (the last token of each word's tokens is masked where the output ends with the rest; sampled
@@ -59,6 +62,8 @@ from .fields import IGNORED, Fields, int_list, is_kind, str_list, token_ids
 from .grammar_fields import output_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")   # OpenAI's reasoning effort values
+THINKING_OFF = ("none", "minimal")
 # chat_template_kwargs that would collide with the arguments the server passes itself
 _RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "continue_final_message")
 
@@ -132,6 +137,18 @@ class ChatRequest:
     tool_required: bool = False              # tool_choice "required" or a named function: the output is a call
     tool_name: str | None = None             # ... of this function (a named tool_choice)
     continue_final_message: bool = False     # the prompt ends inside the final message, which the model continues
+    parallel_tool_calls: bool = True         # false: the first call only (later ones are dropped)
+    reasoning_effort: str | None = None      # checked against the line (reasoning lines only) when rendering
+    reasoning_effort_param: str = "reasoning_effort"
+
+    def effort(self, effort: str | None, param: str) -> None:
+        """OpenAI's reasoning effort: none / minimal turn thinking off (the one dial a hybrid thinker has: Qwen3's
+        enable_thinking; an explicit chat_template_kwargs switch wins), the others leave it on."""
+        if effort is not None and effort not in EFFORTS:
+            raise bad_request(f"'{param}' must be one of {', '.join(EFFORTS)}; got {effort!r}.", param)
+        self.reasoning_effort, self.reasoning_effort_param = effort, param
+        if effort in THINKING_OFF:
+            self.template_kwargs.setdefault("enable_thinking", False)
 
 
 def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
@@ -246,14 +263,12 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     tools, forced = parse_tools(f)
     req = ChatRequest(gen, messages, tools, template_kwargs(f), f.get("add_generation_prompt", "bool", True),
                       f.get("add_special_tokens", "bool", False), forced is not None, forced or None)
-    if req.tool_required and gen.grammar is not None:
-        raise bad_request(f"A tool_choice that forces a call cannot be combined with '{gen.grammar.param}': the "
-                          "output is the call.", gen.grammar.param)
     if req.tool_required and not req.add_generation_prompt:
         raise bad_request("A tool_choice that forces a call needs 'add_generation_prompt' true: the call opens the "
                           "assistant turn.", "tool_choice")
     req.continue_final_message = _continue_final_message(f, req.add_generation_prompt)
-    f.only("parallel_tool_calls", True)
+    req.parallel_tool_calls = f.get("parallel_tool_calls", "bool", True)
+    req.effort(f.get("reasoning_effort", "str"), "reasoning_effort")
     f.only("modalities", ["text"])
     f.finish(IGNORED)
     return req

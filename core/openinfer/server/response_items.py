@@ -22,9 +22,8 @@ _TEXT = {"reasoning": ("rs", "reasoning_text", "response.reasoning_text"),
 
 
 class OutputItems:
-    def __init__(self, max_calls: int | None = None) -> None:
+    def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
-        self.max_calls = max_calls              # parallel_tool_calls false: 1 (later calls are dropped)
         self._open: dict[str, Any] | None = None
         self._calls: dict[int, dict[str, Any]] = {}   # the parser's call index -> its item
 
@@ -82,8 +81,6 @@ class OutputItems:
         return [*events, delta]
 
     def _call(self, d: ToolCallDelta) -> list[Event]:
-        if self.max_calls is not None and d.index >= self.max_calls:
-            return []
         events = []
         if d.id is not None:   # a call's first delta
             item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": d.id, "name": d.name or "",

@@ -89,7 +89,7 @@ class ResponseRun:
             "status": "in_progress", "error": None, "incomplete_details": None, "instructions": req.instructions,
             "model": model.name, "output": [], "usage": None, "temperature": params.temperature,
             "top_p": params.top_p, "previous_response_id": req.previous_response_id, "store": req.store, **req.echo}
-        self.items = OutputItems(None if req.echo["parallel_tool_calls"] else 1)
+        self.items = OutputItems()
         self._seq = 0
         self._task: asyncio.Task | None = None
         self._sub: Submission | None = None

@@ -45,12 +45,12 @@ class _Vocab:
 
 
 def tool_call_grammar_run(fmt: ChatFormat, tok: Tokenizer, tools: list[dict[str, Any]], name: str | None,
-                          output: str) -> tuple[int, bool]:
+                          output: str, parallel: bool = True) -> tuple[int, bool]:
     """A forced call's rest `output` fed token by token to the format's tool_call_grammar, as the engine
     samples under it: (the tokens the grammar allowed before one it refused, whether the output may end there)."""
     from ..structured import OutputGrammar, compile_grammar
     vocab = _Vocab(tok, tok.vocab_size, frozenset(tok.encode("<|im_end|>")))
-    [c] = compile_grammar(vocab, OutputGrammar("grammar", fmt.tool_call_grammar(tools, name), "tools"), 1)
+    [c] = compile_grammar(vocab, OutputGrammar("grammar", fmt.tool_call_grammar(tools, name, parallel), "tools"), 1)
     ids = tok.encode(output)
     for i, t in enumerate(ids):
         c.prepare()

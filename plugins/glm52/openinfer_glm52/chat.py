@@ -199,12 +199,12 @@ class Glm52ChatFormat(ChatFormat):
         """`<tool_call>` (the model names the function), or with the name, up to its first argument."""
         return _CALL + ("" if name is None else name)
 
-    def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
+    def tool_call_grammar(self, tools: list[dict], name: str | None, parallel: bool = True) -> str | None:
         """After the opener, a call as the template writes one: the declared arguments in the schema's order (the
         required ones present), each `<arg_key>K</arg_key><arg_value>V</arg_value>`, then `</tool_call>`; for
-        "required" the function's name first and further calls after. A text argument (string or untyped) is free
-        text up to its closing tag; a typed one is JSON valid against its schema. A function that declares no
-        properties takes any arguments as text."""
+        "required" the function's name first and (`parallel`) further calls after. A text argument (string or
+        untyped) is free text up to its closing tag; a typed one is JSON valid against its schema. A function that
+        declares no properties takes any arguments as text."""
         fns = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
         rules = [f"text[suffix={lark_literal(_VALUE_END)}]: /(.|\\n)*/",
                  f"any_arg: {lark_literal(_KEY)} /[^<]+/ {lark_literal(_KEY_END + _VALUE)} text"]
@@ -222,7 +222,8 @@ class Glm52ChatFormat(ChatFormat):
         if name is not None:
             return "\n".join(["start: call0", *rules])
         calls = " | ".join(f"call{i}" for i in range(len(fns)))
-        return "\n".join([f"start: call ({lark_literal(_CALL)} call)*", f"call: {calls}", *rules])
+        again = f" ({lark_literal(_CALL)} call)*" if parallel else ""
+        return "\n".join([f"start: call{again}", f"call: {calls}", *rules])
 
 
 GLM52_CHAT_FORMAT = Glm52ChatFormat()

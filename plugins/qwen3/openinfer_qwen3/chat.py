@@ -19,6 +19,8 @@ DEMO_TOKENIZER_DIR = Path(__file__).parent / "demo_tokenizer"
 
 # The start of a call up to the arguments value: enough to stream the name before the call closes.
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:')
+# The name alone: all a call cut before its arguments has.
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
 class Qwen3ReasoningParser(ThinkTagReasoningParser):
@@ -37,9 +39,10 @@ def _load_call(body: str) -> tuple[str, str] | None:
     return obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
 
 
-def _header_name(body: str) -> tuple[str, int] | None:
-    """(name, end of header) once the body has shown `{"name": "...", "arguments":`."""
-    if (m := _HEADER.match(body)) is None:
+def _header_name(body: str, pattern: re.Pattern = _HEADER) -> tuple[str, int] | None:
+    """(name, end of header) once the body has shown `{"name": "...", "arguments":` (`pattern` _NAME: `{"name": "..."`,
+    the header of a call cut before its arguments)."""
+    if (m := pattern.match(body)) is None:
         return None
     try:
         return json.loads(f'"{m.group(1)}"'), m.end()
@@ -83,8 +86,10 @@ class Qwen3ToolCallParser(ToolCallParser):
     def _text(self, out: ParsedDelta, text: str, before_call: bool) -> None:
         self._content.emit(out, text, before_call)
 
-    def _close(self, out: ParsedDelta, body: str, verbatim: str) -> None:
+    def _close(self, out: ParsedDelta, body: str, verbatim: str, cut: bool = False) -> None:
         header = self._header or _header_name(body)
+        if header is None and cut and (named := _header_name(body, _NAME)) is not None:
+            header = named[0], len(body)   # cut before its arguments: it has none yet
         call = _load_call(body)
         if header is None and call is None:
             self._text(out, verbatim, before_call=False)
@@ -127,7 +132,7 @@ class Qwen3ToolCallParser(ToolCallParser):
         out = ParsedDelta()
         if self._in_call:  # unclosed call (truncated output): close it as far as it goes
             body = self._buf[:len(self._buf) - partial_suffix_len(self._buf, [self.end_tag])]
-            self._close(out, body, self.start_tag + self._buf)
+            self._close(out, body, self.start_tag + self._buf, cut=True)
         else:
             self._text(out, self._buf, before_call=False)
         self._buf, self._content.held, self._in_call = "", "", False
@@ -139,9 +144,10 @@ class Qwen3ChatFormat(ChatFormat):
         """`<tool_call>\n{"name": "` (the model names the function), or with the name, up to its arguments' value."""
         return '<tool_call>\n{"name": ' + ('"' if name is None else f'{json.dumps(name, ensure_ascii=False)}, "arguments": ')
 
-    def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
+    def tool_call_grammar(self, tools: list[dict], name: str | None, parallel: bool = True) -> str | None:
         """After the opener: the named function's arguments and the call's end; or one of the functions' names
-        with its arguments, and as many further calls as the model writes (the template's newline between them)."""
+        with its arguments, and (`parallel`) as many further calls as the model writes (the template's newline
+        between them)."""
         end = lark_literal("}\n</tool_call>")
         fns = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
         if name is not None:
@@ -150,7 +156,7 @@ class Qwen3ChatFormat(ChatFormat):
         heads = {n: lark_literal(json.dumps(n, ensure_ascii=False)[1:] + ', "arguments": ') for n in fns}
         calls = " | ".join(f"{heads[n]} {lark_json(schema, JSON_DUMPS_LAYOUT)} {end}" for n, schema in fns.items())
         again = lark_literal("\n" + self.tool_call_opener(None))
-        return f"start: call ({again} call)*\ncall: {calls}"
+        return f"start: call{f' ({again} call)*' if parallel else ''}\ncall: {calls}"
 
 
 QWEN3_CHAT_FORMAT = Qwen3ChatFormat(

@@ -186,3 +186,8 @@ def test_tool_call_grammar_takes_the_template_s_calls_and_refuses_others(name):
     for b in bad + ([text.replace("get_weather", "get_time")] if name is None else []):
         taken, ends = run(b)
         assert not ends and taken < len(demo.encode(b)), b
+    if name is None:   # parallel_tool_calls false: the first call ends the output
+        first = call[len(opener):]
+        single = tool_call_grammar_run(QWEN3_CHAT_FORMAT, demo, tools, name, text, parallel=False)
+        assert tool_call_grammar_run(QWEN3_CHAT_FORMAT, demo, tools, name, first, parallel=False)[1]
+        assert not single[1] and single[0] == len(demo.encode(first))

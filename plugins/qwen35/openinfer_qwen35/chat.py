@@ -245,12 +245,13 @@ class Qwen35ChatFormat(ChatFormat):
         """`<tool_call>\n<function=` (the model names the function), or with the name, up to its first parameter."""
         return "<tool_call>\n<function=" + ("" if name is None else f"{name}>\n")
 
-    def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
+    def tool_call_grammar(self, tools: list[dict], name: str | None, parallel: bool = True) -> str | None:
         """After the opener, a call as the template writes one: the declared parameters in the schema's order
         (the required ones present), each `<parameter=P>\\n` value `\\n</parameter>\\n`, then `</function>\\n
-        </tool_call>`; for "required" the function's name first and further calls after. A text parameter's value
-        (string or untyped) is free text up to its closing tag; a typed one is JSON valid against its schema, as
-        the template's tojson writes it. A function that declares no properties takes any parameters as text."""
+        </tool_call>`; for "required" the function's name first and (`parallel`) further calls after. A text
+        parameter's value (string or untyped) is free text up to its closing tag; a typed one is JSON valid against
+        its schema, as the template's tojson writes it. A function that declares no properties takes any parameters
+        as text."""
         fns = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
         rules = [f'text[suffix={lark_literal(_VALUE_END)}]: /(.|\\n)*/',   # up to (and with) the closing tag
                  'any_param: "<parameter=" /[^>\\n]+/ ">\\n" text']
@@ -270,4 +271,4 @@ class Qwen35ChatFormat(ChatFormat):
             return "\n".join(["start: call0", *rules])
         again = lark_literal("\n" + self.tool_call_opener(None))
         calls = " | ".join(f"call{i}" for i in range(len(fns)))
-        return "\n".join([f"start: call ({again} call)*", f"call: {calls}", *rules])
+        return "\n".join([f"start: call{f' ({again} call)*' if parallel else ''}", f"call: {calls}", *rules])

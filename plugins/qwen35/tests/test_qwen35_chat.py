@@ -279,3 +279,7 @@ def test_tool_call_grammar_takes_the_template_s_calls_and_refuses_others(tok, na
     for b in bad:
         taken, ends = run(b)
         assert not ends and taken < len(tok.encode(b)), b
+    if name is None:   # parallel_tool_calls false: the first call ends the output
+        first = rest[:rest.index("</tool_call>") + len("</tool_call>")]
+        assert tool_call_grammar_run(FORMAT, tok, tools, name, first, parallel=False)[1]
+        assert not tool_call_grammar_run(FORMAT, tok, tools, name, rest, parallel=False)[1]

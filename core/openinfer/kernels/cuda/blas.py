@@ -33,7 +33,8 @@ _OP_N, _OP_T = 0, 1                           # cublasOperation_t
 _COMPUTE_32F, _GEMM_DEFAULT = 68, -1          # cublasComputeType_t, cublasGemmAlgo_t
 _DATA_TYPE = {BF16: _CUDA_R_16BF, np.dtype(np.float32): _CUDA_R_32F}
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)   # host-pointer-mode alpha/beta
-INSTALL_HINT = "install nvidia-cublas (part of openinfer[cuda13] / [cuda12]) or a CUDA toolkit"
+INSTALL_HINT = ("install nvidia-cublas (part of the cuda13 / cuda12 extra: pip install -e '.[cuda13]' in an openinfer "
+                "checkout) or a CUDA toolkit")
 
 
 def load_cublas(name: str = "cublas") -> ctypes.CDLL:

@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent
 OPTIONS = ("-std=c++17", "-default-device")
-INSTALL_HINT = ("NVRTC is needed to compile openinfer's CUDA kernels: install openinfer[cuda13] "
-                "(nvidia-cuda-nvrtc 13) or openinfer[cuda12] (nvidia-cuda-nvrtc-cu12), or a CUDA toolkit")
+INSTALL_HINT = ("NVRTC is needed to compile openinfer's CUDA kernels: install the cuda13 extra (nvidia-cuda-nvrtc 13; "
+                "pip install -e '.[cuda13]' in an openinfer checkout) or the cuda12 one (nvidia-cuda-nvrtc-cu12), or a "
+                "CUDA toolkit")
 
 
 class KernelCompileError(RuntimeError):
