@@ -15,7 +15,8 @@ import numpy as np
 
 # safetensors dtype -> (numpy storage dtype, itemsize); bf16 is stored as uint16 bit patterns
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
-           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+           "F8_E4M3": np.uint8}   # fp8 e4m3 bytes as they are (quant/fp8.py decodes them)
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
