@@ -10,7 +10,14 @@ OPS = ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope"
 DTYPES = ("bfloat16", "float32")
 
 
+# ops on quantized weights (quant.py): op name -> its wrapper
+QUANT_OPS = {"linear_int4": "linear_quant", "linear_fp8": "linear_quant", "moe_experts_int4": "moe_experts_quant",
+             "moe_experts_fp8": "moe_experts_quant"}
+
+
 def register(register_kernel) -> None:
     """Registers every op above for backend "cuda" (called through the core's own hookimpl)."""
     for name in OPS:
         register_kernel(name, "cuda", f"{__name__}.ops:{name}", dtypes=DTYPES)
+    for name, impl in QUANT_OPS.items():
+        register_kernel(name, "cuda", f"{__name__}.quant:{impl}", dtypes=DTYPES)
