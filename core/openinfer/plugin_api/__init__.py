@@ -15,6 +15,10 @@ from ..hookspecs import hookimpl
 from ..kernels.registry import KernelRegistry, Ops
 from ..kv.pool import StatePools
 from ..layers.attention import AttentionWeights, GQAAttention
+from ..layers.mla import (MLADims, MLAttention, MLAWeights, load_mla_weights, mla_softmax_scale, mla_state_group,
+                          mla_weight_shapes)
+from ..layers.mlp import SwiGLU, load_swiglu
+from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
 from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..model_line import Model, ModelLine, Probe, StateGroup
 from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
@@ -29,4 +33,6 @@ __all__ = [
     "RopeConfig", "StatePools", "StateGroup", "ThinkTagReasoningParser", "Tokenizer", "ToolCall", "ToolCallDelta",
     "WeightSource", "byte_level_chars", "collect_tool_calls", "cos_sin", "hookimpl", "JSON_DUMPS_LAYOUT", "lark_json",
     "lark_literal", "partial_suffix_len", "require", "rope_config",
+    "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
+    "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
 ]

@@ -50,10 +50,13 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 
 
 def hf_greedy(model, ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy `generate`. The attention mask is passed explicitly: generate would otherwise
+    infer one from pad_token_id and mask every prompt token equal to it (a tokenizer whose BOS is id 0)."""
     import torch
+    prompt = torch.tensor([ids])
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=0)
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                             min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
     return out[0, len(ids):].tolist()
 
 

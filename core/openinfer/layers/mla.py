@@ -1,0 +1,134 @@
+"""Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, GLM-5), written against the op registry.
+
+Per token: q = q_proj(x) or, with q-LoRA, q_b_proj(RMSNorm(q_a_proj(x))), viewed [H, dn + P] as
+[q_nope | q_pe]; kv_a_proj_with_mqa(x) = [c | k_pe] with c = RMSNorm(c) of width R and k_pe ONE rotary
+head shared by all query heads. The paged cache ("mla" group, part "latent") keeps R + P values per token
+per layer: c then the rotated k_pe, so prefix caching and offload move it like any paged KV.
+
+Attention runs in the absorbed form for every step (decode, prefill chunks, prefix hits): the query's
+nope part is multiplied by W_UK (kv_b_proj's key rows) into the latent space, attention is taken over
+the latents (mla_attention), and W_UV (kv_b_proj's value rows) maps the result back per head before
+o_proj. kv_b_proj is split at load: W_UK transposed [H, R, dn], W_UV [H, dv, R] (per_head_linear's layout).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..batch import Array, ForwardBatch
+from ..kernels.registry import Ops
+from ..kv.pool import StatePools
+from ..model_line import StateGroup
+from .rope import RopeConfig, yarn_mscale
+
+# q_a_layernorm and kv_a_layernorm are built without the config's eps in every reference implementation
+LATENT_NORM_EPS = 1e-6
+STATE_GROUP = "mla"
+
+
+@dataclass(frozen=True)
+class MLADims:
+    hidden_size: int
+    num_heads: int
+    q_lora_rank: int | None      # None: a plain q_proj
+    kv_lora_rank: int            # R
+    qk_nope_head_dim: int        # dn
+    qk_rope_head_dim: int        # P
+    v_head_dim: int              # dv
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+def mla_state_group(dims: MLADims, num_layers: int) -> StateGroup:
+    """The paged latent cache: R + P values per token per layer."""
+    return StateGroup(STATE_GROUP, "paged", num_layers, {"latent": (dims.latent_dim,)})
+
+
+def mla_softmax_scale(dims: MLADims, rope: RopeConfig) -> float:
+    """(dn + P)^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN when mscale_all_dim is set."""
+    scale = dims.qk_head_dim ** -0.5
+    if rope.kind == "yarn" and rope.mscale_all_dim:
+        scale *= yarn_mscale(rope.factor, rope.mscale_all_dim) ** 2
+    return scale
+
+
+def mla_weight_shapes(prefix: str, dims: MLADims) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes of one MLA block under `prefix` (e.g. "model.layers.0.self_attn.")."""
+    D, H, R, P = dims.hidden_size, dims.num_heads, dims.kv_lora_rank, dims.qk_rope_head_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    if dims.q_lora_rank is None:
+        shapes[prefix + "q_proj.weight"] = (H * dims.qk_head_dim, D)
+    else:
+        shapes.update({prefix + "q_a_proj.weight": (dims.q_lora_rank, D),
+                       prefix + "q_a_layernorm.weight": (dims.q_lora_rank,),
+                       prefix + "q_b_proj.weight": (H * dims.qk_head_dim, dims.q_lora_rank)})
+    shapes.update({prefix + "kv_a_proj_with_mqa.weight": (R + P, D), prefix + "kv_a_layernorm.weight": (R,),
+                   prefix + "kv_b_proj.weight": (H * (dims.qk_nope_head_dim + dims.v_head_dim), R),
+                   prefix + "o_proj.weight": (D, H * dims.v_head_dim)})
+    return shapes
+
+
+@dataclass
+class MLAWeights:
+    q: Array | None           # [H (dn + P), D] q_proj; None with q-LoRA
+    q_a_kv_a: Array | None    # [q_lora + R + P, D]: q_a_proj and kv_a_proj_with_mqa fused (q-LoRA only)
+    q_a_norm: Array | None    # [q_lora]
+    q_b: Array | None         # [H (dn + P), q_lora]
+    kv_a: Array | None        # [R + P, D] without q-LoRA
+    kv_a_norm: Array          # [R]
+    w_uk_t: Array             # [H, R, dn]: the query absorbs it (q_latent = W_UK^T q_nope per head)
+    w_uv: Array               # [H, dv, R]
+    o: Array                  # [D, H dv]
+
+
+def load_mla_weights(backend: Any, weights: Any, prefix: str, dims: MLADims) -> MLAWeights:
+    H, dn, dv, R = dims.num_heads, dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
+    kv_b = np.asarray(weights.get(prefix + "kv_b_proj.weight"), dtype=np.float32).reshape(H, dn + dv, R)
+    lora = dims.q_lora_rank is not None
+    return MLAWeights(
+        q=None if lora else backend.load(weights, prefix + "q_proj.weight"),
+        q_a_kv_a=backend.load(weights, prefix + "q_a_proj.weight", prefix + "kv_a_proj_with_mqa.weight")
+        if lora else None,
+        q_a_norm=backend.load(weights, prefix + "q_a_layernorm.weight") if lora else None,
+        q_b=backend.load(weights, prefix + "q_b_proj.weight") if lora else None,
+        kv_a=None if lora else backend.load(weights, prefix + "kv_a_proj_with_mqa.weight"),
+        kv_a_norm=backend.load(weights, prefix + "kv_a_layernorm.weight"),
+        w_uk_t=backend.asarray(np.ascontiguousarray(kv_b[:, :dn, :].transpose(0, 2, 1))),
+        w_uv=backend.asarray(np.ascontiguousarray(kv_b[:, dn:, :])),
+        o=backend.load(weights, prefix + "o_proj.weight"))
+
+
+class MLAttention:
+    """One layer's MLA; `cos`/`sin` are layers/rope.py tables over qk_rope_head_dim (YaRN's attention
+    factor folded in), `scale` mla_softmax_scale."""
+
+    def __init__(self, ops: Ops, layer: int, dims: MLADims, scale: float, cos: Array, sin: Array,
+                 w: MLAWeights) -> None:
+        self.ops, self.layer, self.dims = ops, layer, dims
+        self.scale, self.cos, self.sin, self.w = scale, cos, sin, w
+
+    def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
+        ops, w, d = self.ops, self.w, self.dims
+        T, H, R, dn = x.shape[0], d.num_heads, d.kv_lora_rank, d.qk_nope_head_dim
+        if d.q_lora_rank is None:
+            q, kv = ops.linear(x, w.q), ops.linear(x, w.kv_a)
+        else:
+            qa_kv = ops.linear(x, w.q_a_kv_a)
+            q = ops.linear(ops.rms_norm(qa_kv[:, :d.q_lora_rank], w.q_a_norm, LATENT_NORM_EPS), w.q_b)
+            kv = qa_kv[:, d.q_lora_rank:]
+        q = q.reshape(T, H, d.qk_head_dim)
+        c = ops.rms_norm(kv[:, :R], w.kv_a_norm, LATENT_NORM_EPS)
+        q_pe, k_pe = ops.mla_rope(q[:, :, dn:], kv[:, R:], batch.positions, self.cos, self.sin)
+        cache = state.layer(STATE_GROUP, "latent", self.layer)
+        ops.mla_write_latent(cache, c, k_pe, batch.slot_mapping)
+        q_latent = ops.per_head_linear(q[:, :, :dn], w.w_uk_t)
+        out = ops.per_head_linear(ops.mla_attention(q_latent, q_pe, cache, batch, self.scale), w.w_uv)
+        return ops.linear(out.reshape(T, H * d.v_head_dim), w.o)

@@ -1,0 +1,121 @@
+"""DeepSeekMoE: a float32 router picks the top-k of E routed experts per token, their SwiGLU outputs are
+summed with the router's weights, and shared experts (a plain dense MLP) are added. Written against the op
+registry (router_logits, moe_route, moe_experts), so it runs on every backend.
+
+Expert weights stay stacked, gate_up [E_local, 2I, D] (gate rows first) and down [E_local, D, I], for
+grouped kernels. Expert parallelism: a rank holds experts [expert_offset, expert_offset + E_local) and
+computes only their share; `comm.all_reduce` (a sum over ranks) completes the routed output before the
+replicated shared experts are added.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from ..batch import Array
+from ..config import ConfigError
+from ..kernels.registry import Ops
+from .mlp import SwiGLU, load_swiglu
+
+SCORINGS = ("softmax", "sigmoid")
+METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """How a token's experts and their weights are chosen (kernels/numpy_mla_moe.py: moe_route)."""
+    top_k: int
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    method: Literal["greedy", "group_limited_greedy", "noaux_tc"] = "greedy"
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+
+    def check(self, num_experts: int) -> None:
+        """Raise ConfigError naming the config.json field that does not fit."""
+        if self.scoring not in SCORINGS:
+            raise ConfigError(f"scoring_func {self.scoring!r} is not supported ({', '.join(SCORINGS)})")
+        if self.method not in METHODS:
+            raise ConfigError(f"topk_method {self.method!r} is not supported ({', '.join(METHODS)})")
+        if not 1 <= self.top_k <= num_experts:
+            raise ConfigError(f"num_experts_per_tok {self.top_k} must lie in 1 .. n_routed_experts ({num_experts})")
+        if self.n_group < 1 or num_experts % self.n_group:
+            raise ConfigError(f"n_group {self.n_group} must divide n_routed_experts {num_experts}")
+        if not 1 <= self.topk_group <= self.n_group:
+            raise ConfigError(f"topk_group {self.topk_group} must lie in 1 .. n_group ({self.n_group})")
+        if self.method != "greedy" and self.topk_group * (num_experts // self.n_group) < self.top_k:
+            raise ConfigError(f"topk_group {self.topk_group} groups of {num_experts // self.n_group} experts cannot "
+                             f"hold num_experts_per_tok {self.top_k}")
+        if self.method == "noaux_tc" and self.n_group > 1 and num_experts // self.n_group < 2:
+            raise ConfigError("noaux_tc scores a group by its two best experts: n_group leaves fewer per group")
+
+
+class Communicator(Protocol):
+    """The part of openinfer.parallel's communicator the MoE layer uses."""
+    def all_reduce(self, x: Array) -> Any: ...
+
+
+@dataclass
+class MoEWeights:
+    gate: Array               # [E, D] float32 router
+    bias: Array | None        # [E] float32 e_score_correction_bias (noaux_tc), else None
+    gate_up: Array            # [E_local, 2I, D]: this rank's experts, gate rows then up rows
+    down: Array               # [E_local, D, I]
+    shared: SwiGLU | None     # the shared experts as one MLP (intermediate n_shared * I), or None
+
+
+class MoE:
+    def __init__(self, ops: Ops, router: RouterConfig, w: MoEWeights, expert_offset: int = 0,
+                 comm: Communicator | None = None) -> None:
+        self.ops, self.router, self.w = ops, router, w
+        self.expert_offset, self.comm = expert_offset, comm
+
+    def __call__(self, x: Array) -> Array:
+        ops, w = self.ops, self.w
+        ids, weights = ops.moe_route(ops.router_logits(x, w.gate), w.bias, self.router)
+        y = ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset)
+        if self.comm is not None:
+            reduced = self.comm.all_reduce(y)
+            y = y if reduced is None else reduced
+        if w.shared is not None:
+            y = y + w.shared(x)
+        return y
+
+
+def moe_weight_shapes(prefix: str, hidden: int, num_experts: int, expert_inter: int, shared_inter: int,
+                      bias: bool) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes of one DeepSeek-layout MoE block under `prefix` (e.g. "model.layers.3.mlp.");
+    shared_inter 0: no shared experts."""
+    shapes: dict[str, tuple[int, ...]] = {prefix + "gate.weight": (num_experts, hidden)}
+    if bias:
+        shapes[prefix + "gate.e_score_correction_bias"] = (num_experts,)
+    for e in range(num_experts):
+        gate, up, down = expert_names(prefix, e)
+        shapes.update({gate: (expert_inter, hidden), up: (expert_inter, hidden), down: (hidden, expert_inter)})
+    if shared_inter:
+        p = prefix + "shared_experts."
+        shapes.update({p + "gate_proj.weight": (shared_inter, hidden), p + "up_proj.weight": (shared_inter, hidden),
+                       p + "down_proj.weight": (hidden, shared_inter)})
+    return shapes
+
+
+def expert_names(prefix: str, e: int) -> tuple[str, str, str]:
+    p = f"{prefix}experts.{e}."
+    return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
+
+
+def load_moe_weights(ops: Ops, backend: Any, weights: Any, prefix: str, expert_inter: int, shared: bool,
+                     bias: bool, expert_offset: int, expert_count: int) -> MoEWeights:
+    """Stack experts [expert_offset, expert_offset + expert_count) as gate_up [E_local, 2I, D] and down
+    [E_local, D, I] (one concatenating load each); the router and its bias in float32."""
+    experts = [expert_names(prefix, e) for e in range(expert_offset, expert_offset + expert_count)]
+    gate_up = backend.load(weights, *[n for gate, up, _ in experts for n in (gate, up)])
+    down = backend.load(weights, *[d for _, _, d in experts])
+    gate_up = gate_up.reshape(expert_count, 2 * expert_inter, -1)
+    down = down.reshape(expert_count, -1, expert_inter)
+    return MoEWeights(
+        gate=backend.asarray(weights.get(prefix + "gate.weight"), "float32"),
+        bias=backend.asarray(weights.get(prefix + "gate.e_score_correction_bias"), "float32") if bias else None,
+        gate_up=gate_up, down=down,
+        shared=load_swiglu(ops, backend, weights, prefix + "shared_experts.") if shared else None)
