@@ -21,7 +21,6 @@ from .model_runner import ModelRunner
 from .phases import in_background, phase, release_free_heap
 from .plugins import Plugins, get_plugins
 from .sampling import defaults_from_generation_config
-from .tokenizer import Tokenizer
 from .weights import Checkpoint, DummyWeights, WeightSource
 
 log = logging.getLogger("openinfer.loader")
@@ -65,7 +64,7 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
                 _check_weights(line, cfg, weights, shapes, model)
     # the tokenizer parses on a thread while the device comes up: the Rust parse releases the GIL (a
     # busy Python loop on the main thread kept running, with gaps under 0.15 s, through a 1.6 s parse)
-    tokenizer_loaded = in_background("tokenizer", Tokenizer.from_dir, tok_dir)
+    tokenizer_loaded = in_background("tokenizer", line.load_tokenizer, tok_dir)
     with phase("backend (device context)") as p:
         backend = get_backend(args.device, args.dtype, args.gpu_memory_utilization)
         ops = plugins.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .kernels.registry import Ops
     from .kv.pool import StatePools
     from .parsers import ChatFormat
+    from .tokenizer import Tokenizer
     from .weights import WeightSource
 
 
@@ -97,6 +98,12 @@ class ModelLine(ABC):
 
     @abstractmethod
     def chat_format(self) -> ChatFormat: ...
+
+    def load_tokenizer(self, path: Path) -> Tokenizer:
+        """The tokenizer of a checkpoint folder (a line whose checkpoints ship another format than tokenizer.json
+        converts it here)."""
+        from .tokenizer import Tokenizer
+        return Tokenizer.from_dir(path)
 
     def tokenizer_dir(self) -> Path | None:
         """A folder with this line's genuine tokenizer (tokenizer.json[.gz], tokenizer_config.json),
