@@ -134,10 +134,12 @@ class ThinkTagReasoningParser(ReasoningParser):
     The block counts only at the start of the output (leading whitespace allowed), or from the
     first character when starts_in_reasoning; a later tag is ordinary content. Newlines right
     inside the tags and right after the closing tag are dropped, as chat templates write them.
-    Output that never closes the block is all reasoning.
+    Output that never closes the block is all reasoning. `end_markers`: text that also ends the block but
+    belongs to the content (a model that opens its tool calls without closing its reasoning first).
     """
     start_tag = "<think>"
     end_tag = "</think>"
+    end_markers: tuple[str, ...] = ()
 
     def __init__(self, starts_in_reasoning: bool = False) -> None:
         super().__init__(starts_in_reasoning)
@@ -160,14 +162,18 @@ class ThinkTagReasoningParser(ReasoningParser):
             if self._lead:
                 self._buf = self._buf.lstrip("\n")
                 self._lead = not self._buf
-            i = self._buf.find(self.end_tag)
+            i, skip = self._buf.find(self.end_tag), len(self.end_tag)
+            for marker in self.end_markers:
+                k = self._buf.find(marker)
+                if k >= 0 and (i < 0 or k < i):
+                    i, skip = k, 0
             if i < 0:
-                keep = partial_suffix_len(self._buf, [self.end_tag])
+                keep = partial_suffix_len(self._buf, [self.end_tag, *self.end_markers])
                 emit = self._buf[:len(self._buf) - keep].rstrip("\n")  # trailing newlines may precede the tag
                 out.reasoning, self._buf = emit, self._buf[len(emit):]
                 return out
             out.reasoning = self._buf[:i].rstrip("\n")
-            self._state, self._buf, self._lead = "content", self._buf[i + len(self.end_tag):], True
+            self._state, self._buf, self._lead = "content", self._buf[i + skip:], skip > 0
         if self._lead:
             self._buf = self._buf.lstrip("\n")
             self._lead = not self._buf

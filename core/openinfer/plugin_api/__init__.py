@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..batch import Array, ForwardBatch
 from ..config import ConfigError, require
 from ..detokenize import partial_suffix_len
+from ..disk_cache import cache_root, write_atomic
 from ..hookspecs import hookimpl
 from ..kernels.registry import KernelRegistry, Ops
 from ..kv.pool import StatePools
@@ -24,7 +25,8 @@ from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..model_line import Model, ModelLine, Probe, StateGroup
 from ..quant import QuantScheme, QuantizedTensorError, quant_scheme
 from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
-                       ToolCallDelta, collect_tool_calls)
+                       ToolCallDelta, ToolCallParser, collect_tool_calls)
+from ..tiktoken_bpe import bpe_tokenizer_json, load_ranks
 from ..structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
 from ..tokenizer import ChatTemplateError, Tokenizer, byte_level_chars
 from ..weights import WeightSource
@@ -38,5 +40,5 @@ __all__ = [
     "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
     "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
     "MLAMoEConfig", "MLAMoEDecoder", "mla_moe_kernel_plan", "mla_moe_weight_shapes", "QuantScheme",
-    "QuantizedTensorError", "quant_scheme",
+    "QuantizedTensorError", "quant_scheme", "ToolCallParser", "bpe_tokenizer_json", "cache_root", "load_ranks", "write_atomic",
 ]
