@@ -63,14 +63,13 @@ def kimi_pieces(text: str) -> Iterator[str]:
 
 
 def special_tokens(num_base: int, config: dict) -> list[tuple[int, str, bool]]:
-    """(id, name, special) of the 256 ids after the ranks; `special` (skipped in decoded output) as
-    tokenizer_config.json flags it, except the chat-structure markers, which the parsers read."""
+    """(id, name, special) of the 256 ids after the ranks, `special` as tokenizer_config.json flags it."""
     named = {int(i): t for i, t in (config.get("added_tokens_decoder") or {}).items()}
     out = []
     for i in range(num_base, num_base + NUM_RESERVED_SPECIAL):
         entry = named.get(i) or {}
         name = entry.get("content") or f"<|reserved_token_{i}|>"
-        out.append((i, name, bool(entry.get("special", False)) and name not in OUTPUT_MARKERS))
+        out.append((i, name, bool(entry.get("special", False))))
     unknown = sorted(i for i in named if not num_base <= i < num_base + NUM_RESERVED_SPECIAL)
     if unknown:
         raise ValueError(f"tokenizer_config.json names added tokens {unknown[:5]} outside the special ids "
@@ -109,14 +108,21 @@ def _converted(model: Path, config: dict) -> HFTokenizer:
     return HFTokenizer.from_str(text)
 
 
+def _markers_kept(tok: Tokenizer) -> Tokenizer:
+    """The chat-structure markers stay in decoded text even where special tokens are skipped (the parsers read
+    them; tokenizer_config.json flags them special)."""
+    tok.special_ids = frozenset(i for i in tok.special_ids if tok.id_to_token(i) not in OUTPUT_MARKERS)
+    return tok
+
+
 def load_kimi_tokenizer(path: Path) -> Tokenizer:
     path = Path(path)
     if (path / "tokenizer.json").is_file() or (path / "tokenizer.json.gz").is_file():
-        return Tokenizer.from_dir(path)
+        return _markers_kept(Tokenizer.from_dir(path))
     model = path / "tiktoken.model"
     if not model.is_file():
         raise FileNotFoundError(f"no tiktoken.model (nor a converted tokenizer.json) in {path}: Kimi checkpoints "
                                 "ship their vocabulary as tiktoken.model beside tokenizer_config.json")
     config_path = path / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-    return KimiTokenizer.with_folder(_converted(model, config), path)
+    return _markers_kept(KimiTokenizer.with_folder(_converted(model, config), path))
