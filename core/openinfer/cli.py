@@ -43,6 +43,9 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
                         "vLLM's; a running request is never preempted (its KV was reserved at admission)")
     p.add_argument("--kv-offload-host-gib", type=float, default=8.0,
                    help="host memory for --kv-offload (pinned on CUDA)")
+    p.add_argument("--ep", type=int, default=1, metavar="N",
+                   help="expert parallelism: shard a MoE model's routed experts over N processes, one per GPU "
+                        "(--device cuda:i uses GPUs i..i+N-1; on the CPU, N processes); N must divide the expert count")
 
 
 def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
@@ -54,7 +57,7 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed,
                       enforce_eager=a.enforce_eager, pipelined_decode=a.pipelined_decode, kv_offload=a.kv_offload,
                       kv_offload_host_gib=a.kv_offload_host_gib, generation_config=a.generation_config,
-                      scheduling_policy=a.scheduling_policy)
+                      scheduling_policy=a.scheduling_policy, ep=a.ep)
 
 
 def _parse_model(spec: str) -> tuple[str | None, str]:

@@ -1,8 +1,10 @@
-"""The Engine: one model on one device, a step loop in its own thread, an event stream per request.
+"""The Engine: one model on one device (or an expert-parallel group of devices, which its Executor runs each
+step on), a step loop in its own thread, an event stream per request.
 
 submit()/abort() are thread-safe and never block on the GPU; the step loop drains them between
-steps. An error inside a step fails only that step's requests; an error outside one kills the
-engine (is_alive() goes False, every request gets Failed) so /health can report it.
+steps. An error inside a step fails only that step's requests; an error outside one, or a lost
+expert-parallel rank (RankFailed), kills the engine (is_alive() goes False, every request gets
+Failed) so /health can report it.
 """
 from __future__ import annotations
 
@@ -19,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .engine_args import EngineArgs
+from .executor import Executor
 from .kv.block_manager import BlockManager
 from .kv.host_tier import AHEAD_POLL_S, HostTier
 from .kv.offload_stats import OffloadStats
-from .model_runner import Launched, ModelRunner, StepOutput
+from .model_runner import Launched, StepOutput
+from .parallel.communicator import RankFailed
 from .pipeline import next_decode_plan
 from .request import (Failed, Finished, PromptLogprobs, Rejected, Request, RequestStream, Scheduled, Status,
                       Tokens, wakeups_batched)
@@ -62,11 +66,12 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, name: str, runner: ModelRunner, blocks: BlockManager, args: EngineArgs, *,
+    def __init__(self, name: str, executor: Executor, blocks: BlockManager, args: EngineArgs, *,
                  tokenizer: Any, chat_format: Any, max_model_len: int, vocab_size: int,
                  eos_token_ids: frozenset[int], host_tier: HostTier | None = None,
                  sampling_defaults: dict[str, float | int] | None = None) -> None:
-        self.name, self.runner, self.blocks, self.args = name, runner, blocks, args
+        self.name, self.executor, self.blocks, self.args = name, executor, blocks, args
+        self.runner = executor.runner   # rank 0's model runner (the logits come from it)
         # the model's recommended sampling (generation_config.json); the server fills a request's missing fields
         self.sampling_defaults = dict(sampling_defaults or {})
         self.tokenizer, self.chat_format = tokenizer, chat_format
@@ -169,6 +174,7 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.executor.shutdown()
 
     def _loop(self) -> None:
         try:
@@ -179,11 +185,12 @@ class Engine:
                     saving = self.host_tier is not None and self.host_tier.saving_ahead()
                     self._wake.wait(AHEAD_POLL_S if saving else 0.5)
                     self._wake.clear()
+                    self.executor.check()   # a dead expert-parallel rank kills the engine while idle too
                     if saving and not self.has_unfinished():
                         self.host_tier.top_up()
                     continue
                 self.step()
-        except Exception as e:  # noqa: BLE001 — a bug outside a step: the engine is dead
+        except Exception as e:  # noqa: BLE001 — a bug outside a step, or a lost rank: the engine is dead
             self.dead_reason = f"{type(e).__name__}: {e}"
             log.error("engine %s died:\n%s", self.name, traceback.format_exc())
             for req in list(self._requests.values()):
@@ -231,9 +238,11 @@ class Engine:
         try:
             if self.runner.backend.samples_on_device:
                 on_device = [i for i in rows if not sampled[i].masked] if masked else rows
-                launched, logits_rows = self.runner.launch(plan, self._sampling_batch(sampled, on_device)), masked
+                launched, logits_rows = self.executor.launch(plan, self._sampling_batch(sampled, on_device)), masked
             else:
-                launched, logits_rows = self.runner.launch(plan), rows
+                launched, logits_rows = self.executor.launch(plan), rows
+        except RankFailed:
+            raise
         except Exception as e:  # noqa: BLE001 — fail this step's requests, keep serving
             self._fail(plan, e)
             return None
@@ -249,7 +258,9 @@ class Engine:
         dropped, self._ended = self._ended, []
         self._inflight = None if dropped else self._launch_next(plan, launched)
         try:
-            out = self.runner.collect(launched, logits_rows)
+            out = self.executor.collect(launched, logits_rows)
+        except RankFailed:
+            raise
         except Exception as e:  # noqa: BLE001 — fail this step's requests, keep serving
             out = None
             self._fail(plan, e)
@@ -274,7 +285,9 @@ class Engine:
         if nxt is None:
             return None
         try:
-            return nxt, self.runner.launch_next(nxt, launched), ()
+            return nxt, self.executor.launch_next(nxt, launched), ()
+        except RankFailed:
+            raise
         except Exception:  # noqa: BLE001 — the serial step after N's bookkeeping recomputes it
             log.error("pipelined launch failed, stepping serially:\n%s", traceback.format_exc())
             return None

@@ -40,6 +40,7 @@ class EngineArgs:
     kv_offload_host_gib: float = 8.0        # the host tier's size (pinned memory on CUDA)
     generation_config: str = "auto"         # auto: generation_config.json's sampling fields are the defaults; none
     scheduling_policy: str = "fcfs"         # fcfs, or priority: waiting requests admitted by their priority first
+    ep: int = 1                             # expert-parallel ranks: one process per device, experts sharded
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
@@ -64,5 +65,10 @@ class EngineArgs:
             raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}: use fcfs or priority")
         if self.generation_config not in ("auto", "none"):
             raise ValueError(f"unknown generation_config {self.generation_config!r}: use auto or none")
+        if self.ep < 1:
+            raise ValueError("ep must be >= 1")
+        if self.ep > 1 and self.kv_offload:
+            raise ValueError("kv_offload is not available with expert parallelism (ep > 1): every rank holds the KV "
+                             "cache, and the host tier saves and restores rank 0's only; serve without one of them")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")

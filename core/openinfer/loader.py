@@ -4,20 +4,26 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from .backends import get_backend
+import numpy as np
+
+from .backends import Backend, get_backend
 from .config import read_generation_config, read_model_config
 from .detect import detect_line
 from .engine import Engine
 from .engine_args import EngineArgs
+from .executor import Executor
+from .kernels.registry import KernelRegistry
 from .kv.block_manager import BlockManager
 from .kv.host_tier import HostTier, offloadable_arrays
 from .kv.hybrid import HybridBlockManager, num_state_rows
 from .kv.pool import StatePools, bytes_per_block, bytes_per_state_row
 from .model_line import ModelLine, StateGroup
 from .model_runner import ModelRunner
+from .parallel.communicator import Communicator
 from .phases import in_background, phase, release_free_heap
 from .plugins import Plugins, get_plugins
 from .sampling import defaults_from_generation_config
@@ -31,14 +37,93 @@ class LoadError(RuntimeError):
     pass
 
 
+@dataclass
+class Source:
+    """What a checkpoint folder, a preset or the demo says before anything loads."""
+    line: ModelLine
+    config: dict[str, Any]
+    cfg: Any
+    shapes: dict[str, tuple[int, ...]]
+    weights: WeightSource | None   # None once a rank's model is built from it
+    kernels: KernelRegistry
+    tok_dir: Path | None
+    gen_config: dict[str, Any]
+    name: str
+
+
+@dataclass
+class RankModel:
+    """One rank's model on its device: its runner (weights, KV pools, graphs) and the pool's shape."""
+    runner: ModelRunner
+    groups: list[StateGroup]
+    num_blocks: int
+    per_block: int
+    rows: int
+    checkpoints: int
+    max_len: int
+    weight_seconds: float
+
+
 def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = None) -> Engine:
     t0 = time.perf_counter()
     with phase("plugins"):
         plugins = plugins or get_plugins()
+    src = read_source(model, args, plugins)
+    # the tokenizer parses on a thread while the device comes up: the Rust parse releases the GIL (a
+    # busy Python loop on the main thread kept running, with gaps under 0.15 s, through a 1.6 s parse)
+    tokenizer_loaded = in_background("tokenizer", src.line.load_tokenizer, src.tok_dir)
+    workers = None
+    if args.ep > 1:
+        from .parallel.workers import Workers
+        with phase("expert-parallel workers") as p:
+            workers = Workers(model, args, plugins)
+            p.detail = f"{args.ep - 1} worker process(es) started"
+    try:
+        ranked = load_rank(src, args, 0, None if workers is None else workers.connect)
+        if workers is not None:
+            with phase("wait for the expert-parallel workers"):
+                workers.wait_ready()
+    except BaseException as e:
+        if workers is not None:
+            reason = workers.load_error()
+            workers.shutdown()
+            if reason is not None:
+                raise LoadError(reason) from e
+        raise
+    name, config, gen_config, line, cfg = src.name, src.config, src.gen_config, src.line, src.cfg
+    blocks, host_tier = _block_manager(ranked, args)
+    with phase("wait for the tokenizer"):
+        tokenizer = tokenizer_loaded.result()
+    with phase("return freed host heap") as p:   # after the tokenizer: its parse peaks ~95 MB above what it keeps
+        p.detail = f"{release_free_heap()} MB of freed heap back to the OS"
+    eos = set(tokenizer.eos_token_ids)
+    gen_eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
+    eos |= set(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
+    sampling_defaults: dict[str, float | int] = {}
+    if args.generation_config == "auto":
+        sampling_defaults, skipped = defaults_from_generation_config(gen_config)
+        for why in skipped:
+            log.warning("generation_config.json: %s; not a sampling default", why)
+        if sampling_defaults:
+            log.info("sampling defaults from generation_config.json (a request's own values win; "
+                     "--generation-config none drops them): %s",
+                     ", ".join(f"{k}={v}" for k, v in sampling_defaults.items()))
+    log.info("loaded %s (%s line) on %s%s in %.2fs (weights %.2fs): %d KV blocks of %d tokens (%.1f MiB), "
+             "max_model_len %d", name, line.name, args.device, f" with {args.ep} expert-parallel ranks" * (args.ep > 1),
+             time.perf_counter() - t0, ranked.weight_seconds, ranked.num_blocks, args.block_size,
+             ranked.num_blocks * ranked.per_block / 2**20, ranked.max_len)
+    return Engine(name, Executor(ranked.runner, workers), blocks, args,
+                  tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=ranked.max_len,
+                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier,
+                  sampling_defaults=sampling_defaults)
+
+
+def read_source(model: str | None, args: EngineArgs, plugins: Plugins) -> Source:
+    """The model line, config and weight source of `model` (None: the demo); an expert-parallel size the
+    model or the machine cannot take is refused here, before anything loads."""
     with phase("config and checkpoint index"):
         if model is None:
             line, config, tok_dir = _demo(plugins)
-            weights: WeightSource = DummyWeights(line.weight_shapes(line.parse_config(config)), seed=args.seed)
             name, gen_config = args.served_model_name or DEMO_NAME, {}
             log.info("no --model given: serving the built-in demo model %r (tiny random weights, %s tokenizer); "
                      "its output is noise — pass --model PATH to serve a real checkpoint", name, line.name)
@@ -57,32 +142,46 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
             tok_dir, gen_config = Path(model), read_generation_config(model)
             name = args.served_model_name or Path(model).name
         cfg = line.parse_config(config)
+        check_expert_parallel(args, line.name, line.num_experts(cfg))
         shapes = line.weight_shapes(cfg)
-        if model is not None:
-            weights = DummyWeights(shapes, seed=args.seed) if args.load_format == "dummy" else Checkpoint(model)
-            if args.load_format != "dummy":
-                _check_weights(line, cfg, weights, shapes, model)
-    # the tokenizer parses on a thread while the device comes up: the Rust parse releases the GIL (a
-    # busy Python loop on the main thread kept running, with gaps under 0.15 s, through a 1.6 s parse)
-    tokenizer_loaded = in_background("tokenizer", line.load_tokenizer, tok_dir)
+        weights: WeightSource
+        if model is None or args.load_format == "dummy":
+            weights = DummyWeights(shapes, seed=args.seed)
+        else:
+            weights = Checkpoint(model)
+            _check_weights(line, cfg, weights, shapes, model)
+    return Source(line, config, cfg, shapes, weights, plugins.kernels, tok_dir, gen_config, name)
+
+
+def load_rank(src: Source, args: EngineArgs, rank: int,
+              connect: Callable[[Backend], Communicator] | None = None) -> RankModel:
+    """Rank `rank`'s model on its device: weights (its shard of the experts), KV pools and graphs. Every
+    rank of an expert-parallel engine runs this with the same flags, so the load-time forwards (profile,
+    capture) meet in the same collectives; `connect` joins the rank's group once its device is up."""
+    line, cfg, shapes = src.line, src.cfg, src.shapes
     with phase("backend (device context)") as p:
-        backend = get_backend(args.device, args.dtype, args.gpu_memory_utilization)
-        ops = plugins.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype)
+        backend = get_backend(rank_device(args.device, rank), args.dtype, args.gpu_memory_utilization)
+        if connect is not None:
+            backend.comm = connect(backend)
+        ops = src.kernels.resolve(line.kernel_plan(cfg), backend.name, backend.dtype)
         p.detail = f"{backend.name} {backend.dtype}"
     with phase("weights") as p:
         t_weights = time.perf_counter()
-        built = line.build(cfg, weights, backend, ops)
+        built = line.build(cfg, src.weights, backend, ops)
         backend.loaded()
         t_weights = time.perf_counter() - t_weights
         nbytes = sum(math.prod(s) for s in shapes.values()) * _itemsize(backend.dtype)
         p.detail = f"{nbytes / 1e9:.2f} GB at {nbytes / 1e9 / max(t_weights, 1e-9):.1f} GB/s"
-    del weights  # a checkpoint's file maps close with it: nothing of it stays in host memory
+    src.weights = None  # a checkpoint's file maps close with it: nothing of it stays in host memory
     groups = line.state_spec(cfg)
     max_len = min(args.max_model_len or line.max_model_len(cfg), line.max_model_len(cfg))
     itemsize = {g.name: (4 if g.dtype == "float32" else _itemsize(backend.dtype)) for g in groups}
     per_block = bytes_per_block(groups, args.block_size, itemsize)
     rows, checkpoints = _state_rows(groups, args)
     state_bytes = rows * bytes_per_state_row(groups, itemsize)
+    if rows:
+        log.info("bounded state: %d rows (%d running sequences, %d prefix checkpoints, 1 padding), %.1f MiB",
+                 rows, args.max_num_seqs, checkpoints, state_bytes / 2**20)
     reserve = 0
     if backend.name == "cuda":
         with phase("activation profile") as p, backend.linear_shapes() as linear_shapes:
@@ -93,42 +192,72 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     if backend.samples_on_device:   # the sampler's float32 copy of every sampled row (sample_rows.cu)
         reserve += args.max_num_seqs * line.vocab_size(cfg) * 4
     with phase("KV cache") as p:
-        num_blocks, pools, blocks, host_tier = _kv_cache(backend, groups, args, per_block, state_bytes, reserve,
-                                                         max_len, rows, checkpoints)
+        num_blocks = _num_blocks(backend, args, per_block, state_bytes, reserve, max_len, checkpoints)
+        if backend.comm is not None:   # every rank holds the same pool: the smallest any rank can
+            num_blocks = int(backend.to_host(backend.comm.all_gather(backend.asarray(
+                np.array([num_blocks], np.int64)))).min())
+        pools = StatePools(backend, groups, num_blocks, args.block_size, rows)
         p.detail = f"{num_blocks} blocks of {args.block_size} tokens, {num_blocks * per_block / 2**30:.2f} GiB"
     runner = ModelRunner(built, backend, pools, args.block_size)
     if backend.name == "cuda" and not args.enforce_eager:
         with phase("graph capture"):
             runner.capture_graphs(args.max_num_seqs, max_len)
-    with phase("wait for the tokenizer"):
-        tokenizer = tokenizer_loaded.result()
-    with phase("return freed host heap") as p:   # after the tokenizer: its parse peaks ~95 MB above what it keeps
-        p.detail = f"{release_free_heap()} MB of freed heap back to the OS"
-    eos = set(tokenizer.eos_token_ids)
-    gen_eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
-    eos |= set(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
-    sampling_defaults: dict[str, float | int] = {}
-    if args.generation_config == "auto":
-        sampling_defaults, skipped = defaults_from_generation_config(gen_config)
-        for why in skipped:
-            log.warning("generation_config.json: %s; not a sampling default", why)
-        if sampling_defaults:
-            log.info("sampling defaults from generation_config.json (a request's own values win; "
-                     "--generation-config none drops them): %s",
-                     ", ".join(f"{k}={v}" for k, v in sampling_defaults.items()))
-    log.info("loaded %s (%s line) on %s in %.2fs (weights %.2fs): %d KV blocks of %d tokens (%.1f MiB), "
-             "max_model_len %d", name, line.name, args.device, time.perf_counter() - t0, t_weights, num_blocks,
-             args.block_size, num_blocks * per_block / 2**20, max_len)
-    return Engine(name, runner, blocks, args,
-                  tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=max_len,
-                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier,
-                  sampling_defaults=sampling_defaults)
+    return RankModel(runner, groups, num_blocks, per_block, rows, checkpoints, max_len, t_weights)
 
 
-def _kv_cache(backend: Any, groups: list[StateGroup], args: EngineArgs, per_block: int, state_bytes: int,
-              reserve: int, max_len: int, rows: int, checkpoints: int
-              ) -> tuple[int, StatePools, BlockManager, HostTier | None]:
-    """The KV budget -> (number of blocks, the device pools, their block manager, the host offload tier)."""
+def rank_device(device: str, rank: int) -> str:
+    """Rank r of an expert-parallel engine on `device` cuda:i uses cuda:i+r; on the CPU every rank is a process."""
+    if device == "cpu" or rank == 0:
+        return device
+    return f"cuda:{int(device.partition(':')[2] or 0) + rank}"
+
+
+def check_expert_parallel(args: EngineArgs, line_name: str, num_experts: int) -> None:
+    """Refuse an --ep the model or the machine cannot take, before anything loads."""
+    if args.ep == 1:
+        return
+    if num_experts == 0:
+        raise LoadError(f"--ep {args.ep}: the {line_name} line has no routed experts to shard; serve it without --ep")
+    if num_experts % args.ep:
+        raise LoadError(f"--ep {args.ep} does not divide the model's {num_experts} routed experts; use a divisor of "
+                        f"{num_experts}")
+    if args.device != "cpu":
+        first = int(args.device.partition(":")[2] or 0)
+        visible = _visible_gpus()
+        if first + args.ep > visible:
+            raise LoadError(f"--ep {args.ep} from {args.device} needs GPUs {first}..{first + args.ep - 1}, but "
+                            f"{visible} GPU(s) are visible; lower --ep")
+
+
+def _visible_gpus() -> int:
+    try:
+        import cupy
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 — no CuPy, no driver: no usable GPU
+        return 0
+
+
+def _block_manager(ranked: RankModel, args: EngineArgs) -> tuple[BlockManager, HostTier | None]:
+    """Rank 0's KV bookkeeping over the pools: the block manager and the host offload tier."""
+    num_blocks, pools, rows, checkpoints = ranked.num_blocks, ranked.runner.pools, ranked.rows, ranked.checkpoints
+    if rows:
+        blocks: BlockManager = HybridBlockManager(num_blocks, args.block_size, args.enable_prefix_caching,
+                                                  args.max_num_seqs, checkpoints, args.prefix_cache_hash)
+    else:
+        blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching, args.prefix_cache_hash)
+    host_tier = None
+    if args.kv_offload:
+        host_blocks = int(args.kv_offload_host_gib * 2**30) // ranked.per_block
+        # watermark: the largest restore admission can ask for, so a restore never waits for a save
+        host_tier = HostTier(blocks, ranked.runner.backend.block_copier(offloadable_arrays(pools), host_blocks),
+                             host_blocks, watermark_blocks=min(blocks.blocks_for(ranked.max_len), blocks.usable_blocks))
+        log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * ranked.per_block / 2**20)
+    return blocks, host_tier
+
+
+def _num_blocks(backend: Any, args: EngineArgs, per_block: int, state_bytes: int, reserve: int, max_len: int,
+                checkpoints: int) -> int:
+    """The KV budget -> the number of blocks of the device pools."""
     budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None
                                      else int(args.kv_cache_memory_gib * 2**30), reserve)
     if args.kv_cache_memory_gib is None and backend.name == "numpy":
@@ -137,23 +266,7 @@ def _kv_cache(backend: Any, groups: list[StateGroup], args: EngineArgs, per_bloc
     if state_bytes >= budget:
         raise LoadError(f"the bounded state of {args.max_num_seqs} sequences + {checkpoints} checkpoints needs "
                         f"{state_bytes / 2**20:.0f} MiB, more than the KV budget; lower --max-num-seqs or raise it")
-    num_blocks = max(2, (budget - state_bytes) // per_block)
-    pools = StatePools(backend, groups, num_blocks, args.block_size, rows)
-    if rows:
-        log.info("bounded state: %d rows (%d running sequences, %d prefix checkpoints, 1 padding), %.1f MiB",
-                 rows, args.max_num_seqs, checkpoints, state_bytes / 2**20)
-        blocks: BlockManager = HybridBlockManager(num_blocks, args.block_size, args.enable_prefix_caching,
-                                                  args.max_num_seqs, checkpoints, args.prefix_cache_hash)
-    else:
-        blocks = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching, args.prefix_cache_hash)
-    host_tier = None
-    if args.kv_offload:
-        host_blocks = int(args.kv_offload_host_gib * 2**30) // per_block
-        # watermark: the largest restore admission can ask for, so a restore never waits for a save
-        host_tier = HostTier(blocks, backend.block_copier(offloadable_arrays(pools), host_blocks), host_blocks,
-                             watermark_blocks=min(blocks.blocks_for(max_len), blocks.usable_blocks))
-        log.info("KV offload: %d host blocks (%.1f MiB)", host_blocks, host_blocks * per_block / 2**20)
-    return num_blocks, pools, blocks, host_tier
+    return max(2, (budget - state_bytes) // per_block)
 
 
 def _state_rows(groups: list[StateGroup], args: EngineArgs) -> tuple[int, int]:

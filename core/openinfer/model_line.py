@@ -115,3 +115,8 @@ class ModelLine(ABC):
 
     def vocab_size(self, cfg: Any) -> int:
         return int(getattr(cfg, "vocab_size"))
+
+    def num_experts(self, cfg: Any) -> int:
+        """Routed experts per MoE layer, which expert parallelism shards over its ranks (a rank holds
+        experts [r*E/N, (r+1)*E/N) and reads its group from `backend.comm` at build); 0: no MoE layers."""
+        return 0

@@ -76,6 +76,17 @@ class StepOutput:
 
 
 @dataclass
+class Step:
+    """A step's device work as every rank runs it: the state copies and copy-on-write block copies
+    it needs first, then a forward of `host`. `follows`: a pipelined decode step whose token ids are
+    the previous step's greedy tokens, on the device (pipeline.py)."""
+    host: HostBatch
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    follows: bool = False
+
+
+@dataclass
 class Launched:
     """A step queued on the device, not yet collected."""
     host: HostBatch
@@ -184,11 +195,26 @@ class ModelRunner:
         device sampler's results for the rows of `sampling` (backends with samples_on_device)."""
         return self.collect(self.launch(plan, sampling), logits_rows)
 
+    def step(self, plan: StepPlan) -> Step:
+        return Step(self.prepare_host(plan), list(plan.state_copies), list(plan.block_copies))
+
     def launch(self, plan: StepPlan, sampling: SamplingBatch | None = None) -> Launched:
         """Queue the step on the device; `collect` waits for its results."""
-        self.pools.copy_state_rows(plan.state_copies)
-        self.pools.copy_blocks(plan.block_copies)
-        h = self.prepare_host(plan)
+        return self.execute(self.step(plan), sampling)
+
+    def launch_next(self, plan: StepPlan, prev: Launched) -> Launched:
+        """Queue the decode step that follows `prev` (pipeline.py: the same requests, one token on,
+        every row plain greedy) before `prev` is collected."""
+        return self.execute(Step(self.next_host(plan, prev.host), follows=True), prev=prev)
+
+    def execute(self, step: Step, sampling: SamplingBatch | None = None, prev: Launched | None = None) -> Launched:
+        """Queue a step's copies and forward (a graph replay for a decode batch that fits one), and the
+        device sampler's draws for the rows of `sampling`. `prev`: the step a `follows` step comes after."""
+        if step.follows:
+            return self._replay_next(step.host, prev)
+        self.pools.copy_state_rows(step.state_copies)
+        self.pools.copy_blocks(step.block_copies)
+        h = step.host
         B, be = len(h.context_lens), self.backend
         graph = self.graphs is not None and h.is_decode and self.graphs.bucket(B) is not None
         if graph:
@@ -207,14 +233,15 @@ class ModelRunner:
             samples = dict(zip(sampling.sampled.tolist(), be.sample(logits, sampling)))
         return Launched(h, logits, tokens, rows, samples, graph, scores=scores)
 
-    def launch_next(self, plan: StepPlan, prev: Launched) -> Launched:
-        """Queue the decode step that follows `prev` (pipeline.py: the same requests, one token on,
-        every row plain greedy) before `prev` is collected. Its input ids are prev's greedy tokens,
-        copied on the device; prev's tokens are first queued to the host, since this replay
-        overwrites the graph's output buffer and its collect must not wait for this step."""
+    def _replay_next(self, h: HostBatch, prev: Launched) -> Launched:
+        """Its input ids are prev's greedy tokens (rank 0's, on every rank), copied on the device; prev's
+        tokens are first queued to the host, since this replay overwrites the graph's output buffer and
+        prev's collect must not wait for this step."""
         prev.fetch = self.graphs.fetch(prev.tokens)
-        h = self.next_host(plan, prev.host)
-        logits, tokens = self.graphs.replay(h, ids=prev.tokens)
+        ids = prev.tokens
+        if self.backend.comm is not None:   # every rank feeds rank 0's tokens: a replicated layer tuned
+            ids = self.backend.comm.broadcast(ids)   # to another GEMM algorithm may round a near-tie otherwise
+        logits, tokens = self.graphs.replay(h, ids=ids)
         return Launched(h, logits, tokens[: len(h.context_lens)], h.sample_rows, {}, True)
 
     def next_host(self, plan: StepPlan, prev: HostBatch) -> HostBatch:

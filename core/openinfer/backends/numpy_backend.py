@@ -10,6 +10,7 @@ from ..sampling import score_rows
 from .block_copy import BlockCopier, HostPoolCopier
 
 if TYPE_CHECKING:
+    from ..parallel.communicator import Communicator
     from ..weights import WeightSource
 
 
@@ -18,6 +19,8 @@ class Backend(ABC):
     dtype: str         # compute/storage dtype of activations, weights and KV
     xp: Any            # the array module (numpy or cupy)
     samples_on_device = False   # True: sample(logits, batch) draws every row on the device
+    # the expert-parallel group this device is a rank of (parallel/); None: the model runs on this device alone
+    comm: Communicator | None = None
 
     @abstractmethod
     def asarray(self, host: np.ndarray, dtype: str | None = None) -> Any:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..batch import ForwardBatch
+from .numpy_ops import causal_softmax, sequence_runs
 
 if TYPE_CHECKING:
     from ..layers.moe import RouterConfig
@@ -49,24 +50,14 @@ def mla_attention(q_latent: np.ndarray, q_pe: np.ndarray, cache: np.ndarray, bat
     out[t] = softmax_j(score) · c_j, [T, H, R]. q_latent [T, H, R] is q_nope times W_UK; q_pe [T, H, P]
     rotated. The causal rule is paged_attention's: query j of a run of n sits at position L - n + j
     and sees keys 0 .. L - n + j (decode, prefill chunks and prefix hits alike)."""
-    T, H, R = q_latent.shape
-    bs = cache.shape[1]
+    R = q_latent.shape[-1]
     out = np.empty_like(q_latent)
-    qs, lens, tables = np.asarray(batch.query_start), np.asarray(batch.context_lens), batch.block_tables
-    for i in range(len(lens)):
-        start, end, L = int(qs[i]), int(qs[i + 1]), int(lens[i])
-        n = end - start
-        if n == 0:
-            continue
-        latents = cache[tables[i, : (L + bs - 1) // bs]].reshape(-1, cache.shape[-1])[:L]
+    for start, end, L, blocks in sequence_runs(batch, cache.shape[1]):
+        latents = cache[blocks].reshape(-1, cache.shape[-1])[:L]
         c, kpe = latents[:, :R], latents[:, R:]
         scores = (np.einsum("nhr,lr->hnl", q_latent[start:end], c)
                   + np.einsum("nhp,lp->hnl", q_pe[start:end], kpe)) * scale
-        masked = np.arange(L)[None, :] > (L - n + np.arange(n))[:, None]
-        scores = np.where(masked, -np.inf, scores)
-        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        probs = scores / scores.sum(axis=-1, keepdims=True)
-        out[start:end] = np.einsum("hnl,lr->nhr", probs, c)
+        out[start:end] = np.einsum("hnl,lr->nhr", causal_softmax(scores), c)
     return out
 
 

@@ -92,26 +92,36 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, bat
     placeholders there; openinfer.batch): on this backend they hold the same values.
     """
     T, nh, d = q.shape
-    nkv, bs = k_cache.shape[2], k_cache.shape[1]
+    nkv = k_cache.shape[2]
     group = nh // nkv
     out = np.empty_like(q)
+    for start, end, L, blocks in sequence_runs(batch, k_cache.shape[1]):
+        n = end - start
+        k = k_cache[blocks].reshape(-1, nkv, d)[:L]
+        v = v_cache[blocks].reshape(-1, nkv, d)[:L]
+        scores = np.einsum("nkgd,lkd->kgnl", q[start:end].reshape(n, nkv, group, d), k) * scale
+        out[start:end] = np.einsum("kgnl,lkd->nkgd", causal_softmax(scores), v).reshape(n, nh, d)
+    return out
+
+
+def sequence_runs(batch: ForwardBatch, block_size: int):
+    """(start, end, L, blocks) of each sequence with query tokens in the step: its rows of the flat batch,
+    its context length after the step and the blocks holding its KV."""
     qs, lens, tables = np.asarray(batch.query_start), np.asarray(batch.context_lens), batch.block_tables
     for i in range(len(lens)):
         start, end, L = int(qs[i]), int(qs[i + 1]), int(lens[i])
-        n = end - start
-        if n == 0:
-            continue
-        blocks = tables[i, : (L + bs - 1) // bs]
-        k = k_cache[blocks].reshape(-1, nkv, d)[:L]
-        v = v_cache[blocks].reshape(-1, nkv, d)[:L]
-        qh = q[start:end].reshape(n, nkv, group, d)
-        scores = np.einsum("nkgd,lkd->kgnl", qh, k) * scale
-        masked = np.arange(L)[None, :] > (L - n + np.arange(n))[:, None]
-        scores = np.where(masked, -np.inf, scores)
-        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        probs = scores / scores.sum(axis=-1, keepdims=True)
-        out[start:end] = np.einsum("kgnl,lkd->nkgd", probs, v).reshape(n, nh, d)
-    return out
+        if end > start:
+            yield start, end, L, tables[i, : (L + block_size - 1) // block_size]
+
+
+def causal_softmax(scores: np.ndarray) -> np.ndarray:
+    """Softmax over keys of scores [..., n, L] for a run of n queries ending at key L - 1: query j sits at
+    position L - n + j and sees keys 0 .. L - n + j."""
+    n, L = scores.shape[-2:]
+    masked = np.arange(L)[None, :] > (L - n + np.arange(n))[:, None]
+    scores = np.where(masked, -np.inf, scores)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return scores / scores.sum(axis=-1, keepdims=True)
 
 
 def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:

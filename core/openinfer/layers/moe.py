@@ -10,11 +10,12 @@ replicated shared experts are added.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from ..batch import Array
 from ..config import ConfigError
 from ..kernels.registry import Ops
+from ..parallel.communicator import Communicator
 from ..quant import QuantScheme
 from ..quant.scheme import DENSE
 from .mlp import SwiGLU, load_swiglu, swiglu_shapes
@@ -54,11 +55,6 @@ class RouterConfig:
             raise ConfigError("noaux_tc scores a group by its two best experts: n_group leaves fewer per group")
 
 
-class Communicator(Protocol):
-    """The part of openinfer.parallel's communicator the MoE layer uses."""
-    def all_reduce(self, x: Array) -> Any: ...
-
-
 @dataclass
 class MoEWeights:
     gate: Array               # [E, D] float32 router
@@ -79,8 +75,7 @@ class MoE:
         ids, weights = ops.moe_route(ops.router_logits(x, w.gate), w.bias, self.router)
         y = ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset)
         if self.comm is not None:
-            reduced = self.comm.all_reduce(y)
-            y = y if reduced is None else reduced
+            y = self.comm.all_reduce(y)
         if w.shared is not None:
             y = y + w.shared(x)
         return y

@@ -24,6 +24,7 @@ from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_we
 from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..model_line import Model, ModelLine, Probe, StateGroup
 from ..quant import QuantScheme, QuantizedTensorError, quant_scheme
+from ..parallel import Communicator, expert_shard
 from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
                        ToolCallDelta, ToolCallParser, collect_tool_calls)
 from ..tiktoken_bpe import bpe_tokenizer_json, load_ranks
@@ -41,4 +42,5 @@ __all__ = [
     "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
     "MLAMoEConfig", "MLAMoEDecoder", "mla_moe_kernel_plan", "mla_moe_weight_shapes", "QuantScheme",
     "QuantizedTensorError", "quant_scheme", "ToolCallParser", "bpe_tokenizer_json", "cache_root", "load_ranks", "write_atomic",
+    "Communicator", "expert_shard",
 ]

@@ -106,3 +106,16 @@ def demo_kv_gib(blocks: int, itemsize: int = 4, block_size: int = 16) -> float:
     line, config, _ = _demo(get_plugins())
     groups = line.state_spec(line.parse_config(config))
     return blocks * bytes_per_block(groups, block_size, {g.name: itemsize for g in groups}) / 2**30
+
+
+def assert_prefix_hit(engine: Engine, ids: list[int], max_tokens: int) -> list[int]:
+    """Greedy `ids` twice on an engine with prefix caching: the first run reports no cached tokens, the second
+    every full block (a prompt of whole blocks recomputes its last token, copy-on-write), in its Scheduled and
+    Finished events, and both give the same tokens, which are returned."""
+    bs = engine.blocks.block_size
+    [(first, _, cached0)] = generate(engine, [ids], greedy(max_tokens))
+    [(again, fin, cached1)] = generate(engine, [ids], greedy(max_tokens))
+    assert cached0 == 0
+    assert cached1 == (len(ids) - 1 if len(ids) % bs == 0 else len(ids) // bs * bs) > 0
+    assert fin.cached_tokens == cached1 and again == first
+    return first

@@ -42,11 +42,11 @@ def run_script(engine: Engine, script: dict[int, list[Action]], max_steps: int =
 
 def pipelined_launches(engine: Engine) -> list[int]:
     """Count the engine's pipelined launches (the batch of each)."""
-    runner, launches = engine.runner, []
-    launch_next = runner.launch_next
+    executor, launches = engine.executor, []
+    launch_next = executor.launch_next
 
     def counted(plan, prev):
         launches.append(len(plan.runs))
         return launch_next(plan, prev)
-    runner.launch_next = counted
+    executor.launch_next = counted
     return launches

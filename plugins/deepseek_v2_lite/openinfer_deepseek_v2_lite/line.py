@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from openinfer.plugin_api import (ModelLine, StateGroup, mla_state_group, mla_weight_shapes, moe_weight_shapes)
+from openinfer.plugin_api import (ModelLine, StateGroup, expert_shard, mla_state_group, mla_weight_shapes,
+                                  moe_weight_shapes)
 
 from .config import DeepseekV2Config
 
@@ -77,12 +78,16 @@ class DeepseekV2Line(ModelLine):
             plan += ["router_logits", "moe_route", "moe_experts"]
         return plan
 
-    def build(self, cfg: DeepseekV2Config, weights, backend, ops, expert_shard: tuple[int, int] | None = None,
-              comm: Any = None):
-        """`expert_shard` (offset, count): the routed experts this rank holds (all of them by default);
-        `comm` sums the ranks' routed outputs (expert parallelism)."""
+    def num_experts(self, cfg: DeepseekV2Config) -> int:
+        return cfg.n_routed_experts if cfg.first_k_dense_replace < cfg.num_layers else 0
+
+    def build(self, cfg: DeepseekV2Config, weights, backend, ops):
+        """On an expert-parallel rank (`backend.comm`), only its share of the routed experts is loaded, and
+        the communicator sums the ranks' routed outputs."""
         from .model import DeepseekV2Model
-        return DeepseekV2Model(cfg, weights, backend, ops, expert_shard, comm)
+        comm = backend.comm
+        shard = None if comm is None else expert_shard(cfg.n_routed_experts, comm.rank, comm.world_size)
+        return DeepseekV2Model(cfg, weights, backend, ops, shard, comm)
 
     def chat_format(self):
         from .chat import DEEPSEEK_V2_CHAT_FORMAT

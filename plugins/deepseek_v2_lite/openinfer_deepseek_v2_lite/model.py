@@ -3,10 +3,11 @@ every layer; a dense SwiGLU MLP below first_k_dense_replace, DeepSeekMoE (routed
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-from openinfer.plugin_api import (Array, ForwardBatch, MLAttention, Model, MoE, Ops, StatePools, WeightSource,
-                                  cos_sin, load_mla_weights, load_moe_weights, load_swiglu, mla_softmax_scale)
+from openinfer.plugin_api import (Array, Communicator, ForwardBatch, MLAttention, Model, MoE, Ops, StatePools,
+                                  WeightSource, cos_sin, load_mla_weights, load_moe_weights, load_swiglu,
+                                  mla_softmax_scale)
 
 from .config import DeepseekV2Config
 
@@ -21,7 +22,7 @@ class Layer:
 
 class DeepseekV2Model(Model):
     def __init__(self, cfg: DeepseekV2Config, weights: WeightSource, backend, ops: Ops,
-                 expert_shard: tuple[int, int] | None = None, comm: Any = None) -> None:
+                 expert_shard: tuple[int, int] | None = None, comm: Communicator | None = None) -> None:
         self.cfg, self.ops = cfg, ops
         offset, count = expert_shard or (0, cfg.n_routed_experts)
         if not (0 <= offset and 1 <= count and offset + count <= cfg.n_routed_experts):

@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from openinfer.plugin_api import (MLAMoEDecoder, ModelLine, Probe, StateGroup, Tokenizer, mla_moe_kernel_plan,
-                                  mla_moe_weight_shapes, mla_state_group)
+from openinfer.plugin_api import (MLAMoEDecoder, ModelLine, Probe, StateGroup, Tokenizer, expert_shard,
+                                  mla_moe_kernel_plan, mla_moe_weight_shapes, mla_state_group)
 
 from .config import BODY_TYPES, WRAPPER_TYPE, KimiConfig, parse
 
@@ -74,11 +74,16 @@ class KimiK2Line(ModelLine):
     def kernel_plan(self, cfg: KimiConfig) -> list[str]:
         return mla_moe_kernel_plan(cfg.model)
 
-    def build(self, cfg: KimiConfig, weights, backend, ops, expert_shard: tuple[int, int] | None = None,
-              comm: Any = None):
-        """`expert_shard` (offset, count): the routed experts this rank holds; `comm` sums the ranks' outputs."""
+    def num_experts(self, cfg: KimiConfig) -> int:
+        return cfg.model.n_routed_experts if cfg.model.has_moe else 0
+
+    def build(self, cfg: KimiConfig, weights, backend, ops):
+        """On an expert-parallel rank (`backend.comm`), only its share of the routed experts is loaded, and the
+        communicator sums the ranks' routed outputs."""
         _log_skipped(cfg, weights)
-        return MLAMoEDecoder(cfg.model, weights, backend, ops, expert_shard, comm)
+        comm = backend.comm
+        shard = None if comm is None else expert_shard(cfg.model.n_routed_experts, comm.rank, comm.world_size)
+        return MLAMoEDecoder(cfg.model, weights, backend, ops, shard, comm)
 
     def chat_format(self):
         from .chat import KIMI_CHAT_FORMAT

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from openinfer.engine import EngineArgs, build_engine
-from openinfer.testing.engine import assert_scores_match, generate, greedy, prompt_logits, score_prompt
+from openinfer.testing.engine import (assert_prefix_hit, assert_scores_match, generate, greedy, prompt_logits,
+                                      score_prompt)
 from openinfer.testing.hf_reference import hf_greedy, hf_logits
 
 CHAT = [{"role": "system", "content": "You are terse."},
@@ -80,13 +81,8 @@ def test_prefix_cache_hit_reports_cached_tokens_and_same_output(untied):
     ckpt, hf = untied
     eng = engine_for(ckpt, block_size=16)
     ids = chat_prompt(eng)
-    [(first, _, cached0)] = generate(eng, [ids], greedy(32))
-    [(again, fin, cached1)] = generate(eng, [ids], greedy(32))
-    assert cached0 == 0
-    # every full block hits; a prompt of whole blocks recomputes only its last token (copy-on-write)
-    assert cached1 == (len(ids) - 1 if len(ids) % 16 == 0 else len(ids) // 16 * 16) > 0
-    assert fin.cached_tokens == cached1
-    assert first == again == hf_greedy(hf, ids, 32)
+    first = assert_prefix_hit(eng, ids, 32)
+    assert first == hf_greedy(hf, ids, 32)
     # turn 2 of a conversation reuses turn 1 (prompt + its output) from the cache
     turn2 = ids + first + eng.tokenizer.encode("<|im_end|>\n<|im_start|>user\nAnd five more?<|im_end|>\n")
     [(tokens, _, cached2)] = generate(eng, [turn2], greedy(16))
