@@ -10,7 +10,7 @@ import pytest
 from openinfer.plugin_api import bpe_tokenizer_json
 from openinfer_kimi_k2 import tokenizer as kt
 
-from conftest import SPECIALS, tokenizer_config
+from kimi_tiny import SPECIALS, tokenizer_config
 
 TEXTS = [
     "Hello, world!", "The quick brown fox jumps over the lazy dog.", " 中文", "A中B", "x々y", "1〇〇〇", "camelCase",
