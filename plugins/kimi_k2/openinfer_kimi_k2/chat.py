@@ -176,15 +176,16 @@ class KimiChatFormat(ChatFormat):
 
     def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
         """After the opener: the named function's arguments, the call's and the section's end; or one of the
-        functions' `NAME:IDX` ids with its arguments, as many further calls as the model writes, then the end."""
+        functions' `NAME:IDX` ids with its arguments, then the ends. One call: llguidance (1.x) refused the
+        section's end after a call wherever a further call could also start there (the two tokens share their
+        first bytes, `<|tool_call`), so a forced section holds exactly one call."""
         fns = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
-        end, close = lark_literal(CALL_END), lark_literal(SECTION_ENDS[0])
+        end = f"{lark_literal(CALL_END)} {lark_literal(SECTION_ENDS[0])}"
         if name is not None:
-            return f"start: {lark_json(fns[name], JSON_DUMPS_LAYOUT)} {end} {close}"
-        calls = " | ".join(f"{lark_literal(n + ':')} IDX {lark_literal(ARGS_BEGIN)} "
-                           f"{lark_json(schema, JSON_DUMPS_LAYOUT)} {end}" for n, schema in fns.items())
-        again = lark_literal(CALL_BEGIN + "functions.")
-        return f"start: call ({again} call)* {close}\ncall: {calls}\nIDX: /[0-9]+/"
+            return f"start: {lark_json(fns[name], JSON_DUMPS_LAYOUT)} {end}"
+        calls = " | ".join(f"{lark_literal(n + ':')} IDX {lark_literal(ARGS_BEGIN)} {lark_json(schema, JSON_DUMPS_LAYOUT)}"
+                           for n, schema in fns.items())
+        return f"start: call {end}\ncall: {calls}\nIDX: /[0-9]+/"
 
 
 KIMI_CHAT_FORMAT = KimiChatFormat(
