@@ -116,6 +116,12 @@ class ModelLine(ABC):
     def vocab_size(self, cfg: Any) -> int:
         return int(getattr(cfg, "vocab_size"))
 
+    def expert_sharded(self, cfg: Any, name: str) -> bool:
+        """True for a checkpoint tensor that expert parallelism splits over the ranks (a routed expert's): the
+        DeepSeek layout's `.mlp.experts.` by default, which every MoE line here uses; memory planning counts it
+        once over all ranks."""
+        return self.num_experts(cfg) > 0 and ".mlp.experts." in name
+
     def num_experts(self, cfg: Any) -> int:
         """Routed experts per MoE layer, which expert parallelism shards over its ranks (a rank holds
         experts [r*E/N, (r+1)*E/N) and reads its group from `backend.comm` at build); 0: no MoE layers."""
