@@ -43,6 +43,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "kimi-k2-thinking": {**_K2, "max_position_embeddings": 262144, "rope_scaling": {**_YARN, "factor": 64.0},
                          "quantization_config": _INT4},
 }
+# the same structures (dense layer 0, then MoE; q-LoRA MLA; both formats) at a size the CPU runs in seconds
+_TINY = {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+         "intermediate_size": 128, "moe_intermediate_size": 64, "n_routed_experts": 16, "q_lora_rank": 48,
+         "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+         "max_position_embeddings": 4096, "rope_scaling": {**_YARN, "original_max_position_embeddings": 256}}
+PRESETS["kimi-k2-instruct-tiny"] = {**PRESETS["kimi-k2-instruct"], **_TINY}
+PRESETS["kimi-k2-thinking-tiny"] = {**PRESETS["kimi-k2-thinking"], **_TINY}
 
 
 class KimiK2Line(ModelLine):
