@@ -7,19 +7,20 @@ stream, written against the op registry so it runs on every backend. Linears may
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..batch import Array, ForwardBatch
+from ..config import ConfigError, require
 from ..kernels.registry import Ops
 from ..kv.pool import StatePools
 from ..model_line import Model
-from ..quant import QuantScheme
+from ..quant import QuantScheme, quant_scheme
 from ..quant.scheme import DENSE
 from .mla import MLADims, MLAttention, load_mla_weights, mla_softmax_scale, mla_weight_shapes
 from .mlp import load_swiglu, swiglu_shapes
 from .moe import MoE, RouterConfig, load_moe_weights, moe_weight_shapes
 from .quant_linear import QuantOps, quant_ops_needed
-from .rope import RopeConfig, cos_sin
+from .rope import RopeConfig, cos_sin, rope_config
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,46 @@ class MLAMoEConfig:
     def router_bias(self) -> bool:
         """noaux_tc routing selects on scores + e_score_correction_bias."""
         return self.router.method == "noaux_tc"
+
+
+def parse_mla_moe(c: Mapping[str, Any], router: RouterConfig, line: str, prefix: str = "",
+                  default_max_position: int = 4096) -> MLAMoEConfig:
+    """The DeepSeek-layout fields of config.json `c` (checked; a ConfigError names the field) with the line's own
+    `router` (which the line reads and checks itself, as the architectures route differently)."""
+    heads = require(dict(c), "num_attention_heads", int)
+    layers = require(dict(c), "num_hidden_layers", int)
+    if c.get("num_key_value_heads") not in (None, heads):
+        raise ConfigError(f"num_key_value_heads {c['num_key_value_heads']} differs from num_attention_heads {heads}: "
+                          f"MLA keeps one latent per token, the {line} line needs them equal")
+    for flag in ("attention_bias", "mlp_bias"):
+        if c.get(flag):
+            raise ConfigError(f"{flag}: true is not supported by the {line} line")
+    if c.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"hidden_act {c.get('hidden_act')!r} is not supported (silu)")
+    if c.get("moe_layer_freq", 1) != 1:
+        raise ConfigError(f"moe_layer_freq {c['moe_layer_freq']} is not supported (1: every layer from "
+                          "first_k_dense_replace on is MoE)")
+    q_lora = c.get("q_lora_rank")
+    if q_lora is not None and (not isinstance(q_lora, int) or q_lora < 1):
+        raise ConfigError(f"q_lora_rank {q_lora!r} must be a positive integer or null")
+    g = dict(c)
+    mla = MLADims(require(g, "hidden_size", int), heads, q_lora, require(g, "kv_lora_rank", int),
+                  require(g, "qk_nope_head_dim", int), require(g, "qk_rope_head_dim", int), require(g, "v_head_dim", int))
+    if mla.qk_rope_head_dim % 2:
+        raise ConfigError(f"qk_rope_head_dim {mla.qk_rope_head_dim} must be even (RoPE turns pairs)")
+    first_dense = int(c.get("first_k_dense_replace", 0))
+    if not 0 <= first_dense <= layers:
+        raise ConfigError(f"first_k_dense_replace {first_dense} must lie in 0 .. num_hidden_layers ({layers})")
+    try:
+        rope = rope_config(c, mla.qk_rope_head_dim)
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"rope_scaling / rope_parameters: {e}") from None
+    return MLAMoEConfig(
+        mla.hidden_size, require(g, "intermediate_size", int), require(g, "moe_intermediate_size", int), layers,
+        first_dense, require(g, "n_routed_experts", int), int(c.get("n_shared_experts") or 0),
+        require(g, "vocab_size", int), int(c.get("max_position_embeddings", default_max_position)),
+        float(c.get("rms_norm_eps", 1e-6)), bool(c.get("tie_word_embeddings", False)), mla, router, rope,
+        quant_scheme(c), prefix)
 
 
 def mla_moe_weight_shapes(cfg: MLAMoEConfig) -> dict[str, tuple[int, ...]]:

@@ -18,7 +18,8 @@ from ..kv.pool import StatePools
 from ..layers.attention import AttentionWeights, GQAAttention
 from ..layers.mla import (MLADims, MLAttention, MLAWeights, load_mla_weights, mla_softmax_scale, mla_state_group,
                           mla_weight_shapes)
-from ..layers.mla_moe_decoder import MLAMoEConfig, MLAMoEDecoder, mla_moe_kernel_plan, mla_moe_weight_shapes
+from ..layers.mla_moe_decoder import (MLAMoEConfig, MLAMoEDecoder, mla_moe_kernel_plan, mla_moe_weight_shapes,
+                                      parse_mla_moe)
 from ..layers.mlp import SwiGLU, load_swiglu
 from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
 from ..layers.rope import RopeConfig, cos_sin, rope_config
@@ -40,7 +41,7 @@ __all__ = [
     "lark_literal", "partial_suffix_len", "require", "rope_config",
     "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
     "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
-    "MLAMoEConfig", "MLAMoEDecoder", "mla_moe_kernel_plan", "mla_moe_weight_shapes", "QuantScheme",
+    "MLAMoEConfig", "MLAMoEDecoder", "mla_moe_kernel_plan", "mla_moe_weight_shapes", "parse_mla_moe", "QuantScheme",
     "QuantizedTensorError", "quant_scheme", "ToolCallParser", "bpe_tokenizer_json", "cache_root", "load_ranks", "write_atomic",
     "Communicator", "expert_shard",
 ]

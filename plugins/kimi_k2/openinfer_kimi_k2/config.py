@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from openinfer.plugin_api import (ConfigError, MLADims, MLAMoEConfig, RouterConfig, quant_scheme, require,
-                                  rope_config)
+from openinfer.plugin_api import ConfigError, MLAMoEConfig, RouterConfig, parse_mla_moe, require
 
 BODY_TYPES = ("kimi_k2", "deepseek_v3")
 WRAPPER_TYPE = "kimi_k25"
@@ -67,39 +66,8 @@ def parse(config: Mapping[str, Any]) -> KimiConfig:
     c, prefix = text_body(config)
     if c.get("model_type") not in BODY_TYPES:
         raise ConfigError(f"model_type {c.get('model_type')!r} is not a DeepSeek-V3 body ({', '.join(BODY_TYPES)})")
-    heads = require(c, "num_attention_heads", int)
-    layers = require(c, "num_hidden_layers", int)
-    if c.get("num_key_value_heads") not in (None, heads):
-        raise ConfigError(f"num_key_value_heads {c['num_key_value_heads']} differs from num_attention_heads {heads}: "
-                          "MLA keeps one latent per token")
-    for flag in ("attention_bias", "mlp_bias"):
-        if c.get(flag):
-            raise ConfigError(f"{flag}: true is not supported by the kimi_k2 line")
-    if c.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"hidden_act {c.get('hidden_act')!r} is not supported (silu)")
     if c.get("rope_interleave", True) is not True:
         raise ConfigError("rope_interleave: false (rotate-half RoPE on the MLA heads) is not supported; the "
                           "DeepSeek-V3 and Kimi checkpoints use the interleaved pairs")
-    if c.get("moe_layer_freq", 1) != 1:
-        raise ConfigError(f"moe_layer_freq {c['moe_layer_freq']} is not supported (1)")
-    q_lora = c.get("q_lora_rank")
-    if q_lora is not None and (not isinstance(q_lora, int) or q_lora < 1):
-        raise ConfigError(f"q_lora_rank {q_lora!r} must be a positive integer or null")
-    mla = MLADims(require(c, "hidden_size", int), heads, q_lora, require(c, "kv_lora_rank", int),
-                  require(c, "qk_nope_head_dim", int), require(c, "qk_rope_head_dim", int), require(c, "v_head_dim", int))
-    if mla.qk_rope_head_dim % 2:
-        raise ConfigError(f"qk_rope_head_dim {mla.qk_rope_head_dim} must be even (RoPE turns pairs)")
-    experts = require(c, "n_routed_experts", int)
-    first_dense = int(c.get("first_k_dense_replace", 0))
-    if not 0 <= first_dense <= layers:
-        raise ConfigError(f"first_k_dense_replace {first_dense} must lie in 0 .. num_hidden_layers ({layers})")
-    try:
-        rope = rope_config(c, mla.qk_rope_head_dim)
-    except (KeyError, ValueError) as e:
-        raise ConfigError(f"rope_scaling / rope_parameters: {e}") from None
-    model = MLAMoEConfig(
-        mla.hidden_size, require(c, "intermediate_size", int), require(c, "moe_intermediate_size", int), layers,
-        first_dense, experts, int(c.get("n_shared_experts") or 0), require(c, "vocab_size", int),
-        int(c.get("max_position_embeddings", 4096)), float(c.get("rms_norm_eps", 1e-6)),
-        bool(c.get("tie_word_embeddings", False)), mla, _router(c, experts), rope, quant_scheme(c), prefix)
+    model = parse_mla_moe(c, _router(c, require(c, "n_routed_experts", int)), "kimi_k2", prefix)
     return KimiConfig(model, int(c.get("num_nextn_predict_layers") or 0), prefix == WRAPPER_PREFIX)
