@@ -27,7 +27,7 @@ from ..model_line import Model, ModelLine, Probe, StateGroup
 from ..quant import QuantScheme, QuantizedTensorError, quant_scheme
 from ..parallel import Communicator, expert_shard
 from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
-                       ToolCallDelta, ToolCallParser, collect_tool_calls)
+                       SteppedToolCallParser, ToolCallDelta, ToolCallParser, collect_tool_calls)
 from ..tiktoken_bpe import bpe_tokenizer_json, load_ranks
 from ..structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
 from ..tokenizer import ChatTemplateError, Tokenizer, byte_level_chars
@@ -42,6 +42,6 @@ __all__ = [
     "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
     "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
     "MLAMoEConfig", "MLAMoEDecoder", "mla_moe_kernel_plan", "mla_moe_weight_shapes", "parse_mla_moe", "QuantScheme",
-    "QuantizedTensorError", "quant_scheme", "ToolCallParser", "bpe_tokenizer_json", "cache_root", "load_ranks", "write_atomic",
+    "QuantizedTensorError", "quant_scheme", "SteppedToolCallParser", "ToolCallParser", "bpe_tokenizer_json", "cache_root", "load_ranks", "write_atomic",
     "Communicator", "expert_shard",
 ]

@@ -16,13 +16,10 @@ calls. Both spellings of the section tokens that Kimi checkpoints have used are 
 """
 from __future__ import annotations
 
-import json
 import re
-from typing import Any
 
-from openinfer.plugin_api import (ChatFormat, ContentTrimmer, JSON_DUMPS_LAYOUT, ParsedDelta,
-                                  ThinkTagReasoningParser, ToolCallDelta, ToolCallParser, lark_json, lark_literal,
-                                  partial_suffix_len)
+from openinfer.plugin_api import (ChatFormat, ContentTrimmer, JSON_DUMPS_LAYOUT, ParsedDelta, SteppedToolCallParser,
+                                  ThinkTagReasoningParser, ToolCallDelta, lark_json, lark_literal, partial_suffix_len)
 
 SECTION_BEGINS = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
 SECTION_ENDS = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")
@@ -48,7 +45,7 @@ class KimiReasoningParser(ThinkTagReasoningParser):
     end_markers = SECTION_BEGINS
 
 
-class KimiToolCallParser(ToolCallParser):
+class KimiToolCallParser(SteppedToolCallParser):
     """Streams the calls of a tool-call section as ToolCallDeltas: a call's id and name once its id is complete,
     then its arguments as they arrive (raw JSON text, as the model writes it). Text outside the section is content
     (whitespace around the section dropped, as ContentTrimmer does)."""
@@ -68,15 +65,7 @@ class KimiToolCallParser(ToolCallParser):
         if text:
             out.tool_calls.append(ToolCallDelta(self._index, arguments=text))
 
-    def feed(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        while self._step(out):
-            pass
-        return out
-
     def _step(self, out: ParsedDelta) -> bool:
-        """Advance over the buffer; False once it needs more text."""
         buf = self._buf
         if self._state == "text":
             i, tag = _first(buf, SECTION_BEGINS)

@@ -28,7 +28,7 @@ from typing import Any
 
 from openinfer.detokenize import partial_suffix_len
 from openinfer.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser,
-                               ToolCallDelta, ToolCallParser, new_call_id)
+                               SteppedToolCallParser, ToolCallDelta, ToolCallParser, new_call_id)
 from openinfer.structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
 from openinfer.tokenizer import ChatTemplateError
 
@@ -117,7 +117,7 @@ def _escape(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]  # per character, so chunks concatenate
 
 
-class Qwen35ToolCallParser(ToolCallParser):
+class Qwen35ToolCallParser(SteppedToolCallParser):
     """Streams `<tool_call><function=…><parameter=…>…</parameter></function></tool_call>` blocks.
 
     A call's id and name go out when `<function=NAME>` is complete; its arguments are streamed as
@@ -268,13 +268,6 @@ class Qwen35ToolCallParser(ToolCallParser):
         self._text(out, self.start_tag + buf[:j + len(self.end_tag)], before_call=False)
         self._buf, self._state = buf[j + len(self.end_tag):], "text"
         return True
-
-    def feed(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        while self._step(out):
-            pass
-        return out
 
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()
