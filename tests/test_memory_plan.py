@@ -39,11 +39,10 @@ def test_serve_refuses_before_loading(monkeypatch, tmp_path):
     """`openinfer serve` of a checkpoint too big for the GPU given fails in read_source, before any device work."""
     from openinfer import loader
     from openinfer.engine_args import EngineArgs
-    from openinfer.testing.hf_reference import build_hf_checkpoint
-    pytest.importorskip("transformers")
-    build_hf_checkpoint(tmp_path, "qwen3", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                                vocab_size=300, max_position_embeddings=4096))
+    from openinfer.synth import synthesize
+    if get_plugins().preset("qwen3-tiny") is None:
+        pytest.skip("the qwen3 plugin is not installed")
+    synthesize("qwen3-tiny", tmp_path)
     monkeypatch.setattr(loader, "_gpu_bytes", lambda device, ep: 1 << 20)
     with pytest.raises(loader.LoadError, match=r"does not fit: .* GiB of weights .* 4096-token sequence"):
         loader.read_source(str(tmp_path), EngineArgs(device="cuda"), get_plugins())

@@ -105,8 +105,8 @@ V3 = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_h
           max_position_embeddings=2048, rope_theta=50000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
           rope_scaling={"type": "yarn", "factor": 32.0, "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0,
                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 64})
-# Kimi-K2's routing: one group
-KIMI = dict(V3, n_group=1, topk_group=1, num_experts_per_tok=8)
+# Kimi-K2's routing: one group (one dense layer, one MoE layer)
+KIMI = dict(V3, n_group=1, topk_group=1, num_experts_per_tok=8, num_hidden_layers=2)
 KIMI_INT4_QUANT = {
     "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
     "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
