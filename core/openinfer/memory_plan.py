@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from .kv.pool import bytes_per_block
 from .model_line import ModelLine
+from .quant.dummy import quantized_kind
 from .weights import Checkpoint
 
 _FLOATS = ("F64", "F32", "F16", "BF16")
@@ -27,15 +28,6 @@ class MemoryNeed:
         return self.weights_per_rank + self.min_kv
 
 
-def _format_dtype(name: str, shapes: Mapping[str, tuple[int, ...]]) -> str:
-    """The stored dtype of a tensor of a quantized layout, from its name (dummy weights have no header)."""
-    if name.endswith((".weight_packed", ".weight_shape")):
-        return "I32"
-    if name.endswith(".weight") and name + "_scale_inv" in shapes:
-        return "F8_E4M3"
-    return "BF16"
-
-
 def memory_need(line: ModelLine, cfg: Any, shapes: Mapping[str, tuple[int, ...]], weights: Any, itemsize: int,
                 ep: int, max_len: int, block_size: int) -> MemoryNeed:
     """`itemsize`: bytes of the model dtype. Tensor dtypes come from the checkpoint's headers (dummy weights: the
@@ -43,7 +35,7 @@ def memory_need(line: ModelLine, cfg: Any, shapes: Mapping[str, tuple[int, ...]]
     per_rank = 0
     for name, shape in shapes.items():
         n = math.prod(shape)
-        kind = weights.raw(name)[0] if isinstance(weights, Checkpoint) else _format_dtype(name, shapes)
+        kind = weights.raw(name)[0] if isinstance(weights, Checkpoint) else quantized_kind(name, shapes) or "BF16"
         size = n * (itemsize if kind in _FLOATS else _STORED.get(kind, itemsize))
         per_rank += size / ep if line.expert_sharded(cfg, name) else size
     groups = line.state_spec(cfg)

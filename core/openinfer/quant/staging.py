@@ -41,7 +41,7 @@ def fuse_rows(ws: Sequence[HostLinear]) -> HostLinear:
     return _rebuild(ws[0], [np.concatenate(p, axis=0) for p in zip(*(_parts(w) for w in ws))])
 
 
-def _dtypes(w: HostLinear, backend: Any) -> tuple[str | None, ...]:
+def _dtypes(w: HostLinear) -> tuple[str | None, ...]:
     """Device dtypes of the parts: packed ints and fp8 bytes as stored, INT4 scales in the model dtype (they are
     bf16 in the checkpoint), FP8 scales in float32 (they are float32 in the checkpoint)."""
     if isinstance(w, Int4Weight):
@@ -53,18 +53,18 @@ def _dtypes(w: HostLinear, backend: Any) -> tuple[str | None, ...]:
 
 def to_backend(backend: Any, w: HostLinear) -> Any:
     """One Linear on the device in its format."""
-    return _rebuild(w, [backend.asarray(p, dt) for p, dt in zip(_parts(w), _dtypes(w, backend))])
+    return _rebuild(w, [backend.asarray(p, dt) for p, dt in zip(_parts(w), _dtypes(w))])
 
 
 def stack_to_backend(backend: Any, ws: Sequence[HostLinear]) -> Any:
     """Experts' Linears as one device stack [E, ...] in their format, copied one expert at a time (the host never
     holds the whole stack)."""
     _same_format(ws)
-    first = [backend.asarray(p, dt) for p, dt in zip(_parts(ws[0]), _dtypes(ws[0], backend))]
+    first = [backend.asarray(p, dt) for p, dt in zip(_parts(ws[0]), _dtypes(ws[0]))]
     stacks = [backend.zeros((len(ws), *a.shape), str(a.dtype)) for a in first]
     for s, a in zip(stacks, first):
         s[0] = a
     for e, w in enumerate(ws[1:], 1):
-        for s, p, dt in zip(stacks, _parts(w), _dtypes(w, backend)):
+        for s, p, dt in zip(stacks, _parts(w), _dtypes(w)):
             s[e] = backend.asarray(p, dt)
     return _rebuild(ws[0], stacks)

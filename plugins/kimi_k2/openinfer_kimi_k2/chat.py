@@ -119,9 +119,9 @@ class KimiToolCallParser(SteppedToolCallParser):
         return out
 
 
-def _call_count(prompt_text: str) -> int:
-    """Calls already in the conversation: the next call's IDX."""
-    return prompt_text.count(CALL_BEGIN)
+def _opener(name: str | None, idx: int) -> str:
+    head = SECTION_BEGINS[0] + CALL_BEGIN + "functions."
+    return head if name is None else f"{head}{name}:{idx}{ARGS_BEGIN}"
 
 
 class KimiChatFormat(ChatFormat):
@@ -151,17 +151,14 @@ class KimiChatFormat(ChatFormat):
 
     def tool_call_opener(self, name: str | None) -> str | None:
         """The section and call tokens, then `functions.` (the model names the function) or, given the name, the
-        whole id (IDX 0; forced_tool_call numbers it from the conversation) and the arguments' token."""
-        head = SECTION_BEGINS[0] + CALL_BEGIN + "functions."
-        return head if name is None else f"{head}{name}:0{ARGS_BEGIN}"
+        whole id (IDX 0; forced_tool_call numbers it after the conversation's calls) and the arguments' token."""
+        return _opener(name, 0)
 
     def forced_tool_call(self, prompt_text: str, name: str | None) -> tuple[str, str] | None:
         """The opener, its call numbered after the conversation's earlier calls; an open reasoning block is closed
         first (no empty block is added: a forced call comes before any reasoning)."""
-        opener = self.tool_call_opener(name)
-        if name is not None:
-            opener = opener.replace(f"{name}:0{ARGS_BEGIN}", f"{name}:{_call_count(prompt_text)}{ARGS_BEGIN}")
-        return (self.think_end if self.starts_in_reasoning(prompt_text) else ""), opener
+        before = self.think_end if self.starts_in_reasoning(prompt_text) else ""
+        return before, _opener(name, prompt_text.count(CALL_BEGIN))
 
     def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
         """After the opener: the named function's arguments, the call's and the section's end; or one of the

@@ -153,3 +153,20 @@ def test_forced_call_closes_open_reasoning():
 def test_forced_call_grammar(tok, name, output, ok):
     allowed, accepting = tool_call_grammar_run(FMT, tok, TOOLS, name, output)
     assert (allowed == len(tok.encode(output)) and accepting) == ok
+
+
+@pytest.mark.parametrize("name, output", [
+    ("get_weather", '{"city": "Paris"}<|tool_call_end|>' + SE),
+    (None, 'get_time:4<|tool_call_argument_begin|>{}<|tool_call_end|>' + SE),
+])
+def test_forced_call_comes_back_as_a_tool_call(tok, name, output):
+    """As the server runs a forced call: the prompt closed (an open reasoning block too), the opener appended, the
+    output parsed with the opener ahead of it, streamed token by token."""
+    prompt = PROMPT + "<think>"
+    before, opener = FMT.forced_tool_call(prompt, name)
+    out = stream_output(FMT, tok, prompt + before, tok.encode(output), TOOLS, prefix=opener)
+    [got] = collect_tool_calls(out.tool_calls)
+    want = ("functions.get_weather:0", "get_weather", '{"city": "Paris"}') if name else \
+        ("functions.get_time:4", "get_time", "{}")
+    assert (got.id, got.name, got.arguments) == want
+    assert out.content == "" and out.reasoning == ""
