@@ -49,15 +49,16 @@ def text_body(config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 def _router(c: Mapping[str, Any], experts: int) -> RouterConfig:
+    """The router as transformers' DeepseekV3TopkRouter runs it (its defaults for the fields a config omits)."""
     if c.get("scoring_func", "sigmoid") != "sigmoid":
         raise ConfigError(f"scoring_func {c['scoring_func']!r}: the DeepSeek-V3 architecture routes with sigmoid "
                           "scores")
     if c.get("topk_method", "noaux_tc") != "noaux_tc":
         raise ConfigError(f"topk_method {c['topk_method']!r}: the DeepSeek-V3 architecture routes with noaux_tc")
     router = RouterConfig(top_k=require(c, "num_experts_per_tok", int), scoring="sigmoid", method="noaux_tc",
-                          n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1),
+                          n_group=int(c.get("n_group", 8)), topk_group=int(c.get("topk_group", 4)),
                           norm_topk_prob=bool(c.get("norm_topk_prob", True)),
-                          routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)))
+                          routed_scaling_factor=float(c.get("routed_scaling_factor", 2.5)))
     router.check(experts)
     return router
 
