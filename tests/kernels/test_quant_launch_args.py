@@ -49,6 +49,14 @@ def test_quant_launches(launches, fmt, dtype):
     assert names == ["moe_plan", f"moe_q_gate_up_{fmt}_{module.suffix(dtype)}", f"moe_q_down_{fmt}_{module.suffix(dtype)}",
                      f"moe_combine_{module.suffix(dtype)}"]
     assert launches[1].grid == (8, 6) and launches[2].grid == (32, 6)   # slots: min(E_local, T * k)
+    launches.clear()
+    quant.MOE_CHUNK, chunk = 2, quant.MOE_CHUNK
+    try:   # 5 tokens in chunks of 2: three passes of the four launches, the last over one token
+        quant.moe_experts_quant(fake(np.zeros((5, 256)), dtype), gu, dn, fake(np.zeros((5, 4), np.int32)),
+                                fake(np.ones((5, 4), np.float32)), 0)
+    finally:
+        quant.MOE_CHUNK = chunk
+    assert [c.name for c in launches] == names * 3 and launches[-1].grid == (1,)
 
 
 def test_quant_refuses_misshapen_weights(launches):

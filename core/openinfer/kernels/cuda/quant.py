@@ -17,6 +17,7 @@ from .module import as_index, launch, suffix
 
 GEMV_MAX_ROWS = 16
 ROWS, P = 8, 8          # quant.cu: weight rows per block, activation rows per pass
+MOE_CHUNK = 1024        # tokens per pass of the expert path: its float32 per-pair buffers stay ~100s of MB
 _PLAN_THREADS = 1024
 
 
@@ -75,23 +76,33 @@ def linear_quant(x: cp.ndarray, w: Any) -> cp.ndarray:
 
 def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights: Any,
                       expert_offset: int) -> cp.ndarray:
-    """The routed experts of one layer on quantized stacks (numpy_quant.moe_experts_quant's contract)."""
+    """The routed experts of one layer on quantized stacks (numpy_quant.moe_experts_quant's contract), MOE_CHUNK
+    tokens at a time (the per-pair float32 intermediates of a long prefill stay bounded)."""
     fmt = _fmt(gate_up)
     if _fmt(down) != fmt:
         raise TypeError("gate_up and down experts must share one format")
     x = cp.ascontiguousarray(x)
     T, D = x.shape
-    E_local, I2, _ = gate_up.shape
-    I = I2 // 2
+    I = gate_up.shape[1] // 2
     _check(gate_up, x, D)
     _check(down, x, I)
     ids = cp.ascontiguousarray(as_index(ids, np.int32))
     weights = cp.ascontiguousarray(cp.asarray(weights, dtype=cp.float32))
+    y = cp.empty((T, D), dtype=x.dtype)
+    for t0 in range(0, T, MOE_CHUNK):
+        t1 = min(T, t0 + MOE_CHUNK)
+        _moe_chunk(fmt, x[t0:t1], gate_up, down, ids[t0:t1], weights[t0:t1], expert_offset, y[t0:t1])
+    return y
+
+
+def _moe_chunk(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
+               expert_offset: int, y: cp.ndarray) -> None:
+    """The four launches of quant.cu's expert path for tokens x [T, D] (contiguous rows), into y."""
+    T, D = x.shape
+    E_local, I2, _ = gate_up.shape
+    I = I2 // 2
     k = ids.shape[1] if ids.ndim == 2 else 1
     n = T * k
-    y = cp.empty((T, D), dtype=x.dtype)
-    if T == 0:
-        return y
     slots = min(E_local, n)
     slot_expert = cp.empty(slots, cp.int32)
     slot_start = cp.empty(slots + 1, cp.int32)
@@ -109,4 +120,3 @@ def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights:
            (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I), yk))
     launch("quant", f"moe_combine_{suffix(x.dtype)}", (T,), 256,
            (yk, ids, np.int32(k), np.int32(D), np.int32(E_local), np.int32(expert_offset), y))
-    return y
