@@ -171,7 +171,7 @@ class KimiChatFormat(ChatFormat):
             return f"start: {lark_json(fns[name], JSON_DUMPS_LAYOUT)} {end}"
         calls = " | ".join(f"{lark_literal(n + ':')} IDX {lark_literal(ARGS_BEGIN)} {lark_json(schema, JSON_DUMPS_LAYOUT)}"
                            for n, schema in fns.items())
-        return f"start: call {end}\ncall: {calls}\nIDX: /[0-9]+/"
+        return f"start: call {end}\ncall: {calls}\nIDX: /[0-9]{{1,6}}/"
 
 
 KIMI_CHAT_FORMAT = KimiChatFormat(
