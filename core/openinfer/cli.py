@@ -158,7 +158,7 @@ def cmd_plugins(a: argparse.Namespace) -> int:
 
 def cmd_synth(a: argparse.Namespace) -> int:
     from .synth import synthesize
-    synthesize(a.preset, Path(a.out), seed=a.seed, dtype=a.dtype, device=a.device)
+    synthesize(a.preset, Path(a.out), seed=a.seed, dtype=a.dtype, device=a.device, num_layers=a.num_layers)
     print(f"wrote {a.preset} checkpoint to {a.out}")
     return 0
 
@@ -212,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--seed", type=int, default=0)
     y.add_argument("--dtype", default="BF16", choices=["BF16", "F16", "F32"])
     y.add_argument("--device", default="cpu", help="cuda: draw the random weights on the GPU (much faster)")
+    y.add_argument("--num-layers", type=int, default=None, metavar="N",
+                   help="write only the first N decoder layers at the real width (a reduced-depth checkpoint)")
     y.set_defaults(func=cmd_synth)
     from .bench.cli import add_parser as add_bench
     add_bench(sub)

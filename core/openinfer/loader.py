@@ -21,13 +21,13 @@ from .kv.block_manager import BlockManager
 from .kv.host_tier import HostTier, offloadable_arrays
 from .kv.hybrid import HybridBlockManager, num_state_rows
 from .kv.pool import StatePools, bytes_per_block, bytes_per_state_row
+from .memory_plan import check_fits, memory_need
 from .model_line import ModelLine, StateGroup
 from .model_runner import ModelRunner
 from .parallel.communicator import Communicator
 from .phases import in_background, phase, release_free_heap
 from .plugins import Plugins, get_plugins
 from .sampling import defaults_from_generation_config
-from .tokenizer import Tokenizer
 from .weights import Checkpoint, DummyWeights, WeightSource
 
 log = logging.getLogger("openinfer.loader")
@@ -72,7 +72,7 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     src = read_source(model, args, plugins)
     # the tokenizer parses on a thread while the device comes up: the Rust parse releases the GIL (a
     # busy Python loop on the main thread kept running, with gaps under 0.15 s, through a 1.6 s parse)
-    tokenizer_loaded = in_background("tokenizer", Tokenizer.from_dir, src.tok_dir)
+    tokenizer_loaded = in_background("tokenizer", src.line.load_tokenizer, src.tok_dir)
     workers = None
     if args.ep > 1:
         from .parallel.workers import Workers
@@ -156,6 +156,8 @@ def read_source(model: str | None, args: EngineArgs, plugins: Plugins) -> Source
         else:
             weights = Checkpoint(model)
             _check_weights(line, cfg, weights, shapes, model)
+        if args.device != "cpu":
+            _check_memory(line, cfg, shapes, weights, args, name)
     return Source(line, config, cfg, shapes, weights, plugins.kernels, tok_dir, gen_config, name)
 
 
@@ -235,6 +237,32 @@ def check_expert_parallel(args: EngineArgs, line_name: str, num_experts: int) ->
         if first + args.ep > visible:
             raise LoadError(f"--ep {args.ep} from {args.device} needs GPUs {first}..{first + args.ep - 1}, but "
                             f"{visible} GPU(s) are visible; lower --ep")
+
+
+def _check_memory(line: ModelLine, cfg: Any, shapes: dict[str, tuple[int, ...]], weights: WeightSource,
+                  args: EngineArgs, name: str) -> None:
+    """Refuse, before anything loads, a model whose weights per rank and one full-length sequence's KV exceed what
+    the smallest of its GPUs offers."""
+    gpu = _gpu_bytes(args.device, args.ep)
+    if gpu is None:
+        return
+    max_len = min(args.max_model_len or line.max_model_len(cfg), line.max_model_len(cfg))
+    need = memory_need(line, cfg, shapes, weights, _itemsize(args.dtype or "bfloat16"), args.ep, max_len,
+                       args.block_size)
+    try:
+        check_fits(name, need, gpu, args.gpu_memory_utilization, args.ep)
+    except MemoryError as e:
+        raise LoadError(str(e)) from None
+
+
+def _gpu_bytes(device: str, ep: int) -> int | None:
+    """The memory of the smallest GPU of ranks 0 .. ep-1 on `device` (None without a usable GPU)."""
+    try:
+        import cupy
+        first = int(device.partition(":")[2] or 0)
+        return min(int(cupy.cuda.runtime.getDeviceProperties(first + r)["totalGlobalMem"]) for r in range(ep))
+    except Exception:  # noqa: BLE001 — no CuPy, no driver: the backend reports that when it starts
+        return None
 
 
 def _visible_gpus() -> int:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .kernels.registry import Ops
     from .kv.pool import StatePools
     from .parsers import ChatFormat
+    from .tokenizer import Tokenizer
     from .weights import WeightSource
 
 
@@ -98,6 +99,12 @@ class ModelLine(ABC):
     @abstractmethod
     def chat_format(self) -> ChatFormat: ...
 
+    def load_tokenizer(self, path: Path) -> Tokenizer:
+        """The tokenizer of a checkpoint folder (a line whose checkpoints ship another format than tokenizer.json
+        converts it here)."""
+        from .tokenizer import Tokenizer
+        return Tokenizer.from_dir(path)
+
     def tokenizer_dir(self) -> Path | None:
         """A folder with this line's genuine tokenizer (tokenizer.json[.gz], tokenizer_config.json),
         which `openinfer synth` copies beside the weights; None if the line ships none."""
@@ -114,6 +121,12 @@ class ModelLine(ABC):
 
     def vocab_size(self, cfg: Any) -> int:
         return int(getattr(cfg, "vocab_size"))
+
+    def expert_sharded(self, cfg: Any, name: str) -> bool:
+        """True for a checkpoint tensor that expert parallelism splits over the ranks (a routed expert's): the
+        DeepSeek layout's `.mlp.experts.` by default, which every MoE line here uses; memory planning counts it
+        once over all ranks."""
+        return self.num_experts(cfg) > 0 and ".mlp.experts." in name
 
     def num_experts(self, cfg: Any) -> int:
         """Routed experts per MoE layer, which expert parallelism shards over its ranks (a rank holds

@@ -134,6 +134,21 @@ class ToolCallParser(ABC):
         return out.content.strip(), collect_tool_calls(out.tool_calls)
 
 
+class SteppedToolCallParser(ToolCallParser):
+    """A tool parser written as steps over its buffered text (`self._buf`, which the subclass sets up):
+    `_step(out)` consumes what it can, appending to `out`, and returns False once it needs more text."""
+
+    @abstractmethod
+    def _step(self, out: ParsedDelta) -> bool: ...
+
+    def feed(self, text: str) -> ParsedDelta:
+        out = ParsedDelta()
+        self._buf += text
+        while self._step(out):
+            pass
+        return out
+
+
 class ThinkTagReasoningParser(ReasoningParser):
     """`<think>…</think>` reasoning, shared by most lines (override the tags as class attributes).
 

@@ -164,6 +164,13 @@ class Tokenizer:
         else:
             raise FileNotFoundError(f"no tokenizer.json (or tokenizer.json.gz) in {path}; openinfer needs the "
                                     "fast-tokenizer file that Hugging Face checkpoints ship")
+        return cls.with_folder(hf, path)
+
+    @classmethod
+    def with_folder(cls, hf: HFTokenizer, path: str | Path) -> Tokenizer:
+        """`hf` with a checkpoint folder's tokenizer_config.json, chat template and eos ids (generation_config.json,
+        config.json), as transformers reads them."""
+        path = Path(path)
         config = _read_json(path / "tokenizer_config.json")
         template = None
         if (path / "chat_template.jinja").is_file():  # newer checkpoints keep the template in its own file

@@ -15,7 +15,8 @@ import numpy as np
 
 # safetensors dtype -> (numpy storage dtype, itemsize); bf16 is stored as uint16 bit patterns
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
-           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+           "F8_E4M3": np.uint8}   # fp8 e4m3 bytes as they are (quant/fp8.py decodes them)
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -110,7 +111,8 @@ class Checkpoint:
 
 class DummyWeights:
     """Random weights of the real shapes (`--load-format dummy`), generated lazily per tensor.
-    Norm weights (1-D) are centred on 1 so activations stay in range."""
+    Norm weights (1-D) are centred on 1 so activations stay in range; tensors of quantized Linears
+    (INT4 packed words, FP8 bytes, their scales) come in their stored dtypes (quant/dummy.py)."""
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]], seed: int = 0, std: float = 0.02) -> None:
         self.shapes = dict(shapes)
@@ -119,15 +121,23 @@ class DummyWeights:
     def names(self) -> Iterable[str]:
         return self.shapes.keys()
 
+    def kind(self, name: str) -> str:
+        """The safetensors dtype the tensor stands for ("F32" for the plain float tensors)."""
+        from .quant.dummy import quantized_kind
+        return quantized_kind(name, self.shapes) or "F32"
+
     def get(self, name: str) -> np.ndarray:
         rng = np.random.default_rng([self.seed, stable_hash(name)])
         shape = self.shapes[name]
+        if self.kind(name) != "F32":
+            from .quant.dummy import dummy_quantized
+            return dummy_quantized(name, self.shapes, rng)
         if len(shape) == 1:
             return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         return (self.std * rng.standard_normal(shape, dtype=np.float32))
 
     def raw(self, name: str) -> tuple[str, tuple[int, ...], np.ndarray]:
-        return "F32", self.shapes[name], self.get(name)
+        return self.kind(name), self.shapes[name], self.get(name)
 
 
 def stable_hash(name: str) -> int:
@@ -138,15 +148,17 @@ def stable_hash(name: str) -> int:
 
 
 def save_safetensors(path: str | Path, shapes: Mapping[str, tuple[int, ...]], get: Callable[[str], np.ndarray],
-                     dtype: str = "BF16") -> None:
-    """Write float tensors as one safetensors file in `dtype` (BF16, F16 or F32), fetching and
-    writing one tensor at a time so a multi-GB checkpoint never sits in memory whole."""
+                     dtype: str = "BF16", kind_of: Callable[[str], str] | None = None) -> None:
+    """Write tensors as one safetensors file, float ones in `dtype` (BF16, F16 or F32), fetching and writing one
+    tensor at a time so a multi-GB checkpoint never sits in memory whole. `kind_of(name)` (DummyWeights.kind):
+    "F32" for a float tensor, written in `dtype`, or the tensor's own dtype ("I32", "F8_E4M3": its values written as
+    they are; "BF16": bf16 whatever `dtype` says)."""
     names = sorted(shapes)
+    kinds = {n: k if (k := kind_of(n) if kind_of else "F32") != "F32" else dtype for n in names}
     header, offset = {}, 0
-    itemsize = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
     for name in names:
-        size = int(np.prod(shapes[name])) * itemsize
-        header[name] = {"dtype": dtype, "shape": list(shapes[name]), "data_offsets": [offset, offset + size]}
+        size = int(np.prod(shapes[name])) * _ITEMSIZE[kinds[name]]
+        header[name] = {"dtype": kinds[name], "shape": list(shapes[name]), "data_offsets": [offset, offset + size]}
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -154,8 +166,15 @@ def save_safetensors(path: str | Path, shapes: Mapping[str, tuple[int, ...]], ge
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for name in names:
-            arr = get(name)
-            if dtype == "BF16":  # bf16 arrays (ml_dtypes) are written as they are
-                f.write((arr.view(np.uint16) if arr.dtype.name == "bfloat16" else f32_to_bf16(arr)).tobytes())
-            else:
-                f.write(np.ascontiguousarray(arr, dtype=np.float16 if dtype == "F16" else np.float32).tobytes())
+            f.write(_tensor_bytes(get(name), kinds[name]))
+
+
+_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "F8_E4M3": 1}
+
+
+def _tensor_bytes(arr: np.ndarray, kind: str) -> bytes:
+    if kind == "BF16":  # bf16 arrays (ml_dtypes, or raw uint16 bit patterns) are written as they are
+        return (arr.view(np.uint16) if arr.dtype.name in ("bfloat16", "uint16") else f32_to_bf16(arr)).tobytes()
+    if kind in ("F16", "F32"):
+        return np.ascontiguousarray(arr, dtype=np.float16 if kind == "F16" else np.float32).tobytes()
+    return np.ascontiguousarray(arr, dtype=_DTYPES[kind]).tobytes()

@@ -36,7 +36,8 @@ def _launched_names() -> set[str]:
         variants = [name]
         for field, values in (("{suffix(x.dtype)}", ("bf16", "f32")), ("{suffix(q.dtype)}", ("bf16", "f32")),
                               ("{suffix(k.dtype)}", ("bf16", "f32")), ("{suffix(gate_up.dtype)}", ("bf16", "f32")),
-                              ("{dtype}", ("bf16", "f32")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
+                              ("{dtype}", ("bf16", "f32")), ("{suffix(out.dtype)}", ("bf16", "f32")),
+                              ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
                               ("{mt}", ("1", "8")),   # moe.py's row tiles: 16 or 128 rows
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):

@@ -21,6 +21,9 @@ from ..batch import Array, ForwardBatch
 from ..kernels.registry import Ops
 from ..kv.pool import StatePools
 from ..model_line import StateGroup
+from ..quant import QuantScheme
+from ..quant.scheme import host_linear
+from .quant_linear import load_linear
 from .rope import RopeConfig, yarn_mscale
 
 # q_a_layernorm and kv_a_layernorm are built without the config's eps in every reference implementation
@@ -60,19 +63,22 @@ def mla_softmax_scale(dims: MLADims, rope: RopeConfig) -> float:
     return scale
 
 
-def mla_weight_shapes(prefix: str, dims: MLADims) -> dict[str, tuple[int, ...]]:
-    """Checkpoint names and shapes of one MLA block under `prefix` (e.g. "model.layers.0.self_attn.")."""
+def mla_weight_shapes(prefix: str, dims: MLADims, scheme: QuantScheme | None = None) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes of one MLA block under `prefix` (e.g. "model.layers.0.self_attn."), its
+    Linears in `scheme`'s formats (dense by default)."""
     D, H, R, P = dims.hidden_size, dims.num_heads, dims.kv_lora_rank, dims.qk_rope_head_dim
+    scheme = scheme or QuantScheme()
     shapes: dict[str, tuple[int, ...]] = {}
     if dims.q_lora_rank is None:
-        shapes[prefix + "q_proj.weight"] = (H * dims.qk_head_dim, D)
+        shapes.update(scheme.linear_shapes(prefix + "q_proj", H * dims.qk_head_dim, D))
     else:
-        shapes.update({prefix + "q_a_proj.weight": (dims.q_lora_rank, D),
-                       prefix + "q_a_layernorm.weight": (dims.q_lora_rank,),
-                       prefix + "q_b_proj.weight": (H * dims.qk_head_dim, dims.q_lora_rank)})
-    shapes.update({prefix + "kv_a_proj_with_mqa.weight": (R + P, D), prefix + "kv_a_layernorm.weight": (R,),
-                   prefix + "kv_b_proj.weight": (H * (dims.qk_nope_head_dim + dims.v_head_dim), R),
-                   prefix + "o_proj.weight": (D, H * dims.v_head_dim)})
+        shapes.update(scheme.linear_shapes(prefix + "q_a_proj", dims.q_lora_rank, D))
+        shapes[prefix + "q_a_layernorm.weight"] = (dims.q_lora_rank,)
+        shapes.update(scheme.linear_shapes(prefix + "q_b_proj", H * dims.qk_head_dim, dims.q_lora_rank))
+    shapes.update(scheme.linear_shapes(prefix + "kv_a_proj_with_mqa", R + P, D))
+    shapes[prefix + "kv_a_layernorm.weight"] = (R,)
+    shapes.update(scheme.linear_shapes(prefix + "kv_b_proj", H * (dims.qk_nope_head_dim + dims.v_head_dim), R))
+    shapes.update(scheme.linear_shapes(prefix + "o_proj", D, H * dims.v_head_dim))
     return shapes
 
 
@@ -89,21 +95,30 @@ class MLAWeights:
     o: Array                  # [D, H dv]
 
 
-def load_mla_weights(backend: Any, weights: Any, prefix: str, dims: MLADims) -> MLAWeights:
+def load_mla_weights(backend: Any, weights: Any, prefix: str, dims: MLADims,
+                     scheme: QuantScheme | None = None) -> MLAWeights:
+    """One layer's MLA weights, its Linears in `scheme`'s formats (quant_linear.QuantOps runs them); kv_b_proj is
+    dequantized at load, as it is split into the per-head W_UK and W_UV."""
     H, dn, dv, R = dims.num_heads, dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
-    kv_b = np.asarray(weights.get(prefix + "kv_b_proj.weight"), dtype=np.float32).reshape(H, dn + dv, R)
+    kv_b = prefix + "kv_b_proj"
+    kv_b_host = host_linear(weights, scheme, kv_b) if scheme is not None else weights.get(kv_b + ".weight")
+    kv_b_w = np.asarray(kv_b_host if isinstance(kv_b_host, np.ndarray) else kv_b_host.dequant(), dtype=np.float32)
+    kv_b_w = kv_b_w.reshape(H, dn + dv, R)
     lora = dims.q_lora_rank is not None
+
+    def linear(*modules: str) -> Any:
+        return load_linear(backend, weights, scheme, *(prefix + m for m in modules))
+
     return MLAWeights(
-        q=None if lora else backend.load(weights, prefix + "q_proj.weight"),
-        q_a_kv_a=backend.load(weights, prefix + "q_a_proj.weight", prefix + "kv_a_proj_with_mqa.weight")
-        if lora else None,
+        q=None if lora else linear("q_proj"),
+        q_a_kv_a=linear("q_a_proj", "kv_a_proj_with_mqa") if lora else None,
         q_a_norm=backend.load(weights, prefix + "q_a_layernorm.weight") if lora else None,
-        q_b=backend.load(weights, prefix + "q_b_proj.weight") if lora else None,
-        kv_a=None if lora else backend.load(weights, prefix + "kv_a_proj_with_mqa.weight"),
+        q_b=linear("q_b_proj") if lora else None,
+        kv_a=None if lora else linear("kv_a_proj_with_mqa"),
         kv_a_norm=backend.load(weights, prefix + "kv_a_layernorm.weight"),
-        w_uk_t=backend.asarray(np.ascontiguousarray(kv_b[:, :dn, :].transpose(0, 2, 1))),
-        w_uv=backend.asarray(np.ascontiguousarray(kv_b[:, dn:, :])),
-        o=backend.load(weights, prefix + "o_proj.weight"))
+        w_uk_t=backend.asarray(np.ascontiguousarray(kv_b_w[:, :dn, :].transpose(0, 2, 1))),
+        w_uv=backend.asarray(np.ascontiguousarray(kv_b_w[:, dn:, :])),
+        o=linear("o_proj"))
 
 
 class MLAttention:

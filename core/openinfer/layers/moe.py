@@ -16,7 +16,10 @@ from ..batch import Array
 from ..config import ConfigError
 from ..kernels.registry import Ops
 from ..parallel.communicator import Communicator
-from .mlp import SwiGLU, load_swiglu
+from ..quant import QuantScheme
+from ..quant.scheme import DENSE
+from .mlp import SwiGLU, load_swiglu, swiglu_shapes
+from .quant_linear import load_expert_stack
 
 SCORINGS = ("softmax", "sigmoid")
 METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -79,19 +82,17 @@ class MoE:
 
 
 def moe_weight_shapes(prefix: str, hidden: int, num_experts: int, expert_inter: int, shared_inter: int,
-                      bias: bool) -> dict[str, tuple[int, ...]]:
-    """Checkpoint names and shapes of one DeepSeek-layout MoE block under `prefix` (e.g. "model.layers.3.mlp.");
-    shared_inter 0: no shared experts."""
+                      bias: bool, scheme: QuantScheme | None = None) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes of one DeepSeek-layout MoE block under `prefix` (e.g. "model.layers.3.mlp."),
+    its Linears in `scheme`'s formats; shared_inter 0: no shared experts."""
+    scheme = scheme or QuantScheme()
     shapes: dict[str, tuple[int, ...]] = {prefix + "gate.weight": (num_experts, hidden)}
     if bias:
         shapes[prefix + "gate.e_score_correction_bias"] = (num_experts,)
     for e in range(num_experts):
-        gate, up, down = expert_names(prefix, e)
-        shapes.update({gate: (expert_inter, hidden), up: (expert_inter, hidden), down: (hidden, expert_inter)})
+        shapes.update(swiglu_shapes(f"{prefix}experts.{e}.", hidden, expert_inter, scheme))
     if shared_inter:
-        p = prefix + "shared_experts."
-        shapes.update({p + "gate_proj.weight": (shared_inter, hidden), p + "up_proj.weight": (shared_inter, hidden),
-                       p + "down_proj.weight": (hidden, shared_inter)})
+        shapes.update(swiglu_shapes(prefix + "shared_experts.", hidden, shared_inter, scheme))
     return shapes
 
 
@@ -101,16 +102,23 @@ def expert_names(prefix: str, e: int) -> tuple[str, str, str]:
 
 
 def load_moe_weights(ops: Ops, backend: Any, weights: Any, prefix: str, expert_inter: int, shared: bool,
-                     bias: bool, expert_offset: int, expert_count: int) -> MoEWeights:
+                     bias: bool, expert_offset: int, expert_count: int,
+                     scheme: QuantScheme | None = None) -> MoEWeights:
     """Stack experts [expert_offset, expert_offset + expert_count) as gate_up [E_local, 2I, D] and down
-    [E_local, D, I] (one concatenating load each); the router and its bias in float32."""
+    [E_local, D, I] (one concatenating load each; quantized experts as stacks in their format, which `ops`, a
+    quant_linear.QuantOps, runs); the router and its bias in float32."""
     experts = [expert_names(prefix, e) for e in range(expert_offset, expert_offset + expert_count)]
-    gate_up = backend.load(weights, *[n for gate, up, _ in experts for n in (gate, up)])
-    down = backend.load(weights, *[d for _, _, d in experts])
-    gate_up = gate_up.reshape(expert_count, 2 * expert_inter, -1)
-    down = down.reshape(expert_count, -1, expert_inter)
+    modules = [tuple(n[: -len(".weight")] for n in names) for names in experts]
+    if scheme is not None and scheme.format_of(modules[0][0]) != DENSE:
+        gate_up = load_expert_stack(backend, weights, scheme, [(g, u) for g, u, _ in modules])
+        down = load_expert_stack(backend, weights, scheme, [(d,) for _, _, d in modules])
+    else:
+        gate_up = backend.load(weights, *[n for gate, up, _ in experts for n in (gate, up)])
+        down = backend.load(weights, *[d for _, _, d in experts])
+        gate_up = gate_up.reshape(expert_count, 2 * expert_inter, -1)
+        down = down.reshape(expert_count, -1, expert_inter)
     return MoEWeights(
         gate=backend.asarray(weights.get(prefix + "gate.weight"), "float32"),
         bias=backend.asarray(weights.get(prefix + "gate.e_score_correction_bias"), "float32") if bias else None,
         gate_up=gate_up, down=down,
-        shared=load_swiglu(ops, backend, weights, prefix + "shared_experts.") if shared else None)
+        shared=load_swiglu(ops, backend, weights, prefix + "shared_experts.", scheme) if shared else None)

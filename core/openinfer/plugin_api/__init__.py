@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..batch import Array, ForwardBatch
 from ..config import ConfigError, require
 from ..detokenize import partial_suffix_len
+from ..disk_cache import cache_root, write_atomic
 from ..hookspecs import hookimpl
 from ..kernels.numpy_ops import sequence_runs
 from ..kernels.registry import KernelRegistry, Ops
@@ -18,13 +19,17 @@ from ..kv.pool import StatePools
 from ..layers.attention import AttentionWeights, GQAAttention
 from ..layers.mla import (MLADims, MLAttention, MLAWeights, load_mla_weights, mla_softmax_scale, mla_state_group,
                           mla_weight_shapes)
+from ..layers.mla_moe_decoder import (MLAMoEConfig, MLAMoEDecoder, mla_moe_kernel_plan, mla_moe_weight_shapes,
+                                      parse_mla_moe)
 from ..layers.mlp import SwiGLU, load_swiglu
 from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
 from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..model_line import Model, ModelLine, Probe, StateGroup
+from ..quant import QuantScheme, QuantizedTensorError, quant_scheme
 from ..parallel import Communicator, expert_shard
 from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
-                       ToolCallDelta, ToolCallParser, collect_tool_calls, new_call_id)
+                       SteppedToolCallParser, ToolCallDelta, ToolCallParser, collect_tool_calls, new_call_id)
+from ..tiktoken_bpe import bpe_tokenizer_json, load_ranks
 from ..structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
 from ..tokenizer import ChatTemplateError, Tokenizer, byte_level_chars
 from ..tool_args import convert_value, is_text, param_types, schema_types, with_object_arguments
@@ -39,5 +44,7 @@ __all__ = [
     "convert_value", "is_text", "param_types", "schema_types", "with_object_arguments",
     "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
     "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
-    "Communicator", "expert_shard", "sequence_runs",
+    "MLAMoEConfig", "MLAMoEDecoder", "mla_moe_kernel_plan", "mla_moe_weight_shapes", "parse_mla_moe", "QuantScheme",
+    "QuantizedTensorError", "quant_scheme", "SteppedToolCallParser", "bpe_tokenizer_json", "cache_root", "load_ranks",
+    "write_atomic", "Communicator", "expert_shard", "sequence_runs",
 ]

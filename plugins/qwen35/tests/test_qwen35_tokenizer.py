@@ -13,7 +13,7 @@ import unicodedata
 
 import pytest
 
-from openinfer.plugin_api import Tokenizer
+from openinfer.plugin_api import Tokenizer, byte_level_chars
 from openinfer_qwen35 import tokenizer_build as tb
 from openinfer_qwen35.chat import TOKENIZER_DIR
 
@@ -63,7 +63,7 @@ def tokenizer_json() -> dict:
 
 @pytest.fixture(scope="module")
 def ranks(tokenizer_json) -> dict[bytes, int]:
-    from_char = {c: b for b, c in enumerate(tb._byte_to_char())}
+    from_char = {c: b for b, c in enumerate(byte_level_chars())}
     return {bytes(from_char[c] for c in token): i for token, i in tokenizer_json["model"]["vocab"].items()}
 
 

@@ -17,6 +17,11 @@ ATTENTION = (("wgmma", "paged_attention", ("bfloat16",), 20, (90,)),
              ("cuda_cores", "paged_attention_cuda_cores", DTYPES, 0, ()))
 
 
+# ops on quantized weights (quant.py): op name -> its wrapper
+QUANT_OPS = {"linear_int4": "linear_quant", "linear_fp8": "linear_quant", "moe_experts_int4": "moe_experts_quant",
+             "moe_experts_fp8": "moe_experts_quant"}
+
+
 def register(register_kernel) -> None:
     """Registers every op above, and paged_attention's implementations, for backend "cuda" (called through the
     core's own hookimpl)."""
@@ -27,3 +32,5 @@ def register(register_kernel) -> None:
     for name, fn, dtypes, priority, capabilities in ATTENTION:
         register_kernel("paged_attention", "cuda", f"{__name__}.attention:{fn}", dtypes=dtypes, priority=priority,
                         name=name, capabilities=capabilities)
+    for name, impl in QUANT_OPS.items():
+        register_kernel(name, "cuda", f"{__name__}.quant:{impl}", dtypes=DTYPES)

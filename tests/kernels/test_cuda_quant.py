@@ -1,0 +1,99 @@
+"""The kernels on quantized weights (quant.cu) against the numpy references on random inputs (GPU only): the INT4
+and FP8 GEMV and its prefill path (transient dequantization + GEMM), and the grouped routed-expert kernels with
+expert-parallel offsets, tokens sharing experts, and under CUDA-graph capture."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
+    BF16, DTYPES, after_inputs, arrival_counters_left_zero, close, cp, dev, dt, exact, host, own_stream, pdl, rnd)
+from openinfer.kernels import numpy_quant
+from openinfer.kernels.cuda import quant
+from openinfer.quant import Fp8Weight, Int4Weight, quantize_fp8, quantize_int4, row_scales
+
+pytestmark = pytest.mark.cuda
+
+
+def _host_weight(rng, fmt, out, inp, stack=None):
+    """A random quantized weight (or stack) on the host, its INT4 scales rounded to bf16 like a checkpoint's."""
+    n = stack or 1
+    parts = []
+    for _ in range(n):
+        w = rng.standard_normal((out, inp)) * inp ** -0.5
+        if fmt == "int4":
+            parts.append(Int4Weight(*quantize_int4(w, lambda s: exact(s, BF16))))
+        else:
+            q, s = quantize_fp8(w)
+            parts.append(Fp8Weight(q, row_scales(s, out)))
+    if stack is None:
+        return parts[0]
+    return type(parts[0])(*(np.stack(a) for a in zip(*((p.packed, p.scale) if fmt == "int4" else (p.data, p.scale)
+                                                          for p in parts))))
+
+
+def _device(w, dtype):
+    if isinstance(w, Int4Weight):
+        return Int4Weight(cp.asarray(w.packed), cp.asarray(w.scale.astype(dtype)))
+    return Fp8Weight(cp.asarray(w.data), cp.asarray(w.scale.astype(np.float32)))
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16, 40])
+@pytest.mark.parametrize("n,k", [(96, 128), (200, 7168), (7168, 2048)])
+def test_linear_quant(fmt, m, n, k, dt, pdl):
+    rng = np.random.default_rng(m * 1000 + n + k)
+    w = _host_weight(rng, fmt, n, k)
+    x = exact(rnd(rng, m, k), dt[0])
+    close(quant.linear_quant(dev(x, dt[0]), _device(w, dt[0])), numpy_quant.linear_quant(x, w), dt, scale=2)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_dequantize(fmt, dt):
+    rng = np.random.default_rng(7)
+    w = _host_weight(rng, fmt, 130, 256)
+    close(quant.dequantize(_device(w, dt[0]), dt[0]), w.dequant(), dt)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+@pytest.mark.parametrize("T", [1, 2, 7, 64, 300])
+@pytest.mark.parametrize("offset", [0, 4])
+def test_moe_experts_quant(fmt, T, offset, dt, pdl, monkeypatch):
+    monkeypatch.setattr(quant, "MOE_CHUNK", 128)   # 300 tokens run as three chunks
+    rng = np.random.default_rng(T + offset)
+    E_local, D, I, k = 12, 256, 96, 4
+    gate_up = _host_weight(rng, fmt, 2 * I, D, stack=E_local)
+    down = _host_weight(rng, fmt, D, I, stack=E_local)
+    x = exact(rnd(rng, T, D), dt[0])
+    ids = np.stack([rng.choice(20, k, replace=False) for _ in range(T)]).astype(np.int32)   # some on other ranks
+    if T > 2:
+        ids[: T // 2, 0] = offset + 3   # many tokens on one expert: several passes over its rows
+    w = rng.random((T, k)).astype(np.float32)
+    want = numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, offset)
+    got = quant.moe_experts_quant(dev(x, dt[0]), _device(gate_up, dt[0]), _device(down, dt[0]), cp.asarray(ids),
+                                  cp.asarray(w), offset)
+    close(got, want, dt, scale=4)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_moe_experts_quant_graph_replay(fmt):
+    """Captured once, replayed with other routing: the plan is made on the device, so the replay follows the new ids."""
+    rng = np.random.default_rng(11)
+    E, D, I, k, T = 16, 128, 64, 8, 4
+    gu, dn = _device(_host_weight(rng, fmt, 2 * I, D, stack=E), BF16), _device(_host_weight(rng, fmt, D, I, stack=E), BF16)
+    x = dev(exact(rnd(rng, T, D), BF16), BF16)
+    ids = cp.asarray(np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32))
+    w = cp.asarray(rng.random((T, k)).astype(np.float32))
+    quant.moe_experts_quant(x, gu, dn, ids, w, 0)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with after_inputs(stream):
+        stream.begin_capture()
+        y = quant.moe_experts_quant(x, gu, dn, ids, w, 0)
+        graph = stream.end_capture()
+    new_ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    ids[...] = cp.asarray(new_ids)
+    cp.cuda.get_current_stream().synchronize()
+    graph.launch(stream)
+    stream.synchronize()
+    want = quant.moe_experts_quant(x, gu, dn, ids, w, 0)
+    np.testing.assert_array_equal(host(y), host(want))
