@@ -15,12 +15,22 @@ from ..detect import detect_line
 from ..engine import Engine, EngineArgs, build_engine
 from ..kv.block_manager import block_hashes
 from ..kv.pool import bytes_per_block
-from ..loader import LoadError
+from ..loader import LoadError, load_rank, read_source
 from ..plugins import get_plugins
 from ..sampling import SamplingParams
-from ..synth import synthesize
+from ..quant import Fp8Weight, Int4Weight, pack_int4, quantize_fp8, quantize_int4, row_scales, unpack_int4
+from ..synth import synthesize, with_num_layers
 from ..weights import Checkpoint, DummyWeights, save_safetensors
 
-__all__ = ["Checkpoint", "DummyWeights", "Engine", "EngineArgs", "LoadError", "NumpyBackend", "SamplingParams",
-           "block_hashes", "build_engine", "bytes_per_block", "detect_line", "get_plugins", "read_model_config",
-           "save_safetensors", "synthesize"]
+__all__ = ["Checkpoint", "DummyWeights", "Engine", "EngineArgs", "Fp8Weight", "Int4Weight", "LoadError", "ModelHost",
+           "NumpyBackend", "SamplingParams", "block_hashes", "build_engine", "bytes_per_block", "create_app",
+           "detect_line", "get_plugins", "load_rank", "pack_int4", "quantize_fp8", "quantize_int4", "read_model_config",
+           "read_source", "row_scales", "save_safetensors", "synthesize", "unpack_int4", "with_num_layers"]
+
+
+def __getattr__(name: str):
+    """The server's ModelHost and create_app, imported on first use (they pull in starlette)."""
+    if name in ("ModelHost", "create_app"):
+        from .. import server
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

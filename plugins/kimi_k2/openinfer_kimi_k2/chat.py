@@ -160,11 +160,11 @@ class KimiChatFormat(ChatFormat):
         before = self.think_end if self.starts_in_reasoning(prompt_text) else ""
         return before, _opener(name, prompt_text.count(CALL_BEGIN))
 
-    def tool_call_grammar(self, tools: list[dict], name: str | None) -> str | None:
+    def tool_call_grammar(self, tools: list[dict], name: str | None, parallel: bool = True) -> str | None:
         """After the opener: the named function's arguments, the call's and the section's end; or one of the
-        functions' `NAME:IDX` ids with its arguments, then the ends. One call: llguidance (1.x) refused the
-        section's end after a call wherever a further call could also start there (the two tokens share their
-        first bytes, `<|tool_call`), so a forced section holds exactly one call."""
+        functions' `NAME:IDX` ids with its arguments, then the ends. One call whatever `parallel` says: llguidance
+        (1.x) refused the section's end after a call wherever a further call could also start there (the two tokens
+        share their first bytes, `<|tool_call`), so a forced section holds exactly one call."""
         fns = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
         end = f"{lark_literal(CALL_END)} {lark_literal(SECTION_ENDS[0])}"
         if name is not None:

@@ -165,7 +165,7 @@ def quantized_checkpoint(out: Path, ref_dir: Path, model, fmt: str) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from openinfer.quant import pack_int4
+    from openinfer.testing import pack_int4
     out.mkdir(parents=True, exist_ok=True)
     for f in ref_dir.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "config.json":
@@ -195,7 +195,7 @@ def quantize_in_place(model, fmt: str) -> None:
     import numpy as np
     import torch
 
-    from openinfer.quant import Fp8Weight, quantize_fp8, quantize_int4, row_scales, unpack_int4
+    from openinfer.testing import Fp8Weight, quantize_fp8, quantize_int4, row_scales, unpack_int4
     codes, deqs = {}, {}
     with torch.no_grad():
         for name, weight in _quantized_weights(model, fmt):

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from openinfer.parsers import collect_tool_calls
+from openinfer.plugin_api import collect_tool_calls
 from openinfer.testing.chat import split_feed, stream_output, tool_call_grammar_run
 from openinfer_kimi_k2.chat import KIMI_CHAT_FORMAT as FMT, KimiToolCallParser, call_name
 from openinfer_kimi_k2.tokenizer import load_kimi_tokenizer

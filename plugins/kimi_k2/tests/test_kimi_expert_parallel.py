@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.plugins import get_plugins
+from openinfer.testing import EngineArgs, build_engine
+from openinfer.testing import get_plugins
 from openinfer.testing.engine import generate, greedy
 from openinfer.testing.parallel import assert_ranks_match, record_steps, replay_on_ranks
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
+from openinfer.testing import EngineArgs, build_engine
 from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import hf_greedy_stepwise as hf_greedy, hf_logits
 
@@ -45,7 +45,7 @@ def test_logits_and_greedy_match_transformers(which, steps, request):
 
 
 def test_quantized_experts_stay_packed(kimi_int4, kimi_fp8):
-    from openinfer.quant import Fp8Weight, Int4Weight
+    from openinfer.testing import Fp8Weight, Int4Weight
     moe = engine_for(kimi_int4[0]).runner.model.layers[1].mlp
     assert isinstance(moe.w.gate_up, Int4Weight) and moe.w.gate_up.packed.dtype == np.int32
     assert moe.w.gate_up.packed.shape == (16, 128, 8) and moe.w.down.scale.shape == (16, 64, 2)

@@ -9,12 +9,8 @@ import logging
 import numpy as np
 import pytest
 
-from openinfer.config import ConfigError
-from openinfer.engine_args import EngineArgs
-from openinfer.loader import load_rank, read_source
-from openinfer.plugins import get_plugins
-from openinfer.quant import QuantizedTensorError
-from openinfer.synth import synthesize, with_num_layers
+from openinfer.plugin_api import ConfigError, QuantizedTensorError
+from openinfer.testing import EngineArgs, get_plugins, load_rank, read_source, synthesize, with_num_layers
 from openinfer_kimi_k2.line import PRESETS, KimiK2Line
 
 LINE = KimiK2Line()
@@ -101,7 +97,7 @@ def test_with_num_layers_keeps_width_and_cuts_layer_lists():
 
 def test_unservable_tensor_fails_at_load_naming_it(synthesized, tmp_path):
     """An INT4 expert stored as float (or an FP8 weight stored as bf16) is refused with its name and format."""
-    from openinfer.weights import Checkpoint, save_safetensors
+    from openinfer.testing import Checkpoint, save_safetensors
     ck = Checkpoint(synthesized)
     shapes = {n: ck.raw(n)[1] for n in ck.names()}
     victim = next(n for n in shapes if n.endswith((".weight_packed", "experts.0.up_proj.weight")))
@@ -117,7 +113,7 @@ def test_unservable_tensor_fails_at_load_naming_it(synthesized, tmp_path):
 
 
 def test_mtp_layers_are_skipped_and_named(synthesized, tmp_path, caplog):
-    from openinfer.weights import Checkpoint, save_safetensors
+    from openinfer.testing import Checkpoint, save_safetensors
     ck = Checkpoint(synthesized)
     config = json.loads((synthesized / "config.json").read_text())
     config["num_nextn_predict_layers"] = 1

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.server import ModelHost, create_app
+from openinfer.testing import EngineArgs, build_engine
+from openinfer.testing import ModelHost, create_app
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
