@@ -24,23 +24,25 @@ def main() -> None:
     ap.add_argument("size", type=int, help="batch rows (decode/eager) or prompt tokens (prefill)")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--device", default="cuda", help="cpu only to check this script without a GPU")
+    ap.add_argument("--tokenizer", default=None, help="a tokenizer folder, for a preset of a line that ships none")
     a = ap.parse_args()
     rows = a.size if a.scenario != "prefill" else 1
-    eng = build_engine(a.model, EngineArgs(device=a.device, load_format="dummy", max_num_seqs=max(rows, 8),
+    eng = build_engine(a.model, EngineArgs(device=a.device, load_format="dummy", tokenizer=a.tokenizer, max_num_seqs=max(rows, 8),
                                            max_model_len=max(4 * a.context, 2 * a.size),
                                            max_num_batched_tokens=max(8192, a.size),
                                            enforce_eager=a.scenario == "eager"))
     rng = np.random.default_rng(0)
+    vocab = min(150000, eng.vocab_size)   # token ids any of the lines' vocabularies holds
     params = SamplingParams(max_tokens=a.context, temperature=0.0, ignore_eos=True)
     if a.scenario == "prefill":
-        warm = eng.submit(rng.integers(0, 150000, a.size).tolist(), params)   # the same shape once, unprofiled
+        warm = eng.submit(rng.integers(0, vocab, a.size).tolist(), params)   # the same shape once, unprofiled
         eng.step()
         eng.abort(warm.request_id)
         eng.step()
-        eng.submit(rng.integers(0, 150000, a.size).tolist(), params)
+        eng.submit(rng.integers(0, vocab, a.size).tolist(), params)
     else:
         for _ in range(rows):
-            eng.submit(rng.integers(0, 150000, a.context).tolist(), params)
+            eng.submit(rng.integers(0, vocab, a.context).tolist(), params)
         while eng.scheduler.waiting or any(r.num_computed < r.num_tokens - 1 for r in eng.scheduler.running):
             eng.step()
         for _ in range(3):
