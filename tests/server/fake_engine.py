@@ -56,6 +56,7 @@ class FakeEngine:
         self.tokenizer = demo_tokenizer()
         self.chat_format = QWEN3_CHAT_FORMAT
         self.max_model_len = max_model_len
+        self.max_num_seqs = 256
         self.vocab_size = self.tokenizer.vocab_size
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.eos = min(self.eos_token_ids)

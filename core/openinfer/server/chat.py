@@ -24,7 +24,8 @@ from openinfer.structured import OutputGrammar, reasoning_gate
 from openinfer.tokenizer import ChatTemplateError
 
 from .errors import bad_request
-from .generate import Plan, max_tokens_for, respond
+from .generate import Plan, check_prompt_length, max_tokens_for, respond
+from .auth import Caller
 from .host import ModelHost, ServedModel
 from .output import ChoiceOutput, Piece, finite, token_namer, vllm_prompt_logprobs
 from .protocol import ChatRequest, parse_chat
@@ -159,6 +160,7 @@ def _render(model: ServedModel, req: ChatRequest, prompt_param: str) -> tuple[st
                               "format); use tool_choice \"auto\".", "tool_choice", "unsupported_parameter")
         text += forced[0]
         opener = forced[1]
+    check_prompt_length(model, text + opener, req.gen, prompt_param)
     ids = req.gen.truncated(tokenizer.encode(text + opener, add_special_tokens=req.add_special_tokens),
                             model.engine.max_model_len)
     if not ids:
@@ -179,10 +181,12 @@ async def chat_prompt(model: ServedModel, req: ChatRequest, prompt_param: str = 
     return ChatPrompt(text, opener, ids, plan)
 
 
-async def create_chat_completion(host: ModelHost, body: dict[str, Any]) -> Response:
+async def create_chat_completion(host: ModelHost, body: dict[str, Any], caller: Caller) -> Response:
     arrival = time.perf_counter()
     req = parse_chat(body)
+    req.gen.cache_salt = caller.cache_salt(req.gen.cache_salt)
     model = host.get(req.gen.model)
+    model.check_sequences(1, req.gen.n)
     prompt = await chat_prompt(model, req)
     return await respond(model, req.gen, ChatCompletionFormat(model, req, prompt), arrival, prompt.plan,
                          [len(prompt.ids)])

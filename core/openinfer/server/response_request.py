@@ -29,6 +29,7 @@ EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")   # OpenA
 THINKING_OFF = ("none", "minimal")
 SUMMARIES = ("auto", "concise", "detailed")
 _TEXT_PARTS = ("input_text", "output_text")
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512   # OpenAI's bounds
 
 
 @dataclass
@@ -61,9 +62,7 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
                           "the call.", "text.format")
     chat = ChatRequest(gen, [], chat_tools, template_kwargs(f), tool_required=forced is not None,
                        tool_name=forced or None)
-    metadata = f.get("metadata", "object")
-    if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
-        raise bad_request("'metadata' must map keys to strings.", "metadata", "invalid_type")
+    metadata = _metadata(f)
     reasoning = _reasoning(f)
     if reasoning["effort"] in THINKING_OFF:   # the one dial a hybrid thinker has: thinking off
         chat.template_kwargs.setdefault("enable_thinking", False)
@@ -83,6 +82,21 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
     f.only("include", [])
     f.finish(IGNORED)
     return req
+
+
+def _metadata(f: Fields) -> dict[str, str] | None:
+    """`metadata` within OpenAI's bounds (it is stored with the response): up to 16 pairs, keys up to 64
+    characters, string values up to 512."""
+    metadata = f.get("metadata", "object")
+    if metadata is None:
+        return None
+    if not all(isinstance(v, str) for v in metadata.values()):
+        raise bad_request("'metadata' must map keys to strings.", "metadata", "invalid_type")
+    if len(metadata) > METADATA_PAIRS or any(len(k) > METADATA_KEY or len(v) > METADATA_VALUE
+                                             for k, v in metadata.items()):
+        raise bad_request(f"'metadata' holds at most {METADATA_PAIRS} pairs, keys of up to {METADATA_KEY} "
+                          f"characters and values of up to {METADATA_VALUE}.", "metadata")
+    return metadata
 
 
 def _reasoning(f: Fields) -> dict[str, str | None]:
