@@ -233,7 +233,24 @@ def phase_big(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
         watcher.join()
         out[name] = {"status": status, "seconds": round(took, 2), **{k: round(v, 3) for k, v in gaps.items()}}
         out["fault_count"] += status != want
+    for name, size, want in (("4 x 28MB prompts at once", 28, 400), ("4 x 50MB bodies at once", 50, 413)):
+        datas = [json.dumps({"model": srv.model, "prompt": f"w{i} " * (size * 1024 * 1024 // 3),
+                             "max_tokens": 1}).encode() for i in range(4)]
+        before = srv.rss_mib()
+        statuses = _run_many(4, 4, lambda i: _post_status(srv, datas[i]))
+        time.sleep(2.0)
+        out[name] = {"statuses": dict(statuses), "rss_before_mib": round(before, 1),
+                     "rss_after_mib": round(srv.rss_mib(), 1)}
+        out["fault_count"] += statuses[str(want)] != 4
     return out
+
+
+def _post_status(srv: Server, data: bytes) -> str:
+    try:
+        return str(httpx.post(srv.url + "/v1/completions", content=data, timeout=300,
+                              headers={**auth(), "content-type": "application/json"}).status_code)
+    except httpx.HTTPError:   # a 413 may close the connection while the client still sends
+        return "413" if len(data) > 32 * 1024 * 1024 else "no answer"
 
 
 def phase_slow(srv: Server, args: argparse.Namespace) -> dict[str, Any]:

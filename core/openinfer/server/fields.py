@@ -68,8 +68,7 @@ def _check_tree(body: dict[str, Any], check_text: bool) -> None:
         if not check_text and isinstance(node, list) and set(map(type, node)) <= _SCALARS:
             continue
         for key, value in items:
-            name = f"{path}.{key}" if isinstance(key, str) and path else key if isinstance(key, str) \
-                else f"{path}[{key}]"
+            name = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
             if check_text and not (_valid_text(key) and (not isinstance(value, str) or _valid_text(value))):
                 shown = name.encode("utf-8", "replace").decode()
                 raise bad_request(f"'{shown}' holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
