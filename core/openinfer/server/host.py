@@ -58,16 +58,13 @@ class ServedModel:
     live: set[Submission] = field(default_factory=set)   # requests in flight
     stopping: APIError | None = None   # set once the server ends what is in flight: new requests get it too
 
-    def __post_init__(self) -> None:
-        if self.max_sequences is None:
-            self.max_sequences = self.engine.max_num_seqs
-
     def check_sequences(self, prompts: int, n: int) -> None:
-        """A 400 naming `n` when prompts × n exceeds max_sequences."""
-        if prompts * n > self.max_sequences:
+        """A 400 naming `n` (or `prompt`) when prompts × n exceeds max_sequences."""
+        limit = self.max_sequences or self.engine.max_num_seqs
+        if prompts * n > limit:
             what = f"{prompts} prompts × n = {n}" if prompts > 1 else f"n = {n}"
             raise bad_request(f"This request asks for {prompts * n} sequences ({what}); this server runs at most "
-                              f"{self.max_sequences} for one request (--max-sequences-per-request). Send fewer.",
+                              f"{limit} for one request (--max-sequences-per-request). Send fewer.",
                               "n" if n > 1 or prompts == 1 else "prompt")
 
     def admit(self) -> None:
