@@ -1,7 +1,7 @@
 """Seeded fuzzing of a running server's five request endpoints, as an attacker and a careless client would.
 
 `cases(seed, count, model)` builds request bodies: a valid body per endpoint, then one to three mutations (a
-known field set to a hostile value — lone UTF-16 surrogates, huge or negative numbers, NaN, deep nesting, schemas,
+known field set to a valid but unusual value, which takes the request through the engine, or to a hostile value — lone UTF-16 surrogates, huge or negative numbers, NaN, deep nesting, schemas,
 grammars and regexes that compile but cannot run — a field dropped, an unknown field, a hostile key), or a body
 that is not a JSON object at all. The work each asks is bounded: the token limits stay small or impossible.
 `fuzz(...)` sends them over one keep-alive connection and tallies the answers: a fault is a 5xx, an error event
@@ -99,6 +99,38 @@ def _special(rng: random.Random, key: str) -> Any:
     return rng.choice(options) if options and rng.random() < 0.6 else None
 
 
+# values the server must serve (200): they take a request through the engine's less common paths
+VALID: dict[str, list[Any]] = {
+    "temperature": [0, 0.7, 2.0], "top_p": [0.1, 1.0], "top_k": [1, 5, -1], "min_p": [0.0, 0.5],
+    "presence_penalty": [-2, 2], "frequency_penalty": [1.5], "repetition_penalty": [0.5, 1.3], "min_tokens": [0, 3],
+    "ignore_eos": [True], "stop_token_ids": [[0, 1]], "allowed_token_ids": [[9707, 11, 13]], "seed": [-1, 0, 2**62],
+    "logit_bias": [{"11": 50, "13": -100}], "cache_salt": ["s", "你好"], "stop": [" ", ["a", "e"], "\n"],
+    "bad_words": [["the", " and"]], "include_stop_str_in_output": [True], "skip_special_tokens": [False],
+    "return_tokens_as_token_ids": [True], "return_token_ids": [True], "truncate_prompt_tokens": [1, -1, 3],
+    "n": [2, 3], "logprobs": [0, 5], "echo": [True], "prompt_logprobs": [0, 2],
+    "stream_options": [{"include_usage": True, "continuous_usage_stats": True}],
+    "response_format": [{"type": "json_object"}, {"type": "json_schema", "json_schema": {
+        "name": "p", "schema": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}],
+    "structured_outputs": [{"regex": "[a-c]{2,5}"}, {"choice": ["yes", "no"]}, {"grammar": 'start: "a"+'},
+                           {"grammar": 'root ::= "x" | "y"'}],
+    "chat_template_kwargs": [{"enable_thinking": False}], "add_special_tokens": [True],
+    "instructions": ["Be brief."], "metadata": [{"k": "v"}], "store": [False], "user": ["u"],
+    "text": [{"format": {"type": "json_object"}}], "reasoning": [{"effort": "none"}],
+}
+
+_GENERATION = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+               "min_tokens", "ignore_eos", "stop_token_ids", "allowed_token_ids", "seed", "logit_bias", "cache_salt",
+               "stop", "bad_words", "include_stop_str_in_output", "skip_special_tokens", "return_tokens_as_token_ids",
+               "return_token_ids", "truncate_prompt_tokens", "n", "prompt_logprobs", "stream_options",
+               "response_format", "structured_outputs")
+SERVABLE = {   # the VALID fields each endpoint takes
+    "/v1/completions": (*_GENERATION, "logprobs", "echo", "add_special_tokens"),
+    "/v1/chat/completions": (*_GENERATION, "chat_template_kwargs", "add_special_tokens"),
+    "/v1/responses": ("temperature", "top_p", "instructions", "metadata", "store", "user", "text", "reasoning",
+                      "chat_template_kwargs"),
+    "/tokenize": ("add_special_tokens",), "/detokenize": (),
+}
+
 FIELDS = sorted({
     "model", "prompt", "messages", "input", "tokens", "n", "stream", "stream_options", "temperature", "top_p", "top_k",
     "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos",
@@ -154,9 +186,16 @@ def cases(seed: int, count: int, model: str) -> Iterator[Case]:
             yield Case(endpoint, _raw_body(rng, model), False)
             continue
         body = _base(endpoint, model, rng)
+        servable = rng.random() < 0.35 and SERVABLE[endpoint]   # only valid values of the endpoint's own fields
         for _ in range(rng.randint(1, 3)):
             op = rng.random()
-            if op < 0.7:
+            if servable:
+                key = rng.choice(servable)
+                body[key] = rng.choice(VALID[key])
+            elif op < 0.2:
+                key = rng.choice(list(VALID))
+                body[key] = rng.choice(VALID[key])
+            elif op < 0.7:
                 key = rng.choice(FIELDS)
                 special = _special(rng, key)
                 body[key] = special if special is not None else _value(rng)
