@@ -114,9 +114,10 @@ class Engine:
             stream.put(Failed(f"engine is dead: {self.dead_reason}"))
             return stream
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        seed = None if params.seed is None else params.seed % 2**64   # numpy's generator takes no negative seed
         req = Request(rid, list(prompt_ids), params, stream, time.monotonic(), cache_salt=cache_salt, stop_ids=stops,
                       plain_greedy=params.is_plain_greedy() and constraint is None,
-                      rng=np.random.default_rng(None if params.seed is None else params.seed % 2**64), sample_stream=next(self._streams), constraint=constraint,
+                      rng=np.random.default_rng(seed), sample_stream=next(self._streams), constraint=constraint,
                       prompt_logprobs=None if params.prompt_logprobs is None else [], priority=priority)
         if self.blocks.enable_prefix_cache and req.reads_prefix_cache and len(prompt_ids) > self.blocks.block_size:
             req.after = after   # (a prompt within one block leaves nothing to take from the cache)

@@ -32,7 +32,8 @@ def _post(http: httpx.Client, path: str, raw: str) -> httpx.Response:
     ("/v1/responses", '{"model": "fake", "input": "Hi", "instructions": "' + S + '"}', "instructions"),
     ("/v1/completions", '{"model": "fake", "prompt": "a", "bad_words": ["' + S + '"]}', "bad_words[0]"),
     ("/v1/chat/completions", CHAT + ', "tools": [{"type": "function", "function": {"name": "f", "parameters": '
-     '{"type": "object", "properties": {"' + S + '": {"type": "string"}}}}}]}', "tools[0].function.parameters.properties.?"),
+     '{"type": "object", "properties": {"' + S + '": {"type": "string"}}}}}]}',
+     "tools[0].function.parameters.properties.?"),
     ("/v1/responses", '{"model": "fake", "input": "Hi", "metadata": {"k": "' + S + '"}}', "metadata.k"),
     ("/tokenize", '{"model": "fake", "prompt": "x", "' + S + '": 1}', "?"),
     ("/v1/completions", '{"model": "fake", "prompt": "a", "seed": 9223372036854775808}', "seed"),

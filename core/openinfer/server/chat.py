@@ -23,9 +23,9 @@ from openinfer.sampling import SamplingParams
 from openinfer.structured import OutputGrammar, reasoning_gate
 from openinfer.tokenizer import ChatTemplateError
 
+from .auth import Caller
 from .errors import bad_request
 from .generate import Plan, check_prompt_length, max_tokens_for, respond
-from .auth import Caller
 from .host import ModelHost, ServedModel
 from .output import ChoiceOutput, Piece, finite, token_namer, vllm_prompt_logprobs
 from .protocol import ChatRequest, parse_chat

@@ -14,9 +14,9 @@ from starlette.responses import Response
 
 from openinfer.sampling import SampleResult, SamplingParams
 
+from .auth import Caller
 from .errors import bad_request
 from .generate import check_prompt_length, max_tokens_for, respond
-from .auth import Caller
 from .host import ModelHost, ServedModel
 from .output import ChoiceOutput, Piece, finite, token_namer, vllm_prompt_logprobs
 from .protocol import CompletionRequest, parse_completion

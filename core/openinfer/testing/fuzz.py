@@ -1,8 +1,9 @@
 """Seeded fuzzing of a running server's five request endpoints, as an attacker and a careless client would.
 
 `cases(seed, count, model)` builds request bodies: a valid body per endpoint, then one to three mutations (a
-known field set to a valid but unusual value, which takes the request through the engine, or to a hostile value — lone UTF-16 surrogates, huge or negative numbers, NaN, deep nesting, schemas,
-grammars and regexes that compile but cannot run — a field dropped, an unknown field, a hostile key), or a body
+known field set to a valid but unusual value, which takes the request through the engine, or to a hostile value —
+lone UTF-16 surrogates, huge or negative numbers, NaN, deep nesting, schemas, grammars and regexes that compile but
+cannot run — a field dropped, an unknown field, a hostile key), or a body
 that is not a JSON object at all. The work each asks is bounded: the token limits stay small or impossible.
 `fuzz(...)` sends them over one keep-alive connection and tallies the answers: a fault is a 5xx, an error event
 after a 200, a refused request that closed the connection, or no answer. Used by the CI's short pass
@@ -60,7 +61,8 @@ def _value(rng: random.Random, depth: int = 0) -> Any:
     if kind == 6:
         return [_value(rng, depth + 1) for _ in range(rng.randrange(4))]
     if kind == 7:
-        return {rng.choice(_STRINGS + ["type", "role", "text"]): _value(rng, depth + 1) for _ in range(rng.randrange(3))}
+        keys = _STRINGS + ["type", "role", "text"]
+        return {rng.choice(keys): _value(rng, depth + 1) for _ in range(rng.randrange(3))}
     if kind == 8:
         return rng.choice(_SCHEMAS)
     return rng.choice(_GRAMMARS + _REGEXES)
