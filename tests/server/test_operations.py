@@ -1,5 +1,6 @@
-"""What an operator of the server relies on: API keys, CORS for browsers, a bound on the waiting queue (503 +
-Retry-After), the probes (/health, /live, /ping, /version) and the shutdown grace period reaching uvicorn."""
+"""What an operator of the server relies on: API keys (/metrics behind them unless public), CORS for browsers, a
+bound on the waiting queue (503 + Retry-After), the probes (/health, /live, /ping, /version) and the limits and the
+shutdown grace period reaching uvicorn."""
 from __future__ import annotations
 
 import logging
