@@ -77,16 +77,20 @@ def cmd_serve(a: argparse.Namespace) -> int:
     create_context_early(a.device)   # on a thread, while the imports below and the tokenizer run
     from .engine import build_engine
     from .server import ModelHost, serve
+    from .server.limits import MIB, ServerLimits
     keys = a.api_key + ([k] if (k := os.environ.get("OPENINFER_API_KEY")) else [])
     if "" in keys:
         raise ValueError("--api-key needs a non-empty key")
-    host = ModelHost(max_waiting_requests=a.max_waiting_requests)   # checks the limit before any model loads
+    # the limits are checked before any model loads
+    limits = ServerLimits(int(a.max_request_body_mib * MIB), a.request_read_timeout,
+                          int(a.max_stored_response_mib * MIB), a.public_metrics, a.shared_prefix_cache)
+    host = ModelHost(max_waiting_requests=a.max_waiting_requests, max_sequences_per_request=a.max_sequences_per_request)
     specs = [_parse_model(m) for m in a.model] or [(None, None)]
     for name, path in specs:
         host.add(build_engine(path, _engine_args(a, name)))
     origins = [] if a.allowed_origins == ["none"] else a.allowed_origins or ["*"]
     return serve(host, a.host, a.port, a.log_level, api_keys=keys, shutdown_timeout=a.shutdown_timeout,
-                 allowed_origins=origins, log_stats=not a.disable_log_stats)
+                 allowed_origins=origins, log_stats=not a.disable_log_stats, limits=limits)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -174,8 +178,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="info")
     s.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on every route but /health, /live, /ping, /version and "
-                        "/metrics; repeat for several keys (also read from OPENINFER_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on every route but /health, /live, /ping and /version; "
+                        "repeat for several keys (also read from OPENINFER_API_KEY); each key is a tenant: its stored "
+                        "responses and its part of the prefix cache are its own")
+    s.add_argument("--public-metrics", action="store_true", help="with --api-key: /metrics answers without a key")
+    s.add_argument("--shared-prefix-cache", action="store_true",
+                   help="with --api-key: every key's requests share one prefix cache (a single-tenant deployment; "
+                        "by default each key hits only its own cached prompts)")
+    s.add_argument("--max-request-body-mib", type=float, default=32.0, metavar="MIB",
+                   help="a larger request body is a 413, refused before it is read")
+    s.add_argument("--request-read-timeout", type=float, default=30.0, metavar="S",
+                   help="a request body not received within S seconds is a 408")
+    s.add_argument("--max-sequences-per-request", type=int, default=None, metavar="N",
+                   help="sequences (prompts × n) one request may ask for (default: --max-num-seqs, what runs at once)")
+    s.add_argument("--max-stored-response-mib", type=float, default=256.0, metavar="MIB",
+                   help="memory the stored responses (/v1/responses, store) may take; the oldest go first")
     s.add_argument("--max-waiting-requests", type=int, default=None, metavar="N",
                    help="answer 503 with Retry-After to a generation request while N requests wait in its "
                         "model's queue (default: no limit)")
@@ -185,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--disable-log-stats", action="store_true",
                    help="no periodic stats line (throughput, running / waiting requests, KV cache, prefix hits)")
     s.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="S",
-                   help="on SIGTERM / SIGINT, seconds that in-flight requests get to finish before they are aborted")
+                   help="on SIGTERM / SIGINT, seconds that in-flight requests get to finish; those still running are "
+                        "then ended with a 503 (an error event in a stream) and the process exits 0")
     _engine_flags(s)
     s.set_defaults(func=cmd_serve)
     g = sub.add_parser("generate", help="one prompt in, text out (streamed to the terminal)")

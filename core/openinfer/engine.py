@@ -76,6 +76,7 @@ class Engine:
         self.sampling_defaults = dict(sampling_defaults or {})
         self.tokenizer, self.chat_format = tokenizer, chat_format
         self.max_model_len, self.vocab_size, self.eos_token_ids = max_model_len, vocab_size, eos_token_ids
+        self.max_num_seqs = args.max_num_seqs
         self.host_tier = host_tier
         self.scheduler = Scheduler(blocks, args.max_num_batched_tokens, args.max_num_seqs, host_tier,
                                    args.scheduling_policy)
@@ -118,9 +119,10 @@ class Engine:
             stream.put(Failed(f"engine is dead: {self.dead_reason}"))
             return stream
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        seed = None if params.seed is None else params.seed % 2**64   # numpy's generator takes no negative seed
         req = Request(rid, list(prompt_ids), params, stream, time.monotonic(), cache_salt=cache_salt, stop_ids=stops,
                       plain_greedy=params.is_plain_greedy() and constraint is None,
-                      rng=np.random.default_rng(params.seed), sample_stream=next(self._streams), constraint=constraint,
+                      rng=np.random.default_rng(seed), sample_stream=next(self._streams), constraint=constraint,
                       prompt_logprobs=None if params.prompt_logprobs is None else [], priority=priority)
         if self.blocks.enable_prefix_cache and req.reads_prefix_cache and len(prompt_ids) > self.blocks.block_size:
             req.after = after   # (a prompt within one block leaves nothing to take from the cache)

@@ -61,7 +61,8 @@ class SamplingParams:
         check(self.prompt_logprobs is None
               or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20),
               "prompt_logprobs", "prompt_logprobs must be between 0 and 20")
-        check(self.seed is None or isinstance(self.seed, int), "seed", "seed must be an integer")
+        check(self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**63), "seed",
+              "seed must be a 64-bit signed integer")
         for tid, bias in self.logit_bias.items():
             check(isinstance(tid, int) and (vocab_size is None or 0 <= tid < vocab_size), "logit_bias",
                   f"logit_bias token id {tid} is outside the vocabulary")

@@ -134,22 +134,47 @@ def _grammar(spec: OutputGrammar) -> str:
     return LLMatcher.grammar_from_regex("(" + "|".join(map(_literal, spec.value)) + ")")
 
 
+PROBE_TOKENS = 4   # tokens of a trial output walked at compile time (see _probe)
+
+
 def compile_grammar(engine: Any, spec: OutputGrammar, count: int,
                     gate: ReasoningGate | None = None) -> list[Constraint]:
     """`count` fresh constraints (one per choice) for `spec` over the engine's vocabulary. Raises
-    GrammarError for a grammar llguidance rejects; its parser limits bound the work per step."""
+    GrammarError for a grammar llguidance rejects, or one that fails on a trial output's first tokens (what
+    compiles may still fail when it first computes a mask or lexes a token); its parser limits bound the work
+    per step."""
     import llguidance
     tok = grammar_tokenizer(engine.tokenizer, engine.vocab_size, engine.eos_token_ids)
     try:
         grammar = _grammar(spec)
-    except ValueError as e:
-        raise GrammarError(str(e)) from None
-    first = llguidance.LLMatcher(tok, grammar, log_level=0,
-                                 limits=llguidance.LLParserLimits(verbose_errors=False))
+        first = llguidance.LLMatcher(tok, grammar, log_level=0,
+                                     limits=llguidance.LLParserLimits(verbose_errors=False))
+    except Exception as e:  # noqa: BLE001 — whatever llguidance raises on what a client sent is the client's error
+        raise GrammarError(f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)) from None
     if first.is_error():
         raise GrammarError(first.get_error())
+    _probe(first.deep_copy(), engine.vocab_size, engine.eos_token_ids)
     matchers = [first] + [first.deep_copy() for _ in range(count - 1)]
     return [Constraint(m, engine.vocab_size, gate) for m in matchers]
+
+
+def _probe(matcher: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
+    """Walk a trial output (each step's first allowed token other than eos) for PROBE_TOKENS tokens on a copy
+    of the matcher, raising GrammarError where it fails: a grammar that allows no first token, or whose lexer
+    gives up on its first lexeme, is the request's 400 instead of an error event after a 200."""
+    for _ in range(PROBE_TOKENS):
+        c = Constraint(matcher, vocab_size)
+        c.prepare()
+        if c.error is not None:
+            raise GrammarError(c.error)
+        allowed = np.flatnonzero(c.mask)
+        nxt = next((int(t) for t in allowed if int(t) not in eos_ids), None)
+        if nxt is None:
+            return   # only eos may follow: the output is complete
+        if c.advance(nxt):
+            return
+        if c.error is not None:
+            raise GrammarError(c.error)
 
 
 @dataclass

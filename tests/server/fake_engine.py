@@ -56,6 +56,7 @@ class FakeEngine:
         self.tokenizer = demo_tokenizer()
         self.chat_format = QWEN3_CHAT_FORMAT
         self.max_model_len = max_model_len
+        self.max_num_seqs = 256
         self.vocab_size = self.tokenizer.vocab_size
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.eos = min(self.eos_token_ids)
@@ -64,6 +65,7 @@ class FakeEngine:
         self.paused = False   # True: requests wait unscheduled (a full engine)
         self.scheduling_policy = "fcfs"   # as EngineArgs': a priority other than 0 is refused under fcfs
         self.priorities: dict[str, int] = {}   # request id -> the priority it was submitted with
+        self.salts: dict[str, str] = {}        # request id -> the cache_salt it was submitted with
         self.kv_tokens = kv_tokens
         self.dead_reason: str | None = None
         self.sampling_defaults: dict = {}   # a test sets the model's generation_config defaults
@@ -91,6 +93,7 @@ class FakeEngine:
         self.submitted.clear()
         self.aborted.clear()
         self.priorities.clear()
+        self.salts.clear()
         self.scheduling_policy = "fcfs"
 
     def kill(self, reason: str = "simulated crash") -> None:
@@ -106,6 +109,7 @@ class FakeEngine:
         stream = RequestStream(rid)
         self.submitted.append((rid, list(prompt_ids), params))
         self.priorities[rid] = priority
+        self.salts[rid] = cache_salt
         if priority and self.scheduling_policy != "priority":
             stream.put(Rejected(f"priority {priority} needs the priority scheduling policy", "priority"))
             return stream

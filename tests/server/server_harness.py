@@ -10,12 +10,14 @@ from typing import Any, Sequence
 import uvicorn
 
 from openinfer.server import ModelHost, create_app
+from openinfer.server.limits import ServerLimits
 
 
 class LiveServer:
     """`with LiveServer(host) as url:` serves the host until the block ends."""
 
-    def __init__(self, host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: Sequence[str] = ("*",)) -> None:
+    def __init__(self, host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: Sequence[str] = ("*",),
+                 limits: ServerLimits = ServerLimits()) -> None:
         # IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only when the listening socket
         # says TCP; with proto 0, Nagle + delayed ACK add ~40 ms to every keep-alive response.
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -23,7 +25,7 @@ class LiveServer:
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(host, api_keys, allowed_origins)
+        app = create_app(host, api_keys, allowed_origins, limits)
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 

@@ -1,5 +1,6 @@
-"""What an operator of the server relies on: API keys, CORS for browsers, a bound on the waiting queue (503 +
-Retry-After), the probes (/health, /live, /ping, /version) and the shutdown grace period reaching uvicorn."""
+"""What an operator of the server relies on: API keys (/metrics behind them unless public), CORS for browsers, a
+bound on the waiting queue (503 + Retry-After), the probes (/health, /live, /ping, /version) and the limits and the
+shutdown grace period reaching uvicorn."""
 from __future__ import annotations
 
 import logging
@@ -15,6 +16,7 @@ from fake_engine import FakeEngine
 from openinfer import cli
 from openinfer.server import ModelHost
 from openinfer.server import run as server_run
+from openinfer.server.limits import MIB, ServerLimits
 from server_harness import LiveServer, wait_until
 
 KEYS = ("sk-first", "sk-second")
@@ -64,9 +66,17 @@ def test_each_key_serves_every_route_streams_included(keyed: str, quiet: FakeEng
     assert r.status_code == 200 and r.json()["count"] > 0
 
 
-@pytest.mark.parametrize("path", ["/health", "/live", "/ping", "/version", "/metrics"])
+@pytest.mark.parametrize("path", ["/health", "/live", "/ping", "/version"])
 def test_the_probes_need_no_key(keyed: str, path: str) -> None:
     assert httpx.get(keyed + path).status_code == 200
+
+
+def test_metrics_want_a_key_unless_public(keyed: str, quiet: FakeEngine) -> None:
+    assert httpx.get(keyed + "/metrics").status_code == 401
+    assert httpx.get(keyed + "/metrics", headers={"Authorization": f"Bearer {KEYS[1]}"}).status_code == 200
+    with LiveServer(ModelHost({"quiet": quiet}), api_keys=KEYS, limits=ServerLimits(public_metrics=True)) as url:
+        assert httpx.get(url + "/metrics").status_code == 200
+        assert httpx.get(url + "/v1/models").status_code == 401
 
 
 def test_probes_and_version(http: httpx.Client, fake: FakeEngine) -> None:
@@ -157,18 +167,23 @@ def test_serve_passes_the_keys_and_the_grace_period(monkeypatch: pytest.MonkeyPa
     seen = {}
     monkeypatch.setattr(server_run.uvicorn.Server, "run", lambda self: seen.update(config=self.config))
     monkeypatch.setattr(server_run, "create_app",
-                        lambda host, keys, origins: seen.update(keys=keys, origins=origins) or object())
+                        lambda host, keys, origins, limits: seen.update(keys=keys, origins=origins, limits=limits)
+                        or object())
     monkeypatch.setenv("OPENINFER_API_KEY", "sk-env")
     built = []
     monkeypatch.setattr("openinfer.engine.build_engine", lambda path, args: built.append(args) or FakeEngine("demo"))
     assert cli.main(["serve", "--api-key", "sk-a", "--shutdown-timeout", "12.5", "--max-waiting-requests", "7",
                      "--generation-config", "none"]) == 0
-    assert seen["keys"] == ["sk-a", "sk-env"] and seen["config"].timeout_graceful_shutdown == 12.5
-    assert seen["origins"] == ["*"]
+    assert seen["keys"] == ["sk-a", "sk-env"]
+    assert seen["config"].timeout_graceful_shutdown == 12.5 + server_run.LAST_WORDS_S
+    assert seen["origins"] == ["*"] and seen["limits"] == ServerLimits()
+    assert cli.main(["serve", "--max-request-body-mib", "2", "--request-read-timeout", "7", "--max-stored-response-mib",
+                     "1", "--public-metrics", "--shared-prefix-cache"]) == 0
+    assert seen["limits"] == ServerLimits(2 * MIB, 7.0, MIB, True, True)
     assert cli.main(["serve", "--allowed-origins", "https://a.example", "--allowed-origins", "https://b.example"]) == 0
     assert seen["origins"] == ["https://a.example", "https://b.example"]
     assert cli.main(["serve", "--allowed-origins", "none"]) == 0 and seen["origins"] == []
-    assert len(built) == 3   # one engine a serve
+    assert len(built) == 4   # one engine a serve
     assert built[0].generation_config == "none"
 
 

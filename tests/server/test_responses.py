@@ -368,11 +368,30 @@ def test_disconnect_aborts_the_engine_request(server: str, fake: FakeEngine, str
 def test_the_store_keeps_the_most_recent() -> None:
     store = ResponseStore(capacity=2)
     for i in range(3):
-        store.put({"id": f"resp_{i}"}, [])
-    assert [store.get(f"resp_{i}").body["id"] for i in (1, 2)] == ["resp_1", "resp_2"]
+        store.put({"id": f"resp_{i}"}, [], 0, "")
+    assert [store.get(f"resp_{i}", "").body["id"] for i in (1, 2)] == ["resp_1", "resp_2"]
     with pytest.raises(APIError) as e:
-        store.get("resp_0", "previous_response_id")
+        store.get("resp_0", "", "previous_response_id")
     assert (e.value.status, e.value.param) == (404, "previous_response_id")
+
+
+def test_the_store_keeps_within_its_bytes_and_each_tenant_sees_its_own() -> None:
+    item = [{"type": "message", "role": "user", "content": "x" * 1000}]
+    store = ResponseStore(capacity=100, max_bytes=2500)
+    for i in range(3):
+        store.put({"id": f"resp_{i}"}, item, 1, "tenant-a")
+    assert store.bytes <= 2500
+    with pytest.raises(APIError):
+        store.get("resp_0", "tenant-a")   # the oldest went first
+    assert store.get("resp_2", "tenant-a").inputs == 1
+    for other in ("tenant-b", ""):
+        with pytest.raises(APIError) as e:
+            store.get("resp_2", other)
+        assert e.value.status == 404
+        with pytest.raises(APIError):
+            store.delete("resp_2", other)
+    store.delete("resp_2", "tenant-a")
+    assert store.bytes == store.get("resp_1", "tenant-a").size
 
 
 def test_chat_template_kwargs_switch_thinking_off(client: openai.OpenAI, fake: FakeEngine) -> None:

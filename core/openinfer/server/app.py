@@ -1,9 +1,10 @@
 """create_app(host): the Starlette application and its routes.
 
 Every route answers errors with the OpenAI envelope (errors.py), including unknown paths and
-unexpected exceptions (a 500 that names no internals beyond the exception's message). The
-generation routes (POST /v1/responses too, over one ResponseStore per app) run raced against the client's
-disconnect (submission.until_disconnect).
+unexpected exceptions (a 500 that names no internals beyond the exception's message). Request bodies are read
+within limits.ServerLimits (size, time). The generation routes (POST /v1/responses too, over one ResponseStore per
+app) run raced against the client's disconnect (submission.until_disconnect), as their caller (auth.Caller: the
+API key's tenant, which owns its stored responses and its part of the prefix cache).
 Probes: /health (readiness: 503 once an engine died), /live (liveness: the process answers),
 /ping (SageMaker's name for /health), /version. With API keys the app is wrapped in auth.APIKeyAuth; outside
 that, CORS (Starlette's pure ASGI middleware) answers browsers' preflights, which carry no key, for the
@@ -26,12 +27,13 @@ from starlette.routing import Route
 from openinfer.tokenizer import ChatTemplateError
 
 from . import metrics
-from .auth import APIKeyAuth, ASGIApp
+from .auth import TENANT, APIKeyAuth, ASGIApp, Caller
 from .chat import create_chat_completion
 from .completions import create_completion
 from .errors import APIError, bad_request, internal_error, model_not_found
 from .fields import parse_json_object
 from .host import ModelHost
+from .limits import TRIM_AFTER_BYTES, ServerLimits, read_body, release_memory
 from .protocol import parse_detokenize, parse_tokenize
 from .responses import (ResponseStore, cancel_response, create_response, delete_response, list_input_items,
                         retrieve_response)
@@ -54,11 +56,10 @@ def endpoint(fn: Handler) -> Handler:
         except Exception as e:
             log.exception("unexpected error on %s", request.url.path)
             return internal_error(e).response()
+        finally:
+            if getattr(request.state, "body_bytes", 0) >= TRIM_AFTER_BYTES:
+                await release_memory()
     return wrapped
-
-
-async def read_json(request: Request) -> dict[str, Any]:
-    return parse_json_object(await request.body())
 
 
 def package_version() -> str:
@@ -68,35 +69,44 @@ def package_version() -> str:
         return "unknown"
 
 
-def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: Sequence[str] = ("*",)) -> ASGIApp:
+def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: Sequence[str] = ("*",),
+               limits: ServerLimits = ServerLimits()) -> ASGIApp:
     """The server's ASGI app over `host`; with api_keys, every route but the probes wants one of them; browsers
     may call it from allowed_origins (none: no CORS headers, so browsers refuse cross-origin calls)."""
-    def generation(handler: Callable[[ModelHost, dict[str, Any]], Awaitable[Response]]) -> Handler:
+    async def read_json(request: Request) -> dict[str, Any]:
+        return parse_json_object(await read_body(request, limits))
+
+    def caller(request: Request) -> Caller:
+        tenant = request.scope.get(TENANT, "")
+        return Caller(tenant, "" if limits.shared_prefix_cache else tenant)
+
+    def generation(handler: Callable[[ModelHost, dict[str, Any], Caller], Awaitable[Response]]) -> Handler:
         @endpoint
         async def route(request: Request) -> Response:
             body = await read_json(request)
-            return await until_disconnect(request.receive, handler(host, body))
+            return await until_disconnect(request.receive, handler(host, body, caller(request)))
         return route
 
-    store = ResponseStore()
+    store = ResponseStore(max_bytes=limits.max_stored_response_bytes)
 
-    async def create_stored_response(host: ModelHost, body: dict[str, Any]) -> Response:
-        return await create_response(host, body, store)
+    async def create_stored_response(host: ModelHost, body: dict[str, Any], caller: Caller) -> Response:
+        return await create_response(host, body, store, caller)
 
     @endpoint
     async def response_by_id(request: Request) -> Response:
-        response_id = request.path_params["response_id"]
+        response_id, tenant = request.path_params["response_id"], caller(request).tenant
         if request.method == "DELETE":
-            return delete_response(store, response_id)
-        return retrieve_response(store, response_id, dict(request.query_params))
+            return delete_response(store, response_id, tenant)
+        return retrieve_response(store, response_id, tenant, dict(request.query_params))
 
     @endpoint
     async def response_input_items(request: Request) -> Response:
-        return list_input_items(store, request.path_params["response_id"], request.query_params)
+        return list_input_items(store, request.path_params["response_id"], caller(request).tenant,
+                                request.query_params)
 
     @endpoint
     async def response_cancel(request: Request) -> Response:
-        return cancel_response(store, request.path_params["response_id"])
+        return cancel_response(store, request.path_params["response_id"], caller(request).tenant)
 
     @endpoint
     async def list_models(_: Request) -> Response:
@@ -182,7 +192,7 @@ def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: S
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.host = host
-    guarded: ASGIApp = APIKeyAuth(app, api_keys) if api_keys else app
+    guarded: ASGIApp = APIKeyAuth(app, api_keys, limits.public_metrics) if api_keys else app
     if not allowed_origins:
         return guarded
     return CORSMiddleware(guarded, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"])

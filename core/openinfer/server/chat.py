@@ -23,8 +23,9 @@ from openinfer.sampling import SamplingParams
 from openinfer.structured import OutputGrammar, reasoning_gate
 from openinfer.tokenizer import ChatTemplateError
 
+from .auth import Caller
 from .errors import bad_request
-from .generate import Plan, max_tokens_for, respond
+from .generate import Plan, check_prompt_length, max_tokens_for, respond
 from .host import ModelHost, ServedModel
 from .output import ChoiceOutput, Piece, finite, token_namer, vllm_prompt_logprobs
 from .protocol import ChatRequest, parse_chat
@@ -167,6 +168,7 @@ def _render(model: ServedModel, req: ChatRequest, prompt_param: str) -> tuple[st
     elif req.tools and fmt.tool_parser is None:
         raise bad_request(f"Model '{req.gen.model}' has no tool-call format (its line declares none), so it cannot "
                           "use 'tools'; send none, or tool_choice \"none\".", "tools", "unsupported_parameter")
+    check_prompt_length(model, text + opener, req.gen, prompt_param)
     ids = req.gen.truncated(tokenizer.encode(text + opener, add_special_tokens=req.add_special_tokens),
                             model.engine.max_model_len)
     if not ids:
@@ -188,10 +190,12 @@ async def chat_prompt(model: ServedModel, req: ChatRequest, prompt_param: str = 
     return ChatPrompt(text, opener, ids, plan)
 
 
-async def create_chat_completion(host: ModelHost, body: dict[str, Any]) -> Response:
+async def create_chat_completion(host: ModelHost, body: dict[str, Any], caller: Caller) -> Response:
     arrival = time.perf_counter()
     req = parse_chat(body)
+    req.gen.cache_salt = caller.cache_salt(req.gen.cache_salt)
     model = host.get(req.gen.model)
+    model.check_sequences(1, req.gen.n)
     prompt = await chat_prompt(model, req)
     return await respond(model, req.gen, ChatCompletionFormat(model, req, prompt), arrival, prompt.plan,
                          [len(prompt.ids)])

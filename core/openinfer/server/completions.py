@@ -14,8 +14,9 @@ from starlette.responses import Response
 
 from openinfer.sampling import SampleResult, SamplingParams
 
+from .auth import Caller
 from .errors import bad_request
-from .generate import max_tokens_for, respond
+from .generate import check_prompt_length, max_tokens_for, respond
 from .host import ModelHost, ServedModel
 from .output import ChoiceOutput, Piece, finite, token_namer, vllm_prompt_logprobs
 from .protocol import CompletionRequest, parse_completion
@@ -112,12 +113,14 @@ def _encode(model: ServedModel, req: CompletionRequest) -> tuple[list[list[int]]
     """Each prompt's token ids (truncated as asked), and which prompts truncate_prompt_tokens cut."""
     out, cut = [], set()
     for i, prompt in enumerate(req.prompts):
+        param = "prompt" if len(req.prompts) == 1 else f"prompt[{i}]"
+        if isinstance(prompt, str):
+            check_prompt_length(model, prompt, req.gen, param)
         ids = model.engine.tokenizer.encode(prompt, req.add_special_tokens) if isinstance(prompt, str) else prompt
         kept = req.gen.truncated(ids, model.engine.max_model_len)
         if len(kept) < len(ids):
             ids = kept
             cut.add(i)
-        param = "prompt" if len(req.prompts) == 1 else f"prompt[{i}]"
         if not ids:
             raise bad_request(f"'{param}' is empty.", param)
         if bad := [t for t in ids if not 0 <= t < model.engine.vocab_size]:
@@ -127,10 +130,12 @@ def _encode(model: ServedModel, req: CompletionRequest) -> tuple[list[list[int]]
     return out, cut
 
 
-async def create_completion(host: ModelHost, body: dict[str, Any]) -> Response:
+async def create_completion(host: ModelHost, body: dict[str, Any], caller: Caller) -> Response:
     arrival = time.perf_counter()
     req = parse_completion(body)
+    req.gen.cache_salt = caller.cache_salt(req.gen.cache_salt)
     model = host.get(req.gen.model)
+    model.check_sequences(len(req.prompts), req.gen.n)
     prompts, cut = await asyncio.to_thread(_encode, model, req)  # big prompts must not stall the event loop
     plan = []
     for i, ids in enumerate(prompts):

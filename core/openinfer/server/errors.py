@@ -6,12 +6,15 @@ after the first byte of a stream, goes through this module.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from starlette.responses import JSONResponse
+
+from starlette.responses import Response
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
-          405: "invalid_request_error", 500: "server_error", 503: "service_unavailable"}
+          405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+          500: "server_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -30,8 +33,10 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        # an error may quote what the client sent: text that is not valid Unicode must not fail its own reply
+        content = json.dumps(self.body(), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
+        return Response(content, status_code=self.status, headers=self.headers, media_type="application/json")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

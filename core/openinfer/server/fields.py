@@ -7,6 +7,7 @@ either honoured (read) or refused by name, never silently dropped. JSON null mea
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .errors import bad_request
@@ -33,13 +34,57 @@ def token_ids(values: list) -> bool:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, nested at most MAX_DEPTH deep, every string valid Unicode (JSON's \\u escapes can
+    spell a lone UTF-16 surrogate, which no UTF-8 text holds: it would fail the tokenizer or the response later)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"The request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise _too_deep() from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    _check_tree(body, check_text=_SURROGATE_ESCAPE.search(raw) is not None)
     return body
+
+
+MAX_DEPTH = 64   # far beyond any request's real nesting (tool schemas included); deeper is an attack on recursion
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")   # only such a body can hold a lone surrogate
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+def _too_deep() -> Exception:
+    return bad_request(f"The request body is nested more than {MAX_DEPTH} levels deep.", code="invalid_json")
+
+
+def _check_tree(body: dict[str, Any], check_text: bool) -> None:
+    """Depth, and (check_text) lone surrogates, walked without recursion; flat arrays (token ids) at C speed."""
+    todo: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while todo:
+        node, path, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        if not check_text and isinstance(node, list) and set(map(type, node)) <= _SCALARS:
+            continue
+        for key, value in items:
+            name = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
+            if check_text and not (_valid_text(key) and (not isinstance(value, str) or _valid_text(value))):
+                shown = name.encode("utf-8", "replace").decode()
+                raise bad_request(f"'{shown}' holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+                                  "which is not text.", shown, "invalid_value")
+            if isinstance(value, (dict, list)):
+                todo.append((value, name, depth + 1))
+
+
+def _valid_text(value: Any) -> bool:
+    if not isinstance(value, str):
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Fields:

@@ -42,6 +42,18 @@ class Format(Outputs, Protocol):
     def chunk_fields(self) -> dict[str, Any]: ...   # top-level, each streamed chunk
 
 
+def check_prompt_length(model: ServedModel, text: str, gen: Generation, prompt_param: str) -> None:
+    """Refuse a prompt text that cannot fit the context before tokenizing it (the tokenizer's longest token bounds
+    the characters a token covers), so an oversized prompt costs a length check, not seconds of tokenizing. A
+    prompt that truncate_prompt_tokens cuts may be any length."""
+    limit = model.engine.max_model_len
+    if gen.truncate_prompt_tokens is None and (least := model.engine.tokenizer.min_tokens(text)) >= limit:
+        raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {prompt_param} "
+                          f"has at least {least} tokens ({len(text)} characters), which leaves no room for the "
+                          f"completion. Please reduce the length of the {prompt_param}.", prompt_param,
+                          "context_length_exceeded")
+
+
 def max_tokens_for(model: ServedModel, prompt_len: int, gen: Generation, default: int | None,
                    prompt_param: str) -> int:
     """The request's max_tokens, else `default` (None: fill the context) clamped to what fits;
@@ -75,7 +87,8 @@ async def constraints(model: ServedModel, gen: Generation, count: int,
     try:
         return await asyncio.to_thread(compile_grammar, model.engine, spec, count, gate)
     except GrammarError as e:
-        raise bad_request(f"The {spec.kind} of '{spec.param}' cannot be enforced: {str(e)[:500]}", spec.param) from None
+        reason = str(e).replace("<non-verbose/>", "").strip()[:500]   # (llguidance's marker of a short message)
+        raise bad_request(f"The {spec.kind} of '{spec.param}' cannot be enforced: {reason}", spec.param) from None
 
 
 Plan = list[tuple[int, list[int], SamplingParams]]   # (prompt index, prompt ids, params) per choice
@@ -87,7 +100,7 @@ async def submit(model: ServedModel, gen: Generation, outputs: Outputs, arrival:
     on any error the requests already submitted are aborted."""
     model.admit()
     grammars = await constraints(model, gen, len(plan), outputs.reasoning_gate)
-    sub = Submission(model.engine, model.metrics, arrival, outputs.prefix, gen.max_tokens_param)
+    sub = Submission(model.engine, model.metrics, arrival, outputs.prefix, gen.max_tokens_param, model.live)
     try:
         for (prompt_index, ids, params), grammar in zip(plan, grammars):
             sub.add(prompt_index, ids, params, outputs.output(params), gen.cache_salt, grammar, gen.priority)

@@ -97,7 +97,8 @@ class Generation:
     def params(self, choice: int, max_tokens: int, tokenizer: Tokenizer, vocab_size: int,
                defaults: Mapping[str, Any] = MappingProxyType({})) -> SamplingParams:
         """`defaults`: the model's sampling defaults (generation_config.json), for the fields the request left out."""
-        seed = None if self.seed is None else self.seed + choice  # n choices must differ, reproducibly
+        # n choices must differ, reproducibly (wrapping within the 64-bit range)
+        seed = None if self.seed is None else (self.seed + choice + 2**63) % 2**64 - 2**63
         p = SamplingParams(max_tokens=max_tokens, seed=seed, logprobs=self.logprobs,
                            prompt_logprobs=self.prompt_top_k(), bad_words_ids=bad_words_ids(tokenizer, self.bad_words),
                            **{**defaults, **self.sampling})
@@ -176,7 +177,7 @@ def _generation(f: Fields, max_tokens_keys: tuple[str, ...]) -> Generation:
     s["stop_token_ids"] = int_list(f, "stop_token_ids") or []
     s["allowed_token_ids"] = int_list(f, "allowed_token_ids")
     s["logit_bias"] = _logit_bias(f)
-    g.seed = f.get("seed", "int")
+    g.seed = f.ranged("seed", "int", -2**63, 2**63 - 1)   # vLLM's range: a 64-bit signed integer
     if (salt := f.get("cache_salt", "str")) == "":
         raise bad_request("'cache_salt' must be a non-empty string if given.", "cache_salt")
     g.cache_salt = salt or ""
@@ -382,10 +383,10 @@ def template_kwargs(f: Fields) -> dict[str, Any]:
 def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
     f = Fields(body)
     model = f.get("model", "str", required=True)
-    if ("prompt" in body) == ("messages" in body):
+    if (body.get("prompt") is None) == (body.get("messages") is None):
         raise bad_request("Give exactly one of 'prompt' and 'messages'.", "prompt")
-    prompt = f.get("prompt", "str") if "prompt" in body else None
-    messages = parse_messages(f) if "messages" in body else None
+    prompt = f.get("prompt", "str")
+    messages = parse_messages(f) if body.get("messages") is not None else None
     req = TokenizeRequest(model, prompt, messages, f.get("add_special_tokens", "bool", messages is None),
                           f.get("add_generation_prompt", "bool", True), template_kwargs(f), f.get("tools", "list"))
     if messages is not None:

@@ -27,6 +27,7 @@ from .protocol import ChatRequest, Generation, parse_tools, template_kwargs, tem
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 SUMMARIES = ("auto", "concise", "detailed")
 _TEXT_PARTS = ("input_text", "output_text")
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512   # OpenAI's bounds
 
 
 @dataclass
@@ -56,9 +57,7 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
                                              "tool_choice": _chat_tool_choice(choice)}))
     chat = ChatRequest(gen, [], chat_tools, template_kwargs(f), tool_required=forced is not None,
                        tool_name=forced or None)
-    metadata = f.get("metadata", "object")
-    if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
-        raise bad_request("'metadata' must map keys to strings.", "metadata", "invalid_type")
+    metadata = _metadata(f)
     reasoning = _reasoning(f)
     chat.effort(reasoning["effort"], "reasoning.effort")
     chat.parallel_tool_calls = f.get("parallel_tool_calls", "bool", True)
@@ -78,6 +77,21 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
     f.only("include", [])
     f.finish(IGNORED)
     return req
+
+
+def _metadata(f: Fields) -> dict[str, str] | None:
+    """`metadata` within OpenAI's bounds (it is stored with the response): up to 16 pairs, keys up to 64
+    characters, string values up to 512."""
+    metadata = f.get("metadata", "object")
+    if metadata is None:
+        return None
+    if not all(isinstance(v, str) for v in metadata.values()):
+        raise bad_request("'metadata' must map keys to strings.", "metadata", "invalid_type")
+    if len(metadata) > METADATA_PAIRS or any(len(k) > METADATA_KEY or len(v) > METADATA_VALUE
+                                             for k, v in metadata.items()):
+        raise bad_request(f"'metadata' holds at most {METADATA_PAIRS} pairs, keys of up to {METADATA_KEY} "
+                          f"characters and values of up to {METADATA_VALUE}.", "metadata")
+    return metadata
 
 
 def _reasoning(f: Fields) -> dict[str, str | None]:

@@ -2,29 +2,71 @@
 
 A dead engine ends the process with exit status 1: its requests already fail and /health
 says 503, but a server that stays up with a dead engine is one no supervisor restarts.
+SIGTERM / SIGINT: the server stops accepting connections and in-flight requests get the grace period; those still
+running at its end are ended with a 503 (an error event in a stream), the engines shut down and serve() returns 0.
+uvicorn itself would re-raise the signal once it stopped, ending the process with 143 before the engines' shutdown.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
+import signal
+import socket
 import threading
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import uvicorn
 
 from .app import create_app
+from .errors import APIError
 from .host import ModelHost
+from .limits import ServerLimits
 from .stats_log import StatsLogger
 
 log = logging.getLogger("openinfer.server")
 ENGINE_DIED = 1   # serve()'s exit status when an engine died
+# after the grace period, the time the interrupted requests get to send their errors before uvicorn cancels them
+LAST_WORDS_S = 2.0
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "The server is shutting down and could not finish this request in its grace period. Retry "
+                         "it (on another replica).", code="server_shutting_down", headers={"Retry-After": "1"})
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server: on shutdown, the host's requests still in flight after `grace` seconds are interrupted;
+    the signals it catches are not raised again once it stopped."""
+
+    def __init__(self, config: uvicorn.Config, host: ModelHost, grace: float) -> None:
+        super().__init__(config)
+        self.host, self.grace = host, grace
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().call_later(self.grace, self.host.interrupt, shutting_down())
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():   # signals reach the main thread only
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 def serve(host: ModelHost, address: str, port: int, log_level: str = "info", api_keys: Sequence[str] = (),
-          shutdown_timeout: float = 5.0, allowed_origins: Sequence[str] = ("*",), log_stats: bool = True) -> int:
+          shutdown_timeout: float = 5.0, allowed_origins: Sequence[str] = ("*",), log_stats: bool = True,
+          limits: ServerLimits = ServerLimits()) -> int:
     """Start the host's engines, serve HTTP on address:port until SIGINT/SIGTERM (exit status 0) or until an
     engine dies (ENGINE_DIED), then shut the engines down. Either way the server stops accepting connections and
-    in-flight requests get shutdown_timeout seconds to finish; the rest are aborted with their engine."""
+    in-flight requests get shutdown_timeout seconds to finish; the rest are ended with a 503 or an error event."""
     # What loading built (weights' wrappers, tokenizer, kernels, graphs) lives as long as the
     # process; a full collection walking it took ~20 ms on the H200 host (12 ms for the demo
     # model here), landing on some request's time to first token. Frozen objects are left out
@@ -35,10 +77,10 @@ def serve(host: ModelHost, address: str, port: int, log_level: str = "info", api
     stats = StatsLogger(host).start() if log_stats else None
     stop, died = threading.Event(), []
     try:
-        app = create_app(host, api_keys, allowed_origins)
+        app = create_app(host, api_keys, allowed_origins, limits)
         config = uvicorn.Config(app, host=address, port=port, log_level=log_level, lifespan="off",
-                                timeout_graceful_shutdown=shutdown_timeout)
-        server = uvicorn.Server(config)
+                                timeout_graceful_shutdown=shutdown_timeout + LAST_WORDS_S)
+        server = DrainingServer(config, host, shutdown_timeout)
         watch = threading.Thread(target=_watch, args=(host, server, stop, died), name="engine-watch", daemon=True)
         watch.start()
         server.run()
@@ -47,6 +89,7 @@ def serve(host: ModelHost, address: str, port: int, log_level: str = "info", api
         if stats is not None:
             stats.stop()
         host.shutdown()
+        log.info("engines shut down")
     return ENGINE_DIED if died else 0
 
 

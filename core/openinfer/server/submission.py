@@ -3,6 +3,8 @@
 Abort discipline: every exit path — client disconnect, cancellation,
 an error in another choice — ends in `close()`, which aborts exactly the engine requests that
 have not finished (no flood of no-op aborts). A stop-string match aborts its request at once.
+`interrupt()` ends a submission from outside (the server's shutdown grace period is over): its reader raises the
+given error, as a 503 before the first byte or an error event after it.
 """
 from __future__ import annotations
 
@@ -38,9 +40,15 @@ class Choice:
 
 class Submission:
     def __init__(self, engine, metrics: ModelMetrics, arrival: float, prefix: str,
-                 max_tokens_param: str = "max_tokens") -> None:
-        """`max_tokens_param`: the field the client set the token limit with, named where the engine refuses it."""
+                 max_tokens_param: str = "max_tokens", live: set[Submission] | None = None) -> None:
+        """`max_tokens_param`: the field the client set the token limit with, named where the engine refuses it.
+        `live`: the submissions in flight, which this one is part of until it closes."""
         self.engine = engine
+        self.live = live if live is not None else set()
+        self.live.add(self)
+        self.interrupted: APIError | None = None
+        self._stop: asyncio.Future[None] | None = None   # done once interrupted, for the waits in started()
+        self._queue: asyncio.Queue | None = None         # pieces()' queue while it runs
         self.max_tokens_param = max_tokens_param
         self.metrics = metrics
         self.arrival = arrival
@@ -63,7 +71,7 @@ class Submission:
         (or 500) before any streamed byte. Without `wait`, only what the engine refused at submit (it answers those
         at once) is raised; the rest comes to the run loop."""
         for c in self.choices:
-            c.first = ev = await c.stream.aget() if wait else c.stream.get_nowait()
+            c.first = ev = await self._until_interrupted(c.stream.aget()) if wait else c.stream.get_nowait()
             if isinstance(ev, Rejected):
                 c.done = True
                 raise self._refused(ev)
@@ -71,9 +79,32 @@ class Submission:
                 c.done = True
                 raise engine_error(ev.message)
 
+    async def _until_interrupted(self, wait: Awaitable[T]) -> T:
+        if self._stop is None:
+            self._stop = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(wait)
+        await asyncio.wait({task, self._stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            assert self.interrupted is not None
+            raise self.interrupted
+        return task.result()
+
+    def interrupt(self, error: APIError) -> None:
+        """End this submission with `error`: whoever reads it raises it; its engine requests are aborted."""
+        self.interrupted = error
+        if self._stop is not None and not self._stop.done():
+            self._stop.set_result(None)
+        if self._queue is not None:
+            self._queue.put_nowait((None, error))
+        self.close()
+
     async def pieces(self) -> AsyncIterator[tuple[Choice, Piece]]:
         """Every choice's pieces, interleaved as they come; raises the first choice error."""
-        queue: asyncio.Queue[tuple[Choice, Piece | BaseException | None]] = asyncio.Queue()
+        if self.interrupted is not None:
+            raise self.interrupted
+        queue: asyncio.Queue[tuple[Choice | None, Piece | BaseException | None]] = asyncio.Queue()
+        self._queue = queue
 
         async def run(c: Choice) -> None:
             try:
@@ -92,8 +123,10 @@ class Submission:
                 elif isinstance(item, BaseException):
                     raise item
                 else:
+                    assert c is not None
                     yield c, item
         finally:
+            self._queue = None
             for t in tasks:
                 t.cancel()
 
@@ -146,6 +179,7 @@ class Submission:
         self.metrics.success[c.out.finish_reason] += 1
 
     def close(self) -> None:
+        self.live.discard(self)
         for c in self.choices:
             if not c.done:
                 c.done = True
