@@ -17,6 +17,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 H, R, P, HI, DI, TOPK, BS = 64, 512, 64, 32, 128, 2048, 64
 SHAPES = ((1, 8192), (1, 32768), (1, 131072), (32, 8192), (32, 32768))   # (batch, context)
 IMPLS = (("nvrtc", nvrtc), ("tilelang", tilelang))
+SPLITS = (1, 2, 4, 8, 16, 32)
+splits_for = tilelang.splits_for
 stream = cp.cuda.Stream(non_blocking=True)
 
 
@@ -79,6 +81,13 @@ def main() -> None:
             floor = nbytes / bw * 1e6
             print(f"{name:<24}{B:>6}{L:>8}{t['nvrtc']:>10.1f}{t['tilelang']:>12.1f}{floor:>10.1f}"
                   f"{100 * floor / t['nvrtc']:>9.1f}{100 * floor / t['tilelang']:>11.1f}  {agree}")
+        sweep = []
+        for splits in SPLITS:   # the TileLang attention's split count (splits_for picks one per shape)
+            tilelang.splits_for = lambda *_, s=splits: s
+            sweep.append(f"{splits}: {bench(lambda: cases[1][3](tilelang)):.1f}")
+        tilelang.splits_for = splits_for
+        print(f"{'  tilelang MLA by splits':<24}{B:>6}{L:>8}  {', '.join(sweep)} us "
+              f"(picked: {splits_for(B, H, TOPK, tilelang._sms())})")
         with stream:
             scores, out = randn((B, L), np.float32), cp.empty((B, TOPK), cp.int32)
         t_select = bench(lambda: nvrtc.select_topk(scores, batch, out))
