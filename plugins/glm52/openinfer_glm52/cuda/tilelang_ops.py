@@ -66,11 +66,11 @@ def glm52_sparse_mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp
     if not (q_latent.dtype == q_pe.dtype == cache.dtype == BF16 and width == R and q_pe.shape == (T, H, P)):
         return nvrtc.glm52_sparse_mla_attention(q_latent, q_pe, cache, indices, batch, scale)
     block_stride = nvrtc.layer_view(cache, R + P, "glm52_sparse_mla_attention")
-    out = cp.empty((T, H, R), dtype=BF16)
-    if T == 0:
-        return out
-    paging = _paging(batch, cache, block_stride)
     topk = indices.shape[1]
+    if T == 0 or topk == 0:   # no selection: no key to attend to, as the hand-written kernel gives
+        return cp.zeros((T, H, R), dtype=BF16)
+    out = cp.empty((T, H, R), dtype=BF16)
+    paging = _paging(batch, cache, block_stride)
     rows = cp.empty((T, topk), dtype=np.int32)
     launch("sparse_rows", (T, -(-topk // ROWS_THREADS)),
            dict(Indices=cp.ascontiguousarray(as_index(indices, np.int32)), Positions=as_index(batch.positions, np.int32),
