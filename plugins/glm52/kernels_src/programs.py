@@ -9,6 +9,7 @@ block_tables[seq, s // block_size] * block_rows + s % block_size.
 - sparse_mla: absorbed MLA attention over the selected rows, split over the selection: each split writes its
   normalised partial output and log2-sum-exp (flash-decoding); sparse_mla_combine merges the splits in bf16.
 - indexer_scores: I(t, s) = sum_h w[t, h] * relu(q[t, h] . k_s * scale), -inf where s is not visible to t.
+- topk_select: each token's exact causal top-k of its scores, ascending, ties at the cut to the earlier key.
 """
 
 import tilelang
@@ -27,6 +28,7 @@ ROWS_THREADS = 128
 COMBINE_THREADS = 128
 # indexer tiling: BN keys of one token a block, the GLM-5.x indexer's 32 heads of 128 dims
 INDEX_HEADS, INDEX_DIM, BN, INDEX_THREADS = 32, 128, 128, 128
+SELECT_THREADS = 1024
 
 
 def sparse_rows():
@@ -194,9 +196,101 @@ def indexer_scores():
     return main
 
 
+def order_key(x):
+    """A float32's bits as a uint32 that orders like the float (+0 and -0 one key, as they compare equal)."""
+    u = T.reinterpret(T.if_then_else(x == T.float32(0), T.float32(0), x), T.uint32)
+    return T.if_then_else((u & T.uint32(0x80000000)) != T.uint32(0), ~u, u | T.uint32(0x80000000))
+
+
+def topk_select():
+    """Out[t] = the exact top-k of Scores[t, 0 .. Positions[t]] as ascending key positions, -1 padded (every visible
+    key when there are at most topk). Four 8-bit radix passes find the k-th largest key; then one scan a chunk of
+    keys places every larger key and the earliest `need` equal ones (the reference's tie rule): a key's output slot
+    is the larger keys before it plus min(equal keys before it, need)."""
+    t_n, width, topk = T.dynamic("t_n"), T.dynamic("width"), T.dynamic("topk")
+    N = SELECT_THREADS
+
+    @T.prim_func
+    def topk_select(Scores: T.Tensor((t_n, width), T.float32), Positions: T.Tensor((t_n,), T.int32),
+                    Out: T.Tensor((t_n, topk), T.int32)):
+        with T.Kernel(t_n, threads=N) as bx:
+            tx = T.get_thread_binding()
+            hist = T.alloc_shared([256], T.int32)
+            found = T.alloc_shared([2], T.uint32)
+            counts = T.alloc_shared([N], T.int32)
+            prefix = T.alloc_var(T.uint32)
+            mask = T.alloc_var(T.uint32)
+            need = T.alloc_var(T.int32)
+            above = T.alloc_var(T.int32)
+            bin_ = T.alloc_var(T.int32)
+            done = T.alloc_var(T.int32)
+            gt_seen = T.alloc_var(T.int32)
+            eq_seen = T.alloc_var(T.int32)
+            visible = Positions[bx] + 1
+            if visible <= topk:
+                for i in T.serial(T.ceildiv(topk, N)):
+                    if i * N + tx < topk:
+                        Out[bx, i * N + tx] = T.if_then_else(i * N + tx < visible, i * N + tx, -1)
+            else:
+                prefix = T.uint32(0)
+                mask = T.uint32(0)
+                need = topk
+                for p in T.serial(4):
+                    shift = T.uint32(24) - T.uint32(8) * T.cast(p, T.uint32)
+                    if tx < 256:
+                        hist[tx] = 0
+                    T.sync_threads()
+                    for i in T.serial(T.ceildiv(visible, N)):
+                        if i * N + tx < visible:
+                            key = order_key(Scores[bx, i * N + tx])
+                            if (key & mask) == prefix:
+                                T.atomic_add(hist[T.cast((key >> shift) & T.uint32(255), T.int32)], 1)
+                    T.sync_threads()
+                    if tx == 0:
+                        above = 0
+                        bin_ = 0
+                        done = 0
+                        for j in T.serial(256):
+                            if done == 0:
+                                if j == 255 or above + hist[255 - j] >= need:
+                                    bin_ = 255 - j
+                                    done = 1
+                                else:
+                                    above = above + hist[255 - j]
+                        found[0] = prefix | (T.cast(bin_, T.uint32) << shift)
+                        found[1] = T.cast(need - above, T.uint32)
+                    T.sync_threads()
+                    prefix = found[0]
+                    need = T.cast(found[1], T.int32)
+                    mask = mask | (T.uint32(255) << shift)
+                    T.sync_threads()
+                gt_seen = 0
+                eq_seen = 0
+                for i in T.serial(T.ceildiv(visible, N)):
+                    s = i * N + tx
+                    key = T.if_then_else(s < visible, order_key(Scores[bx, T.min(s, visible - 1)]), T.uint32(0))
+                    gt = T.if_then_else(s < visible and key > prefix, 1, 0)
+                    eq = T.if_then_else(s < visible and key == prefix, 1, 0)
+                    counts[tx] = eq * 65536 + gt
+                    T.sync_threads()
+                    T.cumsum(counts, dim=0)
+                    T.sync_threads()
+                    before = counts[tx] - (eq * 65536 + gt)
+                    eq_before = eq_seen + (before >> 16)
+                    slot = gt_seen + (before & 65535) + T.min(eq_before, need)
+                    if gt == 1 or (eq == 1 and eq_before < need):
+                        Out[bx, slot] = s
+                    gt_seen = gt_seen + (counts[N - 1] & 65535)
+                    eq_seen = eq_seen + (counts[N - 1] >> 16)
+                    T.sync_threads()
+
+    return topk_select
+
+
 PROGRAMS = {
     "sparse_rows": sparse_rows,
     "sparse_mla": sparse_mla,
     "sparse_mla_combine": sparse_mla_combine,
     "indexer_scores": indexer_scores,
+    "topk_select": topk_select,
 }

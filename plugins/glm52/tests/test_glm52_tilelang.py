@@ -26,7 +26,7 @@ PLUGIN_ROOT = PACKAGE.parent
 KERNEL_DIR = Path(cuda.__file__).with_name("tilelang")
 SOURCES = PLUGIN_ROOT / "kernels_src"
 META = json.loads((KERNEL_DIR / "kernels.json").read_text())
-NAMES = ["indexer_scores", "sparse_mla", "sparse_mla_combine", "sparse_rows"]
+NAMES = ["indexer_scores", "sparse_mla", "sparse_mla_combine", "sparse_rows", "topk_select"]
 SIGNATURE = re.compile(r"__global__ void __launch_bounds__\([^)]*\) (\w+)\(([^)]*)\)")
 C_TYPES = {"int": "int32", "float": "float32", "bfloat16_t": "bfloat16"}
 
@@ -106,16 +106,19 @@ def test_launches_match_the_metadata(monkeypatch, runs):
     sel = fake(np.full((T, 2048), -1, np.int32))
     out = tilelang_ops.glm52_sparse_mla_attention(aligned_empty((T, H, 512), bf), aligned_empty((T, H, 64), bf),
                                                   latent[:, 1], sel, b, 0.07)
-    top = tilelang_ops.glm52_indexer_topk(aligned_empty((T, 32, 128), bf), aligned_empty((T, 32), np.float32),
-                                          index[:, 2], b, 2048, 128 ** -0.5)
-    assert out.shape == (T, H, 512) and top.shape == (T, 2048)
-    assert [n for n, _ in launches] == ["sparse_rows", "sparse_mla", "sparse_mla_combine", "indexer_scores"]
-    [(_, rows), (_, mla), _, (_, scores)] = launches
+    iq, iw = aligned_empty((T, 32, 128), bf), aligned_empty((T, 32), np.float32)
+    top = tilelang_ops.glm52_indexer_topk(iq, iw, index[:, 2], b, 2048, 128 ** -0.5)
+    top2 = tilelang_ops.glm52_indexer_topk_nvrtc_select(iq, iw, index[:, 2], b, 2048, 128 ** -0.5)
+    assert out.shape == (T, H, 512) and top.shape == top2.shape == (T, 2048)
+    assert [n for n, _ in launches] == ["sparse_rows", "sparse_mla", "sparse_mla_combine", "indexer_scores",
+                                        "topk_select", "indexer_scores"]
+    [(_, rows), (_, mla), _, (_, scores), (_, select), _] = launches
     seqs = np.repeat(np.arange(len(runs)), [n for _, n in runs])
     np.testing.assert_array_equal(rows["TokenSeq"], seqs)
     assert rows["block_rows"] == layers * 64 and mla["kv_rows"] == (blocks - 1) * layers * 64 + 64
     assert scores["width"] == b.max_context_len and mla["splits"] == tilelang_ops.splits_for(T, H, 2048, 132)
-    assert [c.name for c in nvrtc] == ["indexer_topk_select"]   # the exact select stays hand-written
+    assert select["width"] == b.max_context_len and select["topk"] == 2048
+    assert [c.name for c in nvrtc] == ["indexer_topk_select"]   # "tilelang+nvrtc": the hand-written select
 
 
 def test_other_shapes_go_to_the_hand_written_kernels(monkeypatch):
@@ -126,9 +129,9 @@ def test_other_shapes_go_to_the_hand_written_kernels(monkeypatch):
     monkeypatch.setattr(tilelang_ops.nvrtc, "glm52_indexer_topk", lambda *a: called.append("topk"))
     f32 = np.zeros((2, 4, 512), np.float32)
     tilelang_ops.glm52_sparse_mla_attention(f32, f32[..., :64], np.zeros((3, 16, 576), np.float32), None, None, 0.1)
-    tilelang_ops.glm52_indexer_topk(np.zeros((2, 16, 128), np.float32), None, np.zeros((3, 16, 128), np.float32),
-                                    None, 4, 0.1)
-    assert called == ["mla", "topk"]
+    for fn in (tilelang_ops.glm52_indexer_topk, tilelang_ops.glm52_indexer_topk_nvrtc_select):
+        fn(np.zeros((2, 16, 128), np.float32), None, np.zeros((3, 16, 128), np.float32), None, 4, 0.1)
+    assert called == ["mla", "topk", "topk"]
 
 
 def emulate_split_attention(q: np.ndarray, keys: np.ndarray, valid: np.ndarray, scale: float, splits: int,
@@ -169,6 +172,42 @@ def test_the_split_attention_algorithm_is_the_reference():
         np.testing.assert_allclose(got, want[0], rtol=1e-5, atol=1e-5)
 
 
+def emulate_select_placement(scores: np.ndarray, visible: int, topk: int, chunk: int) -> np.ndarray:
+    """topk_select's last pass in numpy (the radix passes that find the k-th largest key are the hand-written
+    select's, emulated in test_glm52_cuda_compile.py): chunk by chunk, one scan of packed (equal, larger) counts; a
+    taken key's slot is the larger keys before it plus min(equal keys before it, need)."""
+    x = np.where(scores[:visible] == 0, np.float32(0), scores[:visible]).astype(np.float32)
+    u = x.view(np.uint32)
+    keys = np.where(u & 0x80000000, ~u, u | 0x80000000).astype(np.uint32)
+    kth = np.sort(keys)[::-1][topk - 1]
+    need = topk - int((keys > kth).sum())
+    out = np.full(topk, -1, np.int32)
+    gt_seen = eq_seen = 0
+    for base in range(0, visible, chunk):
+        k = keys[base:base + chunk]
+        gt, eq = (k > kth).astype(np.int64), (k == kth).astype(np.int64)
+        packed = np.cumsum(eq * 65536 + gt)
+        before = packed - (eq * 65536 + gt)
+        eq_before = eq_seen + (before >> 16)
+        slot = gt_seen + (before & 65535) + np.minimum(eq_before, need)
+        take = (gt == 1) | ((eq == 1) & (eq_before < need))
+        out[slot[take]] = base + np.flatnonzero(take)
+        gt_seen, eq_seen = gt_seen + int(packed[-1] & 65535), eq_seen + int(packed[-1] >> 16)
+    return out
+
+
+def test_the_tilelang_select_s_placement_is_the_reference_selection():
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        L, topk, chunk = int(rng.integers(2, 400)), int(rng.integers(1, 64)), int(rng.choice([8, 32, 1024]))
+        s = [rng.standard_normal(L), np.where(rng.random(L) < 0.7, 0.0 * rng.choice([-1, 1], L), rng.standard_normal(L)),
+             rng.integers(-3, 3, L)][trial % 3].astype(np.float32)
+        visible = int(rng.integers(topk + 1, L + 1)) if L > topk else L
+        if visible <= topk:
+            continue
+        np.testing.assert_array_equal(emulate_select_placement(s, visible, topk, chunk), ops.select_topk(s, visible, topk))
+
+
 def test_rebuilding_gives_the_same_source(tmp_path):
     pytest.importorskip("tilelang")
     subprocess.run([sys.executable, str(SOURCES / "build_tilelang.py"), "--source-only", "--out", str(tmp_path),
@@ -181,7 +220,9 @@ def test_registered_below_the_hand_written_kernels():
     plugin.register_kernels(reg.register)
     for op in cuda.TILELANG_OPS:
         names = [k.name for k in reg.candidates(op, "cuda", "bfloat16", 90)]
-        assert names == ["nvrtc", "tilelang"], op
+        assert names[:2] == ["nvrtc", "tilelang"], op
         assert [k.name for k in reg.candidates(op, "cuda", "bfloat16", 89)] == ["nvrtc"]
         assert [k.name for k in reg.candidates(op, "cuda", "float32", 90)] == ["nvrtc"]
         assert reg.candidates(op, "cuda", "bfloat16", 90)[1].impl == f"openinfer_glm52.cuda.tilelang_ops:{op}"
+    [both] = [k for k in reg.candidates("glm52_indexer_topk", "cuda", "bfloat16", 90) if k.name == "tilelang+nvrtc"]
+    assert both.impl.endswith("tilelang_ops:glm52_indexer_topk_nvrtc_select")

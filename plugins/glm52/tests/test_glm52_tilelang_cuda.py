@@ -91,31 +91,32 @@ def test_sparse_mla_attention_at_decode_shapes():
     check_sparse_mla(rng, host, dev, exact(rng, (blocks, 2, 64, 576), BF16), 1, 64, 2048)
 
 
-def run_indexer(rng, host, dev, cache, topk):
-    """The TileLang op's selection and the score rows its select saw, against the reference's."""
+def run_indexer(rng, host, dev, cache, topk, op):
+    """op's selection and the score rows it selected from, against the reference's."""
     T, Hi, Di = host.num_tokens, 32, 128
     q = exact(rng, (T, Hi, Di), BF16, 0.2)
     w = rng.standard_normal((T, Hi)).astype(np.float32)
     seen = {}
-    select = tilelang_ops.nvrtc.select_topk
+    scores_of = tilelang_ops._indexer_scores
 
-    def spy(scores, batch, out):
-        seen["scores"] = cp.asnumpy(scores)
-        return select(scores, batch, out)
+    def spy(*args):
+        seen["scores"] = scores_of(*args)
+        return seen["scores"]
 
-    tilelang_ops.nvrtc.select_topk = spy
+    tilelang_ops._indexer_scores = spy
     try:
-        got = cp.asnumpy(tilelang_ops.glm52_indexer_topk(cp.asarray(q.astype(BF16)), cp.asarray(w),
-                                                         cp.asarray(cache.astype(BF16)), dev, topk, Di ** -0.5))
+        got = cp.asnumpy(op(cp.asarray(q.astype(BF16)), cp.asarray(w), cp.asarray(cache.astype(BF16)), dev, topk,
+                            Di ** -0.5))
     finally:
-        tilelang_ops.nvrtc.select_topk = select
+        tilelang_ops._indexer_scores = scores_of
+    rows = cp.asnumpy(seen["scores"])
     t = 0
     for i, L in enumerate(host.context_lens_host):
         n = int(host.query_start_host[i + 1] - host.query_start_host[i])
         keys = ref._sequence_keys(cache, host.block_tables[i], int(L))
         scores = ref.glm52_indexer_scores(q[t:t + n], w[t:t + n], keys, Di ** -0.5)
         for j in range(n):
-            visible, row, s = int(L) - n + j + 1, seen["scores"][t + j], scores[j]
+            visible, row, s = int(L) - n + j + 1, rows[t + j], scores[j]
             tol = 1e-3 * np.abs(s[:visible]).max()
             np.testing.assert_allclose(row[:visible], s[:visible], rtol=1e-3, atol=tol)
             assert np.all(row[visible:] == -np.inf)
@@ -130,17 +131,40 @@ def run_indexer(rng, host, dev, cache, topk):
         t += n
 
 
-def test_indexer_topk():
-    rng = np.random.default_rng(2)
-    host, dev = batches(RUNS)
-    run_indexer(rng, host, dev, exact(rng, (BLOCKS, BS, 128), BF16, 0.2), 24)
+INDEXER_OPS = {"tilelang": tilelang_ops.glm52_indexer_topk,
+               "tilelang+nvrtc": tilelang_ops.glm52_indexer_topk_nvrtc_select}
 
 
 @pytest.mark.usefixtures("no_hand_written_fallback")
-def test_indexer_topk_at_decode_shapes():
+@pytest.mark.parametrize("impl", list(INDEXER_OPS))
+def test_indexer_topk(impl):
+    rng = np.random.default_rng(2)
+    host, dev = batches(RUNS)
+    run_indexer(rng, host, dev, exact(rng, (BLOCKS, BS, 128), BF16, 0.2), 24, INDEXER_OPS[impl])
+
+
+@pytest.mark.usefixtures("no_hand_written_fallback")
+@pytest.mark.parametrize("impl", list(INDEXER_OPS))
+def test_indexer_topk_at_decode_shapes(impl):
     rng = np.random.default_rng(7)
     host, dev = decode_batches([1000, 2100, 5000], 64, 256)
-    run_indexer(rng, host, dev, exact(rng, (256, 64, 128), BF16, 0.2), 2048)
+    run_indexer(rng, host, dev, exact(rng, (256, 64, 128), BF16, 0.2), 2048, INDEXER_OPS[impl])
+
+
+@pytest.mark.parametrize("kind", ["normal", "zeros of both signs", "few values"])
+def test_topk_select_is_the_reference_selection(kind):
+    """The TileLang select on given scores: exactly the reference's keys, ties at the cut to the earlier ones."""
+    rng = np.random.default_rng(8)
+    host, dev = decode_batches([5, 300, 2048, 2049, 3000, 9000], 64, 1024)
+    width, topk = host.max_context_len, 2048
+    s = rng.standard_normal((host.num_tokens, width)).astype(np.float32)
+    if kind == "zeros of both signs":
+        s = np.where(rng.random(s.shape) < 0.7, np.float32(0) * rng.choice([-1, 1], s.shape), s).astype(np.float32)
+    elif kind == "few values":
+        s = rng.integers(-3, 3, s.shape).astype(np.float32)
+    got = cp.asnumpy(tilelang_ops.select_topk(cp.asarray(s), dev, cp.empty((host.num_tokens, topk), np.int32)))
+    for t, p in enumerate(host.positions):
+        np.testing.assert_array_equal(got[t], ref.select_topk(s[t], int(p) + 1, topk))
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,9 @@
 - "nvrtc": hand-written kernels in dsa.cu beside this file, compiled by core's NVRTC layer, with CuPy launchers in
   ops.py; every op, bf16 and float32.
 - "tilelang": TileLang programs (plugin folder kernels_src/) built ahead of time into the sm_90a cubins of
-  tilelang/, launched by tilelang_ops.py; sparse MLA attention and the indexer's scores, bf16 on sm_90 only.
-  `--kernel OP=tilelang` picks them; until they measure faster they rank below the hand-written ones.
+  tilelang/, launched by tilelang_ops.py; sparse MLA attention and the indexer's scores and top-k, bf16 on sm_90
+  only. "tilelang+nvrtc": the TileLang indexer scores with the hand-written top-k. `--kernel OP=NAME` picks them;
+  until they measure faster they rank below the hand-written ones.
 Importing this package touches neither cupy nor the GPU: the ops register as lazy strings."""
 from __future__ import annotations
 
@@ -21,3 +22,5 @@ def register(register_kernel) -> None:
     for op in TILELANG_OPS:
         register_kernel(op, "cuda", f"{__name__}.tilelang_ops:{op}", dtypes=("bfloat16",),
                         priority=TILELANG_PRIORITY, name="tilelang", capabilities=(90,))
+    register_kernel("glm52_indexer_topk", "cuda", f"{__name__}.tilelang_ops:glm52_indexer_topk_nvrtc_select",
+                    dtypes=("bfloat16",), priority=TILELANG_PRIORITY - 1, name="tilelang+nvrtc", capabilities=(90,))

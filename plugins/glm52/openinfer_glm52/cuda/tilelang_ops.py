@@ -5,8 +5,9 @@ kernels): the numpy reference signatures (../ops.py) on CuPy arrays. They take b
 - Sparse MLA: sparse_rows turns each selected key position into its cache row (-1: none), sparse_mla attends over
   the selection split in `splits` parts (flash-decoding: enough blocks for the GPU at decode batch sizes), and
   sparse_mla_combine merges the parts into bf16.
-- Indexer: indexer_scores writes every visible key's score; the exact top-k is the hand-written select, as TileLang
-  has no exact top-k with the reference's tie rule.
+- Indexer: indexer_scores writes every key's score (-inf where not visible), topk_select picks each token's exact
+  top-k (radix select, then one block scan a chunk of keys to place them in order). "tilelang+nvrtc" pairs the
+  TileLang scores with the hand-written select.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from openinfer.plugin_api.cuda import as_index
 from . import ops as nvrtc
 from .tilelang_module import launch
 
-__all__ = ["glm52_indexer_topk", "glm52_sparse_mla_attention"]
+__all__ = ["glm52_indexer_topk", "glm52_indexer_topk_nvrtc_select", "glm52_sparse_mla_attention"]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 R, P, HEAD_BLOCK, BI, ROWS_THREADS = 512, 64, 64, 64, 128     # kernels_src/programs.py
@@ -92,15 +93,11 @@ def glm52_sparse_mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp
     return out
 
 
-def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, batch: ForwardBatch, topk: int,
-                       scale: float) -> cp.ndarray:
-    T, heads, dim = q.shape
-    if not (q.dtype == cache.dtype == BF16 and heads == INDEX_HEADS and dim == INDEX_DIM):
-        return nvrtc.glm52_indexer_topk(q, weights, cache, batch, topk, scale)
+def _indexer_scores(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, batch: ForwardBatch,
+                    scale: float) -> cp.ndarray:
+    """[T, max_context_len] float32 scores of every key, -inf where not visible."""
+    T, dim = q.shape[0], q.shape[2]
     block_stride = nvrtc.layer_view(cache, dim, "glm52_indexer_topk")
-    out = cp.empty((T, topk), dtype=np.int32)
-    if T == 0:
-        return out
     width = int(batch.max_context_len)
     scores = cp.empty((T, width), dtype=np.float32)
     paging = _paging(batch, cache, block_stride)
@@ -110,4 +107,34 @@ def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, ba
                 BlockTable=paging["BlockTable"], block_size=paging["block_size"], block_rows=paging["block_rows"],
                 kv_rows=paging["kv_rows"], n_seq=paging["n_seq"], scale=scale, t_n=T,
                 tw=paging["BlockTable"].shape[1], width=width, Scores=scores))
-    return nvrtc.select_topk(scores, batch, out)
+    return scores
+
+
+def select_topk(scores: cp.ndarray, batch: ForwardBatch, out: cp.ndarray) -> cp.ndarray:
+    """The TileLang exact select: each token's causal top-k of its score row into out [T, topk] (ascending key
+    positions, -1 padded, ties at the cut to the earlier key)."""
+    launch("topk_select", (out.shape[0],), dict(Scores=scores, Positions=as_index(batch.positions, np.int32), Out=out,
+                                                t_n=out.shape[0], topk=out.shape[1], width=scores.shape[1]))
+    return out
+
+
+def _indexer_topk(q, weights, cache, batch, topk, scale, select) -> cp.ndarray:
+    T, heads, dim = q.shape
+    if not (q.dtype == cache.dtype == BF16 and heads == INDEX_HEADS and dim == INDEX_DIM):
+        return nvrtc.glm52_indexer_topk(q, weights, cache, batch, topk, scale)
+    out = cp.empty((T, topk), dtype=np.int32)
+    if T == 0 or topk == 0:
+        return out
+    return select(_indexer_scores(q, weights, cache, batch, scale), batch, out)
+
+
+def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, batch: ForwardBatch, topk: int,
+                       scale: float) -> cp.ndarray:
+    """TileLang scores, TileLang select."""
+    return _indexer_topk(q, weights, cache, batch, topk, scale, select_topk)
+
+
+def glm52_indexer_topk_nvrtc_select(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, batch: ForwardBatch,
+                                    topk: int, scale: float) -> cp.ndarray:
+    """TileLang scores, the hand-written select (registered as "tilelang+nvrtc")."""
+    return _indexer_topk(q, weights, cache, batch, topk, scale, nvrtc.select_topk)

@@ -340,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla(const bfloat16_t
         m_i_clear_1[i_16] = max(m_i_clear_1[i_16], acc_s[((((rv_2 & 3) * 4) + (i_16 * 2)) + (rv_2 >> 2))]);
       }
       __syncthreads();
-      m_i_clear_1[i_16] = tl::AllReduce<tl::MaxOp, 256, 128, 0, tl::NamedBarrier<256>>::run(m_i_clear_1[i_16], (&(((float*)workspace_2)[0])));
+      m_i_clear_1[i_16] = tl::AllReduce<tl::MaxOp, 256, 128, 0, tl::NamedBarrier<256>>::run(m_i_clear_1[i_16], (&(((float*)workspace)[0])));
       m_i_clear_1[i_16] = tl::AllReduce<tl::MaxOp, 4, 1, 0, tl::NamedBarrier<256>>::run(m_i_clear_1[i_16]);
       m_i[i_16] = max(m_i[i_16], m_i_clear_1[i_16]);
     }
@@ -387,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla(const bfloat16_t
         sumexp_i[i_18] = (sumexp_i[i_18] + acc_s[((((rv_3 & 3) * 4) + (i_18 * 2)) + (rv_3 >> 2))]);
       }
       __syncthreads();
-      sumexp_i[i_18] = tl::AllReduce<tl::SumOp, 256, 128, 0, tl::NamedBarrier<256>>::run(sumexp_i[i_18], (&(((float*)workspace)[0])));
+      sumexp_i[i_18] = tl::AllReduce<tl::SumOp, 256, 128, 0, tl::NamedBarrier<256>>::run(sumexp_i[i_18], (&(((float*)workspace_2)[0])));
       sumexp_i[i_18] = tl::AllReduce<tl::SumOp, 4, 1, 0, tl::NamedBarrier<256>>::run(sumexp_i[i_18]);
     }
     float2 __18;
