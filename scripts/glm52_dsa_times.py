@@ -56,6 +56,43 @@ def decode_batch(B: int, L: int) -> ForwardBatch:
                         BS, 1, L)
 
 
+def time_shape(B: int, L: int, bw: float) -> None:
+    """Print the rows of one (batch, context) shape."""
+    with stream:
+        batch = decode_batch(B, L)
+        index_cache, latents = randn((B * (L // BS), BS, DI)), randn((B * (L // BS), BS, R + P))
+        q, w, ql, qp = randn((B, HI, DI)), randn((B, HI), np.float32), randn((B, H, R)), randn((B, H, P))
+        sel = {n: m.glm52_indexer_topk(q, w, index_cache, batch, TOPK, DI ** -0.5) for n, m in IMPLS}
+        att = {n: m.glm52_sparse_mla_attention(ql, qp, latents, sel["nvrtc"], batch, 0.0625) for n, m in IMPLS}
+        stream.synchronize()
+    same = float((cp.sort(sel["nvrtc"], 1) == cp.sort(sel["tilelang"], 1)).mean())
+    diff = float(cp.abs(att["nvrtc"].astype(cp.float32) - att["tilelang"].astype(cp.float32)).max())
+
+    def attention(m):
+        return m.glm52_sparse_mla_attention(ql, qp, latents, sel["nvrtc"], batch, 0.0625)
+
+    cases = (("indexer scores + top-k", B * L * DI * 2, f"same keys {same:.4f}",
+              lambda m: m.glm52_indexer_topk(q, w, index_cache, batch, TOPK, DI ** -0.5)),
+             ("sparse MLA attention", B * min(L, TOPK) * (R + P) * 2, f"max |diff| {diff:.2e}", attention))
+    for name, nbytes, agree, call in cases:
+        t = {n: bench(lambda: call(m)) for n, m in IMPLS}
+        floor = nbytes / bw * 1e6
+        print(f"{name:<24}{B:>6}{L:>8}{t['nvrtc']:>10.1f}{t['tilelang']:>12.1f}{floor:>10.1f}"
+              f"{100 * floor / t['nvrtc']:>9.1f}{100 * floor / t['tilelang']:>11.1f}  {agree}")
+    sweep = []
+    for splits in SPLITS:   # the TileLang attention's split count (splits_for picks one per shape)
+        tilelang.splits_for = lambda *_, s=splits: s
+        sweep.append(f"{splits}: {bench(lambda: attention(tilelang)):.1f}")
+    tilelang.splits_for = splits_for
+    print(f"{'  tilelang MLA by splits':<24}{B:>6}{L:>8}  {', '.join(sweep)} us "
+          f"(picked: {splits_for(B, H, TOPK, tilelang._sms())})")
+    with stream:
+        scores, out = randn((B, L), np.float32), cp.empty((B, TOPK), cp.int32)
+    t_select = {n: bench(lambda: m.select_topk(scores, batch, out)) for n, m in IMPLS}
+    print(f"{'  of which the top-k':<24}{B:>6}{L:>8}{t_select['nvrtc']:>10.1f}{t_select['tilelang']:>12.1f}"
+          "   (the select alone; \"tilelang+nvrtc\" = TileLang scores + the nvrtc select)")
+
+
 def main() -> None:
     print(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode())
     bw = copy_bandwidth()
@@ -63,37 +100,7 @@ def main() -> None:
     print(f"{'op':<24}{'batch':>6}{'context':>8}{'nvrtc us':>10}{'tilelang us':>12}{'floor us':>10}"
           f"{'nvrtc %':>9}{'tilelang %':>11}  agreement")
     for B, L in SHAPES:
-        with stream:
-            batch = decode_batch(B, L)
-            index_cache, latents = randn((B * (L // BS), BS, DI)), randn((B * (L // BS), BS, R + P))
-            q, w, ql, qp = randn((B, HI, DI)), randn((B, HI), np.float32), randn((B, H, R)), randn((B, H, P))
-            sel = {n: m.glm52_indexer_topk(q, w, index_cache, batch, TOPK, DI ** -0.5) for n, m in IMPLS}
-            att = {n: m.glm52_sparse_mla_attention(ql, qp, latents, sel["nvrtc"], batch, 0.0625) for n, m in IMPLS}
-            stream.synchronize()
-        same = float((cp.sort(sel["nvrtc"], 1) == cp.sort(sel["tilelang"], 1)).mean())
-        diff = float(cp.abs(att["nvrtc"].astype(cp.float32) - att["tilelang"].astype(cp.float32)).max())
-        cases = (("indexer scores + top-k", B * L * DI * 2, f"same keys {same:.4f}",
-                  lambda m: m.glm52_indexer_topk(q, w, index_cache, batch, TOPK, DI ** -0.5)),
-                 ("sparse MLA attention", B * min(L, TOPK) * (R + P) * 2, f"max |diff| {diff:.2e}",
-                  lambda m: m.glm52_sparse_mla_attention(ql, qp, latents, sel["nvrtc"], batch, 0.0625)))
-        for name, nbytes, agree, call in cases:
-            t = {n: bench(lambda: call(m)) for n, m in IMPLS}
-            floor = nbytes / bw * 1e6
-            print(f"{name:<24}{B:>6}{L:>8}{t['nvrtc']:>10.1f}{t['tilelang']:>12.1f}{floor:>10.1f}"
-                  f"{100 * floor / t['nvrtc']:>9.1f}{100 * floor / t['tilelang']:>11.1f}  {agree}")
-        sweep = []
-        for splits in SPLITS:   # the TileLang attention's split count (splits_for picks one per shape)
-            tilelang.splits_for = lambda *_, s=splits: s
-            sweep.append(f"{splits}: {bench(lambda: cases[1][3](tilelang)):.1f}")
-        tilelang.splits_for = splits_for
-        print(f"{'  tilelang MLA by splits':<24}{B:>6}{L:>8}  {', '.join(sweep)} us "
-              f"(picked: {splits_for(B, H, TOPK, tilelang._sms())})")
-        with stream:
-            scores, out = randn((B, L), np.float32), cp.empty((B, TOPK), cp.int32)
-        t_select = {n: bench(lambda: m.select_topk(scores, batch, out)) for n, m in IMPLS}
-        print(f"{'  of which the top-k':<24}{B:>6}{L:>8}{t_select['nvrtc']:>10.1f}{t_select['tilelang']:>12.1f}"
-              "   (the select alone; \"tilelang+nvrtc\" = TileLang scores + the nvrtc select)")
-        del index_cache, latents, sel, att, scores
+        time_shape(B, L, bw)
         cp.get_default_memory_pool().free_all_blocks()
 
 

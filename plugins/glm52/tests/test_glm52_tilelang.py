@@ -21,6 +21,8 @@ import pytest
 from openinfer.plugin_api import ForwardBatch, KernelRegistry
 from openinfer_glm52 import cuda, ops, plugin
 
+from test_glm52_cuda_compile import _batch
+
 PACKAGE = Path(cuda.__file__).parents[1]
 PLUGIN_ROOT = PACKAGE.parent
 KERNEL_DIR = Path(cuda.__file__).with_name("tilelang")
@@ -61,17 +63,6 @@ def test_metadata_matches_the_kernel_signature(name):
         ctype, pname = words[0].rstrip("*"), words[-1].lstrip("*")
         got.append({"name": pname, "type": ("ptr:" if "*" in p else "") + C_TYPES[ctype]})
     assert got == META["kernels"][name]["params"]
-
-
-def _batch(runs, fake, block_size: int) -> ForwardBatch:
-    qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
-    lens = np.asarray([p + n for p, n in runs], dtype=np.int32)
-    width = max(-(-L // block_size) for L in lens)
-    tables = np.arange(len(runs) * width, dtype=np.int32).reshape(len(runs), width)
-    positions = np.concatenate([np.arange(p, p + n) for p, n in runs]).astype(np.int32)
-    return ForwardBatch(fake(np.zeros(len(positions), np.int32)), fake(positions), fake(np.zeros(len(positions), np.int64)),
-                        fake(tables), fake(qs), fake(lens), fake(np.zeros(1, np.int32)), qs, lens, block_size,
-                        max(n for _, n in runs), int(lens.max()))
 
 
 @pytest.mark.parametrize("runs", [[(0, 40), (7, 1), (300, 1)], [(5000, 1)] * 3])
@@ -119,6 +110,14 @@ def test_launches_match_the_metadata(monkeypatch, runs):
     assert scores["width"] == b.max_context_len and mla["splits"] == tilelang_ops.splits_for(T, H, 2048, 132)
     assert select["width"] == b.max_context_len and select["topk"] == 2048
     assert [c.name for c in nvrtc] == ["indexer_topk_select"]   # "tilelang+nvrtc": the hand-written select
+
+
+def test_serving_imports_neither_tilelang_nor_torch():
+    pytest.importorskip("cupy")
+    code = ("import sys, openinfer_glm52.cuda.tilelang_ops, openinfer_glm52.cuda.tilelang_module as tm; "
+            "tm.kernels(); bad = [m for m in ('tilelang', 'tvm_ffi', 'torch') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_other_shapes_go_to_the_hand_written_kernels(monkeypatch):
@@ -200,12 +199,13 @@ def test_the_tilelang_select_s_placement_is_the_reference_selection():
     rng = np.random.default_rng(1)
     for trial in range(300):
         L, topk, chunk = int(rng.integers(2, 400)), int(rng.integers(1, 64)), int(rng.choice([8, 32, 1024]))
-        s = [rng.standard_normal(L), np.where(rng.random(L) < 0.7, 0.0 * rng.choice([-1, 1], L), rng.standard_normal(L)),
-             rng.integers(-3, 3, L)][trial % 3].astype(np.float32)
+        zeros = np.where(rng.random(L) < 0.7, 0.0 * rng.choice([-1, 1], L), rng.standard_normal(L))
+        s = [rng.standard_normal(L), zeros, rng.integers(-3, 3, L)][trial % 3].astype(np.float32)
         visible = int(rng.integers(topk + 1, L + 1)) if L > topk else L
         if visible <= topk:
             continue
-        np.testing.assert_array_equal(emulate_select_placement(s, visible, topk, chunk), ops.select_topk(s, visible, topk))
+        np.testing.assert_array_equal(emulate_select_placement(s, visible, topk, chunk),
+                                      ops.select_topk(s, visible, topk))
 
 
 def test_rebuilding_gives_the_same_source(tmp_path):

@@ -74,7 +74,8 @@ def glm52_sparse_mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp
     paging = _paging(batch, cache, block_stride)
     rows = cp.empty((T, topk), dtype=np.int32)
     launch("sparse_rows", (T, -(-topk // ROWS_THREADS)),
-           dict(Indices=cp.ascontiguousarray(as_index(indices, np.int32)), Positions=as_index(batch.positions, np.int32),
+           dict(Indices=cp.ascontiguousarray(as_index(indices, np.int32)),
+                Positions=as_index(batch.positions, np.int32),
                 TokenSeq=token_sequences(batch), BlockTable=paging["BlockTable"], block_size=paging["block_size"],
                 block_rows=paging["block_rows"], n_seq=paging["n_seq"], t_n=T, topk=topk,
                 width=paging["BlockTable"].shape[1], Rows=rows))
