@@ -16,6 +16,7 @@ import numpy as np
 KERNEL_DIR = Path(__file__).with_name("tilelang")
 _DEFAULT_SMEM = 48 * 1024   # above this a kernel must opt in to more dynamic shared memory
 _DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
+_modules: dict[tuple[int, str], Any] = {}     # kept alive with their functions
 _functions: dict[tuple[int, str], Any] = {}
 
 
@@ -53,7 +54,8 @@ def _function(name: str) -> Any:
     dev = cp.cuda.Device().id
     fn = _functions.get((dev, name))
     if fn is None:
-        fn = cp.RawModule(path=str(KERNEL_DIR / f"{name}.cubin")).get_function(name)
+        module = _modules[(dev, name)] = cp.RawModule(path=str(KERNEL_DIR / f"{name}.cubin"))
+        fn = module.get_function(name)
         smem = kernels()[name]["smem"]
         if smem > _DEFAULT_SMEM:
             fn.max_dynamic_shared_size_bytes = smem
