@@ -38,10 +38,10 @@ def _sms() -> int:
 
 
 def splits_for(tokens: int, heads: int, topk: int, sms: int) -> int:
-    """How many parts each token's selection is split into: enough blocks to fill the GPU once (a block an SM, at
-    sparse_mla's shared memory), at most one tile of BI keys a part."""
+    """How many parts each token's selection is split into: as many blocks as fit the GPU in one wave (a block an SM,
+    at sparse_mla's shared memory), at least one tile of BI keys a part."""
     blocks = tokens * -(-heads // HEAD_BLOCK)
-    return max(1, min(-(-topk // BI), -(-sms // blocks)))
+    return max(1, min(-(-topk // BI), sms // blocks))
 
 
 def token_sequences(batch: ForwardBatch) -> cp.ndarray:
