@@ -1,13 +1,26 @@
-"""CUDA kernels of the glm52 DSA ops: dsa.cu beside this file, compiled by core's NVRTC layer, with CuPy
-launchers in ops.py. Importing this package touches neither cupy nor the GPU: the ops register as lazy strings."""
+"""CUDA kernels of the glm52 DSA ops. Two implementations:
+- "nvrtc": hand-written kernels in dsa.cu beside this file, compiled by core's NVRTC layer, with CuPy launchers in
+  ops.py; every op, bf16 and float32.
+- "tilelang": TileLang programs (plugin folder kernels_src/) built ahead of time into the sm_90a cubins of
+  tilelang/, launched by tilelang_ops.py; sparse MLA attention and the indexer's scores and top-k, bf16 on sm_90
+  only. "tilelang+nvrtc": the TileLang indexer scores with the hand-written top-k. `--kernel OP=NAME` picks them;
+  until they measure faster they rank below the hand-written ones.
+Importing this package touches neither cupy nor the GPU: the ops register as lazy strings."""
 from __future__ import annotations
 
 from ..ops import OPS
 
 DTYPES = ("bfloat16", "float32")
+NVRTC_PRIORITY, TILELANG_PRIORITY = 10, 5
+TILELANG_OPS = ("glm52_indexer_topk", "glm52_sparse_mla_attention")
 
 
 def register(register_kernel) -> None:
     """Registers every glm52_* op for backend "cuda" (called from the plugin's register_kernels)."""
     for op in OPS:
-        register_kernel(op, "cuda", f"{__name__}.ops:{op}", dtypes=DTYPES)
+        register_kernel(op, "cuda", f"{__name__}.ops:{op}", dtypes=DTYPES, priority=NVRTC_PRIORITY, name="nvrtc")
+    for op in TILELANG_OPS:
+        register_kernel(op, "cuda", f"{__name__}.tilelang_ops:{op}", dtypes=("bfloat16",),
+                        priority=TILELANG_PRIORITY, name="tilelang", capabilities=(90,))
+    register_kernel("glm52_indexer_topk", "cuda", f"{__name__}.tilelang_ops:glm52_indexer_topk_nvrtc_select",
+                    dtypes=("bfloat16",), priority=TILELANG_PRIORITY - 1, name="tilelang+nvrtc", capabilities=(90,))

@@ -31,7 +31,7 @@ def sparse_mla_smem(R: int, P: int) -> int:
     return 4 * (HG * D + KT * (D + 1) + HG * KT + 3 * HG)
 
 
-def _layer_view(cache: cp.ndarray, dim: int, what: str) -> int:
+def layer_view(cache: cp.ndarray, dim: int, what: str) -> int:
     """A paged cache layer view [blocks, block_size, dim] packed inside a block: its block stride in elements."""
     it = cache.itemsize
     if cache.ndim != 3 or cache.shape[2] != dim or cache.strides[1:] != (dim * it, it):
@@ -53,7 +53,7 @@ def glm52_indexer_rope_write(q: cp.ndarray, k: cp.ndarray, norm_w: cp.ndarray, n
     if dim > MAX_ROPE_DIM or k.shape != (T, dim) or k.dtype != q.dtype or cache.dtype != q.dtype:
         raise ValueError(f"glm52_indexer_rope_write: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, cache "
                          f"{cache.dtype}: k must be [T, dim] of q's dtype, dim <= {MAX_ROPE_DIM}")
-    block_stride = _layer_view(cache, dim, "glm52_indexer_rope_write")
+    block_stride = layer_view(cache, dim, "glm52_indexer_rope_write")
     q3, q_stride = heads3d(q)
     k2, k_stride = rows2d(k)
     out = cp.empty((T, heads, dim), dtype=q.dtype)
@@ -72,7 +72,7 @@ def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, ba
     T, heads, dim = q.shape
     if heads > MAX_INDEX_HEADS:
         raise ValueError(f"glm52_indexer_topk: {heads} indexer heads, the kernel holds at most {MAX_INDEX_HEADS}")
-    block_stride = _layer_view(cache, dim, "glm52_indexer_topk")
+    block_stride = layer_view(cache, dim, "glm52_indexer_topk")
     out = cp.empty((T, topk), dtype=np.int32)
     if T == 0:
         return out
@@ -84,8 +84,15 @@ def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, ba
            (cp.ascontiguousarray(q), cp.ascontiguousarray(weights, dtype=np.float32), cache, np.int64(block_stride),
             np.int32(cache.shape[1]), tables, table_stride, qstart, lens, B, scores, np.int32(width), np.int32(heads),
             np.int32(dim), np.float32(scale)), smem=smem)
-    launch(SOURCE, "indexer_topk_select", (T,), SELECT_THREADS,
-           (scores, np.int32(width), qstart, lens, B, np.int32(topk), out))
+    return select_topk(scores, batch, out)
+
+
+def select_topk(scores: cp.ndarray, batch: ForwardBatch, out: cp.ndarray) -> cp.ndarray:
+    """Each token's exact causal top-k of its score row (scores [T, width] float32) into out [T, topk] int32
+    (ascending key positions, -1 padded; the reference's tie rule)."""
+    _, _, qstart, lens, B = _sequences(batch)
+    launch(SOURCE, "indexer_topk_select", (out.shape[0],), SELECT_THREADS,
+           (scores, np.int32(scores.shape[1]), qstart, lens, B, np.int32(out.shape[1]), out))
     return out
 
 
@@ -96,7 +103,7 @@ def glm52_sparse_mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp
     if R > 16 * R_PER_THREAD or q_pe.shape[:2] != (T, heads) or q_pe.dtype != q_latent.dtype:
         raise ValueError(f"glm52_sparse_mla_attention: q_latent {q_latent.shape}, q_pe {q_pe.shape}: kv_lora_rank "
                          f"must be at most {16 * R_PER_THREAD} and q_pe [T, heads, P] of q_latent's dtype")
-    block_stride = _layer_view(cache, R + P, "glm52_sparse_mla_attention")
+    block_stride = layer_view(cache, R + P, "glm52_sparse_mla_attention")
     out = cp.empty((T, heads, R), dtype=q_latent.dtype)
     if T == 0:
         return out

@@ -1,0 +1,108 @@
+"""GPU time of one layer's GLM-5.2 DSA ops in a decode step, hand-written kernels ("nvrtc") against the TileLang ones,
+and both against the bytes-moved floor: the bytes an op must read (indexer: every visible key of the index cache;
+sparse attention: the selected latent rows) at the device-to-device copy bandwidth measured here. Mean time per
+call between CUDA events over eager launches; bf16, 64 heads, kv_lora 512 + rope 64, indexer 32 x 128, top-2048,
+block size 64. Also how far the two implementations agree at these shapes. Run by scripts/gpu_glm52.sh."""
+from __future__ import annotations
+
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+from openinfer.plugin_api import ForwardBatch
+from openinfer_glm52.cuda import ops as nvrtc
+from openinfer_glm52.cuda import tilelang_ops as tilelang
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+H, R, P, HI, DI, TOPK, BS = 64, 512, 64, 32, 128, 2048, 64
+SHAPES = ((1, 8192), (1, 32768), (1, 131072), (32, 8192), (32, 32768))   # (batch, context)
+IMPLS = (("nvrtc", nvrtc), ("tilelang", tilelang))
+SPLITS = (1, 2, 4, 8, 16, 32)
+splits_for = tilelang.splits_for
+stream = cp.cuda.Stream(non_blocking=True)
+
+
+def bench(fn, n: int = 50) -> float:
+    """Mean microseconds per call."""
+    with stream:
+        fn()
+        stream.synchronize()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        for _ in range(n):
+            fn()
+        end.record(stream)
+        end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) / n * 1e3
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a 1 GiB device-to-device copy."""
+    with stream:
+        a = cp.ones(1 << 30, cp.uint8)
+        b = cp.empty_like(a)
+    return 2 * a.nbytes / (bench(lambda: cp.copyto(b, a), 20) * 1e-6)
+
+
+def randn(shape, dtype=BF16):
+    return cp.random.standard_normal(shape, dtype=cp.float32).astype(dtype)
+
+
+def decode_batch(B: int, L: int) -> ForwardBatch:
+    tables = cp.arange(B * (L // BS), dtype=cp.int32).reshape(B, L // BS)
+    qs, lens = np.arange(B + 1, dtype=np.int32), np.full(B, L, np.int32)
+    z = cp.zeros(1, cp.int32)
+    return ForwardBatch(z, cp.full(B, L - 1, cp.int32), z, tables, cp.asarray(qs), cp.asarray(lens), z, qs, lens,
+                        BS, 1, L)
+
+
+def time_shape(B: int, L: int, bw: float) -> None:
+    """Print the rows of one (batch, context) shape."""
+    with stream:
+        batch = decode_batch(B, L)
+        index_cache, latents = randn((B * (L // BS), BS, DI)), randn((B * (L // BS), BS, R + P))
+        q, w, ql, qp = randn((B, HI, DI)), randn((B, HI), np.float32), randn((B, H, R)), randn((B, H, P))
+        sel = {n: m.glm52_indexer_topk(q, w, index_cache, batch, TOPK, DI ** -0.5) for n, m in IMPLS}
+        att = {n: m.glm52_sparse_mla_attention(ql, qp, latents, sel["nvrtc"], batch, 0.0625) for n, m in IMPLS}
+        stream.synchronize()
+    same = float((cp.sort(sel["nvrtc"], 1) == cp.sort(sel["tilelang"], 1)).mean())
+    diff = float(cp.abs(att["nvrtc"].astype(cp.float32) - att["tilelang"].astype(cp.float32)).max())
+
+    def attention(m):
+        return m.glm52_sparse_mla_attention(ql, qp, latents, sel["nvrtc"], batch, 0.0625)
+
+    cases = (("indexer scores + top-k", B * L * DI * 2, f"same keys {same:.4f}",
+              lambda m: m.glm52_indexer_topk(q, w, index_cache, batch, TOPK, DI ** -0.5)),
+             ("sparse MLA attention", B * min(L, TOPK) * (R + P) * 2, f"max |diff| {diff:.2e}", attention))
+    for name, nbytes, agree, call in cases:
+        t = {n: bench(lambda: call(m)) for n, m in IMPLS}
+        floor = nbytes / bw * 1e6
+        print(f"{name:<24}{B:>6}{L:>8}{t['nvrtc']:>10.1f}{t['tilelang']:>12.1f}{floor:>10.1f}"
+              f"{100 * floor / t['nvrtc']:>9.1f}{100 * floor / t['tilelang']:>11.1f}  {agree}")
+    sweep = []
+    for splits in SPLITS:   # the TileLang attention's split count (splits_for picks one per shape)
+        tilelang.splits_for = lambda *_, s=splits: s
+        sweep.append(f"{splits}: {bench(lambda: attention(tilelang)):.1f}")
+    tilelang.splits_for = splits_for
+    print(f"{'  tilelang MLA by splits':<24}{B:>6}{L:>8}  {', '.join(sweep)} us "
+          f"(picked: {splits_for(B, H, TOPK, tilelang._sms())})")
+    with stream:
+        scores, out = randn((B, L), np.float32), cp.empty((B, TOPK), cp.int32)
+    t_select = {n: bench(lambda: m.select_topk(scores, batch, out)) for n, m in IMPLS}
+    print(f"{'  of which the top-k':<24}{B:>6}{L:>8}{t_select['nvrtc']:>10.1f}{t_select['tilelang']:>12.1f}"
+          "   (the select alone; \"tilelang+nvrtc\" = TileLang scores + the nvrtc select)")
+
+
+def main() -> None:
+    print(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode())
+    bw = copy_bandwidth()
+    print(f"device copy bandwidth {bw / 1e9:.0f} GB/s (read + write); floor = bytes to read / that")
+    print(f"{'op':<24}{'batch':>6}{'context':>8}{'nvrtc us':>10}{'tilelang us':>12}{'floor us':>10}"
+          f"{'nvrtc %':>9}{'tilelang %':>11}  agreement")
+    for B, L in SHAPES:
+        time_shape(B, L, bw)
+        cp.get_default_memory_pool().free_all_blocks()
+
+
+if __name__ == "__main__":
+    main()
