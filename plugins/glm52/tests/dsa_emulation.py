@@ -51,12 +51,6 @@ class Memory:
         np.asarray(self.a)[self._index(offsets)] = np.asarray(values).reshape(-1)
 
 
-def _cdivmod(a: int, b: int) -> tuple[int, int]:
-    """C's integer division and remainder (truncating toward zero), as the kernels compute them."""
-    q = abs(a) // b * (1 if a >= 0 else -1)
-    return q, a - q * b
-
-
 def _seq_pos(qs: np.ndarray, lens: np.ndarray, t: int) -> tuple[int, int]:
     """token_seq_pos: the sequence of token t (the last whose start is <= t) and the token's position."""
     seq = int(np.searchsorted(qs[:-1], t, side="right")) - 1
@@ -90,9 +84,11 @@ def indexer_rope_write(grid, args) -> None:
         c, s = C.read(pos * half + np.arange(half)), S.read(pos * half + np.arange(half))
         kr = K.read(t * int(k_stride) + d).astype(np.float32)
         kn = (kr - kr.mean()) / np.sqrt(np.square(kr - kr.mean()).mean() + np.float32(1e-6)) * W.read(d) + B.read(d)
-        block, row = _cdivmod(int(SLOT.read(np.array(t))), bs)
-        assert 0 <= block < cache.shape[0] and 0 <= row < bs, f"slot {block * bs + row} outside the cache"
-        CACHE.write(block * int(block_stride) + row * dim + d, _rope(kn, c, s, bool(interleave)))
+        slot = int(SLOT.read(np.array(t)))
+        if slot >= 0:
+            block, row = divmod(slot, bs)
+            assert block < cache.shape[0], f"slot {slot} outside the cache of {cache.shape[0]} blocks"
+            CACHE.write(block * int(block_stride) + row * dim + d, _rope(kn, c, s, bool(interleave)))
         qr = Q.read(t * int(q_stride) + np.arange(heads)[:, None] * dim + d).astype(np.float32)
         OUT.write((t * heads + np.arange(heads)[:, None]) * dim + d, _rope(qr, c, s, bool(interleave)))
 

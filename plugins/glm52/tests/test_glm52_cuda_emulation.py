@@ -87,3 +87,33 @@ def test_batched_chunked_cached_and_graph_decode_through_the_emulated_kernels(sp
         want = [t for t, _, _ in generate(ref, batch, greedy(6))]
         assert [t for t, _, _ in generate(eng, batch, greedy(6))] == want, f"batch of {len(batch)}"
     assert graphs.replays
+
+
+def test_a_negative_slot_stores_nothing(emulate):
+    """A padded token (slot -1) leaves the cache as it was, in the launcher as in the reference."""
+    from openinfer_glm52 import ops as ref
+    from openinfer_glm52.cuda import ops as cuda_ops
+    from openinfer.plugin_api import RopeConfig, cos_sin
+    rng = np.random.default_rng(0)
+    cos, sin = cos_sin(RopeConfig(1e4, 8), 16)
+    q, k = rng.standard_normal((3, 2, 16)).astype(np.float32), rng.standard_normal((3, 16)).astype(np.float32)
+    w, b = np.ones(16, np.float32), np.zeros(16, np.float32)
+    pos, slots = np.array([0, 1, 2], np.int32), np.array([5, -1, 6], np.int64)
+    pools = [np.zeros((4, 2, 4, 16), np.float32) for _ in range(2)]
+    want = ref.glm52_indexer_rope_write(q, k, w, b, pos, cos, sin, pools[0][:, 1], slots, True)
+    got = cuda_ops.glm52_indexer_rope_write(*[_on_device(a) for a in (q, k, w, b, pos, cos, sin, pools[1][:, 1],
+                                                                       slots)], True)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(pools[1], pools[0], rtol=1e-6, atol=1e-6)
+    assert np.count_nonzero(pools[0].any(axis=-1)) == 2   # rows 5 and 6 of layer 1 only
+
+
+def test_the_emulation_catches_a_layer_view_indexed_as_a_packed_cache(sparse, emulate, monkeypatch):
+    """The check itself: a launcher that passes a layer view's block stride wrong reads outside the view."""
+    from openinfer_glm52.cuda import ops as cuda_ops
+    ckpt, _ = sparse
+    eng = engine_for(ckpt)
+    emulate(eng)
+    monkeypatch.setattr(cuda_ops, "_layer_view", lambda cache, dim, what: cache.shape[1] * dim)
+    with pytest.raises(AssertionError, match="outside the array passed"):
+        prompt_logits(eng, chat_prompt(eng))
