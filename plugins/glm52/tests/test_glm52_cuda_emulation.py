@@ -70,9 +70,10 @@ def test_eager_decode_through_the_emulated_kernels(sparse, emulate):
     """Decode steps without graphs: the batch's own max_context_len sizes the indexer's score rows."""
     ckpt, _ = sparse
     ref, eng = engine_for(ckpt, max_num_seqs=4), engine_for(ckpt, max_num_seqs=4)
-    emulate(eng)
+    launches = emulate(eng)
     prompts = _prompts(eng, 4)[2:]
     assert [t for t, _, _ in generate(eng, prompts, greedy(8))] == [t for t, _, _ in generate(ref, prompts, greedy(8))]
+    assert launches.count("indexer_topk_select") > 20
 
 
 def test_batched_chunked_cached_and_graph_decode_through_the_emulated_kernels(sparse, emulate):
@@ -81,12 +82,12 @@ def test_batched_chunked_cached_and_graph_decode_through_the_emulated_kernels(sp
     ckpt, _ = sparse
     ref, eng = engine_for(ckpt, max_num_seqs=4), engine_for(ckpt, max_num_seqs=4, max_num_batched_tokens=24)
     graphs = emulate_graphs(eng)
-    emulate(eng)
+    launches = emulate(eng)
     prompts = _prompts(eng, 4)
     for batch in ([prompts[3]], prompts[:3]):
         want = [t for t, _, _ in generate(ref, batch, greedy(6))]
         assert [t for t, _, _ in generate(eng, batch, greedy(6))] == want, f"batch of {len(batch)}"
-    assert graphs.replays
+    assert graphs.replays and launches.count("sparse_mla_attention_f32") > 20
 
 
 def test_a_negative_slot_stores_nothing(emulate):
