@@ -43,15 +43,16 @@ def glm52_indexer_rope_write(q: np.ndarray, k: np.ndarray, norm_w: np.ndarray, n
     """The indexer's query and key: q [T, Hi, Di] (wq_b of the normalised q_a_proj output), k [T, Di] (wk of
     the layer input). k = LayerNorm(k; norm_w, norm_b, eps 1e-6); RoPE on the first 2 * cos.shape[1] dims of
     q (every head) and k at `positions` (cos/sin [max_pos, P/2] tables); k goes to `cache` [blocks, bs, Di]
-    at slot_mapping. Returns the rotated q [T, Hi, Di] float32."""
+    at slot_mapping (a negative slot, a padded token, stores nothing). Returns the rotated q [T, Hi, Di] float32."""
     k = k.astype(np.float32)
     mean = k.mean(axis=-1, keepdims=True)
     var = np.square(k - mean).mean(axis=-1, keepdims=True)
     k = (k - mean) / np.sqrt(var + np.float32(INDEXER_NORM_EPS)) * norm_w + norm_b
     c, s = cos[positions], sin[positions]                         # [T, P/2]
     k = _rotate(k, c, s, interleave)
-    blocks, offsets = np.divmod(np.asarray(slot_mapping), cache.shape[1])   # cache is a strided layer view
-    cache[blocks, offsets] = k
+    slots = np.asarray(slot_mapping)
+    blocks, offsets = np.divmod(slots[slots >= 0], cache.shape[1])   # cache is a strided layer view
+    cache[blocks, offsets] = k[slots >= 0]
     return _rotate(q.astype(np.float32), c[:, None, :], s[:, None, :], interleave)
 
 

@@ -36,7 +36,7 @@ __device__ __forceinline__ float rope_at(Load x, int o, int half, const float* c
     return o < half ? a * c[i] - b * s[i] : b * c[i] + a * s[i];
 }
 
-// One token a block: k [dim] -> LayerNorm(eps 1e-6, weight and bias) -> RoPE -> cache at slot_mapping[t];
+// One token a block: k [dim] -> LayerNorm(eps 1e-6, weight and bias) -> RoPE -> cache at slot_mapping[t] (>= 0);
 // q [heads, dim] -> RoPE -> q_out [T, heads, dim] packed. cos/sin [max_pos, half] float32. dim <= 1024.
 template <typename T>
 __device__ void indexer_rope_write(const T* q, long long q_stride, const T* k, long long k_stride, const T* norm_w,
@@ -62,9 +62,11 @@ __device__ void indexer_rope_write(const T* q, long long q_stride, const T* k, l
         kn[i] = (to_f32(kr[i]) - mean) * inv * to_f32(norm_w[i]) + to_f32(norm_b[i]);
     __syncthreads();
     const long long slot = slot_mapping[t];
-    T* dst = cache + (slot / block_size) * block_stride + (slot % block_size) * dim;
-    for (int o = threadIdx.x; o < dim; o += blockDim.x)
-        dst[o] = from_f32<T>(rope_at([&](int i) { return kn[i]; }, o, half, c, s, interleave));
+    if (slot >= 0) {   // a negative slot (a padded token) stores nothing, as every KV write kernel does
+        T* dst = cache + (slot / block_size) * block_stride + (slot % block_size) * dim;
+        for (int o = threadIdx.x; o < dim; o += blockDim.x)
+            dst[o] = from_f32<T>(rope_at([&](int i) { return kn[i]; }, o, half, c, s, interleave));
+    }
     for (int e = threadIdx.x; e < heads * dim; e += blockDim.x) {
         const int h = e / dim, o = e % dim;
         const T* qr = q + t * q_stride + (long long)h * dim;

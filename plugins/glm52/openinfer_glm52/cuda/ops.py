@@ -59,6 +59,8 @@ def glm52_indexer_rope_write(q: cp.ndarray, k: cp.ndarray, norm_w: cp.ndarray, n
     out = cp.empty((T, heads, dim), dtype=q.dtype)
     if T == 0:
         return out
+    cos = cp.ascontiguousarray(cos, dtype=cp.float32)   # the kernel reads [max_pos, half] float32 rows
+    sin = cp.ascontiguousarray(sin, dtype=cp.float32)
     launch(SOURCE, f"indexer_rope_write_{suffix(q.dtype)}", (T,), ROPE_THREADS,
            (q3, np.int64(q_stride), k2, np.int64(k_stride), cp.ascontiguousarray(norm_w),
             cp.ascontiguousarray(norm_b), as_index(positions, np.int32), cos, sin, np.int32(cos.shape[1]), cache,
