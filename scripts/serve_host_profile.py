@@ -11,14 +11,19 @@ tokens per second are the modelled device's figure times the share of it the hos
 
 `openinfer bench serve` drives it (600 prompts of 1024 random ids, 128 tokens out, unbounded rate) at each
 --concurrency; per point it prints output tok/s, TTFT / TPOT p50, the engine steps, the share of steps pipelined,
-and the CPU time of the engine thread per step and of the event loop (the HTTP side) per output token.
-    python scripts/serve_host_profile.py [--concurrency 64 256] [--num-prompts 600] [--max-num-seqs 64]
+the CPU time of the engine thread per step and of the event loop (the HTTP side) per output token, and the bench
+client's CPU time per output token (on a machine of few cores the client competes with the server), and the share of
+tokens the HTTP side read together with an earlier one of their stream (sent in one SSE chunk: it had fallen behind).
+--profile writes the event loop's cProfile (the HTTP side: uvicorn, SSE, JSON, detokenizing) of the whole run,
+top functions by own time, to stderr.
+    python scripts/serve_host_profile.py [--concurrency 64 256] [--num-prompts 600] [--max-num-seqs 64] [--profile]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -68,12 +73,13 @@ def thread_cpu(native_id: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def serve(port: int, max_num_seqs: int, pipelined: bool) -> None:
+def serve(port: int, max_num_seqs: int, pipelined: bool, profile: bool) -> None:
     """The server process: the stubbed engine on the modelled device, served until killed; on SIGUSR1 it
     writes its counters as one JSON line to stdout (read by the driver after each point)."""
     import signal
 
     from openinfer.engine import EngineArgs, build_engine
+    from openinfer.request import RequestStream
     from openinfer.server.host import ModelHost
     from openinfer.server.run import serve as run_server
     from openinfer.testing.graphs import emulate_graphs
@@ -82,6 +88,14 @@ def serve(port: int, max_num_seqs: int, pipelined: bool) -> None:
                                                  max_model_len=2048, max_num_batched_tokens=8192,
                                                  kv_cache_memory_gib=1.0, pipelined_decode=pipelined))
     runner, dev = eng.runner, ModelledDevice()
+    merged = [0]   # Tokens events the HTTP side read together with an earlier one (it had fallen behind)
+    more_tokens = RequestStream.more_tokens
+
+    def counted(stream: RequestStream) -> list:
+        more = more_tokens(stream)
+        merged[0] += len(more)
+        return more
+    RequestStream.more_tokens = counted
     runner._forward = lambda batch: (None, np.full(len(batch.sample_rows), 7, np.int64))
     emulate_graphs(eng)
     execute, collect = runner.execute, runner.collect
@@ -100,9 +114,20 @@ def serve(port: int, max_num_seqs: int, pipelined: bool) -> None:
     def report(*_: object) -> None:
         engine_tid = eng._thread.native_id
         print(json.dumps({"steps": dev.steps, "pipelined": dev.pipelined, "engine_cpu": thread_cpu(engine_tid),
-                          "loop_cpu": thread_cpu(loop_tid), "tokens": eng.generation_tokens}), flush=True)
+                          "loop_cpu": thread_cpu(loop_tid), "tokens": eng.generation_tokens,
+                          "merged": merged[0]}), flush=True)
     signal.signal(signal.SIGUSR1, report)
-    run_server(ModelHost([eng]), "127.0.0.1", port, log_level="warning", log_stats=False)
+    if not profile:
+        run_server(ModelHost([eng]), "127.0.0.1", port, log_level="warning", log_stats=False)
+        return
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # so the profile below is printed
+    try:
+        prof.runcall(run_server, ModelHost([eng]), "127.0.0.1", port, log_level="warning", log_stats=False)
+    finally:
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
 
 
 def counters(proc: subprocess.Popen) -> dict:
@@ -120,17 +145,19 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--no-pipelined-decode", action="store_true")
     ap.add_argument("--port", type=int, default=8791)
+    ap.add_argument("--profile", action="store_true", help="cProfile the server's event loop")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
-        return serve(a.port, a.max_num_seqs, not a.no_pipelined_decode)
+        return serve(a.port, a.max_num_seqs, not a.no_pipelined_decode, a.profile)
     cmd = [sys.executable, __file__, "--serve", "--port", str(a.port), "--max-num-seqs", str(a.max_num_seqs)]
-    proc = subprocess.Popen(cmd + ["--no-pipelined-decode"] * a.no_pipelined_decode, stdout=subprocess.PIPE, text=True)
+    cmd += ["--no-pipelined-decode"] * a.no_pipelined_decode + ["--profile"] * a.profile
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         print(f"max_num_seqs {a.max_num_seqs}, pipelined decode {'off' if a.no_pipelined_decode else 'on'}; "
               f"modelled device: decode {DECODE_MS} (batch, ms), prefill {PREFILL_MS_PER_TOKEN * 1e3:.1f} us/token")
         print(f"{'conc':>5} {'out tok/s':>9} {'of model':>8} {'TTFT p50':>9} {'TPOT p50':>9} {'steps':>6} "
-              f"{'piped':>6} {'engine ms/step':>14} {'loop us/token':>13}")
+              f"{'piped':>6} {'engine ms/step':>14} {'loop us/token':>13} {'client us/token':>15} {'merged':>7}")
         for c in a.concurrency:
             out = Path(f"/tmp/serve-host-profile-{os.getpid()}-{c}.json")
             bench = [sys.executable, "-m", "openinfer", "bench", "serve", "--base-url", f"http://127.0.0.1:{a.port}",
@@ -141,9 +168,10 @@ def main() -> None:
             if c == a.concurrency[0]:   # first point: the ready check waits for the load; warm the path
                 subprocess.run(bench[:bench.index("--num-prompts")] + ["--num-prompts", "8", "--disable-tqdm"],
                                check=True, capture_output=True)
-            before = counters(proc)
+            before, client = counters(proc), resource.getrusage(resource.RUSAGE_CHILDREN)
             subprocess.run(bench, check=True, capture_output=True)
-            after = counters(proc)
+            after, client_after = counters(proc), resource.getrusage(resource.RUSAGE_CHILDREN)
+            client_cpu = (client_after.ru_utime + client_after.ru_stime) - (client.ru_utime + client.ru_stime)
             r = json.loads(out.read_text())
             out.unlink()
             d = {k: after[k] - before[k] for k in after}
@@ -151,7 +179,9 @@ def main() -> None:
             print(f"{c:>5} {r['output_throughput']:>9.0f} {r['output_throughput'] / ideal:>8.0%} "
                   f"{r['median_ttft_ms']:>9.1f} {r['median_tpot_ms']:>9.2f} {d['steps']:>6} "
                   f"{d['pipelined'] / max(d['steps'], 1):>6.0%} {1e3 * d['engine_cpu'] / max(d['steps'], 1):>14.3f} "
-                  f"{1e6 * d['loop_cpu'] / max(d['tokens'], 1):>13.1f}", flush=True)
+                  f"{1e6 * d['loop_cpu'] / max(d['tokens'], 1):>13.1f} {1e6 * client_cpu / max(d['tokens'], 1):>15.1f} "
+                  f"{d['merged'] / max(d['tokens'], 1):>7.0%}",
+                  flush=True)
     finally:
         proc.terminate()
         proc.wait(10)
