@@ -24,7 +24,7 @@ python3 -c "import starlette, uvicorn" 2>/dev/null || { say "no starlette/uvicor
 serve_points() {  # label model [serve flags...]: start the server, bench each concurrency, stop it
     local label=$1 model=$2 t0=$SECONDS
     shift 2
-    $OI serve --model $model --load-format dummy --device cuda --port $PORT "$@" > $L/${label}_server.log 2>&1 &
+    $OI serve --model $model --load-format dummy --device ${DEVICE:-cuda} --port $PORT "$@" > $L/${label}_server.log 2>&1 &
     local pid=$!
     for _ in $(seq 240); do
         curl -sf localhost:$PORT/v1/models > /dev/null && break
@@ -43,9 +43,58 @@ serve_points() {  # label model [serve flags...]: start the server, bench each c
     grep -h "Traceback\|Error" $L/${label}_server.log | head -5 | tee -a $S
 }
 
+mixed_probe() {  # model device seats context: the cost of a mixed step's decode rows, synchronous steps, in process
+    python3 - "$@" <<'EOF2'
+import sys, time
+import numpy as np
+from openinfer.engine import EngineArgs, build_engine
+from openinfer.sampling import SamplingParams
+model, device, seats, ctx = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+eng = build_engine(model, EngineArgs(device=device, load_format="dummy", max_num_seqs=seats + 8, pipelined_decode=False,
+                                     max_model_len=None if device == "cuda" else 2 * ctx + 128))
+rng, budget = np.random.default_rng(0), eng.args.max_num_batched_tokens
+params = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
+submit = lambda: eng.submit(rng.integers(0, eng.vocab_size - 1000, ctx).tolist(), params, request_id=f"p{next(ids)}")
+ids = iter(range(10**6))
+def ms(n):   # median wall ms of n steps (each synchronous: launch, then wait for its tokens)
+    t = []
+    for _ in range(n):
+        t0 = time.perf_counter(); eng.step(); t.append(1e3 * (time.perf_counter() - t0))
+    return float(np.median(t))
+def with_new(k, runs=3):   # median ms of the step that admits and prefills k new prompts, then drops them
+    t = []
+    for _ in range(runs):
+        new = [submit() for _ in range(k)]
+        eng._drain()
+        t0 = time.perf_counter(); eng.step(); t.append(1e3 * (time.perf_counter() - t0))
+        for s in new: eng.abort(s.request_id)
+        eng.step()
+    return float(np.median(t))
+ks = (1, (budget - seats) // ctx)   # whole prompts that fit the step's budget beside the decode rows
+for k in ks:   # a prefill alone, on the idle engine (warm first)
+    with_new(k, 1)
+alone = {k: with_new(k) for k in ks}
+running = [submit() for _ in range(seats)]
+while eng.scheduler.waiting or any(not r.output_ids for r in eng.scheduler.running):
+    eng.step()
+ms(1)   # warm
+graph = ms(5)
+graphs, eng.runner.graphs = eng.runner.graphs, None
+eager = ms(3)
+eng.runner.graphs = graphs
+print(f"{model}, {seats} decode rows of ~{ctx} context: decode step {graph:.2f} ms on its graph, {eager:.2f} ms eager")
+for k, t in alone.items():
+    mixed = with_new(k)
+    print(f"  + {k} x {ctx}-token prefill: mixed step {mixed:.2f} ms; the prefill alone {t:.2f} ms, so the decode rows "
+          f"add {mixed - t:.2f} ms (their own graph step: {graph:.2f})")
+EOF2
+}
+
 for m in $MODELS; do serve_points $m $m; done
 [ -n "$SEATS" ] && serve_points qwen3-4b-seats$SEATS qwen3-4b --max-num-seqs $SEATS
 lat q3_b1 120 $Q3B1
+timeout 150 bash -c "$(declare -f mixed_probe); mixed_probe qwen3-4b cuda 248 1024" > $L/mixed.log 2>&1
+say "mixed steps:"; tail -3 $L/mixed.log | tee -a $S
 
 python3 - $J <<'EOF' | tee -a $S
 import json, pathlib, sys
