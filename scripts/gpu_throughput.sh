@@ -6,6 +6,7 @@
 # (bench latency, Qwen3-4B, 1024-token prompt). Prints one table; logs and result JSON go to $OUT/logs.tgz.
 #   bash scripts/gpu_wheels.sh        (here, once: the server's wheels into .whl/)
 #   bash scripts/gpu_throughput.sh    (on the GPU machine, from the repo root, carrying .whl)
+# (The user-facing form of one server's sweep: openinfer bench serve --num-prompts 600 --sweep-concurrency 64,128,256.)
 # Knobs (env): PROMPTS (600), CONC ("64 256"), SEATS (64: the --max-num-seqs of the Qwen3-4B comparison run; empty
 # skips it), MODELS ("qwen3-4b qwen3.5-4b"). The transformers peer on the same workload: scripts/gpu_serve_compare.sh
 # (NUM_PROMPTS=600 RATES=inf; ~10 min, a call of its own).

@@ -89,13 +89,14 @@ def serve(port: int, max_num_seqs: int, pipelined: bool, profile: bool) -> None:
                                                  kv_cache_memory_gib=1.0, pipelined_decode=pipelined))
     runner, dev = eng.runner, ModelledDevice()
     merged = [0]   # Tokens events the HTTP side read together with an earlier one (it had fallen behind)
-    more_tokens = RequestStream.more_tokens
+    more_tokens = getattr(RequestStream, "more_tokens", None)   # (absent from a tree before it: nothing merged)
 
     def counted(stream: RequestStream) -> list:
         more = more_tokens(stream)
         merged[0] += len(more)
         return more
-    RequestStream.more_tokens = counted
+    if more_tokens is not None:
+        RequestStream.more_tokens = counted
     runner._forward = lambda batch: (None, np.full(len(batch.sample_rows), 7, np.int64))
     emulate_graphs(eng)
     execute, collect = runner.execute, runner.collect

@@ -9,7 +9,7 @@ import math
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -200,30 +200,31 @@ def save_result(res: dict[str, Any], directory: Path, name: str | None, detailed
 
 
 def sweep_table(results: list[dict[str, Any]], tail: str) -> str:
-    head = f"{'rate':>8} {'ok':>6} {'fail':>5} {'req/s':>8} {'out tok/s':>10} {'TTFT ms':>9} {tail + ' TTFT':>9} " \
+    head = f"{'rate':>8} {'conc':>6} {'ok':>6} {'fail':>5} {'req/s':>8} {'out tok/s':>10} {'TTFT ms':>9} {tail + ' TTFT':>9} " \
            f"{'TPOT ms':>9} {tail + ' TPOT':>9}"
     rows = [head, "-" * len(head)]
     for r in results:
-        rows.append(f"{r['request_rate']!s:>8} {r['completed']:>6} {r['failed']:>5} {r['request_throughput']:>8.2f} "
+        rows.append(f"{r['request_rate']!s:>8} {r['max_concurrency'] or '-'!s:>6} {r['completed']:>6} {r['failed']:>5} {r['request_throughput']:>8.2f} "
                     f"{r['output_throughput']:>10.1f} {r.get('mean_ttft_ms', 0):>9.2f} "
                     f"{r.get(f'{tail}_ttft_ms', 0):>9.2f} {r.get('mean_tpot_ms', 0):>9.2f} "
                     f"{r.get(f'{tail}_tpot_ms', 0):>9.2f}")
     return "\n".join(rows)
 
 
-def run(cfg: ServeConfig, rates: list[float], result_dir: Path, save: bool, detailed: bool,
+def run(cfg: ServeConfig, points: list[tuple[float, int | None]], result_dir: Path, save: bool, detailed: bool,
         filename: str | None) -> int:
-    """One point, or a sweep (several rates: a fresh seed per point, a JSON per point and a PNG)."""
+    """One point, or a sweep of (request rate, max concurrency) points: a fresh seed per point, a JSON per point
+    and a PNG."""
     tokenizer = ds.load_tokenizer(cfg.tokenizer)
     results: list[dict[str, Any]] = []
-    for i, rate in enumerate(rates):
-        res = asyncio.run(run_point(cfg, rate, cfg.seed + i, tokenizer))
+    for i, (rate, concurrency) in enumerate(points):
+        res = asyncio.run(run_point(replace(cfg, max_concurrency=concurrency), rate, cfg.seed + i, tokenizer))
         results.append(res)
         print(format_table(res), flush=True)
-        if save or len(rates) > 1:
-            path = save_result(res, result_dir, filename if len(rates) == 1 else None, detailed)
+        if save or len(points) > 1:
+            path = save_result(res, result_dir, filename if len(points) == 1 else None, detailed)
             print(f"result saved to {path}", file=sys.stderr)
-    if len(rates) == 1:
+    if len(points) == 1:
         return 0
     tail = percentile_key(max(cfg.metric_percentiles))
     print(sweep_table(results, tail))
@@ -231,8 +232,9 @@ def run(cfg: ServeConfig, rates: list[float], result_dir: Path, save: bool, deta
 
     label = cfg.label or cfg.backend
     png = result_dir / f"{label}-sweep-{cfg.model.split('/')[-1]}-{results[0]['date']}.png"
+    by = "max_concurrency" if len({c for _, c in points}) > 1 else "request_rate"
     try:
-        print(f"plot saved to {plot_sweep(results, png, tail)}", file=sys.stderr)
+        print(f"plot saved to {plot_sweep(results, png, tail, by)}", file=sys.stderr)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
