@@ -99,7 +99,8 @@ say "mixed steps:"; tail -3 $L/mixed.log | tee -a $S
 
 python3 - $J <<'EOF' | tee -a $S
 import json, pathlib, sys
-rows = sorted(pathlib.Path(sys.argv[1]).glob("*.json"), key=lambda p: (p.stem.rsplit("_c", 1)[0], int(p.stem.rsplit("_c", 1)[1])))
+point = lambda p: (p.stem.rsplit("_c", 1)[0], int(p.stem.rsplit("_c", 1)[1]))   # (label, concurrency)
+rows = sorted(pathlib.Path(sys.argv[1]).glob("*.json"), key=point)
 print(f"{'server':<22} {'conc':>5} {'ok':>4} {'fail':>4} {'out tok/s':>9} {'total tok/s':>11} {'TTFT p50 ms':>11} "
       f"{'TTFT p99':>9} {'TPOT p50 ms':>11} {'TPOT p99':>9}")
 for p in rows:

@@ -73,8 +73,8 @@ def test_tokens_queued_behind_a_slow_reader_become_one_piece() -> None:
     stream.put(Finished("stop", 3, len(ids), 0))
     engine = type("E", (), {"submit": lambda self, *a, **k: stream, "abort": lambda self, rid: None})()
     sub = Submission(engine, ModelMetrics(), 0.0, "cmpl")
-    gen = Generation("m")
-    sub.add(0, [1, 2, 3], SamplingParams(logprobs=0), ChoiceOutput(TOK, TOK.eos_token_ids, gen, SamplingParams(logprobs=0)))
+    params = SamplingParams(logprobs=0)
+    sub.add(0, [1, 2, 3], params, ChoiceOutput(TOK, TOK.eos_token_ids, Generation("m"), params))
 
     async def read() -> list:
         await sub.started()

@@ -130,8 +130,8 @@ async def _measure(clients: list[httpx.AsyncClient], cfg: ServeConfig, wl: Workl
 
     async def conversation(i: int) -> list[RequestOutput]:
         assert wl.conversations is not None
-        return await run_conversation(clients[i % len(clients)], cfg.endpoint, cfg.model, wl.conversations[i], cfg.sampling,
-                                      tokenize, est, f"{rid}{i}", limiter, progress.update)
+        return await run_conversation(clients[i % len(clients)], cfg.endpoint, cfg.model, wl.conversations[i],
+                                      cfg.sampling, tokenize, est, f"{rid}{i}", limiter, progress.update)
 
     tokenize, est = make_tokenize(clients[0], cfg.model, tokenizer), estimator(tokenizer)
     # Multi-turn: the arrival process paces conversation starts; turns within one follow back to back.
@@ -200,11 +200,12 @@ def save_result(res: dict[str, Any], directory: Path, name: str | None, detailed
 
 
 def sweep_table(results: list[dict[str, Any]], tail: str) -> str:
-    head = f"{'rate':>8} {'conc':>6} {'ok':>6} {'fail':>5} {'req/s':>8} {'out tok/s':>10} {'TTFT ms':>9} {tail + ' TTFT':>9} " \
-           f"{'TPOT ms':>9} {tail + ' TPOT':>9}"
+    head = f"{'rate':>8} {'conc':>6} {'ok':>6} {'fail':>5} {'req/s':>8} {'out tok/s':>10} {'TTFT ms':>9} " \
+           f"{tail + ' TTFT':>9} {'TPOT ms':>9} {tail + ' TPOT':>9}"
     rows = [head, "-" * len(head)]
     for r in results:
-        rows.append(f"{r['request_rate']!s:>8} {r['max_concurrency'] or '-'!s:>6} {r['completed']:>6} {r['failed']:>5} {r['request_throughput']:>8.2f} "
+        rows.append(f"{r['request_rate']!s:>8} {r['max_concurrency'] or '-'!s:>6} {r['completed']:>6} {r['failed']:>5} "
+                    f"{r['request_throughput']:>8.2f} "
                     f"{r['output_throughput']:>10.1f} {r.get('mean_ttft_ms', 0):>9.2f} "
                     f"{r.get(f'{tail}_ttft_ms', 0):>9.2f} {r.get('mean_tpot_ms', 0):>9.2f} "
                     f"{r.get(f'{tail}_tpot_ms', 0):>9.2f}")
