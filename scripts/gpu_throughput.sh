@@ -3,13 +3,15 @@
 # H100): `openinfer bench serve` with 600 prompts of 1024 random token ids, 128 tokens out (ignore_eos), unbounded
 # rate, at each concurrency, against `openinfer serve` of dummy-weight Qwen3-4B and Qwen3.5-4B with default flags,
 # and Qwen3-4B again with --max-num-seqs 64 (the seat count before it came from the KV pool); then batch-1 TPOT
-# (bench latency, Qwen3-4B, 1024-token prompt). Prints one table; logs and result JSON go to $OUT/logs.tgz.
+# (bench latency, Qwen3-4B, 1024-token prompt), and a mixed step's cost: 248 decode rows on their graph, eagerly, and
+# beside 1 and 7 prompts of 1k tokens, against those prefills alone. Prints one table; logs and result JSON go to
+# $OUT/logs.tgz.
 #   bash scripts/gpu_wheels.sh        (here, once: the server's wheels into .whl/)
 #   bash scripts/gpu_throughput.sh    (on the GPU machine, from the repo root, carrying .whl)
 # (The user-facing form of one server's sweep: openinfer bench serve --num-prompts 600 --sweep-concurrency 64,128,256.)
 # Knobs (env): PROMPTS (600), CONC ("64 256"), SEATS (64: the --max-num-seqs of the Qwen3-4B comparison run; empty
-# skips it), MODELS ("qwen3-4b qwen3.5-4b"). The transformers peer on the same workload: scripts/gpu_serve_compare.sh
-# (NUM_PROMPTS=600 RATES=inf; ~10 min, a call of its own).
+# skips it), MODELS ("qwen3-4b qwen3.5-4b"). The transformers peer at an unbounded rate: NUM_PROMPTS=200 RATES=inf
+# bash scripts/gpu_serve_compare.sh, a call of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_common.sh
