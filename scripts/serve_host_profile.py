@@ -12,8 +12,7 @@ tokens per second are the modelled device's figure times the share of it the hos
 `openinfer bench serve` drives it (600 prompts of 1024 random ids, 128 tokens out, unbounded rate) at each
 --concurrency; per point it prints output tok/s, TTFT / TPOT p50, the engine steps, the share of steps pipelined,
 the CPU time of the engine thread per step and of the event loop (the HTTP side) per output token, and the bench
-client's CPU time per output token (on a machine of few cores the client competes with the server), and the share of
-tokens the HTTP side read together with an earlier one of their stream (sent in one SSE chunk: it had fallen behind).
+client's CPU time per output token (on a machine of few cores the client competes with the server).
 --profile writes the event loop's cProfile (the HTTP side: uvicorn, SSE, JSON, detokenizing) of the whole run,
 top functions by own time, to stderr.
     python scripts/serve_host_profile.py [--concurrency 64 256] [--num-prompts 600] [--max-num-seqs 64] [--profile]
@@ -79,7 +78,6 @@ def serve(port: int, max_num_seqs: int, pipelined: bool, profile: bool) -> None:
     import signal
 
     from openinfer.engine import EngineArgs, build_engine
-    from openinfer.request import RequestStream
     from openinfer.server.host import ModelHost
     from openinfer.server.run import serve as run_server
     from openinfer.testing.graphs import emulate_graphs
@@ -88,15 +86,6 @@ def serve(port: int, max_num_seqs: int, pipelined: bool, profile: bool) -> None:
                                                  max_model_len=2048, max_num_batched_tokens=8192,
                                                  kv_cache_memory_gib=1.0, pipelined_decode=pipelined))
     runner, dev = eng.runner, ModelledDevice()
-    merged = [0]   # Tokens events the HTTP side read together with an earlier one (it had fallen behind)
-    more_tokens = getattr(RequestStream, "more_tokens", None)   # (absent from a tree before it: nothing merged)
-
-    def counted(stream: RequestStream) -> list:
-        more = more_tokens(stream)
-        merged[0] += len(more)
-        return more
-    if more_tokens is not None:
-        RequestStream.more_tokens = counted
     runner._forward = lambda batch: (None, np.full(len(batch.sample_rows), 7, np.int64))
     emulate_graphs(eng)
     execute, collect = runner.execute, runner.collect
@@ -115,8 +104,8 @@ def serve(port: int, max_num_seqs: int, pipelined: bool, profile: bool) -> None:
     def report(*_: object) -> None:
         engine_tid = eng._thread.native_id
         print(json.dumps({"steps": dev.steps, "pipelined": dev.pipelined, "engine_cpu": thread_cpu(engine_tid),
-                          "loop_cpu": thread_cpu(loop_tid), "tokens": eng.generation_tokens,
-                          "merged": merged[0]}), flush=True)
+                          "loop_cpu": thread_cpu(loop_tid), "tokens": eng.generation_tokens}),
+              flush=True)
     signal.signal(signal.SIGUSR1, report)
     if not profile:
         run_server(ModelHost([eng]), "127.0.0.1", port, log_level="warning", log_stats=False)
@@ -158,7 +147,7 @@ def main() -> None:
         print(f"max_num_seqs {a.max_num_seqs}, pipelined decode {'off' if a.no_pipelined_decode else 'on'}; "
               f"modelled device: decode {DECODE_MS} (batch, ms), prefill {PREFILL_MS_PER_TOKEN * 1e3:.1f} us/token")
         print(f"{'conc':>5} {'out tok/s':>9} {'of model':>8} {'TTFT p50':>9} {'TPOT p50':>9} {'steps':>6} "
-              f"{'piped':>6} {'engine ms/step':>14} {'loop us/token':>13} {'client us/token':>15} {'merged':>7}")
+              f"{'piped':>6} {'engine ms/step':>14} {'loop us/token':>13} {'client us/token':>15}")
         for c in a.concurrency:
             out = Path(f"/tmp/serve-host-profile-{os.getpid()}-{c}.json")
             bench = [sys.executable, "-m", "openinfer", "bench", "serve", "--base-url", f"http://127.0.0.1:{a.port}",
@@ -180,8 +169,7 @@ def main() -> None:
             print(f"{c:>5} {r['output_throughput']:>9.0f} {r['output_throughput'] / ideal:>8.0%} "
                   f"{r['median_ttft_ms']:>9.1f} {r['median_tpot_ms']:>9.2f} {d['steps']:>6} "
                   f"{d['pipelined'] / max(d['steps'], 1):>6.0%} {1e3 * d['engine_cpu'] / max(d['steps'], 1):>14.3f} "
-                  f"{1e6 * d['loop_cpu'] / max(d['tokens'], 1):>13.1f} {1e6 * client_cpu / max(d['tokens'], 1):>15.1f} "
-                  f"{d['merged'] / max(d['tokens'], 1):>7.0%}",
+                  f"{1e6 * d['loop_cpu'] / max(d['tokens'], 1):>13.1f} {1e6 * client_cpu / max(d['tokens'], 1):>15.1f}",
                   flush=True)
     finally:
         proc.terminate()

@@ -163,15 +163,6 @@ class RequestStream:
         with self._lock:
             return self._events.popleft() if self._events else None
 
-    def more_tokens(self) -> list[Tokens]:
-        """The Tokens events queued at the head, taken without waiting: a reader that fell behind the engine
-        handles them with the one it just read, as one piece (one SSE chunk, one socket write)."""
-        with self._lock:
-            events, out = self._events, []
-            while events and type(events[0]) is Tokens:
-                out.append(events.popleft())
-            return out
-
     def drain(self) -> list[Event]:
         """Every event queued so far, without waiting."""
         with self._lock:

@@ -55,30 +55,3 @@ def test_histogram_buckets_are_cumulative() -> None:
     assert 'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 4' in text
     assert 'vllm:kv_cache_usage_perc{model_name="m"} 0.5' in text
     assert isinstance(m.itl, Histogram) and m.itl.count == 0
-
-
-def test_tokens_queued_behind_a_slow_reader_become_one_piece() -> None:
-    """A reader that fell behind the engine finds several Tokens events queued: it takes them as one piece (one
-    SSE chunk), the same text and logprobs as read one by one; the finish after them stays its own event."""
-    import asyncio
-
-    from openinfer.request import Finished, RequestStream, Scheduled, Tokens
-    from openinfer.server.submission import Submission
-
-    ids = TOK.encode("Hello there, reader") + [EOS]
-    stream = RequestStream("r")
-    stream.put(Scheduled(0))
-    for t in ids:
-        stream.put(Tokens([t], [SampleResult(t, -0.5)]))
-    stream.put(Finished("stop", 3, len(ids), 0))
-    engine = type("E", (), {"submit": lambda self, *a, **k: stream, "abort": lambda self, rid: None})()
-    sub = Submission(engine, ModelMetrics(), 0.0, "cmpl")
-    params = SamplingParams(logprobs=0)
-    sub.add(0, [1, 2, 3], params, ChoiceOutput(TOK, TOK.eos_token_ids, Generation("m"), params))
-
-    async def read() -> list:
-        await sub.started()
-        return [piece async for _, piece in sub.pieces()]
-    pieces = asyncio.run(read())
-    assert [p.text for p in pieces] == ["Hello there, reader", ""] and pieces[-1].finish_reason == "stop"
-    assert [s.token for s, _ in pieces[0].samples] == ids and sub.metrics.itl.count == len(ids) - 1

@@ -113,14 +113,7 @@ class Submission:
                 else:
                     self.metrics.itl.observe(now - last)
                 last = now
-                ids, samples = ev.token_ids, ev.samples
-                if more := c.stream.more_tokens():   # this loop fell behind the engine: the tokens become one piece
-                    ids, samples = list(ids), list(samples)
-                    for m in more:
-                        ids += m.token_ids
-                        samples += m.samples
-                        self.metrics.itl.observe(0.0)   # as read back to back, one by one
-                piece = c.out.add(ids, samples)
+                piece = c.out.add(ev.token_ids, ev.samples)
                 if c.out.finish_reason is not None:  # a stop string: the engine need not go on
                     c.done, c.completion_tokens = True, c.out.num_tokens
                     self.engine.abort(c.request_id)
