@@ -163,6 +163,12 @@ def test_max_num_seqs_defaults_per_device_and_from_the_kv_pool():
     eng = build_engine(None, args)
     assert eng.blocks.num_blocks == 327 and eng.args.max_num_seqs == eng.scheduler.max_seqs == 4
     assert args.max_num_seqs is None   # the caller's arguments are left as they were
+    # a hybrid model's state rows (a seat's and its checkpoint's, 57 KiB each here) come out of the budget first:
+    # 17.9k tokens of pool would seat 16, but 16 seats' state leaves 16.0k
+    args = EngineArgs(max_model_len=256, kv_cache_memory_gib=0.0171, load_format="dummy")
+    args.max_num_seqs = None
+    eng = build_engine("qwen3.5-tiny", args)
+    assert eng.args.max_num_seqs == eng.scheduler.max_seqs == 8
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])

@@ -163,7 +163,7 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
     rank of an expert-parallel engine runs this with the same flags, so the load-time forwards (profile,
     capture) meet in the same collectives; `connect` joins the rank's group once its device is up."""
     line, cfg, shapes = src.line, src.cfg, src.shapes
-    auto_seqs = args.max_num_seqs is None   # CUDA: chosen once the KV budget is known; the most until then
+    auto_seqs = args.max_num_seqs is None   # CUDA: chosen from the KV budget (loader.auto_max_num_seqs)
     if auto_seqs:
         args = replace(args, max_num_seqs=GPU_MAX_NUM_SEQS)
     with phase("backend (device context)") as p:
@@ -185,6 +185,8 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
     itemsize = {g.name: (4 if g.dtype == "float32" else _itemsize(backend.dtype)) for g in groups}
     per_block = bytes_per_block(groups, args.block_size, itemsize)
     state_row = bytes_per_state_row(groups, itemsize)
+    if auto_seqs:   # the most the budget could seat before the activations are measured (the profile needs a count)
+        args = replace(args, max_num_seqs=_seats(backend, args, groups, per_block, state_row, 0))
     reserve = 0
     if backend.name == "cuda":
         with phase("activation profile") as p, backend.linear_shapes() as linear_shapes:
@@ -196,12 +198,8 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
         reserve += args.max_num_seqs * line.vocab_size(cfg) * 4
     with phase("KV cache") as p:
         if auto_seqs:
-            seqs = auto_max_num_seqs(_kv_budget(backend, args, reserve), per_block, args.block_size,
-                                     lambda n: _state_rows(groups, replace(args, max_num_seqs=n))[0] * state_row)
-            if backend.comm is not None:   # every rank seats the same: the fewest any rank can
-                seqs = _fewest(backend, seqs)
-            args = replace(args, max_num_seqs=seqs)
-            log.info("max_num_seqs %d (from the KV budget; --max-num-seqs sets it)", seqs)
+            args = replace(args, max_num_seqs=_seats(backend, args, groups, per_block, state_row, reserve))
+            log.info("max_num_seqs %d (from the KV budget; --max-num-seqs sets it)", args.max_num_seqs)
         rows, checkpoints = _state_rows(groups, args)
         state_bytes = rows * state_row
         if rows:
@@ -229,6 +227,16 @@ def auto_max_num_seqs(budget: int, per_block: int, block_size: int, state_bytes:
         if state <= budget // 2 and (budget - state) // per_block * block_size >= seats * 1024:
             return seats
     return 1
+
+
+def _seats(backend: Backend, args: EngineArgs, groups: list[StateGroup], per_block: int, state_row: int,
+           reserve: int) -> int:
+    """auto_max_num_seqs for the KV budget left beside `reserve` bytes of activations, at most args.max_num_seqs;
+    every rank of an expert-parallel group seats the fewest any rank can."""
+    seats = min(args.max_num_seqs, auto_max_num_seqs(
+        _kv_budget(backend, args, reserve), per_block, args.block_size,
+        lambda n: _state_rows(groups, replace(args, max_num_seqs=n))[0] * state_row))
+    return seats if backend.comm is None else _fewest(backend, seats)
 
 
 def _fewest(backend: Backend, n: int) -> int:
