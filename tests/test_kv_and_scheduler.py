@@ -119,6 +119,58 @@ def test_scheduler_caps_running_sequences():
     assert len(plan.runs) == 2 and len(s.waiting) == 1
 
 
+def test_can_admit_is_false_only_where_schedule_would_admit_nothing():
+    """A pipelined engine queues the next decode step while can_admit() is False, so it must be False only when
+    the next schedule() admits nothing: no free seat, or a pool that cannot hold the first request's lifetime
+    even if its whole prompt hit the cache."""
+    bm = BlockManager(num_blocks=9, block_size=4)          # 8 usable
+    s = Scheduler(bm, max_num_batched_tokens=100, max_num_seqs=2)
+    assert not s.can_admit()                                # nothing waits
+    s.add(req("a", list(range(10)), max_tokens=6))          # 4 blocks
+    assert s.can_admit()
+    s.schedule()
+    s.add(req("big", list(range(100, 110)), max_tokens=10))   # 5 blocks, 4 left, 2 of them its prompt's
+    assert s.can_admit()                                    # a cached prompt would fit: schedule() must look
+    assert not s.schedule().newly_scheduled                 # (it hashes and misses)
+    s.waiting[0].params.max_tokens = 30                     # 10 blocks: never with 4 left
+    assert not s.can_admit() and not s.schedule().newly_scheduled
+    s.waiting[0].params.max_tokens = 2                      # 3 blocks: fits
+    assert s.can_admit() and s.schedule().newly_scheduled
+    s.add(req("c", [1, 2, 3]))
+    assert not s.can_admit() and not s.schedule().newly_scheduled   # both seats taken
+
+
+def test_max_num_seqs_defaults_per_device_and_from_the_kv_pool():
+    """The CPU seats 64; a GPU engine seats what the loader chooses from its KV budget: the largest decode-graph
+    bucket up to 256 with 1k tokens of pool per seat, its bounded state (hybrid models) in half the budget."""
+    from openinfer.cli import _engine_args, build_parser
+    from openinfer.engine_args import EngineArgs
+    from openinfer.loader import auto_max_num_seqs
+    parser = build_parser()
+    assert EngineArgs().max_num_seqs == 64 and EngineArgs(device="cuda").max_num_seqs is None
+    assert _engine_args(parser.parse_args(["serve", "--device", "cuda"])).max_num_seqs is None
+    assert _engine_args(parser.parse_args(["serve", "--device", "cuda", "--max-num-seqs", "32"])).max_num_seqs == 32
+    block = 16 * 147456                                     # Qwen3-4B: 144 KiB of KV a token
+    assert auto_max_num_seqs(60 << 30, block, 16, lambda n: 0) == 256             # an H100's ~60 GiB pool
+    assert auto_max_num_seqs(30 << 30, block, 16, lambda n: 0) == 208             # 213k tokens
+    assert auto_max_num_seqs(block * 16, block, 16, lambda n: 0) == 1             # 256 tokens: one seat
+    state = lambda n: (1 + 2 * n) * (50 << 20)              # Qwen3.5-4B: 50 MiB a row, a checkpoint per seat
+    assert auto_max_num_seqs(30 << 30, 16 * 32768, 16, state) == 144            # 289 rows, 14.1 of 15 GiB
+    # the loader's path, on the numpy backend (whose pool otherwise follows max_num_seqs): 327 blocks, 5232 tokens
+    from openinfer.engine import build_engine
+    args = EngineArgs(max_model_len=256, kv_cache_memory_gib=0.01)
+    args.max_num_seqs = None
+    eng = build_engine(None, args)
+    assert eng.blocks.num_blocks == 327 and eng.args.max_num_seqs == eng.scheduler.max_seqs == 4
+    assert args.max_num_seqs is None   # the caller's arguments are left as they were
+    # a hybrid model's state rows (a seat's and its checkpoint's, 57 KiB each here) come out of the budget first:
+    # 17.9k tokens of pool would seat 16, but 16 seats' state leaves 16.0k
+    args = EngineArgs(max_model_len=256, kv_cache_memory_gib=0.0171, load_format="dummy")
+    args.max_num_seqs = None
+    eng = build_engine("qwen3.5-tiny", args)
+    assert eng.args.max_num_seqs == eng.scheduler.max_seqs == 8
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 def test_priority_policy_admits_lower_priorities_first_in_arrival_order(policy):
     bm = BlockManager(num_blocks=64, block_size=4)

@@ -14,13 +14,13 @@ from openinfer.testing.graphs import emulate_graphs
 from openinfer.testing.pipelined import abort, pipelined_launches, run_script, submit
 
 
-def _engine(pipelined: bool):
-    return build_engine(None, EngineArgs(max_model_len=256, kv_cache_memory_gib=0.01, max_num_seqs=8,
+def _engine(pipelined: bool, max_num_seqs: int = 8):
+    return build_engine(None, EngineArgs(max_model_len=256, kv_cache_memory_gib=0.01, max_num_seqs=max_num_seqs,
                                          pipelined_decode=pipelined))
 
 
-def _compare(script, min_launches: int = 1, max_launches: int | None = None):
-    serial, piped = _engine(False), _engine(True)
+def _compare(script, min_launches: int = 1, max_launches: int | None = None, max_num_seqs: int = 8):
+    serial, piped = _engine(False, max_num_seqs), _engine(True, max_num_seqs)
     for eng in (serial, piped):
         emulate_graphs(eng)
     serial_launches, launches = pipelined_launches(serial), pipelined_launches(piped)
@@ -64,6 +64,38 @@ def test_abort_mid_decode_and_a_request_arriving_mid_decode():
                     5: [abort("a")],
                     8: [submit("c", _prompt(5, 3), greedy(10))]}, 10)
     assert got["a"][-1].reason == "abort" and len(_tokens(got["c"])) == 10
+
+
+def test_requests_waiting_behind_a_full_batch_do_not_stop_the_pipeline():
+    """More requests than seats: the ones waiting cannot be admitted until a seat frees, so the running batch
+    pipelines meanwhile (every step of the first pair's decode but the ones around a seat changing hands)."""
+    got = _compare({0: [submit(f"r{i}", _prompt(5 + i, 20 + i), greedy(10 + 4 * i)) for i in range(5)]},
+                   12, max_num_seqs=2)
+    assert [len(_tokens(got[f"r{i}"])) for i in range(5)] == [10 + 4 * i for i in range(5)]
+
+
+def test_a_waiting_request_that_fits_a_free_seat_is_admitted_at_once():
+    """A seat is free and the pool holds the waiting request: the engine stops pipelining, so the newcomer is
+    scheduled in the step after the one in flight; with both seats taken a newcomer waits."""
+    eng = _engine(True, max_num_seqs=2)
+    emulate_graphs(eng)
+    sch = eng.scheduler
+    a = eng.submit(_prompt(6, 1), greedy(30))
+    for _ in range(4):
+        eng.step()
+    b = eng.submit(_prompt(7, 2), greedy(5))
+    eng._drain()
+    assert sch.can_admit()
+    eng.step()   # collects the step in flight and queues none behind it
+    assert eng._inflight is None
+    eng.step()
+    assert len(sch.running) == 2 and not sch.waiting
+    c = eng.submit(_prompt(8, 3), greedy(5))
+    eng._drain()
+    assert not sch.can_admit()   # both seats taken
+    while eng.has_unfinished():
+        eng.step()
+    assert all(s.done for s in (a, b, c))
 
 
 @pytest.mark.parametrize("params", [SamplingParams(max_tokens=12, temperature=0.8, seed=7, ignore_eos=True),

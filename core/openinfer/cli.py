@@ -20,7 +20,9 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="per-step token budget; a longer prompt is prefilled in chunks (default: 8192 on CUDA, "
                         "1024 on the CPU)")
-    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="most sequences running at once (default: 64 on the CPU; on CUDA as many as the KV pool "
+                        "holds at 1k tokens each, up to 256, rounded down to a decode-graph size)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory-gib", type=float, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.90)

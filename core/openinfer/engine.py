@@ -277,11 +277,13 @@ class Engine:
         self._advance(plan, out)
 
     def _launch_next(self, plan: StepPlan, launched: Launched) -> InFlight | None:
-        """Step N+1 queued behind `plan` (step N) when pipeline.py allows it and nothing waits to
-        be admitted, restored or aborted; None otherwise (N+1 is scheduled after N's bookkeeping)."""
+        """Step N+1 queued behind `plan` (step N) when pipeline.py allows it and nothing that could be
+        admitted waits, nothing is restored or aborted; None otherwise (N+1 is scheduled after N's bookkeeping).
+        Requests waiting behind a full batch (no free seat or KV) do not stop it: at an offered concurrency
+        above max_num_seqs they always wait."""
         sch = self.scheduler
         if (not self.args.pipelined_decode or not launched.graph or self.host_tier is not None
-                or sch.waiting or sch.restoring or not self._inbox.empty() or not self._aborts.empty()):
+                or sch.can_admit() or sch.restoring or not self._inbox.empty() or not self._aborts.empty()):
             return None
         nxt = next_decode_plan(plan, sch.running, self.blocks, self.max_model_len)
         if nxt is None:

@@ -19,6 +19,13 @@ def default_batched_tokens(device: str) -> int:
     return GPU_BATCHED_TOKENS if device.startswith("cuda") else CPU_BATCHED_TOKENS
 
 
+# Running sequences when none is given. On the CPU a step is slow anyway; on a GPU the loader seats as many as the
+# KV pool holds (loader.auto_max_num_seqs), up to 256: a Qwen3-4B decode step of 256 rows of 1k context reads more
+# KV cache than weights, so more rows add little throughput but raise every stream's time per token.
+CPU_MAX_NUM_SEQS = 64
+GPU_MAX_NUM_SEQS = 256
+
+
 @dataclass
 class EngineArgs:
     device: str = "cpu"                     # cpu | cuda | cuda:N
@@ -26,7 +33,7 @@ class EngineArgs:
     load_format: str = "auto"               # auto: the checkpoint's safetensors; dummy: random weights of the real shapes
     max_model_len: int | None = None        # None: the model's max_position_embeddings
     max_num_batched_tokens: int | None = None  # per-step token budget (chunked prefill); None: the device's default
-    max_num_seqs: int = 64
+    max_num_seqs: int | None = None         # None: 64 on the CPU; on CUDA chosen at load from the KV pool
     block_size: int = 16
     kv_cache_memory_gib: float | None = None  # KV pool size; None: CPU 1 GiB cap / GPU from --gpu-memory-utilization
     gpu_memory_utilization: float = 0.90
@@ -52,7 +59,9 @@ class EngineArgs:
             self.max_num_batched_tokens = default_batched_tokens(self.device)
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.max_num_seqs < 1:
+        if self.max_num_seqs is None and not self.device.startswith("cuda"):
+            self.max_num_seqs = CPU_MAX_NUM_SEQS
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a power of two")

@@ -4,17 +4,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from .backends import Backend, get_backend
+from .backends.cuda_graphs import buckets
 from .config import read_generation_config, read_model_config
 from .detect import detect_line, install_hint
 from .engine import Engine
-from .engine_args import EngineArgs
+from .engine_args import GPU_MAX_NUM_SEQS, EngineArgs
 from .executor import Executor
 from .kernels.registry import KernelRegistry
 from .kv.block_manager import BlockManager
@@ -63,6 +64,7 @@ class RankModel:
     checkpoints: int
     max_len: int
     weight_seconds: float
+    max_num_seqs: int
 
 
 def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = None) -> Engine:
@@ -92,6 +94,7 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
                 raise LoadError(reason) from e
         raise
     name, config, gen_config, line, cfg = src.name, src.config, src.gen_config, src.line, src.cfg
+    args = replace(args, max_num_seqs=ranked.max_num_seqs)   # the loader's choice, when none was given
     blocks, host_tier = _block_manager(ranked, args)
     with phase("wait for the tokenizer"):
         tokenizer = tokenizer_loaded.result()
@@ -167,6 +170,9 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
     rank of an expert-parallel engine runs this with the same flags, so the load-time forwards (profile,
     capture) meet in the same collectives; `connect` joins the rank's group once its device is up."""
     line, cfg, shapes = src.line, src.cfg, src.shapes
+    auto_seqs = args.max_num_seqs is None   # CUDA: chosen from the KV budget (loader.auto_max_num_seqs)
+    if auto_seqs:
+        args = replace(args, max_num_seqs=GPU_MAX_NUM_SEQS)
     with phase("backend (device context)") as p:
         backend = get_backend(rank_device(args.device, rank), args.dtype, args.gpu_memory_utilization)
         if connect is not None:
@@ -187,11 +193,9 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
     max_len = min(args.max_model_len or line.max_model_len(cfg), line.max_model_len(cfg))
     itemsize = {g.name: (4 if g.dtype == "float32" else _itemsize(backend.dtype)) for g in groups}
     per_block = bytes_per_block(groups, args.block_size, itemsize)
-    rows, checkpoints = _state_rows(groups, args)
-    state_bytes = rows * bytes_per_state_row(groups, itemsize)
-    if rows:
-        log.info("bounded state: %d rows (%d running sequences, %d prefix checkpoints, 1 padding), %.1f MiB",
-                 rows, args.max_num_seqs, checkpoints, state_bytes / 2**20)
+    state_row = bytes_per_state_row(groups, itemsize)
+    if auto_seqs:   # the most the budget could seat before the activations are measured (the profile needs a count)
+        args = replace(args, max_num_seqs=_seats(backend, args, groups, per_block, state_row, 0))
     reserve = 0
     if backend.name == "cuda":
         with phase("activation profile") as p, backend.linear_shapes() as linear_shapes:
@@ -202,17 +206,51 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
     if backend.samples_on_device:   # the sampler's float32 copy of every sampled row (sample_rows.cu)
         reserve += args.max_num_seqs * line.vocab_size(cfg) * 4
     with phase("KV cache") as p:
+        if auto_seqs:
+            args = replace(args, max_num_seqs=_seats(backend, args, groups, per_block, state_row, reserve))
+            log.info("max_num_seqs %d (from the KV budget; --max-num-seqs sets it)", args.max_num_seqs)
+        rows, checkpoints = _state_rows(groups, args)
+        state_bytes = rows * state_row
+        if rows:
+            log.info("bounded state: %d rows (%d running sequences, %d prefix checkpoints, 1 padding), %.1f MiB",
+                     rows, args.max_num_seqs, checkpoints, state_bytes / 2**20)
         num_blocks = _num_blocks(backend, args, per_block, state_bytes, reserve, max_len, checkpoints)
         if backend.comm is not None:   # every rank holds the same pool: the smallest any rank can
-            num_blocks = int(backend.to_host(backend.comm.all_gather(backend.asarray(
-                np.array([num_blocks], np.int64)))).min())
+            num_blocks = _fewest(backend, num_blocks)
         pools = StatePools(backend, groups, num_blocks, args.block_size, rows)
         p.detail = f"{num_blocks} blocks of {args.block_size} tokens, {num_blocks * per_block / 2**30:.2f} GiB"
     runner = ModelRunner(built, backend, pools, args.block_size)
     if backend.name == "cuda" and not args.enforce_eager:
         with phase("graph capture"):
             runner.capture_graphs(args.max_num_seqs, max_len)
-    return RankModel(runner, groups, num_blocks, per_block, rows, checkpoints, max_len, t_weights)
+    return RankModel(runner, groups, num_blocks, per_block, rows, checkpoints, max_len, t_weights, args.max_num_seqs)
+
+
+def auto_max_num_seqs(budget: int, per_block: int, block_size: int, state_bytes: Callable[[int], int]) -> int:
+    """The running sequences a GPU engine seats when --max-num-seqs is not given: the largest decode-graph bucket
+    up to GPU_MAX_NUM_SEQS whose seats leave the pool 1k tokens of KV each (a seat the pool cannot fill is a
+    graph captured for nothing) and whose bounded state (hybrid models: `state_bytes(seats)`) takes at most half
+    of the KV budget."""
+    for seats in reversed(buckets(GPU_MAX_NUM_SEQS)):
+        state = state_bytes(seats)
+        if state <= budget // 2 and (budget - state) // per_block * block_size >= seats * 1024:
+            return seats
+    return 1
+
+
+def _seats(backend: Backend, args: EngineArgs, groups: list[StateGroup], per_block: int, state_row: int,
+           reserve: int) -> int:
+    """auto_max_num_seqs for the KV budget left beside `reserve` bytes of activations, at most args.max_num_seqs;
+    every rank of an expert-parallel group seats the fewest any rank can."""
+    seats = min(args.max_num_seqs, auto_max_num_seqs(
+        _kv_budget(backend, args, reserve), per_block, args.block_size,
+        lambda n: _state_rows(groups, replace(args, max_num_seqs=n))[0] * state_row))
+    return seats if backend.comm is None else _fewest(backend, seats)
+
+
+def _fewest(backend: Backend, n: int) -> int:
+    """The smallest `n` of every rank (an expert-parallel group agrees on its sizes)."""
+    return int(backend.to_host(backend.comm.all_gather(backend.asarray(np.array([n], np.int64)))).min())
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -294,8 +332,7 @@ def _block_manager(ranked: RankModel, args: EngineArgs) -> tuple[BlockManager, H
 def _num_blocks(backend: Any, args: EngineArgs, per_block: int, state_bytes: int, reserve: int, max_len: int,
                 checkpoints: int) -> int:
     """The KV budget -> the number of blocks of the device pools."""
-    budget = backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None
-                                     else int(args.kv_cache_memory_gib * 2**30), reserve)
+    budget = _kv_budget(backend, args, reserve)
     if args.kv_cache_memory_gib is None and backend.name == "numpy":
         # CPU: enough for max_num_seqs full-length sequences, capped by the backend's default budget
         budget = min(budget, (args.max_num_seqs * -(-max_len // args.block_size) + 1) * per_block + state_bytes)
@@ -303,6 +340,11 @@ def _num_blocks(backend: Any, args: EngineArgs, per_block: int, state_bytes: int
         raise LoadError(f"the bounded state of {args.max_num_seqs} sequences + {checkpoints} checkpoints needs "
                         f"{state_bytes / 2**20:.0f} MiB, more than the KV budget; lower --max-num-seqs or raise it")
     return max(2, (budget - state_bytes) // per_block)
+
+
+def _kv_budget(backend: Any, args: EngineArgs, reserve: int) -> int:
+    return backend.kv_budget_bytes(None if args.kv_cache_memory_gib is None else int(args.kv_cache_memory_gib * 2**30),
+                                   reserve)
 
 
 def _state_rows(groups: list[StateGroup], args: EngineArgs) -> tuple[int, int]:

@@ -66,6 +66,18 @@ class Scheduler:
         else:
             self.waiting.append(req)
 
+    def can_admit(self) -> bool:
+        """Whether a waiting request might be admitted now: a running seat is free and the pool holds its
+        lifetime, its whole prompt taken as a prefix hit (an upper bound, no hashing). False lets a pipelined
+        engine queue the next decode step while requests wait behind a full batch."""
+        if not self.waiting or len(self.running) + len(self.restoring) >= self.max_seqs:
+            return False
+        r = next((w for w in self.waiting if not w.waits_for_leader()), None)   # the one schedule() tries first
+        if r is None:
+            return False
+        blocks = self.blocks
+        return blocks.blocks_for(r.max_total_tokens) - len(r.prompt_ids) // blocks.block_size <= blocks.num_available()
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.restoring) or (
             self.host_tier is not None and self.host_tier.busy())

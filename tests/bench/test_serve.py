@@ -94,6 +94,22 @@ def test_sweep_writes_one_json_per_point_and_plot(stub, tmp_path: Path) -> None:
     assert len(set(prompts)) == len(prompts)  # the second point's seed gave new prompts
 
 
+def test_concurrency_sweep_at_an_unbounded_rate(stub, tmp_path: Path, capsys) -> None:
+    """--sweep-concurrency: one point per max concurrency at --request-rate (inf), a fresh seed each; it does not
+    combine with a rate sweep."""
+    url, _ = stub
+    rc = _serve(url, tmp_path, "--num-prompts", "6", "--input-len", "8", "--output-len", "4",
+                "--sweep-concurrency", "1,3", "--label", "conc")
+    pytest.importorskip("matplotlib")
+    assert rc == 0
+    results = sorted((json.loads(p.read_text()) for p in tmp_path.glob("conc-*.json")), key=lambda r: r["seed"])
+    assert [(r["request_rate"], r["max_concurrency"], r["seed"]) for r in results] == [("inf", 1, 0), ("inf", 3, 1)]
+    assert all(r["completed"] == 6 for r in results)
+    table = capsys.readouterr().out.split("    rate   conc")[-1].splitlines()   # the sweep table's concurrency column
+    assert [row.split()[:2] for row in table[2:4]] == [["inf", "1"], ["inf", "3"]]
+    assert _serve(url, tmp_path, "--sweep", "1,inf", "--sweep-concurrency", "1,3") == 1
+
+
 def test_multi_turn_ids_prefix_hits(stub, tmp_path: Path) -> None:
     url, state = stub
     rc = _serve(url, tmp_path, "--dataset", "multi-turn", "--multi-turn-conversations", "3", "--multi-turn-turns",

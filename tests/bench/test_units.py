@@ -133,3 +133,20 @@ def test_plot_without_matplotlib_errors_clearly(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # makes `import matplotlib` fail
     with pytest.raises(RuntimeError, match="needs matplotlib"):
         plot_sweep([{"request_rate": 1.0}], tmp_path / "x.png")
+
+
+def test_client_group_keeps_each_pool_small() -> None:
+    """Streams spread over clients of POOL_STREAMS connections each (httpcore's pool upkeep is quadratic in its
+    connections); every client is closed with the group."""
+    import asyncio
+
+    from openinfer.bench.client import POOL_STREAMS, client_group
+
+    async def sizes() -> list[tuple[int, bool]]:
+        got = []
+        for n in (1, POOL_STREAMS, POOL_STREAMS + 1, 8 * POOL_STREAMS):
+            async with client_group("http://127.0.0.1:9", n) as clients:
+                got.append(len(clients))
+            got.append(all(c.is_closed for c in clients))
+        return got
+    assert asyncio.run(sizes()) == [1, True, 1, True, 2, True, 8, True]

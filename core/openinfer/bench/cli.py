@@ -77,6 +77,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--result-dir", type=Path, default=Path("."))
     p.add_argument("--result-filename", default=None)
     p.add_argument("--sweep", type=_floats, default=None, help="request rates, e.g. 1,2,4,8,16,32,inf")
+    p.add_argument("--sweep-concurrency", type=_ints, default=None,
+                   help="max concurrencies, e.g. 64,128,256, one point each at --request-rate (default inf): "
+                        "a saturation sweep")
     p.set_defaults(func=_run_serve)
 
 
@@ -103,8 +106,11 @@ def _run_serve(args: argparse.Namespace) -> int:
             ready_check_timeout_sec=args.ready_check_timeout_sec, disable_tqdm=args.disable_tqdm,
             label=args.label, metadata=dict(kv.split("=", 1) for kv in args.metadata),
         )
-        rates = args.sweep or [args.request_rate]
-        return run(cfg, rates, args.result_dir, args.save_result, args.save_detailed, args.result_filename)
+        if args.sweep and args.sweep_concurrency:
+            raise ValueError("--sweep and --sweep-concurrency cannot be combined: sweep the rate or the concurrency")
+        points = ([(args.request_rate, c) for c in args.sweep_concurrency] if args.sweep_concurrency else
+                  [(r, args.max_concurrency) for r in args.sweep or [args.request_rate]])
+        return run(cfg, points, args.result_dir, args.save_result, args.save_detailed, args.result_filename)
     except (ValueError, RuntimeError, OSError, httpx.HTTPError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-def plot_sweep(results: Sequence[dict[str, Any]], path: Path, tail: str = "p99") -> Path:
-    """`tail` names the high percentile drawn next to the mean (the key must be in the results)."""
+def plot_sweep(results: Sequence[dict[str, Any]], path: Path, tail: str = "p99", by: str = "request_rate") -> Path:
+    """`tail` names the high percentile drawn next to the mean (the key must be in the results); `by`: the key
+    the sweep varies, request_rate or max_concurrency."""
     plt = pyplot("the sweep plot")
     # Categorical x positions: the rates are spread unevenly and include inf, which no numeric axis holds.
-    labels = [str(r["request_rate"]) for r in results]
+    labels = [str(r[by]) for r in results]
     x = list(range(len(results)))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, metric, title in ((axes[0], "ttft", "TTFT (ms)"), (axes[1], "tpot", "TPOT (ms)")):
@@ -24,7 +25,7 @@ def plot_sweep(results: Sequence[dict[str, Any]], path: Path, tail: str = "p99")
     axes[2].legend()
     for ax in axes:
         ax.set_xticks(x, labels)
-        ax.set_xlabel("request rate (req/s)")
+        ax.set_xlabel("request rate (req/s)" if by == "request_rate" else "max concurrency")
         ax.grid(alpha=0.3)
     model = results[0].get("model_id", "") if results else ""
     fig.suptitle(f"bench serve sweep: {model}")

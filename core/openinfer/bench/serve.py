@@ -9,7 +9,7 @@ import math
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 
 from openinfer.bench import datasets as ds
-from openinfer.bench.client import CHAT, COMPLETIONS, RequestOutput, make_client, send_request
+from openinfer.bench.client import CHAT, COMPLETIONS, RequestOutput, client_group, send_request
 from openinfer.bench.multiturn import estimator, first_turn, make_tokenize, run_conversation
 from openinfer.bench.progress import Progress
 from openinfer.bench.server_metrics import prefix_cache_report, scrape_prefix_counters
@@ -114,7 +114,7 @@ async def ready_check(client: httpx.AsyncClient, cfg: ServeConfig, probe: ds.Ben
         await asyncio.sleep(1.0)
 
 
-async def _measure(client: httpx.AsyncClient, cfg: ServeConfig, wl: Workload, rate: float,
+async def _measure(clients: list[httpx.AsyncClient], cfg: ServeConfig, wl: Workload, rate: float,
                    rng: np.random.Generator, tokenizer: Any) -> list[RequestOutput]:
     limiter = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
     progress = Progress(wl.num_requests, desc=f"rate {rate}", disable=cfg.disable_tqdm)
@@ -123,16 +123,17 @@ async def _measure(client: httpx.AsyncClient, cfg: ServeConfig, wl: Workload, ra
     async def one(i: int) -> list[RequestOutput]:
         assert wl.requests is not None
         async with limiter or contextlib.nullcontext():
-            out = await send_request(client, cfg.endpoint, cfg.model, wl.requests[i], cfg.sampling, f"{rid}{i}")
+            out = await send_request(clients[i % len(clients)], cfg.endpoint, cfg.model, wl.requests[i], cfg.sampling,
+                                     f"{rid}{i}")
         progress.update()
         return [out]
 
     async def conversation(i: int) -> list[RequestOutput]:
         assert wl.conversations is not None
-        return await run_conversation(client, cfg.endpoint, cfg.model, wl.conversations[i], cfg.sampling,
-                                      tokenize, est, f"{rid}{i}", limiter, progress.update)
+        return await run_conversation(clients[i % len(clients)], cfg.endpoint, cfg.model, wl.conversations[i],
+                                      cfg.sampling, tokenize, est, f"{rid}{i}", limiter, progress.update)
 
-    tokenize, est = make_tokenize(client, cfg.model, tokenizer), estimator(tokenizer)
+    tokenize, est = make_tokenize(clients[0], cfg.model, tokenizer), estimator(tokenizer)
     # Multi-turn: the arrival process paces conversation starts; turns within one follow back to back.
     job, n = (one, len(wl.requests)) if wl.requests is not None else (conversation, len(wl.conversations or []))
     tasks = [asyncio.create_task(job(i)) async for i in paced(arrival_offsets(n, rate, cfg.burstiness, rng))]
@@ -144,7 +145,8 @@ async def _measure(client: httpx.AsyncClient, cfg: ServeConfig, wl: Workload, ra
 async def run_point(cfg: ServeConfig, rate: float, seed: int, tokenizer: Any = None) -> dict[str, Any]:
     """One benchmark point: ready check, warm-ups, timed run, metrics. Returns vLLM's result dict."""
     wl = build_workload(cfg, seed, tokenizer)
-    async with make_client(cfg.base_url, cfg.max_concurrency) as client:
+    async with client_group(cfg.base_url, cfg.max_concurrency or wl.num_requests) as clients:
+        client = clients[0]
         ready = await ready_check(client, cfg, wl.probes[0])
         if not ready.success:
             raise RuntimeError(f"server not ready after {cfg.ready_check_timeout_sec:g}s: {ready.error}")
@@ -153,7 +155,7 @@ async def run_point(cfg: ServeConfig, rate: float, seed: int, tokenizer: Any = N
                                    for i, p in enumerate(wl.probes[1:])))
         before = await scrape_prefix_counters(client)
         t0 = time.perf_counter()
-        outputs = await _measure(client, cfg, wl, rate, np.random.default_rng(seed), tokenizer)
+        outputs = await _measure(clients, cfg, wl, rate, np.random.default_rng(seed), tokenizer)
         duration = time.perf_counter() - t0
         after = await scrape_prefix_counters(client)
     count = (lambda text: ds.count_tokens(tokenizer, text)) if tokenizer is not None else None
@@ -198,30 +200,32 @@ def save_result(res: dict[str, Any], directory: Path, name: str | None, detailed
 
 
 def sweep_table(results: list[dict[str, Any]], tail: str) -> str:
-    head = f"{'rate':>8} {'ok':>6} {'fail':>5} {'req/s':>8} {'out tok/s':>10} {'TTFT ms':>9} {tail + ' TTFT':>9} " \
-           f"{'TPOT ms':>9} {tail + ' TPOT':>9}"
+    head = f"{'rate':>8} {'conc':>6} {'ok':>6} {'fail':>5} {'req/s':>8} {'out tok/s':>10} {'TTFT ms':>9} " \
+           f"{tail + ' TTFT':>9} {'TPOT ms':>9} {tail + ' TPOT':>9}"
     rows = [head, "-" * len(head)]
     for r in results:
-        rows.append(f"{r['request_rate']!s:>8} {r['completed']:>6} {r['failed']:>5} {r['request_throughput']:>8.2f} "
+        rows.append(f"{r['request_rate']!s:>8} {r['max_concurrency'] or '-'!s:>6} {r['completed']:>6} {r['failed']:>5} "
+                    f"{r['request_throughput']:>8.2f} "
                     f"{r['output_throughput']:>10.1f} {r.get('mean_ttft_ms', 0):>9.2f} "
                     f"{r.get(f'{tail}_ttft_ms', 0):>9.2f} {r.get('mean_tpot_ms', 0):>9.2f} "
                     f"{r.get(f'{tail}_tpot_ms', 0):>9.2f}")
     return "\n".join(rows)
 
 
-def run(cfg: ServeConfig, rates: list[float], result_dir: Path, save: bool, detailed: bool,
+def run(cfg: ServeConfig, points: list[tuple[float, int | None]], result_dir: Path, save: bool, detailed: bool,
         filename: str | None) -> int:
-    """One point, or a sweep (several rates: a fresh seed per point, a JSON per point and a PNG)."""
+    """One point, or a sweep of (request rate, max concurrency) points: a fresh seed per point, a JSON per point
+    and a PNG."""
     tokenizer = ds.load_tokenizer(cfg.tokenizer)
     results: list[dict[str, Any]] = []
-    for i, rate in enumerate(rates):
-        res = asyncio.run(run_point(cfg, rate, cfg.seed + i, tokenizer))
+    for i, (rate, concurrency) in enumerate(points):
+        res = asyncio.run(run_point(replace(cfg, max_concurrency=concurrency), rate, cfg.seed + i, tokenizer))
         results.append(res)
         print(format_table(res), flush=True)
-        if save or len(rates) > 1:
-            path = save_result(res, result_dir, filename if len(rates) == 1 else None, detailed)
+        if save or len(points) > 1:
+            path = save_result(res, result_dir, filename if len(points) == 1 else None, detailed)
             print(f"result saved to {path}", file=sys.stderr)
-    if len(rates) == 1:
+    if len(points) == 1:
         return 0
     tail = percentile_key(max(cfg.metric_percentiles))
     print(sweep_table(results, tail))
@@ -229,8 +233,9 @@ def run(cfg: ServeConfig, rates: list[float], result_dir: Path, save: bool, deta
 
     label = cfg.label or cfg.backend
     png = result_dir / f"{label}-sweep-{cfg.model.split('/')[-1]}-{results[0]['date']}.png"
+    by = "max_concurrency" if len({c for _, c in points}) > 1 else "request_rate"
     try:
-        print(f"plot saved to {plot_sweep(results, png, tail)}", file=sys.stderr)
+        print(f"plot saved to {plot_sweep(results, png, tail, by)}", file=sys.stderr)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
