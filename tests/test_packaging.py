@@ -84,7 +84,10 @@ def test_wheels_install_into_a_fresh_venv_and_serve(wheelhouse: Path, tmp_path: 
         m = re.search(rf"\({project_name(dist)} [^)]+\) model lines: (.+)", listing)
         assert m, (project_name(dist), listing)
         for line in m.group(1).split(", "):
-            presets = re.search(rf"^    {line} presets: (.+)$", listing, re.M).group(1).split(", ")
+            listed = re.search(rf"^    {line} presets: (.+)$", listing, re.M).group(1)
+            if "ships no tokenizer" in listed:   # its presets serve only with --tokenizer (a checkpoint brings one)
+                continue
+            presets = listed.split(", ")
             tiny += [p for p in presets if p.endswith("-tiny")][:1]   # a line's smallest shape, where it has one
     assert tiny
     port = free_port()

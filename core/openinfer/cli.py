@@ -139,8 +139,11 @@ def cmd_plugins(a: argparse.Namespace) -> int:
         lines = f" model lines: {', '.join(info.model_lines)}" if info.model_lines else ""
         print(f"  {info.name} ({info.distribution} {info.version}){lines}")
         for name in info.model_lines:   # what `openinfer synth --preset` and `--load-format dummy` take
-            presets = plugins.lines[name].presets
-            print(f"    {name} presets: {', '.join(presets) if presets else 'none'}")
+            line = plugins.lines[name]
+            presets = ", ".join(line.presets) if line.presets else "none"
+            untokenized = " (the line ships no tokenizer: serve them with --tokenizer DIR)" if \
+                line.presets and line.tokenizer_dir() is None else ""
+            print(f"    {name} presets: {presets}{untokenized}")
     if plugins.errors:
         print("failed to load:")
         for err in plugins.errors:

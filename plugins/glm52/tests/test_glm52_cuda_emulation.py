@@ -115,6 +115,6 @@ def test_the_emulation_catches_a_layer_view_indexed_as_a_packed_cache(sparse, em
     ckpt, _ = sparse
     eng = engine_for(ckpt)
     emulate(eng)
-    monkeypatch.setattr(cuda_ops, "_layer_view", lambda cache, dim, what: cache.shape[1] * dim)
+    monkeypatch.setattr(cuda_ops, "layer_view", lambda cache, dim, what: cache.shape[1] * dim)
     with pytest.raises(AssertionError, match="outside the array passed"):
         prompt_logits(eng, chat_prompt(eng))
