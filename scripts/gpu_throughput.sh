@@ -14,7 +14,25 @@
 # bash scripts/gpu_serve_compare.sh, a call of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/gpu_common.sh
+R=${OUT:-/tmp/openinfer-throughput}; L=$R/logs; S=$R/summary.txt
+mkdir -p "$R" $L
+export PYTHONUNBUFFERED=1 OPENINFER_CACHE_DIR=${OPENINFER_CACHE_DIR:-/tmp/openinfer-cache}
+say() { echo "$*" | tee -a $S; }
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        >$L/install.log 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 -e plugins/qwen35 >>$L/install.log 2>&1 \
+    || { echo "editable install failed (see $L/install.log)"; exit 1; }
+say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(git rev-parse --short HEAD 2>/dev/null)"
+OI="python3 -m openinfer"
+lat() {  # name seconds flags...: one bench latency run, its table into the summary
+    local name=$1 t=$2; shift 2
+    timeout $t $OI bench latency --load-format dummy --device cuda --max-model-len 20480 "$@" \
+        --output-json $L/$name.json > $L/$name.log 2>&1
+    say "$name:"; grep -A4 "^batch" $L/$name.log | tee -a $S || tail -2 $L/$name.log | tee -a $S
+}
+Q3B1="--model qwen3-4b --batch-sizes 1 --input-lens 1024 --output-lens 64 --num-iters 3"
 PROMPTS=${PROMPTS:-600}
 CONC=${CONC:-64 256}
 SEATS=${SEATS-64}
