@@ -10,7 +10,7 @@
 #   bash scripts/gpu_throughput.sh    (on the GPU machine, from the repo root, carrying .whl)
 # (The user-facing form of one server's sweep: openinfer bench serve --num-prompts 600 --sweep-concurrency 64,128,256.)
 # Knobs (env): PROMPTS (600), CONC ("64 256"), SEATS (64: the --max-num-seqs of the Qwen3-4B comparison run; empty
-# skips it), MODELS ("qwen3-4b qwen3.5-4b"). The transformers peer at an unbounded rate: NUM_PROMPTS=200 RATES=inf
+# skips it), MODELS ("qwen3-4b qwen3.5-4b"), MIXED (1; 0 skips the mixed-step probe). The transformers peer at an unbounded rate: NUM_PROMPTS=200 RATES=inf
 # bash scripts/gpu_serve_compare.sh, a call of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -114,8 +114,10 @@ EOF2
 for m in $MODELS; do serve_points $m $m; done
 [ -n "$SEATS" ] && serve_points qwen3-4b-seats$SEATS qwen3-4b --max-num-seqs $SEATS
 lat q3_b1 120 $Q3B1
-timeout 150 bash -c "$(declare -f mixed_probe); mixed_probe qwen3-4b cuda 248 1024" > $L/mixed.log 2>&1
-say "mixed steps:"; tail -3 $L/mixed.log | tee -a $S
+if [ "${MIXED:-1}" = 1 ]; then
+    timeout 150 bash -c "$(declare -f mixed_probe); mixed_probe qwen3-4b cuda 248 1024" > $L/mixed.log 2>&1
+    say "mixed steps:"; tail -3 $L/mixed.log | tee -a $S
+fi
 
 python3 - $J <<'EOF' | tee -a $S
 import json, pathlib, sys
