@@ -17,9 +17,9 @@ from typing import Iterator
 import cupy as cp
 import numpy as np
 
-from openinfer.engine import EngineArgs, build_engine
+from openinfer.engine.engine import EngineArgs, build_engine
 from openinfer.kernels.cuda import module
-from openinfer.sampling import SamplingParams
+from openinfer.sampling.sampler import SamplingParams
 
 FAMILIES = ("gemv", "paged_decode", "rope", "add_rms_norm", "rms_norm", "conv_update", "gdn_gating", "gdn_decode",
             "gated_rms_norm", "sigmoid_gate", "gather_rows", "argmax", "all but gemv")

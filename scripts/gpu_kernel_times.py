@@ -13,8 +13,8 @@ import argparse
 
 import numpy as np
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.sampling import SamplingParams
+from openinfer.engine.engine import EngineArgs, build_engine
+from openinfer.sampling.sampler import SamplingParams
 
 
 def main() -> None:

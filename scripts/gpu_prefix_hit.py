@@ -25,10 +25,10 @@ from typing import Iterator
 
 import numpy as np
 
-from openinfer.engine import Engine, EngineArgs, build_engine
-from openinfer.plugins import get_plugins
-from openinfer.request import Finished, Request, RequestStream, Tokens
-from openinfer.scheduler import ScheduledRun, StepPlan
+from openinfer.engine.engine import Engine, EngineArgs, build_engine
+from openinfer.contract.plugins import get_plugins
+from openinfer.engine.request import Finished, Request, RequestStream, Tokens
+from openinfer.engine.scheduler import ScheduledRun, StepPlan
 from openinfer.testing.engine import greedy
 
 

@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.request import PromptLogprobs, Tokens
-from openinfer.sampling import SamplingParams
+from openinfer.engine.engine import EngineArgs, build_engine
+from openinfer.engine.request import PromptLogprobs, Tokens
+from openinfer.sampling.sampler import SamplingParams
 
 
 def first_token_ms(engine, prompt: list[int], k: int | None) -> tuple[float, list]:

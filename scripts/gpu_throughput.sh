@@ -68,8 +68,8 @@ mixed_probe() {  # model device seats context: the cost of a mixed step's decode
     python3 - "$@" <<'EOF2'
 import sys, time
 import numpy as np
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.sampling import SamplingParams
+from openinfer.engine.engine import EngineArgs, build_engine
+from openinfer.sampling.sampler import SamplingParams
 model, device, seats, ctx = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 eng = build_engine(model, EngineArgs(device=device, load_format="dummy", max_num_seqs=seats + 8, pipelined_decode=False,
                                      max_model_len=None if device == "cuda" else 2 * ctx + 128))

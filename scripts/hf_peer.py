@@ -59,7 +59,7 @@ def main() -> None:
 
 def agreement(model, path: str, vocab: int, rng: np.random.Generator) -> dict[str, float]:
     """Teacher-forced top-1 agreement on 4 random 512-token sequences, openinfer vs transformers (bf16)."""
-    from openinfer.engine import EngineArgs, build_engine
+    from openinfer.engine.engine import EngineArgs, build_engine
     from openinfer.testing.engine import prompt_logits
     eng = build_engine(path, EngineArgs(device="cuda", kv_cache_memory_gib=2, max_num_seqs=4, enforce_eager=True))
     same = total = 0

@@ -21,7 +21,7 @@ import dataclasses
 import cupy as cp
 import numpy as np
 
-from openinfer.batch import ForwardBatch
+from openinfer.engine.batch import ForwardBatch
 from openinfer.kernels.cuda import mla, moe
 from openinfer.kernels.cuda.module import BF16
 from openinfer.layers.moe import RouterConfig

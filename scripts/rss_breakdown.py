@@ -2,7 +2,7 @@
 
     python scripts/rss_breakdown.py MODEL_DIR [--device cuda] [--max-model-len N] [--maps 15]
 Runs serve's own start-up in this process (the early CUDA context, the imports, the engine load with
-its phase log, the HTTP app) and prints every phase (openinfer.phases) in the order they ended: seconds
+its phase log, the HTTP app) and prints every phase (openinfer.loading.phases) in the order they ended: seconds
 after process start, its duration, the thread it ran on, and RSS after it (anonymous / file-backed /
 shared memory). Then idle RSS after a GC and a heap trim, and the largest mappings by RSS
 (/proc/self/smaps: which libraries and heaps the file-backed and anonymous parts are).
@@ -14,8 +14,8 @@ import gc
 import sys
 from collections import defaultdict
 
-from openinfer.cuda_context import create_context_early
-from openinfer.phases import PHASES, phase, release_free_heap, rss
+from openinfer.loading.cuda_context import create_context_early
+from openinfer.loading.phases import PHASES, phase, release_free_heap, rss
 
 
 def largest_mappings(n: int) -> list[tuple[int, int, str]]:
@@ -41,7 +41,7 @@ def main() -> None:
     a = ap.parse_args()
     create_context_early(a.device)   # as `openinfer serve` does
     with phase("imports (engine, HTTP server)"):
-        from openinfer.engine import EngineArgs, build_engine
+        from openinfer.engine.engine import EngineArgs, build_engine
         from openinfer.server import ModelHost, create_app
     eng = build_engine(a.model, EngineArgs(device=a.device, max_model_len=a.max_model_len))
     with phase("HTTP app"):

@@ -77,7 +77,7 @@ def serve(port: int, max_num_seqs: int, pipelined: bool, profile: bool) -> None:
     writes its counters as one JSON line to stdout (read by the driver after each point)."""
     import signal
 
-    from openinfer.engine import EngineArgs, build_engine
+    from openinfer.engine.engine import EngineArgs, build_engine
     from openinfer.server.host import ModelHost
     from openinfer.server.run import serve as run_server
     from openinfer.testing.graphs import emulate_graphs

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from openinfer.backends.cuda_graphs import DecodeGraphs
-from openinfer.model_runner import HostBatch
+from openinfer.engine.model_runner import HostBatch
 
 
 class _Stream:

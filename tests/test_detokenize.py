@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.detokenize import IncrementalDetokenizer, StopStringMatcher, partial_suffix_len
-from openinfer.tokenizer import Tokenizer
+from openinfer.text.detokenize import IncrementalDetokenizer, StopStringMatcher, partial_suffix_len
+from openinfer.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

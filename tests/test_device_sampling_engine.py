@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer import sampling_reference as ref
-from openinfer.engine import Engine, EngineArgs, build_engine
-from openinfer.sampling import SamplingParams
-from openinfer.sampling_batch import ROW, to_results
+from openinfer.sampling import reference as ref
+from openinfer.engine.engine import Engine, EngineArgs, build_engine
+from openinfer.sampling.sampler import SamplingParams
+from openinfer.sampling.batch import ROW, to_results
 from openinfer.testing.engine import generate, greedy, prompt_logits
 
 PROMPTS = [[9707, 11, 1879, 0, 358, 1079], [40, 1079, 264, 1614], [3838, 374, 279, 6722, 315, 9625, 30]]

@@ -8,10 +8,10 @@ import threading
 import numpy as np
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.request import (EventOrderError, Finished, Rejected, RequestStream, Scheduled, Tokens,
-                              wakeups_batched)
-from openinfer.sampling import ParamError, SamplingParams
+from openinfer.engine.engine import EngineArgs, build_engine
+from openinfer.engine.request import (EventOrderError, Finished, Rejected, RequestStream, Scheduled, Tokens,
+                                      wakeups_batched)
+from openinfer.sampling.sampler import ParamError, SamplingParams
 from openinfer.testing.engine import collect, generate, greedy, run_to_completion
 
 
@@ -199,7 +199,7 @@ def test_parameter_validation_names_the_field():
 
 
 def test_penalties_and_bias_change_the_distribution():
-    from openinfer.sampling import sample_row
+    from openinfer.sampling.sampler import sample_row
     rng = np.random.default_rng(0)
     logits = np.zeros(10, dtype=np.float32)
     logits[3] = 5.0

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.sampling import defaults_from_generation_config
-from openinfer.synth import synthesize
+from openinfer.engine.engine import EngineArgs, build_engine
+from openinfer.sampling.sampler import defaults_from_generation_config
+from openinfer.loading.synth import synthesize
 
 QWEN3_4B = {"bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
             "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"}   # Qwen/Qwen3-4B's

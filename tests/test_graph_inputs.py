@@ -7,7 +7,7 @@ import pytest
 
 from openinfer.backends.cuda_graphs import buckets
 from openinfer.backends.graph_inputs import WORDS, GraphInputs
-from openinfer.model_runner import HostBatch
+from openinfer.engine.model_runner import HostBatch
 
 
 def step(tokens, positions, slots, ctx, tables, state_slots=None) -> HostBatch:

@@ -8,10 +8,10 @@ import numpy as np
 from openinfer.backends.numpy_backend import NumpyBackend
 from openinfer.kv.hybrid import HybridBlockManager, num_state_rows
 from openinfer.kv.pool import StatePools, bytes_per_state_row
-from openinfer.model_line import StateGroup
-from openinfer.request import Request, RequestStream, Status
-from openinfer.sampling import SamplingParams
-from openinfer.scheduler import Scheduler
+from openinfer.contract.model_line import StateGroup
+from openinfer.engine.request import Request, RequestStream, Status
+from openinfer.sampling.sampler import SamplingParams
+from openinfer.engine.scheduler import Scheduler
 
 
 def req(rid: str, prompt: list[int], max_tokens: int = 4) -> Request:

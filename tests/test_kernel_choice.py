@@ -8,10 +8,10 @@ import json
 import pytest
 
 from openinfer.cli import build_parser, main
-from openinfer.engine import EngineArgs, build_engine
+from openinfer.engine.engine import EngineArgs, build_engine
 from openinfer.kernels import cuda as cuda_kernels
 from openinfer.kernels.registry import KernelPlanError, KernelRegistry, parse_kernel_overrides
-from openinfer.plugins import get_plugins
+from openinfer.contract.plugins import get_plugins
 
 
 def fast(*a):

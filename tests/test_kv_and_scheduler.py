@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from openinfer.kv.block_manager import BlockManager, block_hashes
-from openinfer.request import Request, RequestStream, Status
-from openinfer.sampling import SamplingParams
-from openinfer.scheduler import Scheduler
+from openinfer.engine.request import Request, RequestStream, Status
+from openinfer.sampling.sampler import SamplingParams
+from openinfer.engine.scheduler import Scheduler
 
 
 def req(rid: str, prompt: list[int], max_tokens: int = 4, priority: int = 0) -> Request:
@@ -144,8 +144,8 @@ def test_max_num_seqs_defaults_per_device_and_from_the_kv_pool():
     """The CPU seats 64; a GPU engine seats what the loader chooses from its KV budget: the largest decode-graph
     bucket up to 256 with 1k tokens of pool per seat, its bounded state (hybrid models) in half the budget."""
     from openinfer.cli import _engine_args, build_parser
-    from openinfer.engine_args import EngineArgs
-    from openinfer.loader import auto_max_num_seqs
+    from openinfer.engine.engine_args import EngineArgs
+    from openinfer.loading.loader import auto_max_num_seqs
     parser = build_parser()
     assert EngineArgs().max_num_seqs == 64 and EngineArgs(device="cuda").max_num_seqs is None
     assert _engine_args(parser.parse_args(["serve", "--device", "cuda"])).max_num_seqs is None
@@ -157,7 +157,7 @@ def test_max_num_seqs_defaults_per_device_and_from_the_kv_pool():
     state = lambda n: (1 + 2 * n) * (50 << 20)              # Qwen3.5-4B: 50 MiB a row, a checkpoint per seat
     assert auto_max_num_seqs(30 << 30, 16 * 32768, 16, state) == 144            # 289 rows, 14.1 of 15 GiB
     # the loader's path, on the numpy backend (whose pool otherwise follows max_num_seqs): 327 blocks, 5232 tokens
-    from openinfer.engine import build_engine
+    from openinfer.engine.engine import build_engine
     args = EngineArgs(max_model_len=256, kv_cache_memory_gib=0.01)
     args.max_num_seqs = None
     eng = build_engine(None, args)
@@ -185,7 +185,7 @@ def test_priority_policy_admits_lower_priorities_first_in_arrival_order(policy):
 
 def test_scheduling_policy_flag():
     from openinfer.cli import _engine_args, build_parser
-    from openinfer.engine_args import EngineArgs
+    from openinfer.engine.engine_args import EngineArgs
     parser = build_parser()
     assert _engine_args(parser.parse_args(["serve"])).scheduling_policy == "fcfs"
     assert _engine_args(parser.parse_args(["serve", "--scheduling-policy", "priority"])).scheduling_policy == "priority"
@@ -223,7 +223,7 @@ def test_step_token_budget_defaults_per_device():
     """Without --max-num-batched-tokens a GPU engine prefills in 8k-token chunks (long prompts are GEMM-bound
     there), a CPU engine in 1k ones; a budget given is kept on either."""
     from openinfer.cli import _engine_args, build_parser
-    from openinfer.engine_args import EngineArgs
+    from openinfer.engine.engine_args import EngineArgs
     parser = build_parser()
     assert EngineArgs().max_num_batched_tokens == 1024
     assert EngineArgs(device="cuda:1").max_num_batched_tokens == 8192

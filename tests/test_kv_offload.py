@@ -10,14 +10,14 @@ import pytest
 
 from openinfer.backends import NumpyBackend
 from openinfer.backends.block_copy import BlockCopier, HostPoolCopier, Pairs, Transfer, runs
-from openinfer.engine import EngineArgs, build_engine
+from openinfer.engine.engine import EngineArgs, build_engine
 from openinfer.kv.block_manager import BlockManager
 from openinfer.kv import host_tier
 from openinfer.kv.host_tier import HostTier, offloadable_arrays
 from openinfer.kv.pool import StatePools
-from openinfer.model_line import StateGroup
-from openinfer.request import Status
-from openinfer.scheduler import Scheduler
+from openinfer.contract.model_line import StateGroup
+from openinfer.engine.request import Status
+from openinfer.engine.scheduler import Scheduler
 from openinfer.server.metrics import ModelMetrics, render
 from openinfer.testing.engine import collect, demo_kv_gib, generate, greedy
 from openinfer.testing.graphs import emulate_graphs

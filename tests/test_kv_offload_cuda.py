@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
+from openinfer.engine.engine import EngineArgs, build_engine
 from openinfer.testing.cuda import require_gpu
 from openinfer.testing.engine import demo_kv_gib
 from test_kv_offload import ladder

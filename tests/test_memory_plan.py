@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from openinfer.memory_plan import check_fits, memory_need
-from openinfer.plugins import get_plugins
-from openinfer.weights import DummyWeights
+from openinfer.loading.memory_plan import check_fits, memory_need
+from openinfer.contract.plugins import get_plugins
+from openinfer.loading.weights import DummyWeights
 
 GIB = 2**30
 
@@ -37,9 +37,9 @@ def test_kimi_k2_thinking_int4(ep, gpu_gib, fits):
 
 def test_serve_refuses_before_loading(monkeypatch, tmp_path):
     """`openinfer serve` of a checkpoint too big for the GPU given fails in read_source, before any device work."""
-    from openinfer import loader
-    from openinfer.engine_args import EngineArgs
-    from openinfer.synth import synthesize
+    from openinfer.loading import loader
+    from openinfer.engine.engine_args import EngineArgs
+    from openinfer.loading.synth import synthesize
     if get_plugins().preset("qwen3-tiny") is None:
         pytest.skip("the qwen3 plugin is not installed")
     synthesize("qwen3-tiny", tmp_path)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from openinfer.model_runner import ModelRunner
-from openinfer.request import Request, RequestStream
-from openinfer.sampling import SamplingParams
-from openinfer.scheduler import ScheduledRun, StepPlan
+from openinfer.engine.model_runner import ModelRunner
+from openinfer.engine.request import Request, RequestStream
+from openinfer.sampling.sampler import SamplingParams
+from openinfer.engine.scheduler import ScheduledRun, StepPlan
 
 BS = 4
 

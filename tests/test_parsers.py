@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from openinfer.parsers import (ChatFormat, ParsedDelta, ThinkTagReasoningParser, ToolCall, ToolCallDelta,
-                               ToolCallParser, collect_tool_calls)
+from openinfer.text.parsers import (ChatFormat, ParsedDelta, ThinkTagReasoningParser, ToolCall, ToolCallDelta,
+                                    ToolCallParser, collect_tool_calls)
 from openinfer.testing.chat import split_feed
 
 

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from openinfer import phases
-from openinfer.engine import EngineArgs, build_engine
+from openinfer.loading import phases
+from openinfer.engine.engine import EngineArgs, build_engine
 
 
 def test_a_phase_logs_its_time_rss_and_detail(caplog):
@@ -47,11 +47,11 @@ def test_loading_the_demo_model_logs_every_phase(caplog):
     assert " GB at " in weights and weights.endswith(" GB/s")
     assert engine.tokenizer.vocab_size > 0
     tokenizer = next(p for p in reversed(phases.PHASES) if p.name == "tokenizer")
-    assert tokenizer.thread == "tokenizer"   # parsed beside the device work (loader.py)
+    assert tokenizer.thread == "tokenizer"   # parsed beside the device work (loading/loader.py)
 
 
 def test_an_early_cuda_context_is_only_tried_for_cuda_devices():
-    from openinfer.cuda_context import create_context_early
+    from openinfer.loading.cuda_context import create_context_early
     assert create_context_early("cpu") is None
     started = create_context_early("cuda:0")   # without a driver (CI) it fails quietly: the backend reports
     assert isinstance(started.result(timeout=60), bool)

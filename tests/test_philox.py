@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.philox import normals, philox4x32, split64, uniform_words
+from openinfer.sampling.philox import normals, philox4x32, split64, uniform_words
 
 KAT = [  # counter (4 words), key (2 words), expected (4 words)
     ((0x00000000, 0x00000000, 0x00000000, 0x00000000), (0x00000000, 0x00000000),

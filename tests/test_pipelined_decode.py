@@ -1,4 +1,4 @@
-"""Pipelined decode (pipeline.py) on the demo model through emulated graphs: with the switch on,
+"""Pipelined decode (engine/pipeline.py) on the demo model through emulated graphs: with the switch on,
 every stream gets exactly the events of the serial engine — batches of different lengths, stop
 tokens hit mid-batch, max_tokens, an abort mid-decode, a request arriving mid-decode, seeded
 sampling and logprobs (which fall back to serial steps) — and the pipelined path did run."""
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.request import Finished, Tokens
-from openinfer.sampling import SamplingParams
+from openinfer.engine.engine import EngineArgs, build_engine
+from openinfer.engine.request import Finished, Tokens
+from openinfer.sampling.sampler import SamplingParams
 from openinfer.testing.engine import greedy
 from openinfer.testing.graphs import emulate_graphs
 from openinfer.testing.pipelined import abort, pipelined_launches, run_script, submit

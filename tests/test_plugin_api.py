@@ -60,11 +60,11 @@ def core_references(source: str, allowed: tuple[str, ...] = ALLOWED) -> list[str
 
 
 def test_the_checks_find_a_plugin_reaching_past_the_api():
-    src = ("from openinfer.plugin_api import ModelLine\nimport openinfer.engine\n"
+    src = ("from openinfer.plugin_api import ModelLine\nimport openinfer.engine.engine\n"
            "def f():\n    from openinfer.kernels.cuda.module import launch\n"
            "REF = 'openinfer.kernels.cuda.ops:linear'\n")
     assert [r.split(": ")[1] for r in core_references(src)] == [
-        "openinfer.engine", "openinfer.kernels.cuda.module", "openinfer.kernels.cuda.ops"]
+        "openinfer.engine.engine", "openinfer.kernels.cuda.module", "openinfer.kernels.cuda.ops"]
     assert core_references("from openinfer_qwen3.chat import X\nfrom openinfer.plugin_api.cuda import launch\n") == []
 
 

@@ -5,10 +5,10 @@ import types
 
 import pytest
 
-from openinfer.detect import DetectionError, detect_line
-from openinfer.hookspecs import hookimpl
+from openinfer.contract.detect import DetectionError, detect_line
+from openinfer.contract.hookspecs import hookimpl
 from openinfer.kernels.registry import KernelPlanError
-from openinfer.plugins import Plugins
+from openinfer.contract.plugins import Plugins
 
 
 def _plugins() -> Plugins:

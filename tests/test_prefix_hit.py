@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
+from openinfer.engine.engine import EngineArgs, build_engine
 from openinfer.testing.engine import collect, generate, greedy
 
 BS = 16

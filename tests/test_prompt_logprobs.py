@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.request import EventOrderError, PromptLogprobs, RequestStream, Scheduled, Tokens
-from openinfer.sampling import SampleResult, score_rows
+from openinfer.engine.engine import EngineArgs, build_engine
+from openinfer.engine.request import EventOrderError, PromptLogprobs, RequestStream, Scheduled, Tokens
+from openinfer.sampling.sampler import SampleResult, score_rows
 from openinfer.testing.engine import greedy, log_softmax, prompt_logits, run_to_completion, score_prompt
 
 PROMPT = [(7 * i + 3) % 5000 + 100 for i in range(45)]

@@ -1,4 +1,4 @@
-"""The numpy reference of the device sampler (sampling_reference.py) against the host sampler's
+"""The numpy reference of the device sampler (sampling/reference.py) against the host sampler's
 semantics: the same processed logits and logprobs, the same filtered support and probabilities,
 a race draw that follows them, and the radix cut of the kernel (emulated) equal to the sorted one.
 The draws themselves differ from the host sampler's: a seed reproduces per backend."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer import sampling_reference as ref
-from openinfer.philox import split64
-from openinfer.sampling import SamplingParams, draw, kept_distribution, processed_logits, sample_row
-from openinfer.sampling_batch import SampleRow, build_batch, to_results
+from openinfer.sampling import reference as ref
+from openinfer.sampling.philox import split64
+from openinfer.sampling.sampler import SamplingParams, draw, kept_distribution, processed_logits, sample_row
+from openinfer.sampling.batch import SampleRow, build_batch, to_results
 
 V = 600
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from openinfer.engine import EngineArgs, build_engine
-from openinfer.sampling import SamplingParams
+from openinfer.engine.engine import EngineArgs, build_engine
+from openinfer.sampling.sampler import SamplingParams
 from openinfer.testing.engine import collect, greedy
 
 PROMPT = [(7 * i + 3) % 5000 + 100 for i in range(40)]

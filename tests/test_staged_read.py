@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from openinfer.backends.staged_read import MIN_PIECE, StagedReader, copy_threads, pieces
-from openinfer.weights import Checkpoint, save_safetensors
+from openinfer.loading.weights import Checkpoint, save_safetensors
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 4095, MIN_PIECE + 3, 5 * MIN_PIECE, 100 * MIN_PIECE + 17])

@@ -1,4 +1,4 @@
-"""structured.py over a tiny vocabulary: the allow mask and the matcher step by step, the reasoning
+"""sampling/structured.py over a tiny vocabulary: the allow mask and the matcher step by step, the reasoning
 gate, a token the grammar refuses, and that nothing imports llguidance before a structured request."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from tokenizers import AddedToken, Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from openinfer.sampling import SamplingParams, sample_row
-from openinfer.structured import (Constraint, GrammarError, OutputGrammar, ReasoningGate, compile_grammar,
-                                  reasoning_gate)
-from openinfer.tokenizer import Tokenizer
+from openinfer.sampling.sampler import SamplingParams, sample_row
+from openinfer.sampling.structured import (Constraint, GrammarError, OutputGrammar, ReasoningGate, compile_grammar,
+                                           reasoning_gate)
+from openinfer.text.tokenizer import Tokenizer
 
 PIECES = ['{', '}', '"', ':', ',', ' ', 'a', 'b', '1', '2', 't', 'r', 'u', 'e', 'f', 'l', 's', '"a"', 'true', '<eos>']
 ID = {p: i for i, p in enumerate(PIECES)}
@@ -151,8 +151,8 @@ def test_refused_token_and_bad_schema(engine: TinyEngine) -> None:
 
 
 def test_serving_modules_do_not_import_llguidance() -> None:
-    code = ("import sys, openinfer.cli, openinfer.engine, openinfer.server, openinfer.server.app, "
-            "openinfer.structured; assert 'llguidance' not in sys.modules, 'imported'")
+    code = ("import sys, openinfer.cli, openinfer.engine.engine, openinfer.server, openinfer.server.app, "
+            "openinfer.sampling.structured; assert 'llguidance' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

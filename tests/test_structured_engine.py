@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from openinfer import sampling_reference as ref
-from openinfer.engine import Engine, EngineArgs, build_engine
-from openinfer.request import Failed
-from openinfer.sampling import SamplingParams
-from openinfer.sampling_batch import ROW, to_results
-from openinfer.structured import Constraint, OutputGrammar, ReasoningGate, compile_grammar
+from openinfer.sampling import reference as ref
+from openinfer.engine.engine import Engine, EngineArgs, build_engine
+from openinfer.engine.request import Failed
+from openinfer.sampling.sampler import SamplingParams
+from openinfer.sampling.batch import ROW, to_results
+from openinfer.sampling.structured import Constraint, OutputGrammar, ReasoningGate, compile_grammar
 from openinfer.testing.engine import collect, generate, greedy, run_to_completion
 from openinfer.testing.structured import PERSON, check_person
 

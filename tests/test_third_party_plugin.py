@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from openinfer.weights import save_safetensors
+from openinfer.loading.weights import save_safetensors
 
 HERE = Path(__file__).parent
 OPENINFER = [sys.executable, "-m", "openinfer.cli"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from openinfer.tokenizer import ChatTemplateError, Tokenizer
+from openinfer.text.tokenizer import ChatTemplateError, Tokenizer
 
 TEXTS = [
     "Hello, world!",

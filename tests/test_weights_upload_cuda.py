@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from openinfer.testing.cuda import require_gpu
-from openinfer.weights import Checkpoint, DummyWeights, save_safetensors
+from openinfer.loading.weights import Checkpoint, DummyWeights, save_safetensors
 
 pytestmark = pytest.mark.cuda
 cp = require_gpu()

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .engine_args import EngineArgs, add_kernel_option
+from .engine.engine_args import EngineArgs, add_kernel_option
 from .kernels.registry import parse_kernel_overrides
 from .kv.block_manager import BLOCK_HASHES
 
@@ -75,9 +75,9 @@ def _parse_model(spec: str) -> tuple[str | None, str]:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from .cuda_context import create_context_early
+    from .loading.cuda_context import create_context_early
     create_context_early(a.device)   # on a thread, while the imports below and the tokenizer run
-    from .engine import build_engine
+    from .engine.engine import build_engine
     from .server import ModelHost, serve
     from .server.limits import MIB, ServerLimits
     keys = a.api_key + ([k] if (k := os.environ.get("OPENINFER_API_KEY")) else [])
@@ -96,12 +96,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .cuda_context import create_context_early
+    from .loading.cuda_context import create_context_early
     create_context_early(a.device)
-    from .detokenize import IncrementalDetokenizer, StopStringMatcher
-    from .engine import build_engine
-    from .request import Failed, Finished, Rejected, Tokens
-    from .sampling import SamplingParams
+    from .text.detokenize import IncrementalDetokenizer, StopStringMatcher
+    from .engine.engine import build_engine
+    from .engine.request import Failed, Finished, Rejected, Tokens
+    from .sampling.sampler import SamplingParams
     eng = build_engine(a.model, _engine_args(a)).start()
     tok = eng.tokenizer
     text = a.prompt
@@ -132,7 +132,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_plugins(a: argparse.Namespace) -> int:
-    from .plugins import get_plugins
+    from .contract.plugins import get_plugins
     plugins = get_plugins()
     print("plugins:")
     for info in plugins.infos:
@@ -150,8 +150,8 @@ def cmd_plugins(a: argparse.Namespace) -> int:
             print(f"  {err.plugin} ({err.distribution}): {err.error}")
     if a.plan:
         from .backends import get_backend
-        from .config import read_model_config
-        from .detect import detect_line
+        from .loading.config import read_model_config
+        from .contract.detect import detect_line
         line = detect_line(read_model_config(a.plan), plugins, f"{a.plan}/config.json")
         backend = get_backend(a.device)
         ops = plugins.kernels.resolve(line.kernel_plan(line.parse_config(read_model_config(a.plan))),
@@ -166,7 +166,7 @@ def cmd_plugins(a: argparse.Namespace) -> int:
 
 
 def cmd_synth(a: argparse.Namespace) -> int:
-    from .synth import synthesize
+    from .loading.synth import synthesize
     synthesize(a.preset, Path(a.out), seed=a.seed, dtype=a.dtype, device=a.device, num_layers=a.num_layers)
     print(f"wrote {a.preset} checkpoint to {a.out}")
     return 0

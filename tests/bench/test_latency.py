@@ -1,5 +1,5 @@
 """`bench latency`: the phase split on a fake engine with a fake clock (exact), then the real in-process
-engine once `openinfer.engine` exists."""
+engine once `openinfer.engine.engine` exists."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from conftest import run_cli
 from openinfer.bench.latency import PointTiming, run_once, sweep
-from openinfer.request import Scheduled, Tokens
+from openinfer.engine.request import Scheduled, Tokens
 
 
 class _Stream:
@@ -92,10 +92,10 @@ def test_sweep_discards_warmups() -> None:
 
 def test_latency_cli_on_the_engine(tmp_path: Path) -> None:
     try:
-        import openinfer.engine  # noqa: F401
-        import openinfer.sampling  # noqa: F401
+        import openinfer.engine.engine  # noqa: F401
+        import openinfer.sampling.sampler  # noqa: F401
     except ImportError as e:
-        pytest.skip(f"the in-process engine API (openinfer.engine) is not importable yet: {e}")
+        pytest.skip(f"the in-process engine API (openinfer.engine.engine) is not importable yet: {e}")
     out = tmp_path / "lat.json"
     rc = run_cli("bench", "latency", "--batch-sizes", "1,2", "--input-lens", "8", "--output-lens", "3",
                  "--num-iters-warmup", "0", "--num-iters", "1", "--output-json", str(out))

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from openinfer.batch import ForwardBatch
+from openinfer.engine.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
 from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma, pack, shuffled_tables
 

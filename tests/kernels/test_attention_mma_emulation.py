@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from openinfer.batch import ForwardBatch
+from openinfer.engine.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
 
 NW = 4

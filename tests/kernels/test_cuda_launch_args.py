@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 pytest.importorskip("cupy")
-from openinfer.batch import ForwardBatch  # noqa: E402
+from openinfer.engine.batch import ForwardBatch  # noqa: E402
 from openinfer.kernels.cuda import (attention, attention_decode, blas, module, ops, pdl,  # noqa: E402
                                     random_fill, sampler)
-from openinfer.sampling import SamplingParams  # noqa: E402
-from openinfer.sampling_batch import NUM_FIELDS, ROW, SampleRow, build_batch  # noqa: E402
+from openinfer.sampling.sampler import SamplingParams  # noqa: E402
+from openinfer.sampling.batch import NUM_FIELDS, ROW, SampleRow, build_batch  # noqa: E402
 from openinfer.testing.launch_check import aligned_empty, fake, record_launches  # noqa: E402
 
 BF16 = module.BF16

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.philox import normals
+from openinfer.sampling.philox import normals
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
     BF16, after_inputs, arrival_counters_left_zero, cp, dev, dt, exact, host, own_stream, rnd)
 from openinfer.kernels.cuda import ops
@@ -35,7 +35,7 @@ def test_argmax_and_top_logprobs(dt):
 @pytest.mark.parametrize("k", [0, 3])
 def test_score_rows_matches_numpy(dt, k):
     """Prompt logprobs: each row's target scored as sampling.score_rows scores it (logprob, rank, top k)."""
-    from openinfer.sampling import score_rows
+    from openinfer.sampling.sampler import score_rows
     rng = np.random.default_rng(6)
     R, V = 6, 10007
     logits = exact(rnd(rng, R, V, scale=4), dt[0])

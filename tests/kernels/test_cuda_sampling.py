@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer import sampling_reference as ref
-from openinfer.philox import split64
-from openinfer.sampling import SamplingParams
-from openinfer.sampling_batch import (EDIT_BEGIN, EDIT_END, LOGPROBS, ROW, TEMPERATURE, SampleRow, SamplingBatch,
+from openinfer.sampling import reference as ref
+from openinfer.sampling.philox import split64
+from openinfer.sampling.sampler import SamplingParams
+from openinfer.sampling.batch import (EDIT_BEGIN, EDIT_END, LOGPROBS, ROW, TEMPERATURE, SampleRow, SamplingBatch,
                                       build_batch)
 from openinfer.testing.cuda import kernel_stream, require_gpu
 
@@ -150,7 +150,7 @@ def test_a_seeded_row_ignores_its_batch(dtype):
 def test_flat_logits_draw_the_largest_philox_word():
     """Equal logits: the race picks the smallest E_j, the largest word >> 9 of the Philox stream,
     so the device generator and its stream layout are checked without the reference's race."""
-    from openinfer.philox import uniform_words
+    from openinfer.sampling.philox import uniform_words
     n = 1001   # not a multiple of 4: the last group is partial
     rows = [SampleRow(SamplingParams(temperature=1.0), [], [0] * step, frozenset(), split64(seed), (stream, 0))
             for seed, step, stream in ((0, 0, 0), (1, 5, 0), (-3, 7, 9), (2**63 + 5, 123456, 2**31))]

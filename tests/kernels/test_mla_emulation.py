@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fake_device import flat, run
-from openinfer.batch import ForwardBatch
+from openinfer.engine.batch import ForwardBatch
 from openinfer.kernels import numpy_mla_moe as ref
 from openinfer.kernels.cuda import attention_decode, mla, module
 from openinfer.kernels.cuda.module import BF16, NULL

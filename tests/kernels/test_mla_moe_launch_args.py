@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("cupy")
-from openinfer.batch import ForwardBatch  # noqa: E402
+from openinfer.engine.batch import ForwardBatch  # noqa: E402
 from openinfer.kernels.cuda import attention_decode, blas, mla, module, moe  # noqa: E402
 from openinfer.testing.launch_check import aligned_empty, fake, record_launches  # noqa: E402
 from test_moe_emulation import route_config  # noqa: E402

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from openinfer.batch import ForwardBatch
+from openinfer.engine.batch import ForwardBatch
 from openinfer.kernels.numpy_mla_moe import (mla_attention, mla_rope, mla_write_latent, moe_experts, moe_route,
                                              per_head_linear, router_logits)
 from openinfer.layers.mla import MLADims, mla_softmax_scale

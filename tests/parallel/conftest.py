@@ -3,7 +3,7 @@ from __future__ import annotations
 import ep_standin
 import pytest
 
-from openinfer.plugins import Plugins
+from openinfer.contract.plugins import Plugins
 
 
 @pytest.fixture(scope="session")

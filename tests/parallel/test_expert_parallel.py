@@ -11,10 +11,10 @@ from ep_standin import FAIL_RANK, NAME
 from starlette.testclient import TestClient
 
 from openinfer.cli import _engine_args, build_parser
-from openinfer.engine import build_engine
-from openinfer.engine_args import EngineArgs
-from openinfer.loader import LoadError
-from openinfer.request import Failed, Tokens
+from openinfer.engine.engine import build_engine
+from openinfer.engine.engine_args import EngineArgs
+from openinfer.loading.loader import LoadError
+from openinfer.engine.request import Failed, Tokens
 from openinfer.server import ModelHost
 from openinfer.server.app import create_app
 from openinfer.testing.engine import generate, greedy
@@ -116,7 +116,7 @@ def test_refusals_before_anything_loads(standin_plugins, monkeypatch):
         build_engine(NAME, EngineArgs(**{**vars(ARGS), "ep": 3}), standin_plugins)
     with pytest.raises(LoadError, match="has no routed experts"):
         build_engine(None, EngineArgs(ep=2), standin_plugins)   # the dense demo model
-    monkeypatch.setattr("openinfer.loader._visible_gpus", lambda: 2)
+    monkeypatch.setattr("openinfer.loading.loader._visible_gpus", lambda: 2)
     with pytest.raises(LoadError, match=r"--ep 2 from cuda:1 needs GPUs 1..2, but 2 GPU\(s\) are visible"):
         build_engine(NAME, EngineArgs(**{**vars(ARGS), "device": "cuda:1", "ep": 2}), standin_plugins)
     with pytest.raises(ValueError, match="kv_offload is not available with expert parallelism"):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from openinfer.config import ConfigError
+from openinfer.loading.config import ConfigError
 from openinfer.kernels import numpy_quant
 from openinfer.quant import (Fp8Weight, Int4Weight, QuantizedTensorError, e4m3_to_f32, pack_int4, quant_scheme,
                              quantize_fp8, quantize_int4, row_scales, unpack_int4)
 from openinfer.quant.scheme import host_linear
 from openinfer.quant.staging import fuse_rows, stack_to_backend, to_backend
-from openinfer.weights import Checkpoint
+from openinfer.loading.weights import Checkpoint
 
 KIMI_INT4 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
              "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from fake_engine import FakeEngine
-from openinfer.engine import Engine, EngineArgs, build_engine
+from openinfer.engine.engine import Engine, EngineArgs, build_engine
 from openinfer.server import ModelHost
 from server_harness import LiveServer
 

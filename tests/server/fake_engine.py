@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
-from openinfer.request import Failed, Finished, Rejected, RequestStream, Scheduled, Tokens
-from openinfer.sampling import SampleResult, SamplingParams
-from openinfer.tokenizer import Tokenizer
+from openinfer.engine.request import Failed, Finished, Rejected, RequestStream, Scheduled, Tokens
+from openinfer.sampling.sampler import SampleResult, SamplingParams
+from openinfer.text.tokenizer import Tokenizer
 from openinfer_qwen3.chat import DEMO_TOKENIZER_DIR, QWEN3_CHAT_FORMAT
 
 Script = Callable[[list[int], SamplingParams], list[int]]

@@ -9,9 +9,9 @@ from typing import Iterator
 import openai
 import pytest
 
-from openinfer.engine import Engine, EngineArgs, build_engine
+from openinfer.engine.engine import Engine, EngineArgs, build_engine
 from openinfer.server import ModelHost
-from openinfer.synth import synthesize
+from openinfer.loading.synth import synthesize
 from openinfer.testing.engine import generate, greedy
 from openinfer.testing.tokenizers import tiny_bpe_tokenizer_dir
 from server_harness import LiveServer

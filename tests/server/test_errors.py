@@ -163,7 +163,7 @@ def test_harmless_metadata_and_noop_values_are_accepted(http: httpx.Client) -> N
 def test_forcing_a_tool_call_needs_a_line_that_can(http: httpx.Client, fake: FakeEngine, monkeypatch) -> None:
     """A model line whose chat format declares no tool-call opener cannot honour tool_choice "required" or a named
     function: a 400 naming tool_choice, and nothing reaches the engine."""
-    from openinfer.parsers import ChatFormat
+    from openinfer.text.parsers import ChatFormat
     monkeypatch.setattr(fake, "chat_format", ChatFormat(fake.chat_format.reasoning_parser,
                                                         fake.chat_format.tool_parser))
     before = len(fake.submitted)

@@ -9,7 +9,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from openinfer.engine import Engine
+from openinfer.engine.engine import Engine
 from openinfer.server import ModelHost
 from openinfer.testing.fuzz import fuzz
 from server_harness import LiveServer, wait_until

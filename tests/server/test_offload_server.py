@@ -11,7 +11,7 @@ import pytest
 
 from server_harness import LiveServer
 from openinfer.cli import main
-from openinfer.engine import EngineArgs, build_engine
+from openinfer.engine.engine import EngineArgs, build_engine
 from openinfer.server import ModelHost
 from openinfer.testing.engine import demo_kv_gib
 

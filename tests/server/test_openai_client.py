@@ -237,7 +237,7 @@ def test_reasoning_effort_switches_thinking(client: openai.OpenAI, fake: FakeEng
 
 def test_reasoning_effort_on_a_line_that_does_not_reason(client: openai.OpenAI, fake: FakeEngine,
                                                          monkeypatch) -> None:
-    from openinfer.parsers import ChatFormat
+    from openinfer.text.parsers import ChatFormat
     monkeypatch.setattr(fake, "chat_format", ChatFormat(tool_parser=fake.chat_format.tool_parser))
     fake.say("Plain.")
     with pytest.raises(openai.BadRequestError) as e:

@@ -171,7 +171,8 @@ def test_serve_passes_the_keys_and_the_grace_period(monkeypatch: pytest.MonkeyPa
                         or object())
     monkeypatch.setenv("OPENINFER_API_KEY", "sk-env")
     built = []
-    monkeypatch.setattr("openinfer.engine.build_engine", lambda path, args: built.append(args) or FakeEngine("demo"))
+    monkeypatch.setattr("openinfer.engine.engine.build_engine",
+                        lambda path, args: built.append(args) or FakeEngine("demo"))
     assert cli.main(["serve", "--api-key", "sk-a", "--shutdown-timeout", "12.5", "--max-waiting-requests", "7",
                      "--generation-config", "none"]) == 0
     assert seen["keys"] == ["sk-a", "sk-env"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from fake_engine import demo_tokenizer
-from openinfer.sampling import SampleResult, SamplingParams
+from openinfer.sampling.sampler import SampleResult, SamplingParams
 from openinfer.server.metrics import Histogram, ModelMetrics, render
 from openinfer.server.output import ChoiceOutput
 from openinfer.server.protocol import Generation

@@ -11,7 +11,7 @@ import pytest
 
 from fake_engine import FakeEngine
 from openinfer.server import ModelHost
-from openinfer.tokenizer import Tokenizer
+from openinfer.text.tokenizer import Tokenizer
 from server_harness import LiveServer
 
 q35 = pytest.importorskip("openinfer_qwen35.chat")

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from server_harness import post, wait_until
-from openinfer.engine import Engine
+from openinfer.engine.engine import Engine
 
 USER = [{"role": "user", "content": "Tell me a story."}]
 

@@ -12,7 +12,7 @@ from typing import Iterator
 import openai
 import pytest
 
-from openinfer.engine import Engine
+from openinfer.engine.engine import Engine
 from openinfer.testing.structured import PERSON, check_person
 
 USER = [{"role": "user", "content": "Describe a person as JSON."}]

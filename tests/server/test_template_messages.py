@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from fake_engine import FakeEngine
-from openinfer.parsers import ChatFormat
-from openinfer.tokenizer import ChatTemplateError
+from openinfer.text.parsers import ChatFormat
+from openinfer.text.tokenizer import ChatTemplateError
 from openinfer_qwen3.chat import QWEN3_CHAT_FORMAT
 
 

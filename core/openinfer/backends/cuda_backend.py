@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from ..sampling import SampleResult
-from ..sampling_batch import LOGPROBS, NUM_FIELDS, SamplingBatch, to_results
+from ..sampling.sampler import SampleResult
+from ..sampling.batch import LOGPROBS, NUM_FIELDS, SamplingBatch, to_results
 from .block_copy import BlockCopier
 from .numpy_backend import Backend
 
 if TYPE_CHECKING:
-    from ..weights import WeightSource
+    from ..loading.weights import WeightSource
 
 INSTALL_HINT = ("install the cuda13 extra (CUDA 13 driver, >= 580; pip install -e '.[cuda13]' in an openinfer checkout) "
                 "or the cuda12 one (CUDA 12 driver)")

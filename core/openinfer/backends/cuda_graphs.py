@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..batch import ForwardBatch
+from ..engine.batch import ForwardBatch
 from .graph_inputs import WORDS, GraphInputs
 
 if TYPE_CHECKING:
-    from ..model_runner import HostBatch
+    from ..engine.model_runner import HostBatch
 
 log = logging.getLogger("openinfer.cuda_graphs")
 Forward = Callable[[ForwardBatch], tuple[Any, Any]]   # batch -> (logits [B, V], greedy tokens [B] int32)

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..philox import split64
-from ..weights import Checkpoint, DummyWeights, WeightSource, stable_hash
+from ..sampling.philox import split64
+from ..loading.weights import Checkpoint, DummyWeights, WeightSource, stable_hash
 from .staged_read import StagedReader, copy_threads
 
 CHUNK_BYTES = 8 << 20   # per staging buffer; two per reading thread (128 MiB of pinned memory at 8 threads)

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..batch import ForwardBatch
+from ..engine.batch import ForwardBatch
 
 if TYPE_CHECKING:
-    from ..model_runner import HostBatch
+    from ..engine.model_runner import HostBatch
 
 WORDS = 6   # int32 words per batch row in the buffer (slot_mapping takes two)
 
@@ -45,7 +45,7 @@ class GraphInputs:
     def batch(self, b: int, block_size: int, max_model_len: int, state_slots: bool) -> ForwardBatch:
         """The batch a graph of bucket size b is captured with: views of the static buffers only.
         Its host fields are placeholders (a replay runs no Python), so a decode op must read the
-        device fields alone (batch.py)."""
+        device fields alone (engine/batch.py)."""
         n, m = self.n, self.meta
         return ForwardBatch(
             slot_mapping=m[: 2 * n].view(self.xp.int64)[:b], token_ids=m[2 * n: 2 * n + b],

@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..sampling import score_rows
+from ..sampling.sampler import score_rows
 from .block_copy import BlockCopier, HostPoolCopier
 
 if TYPE_CHECKING:
     from ..parallel.communicator import Communicator
-    from ..weights import WeightSource
+    from ..loading.weights import WeightSource
 
 
 class Backend(ABC):

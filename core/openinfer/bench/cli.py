@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..engine_args import add_kernel_option
+from ..engine.engine_args import add_kernel_option
 
 
 def _floats(text: str) -> list[float]:
@@ -150,7 +150,7 @@ def _run_latency(args: argparse.Namespace) -> int:
     try:
         return run_latency(args)
     except ImportError as e:
-        print(f"error: bench latency needs the in-process engine (openinfer.engine): {e}", file=sys.stderr)
+        print(f"error: bench latency needs the in-process engine (openinfer.engine.engine): {e}", file=sys.stderr)
         return 1
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..request import Scheduled
+from ..engine.request import Scheduled
 
 
 @dataclass
@@ -101,9 +101,9 @@ def format_points(rows: list[dict[str, Any]]) -> str:
 
 def run_latency(args: argparse.Namespace) -> int:
     # Imported here: the engine pulls in the model runtime, which the HTTP benchmarks never need.
-    from openinfer.engine import EngineArgs, build_engine
+    from openinfer.engine.engine import EngineArgs, build_engine
     from openinfer.kernels.registry import parse_kernel_overrides
-    from openinfer.sampling import SamplingParams
+    from openinfer.sampling.sampler import SamplingParams
 
     budget = args.max_num_batched_tokens or max(b * i for b in args.batch_sizes for i in args.input_lens)
     engine = build_engine(args.model, EngineArgs(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..batch import ForwardBatch
+from ..engine.batch import ForwardBatch
 from .numpy_ops import causal_softmax, sequence_runs
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batch import ForwardBatch
+from ..engine.batch import ForwardBatch
 
 
 def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -89,7 +89,7 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, bat
     Query j of a run of n tokens sits at position L - n + j of its sequence (L = context length)
     and sees keys 0 .. L - n + j: this one rule covers prefill chunks, prefix hits and decode.
     Reads the batch's array fields, not its host copies (a CUDA graph's decode batch has
-    placeholders there; openinfer.batch): on this backend they hold the same values.
+    placeholders there; openinfer.engine.batch): on this backend they hold the same values.
     """
     T, nh, d = q.shape
     nkv = k_cache.shape[2]

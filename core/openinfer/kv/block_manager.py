@@ -20,7 +20,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from ..request import Request
+from ..engine.request import Request
 
 
 @dataclass

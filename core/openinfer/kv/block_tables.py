@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..request import Request
+from ..engine.request import Request
 
 
 class BlockTables:

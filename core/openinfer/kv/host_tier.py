@@ -39,7 +39,7 @@ from itertools import islice
 from typing import Any
 
 from ..backends.block_copy import BlockCopier, Transfer
-from ..request import Request, Status
+from ..engine.request import Request, Status
 from .block_manager import BlockManager
 from .offload_stats import OffloadStats, restore_report
 from .pool import StatePools

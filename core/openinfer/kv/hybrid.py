@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from ..request import Request
+from ..engine.request import Request
 from .block_manager import BlockManager
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ..model_line import StateGroup
+from ..contract.model_line import StateGroup
 
 
 def bytes_per_block(groups: list[StateGroup], block_size: int, itemsize: dict[str, int]) -> int:

@@ -3,7 +3,7 @@ the op registry so it runs on every backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from ..batch import Array, ForwardBatch
+from ..engine.batch import Array, ForwardBatch
 from ..kernels.registry import Ops
 from ..kv.pool import StatePools
 

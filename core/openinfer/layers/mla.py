@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ..batch import Array, ForwardBatch
+from ..engine.batch import Array, ForwardBatch
 from ..kernels.registry import Ops
 from ..kv.pool import StatePools
-from ..model_line import StateGroup
+from ..contract.model_line import StateGroup
 from ..quant import QuantScheme
 from ..quant.scheme import host_linear
 from .quant_linear import load_linear

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..batch import Array, ForwardBatch
-from ..config import ConfigError, require
+from ..engine.batch import Array, ForwardBatch
+from ..loading.config import ConfigError, require
 from ..kernels.registry import Ops
 from ..kv.pool import StatePools
-from ..model_line import Model
+from ..contract.model_line import Model
 from ..quant import QuantScheme, quant_scheme
 from ..quant.scheme import DENSE
 from .mla import MLADims, MLAttention, load_mla_weights, mla_softmax_scale, mla_weight_shapes

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..batch import Array
+from ..engine.batch import Array
 from ..kernels.registry import Ops
 from ..quant import QuantScheme
 from .quant_linear import load_linear

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..batch import Array
-from ..config import ConfigError
+from ..engine.batch import Array
+from ..loading.config import ConfigError
 from ..kernels.registry import Ops
 from ..parallel.communicator import Communicator
 from ..quant import QuantScheme

@@ -26,9 +26,9 @@ from .communicator import Communicator, RankFailed
 from .pipes import PipeCommunicator
 
 if TYPE_CHECKING:
-    from ..engine_args import EngineArgs
-    from ..model_runner import Step
-    from ..plugins import Plugins
+    from ..engine.engine_args import EngineArgs
+    from ..engine.model_runner import Step
+    from ..contract.plugins import Plugins
 
 log = logging.getLogger("openinfer.parallel")
 STOP_TIMEOUT_S = 10.0   # a worker told to stop that is still running after this is terminated
@@ -168,8 +168,8 @@ class Workers:
 def worker_main(rank: int, world_size: int, spec: WorkerSpec, ctrl: Connection, comm_pipe: Connection) -> None:
     """A worker process: load rank `rank`, then run the steps rank 0 sends until None or its exit."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s [rank {rank}]: %(message)s")
-    from ..loader import load_rank, read_source
-    from ..plugins import Plugins
+    from ..loading.loader import load_rank, read_source
+    from ..contract.plugins import Plugins
 
     def connect(backend: Any) -> Communicator:
         if spec.nccl_id is not None:

@@ -8,11 +8,9 @@ Importing this module is cheap and never touches a GPU.
 """
 from __future__ import annotations
 
-from ..batch import Array, ForwardBatch
-from ..config import ConfigError, require
-from ..detokenize import partial_suffix_len
-from ..disk_cache import cache_root, write_atomic
-from ..hookspecs import hookimpl
+from ..contract.hookspecs import hookimpl
+from ..contract.model_line import Model, ModelLine, Probe, StateGroup
+from ..engine.batch import Array, ForwardBatch
 from ..kernels.numpy_ops import sequence_runs
 from ..kernels.registry import KernelRegistry, Ops
 from ..kv.pool import StatePools
@@ -24,16 +22,19 @@ from ..layers.mla_moe_decoder import (MLAMoEConfig, MLAMoEDecoder, mla_moe_kerne
 from ..layers.mlp import SwiGLU, load_swiglu
 from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
 from ..layers.rope import RopeConfig, cos_sin, rope_config
-from ..model_line import Model, ModelLine, Probe, StateGroup
-from ..quant import QuantScheme, QuantizedTensorError, quant_scheme
+from ..loading.config import ConfigError, require
+from ..loading.disk_cache import cache_root, write_atomic
+from ..loading.weights import WeightSource
 from ..parallel import Communicator, expert_shard
-from ..parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser, ToolCall,
-                       SteppedToolCallParser, ToolCallDelta, ToolCallParser, collect_tool_calls, new_call_id)
-from ..tiktoken_bpe import bpe_tokenizer_json, load_ranks
-from ..structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
-from ..tokenizer import ChatTemplateError, Tokenizer, byte_level_chars
-from ..tool_args import convert_value, is_text, param_types, schema_types, with_object_arguments
-from ..weights import WeightSource
+from ..quant import QuantScheme, QuantizedTensorError, quant_scheme
+from ..sampling.structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
+from ..text.detokenize import partial_suffix_len
+from ..text.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, SteppedToolCallParser,
+                            ThinkTagReasoningParser, ToolCall, ToolCallDelta, ToolCallParser, collect_tool_calls,
+                            new_call_id)
+from ..text.tiktoken_bpe import bpe_tokenizer_json, load_ranks
+from ..text.tokenizer import ChatTemplateError, Tokenizer, byte_level_chars
+from ..text.tool_args import convert_value, is_text, param_types, schema_types, with_object_arguments
 
 __all__ = [
     "Array", "AttentionWeights", "ChatFormat", "ChatTemplateError", "ConfigError", "ContentTrimmer", "ForwardBatch",

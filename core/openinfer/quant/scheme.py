@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ..config import ConfigError
+from ..loading.config import ConfigError
 from .fp8 import FP8_BLOCK, Fp8Weight, row_scales
 from .int4 import INT4_GROUP, Int4Weight
 

@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from openinfer.tokenizer import ChatTemplateError
+from openinfer.text.tokenizer import ChatTemplateError
 
 from . import metrics
 from .auth import TENANT, APIKeyAuth, ASGIApp, Caller

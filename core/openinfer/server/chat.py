@@ -18,10 +18,10 @@ from typing import Any
 
 from starlette.responses import Response
 
-from openinfer.parsers import ToolCallDelta, collect_tool_calls
-from openinfer.sampling import SamplingParams
-from openinfer.structured import OutputGrammar, reasoning_gate
-from openinfer.tokenizer import ChatTemplateError
+from openinfer.text.parsers import ToolCallDelta, collect_tool_calls
+from openinfer.sampling.sampler import SamplingParams
+from openinfer.sampling.structured import OutputGrammar, reasoning_gate
+from openinfer.text.tokenizer import ChatTemplateError
 
 from .auth import Caller
 from .errors import bad_request

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from openinfer.sampling import SampleResult, SamplingParams
+from openinfer.sampling.sampler import SampleResult, SamplingParams
 
 from .auth import Caller
 from .errors import bad_request

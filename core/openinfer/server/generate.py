@@ -13,8 +13,8 @@ from typing import Any, AsyncIterator, Protocol
 
 from starlette.responses import JSONResponse, Response
 
-from openinfer.sampling import SamplingParams
-from openinfer.structured import Constraint, GrammarError, ReasoningGate, compile_grammar
+from openinfer.sampling.sampler import SamplingParams
+from openinfer.sampling.structured import Constraint, GrammarError, ReasoningGate, compile_grammar
 
 from .errors import bad_request
 from .host import ServedModel

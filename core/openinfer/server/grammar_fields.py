@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from openinfer.structured import OutputGrammar
+from openinfer.sampling.structured import OutputGrammar
 
 from .errors import APIError, bad_request
 from .fields import Fields

@@ -14,22 +14,22 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
 
-from openinfer.parsers import ChatFormat
-from openinfer.request import RequestStream
-from openinfer.sampling import SamplingParams
-from openinfer.tokenizer import Tokenizer
+from openinfer.text.parsers import ChatFormat
+from openinfer.engine.request import RequestStream
+from openinfer.sampling.sampler import SamplingParams
+from openinfer.text.tokenizer import Tokenizer
 
 from .errors import APIError, bad_request, model_not_found
 from .metrics import ModelMetrics
 
 if TYPE_CHECKING:
-    from openinfer.engine import EngineStats
-    from openinfer.structured import Constraint
+    from openinfer.engine.engine import EngineStats
+    from openinfer.sampling.structured import Constraint
     from .submission import Submission
 
 
 class Engine(Protocol):
-    """What the server needs of an engine (openinfer.engine implements it)."""
+    """What the server needs of an engine (openinfer.engine.engine implements it)."""
     name: str
     tokenizer: Tokenizer
     chat_format: ChatFormat

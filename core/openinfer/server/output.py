@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from openinfer.detokenize import IncrementalDetokenizer, StopStringMatcher
-from openinfer.parsers import OutputParser, ParsedDelta
-from openinfer.sampling import SampleResult, SamplingParams
-from openinfer.tokenizer import Tokenizer
+from openinfer.text.detokenize import IncrementalDetokenizer, StopStringMatcher
+from openinfer.text.parsers import OutputParser, ParsedDelta
+from openinfer.sampling.sampler import SampleResult, SamplingParams
+from openinfer.text.tokenizer import Tokenizer
 
 from .protocol import Generation
 

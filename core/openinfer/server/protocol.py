@@ -17,7 +17,7 @@ choice on completions and once per response on chat. Scored prompts skip the pre
 token has no logits.
 `response_format` (both endpoints, as in vLLM): {"type": "text"}; {"type": "json_object"} (any JSON
 object); {"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "description"?}} — the
-schema is always enforced, `strict` or not, by constrained decoding (structured.py): the content is
+schema is always enforced, `strict` or not, by constrained decoding (sampling/structured.py): the content is
 valid JSON matching it unless max_tokens (or a stop string) cuts it, and finish_reason is "stop" once
 it is complete. A malformed format or a schema llguidance rejects is a 400 naming `response_format`.
 On a reasoning line the grammar applies to the answer, after the reasoning block; where the model may open
@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from openinfer.sampling import ParamError, SamplingParams
-from openinfer.structured import OutputGrammar
-from openinfer.tokenizer import Tokenizer
+from openinfer.sampling.sampler import ParamError, SamplingParams
+from openinfer.sampling.structured import OutputGrammar
+from openinfer.text.tokenizer import Tokenizer
 
 from .errors import bad_request
 from .fields import IGNORED, Fields, int_list, is_kind, str_list, token_ids

@@ -13,7 +13,7 @@ import copy
 import uuid
 from typing import Any
 
-from openinfer.parsers import ParsedDelta, ToolCallDelta
+from openinfer.text.parsers import ParsedDelta, ToolCallDelta
 
 Event = dict[str, Any]   # one stream event, before its sequence_number
 # per text kind: the item's id prefix, its part type and the delta / done event names

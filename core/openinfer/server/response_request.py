@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from openinfer.structured import OutputGrammar
+from openinfer.sampling.structured import OutputGrammar
 
 from .errors import bad_request
 from .fields import IGNORED, Fields, is_kind

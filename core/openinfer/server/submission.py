@@ -14,9 +14,9 @@ import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
-from openinfer.request import Event, Failed, Finished, PromptLogprobs, Rejected, RequestStream, Scheduled, Tokens
-from openinfer.sampling import SamplingParams
-from openinfer.structured import Constraint
+from openinfer.engine.request import Event, Failed, Finished, PromptLogprobs, Rejected, RequestStream, Scheduled, Tokens
+from openinfer.sampling.sampler import SamplingParams
+from openinfer.sampling.structured import Constraint
 
 from .errors import APIError, bad_request, engine_error
 from .metrics import ModelMetrics

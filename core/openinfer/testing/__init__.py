@@ -10,17 +10,17 @@ block hashes are re-exported here; the CUDA helpers are in `testing.cuda` and `t
 from __future__ import annotations
 
 from ..backends import NumpyBackend
-from ..config import read_model_config
-from ..detect import detect_line
-from ..engine import Engine, EngineArgs, build_engine
+from ..loading.config import read_model_config
+from ..contract.detect import detect_line
+from ..engine.engine import Engine, EngineArgs, build_engine
 from ..kv.block_manager import block_hashes
 from ..kv.pool import bytes_per_block
-from ..loader import LoadError, load_rank, read_source
-from ..plugins import get_plugins
-from ..sampling import SamplingParams
+from ..loading.loader import LoadError, load_rank, read_source
+from ..contract.plugins import get_plugins
+from ..sampling.sampler import SamplingParams
 from ..quant import Fp8Weight, Int4Weight, pack_int4, quantize_fp8, quantize_int4, row_scales, unpack_int4
-from ..synth import synthesize, with_num_layers
-from ..weights import Checkpoint, DummyWeights, save_safetensors
+from ..loading.synth import synthesize, with_num_layers
+from ..loading.weights import Checkpoint, DummyWeights, save_safetensors
 
 __all__ = ["Checkpoint", "DummyWeights", "Engine", "EngineArgs", "Fp8Weight", "Int4Weight", "LoadError", "ModelHost",
            "NumpyBackend", "SamplingParams", "block_hashes", "build_engine", "bytes_per_block", "create_app",

@@ -5,9 +5,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from ..detokenize import IncrementalDetokenizer, StopStringMatcher
-from ..parsers import ChatFormat, ParsedDelta
-from ..tokenizer import Tokenizer
+from ..text.detokenize import IncrementalDetokenizer, StopStringMatcher
+from ..text.parsers import ChatFormat, ParsedDelta
+from ..text.tokenizer import Tokenizer
 
 
 def split_feed(parser: Any, text: str, rng: random.Random, max_cuts: int) -> ParsedDelta:
@@ -48,7 +48,7 @@ def tool_call_grammar_run(fmt: ChatFormat, tok: Tokenizer, tools: list[dict[str,
                           output: str, parallel: bool = True) -> tuple[int, bool]:
     """A forced call's rest `output` fed token by token to the format's tool_call_grammar, as the engine
     samples under it: (the tokens the grammar allowed before one it refused, whether the output may end there)."""
-    from ..structured import OutputGrammar, compile_grammar
+    from ..sampling.structured import OutputGrammar, compile_grammar
     vocab = _Vocab(tok, tok.vocab_size, frozenset(tok.encode("<|im_end|>")))
     [c] = compile_grammar(vocab, OutputGrammar("grammar", fmt.tool_call_grammar(tools, name, parallel), "tools"), 1)
     ids = tok.encode(output)

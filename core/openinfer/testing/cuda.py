@@ -45,7 +45,7 @@ def demo_engine_on_gpu(mode: str, max_model_len: int) -> Any:
     """The built-in demo model on the GPU, sampling on the device, for the engine-level GPU tests; `mode` "graphs"
     (decode CUDA graphs) or "eager". float32: a row's greedy or seeded tokens equal alone and batched only while
     its logits do, and bf16 GEMMs of other batch shapes may round differently."""
-    from ..engine import EngineArgs, build_engine
+    from ..engine.engine import EngineArgs, build_engine
     eng = build_engine(None, EngineArgs(device="cuda", dtype="float32", max_model_len=max_model_len, max_num_seqs=4,
                                         kv_cache_memory_gib=0.05, enforce_eager=mode == "eager"))
     eng.runner.backend.activate()

@@ -5,10 +5,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine import Engine
-from ..request import Finished, PromptLogprobs, Request, RequestStream, Scheduled, Tokens
-from ..sampling import SampleResult, SamplingParams
-from ..scheduler import ScheduledRun, StepPlan
+from ..engine.engine import Engine
+from ..engine.request import Finished, PromptLogprobs, Request, RequestStream, Scheduled, Tokens
+from ..sampling.sampler import SampleResult, SamplingParams
+from ..engine.scheduler import ScheduledRun, StepPlan
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:
@@ -101,8 +101,8 @@ def demo_kv_gib(blocks: int, itemsize: int = 4, block_size: int = 16) -> float:
     """--kv-cache-memory-gib (or --kv-offload-host-gib) that holds exactly `blocks` KV blocks of the
     built-in demo model (itemsize 4: float32, the CPU; 2: bfloat16), so tests can size pools in blocks."""
     from ..kv.pool import bytes_per_block
-    from ..loader import _demo
-    from ..plugins import get_plugins
+    from ..loading.loader import _demo
+    from ..contract.plugins import get_plugins
     line, config, _ = _demo(get_plugins())
     groups = line.state_spec(line.parse_config(config))
     return blocks * bytes_per_block(groups, block_size, {g.name: itemsize for g in groups}) / 2**30

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..backends.cuda_graphs import DecodeGraphs, Forward, buckets
 from ..backends.graph_inputs import GraphInputs
-from ..engine import Engine
-from ..model_runner import HostBatch
+from ..engine.engine import Engine
+from ..engine.model_runner import HostBatch
 
 
 class EmulatedGraphs:

@@ -8,12 +8,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..engine import Engine
-from ..engine_args import EngineArgs
-from ..loader import load_rank, read_source
-from ..model_runner import Step
+from ..engine.engine import Engine
+from ..engine.engine_args import EngineArgs
+from ..loading.loader import load_rank, read_source
+from ..engine.model_runner import Step
 from ..parallel import LocalGroup
-from ..plugins import Plugins
+from ..contract.plugins import Plugins
 from .graphs import EmulatedGraphs
 
 

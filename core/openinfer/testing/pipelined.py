@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..engine import Engine
-from ..request import Event, RequestStream
-from ..sampling import SamplingParams
+from ..engine.engine import Engine
+from ..engine.request import Event, RequestStream
+from ..sampling.sampler import SamplingParams
 
 Action = Callable[[Engine, dict[str, RequestStream]], None]
 

@@ -3,7 +3,7 @@ indexer's keys in their own paged cache, its scores with a causal top-k, and MLA
 selected keys only. Registered as `glm52_*` through `register_kernels`; they are the CPU
 implementation and the specification every CUDA kernel is tested against, so they favour clarity.
 
-Shapes: T tokens of the flat batch (openinfer.batch.ForwardBatch), Hi indexer heads of Di dims,
+Shapes: T tokens of the flat batch (openinfer.engine.batch.ForwardBatch), Hi indexer heads of Di dims,
 P = qk_rope_head_dim rotary dims, H attention heads, R = kv_lora_rank. The indexer cache layer is
 [num_blocks, block_size, Di]; the MLA latent cache layer is [num_blocks, block_size, R + P]
 (normalised c, then the rotated k_pe). A query j of a run of n tokens sits at position L - n + j

@@ -1,5 +1,5 @@
 """Kimi's tokenizer from a checkpoint folder: `tiktoken.model` + `tokenizer_config.json`, as the checkpoints'
-`tokenization_kimi.py` (TikTokenTokenizer) defines it, converted to an exact HF BPE (openinfer.tiktoken_bpe) and
+`tokenization_kimi.py` (TikTokenTokenizer) defines it, converted to an exact HF BPE (openinfer.text.tiktoken_bpe) and
 cached on disk; a folder with a converted `tokenizer.json` loads as any other.
 
 What tokenization_kimi.py does, reproduced here: the ranks are ids 0 .. n-1; 256 special ids follow, from n, named

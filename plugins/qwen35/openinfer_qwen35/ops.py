@@ -29,7 +29,7 @@ def _has_state(batch: ForwardBatch) -> np.ndarray:
 
 def _has_state_decode(batch: ForwardBatch) -> np.ndarray:
     """`_has_state` of a one-token-per-run batch from the device fields alone: a decode batch may
-    be a CUDA graph's, whose host fields are placeholders (openinfer.batch)."""
+    be a CUDA graph's, whose host fields are placeholders (openinfer.engine.batch)."""
     return np.asarray(batch.context_lens) > 1
 
 

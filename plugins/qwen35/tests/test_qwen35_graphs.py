@@ -54,7 +54,7 @@ def test_padding_rows_touch_only_the_reserved_state_row(untied):
 
 
 def test_pipelined_decode_streams_match_serial(untied):
-    """Pipelined decode (pipeline.py) on the hybrid model: the state row of a dropped (aborted) row
+    """Pipelined decode (engine/pipeline.py) on the hybrid model: the state row of a dropped (aborted) row
     is freed after the step that wrote it, and a step whose commit saves a rolling state checkpoint
     (every block_size tokens, with prefix caching) runs serially, so the checkpoint holds the state
     before the next token. Every stream's events match the serial engine's, including a second

@@ -42,7 +42,7 @@ def test_real_layout_skips_vision_and_mtp_tensors(untied, tmp_path, caplog):
         shutil.copy(f, tmp_path / f.name)
     shapes = {"mtp.fc.weight": (64, 128), "mtp.layers.0.input_layernorm.weight": (64,)}
     save_safetensors(tmp_path / "mtp.safetensors", shapes, lambda n: np.ones(shapes[n], np.float32), "F32")
-    with caplog.at_level(logging.WARNING, logger="openinfer.loader"):
+    with caplog.at_level(logging.WARNING, logger="openinfer.loading.loader"):
         eng = build_engine(str(tmp_path), EngineArgs())
     assert not caplog.records
     ids = [5, 6, 7, 8, 9]

@@ -14,7 +14,7 @@ import math
 import cupy as cp
 import numpy as np
 
-from ...batch import ForwardBatch
+from ...engine.batch import ForwardBatch
 from .attention_decode import BN, NWARPS, decode_kernel, paged_decode
 from .module import as_index, heads3d, hopper, launch, suffix
 

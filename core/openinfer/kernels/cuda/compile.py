@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Sequence
 
-from ...disk_cache import cache_root, write_atomic
+from ...loading.disk_cache import cache_root, write_atomic
 
 log = logging.getLogger(__name__)
 

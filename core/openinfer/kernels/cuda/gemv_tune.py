@@ -8,7 +8,7 @@ no simple rule captured.
 
 `tune` times each candidate at M = 1 as a graph replay over weight copies larger than L2, so the weights come from
 HBM as in a decode step. It keeps the fastest unless the rule's own factor is within TOLERANCE of it. It runs in
-loader.py's "GEMM tuning" phase, before any graph is captured, so eager and graph steps use the same factor, and
+loading/loader.py's "GEMM tuning" phase, before any graph is captured, so eager and graph steps use the same factor, and
 so does the SiLU-epilogue GEMV, which splits as the plain one on the same weight: the same bits either way.
 The cache (tuning.py, folder gemv_splits) is keyed by the GPU, its SM count and the compiled GEMV.
 """

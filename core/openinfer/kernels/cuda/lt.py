@@ -153,7 +153,7 @@ recorded: set[tuple[int, int]] | None = None         # while not None, blas.line
 @contextmanager
 def recording() -> Iterator[set[tuple[int, int]]]:
     """The (N, K) of the bf16 packed-row weights blas.linear is called with inside the block: the shapes
-    worth tuning are those the model really multiplies by (loader.py records them in its activation profile)."""
+    worth tuning are those the model really multiplies by (loading/loader.py records them in its activation profile)."""
     global recorded
     recorded = shapes = set()
     try:

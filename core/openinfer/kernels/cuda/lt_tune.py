@@ -1,6 +1,6 @@
 """lt.py's algorithm per (M, N, K): chosen by timing cuBLASLt's heuristic candidates, kept on disk.
 
-`tune` runs at start-up (loader.py's "GEMM tuning" phase), after the activation profile has recorded
+`tune` runs at start-up (loading/loader.py's "GEMM tuning" phase), after the activation profile has recorded
 the bf16 (N, K) that blas.linear sees, and before any decode graph is captured. The cache file
 (tuning.py, folder gemm_algos) holds {"key": GPU name, compute capability, SM count, cuBLASLt version;
 "choices": {"M,N,K,bf16": the algorithm's 64 bytes in hex}}; a warm start checks each

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
-from ...batch import ForwardBatch
+from ...engine.batch import ForwardBatch
 from .attention import LOG2E
 from .attention_decode import decode_splits
 from .module import (BF16, COUNTER_SLOTS, NULL, arrival_counters, as_index, blocks_per_sm, heads3d, launch,

@@ -8,7 +8,7 @@ import cupy as cp
 import ml_dtypes
 import numpy as np
 
-from ...phases import phase
+from ...loading.phases import phase
 from . import pdl
 from .compile import arch_for, compile_source
 

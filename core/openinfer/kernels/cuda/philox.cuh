@@ -1,6 +1,6 @@
 // Philox4x32-10 (Salmon et al., SC 2011), the counter-based generator of the device sampler: the
 // output is a pure function of (counter, key), so a row's draws depend on its own seed and step
-// alone, never on the batch around it. Reference: openinfer/philox.py.
+// alone, never on the batch around it. Reference: openinfer/sampling/philox.py.
 #pragma once
 
 struct Philox4 { unsigned int v[4]; };

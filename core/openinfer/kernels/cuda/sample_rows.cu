@@ -1,7 +1,7 @@
-// The device sampler over the sampled rows of a step's [*, vocab] logits; sampling_reference.py
+// The device sampler over the sampled rows of a step's [*, vocab] logits; sampling/reference.py
 // is its numpy twin and documents the pipeline. Launch order (kernels/cuda/sampler.py):
 //   sampling_rows_<T>  logits row params[ROW] -> float32 work row
-//   apply_edits        penalties, logit_bias and min_tokens blocks (sampling_batch.py)
+//   apply_edits        penalties, logit_bias and min_tokens blocks (sampling/batch.py)
 //   (top_logprobs over the work rows that ask for alternatives)
 //   sample_rows_<T>    one block a row: argmax, or top-k/top-p/min-p then a Philox draw
 // Top-k and top-p keep a prefix of the (e descending, index ascending) order, found without a
@@ -12,7 +12,7 @@
 #include "block_best.cuh"
 #include "philox.cuh"
 
-// columns of the params rows (sampling_batch.py)
+// columns of the params rows (sampling/batch.py)
 enum { ROW, LOGPROBS, TEMPERATURE, TOP_P, MIN_P, TOP_K, KEY_LO, KEY_HI, STREAM_LO, STREAM_HI, STEP, EDIT_BEGIN,
        EDIT_END, NUM_FIELDS = 16 };
 #define SAMPLE_THREADS 512

@@ -14,7 +14,7 @@ GATHER_BLOCKS = 32   # blocks per row for the float32 copy of the logits
 
 def sample(logits: cp.ndarray, params: cp.ndarray, edits: cp.ndarray, top_k: int, top_rows: np.ndarray
            ) -> tuple[cp.ndarray, cp.ndarray | None, cp.ndarray | None]:
-    """params [S, 16] int32 and edits [E >= 1, 4] int32 (sampling_batch.py) on the device.
+    """params [S, 16] int32 and edits [E >= 1, 4] int32 (sampling/batch.py) on the device.
     Returns (out [2, S] int32: tokens, then the chosen logprobs as float32 bits; top values
     [len(top_rows), top_k] and ids of the rows `top_rows`, or None when top_k is 0)."""
     x, stride = rows2d(logits)

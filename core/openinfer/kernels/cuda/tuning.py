@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import cupy as cp
 
-from ...disk_cache import cache_root, write_atomic
+from ...loading.disk_cache import cache_root, write_atomic
 from .module import BF16
 
 RUNS = 5                  # timed replays after an eager pass and a first replay (median)

@@ -2,7 +2,7 @@
 // paged cache), its scores, the exact causal top-k, and absorbed MLA attention over the selected latents.
 // The numpy references are ../ops.py; every rule here (selection order, tie rule, masking) is theirs.
 //
-// Batch layout (openinfer.batch): T tokens of B sequences; sequence i owns tokens query_start[i] ..
+// Batch layout (openinfer.engine.batch): T tokens of B sequences; sequence i owns tokens query_start[i] ..
 // query_start[i+1]-1 and holds context_lens[i] keys after the step, so token j of a run of n sits at
 // position L - n + j and sees keys 0 .. L - n + j. Paged caches are layer views [num_blocks, block_size, D]
 // with rows packed in a block and any block stride; a key at position s of sequence i lives in block

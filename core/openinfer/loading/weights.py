@@ -123,14 +123,14 @@ class DummyWeights:
 
     def kind(self, name: str) -> str:
         """The safetensors dtype the tensor stands for ("F32" for the plain float tensors)."""
-        from .quant.dummy import quantized_kind
+        from ..quant.dummy import quantized_kind
         return quantized_kind(name, self.shapes) or "F32"
 
     def get(self, name: str) -> np.ndarray:
         rng = np.random.default_rng([self.seed, stable_hash(name)])
         shape = self.shapes[name]
         if self.kind(name) != "F32":
-            from .quant.dummy import dummy_quantized
+            from ..quant.dummy import dummy_quantized
             return dummy_quantized(name, self.shapes, rng)
         if len(shape) == 1:
             return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)

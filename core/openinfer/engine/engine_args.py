@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from .kv.block_manager import BLOCK_HASHES
+from ..kv.block_manager import BLOCK_HASHES
 
 
 # Per-step token budget when none is given. On a GPU a long prompt's prefill is GEMM-bound: 1k-token chunks

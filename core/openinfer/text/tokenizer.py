@@ -20,7 +20,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from .disk_cache import cache_root, write_atomic
+from ..loading.disk_cache import cache_root, write_atomic
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")

@@ -1,7 +1,7 @@
 """The device sampler in numpy: the same arithmetic, step for step, and the same Philox stream,
 so a GPU test can demand identical tokens (kernels/cuda/sample_rows.cu documents the kernels).
 
-Per row: x = float32 logits with the edits applied (sampling_batch.py); logprobs are
+Per row: x = float32 logits with the edits applied (batch.py); logprobs are
 log_softmax(x), the processed distribution before temperature and filters, as the host sampler
 reports them. temperature 0 takes argmax(x). Otherwise y = x / T and e = exp(y - max y) (exp in
 float64, rounded to float32); the candidates are ordered by (e descending, index ascending),
@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from .philox import uniform_words
-from .sampling_batch import (EDIT_BEGIN, EDIT_END, KEY_HI, KEY_LO, LOGPROBS, MIN_P, STEP, STREAM_HI, STREAM_LO,
-                             TEMPERATURE, TOP_K, TOP_P, SamplingBatch)
+from .batch import (EDIT_BEGIN, EDIT_END, KEY_HI, KEY_LO, LOGPROBS, MIN_P, STEP, STREAM_HI, STREAM_LO,
+                    TEMPERATURE, TOP_K, TOP_P, SamplingBatch)
 
 MASS_SCALE = np.float32(2.0 ** 40)   # fixed-point unit of the top-p masses: e <= 1, so q < 2^40
 NO_LIMIT = np.uint64(0xFFFFFFFFFFFFFFFF)

@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .kv.pool import bytes_per_block
-from .model_line import ModelLine
-from .quant.dummy import quantized_kind
+from ..kv.pool import bytes_per_block
+from ..contract.model_line import ModelLine
+from ..quant.dummy import quantized_kind
 from .weights import Checkpoint
 
 _FLOATS = ("F64", "F32", "F16", "BF16")

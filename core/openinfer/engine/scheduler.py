@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .kv.block_manager import BlockManager
-from .kv.host_tier import HostTier
+from ..kv.block_manager import BlockManager
+from ..kv.host_tier import HostTier
 from .request import Request, Status
 
 

@@ -22,23 +22,23 @@ import numpy as np
 
 from .engine_args import EngineArgs
 from .executor import Executor
-from .kv.block_manager import BlockManager
-from .kv.host_tier import AHEAD_POLL_S, HostTier
-from .kv.offload_stats import OffloadStats
+from ..kv.block_manager import BlockManager
+from ..kv.host_tier import AHEAD_POLL_S, HostTier
+from ..kv.offload_stats import OffloadStats
 from .model_runner import Launched, StepOutput
-from .parallel.communicator import RankFailed
+from ..parallel.communicator import RankFailed
 from .pipeline import next_decode_plan
 from .request import (Failed, Finished, PromptLogprobs, Rejected, Request, RequestStream, Scheduled, Status,
                       Tokens, wakeups_batched)
-from .philox import split64
-from .sampling import SampleResult, SamplingParams, sample_row
-from .sampling_batch import SampleRow, SamplingBatch, build_batch
+from ..sampling.philox import split64
+from ..sampling.sampler import SampleResult, SamplingParams, sample_row
+from ..sampling.batch import SampleRow, SamplingBatch, build_batch
 from .scheduler import Scheduler, StepPlan
 
 if TYPE_CHECKING:
-    from .structured import Constraint
+    from ..sampling.structured import Constraint
 
-log = logging.getLogger("openinfer.engine")
+log = logging.getLogger("openinfer.engine.engine")
 # a launched step: its plan, the runner's handle, the sampled rows whose logits go to the host
 InFlight = tuple[StepPlan, Launched, "list[int] | tuple[int, ...]"]
 __all__ = ["Engine", "EngineArgs", "EngineStats", "StepStats", "build_engine"]
@@ -419,5 +419,5 @@ def _valid_ids(ids: list[int], vocab_size: int) -> bool:
 
 def build_engine(model: str | None, args: EngineArgs | None = None, plugins: Any = None) -> Engine:
     """Load a checkpoint folder (None: the built-in demo model) into an Engine (not started)."""
-    from .loader import load_engine
+    from ..loading.loader import load_engine
     return load_engine(model, args or EngineArgs(), plugins)

@@ -10,28 +10,28 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .backends import Backend, get_backend
-from .backends.cuda_graphs import buckets
+from ..backends import Backend, get_backend
+from ..backends.cuda_graphs import buckets
 from .config import read_generation_config, read_model_config
-from .detect import detect_line, install_hint
-from .engine import Engine
-from .engine_args import GPU_MAX_NUM_SEQS, EngineArgs
-from .executor import Executor
-from .kernels.registry import KernelRegistry
-from .kv.block_manager import BlockManager
-from .kv.host_tier import HostTier, offloadable_arrays
-from .kv.hybrid import HybridBlockManager, num_state_rows
-from .kv.pool import StatePools, bytes_per_block, bytes_per_state_row
+from ..contract.detect import detect_line, install_hint
+from ..engine.engine import Engine
+from ..engine.engine_args import GPU_MAX_NUM_SEQS, EngineArgs
+from ..engine.executor import Executor
+from ..kernels.registry import KernelRegistry
+from ..kv.block_manager import BlockManager
+from ..kv.host_tier import HostTier, offloadable_arrays
+from ..kv.hybrid import HybridBlockManager, num_state_rows
+from ..kv.pool import StatePools, bytes_per_block, bytes_per_state_row
 from .memory_plan import check_fits, memory_need
-from .model_line import ModelLine, StateGroup
-from .model_runner import ModelRunner
-from .parallel.communicator import Communicator
+from ..contract.model_line import ModelLine, StateGroup
+from ..engine.model_runner import ModelRunner
+from ..parallel.communicator import Communicator
 from .phases import in_background, phase, release_free_heap
-from .plugins import Plugins, get_plugins
-from .sampling import defaults_from_generation_config
+from ..contract.plugins import Plugins, get_plugins
+from ..sampling.sampler import defaults_from_generation_config
 from .weights import Checkpoint, DummyWeights, WeightSource
 
-log = logging.getLogger("openinfer.loader")
+log = logging.getLogger("openinfer.loading.loader")
 DEMO_NAME = "openinfer-demo"
 
 
@@ -77,7 +77,7 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
     tokenizer_loaded = in_background("tokenizer", src.line.load_tokenizer, src.tok_dir)
     workers = None
     if args.ep > 1:
-        from .parallel.workers import Workers
+        from ..parallel.workers import Workers
         with phase("expert-parallel workers") as p:
             workers = Workers(model, args, plugins)
             p.detail = f"{args.ep - 1} worker process(es) started"

@@ -1,7 +1,7 @@
 """The device sampler's inputs, packed on the host: one int32 row of parameters per sampled row
 and a ragged list of logit edits, so a step uploads two arrays and reads back token ids.
 
-Edits fold every sparse change of the host sampler (sampling.py) into one formula per token:
+Edits fold every sparse change of the host sampler (sampler.py) into one formula per token:
 x -> (x > 0 ? x / rep : x * rep) - sub + bias, with rep the repetition penalty of a seen token
 (prompt or output), sub = frequency * count + presence for an output token, bias the logit_bias,
 and -inf for a blocked token (eos and stop ids while min_tokens is unmet).
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling import SampleResult, SamplingParams
+from .sampler import SampleResult, SamplingParams
 
 # columns of SamplingBatch.params (floats stored as their bits)
 (ROW, LOGPROBS, TEMPERATURE, TOP_P, MIN_P, TOP_K, KEY_LO, KEY_HI, STREAM_LO, STREAM_HI, STEP,

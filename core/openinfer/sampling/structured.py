@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
 
 # Used unless the schema carries llguidance's own "x-guidance" options: compact JSON, as OpenAI's structured outputs
 # write it. Free whitespace between JSON tokens lets a model spend its whole budget on newlines and tabs (the failure

@@ -13,7 +13,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from openinfer.detokenize import partial_suffix_len
+from openinfer.text.detokenize import partial_suffix_len
 
 
 def new_call_id() -> str:

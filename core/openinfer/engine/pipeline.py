@@ -16,7 +16,7 @@ once N+1 is collected.
 """
 from __future__ import annotations
 
-from .kv.block_manager import BlockManager
+from ..kv.block_manager import BlockManager
 from .request import Request
 from .scheduler import ScheduledRun, StepPlan
 

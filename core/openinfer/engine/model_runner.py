@@ -15,14 +15,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .backends.numpy_backend import Backend
+from ..backends.numpy_backend import Backend
 from .batch import ForwardBatch
-from .kv.block_tables import BlockTables
-from .kv.pool import StatePools
-from .model_line import Model
+from ..kv.block_tables import BlockTables
+from ..kv.pool import StatePools
+from ..contract.model_line import Model
 from .request import Request
-from .sampling import SampleResult
-from .sampling_batch import ROW, SamplingBatch
+from ..sampling.sampler import SampleResult
+from ..sampling.batch import ROW, SamplingBatch
 from .scheduler import StepPlan
 
 

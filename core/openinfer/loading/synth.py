@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .plugins import get_plugins
+from ..contract.plugins import get_plugins
 from .weights import DummyWeights, save_safetensors
 
 
@@ -47,7 +47,7 @@ def synthesize(preset: str, out: Path, seed: int = 0, dtype: str = "BF16", devic
     weights = DummyWeights(shapes, seed=seed)
     get = weights.get
     if device != "cpu":
-        from .backends import get_backend
+        from ..backends import get_backend
         backend = get_backend(device, "bfloat16" if dtype == "BF16" else "float32")
 
         def get(name: str):

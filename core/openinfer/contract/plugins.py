@@ -13,10 +13,10 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .kernels.registry import KernelRegistry
+from ..kernels.registry import KernelRegistry
 from .model_line import ModelLine
 
-log = logging.getLogger("openinfer.plugins")
+log = logging.getLogger("openinfer.contract.plugins")
 GROUP = "openinfer"
 
 
@@ -129,7 +129,7 @@ def _instantiate(line: Any) -> ModelLine:
     if isinstance(line, type):
         line = line()
     if not isinstance(line, ModelLine):
-        raise TypeError(f"{line!r} is not an openinfer.model_line.ModelLine")
+        raise TypeError(f"{line!r} is not an openinfer.contract.model_line.ModelLine")
     return line
 
 

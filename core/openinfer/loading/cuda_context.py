@@ -15,7 +15,7 @@ from concurrent.futures import Future
 
 from .phases import in_background
 
-log = logging.getLogger("openinfer.cuda_context")
+log = logging.getLogger("openinfer.loading.cuda_context")
 
 
 def retain_primary_context(index: int) -> bool:

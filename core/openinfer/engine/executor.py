@@ -8,9 +8,9 @@ experts, meeting rank 0 in the MoE layers' collectives. A single device is the c
 from __future__ import annotations
 
 from .model_runner import Launched, ModelRunner, Step, StepOutput
-from .parallel.communicator import RankFailed
-from .parallel.workers import DEATH_NOTICE_S, Workers
-from .sampling_batch import SamplingBatch
+from ..parallel.communicator import RankFailed
+from ..parallel.workers import DEATH_NOTICE_S, Workers
+from ..sampling.batch import SamplingBatch
 from .scheduler import StepPlan
 
 

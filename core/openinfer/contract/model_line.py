@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 if TYPE_CHECKING:
-    from .backends.numpy_backend import Backend
-    from .batch import Array, ForwardBatch
-    from .kernels.registry import Ops
-    from .kv.pool import StatePools
-    from .parsers import ChatFormat
-    from .tokenizer import Tokenizer
-    from .weights import WeightSource
+    from ..backends.numpy_backend import Backend
+    from ..engine.batch import Array, ForwardBatch
+    from ..kernels.registry import Ops
+    from ..kv.pool import StatePools
+    from ..text.parsers import ChatFormat
+    from ..text.tokenizer import Tokenizer
+    from ..loading.weights import WeightSource
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class ModelLine(ABC):
     def load_tokenizer(self, path: Path) -> Tokenizer:
         """The tokenizer of a checkpoint folder (a line whose checkpoints ship another format than tokenizer.json
         converts it here)."""
-        from .tokenizer import Tokenizer
+        from ..text.tokenizer import Tokenizer
         return Tokenizer.from_dir(path)
 
     def tokenizer_dir(self) -> Path | None:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 import numpy as np
 
-from .sampling import SamplingParams, SampleResult
+from ..sampling.sampler import SamplingParams, SampleResult
 
-if TYPE_CHECKING:   # structured.py is only needed by requests that carry a constraint
-    from .structured import Constraint
+if TYPE_CHECKING:   # sampling/structured.py is only needed by requests that carry a constraint
+    from ..sampling.structured import Constraint
 
 
 @dataclass
