@@ -3,14 +3,14 @@
 # them as one table (GPU, commit, each figure). Logs and JSON go to $OUT (default /tmp/openinfer-bench).
 #   bash scripts/gpu_bench.sh                         every step but serve-compare
 #   bash scripts/gpu_bench.sh qwen3 prefix ...        the steps named: qwen3 prefix startup peer qwen35 qwen35-sweep
-#                                                     offload serve-compare
+#                                                     dsv2 offload serve-compare
 # An offline machine first installs the wheels of scripts/gpu_wheels.sh from .whl/ (into /tmp/site). The GPU tests
 # are scripts/gpu_test.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/openinfer-bench}
 PY=${PYTHON:-python3}
-STEPS=" ${*:-qwen3 prefix startup peer qwen35 qwen35-sweep offload} "
+STEPS=" ${*:-qwen3 prefix startup peer qwen35 qwen35-sweep dsv2 offload} "
 MODEL_DIR=${MODEL_DIR:-/tmp/qwen3-4b}   # the synthesized checkpoint the transformers peer reads
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPENINFER_CACHE_DIR=${OPENINFER_CACHE_DIR:-/tmp/openinfer-cache}
@@ -21,7 +21,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         >"$OUT/install.log" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-$PY -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 -e plugins/qwen35 >>"$OUT/install.log" 2>&1 \
+$PY -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 -e plugins/qwen35 -e plugins/deepseek_v2_lite >>"$OUT/install.log" 2>&1 \
     || { echo "editable install failed (see $OUT/install.log)"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpu.txt"
 git rev-parse --short HEAD >"$OUT/commit.txt" 2>/dev/null || echo unknown >"$OUT/commit.txt"
@@ -91,6 +91,15 @@ if has qwen35-sweep; then
     fi
     stop_server
 fi
+if has dsv2; then
+    log "DeepSeek-V2-Lite decode steps and cold prefill (the demo model's tokenizer: the line ships none)"
+    DS="--model deepseek-v2-lite --tokenizer plugins/qwen3/openinfer_qwen3/demo_tokenizer --max-num-batched-tokens 16384"
+    $LAT $DS --max-model-len 4096 --batch-sizes 1,32,128 --input-lens 1024 --output-lens 16 --num-iters 2 \
+        --output-json "$OUT/dsv2_decode.json" >"$OUT/dsv2_decode.log" 2>&1
+    $LAT $DS --max-model-len 17408 --batch-sizes 1 --input-lens 1024,16384 --output-lens 2 --num-iters 3 \
+        --output-json "$OUT/dsv2_prefill.json" >"$OUT/dsv2_prefill.log" 2>&1
+    grep -h -A4 "^batch" "$OUT/dsv2_decode.log" "$OUT/dsv2_prefill.log"
+fi
 if has offload; then
     log "KV host offload ladder"
     OUT="$OUT/offload" LENGTHS=1024,4096,16384 REPEATS=3 MODEL_DIR=$MODEL_DIR bash scripts/gpu_offload.sh \
@@ -150,6 +159,12 @@ if q35:
     p = q35["points"][0]
     rows.append(("Qwen3.5-4B", "TPOT batch 1 / TTFT, 1k prompt",
                  f"{p['median_decode_step_ms']:.2f} ms / {p['median_prefill_ms']:.2f} ms"))
+ds, dp = steps(load("dsv2_decode.json"), "median_decode_step_ms"), load("dsv2_prefill.json")
+if ds and dp:
+    pre = {p["input_len"]: p["median_prefill_ms"] for p in dp["points"]}
+    rows.append(("DeepSeek-V2-Lite", "decode step, batch 1 / 32 / 128, 1k context; cold prefill 1k / 16k",
+                 " / ".join(f"{ds[b]:.2f}" for b in (1, 32, 128) if b in ds) + " ms; "
+                 + " / ".join(f"{pre[n]:.1f}" for n in (1024, 16384) if n in pre) + " ms"))
 sat = sorted(glob.glob(str(out / "qwen35_sweep" / "*infqps*.json")))
 if sat:
     r = json.loads(Path(sat[-1]).read_text())
