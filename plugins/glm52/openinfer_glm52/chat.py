@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openinfer.plugin_api import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, ThinkTagReasoningParser,
-                                  ToolCallDelta, ToolCallParser, convert_value, is_text, lark_json, lark_literal,
-                                  new_call_id, param_types, partial_suffix_len, schema_types, with_object_arguments,
-                                  JSON_DUMPS_LAYOUT)
+from openinfer.plugin_api import (JSON_DUMPS_LAYOUT, ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser,
+                                  SteppedToolCallParser, ThinkTagReasoningParser, ToolCallDelta, ToolCallParser,
+                                  convert_value, is_text, lark_json, lark_literal, new_call_id, param_types,
+                                  partial_suffix_len, schema_types, with_object_arguments)
 
 CHAT_TEMPLATE = Path(__file__).parent / "chat_template.jinja"
 
@@ -45,7 +45,7 @@ def _untyped_value(text: str) -> Any:
     return text if isinstance(value, str) else value
 
 
-class Glm52ToolCallParser(ToolCallParser):
+class Glm52ToolCallParser(SteppedToolCallParser):
     """Streams `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>` as ToolCallDeltas.
 
     A call's id and name go out once the name is complete (at the first `<` or newline after it); each
@@ -149,13 +149,6 @@ class Glm52ToolCallParser(ToolCallParser):
         self._close_value(out, buf[:j])
         self._buf = buf[j + len(tag):] if tag == _VALUE_END else buf[j:]
         return True
-
-    def feed(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        while self._step(out):
-            pass
-        return out
 
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()
