@@ -36,7 +36,7 @@ PREFILL_MS_PER_TOKEN = 15.5 / 1024
 
 
 def step_ms(decode_rows: int, prefill_tokens: int) -> float:
-    """The modelled device time of a step (decode rows on a graph or in a mixed step, plus prefill tokens)."""
+    """The modelled GPU time of a step (decode rows on a graph or in a mixed step, plus prefill tokens)."""
     (b0, t0), (b1, t1) = DECODE_MS[-2:] if decode_rows > DECODE_MS[1][0] else DECODE_MS[:2]
     decode = t0 + (t1 - t0) * (max(decode_rows, 1) - b0) / (b1 - b0) if decode_rows else 0.0
     return decode + prefill_tokens * PREFILL_MS_PER_TOKEN

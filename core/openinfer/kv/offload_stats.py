@@ -8,9 +8,9 @@ from dataclasses import dataclass
 class OffloadStats:
     capacity_blocks: int
     used_blocks: int = 0
-    saved_blocks: int = 0        # device -> host copies issued
+    saved_blocks: int = 0        # device -> host copies enqueued
     saved_ahead_blocks: int = 0  # of which by top_up(), before the device pool evicted them
-    restored_blocks: int = 0     # host -> device copies issued
+    restored_blocks: int = 0     # host -> device copies enqueued
     dropped_blocks: int = 0      # evicted blocks not saved: every host slot was pinned by a restore
     queries: int = 0             # prompt tokens looked up in host memory (past the device hits)
     hits: int = 0                # of which served from it (a whole prompt: all but its last token)
@@ -27,7 +27,7 @@ class OffloadStats:
 def restore_report(request_id: str, nbytes: int, blocks: int, copy_ms: float | None, saved_first: int,
                    times: tuple[float, float, float, float]) -> str:
     """Where a restored request's time to first token went: queueing its copies (host lookups,
-    allocation, issue), the copies on the copy stream (device time, where the copier times them),
+    allocation, enqueueing), the copies on the copy stream (GPU time, where the copier times them),
     queued to landing seen by the scheduler, landing to first token (the step that computes it).
     times: (admitted, copies queued, landing seen, first token), time.monotonic() seconds."""
     admitted, issued, landed, first = times
