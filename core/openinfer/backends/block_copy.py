@@ -28,7 +28,7 @@ class Transfer(ABC):
         """Block the calling thread until the batch landed."""
 
     def copy_ms(self) -> float | None:
-        """Device time from the batch's start on its copy stream to its landing, once landed; None
+        """GPU time from the batch's start on its copy stream to its landing, once landed; None
         where copies are synchronous or untimed."""
         return None
 
