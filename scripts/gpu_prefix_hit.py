@@ -32,12 +32,13 @@ from openinfer.engine.scheduler import ScheduledRun, StepPlan
 from openinfer.testing.engine import greedy
 
 
-def config_dir(preset: str) -> Path:
-    """A checkpoint folder without weights (config + tokenizer), for --load-format dummy."""
+def config_dir(preset: str, tokenizer: str | None = None) -> Path:
+    """A checkpoint folder without weights (config + tokenizer), for --load-format dummy; `tokenizer`: a folder
+    whose tokenizer files stand in for a line that ships none (the token ids are random either way)."""
     line = next(l for l in get_plugins().lines.values() if preset in l.presets)
     out = Path(tempfile.mkdtemp(prefix=f"{preset}-"))
     (out / "config.json").write_text(json.dumps(line.presets[preset]))
-    for f in Path(line.tokenizer_dir()).iterdir():
+    for f in Path(tokenizer or line.tokenizer_dir()).iterdir():
         if f.is_file():
             shutil.copy(f, out / f.name)
     return out
@@ -139,16 +140,18 @@ def main() -> None:
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() the loaded engine's objects first")
     ap.add_argument("--prefix-cache-hash", default="builtin", choices=("builtin", "sha256"))
     ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the engine's for the device")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer folder for a line that ships none")
     a = ap.parse_args()
     lengths = [int(n) for n in a.lengths.split(",")]
-    eng = build_engine(str(config_dir(a.preset)), EngineArgs(device=a.device, load_format="dummy", max_num_seqs=8,
+    eng = build_engine(str(config_dir(a.preset, a.tokenizer)), EngineArgs(device=a.device, load_format="dummy", max_num_seqs=8,
                                                              max_model_len=max(lengths) + 64,
                                                              prefix_cache_hash=a.prefix_cache_hash,
                                                              max_num_batched_tokens=a.max_num_batched_tokens))
     print(f"step token budget {eng.args.max_num_batched_tokens}, prefix-cache keys {a.prefix_cache_hash}")
     rng = np.random.default_rng(0)
+    vocab = min(150000, eng.vocab_size)
     for _ in range(2):   # warm-up: every variant's kernels loaded
-        ids = rng.integers(0, 150000, 64).tolist()
+        ids = rng.integers(0, vocab, 64).tolist()
         for name in ("cold", "hit", "hit-eager", "hit-block"):
             with variant(eng, name):
                 ttft(eng, ids)
@@ -161,7 +164,7 @@ def main() -> None:
         rows: dict[str, list[tuple[float, int]]] = {}
         hit_pauses = []
         for _ in range(a.repeats):
-            ids = rng.integers(0, 150000, n).tolist()
+            ids = rng.integers(0, vocab, n).tolist()
             rows.setdefault("cold", []).append(ttft(eng, ids))
             for name in ("hit", "hit-eager", "hit-block"):
                 gcp.take()
