@@ -65,6 +65,21 @@ def test_quant_refuses_misshapen_weights(launches):
         quant.linear_quant(fake(np.zeros((1, 64)), np.float32), Int4Weight(w.packed[0], w.scale[0]))
 
 
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_quant_reads_aligned_rows(launches, fmt):
+    """A contiguous row that starts off a 16-byte boundary (one token's column slice) reaches the kernels as an
+    aligned copy: they read the activations as 16-byte words."""
+    x = fake(np.arange(264, dtype=np.float32).reshape(1, 264), BF16)[:, 4:260]   # 8 bytes past an aligned start
+    assert x.flags.c_contiguous and x.data.ptr % 16 == 8
+    lin = _weights(fmt, 96, 256, 1, BF16)
+    lin = type(lin)(*(a[0] for a in vars(lin).values()))
+    quant.linear_quant(x, lin)
+    gu, dn = _weights(fmt, 2 * 64, 256, 6, BF16), _weights(fmt, 256, 64, 6, BF16)
+    quant.moe_experts_quant(x, gu, dn, fake(np.zeros((1, 4), np.int32)), fake(np.ones((1, 4), np.float32)), 0)
+    for call in (launches[0], launches[2]):   # q_gemv, moe_q_gate_up: x is their first argument
+        assert call.args[0].data.ptr % 16 == 0 and np.array_equal(call.args[0], x), call.name
+
+
 # ---- emulation: quant.cu's arithmetic and indexing in numpy ----
 
 def _e4m3_bits(b: np.ndarray) -> np.ndarray:
