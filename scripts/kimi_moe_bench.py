@@ -16,7 +16,7 @@ The copy bandwidth is measured here: bytes read + written per second by a 1 GiB 
 
 `page` prints the Markdown rows of a reduced-depth `openinfer bench latency` run: each batch's decode step against the
 floor of the weights a step reads (every weight but the embedding and the routed experts, plus the experts the
-batch's tokens select: 8 per MoE layer at batch 1; at larger batches the expected number of distinct experts under
+batch's tokens select: top-k per MoE layer at batch 1; at larger batches the expected number of distinct experts under
 uniform routing, said so) and the KV cache of its context, over the copy bandwidth of the `ops` run.
 """
 from __future__ import annotations
@@ -79,11 +79,13 @@ def random_words(cp: Any, shape: tuple[int, ...]) -> Any:
 
 
 def fp8_bytes(cp: Any, shape: tuple[int, ...]) -> Any:
-    """Random e4m3 bytes of both signs with exponent bit 3 clear (finite, below 2 in magnitude: no NaN)."""
-    n = int(np.prod(shape))
-    raw = random_words(cp, (-(-n // 4),)).view(cp.uint8)[:n]
-    raw &= 0xBF
-    return raw.reshape(shape)
+    """Random e4m3 bytes of both signs with exponent bit 3 clear (finite, below 2 in magnitude: no NaN), drawn one
+    matrix at a time (a draw of billions of words at once is more than one generator call takes)."""
+    out = cp.empty(shape, cp.uint8)
+    for part in out.reshape(-1, shape[-2] * shape[-1]):
+        n = part.size
+        part[...] = random_words(cp, (-(-n // 4),)).view(cp.uint8)[:n] & 0xBF
+    return out
 
 
 def routings(cp: Any, rng: np.random.Generator, T: int, n: int) -> list[tuple[Any, Any, int]]:
@@ -190,9 +192,9 @@ def run_ops(args: argparse.Namespace) -> None:
 
 # ---- page (CPU) ----
 
-def expected_distinct(batch: int) -> float:
-    """Distinct experts that `batch` tokens select under uniform top-8 routing."""
-    return E * (1 - (1 - K / E) ** batch)
+def expected_distinct(batch: int, experts: int, top_k: int) -> float:
+    """Distinct experts that `batch` tokens select under uniform top-k routing."""
+    return experts * (1 - (1 - top_k / experts) ** batch)
 
 
 def step_floor_bytes(preset: str, num_layers: int, batch: int, context: int) -> tuple[float, float, bool]:
@@ -213,7 +215,8 @@ def step_floor_bytes(preset: str, num_layers: int, batch: int, context: int) -> 
         elif "embed_tokens" not in n:
             dense += nbytes
     per_expert /= max(1, len(moe_layers))
-    experts = float(K) if batch == 1 else expected_distinct(batch)
+    top_k, n = cfg.model.router.top_k, cfg.model.n_routed_experts
+    experts = float(top_k) if batch == 1 else expected_distinct(batch, n, top_k)
     m = cfg.model.mla
     kv = batch * context * (m.kv_lora_rank + m.qk_rope_head_dim) * 2 * num_layers
     return dense + len(moe_layers) * experts * per_expert + kv, experts, batch == 1
