@@ -114,14 +114,6 @@ def test_num_layers_needs_dummy_weights():
                     get_plugins())
 
 
-def test_bench_latency_takes_num_layers(kimi_tokenizer_dir, capsys):
-    from openinfer.cli import main
-    assert main(["bench", "latency", "--model", "kimi-k2-instruct-tiny", "--load-format", "dummy", "--num-layers",
-                 "2", "--tokenizer", str(kimi_tokenizer_dir), "--batch-sizes", "2", "--input-lens", "16",
-                 "--output-lens", "3", "--num-iters-warmup", "0", "--num-iters", "1"]) == 0
-    assert "    2     16     3" in capsys.readouterr().out
-
-
 def test_unservable_tensor_fails_at_load_naming_it(synthesized, tmp_path):
     """An INT4 expert stored as float (or an FP8 weight stored as bf16) is refused with its name and format."""
     from openinfer.testing import Checkpoint, save_safetensors
