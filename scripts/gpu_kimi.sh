@@ -44,11 +44,11 @@ for t in quant kimi; do
 done
 
 log "routed experts and FP8 linears at the real width against the bytes-moved floor"
-timeout -k 10 110 $PY scripts/kimi_moe_bench.py ops --json "$OUT/kimi_ops.json" >"$OUT/kimi_ops.log" 2>&1 || rc=1
+timeout -k 10 100 $PY scripts/kimi_moe_bench.py ops --json "$OUT/kimi_ops.json" >"$OUT/kimi_ops.log" 2>&1 || rc=1
 cat "$OUT/kimi_ops.log"
 
 log "Kimi-K2-Thinking, $LAYERS layers, dummy weights: decode steps at batch 1 and 32, 1k context"
-timeout -k 10 250 $PY -m openinfer bench latency --model kimi-k2-thinking --load-format dummy --device cuda \
+timeout -k 10 240 $PY -m openinfer bench latency --model kimi-k2-thinking --load-format dummy --device cuda \
     --num-layers "$LAYERS" --tokenizer /tmp/kimi-tokenizer --batch-sizes 1,32 --input-lens 1024 --output-lens 32 \
     --max-num-batched-tokens 8192 --max-model-len 2048 --kv-cache-memory-gib 2 --num-iters-warmup 1 --num-iters 2 \
     --output-json "$OUT/kimi_latency.json" >"$OUT/kimi_latency.log" 2>&1 || rc=1
