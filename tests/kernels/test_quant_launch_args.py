@@ -96,14 +96,20 @@ def test_fp8_bit_decoding_matches_the_table():
     np.testing.assert_array_equal(_e4m3_bits(b)[finite], e4m3_to_f32(b.astype(np.uint8))[finite])
 
 
+WORDS = {"int4": 4, "fp8": 1}   # quant.cu's F::WORDS: 8-weight words a lane loads at once
+
+
 def _load8(fmt, q, scale, row, K, w):
-    """Int4::load8 / Fp8::load8 on flat arrays."""
+    """Word w of weight row `row` as the kernels read it, on flat arrays: F::load of chunk c = w // WORDS (INT4: 16
+    bytes at chunk index row * K/32 + c, its scale at the same index; FP8: the 8 bytes of word c), then F::expand of
+    word w % WORDS of it."""
+    c, j = divmod(w, WORDS[fmt])
     if fmt == "int4":
-        word = np.uint32(q.reshape(-1).view(np.uint32)[row * (K // 8) + w])
-        s = scale.reshape(-1)[row * (K // 32) + w // 4]
-        return np.array([(int(word >> (4 * i)) & 15) - 8 for i in range(8)], np.float32) * s
-    raw = q.reshape(-1)[row * K + 8 * w: row * K + 8 * w + 8].astype(np.uint32)
-    return _e4m3_bits(raw) * scale.reshape(-1)[row * -(-K // 128) + w // 16]
+        chunk = q.reshape(-1).view(np.uint32).reshape(-1, 4)[row * (K // 32) + c]
+        s = scale.reshape(-1)[row * (K // 32) + c]
+        return np.array([(int(chunk[j] >> (4 * i)) & 15) - 8 for i in range(8)], np.float32) * s
+    raw = q.reshape(-1)[row * K + 8 * c: row * K + 8 * c + 8].astype(np.uint32)
+    return _e4m3_bits(raw) * scale.reshape(-1)[row * -(-K // 128) + c // 16]
 
 
 def _plan(ids, E_local, offset, slots):
