@@ -219,11 +219,14 @@ __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__
         float acc[P];
 #pragma unroll
         for (int p = 0; p < P; ++p) { pair[p] = p < rows ? pair_list[p0 + p] : 0; acc[p] = 0.f; }
+        // two chunks a pass, their words one at a time: at decode an INT4 lane has two 16-byte loads in flight at
+        // 80 registers (three blocks an SM); unrolling the words too would take 92 (two blocks)
+#pragma unroll 2
         for (int c = lane; c < (I >> 3) / F::WORDS; c += 32) {
             typename F::Raw raw;
             float s;
             F::load(q, scale, row, I, c, raw, s);
-#pragma unroll
+#pragma unroll 1
             for (int j = 0; j < F::WORDS; ++j) {
                 const int w = c * F::WORDS + j;
                 float dw[8], hv[8];
