@@ -63,6 +63,9 @@ def test_quant_refuses_misshapen_weights(launches):
     w = _weights("int4", 8, 64, 1, BF16)
     with pytest.raises(TypeError, match="INT4 scales"):
         quant.linear_quant(fake(np.zeros((1, 64)), np.float32), Int4Weight(w.packed[0], w.scale[0]))
+    words = fake(np.zeros(8 * 8 + 1, np.int32))[1:].reshape(8, 8)   # 4 bytes past an aligned start
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        quant.linear_quant(fake(np.zeros((1, 64)), BF16), Int4Weight(words, w.scale[0]))
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])

@@ -43,6 +43,8 @@ def _check(w: Any, x: cp.ndarray, K: int) -> None:
         raise TypeError(f"FP8 scales must be float32, got {s.dtype}")
     if not (q.flags.c_contiguous and s.flags.c_contiguous):
         raise ValueError("quantized weights must be contiguous")
+    if q.data.ptr % 16:   # INT4 rows are read as 16-byte groups, FP8 as 8-byte words
+        raise ValueError("quantized weights must start 16-byte aligned (a fresh device array, not an offset view)")
 
 
 def _rows(x: cp.ndarray) -> cp.ndarray:
