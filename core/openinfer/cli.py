@@ -36,6 +36,9 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipelined-decode", action=argparse.BooleanOptionalAction, default=True,
                    help="queue each graph decode step before the previous step's host bookkeeping (default: on)")
     p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
+    p.add_argument("--num-layers", type=int, default=None, metavar="N",
+                   help="with --load-format dummy: only the first N decoder layers, at the real width (benchmarks of "
+                        "a model too large for the device at full depth)")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="a folder with tokenizer.json (+ tokenizer_config.json) used instead of the checkpoint's, or for "
                         "a preset of a line that ships no tokenizer (e.g. --model deepseek-v2-lite --load-format dummy)")
@@ -61,7 +64,7 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       block_size=a.block_size, kv_cache_memory_gib=a.kv_cache_memory_gib,
                       gpu_memory_utilization=a.gpu_memory_utilization, enable_prefix_caching=not a.no_prefix_caching,
                       prefix_cache_hash=a.prefix_cache_hash,
-                      num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed,
+                      num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed, num_layers=a.num_layers,
                       enforce_eager=a.enforce_eager, pipelined_decode=a.pipelined_decode, kv_offload=a.kv_offload,
                       kv_offload_host_gib=a.kv_offload_host_gib, generation_config=a.generation_config,
                       scheduling_policy=a.scheduling_policy, ep=a.ep, tokenizer=a.tokenizer,

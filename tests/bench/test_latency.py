@@ -103,3 +103,12 @@ def test_latency_cli_on_the_engine(tmp_path: Path) -> None:
     points = json.loads(out.read_text())["points"]
     assert [(p["batch_size"], p["input_len"], p["output_len"]) for p in points] == [(1, 8, 3), (2, 8, 3)]
     assert all(p["median_prefill_ms"] > 0 and len(p["decode_step_s"]) == 2 for p in points)
+
+
+def test_latency_cli_at_reduced_depth() -> None:
+    """`--load-format dummy --num-layers N`: the model's first N layers at the real width (the demo model here)."""
+    from openinfer.testing import EngineArgs, get_plugins, read_source
+    assert run_cli("bench", "latency", "--load-format", "dummy", "--num-layers", "1", "--batch-sizes", "1",
+                   "--input-lens", "8", "--output-lens", "2", "--num-iters-warmup", "0", "--num-iters", "1") == 0
+    names = read_source(None, EngineArgs(load_format="dummy", num_layers=1), get_plugins()).shapes
+    assert any(".layers.0." in n for n in names) and not any(".layers.1." in n for n in names)

@@ -1,7 +1,9 @@
 """The kernels on quantized weights (quant.cu) against the numpy references on random inputs (GPU only): the INT4
 and FP8 GEMV and its prefill path (transient dequantization + GEMM), and the grouped routed-expert kernels with
-expert-parallel offsets, tokens sharing experts, and under CUDA-graph capture."""
+expert-parallel offsets, tokens sharing experts, at Kimi-K2's expert width, and under CUDA-graph capture."""
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -32,6 +34,23 @@ def _host_weight(rng, fmt, out, inp, stack=None):
                                                           for p in parts))))
 
 
+@functools.lru_cache(maxsize=None)
+def _cached_weight(fmt, out, inp):
+    """One quantized weight per shape for the linear cases (quantizing 7168 x 2048 on the host takes a while)."""
+    return _host_weight(np.random.default_rng(out + inp), fmt, out, inp)
+
+
+def _random_codes(rng, fmt, E, out, inp):
+    """A stack of random codes (no quantization pass: fast at full width), scaled so outputs stay near 1 for
+    inputs near 1: INT4 nibbles with bf16 group scales, or finite e4m3 bytes below 2 with float32 row scales."""
+    if fmt == "int4":
+        packed = rng.integers(0, 2**32, (E, out, inp // 8), dtype=np.uint32).view(np.int32)
+        scale = rng.uniform(0.5, 1.5, (E, out, inp // 32)) / (4.6 * np.sqrt(inp))
+        return Int4Weight(packed, exact(scale, BF16))
+    data = rng.integers(0, 256, (E, out, inp), dtype=np.uint8) & 0xBF
+    return Fp8Weight(data, rng.uniform(0.5, 1.5, (E, out, -(-inp // 128))).astype(np.float32) / np.sqrt(inp))
+
+
 def _device(w, dtype):
     if isinstance(w, Int4Weight):
         return Int4Weight(cp.asarray(w.packed), cp.asarray(w.scale.astype(dtype)))
@@ -43,7 +62,7 @@ def _device(w, dtype):
 @pytest.mark.parametrize("n,k", [(96, 128), (200, 7168), (7168, 2048)])
 def test_linear_quant(fmt, m, n, k, dt, pdl):
     rng = np.random.default_rng(m * 1000 + n + k)
-    w = _host_weight(rng, fmt, n, k)
+    w = _cached_weight(fmt, n, k)
     x = exact(rnd(rng, m, k), dt[0])
     close(quant.linear_quant(dev(x, dt[0]), _device(w, dt[0])), numpy_quant.linear_quant(x, w), dt, scale=2)
 
@@ -73,6 +92,21 @@ def test_moe_experts_quant(fmt, T, offset, dt, pdl, monkeypatch):
     got = quant.moe_experts_quant(dev(x, dt[0]), _device(gate_up, dt[0]), _device(down, dt[0]), cp.asarray(ids),
                                   cp.asarray(w), offset)
     close(got, want, dt, scale=4)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_moe_experts_quant_at_kimi_width(fmt):
+    """Kimi-K2's expert shapes (hidden 7168, width 2048): the kernels' long rows and large stack offsets."""
+    rng = np.random.default_rng(5)
+    E_local, D, I, T, k = 8, 7168, 2048, 3, 4
+    gate_up, down = _random_codes(rng, fmt, E_local, 2 * I, D), _random_codes(rng, fmt, E_local, D, I)
+    x = exact(rnd(rng, T, D), BF16)
+    ids = np.stack([rng.choice(E_local, k, replace=False) for _ in range(T)]).astype(np.int32)
+    w = rng.random((T, k)).astype(np.float32)
+    want = numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, 0)
+    got = quant.moe_experts_quant(dev(x, BF16), _device(gate_up, BF16), _device(down, BF16), cp.asarray(ids),
+                                  cp.asarray(w), 0)
+    close(got, want, DTYPES["bfloat16"], scale=4)
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])

@@ -63,6 +63,24 @@ def test_quant_refuses_misshapen_weights(launches):
     w = _weights("int4", 8, 64, 1, BF16)
     with pytest.raises(TypeError, match="INT4 scales"):
         quant.linear_quant(fake(np.zeros((1, 64)), np.float32), Int4Weight(w.packed[0], w.scale[0]))
+    words = fake(np.zeros(8 * 8 + 1, np.int32))[1:].reshape(8, 8)   # 4 bytes past an aligned start
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        quant.linear_quant(fake(np.zeros((1, 64)), BF16), Int4Weight(words, w.scale[0]))
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_quant_reads_aligned_rows(launches, fmt):
+    """A contiguous row that starts off a 16-byte boundary (one token's column slice) reaches the kernels as an
+    aligned copy: they read the activations as 16-byte words."""
+    x = fake(np.arange(264, dtype=np.float32).reshape(1, 264), BF16)[:, 4:260]   # 8 bytes past an aligned start
+    assert x.flags.c_contiguous and x.data.ptr % 16 == 8
+    lin = _weights(fmt, 96, 256, 1, BF16)
+    lin = type(lin)(*(a[0] for a in vars(lin).values()))
+    quant.linear_quant(x, lin)
+    gu, dn = _weights(fmt, 2 * 64, 256, 6, BF16), _weights(fmt, 256, 64, 6, BF16)
+    quant.moe_experts_quant(x, gu, dn, fake(np.zeros((1, 4), np.int32)), fake(np.ones((1, 4), np.float32)), 0)
+    for call in (launches[0], launches[2]):   # q_gemv, moe_q_gate_up: x is their first argument
+        assert call.args[0].data.ptr % 16 == 0 and np.array_equal(call.args[0], x), call.name
 
 
 # ---- emulation: quant.cu's arithmetic and indexing in numpy ----
@@ -81,14 +99,20 @@ def test_fp8_bit_decoding_matches_the_table():
     np.testing.assert_array_equal(_e4m3_bits(b)[finite], e4m3_to_f32(b.astype(np.uint8))[finite])
 
 
+WORDS = {"int4": 4, "fp8": 1}   # quant.cu's F::WORDS: 8-weight words a lane loads at once
+
+
 def _load8(fmt, q, scale, row, K, w):
-    """Int4::load8 / Fp8::load8 on flat arrays."""
+    """Word w of weight row `row` as the kernels read it, on flat arrays: F::load of chunk c = w // WORDS (INT4: 16
+    bytes at chunk index row * K/32 + c, its scale at the same index; FP8: the 8 bytes of word c), then F::expand of
+    word w % WORDS of it."""
+    c, j = divmod(w, WORDS[fmt])
     if fmt == "int4":
-        word = np.uint32(q.reshape(-1).view(np.uint32)[row * (K // 8) + w])
-        s = scale.reshape(-1)[row * (K // 32) + w // 4]
-        return np.array([(int(word >> (4 * i)) & 15) - 8 for i in range(8)], np.float32) * s
-    raw = q.reshape(-1)[row * K + 8 * w: row * K + 8 * w + 8].astype(np.uint32)
-    return _e4m3_bits(raw) * scale.reshape(-1)[row * -(-K // 128) + w // 16]
+        chunk = q.reshape(-1).view(np.uint32).reshape(-1, 4)[row * (K // 32) + c]
+        s = scale.reshape(-1)[row * (K // 32) + c]
+        return np.array([(int(chunk[j] >> (4 * i)) & 15) - 8 for i in range(8)], np.float32) * s
+    raw = q.reshape(-1)[row * K + 8 * c: row * K + 8 * c + 8].astype(np.uint32)
+    return _e4m3_bits(raw) * scale.reshape(-1)[row * -(-K // 128) + c // 16]
 
 
 def _plan(ids, E_local, offset, slots):

@@ -122,6 +122,8 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
                         "(omit for the built-in demo model)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--num-layers", type=int, default=None, metavar="N",
+                   help="with --load-format dummy: only the first N decoder layers, at the real width")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--kv-cache-memory-gib", type=float, default=None)
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: no graph capture")

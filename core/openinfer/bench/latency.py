@@ -107,7 +107,7 @@ def run_latency(args: argparse.Namespace) -> int:
 
     budget = args.max_num_batched_tokens or max(b * i for b in args.batch_sizes for i in args.input_lens)
     engine = build_engine(args.model, EngineArgs(
-        device=args.device, load_format=args.load_format, max_model_len=args.max_model_len,
+        device=args.device, load_format=args.load_format, num_layers=args.num_layers, max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory_gib, enforce_eager=args.enforce_eager,
         pipelined_decode=args.pipelined_decode, max_num_batched_tokens=budget, max_num_seqs=max(args.batch_sizes),
         tokenizer=args.tokenizer, kernels=parse_kernel_overrides(args.kernel)))

@@ -43,6 +43,8 @@ class EngineArgs:
     served_model_name: str | None = None
     tokenizer: str | None = None            # a tokenizer folder used instead of the checkpoint's (or a preset line's)
     seed: int = 0                           # dummy-weight seed
+    num_layers: int | None = None           # dummy weights only: the first N decoder layers at the real width
+                                            # (benchmarks of a model too large for the device at full depth)
     enforce_eager: bool = False             # CUDA: no graph capture
     pipelined_decode: bool = True           # queue decode step N+1 before step N's host work (pipeline.py)
     kv_offload: bool = False                # save evicted KV blocks to host memory, restore them at admission
@@ -71,6 +73,12 @@ class EngineArgs:
             raise ValueError(f"unknown prefix_cache_hash {self.prefix_cache_hash!r}: use one of {', '.join(BLOCK_HASHES)}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"unknown load_format {self.load_format!r}: use auto or dummy")
+        if self.num_layers is not None and self.load_format != "dummy":
+            raise ValueError("num_layers (--num-layers) cuts the model for benchmarks on random weights: add "
+                             "--load-format dummy, or write a reduced-depth checkpoint with `openinfer synth "
+                             "--num-layers`")
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ValueError("num_layers must be >= 1")
         if self.kv_offload and self.kv_offload_host_gib <= 0:
             raise ValueError("kv_offload_host_gib must be > 0")
         if self.kv_offload and not self.enable_prefix_caching:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..backends.cuda_graphs import buckets
-from .config import read_generation_config, read_model_config
+from .config import read_generation_config, read_model_config, with_num_layers
 from ..contract.detect import detect_line, install_hint
 from ..engine.engine import Engine
 from ..engine.engine_args import GPU_MAX_NUM_SEQS, EngineArgs
@@ -146,6 +146,8 @@ def read_source(model: str | None, args: EngineArgs, plugins: Plugins) -> Source
             line = detect_line(config, plugins, f"{model}/config.json")
             tok_dir, gen_config = Path(model), read_generation_config(model)
             name = args.served_model_name or Path(model).name
+        if args.num_layers is not None:
+            config = with_num_layers(config, args.num_layers)
         if args.tokenizer is not None:
             tok_dir = Path(args.tokenizer)
             if not tok_dir.is_dir():

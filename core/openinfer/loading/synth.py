@@ -1,31 +1,14 @@
 """`openinfer synth`: a random-weight checkpoint with a preset's real shapes, config and tokenizer."""
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 from ..contract.plugins import get_plugins
+from .config import with_num_layers
 from .weights import DummyWeights, save_safetensors
-
-
-def with_num_layers(config: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """The config at `num_layers` decoder layers (a text_config's where the model wraps one): per-layer lists
-    (layer_types and the like) cut to that length; the real width is kept."""
-    config = copy.deepcopy(config)
-    body = config["text_config"] if "num_hidden_layers" not in config and "text_config" in config else config
-    old = body.get("num_hidden_layers")
-    if not isinstance(old, int):
-        raise ValueError("this preset's config has no num_hidden_layers to override")
-    if not 1 <= num_layers <= old:
-        raise ValueError(f"--num-layers {num_layers} must lie in 1 .. {old} (the preset's depth)")
-    for key, value in body.items():
-        if isinstance(value, list) and len(value) == old:
-            body[key] = value[:num_layers]
-    body["num_hidden_layers"] = num_layers
-    return config
 
 
 def synthesize(preset: str, out: Path, seed: int = 0, dtype: str = "BF16", device: str = "cpu",

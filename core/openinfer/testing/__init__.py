@@ -19,7 +19,8 @@ from ..loading.loader import LoadError, load_rank, read_source
 from ..contract.plugins import get_plugins
 from ..sampling.sampler import SamplingParams
 from ..quant import Fp8Weight, Int4Weight, pack_int4, quantize_fp8, quantize_int4, row_scales, unpack_int4
-from ..loading.synth import synthesize, with_num_layers
+from ..loading.config import with_num_layers
+from ..loading.synth import synthesize
 from ..loading.weights import Checkpoint, DummyWeights, save_safetensors
 
 __all__ = ["Checkpoint", "DummyWeights", "Engine", "EngineArgs", "Fp8Weight", "Int4Weight", "LoadError", "ModelHost",

@@ -60,3 +60,14 @@ def test_graph_replay_matches_eager(quantized, vocab):
     prompts = [chat_prompt(eager)[: 6 + 5 * i] + random_prompt(i, i, vocab) for i in range(4)]
     assert [t for t, _, _ in generate(graphs, prompts, greedy(12))] == \
         [t for t, _, _ in generate(eager, prompts, greedy(12))]
+
+
+def test_graph_replay_matches_eager_past_the_gemv_rows(quantized, vocab):
+    """20 sequences decode at once: the FP8 Linears take their dequantize + GEMM path inside the captured graphs
+    (more rows than the quantized GEMV's 16) and the expert kernels group 160 (token, expert) pairs."""
+    ckpt, _ = quantized
+    args = dict(GPU, max_num_seqs=24)
+    eager, graphs = engine_for(ckpt, **args, enforce_eager=True), engine_for(ckpt, **args)
+    prompts = [chat_prompt(eager)[: 4 + i % 9] + random_prompt(2 + i % 5, 100 + i, vocab) for i in range(20)]
+    assert [t for t, _, _ in generate(graphs, prompts, greedy(8))] == \
+        [t for t, _, _ in generate(eager, prompts, greedy(8))]

@@ -95,6 +95,25 @@ def test_with_num_layers_keeps_width_and_cuts_layer_lists():
         with_num_layers({"num_hidden_layers": 61}, 62)
 
 
+def test_dummy_preset_at_reduced_depth(kimi_tokenizer_dir):
+    """`--load-format dummy --num-layers N` (benchmarks at the real width): the preset cut to N layers, loaded and run."""
+    args = EngineArgs(load_format="dummy", num_layers=2, tokenizer=str(kimi_tokenizer_dir), max_model_len=256,
+                      max_num_seqs=2)
+    src = read_source("kimi-k2-thinking-tiny", args, get_plugins())
+    assert src.cfg.model.num_layers == 2 and not any(".layers.2." in n for n in src.shapes)
+    ranked = load_rank(src, args, 0)
+    assert len(ranked.runner.model.layers) == 2
+    ranked.runner.profile(ranked.runner.dummy_batch(2, 8))
+
+
+def test_num_layers_needs_dummy_weights():
+    with pytest.raises(ValueError, match="--load-format dummy"):
+        EngineArgs(num_layers=2)
+    with pytest.raises(ValueError, match="--num-layers 4 must lie in 1 .. 3"):
+        read_source("kimi-k2-thinking-tiny", EngineArgs(load_format="dummy", num_layers=4, tokenizer="."),
+                    get_plugins())
+
+
 def test_unservable_tensor_fails_at_load_naming_it(synthesized, tmp_path):
     """An INT4 expert stored as float (or an FP8 weight stored as bf16) is refused with its name and format."""
     from openinfer.testing import Checkpoint, save_safetensors

@@ -1,7 +1,9 @@
 // Kernels on quantized weights read in their checkpoint form: INT4 pack-quantized (group 32, symmetric) and FP8
 // e4m3 with 128x128 block scales (openinfer/quant). Weights are dequantized in registers, 8 consecutive weights of
 // one row (a "word") at a time, and every sum is fp32. Decode-oriented: a warp owns one weight row and streams it
-// once for up to P activation rows.
+// once for up to P activation rows. A lane loads F::WORDS words at once (a "chunk"): INT4 a whole 32-weight group
+// with its one scale, 16 bytes (512 a warp per load instruction: enough bytes in flight to stream the experts at
+// decode), FP8 one 8-byte word.
 //
 // INT4: q is int32 [rows, K/8] (nibble i of word w = weight 8w + i, stored as value + 8), scale [rows, K/32] in the
 // activations' dtype (the checkpoint's bf16). FP8: q is uint8 [rows, K], scale float32 [rows, ceil(K/128)] (the
@@ -18,11 +20,17 @@
 #define ROWS 8       // weight rows per block (one per warp)
 
 struct Int4 {
+    static constexpr int WORDS = 4;   // one group of 32 weights (K % 32 == 0: the 16-byte loads stay aligned)
+    using Raw = uint4;
     template <typename S>
-    static __device__ __forceinline__ void load8(const void* q, const S* scale, long long row, int K, int w,
-                                                 float* out) {
-        const unsigned int word = reinterpret_cast<const unsigned int*>(q)[row * (K >> 3) + w];
-        const float s = to_f32(scale[row * (K >> 5) + (w >> 2)]);
+    static __device__ __forceinline__ void load(const void* q, const S* scale, long long row, int K, int c, Raw& raw,
+                                                float& s) {
+        raw = reinterpret_cast<const uint4*>(q)[row * (K >> 5) + c];
+        s = to_f32(scale[row * (K >> 5) + c]);
+    }
+    // word j of the chunk (j a compile-time constant once the caller's loop is unrolled)
+    static __device__ __forceinline__ void expand(const Raw& raw, float s, int j, float* out) {
+        const unsigned int word = j == 0 ? raw.x : j == 1 ? raw.y : j == 2 ? raw.z : raw.w;
 #pragma unroll
         for (int i = 0; i < 8; ++i) out[i] = (float)((int)((word >> (4 * i)) & 15u) - 8) * s;
     }
@@ -36,11 +44,15 @@ struct Fp8 {
         const float v = (mag >> 3) ? __uint_as_float((mag << 20) + 0x3c000000u) : (float)mag * 0.001953125f;
         return (b & 0x80u) ? -v : v;
     }
+    static constexpr int WORDS = 1;   // K % 8 == 0 only: an 8-byte load keeps any such row aligned
+    using Raw = uint2;
     template <typename S>
-    static __device__ __forceinline__ void load8(const void* q, const S* scale, long long row, int K, int w,
-                                                 float* out) {
-        const uint2 v = reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned char*>(q) + row * K)[w];
-        const float s = to_f32(scale[row * ((K + 127) >> 7) + (w >> 4)]);
+    static __device__ __forceinline__ void load(const void* q, const S* scale, long long row, int K, int c, Raw& raw,
+                                                float& s) {
+        raw = reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned char*>(q) + row * K)[c];
+        s = to_f32(scale[row * ((K + 127) >> 7) + (c >> 4)]);
+    }
+    static __device__ __forceinline__ void expand(const Raw& v, float s, int, float* out) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             out[i] = e4m3((v.x >> (8 * i)) & 0xffu) * s;
@@ -67,14 +79,21 @@ __device__ void q_gemv(const T* __restrict__ x, long long xs, const void* __rest
     float acc[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) acc[p] = 0.f;
-    for (int w = lane; w < (K >> 3); w += 32) {
-        float wv[8], xv[8];
-        F::load8(q, scale, n, K, w, wv);
+    for (int c = lane; c < (K >> 3) / F::WORDS; c += 32) {
+        typename F::Raw raw;
+        float s;
+        F::load(q, scale, n, K, c, raw, s);
 #pragma unroll
-        for (int p = 0; p < P; ++p) {
-            if (p < rows) {
-                load_f32<8>(x + (long long)(m0 + p) * xs + 8 * w, xv);
-                acc[p] += dot8(wv, xv);
+        for (int j = 0; j < F::WORDS; ++j) {
+            const int w = c * F::WORDS + j;
+            float wv[8], xv[8];
+            F::expand(raw, s, j, wv);
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                if (p < rows) {
+                    load_f32<8>(x + (long long)(m0 + p) * xs + 8 * w, xv);
+                    acc[p] += dot8(wv, xv);
+                }
             }
         }
     }
@@ -90,10 +109,16 @@ template <class F, typename T, typename S>
 __device__ void q_dequant(const void* __restrict__ q, const S* __restrict__ scale, int K, T* __restrict__ out) {
     pdl_begin();
     const long long r = blockIdx.x;
-    for (int w = threadIdx.x; w < (K >> 3); w += blockDim.x) {
-        float v[8];
-        F::load8(q, scale, r, K, w, v);
-        store_f32<8>(out + r * K + 8 * w, v);
+    for (int c = threadIdx.x; c < (K >> 3) / F::WORDS; c += blockDim.x) {
+        typename F::Raw raw;
+        float s;
+        F::load(q, scale, r, K, c, raw, s);
+#pragma unroll
+        for (int j = 0; j < F::WORDS; ++j) {
+            float v[8];
+            F::expand(raw, s, j, v);
+            store_f32<8>(out + r * K + 8 * (c * F::WORDS + j), v);
+        }
     }
 }
 
@@ -147,16 +172,24 @@ __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ 
         float g[P], u[P];
 #pragma unroll
         for (int p = 0; p < P; ++p) { pair[p] = p < rows ? pair_list[p0 + p] : 0; g[p] = 0.f; u[p] = 0.f; }
-        for (int w = lane; w < (D >> 3); w += 32) {
-            float gw[8], uw[8], xv[8];
-            F::load8(q, scale, gate_row, D, w, gw);
-            F::load8(q, scale, up_row, D, w, uw);
+        for (int c = lane; c < (D >> 3) / F::WORDS; c += 32) {
+            typename F::Raw graw, uraw;
+            float gscale, uscale;
+            F::load(q, scale, gate_row, D, c, graw, gscale);
+            F::load(q, scale, up_row, D, c, uraw, uscale);
 #pragma unroll
-            for (int p = 0; p < P; ++p) {
-                if (p < rows) {
-                    load_f32<8>(x + (long long)(pair[p] / k) * D + 8 * w, xv);
-                    g[p] += dot8(gw, xv);
-                    u[p] += dot8(uw, xv);
+            for (int j = 0; j < F::WORDS; ++j) {
+                const int w = c * F::WORDS + j;
+                float gw[8], uw[8], xv[8];
+                F::expand(graw, gscale, j, gw);
+                F::expand(uraw, uscale, j, uw);
+#pragma unroll
+                for (int p = 0; p < P; ++p) {
+                    if (p < rows) {
+                        load_f32<8>(x + (long long)(pair[p] / k) * D + 8 * w, xv);
+                        g[p] += dot8(gw, xv);
+                        u[p] += dot8(uw, xv);
+                    }
                 }
             }
         }
@@ -186,14 +219,24 @@ __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__
         float acc[P];
 #pragma unroll
         for (int p = 0; p < P; ++p) { pair[p] = p < rows ? pair_list[p0 + p] : 0; acc[p] = 0.f; }
-        for (int w = lane; w < (I >> 3); w += 32) {
-            float dw[8], hv[8];
-            F::load8(q, scale, row, I, w, dw);
+        // two chunks a pass, their words one at a time: at decode an INT4 lane has two 16-byte loads in flight at
+        // 80 registers (three blocks an SM); unrolling the words too would take 92 (two blocks)
+#pragma unroll 2
+        for (int c = lane; c < (I >> 3) / F::WORDS; c += 32) {
+            typename F::Raw raw;
+            float s;
+            F::load(q, scale, row, I, c, raw, s);
+#pragma unroll 1
+            for (int j = 0; j < F::WORDS; ++j) {
+                const int w = c * F::WORDS + j;
+                float dw[8], hv[8];
+                F::expand(raw, s, j, dw);
 #pragma unroll
-            for (int p = 0; p < P; ++p) {
-                if (p < rows) {
-                    load_f32<8>(h + (long long)pair[p] * I + 8 * w, hv);
-                    acc[p] += dot8(dw, hv);
+                for (int p = 0; p < P; ++p) {
+                    if (p < rows) {
+                        load_f32<8>(h + (long long)pair[p] * I + 8 * w, hv);
+                        acc[p] += dot8(dw, hv);
+                    }
                 }
             }
         }

@@ -43,6 +43,19 @@ def _check(w: Any, x: cp.ndarray, K: int) -> None:
         raise TypeError(f"FP8 scales must be float32, got {s.dtype}")
     if not (q.flags.c_contiguous and s.flags.c_contiguous):
         raise ValueError("quantized weights must be contiguous")
+    if q.data.ptr % 16:   # INT4 rows are read as 16-byte groups, FP8 as 8-byte words
+        raise ValueError("quantized weights must start 16-byte aligned (a fresh device array, not an offset view)")
+
+
+def _rows(x: cp.ndarray) -> cp.ndarray:
+    """x as packed rows starting 16-byte aligned: the kernels read 8 activations at a time as 16-byte words (a
+    contiguous view into a wider row, e.g. one token's column slice, may start anywhere)."""
+    x = cp.ascontiguousarray(x)
+    if x.data.ptr % 16 == 0:
+        return x
+    out = cp.empty(x.shape, x.dtype)
+    out[...] = x
+    return out
 
 
 def dequantize(w: Any, dtype: np.dtype) -> cp.ndarray:
@@ -60,7 +73,7 @@ def dequantize(w: Any, dtype: np.dtype) -> cp.ndarray:
 def linear_quant(x: cp.ndarray, w: Any) -> cp.ndarray:
     """x [M, in] @ W.T for a quantized W [out, in]."""
     N, K = w.shape
-    x = cp.ascontiguousarray(x)
+    x = _rows(x)
     M = x.shape[0]
     if M > GEMV_MAX_ROWS:
         return linear(x, dequantize(w, x.dtype))
@@ -81,7 +94,7 @@ def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights:
     fmt = _fmt(gate_up)
     if _fmt(down) != fmt:
         raise TypeError("gate_up and down experts must share one format")
-    x = cp.ascontiguousarray(x)
+    x = _rows(x)
     T, D = x.shape
     I = gate_up.shape[1] // 2
     _check(gate_up, x, D)
