@@ -81,6 +81,16 @@ class CudaBackend(Backend):
         self.device.use()
         self.stream.use()
 
+    @contextmanager
+    def current(self) -> Iterator[None]:
+        """This GPU and the step stream current for the block (what activate() does, undone after it). A step's
+        kernels launch on the thread's current stream while its uploads and downloads go on the step stream, so the
+        step must run here: in a thread where another backend was activated last (two engines in one process, as
+        tests build them) its kernels would otherwise queue on that backend's stream, unordered with its own
+        uploads (buffers reused while the kernels still read them) and token downloads (read before written)."""
+        with self.device, self.stream:
+            yield
+
     def _np_dtype(self, dtype: str | None) -> np.dtype:
         return self._dtypes.get(dtype or self.dtype) or np.dtype(dtype)
 

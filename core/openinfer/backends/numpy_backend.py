@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -45,6 +46,11 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on the CPU)."""
+
+    def current(self) -> AbstractContextManager[Any]:
+        """A block in which the calling thread queues this backend's device work (no-op on the CPU): on a GPU
+        kernels launch on the thread's current stream, which must be the backend's own."""
+        return nullcontext()
 
     @abstractmethod
     def argmax(self, logits: Any) -> Any:

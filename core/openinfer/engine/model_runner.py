@@ -170,7 +170,8 @@ class ModelRunner:
 
     def profile(self, h: HostBatch) -> None:
         """One forward of a made-up batch (its K/V is garbage: profile on throw-away pools)."""
-        self._forward(self.upload(h))
+        with self.backend.current():
+            self._forward(self.upload(h))
         self.backend.synchronize()
 
     def upload(self, h: HostBatch) -> ForwardBatch:
@@ -209,7 +210,12 @@ class ModelRunner:
 
     def execute(self, step: Step, sampling: SamplingBatch | None = None, prev: Launched | None = None) -> Launched:
         """Queue a step's copies and forward (a graph replay for a decode batch that fits one), and the
-        device sampler's draws for the rows of `sampling`. `prev`: the step a `follows` step comes after."""
+        device sampler's draws for the rows of `sampling`, on this runner's device and stream whatever the
+        calling thread's are (Backend.current). `prev`: the step a `follows` step comes after."""
+        with self.backend.current():
+            return self._execute(step, sampling, prev)
+
+    def _execute(self, step: Step, sampling: SamplingBatch | None, prev: Launched | None) -> Launched:
         if step.follows:
             return self._replay_next(step.host, prev)
         self.pools.copy_state_rows(step.state_copies)

@@ -81,18 +81,19 @@ def assert_scores_match(scored: list[SampleResult], ids: Sequence[int], logits: 
 def prompt_logits(engine: Engine, ids: list[int]) -> np.ndarray:
     """Logits [T, vocab] at every position of one prompt, through the engine's own runner and KV."""
     req = Request("logits-probe", list(ids), SamplingParams(max_tokens=1), RequestStream("logits-probe"), 0.0)
-    blocks = engine.blocks
+    blocks, backend = engine.blocks, engine.runner.backend
     if not blocks.try_admit(req):
         raise RuntimeError("the KV pool cannot hold the probe prompt")
     try:
-        engine.runner.pools.copy_blocks(blocks.take_block_copies())   # a copy-on-write the hit asked for
-        req.num_computed = 0  # recompute everything, even a cached prefix
-        blocks.allocate(req, len(ids))
-        plan = StepPlan([ScheduledRun(req, 0, len(ids), True)])
-        batch = engine.runner.prepare(plan)
-        batch.sample_rows = engine.runner.backend.asarray(np.arange(len(ids), dtype=np.int32))
-        logits = engine.runner.model.forward(batch, engine.runner.pools)
-        return np.asarray(engine.runner.backend.to_host(logits), dtype=np.float32)
+        with backend.current():   # as a step runs (ModelRunner.execute), whichever engine was built last
+            engine.runner.pools.copy_blocks(blocks.take_block_copies())   # a copy-on-write the hit asked for
+            req.num_computed = 0  # recompute everything, even a cached prefix
+            blocks.allocate(req, len(ids))
+            plan = StepPlan([ScheduledRun(req, 0, len(ids), True)])
+            batch = engine.runner.prepare(plan)
+            batch.sample_rows = backend.asarray(np.arange(len(ids), dtype=np.int32))
+            logits = engine.runner.model.forward(batch, engine.runner.pools)
+            return np.asarray(backend.to_host(logits), dtype=np.float32)
     finally:
         blocks.release(req)
 

@@ -4,6 +4,7 @@ data, the ops register lazily for "cuda", and a numpy emulation of the top-k ker
 equals the reference selection."""
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import subprocess
 import sys
@@ -88,6 +89,39 @@ def test_launches_match_the_kernels(monkeypatch, dtype, runs):
     assert [c.name for c in recorded] == [f"indexer_rope_write_{suffix(dt)}",
                                           f"indexer_scores_{suffix(dt)}", "indexer_topk_select",
                                           f"sparse_mla_attention_{suffix(dt)}"]
+
+
+def _inconsistent(b: ForwardBatch, fake) -> list[tuple[str, ForwardBatch, int, int]]:
+    """(what is wrong, batch, tokens, cache block size): each breaks one shape the kernels index by."""
+    narrow = dataclasses.replace(b, block_tables=fake(np.asarray(b.block_tables)[:, :-1]))
+    return [("tokens", b, b.num_tokens + 1, 16), ("cannot hold", narrow, b.num_tokens, 16),
+            ("cache blocks", b, b.num_tokens, 32)]
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_launchers_refuse_a_batch_the_kernels_would_index_outside_of(monkeypatch, case):
+    """The kernels index the cache through the batch's device fields unchecked: a grid of more tokens than the
+    batch, block tables narrower than its contexts or a cache of other blocks is a clear error, not a launch."""
+    pytest.importorskip("cupy")
+    from openinfer.testing.launch_check import aligned_empty, fake, record_launches
+    from openinfer_glm52.cuda import ops as cuda_ops
+    recorded = record_launches(monkeypatch, [cuda_ops])
+    match, b, T, bs = _inconsistent(_batch([(0, 40), (7, 1), (300, 1)], fake), fake)[case]
+    Hi, Di, H, R, P = 4, 128, 16, 512, 64
+    index_pool, latent_pool = aligned_empty((64, 2, bs, Di), np.float32), aligned_empty((64, 2, bs, R + P), np.float32)
+    q = aligned_empty((T, Hi, Di), np.float32)
+    if T != b.num_tokens:
+        cos = aligned_empty((512, P // 2), np.float32)
+        with pytest.raises(ValueError, match="positions"):
+            cuda_ops.glm52_indexer_rope_write(q, aligned_empty((T, Di), np.float32), aligned_empty(Di, np.float32),
+                                              aligned_empty(Di, np.float32), b.positions, cos, cos, index_pool[:, 1],
+                                              b.slot_mapping, True)
+    with pytest.raises(ValueError, match=match):
+        cuda_ops.glm52_indexer_topk(q, aligned_empty((T, Hi), np.float32), index_pool[:, 1], b, 64, Di ** -0.5)
+    with pytest.raises(ValueError, match=match):
+        cuda_ops.glm52_sparse_mla_attention(aligned_empty((T, H, R), np.float32), aligned_empty((T, H, P), np.float32),
+                                            latent_pool[:, 0], fake(np.zeros((T, 64), np.int32)), b, 0.07)
+    assert not recorded
 
 
 def emulate_select(scores: np.ndarray, visible: int, topk: int) -> np.ndarray:

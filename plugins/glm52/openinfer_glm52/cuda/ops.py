@@ -40,6 +40,22 @@ def layer_view(cache: cp.ndarray, dim: int, what: str) -> int:
     return cache.strides[0] // it
 
 
+def check_batch(batch: ForwardBatch, tokens: int, cache: cp.ndarray | None, what: str) -> None:
+    """The host shapes the kernels' index arithmetic relies on, checked without a device read: the grid's `tokens`
+    are the batch's (a token past query_start's end would take a position past its sequence's keys), every key of
+    a sequence lies inside its block-table row, and the cache's blocks are the batch's. The kernels index with the
+    device values unchecked, so a mismatch is a ValueError here rather than an illegal address there."""
+    rows, width = batch.block_tables.shape
+    if tokens != batch.num_tokens or rows != batch.num_seqs:
+        raise ValueError(f"{what}: {tokens} tokens for a batch of {batch.num_tokens} tokens in {batch.num_seqs} "
+                         f"sequences ({rows} block-table rows)")
+    if width * batch.block_size < batch.max_context_len:
+        raise ValueError(f"{what}: block tables of {width} blocks of {batch.block_size} cannot hold the batch's "
+                         f"max_context_len {batch.max_context_len}")
+    if cache is not None and cache.shape[1] != batch.block_size:
+        raise ValueError(f"{what}: cache blocks of {cache.shape[1]} rows for a batch of block_size {batch.block_size}")
+
+
 def _sequences(batch: ForwardBatch) -> tuple:
     tables = as_index(batch.block_tables, np.int32)
     return (tables, np.int32(tables.strides[0] // tables.itemsize), as_index(batch.query_start, np.int32),
@@ -54,6 +70,9 @@ def glm52_indexer_rope_write(q: cp.ndarray, k: cp.ndarray, norm_w: cp.ndarray, n
         raise ValueError(f"glm52_indexer_rope_write: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, cache "
                          f"{cache.dtype}: k must be [T, dim] of q's dtype, dim <= {MAX_ROPE_DIM}")
     block_stride = layer_view(cache, dim, "glm52_indexer_rope_write")
+    if positions.shape != (T,) or slot_mapping.shape != (T,):
+        raise ValueError(f"glm52_indexer_rope_write: positions {positions.shape} and slot_mapping "
+                         f"{slot_mapping.shape} for {T} tokens")
     q3, q_stride = heads3d(q)
     k2, k_stride = rows2d(k)
     out = cp.empty((T, heads, dim), dtype=q.dtype)
@@ -75,6 +94,7 @@ def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, ba
     if heads > MAX_INDEX_HEADS:
         raise ValueError(f"glm52_indexer_topk: {heads} indexer heads, the kernel holds at most {MAX_INDEX_HEADS}")
     block_stride = layer_view(cache, dim, "glm52_indexer_topk")
+    check_batch(batch, T, cache, "glm52_indexer_topk")
     out = cp.empty((T, topk), dtype=np.int32)
     if T == 0:
         return out
@@ -92,6 +112,10 @@ def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, ba
 def select_topk(scores: cp.ndarray, batch: ForwardBatch, out: cp.ndarray) -> cp.ndarray:
     """Each token's exact causal top-k of its score row (scores [T, width] float32) into out [T, topk] int32
     (ascending key positions, -1 padded; the reference's tie rule)."""
+    check_batch(batch, out.shape[0], None, "glm52_indexer_topk")
+    if scores.shape[0] != out.shape[0] or scores.shape[1] < batch.max_context_len:
+        raise ValueError(f"glm52_indexer_topk: scores {scores.shape} for {out.shape[0]} tokens of contexts up to "
+                         f"{batch.max_context_len} keys")
     _, _, qstart, lens, B = _sequences(batch)
     launch(SOURCE, "indexer_topk_select", (out.shape[0],), SELECT_THREADS,
            (scores, np.int32(scores.shape[1]), qstart, lens, B, np.int32(out.shape[1]), out))
@@ -106,6 +130,9 @@ def glm52_sparse_mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp
         raise ValueError(f"glm52_sparse_mla_attention: q_latent {q_latent.shape}, q_pe {q_pe.shape}: kv_lora_rank "
                          f"must be at most {16 * R_PER_THREAD} and q_pe [T, heads, P] of q_latent's dtype")
     block_stride = layer_view(cache, R + P, "glm52_sparse_mla_attention")
+    check_batch(batch, T, cache, "glm52_sparse_mla_attention")
+    if indices.shape[0] != T:
+        raise ValueError(f"glm52_sparse_mla_attention: a selection of {indices.shape[0]} rows for {T} tokens")
     out = cp.empty((T, heads, R), dtype=q_latent.dtype)
     if T == 0:
         return out

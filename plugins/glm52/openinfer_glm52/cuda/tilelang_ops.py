@@ -67,6 +67,7 @@ def glm52_sparse_mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp
     if not (q_latent.dtype == q_pe.dtype == cache.dtype == BF16 and width == R and q_pe.shape == (T, H, P)):
         return nvrtc.glm52_sparse_mla_attention(q_latent, q_pe, cache, indices, batch, scale)
     block_stride = nvrtc.layer_view(cache, R + P, "glm52_sparse_mla_attention")
+    nvrtc.check_batch(batch, T, cache, "glm52_sparse_mla_attention")
     topk = indices.shape[1]
     if T == 0 or topk == 0:   # no selection: no key to attend to, as the hand-written kernel gives
         return cp.zeros((T, H, R), dtype=BF16)
@@ -99,6 +100,7 @@ def _indexer_scores(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, batch
     """[T, max_context_len] float32 scores of every key, -inf where not visible."""
     T, dim = q.shape[0], q.shape[2]
     block_stride = nvrtc.layer_view(cache, dim, "glm52_indexer_topk")
+    nvrtc.check_batch(batch, T, cache, "glm52_indexer_topk")
     width = int(batch.max_context_len)
     scores = cp.empty((T, width), dtype=np.float32)
     paging = _paging(batch, cache, block_stride)
