@@ -56,6 +56,14 @@ def load_linear(backend: Any, weights: Any, scheme: QuantScheme | None, *modules
     return to_backend(backend, fuse_rows([host_linear(weights, scheme, m) for m in modules]))
 
 
+def load_fused(backend: Any, weights: Any, scheme: QuantScheme | None, *modules: str) -> list[Any]:
+    """Linears `modules` of one input as [one Linear fused along the output rows] (one GEMM), or each apart where
+    the scheme stores them in different formats (a fused weight has one)."""
+    if scheme is not None and len({scheme.format_of(m) for m in modules}) > 1:
+        return [load_linear(backend, weights, scheme, m) for m in modules]
+    return [load_linear(backend, weights, scheme, *modules)]
+
+
 def load_expert_stack(backend: Any, weights: Any, scheme: QuantScheme, experts: list[tuple[str, ...]]) -> Any:
     """One quantized stack [E, ...] of experts' Linears, each expert's `modules` fused (gate then up)."""
     return stack_to_backend(backend, [fuse_rows([host_linear(weights, scheme, m) for m in ms]) for ms in experts])
