@@ -96,6 +96,9 @@ def test_moe_experts(case, pdl):
     got = moe.moe_experts(*args)
     close(got, want, BF)
     np.testing.assert_array_equal(host(moe.moe_experts(*args)), host(got))   # deterministic
+    shared = exact(np.random.default_rng(len(case)).standard_normal((T, D)).astype(np.float32), BF16)
+    with_shared = moe.moe_experts(*args, dev(shared, BF16))   # the shared experts' output, added by the combine
+    close(with_shared, ref.moe_experts(x, gate_up, down, ids, weights, offset, shared), BF)
 
 
 def test_moe_experts_no_token_routed_here():

@@ -102,7 +102,8 @@ def test_moe_experts_launch_args(launches, T, E, k, wide):
     D, I = 2048, 1408
     x = aligned_empty((T, D), BF16)
     gate_up, down = aligned_empty((E, 2 * I, D), BF16), aligned_empty((E, D, I), BF16)
-    y = moe.moe_experts(x, gate_up, down, fake(np.zeros((T, k), np.int32)), fake(np.zeros((T, k), np.float32)), 0)
+    y = moe.moe_experts(x, gate_up, down, fake(np.zeros((T, k), np.int32)), fake(np.zeros((T, k), np.float32)), 0,
+                        aligned_empty((T, D), BF16))   # the shared experts' output, added by the combine
     assert y.shape == (T, D) and y.dtype == BF16
     align, gate, dn, combine = launches
     mt = 8 if wide else 1
@@ -118,6 +119,10 @@ def test_moe_experts_rejects_mismatched_weights(launches):
     with pytest.raises(ValueError, match="moe_experts"):
         moe.moe_experts(x, aligned_empty((4, 64, 64), BF16), aligned_empty((4, 64, 16), BF16),
                         fake(np.zeros((2, 2), np.int32)), fake(np.zeros((2, 2), np.float32)), 0)
+    with pytest.raises(ValueError, match="addend"):
+        moe.moe_experts(x, aligned_empty((4, 64, 64), BF16), aligned_empty((4, 64, 32), BF16),
+                        fake(np.zeros((2, 2), np.int32)), fake(np.zeros((2, 2), np.float32)), 0,
+                        aligned_empty((2, 64), np.float32))
 
 
 def test_mla_rope_launch_args(launches):

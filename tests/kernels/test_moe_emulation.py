@@ -149,7 +149,7 @@ def emulate_gemm(call):
 
 
 def emulate_combine(call):
-    y, ids, topk, e_local, e_offset, D, out = call.args
+    y, ids, topk, e_local, e_offset, D, addend, out = call.args
     yf, idf, of = flat(y), flat(ids), flat(out)
     k, D = int(topk), int(D)
     for t in range(call.grid[0]):
@@ -157,6 +157,8 @@ def emulate_combine(call):
         for j in range(k):
             if 0 <= idf[t * k + j] - int(e_offset) < int(e_local):
                 acc += yf[(t * k + j) * D:][:D]
+        if addend is not NULL:
+            acc += flat(addend)[t * D:][:D].astype(np.float32)
         of[t * D: (t + 1) * D] = acc
 
 
@@ -198,8 +200,10 @@ CASES = {"narrow": (5, 72, 40, 3, 2, 3, 0), "shard": (6, 64, 32, 2, 3, 6, 2), "w
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_moe_experts_emulation(case, launches):
-    """moe.moe_experts on a strided x, its four launches emulated, against numpy_mla_moe.moe_experts."""
+@pytest.mark.parametrize("with_addend", [False, True])
+def test_moe_experts_emulation(case, with_addend, launches):
+    """moe.moe_experts on a strided x (and a shared-expert addend), its four launches emulated, against
+    numpy_mla_moe.moe_experts."""
     T, D, I, E, k, n_ids, offset = CASES[case]
     rng = np.random.default_rng(len(case))
     wide = fake(rng.standard_normal((T, D + 8)), BF16)
@@ -208,11 +212,13 @@ def test_moe_experts_emulation(case, launches):
     down = fake(rng.standard_normal((E, D, I)) * I ** -0.5, BF16)
     ids = fake(np.argsort(rng.random((T, n_ids)), axis=-1)[:, :k].astype(np.int32))
     weights = fake(rng.random((T, k)).astype(np.float32))
-    y = moe.moe_experts(x, gate_up, down, ids, weights, offset)
+    addend = fake(rng.standard_normal((T, D)), BF16) if with_addend else None
+    y = moe.moe_experts(x, gate_up, down, ids, weights, offset, addend)
     assert [c.name for c in launches][1] == f"moe_gate_up_bf16_m{8 if case == 'wide' else 1}"
     run(launches, kernels(rng))
     f64 = [np.asarray(a, np.float64) for a in (x, gate_up, down)]
-    want = ref_moe_experts(*f64, np.asarray(ids), np.asarray(weights), offset)
+    want = ref_moe_experts(*f64, np.asarray(ids), np.asarray(weights), offset,
+                           None if addend is None else np.asarray(addend, np.float64))
     np.testing.assert_allclose(np.asarray(y, np.float32), want, atol=2e-2, rtol=2e-2)
 
 

@@ -167,6 +167,9 @@ def test_moe_experts_quant_matches_dense_experts(fmt):
                 want[t] += w[t, j] * (d.dequant() @ (h[:I] / (1 + np.exp(-h[:I])) * h[I:]))
     got = numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, 2)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    shared = rng.standard_normal((T, D)).astype(np.float32)   # the shared experts' output as the addend
+    np.testing.assert_allclose(numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, 2, shared), got + shared,
+                               rtol=1e-6, atol=1e-6)
     lin = numpy_quant.linear_quant(x, to_backend(be, experts[0][0]))
     np.testing.assert_allclose(lin, x @ experts[0][0].dequant().T, rtol=1e-6, atol=1e-6)
 

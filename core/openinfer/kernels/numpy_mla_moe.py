@@ -108,19 +108,25 @@ def moe_route(logits: np.ndarray, bias: np.ndarray | None, cfg: RouterConfig) ->
 
 
 def moe_experts(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-                expert_offset: int) -> np.ndarray:
+                expert_offset: int, addend: np.ndarray | None = None) -> np.ndarray:
     """y[t] = sum over k of weights[t, k] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, k], over the
     experts this rank holds: gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I] are experts
     expert_offset .. expert_offset + E_local - 1; a selected expert outside that range adds nothing (its
-    rank adds it; the communicator sums the ranks)."""
-    y = np.zeros_like(x)
+    rank adds it; the communicator sums the ranks). `addend` [T, D] (the shared experts' output), if given, is
+    added to that sum in float32 before the result is rounded to x's dtype."""
+    y = np.zeros(x.shape, np.result_type(x, np.float32))
     local = ids.astype(np.int64) - expert_offset
     for e in np.unique(local[(local >= 0) & (local < gate_up.shape[0])]):
         rows, slot = np.nonzero(local == e)
         gate, up = np.split(x[rows] @ gate_up[e].T, 2, axis=-1)
         h = (gate / (1.0 + np.exp(-gate)) * up) @ down[e].T
         y[rows] += h * weights[rows, slot][:, None]
-    return y
+    return with_addend(y, addend).astype(x.dtype, copy=False)
+
+
+def with_addend(y: np.ndarray, addend: np.ndarray | None) -> np.ndarray:
+    """The routed sum y (float32 or wider) plus moe_experts' optional addend, at y's precision."""
+    return y if addend is None else y + np.asarray(addend, y.dtype)
 
 
 def register(register_kernel) -> None:

@@ -44,8 +44,9 @@ class QuantOps:
             return self._ops.silu_mul(self.linear(x, w))
         return self._ops.linear_silu_mul(x, w)
 
-    def moe_experts(self, x: Any, gate_up: Any, down: Any, ids: Any, weights: Any, expert_offset: int) -> Any:
-        return self._op("moe_experts", gate_up)(x, gate_up, down, ids, weights, expert_offset)
+    def moe_experts(self, x: Any, gate_up: Any, down: Any, ids: Any, weights: Any, expert_offset: int,
+                    addend: Any = None) -> Any:
+        return self._op("moe_experts", gate_up)(x, gate_up, down, ids, weights, expert_offset, addend)
 
 
 def load_linear(backend: Any, weights: Any, scheme: QuantScheme | None, *modules: str) -> Any:

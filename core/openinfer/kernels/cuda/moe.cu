@@ -16,7 +16,8 @@
 //                 gate_up: the 64 W rows are 32 gate rows and the 32 matching up rows, so a thread holds gate and
 //                 up of the same outputs and writes h = silu(gate) * up (bf16, in sorted order); down: writes
 //                 weight * (h . W_down^T) in fp32 at the pair's own row.
-//   moe_combine   y[t] = sum over the token's slots (local experts only, slot order) of those rows, in fp32.
+//   moe_combine   y[t] = sum over the token's slots (local experts only, slot order) of those rows, plus the
+//                 optional addend row (the shared experts' output), in fp32, rounded once.
 //
 // Mirrored in moe.py: the tile sizes, the shared-memory size, the kernel names.
 #include "common.cuh"
@@ -370,8 +371,9 @@ MOE_GEMM_KERNEL(1)
 MOE_GEMM_KERNEL(8)
 
 // ---------------------------------------------------------------------------------------------------- combine
+// addend: null or [T, D] bf16 (row stride D)
 extern "C" __global__ void moe_combine_bf16(const float* y, const int* ids, int topk, int e_local, int e_offset,
-                                            int D, bf16* out) {
+                                            int D, const bf16* addend, bf16* out) {
     pdl_begin();
     const int t = blockIdx.x;
     for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < D; c += gridDim.y * blockDim.x) {
@@ -380,6 +382,7 @@ extern "C" __global__ void moe_combine_bf16(const float* y, const int* ids, int 
             const unsigned int e = (unsigned int)(ids[t * topk + j] - e_offset);
             if (e < (unsigned int)e_local) acc += y[((long long)t * topk + j) * D + c];
         }
+        if (addend) acc += to_f32(addend[(long long)t * D + c]);
         out[(long long)t * D + c] = from_f32<bf16>(acc);
     }
 }

@@ -95,9 +95,10 @@ def _aligned_rows(x: cp.ndarray) -> tuple[cp.ndarray, int]:
 
 
 def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
-                expert_offset: int) -> cp.ndarray:
+                expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
     """y [T, D] = sum over each token's slots whose expert lies in [expert_offset, expert_offset + E_local) of
-    weight * down_e(silu(gate_e x) * up_e x); gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]."""
+    weight * down_e(silu(gate_e x) * up_e x), plus `addend` [T, D] if given (added in fp32 by the combine);
+    gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]."""
     T, D = x.shape
     E, two_i, d2 = gate_up.shape
     I = two_i // 2
@@ -114,6 +115,7 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
     y = cp.empty((T, D), dtype=BF16)
     if T == 0:
         return y
+    add = NULL if addend is None else packed_addend(addend, y)
     ids = cp.ascontiguousarray(ids, dtype=cp.int32)
     weights = cp.ascontiguousarray(weights, dtype=cp.float32)
     x2, xs = _aligned_rows(x)
@@ -137,5 +139,13 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
            (h, np.int64(I), *grouping, down, np.int64(D * I), np.int32(D), np.int32(I), *tile_args, weights, y_pairs,
             np.int64(D)), gemm_smem(mt))
     launch("moe", "moe_combine_bf16", (T, min(-(-D // 256), 8)), 256,
-           (y_pairs, ids, np.int32(k), np.int32(E), np.int32(expert_offset), np.int32(D), y))
+           (y_pairs, ids, np.int32(k), np.int32(E), np.int32(expert_offset), np.int32(D), add, y))
     return y
+
+
+def packed_addend(addend: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
+    """moe_experts' addend as packed rows of y's shape and dtype (the combine kernels read it at row stride D)."""
+    if addend.shape != y.shape or addend.dtype != y.dtype:
+        raise ValueError(f"moe_experts: the addend must be {y.dtype} {y.shape} like the output (got {addend.dtype} "
+                         f"{addend.shape})")
+    return cp.ascontiguousarray(addend)
