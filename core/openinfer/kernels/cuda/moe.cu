@@ -249,7 +249,7 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
     __shared__ const bf16* w_rows[GEMM_BN];
     __shared__ int pair_of[BM];
     bf16* sm = (bf16*)smem_raw;
-    pdl_begin();
+    pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int slot = blockIdx.y;
     if (slot >= *num_tiles) return;
     const int e = tile_expert[slot], r0 = tile_start[slot], m = min(BM, tile_end[slot] - r0);
@@ -318,6 +318,7 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
         }
     }
     cp_async_wait<0>();
+    pdl_trigger();
     // thread's outputs: rows (mbase + mt) * 16 + gid (+ 8), columns 2 tq + {0, 1} of each n8 tile
 #pragma unroll
     for (int mt = 0; mt < WM; ++mt)

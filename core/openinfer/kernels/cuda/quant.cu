@@ -135,7 +135,7 @@ template <class F, typename T, typename S>
 __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ q, const S* __restrict__ scale,
                               const int* __restrict__ slot_expert, const int* __restrict__ slot_start,
                               const int* __restrict__ pair_list, int k, int D, int I, float* __restrict__ h) {
-    pdl_begin();
+    pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int e = slot_expert[blockIdx.y];
     const int lane = threadIdx.x & 31, o = blockIdx.x * ROWS + (threadIdx.x >> 5);
     if (e < 0 || o >= I) return;
@@ -166,6 +166,7 @@ __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ 
             if (lane == 0 && p < rows) h[(long long)pair[p] * I + o] = silu_mul_f32(gs, us);
         }
     }
+    pdl_trigger();
 }
 
 // yk[pair, o] = weights[pair] * down_e h[pair] for the pairs of slot blockIdx.y: grid (ceil(D / ROWS), slots).
@@ -174,7 +175,7 @@ __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__
                            const int* __restrict__ slot_expert, const int* __restrict__ slot_start,
                            const int* __restrict__ pair_list, const float* __restrict__ weights, int D, int I,
                            float* __restrict__ yk) {
-    pdl_begin();
+    pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int e = slot_expert[blockIdx.y];
     const int lane = threadIdx.x & 31, o = blockIdx.x * ROWS + (threadIdx.x >> 5);
     if (e < 0 || o >= D) return;
@@ -203,6 +204,7 @@ __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__
             if (lane == 0 && p < rows) yk[(long long)pair[p] * D + o] = weights[pair[p]] * s;
         }
     }
+    pdl_trigger();
 }
 
 // y[t, d] = sum over j of yk[t * k + j, d] for the pairs whose expert is local, in j order, plus addend[t, d] (null:
