@@ -24,6 +24,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(mla, "blocks_per_sm", lambda *a: 2)
     counters = aligned_empty((module.COUNTER_SLOTS,), np.int32)
     monkeypatch.setattr(mla, "arrival_counters", lambda purpose: counters)
+    monkeypatch.setattr(moe, "arrival_counters", lambda purpose: counters)
     return recorded
 
 
@@ -87,6 +88,20 @@ def test_moe_route_launch_args(launches, E, cfg, bias):
     ids, w = moe.moe_route(aligned_empty((T, E), np.float32), aligned_empty((E,), np.float32) if bias else None, cfg)
     (call,) = launches
     assert call.grid == (-(-T // moe.ROUTE_WARPS),) and ids.shape == w.shape == (T, cfg.top_k)
+    launches.clear()   # the fused router: one launch on router_logits' grid
+    ids, w = moe.moe_router(aligned_empty((T, 2048), BF16), aligned_empty((E, 2048), np.float32),
+                            aligned_empty((E,), np.float32) if bias else None, cfg)
+    (call,) = launches
+    assert call.name == "moe_router_bf16" and call.grid == (-(-E // moe.ROUTER_WARPS), -(-T // moe.ROUTER_TOKENS))
+    assert ids.shape == w.shape == (T, cfg.top_k)
+
+
+def test_moe_router_falls_back_to_two_launches_without_counters(launches, monkeypatch):
+    """A first call inside a graph capture has no arrival counters: router_logits then moe_route."""
+    monkeypatch.setattr(moe, "arrival_counters", lambda purpose: None)
+    moe.moe_router(aligned_empty((3, 64), BF16), aligned_empty((8, 64), np.float32), None,
+                   route_config("softmax", "greedy", top_k=2))
+    assert [c.name for c in launches] == ["router_logits_bf16", "moe_route_f32"]
 
 
 @pytest.mark.parametrize("cfg,E", [(route_config("softmax", "beam"), 64), (route_config("softmax", "greedy"), 1024),

@@ -7,6 +7,8 @@ Shared memory starts as NaN, so a read of a pad or of a never-written word poiso
 change both together."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -183,14 +185,26 @@ def emulate_router_logits(call):
     assert call.grid == (-(-E // ROUTER_WARPS), -(-T // ROUTER_TOKENS))
 
 
+def emulate_router_call(call):
+    """moe_router_bf16: router_logits_bf16's blocks, then each token group's last block routes it (the counters:
+    zero on entry, left zero)."""
+    x, stride, w, T, E, D, logits, counters, bias, *route, ids, weights = call.args
+    assert not flat(counters)[: call.grid[1]].any()
+    emulate_router_logits(SimpleNamespace(args=(x, stride, w, T, E, D, logits), grid=call.grid))
+    emulate_route_call(SimpleNamespace(args=(logits, E, bias, T, E, *route, ids, weights)))
+
+
 @pytest.fixture
 def launches(monkeypatch):
+    counters = fake(np.zeros(module.COUNTER_SLOTS, np.int32))
+    monkeypatch.setattr(moe, "arrival_counters", lambda purpose: counters)
     return record_launches(monkeypatch, (moe, module))
 
 
 def kernels(rng):
     return {"moe_align": lambda c: emulate_align(c, rng), "moe_gate_up": emulate_gemm, "moe_down": emulate_gemm,
-            "moe_combine": emulate_combine, "moe_route": emulate_route_call, "router_logits": emulate_router_logits}
+            "moe_combine": emulate_combine, "moe_route": emulate_route_call, "router_logits": emulate_router_logits,
+            "moe_router": emulate_router_call}
 
 
 # T, D, I, local experts, top-k, experts routed over, offset: two k tiles with a ragged last one (D 72 = 64 + 8,
@@ -319,8 +333,9 @@ ROUTE_CASES = {
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("case", list(ROUTE_CASES))
 def test_moe_route_emulation(case, ties, launches):
-    """router_logits then moe_route through their wrappers, emulated (moe_route_f32 lane by lane), against the
-    numpy references; logits from a handful of values give exact ties among experts and groups."""
+    """router_logits then moe_route through their wrappers, and moe_router (both in one launch), emulated
+    (moe_route_f32 lane by lane), against the numpy references; logits from a handful of values give exact ties
+    among experts and groups."""
     E, cfg = ROUTE_CASES[case]
     rng = np.random.default_rng(E)
     T, D = 6, 16
@@ -333,3 +348,9 @@ def test_moe_route_emulation(case, ties, launches):
     want_ids, want_w = ref_moe_route(logits, None if bias is None else np.asarray(bias), cfg)
     np.testing.assert_array_equal(np.asarray(ids), want_ids)
     np.testing.assert_allclose(np.asarray(w), want_w, rtol=1e-5, atol=1e-6)
+    launches.clear()
+    fused_ids, fused_w = moe.moe_router(x, gate, bias, cfg)
+    assert [c.name for c in launches] == ["moe_router_bf16"] and launches[0].grid == (-(-E // ROUTER_WARPS), 2)
+    run(launches, kernels(rng))
+    np.testing.assert_array_equal(np.asarray(fused_ids), want_ids)
+    np.testing.assert_array_equal(np.asarray(fused_w), np.asarray(w))

@@ -107,6 +107,13 @@ def moe_route(logits: np.ndarray, bias: np.ndarray | None, cfg: RouterConfig) ->
     return ids.astype(np.int32), (weights * np.float32(cfg.routed_scaling_factor)).astype(np.float32)
 
 
+def moe_router(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, cfg: RouterConfig
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """moe_route(router_logits(x, w), bias, cfg): the MoE layer's router as one op, which a backend may run as one
+    launch (CUDA does)."""
+    return moe_route(router_logits(x, w), bias, cfg)
+
+
 def moe_experts(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                 expert_offset: int, addend: np.ndarray | None = None) -> np.ndarray:
     """y[t] = sum over k of weights[t, k] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, k], over the
@@ -132,5 +139,5 @@ def with_addend(y: np.ndarray, addend: np.ndarray | None) -> np.ndarray:
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
     for name in ("mla_rope", "mla_write_latent", "mla_attention", "per_head_linear", "router_logits", "moe_route",
-                 "moe_experts"):
+                 "moe_router", "moe_experts"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

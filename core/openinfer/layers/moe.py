@@ -1,6 +1,6 @@
 """DeepSeekMoE: a float32 router picks the top-k of E routed experts per token, their SwiGLU outputs are
 summed with the router's weights, and shared experts (a plain dense MLP) are added. Written against the op
-registry (router_logits, moe_route, moe_experts), so it runs on every backend. The shared experts run first and
+registry (moe_router: router_logits then moe_route as one op; moe_experts), so it runs on every backend. The shared experts run first and
 moe_experts takes their output as its `addend`, added to the routed sum in float32 before the one rounding to the
 model dtype (on CUDA inside the combine kernel, so the add costs no launch of its own).
 
@@ -75,7 +75,7 @@ class MoE:
     def __call__(self, x: Array) -> Array:
         ops, w = self.ops, self.w
         shared = w.shared(x) if w.shared is not None else None
-        ids, weights = ops.moe_route(ops.router_logits(x, w.gate), w.bias, self.router)
+        ids, weights = ops.moe_router(x, w.gate, w.bias, self.router)
         if self.comm is None:
             return ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset, shared)
         y = self.comm.all_reduce(ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset))

@@ -5,6 +5,8 @@
 //   router_logits the gate in fp32 from bf16 activations.
 //   moe_route     one warp a token: scores, group selection, then top_k rounds of a warp argmax (ties: the lower
 //                 expert), weights normalised and scaled as numpy_mla_moe.moe_route does (transformers' routers).
+//   moe_router    both in one launch: router_logits' grid, and the last block of each ROUTER_TOKENS tokens to
+//                 store its logits (an arrival counter a token group) routes those tokens, a warp each.
 //   moe_align     one block: counts the (token, slot) pairs of each local expert, lays them out grouped by expert
 //                 (`sorted`: pair ids, an expert's run contiguous) and cuts each run into tiles of BM rows
 //                 (tile_expert / tile_start / tile_end, *num_tiles of them; the GEMM grids are sized for the most
@@ -43,19 +45,17 @@ __device__ __forceinline__ void warp_argmax(float& v, int& e, float& w) {
 // method: 0 greedy, 1 group_limited_greedy (groups by their best score, others' scores 0), 2 noaux_tc (groups by the
 // sum of their two best, others -inf). Experts are chosen on the scores plus the bias where one is given; the
 // weights are the scores (kernels/numpy_mla_moe.py: moe_route).
-extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
-    const float* logits, long long stride, const float* bias, int T, int E, int k, int sigmoid, int method,
-    int n_group, int topk_group, int norm, float routed_scale, int* ids, float* weights) {
-    pdl_begin();
-    const int lane = threadIdx.x & 31, t = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
-    if (t >= T) return;
-    const float* x = logits + t * stride;
+// One warp routes token t of logits x [E] (read through L2: moe_router's other blocks wrote them) into ids[t * k ..]
+// and weights[t * k ..].
+__device__ void route_token(const float* x, const float* bias, int t, int E, int k, int sigmoid, int method,
+                            int n_group, int topk_group, int norm, float routed_scale, int* ids, float* weights) {
+    const int lane = threadIdx.x & 31;
     float score[ROUTE_PER_LANE], choice[ROUTE_PER_LANE];
     float mx = NEG_INF;
 #pragma unroll
     for (int j = 0; j < ROUTE_PER_LANE; ++j) {
         const int e = lane + 32 * j;
-        score[j] = e < E ? x[e] : NEG_INF;
+        score[j] = e < E ? __ldcg(x + e) : NEG_INF;
         mx = fmaxf(mx, score[j]);
     }
     if (sigmoid) {
@@ -139,13 +139,24 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
     }
 }
 
+extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
+    const float* logits, long long stride, const float* bias, int T, int E, int k, int sigmoid, int method,
+    int n_group, int topk_group, int norm, float routed_scale, int* ids, float* weights) {
+    pdl_begin();
+    const int t = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+    if (t >= T) return;
+    route_token(logits + t * stride, bias, t, E, k, sigmoid, method, n_group, topk_group, norm, routed_scale, ids,
+                weights);
+}
+
 // The gate in fp32 (router_logits): out[t, e] = x[t] . w[e], x bf16 [T, D] (row stride x_stride), w fp32 [E, D].
 // A warp per expert and ROUTER_TOKENS tokens, so a gate row is read once per ROUTER_TOKENS tokens.
 constexpr int ROUTER_WARPS = 8, ROUTER_TOKENS = 4;
 
-extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) router_logits_bf16(
-    const bf16* x, long long x_stride, const float* w, int T, int E, int D, float* out) {
-    pdl_begin();
+static_assert(ROUTER_TOKENS <= ROUTER_WARPS, "moe_router routes a token group with a warp a token");
+
+__device__ void router_logits_block(const bf16* x, long long x_stride, const float* w, int T, int E, int D,
+                                    float* out) {
     const int lane = threadIdx.x & 31, e = blockIdx.x * ROUTER_WARPS + (threadIdx.x >> 5);
     const int t0 = blockIdx.y * ROUTER_TOKENS;
     if (e >= E) return;
@@ -162,6 +173,36 @@ extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) router_logits_bf
         const float v = warp_sum(acc[i]);
         if (lane == 0 && t0 + i < T) out[(long long)(t0 + i) * E + e] = v;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) router_logits_bf16(
+    const bf16* x, long long x_stride, const float* w, int T, int E, int D, float* out) {
+    pdl_begin();
+    router_logits_block(x, x_stride, w, T, E, D, out);
+}
+
+// router_logits_bf16 then moe_route_f32 (logits [T, E] packed: the scratch they meet in). counters: one int per
+// token group (blockIdx.y), zero on entry and left zero (the last block resets its own), so a graph replays cleanly.
+extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) moe_router_bf16(
+    const bf16* x, long long x_stride, const float* w, int T, int E, int D, float* logits, int* counters,
+    const float* bias, int k, int sigmoid, int method, int n_group, int topk_group, int norm, float routed_scale,
+    int* ids, float* weights) {
+    __shared__ int last;
+    pdl_begin();
+    router_logits_block(x, x_stride, w, T, E, D, logits);
+    __threadfence();   // this block's logits are visible device-wide before it counts
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counters + blockIdx.y, 1) == gridDim.x - 1;
+        if (last) counters[blockIdx.y] = 0;   // every block of the group has arrived
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int t = blockIdx.y * ROUTER_TOKENS + (threadIdx.x >> 5);
+    if ((threadIdx.x >> 5) < ROUTER_TOKENS && t < T)
+        route_token(logits + (long long)t * E, bias, t, E, k, sigmoid, method, n_group, topk_group, norm, routed_scale,
+                    ids, weights);
 }
 
 // ----------------------------------------------------------------------------------------------------- align
