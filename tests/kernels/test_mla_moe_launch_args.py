@@ -74,6 +74,24 @@ def test_mla_write_latent_launch_args(launches):
     assert call.grid == (T,) and int(call.args[1]) == 2 * bs * mla.ROW
 
 
+def test_mla_rope_write_launch_args(launches):
+    T, nh, dn, bs = 7, 16, 128, 64
+    row = aligned_empty((T, nh * (dn + mla.ROPE) + mla.ROW), BF16)   # the fused q_proj + kv_a_proj_with_mqa output
+    q, kv = row[:, : nh * (dn + mla.ROPE)].reshape(T, nh, dn + mla.ROPE), row[:, nh * (dn + mla.ROPE):]
+    pool = aligned_empty((4, 2, bs, mla.ROW), BF16)
+    tables = aligned_empty((100, mla.ROPE // 2), np.float32)
+    q_pe = mla.mla_rope_write(q[:, :, dn:], kv, aligned_empty((mla.LATENT,), BF16), 1e-6,
+                              fake(np.arange(T, dtype=np.int32)), tables, tables, pool[:, 1],
+                              fake(np.arange(T, dtype=np.int64)))
+    (call,) = launches
+    assert call.name == "mla_rope_write_bf16" and call.grid == (T,) and q_pe.shape == (T, nh, mla.ROPE)
+    assert int(call.args[4]) == row.shape[1] and int(call.args[13]) == 2 * bs * mla.ROW
+    with pytest.raises(ValueError, match="mla_rope_write"):
+        mla.mla_rope_write(q[:, :, dn:], kv[:, :-8], aligned_empty((mla.LATENT,), BF16), 1e-6,
+                           fake(np.arange(T, dtype=np.int32)), tables, tables, pool[:, 1],
+                           fake(np.arange(T, dtype=np.int64)))
+
+
 def test_mla_rejects_a_cache_of_another_width(launches):
     ql, qp, _ = _mla_inputs(1, 16, [10], 16)
     with pytest.raises(ValueError, match="latent cache"):

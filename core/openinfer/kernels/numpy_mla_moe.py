@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..engine.batch import ForwardBatch
-from .numpy_ops import causal_softmax, sequence_runs
+from .numpy_ops import causal_softmax, rms_norm, sequence_runs
 
 if TYPE_CHECKING:
     from ..layers.moe import RouterConfig
@@ -42,6 +42,17 @@ def mla_write_latent(cache: np.ndarray, c: np.ndarray, k_pe: np.ndarray, slot_ma
     blocks, offsets = np.divmod(slot_mapping, cache.shape[1])
     cache[blocks, offsets, :R] = c
     cache[blocks, offsets, R:] = k_pe
+
+
+def mla_rope_write(q_pe: np.ndarray, kv: np.ndarray, norm_w: np.ndarray, eps: float, positions: np.ndarray,
+                   cos: np.ndarray, sin: np.ndarray, cache: np.ndarray, slot_mapping: np.ndarray) -> np.ndarray:
+    """A step's latents into the cache and its rotated q_pe, as one op (a backend may run it as one launch; CUDA
+    does): kv [T, R + P] is kv_a_proj_with_mqa's output, c = rms_norm(kv[:, :R]) * norm_w and k_pe = kv[:, R:]
+    rotated are written (mla_write_latent), q_pe [T, H, P] rotated is returned (mla_rope)."""
+    R = norm_w.shape[-1]
+    q_rot, k_rot = mla_rope(q_pe, kv[:, R:], positions, cos, sin)
+    mla_write_latent(cache, rms_norm(kv[:, :R], norm_w, eps), k_rot, slot_mapping)
+    return q_rot
 
 
 def mla_attention(q_latent: np.ndarray, q_pe: np.ndarray, cache: np.ndarray, batch: ForwardBatch,
@@ -138,6 +149,6 @@ def with_addend(y: np.ndarray, addend: np.ndarray | None) -> np.ndarray:
 
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
-    for name in ("mla_rope", "mla_write_latent", "mla_attention", "per_head_linear", "router_logits", "moe_route",
+    for name in ("mla_rope", "mla_write_latent", "mla_rope_write", "mla_attention", "per_head_linear", "router_logits", "moe_route",
                  "moe_router", "moe_experts"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

@@ -3,8 +3,9 @@
 Per token: q = q_proj(x) or, with q-LoRA, q_b_proj(RMSNorm(q_a_proj(x))), viewed [H, dn + P] as
 [q_nope | q_pe]; kv_a_proj_with_mqa(x) = [c | k_pe] with c = RMSNorm(c) of width R and k_pe ONE rotary
 head shared by all query heads. The two projections of x (q_proj or q_a_proj, and kv_a_proj_with_mqa) are
-fused into one Linear at load, so a step runs one GEMM (GEMV at decode) for both. The paged cache ("mla" group, part "latent") keeps R + P values per token
-per layer: c then the rotated k_pe, so prefix caching and offload move it like any paged KV.
+fused into one Linear at load, so a step runs one GEMM (GEMV at decode) for both. The paged cache ("mla" group,
+part "latent") keeps R + P values per token per layer: c then the rotated k_pe, so prefix caching and offload move
+it like any paged KV. One op (mla_rope_write) normalises c, rotates q_pe and k_pe and writes the cache row.
 
 Attention runs in the absorbed form for every step (decode, prefill chunks, prefix hits): the query's
 nope part is multiplied by W_UK (kv_b_proj's key rows) into the latent space, attention is taken over
@@ -142,7 +143,7 @@ class MLAttention:
         q_pe [T, H, P] and the normalised q-LoRA activation [T, q_lora] (None without q-LoRA), which sparse
         attention's indexer reads too."""
         ops, w, d = self.ops, self.w, self.dims
-        T, H, R, dn = x.shape[0], d.num_heads, d.kv_lora_rank, d.qk_nope_head_dim
+        T, H, dn = x.shape[0], d.num_heads, d.qk_nope_head_dim
         if len(w.x_proj) == 1:
             q_kv = ops.linear(x, w.x_proj[0])
             width = H * d.qk_head_dim if d.q_lora_rank is None else d.q_lora_rank
@@ -154,9 +155,8 @@ class MLAttention:
             q_resid = ops.rms_norm(q, w.q_a_norm, LATENT_NORM_EPS)
             q = ops.linear(q_resid, w.q_b)
         q = q.reshape(T, H, d.qk_head_dim)
-        c = ops.rms_norm(kv[:, :R], w.kv_a_norm, LATENT_NORM_EPS)
-        q_pe, k_pe = ops.mla_rope(q[:, :, dn:], kv[:, R:], batch.positions, self.cos, self.sin)
-        ops.mla_write_latent(self.cache(state), c, k_pe, batch.slot_mapping)
+        q_pe = ops.mla_rope_write(q[:, :, dn:], kv, w.kv_a_norm, LATENT_NORM_EPS, batch.positions, self.cos,
+                                  self.sin, self.cache(state), batch.slot_mapping)
         return ops.per_head_linear(q[:, :, :dn], w.w_uk_t), q_pe, q_resid
 
     def output(self, attn: Array) -> Array:
