@@ -6,7 +6,7 @@ CUDA graph, the replay timed with CUDA events (openinfer.testing.cuda.graph_ms),
   sizing). GB/s counts the latent rows a step must read (batch x context x 576 x 2 bytes) over its time.
 - mla prefill: one layer's mla_attention over a prompt of T tokens (causal, absorbed: 2 x 16 x T^2 / 2 x (576 + 512)
   FLOPs). TFLOP/s over its time.
-- moe decode / prefill: router_logits + moe_route + moe_experts of one layer for T tokens. GB/s counts the distinct
+- moe decode / prefill: moe_router + moe_experts of one layer for T tokens. GB/s counts the distinct
   experts the routing selects (3 x 2048 x 1408 x 2 bytes each) over its time; TFLOP/s the routed GEMMs
   (T x 6 x 3 x 2048 x 1408 x 2).
 Compare GB/s with the device's copy rate (~3.35 TB/s H100, ~4.3 TB/s H200) and TFLOP/s with ~700 (bf16 dense).
@@ -81,10 +81,10 @@ def main() -> None:
         x = _normal(t, D)
 
         def layer():
-            ids, w = moe.moe_route(moe.router_logits(x, gate), None, cfg)
+            ids, w = moe.moe_router(x, gate, None, cfg)
             return moe.moe_experts(x, gate_up, down, ids, w, 0)
         ms = graph_ms(layer, calls=CALLS)
-        ids, _ = moe.moe_route(moe.router_logits(x, gate), None, cfg)
+        ids, _ = moe.moe_router(x, gate, None, cfg)
         experts = len(np.unique(cp.asnumpy(ids)))
         gbs = experts * 3 * D * I * 2 / ms / 1e6
         flops = t * K * 3 * D * I * 2

@@ -141,6 +141,23 @@ def test_every_kernel_waits_for_its_predecessor():
     assert len(sources) > len(kc.sources()) and not missing, missing
 
 
+def test_grouped_expert_gemms_trigger_after_their_main_loop():
+    """The grouped expert GEMMs (moe.cu, quant.cu) launch with PDL and let the next kernel launch only after their
+    main loop (common.cuh: pdl_wait, pdl_trigger): in the PTX the wait comes first and the one launch_dependents
+    follows the last mma / warp reduction."""
+    from openinfer.kernels.cuda import pdl
+    from openinfer.testing.launch_check import ptx_entries, require_nvrtc
+    require_nvrtc()
+    gemms = {**{n: b for n, (_, b) in ptx_entries("moe").items() if n.startswith(("moe_gate_up", "moe_down"))},
+             **{n: b for n, (_, b) in ptx_entries("quant").items() if n.startswith("moe_q_")}}
+    assert len(gemms) == 12
+    for name, body in gemms.items():
+        assert name.startswith(pdl.KERNELS), name
+        last_loop = max(body.rfind("mma.sync"), body.rfind("shfl.sync"))
+        assert body.count("griddepcontrol.launch_dependents") == 1, name
+        assert body.find("griddepcontrol.wait") < last_loop < body.find("griddepcontrol.launch_dependents"), name
+
+
 def _plugin_packages() -> list:
     """The installed model-line packages that ship CUDA sources."""
     import importlib

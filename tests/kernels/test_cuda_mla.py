@@ -14,7 +14,8 @@ from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
     replayed, rnd)
 from test_cuda_attention import _batch
 from openinfer.kernels import numpy_mla_moe as ref
-from openinfer.kernels.cuda import blas, mla
+from openinfer.kernels.numpy_ops import rms_norm
+from openinfer.kernels.cuda import blas, mla, ops
 
 pytestmark = pytest.mark.cuda
 BF = DTYPES["bfloat16"]
@@ -119,6 +120,41 @@ def test_mla_rope(T, nh, pdl):
     got_q, got_k = mla.mla_rope(qd[:, :, dn:], kvd[:, R:], cp.asarray(pos), cp.asarray(cos), cp.asarray(sin))
     close(got_q, want_q, BF)
     close(got_k, want_k, BF)
+
+
+@pytest.mark.parametrize("T,nh", [(1, 16), (37, 4)])
+@pytest.mark.parametrize("w_dtype", [BF16, np.float32])
+def test_mla_rope_write(T, nh, w_dtype, pdl):
+    """The latent norm, both RoPEs and the cache write in one launch, from one fused projection row (q || kv), against
+    numpy_mla_moe.mla_rope_write and, to within a bf16 step, the three unfused launches; a negative slot writes
+    nothing and every other pool row stays untouched."""
+    rng = np.random.default_rng(T + 1)
+    dn, max_pos, nb, bs = 128, 4096, 6, 16
+    row = exact(rnd(rng, T, nh * (dn + P) + R + P), BF16)
+    w = exact(1 + 0.1 * rnd(rng, R), w_dtype)
+    pos = rng.integers(0, max_pos, T).astype(np.int32)
+    angles = np.outer(np.arange(max_pos), 10000.0 ** (-np.arange(0, P, 2) / P))
+    cos, sin = (0.9 * np.cos(angles)).astype(np.float32), (0.9 * np.sin(angles)).astype(np.float32)
+    pool = exact(rnd(rng, nb, 2, bs, R + P), BF16)
+    slots = rng.choice(nb * bs, T, replace=False).astype(np.int64)
+    slots[T // 2] = -1
+    q, kv = row[:, : nh * (dn + P)].reshape(T, nh, dn + P), row[:, nh * (dn + P):]
+    want = pool.copy()
+    keep = slots >= 0
+    _, k_rot = ref.mla_rope(q[keep, :, dn:], kv[keep, R:], pos[keep], cos, sin)
+    ref.mla_write_latent(want[:, 0], rms_norm(kv[keep, :R], w, 1e-6), k_rot, slots[keep])
+    want_q, _ = ref.mla_rope(q[:, :, dn:], kv[:, R:], pos, cos, sin)
+    rd, pool_d = dev(row, BF16), dev(pool, BF16)
+    qd, kvd = rd[:, : nh * (dn + P)].reshape(T, nh, dn + P), rd[:, nh * (dn + P):]
+    args = (cp.asarray(pos), cp.asarray(cos), cp.asarray(sin))
+    got_q = mla.mla_rope_write(qd[:, :, dn:], kvd, dev(w, w_dtype), 1e-6, *args, pool_d[:, 0], cp.asarray(slots))
+    close(got_q, want_q, BF)
+    close(pool_d, want, BF)
+    unfused = dev(pool, BF16)
+    q_rot, k_rot = mla.mla_rope(qd[:, :, dn:], kvd[:, R:], *args)
+    mla.mla_write_latent(unfused[:, 0], ops.rms_norm(kvd[:, :R], dev(w, w_dtype), 1e-6), k_rot, cp.asarray(slots))
+    np.testing.assert_array_equal(host(got_q), host(q_rot))
+    np.testing.assert_allclose(host(pool_d), host(unfused), rtol=2 ** -7, atol=0)
 
 
 @pytest.mark.parametrize("T,H,n_in,n_out", [(1, 16, 128, 512), (9, 16, 512, 128), (40, 4, 16, 512)])

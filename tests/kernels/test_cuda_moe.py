@@ -10,7 +10,7 @@ import pytest
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
     BF16, DTYPES, after_inputs, captured, close, cp, dev, exact, host, own_stream, pdl, replayed, rnd)
 from openinfer.kernels import numpy_mla_moe as ref
-from openinfer.kernels.cuda import moe
+from openinfer.kernels.cuda import module, moe
 from test_moe_emulation import route_config
 
 pytestmark = pytest.mark.cuda
@@ -47,6 +47,45 @@ def test_moe_route(case, T, pdl):
     ids, w = moe.moe_route(cp.asarray(logits), None if bias is None else cp.asarray(bias), cfg)
     np.testing.assert_array_equal(cp.asnumpy(ids), want_ids)
     np.testing.assert_allclose(cp.asnumpy(w), want_w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [1, 7, 300])
+@pytest.mark.parametrize("case", list(ROUTERS))
+def test_moe_router_fused(case, T, pdl):
+    """router_logits and moe_route in one launch: the two launches' ids exactly, their weights to the bit; the
+    arrival counters are left zero (a CUDA graph replays it)."""
+    E, cfg = ROUTERS[case]
+    rng = np.random.default_rng(T + len(case))
+    D = 256
+    x, w = dev(exact(rnd(rng, T, D), BF16), BF16), cp.asarray(rnd(rng, E, D, scale=D ** -0.5))
+    bias = cp.asarray(rnd(rng, E, scale=0.3)) if cfg.method == "noaux_tc" else None
+    want_ids, want_w = moe.moe_route(moe.router_logits(x, w), bias, cfg)
+    for _ in range(2):   # the second call finds the counters zero again
+        ids, weights = moe.moe_router(x, w, bias, cfg)
+        np.testing.assert_array_equal(cp.asnumpy(ids), cp.asnumpy(want_ids))
+        np.testing.assert_array_equal(cp.asnumpy(weights), cp.asnumpy(want_w))
+    assert not cp.asnumpy(module.arrival_counters("moe_router")).any()
+
+
+def test_moe_router_replays_from_a_graph(pdl):
+    """The fused router captured once: replays with other activations route on the device as the reference does."""
+    E, cfg = ROUTERS["v3_noaux"]
+    T, D = 5, 128
+    rng = np.random.default_rng(9)
+    w, bias = rnd(rng, E, D, scale=D ** -0.5), rnd(rng, E, scale=0.3)
+    wd, bd, xd = cp.asarray(w), cp.asarray(bias), dev(exact(rnd(rng, T, D), BF16), BF16)
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with after_inputs(stream):
+        moe.moe_router(xd, wd, bd, cfg)   # kernels and counters set up outside the capture
+        (ids, weights), graph = captured(lambda: moe.moe_router(xd, wd, bd, cfg), stream, pool)
+        for seed in range(2):
+            x = exact(rnd(np.random.default_rng(100 + seed), T, D), BF16)
+            xd.set(x.astype(BF16))
+            graph.launch(stream)
+            stream.synchronize()
+            want_ids, want_w = ref.moe_router(x, w, bias, cfg)
+            np.testing.assert_array_equal(cp.asnumpy(ids), want_ids)
+            np.testing.assert_allclose(cp.asnumpy(weights), want_w, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["v2_lite_greedy", "v2_group_limited", "v3_noaux"])
@@ -96,6 +135,9 @@ def test_moe_experts(case, pdl):
     got = moe.moe_experts(*args)
     close(got, want, BF)
     np.testing.assert_array_equal(host(moe.moe_experts(*args)), host(got))   # deterministic
+    shared = exact(np.random.default_rng(len(case)).standard_normal((T, D)).astype(np.float32), BF16)
+    with_shared = moe.moe_experts(*args, dev(shared, BF16))   # the shared experts' output, added by the combine
+    close(with_shared, ref.moe_experts(x, gate_up, down, ids, weights, offset, shared), BF)
 
 
 def test_moe_experts_no_token_routed_here():

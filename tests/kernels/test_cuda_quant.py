@@ -92,6 +92,10 @@ def test_moe_experts_quant(fmt, T, offset, dt, pdl, monkeypatch):
     got = quant.moe_experts_quant(dev(x, dt[0]), _device(gate_up, dt[0]), _device(down, dt[0]), cp.asarray(ids),
                                   cp.asarray(w), offset)
     close(got, want, dt, scale=4)
+    shared = exact(rnd(rng, T, D), dt[0])   # the shared experts' output, added by the combine
+    got = quant.moe_experts_quant(dev(x, dt[0]), _device(gate_up, dt[0]), _device(down, dt[0]), cp.asarray(ids),
+                                  cp.asarray(w), offset, dev(shared, dt[0]))
+    close(got, numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, offset, shared), dt, scale=4)
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])

@@ -6,6 +6,8 @@ starts as NaN, so a read of a row pad or of a never-written word poisons the out
 line: change both together."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -203,9 +205,29 @@ def emulate_rope(call):
             dst[1: 2 * half: 2] = x1 * c + x0 * s
 
 
+def emulate_rope_write(call):
+    """mla_rope_write: the latent's rms_norm (float32 sum of squares, x * inv * w), the k_pe and q_pe rotations, the
+    cache row written where the slot is not negative."""
+    (q, q_stride, q_head, kv, kv_stride, norm_w, eps, positions, cos, sin, half, nh, cache, block_stride, bs, slots,
+     q_out) = call.args
+    kvf, wf, cf, sl = flat(kv).astype(np.float32), flat(norm_w).astype(np.float32)[:R], flat(cache), flat(slots)
+    k_rot = fake(np.zeros((call.grid[0], P)), BF16)
+    emulate_rope(SimpleNamespace(args=(q, q_stride, q_head, kv[:, R:], kv_stride, positions, cos, sin, half, nh,
+                                       q_out, k_rot), grid=call.grid))
+    for t in range(call.grid[0]):
+        x = kvf[t * int(kv_stride):][:R]
+        inv = np.float32(1) / np.sqrt(np.square(x, dtype=np.float32).sum(dtype=np.float32) / np.float32(R)
+                                      + np.float32(eps))
+        slot = int(sl[t])
+        if slot >= 0:
+            dst = slot // int(bs) * int(block_stride) + slot % int(bs) * D
+            cf[dst: dst + R] = x * inv * wf
+            cf[dst + R: dst + D] = k_rot[t]
+
+
 KERNELS = {"mla_attention_bf16": emulate_attention, "mla_prefill_bf16": emulate_attention,
            "mla_write_latent_bf16": emulate_write_latent,
-           "mla_rope_bf16": emulate_rope}
+           "mla_rope_bf16": emulate_rope, "mla_rope_write": emulate_rope_write}
 
 
 @pytest.fixture
@@ -287,3 +309,32 @@ def test_mla_write_latent_and_rope_emulation(launches):
     ref.mla_write_latent(want_pool, np.asarray(kv[:, :R], np.float32)[keep], np.asarray(k_pe, np.float32)[keep],
                          np.asarray(slots)[keep])
     np.testing.assert_array_equal(np.asarray(pool[:, 1], np.float32), want_pool)
+
+
+@pytest.mark.parametrize("w_dtype", [BF16, np.float32])
+def test_mla_rope_write_emulation(launches, w_dtype):
+    """mla_rope_write on slices of one projection row (q and kv), emulated from its launch, against
+    numpy_mla_moe.mla_rope_write (the unfused ops composed); a negative slot writes nothing."""
+    rng = np.random.default_rng(1)
+    T, nh, dn, bs = 5, 4, 16, 16
+    row = fake(rng.standard_normal((T, nh * (dn + P) + D + 8)), BF16)
+    q, kv = row[:, : nh * (dn + P)].reshape(T, nh, dn + P), row[:, nh * (dn + P): nh * (dn + P) + D]
+    norm_w = fake(1 + 0.1 * rng.standard_normal(R), w_dtype)
+    pos = fake(rng.integers(0, 50, T).astype(np.int32))
+    cos = fake(rng.standard_normal((50, P // 2)).astype(np.float32))
+    sin = fake(rng.random((50, P // 2)).astype(np.float32))
+    pool = fake(np.zeros((3, 2, bs, D)), BF16)
+    slots = fake(np.array([3, 40, -1, 17, 0], np.int64))
+    q_pe = mla.mla_rope_write(q[:, :, dn:], kv, norm_w, 1e-6, pos, cos, sin, pool[:, 1], slots)
+    (call,) = launches
+    assert call.name == f"mla_rope_write_{'bf16' if w_dtype == BF16 else 'bf16_wf32'}" and call.grid == (T,)
+    run(launches, KERNELS)
+    want_pool = np.zeros((3, bs, D), np.float32)
+    keep = np.asarray(slots) >= 0
+    f32 = [np.asarray(a, np.float32) for a in (q[:, :, dn:], kv, norm_w)]
+    want_q = ref.mla_rope_write(f32[0][keep], f32[1][keep], f32[2], 1e-6, np.asarray(pos)[keep], cos, sin, want_pool,
+                                np.asarray(slots)[keep])
+    np.testing.assert_allclose(np.asarray(q_pe, np.float32)[keep], want_q, atol=2e-2, rtol=1e-2)
+    np.testing.assert_allclose(np.asarray(pool[:, 1], np.float32), want_pool, atol=3e-2, rtol=1e-2)
+    all_q, _ = ref.mla_rope(f32[0], f32[1][:, R:], np.asarray(pos), cos, sin)   # a skipped slot's query turns too
+    np.testing.assert_allclose(np.asarray(q_pe, np.float32), all_q, atol=2e-2, rtol=1e-2)

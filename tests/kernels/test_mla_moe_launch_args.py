@@ -24,6 +24,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(mla, "blocks_per_sm", lambda *a: 2)
     counters = aligned_empty((module.COUNTER_SLOTS,), np.int32)
     monkeypatch.setattr(mla, "arrival_counters", lambda purpose: counters)
+    monkeypatch.setattr(moe, "arrival_counters", lambda purpose: counters)
     return recorded
 
 
@@ -73,6 +74,24 @@ def test_mla_write_latent_launch_args(launches):
     assert call.grid == (T,) and int(call.args[1]) == 2 * bs * mla.ROW
 
 
+def test_mla_rope_write_launch_args(launches):
+    T, nh, dn, bs = 7, 16, 128, 64
+    row = aligned_empty((T, nh * (dn + mla.ROPE) + mla.ROW), BF16)   # the fused q_proj + kv_a_proj_with_mqa output
+    q, kv = row[:, : nh * (dn + mla.ROPE)].reshape(T, nh, dn + mla.ROPE), row[:, nh * (dn + mla.ROPE):]
+    pool = aligned_empty((4, 2, bs, mla.ROW), BF16)
+    tables = aligned_empty((100, mla.ROPE // 2), np.float32)
+    q_pe = mla.mla_rope_write(q[:, :, dn:], kv, aligned_empty((mla.LATENT,), BF16), 1e-6,
+                              fake(np.arange(T, dtype=np.int32)), tables, tables, pool[:, 1],
+                              fake(np.arange(T, dtype=np.int64)))
+    (call,) = launches
+    assert call.name == "mla_rope_write_bf16" and call.grid == (T,) and q_pe.shape == (T, nh, mla.ROPE)
+    assert int(call.args[4]) == row.shape[1] and int(call.args[13]) == 2 * bs * mla.ROW
+    with pytest.raises(ValueError, match="mla_rope_write"):
+        mla.mla_rope_write(q[:, :, dn:], kv[:, :-8], aligned_empty((mla.LATENT,), BF16), 1e-6,
+                           fake(np.arange(T, dtype=np.int32)), tables, tables, pool[:, 1],
+                           fake(np.arange(T, dtype=np.int64)))
+
+
 def test_mla_rejects_a_cache_of_another_width(launches):
     ql, qp, _ = _mla_inputs(1, 16, [10], 16)
     with pytest.raises(ValueError, match="latent cache"):
@@ -87,6 +106,20 @@ def test_moe_route_launch_args(launches, E, cfg, bias):
     ids, w = moe.moe_route(aligned_empty((T, E), np.float32), aligned_empty((E,), np.float32) if bias else None, cfg)
     (call,) = launches
     assert call.grid == (-(-T // moe.ROUTE_WARPS),) and ids.shape == w.shape == (T, cfg.top_k)
+    launches.clear()   # the fused router: one launch on router_logits' grid
+    ids, w = moe.moe_router(aligned_empty((T, 2048), BF16), aligned_empty((E, 2048), np.float32),
+                            aligned_empty((E,), np.float32) if bias else None, cfg)
+    (call,) = launches
+    assert call.name == "moe_router_bf16" and call.grid == (-(-E // moe.ROUTER_WARPS), -(-T // moe.ROUTER_TOKENS))
+    assert ids.shape == w.shape == (T, cfg.top_k)
+
+
+def test_moe_router_falls_back_to_two_launches_without_counters(launches, monkeypatch):
+    """A first call inside a graph capture has no arrival counters: router_logits then moe_route."""
+    monkeypatch.setattr(moe, "arrival_counters", lambda purpose: None)
+    moe.moe_router(aligned_empty((3, 64), BF16), aligned_empty((8, 64), np.float32), None,
+                   route_config("softmax", "greedy", top_k=2))
+    assert [c.name for c in launches] == ["router_logits_bf16", "moe_route_f32"]
 
 
 @pytest.mark.parametrize("cfg,E", [(route_config("softmax", "beam"), 64), (route_config("softmax", "greedy"), 1024),
@@ -102,7 +135,8 @@ def test_moe_experts_launch_args(launches, T, E, k, wide):
     D, I = 2048, 1408
     x = aligned_empty((T, D), BF16)
     gate_up, down = aligned_empty((E, 2 * I, D), BF16), aligned_empty((E, D, I), BF16)
-    y = moe.moe_experts(x, gate_up, down, fake(np.zeros((T, k), np.int32)), fake(np.zeros((T, k), np.float32)), 0)
+    y = moe.moe_experts(x, gate_up, down, fake(np.zeros((T, k), np.int32)), fake(np.zeros((T, k), np.float32)), 0,
+                        aligned_empty((T, D), BF16))   # the shared experts' output, added by the combine
     assert y.shape == (T, D) and y.dtype == BF16
     align, gate, dn, combine = launches
     mt = 8 if wide else 1
@@ -118,6 +152,10 @@ def test_moe_experts_rejects_mismatched_weights(launches):
     with pytest.raises(ValueError, match="moe_experts"):
         moe.moe_experts(x, aligned_empty((4, 64, 64), BF16), aligned_empty((4, 64, 16), BF16),
                         fake(np.zeros((2, 2), np.int32)), fake(np.zeros((2, 2), np.float32)), 0)
+    with pytest.raises(ValueError, match="addend"):
+        moe.moe_experts(x, aligned_empty((4, 64, 64), BF16), aligned_empty((4, 64, 32), BF16),
+                        fake(np.zeros((2, 2), np.int32)), fake(np.zeros((2, 2), np.float32)), 0,
+                        aligned_empty((2, 64), np.float32))
 
 
 def test_mla_rope_launch_args(launches):

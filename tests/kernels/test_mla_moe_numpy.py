@@ -207,3 +207,6 @@ def test_moe_experts_against_a_per_token_loop_and_shards_sum_to_the_whole():
     # a shard that holds none of the selected experts contributes zeros
     only = np.zeros_like(ids)
     assert not moe_experts(x, gate_up[4:], down[4:], only, w, 4).any()
+    # the shared experts' output as the addend: added to the routed sum
+    shared = rng.standard_normal((T, D)).astype(np.float32)
+    np.testing.assert_allclose(moe_experts(x, gate_up, down, ids, w, 0, shared), y + shared, rtol=1e-6, atol=1e-6)

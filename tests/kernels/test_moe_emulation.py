@@ -7,6 +7,8 @@ Shared memory starts as NaN, so a read of a pad or of a never-written word poiso
 change both together."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -149,7 +151,7 @@ def emulate_gemm(call):
 
 
 def emulate_combine(call):
-    y, ids, topk, e_local, e_offset, D, out = call.args
+    y, ids, topk, e_local, e_offset, D, addend, out = call.args
     yf, idf, of = flat(y), flat(ids), flat(out)
     k, D = int(topk), int(D)
     for t in range(call.grid[0]):
@@ -157,6 +159,8 @@ def emulate_combine(call):
         for j in range(k):
             if 0 <= idf[t * k + j] - int(e_offset) < int(e_local):
                 acc += yf[(t * k + j) * D:][:D]
+        if addend is not NULL:
+            acc += flat(addend)[t * D:][:D].astype(np.float32)
         of[t * D: (t + 1) * D] = acc
 
 
@@ -181,14 +185,26 @@ def emulate_router_logits(call):
     assert call.grid == (-(-E // ROUTER_WARPS), -(-T // ROUTER_TOKENS))
 
 
+def emulate_router_call(call):
+    """moe_router_bf16: router_logits_bf16's blocks, then each token group's last block routes it (the counters:
+    zero on entry, left zero)."""
+    x, stride, w, T, E, D, logits, counters, bias, *route, ids, weights = call.args
+    assert not flat(counters)[: call.grid[1]].any()
+    emulate_router_logits(SimpleNamespace(args=(x, stride, w, T, E, D, logits), grid=call.grid))
+    emulate_route_call(SimpleNamespace(args=(logits, E, bias, T, E, *route, ids, weights)))
+
+
 @pytest.fixture
 def launches(monkeypatch):
+    counters = fake(np.zeros(module.COUNTER_SLOTS, np.int32))
+    monkeypatch.setattr(moe, "arrival_counters", lambda purpose: counters)
     return record_launches(monkeypatch, (moe, module))
 
 
 def kernels(rng):
     return {"moe_align": lambda c: emulate_align(c, rng), "moe_gate_up": emulate_gemm, "moe_down": emulate_gemm,
-            "moe_combine": emulate_combine, "moe_route": emulate_route_call, "router_logits": emulate_router_logits}
+            "moe_combine": emulate_combine, "moe_route": emulate_route_call, "router_logits": emulate_router_logits,
+            "moe_router": emulate_router_call}
 
 
 # T, D, I, local experts, top-k, experts routed over, offset: two k tiles with a ragged last one (D 72 = 64 + 8,
@@ -198,8 +214,10 @@ CASES = {"narrow": (5, 72, 40, 3, 2, 3, 0), "shard": (6, 64, 32, 2, 3, 6, 2), "w
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_moe_experts_emulation(case, launches):
-    """moe.moe_experts on a strided x, its four launches emulated, against numpy_mla_moe.moe_experts."""
+@pytest.mark.parametrize("with_addend", [False, True])
+def test_moe_experts_emulation(case, with_addend, launches):
+    """moe.moe_experts on a strided x (and a shared-expert addend), its four launches emulated, against
+    numpy_mla_moe.moe_experts."""
     T, D, I, E, k, n_ids, offset = CASES[case]
     rng = np.random.default_rng(len(case))
     wide = fake(rng.standard_normal((T, D + 8)), BF16)
@@ -208,11 +226,13 @@ def test_moe_experts_emulation(case, launches):
     down = fake(rng.standard_normal((E, D, I)) * I ** -0.5, BF16)
     ids = fake(np.argsort(rng.random((T, n_ids)), axis=-1)[:, :k].astype(np.int32))
     weights = fake(rng.random((T, k)).astype(np.float32))
-    y = moe.moe_experts(x, gate_up, down, ids, weights, offset)
+    addend = fake(rng.standard_normal((T, D)), BF16) if with_addend else None
+    y = moe.moe_experts(x, gate_up, down, ids, weights, offset, addend)
     assert [c.name for c in launches][1] == f"moe_gate_up_bf16_m{8 if case == 'wide' else 1}"
     run(launches, kernels(rng))
     f64 = [np.asarray(a, np.float64) for a in (x, gate_up, down)]
-    want = ref_moe_experts(*f64, np.asarray(ids), np.asarray(weights), offset)
+    want = ref_moe_experts(*f64, np.asarray(ids), np.asarray(weights), offset,
+                           None if addend is None else np.asarray(addend, np.float64))
     np.testing.assert_allclose(np.asarray(y, np.float32), want, atol=2e-2, rtol=2e-2)
 
 
@@ -313,8 +333,9 @@ ROUTE_CASES = {
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("case", list(ROUTE_CASES))
 def test_moe_route_emulation(case, ties, launches):
-    """router_logits then moe_route through their wrappers, emulated (moe_route_f32 lane by lane), against the
-    numpy references; logits from a handful of values give exact ties among experts and groups."""
+    """router_logits then moe_route through their wrappers, and moe_router (both in one launch), emulated
+    (moe_route_f32 lane by lane), against the numpy references; logits from a handful of values give exact ties
+    among experts and groups."""
     E, cfg = ROUTE_CASES[case]
     rng = np.random.default_rng(E)
     T, D = 6, 16
@@ -327,3 +348,9 @@ def test_moe_route_emulation(case, ties, launches):
     want_ids, want_w = ref_moe_route(logits, None if bias is None else np.asarray(bias), cfg)
     np.testing.assert_array_equal(np.asarray(ids), want_ids)
     np.testing.assert_allclose(np.asarray(w), want_w, rtol=1e-5, atol=1e-6)
+    launches.clear()
+    fused_ids, fused_w = moe.moe_router(x, gate, bias, cfg)
+    assert [c.name for c in launches] == ["moe_router_bf16"] and launches[0].grid == (-(-E // ROUTER_WARPS), 2)
+    run(launches, kernels(rng))
+    np.testing.assert_array_equal(np.asarray(fused_ids), want_ids)
+    np.testing.assert_array_equal(np.asarray(fused_w), np.asarray(w))

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("cupy")
 from openinfer.kernels import numpy_quant  # noqa: E402
-from openinfer.kernels.cuda import module, quant  # noqa: E402
+from openinfer.kernels.cuda import module, moe, quant  # noqa: E402
 from openinfer.quant import Fp8Weight, Int4Weight, e4m3_to_f32, quantize_fp8, quantize_int4, row_scales  # noqa: E402
 from openinfer.testing.launch_check import fake, record_launches  # noqa: E402
 
@@ -17,7 +17,7 @@ BF16 = module.BF16
 
 @pytest.fixture
 def launches(monkeypatch):
-    recorded = record_launches(monkeypatch, (quant, module))
+    recorded = record_launches(monkeypatch, (quant, moe, module))
     monkeypatch.setattr(quant, "linear", lambda x, w: recorded.append(("gemm", x.shape, w.shape)))
     return recorded
 
@@ -44,7 +44,7 @@ def test_quant_launches(launches, fmt, dtype):
     launches.clear()
     gu, dn = _weights(fmt, 2 * 64, 256, 6, dtype), _weights(fmt, 256, 64, 6, dtype)
     quant.moe_experts_quant(fake(np.zeros((3, 256)), dtype), gu, dn, fake(np.zeros((3, 4), np.int32)),
-                            fake(np.ones((3, 4), np.float32)), 2)
+                            fake(np.ones((3, 4), np.float32)), 2, fake(np.zeros((3, 256)), dtype))
     names = [c.name for c in launches]
     assert names == ["moe_plan", f"moe_q_gate_up_{fmt}_{module.suffix(dtype)}", f"moe_q_down_{fmt}_{module.suffix(dtype)}",
                      f"moe_combine_{module.suffix(dtype)}"]

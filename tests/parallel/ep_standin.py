@@ -75,7 +75,7 @@ class StandInLine(Qwen3Line):
         return shapes
 
     def kernel_plan(self, cfg: StandInConfig) -> list[str]:
-        return super().kernel_plan(cfg) + ["router_logits", "moe_route", "moe_experts"]
+        return super().kernel_plan(cfg) + ["moe_router", "moe_experts"]
 
     def num_experts(self, cfg: StandInConfig) -> int:
         return cfg.num_experts

@@ -167,6 +167,9 @@ def test_moe_experts_quant_matches_dense_experts(fmt):
                 want[t] += w[t, j] * (d.dequant() @ (h[:I] / (1 + np.exp(-h[:I])) * h[I:]))
     got = numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, 2)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    shared = rng.standard_normal((T, D)).astype(np.float32)   # the shared experts' output as the addend
+    np.testing.assert_allclose(numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, 2, shared), got + shared,
+                               rtol=1e-6, atol=1e-6)
     lin = numpy_quant.linear_quant(x, to_backend(be, experts[0][0]))
     np.testing.assert_allclose(lin, x @ experts[0][0].dequant().T, rtol=1e-6, atol=1e-6)
 
@@ -178,3 +181,28 @@ def test_fuse_rows_keeps_each_part():
     np.testing.assert_array_equal(f.dequant(), np.concatenate([a.dequant(), b.dequant()]))
     with pytest.raises(ValueError, match="different formats"):
         fuse_rows([a, np.zeros((4, 64), np.float32)])
+
+
+def test_load_fused_keeps_only_mixed_formats_apart(tmp_path):
+    """Projections of one input load as one fused Linear in their common format, and each apart where the scheme
+    keeps one of them dense (a fused weight has one format)."""
+    torch = pytest.importorskip("torch")
+    from openinfer.backends.numpy_backend import NumpyBackend
+    from openinfer.layers.quant_linear import load_fused
+    rng = np.random.default_rng(6)
+    tensors, want = {}, {}
+    for name, rows in (("q", 256), ("kv", 64)):
+        w = rng.standard_normal((rows, 128)).astype(np.float32)
+        data, scale_inv = quantize_fp8(w)
+        tensors[f"{name}.weight"] = torch.from_numpy(data).view(torch.float8_e4m3fn)
+        tensors[f"{name}.weight_scale_inv"] = torch.from_numpy(scale_inv)
+        want[name] = Fp8Weight(data, row_scales(scale_inv, rows)).dequant()
+    tensors["d.weight"] = torch.from_numpy(want["kv"]).bfloat16()
+    _write(tmp_path / "model.safetensors", tensors)
+    ck, be = Checkpoint(tmp_path), NumpyBackend()
+    [fused] = load_fused(be, ck, quant_scheme({"quantization_config": FP8}), "q", "kv")
+    np.testing.assert_array_equal(fused.dequant(), np.concatenate([want["q"], want["kv"]]))
+    q, d = load_fused(be, ck, quant_scheme({"quantization_config": FP8 | {"modules_to_not_convert": ["d"]}}), "q", "d")
+    assert isinstance(q, Fp8Weight) and isinstance(d, np.ndarray)
+    np.testing.assert_array_equal(q.dequant(), want["q"])
+    np.testing.assert_allclose(d, want["kv"], rtol=1e-2)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..engine.batch import ForwardBatch
-from .numpy_ops import causal_softmax, sequence_runs
+from .numpy_ops import causal_softmax, rms_norm, sequence_runs
 
 if TYPE_CHECKING:
     from ..layers.moe import RouterConfig
@@ -42,6 +42,17 @@ def mla_write_latent(cache: np.ndarray, c: np.ndarray, k_pe: np.ndarray, slot_ma
     blocks, offsets = np.divmod(slot_mapping, cache.shape[1])
     cache[blocks, offsets, :R] = c
     cache[blocks, offsets, R:] = k_pe
+
+
+def mla_rope_write(q_pe: np.ndarray, kv: np.ndarray, norm_w: np.ndarray, eps: float, positions: np.ndarray,
+                   cos: np.ndarray, sin: np.ndarray, cache: np.ndarray, slot_mapping: np.ndarray) -> np.ndarray:
+    """A step's latents into the cache and its rotated q_pe, as one op (a backend may run it as one launch; CUDA
+    does): kv [T, R + P] is kv_a_proj_with_mqa's output, c = rms_norm(kv[:, :R]) * norm_w and k_pe = kv[:, R:]
+    rotated are written (mla_write_latent), q_pe [T, H, P] rotated is returned (mla_rope)."""
+    R = norm_w.shape[-1]
+    q_rot, k_rot = mla_rope(q_pe, kv[:, R:], positions, cos, sin)
+    mla_write_latent(cache, rms_norm(kv[:, :R], norm_w, eps), k_rot, slot_mapping)
+    return q_rot
 
 
 def mla_attention(q_latent: np.ndarray, q_pe: np.ndarray, cache: np.ndarray, batch: ForwardBatch,
@@ -107,24 +118,37 @@ def moe_route(logits: np.ndarray, bias: np.ndarray | None, cfg: RouterConfig) ->
     return ids.astype(np.int32), (weights * np.float32(cfg.routed_scaling_factor)).astype(np.float32)
 
 
+def moe_router(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, cfg: RouterConfig
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """moe_route(router_logits(x, w), bias, cfg): the MoE layer's router as one op, which a backend may run as one
+    launch (CUDA does)."""
+    return moe_route(router_logits(x, w), bias, cfg)
+
+
 def moe_experts(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-                expert_offset: int) -> np.ndarray:
+                expert_offset: int, addend: np.ndarray | None = None) -> np.ndarray:
     """y[t] = sum over k of weights[t, k] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, k], over the
     experts this rank holds: gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I] are experts
     expert_offset .. expert_offset + E_local - 1; a selected expert outside that range adds nothing (its
-    rank adds it; the communicator sums the ranks)."""
-    y = np.zeros_like(x)
+    rank adds it; the communicator sums the ranks). `addend` [T, D] (the shared experts' output), if given, is
+    added to that sum in float32 before the result is rounded to x's dtype."""
+    y = np.zeros(x.shape, np.result_type(x, np.float32))
     local = ids.astype(np.int64) - expert_offset
     for e in np.unique(local[(local >= 0) & (local < gate_up.shape[0])]):
         rows, slot = np.nonzero(local == e)
         gate, up = np.split(x[rows] @ gate_up[e].T, 2, axis=-1)
         h = (gate / (1.0 + np.exp(-gate)) * up) @ down[e].T
         y[rows] += h * weights[rows, slot][:, None]
-    return y
+    return with_addend(y, addend).astype(x.dtype, copy=False)
+
+
+def with_addend(y: np.ndarray, addend: np.ndarray | None) -> np.ndarray:
+    """The routed sum y (float32 or wider) plus moe_experts' optional addend, at y's precision."""
+    return y if addend is None else y + np.asarray(addend, y.dtype)
 
 
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
-    for name in ("mla_rope", "mla_write_latent", "mla_attention", "per_head_linear", "router_logits", "moe_route",
-                 "moe_experts"):
+    for name in ("mla_rope", "mla_write_latent", "mla_rope_write", "mla_attention", "per_head_linear", "router_logits", "moe_route",
+                 "moe_router", "moe_experts"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

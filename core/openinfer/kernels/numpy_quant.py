@@ -5,13 +5,16 @@ the CUDA kernels in cuda/quant.py.
 are `moe_experts` (the routed experts of one MoE layer, see layers/moe.py) with stacks of them:
 gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]; y[t] = sum over k of weights[t, k] *
 down_e(silu(gate_e x[t]) * up_e x[t]) for the experts e = ids[t, k] in [expert_offset, expert_offset + E_local);
-the others contribute nothing (expert parallelism: another rank holds them).
+the others contribute nothing (expert parallelism: another rank holds them); an optional `addend` [T, D] (the
+shared experts' output) is added to that sum in float32.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+
+from .numpy_mla_moe import with_addend
 
 
 def linear_quant(x: np.ndarray, w: Any) -> np.ndarray:
@@ -20,7 +23,7 @@ def linear_quant(x: np.ndarray, w: Any) -> np.ndarray:
 
 
 def moe_experts_quant(x: np.ndarray, gate_up: Any, down: Any, ids: np.ndarray, weights: np.ndarray,
-                      expert_offset: int) -> np.ndarray:
+                      expert_offset: int, addend: np.ndarray | None = None) -> np.ndarray:
     """The routed experts on quantized stacks, each selected expert dequantized once per call."""
     T, D = x.shape
     y = np.zeros((T, D), np.float32)
@@ -32,7 +35,7 @@ def moe_experts_quant(x: np.ndarray, gate_up: Any, down: Any, ids: np.ndarray, w
         g, u = np.split(h, 2, axis=-1)
         out = (g / (1.0 + np.exp(-g)) * u) @ down.dequant(int(e)).T
         np.add.at(y, rows, out * np.asarray(weights, np.float32)[rows, slots][:, None])
-    return y
+    return with_addend(y, addend)
 
 
 def register(register_kernel) -> None:

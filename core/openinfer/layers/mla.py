@@ -2,8 +2,10 @@
 
 Per token: q = q_proj(x) or, with q-LoRA, q_b_proj(RMSNorm(q_a_proj(x))), viewed [H, dn + P] as
 [q_nope | q_pe]; kv_a_proj_with_mqa(x) = [c | k_pe] with c = RMSNorm(c) of width R and k_pe ONE rotary
-head shared by all query heads. The paged cache ("mla" group, part "latent") keeps R + P values per token
-per layer: c then the rotated k_pe, so prefix caching and offload move it like any paged KV.
+head shared by all query heads. The two projections of x (q_proj or q_a_proj, and kv_a_proj_with_mqa) are
+fused into one Linear at load, so a step runs one GEMM (GEMV at decode) for both. The paged cache ("mla" group,
+part "latent") keeps R + P values per token per layer: c then the rotated k_pe, so prefix caching and offload move
+it like any paged KV. One op (mla_rope_write) normalises c, rotates q_pe and k_pe and writes the cache row.
 
 Attention runs in the absorbed form for every step (decode, prefill chunks, prefix hits): the query's
 nope part is multiplied by W_UK (kv_b_proj's key rows) into the latent space, attention is taken over
@@ -23,7 +25,7 @@ from ..kv.pool import StatePools
 from ..contract.model_line import StateGroup
 from ..quant import QuantScheme
 from ..quant.scheme import host_linear
-from .quant_linear import load_linear
+from .quant_linear import load_fused, load_linear
 from .rope import RopeConfig, yarn_mscale
 
 # q_a_layernorm and kv_a_layernorm are built without the config's eps in every reference implementation
@@ -84,11 +86,10 @@ def mla_weight_shapes(prefix: str, dims: MLADims, scheme: QuantScheme | None = N
 
 @dataclass
 class MLAWeights:
-    q: Array | None           # [H (dn + P), D] q_proj; None with q-LoRA
-    q_a_kv_a: Array | None    # [q_lora + R + P, D]: q_a_proj and kv_a_proj_with_mqa fused (q-LoRA only)
+    x_proj: list[Array]       # [Q + R + P, D]: q_proj (Q = H (dn + P)) or q_a_proj (Q = q_lora) and
+                              # kv_a_proj_with_mqa fused; the two apart where their storage formats differ
     q_a_norm: Array | None    # [q_lora]
     q_b: Array | None         # [H (dn + P), q_lora]
-    kv_a: Array | None        # [R + P, D] without q-LoRA
     kv_a_norm: Array          # [R]
     w_uk_t: Array             # [H, R, dn]: the query absorbs it (q_latent = W_UK^T q_nope per head)
     w_uv: Array               # [H, dv, R]
@@ -106,15 +107,14 @@ def load_mla_weights(backend: Any, weights: Any, prefix: str, dims: MLADims,
     kv_b_w = kv_b_w.reshape(H, dn + dv, R)
     lora = dims.q_lora_rank is not None
 
-    def linear(*modules: str) -> Any:
-        return load_linear(backend, weights, scheme, *(prefix + m for m in modules))
+    def linear(module: str) -> Any:
+        return load_linear(backend, weights, scheme, prefix + module)
 
     return MLAWeights(
-        q=None if lora else linear("q_proj"),
-        q_a_kv_a=linear("q_a_proj", "kv_a_proj_with_mqa") if lora else None,
+        x_proj=load_fused(backend, weights, scheme, prefix + ("q_a_proj" if lora else "q_proj"),
+                          prefix + "kv_a_proj_with_mqa"),
         q_a_norm=backend.load(weights, prefix + "q_a_layernorm.weight") if lora else None,
         q_b=linear("q_b_proj") if lora else None,
-        kv_a=None if lora else linear("kv_a_proj_with_mqa"),
         kv_a_norm=backend.load(weights, prefix + "kv_a_layernorm.weight"),
         w_uk_t=backend.asarray(np.ascontiguousarray(kv_b_w[:, :dn, :].transpose(0, 2, 1))),
         w_uv=backend.asarray(np.ascontiguousarray(kv_b_w[:, dn:, :])),
@@ -143,17 +143,20 @@ class MLAttention:
         q_pe [T, H, P] and the normalised q-LoRA activation [T, q_lora] (None without q-LoRA), which sparse
         attention's indexer reads too."""
         ops, w, d = self.ops, self.w, self.dims
-        T, H, R, dn = x.shape[0], d.num_heads, d.kv_lora_rank, d.qk_nope_head_dim
-        if d.q_lora_rank is None:
-            q_resid, (q, kv) = None, (ops.linear(x, w.q), ops.linear(x, w.kv_a))
+        T, H, dn = x.shape[0], d.num_heads, d.qk_nope_head_dim
+        if len(w.x_proj) == 1:
+            q_kv = ops.linear(x, w.x_proj[0])
+            width = H * d.qk_head_dim if d.q_lora_rank is None else d.q_lora_rank
+            q, kv = q_kv[:, :width], q_kv[:, width:]
         else:
-            qa_kv = ops.linear(x, w.q_a_kv_a)
-            q_resid = ops.rms_norm(qa_kv[:, :d.q_lora_rank], w.q_a_norm, LATENT_NORM_EPS)
-            q, kv = ops.linear(q_resid, w.q_b), qa_kv[:, d.q_lora_rank:]
+            q, kv = (ops.linear(x, p) for p in w.x_proj)
+        q_resid = None
+        if d.q_lora_rank is not None:
+            q_resid = ops.rms_norm(q, w.q_a_norm, LATENT_NORM_EPS)
+            q = ops.linear(q_resid, w.q_b)
         q = q.reshape(T, H, d.qk_head_dim)
-        c = ops.rms_norm(kv[:, :R], w.kv_a_norm, LATENT_NORM_EPS)
-        q_pe, k_pe = ops.mla_rope(q[:, :, dn:], kv[:, R:], batch.positions, self.cos, self.sin)
-        ops.mla_write_latent(self.cache(state), c, k_pe, batch.slot_mapping)
+        q_pe = ops.mla_rope_write(q[:, :, dn:], kv, w.kv_a_norm, LATENT_NORM_EPS, batch.positions, self.cos,
+                                  self.sin, self.cache(state), batch.slot_mapping)
         return ops.per_head_linear(q[:, :, :dn], w.w_uk_t), q_pe, q_resid
 
     def output(self, attn: Array) -> Array:

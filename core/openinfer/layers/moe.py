@@ -1,11 +1,13 @@
 """DeepSeekMoE: a float32 router picks the top-k of E routed experts per token, their SwiGLU outputs are
 summed with the router's weights, and shared experts (a plain dense MLP) are added. Written against the op
-registry (router_logits, moe_route, moe_experts), so it runs on every backend.
+registry (moe_router: router_logits then moe_route as one op; moe_experts), so it runs on every backend. The shared experts run first and
+moe_experts takes their output as its `addend`, added to the routed sum in float32 before the one rounding to the
+model dtype (on CUDA inside the combine kernel, so the add costs no launch of its own).
 
 Expert weights stay stacked, gate_up [E_local, 2I, D] (gate rows first) and down [E_local, D, I], for
 grouped kernels. Expert parallelism: a rank holds experts [expert_offset, expert_offset + E_local) and
 computes only their share; `comm.all_reduce` (a sum over ranks) completes the routed output before the
-replicated shared experts are added.
+replicated shared experts are added (there, after the all-reduce, not as the addend: every rank holds them).
 """
 from __future__ import annotations
 
@@ -72,13 +74,12 @@ class MoE:
 
     def __call__(self, x: Array) -> Array:
         ops, w = self.ops, self.w
-        ids, weights = ops.moe_route(ops.router_logits(x, w.gate), w.bias, self.router)
-        y = ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset)
-        if self.comm is not None:
-            y = self.comm.all_reduce(y)
-        if w.shared is not None:
-            y = y + w.shared(x)
-        return y
+        shared = w.shared(x) if w.shared is not None else None
+        ids, weights = ops.moe_router(x, w.gate, w.bias, self.router)
+        if self.comm is None:
+            return ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset, shared)
+        y = self.comm.all_reduce(ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset))
+        return y if shared is None else y + shared
 
 
 def moe_weight_shapes(prefix: str, hidden: int, num_experts: int, expert_inter: int, shared_inter: int,

@@ -44,8 +44,9 @@ class QuantOps:
             return self._ops.silu_mul(self.linear(x, w))
         return self._ops.linear_silu_mul(x, w)
 
-    def moe_experts(self, x: Any, gate_up: Any, down: Any, ids: Any, weights: Any, expert_offset: int) -> Any:
-        return self._op("moe_experts", gate_up)(x, gate_up, down, ids, weights, expert_offset)
+    def moe_experts(self, x: Any, gate_up: Any, down: Any, ids: Any, weights: Any, expert_offset: int,
+                    addend: Any = None) -> Any:
+        return self._op("moe_experts", gate_up)(x, gate_up, down, ids, weights, expert_offset, addend)
 
 
 def load_linear(backend: Any, weights: Any, scheme: QuantScheme | None, *modules: str) -> Any:
@@ -54,6 +55,14 @@ def load_linear(backend: Any, weights: Any, scheme: QuantScheme | None, *modules
     if scheme is None or all(scheme.format_of(m) == DENSE for m in modules):
         return backend.load(weights, *(m + ".weight" for m in modules))
     return to_backend(backend, fuse_rows([host_linear(weights, scheme, m) for m in modules]))
+
+
+def load_fused(backend: Any, weights: Any, scheme: QuantScheme | None, *modules: str) -> list[Any]:
+    """Linears `modules` of one input as [one Linear fused along the output rows] (one GEMM), or each apart where
+    the scheme stores them in different formats (a fused weight has one)."""
+    if scheme is not None and len({scheme.format_of(m) for m in modules}) > 1:
+        return [load_linear(backend, weights, scheme, m) for m in modules]
+    return [load_linear(backend, weights, scheme, *modules)]
 
 
 def load_expert_stack(backend: Any, weights: Any, scheme: QuantScheme, experts: list[tuple[str, ...]]) -> Any:

@@ -19,8 +19,8 @@ from .config import Glm52Config
 from .indexer import Indexer, load_indexer_weights
 
 KERNEL_PLAN = ("embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows",
-               "mla_rope", "mla_write_latent", "mla_attention", "per_head_linear",
-               "router_logits", "moe_route", "moe_experts",
+               "mla_rope_write", "mla_attention", "per_head_linear",
+               "router_logits", "moe_router", "moe_experts",
                "glm52_indexer_rope_write", "glm52_indexer_topk", "glm52_sparse_mla_attention")
 
 

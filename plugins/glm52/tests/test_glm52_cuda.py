@@ -1,7 +1,7 @@
 """The glm52 DSA CUDA kernels against their numpy references, and a tiny GLM model (sparse attention, full and
 shared indexer layers) on the GPU against the CPU engine, eager and through CUDA graphs (GPU only; skipped
 elsewhere). The model tests also need the core MLA and MoE ops on "cuda" (mla_rope, mla_write_latent,
-mla_attention, per_head_linear, router_logits, moe_route, moe_experts; bf16 only): without them the engine refuses
+mla_attention, per_head_linear, router_logits, moe_router, moe_experts; bf16 only): without them the engine refuses
 to load, naming the missing ops. Kernel cases round the inputs to bf16 first, so both sides see the same data."""
 from __future__ import annotations
 

@@ -31,12 +31,25 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
 // inputs, a layer's KV of earlier tokens or its recurrent state), and the decode kernels do (gemv.cu,
 // attention_decode.cu, the Qwen3.5 conv and delta-rule updates). A kernel must never trigger before its wait,
 // and some thread of every grid must wait (CTAs may leave early, but never all of them), or the chain breaks.
-__device__ __forceinline__ void pdl_begin() {
+__device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+__device__ __forceinline__ void pdl_begin() {
+    pdl_wait();
+    pdl_trigger();
+}
+// A kernel of many CTAs streaming weights (gemv.cu, the grouped expert GEMMs of moe.cu and quant.cu) calls
+// pdl_wait() first and pdl_trigger() only after its main loop: the next kernel's CTAs, launched at the trigger,
+// would otherwise hold SM slots through the whole loop (measured slower for the GEMV, pdl.py).
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -1,4 +1,5 @@
-"""MLA on CUDA: `mla_attention` over the paged latent cache (mla.cu, tensor cores, bf16) and `mla_write_latent`.
+"""MLA on CUDA: `mla_attention` over the paged latent cache (mla.cu, tensor cores, bf16), `mla_write_latent`,
+`mla_rope` and `mla_rope_write` (the latent norm, both RoPEs and the cache write in one launch).
 
 Decode batches (every run one token) split each context over the grid so that batch 1 fills the GPU; the grid
 depends only on the batch size, the heads and `max_context_len`, and the kernel reads only the batch's device
@@ -18,6 +19,7 @@ from .attention import LOG2E
 from .attention_decode import decode_splits
 from .module import (BF16, COUNTER_SLOTS, NULL, arrival_counters, as_index, blocks_per_sm, heads3d, launch,
                      rows2d)
+from .ops import norm_suffix
 
 LATENT, ROPE = 512, 64                 # must match mla.cu (MLA_R, MLA_P)
 ROW = LATENT + ROPE
@@ -86,6 +88,32 @@ def mla_rope(q_pe: cp.ndarray, k_pe: cp.ndarray, positions, cos: cp.ndarray, sin
                 np.int64(k_pe.strides[0] // 2), as_index(positions, np.int32), cos, sin, np.int32(half),
                 np.int32(nh), q_out, k_out))
     return q_out, k_out
+
+
+def mla_rope_write(q_pe: cp.ndarray, kv: cp.ndarray, norm_w: cp.ndarray, eps: float, positions, cos: cp.ndarray,
+                   sin: cp.ndarray, cache: cp.ndarray, slot_mapping) -> cp.ndarray:
+    """numpy_mla_moe.mla_rope_write in one launch: rms_norm(kv[:, :512]) * norm_w and the rotated kv[:, 512:] into
+    the latent cache at slot_mapping (negative slots skipped); returns q_pe [T, H, 64] rotated, packed."""
+    _check_cache("mla_rope_write", cache)
+    T, nh, p = q_pe.shape
+    half = cos.shape[1]
+    if (p != ROPE or half * 2 != ROPE or kv.shape != (T, ROW) or norm_w.shape != (LATENT,)
+            or q_pe.dtype != BF16 or kv.dtype != BF16):
+        raise ValueError(f"mla_rope_write: q_pe [T, H, {ROPE}] and kv [T, {ROW}] bf16, a [{LATENT}] norm weight and "
+                         f"tables of {ROPE // 2} frequencies (got {q_pe.dtype} {q_pe.shape}, {kv.dtype} {kv.shape}, "
+                         f"{norm_w.shape}, {half})")
+    if q_pe.strides[2] != 2:
+        q_pe = cp.ascontiguousarray(q_pe)
+    kv2, ks = rows2d(kv)
+    q_out = cp.empty((T, nh, p), dtype=BF16)
+    if T:
+        launch("mla", f"mla_rope_write_{norm_suffix(kv.dtype, norm_w.dtype)}", (T,), 128,
+               (q_pe, np.int64(q_pe.strides[0] // 2), np.int64(q_pe.strides[1] // 2), kv2, np.int64(ks),
+                cp.ascontiguousarray(norm_w), np.float32(eps), as_index(positions, np.int32),
+                cp.ascontiguousarray(cos, dtype=cp.float32), cp.ascontiguousarray(sin, dtype=cp.float32),
+                np.int32(half), np.int32(nh), cache, np.int64(cache.strides[0] // 2), np.int32(cache.shape[1]),
+                as_index(slot_mapping, np.int64), q_out))
+    return q_out
 
 
 def _queries(q: cp.ndarray, width: int) -> tuple[cp.ndarray, int]:

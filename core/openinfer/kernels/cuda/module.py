@@ -112,7 +112,7 @@ def sm_count() -> int:
     return _sm_count[dev]
 
 
-COUNTER_PURPOSES = ("decode_attention",)   # split-KV decode heads
+COUNTER_PURPOSES = ("decode_attention", "moe_router")   # split-KV decode heads, moe.py's fused router
 
 
 def arrival_counters(purpose: str) -> cp.ndarray | None:

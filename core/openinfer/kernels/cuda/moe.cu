@@ -5,6 +5,8 @@
 //   router_logits the gate in fp32 from bf16 activations.
 //   moe_route     one warp a token: scores, group selection, then top_k rounds of a warp argmax (ties: the lower
 //                 expert), weights normalised and scaled as numpy_mla_moe.moe_route does (transformers' routers).
+//   moe_router    both in one launch: router_logits' grid, and the last block of each ROUTER_TOKENS tokens to
+//                 store its logits (an arrival counter a token group) routes those tokens, a warp each.
 //   moe_align     one block: counts the (token, slot) pairs of each local expert, lays them out grouped by expert
 //                 (`sorted`: pair ids, an expert's run contiguous) and cuts each run into tiles of BM rows
 //                 (tile_expert / tile_start / tile_end, *num_tiles of them; the GEMM grids are sized for the most
@@ -16,7 +18,8 @@
 //                 gate_up: the 64 W rows are 32 gate rows and the 32 matching up rows, so a thread holds gate and
 //                 up of the same outputs and writes h = silu(gate) * up (bf16, in sorted order); down: writes
 //                 weight * (h . W_down^T) in fp32 at the pair's own row.
-//   moe_combine   y[t] = sum over the token's slots (local experts only, slot order) of those rows, in fp32.
+//   moe_combine   y[t] = sum over the token's slots (local experts only, slot order) of those rows, plus the
+//                 optional addend row (the shared experts' output), in fp32, rounded once.
 //
 // Mirrored in moe.py: the tile sizes, the shared-memory size, the kernel names.
 #include "common.cuh"
@@ -42,19 +45,17 @@ __device__ __forceinline__ void warp_argmax(float& v, int& e, float& w) {
 // method: 0 greedy, 1 group_limited_greedy (groups by their best score, others' scores 0), 2 noaux_tc (groups by the
 // sum of their two best, others -inf). Experts are chosen on the scores plus the bias where one is given; the
 // weights are the scores (kernels/numpy_mla_moe.py: moe_route).
-extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
-    const float* logits, long long stride, const float* bias, int T, int E, int k, int sigmoid, int method,
-    int n_group, int topk_group, int norm, float routed_scale, int* ids, float* weights) {
-    pdl_begin();
-    const int lane = threadIdx.x & 31, t = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
-    if (t >= T) return;
-    const float* x = logits + t * stride;
+// One warp routes token t of logits x [E] (read through L2: moe_router's other blocks wrote them) into ids[t * k ..]
+// and weights[t * k ..].
+__device__ void route_token(const float* x, const float* bias, int t, int E, int k, int sigmoid, int method,
+                            int n_group, int topk_group, int norm, float routed_scale, int* ids, float* weights) {
+    const int lane = threadIdx.x & 31;
     float score[ROUTE_PER_LANE], choice[ROUTE_PER_LANE];
     float mx = NEG_INF;
 #pragma unroll
     for (int j = 0; j < ROUTE_PER_LANE; ++j) {
         const int e = lane + 32 * j;
-        score[j] = e < E ? x[e] : NEG_INF;
+        score[j] = e < E ? __ldcg(x + e) : NEG_INF;
         mx = fmaxf(mx, score[j]);
     }
     if (sigmoid) {
@@ -138,13 +139,24 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
     }
 }
 
+extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
+    const float* logits, long long stride, const float* bias, int T, int E, int k, int sigmoid, int method,
+    int n_group, int topk_group, int norm, float routed_scale, int* ids, float* weights) {
+    pdl_begin();
+    const int t = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+    if (t >= T) return;
+    route_token(logits + t * stride, bias, t, E, k, sigmoid, method, n_group, topk_group, norm, routed_scale, ids,
+                weights);
+}
+
 // The gate in fp32 (router_logits): out[t, e] = x[t] . w[e], x bf16 [T, D] (row stride x_stride), w fp32 [E, D].
 // A warp per expert and ROUTER_TOKENS tokens, so a gate row is read once per ROUTER_TOKENS tokens.
 constexpr int ROUTER_WARPS = 8, ROUTER_TOKENS = 4;
 
-extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) router_logits_bf16(
-    const bf16* x, long long x_stride, const float* w, int T, int E, int D, float* out) {
-    pdl_begin();
+static_assert(ROUTER_TOKENS <= ROUTER_WARPS, "moe_router routes a token group with a warp a token");
+
+__device__ void router_logits_block(const bf16* x, long long x_stride, const float* w, int T, int E, int D,
+                                    float* out) {
     const int lane = threadIdx.x & 31, e = blockIdx.x * ROUTER_WARPS + (threadIdx.x >> 5);
     const int t0 = blockIdx.y * ROUTER_TOKENS;
     if (e >= E) return;
@@ -161,6 +173,36 @@ extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) router_logits_bf
         const float v = warp_sum(acc[i]);
         if (lane == 0 && t0 + i < T) out[(long long)(t0 + i) * E + e] = v;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) router_logits_bf16(
+    const bf16* x, long long x_stride, const float* w, int T, int E, int D, float* out) {
+    pdl_begin();
+    router_logits_block(x, x_stride, w, T, E, D, out);
+}
+
+// router_logits_bf16 then moe_route_f32 (logits [T, E] packed: the scratch they meet in). counters: one int per
+// token group (blockIdx.y), zero on entry and left zero (the last block resets its own), so a graph replays cleanly.
+extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) moe_router_bf16(
+    const bf16* x, long long x_stride, const float* w, int T, int E, int D, float* logits, int* counters,
+    const float* bias, int k, int sigmoid, int method, int n_group, int topk_group, int norm, float routed_scale,
+    int* ids, float* weights) {
+    __shared__ int last;
+    pdl_begin();
+    router_logits_block(x, x_stride, w, T, E, D, logits);
+    __threadfence();   // this block's logits are visible device-wide before it counts
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counters + blockIdx.y, 1) == gridDim.x - 1;
+        if (last) counters[blockIdx.y] = 0;   // every block of the group has arrived
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int t = blockIdx.y * ROUTER_TOKENS + (threadIdx.x >> 5);
+    if ((threadIdx.x >> 5) < ROUTER_TOKENS && t < T)
+        route_token(logits + (long long)t * E, bias, t, E, k, sigmoid, method, n_group, topk_group, norm, routed_scale,
+                    ids, weights);
 }
 
 // ----------------------------------------------------------------------------------------------------- align
@@ -248,7 +290,7 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
     __shared__ const bf16* w_rows[GEMM_BN];
     __shared__ int pair_of[BM];
     bf16* sm = (bf16*)smem_raw;
-    pdl_begin();
+    pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int slot = blockIdx.y;
     if (slot >= *num_tiles) return;
     const int e = tile_expert[slot], r0 = tile_start[slot], m = min(BM, tile_end[slot] - r0);
@@ -317,6 +359,7 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
         }
     }
     cp_async_wait<0>();
+    pdl_trigger();
     // thread's outputs: rows (mbase + mt) * 16 + gid (+ 8), columns 2 tq + {0, 1} of each n8 tile
 #pragma unroll
     for (int mt = 0; mt < WM; ++mt)
@@ -370,8 +413,9 @@ MOE_GEMM_KERNEL(1)
 MOE_GEMM_KERNEL(8)
 
 // ---------------------------------------------------------------------------------------------------- combine
+// addend: null or [T, D] bf16 (row stride D)
 extern "C" __global__ void moe_combine_bf16(const float* y, const int* ids, int topk, int e_local, int e_offset,
-                                            int D, bf16* out) {
+                                            int D, const bf16* addend, bf16* out) {
     pdl_begin();
     const int t = blockIdx.x;
     for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < D; c += gridDim.y * blockDim.x) {
@@ -380,6 +424,7 @@ extern "C" __global__ void moe_combine_bf16(const float* y, const int* ids, int 
             const unsigned int e = (unsigned int)(ids[t * topk + j] - e_offset);
             if (e < (unsigned int)e_local) acc += y[((long long)t * topk + j) * D + c];
         }
+        if (addend) acc += to_f32(addend[(long long)t * D + c]);
         out[(long long)t * D + c] = from_f32<bf16>(acc);
     }
 }

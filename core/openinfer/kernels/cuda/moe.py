@@ -1,5 +1,5 @@
-"""MoE on CUDA: `router_logits`, `moe_route` (one launch each) and `moe_experts` (moe.cu: align, gate_up, down,
-combine).
+"""MoE on CUDA: `router_logits`, `moe_route` (one launch each), `moe_router` (both in one launch) and `moe_experts`
+(moe.cu: align, gate_up, down, combine).
 
 Every launch's shape depends only on the token count, the top-k and the local expert count, and nothing is read
 back to the host, so a decode step with its MoE layers captures into a CUDA graph. The grouped GEMMs are sized for
@@ -14,7 +14,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from .module import BF16, NULL, launch, rows2d
+from .module import BF16, COUNTER_SLOTS, NULL, arrival_counters, launch, rows2d
 
 ROUTER_WARPS, ROUTER_TOKENS = 8, 4             # must match moe.cu: experts and tokens of a router_logits block
 ROUTE_WARPS, ROUTE_MAX_EXPERTS = 4, 512        # moe.cu (ROUTE_WARPS, 32 * ROUTE_PER_LANE)
@@ -34,18 +34,28 @@ def row_tiles(pairs: int, experts: int, mt: int) -> int:
     return -(-pairs // (16 * mt)) + min(experts, pairs)
 
 
-def router_logits(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
-    """The MoE gate in float32 whatever the activations: x [T, D] bf16, w [E, D] float32 -> [T, E] float32."""
+def _gate_args(x: cp.ndarray, w: cp.ndarray) -> tuple:
+    """router_logits' arguments before its output: x's rows, their stride, the gate, T, E, D (checked)."""
     if x.dtype != BF16 or w.dtype != np.float32:
         raise TypeError("router_logits on CUDA takes bf16 activations and a float32 gate")
     x2, stride = rows2d(x)
     (T, D), E = x2.shape, w.shape[0]
     if w.shape[1] != D:
         raise ValueError(f"router_logits: x has {D} features, the gate expects {w.shape[1]}")
+    return x2, np.int64(stride), cp.ascontiguousarray(w), np.int32(T), np.int32(E), np.int32(D)
+
+
+def _router_grid(T: int, E: int) -> tuple[int, int]:
+    return -(-E // ROUTER_WARPS), -(-T // ROUTER_TOKENS)
+
+
+def router_logits(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
+    """The MoE gate in float32 whatever the activations: x [T, D] bf16, w [E, D] float32 -> [T, E] float32."""
+    args = _gate_args(x, w)
+    T, E = int(args[3]), int(args[4])
     out = cp.empty((T, E), dtype=cp.float32)
     if T and E:
-        launch("moe", "router_logits_bf16", (-(-E // ROUTER_WARPS), -(-T // ROUTER_TOKENS)), 32 * ROUTER_WARPS,
-               (x2, np.int64(stride), cp.ascontiguousarray(w), np.int32(T), np.int32(E), np.int32(D), out))
+        launch("moe", "router_logits_bf16", _router_grid(T, E), 32 * ROUTER_WARPS, (*args, out))
     return out
 
 
@@ -66,22 +76,46 @@ def _route_config(cfg: Any, E: int) -> tuple[int, int, int, int, int]:
     return k, int(cfg.scoring == "sigmoid"), method, n_group, topk_group
 
 
-def moe_route(logits: cp.ndarray, bias: cp.ndarray | None, cfg: Any) -> tuple[cp.ndarray, cp.ndarray]:
-    """Router logits [T, E] float32 -> (expert ids [T, k] int32, weights [T, k] float32) as numpy_mla_moe.moe_route
-    gives them: best first, ties to the lower expert."""
-    if logits.dtype != np.float32 or (bias is not None and bias.dtype != np.float32):
+def _route_outputs(T: int, E: int, bias: cp.ndarray | None, cfg: Any) -> tuple:
+    """(ids, weights) to fill, the bias argument and the routing's scalars (from k to the scale), checked."""
+    if bias is not None and bias.dtype != np.float32:
         raise TypeError("moe_route takes float32 router logits and correction bias")
-    x, stride = rows2d(logits)
-    T, E = x.shape
     k, sigmoid, method, n_group, topk_group = _route_config(cfg, E)
     ids = cp.empty((T, k), dtype=cp.int32)
     weights = cp.empty((T, k), dtype=cp.float32)
+    b = NULL if bias is None else cp.ascontiguousarray(bias)
+    return ids, weights, b, (np.int32(k), np.int32(sigmoid), np.int32(method), np.int32(n_group),
+                             np.int32(topk_group), np.int32(bool(cfg.norm_topk_prob)),
+                             np.float32(cfg.routed_scaling_factor))
+
+
+def moe_route(logits: cp.ndarray, bias: cp.ndarray | None, cfg: Any) -> tuple[cp.ndarray, cp.ndarray]:
+    """Router logits [T, E] float32 -> (expert ids [T, k] int32, weights [T, k] float32) as numpy_mla_moe.moe_route
+    gives them: best first, ties to the lower expert."""
+    if logits.dtype != np.float32:
+        raise TypeError("moe_route takes float32 router logits and correction bias")
+    x, stride = rows2d(logits)
+    T, E = x.shape
+    ids, weights, b, scalars = _route_outputs(T, E, bias, cfg)
     if T:
-        b = NULL if bias is None else cp.ascontiguousarray(bias)
         launch("moe", "moe_route_f32", (-(-T // ROUTE_WARPS),), 32 * ROUTE_WARPS,
-               (x, np.int64(stride), b, np.int32(T), np.int32(E), np.int32(k), np.int32(sigmoid), np.int32(method),
-                np.int32(n_group), np.int32(topk_group), np.int32(bool(cfg.norm_topk_prob)),
-                np.float32(cfg.routed_scaling_factor), ids, weights))
+               (x, np.int64(stride), b, np.int32(T), np.int32(E), *scalars, ids, weights))
+    return ids, weights
+
+
+def moe_router(x: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None, cfg: Any) -> tuple[cp.ndarray, cp.ndarray]:
+    """moe_route(router_logits(x, w), bias, cfg) in one launch (moe_router_bf16), the same ids and weights; the two
+    launches where the arrival counters are not set up (a first call inside a graph capture) or T exceeds them."""
+    args = _gate_args(x, w)
+    T, E = int(args[3]), int(args[4])
+    counters = arrival_counters("moe_router")
+    if counters is None or -(-T // ROUTER_TOKENS) > COUNTER_SLOTS:
+        return moe_route(router_logits(x, w), bias, cfg)
+    ids, weights, b, scalars = _route_outputs(T, E, bias, cfg)
+    if T:
+        logits = cp.empty((T, E), dtype=cp.float32)
+        launch("moe", "moe_router_bf16", _router_grid(T, E), 32 * ROUTER_WARPS,
+               (*args, logits, counters, b, *scalars, ids, weights))
     return ids, weights
 
 
@@ -95,9 +129,10 @@ def _aligned_rows(x: cp.ndarray) -> tuple[cp.ndarray, int]:
 
 
 def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
-                expert_offset: int) -> cp.ndarray:
+                expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
     """y [T, D] = sum over each token's slots whose expert lies in [expert_offset, expert_offset + E_local) of
-    weight * down_e(silu(gate_e x) * up_e x); gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]."""
+    weight * down_e(silu(gate_e x) * up_e x), plus `addend` [T, D] if given (added in fp32 by the combine);
+    gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]."""
     T, D = x.shape
     E, two_i, d2 = gate_up.shape
     I = two_i // 2
@@ -114,6 +149,7 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
     y = cp.empty((T, D), dtype=BF16)
     if T == 0:
         return y
+    add = NULL if addend is None else packed_addend(addend, y)
     ids = cp.ascontiguousarray(ids, dtype=cp.int32)
     weights = cp.ascontiguousarray(weights, dtype=cp.float32)
     x2, xs = _aligned_rows(x)
@@ -137,5 +173,13 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
            (h, np.int64(I), *grouping, down, np.int64(D * I), np.int32(D), np.int32(I), *tile_args, weights, y_pairs,
             np.int64(D)), gemm_smem(mt))
     launch("moe", "moe_combine_bf16", (T, min(-(-D // 256), 8)), 256,
-           (y_pairs, ids, np.int32(k), np.int32(E), np.int32(expert_offset), np.int32(D), y))
+           (y_pairs, ids, np.int32(k), np.int32(E), np.int32(expert_offset), np.int32(D), add, y))
     return y
+
+
+def packed_addend(addend: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
+    """moe_experts' addend as packed rows of y's shape and dtype (the combine kernels read it at row stride D)."""
+    if addend.shape != y.shape or addend.dtype != y.dtype:
+        raise ValueError(f"moe_experts: the addend must be {y.dtype} {y.shape} like the output (got {addend.dtype} "
+                         f"{addend.shape})")
+    return cp.ascontiguousarray(addend)

@@ -13,7 +13,7 @@
 // (token, slot) pairs by local expert (one block); moe_q_gate_up_* computes h = silu(gate x) * up x per pair with
 // a block per (8 rows, active expert), so each selected expert's gate/up rows are read once per P pairs;
 // moe_q_down_* computes weight * down h per pair likewise; moe_combine_* sums each token's pairs in slot order
-// (deterministic: no atomics on values). Grids depend only on the token count, so the launches can be captured.
+// (deterministic: no atomics on values) and the optional addend (the shared experts' output). Grids depend only on the token count, so the launches can be captured.
 #include "common.cuh"
 
 #define P 8          // activation rows a warp carries per pass over a weight row
@@ -160,7 +160,7 @@ template <class F, typename T, typename S>
 __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ q, const S* __restrict__ scale,
                               const int* __restrict__ slot_expert, const int* __restrict__ slot_start,
                               const int* __restrict__ pair_list, int k, int D, int I, float* __restrict__ h) {
-    pdl_begin();
+    pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int e = slot_expert[blockIdx.y];
     const int lane = threadIdx.x & 31, o = blockIdx.x * ROWS + (threadIdx.x >> 5);
     if (e < 0 || o >= I) return;
@@ -199,6 +199,7 @@ __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ 
             if (lane == 0 && p < rows) h[(long long)pair[p] * I + o] = silu_mul_f32(gs, us);
         }
     }
+    pdl_trigger();
 }
 
 // yk[pair, o] = weights[pair] * down_e h[pair] for the pairs of slot blockIdx.y: grid (ceil(D / ROWS), slots).
@@ -207,7 +208,7 @@ __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__
                            const int* __restrict__ slot_expert, const int* __restrict__ slot_start,
                            const int* __restrict__ pair_list, const float* __restrict__ weights, int D, int I,
                            float* __restrict__ yk) {
-    pdl_begin();
+    pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int e = slot_expert[blockIdx.y];
     const int lane = threadIdx.x & 31, o = blockIdx.x * ROWS + (threadIdx.x >> 5);
     if (e < 0 || o >= D) return;
@@ -246,12 +247,14 @@ __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__
             if (lane == 0 && p < rows) yk[(long long)pair[p] * D + o] = weights[pair[p]] * s;
         }
     }
+    pdl_trigger();
 }
 
-// y[t, d] = sum over j of yk[t * k + j, d] for the pairs whose expert is local, in j order: grid (T), threads over D.
+// y[t, d] = sum over j of yk[t * k + j, d] for the pairs whose expert is local, in j order, plus addend[t, d] (null:
+// none; [T, D] packed) in fp32: grid (T), threads over D.
 template <typename T>
 __device__ void moe_combine(const float* __restrict__ yk, const int* __restrict__ ids, int k, int D, int E_local,
-                            int offset, T* __restrict__ y) {
+                            int offset, const T* __restrict__ addend, T* __restrict__ y) {
     pdl_begin();
     const long long t = blockIdx.x;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -260,6 +263,7 @@ __device__ void moe_combine(const float* __restrict__ yk, const int* __restrict_
             const int e = ids[t * k + j] - offset;
             if (e >= 0 && e < E_local) s += yk[(t * k + j) * D + d];
         }
+        if (addend) s += to_f32(addend[t * D + d]);
         y[t * D + d] = from_f32<T>(s);
     }
 }
@@ -292,7 +296,7 @@ Q_KERNELS(fp8, Fp8, f32, float, float)
 
 #define COMBINE_KERNEL(sfx, T)                                                                                     \
     extern "C" __global__ void moe_combine_##sfx(const float* yk, const int* ids, int k, int D, int E_local,      \
-                                                 int offset, T* y) {                                               \
-        moe_combine<T>(yk, ids, k, D, E_local, offset, y);                                                         \
+                                                 int offset, const T* addend, T* y) {                              \
+        moe_combine<T>(yk, ids, k, D, E_local, offset, addend, y);                                                 \
     }
 FOR_EACH_DTYPE(COMBINE_KERNEL)

@@ -13,7 +13,8 @@ import numpy as np
 
 from ...quant import Fp8Weight, Int4Weight
 from .blas import linear
-from .module import as_index, launch, suffix
+from .module import NULL, as_index, launch, suffix
+from .moe import packed_addend
 
 GEMV_MAX_ROWS = 16
 ROWS, P = 8, 8          # quant.cu: weight rows per block, activation rows per pass
@@ -88,7 +89,7 @@ def linear_quant(x: cp.ndarray, w: Any) -> cp.ndarray:
 
 
 def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights: Any,
-                      expert_offset: int) -> cp.ndarray:
+                      expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
     """The routed experts of one layer on quantized stacks (numpy_quant.moe_experts_quant's contract), MOE_CHUNK
     tokens at a time (the per-pair float32 intermediates of a long prefill stay bounded)."""
     fmt = _fmt(gate_up)
@@ -102,15 +103,18 @@ def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights:
     ids = cp.ascontiguousarray(as_index(ids, np.int32))
     weights = cp.ascontiguousarray(cp.asarray(weights, dtype=cp.float32))
     y = cp.empty((T, D), dtype=x.dtype)
+    add = None if addend is None else packed_addend(addend, y)
     for t0 in range(0, T, MOE_CHUNK):
         t1 = min(T, t0 + MOE_CHUNK)
-        _moe_chunk(fmt, x[t0:t1], gate_up, down, ids[t0:t1], weights[t0:t1], expert_offset, y[t0:t1])
+        _moe_chunk(fmt, x[t0:t1], gate_up, down, ids[t0:t1], weights[t0:t1], expert_offset,
+                   NULL if add is None else add[t0:t1], y[t0:t1])
     return y
 
 
 def _moe_chunk(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
-               expert_offset: int, y: cp.ndarray) -> None:
-    """The four launches of quant.cu's expert path for tokens x [T, D] (contiguous rows), into y."""
+               expert_offset: int, addend: Any, y: cp.ndarray) -> None:
+    """The four launches of quant.cu's expert path for tokens x [T, D] (contiguous rows), into y; `addend` packed
+    [T, D] rows or NULL."""
     T, D = x.shape
     E_local, I2, _ = gate_up.shape
     I = I2 // 2
@@ -132,4 +136,4 @@ def _moe_chunk(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray
     launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}", (-(-D // ROWS), slots), 32 * ROWS,
            (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I), yk))
     launch("quant", f"moe_combine_{suffix(x.dtype)}", (T,), 256,
-           (yk, ids, np.int32(k), np.int32(D), np.int32(E_local), np.int32(expert_offset), y))
+           (yk, ids, np.int32(k), np.int32(D), np.int32(E_local), np.int32(expert_offset), addend, y))
