@@ -158,3 +158,24 @@ def test_per_head_linear_cublas_arguments(launches, monkeypatch):
     assert (a[9], a[10]) == (dn, R * dn)                                # lda, strideA
     assert (a[13], a[14]) == (H * (dn + P), dn + P)                     # ldb, strideB: q's token and head strides
     assert (a[18], a[19], a[20]) == (H * R, R, H)                       # ldc, strideC, heads
+
+
+def test_mla_gather_latent_launch_args(launches):
+    from openinfer.layers.mla_expanded import ContextLayout
+    q_lens, ctx, bs = [7, 1, 33], [7, 40, 300], 16
+    batch = _batch(q_lens, ctx, bs)
+    _, _, cache = _mla_inputs(sum(q_lens), 16, ctx, bs)
+    layout = ContextLayout.of(batch)
+    out = mla.mla_gather_latent(cache, batch, layout.starts)
+    (call,) = launches
+    assert out.shape == (layout.rows, mla.ROW) and call.grid == (-(-304 // mla.GATHER_ROWS), 3)
+
+
+def test_mla_pack_heads_launch_args(launches):
+    kv = aligned_empty((40, 3, 264), BF16)
+    lat = aligned_empty((40, mla.ROW), BF16)
+    out = mla.mla_pack_heads([(kv[:, :, :128], lat[:, mla.LATENT:]), (kv[:, :2, 128:256], None)], 256)
+    assert out.shape == (40, 5, 256) and [c.grid for c in launches] == [(40,), (40,)]
+    assert int(launches[0].args[6]) == 0 and launches[1].args[4] is module.NULL   # a shared row; no b
+    with pytest.raises(ValueError, match="width"):
+        mla.mla_pack_heads([(kv[:, :, :200], lat[:, mla.LATENT:])], 256)

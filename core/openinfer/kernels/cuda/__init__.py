@@ -9,7 +9,8 @@ OPS = ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope"
        "write_kv", "rope_write_kv", "gather_rows", "argmax", "top_logprobs")
 DTYPES = ("bfloat16", "float32")
 # the MLA and MoE ops (bf16 models): op -> its module
-BF16_OPS = {"mla_rope": "mla", "mla_write_latent": "mla", "mla_attention": "mla", "per_head_linear": "blas",
+BF16_OPS = {"mla_rope": "mla", "mla_write_latent": "mla", "mla_attention": "mla", "mla_gather_latent": "mla",
+            "mla_pack_heads": "mla", "per_head_linear": "blas",
             "router_logits": "moe", "moe_route": "moe", "moe_experts": "moe"}
 # paged_attention's implementations (attention.py): name, function, dtypes, priority, GPU generations
 ATTENTION = (("wgmma", "paged_attention", ("bfloat16",), 20, (90,)),

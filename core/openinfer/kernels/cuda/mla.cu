@@ -285,3 +285,42 @@ extern "C" __global__ void mla_rope_bf16(const bf16* q, long long q_stride, long
         dst[2 * j + 1] = from_f32<bf16>(x1 * c + x0 * s);
     }
 }
+
+// The expanded form's gather (numpy_mla_moe.mla_gather_latent): row starts[b] + j of out [rows, 576] = the cache
+// row of position j of sequence b for j < ctx[b], zeros up to starts[b + 1]. Grid (row tiles of MLA_GATHER_ROWS,
+// sequence), 16-byte words (the cache rows are 16-byte aligned, as mla_attention reads them).
+constexpr int MLA_GATHER_ROWS = 8;
+extern "C" __global__ void mla_gather_latent_bf16(const bf16* cache, long long block_stride, int block_size,
+                                                  const int* tables, int table_stride, const int* ctx,
+                                                  const long long* starts, bf16* out) {
+    pdl_begin();
+    const int b = blockIdx.y, L = ctx[b];
+    const long long first = starts[b], n = starts[b + 1] - first;
+    for (int i = threadIdx.x; i < MLA_GATHER_ROWS * MLA_CHUNKS; i += blockDim.x) {
+        const long long j = (long long)blockIdx.x * MLA_GATHER_ROWS + i / MLA_CHUNKS;
+        const int c = i % MLA_CHUNKS;
+        if (j >= n) return;
+        uint4 word = make_uint4(0, 0, 0, 0);
+        if (j < L)
+            word = *reinterpret_cast<const uint4*>(cache + tables[(long long)b * table_stride + j / block_size] *
+                                                   block_stride + (j % block_size) * MLA_D + c * 8);
+        *reinterpret_cast<uint4*>(out + (first + j) * MLA_D + c * 8) = word;
+    }
+}
+
+// Heads side by side (numpy_mla_moe.mla_pack_heads, one part): out row n, head h = a[n, h, :da] || b[n, h, :db] ||
+// zeros up to width; b's head stride 0 shares one row among the heads (k_pe), db 0 takes none. out's rows (stride
+// out_stride) hold the part's heads packed by width. A block a row.
+extern "C" __global__ void mla_pack_heads_bf16(const bf16* a, long long a_stride, long long a_head, int da,
+                                               const bf16* b, long long b_stride, long long b_head, int db, bf16* out,
+                                               long long out_stride, int heads, int width) {
+    pdl_begin();
+    const long long n = blockIdx.x;
+    for (int i = threadIdx.x; i < heads * width; i += blockDim.x) {
+        const int h = i / width, c = i % width;
+        bf16 v = from_f32<bf16>(0.f);
+        if (c < da) v = a[n * a_stride + h * a_head + c];
+        else if (c < da + db) v = b[n * b_stride + h * b_head + c - da];
+        out[n * out_stride + i] = v;
+    }
+}

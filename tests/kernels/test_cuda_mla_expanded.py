@@ -1,0 +1,87 @@
+"""MLA's expanded form on the GPU against the numpy reference ops (skipped without one): mla_gather_latent and
+mla_pack_heads exactly, the whole expanded attention (gather, kv_b GEMM, packing, paged_attention's d256 prefill) at
+DeepSeek-V2-Lite's shapes against the numpy expanded and absorbed forms, and per_head_linear with W_UV as a view of
+kv_b_proj."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from cuda_cases import BF16, DTYPES, close, cp, dev, exact, host, own_stream, pdl, rnd  # noqa: F401
+from test_cuda_attention import _batch
+from openinfer.kernels import numpy_mla_moe as ref
+from openinfer.kernels import numpy_ops
+from openinfer.kernels.cuda import attention, blas, mla
+from openinfer.layers.mla import MLADims
+from openinfer.layers.mla_expanded import ContextLayout, expanded_attention
+
+pytestmark = pytest.mark.cuda
+BF = DTYPES["bfloat16"]
+R, P, DN, DV = 512, 64, 128, 128
+RUNS = {"cold": [(300, 300)], "prefix_hits": [(700, 64), (37, 37), (90, 1), (130, 129)],
+        "empty_run": [(45, 45), (50, 0), (16, 16)]}
+
+
+def _pool(runs, seed, bs=16):
+    rng = np.random.default_rng(seed)
+    num_blocks = sum(-(-L // bs) for L, _ in runs) + 3
+    hb, db = _batch(runs, bs, rng, num_blocks)
+    pool = exact(rnd(rng, num_blocks, 2, bs, R + P), BF16)
+    return rng, hb, db, pool
+
+
+@pytest.mark.parametrize("case", list(RUNS))
+def test_mla_gather_latent(case, pdl):
+    _, hb, db, pool = _pool(RUNS[case], 1)
+    starts = ContextLayout.of(hb).starts
+    got = mla.mla_gather_latent(dev(pool, BF16)[:, 1], db, starts)
+    np.testing.assert_array_equal(host(got), ref.mla_gather_latent(pool[:, 1], hb, starts))
+
+
+def test_mla_pack_heads(pdl):
+    """Strided parts as the expanded form passes them: k_nope with the shared k_pe, v alone, q_nope with q_pe."""
+    rng = np.random.default_rng(2)
+    kv = exact(rnd(rng, 40, 3, DN + DV + 8), BF16)
+    lat = exact(rnd(rng, 40, R + P), BF16)
+    qp = exact(rnd(rng, 40, 5, P), BF16)
+    kv_d, lat_d, qp_d = dev(kv, BF16), dev(lat, BF16), dev(qp, BF16)
+    got = mla.mla_pack_heads([(kv_d[:, :, :DN], lat_d[:, R:]), (kv_d[:, :2, DN:DN + DV], None),
+                              (kv_d[:, :, 5:5 + DN], qp_d[:, 1:4])], 256)
+    want = ref.mla_pack_heads([(kv[:, :, :DN], lat[:, R:]), (kv[:, :2, DN:DN + DV], None),
+                               (kv[:, :, 5:5 + DN], qp[:, 1:4])], 256)
+    np.testing.assert_array_equal(host(got), want)
+
+
+@pytest.mark.parametrize("impl", ["paged_attention", "paged_attention_mma"])
+@pytest.mark.parametrize("case", list(RUNS))
+def test_expanded_attention(case, impl, pdl):
+    """bf16 end to end against the numpy expanded form on the same (bf16-exact) inputs and the absorbed form."""
+    H, scale = 16, 192 ** -0.5
+    rng, hb, db, pool = _pool(RUNS[case], 3)
+    dims = MLADims(2048, H, None, R, DN, P, DV)
+    T = int(hb.query_start_host[-1])
+    kv_b = exact(rnd(rng, H * (DN + DV), R, scale=R ** -0.5), BF16)
+    q = exact(rnd(rng, T, H, DN + P), BF16)
+    cuda_ops = SimpleNamespace(linear=blas.linear, paged_attention=getattr(attention, impl),
+                               mla_gather_latent=mla.mla_gather_latent, mla_pack_heads=mla.mla_pack_heads)
+    numpy_ns = SimpleNamespace(linear=numpy_ops.linear, paged_attention=numpy_ops.paged_attention,
+                               mla_gather_latent=ref.mla_gather_latent, mla_pack_heads=ref.mla_pack_heads)
+    q_d = dev(q, BF16)
+    got = expanded_attention(cuda_ops, dims, q_d[:, :, :DN], q_d[:, :, DN:], dev(pool, BF16)[:, 1], dev(kv_b, BF16),
+                             db, scale)
+    want = expanded_attention(numpy_ns, dims, q[:, :, :DN], q[:, :, DN:], pool[:, 1], kv_b, hb, scale)
+    close(got, want, BF)
+    w = kv_b.reshape(H, DN + DV, R)
+    absorbed = ref.per_head_linear(ref.mla_attention(ref.per_head_linear(q[:, :, :DN], w[:, :DN].transpose(0, 2, 1)),
+                                                     q[:, :, DN:], pool[:, 1], hb, scale), w[:, DN:])
+    np.testing.assert_allclose(want, absorbed, rtol=1e-4, atol=1e-4)
+
+
+def test_per_head_linear_with_w_uv_a_view_of_kv_b(pdl):
+    rng = np.random.default_rng(4)
+    kv_b = exact(rnd(rng, 16, DN + DV, R, scale=R ** -0.5), BF16)
+    x = exact(rnd(rng, 9, 16, R), BF16)
+    got = blas.per_head_linear(dev(x, BF16), dev(kv_b, BF16)[:, DN:, :])
+    close(got, ref.per_head_linear(x, kv_b[:, DN:, :]), BF)
