@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cuda_cases import BF16, DTYPES, close, cp, dev, exact, host, own_stream, pdl, rnd  # noqa: F401
+from cuda_cases import BF16, DTYPES, close, dev, exact, host, own_stream, pdl, rnd  # noqa: F401
 from test_cuda_attention import _batch
 from openinfer.kernels import numpy_mla_moe as ref
 from openinfer.kernels import numpy_ops
