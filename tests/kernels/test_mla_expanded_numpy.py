@@ -1,6 +1,7 @@
 """MLA's expanded form (layers/mla_expanded.py) on the numpy ops against the absorbed form over the same paged
-latents: one pass of every head, several passes where the step's budget holds fewer, and the absorbed fallback where
-not one head fits; and the two ops it adds, mla_gather_latent and mla_pack_heads, against plain indexing."""
+latents: one pass of every head, several passes where the step's budget holds fewer, the absorbed fallback where
+not one head fits, a mixed step's decode rows in the absorbed form; and the two ops it adds, mla_gather_latent and
+mla_pack_heads, against plain indexing."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -11,7 +12,8 @@ import pytest
 from openinfer.kernels import numpy_mla_moe as mla_ops
 from openinfer.kernels import numpy_ops
 from openinfer.layers.mla import MLADims
-from openinfer.layers.mla_expanded import ContextLayout, expanded_attention, expanded_head_dim, heads_per_pass
+from openinfer.layers.mla_expanded import (ContextLayout, expanded_attention, expanded_head_dim, heads_per_pass,
+                                           prefill_attention)
 from test_mla_moe_numpy import _batch
 
 H, R, P, DN, DV, BS = 4, 32, 8, 16, 12, 4
@@ -22,14 +24,14 @@ def _ops(calls: list[int]):
     def paged_attention(q, k, v, batch, scale):
         calls.append(q.shape[1])
         return numpy_ops.paged_attention(q, k, v, batch, scale)
-    return SimpleNamespace(linear=numpy_ops.linear, paged_attention=paged_attention,
+    return SimpleNamespace(linear=numpy_ops.linear, paged_attention=paged_attention, gather_rows=numpy_ops.gather_rows,
                            mla_gather_latent=mla_ops.mla_gather_latent, mla_pack_heads=mla_ops.mla_pack_heads)
 
 
 def _inputs(runs, seed):
     rng = np.random.default_rng(seed)
-    batch = _batch(runs, BS, 32, rng)
-    cache = rng.standard_normal((32, BS, R + P)).astype(np.float32)
+    batch = _batch(runs, BS, 96, rng)
+    cache = rng.standard_normal((96, BS, R + P)).astype(np.float32)
     T = sum(n for n, _ in runs)
     kv_b = (rng.standard_normal((H * (DN + DV), R)) * 0.3).astype(np.float32)
     q_nope = rng.standard_normal((T, H, DN)).astype(np.float32)
@@ -52,6 +54,25 @@ def test_expanded_equals_absorbed(runs, passes):
     got = expanded_attention(_ops(calls), DIMS, q_nope[:, :, :], q_pe, cache, kv_b, batch, 0.3)
     np.testing.assert_allclose(got, _absorbed(batch, cache, kv_b, q_nope, q_pe, 0.3), rtol=1e-5, atol=1e-5)
     assert len(calls) == passes and sum(calls) == H
+
+
+@pytest.mark.parametrize("runs,passes,decode_rows", [([(1, 9), (5, 14), (7, 7)], 2, [0]),
+                                                     ([(1, 200), (6, 6), (1, 150)], 4, [6, 7]),
+                                                     ([(5, 14), (7, 7)], 4, None),
+                                                     ([(2, 40)], 0, list(range(2)))])   # not one head fits
+def test_prefill_attention_takes_decode_rows_absorbed(runs, passes, decode_rows):
+    """A mixed step: the runs of several tokens expanded, the one-token runs absorbed over their own contexts (a
+    long decode context does not count against the expansion), the rows back in the step's order."""
+    batch, cache, kv_b, q_nope, q_pe = _inputs(runs, 7)
+    calls: list[int] = []
+    absorbed_rows = []
+
+    def absorbed(qn, qp, b):
+        absorbed_rows.append(len(qn))
+        return _absorbed(b, cache, kv_b, qn, qp, 0.3)
+    got = prefill_attention(_ops(calls), DIMS, q_nope, q_pe, cache, kv_b, batch, 0.3, absorbed)
+    np.testing.assert_allclose(got, _absorbed(batch, cache, kv_b, q_nope, q_pe, 0.3), rtol=1e-5, atol=1e-5)
+    assert len(calls) == passes and absorbed_rows == ([] if decode_rows is None else [len(decode_rows)])
 
 
 def test_a_context_too_long_for_one_head_is_left_to_the_absorbed_form():

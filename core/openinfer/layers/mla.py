@@ -8,10 +8,10 @@ per layer: c then the rotated k_pe, so prefix caching and offload move it like a
 Decode steps (every run one token; the CUDA graphs capture only those) run the absorbed form: the query's
 nope part is multiplied by W_UK (kv_b_proj's key rows) into the latent space, attention is taken over
 the latents (mla_attention), and W_UV (kv_b_proj's value rows) maps the result back per head before
-o_proj. Steps with longer runs (prefill chunks, prefix hits, mixed steps) run the expanded form
+o_proj. Steps with longer runs (prefill chunks, prefix hits, mixed steps) run those runs in the expanded form
 (mla_expanded.py: the context's latents decompressed by kv_b_proj into per-head keys and values, standard
-attention, o_proj), the absorbed one only where the expansion would not fit the step's memory. Both take the
-same scores, so both give the same tokens. kv_b_proj is kept [H (dn + dv), R]; W_UV [H, dv, R] is a view of it
+attention, o_proj) and their one-token runs absorbed; all absorbed where the expansion would not fit the step's
+memory. Both forms take the same scores, so both give the same tokens. kv_b_proj is kept [H (dn + dv), R]; W_UV [H, dv, R] is a view of it
 and W_UK is kept transposed [H, R, dn] (per_head_linear's layout).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..kv.pool import StatePools
 from ..contract.model_line import StateGroup
 from ..quant import QuantScheme
 from ..quant.scheme import host_linear
-from .mla_expanded import expanded_attention
+from .mla_expanded import prefill_attention
 from .quant_linear import load_linear
 from .rope import RopeConfig, yarn_mscale
 
@@ -139,23 +139,16 @@ class MLAttention:
 
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         q_nope, q_pe, _ = self.project_heads(x, batch, state)
-        if batch.max_query_len > 1:
-            out = self.expanded(q_nope, q_pe, batch, state)
-            if out is not None:
-                return out
-        return self.absorbed(q_nope, q_pe, batch, state)
+        if batch.max_query_len == 1:
+            return self.o_proj(self.absorbed(q_nope, q_pe, batch, state))
+        return self.o_proj(prefill_attention(self.ops, self.dims, q_nope, q_pe, self.cache(state), self.w.kv_b, batch,
+                                             self.scale, lambda qn, qp, b: self.absorbed(qn, qp, b, state)))
 
     def absorbed(self, q_nope: Array, q_pe: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        """Attention in the absorbed form, through o_proj: [T, D]."""
+        """Attention in the absorbed form: W_UK into the query, attention over the latents, W_UV: [T, H, dv]."""
         q_latent = self.ops.per_head_linear(q_nope, self.w.w_uk_t)
-        return self.output(self.ops.mla_attention(q_latent, q_pe, self.cache(state), batch, self.scale))
-
-    def expanded(self, q_nope: Array, q_pe: Array, batch: ForwardBatch, state: StatePools) -> Array | None:
-        """Attention in the expanded form, through o_proj: [T, D]; None where it does not fit the step."""
-        d = self.dims
-        out = expanded_attention(self.ops, d, q_nope, q_pe, self.cache(state), self.w.kv_b, batch, self.scale)
-        return None if out is None else self.ops.linear(out.reshape(out.shape[0], d.num_heads * d.v_head_dim),
-                                                        self.w.o)
+        attn = self.ops.mla_attention(q_latent, q_pe, self.cache(state), batch, self.scale)
+        return self.ops.per_head_linear(attn, self.w.w_uv)
 
     def cache(self, state: StatePools) -> Array:
         """This layer's latent cache [num_blocks, block_size, R + P]."""
@@ -185,6 +178,8 @@ class MLAttention:
 
     def output(self, attn: Array) -> Array:
         """The attention's latent output [T, H, R] through W_UV and o_proj: [T, D]."""
-        T, d = attn.shape[0], self.dims
-        out = self.ops.per_head_linear(attn, self.w.w_uv)
-        return self.ops.linear(out.reshape(T, d.num_heads * d.v_head_dim), self.w.o)
+        return self.o_proj(self.ops.per_head_linear(attn, self.w.w_uv))
+
+    def o_proj(self, out: Array) -> Array:
+        """The heads' values [T, H, dv] through o_proj: [T, D]."""
+        return self.ops.linear(out.reshape(out.shape[0], self.dims.num_heads * self.dims.v_head_dim), self.w.o)

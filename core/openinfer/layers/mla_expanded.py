@@ -17,17 +17,21 @@ prefill, and for a chunk of n tokens over a prefix it is repaid once n x (2,176 
 230. Bytes: the packed K and V are 2 x 2 x width bytes a key and head (16 KB a token at 16 heads, 64 KB at 64),
 written once and read once per row tile of the attention kernel.
 
+A mixed step's one-token runs (decode rows) take the absorbed form on a sub-batch of their own: expanding a decode
+row's context would cost 262k flops a key and head for one query. The expanded pass gives them a context of one key
+(cheap, finite, discarded) and the two outputs meet row by row (mla_pack_heads side by side, then gather_rows).
+
 Memory: a pass expands as many heads as fit (heads_per_pass) what a fresh prefill of the step's own tokens would
 hold with every head, and more passes take the rest; the engine's activation profiling runs exactly that fresh
 prefill of the full token budget (model_runner.dummy_batch, one pass of every head), so no step needs more than
 it measured, whatever its context length. A step whose context is so long that not one head fits (a short chunk
-or decode rows over long contexts, where the absorbed form is the cheaper one anyway) runs the absorbed form.
+over a long prefix, where the absorbed form is the cheaper one anyway) runs the absorbed form.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -101,3 +105,36 @@ def expanded_attention(ops: Any, d: MLADims, q_nope: Array, q_pe: Array, cache: 
         q = ops.mla_pack_heads([(q_nope[:, h0:h1], q_pe[:, h0:h1])], width)
         outs.append((ops.paged_attention(q, k, v, expanded, scale)[:, :, :dv], None))
     return ops.mla_pack_heads(outs, dv)
+
+
+def prefill_attention(ops: Any, d: MLADims, q_nope: Array, q_pe: Array, cache: Array, kv_b: Array,
+                      batch: ForwardBatch, scale: float,
+                      absorbed: Callable[[Array, Array, ForwardBatch], Array]) -> Array:
+    """[T, H, dv] of a step with runs of several tokens: those in the expanded form, one-token runs among them in
+    `absorbed` (the absorbed form of q_nope, q_pe over a batch), everything absorbed where the expansion does not
+    fit the step."""
+    runs = np.diff(batch.query_start_host)
+    single = runs == 1
+    alone = np.where(single, 1, batch.context_lens_host).astype(np.int32)   # a one-token run sees one key here
+    expanded_batch = dataclasses.replace(batch, context_lens=alone, context_lens_host=alone,
+                                         max_context_len=int(alone.max())) if single.any() else batch
+    out = expanded_attention(ops, d, q_nope, q_pe, cache, kv_b, expanded_batch, scale)
+    if out is None:
+        return absorbed(q_nope, q_pe, batch)
+    if not single.any():
+        return out
+    seqs = np.flatnonzero(single).astype(np.int32)
+    rows = batch.query_start_host[seqs]
+    lens = np.asarray(batch.context_lens_host, np.int32)[seqs]
+    qs = np.arange(len(seqs) + 1, dtype=np.int32)
+    decode = dataclasses.replace(batch, block_tables=ops.gather_rows(batch.block_tables, seqs), query_start=qs,
+                                 context_lens=lens, query_start_host=qs, context_lens_host=lens, max_query_len=1,
+                                 max_context_len=int(lens.max()))   # the fields attention reads
+    dec = absorbed(ops.gather_rows(q_nope, rows), ops.gather_rows(q_pe, rows), decode)
+    T, H, dv = out.shape
+    place = np.zeros(T, np.int32)
+    place[rows] = np.arange(len(rows))
+    pick = 2 * np.arange(T, dtype=np.int32)   # row t of [out | dec placed] side by side, viewed as [2 T, H dv]
+    pick[rows] += 1
+    both = ops.mla_pack_heads([(out, None), (ops.gather_rows(dec, place), None)], dv).reshape(2 * T, H * dv)
+    return ops.gather_rows(both, pick).reshape(T, H, dv)
