@@ -57,8 +57,8 @@ def test_expanded_equals_absorbed(runs, passes):
 
 
 @pytest.mark.parametrize("runs,passes,decode_rows", [([(1, 9), (5, 14), (7, 7)], 2, [0]),
-                                                     ([(1, 200), (6, 6), (1, 150)], 4, [6, 7]),
-                                                     ([(5, 14), (7, 7)], 4, None),
+                                                     ([(1, 200), (6, 6), (1, 150)], 1, [6, 7]),
+                                                     ([(5, 14), (7, 7)], 2, None),
                                                      ([(2, 40)], 0, list(range(2)))])   # not one head fits
 def test_prefill_attention_takes_decode_rows_absorbed(runs, passes, decode_rows):
     """A mixed step: the runs of several tokens expanded, the one-token runs absorbed over their own contexts (a
@@ -95,18 +95,20 @@ def test_heads_per_pass_holds_a_fresh_prefill_of_the_step_tokens():
         assert rows * (576 + h * (256 + 512)) <= full and (h == 16 or rows * (576 + (h + 1) * 768) > full)
 
 
-def test_gather_latent_rows_and_zero_padding():
+def test_context_layout_and_gather_latent():
+    """The layout: contexts side by side, one row a block; the gather also zero-fills rows up to the next start."""
     batch, cache, *_ = _inputs([(1, 9), (5, 14), (7, 7)], 3)
     layout = ContextLayout.of(batch)
-    assert layout.starts.tolist() == [0, 12, 28, 36]
-    assert layout.tables.tolist() == [[0, 1, 2, 0], [3, 4, 5, 6], [7, 8, 0, 0]]
-    got = mla_ops.mla_gather_latent(cache, batch, layout.starts)
+    assert layout.starts.tolist() == [0, 9, 23, 30] and layout.tables.shape == (3, 14)
+    assert layout.tables[1].tolist() == list(range(9, 23)) and layout.tables[2].tolist() == [*range(23, 30)] + [0] * 7
+    padded = np.array([0, 12, 28, 36])
+    got = mla_ops.mla_gather_latent(cache, batch, padded)
     for i, L in enumerate(batch.context_lens_host):
-        s = layout.starts[i]
+        s = padded[i]
         for j in range(L):
             block = batch.block_tables[i, j // BS]
             np.testing.assert_array_equal(got[s + j], cache[block, j % BS])
-        assert not got[s + L: layout.starts[i + 1]].any()
+        assert not got[s + L: padded[i + 1]].any()
 
 
 def test_pack_heads_concatenates_pads_and_shares_a_row():

@@ -5,8 +5,8 @@ context (prefix and this run) is gathered from the paged cache (mla_gather_laten
 one GEMM per pass ([rows, R] x [R, h (dn + dv)]: k_nope and v of every head), and packed for the core's paged
 prefill attention (paged_attention, MHA with as many KV heads as query heads) at its smallest compiled head dim
 `width` >= dn + P and >= dv (256 at DeepSeek's 128 + 64 and 128): Q = [q_nope | q_pe | 0], K = [k_nope | k_pe | 0],
-V = [v | 0], each context's rows in whole blocks of block_size with an identity block table. The output's first dv
-columns go straight to o_proj: no W_UK absorption, no W_UV.
+V = [v | 0], each context's rows side by side, addressed as blocks of one row by an identity block table. The
+output's first dv columns go straight to o_proj: no W_UK absorption, no W_UV.
 
 Why, in flops per (query, key, head) at DeepSeek's shapes: the absorbed kernel takes q.k over 576 latent columns
 and P.V over 512, 2 x (576 + 512) = 2,176; the expanded one 2 x (192 + 128) = 640 exactly, 2 x (256 + 256) = 1,024
@@ -19,12 +19,13 @@ written once and read once per row tile of the attention kernel.
 
 A mixed step's one-token runs (decode rows) take the absorbed form on a sub-batch of their own: expanding a decode
 row's context would cost 262k flops a key and head for one query. The expanded pass gives them a context of one key
-(cheap, finite, discarded) and the two outputs meet row by row (mla_pack_heads side by side, then gather_rows).
+(one row: cheap, finite, discarded) and the two outputs meet row by row (mla_pack_heads side by side, then
+gather_rows).
 
-Memory: a pass expands as many heads as fit (heads_per_pass) what a fresh prefill of the step's own tokens would
-hold with every head, and more passes take the rest; the engine's activation profiling runs exactly that fresh
-prefill of the full token budget (model_runner.dummy_batch, one pass of every head), so no step needs more than
-it measured, whatever its context length. A step whose context is so long that not one head fits (a short chunk
+Memory: a pass expands as many heads as fit (heads_per_pass) what a fresh prefill of the step's own T tokens would
+hold with every head (T context rows), and more passes take the rest; the engine's activation profiling runs a
+fresh prefill of at least the full token budget (model_runner.dummy_batch: one pass of every head), so no step
+needs more than it measured, whatever its context length. A step whose context is so long that not one head fits (a short chunk
 over a long prefix, where the absorbed form is the cheaper one anyway) runs the absorbed form.
 """
 from __future__ import annotations
@@ -51,20 +52,19 @@ def expanded_head_dim(d: MLADims) -> int | None:
 
 @dataclass(frozen=True)
 class ContextLayout:
-    """Each sequence's context in the expanded buffers: rows starts[i] .. starts[i + 1], whole blocks of the
-    batch's block size, listed by `tables` (an identity block table, padded with 0 as the batch's)."""
+    """Each sequence's context in the expanded buffers: rows starts[i] .. starts[i + 1], addressed as blocks of one
+    row (`tables`: row starts[i] + j for position j, 0 past the context, as the batch's tables are padded), so that
+    no row is padding and a one-token context takes one row."""
     starts: np.ndarray    # [B + 1] int64
-    tables: np.ndarray    # [B, max blocks] int32
+    tables: np.ndarray    # [B, max context] int32
 
     @staticmethod
     def of(batch: ForwardBatch) -> ContextLayout:
-        bs = batch.block_size
-        blocks = -(-np.asarray(batch.context_lens_host, np.int64) // bs)
-        first = np.zeros(len(blocks) + 1, np.int64)
-        np.cumsum(blocks, out=first[1:])
-        cols = np.arange(int(blocks.max(initial=1)))
-        tables = np.where(cols < blocks[:, None], first[:-1, None] + cols, 0)
-        return ContextLayout(first * bs, tables.astype(np.int32))
+        lens = np.asarray(batch.context_lens_host, np.int64)
+        starts = np.zeros(len(lens) + 1, np.int64)
+        np.cumsum(lens, out=starts[1:])
+        cols = np.arange(int(lens.max(initial=1)))
+        return ContextLayout(starts, np.where(cols < lens[:, None], starts[:-1, None] + cols, 0).astype(np.int32))
 
     @property
     def rows(self) -> int:
@@ -87,19 +87,19 @@ def expanded_attention(ops: Any, d: MLADims, q_nope: Array, q_pe: Array, cache: 
     where not one head's expansion fits the step (the caller runs the absorbed form)."""
     width = expanded_head_dim(d)
     layout = ContextLayout.of(batch)
-    H, R, dn, dv, bs = d.num_heads, d.kv_lora_rank, d.qk_nope_head_dim, d.v_head_dim, batch.block_size
-    heads = heads_per_pass(d, width, -(-q_nope.shape[0] // bs) * bs, layout.rows) if width else 0
+    H, R, dn, dv = d.num_heads, d.kv_lora_rank, d.qk_nope_head_dim, d.v_head_dim
+    heads = heads_per_pass(d, width, q_nope.shape[0], layout.rows) if width else 0
     if heads == 0:
         return None
     heads = -(-H // -(-H // heads))   # the passes balanced
     latents = ops.mla_gather_latent(cache, batch, layout.starts)
     c, k_pe = latents[:, :R], latents[:, R:]
-    expanded = dataclasses.replace(batch, block_tables=layout.tables)
+    expanded = dataclasses.replace(batch, block_tables=layout.tables, block_size=1)
     e, outs = dn + dv, []
     for h0 in range(0, H, heads):
         h1 = min(H, h0 + heads)
         kv = ops.linear(c, kv_b[h0 * e: h1 * e]).reshape(layout.rows, h1 - h0, e)
-        blocks = (layout.rows // bs, bs, h1 - h0, width)
+        blocks = (layout.rows, 1, h1 - h0, width)
         k = ops.mla_pack_heads([(kv[:, :, :dn], k_pe)], width).reshape(blocks)
         v = ops.mla_pack_heads([(kv[:, :, dn:], None)], width).reshape(blocks)
         q = ops.mla_pack_heads([(q_nope[:, h0:h1], q_pe[:, h0:h1])], width)
