@@ -41,7 +41,8 @@ def test_mla_gather_latent(case, pdl):
 
 
 def test_mla_pack_heads(pdl):
-    """Strided parts as the expanded form passes them: k_nope with the shared k_pe, v alone, q_nope with q_pe."""
+    """Strided parts as the expanded form passes them: k_nope with the shared k_pe, v alone (16-byte words), and a
+    part off the word grid (element by element)."""
     rng = np.random.default_rng(2)
     kv = exact(rnd(rng, 40, 3, DN + DV + 8), BF16)
     lat = exact(rnd(rng, 40, R + P), BF16)

@@ -174,8 +174,12 @@ def test_mla_gather_latent_launch_args(launches):
 def test_mla_pack_heads_launch_args(launches):
     kv = aligned_empty((40, 3, 264), BF16)
     lat = aligned_empty((40, mla.ROW), BF16)
-    out = mla.mla_pack_heads([(kv[:, :, :128], lat[:, mla.LATENT:]), (kv[:, :2, 128:256], None)], 256)
-    assert out.shape == (40, 5, 256) and [c.grid for c in launches] == [(40,), (40,)]
+    out = mla.mla_pack_heads([(kv[:, :, :128], lat[:, mla.LATENT:]), (kv[:, :2, 128:256], None),
+                              (kv[:, :, 4:16], lat[:, :4])], 256)
+    assert out.shape == (40, 8, 256) and [c.grid for c in launches] == [(40,)] * 3
+    assert [c.name for c in launches] == ["mla_pack_heads_v_bf16"] * 2 + ["mla_pack_heads_bf16"]   # words where whole
     assert int(launches[0].args[6]) == 0 and launches[1].args[4] is module.NULL   # a shared row; no b
+    assert int(launches[0].args[3]) == 128 // 8 and int(launches[0].args[5]) == mla.ROW // 8   # counted in words
+    assert int(launches[2].args[3]) == 12 and int(launches[2].args[9]) == 8 * 256
     with pytest.raises(ValueError, match="width"):
         mla.mla_pack_heads([(kv[:, :, :200], lat[:, mla.LATENT:])], 256)

@@ -310,17 +310,34 @@ extern "C" __global__ void mla_gather_latent_bf16(const bf16* cache, long long b
 
 // Heads side by side (numpy_mla_moe.mla_pack_heads, one part): out row n, head h = a[n, h, :da] || b[n, h, :db] ||
 // zeros up to width; b's head stride 0 shares one row among the heads (k_pe), db 0 takes none. out's rows (stride
-// out_stride) hold the part's heads packed by width. A block a row.
-extern "C" __global__ void mla_pack_heads_bf16(const bf16* a, long long a_stride, long long a_head, int da,
-                                               const bf16* b, long long b_stride, long long b_head, int db, bf16* out,
-                                               long long out_stride, int heads, int width) {
-    pdl_begin();
+// out_stride) hold the part's heads packed by width. A block a row; W is the unit moved: one bf16, or 16-byte words
+// (the `_v_` kernel: every count, stride and pointer in whole words), every count and stride in units of W.
+template <typename W>
+__device__ __forceinline__ void mla_pack_heads(const W* a, long long a_stride, long long a_head, int da, const W* b,
+                                               long long b_stride, long long b_head, int db, W* out,
+                                               long long out_stride, int heads, int width, W zero) {
     const long long n = blockIdx.x;
     for (int i = threadIdx.x; i < heads * width; i += blockDim.x) {
         const int h = i / width, c = i % width;
-        bf16 v = from_f32<bf16>(0.f);
+        W v = zero;
         if (c < da) v = a[n * a_stride + h * a_head + c];
         else if (c < da + db) v = b[n * b_stride + h * b_head + c - da];
         out[n * out_stride + i] = v;
     }
+}
+
+extern "C" __global__ void mla_pack_heads_bf16(const bf16* a, long long a_stride, long long a_head, int da,
+                                               const bf16* b, long long b_stride, long long b_head, int db, bf16* out,
+                                               long long out_stride, int heads, int width) {
+    pdl_begin();
+    mla_pack_heads(a, a_stride, a_head, da, b, b_stride, b_head, db, out, out_stride, heads, width,
+                   from_f32<bf16>(0.f));
+}
+
+extern "C" __global__ void mla_pack_heads_v_bf16(const uint4* a, long long a_stride, long long a_head, int da,
+                                                 const uint4* b, long long b_stride, long long b_head, int db,
+                                                 uint4* out, long long out_stride, int heads, int width) {
+    pdl_begin();
+    mla_pack_heads(a, a_stride, a_head, da, b, b_stride, b_head, db, out, out_stride, heads, width,
+                   make_uint4(0, 0, 0, 0));
 }

@@ -163,7 +163,8 @@ def mla_gather_latent(cache: cp.ndarray, batch: ForwardBatch, starts: np.ndarray
 
 def mla_pack_heads(parts: list[tuple[cp.ndarray, cp.ndarray | None]], width: int) -> cp.ndarray:
     """Heads side by side, each row [a | b | zeros] of `width` (numpy_mla_moe.mla_pack_heads): a [N, h, da] and b
-    [N, h, db], [N, db] (a row every head shares) or None, any row and head strides with a unit last stride."""
+    [N, h, db], [N, db] (a row every head shares) or None, any row and head strides with a unit last stride. A part
+    whose counts, strides and pointers are all whole 16-byte words moves words (the `_v_` kernel)."""
     n = parts[0][0].shape[0]
     out = cp.empty((n, sum(a.shape[1] for a, _ in parts), width), dtype=BF16)
     h0 = 0
@@ -176,11 +177,18 @@ def mla_pack_heads(parts: list[tuple[cp.ndarray, cp.ndarray | None]], width: int
                              f"(got {a.dtype} {a.shape}, {None if b is None else (b.dtype, b.shape)})")
         if da + db > width:
             raise ValueError(f"mla_pack_heads: {da + db} columns do not fit width {width}")
+        dst = out[:, h0: h0 + heads]
+        counts = [a.strides[0] // 2, a.strides[1] // 2, da, db, out.strides[0] // 2, width]
+        pointers = [a.data.ptr, dst.data.ptr]
+        if b is not None:
+            counts += [b.strides[0] // 2, b.strides[1] // 2 if b.ndim == 3 else 0]
+            pointers.append(b.data.ptr)
+        v = 8 if all(c % 8 == 0 for c in counts) and all(p % 16 == 0 for p in pointers) else 1
         b_args = (NULL, np.int64(0), np.int64(0)) if b is None else \
-            (b, np.int64(b.strides[0] // 2), np.int64(b.strides[1] // 2 if b.ndim == 3 else 0))
+            (b, np.int64(b.strides[0] // 2 // v), np.int64((b.strides[1] // 2 if b.ndim == 3 else 0) // v))
         if n and heads:
-            launch("mla", "mla_pack_heads_bf16", (n,), 256,
-                   (a, np.int64(a.strides[0] // 2), np.int64(a.strides[1] // 2), np.int32(da), *b_args, np.int32(db),
-                    out[:, h0: h0 + heads], np.int64(out.strides[0] // 2), np.int32(heads), np.int32(width)))
+            launch("mla", f"mla_pack_heads_{'v_' if v > 1 else ''}bf16", (n,), 256,
+                   (a, np.int64(a.strides[0] // 2 // v), np.int64(a.strides[1] // 2 // v), np.int32(da // v), *b_args,
+                    np.int32(db // v), dst, np.int64(out.strides[0] // 2 // v), np.int32(heads), np.int32(width // v)))
         h0 += heads
     return out
