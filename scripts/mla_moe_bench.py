@@ -94,6 +94,7 @@ def mla_layer_ms(run: int, context: int, rng: np.random.Generator) -> tuple[floa
     def absorbed():
         return blas.per_head_linear(mla.mla_attention(blas.per_head_linear(q_nope, w_uk_t), q_pe, cache, fb, scale),
                                     w_uv)
+
     def expanded():
         return expanded_attention(ops, dims, q_nope, q_pe, cache, kv_b, fb, scale)
     return event_ms(absorbed), None if expanded() is None else event_ms(expanded)
