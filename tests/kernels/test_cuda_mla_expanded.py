@@ -75,8 +75,9 @@ def test_prefill_attention(case, impl, pdl):
     w = kv_b.reshape(H, DN + DV, R)
     w_uk_t = np.ascontiguousarray(w[:, :DN].transpose(0, 2, 1))
     q = exact(rnd(rng, T, H, DN + P), BF16)
-    cuda_ops = SimpleNamespace(linear=blas.linear, paged_attention=getattr(attention, impl), gather_rows=ops.gather_rows,
-                               mla_gather_latent=mla.mla_gather_latent, mla_pack_heads=mla.mla_pack_heads)
+    cuda_ops = SimpleNamespace(linear=blas.linear, paged_attention=getattr(attention, impl),
+                               gather_rows=ops.gather_rows, mla_gather_latent=mla.mla_gather_latent,
+                               mla_pack_heads=mla.mla_pack_heads)
     numpy_ns = SimpleNamespace(linear=numpy_ops.linear, paged_attention=numpy_ops.paged_attention,
                                gather_rows=numpy_ops.gather_rows, mla_gather_latent=ref.mla_gather_latent,
                                mla_pack_heads=ref.mla_pack_heads)

@@ -11,8 +11,8 @@ the latents (mla_attention), and W_UV (kv_b_proj's value rows) maps the result b
 o_proj. Steps with longer runs (prefill chunks, prefix hits, mixed steps) run those runs in the expanded form
 (mla_expanded.py: the context's latents decompressed by kv_b_proj into per-head keys and values, standard
 attention, o_proj) and their one-token runs absorbed; all absorbed where the expansion would not fit the step's
-memory. Both forms take the same scores, so both give the same tokens. kv_b_proj is kept [H (dn + dv), R]; W_UV [H, dv, R] is a view of it
-and W_UK is kept transposed [H, R, dn] (per_head_linear's layout).
+memory. The two forms compute the same attention (only the rounding differs). kv_b_proj is kept [H (dn + dv), R];
+W_UV [H, dv, R] is a view of it and W_UK is kept transposed [H, R, dn] (per_head_linear's layout).
 """
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ gather_rows).
 Memory: a pass expands as many heads as fit (heads_per_pass) what a fresh prefill of the step's own T tokens would
 hold with every head (T context rows), and more passes take the rest; the engine's activation profiling runs a
 fresh prefill of at least the full token budget (model_runner.dummy_batch: one pass of every head), so no step
-needs more than it measured, whatever its context length. A step whose context is so long that not one head fits (a short chunk
-over a long prefix, where the absorbed form is the cheaper one anyway) runs the absorbed form.
+needs more than it measured, whatever its context length. A step whose context is so long that not one head fits
+(a short chunk over a long prefix, where the absorbed form is the cheaper one anyway) runs the absorbed form.
 """
 from __future__ import annotations
 
