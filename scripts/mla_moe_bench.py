@@ -96,7 +96,7 @@ def mla_layer_ms(run: int, context: int, rng: np.random.Generator) -> tuple[floa
                                     w_uv)
 
     def expanded():
-        return expanded_attention(ops, dims, q_nope, q_pe, cache, kv_b, fb, scale)
+        return expanded_attention(ops, dims, q_nope, q_pe, cache, kv_b, fb, scale, run)
     return event_ms(absorbed), None if expanded() is None else event_ms(expanded)
 
 

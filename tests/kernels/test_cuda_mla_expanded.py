@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cuda_cases import BF16, DTYPES, close, dev, exact, host, own_stream, pdl, rnd  # noqa: F401
+from cuda_cases import BF16, DTYPES, close, cp, dev, exact, host, own_stream, pdl, rnd  # noqa: F401
 from test_cuda_attention import _batch
 from openinfer.kernels import numpy_mla_moe as ref
 from openinfer.kernels import numpy_ops
 from openinfer.kernels.cuda import attention, blas, mla, ops
 from openinfer.layers.mla import MLADims
-from openinfer.layers.mla_expanded import ContextLayout, prefill_attention
+from openinfer.layers.mla_expanded import prefill_attention
 
 pytestmark = pytest.mark.cuda
 BF = DTYPES["bfloat16"]
@@ -35,9 +35,10 @@ def _pool(runs, seed, bs=16):
 @pytest.mark.parametrize("case", list(RUNS))
 def test_mla_gather_latent(case, pdl):
     _, hb, db, pool = _pool(RUNS[case], 1)
-    starts = ContextLayout.of(hb).starts
-    got = mla.mla_gather_latent(dev(pool, BF16)[:, 1], db, starts)
-    np.testing.assert_array_equal(host(got), ref.mla_gather_latent(pool[:, 1], hb, starts))
+    got, tables = mla.mla_gather_latent(dev(pool, BF16)[:, 1], db)
+    want, want_tables = ref.mla_gather_latent(pool[:, 1], hb)
+    np.testing.assert_array_equal(host(got), want)
+    np.testing.assert_array_equal(cp.asnumpy(tables), want_tables)
 
 
 def test_mla_pack_heads(pdl):

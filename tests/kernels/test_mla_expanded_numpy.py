@@ -12,8 +12,7 @@ import pytest
 from openinfer.kernels import numpy_mla_moe as mla_ops
 from openinfer.kernels import numpy_ops
 from openinfer.layers.mla import MLADims
-from openinfer.layers.mla_expanded import (ContextLayout, expanded_attention, expanded_head_dim, heads_per_pass,
-                                           prefill_attention)
+from openinfer.layers.mla_expanded import expanded_attention, expanded_head_dim, heads_per_pass, prefill_attention
 from test_mla_moe_numpy import _batch
 
 H, R, P, DN, DV, BS = 4, 32, 8, 16, 12, 4
@@ -47,11 +46,11 @@ def _absorbed(batch, cache, kv_b, q_nope, q_pe, scale):
 
 @pytest.mark.parametrize("runs,passes", [([(8, 8)], 1),                      # a cold prefill: every head at once
                                          ([(1, 9), (5, 14), (7, 7)], 4),     # a mixed step over a prefix
-                                         ([(6, 6), (3, 3)], 1)])
+                                         ([(6, 6), (3, 3)], 2)])   # a table of 2 x 6 entries: fewer heads
 def test_expanded_equals_absorbed(runs, passes):
     batch, cache, kv_b, q_nope, q_pe = _inputs(runs, len(runs))
     calls: list[int] = []
-    got = expanded_attention(_ops(calls), DIMS, q_nope[:, :, :], q_pe, cache, kv_b, batch, 0.3)
+    got = expanded_attention(_ops(calls), DIMS, q_nope, q_pe, cache, kv_b, batch, 0.3, len(q_nope))
     np.testing.assert_allclose(got, _absorbed(batch, cache, kv_b, q_nope, q_pe, 0.3), rtol=1e-5, atol=1e-5)
     assert len(calls) == passes and sum(calls) == H
 
@@ -78,37 +77,34 @@ def test_prefill_attention_takes_decode_rows_absorbed(runs, passes, decode_rows)
 def test_a_context_too_long_for_one_head_is_left_to_the_absorbed_form():
     batch, cache, kv_b, q_nope, q_pe = _inputs([(2, 40)], 0)
     calls: list[int] = []
-    assert expanded_attention(_ops(calls), DIMS, q_nope, q_pe, cache, kv_b, batch, 0.3) is None and not calls
+    assert expanded_attention(_ops(calls), DIMS, q_nope, q_pe, cache, kv_b, batch, 0.3, 2) is None and not calls
 
 
 def test_heads_per_pass_holds_a_fresh_prefill_of_the_step_tokens():
     assert expanded_head_dim(DIMS) == 64
     assert expanded_head_dim(MLADims(2048, 16, None, 512, 128, 64, 128)) == 256
     assert expanded_head_dim(MLADims(2048, 16, None, 512, 256, 64, 128)) is None
-    assert heads_per_pass(DIMS, 64, 64, 64) == H     # a fresh prefill: every head
-    assert heads_per_pass(DIMS, 64, 64, 128) == 1    # twice the context: the latents and one head
-    assert heads_per_pass(DIMS, 64, 8, 128) == 0
+    assert heads_per_pass(DIMS, 64, 64, 64, 64) == H      # a fresh prefill: every head
+    assert heads_per_pass(DIMS, 64, 64, 128, 128) == 1    # twice the context: the latents and one head
+    assert heads_per_pass(DIMS, 64, 8, 128, 128) == 0
     d16 = MLADims(2048, 16, None, 512, 128, 64, 128)
-    full = 16384 * (576 + 16 * (256 + 512))
+    full = 16384 * (578 + 16 * (256 + 512))
     for rows in (16384, 32768, 65536, 131072):
-        h = heads_per_pass(d16, 256, 16384, rows)
-        assert rows * (576 + h * (256 + 512)) <= full and (h == 16 or rows * (576 + (h + 1) * 768) > full)
+        h = heads_per_pass(d16, 256, 16384, rows, rows)
+        assert rows * (578 + h * 768) <= full and (h == 16 or rows * (578 + (h + 1) * 768) > full)
+    # a wide table (many runs beside a long context) counts against the heads
+    assert heads_per_pass(d16, 256, 16384, 32768, 1000 * 32768) < heads_per_pass(d16, 256, 16384, 32768, 32768)
 
 
-def test_context_layout_and_gather_latent():
-    """The layout: contexts side by side, one row a block; the gather also zero-fills rows up to the next start."""
+def test_gather_latent_rows_and_table():
     batch, cache, *_ = _inputs([(1, 9), (5, 14), (7, 7)], 3)
-    layout = ContextLayout.of(batch)
-    assert layout.starts.tolist() == [0, 9, 23, 30] and layout.tables.shape == (3, 14)
-    assert layout.tables[1].tolist() == list(range(9, 23)) and layout.tables[2].tolist() == [*range(23, 30)] + [0] * 7
-    padded = np.array([0, 12, 28, 36])
-    got = mla_ops.mla_gather_latent(cache, batch, padded)
+    got, tables = mla_ops.mla_gather_latent(cache, batch)
+    starts = [0, 9, 23, 30]
+    assert got.shape == (30, R + P) and tables.shape == (3, 14)
+    assert tables[1].tolist() == list(range(9, 23)) and tables[2].tolist() == [*range(23, 30)] + [0] * 7
     for i, L in enumerate(batch.context_lens_host):
-        s = padded[i]
         for j in range(L):
-            block = batch.block_tables[i, j // BS]
-            np.testing.assert_array_equal(got[s + j], cache[block, j % BS])
-        assert not got[s + L: padded[i + 1]].any()
+            np.testing.assert_array_equal(got[starts[i] + j], cache[batch.block_tables[i, j // BS], j % BS])
 
 
 def test_pack_heads_concatenates_pads_and_shares_a_row():

@@ -161,14 +161,12 @@ def test_per_head_linear_cublas_arguments(launches, monkeypatch):
 
 
 def test_mla_gather_latent_launch_args(launches):
-    from openinfer.layers.mla_expanded import ContextLayout
     q_lens, ctx, bs = [7, 1, 33], [7, 40, 300], 16
-    batch = _batch(q_lens, ctx, bs)
     _, _, cache = _mla_inputs(sum(q_lens), 16, ctx, bs)
-    layout = ContextLayout.of(batch)
-    out = mla.mla_gather_latent(cache, batch, layout.starts)
+    out, tables = mla.mla_gather_latent(cache, _batch(q_lens, ctx, bs))
     (call,) = launches
-    assert out.shape == (layout.rows, mla.ROW) and call.grid == (-(-300 // mla.GATHER_ROWS), 3)
+    assert out.shape == (sum(ctx), mla.ROW) and tables.shape == (3, 300) and tables.dtype == np.int32
+    assert call.grid == (-(-300 // mla.GATHER_ROWS), 3) and call.block == mla.GATHER_ROWS * mla.ROW // 8
 
 
 def test_mla_pack_heads_launch_args(launches):

@@ -63,14 +63,17 @@ def mla_attention(q_latent: np.ndarray, q_pe: np.ndarray, cache: np.ndarray, bat
     return out
 
 
-def mla_gather_latent(cache: np.ndarray, batch: ForwardBatch, starts: np.ndarray) -> np.ndarray:
-    """Every sequence's context latents in rows of their own: row starts[i] + j holds position j of sequence i for
-    j < context_lens[i], zeros up to starts[i + 1]; [starts[-1], R + P]. starts [B + 1] host int."""
-    bs, tables, lens = cache.shape[1], np.asarray(batch.block_tables), np.asarray(batch.context_lens)
-    out = np.zeros((int(starts[-1]), cache.shape[-1]), dtype=cache.dtype)
+def mla_gather_latent(cache: np.ndarray, batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Every sequence's context latents side by side, [sum of context_lens, R + P] (sequence i's positions 0 ..
+    L_i - 1 from row starts[i], the running sum of the lengths before it), and the block table addressing them as
+    blocks of one row: [B, max L] int32, tables[i, j] = starts[i] + j, 0 past the context (as batch tables pad)."""
+    bs, tables, lens = cache.shape[1], np.asarray(batch.block_tables), np.asarray(batch.context_lens_host, np.int64)
+    starts = np.concatenate(([0], np.cumsum(lens)))
+    out = np.empty((int(starts[-1]), cache.shape[-1]), dtype=cache.dtype)
     for i, L in enumerate(lens.tolist()):
         out[starts[i]: starts[i] + L] = cache[tables[i, : -(-L // bs)]].reshape(-1, cache.shape[-1])[:L]
-    return out
+    cols = np.arange(int(lens.max(initial=0)))
+    return out, np.where(cols < lens[:, None], starts[:-1, None] + cols, 0).astype(np.int32)
 
 
 def mla_pack_heads(parts: list[tuple[np.ndarray, np.ndarray | None]], width: int) -> np.ndarray:

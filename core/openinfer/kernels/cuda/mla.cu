@@ -287,24 +287,26 @@ extern "C" __global__ void mla_rope_bf16(const bf16* q, long long q_stride, long
 }
 
 // The expanded form's gather (numpy_mla_moe.mla_gather_latent): row starts[b] + j of out [rows, 576] = the cache
-// row of position j of sequence b for j < ctx[b], zeros up to starts[b + 1]. Grid (row tiles of MLA_GATHER_ROWS,
-// sequence), 16-byte words (the cache rows are 16-byte aligned, as mla_attention reads them).
+// row of position j of sequence b for j < ctx[b], and out_tables[b, j] = starts[b] + j (0 for j past ctx[b], up to
+// width). Grid (row tiles of MLA_GATHER_ROWS, sequence), 16-byte words (the cache rows are 16-byte aligned, as
+// mla_attention reads them).
 constexpr int MLA_GATHER_ROWS = 8;
 extern "C" __global__ void mla_gather_latent_bf16(const bf16* cache, long long block_stride, int block_size,
                                                   const int* tables, int table_stride, const int* ctx,
-                                                  const long long* starts, bf16* out) {
+                                                  const long long* starts, bf16* out, int* out_tables, int width) {
     pdl_begin();
-    const int b = blockIdx.y, L = ctx[b];
-    const long long first = starts[b], n = starts[b + 1] - first;
+    const int b = blockIdx.y, L = ctx[b], j0 = blockIdx.x * MLA_GATHER_ROWS;
+    const long long first = starts[b];
+    if (threadIdx.x < MLA_GATHER_ROWS && j0 + (int)threadIdx.x < width) {
+        const int j = j0 + threadIdx.x;
+        out_tables[(long long)b * width + j] = j < L ? (int)(first + j) : 0;
+    }
     for (int i = threadIdx.x; i < MLA_GATHER_ROWS * MLA_CHUNKS; i += blockDim.x) {
-        const long long j = (long long)blockIdx.x * MLA_GATHER_ROWS + i / MLA_CHUNKS;
-        const int c = i % MLA_CHUNKS;
-        if (j >= n) return;
-        uint4 word = make_uint4(0, 0, 0, 0);
-        if (j < L)
-            word = *reinterpret_cast<const uint4*>(cache + tables[(long long)b * table_stride + j / block_size] *
-                                                   block_stride + (j % block_size) * MLA_D + c * 8);
-        *reinterpret_cast<uint4*>(out + (first + j) * MLA_D + c * 8) = word;
+        const int j = j0 + i / MLA_CHUNKS, c = i % MLA_CHUNKS;
+        if (j >= L) return;
+        const bf16* src = cache + tables[(long long)b * table_stride + j / block_size] * block_stride +
+                          (long long)(j % block_size) * MLA_D + c * 8;
+        *reinterpret_cast<uint4*>(out + (first + j) * MLA_D + c * 8) = *reinterpret_cast<const uint4*>(src);
     }
 }
 

@@ -142,23 +142,24 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
     return out
 
 
-def mla_gather_latent(cache: cp.ndarray, batch: ForwardBatch, starts: np.ndarray) -> cp.ndarray:
-    """Every sequence's context latents in rows of their own: row starts[i] + j = position j of sequence i, zeros up
-    to starts[i + 1]; [starts[-1], 576]. starts [B + 1] host int."""
+def mla_gather_latent(cache: cp.ndarray, batch: ForwardBatch) -> tuple[cp.ndarray, cp.ndarray]:
+    """Every sequence's context latents side by side, [sum of context_lens, 576], and the block table addressing
+    them as blocks of one row, [B, max context] int32 (numpy_mla_moe.mla_gather_latent)."""
     _check_cache("mla_gather_latent", cache)
     if cache.data.ptr % 16 or cache.strides[0] % 16:
         raise ValueError("mla_gather_latent: the latent cache must be 16-byte aligned")
-    starts = np.asarray(starts, np.int64)
+    lens = np.asarray(batch.context_lens_host, np.int64)
+    starts = np.concatenate(([0], np.cumsum(lens)))
+    width = int(lens.max(initial=0))
     out = cp.empty((int(starts[-1]), ROW), dtype=BF16)
-    span = int(np.diff(starts).max(initial=0))
-    if span == 0:
-        return out
-    tables = as_index(batch.block_tables, np.int32)
-    launch("mla", "mla_gather_latent_bf16", (-(-span // GATHER_ROWS), len(starts) - 1), GATHER_ROWS * ROW // 8,
-           (cache, np.int64(cache.strides[0] // 2), np.int32(cache.shape[1]), tables,
-            np.int32(tables.strides[0] // tables.itemsize), as_index(batch.context_lens, np.int32),
-            as_index(starts, np.int64), out))
-    return out
+    out_tables = cp.empty((len(lens), width), dtype=cp.int32)
+    if width:
+        tables = as_index(batch.block_tables, np.int32)
+        launch("mla", "mla_gather_latent_bf16", (-(-width // GATHER_ROWS), len(lens)), GATHER_ROWS * ROW // 8,
+               (cache, np.int64(cache.strides[0] // 2), np.int32(cache.shape[1]), tables,
+                np.int32(tables.strides[0] // tables.itemsize), as_index(batch.context_lens, np.int32),
+                as_index(starts, np.int64), out, out_tables, np.int32(width)))
+    return out, out_tables
 
 
 def mla_pack_heads(parts: list[tuple[cp.ndarray, cp.ndarray | None]], width: int) -> cp.ndarray:
