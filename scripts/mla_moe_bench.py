@@ -6,11 +6,19 @@ CUDA graph, the replay timed with CUDA events (openinfer.testing.cuda.graph_ms),
   sizing). GB/s counts the latent rows a step must read (batch x context x 576 x 2 bytes) over its time.
 - mla prefill: one layer's mla_attention over a prompt of T tokens (causal, absorbed: 2 x 16 x T^2 / 2 x (576 + 512)
   FLOPs). TFLOP/s over its time.
+- mla layer: one layer's prefill attention (o_proj aside) over `run` new tokens of a `context`-token sequence, in
+  both forms, timed eagerly with CUDA events (the expanded form uploads its context layout, which a graph cannot
+  capture): absorbed = W_UK, mla_attention, W_UV; expanded = the latents gathered, kv_b_proj, Q/K/V packed at head dim
+  256, paged_attention's prefill (layers/mla_expanded.py). TFLOP/s counts the useful expanded attention
+  (2 x 16 x keys seen x (192 + 128)) over each form's time, so the two rates compare directly. A run whose context
+  outgrows its own tokens expands its heads in passes (heads_per_pass); where not one head fits, the engine runs the
+  absorbed form and the expanded row says so.
 - moe decode / prefill: moe_router + moe_experts of one layer for T tokens. GB/s counts the distinct
   experts the routing selects (3 x 2048 x 1408 x 2 bytes each) over its time; TFLOP/s the routed GEMMs
   (T x 6 x 3 x 2048 x 1408 x 2).
 Compare GB/s with the device's copy rate (~3.35 TB/s H100, ~4.3 TB/s H200) and TFLOP/s with ~700 (bf16 dense).
     python scripts/mla_moe_bench.py [--batches 1,32,128] [--contexts 1024,8192] [--prompts 1024,8192]
+                                    [--layer-runs 1024@1024,16384@16384,4096@16384,2048@16384]
                                     [--tokens 1,8,32,512,2048] [--max-model-len 16384]
 """
 from __future__ import annotations
@@ -21,13 +29,18 @@ import dataclasses
 import cupy as cp
 import numpy as np
 
+from types import SimpleNamespace
+
 from openinfer.engine.batch import ForwardBatch
-from openinfer.kernels.cuda import mla, moe
+from openinfer.kernels.cuda import attention, blas, mla, moe
 from openinfer.kernels.cuda.module import BF16
+from openinfer.layers.mla import MLADims
+from openinfer.layers.mla_expanded import expanded_attention
 from openinfer.layers.moe import RouterConfig
 from openinfer.testing.cuda import graph_ms
 
 H, R, P, D, E, K, I, BS = 16, 512, 64, 2048, 64, 6, 1408, 64
+DN = DV = 128
 CALLS = 10
 
 
@@ -51,11 +64,49 @@ def mla_inputs(batch: int, context: int, run: int, rng: np.random.Generator):
     return _normal(T, H, R), _normal(T, H, P), cache, fb
 
 
+def event_ms(fn, repeats: int = 5) -> float:
+    """Median ms of one eager fn() between CUDA events, after a warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def mla_layer_ms(run: int, context: int, rng: np.random.Generator) -> tuple[float, float | None]:
+    """(absorbed, expanded) ms of one layer's attention for a run of `run` tokens ending a `context`-token sequence;
+    expanded None where the step would not expand (the absorbed form runs)."""
+    _, q_pe, cache, fb = mla_inputs(1, context, run, rng)
+    q_nope = _normal(run, H, DN)
+    kv_b = _normal(H * (DN + DV), R, scale=R ** -0.5)
+    w_uk_t = cp.ascontiguousarray(kv_b.reshape(H, DN + DV, R)[:, :DN].transpose(0, 2, 1))
+    w_uv = kv_b.reshape(H, DN + DV, R)[:, DN:]
+    scale = (DN + P) ** -0.5
+    ops = SimpleNamespace(linear=blas.linear, paged_attention=attention.paged_attention,
+                          mla_gather_latent=mla.mla_gather_latent, mla_pack_heads=mla.mla_pack_heads)
+    dims = MLADims(D, H, None, R, DN, P, DV)
+
+    def absorbed():
+        return blas.per_head_linear(mla.mla_attention(blas.per_head_linear(q_nope, w_uk_t), q_pe, cache, fb, scale),
+                                    w_uv)
+
+    def expanded():
+        return expanded_attention(ops, dims, q_nope, q_pe, cache, kv_b, fb, scale, run)
+    return event_ms(absorbed), None if expanded() is None else event_ms(expanded)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,32,128")
     ap.add_argument("--contexts", default="1024,8192")
     ap.add_argument("--prompts", default="1024,8192")
+    ap.add_argument("--layer-runs", default="1024@1024,16384@16384,4096@16384,2048@16384",
+                    help="RUN@CONTEXT pairs for the mla layer rows: a prefill chunk of RUN tokens ending at CONTEXT")
     ap.add_argument("--tokens", default="1,8,32,512,2048")
     ap.add_argument("--max-model-len", type=int, default=16384)
     args = ap.parse_args()
@@ -74,6 +125,15 @@ def main() -> None:
         ms = graph_ms(lambda: mla.mla_attention(ql, qp, cache, fb, scale), calls=CALLS)
         flops = 2 * H * t * t / 2 * (R + P + R)
         print(f"{'mla prefill':12} {1:>6} {t:>8} {ms:>9.4f} {'':>8} {flops / ms / 1e9:>8.1f}")
+    for spec in args.layer_runs.split(","):
+        run, ctx = map(int, spec.split("@"))
+        seen = run * ctx - run * (run - 1) / 2   # keys the run's queries see
+        flops = 2 * H * seen * (DN + P + DV)
+        for form, ms in zip(("absorbed", "expanded"), mla_layer_ms(run, ctx, rng)):
+            if ms is None:
+                print(f"{'mla layer':12} {run:>6} {ctx:>8} {'absorbed':>9} {form:>8}")
+            else:
+                print(f"{'mla layer':12} {run:>6} {ctx:>8} {ms:>9.4f} {form:>8} {flops / ms / 1e9:>8.1f}")
     gate = cp.random.standard_normal((E, D), dtype=cp.float32) * D ** -0.5
     gate_up, down = _normal(E, 2 * I, D, scale=D ** -0.5), _normal(E, D, I, scale=I ** -0.5)
     cfg = RouterConfig(top_k=K)

@@ -196,3 +196,26 @@ def test_per_head_linear_cublas_arguments(launches, monkeypatch):
     assert (a[9], a[10]) == (dn, R * dn)                                # lda, strideA
     assert (a[13], a[14]) == (H * (dn + P), dn + P)                     # ldb, strideB: q's token and head strides
     assert (a[18], a[19], a[20]) == (H * R, R, H)                       # ldc, strideC, heads
+
+
+def test_mla_gather_latent_launch_args(launches):
+    q_lens, ctx, bs = [7, 1, 33], [7, 40, 300], 16
+    _, _, cache = _mla_inputs(sum(q_lens), 16, ctx, bs)
+    out, tables = mla.mla_gather_latent(cache, _batch(q_lens, ctx, bs))
+    (call,) = launches
+    assert out.shape == (sum(ctx), mla.ROW) and tables.shape == (3, 300) and tables.dtype == np.int32
+    assert call.grid == (-(-300 // mla.GATHER_ROWS), 3) and call.block == mla.GATHER_ROWS * mla.ROW // 8
+
+
+def test_mla_pack_heads_launch_args(launches):
+    kv = aligned_empty((40, 3, 264), BF16)
+    lat = aligned_empty((40, mla.ROW), BF16)
+    out = mla.mla_pack_heads([(kv[:, :, :128], lat[:, mla.LATENT:]), (kv[:, :2, 128:256], None),
+                              (kv[:, :, 4:16], lat[:, :4])], 256)
+    assert out.shape == (40, 8, 256) and [c.grid for c in launches] == [(40,)] * 3
+    assert [c.name for c in launches] == ["mla_pack_heads_v_bf16"] * 2 + ["mla_pack_heads_bf16"]   # words where whole
+    assert int(launches[0].args[6]) == 0 and launches[1].args[4] is module.NULL   # a shared row; no b
+    assert int(launches[0].args[3]) == 128 // 8 and int(launches[0].args[5]) == mla.ROW // 8   # counted in words
+    assert int(launches[2].args[3]) == 12 and int(launches[2].args[9]) == 8 * 256
+    with pytest.raises(ValueError, match="width"):
+        mla.mla_pack_heads([(kv[:, :, :200], lat[:, mla.LATENT:])], 256)

@@ -2,7 +2,9 @@
 the CUDA kernels are tested against.
 
 MLA (layers/mla.py): a paged latent cache of R + P values per token per layer (the normalised compressed
-KV c, then the rotated shared k_pe); attention runs in the absorbed form over the latents.
+KV c, then the rotated shared k_pe); decode attention runs in the absorbed form over the latents, longer runs
+in the expanded form (layers/mla_expanded.py: the context's latents gathered, decompressed, packed into heads
+for paged_attention).
 MoE (layers/moe.py): router -> top-k experts -> weighted sum of SwiGLU experts held stacked [E, ...].
 Shapes: T tokens, H heads, R kv_lora_rank, P qk_rope_head_dim, D hidden, E experts, I expert width.
 """
@@ -70,6 +72,34 @@ def mla_attention(q_latent: np.ndarray, q_pe: np.ndarray, cache: np.ndarray, bat
                   + np.einsum("nhp,lp->hnl", q_pe[start:end], kpe)) * scale
         out[start:end] = np.einsum("hnl,lr->nhr", causal_softmax(scores), c)
     return out
+
+
+def mla_gather_latent(cache: np.ndarray, batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Every sequence's context latents side by side, [sum of context_lens, R + P] (sequence i's positions 0 ..
+    L_i - 1 from row starts[i], the running sum of the lengths before it), and the block table addressing them as
+    blocks of one row: [B, max L] int32, tables[i, j] = starts[i] + j, 0 past the context (as batch tables pad)."""
+    bs, tables, lens = cache.shape[1], np.asarray(batch.block_tables), np.asarray(batch.context_lens_host, np.int64)
+    starts = np.concatenate(([0], np.cumsum(lens)))
+    out = np.empty((int(starts[-1]), cache.shape[-1]), dtype=cache.dtype)
+    for i, L in enumerate(lens.tolist()):
+        out[starts[i]: starts[i] + L] = cache[tables[i, : -(-L // bs)]].reshape(-1, cache.shape[-1])[:L]
+    cols = np.arange(int(lens.max(initial=0)))
+    return out, np.where(cols < lens[:, None], starts[:-1, None] + cols, 0).astype(np.int32)
+
+
+def mla_pack_heads(parts: list[tuple[np.ndarray, np.ndarray | None]], width: int) -> np.ndarray:
+    """Heads side by side, each row [a | b | zeros] of `width`: for each part, a [N, h, da] and b [N, h, db] (or
+    [N, db], one row every head shares, as k_pe; or None), concatenated over the parts' heads: [N, sum h, width].
+    The expanded form's Q = [q_nope | q_pe | 0], K = [k_nope | k_pe | 0], V = [v | 0], and its output's columns."""
+    packed = []
+    for a, b in parts:
+        n, h, _ = a.shape
+        pieces = [a] if b is None else [a, np.broadcast_to(b[:, None, :], (n, h, b.shape[-1])) if b.ndim == 2 else b]
+        used = sum(p.shape[-1] for p in pieces)
+        if used > width:
+            raise ValueError(f"mla_pack_heads: {used} columns do not fit width {width}")
+        packed.append(np.concatenate(pieces + [np.zeros((n, h, width - used), dtype=a.dtype)], axis=-1))
+    return np.concatenate(packed, axis=1)
 
 
 def per_head_linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -149,6 +179,6 @@ def with_addend(y: np.ndarray, addend: np.ndarray | None) -> np.ndarray:
 
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
-    for name in ("mla_rope", "mla_write_latent", "mla_rope_write", "mla_attention", "per_head_linear", "router_logits", "moe_route",
-                 "moe_router", "moe_experts"):
+    for name in ("mla_rope", "mla_write_latent", "mla_rope_write", "mla_attention", "mla_gather_latent",
+                 "mla_pack_heads", "per_head_linear", "router_logits", "moe_route", "moe_router", "moe_experts"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

@@ -7,10 +7,14 @@ fused into one Linear at load, so a step runs one GEMM (GEMV at decode) for both
 part "latent") keeps R + P values per token per layer: c then the rotated k_pe, so prefix caching and offload move
 it like any paged KV. One op (mla_rope_write) normalises c, rotates q_pe and k_pe and writes the cache row.
 
-Attention runs in the absorbed form for every step (decode, prefill chunks, prefix hits): the query's
+Decode steps (every run one token; the CUDA graphs capture only those) run the absorbed form: the query's
 nope part is multiplied by W_UK (kv_b_proj's key rows) into the latent space, attention is taken over
 the latents (mla_attention), and W_UV (kv_b_proj's value rows) maps the result back per head before
-o_proj. kv_b_proj is split at load: W_UK transposed [H, R, dn], W_UV [H, dv, R] (per_head_linear's layout).
+o_proj. Steps with longer runs (prefill chunks, prefix hits, mixed steps) run those runs in the expanded form
+(mla_expanded.py: the context's latents decompressed by kv_b_proj into per-head keys and values, standard
+attention, o_proj) and their one-token runs absorbed; all absorbed where the expansion would not fit the step's
+memory. The two forms compute the same attention (only the rounding differs). kv_b_proj is kept [H (dn + dv), R];
+W_UV [H, dv, R] is a view of it and W_UK is kept transposed [H, R, dn] (per_head_linear's layout).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from ..kv.pool import StatePools
 from ..contract.model_line import StateGroup
 from ..quant import QuantScheme
 from ..quant.scheme import host_linear
+from .mla_expanded import prefill_attention
 from .quant_linear import load_fused, load_linear
 from .rope import RopeConfig, yarn_mscale
 
@@ -91,20 +96,21 @@ class MLAWeights:
     q_a_norm: Array | None    # [q_lora]
     q_b: Array | None         # [H (dn + P), q_lora]
     kv_a_norm: Array          # [R]
+    kv_b: Array               # [H (dn + dv), R]: decompresses latents into k_nope and v (the expanded form)
     w_uk_t: Array             # [H, R, dn]: the query absorbs it (q_latent = W_UK^T q_nope per head)
-    w_uv: Array               # [H, dv, R]
+    w_uv: Array               # [H, dv, R]: a view of kv_b
     o: Array                  # [D, H dv]
 
 
 def load_mla_weights(backend: Any, weights: Any, prefix: str, dims: MLADims,
                      scheme: QuantScheme | None = None) -> MLAWeights:
     """One layer's MLA weights, its Linears in `scheme`'s formats (quant_linear.QuantOps runs them); kv_b_proj is
-    dequantized at load, as it is split into the per-head W_UK and W_UV."""
+    dequantized at load, as the per-head W_UK and W_UV are taken from it."""
     H, dn, dv, R = dims.num_heads, dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank
     kv_b = prefix + "kv_b_proj"
     kv_b_host = host_linear(weights, scheme, kv_b) if scheme is not None else weights.get(kv_b + ".weight")
     kv_b_w = np.asarray(kv_b_host if isinstance(kv_b_host, np.ndarray) else kv_b_host.dequant(), dtype=np.float32)
-    kv_b_w = kv_b_w.reshape(H, dn + dv, R)
+    kv_b_dev = backend.asarray(kv_b_w)
     lora = dims.q_lora_rank is not None
 
     def linear(module: str) -> Any:
@@ -116,8 +122,9 @@ def load_mla_weights(backend: Any, weights: Any, prefix: str, dims: MLADims,
         q_a_norm=backend.load(weights, prefix + "q_a_layernorm.weight") if lora else None,
         q_b=linear("q_b_proj") if lora else None,
         kv_a_norm=backend.load(weights, prefix + "kv_a_layernorm.weight"),
-        w_uk_t=backend.asarray(np.ascontiguousarray(kv_b_w[:, :dn, :].transpose(0, 2, 1))),
-        w_uv=backend.asarray(np.ascontiguousarray(kv_b_w[:, dn:, :])),
+        kv_b=kv_b_dev,
+        w_uk_t=backend.asarray(np.ascontiguousarray(kv_b_w.reshape(H, dn + dv, R)[:, :dn, :].transpose(0, 2, 1))),
+        w_uv=kv_b_dev.reshape(H, dn + dv, R)[:, dn:, :],
         o=linear("o_proj"))
 
 
@@ -131,17 +138,30 @@ class MLAttention:
         self.scale, self.cos, self.sin, self.w = scale, cos, sin, w
 
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        q_latent, q_pe, _ = self.project(x, batch, state)
-        return self.output(self.ops.mla_attention(q_latent, q_pe, self.cache(state), batch, self.scale))
+        q_nope, q_pe, _ = self.project_heads(x, batch, state)
+        if batch.max_query_len == 1:
+            return self.o_proj(self.absorbed(q_nope, q_pe, batch, state))
+        return self.o_proj(prefill_attention(self.ops, self.dims, q_nope, q_pe, self.cache(state), self.w.kv_b, batch,
+                                             self.scale, lambda qn, qp, b: self.absorbed(qn, qp, b, state)))
+
+    def absorbed(self, q_nope: Array, q_pe: Array, batch: ForwardBatch, state: StatePools) -> Array:
+        """Attention in the absorbed form: W_UK into the query, attention over the latents, W_UV: [T, H, dv]."""
+        q_latent = self.ops.per_head_linear(q_nope, self.w.w_uk_t)
+        attn = self.ops.mla_attention(q_latent, q_pe, self.cache(state), batch, self.scale)
+        return self.ops.per_head_linear(attn, self.w.w_uv)
 
     def cache(self, state: StatePools) -> Array:
         """This layer's latent cache [num_blocks, block_size, R + P]."""
         return state.layer(STATE_GROUP, "latent", self.layer)
 
     def project(self, x: Array, batch: ForwardBatch, state: StatePools) -> tuple[Array, Array, Array | None]:
-        """Write the step's latents to the cache; return the absorbed query q_latent [T, H, R], the rotated
-        q_pe [T, H, P] and the normalised q-LoRA activation [T, q_lora] (None without q-LoRA), which sparse
-        attention's indexer reads too."""
+        """project_heads with the query absorbed: q_latent [T, H, R], q_pe, the q-LoRA activation."""
+        q_nope, q_pe, q_resid = self.project_heads(x, batch, state)
+        return self.ops.per_head_linear(q_nope, self.w.w_uk_t), q_pe, q_resid
+
+    def project_heads(self, x: Array, batch: ForwardBatch, state: StatePools) -> tuple[Array, Array, Array | None]:
+        """Write the step's latents to the cache; return q_nope [T, H, dn], the rotated q_pe [T, H, P] and the
+        normalised q-LoRA activation [T, q_lora] (None without q-LoRA), which sparse attention's indexer reads too."""
         ops, w, d = self.ops, self.w, self.dims
         T, H, dn = x.shape[0], d.num_heads, d.qk_nope_head_dim
         if len(w.x_proj) == 1:
@@ -157,10 +177,12 @@ class MLAttention:
         q = q.reshape(T, H, d.qk_head_dim)
         q_pe = ops.mla_rope_write(q[:, :, dn:], kv, w.kv_a_norm, LATENT_NORM_EPS, batch.positions, self.cos,
                                   self.sin, self.cache(state), batch.slot_mapping)
-        return ops.per_head_linear(q[:, :, :dn], w.w_uk_t), q_pe, q_resid
+        return q[:, :, :dn], q_pe, q_resid
 
     def output(self, attn: Array) -> Array:
         """The attention's latent output [T, H, R] through W_UV and o_proj: [T, D]."""
-        T, d = attn.shape[0], self.dims
-        out = self.ops.per_head_linear(attn, self.w.w_uv)
-        return self.ops.linear(out.reshape(T, d.num_heads * d.v_head_dim), self.w.o)
+        return self.o_proj(self.ops.per_head_linear(attn, self.w.w_uv))
+
+    def o_proj(self, out: Array) -> Array:
+        """The heads' values [T, H, dv] through o_proj: [T, D]."""
+        return self.ops.linear(out.reshape(out.shape[0], self.dims.num_heads * self.dims.v_head_dim), self.w.o)

@@ -116,7 +116,8 @@ def mla_moe_weight_shapes(cfg: MLAMoEConfig) -> dict[str, tuple[int, ...]]:
 
 def mla_moe_kernel_plan(cfg: MLAMoEConfig) -> list[str]:
     plan = ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows",
-            "mla_rope_write", "mla_attention", "per_head_linear"]
+            "mla_rope_write", "mla_attention", "per_head_linear", "mla_gather_latent", "mla_pack_heads",
+            "paged_attention"]
     if cfg.has_moe:
         plan += ["moe_router", "moe_experts"]
     return plan + quant_ops_needed(cfg.quant, cfg.has_moe)

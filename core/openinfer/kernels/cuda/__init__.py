@@ -10,7 +10,7 @@ OPS = ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope"
 DTYPES = ("bfloat16", "float32")
 # the MLA and MoE ops (bf16 models): op -> its module
 BF16_OPS = {"mla_rope": "mla", "mla_write_latent": "mla", "mla_rope_write": "mla", "mla_attention": "mla",
-            "per_head_linear": "blas",
+            "mla_gather_latent": "mla", "mla_pack_heads": "mla", "per_head_linear": "blas",
             "router_logits": "moe", "moe_route": "moe", "moe_router": "moe", "moe_experts": "moe"}
 # paged_attention's implementations (attention.py): name, function, dtypes, priority, GPU generations
 ATTENTION = (("wgmma", "paged_attention", ("bfloat16",), 20, (90,)),

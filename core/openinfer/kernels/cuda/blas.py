@@ -220,7 +220,8 @@ def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
 
 def per_head_linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     """A linear map of its own per head: x [T, H, in] (any token and head strides, unit last stride), w [H, out, in]
-    -> [T, H, out], one strided-batched cublasGemmEx (head h: y_h^T = op_T(w_h) @ op_N(x_h^T), column-major)."""
+    (any head and row strides, unit last stride: W_UV is a view of kv_b_proj) -> [T, H, out], one strided-batched
+    cublasGemmEx (head h: y_h^T = op_T(w_h) @ op_N(x_h^T), column-major)."""
     T, H, k = x.shape
     n_out = w.shape[1]
     if w.shape != (H, n_out, k) or x.dtype != w.dtype or x.dtype not in _DATA_TYPE:
@@ -229,7 +230,8 @@ def per_head_linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     it = x.itemsize
     if x.strides[2] != it or x.strides[0] % it or x.strides[1] % it:
         x = cp.ascontiguousarray(x)
-    w = cp.ascontiguousarray(w)
+    if w.strides[2] != it or w.strides[1] % it or w.strides[0] % it or w.strides[1] < k * it:
+        w = cp.ascontiguousarray(w)
     out = cp.empty((T, H, n_out), dtype=x.dtype)
     if T == 0 or H == 0 or n_out == 0:
         return out
@@ -238,7 +240,7 @@ def per_head_linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     dt = _DATA_TYPE[x.dtype]
     _check(handle.lib.cublasGemmStridedBatchedEx(
         handle.bind(cp.cuda.get_current_stream().ptr), _OP_T, _OP_N, n_out, T, k, ctypes.addressof(_ONE),
-        w.data.ptr, dt, k, n_out * k, x.data.ptr, dt, x.strides[0] // it, x.strides[1] // it,
+        w.data.ptr, dt, w.strides[1] // it, w.strides[0] // it, x.data.ptr, dt, x.strides[0] // it, x.strides[1] // it,
         ctypes.addressof(_ZERO), out.data.ptr, dt, H * n_out, n_out, H, _COMPUTE_32F, _GEMM_DEFAULT),
         "GemmStridedBatchedEx")
     return out

@@ -331,3 +331,61 @@ __device__ void mla_rope_write(const bf16* q, long long q_stride, long long q_he
     }
 MLA_ROPE_WRITE(bf16, bf16)
 MLA_ROPE_WRITE(bf16_wf32, float)
+
+// The expanded form's gather (numpy_mla_moe.mla_gather_latent): row starts[b] + j of out [rows, 576] = the cache
+// row of position j of sequence b for j < ctx[b], and out_tables[b, j] = starts[b] + j (0 for j past ctx[b], up to
+// width). Grid (row tiles of MLA_GATHER_ROWS, sequence), 16-byte words (the cache rows are 16-byte aligned, as
+// mla_attention reads them).
+constexpr int MLA_GATHER_ROWS = 8;
+extern "C" __global__ void mla_gather_latent_bf16(const bf16* cache, long long block_stride, int block_size,
+                                                  const int* tables, int table_stride, const int* ctx,
+                                                  const long long* starts, bf16* out, int* out_tables, int width) {
+    pdl_begin();
+    const int b = blockIdx.y, L = ctx[b], j0 = blockIdx.x * MLA_GATHER_ROWS;
+    const long long first = starts[b];
+    if (threadIdx.x < MLA_GATHER_ROWS && j0 + (int)threadIdx.x < width) {
+        const int j = j0 + threadIdx.x;
+        out_tables[(long long)b * width + j] = j < L ? (int)(first + j) : 0;
+    }
+    for (int i = threadIdx.x; i < MLA_GATHER_ROWS * MLA_CHUNKS; i += blockDim.x) {
+        const int j = j0 + i / MLA_CHUNKS, c = i % MLA_CHUNKS;
+        if (j >= L) return;
+        const bf16* src = cache + tables[(long long)b * table_stride + j / block_size] * block_stride +
+                          (long long)(j % block_size) * MLA_D + c * 8;
+        *reinterpret_cast<uint4*>(out + (first + j) * MLA_D + c * 8) = *reinterpret_cast<const uint4*>(src);
+    }
+}
+
+// Heads side by side (numpy_mla_moe.mla_pack_heads, one part): out row n, head h = a[n, h, :da] || b[n, h, :db] ||
+// zeros up to width; b's head stride 0 shares one row among the heads (k_pe), db 0 takes none. out's rows (stride
+// out_stride) hold the part's heads packed by width. A block a row; W is the unit moved: one bf16, or 16-byte words
+// (the `_v_` kernel: every count, stride and pointer in whole words), every count and stride in units of W.
+template <typename W>
+__device__ __forceinline__ void mla_pack_heads(const W* a, long long a_stride, long long a_head, int da, const W* b,
+                                               long long b_stride, long long b_head, int db, W* out,
+                                               long long out_stride, int heads, int width, W zero) {
+    const long long n = blockIdx.x;
+    for (int i = threadIdx.x; i < heads * width; i += blockDim.x) {
+        const int h = i / width, c = i % width;
+        W v = zero;
+        if (c < da) v = a[n * a_stride + h * a_head + c];
+        else if (c < da + db) v = b[n * b_stride + h * b_head + c - da];
+        out[n * out_stride + i] = v;
+    }
+}
+
+extern "C" __global__ void mla_pack_heads_bf16(const bf16* a, long long a_stride, long long a_head, int da,
+                                               const bf16* b, long long b_stride, long long b_head, int db, bf16* out,
+                                               long long out_stride, int heads, int width) {
+    pdl_begin();
+    mla_pack_heads(a, a_stride, a_head, da, b, b_stride, b_head, db, out, out_stride, heads, width,
+                   from_f32<bf16>(0.f));
+}
+
+extern "C" __global__ void mla_pack_heads_v_bf16(const uint4* a, long long a_stride, long long a_head, int da,
+                                                 const uint4* b, long long b_stride, long long b_head, int db,
+                                                 uint4* out, long long out_stride, int heads, int width) {
+    pdl_begin();
+    mla_pack_heads(a, a_stride, a_head, da, b, b_stride, b_head, db, out, out_stride, heads, width,
+                   make_uint4(0, 0, 0, 0));
+}

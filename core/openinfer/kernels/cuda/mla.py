@@ -1,5 +1,6 @@
 """MLA on CUDA: `mla_attention` over the paged latent cache (mla.cu, tensor cores, bf16), `mla_write_latent`,
-`mla_rope` and `mla_rope_write` (the latent norm, both RoPEs and the cache write in one launch).
+`mla_rope` and `mla_rope_write` (the latent norm, both RoPEs and the cache write in one launch), and the expanded
+form's gather and packing (`mla_gather_latent`, `mla_pack_heads`; layers/mla_expanded.py).
 
 Decode batches (every run one token) split each context over the grid so that batch 1 fills the GPU; the grid
 depends only on the batch size, the heads and `max_context_len`, and the kernel reads only the batch's device
@@ -26,6 +27,7 @@ ROW = LATENT + ROPE
 BN, KEY_WARPS = 32, 4                  # keys of a tile, warps sharing an m tile's scores (mla.cu)
 SPLIT_KEYS = 64                        # fewest keys of a decode split (whole tiles)
 MAX_TILES = 65535                      # row tiles of one sequence: the grid's y
+GATHER_ROWS = 8                        # rows of a mla_gather_latent block (mla.cu MLA_GATHER_ROWS)
 
 
 def smem(rows: int) -> int:
@@ -165,4 +167,57 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
             np.int32(cache.shape[1]), tables, np.int32(tables.strides[0] // tables.itemsize),
             as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32), out, *parts,
             np.int32(nh), np.float32(scale * LOG2E), np.int32(splits), np.int32(SPLIT_KEYS)), kernel.smem)
+    return out
+
+
+def mla_gather_latent(cache: cp.ndarray, batch: ForwardBatch) -> tuple[cp.ndarray, cp.ndarray]:
+    """Every sequence's context latents side by side, [sum of context_lens, 576], and the block table addressing
+    them as blocks of one row, [B, max context] int32 (numpy_mla_moe.mla_gather_latent)."""
+    _check_cache("mla_gather_latent", cache)
+    if cache.data.ptr % 16 or cache.strides[0] % 16:
+        raise ValueError("mla_gather_latent: the latent cache must be 16-byte aligned")
+    lens = np.asarray(batch.context_lens_host, np.int64)
+    starts = np.concatenate(([0], np.cumsum(lens)))
+    width = int(lens.max(initial=0))
+    out = cp.empty((int(starts[-1]), ROW), dtype=BF16)
+    out_tables = cp.empty((len(lens), width), dtype=cp.int32)
+    if width:
+        tables = as_index(batch.block_tables, np.int32)
+        launch("mla", "mla_gather_latent_bf16", (-(-width // GATHER_ROWS), len(lens)), GATHER_ROWS * ROW // 8,
+               (cache, np.int64(cache.strides[0] // 2), np.int32(cache.shape[1]), tables,
+                np.int32(tables.strides[0] // tables.itemsize), as_index(batch.context_lens, np.int32),
+                as_index(starts, np.int64), out, out_tables, np.int32(width)))
+    return out, out_tables
+
+
+def mla_pack_heads(parts: list[tuple[cp.ndarray, cp.ndarray | None]], width: int) -> cp.ndarray:
+    """Heads side by side, each row [a | b | zeros] of `width` (numpy_mla_moe.mla_pack_heads): a [N, h, da] and b
+    [N, h, db], [N, db] (a row every head shares) or None, any row and head strides with a unit last stride. A part
+    whose counts, strides and pointers are all whole 16-byte words moves words (the `_v_` kernel)."""
+    n = parts[0][0].shape[0]
+    out = cp.empty((n, sum(a.shape[1] for a, _ in parts), width), dtype=BF16)
+    h0 = 0
+    for a, b in parts:
+        heads, da = a.shape[1:]
+        db = 0 if b is None else b.shape[-1]
+        if a.shape[0] != n or a.dtype != BF16 or a.strides[2] != 2 or (b is not None and (
+                b.dtype != BF16 or b.strides[-1] != 2 or b.shape[:-1] not in ((n, heads), (n,)))):
+            raise ValueError(f"mla_pack_heads: a [N, h, da] and b [N, h, db] or [N, db] bf16 with a unit last stride "
+                             f"(got {a.dtype} {a.shape}, {None if b is None else (b.dtype, b.shape)})")
+        if da + db > width:
+            raise ValueError(f"mla_pack_heads: {da + db} columns do not fit width {width}")
+        dst = out[:, h0: h0 + heads]
+        counts = [a.strides[0] // 2, a.strides[1] // 2, da, db, out.strides[0] // 2, width]
+        pointers = [a.data.ptr, dst.data.ptr]
+        if b is not None:
+            counts += [b.strides[0] // 2, b.strides[1] // 2 if b.ndim == 3 else 0]
+            pointers.append(b.data.ptr)
+        v = 8 if all(c % 8 == 0 for c in counts) and all(p % 16 == 0 for p in pointers) else 1
+        b_args = (NULL, np.int64(0), np.int64(0)) if b is None else \
+            (b, np.int64(b.strides[0] // 2 // v), np.int64((b.strides[1] // 2 if b.ndim == 3 else 0) // v))
+        if n and heads:
+            launch("mla", f"mla_pack_heads_{'v_' if v > 1 else ''}bf16", (n,), 256,
+                   (a, np.int64(a.strides[0] // 2 // v), np.int64(a.strides[1] // 2 // v), np.int32(da // v), *b_args,
+                    np.int32(db // v), dst, np.int64(out.strides[0] // 2 // v), np.int32(heads), np.int32(width // v)))
+        h0 += heads
     return out
