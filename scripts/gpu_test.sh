@@ -22,7 +22,8 @@ pids=()
 for dir in tests "${plugins[@]%/}"; do
     name=$(basename "$dir")
     [ -d "$dir/tests" ] && dir=$dir/tests
-    $PY -m pytest -q -p no:cacheprovider -rfE -m cuda "$dir" "$@" >"$OUT/$name.log" 2>&1 &
+    # the agent-stack tests import SDKs the GPU image lacks (and hold no GPU test)
+    $PY -m pytest -q -p no:cacheprovider -rfE -m cuda --ignore=tests/server/test_agent_stacks.py "$dir" "$@" >"$OUT/$name.log" 2>&1 &
     pids+=($!)
 done
 rc=0

@@ -96,6 +96,7 @@ for k in ks:   # a prefill alone, on the idle engine (warm first)
     with_new(k, 1)
 alone = {k: with_new(k) for k in ks}
 running = [submit() for _ in range(seats)]
+eng._drain()   # submitted requests reach the scheduler here
 while eng.scheduler.waiting or any(not r.output_ids for r in eng.scheduler.running):
     eng.step()
 ms(1)   # warm
