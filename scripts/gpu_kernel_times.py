@@ -43,6 +43,7 @@ def main() -> None:
     else:
         for _ in range(rows):
             eng.submit(rng.integers(0, vocab, a.context).tolist(), params)
+        eng._drain()   # submitted requests reach the scheduler here
         while eng.scheduler.waiting or any(r.num_computed < r.num_tokens - 1 for r in eng.scheduler.running):
             eng.step()
         for _ in range(3):
