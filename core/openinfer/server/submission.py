@@ -102,31 +102,27 @@ class Submission:
 
     async def pieces(self) -> AsyncIterator[tuple[Choice, Piece]]:
         """Every choice's pieces as they come, a choice's in order; raises the first choice error. No task or queue
-        per choice: the reader drains what its choices' streams hold, then waits on one future they all resolve (the
+        per choice: the reader takes what its choices' streams hold, then waits on one future they all resolve (the
         engine resolves it once a step)."""
         loop = asyncio.get_running_loop()
-        while True:
-            if self.interrupted is not None:
-                raise self.interrupted
-            running = [c for c in self.choices if not c.done]
-            if not running:
-                return
-            came = False
+        running = [c for c in self.choices if not c.done]
+        while running and self.interrupted is None:
             for c in running:
-                while not c.done and (ev := self._next_event(c)) is not None:
-                    came = True
+                events = c.stream.drain()
+                if c.first is not None:
+                    events.insert(0, c.first)
+                    c.first = None
+                for ev in events:
                     if (piece := self._handle(c, ev)) is not None:
                         yield c, piece
-            if came:
-                continue
-            self._wake = wake = loop.create_future()
-            if all(c.stream.wake_on(loop, wake) for c in running):   # (False: an event came meanwhile)
-                await wake
-
-    @staticmethod
-    def _next_event(c: Choice) -> Event | None:
-        ev, c.first = c.first, None
-        return ev if ev is not None else c.stream.get_nowait()
+                    if c.done:
+                        break   # a stop string ended it: what the engine made after it is dropped
+            if running := [c for c in running if not c.done]:
+                self._wake = wake = loop.create_future()
+                if all(c.stream.wake_on(loop, wake) for c in running):   # (False: an event came meanwhile)
+                    await wake
+        if self.interrupted is not None:
+            raise self.interrupted
 
     def _handle(self, c: Choice, ev: Event) -> Piece | None:
         """One engine event of `c`: the piece it adds to the output, if any."""
