@@ -50,7 +50,8 @@ def to_json(value: Any) -> str:
     if kind is int:
         return int.__repr__(value)
     if kind is dict:
-        return "{" + ",".join([f"{_string(k)}:{to_json(v)}" for k, v in value.items()]) + "}"
+        return "{" + ",".join([f"{_string(k)}:{_string(v) if type(v) is str else to_json(v)}"
+                               for k, v in value.items()]) + "}"
     return _encode(value)
 
 
@@ -63,10 +64,10 @@ class ChunkEvents:
 
     def event(self, choice: dict[str, Any] | None, usage: dict[str, Any] | None, fields: dict[str, Any]) -> str:
         """The chunk of `choice` (None: no choice, the usage chunk)."""
-        text = [self._prefix, "" if choice is None else to_json(choice), '],"usage":', to_json(usage)]
-        text += [f",{_string(k)}:{to_json(v)}" for k, v in fields.items()]
-        text.append("}\n\n")
-        return "".join(text)
+        text = f'{self._prefix}{"" if choice is None else to_json(choice)}],"usage":{to_json(usage)}'
+        for k, v in fields.items():
+            text += f",{_string(k)}:{to_json(v)}"
+        return text + "}\n\n"
 
 
 def typed_event(payload: dict[str, Any]) -> str:
