@@ -8,7 +8,8 @@ API key's tenant, which owns its stored responses and its part of the prefix cac
 Probes: /health (readiness: 503 once an engine died), /live (liveness: the process answers),
 /ping (SageMaker's name for /health), /version. With API keys the app is wrapped in auth.APIKeyAuth; outside
 that, CORS (Starlette's pure ASGI middleware) answers browsers' preflights, which carry no key, for the
-allowed origins (every origin by default, without credentials, as vLLM does).
+allowed origins (every origin by default, without credentials, as vLLM does). Outermost, sse.RawSend hands streams
+the server's own `send` for their body messages.
 """
 from __future__ import annotations
 
