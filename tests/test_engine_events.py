@@ -92,6 +92,22 @@ def test_a_step_wakes_an_event_loop_once_for_all_its_streams():
         loop.close()
 
 
+def test_streams_share_one_wake_future():
+    """wake_on: one future armed on several streams is resolved by the first put to any of them; a stream that
+    already holds an event arms nothing and says so."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        a, b = RequestStream("a"), RequestStream("b")
+        wake = loop.create_future()
+        assert a.wake_on(loop, wake) and b.wake_on(loop, wake)
+        threading.Thread(target=b.put, args=(Scheduled(2),)).start()
+        await asyncio.wait_for(wake, 10)
+        a.put(Scheduled(1))   # the stale waiter resolves a done future: harmless
+        assert not a.wake_on(loop, loop.create_future())
+        assert a.drain() == [Scheduled(1)] and b.drain() == [Scheduled(2)]
+    asyncio.run(main())
+
+
 def test_events_arrive_in_order(engine):
     s = engine.submit(PROMPT, greedy(5))
     run_to_completion(engine, [s])

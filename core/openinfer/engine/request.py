@@ -177,15 +177,24 @@ class RequestStream:
             if isinstance(ev, TERMINAL):
                 return
 
+    def wake_on(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> bool:
+        """Have the next put() resolve `fut` (on `loop`; several streams may share one); False, arming nothing, when
+        an event is already queued."""
+        with self._lock:
+            if self._events:
+                return False
+            self._waiter = (loop, fut)
+            return True
+
     async def aget(self) -> Event:
         while True:
-            with self._cond:
-                if self._events:
-                    return self._events.popleft()
-                loop = asyncio.get_running_loop()
-                fut = loop.create_future()
-                self._waiter = (loop, fut)
-            await fut
+            ev = self.get_nowait()
+            if ev is not None:
+                return ev
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            if self.wake_on(loop, fut):
+                await fut
 
     async def __aiter__(self) -> AsyncIterator[Event]:
         while True:

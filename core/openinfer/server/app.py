@@ -8,7 +8,8 @@ API key's tenant, which owns its stored responses and its part of the prefix cac
 Probes: /health (readiness: 503 once an engine died), /live (liveness: the process answers),
 /ping (SageMaker's name for /health), /version. With API keys the app is wrapped in auth.APIKeyAuth; outside
 that, CORS (Starlette's pure ASGI middleware) answers browsers' preflights, which carry no key, for the
-allowed origins (every origin by default, without credentials, as vLLM does).
+allowed origins (every origin by default, without credentials, as vLLM does). Outermost, sse.RawSend hands streams
+the server's own `send` for their body messages.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from .limits import TRIM_AFTER_BYTES, ServerLimits, read_body, release_memory
 from .protocol import parse_detokenize, parse_tokenize
 from .responses import (ResponseStore, cancel_response, create_response, delete_response, list_input_items,
                         retrieve_response)
+from .sse import RawSend
 from .submission import ClientDisconnected, until_disconnect
 
 log = logging.getLogger("openinfer.server")
@@ -193,6 +195,6 @@ def create_app(host: ModelHost, api_keys: Sequence[str] = (), allowed_origins: S
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.host = host
     guarded: ASGIApp = APIKeyAuth(app, api_keys, limits.public_metrics) if api_keys else app
-    if not allowed_origins:
-        return guarded
-    return CORSMiddleware(guarded, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"])
+    if allowed_origins:
+        guarded = CORSMiddleware(guarded, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"])
+    return RawSend(guarded)

@@ -78,7 +78,7 @@ class CompletionFormat:
     def _choice(self, c: Choice, text: str, samples: list[tuple[SampleResult, int]], token_ids: list[int],
                 first: bool, finish_reason: str | None) -> dict[str, Any]:
         """A choice's JSON: `first` marks its first chunk, or the whole choice, where the prompt goes."""
-        entries = [(s.token, s, offset) for s, offset in samples]
+        entries = [(s.token, s, offset) for s, offset in samples] if samples else []
         if first and self.req.echo:
             prompt = self._echo_text(c)
             head = self._prompt_entries(c) if self.req.gen.logprobs is not None else []

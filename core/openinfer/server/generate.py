@@ -20,7 +20,7 @@ from .errors import bad_request
 from .host import ServedModel
 from .output import ChoiceOutput, Piece
 from .protocol import Generation
-from .sse import DONE, SSEResponse, error_event, event, guarded
+from .sse import DONE, ChunkEvents, SSEResponse, error_event
 from .submission import Choice, Submission
 
 
@@ -119,7 +119,7 @@ async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: flo
     try:
         if gen.stream:
             streaming = True
-            return SSEResponse(_events(sub, gen, fmt, head, prompt_lens), sub.close)
+            return SSEResponse(_chunks(sub, gen, fmt, head, prompt_lens), sub.id, error_event, sub.close, DONE)
         async for _ in sub.pieces():
             pass  # each ChoiceOutput accumulates its whole output
         return JSONResponse({**head, "object": fmt.object, "choices": [fmt.final_choice(c) for c in sub.choices],
@@ -129,18 +129,12 @@ async def respond(model: ServedModel, gen: Generation, fmt: Format, arrival: flo
             sub.close()
 
 
-async def _events(sub: Submission, gen: Generation, fmt: Format, head: dict[str, Any],
-                  prompt_lens: list[int]) -> AsyncIterator[str]:
-    async for text in guarded(_chunks(sub, gen, fmt, head, prompt_lens), sub.id, error_event):
-        yield text
-    yield DONE
-
-
 async def _chunks(sub: Submission, gen: Generation, fmt: Format, head: dict[str, Any],
                   prompt_lens: list[int]) -> AsyncIterator[str]:
+    chunks = ChunkEvents(head)
     async for c, piece in sub.pieces():
         if (choice := fmt.chunk_choice(c, piece)) is not None:
             usage = sub.usage(prompt_lens) if gen.continuous_usage else None
-            yield event({**head, "choices": [choice], "usage": usage, **fmt.chunk_fields()})
+            yield chunks.event(choice, usage, fmt.chunk_fields())
     if gen.include_usage:
-        yield event({**head, "choices": [], "usage": sub.usage(prompt_lens)})
+        yield chunks.event(None, sub.usage(prompt_lens), {})

@@ -41,7 +41,7 @@ from .generate import submit
 from .host import ModelHost, ServedModel
 from .response_items import Event, OutputItems
 from .response_request import ResponsesRequest, conversation_messages, parse_responses
-from .sse import SSEResponse, guarded, typed_event
+from .sse import SSEResponse, typed_event
 from .submission import Submission
 
 
@@ -204,7 +204,7 @@ async def create_response(host: ModelHost, body: dict[str, Any], store: Response
     if req.background:
         return JSONResponse(run.start_background(sub))
     if req.chat.gen.stream:
-        return SSEResponse(guarded(run.stream(sub), sub.id, run.error_event), sub.close)
+        return SSEResponse(run.stream(sub), sub.id, run.error_event, sub.close)
     try:
         return JSONResponse(await run.collect(sub))
     finally:

@@ -32,10 +32,11 @@ class Choice:
     request_id: str
     stream: RequestStream
     out: ChoiceOutput
-    first: Event | None = None       # read by started(), handled by the run loop
+    first: Event | None = None       # read by started(), handled by pieces()
     done: bool = False
     cached_tokens: int = 0
     completion_tokens: int = 0
+    last_token: float | None = None   # when its last tokens came (the inter-token latency metric)
 
 
 class Submission:
@@ -48,7 +49,7 @@ class Submission:
         self.live.add(self)
         self.interrupted: APIError | None = None
         self._stop: asyncio.Future[None] | None = None   # done once interrupted, for the waits in started()
-        self._queue: asyncio.Queue | None = None         # pieces()' queue while it runs
+        self._wake: asyncio.Future[None] | None = None   # what pieces() awaits: an event for a choice, or interrupt()
         self.max_tokens_param = max_tokens_param
         self.metrics = metrics
         self.arrival = arrival
@@ -95,78 +96,67 @@ class Submission:
         self.interrupted = error
         if self._stop is not None and not self._stop.done():
             self._stop.set_result(None)
-        if self._queue is not None:
-            self._queue.put_nowait((None, error))
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
         self.close()
 
     async def pieces(self) -> AsyncIterator[tuple[Choice, Piece]]:
-        """Every choice's pieces, interleaved as they come; raises the first choice error."""
+        """Every choice's pieces as they come, a choice's in order; raises the first choice error. No task or queue
+        per choice: the reader takes what its choices' streams hold, then waits on one future they all resolve (the
+        engine resolves it once a step)."""
+        loop = asyncio.get_running_loop()
+        running = [c for c in self.choices if not c.done]
+        while running and self.interrupted is None:
+            for c in running:
+                events = c.stream.drain()
+                if c.first is not None:
+                    events.insert(0, c.first)
+                    c.first = None
+                for ev in events:
+                    if (piece := self._handle(c, ev)) is not None:
+                        yield c, piece
+                    if c.done:
+                        break   # a stop string ended it: what the engine made after it is dropped
+            if running := [c for c in running if not c.done]:
+                self._wake = wake = loop.create_future()
+                if all(c.stream.wake_on(loop, wake) for c in running):   # (False: an event came meanwhile)
+                    await wake
         if self.interrupted is not None:
             raise self.interrupted
-        queue: asyncio.Queue[tuple[Choice | None, Piece | BaseException | None]] = asyncio.Queue()
-        self._queue = queue
 
-        async def run(c: Choice) -> None:
-            try:
-                await self._run(c, lambda piece: queue.put_nowait((c, piece)))
-                queue.put_nowait((c, None))
-            except Exception as e:  # handed to the reader, which raises it
-                queue.put_nowait((c, e))
-
-        tasks = [asyncio.ensure_future(run(c)) for c in self.choices]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                c, item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    assert c is not None
-                    yield c, item
-        finally:
-            self._queue = None
-            for t in tasks:
-                t.cancel()
-
-    async def _run(self, c: Choice, emit: Callable[[Piece], None]) -> None:
-        last = None
-        while True:
-            ev = c.first if c.first is not None else await c.stream.aget()
-            c.first = None
-            if isinstance(ev, Scheduled):
-                c.cached_tokens = ev.cached_tokens
-            elif isinstance(ev, PromptLogprobs):
-                c.out.prompt_samples = ev.samples
-            elif isinstance(ev, Tokens):
-                now = time.perf_counter()
-                if last is None:
-                    self.metrics.ttft.observe(now - self.arrival)
-                else:
-                    self.metrics.itl.observe(now - last)
-                last = now
-                piece = c.out.add(ev.token_ids, ev.samples)
-                if c.out.finish_reason is not None:  # a stop string: the engine need not go on
-                    c.done, c.completion_tokens = True, c.out.num_tokens
-                    self.engine.abort(c.request_id)
-                    self._finished(c)
-                    emit(piece)
-                    return
-                if piece:
-                    emit(piece)
-            elif isinstance(ev, Finished):
-                c.done, c.completion_tokens = True, ev.completion_tokens
-                c.cached_tokens = ev.cached_tokens or c.cached_tokens
-                emit(c.out.finish(ev.reason))
+    def _handle(self, c: Choice, ev: Event) -> Piece | None:
+        """One engine event of `c`: the piece it adds to the output, if any."""
+        if isinstance(ev, Tokens):
+            now = time.perf_counter()
+            if c.last_token is None:
+                self.metrics.ttft.observe(now - self.arrival)
+            else:
+                self.metrics.itl.observe(now - c.last_token)
+            c.last_token = now
+            piece = c.out.add(ev.token_ids, ev.samples)
+            if c.out.finish_reason is not None:  # a stop string: the engine need not go on
+                c.done, c.completion_tokens = True, c.out.num_tokens
+                self.engine.abort(c.request_id)
                 self._finished(c)
-                return
-            elif isinstance(ev, Failed):
-                c.done = True
-                raise engine_error(ev.message)
-            elif isinstance(ev, Rejected):
-                c.done = True
-                raise self._refused(ev)
+                return piece
+            return piece if piece else None
+        if isinstance(ev, Scheduled):
+            c.cached_tokens = ev.cached_tokens
+        elif isinstance(ev, PromptLogprobs):
+            c.out.prompt_samples = ev.samples
+        elif isinstance(ev, Finished):
+            c.done, c.completion_tokens = True, ev.completion_tokens
+            c.cached_tokens = ev.cached_tokens or c.cached_tokens
+            piece = c.out.finish(ev.reason)
+            self._finished(c)
+            return piece
+        elif isinstance(ev, Failed):
+            c.done = True
+            raise engine_error(ev.message)
+        elif isinstance(ev, Rejected):
+            c.done = True
+            raise self._refused(ev)
+        return None
 
     def _refused(self, ev: Rejected) -> APIError:
         """The engine's refusal as a 400 naming the client's field (the engine calls the token limit max_tokens)."""

@@ -89,6 +89,8 @@ class StopStringMatcher:
         caller stops generation; further feeds return ("", True)."""
         if self.matched:
             return "", True
+        if not self.stops:
+            return delta, False
         text = self._held + delta
         if (match := self._first_match(text)) is not None:
             end, start = match
