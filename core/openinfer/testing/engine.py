@@ -1,7 +1,9 @@
-"""Driving an Engine synchronously in tests: generate, score a prompt, and logits of every prompt position."""
+"""Driving an Engine synchronously in tests: generate, score a prompt, logits of every prompt position, and a
+float32 engine that rounds like a bf16 one."""
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -96,6 +98,93 @@ def prompt_logits(engine: Engine, ids: list[int]) -> np.ndarray:
             return np.asarray(backend.to_host(logits), dtype=np.float32)
     finally:
         blocks.release(req)
+
+
+# ops whose outputs a bf16 CUDA engine keeps in float32 (the MoE router's logits, ids and weights)
+FLOAT32_OUTPUTS = frozenset({"router_logits", "moe_route", "moe_router"})
+
+
+@contextmanager
+def bf16_activations(engine: Engine, keep: frozenset[str] = FLOAT32_OUTPUTS) -> Iterator[None]:
+    """The float32 engine's ops with every float32 array they return rounded to bfloat16, as a bf16 GPU engine stores
+    each op's output (on the same bf16 weights): the reference a GPU engine is held to where rounding, not a kernel,
+    moves the logits (a tiny random MoE model amplifies it: a rounded router score changes an expert)."""
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+
+    def rounded(v: Any) -> Any:
+        if isinstance(v, np.ndarray) and v.dtype == np.float32:
+            return v.astype(bf16).astype(np.float32)
+        return tuple(rounded(x) for x in v) if isinstance(v, tuple) else v
+
+    def wrap(fn):
+        return lambda *a, **k: rounded(fn(*a, **k))
+
+    ops = engine.runner.model.ops   # an Ops, or a wrapper of one (QuantOps) that delegates what it does not define
+    inner = getattr(ops, "_ops", ops)
+    names = {n for o in (ops, inner) for n in dir(o) if not n.startswith("_") and callable(getattr(o, n))}
+    names = sorted(names - keep - {"describe"})
+    own = {n: vars(ops)[n] for n in names if n in vars(ops)}   # instance attributes to put back
+    for n in names:
+        setattr(ops, n, wrap(getattr(ops, n)))
+    try:
+        yield
+    finally:
+        for n in names:
+            if n in own:
+                setattr(ops, n, own[n])
+            else:
+                delattr(ops, n)
+
+
+def logits_with_shared_choices(engine: Engine, reference: Engine, ids: list[int], ops: Sequence[str]
+                               ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """Prompt logits of `engine` and of `reference` where `reference` takes `engine`'s outputs of the discontinuous
+    `ops` (an MoE router's experts and weights, a sparse indexer's top-k), and how far its own choices agreed: per op,
+    the mean share of each row's chosen ids (negatives are padding) that the reference chose too. Rounding moves
+    choices near a tie, and on a tiny random model one moved choice changes the logits by far more than the rounding
+    itself; compared this way the logits show the kernels and the agreements show the choices."""
+    taken: dict[str, list[Any]] = {op: [] for op in ops}
+    overlaps: dict[str, list[float]] = {op: [] for op in ops}
+    mine_ops, ref_ops = engine.runner.model.ops, reference.runner.model.ops
+    to_host = engine.runner.backend.to_host
+
+    def host(v: Any) -> Any:
+        return tuple(np.asarray(to_host(x)) for x in v) if isinstance(v, tuple) else np.asarray(to_host(v))
+
+    def record(op: str, fn):
+        def call(*a, **k):
+            out = fn(*a, **k)
+            taken[op].append(host(out))
+            return out
+        return call
+
+    def replay(op: str, fn):
+        def call(*a, **k):
+            mine, theirs = taken[op].pop(0), fn(*a, **k)
+            m, t = (mine[0], theirs[0]) if isinstance(mine, tuple) else (mine, theirs)
+            for a_row, b_row in zip(np.asarray(m), np.asarray(t)):
+                a_row, b_row = a_row[a_row >= 0], b_row[b_row >= 0]
+                overlaps[op].append(len(np.intersect1d(a_row, b_row)) / max(len(a_row), 1))
+            return mine
+        return call
+
+    saved = [(o, op, vars(o).get(op)) for o in (mine_ops, ref_ops) for op in ops]
+    for op in ops:
+        setattr(mine_ops, op, record(op, getattr(mine_ops, op)))
+        setattr(ref_ops, op, replay(op, getattr(ref_ops, op)))
+    try:
+        ours = prompt_logits(engine, ids)
+        ref = prompt_logits(reference, ids)
+    finally:
+        for o, op, own in saved:
+            if own is None:
+                delattr(o, op)
+            else:
+                setattr(o, op, own)
+    assert all(not left for left in taken.values()), "the two engines ran different calls of the shared ops"
+    return ours, ref, {op: float(np.mean(v)) if v else 1.0 for op, v in overlaps.items()}
 
 
 def demo_kv_gib(blocks: int, itemsize: int = 4, block_size: int = 16) -> float:

@@ -10,11 +10,10 @@ import pytest
 
 from openinfer.plugin_api import ForwardBatch, RopeConfig, cos_sin
 from openinfer.testing.cuda import kernel_stream, require_gpu
-from openinfer.testing.engine import generate, greedy
+from openinfer.testing.engine import generate, greedy, logits_with_shared_choices
 from openinfer_glm52 import ops as ref
 
 from glm52_tiny import TINY
-from shared_selection import logits_on_shared_selections
 from test_glm52_fidelity import chat_prompt, engine_for
 
 pytestmark = pytest.mark.cuda
@@ -29,6 +28,7 @@ DTYPES = {"bfloat16": (BF16, 2e-2), "float32": (np.dtype(np.float32), 1e-5)}
 BS, BLOCKS, LAYERS = 16, 96, 3
 RUNS = [(0, 37), (5, 1), (300, 1), (64, 20), (1, 1)]   # (keys before the run, run length): prefill and decode
 GPU = dict(device="cuda", dtype="bfloat16", kv_cache_memory_gib=0.25, max_num_seqs=8)
+SHARED = ("glm52_indexer_topk", "moe_router")   # the discontinuous choices two engines' logits are compared over
 
 
 @pytest.fixture(params=list(DTYPES))
@@ -160,29 +160,30 @@ def long_prompt(eng, n: int, seed: int) -> list[int]:
 
 def test_bfloat16_logits_follow_the_cpu_engine(gpu_sparse):
     """bf16 rounds every activation where the CPU engine computes in float32 (on the same bf16 weights): nearly
-    the same selected keys, and over the GPU's selections (shared_selection.py: a key moved across the top-k cut
-    is no rounding error) logits at bf16 tolerance and the teacher-forced top-1 choice at nearly every position."""
+    the same selected keys and experts, and over the GPU's selections and routing (a key or expert moved across a
+    cut is no rounding error: testing.engine.logits_with_shared_choices) logits at bf16 tolerance and the
+    teacher-forced top-1 choice at nearly every position."""
     ckpt, _ = gpu_sparse
     gpu, cpu = gpu_engine(ckpt), engine_for(ckpt)
     ids = long_prompt(gpu, 300, 7)
-    ours, ref, overlap = logits_on_shared_selections(gpu, cpu, ids)
+    ours, ref, agree = logits_with_shared_choices(gpu, cpu, ids, SHARED)
     assert np.isfinite(ours).all()
-    assert overlap >= 0.95, f"the GPU's indexer selects {overlap:.3f} of the CPU's keys"
+    assert min(agree.values()) >= 0.95, f"the GPU's choices agree with the CPU's: {agree}"
     assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()
     assert float((ours.argmax(1) == ref.argmax(1)).mean()) >= 0.9
 
 
 def test_decode_follows_the_cpu_engine(gpu_sparse):
     """The GPU's greedy decode against the same sequence teacher-forced on the CPU engine (over the GPU's
-    selections, as above)."""
+    selections and routing, as above)."""
     ckpt, _ = gpu_sparse
     gpu, cpu = gpu_engine(ckpt), engine_for(ckpt)
     ids = long_prompt(gpu, 200, 3)
     [(tokens, _, _)] = generate(gpu, [ids], greedy(24))
     full = ids + tokens
-    ours, ref, overlap = logits_on_shared_selections(gpu, cpu, full)
+    ours, ref, agree = logits_with_shared_choices(gpu, cpu, full, SHARED)
     ours, ref = ours[len(ids) - 1:], ref[len(ids) - 1:]
-    assert overlap >= 0.95, f"the GPU's indexer selects {overlap:.3f} of the CPU's keys"
+    assert min(agree.values()) >= 0.95, f"the GPU's choices agree with the CPU's: {agree}"
     assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()
     assert float((ours[:-1].argmax(1) == np.array(tokens)).mean()) >= 0.9
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from openinfer.testing.cuda import require_gpu
-from openinfer.testing.engine import generate, greedy, prompt_logits
+from openinfer.testing.engine import generate, greedy, logits_with_shared_choices
 
 from kimi_tiny import KIMI, build_checkpoint
 from test_kimi_fidelity import chat_prompt, engine_for, random_prompt
@@ -37,8 +37,9 @@ def test_bfloat16_logits_follow_the_cpu_engine(quantized, vocab):
     ckpt, _ = quantized
     gpu, cpu = engine_for(ckpt, **GPU), engine_for(ckpt)
     ids = chat_prompt(gpu) + random_prompt(300, 7, vocab)
-    ours, ref = prompt_logits(gpu, ids), prompt_logits(cpu, ids)
+    ours, ref, agree = logits_with_shared_choices(gpu, cpu, ids, ["moe_router"])   # over the GPU's routing
     assert np.isfinite(ours).all()
+    assert agree["moe_router"] >= 0.95, f"the GPU routes {agree['moe_router']:.3f} of tokens' experts as the CPU"
     assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()
     assert float((ours.argmax(1) == ref.argmax(1)).mean()) >= 0.9
 
@@ -49,7 +50,9 @@ def test_decode_follows_teacher_forcing(quantized, vocab):
     ids = chat_prompt(gpu) + random_prompt(40, 3, vocab)
     [(tokens, _, _)] = generate(gpu, [ids], greedy(24))
     full = ids + tokens
-    ours, ref = prompt_logits(gpu, full)[len(ids) - 1:], prompt_logits(cpu, full)[len(ids) - 1:]
+    ours, ref, agree = logits_with_shared_choices(gpu, cpu, full, ["moe_router"])
+    ours, ref = ours[len(ids) - 1:], ref[len(ids) - 1:]
+    assert agree["moe_router"] >= 0.95, f"the GPU routes {agree['moe_router']:.3f} of tokens' experts as the CPU"
     assert np.abs(ours - ref).max() < 0.05 * np.abs(ref).max()
     assert float((ours[:-1].argmax(1) == np.array(tokens)).mean()) >= 0.9
 
