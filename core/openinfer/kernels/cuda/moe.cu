@@ -162,6 +162,9 @@ __device__ void router_logits_block(const bf16* x, long long x_stride, const flo
     if (e >= E) return;
     float acc[ROUTER_TOKENS] = {};
     const float* we = w + (long long)e * D;
+    // unrolled so that a lane has 8 iterations' loads in flight: rolled, each waited on its own (a decode step's
+    // few blocks are latency-bound); the sums keep their order
+#pragma unroll 8
     for (int d = lane; d < D; d += 32) {
         const float wv = we[d];
 #pragma unroll
