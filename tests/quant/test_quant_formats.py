@@ -153,8 +153,8 @@ def test_moe_experts_quant_matches_dense_experts(fmt):
     E, I, D, T, k = 6, 32, 64, 5, 3
     experts = _experts(rng, E, I, D, fmt)
     be = NumpyBackend()
-    gate_up = stack_to_backend(be, [g for g, _ in experts])
-    down = stack_to_backend(be, [d for _, d in experts])
+    gate_up = stack_to_backend(be, (g for g, _ in experts), len(experts))
+    down = stack_to_backend(be, (d for _, d in experts), len(experts))
     x = rng.standard_normal((T, D)).astype(np.float32)
     ids = rng.integers(0, 8, (T, k)).astype(np.int32)   # ids 6, 7 lie on another rank
     w = rng.random((T, k)).astype(np.float32)
@@ -181,6 +181,20 @@ def test_fuse_rows_keeps_each_part():
     np.testing.assert_array_equal(f.dequant(), np.concatenate([a.dequant(), b.dequant()]))
     with pytest.raises(ValueError, match="different formats"):
         fuse_rows([a, np.zeros((4, 64), np.float32)])
+
+
+def test_stack_takes_experts_one_at_a_time():
+    """The stack is built from experts as they are yielded (a generator: the host holds one at a time); a format
+    change or a count that does not match is refused."""
+    from openinfer.backends.numpy_backend import NumpyBackend
+    rng = np.random.default_rng(6)
+    ws = [Int4Weight(*quantize_int4(rng.standard_normal((16, 64)))) for _ in range(3)]
+    stack = stack_to_backend(NumpyBackend(), iter(ws), 3)
+    np.testing.assert_array_equal(stack.packed, np.stack([w.packed for w in ws]))
+    with pytest.raises(ValueError, match="different formats"):
+        stack_to_backend(NumpyBackend(), iter([ws[0], np.zeros((16, 64), np.float32)]), 2)
+    with pytest.raises(ValueError, match="2 experts given for a stack of 3"):
+        stack_to_backend(NumpyBackend(), iter(ws[:2]), 3)
 
 
 def test_load_fused_keeps_only_mixed_formats_apart(tmp_path):

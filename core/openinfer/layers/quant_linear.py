@@ -67,4 +67,5 @@ def load_fused(backend: Any, weights: Any, scheme: QuantScheme | None, *modules:
 
 def load_expert_stack(backend: Any, weights: Any, scheme: QuantScheme, experts: list[tuple[str, ...]]) -> Any:
     """One quantized stack [E, ...] of experts' Linears, each expert's `modules` fused (gate then up)."""
-    return stack_to_backend(backend, [fuse_rows([host_linear(weights, scheme, m) for m in ms]) for ms in experts])
+    return stack_to_backend(backend, (fuse_rows([host_linear(weights, scheme, m) for m in ms]) for ms in experts),
+                            len(experts))

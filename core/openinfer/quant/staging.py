@@ -1,7 +1,7 @@
 """Quantized (or dense) Linear weights from host arrays onto a backend: fused projections, stacked experts."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -56,15 +56,20 @@ def to_backend(backend: Any, w: HostLinear) -> Any:
     return _rebuild(w, [backend.asarray(p, dt) for p, dt in zip(_parts(w), _dtypes(w))])
 
 
-def stack_to_backend(backend: Any, ws: Sequence[HostLinear]) -> Any:
-    """Experts' Linears as one device stack [E, ...] in their format, copied one expert at a time (the host never
-    holds the whole stack)."""
-    _same_format(ws)
-    first = [backend.asarray(p, dt) for p, dt in zip(_parts(ws[0]), _dtypes(ws[0]))]
-    stacks = [backend.zeros((len(ws), *a.shape), str(a.dtype)) for a in first]
+def stack_to_backend(backend: Any, ws: Iterable[HostLinear], count: int) -> Any:
+    """`count` experts' Linears as one device stack [E, ...] in their format, copied one expert at a time as `ws`
+    yields them, so the host holds one expert's arrays at a time (a Kimi-K2 layer's 384 INT4 experts are 8 GB)."""
+    it = iter(ws)
+    head = next(it)
+    first = [backend.asarray(p, dt) for p, dt in zip(_parts(head), _dtypes(head))]
+    stacks = [backend.zeros((count, *a.shape), str(a.dtype)) for a in first]
     for s, a in zip(stacks, first):
         s[0] = a
-    for e, w in enumerate(ws[1:], 1):
+    e = 0
+    for e, w in enumerate(it, 1):
+        _same_format([head, w])
         for s, p, dt in zip(stacks, _parts(w), _dtypes(w)):
             s[e] = backend.asarray(p, dt)
-    return _rebuild(ws[0], stacks)
+    if e + 1 != count:
+        raise ValueError(f"stack_to_backend: {e + 1} experts given for a stack of {count}")
+    return _rebuild(head, stacks)
