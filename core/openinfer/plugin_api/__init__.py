@@ -19,14 +19,16 @@ from ..layers.mla import (MLADims, MLAttention, MLAWeights, load_mla_weights, ml
                           mla_weight_shapes)
 from ..layers.mla_moe_decoder import (MLAMoEConfig, MLAMoEDecoder, mla_moe_kernel_plan, mla_moe_weight_shapes,
                                       parse_mla_moe)
-from ..layers.mlp import SwiGLU, load_swiglu
+from ..layers.mlp import SwiGLU, load_swiglu, swiglu_shapes
 from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
+from ..layers.quant_linear import QuantOps, load_linear, quant_ops_needed
 from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..loading.config import ConfigError, require
 from ..loading.disk_cache import cache_root, write_atomic
 from ..loading.weights import WeightSource
 from ..parallel import Communicator, expert_shard
 from ..quant import QuantScheme, QuantizedTensorError, quant_scheme
+from ..quant.scheme import host_linear
 from ..sampling.structured import JSON_DUMPS_LAYOUT, lark_json, lark_literal
 from ..text.detokenize import partial_suffix_len
 from ..text.parsers import (ChatFormat, ContentTrimmer, ParsedDelta, ReasoningParser, SteppedToolCallParser,
@@ -48,4 +50,5 @@ __all__ = [
     "MLAMoEConfig", "MLAMoEDecoder", "mla_moe_kernel_plan", "mla_moe_weight_shapes", "parse_mla_moe", "QuantScheme",
     "QuantizedTensorError", "quant_scheme", "SteppedToolCallParser", "bpe_tokenizer_json", "cache_root", "load_ranks",
     "write_atomic", "Communicator", "expert_shard", "sequence_runs",
+    "QuantOps", "host_linear", "load_linear", "quant_ops_needed", "swiglu_shapes",
 ]

@@ -16,6 +16,7 @@ from ..engine.engine import Engine, EngineArgs, build_engine
 from ..kv.block_manager import block_hashes
 from ..kv.pool import bytes_per_block
 from ..loading.loader import LoadError, load_rank, read_source
+from ..loading.memory_plan import memory_need
 from ..contract.plugins import get_plugins
 from ..sampling.sampler import SamplingParams
 from ..quant import Fp8Weight, Int4Weight, pack_int4, quantize_fp8, quantize_int4, row_scales, unpack_int4
@@ -25,8 +26,9 @@ from ..loading.weights import Checkpoint, DummyWeights, save_safetensors
 
 __all__ = ["Checkpoint", "DummyWeights", "Engine", "EngineArgs", "Fp8Weight", "Int4Weight", "LoadError", "ModelHost",
            "NumpyBackend", "SamplingParams", "block_hashes", "build_engine", "bytes_per_block", "create_app",
-           "detect_line", "get_plugins", "load_rank", "pack_int4", "quantize_fp8", "quantize_int4", "read_model_config",
-           "read_source", "row_scales", "save_safetensors", "synthesize", "unpack_int4", "with_num_layers"]
+           "detect_line", "get_plugins", "load_rank", "memory_need", "pack_int4", "quantize_fp8", "quantize_int4",
+           "read_model_config", "read_source", "row_scales", "save_safetensors", "synthesize", "unpack_int4",
+           "with_num_layers"]
 
 
 def __getattr__(name: str):

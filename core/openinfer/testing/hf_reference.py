@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -40,6 +40,21 @@ def build_hf_checkpoint(out_dir: Path, model_type: str, config: Mapping[str, Any
             if f.is_file() and f.name != "NOTICE":
                 shutil.copy(f, out_dir / f.name)
     return model
+
+
+def checkpoint_linears(model) -> Iterator[tuple[str, Any]]:
+    """(checkpoint module name, the torch tensor holding its [out, in] weight) of every Linear of `model` and every
+    routed expert's: transformers 5 keeps a layer's experts fused (gate_up [E, 2I, D] with the gate rows first,
+    down [E, D, I]), the checkpoint names them per expert ({experts}.{e}.gate_proj / up_proj / down_proj)."""
+    for name, mod in model.named_modules():
+        if type(mod).__name__.endswith("Experts"):
+            inter = mod.down_proj.shape[-1]
+            for e in range(mod.gate_up_proj.shape[0]):
+                yield f"{name}.{e}.gate_proj", mod.gate_up_proj.data[e, :inter]
+                yield f"{name}.{e}.up_proj", mod.gate_up_proj.data[e, inter:]
+                yield f"{name}.{e}.down_proj", mod.down_proj.data[e]
+        elif type(mod).__name__ == "Linear":
+            yield name, mod.weight.data
 
 
 def hf_logits(model, ids: list[int]) -> np.ndarray:

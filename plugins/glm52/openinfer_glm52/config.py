@@ -5,13 +5,20 @@ Every layer is MLA attention with DeepSeek Sparse Attention (DSA): a lightning i
 layers; a "shared" layer reuses the selection of the last full layer before it and has no indexer
 weights. The per-layer list is `indexer_types`, or derived as transformers derives it from
 `index_topk_pattern` ("FSSF…") or from `index_topk_freq` / `index_skip_topk_offset`.
+
+Checkpoints are bf16 / float32 or FP8 e4m3 with 128x128 block scales (GLM-5-FP8: `quantization_config`
+quant_method "fp8"): every Linear but lm_head, those in `modules_to_not_convert` and the indexer's weights_proj,
+which transformers keeps in float32 in any quantized GLM-5 (`_keep_in_fp32_modules`), as the router.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from openinfer.plugin_api import ConfigError, RopeConfig, require, rope_config
+from openinfer.plugin_api import ConfigError, QuantScheme, RopeConfig, quant_scheme, require, rope_config
+
+# transformers' GlmMoeDsaPreTrainedModel._keep_in_fp32_modules: never quantized, whatever modules_to_not_convert says
+KEEP_FLOAT = (r"re:.*\.indexer\.weights_proj$",)
 
 
 def indexer_schedule(c: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
@@ -50,6 +57,15 @@ def _mlp_types(c: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
     return types
 
 
+def _quant(c: Mapping[str, Any]) -> QuantScheme:
+    scheme = quant_scheme(c)   # an unknown quant_method / fmt / block size is refused there, naming the field
+    if scheme.method not in ("dense", "fp8"):
+        raise ConfigError(f"quantization_config (quant_method {c['quantization_config'].get('quant_method')!r}) is "
+                          "not supported by the glm52 line: it serves bf16 / float32 checkpoints and FP8 e4m3 ones "
+                          "with 128x128 block scales (quant_method 'fp8')")
+    return replace(scheme, keep_dense=scheme.keep_dense + KEEP_FLOAT)
+
+
 def _reject(c: Mapping[str, Any], key: str, allowed: tuple[Any, ...]) -> None:
     if key in c and c[key] is not None and c[key] not in allowed:
         raise ConfigError(f"{key} {c[key]!r} is not supported by the glm52 line (supported: "
@@ -86,6 +102,7 @@ class Glm52Config:
     tie_word_embeddings: bool
     rope: RopeConfig                  # rotary_dim = qk_rope_head_dim
     num_mtp_layers: int               # next-token-prediction layers after the last one (not served)
+    quant: QuantScheme = field(default_factory=QuantScheme)   # the Linears' storage formats
 
     @property
     def num_layers(self) -> int:
@@ -119,10 +136,6 @@ class Glm52Config:
         if c.get("rope_interleave", True) is not True:
             raise ConfigError("rope_interleave: false is not supported by the glm52 line (GLM's MLA rotates "
                               "interleaved pairs)")
-        quant = c.get("quantization_config")
-        if quant:
-            raise ConfigError(f"quantization_config (quant_method {quant.get('quant_method')!r}) is not supported by "
-                              "the glm52 line yet: it serves bf16 / float32 checkpoints only")
         experts, groups = require(c, "n_routed_experts", int), int(c.get("n_group") or 1)
         if experts % groups:
             raise ConfigError(f"n_routed_experts {experts} is not a multiple of n_group {groups}")
@@ -150,4 +163,4 @@ class Glm52Config:
             max_position_embeddings=int(c.get("max_position_embeddings", 202752)),
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-5)), tie_word_embeddings=bool(c.get("tie_word_embeddings",
                                                                                             False)),
-            rope=rope_config(c, rope_dim), num_mtp_layers=int(c.get("num_nextn_predict_layers") or 0))
+            rope=rope_config(c, rope_dim), num_mtp_layers=int(c.get("num_nextn_predict_layers") or 0), quant=_quant(c))

@@ -2,8 +2,10 @@
 
 Per token: an indexer query of Hi heads from the normalised q-LoRA activation (wq_b), one key from the
 layer input (wk, then LayerNorm with bias), both turned by RoPE on their first qk_rope_head_dim dims, and
-per-head weights (weights_proj, float32, times Hi^-0.5). The keys go to the "indexer" paged state group,
-which holds one layer slice per full layer, so prefix caching, offload and admission treat them as any KV.
+per-head weights (weights_proj, float32, times Hi^-0.5). wq_b and wk are in the checkpoint's format (FP8
+ones stay FP8 and run through the model's QuantOps); weights_proj is never quantized. The keys go to the
+"indexer" paged state group, which holds one layer slice per full layer, so prefix caching, offload and
+admission treat them as any KV.
 A query's selection is its index_topk best keys by sum_h w_h * relu(q_h · k * Di^-0.5) under the causal mask.
 """
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from openinfer.plugin_api import Array, ForwardBatch, Ops, StatePools, StateGroup
+from openinfer.plugin_api import (Array, ForwardBatch, Ops, QuantScheme, StatePools, StateGroup, host_linear,
+                                  load_linear)
 
 from .config import Glm52Config
 
@@ -26,27 +29,30 @@ def indexer_state_group(cfg: Glm52Config) -> StateGroup:
 
 
 def indexer_weight_shapes(prefix: str, cfg: Glm52Config) -> dict[str, tuple[int, ...]]:
-    """Names and shapes under `prefix` (e.g. "model.layers.0.self_attn.indexer.")."""
-    Hi, Di = cfg.index_n_heads, cfg.index_head_dim
-    return {prefix + "wq_b.weight": (Hi * Di, cfg.q_lora_rank), prefix + "wk.weight": (Di, cfg.hidden_size),
+    """Names and shapes under `prefix` (e.g. "model.layers.0.self_attn.indexer."), in cfg.quant's formats."""
+    Hi, Di, q = cfg.index_n_heads, cfg.index_head_dim, cfg.quant
+    return {**q.linear_shapes(prefix + "wq_b", Hi * Di, cfg.q_lora_rank),
+            **q.linear_shapes(prefix + "wk", Di, cfg.hidden_size),
             prefix + "k_norm.weight": (Di,), prefix + "k_norm.bias": (Di,),
-            prefix + "weights_proj.weight": (Hi, cfg.hidden_size)}
+            **q.linear_shapes(prefix + "weights_proj", Hi, cfg.hidden_size)}
 
 
 @dataclass
 class IndexerWeights:
-    wq_b: Array           # [Hi Di, q_lora]
-    wk: Array             # [Di, D]
+    wq_b: Array           # [Hi Di, q_lora], in the checkpoint's format
+    wk: Array             # [Di, D], in the checkpoint's format
     k_norm_w: Array       # [Di]
     k_norm_b: Array       # [Di]
     weights_proj: Array   # [Hi, D] float32, as transformers keeps it
 
 
-def load_indexer_weights(backend: Any, weights: Any, prefix: str) -> IndexerWeights:
+def load_indexer_weights(backend: Any, weights: Any, prefix: str, scheme: QuantScheme) -> IndexerWeights:
+    """A weights_proj stored in a quantized dtype is refused naming it (host_linear checks the dtype)."""
     return IndexerWeights(
-        wq_b=backend.load(weights, prefix + "wq_b.weight"), wk=backend.load(weights, prefix + "wk.weight"),
+        wq_b=load_linear(backend, weights, scheme, prefix + "wq_b"),
+        wk=load_linear(backend, weights, scheme, prefix + "wk"),
         k_norm_w=backend.load(weights, prefix + "k_norm.weight"), k_norm_b=backend.load(weights, prefix + "k_norm.bias"),
-        weights_proj=backend.asarray(weights.get(prefix + "weights_proj.weight"), "float32"))
+        weights_proj=backend.asarray(host_linear(weights, scheme, prefix + "weights_proj"), "float32"))
 
 
 class Indexer:

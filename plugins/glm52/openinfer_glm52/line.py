@@ -4,11 +4,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
-from openinfer.plugin_api import ModelLine, StateGroup, mla_state_group, mla_weight_shapes, moe_weight_shapes
+from openinfer.plugin_api import (ModelLine, StateGroup, mla_state_group, mla_weight_shapes, moe_weight_shapes,
+                                  swiglu_shapes)
 
 from .config import Glm52Config
 from .indexer import indexer_state_group, indexer_weight_shapes
-from .model import KERNEL_PLAN, Glm52Model, mla_dims
+from .model import Glm52Model, kernel_plan, mla_dims
 
 log = logging.getLogger("openinfer.glm52")
 
@@ -41,23 +42,22 @@ class Glm52Line(ModelLine):
         return Glm52Config.from_dict(config)
 
     def weight_shapes(self, cfg: Glm52Config) -> dict[str, tuple[int, ...]]:
-        H = cfg.hidden_size
+        """Every tensor the line loads, the Linears in the checkpoint's formats (FP8: weight + weight_scale_inv)."""
+        H, q = cfg.hidden_size, cfg.quant
         shapes = {"model.embed_tokens.weight": (cfg.vocab_size, H), "model.norm.weight": (H,)}
         if not cfg.tie_word_embeddings:
             shapes["lm_head.weight"] = (cfg.vocab_size, H)
         for i in range(cfg.num_layers):
             p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
             shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,)})
-            shapes.update(mla_weight_shapes(a, mla_dims(cfg)))
+            shapes.update(mla_weight_shapes(a, mla_dims(cfg), q))
             if cfg.indexer_types[i] == "full":   # a shared layer has no indexer weights
                 shapes.update(indexer_weight_shapes(a + "indexer.", cfg))
             if cfg.mlp_layer_types[i] == "dense":
-                inter = cfg.intermediate_size
-                shapes.update({p + "mlp.gate_proj.weight": (inter, H), p + "mlp.up_proj.weight": (inter, H),
-                               p + "mlp.down_proj.weight": (H, inter)})
+                shapes.update(swiglu_shapes(p + "mlp.", H, cfg.intermediate_size, q))
             else:
                 shapes.update(moe_weight_shapes(p + "mlp.", H, cfg.n_routed_experts, cfg.moe_intermediate_size,
-                                                cfg.moe_intermediate_size * cfg.n_shared_experts, True))
+                                                cfg.moe_intermediate_size * cfg.n_shared_experts, True, q))
         return shapes
 
     def ignored_weights(self, cfg: Glm52Config) -> tuple[str, ...]:
@@ -68,7 +68,7 @@ class Glm52Line(ModelLine):
         return [mla_state_group(mla_dims(cfg), cfg.num_layers), indexer_state_group(cfg)]
 
     def kernel_plan(self, cfg: Glm52Config) -> list[str]:
-        return list(KERNEL_PLAN)
+        return kernel_plan(cfg)
 
     def num_experts(self, cfg: Glm52Config) -> int:
         return cfg.n_routed_experts

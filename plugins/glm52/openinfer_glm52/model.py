@@ -5,23 +5,28 @@ query's index_topk keys, a shared layer reuses the selection of the last full la
 attention runs over the selected latents only. While no sequence of the step holds more than index_topk
 keys, every key is selected, so the step runs plain MLA attention (the indexer still writes its keys).
 The MLP is dense SwiGLU or a noaux_tc MoE (core layers/moe.py), sharded by expert parallelism when the
-backend belongs to a group.
+backend belongs to a group. Linears stored in FP8 (cfg.quant) stay FP8 on the device; the layers run them through
+quant_linear's QuantOps, which picks each weight's op by its format.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from openinfer.plugin_api import (Array, ForwardBatch, MLADims, MLAttention, Model, MoE, Ops, RouterConfig, StatePools,
-                                  SwiGLU, WeightSource, cos_sin, expert_shard, load_mla_weights, load_moe_weights,
-                                  load_swiglu, mla_softmax_scale)
+from openinfer.plugin_api import (Array, ForwardBatch, MLADims, MLAttention, Model, MoE, Ops, QuantOps, RouterConfig,
+                                  StatePools, SwiGLU, WeightSource, cos_sin, expert_shard, load_mla_weights,
+                                  load_moe_weights, load_swiglu, mla_softmax_scale, quant_ops_needed)
 
 from .config import Glm52Config
 from .indexer import Indexer, load_indexer_weights
 
-KERNEL_PLAN = ("embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows",
+_KERNEL_PLAN = ("embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows",
                "mla_rope_write", "mla_attention", "per_head_linear",
                "router_logits", "moe_router", "moe_experts",
                "glm52_indexer_rope_write", "glm52_indexer_topk", "glm52_sparse_mla_attention")
+
+
+def kernel_plan(cfg: Glm52Config) -> list[str]:
+    return list(_KERNEL_PLAN) + quant_ops_needed(cfg.quant, "sparse" in cfg.mlp_layer_types)
 
 
 def mla_dims(cfg: Glm52Config) -> MLADims:
@@ -47,7 +52,8 @@ class Layer:
 
 class Glm52Model(Model):
     def __init__(self, cfg: Glm52Config, weights: WeightSource, backend, ops: Ops) -> None:
-        self.cfg, self.ops = cfg, ops
+        self.cfg, scheme = cfg, cfg.quant
+        self.ops = ops = ops if scheme.method == "dense" else QuantOps(ops)
 
         def load(*names: str) -> Array:
             return backend.load(weights, *names)
@@ -67,15 +73,16 @@ class Glm52Model(Model):
         self.layers: list[Layer] = []
         for i in range(cfg.num_layers):
             p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-            attn = MLAttention(ops, i, dims, self.scale, cos, sin, load_mla_weights(backend, weights, a, dims))
+            attn = MLAttention(ops, i, dims, self.scale, cos, sin, load_mla_weights(backend, weights, a, dims, scheme))
             indexer = None
             if i in slots:
-                indexer = Indexer(ops, slots[i], cfg, cos, sin, load_indexer_weights(backend, weights, a + "indexer."))
+                w = load_indexer_weights(backend, weights, a + "indexer.", scheme)
+                indexer = Indexer(ops, slots[i], cfg, cos, sin, w)
             if cfg.mlp_layer_types[i] == "dense":
-                mlp: SwiGLU | MoE = load_swiglu(ops, backend, weights, p + "mlp.")
+                mlp: SwiGLU | MoE = load_swiglu(ops, backend, weights, p + "mlp.", scheme)
             else:
                 w = load_moe_weights(ops, backend, weights, p + "mlp.", cfg.moe_intermediate_size,
-                                     cfg.n_shared_experts > 0, True, offset, count)
+                                     cfg.n_shared_experts > 0, True, offset, count, scheme)
                 mlp = MoE(ops, router, w, offset, comm)
             self.layers.append(Layer(load(p + "input_layernorm.weight"), load(p + "post_attention_layernorm.weight"),
                                      attn, indexer, mlp))

@@ -35,12 +35,12 @@ def glm_tokenizer_dir(tmp_path_factory) -> Path:
     return build_glm_tokenizer(tmp_path_factory.mktemp("glm-tokenizer"))
 
 
-def _build(tmp_path_factory, tokenizer_dir: Path, name: str, **overrides):
+def _build(tmp_path_factory, tokenizer_dir: Path, name: str, adjust=None, **overrides):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from openinfer.testing.hf_reference import build_hf_checkpoint
     out = tmp_path_factory.mktemp(name)
-    model = build_hf_checkpoint(out, "glm_moe_dsa", {**TINY, **overrides}, tokenizer_dir=tokenizer_dir)
+    model = build_hf_checkpoint(out, "glm_moe_dsa", {**TINY, **overrides}, tokenizer_dir=tokenizer_dir, adjust=adjust)
     return out, model
 
 
@@ -54,3 +54,15 @@ def sparse(tmp_path_factory, glm_tokenizer_dir):
 def dense(tmp_path_factory, glm_tokenizer_dir):
     """index_topk 512, more than any prompt: DSA selects every key, attention is plain MLA."""
     return _build(tmp_path_factory, glm_tokenizer_dir, "glm-dense", index_topk=512)
+
+
+@pytest.fixture(scope="session")
+def fp8(tmp_path_factory, glm_tokenizer_dir):
+    """A GLM-5-FP8 layout of the sparse model: its Linears FP8 with 128x128 block scales; the transformers
+    reference holds the dequantized weights."""
+    from glm52_tiny import quantize_fp8_in_place, write_fp8_checkpoint
+    codes: dict = {}
+    ckpt, model = _build(tmp_path_factory, glm_tokenizer_dir, "glm-fp8",
+                         adjust=lambda m: codes.update(quantize_fp8_in_place(m)))
+    write_fp8_checkpoint(ckpt, codes)
+    return ckpt, model

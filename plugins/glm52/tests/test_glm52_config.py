@@ -49,7 +49,8 @@ def test_indexer_types_win_over_the_schedule():
     ({"rope_interleave": False}, "rope_interleave"),
     ({"index_head_dim": 32}, "index_head_dim"),
     ({"n_group": 3}, "n_group"),
-    ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
+    ({"quantization_config": {"quant_method": "gptq"}}, "quant_method 'gptq'"),
+    ({"quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}}, "quantization_config.fmt"),
     ({"attention_bias": True}, "attention_bias"),
 ])
 def test_refusals_name_the_field(change, field):
@@ -61,3 +62,18 @@ def test_indexer_rope_layout_is_read_from_the_config():
     assert Glm52Config.from_dict(PRESETS["glm-5.2"]).indexer_rope_interleave is True
     assert Glm52Config.from_dict({**PRESETS["glm-5.2"], "indexer_rope_interleave": False}).indexer_rope_interleave \
         is False
+
+
+def test_fp8_scheme_keeps_weights_proj_in_float():
+    """GLM-5-FP8's config: every Linear FP8 but lm_head and the indexer's weights_proj (transformers keeps it in
+    float32 in any quantized GLM-5, listed or not); modules_to_not_convert adds to them."""
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+             "modules_to_not_convert": ["model.layers.0.mlp.down_proj"]}
+    scheme = Glm52Config.from_dict({**PRESETS["glm-5"], "quantization_config": quant}).quant
+    p = "model.layers.3."
+    for module in ("self_attn.q_a_proj", "self_attn.kv_b_proj", "self_attn.indexer.wq_b", "self_attn.indexer.wk",
+                   "mlp.experts.7.up_proj", "mlp.shared_experts.down_proj"):
+        assert scheme.format_of(p + module) == "fp8", module
+    for module in (p + "self_attn.indexer.weights_proj", "lm_head", "model.layers.0.mlp.down_proj"):
+        assert scheme.format_of(module) == "dense", module
+    assert Glm52Config.from_dict(PRESETS["glm-5"]).quant.method == "dense"

@@ -143,17 +143,11 @@ def build_v3(out: Path, config: dict, tokenizer_dir: Path, vocab: int, adjust=No
 
 def _quantized_weights(model, fmt: str):
     """(checkpoint module name, the torch tensor holding its [out, in] weight) of every Linear the format quantizes:
-    INT4 the routed experts (transformers 5 keeps a layer's experts fused, gate_up [E, 2I, D] with the gate rows
-    first and down [E, D, I]; the checkpoint has them per expert), FP8 every Linear but lm_head and the router."""
-    for name, mod in model.named_modules():
-        if type(mod).__name__.endswith("Experts"):
-            inter = mod.down_proj.shape[-1]
-            for e in range(mod.gate_up_proj.shape[0]):
-                yield f"{name}.{e}.gate_proj", mod.gate_up_proj.data[e, :inter]
-                yield f"{name}.{e}.up_proj", mod.gate_up_proj.data[e, inter:]
-                yield f"{name}.{e}.down_proj", mod.down_proj.data[e]
-        elif fmt == "fp8" and type(mod).__name__ == "Linear" and name != "lm_head":
-            yield name, mod.weight.data
+    INT4 the routed experts, FP8 every Linear but lm_head and the router."""
+    from openinfer.testing.hf_reference import checkpoint_linears
+    for name, weight in checkpoint_linears(model):
+        if ".experts." in name or (fmt == "fp8" and name != "lm_head"):
+            yield name, weight
 
 
 def quantized_checkpoint(out: Path, ref_dir: Path, model, fmt: str) -> None:
