@@ -25,15 +25,20 @@ def _ep_run(engine, prompts) -> list[list[int]]:
     return tokens + [again]
 
 
-@pytest.fixture(scope="module")
-def ep1(sparse):
-    """The steps an EP = 1 engine ran (with their logits), its tokens and its prompts."""
-    ckpt, hf = sparse
+def run_one_rank(ckpt) -> tuple[list, list[list[int]], list[list[int]]]:
+    """The steps an EP = 1 engine ran on `ckpt` (with their logits), its tokens and its prompts."""
     engine = build_engine(str(ckpt), EP_ARGS)
     prompts = _prompts(engine, 3)
     steps = record_steps(engine)
     tokens = _ep_run(engine, prompts)
     engine.shutdown()
+    return steps, tokens, prompts
+
+
+@pytest.fixture(scope="module")
+def ep1(sparse):
+    ckpt, hf = sparse
+    steps, tokens, prompts = run_one_rank(ckpt)
     assert tokens[0] == ref_greedy(hf, prompts[0], 8)
     return str(ckpt), steps, tokens, prompts
 

@@ -15,10 +15,10 @@ from openinfer.testing import (Checkpoint, EngineArgs, Fp8Weight, build_engine, 
                                read_model_config, save_safetensors)
 from openinfer.testing.engine import generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import hf_greedy, hf_logits
-from openinfer.testing.parallel import assert_ranks_match, record_steps, replay_on_ranks
+from openinfer.testing.parallel import assert_ranks_match, replay_on_ranks
 from openinfer_glm52.line import Glm52Line
-from test_glm52_expert_parallel import EP_ARGS, _ep_run
-from test_glm52_fidelity import _prompts, assert_logits_close, chat_prompt
+from test_glm52_expert_parallel import EP_ARGS, run_one_rank
+from test_glm52_fidelity import assert_logits_close, chat_prompt
 
 
 def test_logits_and_greedy_match_transformers(fp8):
@@ -35,11 +35,7 @@ def test_batched_chunked_and_expert_parallel(fp8):
     """Batched prompts in 24-token chunks and a prefix-cache hit give transformers' tokens; EP = 2 ranks (threads)
     holding half the FP8 experts each replay the steps with equal logits."""
     ckpt, hf = fp8
-    engine = build_engine(str(ckpt), EP_ARGS)
-    prompts = _prompts(engine, 3)
-    steps = record_steps(engine)
-    tokens = _ep_run(engine, prompts)
-    engine.shutdown()
+    steps, tokens, prompts = run_one_rank(ckpt)
     assert tokens == [hf_greedy(hf, p, 8) for p in prompts + prompts[-1:]]
     per_rank, recorders = replay_on_ranks(str(ckpt), EP_ARGS, get_plugins(), steps, 2)
     assert_ranks_match(steps, per_rank, recorders)
