@@ -12,7 +12,7 @@ from openinfer.testing.cuda import kernel_stream, require_gpu
 from openinfer.testing.engine import generate, greedy, logits_with_shared_choices
 from openinfer_glm52 import ops as ref
 
-from conftest import TINY
+from glm52_tiny import TINY
 from test_glm52_cuda import BLOCKS, BS, LATENT, LAYERS, RUNS, SHARED, batches, exact, gpu_engine, long_prompt
 
 pytestmark = pytest.mark.cuda
