@@ -3,7 +3,7 @@ float32 engine that rounds like a bf16 one."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -124,14 +124,20 @@ def bf16_activations(engine: Engine, keep: frozenset[str] = FLOAT32_OUTPUTS) -> 
     ops = engine.runner.model.ops   # an Ops, or a wrapper of one (QuantOps) that delegates what it does not define
     inner = getattr(ops, "_ops", ops)
     names = {n for o in (ops, inner) for n in dir(o) if not n.startswith("_") and callable(getattr(o, n))}
-    names = sorted(names - keep - {"describe"})
-    own = {n: vars(ops)[n] for n in names if n in vars(ops)}   # instance attributes to put back
-    for n in names:
+    with wrapped_ops(ops, {n: wrap for n in sorted(names - keep - {"describe"})}):
+        yield
+
+
+@contextmanager
+def wrapped_ops(ops: Any, wrappers: dict[str, Callable[[Callable], Callable]]) -> Iterator[None]:
+    """Each op `name` of `ops` replaced by `wrappers[name](op)` inside the block, and put back after it."""
+    own = {n: vars(ops)[n] for n in wrappers if n in vars(ops)}   # instance attributes to put back
+    for n, wrap in wrappers.items():
         setattr(ops, n, wrap(getattr(ops, n)))
     try:
         yield
     finally:
-        for n in names:
+        for n in wrappers:
             if n in own:
                 setattr(ops, n, own[n])
             else:
@@ -147,42 +153,36 @@ def logits_with_shared_choices(engine: Engine, reference: Engine, ids: list[int]
     itself; compared this way the logits show the kernels and the agreements show the choices."""
     taken: dict[str, list[Any]] = {op: [] for op in ops}
     overlaps: dict[str, list[float]] = {op: [] for op in ops}
-    mine_ops, ref_ops = engine.runner.model.ops, reference.runner.model.ops
     to_host = engine.runner.backend.to_host
 
     def host(v: Any) -> Any:
         return tuple(np.asarray(to_host(x)) for x in v) if isinstance(v, tuple) else np.asarray(to_host(v))
 
-    def record(op: str, fn):
-        def call(*a, **k):
-            out = fn(*a, **k)
-            taken[op].append(host(out))
-            return out
-        return call
+    def record(op: str) -> Callable[[Callable], Callable]:
+        def wrap(fn):
+            def call(*a, **k):
+                out = fn(*a, **k)
+                taken[op].append(host(out))
+                return out
+            return call
+        return wrap
 
-    def replay(op: str, fn):
-        def call(*a, **k):
-            mine, theirs = taken[op].pop(0), fn(*a, **k)
-            m, t = (mine[0], theirs[0]) if isinstance(mine, tuple) else (mine, theirs)
-            for a_row, b_row in zip(np.asarray(m), np.asarray(t)):
-                a_row, b_row = a_row[a_row >= 0], b_row[b_row >= 0]
-                overlaps[op].append(len(np.intersect1d(a_row, b_row)) / max(len(a_row), 1))
-            return mine
-        return call
+    def replay(op: str) -> Callable[[Callable], Callable]:
+        def wrap(fn):
+            def call(*a, **k):
+                mine, theirs = taken[op].pop(0), fn(*a, **k)
+                m, t = (mine[0], theirs[0]) if isinstance(mine, tuple) else (mine, theirs)
+                for a_row, b_row in zip(np.asarray(m), np.asarray(t)):
+                    a_row, b_row = a_row[a_row >= 0], b_row[b_row >= 0]
+                    overlaps[op].append(len(np.intersect1d(a_row, b_row)) / max(len(a_row), 1))
+                return mine
+            return call
+        return wrap
 
-    saved = [(o, op, vars(o).get(op)) for o in (mine_ops, ref_ops) for op in ops]
-    for op in ops:
-        setattr(mine_ops, op, record(op, getattr(mine_ops, op)))
-        setattr(ref_ops, op, replay(op, getattr(ref_ops, op)))
-    try:
+    with wrapped_ops(engine.runner.model.ops, {op: record(op) for op in ops}):
         ours = prompt_logits(engine, ids)
+    with wrapped_ops(reference.runner.model.ops, {op: replay(op) for op in ops}):
         ref = prompt_logits(reference, ids)
-    finally:
-        for o, op, own in saved:
-            if own is None:
-                delattr(o, op)
-            else:
-                setattr(o, op, own)
     assert all(not left for left in taken.values()), "the two engines ran different calls of the shared ops"
     return ours, ref, {op: float(np.mean(v)) if v else 1.0 for op, v in overlaps.items()}
 
