@@ -13,6 +13,7 @@ import numpy as np
 
 from openinfer.kernels.cuda.mla import mla_attention
 from openinfer.plugin_api import ForwardBatch
+from openinfer.testing.cuda import copy_bandwidth
 from openinfer_glm52.cuda import ops as nvrtc
 from openinfer_glm52.cuda import tilelang_ops as tilelang
 
@@ -37,14 +38,6 @@ def bench(fn, n: int = 50) -> float:
         end.record(stream)
         end.synchronize()
     return cp.cuda.get_elapsed_time(start, end) / n * 1e3
-
-
-def copy_bandwidth() -> float:
-    """Bytes read + written per second by a 1 GiB device-to-device copy."""
-    with stream:
-        a = cp.ones(1 << 30, cp.uint8)
-        b = cp.empty_like(a)
-    return 2 * a.nbytes / (bench(lambda: cp.copyto(b, a), 20) * 1e-6)
 
 
 def randn(shape, dtype=BF16):

@@ -46,19 +46,6 @@ def expert_bytes(per_weight: float) -> dict[str, float]:
 
 # ---- ops (GPU) ----
 
-def copy_bandwidth(cp: Any) -> float:
-    a = random_words(cp, (1 << 28,))
-    b = cp.empty_like(a)
-    cp.copyto(b, a)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(20):
-        cp.copyto(b, a)
-    end.record()
-    end.synchronize()
-    return 2 * a.nbytes * 20 / (cp.cuda.get_elapsed_time(start, end) * 1e-3)
-
-
 def stacks(cp: Any, fmt: str) -> tuple[Any, Any]:
     """Random expert stacks at the real shapes (no zeros: the dequantized weights have the dummies' spread)."""
     from openinfer.kernels.cuda.module import BF16
@@ -130,11 +117,11 @@ def run_ops(args: argparse.Namespace) -> None:
     from openinfer.kernels.cuda.module import BF16
     from openinfer.quant import Fp8Weight
     from openinfer.quant.dummy import FP8_SCALE
-    from openinfer.testing.cuda import graph_ms
+    from openinfer.testing.cuda import copy_bandwidth, graph_ms
 
     rng = np.random.default_rng(0)
     name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    bw = copy_bandwidth(cp)
+    bw = copy_bandwidth()
     print(f"{name}; copy bandwidth {bw / 1e9:.0f} GB/s (1 GiB device-to-device copy, read + write); "
           f"floor = bytes to read / that")
     rows: list[dict[str, Any]] = []

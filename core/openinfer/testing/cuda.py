@@ -63,6 +63,22 @@ def kernel_stream() -> Iterator[Any]:
         yield stream
 
 
+def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 20) -> float:
+    """Bytes read + written per second by a device-to-device copy of `nbytes`: the rate the benchmarks' bytes-moved
+    floors are taken at."""
+    import cupy as cp
+    a = cp.ones(nbytes, cp.uint8)
+    b = cp.empty_like(a)
+    cp.copyto(b, a)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(repeats):
+        cp.copyto(b, a)
+    end.record()
+    end.synchronize()
+    return 2 * nbytes * repeats / (cp.cuda.get_elapsed_time(start, end) * 1e-3)
+
+
 def graph_ms(fn: Callable[[], Any], repeats: int = 10, calls: int = 1) -> float:
     """Median ms of one fn() as a CUDA-graph replay. fn() runs once eagerly (loading its kernels), then `calls`
     times into one graph, captured on a stream and from a memory pool of their own (a buffer baked into a graph
