@@ -12,8 +12,9 @@ HEADERS are part of this API (the others are the core's own kernels' internals a
 from __future__ import annotations
 
 from ..kernels.cuda import blas, pdl
-from ..kernels.cuda.module import NULL, as_index, heads3d, launch, rows2d, suffix
+from ..kernels.cuda.module import NULL, as_index, clusters_supported, heads3d, launch, rows2d, sm_count, suffix
 
 HEADERS = ("common.cuh", "mma.cuh", "cluster.cuh", "wgmma.cuh")
 
-__all__ = ["HEADERS", "NULL", "as_index", "blas", "heads3d", "launch", "pdl", "rows2d", "suffix"]
+__all__ = ["HEADERS", "NULL", "as_index", "blas", "clusters_supported", "heads3d", "launch", "pdl", "rows2d",
+           "sm_count", "suffix"]

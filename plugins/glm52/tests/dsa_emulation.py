@@ -121,18 +121,17 @@ def indexer_scores(grid, args) -> None:
 
 
 def indexer_topk_select(grid, args) -> None:
-    scores, width, query_start, context_lens, num_seqs, topk, out = args
-    T, width, topk = grid[0], int(width), int(topk)
+    scores, width, query_start, context_lens, num_seqs, topk, ranks, out = args
+    ranks, width, topk = int(ranks), int(width), int(topk)
+    assert grid[0] % ranks == 0, f"grid {grid} is not whole rows of {ranks} ranks"
+    T = grid[0] // ranks
     qs = Memory(query_start, np.int32).read(np.arange(int(num_seqs) + 1))
     lens = Memory(context_lens, np.int32).read(np.arange(int(num_seqs)))
     S, OUT = Memory(scores, np.float32), Memory(out, np.int32)
     for t in range(T):
         visible = _seq_pos(qs, lens, t)[1] + 1
         row = S.read(t * width + np.arange(visible)) if visible > topk else np.zeros(0, np.float32)
-        sel = np.full(topk, -1, np.int32)
-        picked = emulate_select(row, visible, topk)
-        sel[: len(picked)] = picked[:topk]
-        OUT.write(t * topk + np.arange(topk), sel)
+        OUT.write(t * topk + np.arange(topk), emulate_select(row, visible, topk, ranks))
 
 
 def sparse_mla_attention(grid, args) -> None:
@@ -168,4 +167,6 @@ def emulated_launch(source, name: str, grid, block: int, args: tuple, smem: int 
     call = Launch(source, name, tuple(int(g) for g in grid), block, args, smem, cluster)
     check_launch(call)
     kernel = name.rsplit("_", 1)[0] if name.endswith(("_bf16", "_f32")) else name
+    if kernel == "indexer_topk_select":   # a row's ranks are one cluster
+        assert (call.cluster or (1, 1, 1)) == (int(args[6]), 1, 1), f"ranks {args[6]}, cluster {call.cluster}"
     KERNELS[kernel](call.grid, args)

@@ -65,7 +65,7 @@ def _batch(runs: list[tuple[int, int]], fake, block_size: int = 16) -> ForwardBa
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("runs", [[(0, 40), (7, 1), (300, 1)], [(5, 1), (2047, 1)]])
+@pytest.mark.parametrize("runs", [[(0, 40), (7, 1), (300, 1)], [(5, 1), (2047, 1)], [(40000, 1), (7, 1)]])
 def test_launches_match_the_kernels(monkeypatch, dtype, runs):
     pytest.importorskip("cupy")
     ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -73,6 +73,7 @@ def test_launches_match_the_kernels(monkeypatch, dtype, runs):
     from openinfer.testing.launch_check import aligned_empty, fake, record_launches
     from openinfer_glm52.cuda import ops as cuda_ops
     recorded = record_launches(monkeypatch, [cuda_ops])
+    on_h100(monkeypatch)
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
     b = _batch(runs, fake)
     T, Hi, Di, H, R, P, layers, blocks = b.num_tokens, 32, 128, 64, 512, 64, 3, 64
@@ -89,6 +90,16 @@ def test_launches_match_the_kernels(monkeypatch, dtype, runs):
     assert [c.name for c in recorded] == [f"indexer_rope_write_{suffix(dt)}",
                                           f"indexer_scores_{suffix(dt)}", "indexer_topk_select",
                                           f"sparse_mla_attention_{suffix(dt)}"]
+    select = recorded[2]
+    ranks = int(select.args[6])
+    assert select.grid == (T * ranks,) and select.cluster == ((ranks, 1, 1) if ranks > 1 else None)
+
+
+def on_h100(monkeypatch) -> None:
+    """The launchers' device queries answered as an H100 would (there is no GPU to ask)."""
+    from openinfer_glm52.cuda import ops as cuda_ops
+    monkeypatch.setattr(cuda_ops, "clusters_supported", lambda: True)
+    monkeypatch.setattr(cuda_ops, "sm_count", lambda: 132)
 
 
 def _inconsistent(b: ForwardBatch, fake) -> list[tuple[str, ForwardBatch, int, int]]:
@@ -124,26 +135,43 @@ def test_launchers_refuse_a_batch_the_kernels_would_index_outside_of(monkeypatch
     assert not recorded
 
 
-def emulate_select(scores: np.ndarray, visible: int, topk: int) -> np.ndarray:
-    """indexer_topk_select's algorithm in numpy: order keys, four 8-bit radix passes for the k-th largest key,
-    then every larger key and the earliest equal ones, in ascending positions."""
+def emulate_select(scores: np.ndarray, visible: int, topk: int, ranks: int = 1, threads: int = 1024) -> np.ndarray:
+    """indexer_topk_select's algorithm in numpy, [topk] int32: order keys; four 8-bit radix passes over the summed
+    histograms of the ranks' segments find the k-th largest key; each thread's contiguous run of its rank's segment
+    writes its keys above the cut, and the earliest at it, after the counts of the runs before it."""
     if visible <= topk:
         return np.array([i if i < visible else -1 for i in range(topk)], np.int32)
     x = np.where(scores[:visible] == 0, np.float32(0), scores[:visible]).astype(np.float32)
     u = x.view(np.uint32)
     keys = np.where(u & 0x80000000, ~u, u | 0x80000000).astype(np.uint32)
+    seg = -(-visible // ranks)
+    lo = np.minimum(np.arange(ranks) * seg, visible)
+    hi = np.minimum(lo + seg, visible)
     prefix, mask, need = 0, 0, topk
     for shift in (24, 16, 8, 0):
-        inside = keys[(keys & mask) == prefix]
-        hist = np.bincount((inside >> shift) & 255, minlength=256)
+        hist = sum(np.bincount((k[(k & mask) == prefix] >> shift) & 255, minlength=256)
+                   for k in (keys[a:b] for a, b in zip(lo, hi)))
         above, b = 0, 255
         while b > 0 and above + hist[b] < need:
             above += hist[b]
             b -= 1
         prefix, need, mask = prefix | (b << shift), need - above, mask | (0xFF << shift)
-    equal_rank = np.cumsum(keys == prefix) - 1
-    take = (keys > prefix) | ((keys == prefix) & (equal_rank < need))
-    return np.flatnonzero(take).astype(np.int32)
+    run = -(-(hi - lo) // threads)
+    first = (lo[:, None] + np.arange(threads) * run[:, None]).ravel()   # (rank, thread) order
+    last = np.minimum(first + np.repeat(run, threads), np.repeat(hi, threads))
+    first, last = first[last > first], last[last > first]
+    assert first[0] == 0 and last[-1] == visible and (first[1:] == last[:-1]).all(), "the runs tile the row in order"
+    above_before = np.concatenate([[0], np.cumsum(keys > prefix)])     # counts of the runs before, then the run's own
+    equal_before = np.concatenate([[0], np.cumsum(keys == prefix)])
+    out = np.full(topk, -2, np.int64)
+    for a, b in zip(first, last):
+        for s in range(a, b):
+            if keys[s] > prefix or (keys[s] == prefix and equal_before[s] < need):
+                at = above_before[s] + min(equal_before[s], need)
+                assert out[at] == -2, f"slot {at} written twice"
+                out[at] = s
+    assert (out >= 0).all(), "every slot written"
+    return out.astype(np.int32)
 
 
 def test_the_top_k_kernel_s_algorithm_is_the_reference_selection():
@@ -158,5 +186,20 @@ def test_the_top_k_kernel_s_algorithm_is_the_reference_selection():
                          rng.standard_normal(L)).astype(np.float32)
         else:             # few distinct values
             s = rng.integers(-3, 3, L).astype(np.float32)
-        visible = int(rng.integers(1, L + 1))
-        np.testing.assert_array_equal(emulate_select(s, visible, topk), ops.select_topk(s, visible, topk))
+        visible, ranks, threads = int(rng.integers(1, L + 1)), int(rng.integers(1, 9)), int(rng.choice([32, 64]))
+        np.testing.assert_array_equal(emulate_select(s, visible, topk, ranks, threads),
+                                      ops.select_topk(s, visible, topk))
+
+
+def test_select_ranks_split_long_rows_over_a_cluster(monkeypatch):
+    """One CTA a row where rows are short or many, a cluster of up to 8 where few long rows would leave the GPU
+    idle; one everywhere without clusters."""
+    pytest.importorskip("cupy")
+    from openinfer_glm52.cuda import ops as cuda_ops
+    monkeypatch.setattr(cuda_ops, "clusters_supported", lambda: True)
+    assert cuda_ops.select_ranks(1, 131072, 132) == 8
+    assert cuda_ops.select_ranks(1, 2048, 132) == 1
+    assert cuda_ops.select_ranks(32, 32768, 132) == 8
+    assert cuda_ops.select_ranks(512, 131072, 132) == 1
+    monkeypatch.setattr(cuda_ops, "clusters_supported", lambda: False)
+    assert cuda_ops.select_ranks(1, 131072, 132) == 1

@@ -36,7 +36,9 @@ def emulate(monkeypatch):
     from openinfer.testing.launch_check import record_launches
     from openinfer_glm52.cuda import ops as cuda_ops
     from dsa_emulation import emulated_launch
+    from test_glm52_cuda_compile import on_h100
     record_launches(monkeypatch, [cuda_ops])
+    on_h100(monkeypatch)
     names: list[str] = []
 
     def launch(*args, **kw):

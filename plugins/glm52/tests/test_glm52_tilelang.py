@@ -72,7 +72,9 @@ def test_launches_match_the_metadata(monkeypatch, runs):
     from openinfer.testing.launch_check import FAKE_CP, aligned_empty, fake, record_launches
     from openinfer_glm52.cuda import ops as cuda_ops
     from openinfer_glm52.cuda import tilelang_module, tilelang_ops
+    from test_glm52_cuda_compile import on_h100
     nvrtc = record_launches(monkeypatch, [cuda_ops])
+    on_h100(monkeypatch)
     fake_cp = SimpleNamespace(**vars(FAKE_CP), arange=lambda *a, **k: fake(np.arange(*a, **k)),
                               searchsorted=lambda a, v, side: fake(np.searchsorted(a, v, side=side)))
     monkeypatch.setattr(tilelang_ops, "cp", fake_cp)

@@ -8,6 +8,7 @@
 // with rows packed in a block and any block stride; a key at position s of sequence i lives in block
 // block_tables[i * table_stride + s / block_size], row s % block_size.
 #include "common.cuh"
+#include "cluster.cuh"   // cluster_sync, cluster_remote
 
 // The sequence of token t (binary search over query_start) and the token's position.
 __device__ __forceinline__ int2 token_seq_pos(const int* query_start, const int* context_lens, int num_seqs, int t) {
@@ -113,82 +114,205 @@ __device__ void indexer_scores(const T* q, const float* w, const T* cache, long 
     scores[(long long)t * width + key] = score;
 }
 
-// The exact top-k of one token's visible scores (a block a token): out [T, topk] int32 key positions,
-// ascending, -1 padded. At most topk visible keys: all of them. Else a radix select (4 passes of 8 bits over
-// order-preserving integer keys) finds the k-th largest score; every larger one is taken, and of those equal
-// to it the earliest, so ties at the cut go to the earlier position (the reference's rule). +0 and -0 are one
-// value, as they compare equal. blockDim.x a multiple of 32, at most 1024.
+// The exact top-k of one token's visible scores: out [T, topk] int32 key positions, ascending, -1 padded. At most
+// topk visible keys: all of them. Else a radix select over order-preserving integer keys (4 passes of 8 bits) finds
+// the k-th largest score; every larger one is taken, and of those equal to it the earliest, so ties at the cut go
+// to the earlier position (the reference's rule). +0 and -0 are one value, as they compare equal.
+// A row is split over `ranks` CTAs, one thread-block cluster (sm_90+; ranks 1 is one block, any GPU): each rank
+// takes a contiguous segment of the visible keys, histograms it in every pass, and all ranks sum the cluster's
+// histograms over distributed shared memory, so every rank finds the same digit with no global workspace. Then
+// each rank counts the keys above and at the cut in its segment, learns the counts of the ranks before it, and
+// writes its taken keys at their final places: a thread a contiguous run, so the output comes out ascending.
+// grid (T * ranks), cluster (ranks, 1, 1), SELECT_THREADS threads.
+constexpr int SELECT_THREADS = 1024, SELECT_UNROLL = 8, MAX_SELECT_RANKS = 8, RADIX = 256;
+
 __device__ __forceinline__ unsigned int order_key(float x) {
     const unsigned int u = __float_as_uint(x == 0.f ? 0.f : x);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Exclusive prefix count of `flag` over the block, and the block's total (every thread gets it).
-__device__ __forceinline__ int block_exclusive_count(bool flag, int* total) {
-    __shared__ int warp_counts[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const unsigned int ballot = __ballot_sync(0xffffffffu, flag);
-    __syncthreads();   // warp_counts may still be read by a previous call
-    if (lane == 0) warp_counts[warp] = __popc(ballot);
+// The cluster barrier and a load from rank `rank`'s copy of a shared variable; below sm_90 the launcher passes
+// ranks 1, so they are the block barrier and a local load.
+__device__ __forceinline__ void ranks_sync() {
+#if __CUDA_ARCH__ >= 900
+    cluster_sync();
+#else
     __syncthreads();
-    int before = 0, all = 0;
-    for (int i = 0; i < nwarps; ++i) {
-        before += i < warp ? warp_counts[i] : 0;
-        all += warp_counts[i];
-    }
-    *total = all;
-    return before + __popc(ballot & ((1u << lane) - 1u));
+#endif
 }
 
-extern "C" __global__ void indexer_topk_select(const float* scores, int width, const int* query_start,
-                                               const int* context_lens, int num_seqs, int topk, int* out) {
-    __shared__ int hist[256];
-    __shared__ unsigned int found[2];   // the prefix fixed so far, the count still to take inside it
+__device__ __forceinline__ unsigned int ld_rank(const unsigned int* local, int rank) {
+#if __CUDA_ARCH__ >= 900
+    unsigned int v;
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(cluster_remote(local, rank)) : "memory");
+    return v;
+#else
+    return *local;
+#endif
+}
+
+__device__ __forceinline__ unsigned long long ld_rank(const unsigned long long* local, int rank) {
+#if __CUDA_ARCH__ >= 900
+    unsigned long long v;
+    asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v) : "r"(cluster_remote(local, rank)) : "memory");
+    return v;
+#else
+    return *local;
+#endif
+}
+
+// Exclusive prefix sum of v over the block, and the block's total. Called once a launch (its shared array is
+// not reused). blockDim.x a multiple of 32.
+__device__ __forceinline__ unsigned long long block_exclusive_sum(unsigned long long v, unsigned long long* total) {
+    __shared__ unsigned long long warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    unsigned long long x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned long long w = lane < nwarps ? warp_sums[lane] : 0ull;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned long long y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        __syncwarp();
+        warp_sums[lane] = w;   // inclusive sums of the warps
+    }
+    __syncthreads();
+    *total = warp_sums[nwarps - 1];
+    return (warp > 0 ? warp_sums[warp - 1] : 0ull) + x - v;
+}
+
+// Warp 0: the digit (scanning from 255 down) at which the counts reach `need`, and how many of that digit are
+// still to take. Lane l holds digits 255 - 8 l .. 248 - 8 l; the counts sum to at least need, so one lane has it.
+__device__ __forceinline__ void threshold_digit(const unsigned int* count, unsigned int need, unsigned int* found) {
+    const int lane = threadIdx.x & 31;
+    unsigned int c[RADIX / 32], mine = 0;
+#pragma unroll
+    for (int j = 0; j < RADIX / 32; ++j) mine += c[j] = count[RADIX - 1 - (RADIX / 32) * lane - j];
+    unsigned int incl = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    unsigned int above = incl - mine;
+    if (above < need && need <= incl) {
+#pragma unroll
+        for (int j = 0; j < RADIX / 32; ++j) {
+            if (above + c[j] >= need) {
+                found[0] = RADIX - 1 - (RADIX / 32) * lane - j;
+                found[1] = need - above;
+                break;
+            }
+            above += c[j];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SELECT_THREADS)
+indexer_topk_select(const float* scores, int width, const int* query_start, const int* context_lens, int num_seqs,
+                    int topk, int ranks, int* out) {
+    __shared__ unsigned int hist[2][RADIX];   // this rank's counts, a pass's and the next one's
+    __shared__ unsigned int total[RADIX];     // the cluster's counts of the pass
+    __shared__ unsigned int found[2];         // the pass's digit, the count still to take inside it
+    __shared__ unsigned long long seg_counts; // this rank's keys above the cut << 32 | keys at it
     pdl_begin();
-    const int t = blockIdx.x;
+    const int t = blockIdx.x / ranks, rank = blockIdx.x % ranks, tid = threadIdx.x, lane = tid & 31;
     const int visible = token_seq_pos(query_start, context_lens, num_seqs, t).y + 1;
     const float* row = scores + (long long)t * width;
     int* dst = out + (long long)t * topk;
-    if (visible <= topk) {
-        for (int i = threadIdx.x; i < topk; i += blockDim.x) dst[i] = i < visible ? i : -1;
+    if (visible <= topk) {   // the whole cluster leaves here: visible is its row's
+        for (int i = rank * blockDim.x + tid; i < topk; i += ranks * blockDim.x) dst[i] = i < visible ? i : -1;
         return;
     }
+    const int seg = (visible + ranks - 1) / ranks;
+    const int lo = min(rank * seg, visible), hi = min(lo + seg, visible);
+    for (int i = tid; i < 2 * RADIX; i += blockDim.x) (&hist[0][0])[i] = 0u;
+    __syncthreads();
     unsigned int prefix = 0, mask = 0, need = topk;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
-        __syncthreads();
-        for (int s = threadIdx.x; s < visible; s += blockDim.x) {
-            const unsigned int key = order_key(row[s]);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+    for (int pass = 0; pass < 4; ++pass) {
+        const int shift = 24 - 8 * pass;
+        unsigned int* h = hist[pass & 1];
+        for (int base = lo; base < hi; base += SELECT_UNROLL * blockDim.x) {   // the same trip count in every thread
+            float v[SELECT_UNROLL];
+#pragma unroll
+            for (int j = 0; j < SELECT_UNROLL; ++j) {
+                const int s = base + j * blockDim.x + tid;
+                v[j] = s < hi ? row[s] : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < SELECT_UNROLL; ++j) {
+                const unsigned int key = order_key(v[j]), digit = (key >> shift) & (RADIX - 1);
+                const bool in = base + j * (int)blockDim.x + tid < hi && (key & mask) == prefix;
+                // one atomic per distinct digit of the warp: scores crowd into few digits
+                const unsigned int active = __ballot_sync(0xffffffffu, in);
+                if (in) {
+                    const unsigned int peers = __match_any_sync(active, digit);
+                    if (lane == __ffs(peers) - 1) atomicAdd(&h[digit], __popc(peers));
+                }
+            }
+        }
+        ranks_sync();   // every rank's counts of this pass are complete and visible to the cluster
+        if (tid < RADIX) {
+            unsigned int part[MAX_SELECT_RANKS], sum = 0;
+#pragma unroll
+            for (int r = 0; r < MAX_SELECT_RANKS; ++r) part[r] = r < ranks ? ld_rank(&h[tid], r) : 0u;
+#pragma unroll
+            for (int r = 0; r < MAX_SELECT_RANKS; ++r) sum += part[r];
+            total[tid] = sum;
+            hist[(pass + 1) & 1][tid] = 0u;   // the next pass's: every rank read it before the barrier above
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned int above = 0;
-            int b = 255;
-            for (; b > 0 && above + hist[b] < need; --b) above += hist[b];
-            found[0] = prefix | ((unsigned int)b << shift);
-            found[1] = need - above;
-        }
+        if (tid < 32) threshold_digit(total, need, found);
         __syncthreads();
-        prefix = found[0];
+        prefix |= found[0] << shift;
         need = found[1];
-        mask |= 0xffu << shift;
-        __syncthreads();   // found[] is rewritten by the next pass
+        mask |= (RADIX - 1u) << shift;
     }
-    // prefix is the k-th largest key; `need` of the keys equal to it are taken, the earliest ones.
-    int taken = 0, equal_seen = 0;
-    for (int base = 0; base < visible; base += blockDim.x) {
-        const int s = base + threadIdx.x;
-        const unsigned int key = s < visible ? order_key(row[s]) : 0u;
-        int equal_total, take_total;
-        const int equal_rank = block_exclusive_count(s < visible && key == prefix, &equal_total);
-        const bool take = s < visible && (key > prefix || (key == prefix && equal_seen + equal_rank < (int)need));
-        const int rank = block_exclusive_count(take, &take_total);
-        if (take && taken + rank < topk) dst[taken + rank] = s;
-        taken += take_total;
-        equal_seen += equal_total;
+    // prefix is the k-th largest key; `need` of the keys equal to it are taken, the earliest ones. A thread counts
+    // its run's keys above and at the cut; their prefix over the block and the ranks before places each taken key.
+    const int run = (hi - lo + blockDim.x - 1) / blockDim.x;
+    const int first = lo + tid * run, last = min(first + run, hi);
+    unsigned int above = 0, equal = 0;
+    for (int base = first; base < last; base += SELECT_UNROLL) {
+        float v[SELECT_UNROLL];
+#pragma unroll
+        for (int j = 0; j < SELECT_UNROLL; ++j) v[j] = base + j < last ? row[base + j] : NEG_INF;
+#pragma unroll
+        for (int j = 0; j < SELECT_UNROLL; ++j) {
+            const unsigned int key = order_key(v[j]);
+            const bool inside = base + j < last;
+            above += inside && key > prefix;
+            equal += inside && key == prefix;
+        }
     }
-    for (int i = taken + threadIdx.x; i < topk; i += blockDim.x) dst[i] = -1;
+    unsigned long long block_total;
+    unsigned long long before = block_exclusive_sum(((unsigned long long)above << 32) | equal, &block_total);
+    if (tid == 0) seg_counts = block_total;
+    ranks_sync();
+    for (int r = 0; r < rank; ++r) before += ld_rank(&seg_counts, r);
+    above = (unsigned int)(before >> 32);
+    equal = (unsigned int)before;
+    for (int base = first; base < last; base += SELECT_UNROLL) {
+        float v[SELECT_UNROLL];
+#pragma unroll
+        for (int j = 0; j < SELECT_UNROLL; ++j) v[j] = base + j < last ? row[base + j] : NEG_INF;
+#pragma unroll
+        for (int j = 0; j < SELECT_UNROLL; ++j) {
+            if (base + j >= last) break;
+            const unsigned int key = order_key(v[j]);
+            if (key > prefix) dst[above++ + min(equal, need)] = base + j;
+            else if (key == prefix && equal++ < need) dst[above + equal - 1] = base + j;
+        }
+    }
+    ranks_sync();   // no rank leaves while another may still read its seg_counts
 }
 
 // Absorbed MLA attention of one token over its selected keys, HG heads a block: score_h(s) = (q_latent_h . c_s

@@ -14,12 +14,14 @@ import cupy as cp
 import numpy as np
 
 from openinfer.plugin_api import ForwardBatch
-from openinfer.plugin_api.cuda import as_index, heads3d, launch, rows2d, suffix
+from openinfer.plugin_api.cuda import as_index, clusters_supported, heads3d, launch, rows2d, sm_count, suffix
 
 __all__ = ["glm52_indexer_rope_write", "glm52_indexer_topk", "glm52_sparse_mla_attention"]
 
 SOURCE = Path(__file__).with_name("dsa.cu")
-ROPE_THREADS, SCORE_THREADS, SELECT_THREADS = 128, 128, 512
+ROPE_THREADS, SCORE_THREADS = 128, 128
+SELECT_THREADS, MAX_SELECT_RANKS = 1024, 8        # dsa.cu: indexer_topk_select's block and largest cluster
+SELECT_KEYS_PER_RANK = 4096                       # a row is split in segments of at least this many keys
 MAX_INDEX_HEADS, MAX_ROPE_DIM = 64, 1024          # dsa.cu: MAX_INDEX_HEADS, kn[1024]
 HG, KT, SPARSE_THREADS, R_PER_THREAD = 16, 32, 256, 32   # dsa.cu: sparse_mla_attention's tiling
 
@@ -88,37 +90,57 @@ def glm52_indexer_rope_write(q: cp.ndarray, k: cp.ndarray, norm_w: cp.ndarray, n
     return out
 
 
-def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, batch: ForwardBatch, topk: int,
-                       scale: float) -> cp.ndarray:
+def indexer_scores(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, batch: ForwardBatch,
+                   scale: float) -> cp.ndarray:
+    """[T, max_context_len] float32 scores of every key, -inf where not visible."""
     T, heads, dim = q.shape
     if heads > MAX_INDEX_HEADS:
         raise ValueError(f"glm52_indexer_topk: {heads} indexer heads, the kernel holds at most {MAX_INDEX_HEADS}")
     block_stride = layer_view(cache, dim, "glm52_indexer_topk")
     check_batch(batch, T, cache, "glm52_indexer_topk")
-    out = cp.empty((T, topk), dtype=np.int32)
-    if T == 0:
-        return out
     width = int(batch.max_context_len)
     scores = cp.empty((T, width), dtype=np.float32)
+    if T == 0:
+        return scores
     tables, table_stride, qstart, lens, B = _sequences(batch)
-    smem = 4 * (heads * dim + heads)
     launch(SOURCE, f"indexer_scores_{suffix(q.dtype)}", (T, -(-width // SCORE_THREADS)), SCORE_THREADS,
            (cp.ascontiguousarray(q), cp.ascontiguousarray(weights, dtype=np.float32), cache, np.int64(block_stride),
             np.int32(cache.shape[1]), tables, table_stride, qstart, lens, B, scores, np.int32(width), np.int32(heads),
-            np.int32(dim), np.float32(scale)), smem=smem)
-    return select_topk(scores, batch, out)
+            np.int32(dim), np.float32(scale)), smem=4 * (heads * dim + heads))
+    return scores
+
+
+def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, batch: ForwardBatch, topk: int,
+                       scale: float) -> cp.ndarray:
+    scores = indexer_scores(q, weights, cache, batch, scale)
+    return select_topk(scores, batch, cp.empty((q.shape[0], topk), dtype=np.int32))
+
+
+def select_ranks(tokens: int, width: int, sms: int) -> int:
+    """How many CTAs (one cluster) select a row of `width` scores: segments of at least SELECT_KEYS_PER_RANK keys and
+    at most two CTAs an SM over the whole grid (more rows already fill the GPU), one where clusters are not
+    supported."""
+    if not clusters_supported():
+        return 1
+    return max(1, min(MAX_SELECT_RANKS, width // SELECT_KEYS_PER_RANK, 2 * sms // max(tokens, 1)))
 
 
 def select_topk(scores: cp.ndarray, batch: ForwardBatch, out: cp.ndarray) -> cp.ndarray:
     """Each token's exact causal top-k of its score row (scores [T, width] float32) into out [T, topk] int32
-    (ascending key positions, -1 padded; the reference's tie rule)."""
+    (ascending key positions, -1 padded; the reference's tie rule). The grid depends on the shapes only (a
+    decode graph's width is the model's length), so it is fixed for a captured graph."""
     check_batch(batch, out.shape[0], None, "glm52_indexer_topk")
-    if scores.shape[0] != out.shape[0] or scores.shape[1] < batch.max_context_len:
+    T, width = scores.shape
+    if T != out.shape[0] or width < batch.max_context_len:
         raise ValueError(f"glm52_indexer_topk: scores {scores.shape} for {out.shape[0]} tokens of contexts up to "
                          f"{batch.max_context_len} keys")
+    if T == 0:
+        return out
     _, _, qstart, lens, B = _sequences(batch)
-    launch(SOURCE, "indexer_topk_select", (out.shape[0],), SELECT_THREADS,
-           (scores, np.int32(scores.shape[1]), qstart, lens, B, np.int32(out.shape[1]), out))
+    ranks = select_ranks(T, width, sm_count())
+    launch(SOURCE, "indexer_topk_select", (T * ranks,), SELECT_THREADS,
+           (scores, np.int32(width), qstart, lens, B, np.int32(out.shape[1]), np.int32(ranks), out),
+           cluster=(ranks, 1, 1) if ranks > 1 else None)
     return out
 
 
