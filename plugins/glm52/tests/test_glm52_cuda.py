@@ -117,6 +117,67 @@ def test_indexer_topk_ties_go_to_the_earliest_keys(dt):
         assert got[t].tolist() == want
 
 
+SELECT_RUNS = [(4, 1), (2047, 1), (2048, 1), (2999, 1), (9000, 1), (131071, 1), (3000, 40)]   # a 128k row among them
+
+
+def select_inputs(rng, runs, kind: str):
+    """(scores [T, width] float32 on the host, device batch, each token's visible keys) for the select alone (its
+    block tables are never read). Scores past a token's visible keys are NaN: the select must not read them."""
+    qs = np.concatenate([[0], np.cumsum([n for _, n in runs])]).astype(np.int32)
+    lens = np.asarray([p + n for p, n in runs], np.int32)
+    visible = np.concatenate([np.arange(p, p + n) for p, n in runs]) + 1
+    T, width = int(qs[-1]), int(lens.max())
+    s = rng.standard_normal((T, width)).astype(np.float32)
+    if kind == "zeros of both signs":   # the ReLU's exact ties
+        s = np.where(rng.random(s.shape) < 0.7, np.float32(0) * rng.choice([-1, 1], s.shape), s).astype(np.float32)
+    elif kind == "few values":          # ties across whole rows, the cut inside them
+        s = rng.integers(-3, 3, s.shape).astype(np.float32)
+    s[np.arange(width)[None] >= visible[:, None]] = np.nan
+    tables, z = np.zeros((len(runs), -(-width // BS)), np.int32), np.zeros(1, np.int32)
+    dev = ForwardBatch(*[cp.asarray(f) for f in (z, visible - 1, z, tables, qs, lens, z)], qs, lens, BS,
+                       max(n for _, n in runs), width)
+    return s, dev, visible
+
+
+@pytest.mark.parametrize("ranks", [None, 1, 2, 8])
+@pytest.mark.parametrize("kind", ["normal", "zeros of both signs", "few values"])
+def test_select_topk_is_the_reference_selection(monkeypatch, ranks, kind):
+    """The select on given scores, a row on one CTA or split over a cluster (None: the launcher's pick, 5 CTAs on an
+    H100 here): exactly the reference's keys in its order, ties at the cut to the earlier ones, for decode rows of
+    different lengths and a prefill run."""
+    if ranks is not None:
+        monkeypatch.setattr(ops, "select_ranks", lambda *_: ranks)
+    rng = np.random.default_rng(8)
+    topk = 2048
+    s, dev, visible = select_inputs(rng, SELECT_RUNS, kind)
+    got = cp.asnumpy(ops.select_topk(cp.asarray(s), dev, cp.empty((len(visible), topk), np.int32)))
+    for t, v in enumerate(visible):
+        np.testing.assert_array_equal(got[t], ref.select_topk(s[t], int(v), topk), err_msg=f"token {t}")
+
+
+def test_select_topk_replays_in_a_cuda_graph():
+    """Captured once with its grid fixed by the shapes, the select follows new scores and contexts on replay."""
+    rng = np.random.default_rng(9)
+    runs, topk = [(131071, 1), (5000, 1), (100, 1)], 2048
+    s, dev, _ = select_inputs(rng, runs, "normal")
+    scores, out = cp.asarray(s), cp.empty((len(runs), topk), np.int32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        ops.select_topk(scores, dev, out)   # compile and load outside the capture
+        stream.begin_capture()
+        ops.select_topk(scores, dev, out)
+        graph = stream.end_capture()
+        for new_runs in ([(70000, 1), (131071, 1), (2047, 1)], [(3, 1), (9999, 1), (131071, 1)]):
+            s, new, visible = select_inputs(rng, new_runs, "few values")
+            scores.set(s)
+            dev.context_lens[...] = new.context_lens
+            graph.launch(stream)
+            stream.synchronize()
+            got = cp.asnumpy(out)
+            for t, v in enumerate(visible):
+                np.testing.assert_array_equal(got[t], ref.select_topk(s[t], int(v), topk), err_msg=f"token {t}")
+
+
 def test_sparse_mla_attention(dt):
     dtype, tol = dt
     rng = np.random.default_rng(4)

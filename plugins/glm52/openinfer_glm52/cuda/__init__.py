@@ -7,7 +7,8 @@
 On sm_90 the TileLang ones rank first, as measured on an H100 (scripts/glm52_dsa_times.py, GLM-5.2 decode shapes):
 the sparse MLA attention ~110 us against 2.8-3.6 ms hand-written; the indexer's scores + top-k 74-604 us against
 109-723 us at batch 1 (8k-128k keys) and 114-310 against 496-1,814 us at batch 32, while the hand-written top-k alone
-is the faster select (35-481 against 55-572 us), so TileLang scores + that select rank above both.
+was the faster select even as one CTA a row (35-481 against 55-572 us), so TileLang scores + that select rank above
+both. The hand-written select now splits a long row over a thread-block cluster of up to 8 CTAs (dsa.cu).
 Importing this package touches neither cupy nor the GPU: the ops register as lazy strings."""
 from __future__ import annotations
 
