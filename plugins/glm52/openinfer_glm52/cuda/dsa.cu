@@ -216,6 +216,19 @@ __device__ __forceinline__ void threshold_digit(const unsigned int* count, unsig
     }
 }
 
+// f(s, order key of s) for the keys s = first .. last-1 of a row in order, SELECT_UNROLL loads in flight.
+template <typename F>
+__device__ __forceinline__ void for_each_key(const float* row, int first, int last, F f) {
+    for (int base = first; base < last; base += SELECT_UNROLL) {
+        float v[SELECT_UNROLL];
+#pragma unroll
+        for (int j = 0; j < SELECT_UNROLL; ++j) v[j] = base + j < last ? row[base + j] : 0.f;
+#pragma unroll
+        for (int j = 0; j < SELECT_UNROLL; ++j)
+            if (base + j < last) f(base + j, order_key(v[j]));
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(SELECT_THREADS)
 indexer_topk_select(const float* scores, int width, const int* query_start, const int* context_lens, int num_seqs,
                     int topk, int ranks, int* out) {
@@ -281,18 +294,10 @@ indexer_topk_select(const float* scores, int width, const int* query_start, cons
     const int run = (hi - lo + blockDim.x - 1) / blockDim.x;
     const int first = lo + tid * run, last = min(first + run, hi);
     unsigned int above = 0, equal = 0;
-    for (int base = first; base < last; base += SELECT_UNROLL) {
-        float v[SELECT_UNROLL];
-#pragma unroll
-        for (int j = 0; j < SELECT_UNROLL; ++j) v[j] = base + j < last ? row[base + j] : NEG_INF;
-#pragma unroll
-        for (int j = 0; j < SELECT_UNROLL; ++j) {
-            const unsigned int key = order_key(v[j]);
-            const bool inside = base + j < last;
-            above += inside && key > prefix;
-            equal += inside && key == prefix;
-        }
-    }
+    for_each_key(row, first, last, [&](int, unsigned int key) {
+        above += key > prefix;
+        equal += key == prefix;
+    });
     unsigned long long block_total;
     unsigned long long before = block_exclusive_sum(((unsigned long long)above << 32) | equal, &block_total);
     if (tid == 0) seg_counts = block_total;
@@ -300,18 +305,10 @@ indexer_topk_select(const float* scores, int width, const int* query_start, cons
     for (int r = 0; r < rank; ++r) before += ld_rank(&seg_counts, r);
     above = (unsigned int)(before >> 32);
     equal = (unsigned int)before;
-    for (int base = first; base < last; base += SELECT_UNROLL) {
-        float v[SELECT_UNROLL];
-#pragma unroll
-        for (int j = 0; j < SELECT_UNROLL; ++j) v[j] = base + j < last ? row[base + j] : NEG_INF;
-#pragma unroll
-        for (int j = 0; j < SELECT_UNROLL; ++j) {
-            if (base + j >= last) break;
-            const unsigned int key = order_key(v[j]);
-            if (key > prefix) dst[above++ + min(equal, need)] = base + j;
-            else if (key == prefix && equal++ < need) dst[above + equal - 1] = base + j;
-        }
-    }
+    for_each_key(row, first, last, [&](int pos, unsigned int key) {
+        if (key > prefix) dst[above++ + min(equal, need)] = pos;
+        else if (key == prefix && equal++ < need) dst[above + equal - 1] = pos;
+    });
     ranks_sync();   // no rank leaves while another may still read its seg_counts
 }
 
