@@ -118,11 +118,11 @@ def glm52_indexer_topk(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, ba
 
 def select_ranks(tokens: int, width: int, sms: int) -> int:
     """How many CTAs (one cluster) select a row of `width` scores: segments of at least SELECT_KEYS_PER_RANK keys and
-    at most two CTAs an SM over the whole grid (more rows already fill the GPU), one where clusters are not
-    supported."""
+    the grid in one wave (a CTA of SELECT_THREADS fills an SM; more rows already fill the GPU), one where clusters
+    are not supported."""
     if not clusters_supported():
         return 1
-    return max(1, min(MAX_SELECT_RANKS, width // SELECT_KEYS_PER_RANK, 2 * sms // max(tokens, 1)))
+    return max(1, min(MAX_SELECT_RANKS, width // SELECT_KEYS_PER_RANK, sms // max(tokens, 1)))
 
 
 def select_topk(scores: cp.ndarray, batch: ForwardBatch, out: cp.ndarray) -> cp.ndarray:
