@@ -78,6 +78,19 @@ def test_eager_decode_through_the_emulated_kernels(sparse, emulate):
     assert launches.count("indexer_topk_select") > 20
 
 
+def test_rows_split_over_clusters_through_the_emulated_kernels(sparse, emulate, monkeypatch):
+    """The select with each row split over a cluster of CTAs (a few keys a CTA here, as 128k-key rows are on a GPU)
+    gives the numpy engine's greedy tokens."""
+    from openinfer_glm52.cuda import ops as cuda_ops
+    monkeypatch.setattr(cuda_ops, "SELECT_KEYS_PER_RANK", 4)
+    ckpt, _ = sparse
+    ref, eng = engine_for(ckpt, max_num_seqs=4), engine_for(ckpt, max_num_seqs=4)
+    launches = emulate(eng)
+    prompts = _prompts(eng, 4)[1:]
+    assert [t for t, _, _ in generate(eng, prompts, greedy(6))] == [t for t, _, _ in generate(ref, prompts, greedy(6))]
+    assert launches.count("indexer_topk_select") > 10
+
+
 def test_batched_chunked_cached_and_graph_decode_through_the_emulated_kernels(sparse, emulate):
     """Several sequences a step, prefix-cache hits, chunked prefill and decode-graph batches (the model's length
     as max_context_len, padding rows) give the numpy engine's greedy tokens."""
