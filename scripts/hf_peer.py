@@ -5,8 +5,11 @@ Times, for a checkpoint folder, in bf16 with sdpa attention: one forward over a 
 over 1k-token prompts (the default dynamic cache: transformers' out-of-the-box fast path without a
 compile warm-up). Also the teacher-forced top-1 agreement of openinfer's logits with transformers'
 on random sequences (when openinfer's CUDA engine can load the folder). Prints JSON.
+--preset NAME instead of a folder: the preset's shape (`openinfer synth --list`), weights drawn at random on the
+GPU (a shape's timings, without writing and loading a checkpoint).
 
     python scripts/hf_peer.py MODEL_DIR [--agreement]
+    python scripts/hf_peer.py --preset deepseek-v2-lite
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import time
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def timed(fn, repeats: int = 3) -> float:
@@ -34,10 +37,15 @@ def timed(fn, repeats: int = 3) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("model")
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--preset", help="a preset shape with random weights, instead of MODEL_DIR")
     ap.add_argument("--agreement", action="store_true")
     a = ap.parse_args()
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+    if a.preset:
+        model = random_model(a.preset)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = model.cuda().eval()
     vocab = model.config.vocab_size
     rng = np.random.default_rng(0)
     out: dict[str, float] = {}
@@ -55,6 +63,16 @@ def main() -> None:
         if a.agreement:
             out.update(agreement(model, a.model, vocab, rng))
     print(json.dumps(out))
+
+
+def random_model(preset: str) -> torch.nn.Module:
+    """transformers' model of a preset's config, its weights initialised at random on the GPU."""
+    from openinfer.contract.plugins import get_plugins
+    line = next(l for l in get_plugins().lines.values() if preset in l.presets)
+    config = dict(line.presets[preset])
+    config = AutoConfig.for_model(config.pop("model_type"), **config)
+    with torch.device("cuda"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
 
 
 def agreement(model, path: str, vocab: int, rng: np.random.Generator) -> dict[str, float]:

@@ -153,16 +153,21 @@ def logits_with_shared_choices(engine: Engine, reference: Engine, ids: list[int]
     itself; compared this way the logits show the kernels and the agreements show the choices."""
     taken: dict[str, list[Any]] = {op: [] for op in ops}
     overlaps: dict[str, list[float]] = {op: [] for op in ops}
-    to_host = engine.runner.backend.to_host
+    ref_backend = reference.runner.backend
 
-    def host(v: Any) -> Any:
-        return tuple(np.asarray(to_host(x)) for x in v) if isinstance(v, tuple) else np.asarray(to_host(v))
+    def host(v: Any, backend: Any) -> Any:
+        return tuple(host(x, backend) for x in v) if isinstance(v, tuple) else np.asarray(backend.to_host(v))
+
+    def on_reference(v: Any) -> Any:  # host arrays onto the reference's device, dtype kept
+        if isinstance(v, tuple):
+            return tuple(on_reference(x) for x in v)
+        return v if ref_backend.xp is np else ref_backend.asarray(v, dtype=str(v.dtype))
 
     def record(op: str) -> Callable[[Callable], Callable]:
         def wrap(fn):
             def call(*a, **k):
                 out = fn(*a, **k)
-                taken[op].append(host(out))
+                taken[op].append(host(out, engine.runner.backend))
                 return out
             return call
         return wrap
@@ -170,12 +175,12 @@ def logits_with_shared_choices(engine: Engine, reference: Engine, ids: list[int]
     def replay(op: str) -> Callable[[Callable], Callable]:
         def wrap(fn):
             def call(*a, **k):
-                mine, theirs = taken[op].pop(0), fn(*a, **k)
+                mine, theirs = taken[op].pop(0), host(fn(*a, **k), ref_backend)
                 m, t = (mine[0], theirs[0]) if isinstance(mine, tuple) else (mine, theirs)
                 for a_row, b_row in zip(np.asarray(m), np.asarray(t)):
                     a_row, b_row = a_row[a_row >= 0], b_row[b_row >= 0]
                     overlaps[op].append(len(np.intersect1d(a_row, b_row)) / max(len(a_row), 1))
-                return mine
+                return on_reference(mine)
             return call
         return wrap
 
