@@ -46,9 +46,9 @@ def test_quant_launches(launches, fmt, dtype):
     quant.moe_experts_quant(fake(np.zeros((3, 256)), dtype), gu, dn, fake(np.zeros((3, 4), np.int32)),
                             fake(np.ones((3, 4), np.float32)), 2, fake(np.zeros((3, 256)), dtype))
     names = [c.name for c in launches]
-    assert names == ["moe_plan", f"moe_q_gate_up_{fmt}_{module.suffix(dtype)}", f"moe_q_down_{fmt}_{module.suffix(dtype)}",
-                     f"moe_combine_{module.suffix(dtype)}"]
-    assert launches[1].grid == (8, 6) and launches[2].grid == (32, 6)   # slots: min(E_local, T * k)
+    sfx = module.suffix(dtype)   # rows of 256 and 64 weights: one chunk a lane and pass (u1), four rows a warp
+    assert names == ["moe_plan", f"moe_q_gate_up_{fmt}_{sfx}_u1", f"moe_q_down_{fmt}_{sfx}_u1", f"moe_combine_{sfx}"]
+    assert launches[1].grid == (4, 6) and launches[2].grid == (8, 6)   # slots: min(E_local, T * k)
     launches.clear()
     quant.MOE_CHUNK, chunk = 2, quant.MOE_CHUNK
     try:   # 5 tokens in chunks of 2: three passes of the four launches, the last over one token
@@ -57,6 +57,29 @@ def test_quant_launches(launches, fmt, dtype):
     finally:
         quant.MOE_CHUNK = chunk
     assert [c.name for c in launches] == names * 3 and launches[-1].grid == (1,)
+
+
+# Kimi-K2's experts (hidden 7168, width 2048): (gate_up kernel, grid x), (down kernel, grid x). A lane keeps eight
+# 16-byte loads in flight: INT4 gate_up 224 chunks a row as 4 a pass over 2 rows (one output), down 64 chunks as 2
+# over 4 rows; FP8 448 and 128 chunks, 4 a pass over 2 rows.
+KIMI_GRIDS = {"int4": (("u4", 2048 // 8), ("u2", 7168 // 32)), "fp8": (("u4", 2048 // 8), ("u4", 7168 // 16))}
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_kimi_expert_launches(launches, fmt):
+    D, I, E, k, T = 7168, 2048, 3, 8, 1   # three experts: the grid's x depends only on the shape
+    if fmt == "int4":
+        gu = Int4Weight(fake(np.zeros((E, 2 * I, D // 8), np.int32)), fake(np.zeros((E, 2 * I, D // 32)), BF16))
+        dn = Int4Weight(fake(np.zeros((E, D, I // 8), np.int32)), fake(np.zeros((E, D, I // 32)), BF16))
+    else:
+        gu = Fp8Weight(fake(np.zeros((E, 2 * I, D), np.uint8)), fake(np.zeros((E, 2 * I, D // 128), np.float32)))
+        dn = Fp8Weight(fake(np.zeros((E, D, I), np.uint8)), fake(np.zeros((E, D, I // 128), np.float32)))
+    quant.moe_experts_quant(fake(np.zeros((T, D)), BF16), gu, dn, fake(np.zeros((T, k), np.int32)),
+                            fake(np.ones((T, k), np.float32)), 0)
+    (gu_u, gu_x), (dn_u, dn_x) = KIMI_GRIDS[fmt]
+    slots = min(E, T * k)   # fixed by the token count: the launches can be captured per batch size
+    assert [(c.name, c.grid, c.block) for c in launches[1:3]] == [
+        (f"moe_q_gate_up_{fmt}_bf16_{gu_u}", (gu_x, slots), 256), (f"moe_q_down_{fmt}_bf16_{dn_u}", (dn_x, slots), 256)]
 
 
 def test_quant_refuses_misshapen_weights(launches):
