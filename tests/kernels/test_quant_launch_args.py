@@ -90,6 +90,9 @@ def test_quant_refuses_misshapen_weights(launches):
     words = fake(np.zeros(8 * 8 + 1, np.int32))[1:].reshape(8, 8)   # 4 bytes past an aligned start
     with pytest.raises(ValueError, match="16-byte aligned"):
         quant.linear_quant(fake(np.zeros((1, 64)), BF16), Int4Weight(words, w.scale[0]))
+    fp8 = Fp8Weight(fake(np.zeros((8, 24), np.uint8)), fake(np.ones((8, 1), np.float32)))   # rows of 1.5 chunks
+    with pytest.raises(ValueError, match="divisible by 16"):
+        quant.linear_quant(fake(np.zeros((1, 24)), BF16), fp8)
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
