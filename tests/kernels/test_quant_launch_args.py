@@ -57,7 +57,7 @@ def test_quant_launches(launches, fmt, dtype):
                                 fake(np.ones((5, 4), np.float32)), 0)
     finally:
         quant.MOE_CHUNK = chunk
-    assert [c.name for c in launches] == names * 3 and launches[-1].grid == (1,)
+    assert [c.name for c in launches] == names * 3 and launches[-1].grid == (1, 1)
 
 
 # Kimi-K2's experts (hidden 7168, width 2048): (gate_up kernel, grid x), (down kernel, grid x). A lane keeps eight

@@ -201,15 +201,31 @@ extern "C" __global__ void moe_plan(const int* __restrict__ ids, int n, int E_lo
         if (e >= 0 && e < E_local) atomicAdd(&counts[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {   // E_local is small (<= a few hundred): a serial scan is cheaper than a parallel one
-        int s = 0, at = 0;
-        for (int e = 0; e < E_local; ++e) {
+    __shared__ int total[2];   // slots used, pairs
+    if (threadIdx.x < 32) {   // warp 0: lane l owns experts [l * per, (l + 1) * per); exclusive scans of slots, pairs
+        const int lane = threadIdx.x, per = (E_local + 31) / 32;
+        const int e0 = min(E_local, lane * per), e1 = min(E_local, e0 + per);
+        int used = 0, pairs = 0;
+        for (int e = e0; e < e1; ++e) { used += counts[e] != 0; pairs += counts[e]; }
+        int s = used, at = pairs;   // inclusive, then exclusive
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, s, o), b = __shfl_up_sync(0xffffffffu, at, o);
+            if (lane >= o) { s += a; at += b; }
+        }
+        if (lane == 31) { total[0] = s; total[1] = at; }
+        s -= used;
+        at -= pairs;
+        for (int e = e0; e < e1; ++e) {
             const int c = counts[e];
-            counts[e] = at;               // becomes the expert's fill cursor
+            counts[e] = at;   // becomes the expert's fill cursor
             if (c) { slot_expert[s] = e; slot_start[s] = at; ++s; at += c; }
         }
-        for (int r = s; r < slots; ++r) { slot_expert[r] = -1; slot_start[r] = at; }
-        slot_start[slots] = at;
+    }
+    __syncthreads();
+    for (int r = total[0] + threadIdx.x; r <= slots; r += blockDim.x) {
+        if (r < slots) slot_expert[r] = -1;
+        slot_start[r] = total[1];
     }
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -306,21 +322,33 @@ __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__
 }
 
 // y[t, d] = sum over j of yk[t * k + j, d] for the pairs whose expert is local, in j order, plus addend[t, d] (null:
-// none; [T, D] packed) in fp32: grid (T), threads over D.
+// none; [T, D] packed) in fp32: grid (T, ceil(D / (4 * threads))), a thread per 4 columns (D % 4 == 0), its k row
+// loads unrolled so they are in flight together.
 template <typename T>
 __device__ void moe_combine(const float* __restrict__ yk, const int* __restrict__ ids, int k, int D, int E_local,
                             int offset, const T* __restrict__ addend, T* __restrict__ y) {
     pdl_begin();
     const long long t = blockIdx.x;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float s = 0.f;
-        for (int j = 0; j < k; ++j) {
-            const int e = ids[t * k + j] - offset;
-            if (e >= 0 && e < E_local) s += yk[(t * k + j) * D + d];
+    const int d = 4 * (blockIdx.y * blockDim.x + threadIdx.x);
+    if (d >= D) return;
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+    for (int j = 0; j < k; ++j) {
+        const int e = ids[t * k + j] - offset;
+        if (e >= 0 && e < E_local) {
+            float v[4];
+            load_f32<4>(yk + (t * k + j) * D + d, v);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[i] += v[i];
         }
-        if (addend) s += to_f32(addend[t * D + d]);
-        y[t * D + d] = from_f32<T>(s);
     }
+    if (addend) {
+        float a[4];
+        load_f32<4>(addend + t * D + d, a);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] += a[i];
+    }
+    store_f32<4>(y + t * D + d, s);
 }
 
 #define Q_EXPERTS(fmt, F, sfx, T, S, U)                                                                            \

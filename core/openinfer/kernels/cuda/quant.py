@@ -21,6 +21,7 @@ WARPS, P = 8, 8         # quant.cu: warps per block (q_gemv: a weight row each),
 CHUNK_WEIGHTS = {"int4": 32, "fp8": 16}   # weights of the 16-byte chunk a lane reads
 MOE_CHUNK = 1024        # tokens per pass of the expert path: its float32 per-pair buffers stay ~100s of MB
 _PLAN_THREADS = 1024
+_COMBINE_THREADS = 256  # 4 columns a thread
 
 
 def _fmt(w: Any) -> str:
@@ -147,5 +148,5 @@ def _moe_chunk(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray
     u, r = expert_pass(fmt, I)
     launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_u{u}", (-(-D // (WARPS * r)), slots), 32 * WARPS,
            (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I), yk))
-    launch("quant", f"moe_combine_{suffix(x.dtype)}", (T,), 256,
+    launch("quant", f"moe_combine_{suffix(x.dtype)}", (T, -(-D // (4 * _COMBINE_THREADS))), _COMBINE_THREADS,
            (yk, ids, np.int32(k), np.int32(D), np.int32(E_local), np.int32(expert_offset), addend, y))
