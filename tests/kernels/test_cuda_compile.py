@@ -40,6 +40,7 @@ def _launched_names() -> set[str]:
                               ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
                               ("{mt}", ("1", "8")),   # moe.py's row tiles: 16 or 128 rows
+                              ("{u}", ("1", "2", "4")),   # quant.py's expert pass widths
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
             variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
         names |= {(source, v) for v in variants}
