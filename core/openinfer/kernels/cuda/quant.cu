@@ -7,7 +7,8 @@
 // Streaming: a lane issues all R x U chunk loads of a pass (R rows, U chunks each, 32 chunks apart) before it uses
 // any, so a warp has R * U * 512 bytes in flight; the weights bypass L1 (read once), which keeps the activations,
 // reread by every warp of the block, there. Dequantization is integer bit moves plus one fp32 add (INT4) or one
-// f16 -> f32 convert (FP8) per weight: no int -> float conversions (a quarter-rate unit that capped the streaming).
+// f16 -> f32 convert (FP8) per weight: no int -> float conversions, whose unit has a small fraction of the fp32
+// throughput (16 a clock per SM on sm_90) and would cap the weights a warp can consume.
 //
 // INT4: q is int32 [rows, K/8] (nibble i of word w = weight 8w + i, stored as value + 8), scale [rows, K/32] in the
 // activations' dtype (the checkpoint's bf16). FP8: q is uint8 [rows, K] (K % 16 == 0), scale float32
