@@ -40,6 +40,7 @@ def _launched_names() -> set[str]:
                               ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
                               ("{mt}", ("1", "8")),   # moe.py's row tiles: 16 or 128 rows
+                              ("{u}", ("1", "2", "4")),   # quant.py's expert pass widths
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
             variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
         names |= {(source, v) for v in variants}
@@ -150,7 +151,7 @@ def test_grouped_expert_gemms_trigger_after_their_main_loop():
     require_nvrtc()
     gemms = {**{n: b for n, (_, b) in ptx_entries("moe").items() if n.startswith(("moe_gate_up", "moe_down"))},
              **{n: b for n, (_, b) in ptx_entries("quant").items() if n.startswith("moe_q_")}}
-    assert len(gemms) == 12
+    assert len(gemms) == 4 + 24   # moe.cu: 2 kernels x 2 dtypes; quant.cu: 2 x 2 formats x 2 dtypes x 3 pass widths
     for name, body in gemms.items():
         assert name.startswith(pdl.KERNELS), name
         last_loop = max(body.rfind("mma.sync"), body.rfind("shfl.sync"))

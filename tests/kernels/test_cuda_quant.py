@@ -113,6 +113,29 @@ def test_moe_experts_quant_at_kimi_width(fmt):
     close(got, want, DTYPES["bfloat16"], scale=4)
 
 
+# (D, I): rows of one 16-byte chunk a lane and pass (u1), two (u2) and four (u4), the u4 ones over two passes with
+# idle lanes in the second, outputs that do not fill the last block (test_quant_launch_args emulates the same).
+PASS_WIDTHS = [("int4", 4128, 96), ("int4", 64, 1056), ("fp8", 2064, 48), ("fp8", 64, 528)]
+
+
+@pytest.mark.parametrize("fmt,D,I", PASS_WIDTHS)
+@pytest.mark.parametrize("T", [1, 9])
+def test_moe_experts_quant_pass_widths(fmt, D, I, T):
+    """Each pass width of the expert kernels (quant.expert_pass), with one expert taking every token at T = 9: its
+    pairs run in several passes of the weight rows."""
+    rng = np.random.default_rng(D + I + T)
+    E_local, k = 6, 4
+    gate_up, down = _random_codes(rng, fmt, E_local, 2 * I, D), _random_codes(rng, fmt, E_local, D, I)
+    x = exact(rnd(rng, T, D), BF16)
+    ids = rng.integers(0, E_local, (T, k)).astype(np.int32)
+    ids[:, 0] = 2
+    w = rng.random((T, k)).astype(np.float32)
+    want = numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, 0)
+    got = quant.moe_experts_quant(dev(x, BF16), _device(gate_up, BF16), _device(down, BF16), cp.asarray(ids),
+                                  cp.asarray(w), 0)
+    close(got, want, DTYPES["bfloat16"], scale=4)
+
+
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
 def test_moe_experts_quant_graph_replay(fmt):
     """Captured once, replayed with other routing: the plan is made on the device, so the replay follows the new ids."""

@@ -17,9 +17,11 @@ from .module import NULL, as_index, launch, suffix
 from .moe import packed_addend
 
 GEMV_MAX_ROWS = 16
-ROWS, P = 8, 8          # quant.cu: weight rows per block, activation rows per pass
+WARPS, P = 8, 8         # quant.cu: warps per block (q_gemv: a weight row each), q_gemv's activation rows per pass
+CHUNK_WEIGHTS = {"int4": 32, "fp8": 16}   # weights of the 16-byte chunk a lane reads
 MOE_CHUNK = 1024        # tokens per pass of the expert path: its float32 per-pair buffers stay ~100s of MB
 _PLAN_THREADS = 1024
+_COMBINE_THREADS = 256  # 4 columns a thread
 
 
 def _fmt(w: Any) -> str:
@@ -36,15 +38,15 @@ def _arrays(w: Any) -> tuple[cp.ndarray, cp.ndarray]:
 
 def _check(w: Any, x: cp.ndarray, K: int) -> None:
     q, s = _arrays(w)
-    if K % 8 or (isinstance(w, Int4Weight) and K % 32):
-        raise ValueError(f"quantized weights need an input width divisible by 8 (INT4: 32), got {K}")
+    if K % CHUNK_WEIGHTS[_fmt(w)]:
+        raise ValueError(f"quantized weights need an input width divisible by 16 (INT4: 32), got {K}")
     if isinstance(w, Int4Weight) and s.dtype != x.dtype:
         raise TypeError(f"INT4 scales of {s.dtype} beside {x.dtype} activations: stage them in the model dtype")
     if isinstance(w, Fp8Weight) and s.dtype != np.float32:
         raise TypeError(f"FP8 scales must be float32, got {s.dtype}")
     if not (q.flags.c_contiguous and s.flags.c_contiguous):
         raise ValueError("quantized weights must be contiguous")
-    if q.data.ptr % 16:   # INT4 rows are read as 16-byte groups, FP8 as 8-byte words
+    if q.data.ptr % 16:   # rows are read as 16-byte chunks
         raise ValueError("quantized weights must start 16-byte aligned (a fresh device array, not an offset view)")
 
 
@@ -83,7 +85,7 @@ def linear_quant(x: cp.ndarray, w: Any) -> cp.ndarray:
     q, s = _arrays(w)
     fmt = _fmt(w)
     if M and N:
-        launch("quant", f"q_gemv_{fmt}_{suffix(x.dtype)}", (-(-N // ROWS), -(-M // P)), 32 * ROWS,
+        launch("quant", f"q_gemv_{fmt}_{suffix(x.dtype)}", (-(-N // WARPS), -(-M // P)), 32 * WARPS,
                (x, np.int64(K), q, s, np.int32(M), np.int32(N), np.int32(K), y))
     return y
 
@@ -111,6 +113,15 @@ def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights:
     return y
 
 
+def expert_pass(fmt: str, K: int) -> tuple[int, int]:
+    """(U, R) of quant.cu's expert kernels for rows of K weights: U chunks a lane loads per row and pass, the
+    fewest passes with few idle lanes (U in 1, 2, 4), and R = 8 / U rows a warp (at most 4), so a lane has R * U
+    16-byte loads in flight."""
+    chunks = K // CHUNK_WEIGHTS[fmt]
+    u = 1 if chunks <= 32 else 2 if chunks <= 64 else 4
+    return u, min(4, 8 // u)
+
+
 def _moe_chunk(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
                expert_offset: int, addend: Any, y: cp.ndarray) -> None:
     """The four launches of quant.cu's expert path for tokens x [T, D] (contiguous rows), into y; `addend` packed
@@ -129,11 +140,13 @@ def _moe_chunk(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray
             pair_list), smem=4 * E_local)
     h = cp.empty((n, I), dtype=cp.float32)
     q, s = _arrays(gate_up)
-    launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}", (-(-I // ROWS), slots), 32 * ROWS,
+    u, r = expert_pass(fmt, D)   # a warp: r / 2 outputs, their gate and up rows
+    launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_u{u}", (-(-I // (WARPS * r // 2)), slots), 32 * WARPS,
            (x, q, s, slot_expert, slot_start, pair_list, np.int32(k), np.int32(D), np.int32(I), h))
     yk = cp.empty((n, D), dtype=cp.float32)
     q, s = _arrays(down)
-    launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}", (-(-D // ROWS), slots), 32 * ROWS,
+    u, r = expert_pass(fmt, I)
+    launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_u{u}", (-(-D // (WARPS * r)), slots), 32 * WARPS,
            (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I), yk))
-    launch("quant", f"moe_combine_{suffix(x.dtype)}", (T,), 256,
+    launch("quant", f"moe_combine_{suffix(x.dtype)}", (T, -(-D // (4 * _COMBINE_THREADS))), _COMBINE_THREADS,
            (yk, ids, np.int32(k), np.int32(D), np.int32(E_local), np.int32(expert_offset), addend, y))
