@@ -63,6 +63,12 @@ __device__ __forceinline__ void mla_load_tile(bf16* stage, const bf16* cache, co
     }
 }
 
+// A barrier over the cluster's CTAs, or the block's alone where the launch has no clusters (cs = 1)
+__device__ __forceinline__ void mla_cluster_sync(int cs) {
+    if (cs > 1) cluster_sync();
+    else __syncthreads();
+}
+
 // Where a CTA's merged columns go: the output rows (one used cluster) or the cluster's partial.
 struct MlaStore {
     bf16* out;
@@ -70,27 +76,38 @@ struct MlaStore {
     int q0, row0, nh, b, group, groups, used;
 };
 
-// The states of the cluster's cs CTAs (O [row][512] unnormalised, m in log2 units, l; CTA q's in its shared
-// memory at mo, mm, ml) merged over distributed shared memory: this CTA (rank) takes columns rank * 512 / cs ..
+// The states of the cluster's CS CTAs (O [row][512] unnormalised, m in log2 units, l; CTA q's in its shared
+// memory at mo, mm, ml) merged over distributed shared memory: this CTA (rank) takes columns rank * 512 / CS ..
 // of every row, weights exp2(m_q - M) (M the row's max over the cluster) summed in CTA order, so the bits do not
-// depend on which CTA is where. cw, cl: this CTA's scratch for the weights and sums. Call after a cluster_sync().
-template <int ROWS>
+// depend on which CTA is where. A thread keeps MLA_MAX_CLUSTER remote loads in flight (MLA_MAX_CLUSTER / CS
+// float4s of output). cw, cl: this CTA's scratch for the weights and sums. Call after mla_cluster_sync().
+template <int CS, typename V>
+__device__ __forceinline__ V mla_ld_rank(const V* local, int q) {   // a cluster of one reads its own, plainly
+    if constexpr (CS == 1) return *local;
+    else return ld_cluster(local, q);
+}
+
+template <int ROWS, int CS>
 __device__ __forceinline__ void mla_merge_cluster(const float* mo, const float* mm, const float* ml, float* cw,
-                                                  float* cl, int gc, int cs, int rank, const MlaStore& st) {
-    const int width = MLA_R / cs, V = width / 4, c0 = rank * width;
+                                                  float* cl, int gc, int rank, const MlaStore& st) {
+    constexpr int WIDTH = MLA_R / CS, V = WIDTH / 4, PER = MLA_MAX_CLUSTER / CS;
+    const int c0 = rank * WIDTH;
     if (threadIdx.x < gc) {
         const int g = threadIdx.x;
-        float mq[MLA_MAX_CLUSTER], M = NEG_INF, lsum = 0.f;
+        float mq[CS], lq[CS], M = NEG_INF, lsum = 0.f;
 #pragma unroll
-        for (int q = 0; q < MLA_MAX_CLUSTER; ++q)
-            if (q < cs) { mq[q] = ld_cluster(mm + g, q); M = fmaxf(M, mq[q]); }
+        for (int q = 0; q < CS; ++q) {
+            mq[q] = mla_ld_rank<CS>(mm + g, q);
+            lq[q] = mla_ld_rank<CS>(ml + g, q);
+        }
 #pragma unroll
-        for (int q = 0; q < MLA_MAX_CLUSTER; ++q)
-            if (q < cs) {
-                const float w = M == NEG_INF ? 0.f : exp2f(mq[q] - M);   // a cluster that saw no key: all 0
-                cw[g * MLA_MAX_CLUSTER + q] = w;
-                lsum += w * ld_cluster(ml + g, q);
-            }
+        for (int q = 0; q < CS; ++q) M = fmaxf(M, mq[q]);
+#pragma unroll
+        for (int q = 0; q < CS; ++q) {
+            const float w = M == NEG_INF ? 0.f : exp2f(mq[q] - M);   // a cluster that saw no key: all 0
+            cw[g * MLA_MAX_CLUSTER + q] = w;
+            lsum += w * lq[q];
+        }
         cl[g] = lsum;
         if (st.used > 1) {
             const long long p = ((long long)st.b * st.nh + st.row0 + g) * st.groups + st.group;
@@ -99,33 +116,41 @@ __device__ __forceinline__ void mla_merge_cluster(const float* mo, const float* 
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < gc * V; idx += blockDim.x) {
-        const int g = idx / V, c = c0 + 4 * (idx % V);
-        const float4* src = reinterpret_cast<const float4*>(mo + g * MLA_R + c);
-        float4 v[MLA_MAX_CLUSTER];
+    for (int i0 = threadIdx.x; i0 < gc * V; i0 += PER * blockDim.x) {
+        float4 v[PER][CS];
 #pragma unroll
-        for (int q = 0; q < MLA_MAX_CLUSTER; ++q)   // every load in flight before the first use
-            if (q < cs) v[q] = ld_cluster(src, q);
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int k = 0; k < PER; ++k) {   // every load in flight before the first use
+            const int idx = i0 + k * blockDim.x;
+            if (idx < gc * V) {
+                const float4* src = reinterpret_cast<const float4*>(mo + idx / V * MLA_R + c0 + 4 * (idx % V));
 #pragma unroll
-        for (int q = 0; q < MLA_MAX_CLUSTER; ++q)
-            if (q < cs) {
-                const float w = cw[g * MLA_MAX_CLUSTER + q];
-                acc.x = fmaf(w, v[q].x, acc.x);
-                acc.y = fmaf(w, v[q].y, acc.y);
-                acc.z = fmaf(w, v[q].z, acc.z);
-                acc.w = fmaf(w, v[q].w, acc.w);
+                for (int q = 0; q < CS; ++q) v[k][q] = mla_ld_rank<CS>(src, q);
             }
-        const float lsum = cl[g];
-        if (st.used == 1) {
-            bf16* o = st.out + ((long long)st.q0 * st.nh + st.row0 + g) * MLA_R + c;
-            *reinterpret_cast<uint2*>(o) = make_uint2(pack_bf16x2(acc.x / lsum, acc.y / lsum),
-                                                      pack_bf16x2(acc.z / lsum, acc.w / lsum));
-        } else {   // decode: row0 + g is the head
-            const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-            const long long p = ((long long)st.b * st.nh + st.row0 + g) * st.groups + st.group;
-            __stcg(reinterpret_cast<float4*>(st.part_o + p * MLA_R + c),
-                   make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
+        }
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            const int idx = i0 + k * blockDim.x, g = idx / V, c = c0 + 4 * (idx % V);
+            if (idx >= gc * V) break;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int q = 0; q < CS; ++q) {
+                const float w = cw[g * MLA_MAX_CLUSTER + q];
+                acc.x = fmaf(w, v[k][q].x, acc.x);
+                acc.y = fmaf(w, v[k][q].y, acc.y);
+                acc.z = fmaf(w, v[k][q].z, acc.z);
+                acc.w = fmaf(w, v[k][q].w, acc.w);
+            }
+            const float lsum = cl[g];
+            if (st.used == 1) {
+                bf16* o = st.out + ((long long)st.q0 * st.nh + st.row0 + g) * MLA_R + c;
+                *reinterpret_cast<uint2*>(o) = make_uint2(pack_bf16x2(acc.x / lsum, acc.y / lsum),
+                                                          pack_bf16x2(acc.z / lsum, acc.w / lsum));
+            } else {   // decode: row0 + g is the head
+                const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+                const long long p = ((long long)st.b * st.nh + st.row0 + g) * st.groups + st.group;
+                __stcg(reinterpret_cast<float4*>(st.part_o + p * MLA_R + c),
+                       make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
+            }
         }
     }
 }
@@ -310,12 +335,21 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         for (int w = 0; w < MLA_KEY_WARPS; ++w) sum += wl[w * ROWS + threadIdx.x];
         ml[threadIdx.x] = sum;
     }
-    cluster_sync();   // every CTA of the cluster holds its state
+    mla_cluster_sync(cs);   // every CTA of the cluster holds its state
     // rank r's copies of m and l, and its counters: [cs][B][...]
     const long long ml_off = (long long)rank * gridDim.z * nh * groups;
     const MlaStore st{out, part_o, part_m + ml_off, part_l + ml_off, q0, row0, nh, b, group, groups, used};
-    mla_merge_cluster<ROWS>(mo, mm, ml, cw, cl, gc, cs, rank, st);
-    cluster_sync();   // the others have read this CTA's state: its shared memory is free
+    if constexpr (MT == 1) {
+        switch (cs) {
+            case 1: mla_merge_cluster<ROWS, 1>(mo, mm, ml, cw, cl, gc, rank, st); break;
+            case 2: mla_merge_cluster<ROWS, 2>(mo, mm, ml, cw, cl, gc, rank, st); break;
+            case 4: mla_merge_cluster<ROWS, 4>(mo, mm, ml, cw, cl, gc, rank, st); break;
+            default: mla_merge_cluster<ROWS, MLA_MAX_CLUSTER>(mo, mm, ml, cw, cl, gc, rank, st);
+        }
+    } else {   // runs of several tokens: one CTA
+        mla_merge_cluster<ROWS, 1>(mo, mm, ml, cw, cl, gc, rank, st);
+    }
+    mla_cluster_sync(cs);   // the others have read this CTA's state: its shared memory is free
     if constexpr (MT == 1) {   // only decode splits (the merge keeps 16 rows)
         if (used == 1) return;
         const int width = MLA_R / cs;
