@@ -25,7 +25,7 @@ from .ops import norm_suffix
 LATENT, ROPE = 512, 64                 # must match mla.cu (MLA_R, MLA_P)
 ROW = LATENT + ROPE
 BN, KEY_WARPS = 32, 4                  # keys of a tile, warps sharing an m tile's scores (mla.cu)
-MAX_CLUSTER = 8                        # CTAs of a decode cluster (mla.cu MLA_MAX_CLUSTER, the portable size)
+MAX_CLUSTER = 8                        # CTAs of a decode cluster (mla_merge.cuh MLA_MAX_CLUSTER, portable size)
 SPLIT_KEYS = 32                        # keys a decode split aims at (one tile): a sequence's splits at most
 MAX_TILES = 65535                      # row tiles of one sequence: the grid's y
 GATHER_ROWS = 8                        # rows of a mla_gather_latent block (mla.cu MLA_GATHER_ROWS)
