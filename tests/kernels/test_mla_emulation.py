@@ -85,14 +85,15 @@ def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, b
         if t + 1 < ntiles:
             load_tile((t + 1) & 1, kbeg + (t + 1) * BN)
         kt, k0 = (t & 1) * BN * LD, kbeg + t * BN
-        s = np.zeros((NW, 32, 4))
+        s, s2 = np.zeros((NW, 32, 4)), np.zeros((NW, 32, 4))
         for w in range(NW):
             aoff = (smt[w] * 16 + (LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
             koff = (8 * skw[w] + (LANE & 7)) * LD + (LANE >> 3) * 8
             for kk in range(D // 32):
                 bk = ldmatrix_x4(kvs, kt + koff + kk * 32)
                 mma(s[w], ldmatrix_x4(qs, aoff + kk * 32), bk[:, 0], bk[:, 1])
-                mma(s[w], ldmatrix_x4(qs, aoff + kk * 32 + 16), bk[:, 2], bk[:, 3])
+                mma(s2[w], ldmatrix_x4(qs, aoff + kk * 32 + 16), bk[:, 2], bk[:, 3])
+            s[w] += s2[w]
             for e in range(4):
                 key = k0 + 8 * skw[w] + 2 * TQ + (e & 1)
                 s[w][:, e] = np.where((key >= kend) | (key > qpos[w][:, e >> 1]), -np.inf, s[w][:, e])

@@ -139,7 +139,8 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         const int k0 = kbeg + t * MLA_BN;
 
         // S for this warp's 8 keys: rows gid (s[0], s[1]) and gid + 8 (s[2], s[3]), keys 8 skw + 2 tq + {0, 1}
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        // two accumulators (columns 32 kk .. + 15 and + 16 .. + 31): half the chain of dependent mmas
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 6
         for (int kk = 0; kk < MLA_D / 32; ++kk) {
             unsigned int bk[4], a[4];
@@ -147,8 +148,10 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
             ldmatrix_x4(a, qs + aoff + kk * 32);
             mma_bf16(s, a, bk[0], bk[1]);
             ldmatrix_x4(a, qs + aoff + kk * 32 + 16);
-            mma_bf16(s, a, bk[2], bk[3]);
+            mma_bf16(s2, a, bk[2], bk[3]);
         }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[e] += s2[e];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int key = k0 + 8 * skw + 2 * tq + (e & 1);
