@@ -277,13 +277,13 @@ KERNELS = {"mla_attention_bf16": emulate_attention, "mla_prefill_bf16": emulate_
            "mla_rope_bf16": emulate_rope, "mla_rope_write": emulate_rope_write}
 
 
-def cluster_device(monkeypatch, mod, clusters: bool = True) -> None:
+def cluster_device(monkeypatch, mod, max_cluster: int = 8) -> None:
     """A 132-SM device holding two blocks an SM, for `mod`'s decode grid: 8 GPCs of 16 SMs hold 256 / cs clusters
-    of cs CTAs at once (or no clusters at all)."""
+    of cs CTAs at once, none larger than max_cluster (1: no clusters at all)."""
     monkeypatch.setattr(mod, "sm_count", lambda: 132)
     monkeypatch.setattr(mod, "blocks_per_sm", lambda *a: 2)
-    monkeypatch.setattr(mod, "clusters_supported", lambda: clusters)
-    monkeypatch.setattr(mod, "clusters_at_once", lambda *a: 256 // a[-1])
+    monkeypatch.setattr(mod, "clusters_supported", lambda: max_cluster > 1)
+    monkeypatch.setattr(mod, "clusters_at_once", lambda *a: 256 // a[-1] if a[-1] <= max_cluster else 0)
 
 
 @pytest.fixture
@@ -309,20 +309,23 @@ def _batch(runs, bs, rng, num_blocks):
 
 CASES = {
     # runs (context, query run), heads, keys a decode split aims at, the grid's context (a CUDA graph's: most
-    # clusters past the contexts), clusters on the device -> the decode grid (cs, clusters a sequence)
+    # clusters past the contexts), the largest cluster the device runs (1: none) -> the decode grid (cs, clusters
+    # a sequence)
     # one sequence over 4 clusters of 8 (a CTA's keys in one partial tile), merged through partials
-    "decode_clusters": ([(300, 1)], 16, 8, None, True, (8, 4)),
+    "decode_clusters": ([(300, 1)], 16, 8, None, 8, (8, 4)),
     # clusters of 2, each sequence's keys in one cluster (uneven last tiles, a CTA past a 5-key context)
-    "decode_split": ([(70, 1), (5, 1), (33, 1)], 16, 32, None, True, (2, 1)),
+    "decode_split": ([(70, 1), (5, 1), (33, 1)], 16, 32, None, 8, (2, 1)),
     # two row tiles, clusters of 4
-    "decode_32_heads": ([(140, 1)], 32, 32, None, True, (4, 1)),
+    "decode_32_heads": ([(140, 1)], 32, 32, None, 8, (4, 1)),
     # a graph's grid: 16 clusters of 8 a sequence, the first used by the short one, two by the other
-    "decode_graph_width": ([(200, 1), (37, 1)], 16, 16, 5000, True, (8, 16)),
+    "decode_graph_width": ([(200, 1), (37, 1)], 16, 16, 5000, 8, (8, 16)),
+    # a device whose GPCs hold no cluster of 8: clusters of 4 merged through partials
+    "decode_clusters_of_4": ([(130, 1)], 16, 8, None, 4, (4, 4)),
     # a GPU without clusters: splits of one CTA, every column merged by the last
-    "decode_no_clusters": ([(150, 1), (64, 1)], 16, 16, None, False, (1, 10)),
+    "decode_no_clusters": ([(150, 1), (64, 1)], 16, 16, None, 1, (1, 10)),
     # runs of several tokens whose row tiles span tokens (4 and 6 heads), an empty run
-    "prefill_4_heads": ([(20, 20), (37, 5), (3, 0)], 4, 64, None, True, (1, 1)),
-    "prefill_6_heads": ([(9, 9), (35, 2)], 6, 64, None, True, (1, 1)),
+    "prefill_4_heads": ([(20, 20), (37, 5), (3, 0)], 4, 64, None, 8, (1, 1)),
+    "prefill_6_heads": ([(9, 9), (35, 2)], 6, 64, None, 8, (1, 1)),
 }
 
 
@@ -330,9 +333,9 @@ CASES = {
 def test_mla_attention_emulation(case, launches, monkeypatch):
     """mla.mla_attention on a strided q_latent and a layer's view of the pool, its launch emulated, against
     numpy_mla_moe.mla_attention."""
-    runs, nh, split_keys, graph_context, clusters, (cs, groups) = CASES[case]
+    runs, nh, split_keys, graph_context, max_cluster, (cs, groups) = CASES[case]
     monkeypatch.setattr(mla, "SPLIT_KEYS", split_keys)
-    cluster_device(monkeypatch, mla, clusters)
+    cluster_device(monkeypatch, mla, max_cluster)
     rng = np.random.default_rng(len(case))
     bs, layers = 16, 2
     num_blocks = sum(-(-L // bs) for L, _ in runs) + 2
