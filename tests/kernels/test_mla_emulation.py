@@ -173,13 +173,13 @@ def emulate_attention(call):
     the last rank-r CTA to arrive (counted at its counter slot, left zero) merges as decode_merge.cuh does
     (weights exp2(m - M) l in cluster order); rows stored as bf16."""
     (ql, ql_stride, qp, qp_stride, cache, block_stride, bs, tables, table_stride, qstart, ctx, out, part_o, part_m,
-     part_l, counters, nh, scale, split_keys) = call.args
+     part_l, counters, nh, scale, split_keys, cs) = call.args
     grid_x, tiles, B = call.grid
-    cs = call.cluster[0] if call.cluster else 1
+    cs = int(cs)
     groups = grid_x // cs
     kernel = {k.name: k for k in (mla.DECODE, mla.PREFILL)}[call.name]
     assert call.smem == kernel.smem and call.block == kernel.threads and (grid_x == 1 or kernel is mla.DECODE)
-    assert call.cluster in (None, (cs, 1, 1)) and cs <= mla.MAX_CLUSTER and (call.cluster is None) == (cs == 1)
+    assert call.cluster == ((cs, 1, 1) if cs > 1 else None) and cs <= mla.MAX_CLUSTER and grid_x % cs == 0
     qlf, qpf, cf = (flat(a).astype(np.float32) for a in (ql, qp, cache))
     tab, qs, cx, outf = flat(tables), flat(qstart), flat(ctx), flat(out)
     nh = int(nh)
@@ -349,7 +349,7 @@ def test_mla_attention_emulation(case, launches, monkeypatch):
     qp = fake(rng.standard_normal((T, nh, P)), BF16)
     out = mla.mla_attention(ql, qp, pool[:, 1], batch, 192 ** -0.5)
     (call,) = launches
-    assert call.grid[0] == cs * groups and (call.cluster or (1,))[0] == cs
+    assert call.grid[0] == cs * groups and int(call.args[-1]) == cs
     assert (call.args[12] is NULL) == (groups == 1)
     run(launches, KERNELS)
     f32 = [np.asarray(a, np.float32) for a in (ql, qp, pool[:, 1])]

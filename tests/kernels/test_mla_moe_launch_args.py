@@ -60,11 +60,12 @@ def test_mla_attention_launch_args(launches, nh, q_lens, ctx):
     kernel = mla.DECODE if max(q_lens) == 1 else mla.PREFILL
     assert call.name == kernel.name and call.smem == kernel.smem and call.block == kernel.threads and seqs == len(ctx)
     assert tiles == -(-max(q_lens) * nh // kernel.rows)
-    cs = call.cluster[0] if call.cluster else 1
+    cs = int(call.args[-1])   # the cluster's CTAs, as launched
     groups = x // cs
-    assert int(call.args[-1]) == mla.SPLIT_KEYS and (call.args[-7] is module.NULL) == (groups == 1)
+    assert call.cluster == ((cs, 1, 1) if cs > 1 else None)
+    assert int(call.args[-2]) == mla.SPLIT_KEYS and (call.args[-8] is module.NULL) == (groups == 1)
     if groups > 1:   # partials: o [B, nh, groups, 512], m and l [cs, B, nh, groups] a rank, cs counters a work item
-        part_o, part_m, part_l = call.args[-7:-4]
+        part_o, part_m, part_l = call.args[-8:-5]
         assert part_o.shape == (seqs, nh, groups, mla.LATENT) and part_m.shape == part_l.shape == (cs, seqs, nh, groups)
         assert cs * seqs * tiles <= module.COUNTER_SLOTS
     if max(q_lens) > 1:

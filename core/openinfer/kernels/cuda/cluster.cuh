@@ -23,16 +23,6 @@ __device__ __forceinline__ unsigned int cluster_size() {   // CTAs in this CTA's
 #endif
 }
 
-__device__ __forceinline__ unsigned int cluster_rank() {   // this CTA's rank in its cluster
-#if __CUDA_ARCH__ >= 900
-    unsigned int r;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-#else
-    return 0;
-#endif
-}
-
 #if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned int cluster_remote(const void* local, int rank) {   // `local`'s twin in CTA `rank`
     const unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(local));

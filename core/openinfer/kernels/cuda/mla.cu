@@ -70,7 +70,8 @@ template <int MT>
 __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* qp, long long qp_stride,
                               const bf16* cache, long long block_stride, int block_size, const int* tables,
                               int table_stride, const int* qstart, const int* ctx, bf16* out, float* part_o,
-                              float* part_m, float* part_l, int* counters, int nh, float scale, int split_keys) {
+                              float* part_m, float* part_l, int* counters, int nh, float scale, int split_keys,
+                              int cs) {
     using C = Mla<MT>;
     constexpr int ROWS = C::ROWS, VCOLS = C::VCOLS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -87,7 +88,7 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     if (row0 >= rows) return;   // the whole cluster (it spans x only); empty runs too
     const int gc = min(ROWS, rows - row0);
     const int kall = L - n + (row0 + gc - 1) / nh + 1;   // keys any row of the block sees
-    const int cs = cluster_size(), rank = cluster_rank(), groups = gridDim.x / cs, group = blockIdx.x / cs;
+    const int rank = blockIdx.x % cs, groups = gridDim.x / cs, group = blockIdx.x / cs;   // clusters (cs, 1, 1)
     const int used = (min((int)gridDim.x, (kall + split_keys - 1) / split_keys) + cs - 1) / cs;   // clusters
     if (group >= used) return;   // the whole cluster
     const int split_len = (kall + used * cs - 1) / (used * cs);
@@ -274,9 +275,9 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         const bf16* ql, long long ql_stride, const bf16* qp, long long qp_stride, const bf16* cache,                \
         long long block_stride, int block_size, const int* tables, int table_stride, const int* qstart,            \
         const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, float scale, \
-        int split_keys) {                                                                                          \
+        int split_keys, int cs) {                                                                                  \
         mla_attention<MT>(ql, ql_stride, qp, qp_stride, cache, block_stride, block_size, tables, table_stride,     \
-                          qstart, ctx, out, part_o, part_m, part_l, counters, nh, scale, split_keys);              \
+                          qstart, ctx, out, part_o, part_m, part_l, counters, nh, scale, split_keys, cs);          \
     }
 
 MLA_KERNEL(mla_attention_bf16, 1)

@@ -184,7 +184,7 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
            (ql, np.int64(ql_stride), qp, np.int64(qp_stride), cache, np.int64(cache.strides[0] // 2),
             np.int32(cache.shape[1]), tables, np.int32(tables.strides[0] // tables.itemsize),
             as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32), out, *parts,
-            np.int32(nh), np.float32(scale * LOG2E), np.int32(SPLIT_KEYS)), kernel.smem,
+            np.int32(nh), np.float32(scale * LOG2E), np.int32(SPLIT_KEYS), np.int32(cs)), kernel.smem,
            cluster=(cs, 1, 1) if cs > 1 else None)
     return out
 
