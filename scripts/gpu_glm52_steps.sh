@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# On one GPU (H100 80 GB or H200), from the repository root, in about 3-4 minutes: GLM-5.2 at the real width and
-# reduced depth through `openinfer bench latency`, on dummy weights drawn on the device. GLM_LAYERS=5 (the default)
-# keeps layers 0-2 (dense MLP, each with its own indexer: "full") and 3-4 (MoE, "shared": they reuse layer 2's
-# selection), 45.7 GB of bf16 weights. Measured: decode steps at 8k / 16k / 32k / 64k / 128k contexts at batch 1 and
-# 8k at batch 32, and the cold prefill of each prompt (16k and 64k among them), twice over the same points: sparse
-# (DeepSeek sparse attention, as the model runs) and dense (--hf-overrides sets index_topk past the model's length:
-# every key is selected, so every layer runs dense MLA over the same cache). Each run has its own timeout and writes
-# its JSON after every point, so a run stopped part way keeps what it finished (the points go cheapest first).
-# scripts/glm52_steps.py then prints the table against each step's floor (its docstring has the arithmetic).
-# Logs, JSON and summary.md go to $OUT.
+# On one GPU (H100 80 GB or H200), from the repository root, in about 2.5 minutes (under 4: the runs' timeouts):
+# GLM-5.2 at the real width and reduced depth through `openinfer bench latency`, on dummy weights drawn on the device.
+# GLM_LAYERS=5 (the default) keeps layers 0-2 (dense MLP, each with its own indexer: "full") and 3-4 (MoE, "shared":
+# they reuse layer 2's selection), 45.7 GB of bf16 weights. Measured: decode steps at 8k / 16k / 32k / 64k / 128k
+# contexts at batch 1 and 8k at batch 32, and the cold prefill of each prompt (16k and 64k among them), twice over the
+# same points: sparse (DeepSeek sparse attention, as the model runs) and dense (--hf-overrides sets index_topk past
+# the model's length: every key is selected, so every layer runs dense MLA over the same cache). Each run has its own
+# timeout and writes its JSON after every point, so a run stopped part way keeps what it finished (the points go
+# cheapest first). scripts/glm52_steps.py then prints the table against each step's floor (its docstring has the
+# arithmetic). Logs, JSON and summary.md go to $OUT.
 #   bash scripts/gpu_glm52_steps.sh
-# Settings (environment): GLM_POINTS (batch x prompt pairs, in order: add 32x32768 for batch 32 at 32k, about a minute
-# more a run), GLM_LAYERS, GLM_OUTPUT_LEN (decode steps a point + 1), GLM_CHUNK (prefill tokens a step),
-# GLM_SPARSE_TIMEOUT and GLM_DENSE_TIMEOUT (seconds a run), GLM_DEVICE, GLM_PRESET and GLM_TOKENIZER (the CPU
-# analogue: GLM_DEVICE=cpu GLM_PRESET=glm-5.2-tiny GLM_POINTS=1x128,1x256,4x128 GLM_CHUNK=128), GLM_NO_INSTALL=1 (run
-# the installed tree as it is). An offline machine first installs the wheels of scripts/gpu_wheels.sh from .whl/.
+# Settings (environment): GLM_POINTS (batch x prompt pairs, in order: 32x32768 adds batch 32 at 32k, ~2 minutes more
+# dense, so raise the timeouts with it), GLM_LAYERS, GLM_OUTPUT_LEN (decode steps a point + 1), GLM_CHUNK (prefill
+# tokens a step), GLM_SPARSE_TIMEOUT and GLM_DENSE_TIMEOUT (seconds a run), GLM_DEVICE, GLM_PRESET and GLM_TOKENIZER
+# (the CPU analogue: GLM_DEVICE=cpu GLM_PRESET=glm-5.2-tiny GLM_POINTS=1x128,1x256,4x128 GLM_CHUNK=128),
+# GLM_NO_INSTALL=1 (run the installed tree as it is). An offline machine first installs the wheels of
+# scripts/gpu_wheels.sh from .whl/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/openinfer-glm52-steps}
@@ -58,10 +59,10 @@ max_len=$((max_len + OUT_LEN))
 
 for mode in sparse dense; do
     overrides=()
-    limit=${GLM_SPARSE_TIMEOUT:-120}
+    limit=${GLM_SPARSE_TIMEOUT:-90}
     if [ "$mode" = dense ]; then
         overrides=(--hf-overrides "{\"index_topk\": $DENSE_TOPK}")
-        limit=${GLM_DENSE_TIMEOUT:-150}
+        limit=${GLM_DENSE_TIMEOUT:-140}
     fi
     log "$mode: $PRESET, $LAYERS layers, points $POINTS, $OUT_LEN tokens out, KV pool $kv_gib GiB (timeout ${limit}s)"
     rm -f "$OUT/$mode.json"
