@@ -1,5 +1,6 @@
 """MLA on the GPU against the numpy reference ops on random inputs (skipped without one): mla_attention's decode kernel
-(split contexts merged in the kernel, grids as a CUDA graph sizes them, graph capture and replay) and its runs of
+(contexts split over thread-block clusters of every size and merged in the kernel, over distributed shared memory and
+through partials; grids as a CUDA graph sizes them, graph capture and replay at other context lengths) and its runs of
 several tokens (prefill, prefix hits, empty runs, heads of a row tile spanning tokens), mla_write_latent, mla_rope and
 per_head_linear."""
 from __future__ import annotations
@@ -41,12 +42,26 @@ def _inputs(runs, nh, seed, bs=16, q_pad=0):
     return qld, qpd, pool_d[:, 1], db, scale, want
 
 
+def _lens(n, lo, hi):
+    """n decode runs of context lengths spread over lo .. hi (odd ones among them)."""
+    return [(int(L), 1) for L in np.linspace(lo, hi, n).astype(int) | 1]
+
+
 CASES = {
     # runs (context, query run), heads: decode with long and tiny contexts (V2-Lite's 16 heads, 64 = 4 row tiles)
     "decode_16": ([(3000, 1), (17, 1), (1, 1), (513, 1), (4100, 1)], 16),
     "decode_64_heads": ([(700, 1), (33, 1)], 64),
     "decode_4_heads": ([(1000, 1), (2, 1), (64, 1)], 4),
+    # batch 1: many clusters of 8 merged through partials (1k keys and one; 16k), a key short of a whole split
+    "decode_batch1_1k": ([(1025, 1)], 16),
+    "decode_batch1_16k": ([(16001, 1)], 16),
+    "decode_batch1_31": ([(31, 1)], 16),
+    # contexts of many odd lengths; batches whose grid takes clusters of 4 (40), 2 (128) and none (300)
+    "decode_odd": ([(1, 1), (31, 1), (33, 1), (257, 1), (1023, 1), (4097, 1), (2049, 1)], 16),
     "decode_many": ([(100, 1)] * 40, 16),
+    "decode_40": (_lens(40, 1, 3000), 16),
+    "decode_128": (_lens(128, 1, 1100), 16),
+    "decode_300": (_lens(300, 1, 200), 16),
     # runs of several tokens: whole prompts, prefix hits, an empty run, a one-token run among them
     "prefill_16": ([(37, 37), (100, 30), (5, 1), (70, 64), (50, 0), (16, 16)], 16),
     "prefill_4_heads": ([(130, 130), (77, 13), (9, 9)], 4),
@@ -75,10 +90,21 @@ def test_mla_attention_block_sizes(bs):
     close(mla.mla_attention(qld, qpd, cache, db, scale), want, BF)
 
 
+@pytest.mark.parametrize("case", ["decode_16", "decode_batch1_1k", "decode_40"])
+def test_mla_attention_without_clusters(case, monkeypatch):
+    """A GPU without thread-block clusters: splits of one CTA each, every column of a head merged by the last."""
+    monkeypatch.setattr(mla, "clusters_supported", lambda: False)
+    runs, nh = CASES[case]
+    qld, qpd, cache, db, scale, want = _inputs(runs, nh, len(case))
+    close(mla.mla_attention(qld, qpd, cache, dataclasses.replace(db, max_context_len=20480), scale), want, BF)
+
+
 def test_mla_decode_graph_replays():
     """Split decode captured into a CUDA graph at a long context and replayed twice (output zeroed before each):
-    the same bits as eager, so each replay left its arrival counters zero for the next."""
-    qld, qpd, cache, db, scale, want = _inputs([(5000, 1), (2, 1), (600, 1)], 16, 9)
+    the same bits as eager, so each replay left its arrival counters zero for the next; then replayed on other
+    context lengths written into the captured batch (fewer and more clusters used, a context of one key)."""
+    runs = [(5000, 1), (2, 1), (600, 1)]
+    qld, qpd, cache, db, scale, want = _inputs(runs, 16, 9)
     db = dataclasses.replace(db, max_context_len=20480)
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
     with after_inputs(stream):
@@ -86,6 +112,13 @@ def test_mla_decode_graph_replays():
         got, graph = captured(lambda: mla.mla_attention(qld, qpd, cache, db, scale), stream, pool)
         for _ in range(2):
             np.testing.assert_array_equal(replayed(graph, stream, got), eager)
+        lens = np.array([1025, 1, 599], np.int32)   # within the captured block tables
+        db.context_lens[...] = cp.asarray(lens)
+        stream.synchronize()
+        hb = dataclasses.replace(db, block_tables=cp.asnumpy(db.block_tables), query_start=cp.asnumpy(db.query_start),
+                                 context_lens=lens, context_lens_host=lens)
+        other = ref.mla_attention(host(qld), host(qpd), host(cache), hb, scale)
+        close(replayed(graph, stream, got), other, BF)
     close(eager, want, BF)
 
 

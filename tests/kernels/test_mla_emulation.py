@@ -6,6 +6,7 @@ starts as NaN, so a read of a row pad or of a never-written word poisons the out
 line: change both together."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from fake_device import flat, run
 from openinfer.engine.batch import ForwardBatch
 from openinfer.kernels import numpy_mla_moe as ref
-from openinfer.kernels.cuda import attention_decode, mla, module
+from openinfer.kernels.cuda import mla, module
 from openinfer.kernels.cuda.module import BF16, NULL
 from openinfer.testing.launch_check import fake, record_launches
 from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma, shuffled_tables
@@ -27,9 +28,10 @@ GID, TQ = LANE >> 2, LANE & 3
 
 
 def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, bs, table, q0, n, L, nh, scale,
-                  split, ty, num_splits, min_split):
-    """One block of mla_attention<MT> (split, row tile ty) of one sequence: None if it leaves early, else
-    (row0, gc, used, o [gc, 512] unnormalised, m [gc] in log2 units, l [gc])."""
+                  x, ty, grid_x, cs, split_keys):
+    """One block of mla_attention<MT> (CTA x of a grid_x wide grid in clusters of cs, row tile ty) of one
+    sequence: None if its cluster leaves early, else (row0, gc, used clusters, o [gc, 512] unnormalised, m [gc] in
+    log2 units, l [gc])."""
     MT = mt_count
     ROWS, NW = 16 * MT, KW * MT
     VCOLS = R // NW
@@ -38,11 +40,11 @@ def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, b
         return None
     gc = min(ROWS, rows - row0)
     kall = L - n + (row0 + gc - 1) // nh + 1
-    split_len = max(min_split, ((kall + num_splits - 1) // num_splits + BN - 1) // BN * BN)
-    used = (kall + split_len - 1) // split_len
-    if split >= used:
+    used = (min(grid_x, -(-kall // split_keys)) + cs - 1) // cs
+    if x // cs >= used:
         return None
-    kbeg = split * split_len
+    split_len = -(-kall // (used * cs))
+    kbeg = min(kall, x * split_len)
     kend = min(kall, kbeg + split_len)
     ntiles = (kend - kbeg + BN - 1) // BN
     qs = np.full(ROWS * LD, np.nan, np.float32)
@@ -83,14 +85,15 @@ def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, b
         if t + 1 < ntiles:
             load_tile((t + 1) & 1, kbeg + (t + 1) * BN)
         kt, k0 = (t & 1) * BN * LD, kbeg + t * BN
-        s = np.zeros((NW, 32, 4))
+        s, s2 = np.zeros((NW, 32, 4)), np.zeros((NW, 32, 4))
         for w in range(NW):
             aoff = (smt[w] * 16 + (LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
             koff = (8 * skw[w] + (LANE & 7)) * LD + (LANE >> 3) * 8
             for kk in range(D // 32):
                 bk = ldmatrix_x4(kvs, kt + koff + kk * 32)
                 mma(s[w], ldmatrix_x4(qs, aoff + kk * 32), bk[:, 0], bk[:, 1])
-                mma(s[w], ldmatrix_x4(qs, aoff + kk * 32 + 16), bk[:, 2], bk[:, 3])
+                mma(s2[w], ldmatrix_x4(qs, aoff + kk * 32 + 16), bk[:, 2], bk[:, 3])
+            s[w] += s2[w]
             for e in range(4):
                 key = k0 + 8 * skw[w] + 2 * TQ + (e & 1)
                 s[w][:, e] = np.where((key >= kend) | (key > qpos[w][:, e >> 1]), -np.inf, s[w][:, e])
@@ -150,33 +153,77 @@ def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, b
     return row0, gc, used, mo[:gc], mm[:gc], wl.sum(0)[:gc]
 
 
+def merge_cluster(states, rank, cs):
+    """mla_merge_cluster: the cluster's CTA states (o, m, l), rank's columns merged in CTA order -> (o [gc, width]
+    unnormalised, M, lsum) of the rows."""
+    width = R // cs
+    cols = slice(rank * width, (rank + 1) * width)
+    m = np.stack([st[4] for st in states])                     # [cs, gc]
+    M = m.max(0)
+    with np.errstate(invalid="ignore"):
+        w = np.where(M == -np.inf, 0.0, np.exp2(m - M))
+    lsum = (w * np.stack([st[5] for st in states])).sum(0)
+    o = sum(w[q][:, None] * st[3][:, cols] for q, st in enumerate(states))
+    return o, M, lsum
+
+
 def emulate_attention(call):
-    """mla_attention_bf16's grid on its recorded arguments; the split partials merged as decode_merge.cuh merges
-    them (weights exp2(m_s - M) l_s, in split order), rows stored as bf16."""
+    """mla_attention_bf16's grid on its recorded arguments: each cluster's CTAs merged rank by rank
+    (mla_merge_cluster), stored as the output (one used cluster) or as partials at the kernel's addresses, which
+    the last rank-r CTA to arrive (counted at its counter slot, left zero) merges as decode_merge.cuh does
+    (weights exp2(m - M) l in cluster order); rows stored as bf16."""
     (ql, ql_stride, qp, qp_stride, cache, block_stride, bs, tables, table_stride, qstart, ctx, out, part_o, part_m,
-     part_l, counters, nh, scale, num_splits, min_split) = call.args
-    splits, tiles, B = call.grid
+     part_l, counters, nh, scale, split_keys, cs) = call.args
+    grid_x, tiles, B = call.grid
+    cs = int(cs)
+    groups = grid_x // cs
     kernel = {k.name: k for k in (mla.DECODE, mla.PREFILL)}[call.name]
-    assert int(num_splits) == splits and (part_o is NULL) == (splits == 1) and call.smem == kernel.smem
-    assert call.block == kernel.threads and (splits == 1 or kernel is mla.DECODE)
+    assert call.smem == kernel.smem and call.block == kernel.threads and (grid_x == 1 or kernel is mla.DECODE)
+    assert call.cluster == ((cs, 1, 1) if cs > 1 else None) and cs <= mla.MAX_CLUSTER and grid_x % cs == 0
     qlf, qpf, cf = (flat(a).astype(np.float32) for a in (ql, qp, cache))
     tab, qs, cx, outf = flat(tables), flat(qstart), flat(ctx), flat(out)
     nh = int(nh)
+    if part_o is not NULL:
+        po, pm, pl, cnt = flat(part_o), flat(part_m), flat(part_l), flat(counters)
     for b in range(B):
         q0, n, L = int(qs[b]), int(qs[b + 1] - qs[b]), int(cx[b])
         for ty in range(tiles):
-            parts = [emulate_block(kernel.rows // 16, qlf, int(ql_stride), qpf, int(qp_stride), cf, int(block_stride), int(bs),
-                                   tab[b * int(table_stride):], q0, n, L, nh, float(scale), s, ty, splits,
-                                   int(min_split)) for s in range(splits)]
-            parts = [p for p in parts if p is not None]
-            if not parts:
+            states = [emulate_block(kernel.rows // 16, qlf, int(ql_stride), qpf, int(qp_stride), cf,
+                                    int(block_stride), int(bs), tab[b * int(table_stride):], q0, n, L, nh,
+                                    float(scale), x, ty, grid_x, cs, int(split_keys)) for x in range(grid_x)]
+            if states[0] is None:
+                assert all(st is None for st in states)
                 continue
-            row0, gc, used = parts[0][:3]
-            assert len(parts) == used and all(p[2] == used for p in parts)
-            M = np.max([p[4] for p in parts], axis=0)
-            wts = [np.exp2(p[4] - M) * p[5] for p in parts]
-            o = sum(wt[:, None] * p[3] / p[5][:, None] for wt, p in zip(wts, parts)) / sum(wts)[:, None]
-            outf[(q0 * nh + row0) * R: (q0 * nh + row0 + gc) * R] = o.ravel()
+            row0, gc, used = states[0][:3]
+            assert all((st is None) == (x // cs >= used) for x, st in enumerate(states))
+            heads = slice((q0 * nh + row0) * R, (q0 * nh + row0 + gc) * R)
+            if used == 1:
+                merged = [merge_cluster(states[:cs], rank, cs) for rank in range(cs)]
+                outf[heads] = np.concatenate([o / lsum[:, None] for o, _, lsum in merged], 1).ravel()
+                continue
+            assert part_o is not NULL and n == 1 and gc <= 16
+            width = R // cs
+            for group in range(used):   # clusters arrive in any order; the merge reads only the partials
+                for rank in range(cs):
+                    o, M, lsum = merge_cluster(states[group * cs:(group + 1) * cs], rank, cs)
+                    rank_off = rank * B * nh * groups
+                    for g in range(gc):
+                        p = (b * nh + row0 + g) * groups + group
+                        pm[rank_off + p], pl[rank_off + p] = M[g], lsum[g]
+                        po[p * R + rank * width: p * R + (rank + 1) * width] = o[g] / lsum[g] if lsum[g] > 0 else 0
+                    slot = rank * B * tiles + b * tiles + ty
+                    cnt[slot] += 1
+                    if cnt[slot] < used:
+                        continue
+                    cnt[slot] = 0   # the last to arrive merges rank's columns of every used cluster
+                    for g in range(gc):
+                        ps = (b * nh + row0 + g) * groups + np.arange(used)
+                        m, ls = pm[rank_off + ps], pl[rank_off + ps]
+                        wts = np.exp2(m - m.max()) * ls
+                        cols = (ps[:, None] * R + rank * width + np.arange(width)).ravel()
+                        o = (wts[:, None] * po[cols].reshape(used, width)).sum(0) / wts.sum()
+                        at = (q0 * nh + row0 + g) * R + rank * width
+                        outf[at: at + width] = o
 
 
 def emulate_write_latent(call):
@@ -230,15 +277,24 @@ KERNELS = {"mla_attention_bf16": emulate_attention, "mla_prefill_bf16": emulate_
            "mla_rope_bf16": emulate_rope, "mla_rope_write": emulate_rope_write}
 
 
+def cluster_device(monkeypatch, mod, max_cluster: int = 8) -> None:
+    """A 132-SM device holding two blocks an SM, for `mod`'s decode grid: 8 GPCs of 16 SMs hold 256 / cs clusters
+    of cs CTAs at once, none larger than max_cluster (1: no clusters at all)."""
+    monkeypatch.setattr(mod, "sm_count", lambda: 132)
+    monkeypatch.setattr(mod, "blocks_per_sm", lambda *a: 2)
+    monkeypatch.setattr(mod, "clusters_supported", lambda: max_cluster > 1)
+    monkeypatch.setattr(mod, "clusters_at_once", lambda *a: 256 // a[-1] if a[-1] <= max_cluster else 0)
+
+
 @pytest.fixture
 def launches(monkeypatch):
-    """mla.py's launchers on host arrays, with a 132-SM device holding two blocks an SM."""
+    """mla.py's launchers on host arrays, on cluster_device; the arrival counters must be left zero."""
     recorded = record_launches(monkeypatch, (mla, module))
-    monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
-    monkeypatch.setattr(mla, "blocks_per_sm", lambda *a: 2)
+    cluster_device(monkeypatch, mla)
     counters = fake(np.zeros(module.COUNTER_SLOTS, np.int32))
     monkeypatch.setattr(mla, "arrival_counters", lambda purpose: counters)
-    return recorded
+    yield recorded
+    assert not counters.any()
 
 
 def _batch(runs, bs, rng, num_blocks):
@@ -252,12 +308,24 @@ def _batch(runs, bs, rng, num_blocks):
 
 
 CASES = {
-    # runs (context, query run), heads, fewest keys of a decode split: decode splits (uneven last tiles, splits
-    # past a short context), runs of several tokens whose row tiles span tokens (4 and 6 heads), an empty run
-    "decode_split": ([(70, 1), (5, 1), (33, 1)], 16, 32),
-    "decode_32_heads": ([(140, 1)], 32, 64),
-    "prefill_4_heads": ([(20, 20), (37, 5), (3, 0)], 4, 64),
-    "prefill_6_heads": ([(9, 9), (35, 2)], 6, 64),
+    # runs (context, query run), heads, keys a decode split aims at, the grid's context (a CUDA graph's: most
+    # clusters past the contexts), the largest cluster the device runs (1: none) -> the decode grid (cs, clusters
+    # a sequence)
+    # one sequence over 4 clusters of 8 (a CTA's keys in one partial tile), merged through partials
+    "decode_clusters": ([(300, 1)], 16, 8, None, 8, (8, 4)),
+    # clusters of 2, each sequence's keys in one cluster (uneven last tiles, a CTA past a 5-key context)
+    "decode_split": ([(70, 1), (5, 1), (33, 1)], 16, 32, None, 8, (2, 1)),
+    # two row tiles, clusters of 4
+    "decode_32_heads": ([(140, 1)], 32, 32, None, 8, (4, 1)),
+    # a graph's grid: 16 clusters of 8 a sequence, the first used by the short one, two by the other
+    "decode_graph_width": ([(200, 1), (37, 1)], 16, 16, 5000, 8, (8, 16)),
+    # a device whose GPCs hold no cluster of 8: clusters of 4 merged through partials
+    "decode_clusters_of_4": ([(130, 1)], 16, 8, None, 4, (4, 4)),
+    # a GPU without clusters: splits of one CTA, every column merged by the last
+    "decode_no_clusters": ([(150, 1), (64, 1)], 16, 16, None, 1, (1, 10)),
+    # runs of several tokens whose row tiles span tokens (4 and 6 heads), an empty run
+    "prefill_4_heads": ([(20, 20), (37, 5), (3, 0)], 4, 64, None, 8, (1, 1)),
+    "prefill_6_heads": ([(9, 9), (35, 2)], 6, 64, None, 8, (1, 1)),
 }
 
 
@@ -265,12 +333,15 @@ CASES = {
 def test_mla_attention_emulation(case, launches, monkeypatch):
     """mla.mla_attention on a strided q_latent and a layer's view of the pool, its launch emulated, against
     numpy_mla_moe.mla_attention."""
-    runs, nh, split_keys = CASES[case]
+    runs, nh, split_keys, graph_context, max_cluster, (cs, groups) = CASES[case]
     monkeypatch.setattr(mla, "SPLIT_KEYS", split_keys)
+    cluster_device(monkeypatch, mla, max_cluster)
     rng = np.random.default_rng(len(case))
     bs, layers = 16, 2
     num_blocks = sum(-(-L // bs) for L, _ in runs) + 2
     batch = _batch(runs, bs, rng, num_blocks)
+    if graph_context:
+        batch = dataclasses.replace(batch, max_context_len=graph_context)
     T = int(batch.query_start_host[-1])
     pool = fake(rng.standard_normal((num_blocks, layers, bs, D)), BF16)
     # q_latent rows inside a wider buffer, q_pe packed (mla_rope's output): different token strides
@@ -278,7 +349,8 @@ def test_mla_attention_emulation(case, launches, monkeypatch):
     qp = fake(rng.standard_normal((T, nh, P)), BF16)
     out = mla.mla_attention(ql, qp, pool[:, 1], batch, 192 ** -0.5)
     (call,) = launches
-    assert (call.grid[0] > 1) == case.startswith("decode")
+    assert call.grid[0] == cs * groups and int(call.args[-1]) == cs
+    assert (call.args[12] is NULL) == (groups == 1)
     run(launches, KERNELS)
     f32 = [np.asarray(a, np.float32) for a in (ql, qp, pool[:, 1])]
     want = ref.mla_attention(*f32, batch, 192 ** -0.5)

@@ -1,6 +1,6 @@
 """CPU check of the MLA and MoE launches (mla.py, moe.py) against the kernels' compiled parameter lists (no GPU),
-through openinfer.testing.launch_check, and of the grids they choose: decode splits and their partials, one split
-for longer runs, router and expert-GEMM grids sized from the token count alone."""
+through openinfer.testing.launch_check, and of the grids they choose: decode splits in thread-block clusters and their
+partials, one CTA for longer runs, router and expert-GEMM grids sized from the token count alone."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -12,6 +12,7 @@ pytest.importorskip("cupy")
 from openinfer.engine.batch import ForwardBatch  # noqa: E402
 from openinfer.kernels.cuda import attention_decode, blas, mla, module, moe  # noqa: E402
 from openinfer.testing.launch_check import aligned_empty, fake, record_launches  # noqa: E402
+from test_mla_emulation import cluster_device  # noqa: E402
 from test_moe_emulation import route_config  # noqa: E402
 
 BF16 = module.BF16
@@ -21,7 +22,7 @@ BF16 = module.BF16
 def launches(monkeypatch):
     recorded = record_launches(monkeypatch, (blas, mla, moe, module))
     monkeypatch.setattr(attention_decode, "sm_count", lambda: 132)
-    monkeypatch.setattr(mla, "blocks_per_sm", lambda *a: 2)
+    cluster_device(monkeypatch, mla)
     counters = aligned_empty((module.COUNTER_SLOTS,), np.int32)
     monkeypatch.setattr(mla, "arrival_counters", lambda purpose: counters)
     monkeypatch.setattr(moe, "arrival_counters", lambda purpose: counters)
@@ -47,22 +48,42 @@ def _mla_inputs(T, nh, ctx, bs):
 
 
 @pytest.mark.parametrize("nh", [16, 64, 4])
-@pytest.mark.parametrize("q_lens,ctx", [([1], [5000]), ([1, 1, 1], [5000, 17, 900]), ([1] * 64, [30] * 64),
-                                         ([7, 1, 33], [7, 40, 300])])
+@pytest.mark.parametrize("q_lens,ctx", [([1], [5000]), ([1], [1024]), ([1, 1, 1], [5000, 17, 900]),
+                                         ([1] * 32, [1024] * 32), ([1] * 64, [30] * 64), ([1] * 128, [1024] * 128),
+                                         ([1] * 300, [40] * 300), ([7, 1, 33], [7, 40, 300])])
 def test_mla_attention_launch_args(launches, nh, q_lens, ctx):
     T, bs = sum(q_lens), 16
     ql, qp, cache = _mla_inputs(T, nh, ctx, bs)
     mla.mla_attention(ql, qp, cache, _batch(q_lens, ctx, bs), 192 ** -0.5)
     (call,) = launches
-    splits, tiles, seqs = call.grid
+    x, tiles, seqs = call.grid
     kernel = mla.DECODE if max(q_lens) == 1 else mla.PREFILL
     assert call.name == kernel.name and call.smem == kernel.smem and call.block == kernel.threads and seqs == len(ctx)
     assert tiles == -(-max(q_lens) * nh // kernel.rows)
-    assert int(call.args[-2]) == splits and (call.args[-6] is module.NULL) == (splits == 1)
+    cs = int(call.args[-1])   # the cluster's CTAs, as launched
+    groups = x // cs
+    assert call.cluster == ((cs, 1, 1) if cs > 1 else None)
+    assert int(call.args[-2]) == mla.SPLIT_KEYS and (call.args[-8] is module.NULL) == (groups == 1)
+    if groups > 1:   # partials: o [B, nh, groups, 512], m and l [cs, B, nh, groups] a rank, cs counters a work item
+        part_o, part_m, part_l = call.args[-8:-5]
+        assert part_o.shape == (seqs, nh, groups, mla.LATENT) and part_m.shape == part_l.shape == (cs, seqs, nh, groups)
+        assert cs * seqs * tiles <= module.COUNTER_SLOTS
     if max(q_lens) > 1:
-        assert splits == 1   # runs of several tokens are never split
-    elif max(ctx) == 5000 and len(ctx) * tiles < 132:
-        assert splits > 1    # a long context fills the GPU
+        assert x == 1 and call.cluster is None   # runs of several tokens are never split
+        return
+    # decode: one wave of whole clusters (cluster_device: 2 CTAs an SM, 256 / cs clusters at once), at most a split
+    # of SPLIT_KEYS keys a CTA, and more than half the CTAs that would fill the wave
+    work, want = seqs * tiles, min(264 // (seqs * tiles), -(-max(ctx) // mla.SPLIT_KEYS))
+    assert x == 1 or (x * work <= 264 and groups * work <= 256 // cs and x <= want)
+    assert 2 * x > want
+    if (seqs, nh) == (1, 16):
+        assert (cs, groups) == ((8, 19) if max(ctx) == 5000 else (8, 4))   # a split of 32 keys a CTA
+    if (seqs, nh, max(ctx)) == (32, 16, 1024):
+        assert (cs, groups) == (8, 1)
+    if (seqs, nh, max(ctx)) == (128, 16, 1024):
+        assert (cs, groups) == (2, 1)
+    if seqs == 300:
+        assert x == 1 and call.cluster is None   # the batch alone fills the GPU
 
 
 def test_mla_write_latent_launch_args(launches):

@@ -8,11 +8,12 @@
 //   rows   a row is a (token, head) pair of a sequence's run, row = token * nh + head, so a decode step's rows
 //          are its heads. A block takes 16 MT rows (MT m16 tiles; zero-padded past the run). Query j of a run of
 //          n sits at position L - n + j and sees keys 0 .. L - n + j (numpy paged_attention's rule).
-//   grid   (split, row tile, sequence). Decode (runs of one token; mla_attention_bf16, MT = 1) splits each
-//          context over the grid's splits in whole tiles (at least min_split keys each), like
-//          attention_decode.cu: splits past a sequence's `used` ones leave at once, each split stores partials and
-//          the last block of a (sequence, row tile) merges them (decode_merge.cuh). Longer runs
-//          (mla_prefill_bf16, MT = 2: each K/V tile read from L2 serves twice the rows) take one split.
+//   grid   (split, row tile, sequence). Decode (runs of one token; mla_attention_bf16, MT = 1) cuts each context
+//          into splits so that batch 1 fills the GPU: x = `groups` thread-block clusters of cs CTAs (x = group * cs
+//          + rank). A sequence takes ceil(keys / split_keys) splits at most, rounded up to whole clusters (its
+//          `used` ones; the others leave at once), and shares its keys evenly over them, so a grid sized for the
+//          longest context (a CUDA graph's) serves shorter ones. Longer runs (mla_prefill_bf16, MT = 2: each K/V
+//          tile read from L2 serves twice the rows) take one CTA, a cluster of one.
 //   tile   MLA_BN = 32 keys, double-buffered by cp.async (tile t + 1 loads while tile t computes). 4 MT warps:
 //          warp w computes S of m tile w / 4 for keys 8 (w % 4) .. + 7 of the tile over all 576 columns (Q from
 //          shared memory by ldmatrix); the row maxima meet in shared memory, so every warp holds the same
@@ -20,13 +21,20 @@
 //          512 / (4 MT) w .. of every m tile (V by ldmatrix.trans of the cached rows, each fragment feeding MT
 //          m tiles). The key warps keep partial row sums (same max, same rescale), summed at the end. Softmax in
 //          the log2 domain (scale * log2(e) folded into `scale`), as attention_mma.cu.
+//   merge  each CTA leaves its state (O unnormalised, m, l of every row) in its shared memory; the cluster's CTAs
+//          merge them over distributed shared memory, rank r taking columns r * 512 / cs .. of every row, so no
+//          single CTA reads every split's 512 columns. With one used cluster those are the output; with more,
+//          rank r stores its columns as the cluster's partial, and the last rank-r CTA of the sequence's clusters
+//          to arrive merges rank r's columns of every used cluster (decode_merge.cuh, its own counter, m and l).
 //
-// Mirrored in mla.py: the rows and threads of each kernel, MLA_BN, the shared-memory size, the kernel names.
+// Mirrored in mla.py: the rows and threads of each kernel, MLA_BN, the shared-memory size, the kernel names, the
+// largest cluster, the partials' layout.
 #include "common.cuh"
 #include "mma.cuh"
 #include "decode_merge.cuh"
+#include "mla_merge.cuh"   // MLA_R, MLA_MAX_CLUSTER, the cluster merge
 
-constexpr int MLA_R = 512, MLA_P = 64, MLA_D = MLA_R + MLA_P;   // latent width, rope width, cache row
+constexpr int MLA_P = 64, MLA_D = MLA_R + MLA_P;   // rope width, cache row (the latent's MLA_R first)
 constexpr int MLA_BN = 32, MLA_KEY_WARPS = MLA_BN / 8;   // keys of a tile; warps sharing an m tile's S (8 keys each)
 constexpr int MLA_LD = MLA_D + 8;          // smem row stride (bf16): 1168 bytes, ldmatrix rows on distinct banks
 constexpr int MLA_PLD = MLA_BN + 8;        // P row stride (bf16)
@@ -38,8 +46,9 @@ template <int MT> struct Mla {
     static constexpr int ROWS = 16 * MT, WARPS = MLA_KEY_WARPS * MT, VCOLS = MLA_R / WARPS;
     // shared memory (bytes): Q rows, two K/V stages, P, the warps' row maxima
     static constexpr int SMEM = ROWS * MLA_LD * 2 + 2 * MLA_STAGE * 2 + ROWS * MLA_PLD * 2 + MLA_KEY_WARPS * ROWS * 4;
-    static_assert(ROWS * MLA_R * 4 + 2 * ROWS * 4 + MLA_KEY_WARPS * ROWS * 4 <= 2 * MLA_STAGE * 2,
-                  "the merge area must fit over the K/V stages");
+    // the merge area over the K/V stages: O, m, l, the key warps' l, the cluster's weights and sums of each row
+    static constexpr int MERGE = ROWS * MLA_R + 2 * ROWS + MLA_KEY_WARPS * ROWS + ROWS * MLA_MAX_CLUSTER + ROWS;
+    static_assert(MERGE * 4 <= 2 * MLA_STAGE * 2, "the merge area must fit over the K/V stages");
 };
 
 // Keys k0 .. k0 + MLA_BN - 1 of a sequence into a stage; keys at or past kend are zero rows (masked; 0 * V = 0).
@@ -55,12 +64,14 @@ __device__ __forceinline__ void mla_load_tile(bf16* stage, const bf16* cache, co
 
 // Warp w computes S of m tile w / 4 for keys 8 (w % 4) .. + 7 of each tile and accumulates O's columns
 // VCOLS w .. + VCOLS - 1 of every m tile: each V fragment feeds MT m tiles.
+// Partials (used > 1): part_o [B, nh, groups, 512] (the cluster's merged rows, normalised), part_m / part_l
+// [cs, B, nh, groups] (rank r's copy; M in log2 units and the sum), counters [cs, B, row tiles].
 template <int MT>
 __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* qp, long long qp_stride,
                               const bf16* cache, long long block_stride, int block_size, const int* tables,
                               int table_stride, const int* qstart, const int* ctx, bf16* out, float* part_o,
-                              float* part_m, float* part_l, int* counters, int nh, float scale, int num_splits,
-                              int min_split) {
+                              float* part_m, float* part_l, int* counters, int nh, float scale, int split_keys,
+                              int cs) {
     using C = Mla<MT>;
     constexpr int ROWS = C::ROWS, VCOLS = C::VCOLS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -71,17 +82,18 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
     const int smt = warp / MLA_KEY_WARPS, skw = warp % MLA_KEY_WARPS;   // the warp's S: m tile, key group
-    const int b = blockIdx.z, split = blockIdx.x;
+    const int b = blockIdx.z;
     const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
     const int rows = n * nh, row0 = blockIdx.y * ROWS;
-    if (row0 >= rows) return;   // block-uniform (empty runs too)
+    if (row0 >= rows) return;   // the whole cluster (it spans x only); empty runs too
     const int gc = min(ROWS, rows - row0);
     const int kall = L - n + (row0 + gc - 1) / nh + 1;   // keys any row of the block sees
-    const int split_len = max(min_split, ((kall + num_splits - 1) / num_splits + MLA_BN - 1) / MLA_BN * MLA_BN);
-    const int used = (kall + split_len - 1) / split_len;
-    if (split >= used) return;
-    const int kbeg = split * split_len, kend = min(kall, kbeg + split_len);
-    const int ntiles = (kend - kbeg + MLA_BN - 1) / MLA_BN;
+    const int rank = blockIdx.x % cs, groups = gridDim.x / cs, group = blockIdx.x / cs;   // clusters (cs, 1, 1)
+    const int used = (min((int)gridDim.x, (kall + split_keys - 1) / split_keys) + cs - 1) / cs;   // clusters
+    if (group >= used) return;   // the whole cluster
+    const int split_len = (kall + used * cs - 1) / (used * cs);
+    const int kbeg = min(kall, (int)blockIdx.x * split_len), kend = min(kall, kbeg + split_len);
+    const int ntiles = (kend - kbeg + MLA_BN - 1) / MLA_BN;   // 0: a CTA past the keys (its state stays empty)
     const KvLayout kv{block_stride, MLA_D, block_size};
     const int* table = tables + (long long)b * table_stride;
 
@@ -98,7 +110,6 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     }
     mla_load_tile(kvs, cache, kv, table, kbeg, kend);
     cp_async_commit();
-
     // this lane's S rows: smt * 16 + gid, + 8 (h = 0, 1), and their positions (-1: a padding row, sees nothing)
     int qpos[2];
 #pragma unroll
@@ -129,7 +140,8 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         const int k0 = kbeg + t * MLA_BN;
 
         // S for this warp's 8 keys: rows gid (s[0], s[1]) and gid + 8 (s[2], s[3]), keys 8 skw + 2 tq + {0, 1}
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        // two accumulators (columns 32 kk .. + 15 and + 16 .. + 31): half the chain of dependent mmas
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 6
         for (int kk = 0; kk < MLA_D / 32; ++kk) {
             unsigned int bk[4], a[4];
@@ -137,8 +149,10 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
             ldmatrix_x4(a, qs + aoff + kk * 32);
             mma_bf16(s, a, bk[0], bk[1]);
             ldmatrix_x4(a, qs + aoff + kk * 32 + 16);
-            mma_bf16(s, a, bk[2], bk[3]);
+            mma_bf16(s2, a, bk[2], bk[3]);
         }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[e] += s2[e];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int key = k0 + 8 * skw + 2 * tq + (e & 1);
@@ -208,7 +222,9 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     float* mo = (float*)kvs;
     float* mm = mo + ROWS * MLA_R;
     float* ml = mm + ROWS;
-    float* wl = ml + ROWS;   // [MLA_KEY_WARPS][ROWS]
+    float* wl = ml + ROWS;                        // [MLA_KEY_WARPS][ROWS]
+    float* cw = wl + MLA_KEY_WARPS * ROWS;        // [ROWS][MLA_MAX_CLUSTER]: mla_merge_cluster's weights
+    float* cl = cw + ROWS * MLA_MAX_CLUSTER;      // [ROWS]: and sums
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
@@ -230,14 +246,27 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         for (int w = 0; w < MLA_KEY_WARPS; ++w) sum += wl[w * ROWS + threadIdx.x];
         ml[threadIdx.x] = sum;
     }
-    __syncthreads();
-    // row g of the block is output row row0 + g of the run: out[(q0 * nh + row0 + g) * 512 ..]
-    store_merged_warps<bf16, 1, ROWS, MLA_R>(mm, ml, mo, gc, row0, nh, q0, b, split, used, num_splits, out, part_o,
-                                             part_m, part_l);
-    if constexpr (MT == 1) {   // only decode splits (its merge keeps 16 rows)
-        if (used > 1)
-            merge_splits_if_last<bf16, MLA_R>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, row0, nh, q0, b,
-                                              used, num_splits, out);
+    mla_cluster_sync(cs);   // every CTA of the cluster holds its state
+    // rank r's copies of m and l, and its counters: [cs][B][...]
+    const long long ml_off = (long long)rank * gridDim.z * nh * groups;
+    const MlaStore st{out, part_o, part_m + ml_off, part_l + ml_off, q0, row0, nh, b, group, groups, used};
+    if constexpr (MT == 1) {
+        switch (cs) {
+            case 1: mla_merge_cluster<ROWS, 1>(mo, mm, ml, cw, cl, gc, rank, st); break;
+            case 2: mla_merge_cluster<ROWS, 2>(mo, mm, ml, cw, cl, gc, rank, st); break;
+            case 4: mla_merge_cluster<ROWS, 4>(mo, mm, ml, cw, cl, gc, rank, st); break;
+            default: mla_merge_cluster<ROWS, MLA_MAX_CLUSTER>(mo, mm, ml, cw, cl, gc, rank, st);
+        }
+    } else {   // runs of several tokens: one CTA
+        mla_merge_cluster<ROWS, 1>(mo, mm, ml, cw, cl, gc, rank, st);
+    }
+    mla_cluster_sync(cs);   // the others have read this CTA's state: its shared memory is free
+    if constexpr (MT == 1) {   // only decode splits (the merge keeps 16 rows)
+        if (used == 1) return;
+        const int width = MLA_R / cs;
+        merge_splits_if_last<bf16, MLA_R>(part_o, st.part_m, st.part_l, counters + rank * gridDim.z * gridDim.y,
+                                          (float*)smem_raw, gc, row0, nh, q0, b, used, groups, out, rank * width,
+                                          width);
     }
 }
 
@@ -246,9 +275,9 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         const bf16* ql, long long ql_stride, const bf16* qp, long long qp_stride, const bf16* cache,                \
         long long block_stride, int block_size, const int* tables, int table_stride, const int* qstart,            \
         const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, float scale, \
-        int num_splits, int min_split) {                                                                           \
+        int split_keys, int cs) {                                                                                  \
         mla_attention<MT>(ql, ql_stride, qp, qp_stride, cache, block_stride, block_size, tables, table_stride,     \
-                          qstart, ctx, out, part_o, part_m, part_l, counters, nh, scale, num_splits, min_split);   \
+                          qstart, ctx, out, part_o, part_m, part_l, counters, nh, scale, split_keys, cs);          \
     }
 
 MLA_KERNEL(mla_attention_bf16, 1)

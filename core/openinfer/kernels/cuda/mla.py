@@ -2,10 +2,11 @@
 `mla_rope` and `mla_rope_write` (the latent norm, both RoPEs and the cache write in one launch), and the expanded
 form's gather and packing (`mla_gather_latent`, `mla_pack_heads`; layers/mla_expanded.py).
 
-Decode batches (every run one token) split each context over the grid so that batch 1 fills the GPU; the grid
-depends only on the batch size, the heads and `max_context_len`, and the kernel reads only the batch's device
-fields, so a CUDA graph captured at the longest context serves shorter ones (as attention_decode.py). Runs of
-more tokens (prefill chunks, prefix hits, mixed steps) launch one split per (sequence, 32-row tile).
+Decode batches (every run one token) split each context over thread-block clusters so that batch 1 fills the GPU
+(`decode_grid`); the grid depends only on the batch size, the heads and `max_context_len`, and the kernel reads only
+the batch's device fields, so a CUDA graph captured at the longest context serves shorter ones (as
+attention_decode.py). Runs of more tokens (prefill chunks, prefix hits, mixed steps) launch one CTA per (sequence,
+32-row tile).
 """
 from __future__ import annotations
 
@@ -17,21 +18,21 @@ import numpy as np
 
 from ...engine.batch import ForwardBatch
 from .attention import LOG2E
-from .attention_decode import decode_splits
-from .module import (BF16, COUNTER_SLOTS, NULL, arrival_counters, as_index, blocks_per_sm, heads3d, launch,
-                     rows2d)
+from .module import (BF16, COUNTER_SLOTS, NULL, arrival_counters, as_index, blocks_per_sm, clusters_at_once,
+                     clusters_supported, heads3d, launch, rows2d, sm_count)
 from .ops import norm_suffix
 
 LATENT, ROPE = 512, 64                 # must match mla.cu (MLA_R, MLA_P)
 ROW = LATENT + ROPE
 BN, KEY_WARPS = 32, 4                  # keys of a tile, warps sharing an m tile's scores (mla.cu)
-SPLIT_KEYS = 64                        # fewest keys of a decode split (whole tiles)
+MAX_CLUSTER = 8                        # CTAs of a decode cluster (mla_merge.cuh MLA_MAX_CLUSTER, portable size)
+SPLIT_KEYS = 32                        # keys a decode split aims at (one tile): a sequence's splits at most
 MAX_TILES = 65535                      # row tiles of one sequence: the grid's y
 GATHER_ROWS = 8                        # rows of a mla_gather_latent block (mla.cu MLA_GATHER_ROWS)
 
 
 def smem(rows: int) -> int:
-    """Mla<MT>::SMEM: Q rows, two K/V stages, P, the warps' row maxima."""
+    """Mla<MT>::SMEM: Q rows, two K/V stages, P, the warps' row maxima (the merge area lies over the stages)."""
     return rows * (ROW + 8) * 2 + 2 * BN * (ROW + 8) * 2 + rows * (BN + 8) * 2 + KEY_WARPS * rows * 4
 
 
@@ -48,6 +49,25 @@ class MlaKernel:
 
 DECODE = MlaKernel("mla_attention_bf16", 16, 128)   # one m16 tile a block: splits merged in the kernel
 PREFILL = MlaKernel("mla_prefill_bf16", 32, 256)    # two: each K/V tile serves twice the rows
+
+
+def decode_grid(num_seqs: int, tiles: int, max_context_len: int) -> tuple[int, int]:
+    """(cs, groups): each (sequence, row tile) of a decode step runs as `groups` thread-block clusters of cs CTAs
+    (mla.cu merges a cluster over distributed shared memory, the clusters through partials). As many CTAs as
+    fill one wave of the GPU, at most a split of SPLIT_KEYS keys each: batch 1 at a 1k context takes 4 clusters
+    of 8 (32 keys a CTA), batch 32 one cluster of 8 per sequence, batch 128 one of 2. Rounding up instead would
+    start a second, part-empty wave (decode_splits in attention_decode.py)."""
+    work = num_seqs * tiles
+    per_sm = blocks_per_sm("mla", DECODE.name, DECODE.threads, DECODE.smem)
+    want = max(1, min(per_sm * sm_count() // work, math.ceil(max_context_len / SPLIT_KEYS)))
+    cs = min(MAX_CLUSTER, 1 << (want.bit_length() - 1)) if clusters_supported() else 1
+    while cs > 1 and clusters_at_once("mla", DECODE.name, DECODE.threads, DECODE.smem, cs) < work:
+        cs //= 2   # a cluster per (sequence, row tile) must fit one wave
+    groups = want // cs
+    if cs > 1:
+        groups = max(1, min(groups, clusters_at_once("mla", DECODE.name, DECODE.threads, DECODE.smem, cs) // work))
+    # the last CTA to arrive keeps m and l of every cluster's rows in its shared memory
+    return cs, min(groups, DECODE.smem // (2 * 4 * DECODE.rows))
 
 
 def _check_cache(op: str, cache: cp.ndarray) -> None:
@@ -149,24 +169,23 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
     if tiles > MAX_TILES:
         raise ValueError(f"mla_attention: a run of {batch.max_query_len} tokens x {nh} heads exceeds the grid "
                          f"({MAX_TILES * kernel.rows} rows); prefill in smaller chunks (--max-num-batched-tokens)")
-    splits, parts = 1, (NULL, NULL, NULL, NULL)
+    cs, groups, parts = 1, 1, (NULL, NULL, NULL, NULL)
     if kernel is DECODE:
-        per_sm = blocks_per_sm("mla", kernel.name, kernel.threads, kernel.smem)
-        splits = decode_splits(B, tiles, batch.max_context_len, SPLIT_KEYS, per_sm)
-        splits = min(splits, kernel.smem // (2 * 4 * kernel.rows))   # the merging block's m and l of every part
+        cs, groups = decode_grid(B, tiles, batch.max_context_len)
         # asked on every decode so that an eager run sets the counters up before any capture
         counters = arrival_counters("decode_attention")
-        if counters is None or B * tiles > COUNTER_SLOTS:
-            splits = 1
-        if splits > 1:
-            part_o = cp.empty((B, nh, splits, LATENT), dtype=cp.float32)
-            part_ml = cp.empty((2, B, nh, splits), dtype=cp.float32)
+        if counters is None or B * tiles * cs > COUNTER_SLOTS:
+            groups = 1
+        if groups > 1:
+            part_o = cp.empty((B, nh, groups, LATENT), dtype=cp.float32)
+            part_ml = cp.empty((2, cs, B, nh, groups), dtype=cp.float32)
             parts = (part_o, part_ml[0], part_ml[1], counters)
-    launch("mla", kernel.name, (splits, tiles, B), kernel.threads,
+    launch("mla", kernel.name, (cs * groups, tiles, B), kernel.threads,
            (ql, np.int64(ql_stride), qp, np.int64(qp_stride), cache, np.int64(cache.strides[0] // 2),
             np.int32(cache.shape[1]), tables, np.int32(tables.strides[0] // tables.itemsize),
             as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32), out, *parts,
-            np.int32(nh), np.float32(scale * LOG2E), np.int32(splits), np.int32(SPLIT_KEYS)), kernel.smem)
+            np.int32(nh), np.float32(scale * LOG2E), np.int32(SPLIT_KEYS), np.int32(cs)), kernel.smem,
+           cluster=(cs, 1, 1) if cs > 1 else None)
     return out
 
 
