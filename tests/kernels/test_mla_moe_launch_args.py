@@ -1,6 +1,7 @@
 """CPU check of the MLA and MoE launches (mla.py, moe.py) against the kernels' compiled parameter lists (no GPU),
 through openinfer.testing.launch_check, and of the grids they choose: decode splits in thread-block clusters and their
-partials, launches of as many sequences as the arrival counters fit, one CTA for longer runs, router and expert-GEMM grids sized from the token count alone."""
+partials, launches of as many sequences as the arrival counters fit, one CTA for longer runs, router and expert-GEMM
+grids sized from the token count alone."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -91,7 +92,8 @@ def test_mla_decode_counters_per_launch(launches):
     assert [c.grid for c in launches] == [(8, 8, 64), (8, 8, 6)]
     for call, b0 in zip(launches, (0, 64)):
         tables, qstart, ctx_arg = call.args[7], call.args[9], call.args[10]
-        assert tables.data.ptr == batch.block_tables[b0:].data.ptr and qstart.data.ptr == batch.query_start[b0:].data.ptr
+        assert tables.data.ptr == batch.block_tables[b0:].data.ptr
+        assert qstart.data.ptr == batch.query_start[b0:].data.ptr
         assert ctx_arg.data.ptr == batch.context_lens[b0:].data.ptr and int(call.args[-2]) == 2
 
 

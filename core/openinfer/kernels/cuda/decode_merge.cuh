@@ -62,12 +62,12 @@ __device__ __forceinline__ void load_partial_rows(float4* v, const float* part_o
 }
 
 // Every used split's block calls this once its partials are stored (used > 1), counting `arrivals` splits
-// (mla.cu: the clusters a CTA took in turn; the last block brings the count to used). It merges columns c0 .. c0 + width - 1 of the rows (all D by default; mla.cu gives each
-// CTA of a cluster its own slice, its own counters and its own m and l). counters: one int per (sequence,
-// head chunk), zero on entry and
-// left zero (the last block resets its own), so a CUDA graph replays cleanly. scratch: shared memory for
+// (mla.cu: the clusters a CTA took in turn; the last block brings the count to used). It merges columns
+// c0 .. c0 + width - 1 of the rows (all D by default; mla.cu gives each CTA of a cluster its own slice, its own
+// counters and its own m and l). counters: one int per (sequence, head chunk), zero on entry and left zero (the
+// last block resets its own), so a CUDA graph replays cleanly. scratch: shared memory for
 // 2 * gc * used floats, free once the partials are stored (paged_decode caps the splits to fit).
-// The merge (once a separate kernel, paged_combine): weights w_s = exp2(m_s - M) l_s (M the heads' max),
+// The merge: weights w_s = exp2(m_s - M) l_s (M the heads' max),
 // out = sum_s w_s o_s / sum_s w_s summed in split order, so the output is the same bits
 // whichever block came last. Each thread owns float4s of the gc output rows and keeps MERGE_UNROLL
 // splits' loads in flight.
