@@ -421,11 +421,11 @@ def test_decode_split_depends_on_the_keys_alone(monkeypatch, max_cluster):
 def test_decode_output_bits_depend_on_the_keys_alone(monkeypatch):
     """One sequence (two clusters merged through partials) computed alone, among other sequences under a graph's
     max_context_len, and on a GPU holding fewer clusters at once (its clusters taken in turn): the same bits."""
-    monkeypatch.setattr(mla, "SPLIT_KEYS", 32)
+    monkeypatch.setattr(mla, "SPLIT_KEYS", 64)
     counters = fake(np.zeros(module.COUNTER_SLOTS, np.int32))
     monkeypatch.setattr(mla, "arrival_counters", lambda purpose: counters)
     rng = np.random.default_rng(7)
-    ql, qp, cache, batch = _inputs([(300, 1), (1, 1), (2, 1)], 16, rng)
+    ql, qp, cache, batch = _inputs([(600, 1), (1, 1), (2, 1)], 16, rng)
     rows = []
     for seqs, max_context, at_once in ((1, None, 256), (3, 4096, 256), (1, 20480, 256), (3, None, 8)):
         sub = dataclasses.replace(batch, query_start=batch.query_start[: seqs + 1],
