@@ -1,6 +1,7 @@
 """CPU check of the MLA and MoE launches (mla.py, moe.py) against the kernels' compiled parameter lists (no GPU),
 through openinfer.testing.launch_check, and of the grids they choose: decode splits in thread-block clusters and their
-partials, one CTA for longer runs, router and expert-GEMM grids sized from the token count alone."""
+partials, launches of as many sequences as the arrival counters fit, one CTA for longer runs, router and expert-GEMM
+grids sized from the token count alone."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -60,30 +61,40 @@ def test_mla_attention_launch_args(launches, nh, q_lens, ctx):
     kernel = mla.DECODE if max(q_lens) == 1 else mla.PREFILL
     assert call.name == kernel.name and call.smem == kernel.smem and call.block == kernel.threads and seqs == len(ctx)
     assert tiles == -(-max(q_lens) * nh // kernel.rows)
-    cs = int(call.args[-1])   # the cluster's CTAs, as launched
+    split_keys, cap, slots, cs = (int(a) for a in call.args[-4:])
     groups = x // cs
-    assert call.cluster == ((cs, 1, 1) if cs > 1 else None)
-    assert int(call.args[-2]) == mla.SPLIT_KEYS and (call.args[-8] is module.NULL) == (groups == 1)
-    if groups > 1:   # partials: o [B, nh, groups, 512], m and l [cs, B, nh, groups] a rank, cs counters a work item
-        part_o, part_m, part_l = call.args[-8:-5]
-        assert part_o.shape == (seqs, nh, groups, mla.LATENT) and part_m.shape == part_l.shape == (cs, seqs, nh, groups)
-        assert cs * seqs * tiles <= module.COUNTER_SLOTS
-    if max(q_lens) > 1:
-        assert x == 1 and call.cluster is None   # runs of several tokens are never split
+    assert call.cluster == ((cs, 1, 1) if cs > 1 else None) and split_keys == mla.SPLIT_KEYS
+    if max(q_lens) > 1:   # runs of several tokens are never split
+        assert x == 1 and call.cluster is None and (cap, slots) == (1, 1) and call.args[-10] is module.NULL
         return
-    # decode: one wave of whole clusters (cluster_device: 2 CTAs an SM, 256 / cs clusters at once), at most a split
-    # of SPLIT_KEYS keys a CTA, and more than half the CTAs that would fill the wave
-    work, want = seqs * tiles, min(264 // (seqs * tiles), -(-max(ctx) // mla.SPLIT_KEYS))
-    assert x == 1 or (x * work <= 264 and groups * work <= 256 // cs and x <= want)
-    assert 2 * x > want
+    # decode: clusters of the device's size (cluster_device: 8) whatever the batch; partial slots for the longest
+    # context's clusters (16 at most); no more groups than slots, nor than one wave of clusters holds
+    assert cs == 8 and cap == mla.MAX_CLUSTERS and slots == min(16, -(-max(ctx) // 1024))
+    assert groups <= slots and (groups == 1 or groups * seqs * tiles <= 256 // cs)
+    assert (call.args[-10] is module.NULL) == (slots == 1)
+    if slots > 1:   # partials: o [B, nh, slots, 512], m and l [cs, B, nh, slots] a rank, cs counters a work item
+        part_o, part_m, part_l = call.args[-10:-7]
+        assert part_o.shape == (seqs, nh, slots, mla.LATENT) and part_m.shape == part_l.shape == (cs, seqs, nh, slots)
+        assert cs * seqs * tiles <= module.COUNTER_SLOTS
     if (seqs, nh) == (1, 16):
-        assert (cs, groups) == ((8, 19) if max(ctx) == 5000 else (8, 4))   # a split of 32 keys a CTA
-    if (seqs, nh, max(ctx)) == (32, 16, 1024):
-        assert (cs, groups) == (8, 1)
-    if (seqs, nh, max(ctx)) == (128, 16, 1024):
-        assert (cs, groups) == (2, 1)
-    if seqs == 300:
-        assert x == 1 and call.cluster is None   # the batch alone fills the GPU
+        assert (groups, slots) == ((5, 5) if max(ctx) == 5000 else (1, 1))   # 1k: one cluster of 128 keys a CTA
+    if (seqs, nh, max(ctx)) in ((32, 16, 1024), (128, 16, 1024)):
+        assert (groups, slots) == (1, 1)
+
+
+def test_mla_decode_counters_per_launch(launches):
+    """A decode batch whose (rank, sequence, row tile) counters outnumber COUNTER_SLOTS runs in launches of as many
+    sequences as fit them, each on its own slices of the batch's rows (the split, from the keys, is the same)."""
+    nh, ctx, bs = 128, [2000] * 70, 16   # 8 row tiles x 8 ranks: 64 sequences a launch
+    ql, qp, cache = _mla_inputs(len(ctx), nh, ctx, bs)
+    batch = _batch([1] * len(ctx), ctx, bs)
+    mla.mla_attention(ql, qp, cache, batch, 192 ** -0.5)
+    assert [c.grid for c in launches] == [(8, 8, 64), (8, 8, 6)]
+    for call, b0 in zip(launches, (0, 64)):
+        tables, qstart, ctx_arg = call.args[7], call.args[9], call.args[10]
+        assert tables.data.ptr == batch.block_tables[b0:].data.ptr
+        assert qstart.data.ptr == batch.query_start[b0:].data.ptr
+        assert ctx_arg.data.ptr == batch.context_lens[b0:].data.ptr and int(call.args[-2]) == 2
 
 
 def test_mla_write_latent_launch_args(launches):

@@ -61,27 +61,27 @@ __device__ __forceinline__ void load_partial_rows(float4* v, const float* part_o
         v[u] = s0 + u < used ? __ldcg(po + (long long)(s0 + u) * (D / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// Every used split's block calls this once its partials are stored (used > 1; the last block is the
-// used-th to arrive). It merges columns c0 .. c0 + width - 1 of the rows (all D by default; mla.cu gives each
-// CTA of a cluster its own slice, its own counters and its own m and l). counters: one int per (sequence,
-// head chunk), zero on entry and
-// left zero (the last block resets its own), so a CUDA graph replays cleanly. scratch: shared memory for
+// Every used split's block calls this once its partials are stored (used > 1), counting `arrivals` splits
+// (mla.cu: the clusters a CTA took in turn; the last block brings the count to used). It merges columns
+// c0 .. c0 + width - 1 of the rows (all D by default; mla.cu gives each CTA of a cluster its own slice, its own
+// counters and its own m and l). counters: one int per (sequence, head chunk), zero on entry and left zero (the
+// last block resets its own), so a CUDA graph replays cleanly. scratch: shared memory for
 // 2 * gc * used floats, free once the partials are stored (paged_decode caps the splits to fit).
-// The merge (once a separate kernel, paged_combine): weights w_s = exp2(m_s - M) l_s (M the heads' max),
+// The merge: weights w_s = exp2(m_s - M) l_s (M the heads' max),
 // out = sum_s w_s o_s / sum_s w_s summed in split order, so the output is the same bits
 // whichever block came last. Each thread owns float4s of the gc output rows and keeps MERGE_UNROLL
 // splits' loads in flight.
 template <typename T, int D, bool EARLY = false>
 __device__ void merge_splits_if_last(const float* part_o, const float* part_m, const float* part_l, int* counters,
                                      float* scratch, int gc, int head0, int nh, int q0, int b, int used,
-                                     int num_splits, T* out, int c0 = 0, int width = D) {
+                                     int num_splits, T* out, int c0 = 0, int width = D, int arrivals = 1) {
     __shared__ int last;
     __shared__ float head_max[16];   // gc <= 16 (DEC_ROWS; attention.cu's GMAX is 8)
     __threadfence();                 // this thread's partials are visible device-wide before the block counts
     __syncthreads();
     if (threadIdx.x == 0) {
         int* counter = counters + (long long)blockIdx.z * gridDim.y + blockIdx.y;
-        last = atomicAdd(counter, 1) == used - 1;
+        last = atomicAdd(counter, arrivals) + arrivals == used;
         if (last) *counter = 0;      // every split has arrived: nobody else touches it in this launch
     }
     __syncthreads();

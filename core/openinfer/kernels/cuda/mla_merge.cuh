@@ -16,11 +16,12 @@ __device__ __forceinline__ void mla_cluster_sync(int cs) {
     else __syncthreads();
 }
 
-// Where a CTA's merged columns go: the output rows (one used cluster) or the cluster's partial.
+// Where a CTA's merged columns go: the output rows (a sequence of one cluster) or cluster `cluster`'s partial,
+// slot `cluster` of the `slots` of each row.
 struct MlaStore {
     bf16* out;
     float *part_o, *part_m, *part_l;   // part_m / part_l: this rank's copies
-    int q0, row0, nh, b, group, groups, used;
+    int q0, row0, nh, b, cluster, slots, used;
 };
 
 // CTA q's copy of `local`, over distributed shared memory; a cluster of one reads its own, plainly
@@ -58,7 +59,7 @@ __device__ __forceinline__ void mla_merge_cluster(const float* mo, const float* 
         }
         cl[g] = lsum;
         if (st.used > 1) {
-            const long long p = ((long long)st.b * st.nh + st.row0 + g) * st.groups + st.group;
+            const long long p = ((long long)st.b * st.nh + st.row0 + g) * st.slots + st.cluster;
             __stcg(st.part_m + p, M);
             __stcg(st.part_l + p, lsum);
         }
@@ -95,7 +96,7 @@ __device__ __forceinline__ void mla_merge_cluster(const float* mo, const float* 
                                                           pack_bf16x2(acc.z / lsum, acc.w / lsum));
             } else {   // decode: row0 + g is the head
                 const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-                const long long p = ((long long)st.b * st.nh + st.row0 + g) * st.groups + st.group;
+                const long long p = ((long long)st.b * st.nh + st.row0 + g) * st.slots + st.cluster;
                 __stcg(reinterpret_cast<float4*>(st.part_o + p * MLA_R + c),
                        make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
             }
