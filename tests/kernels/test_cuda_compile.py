@@ -40,7 +40,7 @@ def _launched_names() -> set[str]:
                               ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
                               ("{mt}", ("1", "8")),   # moe.py's row tiles: 16 or 128 rows
-                              ("{u}", ("1", "2", "4")),   # quant.py's expert pass widths
+                              ("{p.name}", ("l32r4u1", "l32r4u2", "l8r2u4")),   # quant.py's expert forms
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
             variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
         names |= {(source, v) for v in variants}
@@ -151,8 +151,8 @@ def test_grouped_expert_gemms_trigger_after_their_main_loop():
     require_nvrtc()
     gemms = {**{n: b for n, (_, b) in ptx_entries("moe").items() if n.startswith(("moe_gate_up", "moe_down"))},
              **{n: b for n, (_, b) in ptx_entries("quant").items() if n.startswith("moe_q_")}}
-    assert len(gemms) == 4 + 16   # moe.cu: 2 kernels x 2 dtypes; quant.cu: 2 x 2 formats x 2 dtypes x 2 pass widths
-    assert {n.rsplit("_", 1)[1] for n in gemms if n.startswith("moe_q_")} == {"u1", "u2"}
+    assert len(gemms) == 4 + 24   # moe.cu: 2 kernels x 2 dtypes; quant.cu: 2 x 2 formats x 2 dtypes x 3 forms
+    assert {n.rsplit("_", 1)[1] for n in gemms if n.startswith("moe_q_")} == {"l32r4u1", "l32r4u2", "l8r2u4"}
     for name, body in gemms.items():
         assert name.startswith(pdl.KERNELS), name
         last_loop = max(body.rfind("mma.sync"), body.rfind("shfl.sync"))
