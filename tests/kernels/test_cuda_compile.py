@@ -206,3 +206,28 @@ def test_precompile_leaves_failures_to_the_launch(broken_source):
         t.join(60)
     with pytest.raises(kc.KernelCompileError, match="undefined_thing"):
         kc.compile_source(broken_source, "sm_90a")
+
+
+def test_quantized_expert_kernels_fit_128_registers_without_spills():
+    """quant.cu's expert kernels on bf16 activations (the served path) keep at most 128 registers a thread, so two
+    blocks of 256 threads share an SM, and spill nothing: a pass's loads stay in registers (ptxas -v through NVRTC)."""
+    _nvrtc_or_skip()
+    nvrtc = kc._nvrtc()
+    path = kc.source_path("quant")
+    headers = kc._headers(path.parent)
+    prog = nvrtc.createProgram(path.read_text(), path.name, [h.encode() for h in headers.values()],
+                               [n.encode() for n in headers])
+    try:
+        nvrtc.compileProgram(prog, [*kc.OPTIONS, "-arch=sm_90a", "-Xptxas=-v"])
+        log = nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    usage = {}
+    for entry in re.split(r"Compiling entry function '", log)[1:]:
+        name = entry.split("'", 1)[0]
+        regs = re.search(r"Used (\d+) registers", entry)
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
+        usage[name] = (int(regs.group(1)), int(spills.group(1)) + int(spills.group(2)))
+    experts = {n: u for n, u in usage.items() if n.startswith("moe_q_") and "_bf16_" in n}
+    assert len(experts) == 12, sorted(usage)   # 2 kernels x 2 formats x 3 forms
+    assert all(regs <= 128 and not spilled for regs, spilled in experts.values()), experts
