@@ -44,11 +44,10 @@ class Shape:
     """A reduced-depth GLM-5.x model's byte and FLOP counts per class of tensor (itemsize: compute dtype bytes)."""
     cfg: Any
     total: float             # bytes of every weight the model holds
-    always: float            # bytes every decode step reads (not the embedding, routed experts, weights_proj)
+    always: float            # bytes every decode step reads: lm_head, not the embedding, experts, weights_proj
     weights_proj: float      # the indexer's weights_proj, all full layers
     expert: float            # bytes of one routed expert (gate, up, down)
     embed_row: float
-    lm_head: float
     token_macs: float        # multiply-adds a token's linears take (top_k experts, no lm_head, no weights_proj)
     proj_macs: float         # weights_proj's, all full layers
     lm_head_macs: float
@@ -105,7 +104,7 @@ def model_shape(preset: str, num_layers: int, itemsize: int = 2, overrides: dict
     lm_head_macs = cfg.vocab_size * cfg.hidden_size
     if cfg.tie_word_embeddings:
         lm_head = embed_row * cfg.vocab_size
-    return Shape(cfg, total, always + lm_head, proj, expert0 / layers, embed_row, lm_head, macs, proj_macs,
+    return Shape(cfg, total, always + lm_head, proj, expert0 / layers, embed_row, macs, proj_macs,
                  lm_head_macs, itemsize)
 
 
