@@ -15,7 +15,15 @@ the CPU time of the engine thread per step and of the event loop (the HTTP side)
 client's CPU time per output token (on a machine of few cores the client competes with the server).
 --profile writes the event loop's cProfile (the HTTP side: uvicorn, SSE, JSON, detokenizing) of the whole run,
 top functions by own time, to stderr.
+
+--engine-steps ROWS... times the engine thread's own work instead, in process and with no device model: the same
+stubbed engine with ROWS requests of --input-len random ids running, then `Engine.step()` wall time, median and
+quartiles of --steps steps, in two kinds of step: decode (every row one token, pipelined as the server does) and
+mixed (one request aborted and a new prompt of --input-len admitted before each step: ROWS - 1 decode rows and
+the prompt's prefill in one eager step, what nearly every step is at a saturated 256 seats). With --profile,
+the cProfile of each kind's steps goes to stderr.
     python scripts/serve_host_profile.py [--concurrency 64 256] [--num-prompts 600] [--max-num-seqs 64] [--profile]
+    python scripts/serve_host_profile.py --engine-steps 64 256 [--steps 300] [--profile]
 """
 from __future__ import annotations
 
@@ -72,22 +80,29 @@ def thread_cpu(native_id: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stubbed_engine(max_num_seqs: int, pipelined: bool = True, kv_gib: float = 1.0):   # noqa: ANN201 — an Engine
+    """qwen3-tiny with dummy weights, its forward stubbed (token 7 for every sampled row), emulated decode graphs."""
+    from openinfer.engine.engine import EngineArgs, build_engine
+    from openinfer.testing.graphs import emulate_graphs
+
+    eng = build_engine("qwen3-tiny", EngineArgs(device="cpu", load_format="dummy", max_num_seqs=max_num_seqs,
+                                                 max_model_len=2048, max_num_batched_tokens=8192,
+                                                 kv_cache_memory_gib=kv_gib, pipelined_decode=pipelined))
+    eng.runner._forward = lambda batch: (None, np.full(len(batch.sample_rows), 7, np.int64))
+    emulate_graphs(eng)
+    return eng
+
+
 def serve(port: int, max_num_seqs: int, pipelined: bool, profile: bool) -> None:
     """The server process: the stubbed engine on the modelled device, served until killed; on SIGUSR1 it
     writes its counters as one JSON line to stdout (read by the driver after each point)."""
     import signal
 
-    from openinfer.engine.engine import EngineArgs, build_engine
     from openinfer.server.host import ModelHost
     from openinfer.server.run import serve as run_server
-    from openinfer.testing.graphs import emulate_graphs
 
-    eng = build_engine("qwen3-tiny", EngineArgs(device="cpu", load_format="dummy", max_num_seqs=max_num_seqs,
-                                                 max_model_len=2048, max_num_batched_tokens=8192,
-                                                 kv_cache_memory_gib=1.0, pipelined_decode=pipelined))
+    eng = stubbed_engine(max_num_seqs, pipelined)
     runner, dev = eng.runner, ModelledDevice()
-    runner._forward = lambda batch: (None, np.full(len(batch.sample_rows), 7, np.int64))
-    emulate_graphs(eng)
     execute, collect = runner.execute, runner.collect
 
     def timed_execute(step, sampling=None, prev=None):   # noqa: ANN001, ANN202
@@ -120,6 +135,61 @@ def serve(port: int, max_num_seqs: int, pipelined: bool, profile: bool) -> None:
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
 
 
+def engine_steps(rows: int, input_len: int, steps: int, profile: bool) -> dict[str, list[float]]:
+    """Wall seconds of each timed Engine.step(), decode and mixed, at `rows` running requests (see the docstring)."""
+    import cProfile
+    import pstats
+
+    from openinfer.sampling.sampler import SamplingParams
+
+    eng = stubbed_engine(rows, kv_gib=2.5)   # every request's lifetime of 2048 tokens, and more
+    rng = np.random.default_rng(rows)
+    params = SamplingParams(max_tokens=2048 - input_len, temperature=0.0, ignore_eos=True)
+    ids, tokens = [], []
+
+    def submit() -> None:
+        ids.append(eng.submit(rng.integers(0, 151000, input_len).tolist(), params).request_id)
+
+    def run(n: int, before=None) -> list[float]:   # noqa: ANN001
+        times = []
+        for _ in range(n):
+            if before is not None:
+                before()
+            t0 = time.perf_counter()
+            stats = eng.step()
+            times.append(time.perf_counter() - t0)
+            tokens.append(stats.num_tokens)
+            for req in list(eng._requests.values()):   # the client's reads, untimed
+                req.stream.drain()
+        return times
+
+    def swap() -> None:   # one request leaves, a new prompt arrives: a mixed step follows
+        eng.abort(ids.pop(0))
+        submit()
+
+    for _ in range(rows):
+        submit()
+    sch = eng.scheduler
+    run(1)   # takes the submitted requests in
+    while sch.waiting or any(r.num_computed < r.num_tokens - 1 for r in sch.running):
+        run(1)
+    out = {}
+    for kind, before in (("decode", None), ("mixed", swap)):
+        run(10, before)   # warm
+        prof = cProfile.Profile() if profile else None
+        if prof is not None:
+            prof.enable()
+        del tokens[:]
+        out[kind] = run(steps, before)
+        out[kind + " tokens"] = tokens[:]
+        if prof is not None:
+            prof.disable()
+            print(f"--- {rows} rows, {kind} steps", file=sys.stderr)
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    eng.shutdown()
+    return out
+
+
 def counters(proc: subprocess.Popen) -> dict:
     import signal
     proc.send_signal(signal.SIGUSR1)
@@ -136,8 +206,20 @@ def main() -> None:
     ap.add_argument("--no-pipelined-decode", action="store_true")
     ap.add_argument("--port", type=int, default=8791)
     ap.add_argument("--profile", action="store_true", help="cProfile the server's event loop")
+    ap.add_argument("--engine-steps", type=int, nargs="+", metavar="ROWS",
+                    help="time Engine.step() in process at these numbers of running rows instead")
+    ap.add_argument("--steps", type=int, default=300, help="timed steps of each kind (--engine-steps)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.engine_steps:
+        print(f"engine host ms per step, median [p25, p75] of {a.steps}; {a.input_len} prompt ids a request")
+        for rows in a.engine_steps:
+            res = engine_steps(rows, a.input_len, a.steps, a.profile)
+            for kind in ("decode", "mixed"):
+                q = np.percentile(res[kind], [25, 50, 75]) * 1e3
+                print(f"{rows:>4} rows {kind:>6}: {q[1]:7.3f} ms [{q[0]:.3f}, {q[2]:.3f}], "
+                      f"{np.mean(res[kind + ' tokens']):.0f} tokens a step", flush=True)
+        return
     if a.serve:
         return serve(a.port, a.max_num_seqs, not a.no_pipelined_decode, a.profile)
     cmd = [sys.executable, __file__, "--serve", "--port", str(a.port), "--max-num-seqs", str(a.max_num_seqs)]
