@@ -137,11 +137,13 @@ def serve(port: int, max_num_seqs: int, pipelined: bool, profile: bool) -> None:
 
 def engine_steps(rows: int, input_len: int, steps: int, profile: bool) -> dict[str, list[float]]:
     """Wall seconds of each timed Engine.step(), decode and mixed, at `rows` running requests (see the docstring)."""
+    import asyncio
     import cProfile
     import pstats
 
     from openinfer.sampling.sampler import SamplingParams
 
+    loop = asyncio.new_event_loop()
     eng = stubbed_engine(rows, kv_gib=2.5)   # every request's lifetime of 2048 tokens, and more
     rng = np.random.default_rng(rows)
     params = SamplingParams(max_tokens=2048 - input_len, temperature=0.0, ignore_eos=True)
@@ -159,8 +161,12 @@ def engine_steps(rows: int, input_len: int, steps: int, profile: bool) -> dict[s
             stats = eng.step()
             times.append(time.perf_counter() - t0)
             tokens.append(stats.num_tokens)
-            for req in list(eng._requests.values()):   # the client's reads, untimed
+            loop.call_soon(loop.stop)   # the client's reads, untimed: the server's, one future a step for all
+            loop.run_forever()
+            woken = loop.create_future()
+            for req in eng._requests.values():
                 req.stream.drain()
+                req.stream.wake_on(loop, woken)
         return times
 
     def swap() -> None:   # one request leaves, a new prompt arrives: a mixed step follows
@@ -187,6 +193,7 @@ def engine_steps(rows: int, input_len: int, steps: int, profile: bool) -> dict[s
             print(f"--- {rows} rows, {kind} steps", file=sys.stderr)
             pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     eng.shutdown()
+    loop.close()
     return out
 
 
