@@ -139,12 +139,15 @@ def engine_steps(rows: int, input_len: int, steps: int, profile: bool) -> dict[s
     """Wall seconds of each timed Engine.step(), decode and mixed, at `rows` running requests (see the docstring)."""
     import asyncio
     import cProfile
+    import gc
     import pstats
 
     from openinfer.sampling.sampler import SamplingParams
 
     loop = asyncio.new_event_loop()
     eng = stubbed_engine(rows, kv_gib=2.5)   # every request's lifetime of 2048 tokens, and more
+    gc.collect()   # as the server does before it starts its engines (server/run.py)
+    gc.freeze()
     rng = np.random.default_rng(rows)
     params = SamplingParams(max_tokens=2048 - input_len, temperature=0.0, ignore_eos=True)
     ids, tokens = [], []
@@ -161,12 +164,11 @@ def engine_steps(rows: int, input_len: int, steps: int, profile: bool) -> dict[s
             stats = eng.step()
             times.append(time.perf_counter() - t0)
             tokens.append(stats.num_tokens)
-            loop.call_soon(loop.stop)   # the client's reads, untimed: the server's, one future a step for all
+            loop.call_soon(loop.stop)   # the client's reads, untimed: as the server's, a future a request
             loop.run_forever()
-            woken = loop.create_future()
             for req in eng._requests.values():
                 req.stream.drain()
-                req.stream.wake_on(loop, woken)
+                req.stream.wake_on(loop, loop.create_future())
         return times
 
     def swap() -> None:   # one request leaves, a new prompt arrives: a mixed step follows
@@ -194,6 +196,7 @@ def engine_steps(rows: int, input_len: int, steps: int, profile: bool) -> dict[s
             pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     eng.shutdown()
     loop.close()
+    gc.unfreeze()
     return out
 
 
@@ -219,12 +222,13 @@ def main() -> None:
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.engine_steps:
-        print(f"engine host ms per step, median [p25, p75] of {a.steps}; {a.input_len} prompt ids a request")
+        print(f"engine host ms per step, median [p25, p75] and mean of {a.steps}; {a.input_len} prompt ids a request")
         for rows in a.engine_steps:
             res = engine_steps(rows, a.input_len, a.steps, a.profile)
             for kind in ("decode", "mixed"):
                 q = np.percentile(res[kind], [25, 50, 75]) * 1e3
                 print(f"{rows:>4} rows {kind:>6}: {q[1]:7.3f} ms [{q[0]:.3f}, {q[2]:.3f}], "
+                      f"mean {np.mean(res[kind]) * 1e3:.3f}, "
                       f"{np.mean(res[kind + ' tokens']):.0f} tokens a step", flush=True)
         return
     if a.serve:

@@ -31,7 +31,7 @@ from .pipeline import next_decode_plan
 from .request import (Failed, Finished, PromptLogprobs, Rejected, Request, RequestStream, Scheduled, Status,
                       Tokens, wakeups_batched)
 from ..sampling.philox import split64
-from ..sampling.sampler import SampleResult, SamplingParams, sample_row
+from ..sampling.sampler import SamplingParams, sample_row
 from ..sampling.batch import SampleRow, SamplingBatch, build_batch
 from .scheduler import Scheduler, StepPlan
 
@@ -344,18 +344,20 @@ class Engine:
         return build_batch(specs, self.vocab_size, rows)
 
     def _advance(self, plan: StepPlan, out: StepOutput) -> None:
+        """The step's bookkeeping: commit its blocks, append each sampled row's token, send it, end what it ends.
+        It runs once per running request and step, so the loop calls nothing a plain greedy row does not need."""
         now = time.monotonic()
         tokens = out.tokens.tolist()   # one conversion, not a numpy scalar per row
         row = 0
-        commit, device_samples, logits = self.blocks.commit, out.samples, out.logits   # looked up once a step
+        device_samples, logits, max_len = out.samples, out.logits, self.max_model_len
+        argmax_only = not device_samples and not logits   # every sampled row's token is its argmax
         for i, scored in out.scored.items():
             plan.runs[i].req.prompt_logprobs += scored
+        self.blocks.commit_runs(plan.runs)
         for run in plan.runs:
-            req = run.req
-            req.num_computed = run.start + run.length
-            commit(req)
             if not run.samples:
                 continue
+            req = run.req
             p, c = req.params, req.constraint
             if c is not None and c.error is not None:
                 row += 1
@@ -364,30 +366,32 @@ class Engine:
             if req.prompt_logprobs is not None:   # the prompt is all scored: its logprobs come first
                 req.stream.put(PromptLogprobs(req.prompt_logprobs))
                 req.prompt_logprobs = None
-            if p.scores_only:   # max_tokens 0: the prompt's logprobs, and no token
+            if not p.max_tokens and p.scores_only:   # max_tokens 0: the prompt's logprobs, and no token
                 row += 1
                 self._end(req, self._finished(req, "length"))
                 continue
-            if row in device_samples:
-                s = device_samples[row]
-            elif row in logits:
-                blocked = req.stop_ids if len(req.output_ids) < p.min_tokens else frozenset()
-                s = sample_row(logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked,
-                               None if c is None else c.mask)
+            if argmax_only or (row not in device_samples and row not in logits):
+                token, samples = tokens[row], ()   # the argmax: its request asks for no logprobs
             else:
-                s = SampleResult(tokens[row])
+                if row in device_samples:
+                    s = device_samples[row]
+                else:
+                    blocked = req.stop_ids if len(req.output_ids) < p.min_tokens else frozenset()
+                    s = sample_row(logits[row], p, req.rng, req.prompt_ids, req.output_ids, blocked,
+                                   None if c is None else c.mask)
+                token, samples = s.token, [s]
             row += 1
-            token, out_ids = s.token, req.output_ids
+            out_ids = req.output_ids
             out_ids.append(token)
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
-            req.stream.put(Tokens([token], [s]))
+            req.stream.put(Tokens([token], samples))
             if token in req.stop_ids:
                 self._end(req, self._finished(req, "stop", token))
             elif c is not None and (c.advance(token) or c.error is not None):   # the grammar is complete
                 self._end(req, self._finished(req, "stop") if c.error is None else _grammar_failed(c))
-            elif len(out_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            elif len(out_ids) >= p.max_tokens or len(req.prompt_ids) + len(out_ids) >= max_len:
                 self._end(req, self._finished(req, "length"))
         self.generation_tokens += row
 

@@ -124,19 +124,21 @@ class ModelRunner:
         step): at batch 128 a per-run Python loop of small arrays cost ~3 ms a step."""
         bs, runs = self.block_size, plan.runs
         B = len(runs)
-        reqs, starts, lengths, samples, token_ids, saves, scoring = [], [], [], [], [], [], []
-        for run in runs:   # one pass over the runs: the only per-run Python of the step's inputs
-            req, start = run.req, run.start
-            if req.state_checkpoint is not None:
-                saves.append((len(reqs), req.state_checkpoint))
-            if req.prompt_logprobs is not None and start < len(req.prompt_ids) - 1:
-                scoring.append((len(reqs), req, start, run.length))
-            reqs.append(req)
-            starts.append(start)
-            lengths.append(run.length)
-            samples.append(run.samples)
-            token_ids += req.token_slice(start, start + run.length)
-        starts, lengths = np.array(starts, np.int64), np.array(lengths, np.int64)
+        # comprehensions, the only per-run Python of the step's inputs, but for the token ids: a decode row's (a run
+        # of one token that is sampled) is its sequence's last, without a call
+        reqs = [run.req for run in runs]
+        lengths, samples = [run.length for run in runs], [run.samples for run in runs]
+        token_ids: list[int] = []
+        for run in runs:
+            r = run.req
+            if run.samples and run.length == 1:
+                token_ids.append((r.output_ids or r.prompt_ids)[-1])
+            else:
+                token_ids += r.token_slice(run.start, run.start + run.length)
+        saves = [(i, r.state_checkpoint) for i, r in enumerate(reqs) if r.state_checkpoint is not None]
+        scoring = [(i, run.req, run.start, run.length) for i, run in enumerate(runs)
+                   if run.req.prompt_logprobs is not None and run.start < len(run.req.prompt_ids) - 1]
+        starts, lengths = np.array([run.start for run in runs], np.int64), np.array(lengths, np.int64)
         qstart = np.zeros(B + 1, np.int32)
         np.cumsum(lengths, out=qstart[1:])
         T = int(qstart[-1])

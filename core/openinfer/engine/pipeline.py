@@ -28,16 +28,19 @@ def next_decode_plan(plan: StepPlan, running: list[Request], blocks: BlockManage
     runs = plan.runs
     if plan.newly_scheduled or len(runs) != len(running):   # (so the token budget held every row)
         return None
-    for run, req in zip(runs, running):
+    queues_copies = blocks.commit_queues_copies
+    for run, req in zip(runs, running):   # every running request, every step: no call but the one hook
         if run.req is not req or run.length != 1 or not run.samples:
             return None
         p, out = req.params, len(req.output_ids)   # out: before N's token
         if not req.plain_greedy or (out < p.min_tokens and req.stop_ids):
             return None
-        if out + 1 >= p.max_tokens or req.num_tokens + 1 >= max_model_len:
+        if out + 1 >= p.max_tokens or len(req.prompt_ids) + out + 1 >= max_model_len:
             return None   # N's token is its last
-        if blocks.commit_queues_copies(req, run.start + 1):
+        if queues_copies(req, run.start + 1):
             return None
+    bs = blocks.block_size
     for run in runs:
-        blocks.allocate(run.req, run.start + 2)
+        if len(run.req.block_ids) * bs < run.start + 2:   # N+1's token starts a block
+            blocks.allocate(run.req, run.start + 2)
     return StepPlan([ScheduledRun(run.req, run.start + 1, 1, True) for run in runs])

@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Iterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
@@ -31,7 +31,8 @@ class Scheduled:
 @dataclass(slots=True)   # slots: one is made per running request and step
 class Tokens:
     token_ids: list[int]
-    samples: list[SampleResult]   # logprob details, one per token
+    # logprob details, one per token; empty for a token that is the plain argmax (its request asks for no logprobs)
+    samples: Sequence[SampleResult]
 
 
 @dataclass

@@ -88,13 +88,17 @@ class Scheduler:
         tier = self.host_tier
         if tier is not None:
             tier.poll()
-        # decode rows take their token as they come, prefills are set aside for what is left (one pass)
-        prefilling = []
+        # decode rows take their token as they come, prefills are set aside for what is left (one pass, no call
+        # per decode row but the allocation that crosses into a new block: it runs for every running request)
+        prefilling, runs, bs, allocate = [], plan.runs, self.blocks.block_size, self.blocks.allocate
         for r in self.running:
-            if r.num_computed < r.num_tokens - 1:
+            start, end = r.num_computed, len(r.prompt_ids) + len(r.output_ids)
+            if start < end - 1:
                 prefilling.append(r)
             elif budget:
-                plan.runs.append(self._run(r, 1))
+                if len(r.block_ids) * bs <= start:
+                    allocate(r, start + 1)
+                runs.append(ScheduledRun(r, start, 1, start + 1 == end))
                 budget -= 1
         for r in prefilling:
             if budget == 0:

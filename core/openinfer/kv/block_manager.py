@@ -18,9 +18,12 @@ import hashlib
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from ..engine.request import Request
+
+if TYPE_CHECKING:
+    from ..engine.scheduler import ScheduledRun
 
 
 @dataclass
@@ -200,6 +203,17 @@ class BlockManager:
         del self.by_hash[h]
         evicted.append((b, h, self.tokens_of.pop(b)))
         return b
+
+    def commit_runs(self, runs: Iterable[ScheduledRun]) -> None:
+        """After a step: each run's request has its run computed; register the full blocks that completed. One call
+        a step, and a call of commit() only for a request whose computed tokens reach past its registered blocks
+        (a decode row completes a block once every block_size steps)."""
+        bs, cache, commit = self.block_size, self.enable_prefix_cache, self.commit
+        for run in runs:
+            req = run.req
+            req.num_computed = n = run.start + run.length
+            if cache and n // bs > req.num_hashed_blocks:
+                commit(req)
 
     def commit(self, req: Request) -> None:
         """Register the request's newly completed full blocks in the prefix cache."""

@@ -27,13 +27,13 @@ class BlockTables:
     def gather(self, reqs: Sequence[Request]) -> np.ndarray:
         """[len(reqs), most blocks] int32, each row the request's blocks padded with block 0."""
         held, kept = self.held, {}
-        rows, width = [], 1
+        rows, width, pop, copy = [], 1, held.pop, self._copy
         for r in reqs:
-            ids = r.block_ids
-            entry = held.pop(r.request_id, None)
+            ids, rid = r.block_ids, r.request_id
+            entry = pop(rid, None)
             if entry is None or entry[0] is not r or entry[2] != len(ids) or (ids and ids[-1] != entry[3]):
-                entry = self._copy(r, entry)   # new, grown or replaced: a few rows a step at most
-            kept[r.request_id] = entry
+                entry = copy(r, entry)   # new, grown or replaced: a few rows a step at most
+            kept[rid] = entry
             rows.append(entry[1])
             if entry[2] > width:   # not max(): a builtin call per row is slow here
                 width = entry[2]

@@ -33,9 +33,13 @@ Row 0 is never handed out (padding rows of a batch may point at it), like block 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Iterable
 
 from ..engine.request import Request
 from .block_manager import BlockManager
+
+if TYPE_CHECKING:
+    from ..engine.scheduler import ScheduledRun
 
 
 def num_state_rows(num_slots: int, num_checkpoints: int) -> int:
@@ -120,6 +124,11 @@ class HybridBlockManager(BlockManager):
             if row is not None:
                 req.state_checkpoint = (boundary, row)
         return n
+
+    def commit_runs(self, runs: Iterable[ScheduledRun]) -> None:
+        for run in runs:   # a request's state checkpoint is taken whether or not a block completed
+            run.req.num_computed = run.start + run.length
+            self.commit(run.req)
 
     def commit(self, req: Request) -> None:
         super().commit(req)
