@@ -6,9 +6,12 @@ batch 128 and 16k context that rebuild alone cost ~3 ms a step. A request keeps 
 appears in consecutive steps; one that misses a step (finished, or a prefill left out by the token
 budget) gives its row back and is copied afresh when it returns. A list that was replaced rather than
 grown (shorter, or its last copied block differs), or a new request under a reused id, is copied afresh.
+A decode step runs the requests of the step before in the same order, with the same lists (block_manager
+only appends to one or replaces it): then the lists that grew are found with numpy, not a Python step per row.
 """
 from __future__ import annotations
 
+from operator import is_
 from typing import Sequence
 
 import numpy as np
@@ -23,9 +26,32 @@ class BlockTables:
         # apart without reading the table back
         self.held: dict[str, tuple[Request, int, int, int]] = {}
         self.free = list(range(rows - 1, -1, -1))
+        self.rows = np.zeros(0, np.intp)   # the last gather's table rows
+        # the last gather's requests, their block lists and counts then, and rows: what a decode step repeats
+        self.last: tuple[list[Request], list[list[int]], np.ndarray, np.ndarray] = ([], [], self.rows, self.rows)
 
     def gather(self, reqs: Sequence[Request]) -> np.ndarray:
         """[len(reqs), most blocks] int32, each row the request's blocks padded with block 0."""
+        lists = [r.block_ids for r in reqs]
+        last = self.last
+        if len(reqs) == len(last[0]) and all(map(is_, reqs, last[0])) and all(map(is_, lists, last[1])):
+            return self._regather(reqs, lists)
+        table = self._gather(reqs)
+        self.last = list(reqs), lists, np.array([len(ids) for ids in lists], np.int64), self.rows
+        return table
+
+    def _regather(self, reqs: Sequence[Request], lists: list[list[int]]) -> np.ndarray:
+        """The last gather's requests again, in order, with the same block lists (a decode step): only the lists
+        that grew since are copied, found without a Python step per row."""
+        _, _, counts, rows = self.last
+        now = np.fromiter(map(len, lists), np.int64, len(lists))
+        for i in np.flatnonzero(now != counts).tolist():
+            r = reqs[i]
+            self.held[r.request_id] = self._copy(r, self.held[r.request_id])
+        counts[:] = now
+        return self.table[rows, : max(1, int(now.max(initial=0)))]
+
+    def _gather(self, reqs: Sequence[Request]) -> np.ndarray:
         held, kept = self.held, {}
         rows, width, pop, copy = [], 1, held.pop, self._copy
         for r in reqs:
@@ -41,7 +67,8 @@ class BlockTables:
         for _, row, n, _ in held.values():   # requests this step does not run
             self.table[row, :n] = 0
             self.free.append(row)
-        return self.table[rows, :width]
+        self.rows = np.array(rows, np.intp)
+        return self.table[self.rows, :width]
 
     def _copy(self, r: Request, entry: tuple[Request, int, int, int] | None) -> tuple[Request, int, int, int]:
         """Bring the request's row up to date: a fresh row, the added blocks, or the whole list again."""
