@@ -19,7 +19,7 @@ top functions by own time, to stderr.
 --engine-steps ROWS... times the engine thread's own work instead, in process and with no device model: the same
 stubbed engine with ROWS requests of --input-len random ids running, then `Engine.step()` wall time, median and
 quartiles of --steps steps, in two kinds of step: decode (every row one token, pipelined as the server does) and
-mixed (one request aborted and a new prompt of --input-len admitted before each step: ROWS - 1 decode rows and
+mixed (one request, any of them, aborted and a new prompt of --input-len admitted before each step: ROWS - 1 decode rows and
 the prompt's prefill in one eager step, what nearly every step is at a saturated 256 seats). With --profile,
 the cProfile of each kind's steps goes to stderr.
     python scripts/serve_host_profile.py [--concurrency 64 256] [--num-prompts 600] [--max-num-seqs 64] [--profile]
@@ -171,8 +171,8 @@ def engine_steps(rows: int, input_len: int, steps: int, profile: bool) -> dict[s
                 req.stream.wake_on(loop, loop.create_future())
         return times
 
-    def swap() -> None:   # one request leaves, a new prompt arrives: a mixed step follows
-        eng.abort(ids.pop(0))
+    def swap() -> None:   # one request leaves (any of them, as outputs of many lengths end), a new prompt arrives
+        eng.abort(ids.pop(int(rng.integers(len(ids)))))
         submit()
 
     for _ in range(rows):

@@ -212,8 +212,8 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
-class Request:
+@dataclass(eq=False)   # compared by identity: the scheduler's queue removals would compare every field of each
+class Request:          # request before the one removed (~55 µs for the middle of 256 running)
     """Scheduling state of one sequence. `num_computed` tokens have their KV in the cache."""
     request_id: str
     prompt_ids: list[int]
