@@ -86,3 +86,28 @@ def test_block_tables_follow_growth_departures_and_replaced_lists():
     c.block_ids = [15]                    # replaced by a shorter list
     check(c)
     assert not tables.table[[r for r in range(tables.table.shape[0]) if r != tables.held["c"][1]]].any()
+
+
+def test_block_tables_repeat_the_last_requests_copying_only_what_grew():
+    from openinfer.kv.block_tables import BlockTables
+    tables = BlockTables(rows=4, width=2)
+    a, b, c = request("a", [1], [], [5]), request("b", [1], [], [6, 7]), request("c", [1], [], [8])
+
+    def check(*reqs):
+        got = tables.gather(reqs)
+        width = max(len(r.block_ids) for r in reqs)
+        want = [r.block_ids + [0] * (width - len(r.block_ids)) for r in reqs]
+        np.testing.assert_array_equal(got, np.asarray(want, np.int32))
+
+    check(a, b, c)
+    check(a, b, c)                        # a decode step that completed no block
+    a.block_ids.append(9)                 # grows in place: the only row copied
+    check(a, b, c)
+    c.block_ids += [10, 11, 12]           # past the table's width: the table grows
+    check(a, b, c)
+    b.block_ids = [13]                    # replaced (another list): the full gather
+    check(a, b, c)
+    check(a, c)                           # b left: its row is zeroed and reused
+    b.block_ids.append(14)
+    check(a, b, c)
+    assert tables.held["b"][2:] == (2, 14)
