@@ -61,16 +61,20 @@ def test_token_slice_is_the_all_ids_slice():
             assert r.token_slice(start, end) == r.all_ids[start:end]
 
 
+def gathered_as_listed(tables, *reqs) -> None:   # noqa: ANN001
+    """The tables' gather of `reqs` is each request's blocks padded with block 0."""
+    width = max(len(r.block_ids) for r in reqs)
+    want = [r.block_ids + [0] * (width - len(r.block_ids)) for r in reqs]
+    np.testing.assert_array_equal(tables.gather(reqs), np.asarray(want, np.int32))
+
+
 def test_block_tables_follow_growth_departures_and_replaced_lists():
     from openinfer.kv.block_tables import BlockTables
     tables = BlockTables(rows=2, width=2)
     a, b, c = request("a", [1], [], [5]), request("b", [1], [], [6, 7]), request("c", [1], [], [8])
 
     def check(*reqs):
-        got = tables.gather(reqs)
-        width = max(len(r.block_ids) for r in reqs)
-        want = [r.block_ids + [0] * (width - len(r.block_ids)) for r in reqs]
-        np.testing.assert_array_equal(got, np.asarray(want, np.int32))
+        gathered_as_listed(tables, *reqs)
 
     check(a, b)
     a.block_ids.append(9)                 # grows in place
@@ -94,10 +98,7 @@ def test_block_tables_repeat_the_last_requests_copying_only_what_grew():
     a, b, c = request("a", [1], [], [5]), request("b", [1], [], [6, 7]), request("c", [1], [], [8])
 
     def check(*reqs):
-        got = tables.gather(reqs)
-        width = max(len(r.block_ids) for r in reqs)
-        want = [r.block_ids + [0] * (width - len(r.block_ids)) for r in reqs]
-        np.testing.assert_array_equal(got, np.asarray(want, np.int32))
+        gathered_as_listed(tables, *reqs)
 
     check(a, b, c)
     check(a, b, c)                        # a decode step that completed no block
