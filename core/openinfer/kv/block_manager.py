@@ -224,12 +224,14 @@ class BlockManager:
         if full <= req.num_hashed_blocks:
             return
         first, bs = req.num_hashed_blocks, self.block_size
-        parent = req.block_hashes[first - 1] if first else None
         blocks = token_blocks(req.token_slice(first * bs, full * bs), bs)   # only the new blocks' ids
-        new = chain_hashes(blocks, req.cache_salt, parent, self.block_hash)
-        req.block_hashes = req.block_hashes[:first] + new
-        for i, (h, tokens) in enumerate(zip(new, blocks), start=first):
-            b = req.block_ids[i]
+        hashes = req.block_hashes   # the prompt's full blocks were hashed at admission (_match)
+        if len(hashes) < full:      # blocks past them: chain them on
+            parent = hashes[-1] if hashes else None
+            hashes = req.block_hashes = hashes + chain_hashes(blocks[len(hashes) - first:], req.cache_salt, parent,
+                                                              self.block_hash)
+        for i, tokens in enumerate(blocks, start=first):
+            h, b = hashes[i], req.block_ids[i]
             if h not in self.by_hash and b not in self.hash_of:
                 self.by_hash[h] = b
                 self.hash_of[b] = h

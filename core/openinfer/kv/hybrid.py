@@ -116,8 +116,8 @@ class HybridBlockManager(BlockManager):
 
     def prefill_chunk(self, req: Request, n: int) -> int:
         """All `n` tokens; if the run crosses the prompt's last full block, the step saves the state there."""
-        # (whether the boundary already has a checkpoint is left to `add`: a chunked prefill's
-        # block_hashes stop at its committed blocks, and a prompt whose checkpoint is kept hits it)
+        # (whether the boundary already has a checkpoint is left to `add`: a prompt whose checkpoint is kept hits
+        # it, and starts past the boundary)
         start, boundary = req.num_computed, (len(req.prompt_ids) - 1) // self.block_size * self.block_size
         if self.checkpointing and start < boundary < start + n:
             row = self.checkpoints.reserve()
