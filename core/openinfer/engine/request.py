@@ -68,7 +68,13 @@ class EventOrderError(RuntimeError):
     pass
 
 
-_held = threading.local()   # .wakeups: asyncio wakeups this thread holds back until the end of a step
+class _Held(threading.local):
+    """The asyncio wakeups this thread holds back until the end of a step (None: none held, wake at once). A class
+    default rather than getattr(..., None): put() reads it once per running request and step."""
+    wakeups: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] | None = None
+
+
+_held = _Held()
 
 
 @contextmanager
@@ -83,12 +89,9 @@ def wakeups_batched() -> Iterator[None]:
         yield
     finally:
         _held.wakeups = None
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
-        for loop, fut in held:
-            by_loop.setdefault(loop, []).append(fut)
-        for loop, futs in by_loop.items():
+        for loop in {loop for loop, _ in held}:   # comprehensions, not a Python step per running request
             try:
-                loop.call_soon_threadsafe(_resolve, futs)
+                loop.call_soon_threadsafe(_resolve, [fut for at, fut in held if at is loop])
             except RuntimeError:   # the loop is closed: nobody is left to read these streams
                 pass
 
@@ -142,7 +145,7 @@ class RequestStream:
                 self._cond.notify_all()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            held = getattr(_held, "wakeups", None)
+            held = _held.wakeups
             if held is not None:
                 held.append(waiter)
             else:
