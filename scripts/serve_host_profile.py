@@ -17,13 +17,14 @@ client's CPU time per output token (on a machine of few cores the client compete
 top functions by own time, to stderr.
 
 --engine-steps ROWS... times the engine thread's own work instead, in process and with no device model: the same
-stubbed engine with ROWS requests of --input-len random ids running, then `Engine.step()` wall time, median and
-quartiles of --steps steps, in two kinds of step: decode (every row one token, pipelined as the server does) and
-mixed (one request, any of them, aborted and a new prompt of --input-len admitted before each step: ROWS - 1 decode rows and
-the prompt's prefill in one eager step, what nearly every step is at a saturated 256 seats). With --profile,
-the cProfile of each kind's steps goes to stderr.
+stubbed engine with ROWS requests of --input-len random ids running, then `Engine.step()` wall time, median, quartiles
+and mean of --steps steps, in two kinds of step: decode (every row one token, pipelined as the server does) and mixed
+(one running request, any of them, aborted and a new prompt of --input-len admitted before each step: ROWS - 1 decode
+rows and the prompt's prefill in one eager step, what nearly every step is at a saturated 256 seats). The client's
+reads are untimed, and the heap is frozen as the server freezes it. With --profile, the cProfile of each kind's steps
+goes to stderr.
     python scripts/serve_host_profile.py [--concurrency 64 256] [--num-prompts 600] [--max-num-seqs 64] [--profile]
-    python scripts/serve_host_profile.py --engine-steps 64 256 [--steps 300] [--profile]
+    python scripts/serve_host_profile.py --engine-steps 64 256 [--steps 400] [--profile]
 """
 from __future__ import annotations
 
@@ -135,8 +136,9 @@ def serve(port: int, max_num_seqs: int, pipelined: bool, profile: bool) -> None:
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
 
 
-def engine_steps(rows: int, input_len: int, steps: int, profile: bool) -> dict[str, list[float]]:
-    """Wall seconds of each timed Engine.step(), decode and mixed, at `rows` running requests (see the docstring)."""
+def engine_steps(rows: int, input_len: int, steps: int, profile: bool) -> dict[str, list[float] | list[int]]:
+    """Wall seconds of each timed Engine.step(), decode and mixed, at `rows` running requests (see the docstring),
+    and each step's token count ("decode tokens", "mixed tokens")."""
     import asyncio
     import cProfile
     import gc
@@ -218,7 +220,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the server's event loop")
     ap.add_argument("--engine-steps", type=int, nargs="+", metavar="ROWS",
                     help="time Engine.step() in process at these numbers of running rows instead")
-    ap.add_argument("--steps", type=int, default=300, help="timed steps of each kind (--engine-steps)")
+    ap.add_argument("--steps", type=int, default=400, help="timed steps of each kind (--engine-steps)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.engine_steps:
