@@ -28,18 +28,23 @@ def cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "kernels"
 
 
+MMA_ROW_TILES = {"quant": ("2", "8")}   # the grouped GEMMs' row tiles (16 * mt rows): moe.py's 1 and 8, quant.py's
+
+
 def _launched_names() -> set[str]:
     """Every kernel name the Python wrappers launch (or name in a DecodeKernel), f-string parts expanded."""
     text = "\n".join(p.read_text() for p in WRAPPERS.glob("*.py"))
     names = set()
     for source, name in re.findall(r'(?:launch|DecodeKernel)\("(\w+)", f?"([\w{}.()]+)"', text):
         variants = [name]
+        row_tiles = MMA_ROW_TILES.get(source, ("1", "8"))
         for field, values in (("{suffix(x.dtype)}", ("bf16", "f32")), ("{suffix(q.dtype)}", ("bf16", "f32")),
                               ("{suffix(k.dtype)}", ("bf16", "f32")), ("{suffix(gate_up.dtype)}", ("bf16", "f32")),
                               ("{dtype}", ("bf16", "f32")), ("{suffix(out.dtype)}", ("bf16", "f32")),
+                              ("{suffix(y.dtype)}", ("bf16", "f32")),
                               ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
-                              ("{mt}", ("1", "8")),   # moe.py's row tiles: 16 or 128 rows
+                              ("{mt}", row_tiles),
                               ("{u}", ("1", "2", "4")),   # quant.py's expert pass widths
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
             variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
