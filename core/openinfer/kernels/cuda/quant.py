@@ -146,7 +146,7 @@ def expert_tile_rows(dtype: np.dtype, T: int, k: int, E: int, D: int, I: int) ->
 
 
 def mma_stage_bytes(fmt: str) -> int:
-    """quant.cu's QuantExperts stage: the 64 W rows' packed chunks of a 64-column k tile and a 4-byte scale word each."""
+    """quant.cu's QuantExperts stage: the 64 W rows' packed chunks of a 64-column k tile, a 4-byte scale word each."""
     return GEMM_BN * (GEMM_BK // CHUNK_WEIGHTS[fmt] * 16 + 4)
 
 
