@@ -327,8 +327,9 @@ FOR_EACH_DTYPE(COMBINE_KERNEL)
 // moe_gemm.cuh's weight policy for an INT4 / FP8 expert stack (rows W rows an expert, K % 64 == 0) with scales S: a
 // stage holds each W row's packed chunks of the k tile (INT4 2, FP8 4) and, in one 4-byte copy, its scales there
 // (INT4 two bf16 of 32 columns each, FP8 one float of its 128-block). tile() expands the chunks into the bf16 tile
-// the mma reads: the codes (INT4 nibble - 8, FP8 weight / 2^8), which bf16 holds exactly; the scales then multiply
-// each group's fp32 partial sums (times SCALE_MUL), as warp_rows does per chunk, so no rounded weight enters a sum.
+// the mma reads (F::expand_bf16): the unscaled weights (INT4 nibble - 8, FP8 the e4m3 value), which bf16 holds
+// exactly; the scales then multiply each group's fp32 partial sums, as warp_rows does per chunk, so no rounded
+// weight enters a sum.
 template <class F, typename S>
 struct QuantExperts {
     const unsigned char* q;
@@ -359,20 +360,15 @@ struct QuantExperts {
     __device__ const bf16* tile(const unsigned char* st, bf16* dq) const {
         for (int i = threadIdx.x; i < GEMM_BN * RAW; i += GEMM_WARPS * 32) {
             const uint4 raw = *reinterpret_cast<const uint4*>(st + i * 16);
-            bf16* dst = dq + (i / RAW) * GEMM_LD + (i % RAW) * F::CHUNK;
+            uint4* dst = reinterpret_cast<uint4*>(dq + (i / RAW) * GEMM_LD + (i % RAW) * F::CHUNK);
 #pragma unroll
-            for (int j = 0; j < F::WORDS; ++j) {
-                float v[8];
-                F::expand(raw, j, v);
-                *reinterpret_cast<uint4*>(dst + 8 * j) = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
-                                                                    pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
-            }
+            for (int j = 0; j < F::WORDS; ++j) dst[j] = F::expand_bf16(raw, j);
         }
         __syncthreads();
         return dq;
     }
     __device__ float scale(const unsigned char* st, int r, int g) const {
-        return to_f32(reinterpret_cast<const S*>(st + SCALES + r * 4)[g]) * F::SCALE_MUL;
+        return to_f32(reinterpret_cast<const S*>(st + SCALES + r * 4)[g]);
     }
 };
 

@@ -24,7 +24,6 @@ struct Int4 {
     static constexpr int WORDS = 4;   // 8-weight words of a chunk
     static constexpr int CHUNK = 32;  // weights of a chunk
     static constexpr int GROUP = 32;  // weights a scale covers along a row
-    static constexpr float SCALE_MUL = 1.f;   // expand yields the codes themselves
     static __device__ __forceinline__ int chunks(int K) { return K >> 5; }
     static __device__ __forceinline__ int scale_cols(int K) { return K >> 5; }
     static __device__ __forceinline__ uint4 load(const void* q, long long row, int K, int c) {
@@ -46,13 +45,25 @@ struct Int4 {
             out[i] = __uint_as_float(bits) - (float)((1 << (23 - 4 * b)) + 8);
         }
     }
+    // the same 8 weights as bf16 (a 16-byte word), exactly and with no conversion instruction: the nibbles of
+    // weights 2p and 2p + 1 masked into the mantissas of a bf16 pair of exponent 7 make 128 + nibble each (0x4300 |
+    // nibble), from which one bf16x2 fma subtracts 136.
+    static __device__ __forceinline__ uint4 expand_bf16(const uint4& raw, int j) {
+        const unsigned int w = word_of(raw, j);
+        unsigned int out[4];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const unsigned int t = w >> (8 * p), biased = (t & 0xfu) | ((t << 12) & 0xf0000u) | 0x43004300u;
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out[p]) : "r"(biased), "r"(0x3f803f80u), "r"(0xc308c308u));
+        }
+        return make_uint4(out[0], out[1], out[2], out[3]);
+    }
 };
 
 struct Fp8 {
     static constexpr int WORDS = 2;
     static constexpr int CHUNK = 16;
     static constexpr int GROUP = 128;
-    static constexpr float SCALE_MUL = 256.f;   // expand yields the weights / 2^8
     static __device__ __forceinline__ int chunks(int K) { return K >> 4; }
     static __device__ __forceinline__ int scale_cols(int K) { return (K + 127) >> 7; }
     static __device__ __forceinline__ uint4 load(const void* q, long long row, int K, int c) {
@@ -61,7 +72,7 @@ struct Fp8 {
     // times 2^8: expand yields the weights / 2^8
     template <typename S>
     static __device__ __forceinline__ float scale(const S* s, long long row, int K, int c) {
-        return to_f32(s[row * scale_cols(K) + (c >> 3)]) * SCALE_MUL;
+        return to_f32(s[row * scale_cols(K) + (c >> 3)]) * 256.f;
     }
     // f16 bits of two e4m3 bytes at bits 8..15 and 24..31 of v: sign in place, exponent and mantissa one bit right.
     // The exponent bias stays 7 (f16's is 15), so the half is the weight / 2^8, subnormals included, exactly.
@@ -80,5 +91,25 @@ struct Fp8 {
             to_f32x2(halves(v), out[4 * h + 1], out[4 * h + 3]);        // bytes 1, 3
             to_f32x2(halves(v << 8), out[4 * h + 0], out[4 * h + 2]);   // bytes 0, 2
         }
+    }
+    // the same 8 weights as bf16 (a 16-byte word), unscaled, exactly and with no conversion instruction: a byte's
+    // sign, exponent and mantissa placed as a float's (exponent bias 127 for 7: the weight / 2^120, a denormal for
+    // the e4m3 subnormals) times 2^120 (exact; the kernels are built without flush-to-zero) is the weight, whose
+    // upper half is its bf16 (3 mantissa bits).
+    static __device__ __forceinline__ uint4 expand_bf16(const uint4& raw, int j) {
+        unsigned int out[4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned int v = word_of(raw, 2 * j + h);
+            unsigned int f[4];
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const unsigned int t = v << (24 - 8 * b);   // byte b on top
+                f[b] = __float_as_uint(__uint_as_float((t & 0x80000000u) | ((t >> 4) & 0x07f00000u)) * 0x1p120f);
+            }
+            out[2 * h] = __byte_perm(f[0], f[1], 0x7632);
+            out[2 * h + 1] = __byte_perm(f[2], f[3], 0x7632);
+        }
+        return make_uint4(out[0], out[1], out[2], out[3]);
     }
 };
