@@ -104,8 +104,9 @@ def linear_quant(x: cp.ndarray, w: Any) -> cp.ndarray:
 
 def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights: Any,
                       expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
-    """The routed experts of one layer on quantized stacks (numpy_quant.moe_experts_quant's contract), MOE_CHUNK
-    tokens at a time (the per-pair float32 intermediates of a long prefill stay bounded)."""
+    """The routed experts of one layer on quantized stacks (numpy_quant.moe_experts_quant's contract), in passes of
+    MOE_CHUNK tokens on the GEMV kernels or MMA_CHUNK on the tensor-core GEMM (the per-pair float32 intermediates of
+    a long prefill stay bounded), each pass on the path its own token count picks (expert_tile_rows)."""
     fmt = _fmt(gate_up)
     if _fmt(down) != fmt:
         raise TypeError("gate_up and down experts must share one format")
@@ -114,11 +115,12 @@ def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights:
     I = gate_up.shape[1] // 2
     _check(gate_up, x, D)
     _check(down, x, I)
-    ids = cp.ascontiguousarray(as_index(ids, np.int32)).reshape(T, -1)
-    weights = cp.ascontiguousarray(cp.asarray(weights, dtype=cp.float32)).reshape(T, -1)
+    ids = cp.ascontiguousarray(as_index(ids, np.int32))
+    E, k = gate_up.shape[0], ids.shape[1] if ids.ndim == 2 else 1
+    ids = ids.reshape(T, k)
+    weights = cp.ascontiguousarray(cp.asarray(weights, dtype=cp.float32)).reshape(T, k)
     y = cp.empty((T, D), dtype=x.dtype)
     add = None if addend is None else packed_addend(addend, y)
-    E, k = gate_up.shape[0], ids.shape[1]
     chunk = MMA_CHUNK if expert_tile_rows(x.dtype, min(T, MMA_CHUNK), k, E, D, I) else MOE_CHUNK
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
