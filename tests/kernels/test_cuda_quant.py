@@ -100,13 +100,16 @@ def test_moe_experts_quant(fmt, T, offset, dt, pdl, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
-def test_moe_experts_quant_at_kimi_width(fmt):
-    """Kimi-K2's expert shapes (hidden 7168, width 2048): the kernels' long rows and large stack offsets."""
-    rng = np.random.default_rng(5)
-    E_local, D, I, T, k = 8, 7168, 2048, 3, 4
+@pytest.mark.parametrize("T,rows", [(3, 0), (32, 32), (128, 128)])
+def test_moe_experts_quant_at_kimi_width(fmt, T, rows):
+    """Kimi-K2's expert shapes (hidden 7168, width 2048): the kernels' long rows and large stack offsets, on the GEMV
+    kernels (3 tokens) and the tensor-core GEMM's 32- and 128-row tiles (112 and 32 k tiles)."""
+    rng = np.random.default_rng(5 + T)
+    E_local, D, I, k = 8, 7168, 2048, 8 if T > 3 else 4
     gate_up, down = _random_codes(rng, fmt, E_local, 2 * I, D), _random_codes(rng, fmt, E_local, D, I)
     x = exact(rnd(rng, T, D), BF16)
     ids = np.stack([rng.choice(E_local, k, replace=False) for _ in range(T)]).astype(np.int32)
+    assert quant.expert_tile_rows(BF16, T, k, E_local, D, I) == rows
     w = rng.random((T, k)).astype(np.float32)
     want = numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, 0)
     got = quant.moe_experts_quant(dev(x, BF16), _device(gate_up, BF16), _device(down, BF16), cp.asarray(ids),
@@ -137,12 +140,20 @@ def test_moe_experts_quant_pass_widths(fmt, D, I, T):
     close(got, want, DTYPES["bfloat16"], scale=4)
 
 
+# (E, D, I, k, T, tile rows): a decode batch on the GEMV kernels, a prefill on the tensor-core GEMM's 128-row tiles
+REPLAYS = {"gemv": (16, 128, 64, 8, 4, 0), "mma": (8, 256, 128, 8, 64, 128)}
+
+
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
-def test_moe_experts_quant_graph_replay(fmt):
-    """Captured once, replayed with other routing: the plan is made on the device, so the replay follows the new ids."""
+@pytest.mark.parametrize("path", list(REPLAYS))
+def test_moe_experts_quant_graph_replay(fmt, path):
+    """Captured once, replayed with other (skewed) routing: the plan / alignment is made on the device, so the replay
+    follows the new ids, to the bit of an eager call."""
     rng = np.random.default_rng(11)
-    E, D, I, k, T = 16, 128, 64, 8, 4
-    gu, dn = _device(_host_weight(rng, fmt, 2 * I, D, stack=E), BF16), _device(_host_weight(rng, fmt, D, I, stack=E), BF16)
+    E, D, I, k, T, rows = REPLAYS[path]
+    assert quant.expert_tile_rows(BF16, T, k, E, D, I) == rows
+    gu = _device(_host_weight(rng, fmt, 2 * I, D, stack=E), BF16)
+    dn = _device(_host_weight(rng, fmt, D, I, stack=E), BF16)
     x = dev(exact(rnd(rng, T, D), BF16), BF16)
     ids = cp.asarray(np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32))
     w = cp.asarray(rng.random((T, k)).astype(np.float32))
@@ -152,7 +163,7 @@ def test_moe_experts_quant_graph_replay(fmt):
         stream.begin_capture()
         y = quant.moe_experts_quant(x, gu, dn, ids, w, 0)
         graph = stream.end_capture()
-    new_ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    new_ids = np.minimum(rng.geometric(0.4, (T, k)) - 1, E - 1).astype(np.int32)   # a few experts take most
     ids[...] = cp.asarray(new_ids)
     cp.cuda.get_current_stream().synchronize()
     graph.launch(stream)
@@ -194,48 +205,3 @@ def test_moe_experts_quant_mma(fmt, case, pdl):
     shared = exact(rnd(rng, T, D), BF16)
     close(quant.moe_experts_quant(dev(x, BF16), *args, dev(shared, BF16)),
           numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, offset, shared), DTYPES["bfloat16"], scale=4)
-
-
-@pytest.mark.parametrize("fmt", ["int4", "fp8"])
-@pytest.mark.parametrize("T,rows", [(32, 32), (128, 128)])
-def test_moe_experts_quant_mma_at_kimi_width(fmt, T, rows):
-    """The tensor-core path at Kimi-K2's expert shapes (hidden 7168, width 2048): 112 and 32 k tiles, large stack
-    offsets."""
-    rng = np.random.default_rng(T)
-    E_local, D, I, k = 8, 7168, 2048, 8
-    gate_up, down = _random_codes(rng, fmt, E_local, 2 * I, D), _random_codes(rng, fmt, E_local, D, I)
-    x = exact(rnd(rng, T, D), BF16)
-    ids = np.stack([rng.choice(E_local, k, replace=False) for _ in range(T)]).astype(np.int32)
-    assert quant.expert_tile_rows(BF16, T, k, E_local, D, I) == rows
-    w = rng.random((T, k)).astype(np.float32)
-    want = numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, 0)
-    got = quant.moe_experts_quant(dev(x, BF16), _device(gate_up, BF16), _device(down, BF16), cp.asarray(ids),
-                                  cp.asarray(w), 0)
-    close(got, want, DTYPES["bfloat16"], scale=4)
-
-
-@pytest.mark.parametrize("fmt", ["int4", "fp8"])
-def test_moe_experts_quant_mma_graph_replay(fmt):
-    """The tensor-core path captured once and replayed with other routing: moe_align groups on the device, so the
-    replay follows the new ids (the result equals an eager call's to the bit)."""
-    rng = np.random.default_rng(12)
-    E, D, I, k, T = 8, 256, 128, 8, 64
-    assert quant.expert_tile_rows(BF16, T, k, E, D, I) == 128
-    gu = _device(_host_weight(rng, fmt, 2 * I, D, stack=E), BF16)
-    dn = _device(_host_weight(rng, fmt, D, I, stack=E), BF16)
-    x = dev(exact(rnd(rng, T, D), BF16), BF16)
-    ids = cp.asarray(np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32))
-    w = cp.asarray(rng.random((T, k)).astype(np.float32))
-    quant.moe_experts_quant(x, gu, dn, ids, w, 0)
-    stream = cp.cuda.Stream(non_blocking=True)
-    with after_inputs(stream):
-        stream.begin_capture()
-        y = quant.moe_experts_quant(x, gu, dn, ids, w, 0)
-        graph = stream.end_capture()
-    new_ids = np.minimum(rng.geometric(0.4, (T, k)) - 1, E - 1).astype(np.int32)   # skewed: a few experts take most
-    ids[...] = cp.asarray(new_ids)
-    cp.cuda.get_current_stream().synchronize()
-    graph.launch(stream)
-    stream.synchronize()
-    want = quant.moe_experts_quant(x, gu, dn, ids, w, 0)
-    np.testing.assert_array_equal(host(y), host(want))

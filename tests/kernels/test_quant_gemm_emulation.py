@@ -2,9 +2,9 @@
 prefill-sized batches, its recorded launches (moe_align, quant.cu's moe_gate_up_<fmt>_m<MT> / moe_down_<fmt>_m<MT>,
 the combine) run lane by lane through test_moe_emulation's grouped-GEMM model with quant.cu's QuantExperts policy
 modelled byte by byte: the stages' packed chunks and 4-byte scale words as cp.async leaves them, the chunks expanded
-into the bf16 tile with the kernels' bit tricks (models of Int4::expand_bf16 / Fp8::expand_bf16, checked on every
-nibble and byte against the reference decoding), each tile value times its scale the reference's dequantized weight
-to the bit; against numpy_quant.moe_experts_quant. Also the path choice and launch arguments at Kimi-K2's width.
+into the bf16 tile with the kernels' bit tricks (test_quant_launch_args' models of Int4::expand_bf16 /
+Fp8::expand_bf16, checked there on every nibble and byte), each tile value times its scale the reference's dequantized
+weight to the bit; against numpy_quant.moe_experts_quant. Also the path choice and launch arguments at Kimi-K2's width.
 Mirrors the kernels: change both together."""
 from __future__ import annotations
 
@@ -16,65 +16,15 @@ from fake_device import flat, run  # noqa: E402
 from openinfer.kernels import numpy_quant  # noqa: E402
 from openinfer.kernels.cuda import module, moe, quant  # noqa: E402
 from openinfer.kernels.cuda.moe import BF16_TILE_BYTES, GEMM_BK, GEMM_BN, GEMM_STAGES, gemm_smem  # noqa: E402
-from openinfer.quant import Fp8Weight, Int4Weight, e4m3_to_f32  # noqa: E402
-from openinfer.quant.int4 import unpack_int4  # noqa: E402
+from openinfer.quant import Fp8Weight, Int4Weight  # noqa: E402
 from openinfer.testing.launch_check import fake, record_launches  # noqa: E402
 from test_attention_mma_emulation import bf  # noqa: E402
 from test_moe_emulation import LD, emulate_align, emulate_tiles  # noqa: E402
-from test_quant_launch_args import _random_stack  # noqa: E402
+from test_quant_launch_args import _random_stack, fp8_expand_bf16, int4_expand_bf16  # noqa: E402
 
 BF16 = module.BF16
 CHUNK = {"int4": 32, "fp8": 16}     # weights of a 16-byte chunk (Int4::CHUNK, Fp8::CHUNK)
 GROUP = {"int4": 32, "fp8": 128}    # weights of a scale
-
-
-def _bf16_bits(bits: np.ndarray) -> np.ndarray:
-    """16-bit patterns as the bf16 values they hold (float32)."""
-    return (np.asarray(bits, np.uint32) << np.uint32(16)).view(np.float32)
-
-
-def int4_expand_bf16(words: np.ndarray) -> np.ndarray:
-    """Int4::expand_bf16 of each uint32 word -> float32 [..., 8]: for weights 2p, 2p + 1 the nibbles masked into a
-    bf16 pair 0x4300 | nibble (128 + nibble), then 136 subtracted (a bf16x2 fma, exact: the results are integers)."""
-    words = np.asarray(words, np.uint32)
-    out = []
-    for p in range(4):
-        t = words >> np.uint32(8 * p)
-        biased = (t & np.uint32(0xF)) | ((t << np.uint32(12)) & np.uint32(0xF0000)) | np.uint32(0x43004300)
-        for half in (biased & np.uint32(0xFFFF), biased >> np.uint32(16)):
-            out.append(_bf16_bits(half) - np.float32(136))
-    return np.stack(out, axis=-1)
-
-
-def fp8_expand_bf16(words: np.ndarray) -> np.ndarray:
-    """Fp8::expand_bf16 of each uint32 word (4 e4m3 bytes) -> float32 [..., 4]: byte b's bits placed as a float's
-    (sign on top, exponent and mantissa from bit 20: the weight / 2^120, a denormal for the e4m3 subnormals), times
-    2^120 in float32 (numpy keeps denormals, as the kernels built without flush-to-zero do); the upper half of each
-    product is the bf16 packed (byte_perm), so its lower half must be zero."""
-    words = np.asarray(words, np.uint32)
-    out = []
-    for b in range(4):
-        t = (words.astype(np.uint64) << np.uint64(24 - 8 * b)).astype(np.uint32)
-        bits = (t & np.uint32(0x80000000)) | ((t >> np.uint32(4)) & np.uint32(0x07F00000))
-        f = bits.view(np.float32) * np.float32(2.0 ** 120)
-        assert not (f.view(np.uint32) & np.uint32(0xFFFF)).any(), "a product with bits below the bf16 half"
-        out.append(f)
-    return np.stack(out, axis=-1)
-
-
-def test_int4_bf16_expansion_matches_unpacking():
-    words = np.random.default_rng(3).integers(0, 2**32, 4096, dtype=np.uint32)   # every nibble at every place
-    np.testing.assert_array_equal(int4_expand_bf16(words).reshape(-1), unpack_int4(words.view(np.int32)))
-
-
-def test_fp8_bf16_expansion_matches_the_table():
-    b = np.arange(256, dtype=np.uint32)
-    words = (b | (np.roll(b, 1) << 8) | (np.roll(b, 2) << 16) | (np.roll(b, 3) << 24)).astype(np.uint32)
-    got = fp8_expand_bf16(words)   # byte j of word i is b[i - j]
-    raw = np.stack([np.roll(b, j) for j in range(4)], axis=-1)
-    finite = (raw & 0x7F) != 0x7F   # e4m3fn's NaN is not produced (checkpoints hold none)
-    np.testing.assert_array_equal(got[finite], e4m3_to_f32(raw.astype(np.uint8))[finite])
-    np.testing.assert_array_equal(bf(got), got)
 
 
 class QuantRows:
