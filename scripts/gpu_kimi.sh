@@ -18,14 +18,7 @@ log() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.log"; }
 rc=0
 
 log "install"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        >"$OUT/install.log" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-editable=(-e .)
-for p in plugins/*/; do editable+=(-e "$p"); done
-$PY -m pip install -q --no-deps --no-build-isolation "${editable[@]}" >>"$OUT/install.log" 2>&1 \
-    || { echo "editable install failed (see $OUT/install.log)"; exit 1; }
+. scripts/gpu_install.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD >"$OUT/commit.txt" 2>/dev/null || echo unknown >"$OUT/commit.txt"
 

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .engine.engine_args import EngineArgs, add_kernel_option
+from .engine.engine_args import EngineArgs, add_hf_overrides_option, add_kernel_option
 from .kernels.registry import parse_kernel_overrides
 from .kv.block_manager import BLOCK_HASHES
 
@@ -56,6 +56,7 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
                    help="expert parallelism: shard a MoE model's routed experts over N processes, one per GPU "
                         "(--device cuda:i uses GPUs i..i+N-1; on the CPU, N processes); N must divide the expert count")
     add_kernel_option(p)
+    add_hf_overrides_option(p)
 
 
 def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
@@ -68,7 +69,7 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       enforce_eager=a.enforce_eager, pipelined_decode=a.pipelined_decode, kv_offload=a.kv_offload,
                       kv_offload_host_gib=a.kv_offload_host_gib, generation_config=a.generation_config,
                       scheduling_policy=a.scheduling_policy, ep=a.ep, tokenizer=a.tokenizer,
-                      kernels=parse_kernel_overrides(a.kernel))
+                      kernels=parse_kernel_overrides(a.kernel), hf_overrides=a.hf_overrides)
 
 
 def _parse_model(spec: str) -> tuple[str | None, str]:

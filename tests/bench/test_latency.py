@@ -86,8 +86,17 @@ def test_decode_tokens_do_not_end_prefill_early() -> None:
 
 def test_sweep_discards_warmups() -> None:
     eng = FakeEngine(budget=1000)
-    points = sweep(eng, lambda o: o, [1, 2], [8], [4], vocab=50, warmup=1, iters=2, seed=0)
+    points = sweep(eng, lambda o: o, [(1, 8), (2, 8)], [4], vocab=50, warmup=1, iters=2, seed=0)
     assert [(p.batch_size, len(p.prefill_s), len(p.decode_step_s)) for p in points] == [(1, 2, 6), (2, 2, 6)]
+
+
+def test_sweep_reports_each_point_as_it_ends() -> None:
+    """`measured` sees the points so far after each one (the CLI writes its JSON there: a run stopped by a timeout
+    keeps what it finished), in the order of the given (batch, input) pairs."""
+    seen = []
+    sweep(FakeEngine(budget=1000), lambda o: o, [(2, 8), (1, 4)], [3], vocab=50, warmup=0, iters=1, seed=0,
+          measured=lambda points: seen.append([(p.batch_size, p.input_len) for p in points]))
+    assert seen == [[(2, 8)], [(2, 8), (1, 4)]]
 
 
 def test_latency_cli_on_the_engine(tmp_path: Path) -> None:
@@ -103,6 +112,9 @@ def test_latency_cli_on_the_engine(tmp_path: Path) -> None:
     points = json.loads(out.read_text())["points"]
     assert [(p["batch_size"], p["input_len"], p["output_len"]) for p in points] == [(1, 8, 3), (2, 8, 3)]
     assert all(p["median_prefill_ms"] > 0 and len(p["decode_step_s"]) == 2 for p in points)
+    assert run_cli("bench", "latency", "--points", "2x4,1x8", "--output-lens", "2", "--num-iters-warmup", "0",
+                   "--num-iters", "1", "--output-json", str(out)) == 0
+    assert [(p["batch_size"], p["input_len"]) for p in json.loads(out.read_text())["points"]] == [(2, 4), (1, 8)]
 
 
 def test_latency_cli_at_reduced_depth() -> None:

@@ -117,8 +117,9 @@ def test_moe_experts_quant_at_kimi_width(fmt, T, rows):
     close(got, want, DTYPES["bfloat16"], scale=4)
 
 
-# (D, I): rows of one 16-byte chunk a lane and pass (u1), two (u2) and four (u4), the u4 ones over two passes with
-# idle lanes in the second, outputs that do not fill the last block (test_quant_launch_args emulates the same).
+# (D, I): rows of one 16-byte chunk a lane and pass (u1: all FP8 rows, INT4 rows up to 64 chunks) and two (u2: INT4
+# 4128, 129 chunks), over one pass and over several with idle lanes in the last (INT4 4128 and 1056, FP8 2064 and
+# 528), outputs that do not fill the last block (test_quant_launch_args emulates the same).
 PASS_WIDTHS = [("int4", 4128, 96), ("int4", 64, 1056), ("fp8", 2064, 48), ("fp8", 64, 528)]
 
 

@@ -60,10 +60,16 @@ def test_quant_launches(launches, fmt, dtype):
     assert [c.name for c in launches] == names * 3 and launches[-1].grid == (1, 1)
 
 
-# Kimi-K2's experts (hidden 7168, width 2048): (gate_up kernel, grid x), (down kernel, grid x). A lane keeps eight
-# 16-byte loads in flight: INT4 gate_up 224 chunks a row as 4 a pass over 2 rows (one output), down 64 chunks as 2
-# over 4 rows; FP8 448 and 128 chunks, 4 a pass over 2 rows.
-KIMI_GRIDS = {"int4": (("u4", 2048 // 8), ("u2", 7168 // 32)), "fp8": (("u4", 2048 // 8), ("u4", 7168 // 16))}
+# Kimi-K2's experts (hidden 7168, width 2048): (gate_up kernel, grid x), (down kernel, grid x); a warp reads 4 rows
+# (gate_up: 2 outputs), a block 8 warps. INT4 gate_up rows of 224 chunks take 2 a lane and pass, the down rows of 64
+# chunks one; FP8 rows (448 and 128 chunks) take one.
+KIMI_GRIDS = {"int4": (("u2", 2048 // 16), ("u1", 7168 // 32)), "fp8": (("u1", 2048 // 16), ("u1", 7168 // 32))}
+
+
+def test_expert_pass_width():
+    """Two chunks a lane and pass only for INT4 rows of more than 64 chunks (2048 weights), one otherwise."""
+    assert [quant.expert_pass("int4", K) for K in (32, 2048, 2080, 7168)] == [1, 1, 2, 2]
+    assert [quant.expert_pass("fp8", K) for K in (16, 2048, 7168)] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
@@ -239,8 +245,8 @@ def _random_stack(rng, fmt, E, out, inp):
                      rng.uniform(0.5, 1.5, (E, out, -(-inp // 128))).astype(np.float32) / np.sqrt(inp))
 
 
-# (D, I) per format: gate_up and down rows of one chunk a lane (u1), two (u2) and four (u4) a pass, the u4 rows
-# over two passes with idle lanes in the second, and outputs that do not fill the last block.
+# (D, I) per format: rows over one pass and over several with idle lanes in the last (INT4 4128: 129 chunks, two a
+# lane and pass; 1056: 33 chunks, one; FP8 2064: 129 chunks, one), and outputs that do not fill the last block.
 EMULATED = {"int4": [(4128, 96), (64, 1056)], "fp8": [(2064, 48), (64, 528)]}
 
 
@@ -264,9 +270,8 @@ def test_grouped_kernel_emulation(fmt, case):
     dq, ds = vars(down).values()
     h = np.full((T * k, I), np.nan, np.float32)
     yk = np.full((T * k, D), np.nan, np.float32)
-    gu_u, gu_r = quant.expert_pass(fmt, D)
-    dn_u, dn_r = quant.expert_pass(fmt, I)
-    O = gu_r // 2
+    dn_r = quant.EXPERT_ROWS
+    O = dn_r // 2   # gate_up: the gate and up rows of O outputs
     for s in range(slots):
         e = slot_expert[s]
         if e < 0:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..engine.engine_args import add_kernel_option
+from ..engine.engine_args import add_hf_overrides_option, add_kernel_option
 
 
 def _floats(text: str) -> list[float]:
@@ -19,6 +19,19 @@ def _floats(text: str) -> list[float]:
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _points(text: str) -> list[tuple[int, int]]:
+    """`1x8192,32x8192`: (batch, input length) pairs."""
+    points = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        batch, sep, length = item.partition("x")
+        if not (sep and batch.isdigit() and length.isdigit() and int(batch) > 0 and int(length) > 0):
+            raise argparse.ArgumentTypeError(f"{item!r} is not BATCHxINPUT (two positive integers, e.g. 1x8192)")
+        points.append((int(batch), int(length)))
+    if not points:
+        raise argparse.ArgumentTypeError("no BATCHxINPUT pair given")
+    return points
 
 
 def resolve_model(base_url: str, model: str | None) -> str:
@@ -132,9 +145,13 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", type=_ints, default=[1, 4])
     p.add_argument("--input-lens", type=_ints, default=[128, 512])
     p.add_argument("--output-lens", type=_ints, default=[32])
+    p.add_argument("--points", type=_points, default=None, metavar="BxI,...",
+                   help="(batch, input length) pairs measured in this order, e.g. 1x8192,32x8192,1x131072, instead "
+                        "of every --batch-sizes x --input-lens pair")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="per-step token budget (default: batch x input, so prefill is one step)")
+                   help="per-step token budget (default: the largest batch x input, so prefill is one step)")
     add_kernel_option(p)
+    add_hf_overrides_option(p)
     p.add_argument("--num-iters-warmup", type=int, default=1)
     p.add_argument("--num-iters", type=int, default=3)
     p.add_argument("--vocab-size", type=int, default=None, help="token ids are drawn below this (default: the model's vocabulary)")

@@ -73,11 +73,13 @@ def run_once(engine: Any, prompts: list[list[int]], params: Any, point: PointTim
     point.decode_step_s.extend(steps)
 
 
-def sweep(engine: Any, make_params: Callable[[int], Any], batch_sizes: list[int], input_lens: list[int],
-          output_lens: list[int], vocab: int, warmup: int, iters: int, seed: int) -> list[PointTiming]:
+def sweep(engine: Any, make_params: Callable[[int], Any], shapes: list[tuple[int, int]], output_lens: list[int],
+          vocab: int, warmup: int, iters: int, seed: int,
+          measured: Callable[[list[PointTiming]], None] | None = None) -> list[PointTiming]:
+    """Each (batch, input) of `shapes` at each output length, in order; `measured(points so far)` after each point."""
     rng = np.random.default_rng(seed)
-    points = []
-    for b, i, o in itertools.product(batch_sizes, input_lens, output_lens):
+    points: list[PointTiming] = []
+    for (b, i), o in itertools.product(shapes, output_lens):
         point = PointTiming(b, i, o)
         for k in range(warmup + iters):
             # Fresh prompts every run: a prefix-cache hit would make prefill look free.
@@ -85,18 +87,24 @@ def sweep(engine: Any, make_params: Callable[[int], Any], batch_sizes: list[int]
             target = point if k >= warmup else PointTiming(b, i, o)
             run_once(engine, prompts, make_params(o), target)
         points.append(point)
+        if measured is not None:
+            measured(points)
     return points
 
 
-def format_points(rows: list[dict[str, Any]]) -> str:
-    head = f"{'batch':>5} {'in':>6} {'out':>5} {'prefill ms':>11} {'step ms':>9} {'p99 step':>9} " \
-           f"{'dec tok/s':>10} {'total ms':>10}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['batch_size']:>5} {r['input_len']:>6} {r['output_len']:>5} {r['median_prefill_ms']:>11.2f} "
-                     f"{r['median_decode_step_ms']:>9.2f} {r['p99_decode_step_ms']:>9.2f} "
-                     f"{r['decode_tokens_per_s']:>10.1f} {r['median_total_ms']:>10.2f}")
-    return "\n".join(lines)
+def shapes_of(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """--points as given, or every --batch-sizes x --input-lens pair."""
+    return args.points or list(itertools.product(args.batch_sizes, args.input_lens))
+
+
+_HEAD = f"{'batch':>5} {'in':>6} {'out':>5} {'prefill ms':>11} {'step ms':>9} {'p99 step':>9} " \
+        f"{'dec tok/s':>10} {'total ms':>10}"
+
+
+def format_row(r: dict[str, Any]) -> str:
+    return (f"{r['batch_size']:>5} {r['input_len']:>6} {r['output_len']:>5} {r['median_prefill_ms']:>11.2f} "
+            f"{r['median_decode_step_ms']:>9.2f} {r['p99_decode_step_ms']:>9.2f} "
+            f"{r['decode_tokens_per_s']:>10.1f} {r['median_total_ms']:>10.2f}")
 
 
 def run_latency(args: argparse.Namespace) -> int:
@@ -105,22 +113,29 @@ def run_latency(args: argparse.Namespace) -> int:
     from openinfer.kernels.registry import parse_kernel_overrides
     from openinfer.sampling.sampler import SamplingParams
 
-    budget = args.max_num_batched_tokens or max(b * i for b in args.batch_sizes for i in args.input_lens)
+    shapes = shapes_of(args)
+    budget = args.max_num_batched_tokens or max(b * i for b, i in shapes)
     engine = build_engine(args.model, EngineArgs(
         device=args.device, load_format=args.load_format, num_layers=args.num_layers, max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory_gib, enforce_eager=args.enforce_eager,
-        pipelined_decode=args.pipelined_decode, max_num_batched_tokens=budget, max_num_seqs=max(args.batch_sizes),
-        tokenizer=args.tokenizer, kernels=parse_kernel_overrides(args.kernel)))
+        pipelined_decode=args.pipelined_decode, max_num_batched_tokens=budget,
+        max_num_seqs=max(b for b, _ in shapes), tokenizer=args.tokenizer, kernels=parse_kernel_overrides(args.kernel),
+        hf_overrides=args.hf_overrides))
 
     def make_params(max_tokens: int) -> Any:
         return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, ignore_eos=True, seed=args.seed)
 
-    points = sweep(engine, make_params, args.batch_sizes, args.input_lens, args.output_lens,
-                   args.vocab_size or engine.vocab_size, args.num_iters_warmup, args.num_iters, args.seed)
-    rows = [p.summary() for p in points]
-    print(format_points(rows))
-    if args.output_json:
-        detail = [{**r, **{k: v for k, v in asdict(p).items() if k.endswith("_s")}} for r, p in zip(rows, points)]
-        args.output_json.write_text(json.dumps({"model": args.model, "device": args.device,
-                                                "max_num_batched_tokens": budget, "points": detail}, indent=2))
+    def measured(points: list[PointTiming]) -> None:
+        """A row printed and the JSON written after every point, so a run stopped part way (a timeout) keeps the
+        points it finished."""
+        rows = [p.summary() for p in points]
+        print(format_row(rows[-1]), flush=True)
+        if args.output_json:
+            detail = [{**r, **{k: v for k, v in asdict(p).items() if k.endswith("_s")}} for r, p in zip(rows, points)]
+            args.output_json.write_text(json.dumps({"model": args.model, "device": args.device,
+                                                    "max_num_batched_tokens": budget, "points": detail}, indent=2))
+
+    print(_HEAD + "\n" + "-" * len(_HEAD), flush=True)
+    sweep(engine, make_params, shapes, args.output_lens, args.vocab_size or engine.vocab_size,
+          args.num_iters_warmup, args.num_iters, args.seed, measured)
     return 0

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..kv.block_manager import BLOCK_HASHES
 
@@ -53,10 +55,13 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"         # fcfs, or priority: waiting requests admitted by their priority first
     ep: int = 1                             # expert-parallel ranks: one process per device, experts sharded
     kernels: dict[str, str] = field(default_factory=dict)   # op -> the registry implementation it gets (--kernel)
+    hf_overrides: dict[str, Any] = field(default_factory=dict)  # config.json fields set before the line reads it
 
     def __post_init__(self) -> None:
         if not all(isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.kernels.items()):
             raise ValueError("kernels maps op names to implementation names, e.g. {'paged_attention': 'mma'}")
+        if not isinstance(self.hf_overrides, dict):
+            raise ValueError(f"hf_overrides must map config.json fields to values, got {self.hf_overrides!r}")
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = default_batched_tokens(self.device)
         if self.max_num_batched_tokens < 1:
@@ -101,3 +106,22 @@ def add_kernel_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", action="append", default=[], metavar="OP=IMPL",
                    help="give op OP the kernel implementation named IMPL instead of the registry's choice; repeat "
                         "for several ops (`openinfer plugins --plan MODEL` lists each op's implementations)")
+
+
+def parse_hf_overrides(text: str) -> dict[str, Any]:
+    """`--hf-overrides JSON`: a JSON object of config.json fields (EngineArgs.hf_overrides)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): pass a JSON object of config.json fields, e.g. "
+                                         "'{\"max_position_embeddings\": 32768}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object of config.json fields, got {text!r}")
+    return value
+
+
+def add_hf_overrides_option(p: argparse.ArgumentParser) -> None:
+    """`--hf-overrides JSON`: EngineArgs.hf_overrides (loading.config.with_overrides applies them)."""
+    p.add_argument("--hf-overrides", type=parse_hf_overrides, default={}, metavar="JSON",
+                   help="a JSON object of config.json fields set before the model line reads the config (an object "
+                        "value merges into the field's object), e.g. '{\"max_position_embeddings\": 65536}'")

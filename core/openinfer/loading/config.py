@@ -60,3 +60,14 @@ def with_num_layers(config: dict[str, Any], num_layers: int) -> dict[str, Any]:
             body[key] = value[:num_layers]
     body["num_hidden_layers"] = num_layers
     return config
+
+
+def with_overrides(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The config with `overrides` (--hf-overrides) set: an object value merges into the field's object, key by key,
+    as vLLM's hf_overrides do; any other value replaces the field."""
+    config = copy.deepcopy(config)
+    for key, value in overrides.items():
+        old = config.get(key)
+        config[key] = with_overrides(old, value) if isinstance(old, dict) and isinstance(value, dict) \
+            else copy.deepcopy(value)
+    return config

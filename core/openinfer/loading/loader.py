@@ -12,7 +12,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..backends.cuda_graphs import buckets
-from .config import read_generation_config, read_model_config, with_num_layers
+from .config import read_generation_config, read_model_config, with_num_layers, with_overrides
 from ..contract.detect import detect_line, install_hint
 from ..engine.engine import Engine
 from ..engine.engine_args import GPU_MAX_NUM_SEQS, EngineArgs
@@ -128,12 +128,14 @@ def read_source(model: str | None, args: EngineArgs, plugins: Plugins) -> Source
     with phase("config and checkpoint index"):
         if model is None:
             line, config, tok_dir = _demo(plugins)
+            config = with_overrides(config, args.hf_overrides)
             name, gen_config = args.served_model_name or DEMO_NAME, {}
             log.info("no --model given: serving the built-in demo model %r (tiny random weights, %s tokenizer); "
                      "its output is noise — pass --model PATH to serve a real checkpoint", name, line.name)
         elif not Path(model).is_dir() and plugins.preset(model) is not None:
             # a preset name: the real shapes with random weights, no checkpoint on disk (benchmarks)
             line, config = plugins.preset(model)
+            config = with_overrides(config, args.hf_overrides)
             if args.load_format != "dummy":
                 raise LoadError(f"{model!r} is a preset, not a checkpoint folder: add --load-format dummy (random "
                                 f"weights of its real shapes) or write one with `openinfer synth --preset {model} --out DIR`")
@@ -142,10 +144,14 @@ def read_source(model: str | None, args: EngineArgs, plugins: Plugins) -> Source
                 raise LoadError(f"the {line.name} line ships no tokenizer, so preset {model!r} cannot be served "
                                 "without one: add --tokenizer DIR (a folder with tokenizer.json)")
         else:
-            config = read_model_config(model)
+            # overridden before detection: an override may name the architecture
+            config = with_overrides(read_model_config(model), args.hf_overrides)
             line = detect_line(config, plugins, f"{model}/config.json")
             tok_dir, gen_config = Path(model), read_generation_config(model)
             name = args.served_model_name or Path(model).name
+        if args.hf_overrides:
+            log.info("config.json fields set by --hf-overrides: %s",
+                     ", ".join(f"{k}={v!r}" for k, v in args.hf_overrides.items()))
         if args.num_layers is not None:
             config = with_num_layers(config, args.num_layers)
         if args.tokenizer is not None:

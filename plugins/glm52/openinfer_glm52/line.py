@@ -31,6 +31,13 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "max_position_embeddings": 1048576, "index_topk_freq": 4, "index_skip_topk_offset": 3,
                 "index_topk_pattern": None, "index_share_for_mtp_iteration": True},
 }
+# GLM-5.2's structure (three dense full-indexer layers, then MoE layers, the indexer on every fourth) at a size the
+# CPU runs in seconds; index_topk 64, so contexts past 64 keys attend sparsely
+PRESETS["glm-5.2-tiny"] = {**PRESETS["glm-5.2"], "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4,
+                           "num_key_value_heads": 4, "vocab_size": 1024, "intermediate_size": 128,
+                           "moe_intermediate_size": 32, "n_routed_experts": 16, "q_lora_rank": 48, "kv_lora_rank": 32,
+                           "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "index_n_heads": 4,
+                           "index_head_dim": 16, "index_topk": 64, "max_position_embeddings": 4096}
 
 
 class Glm52Line(ModelLine):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from openinfer.testing.hf_reference import hf_greedy, hf_logits
 from openinfer.testing import Checkpoint
 from openinfer_glm52.chat import GLM52_CHAT_FORMAT
 from openinfer_glm52.line import Glm52Line
+
+from glm52_tiny import TINY
 
 CHAT = [{"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Name three prime numbers and explain why 1 is not prime."}]
@@ -68,22 +71,46 @@ def test_logits_and_greedy_match_transformers(which, request):
     assert fin.reason == "length" and fin.completion_tokens == 32
 
 
+@contextmanager
+def every_key_selected(hf):
+    """transformers' model with a top-k covering every key: DSA selects all, attention is plain MLA."""
+    indexers = [layer.self_attn.indexer for layer in hf.model.layers if layer.self_attn.indexer is not None]
+    for m in indexers:
+        m.index_topk = 4096
+    try:
+        yield hf
+    finally:
+        for m in indexers:
+            m.index_topk = TINY["index_topk"]
+
+
 def test_sparse_attention_changes_the_logits(sparse):
     """The sparse model's prompts really select: the same weights with a top-k covering every key give other
     logits (transformers' own), and ours follow the sparse ones."""
     ckpt, hf = sparse
     ids = chat_prompt(engine_for(ckpt))
     want = hf_logits(hf, ids)
-    indexers = [layer.self_attn.indexer for layer in hf.model.layers if layer.self_attn.indexer is not None]
-    for m in indexers:
-        m.index_topk = 4096
-    try:
+    with every_key_selected(hf):
         dense = hf_logits(hf, ids)
-    finally:
-        for m in indexers:
-            m.index_topk = 4
     assert np.abs(dense[8:] - want[8:]).max() > 100 * 1e-4 * np.abs(want).max()
     assert_logits_close(prompt_logits(engine_for(ckpt), ids), want)
+
+
+def test_an_index_topk_override_runs_dense_mla_over_the_same_weights(sparse):
+    """--hf-overrides '{"index_topk": N}', N the model's length: every key is selected, so the engine runs plain
+    MLA attention, eager and in (emulated) decode graphs, whose batches carry the model's length: transformers'
+    logits and greedy tokens with every key selected. scripts/gpu_glm52_steps.sh times its dense steps so."""
+    ckpt, hf = sparse
+    overrides = {"index_topk": TINY["max_position_embeddings"]}
+    eng = engine_for(ckpt, hf_overrides=overrides)
+    ids = chat_prompt(eng)
+    with every_key_selected(hf):
+        want, want_tokens = hf_logits(hf, ids), hf_greedy(hf, ids, 12)
+    assert_logits_close(prompt_logits(eng, ids), want)
+    graph = engine_for(ckpt, hf_overrides=overrides, max_num_seqs=4)
+    graphs = emulate_graphs(graph)
+    [(tokens, _, _)] = generate(graph, [ids], greedy(12))
+    assert tokens == want_tokens and graphs.replays
 
 
 def test_shared_layers_load_without_indexer_weights(sparse):

@@ -17,16 +17,17 @@
 // per R/2 outputs (their gate and up rows), a block per (WARPS warps, active expert); moe_q_down_* computes
 // weight * down h per pair, a warp per R rows; each selected expert's rows are read once per NP pairs;
 // moe_combine_* sums each token's pairs in slot order (deterministic: no atomics on values) and the optional addend
-// (the shared experts' output). The _u<U> variants differ in U (the host picks it from the row length so a pass
-// covers the row with few idle lanes) and R = 8 / U capped at 4. Grids depend only on the token count, so the
-// launches can be captured. Prefill-sized batches of bf16 activations take the grouped GEMM on the tensor cores
-// instead (moe_gemm.cuh, instantiated at the end: moe_gate_up_<fmt>_m<MT>, moe_down_<fmt>_m<MT>).
+// (the shared experts' output). R = 4 rows a warp; the _u<U> variants differ in U (1 or 2, the host picks it:
+// quant.py's expert_pass). Grids depend only on the token count, so the launches can be captured. Prefill-sized
+// batches of bf16 activations take the grouped GEMM on the tensor cores instead (moe_gemm.cuh, instantiated at the
+// end: moe_gate_up_<fmt>_m<MT>, moe_down_<fmt>_m<MT>).
 #include "moe_gemm.cuh"
 #include "quant.cuh"
 
 #define P 8          // activation rows of a q_gemv pass (a linear at decode)
 #define NP 4         // pairs of an expert kernel pass
 #define WARPS 8      // warps per block
+#define ER 4         // weight rows a warp of an expert kernel (R of warp_rows)
 
 // acc[r][p] += sum_k W[row[r], k] act[p][k] for p < np, this lane's share (the caller sums the warp): lane l owns
 // chunks l, l + 32, ...; a pass loads U of them per row, every load issued before the first is used.
@@ -176,7 +177,7 @@ template <class F, int U, typename T, typename S>
 __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ q, const S* __restrict__ scale,
                               const int* __restrict__ slot_expert, const int* __restrict__ slot_start,
                               const int* __restrict__ pair_list, int k, int D, int I, float* __restrict__ h) {
-    constexpr int R = U == 4 ? 2 : 4, O = R / 2;
+    constexpr int R = ER, O = R / 2;
     pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int e = slot_expert[blockIdx.y];
     const int lane = threadIdx.x & 31, o0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * O;
@@ -221,7 +222,7 @@ __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__
                            const int* __restrict__ slot_expert, const int* __restrict__ slot_start,
                            const int* __restrict__ pair_list, const float* __restrict__ weights, int D, int I,
                            float* __restrict__ yk) {
-    constexpr int R = U == 4 ? 2 : 4;
+    constexpr int R = ER;
     pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int e = slot_expert[blockIdx.y];
     const int lane = threadIdx.x & 31, o0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
@@ -307,8 +308,7 @@ __device__ void moe_combine(const float* __restrict__ yk, const int* __restrict_
         q_dequant<F, T, S>(q, scale, K, out);                                                                      \
     }                                                                                                              \
     Q_EXPERTS(fmt, F, sfx, T, S, 1)                                                                                \
-    Q_EXPERTS(fmt, F, sfx, T, S, 2)                                                                                \
-    Q_EXPERTS(fmt, F, sfx, T, S, 4)
+    Q_EXPERTS(fmt, F, sfx, T, S, 2)
 
 // INT4 scales come in the activations' dtype, FP8 scales in float32
 Q_KERNELS(int4, Int4, bf16, bf16, bf16)

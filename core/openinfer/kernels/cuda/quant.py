@@ -25,6 +25,7 @@ from .moe import (ALIGN_MAX_EXPERTS, BF16_TILE_BYTES, GEMM_BK, GEMM_BN, GEMM_THR
 
 GEMV_MAX_ROWS = 16
 WARPS, P = 8, 8         # quant.cu: warps per block (q_gemv: a weight row each), q_gemv's activation rows per pass
+EXPERT_ROWS = 4         # quant.cu's ER: weight rows a warp of the expert kernels (gate_up: 2 outputs' gate and up)
 CHUNK_WEIGHTS = {"int4": 32, "fp8": 16}   # weights of the 16-byte chunk a lane reads
 MOE_CHUNK = 1024        # tokens per pass of the GEMV expert path: its float32 per-pair buffers stay ~100s of MB
 MMA_CHUNK = 4096        # tokens per pass of the GEMM path (Kimi-K2: 0.9 GB of float32 per-pair outputs, and ~85
@@ -152,13 +153,13 @@ def mma_stage_bytes(fmt: str) -> int:
     return GEMM_BN * (GEMM_BK // CHUNK_WEIGHTS[fmt] * 16 + 4)
 
 
-def expert_pass(fmt: str, K: int) -> tuple[int, int]:
-    """(U, R) of quant.cu's expert kernels for rows of K weights: U chunks a lane loads per row and pass, the
-    fewest passes with few idle lanes (U in 1, 2, 4), and R = 8 / U rows a warp (at most 4), so a lane has R * U
-    16-byte loads in flight."""
-    chunks = K // CHUNK_WEIGHTS[fmt]
-    u = 1 if chunks <= 32 else 2 if chunks <= 64 else 4
-    return u, min(4, 8 // u)
+def expert_pass(fmt: str, K: int) -> int:
+    """U of quant.cu's expert kernels for rows of K weights: the 16-byte chunks a lane loads per row and pass (a warp
+    reads EXPERT_ROWS rows, so a lane has EXPERT_ROWS * U loads in flight). Measured on H100 at Kimi-K2's shapes
+    (1-32 tokens): U = 1 streams FP8 rows fastest; INT4 rows of more than 64 chunks (hidden 7168: 224) stream a
+    few percent faster with U = 2 at 8-32 tokens, rows of 64 (width 2048) equally fast with either; U = 4 was
+    slower for every row and token count, so it is not built."""
+    return 2 if fmt == "int4" and K // CHUNK_WEIGHTS[fmt] > 64 else 1
 
 
 def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
@@ -179,13 +180,13 @@ def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.nda
             pair_list), smem=4 * E_local)
     h = cp.empty((n, I), dtype=cp.float32)
     q, s = _arrays(gate_up)
-    u, r = expert_pass(fmt, D)   # a warp: r / 2 outputs, their gate and up rows
-    launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_u{u}", (-(-I // (WARPS * r // 2)), slots), 32 * WARPS,
+    launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_u{expert_pass(fmt, D)}",
+           (-(-I // (WARPS * EXPERT_ROWS // 2)), slots), 32 * WARPS,
            (x, q, s, slot_expert, slot_start, pair_list, np.int32(k), np.int32(D), np.int32(I), h))
     yk = cp.empty((n, D), dtype=cp.float32)
     q, s = _arrays(down)
-    u, r = expert_pass(fmt, I)
-    launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_u{u}", (-(-D // (WARPS * r)), slots), 32 * WARPS,
+    launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_u{expert_pass(fmt, I)}",
+           (-(-D // (WARPS * EXPERT_ROWS)), slots), 32 * WARPS,
            (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I), yk))
     _combine(yk, ids, E_local, expert_offset, addend, y)
 
