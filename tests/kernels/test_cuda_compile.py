@@ -211,3 +211,28 @@ def test_precompile_leaves_failures_to_the_launch(broken_source):
         t.join(60)
     with pytest.raises(kc.KernelCompileError, match="undefined_thing"):
         kc.compile_source(broken_source, "sm_90a")
+
+
+def test_grouped_expert_gemms_spill_nothing():
+    """The tensor-core grouped GEMMs (moe.cu's bf16 ones, quant.cu's INT4 / FP8 ones: a scale group's partial sums
+    beside the accumulators) keep every accumulator in registers: ptxas -v through NVRTC reports no spills."""
+    _nvrtc_or_skip()
+    nvrtc = kc._nvrtc()
+    usage = {}
+    for source in ("moe", "quant"):
+        path = kc.source_path(source)
+        headers = kc._headers(path.parent)
+        prog = nvrtc.createProgram(path.read_text(), path.name, [h.encode() for h in headers.values()],
+                                   [n.encode() for n in headers])
+        try:
+            nvrtc.compileProgram(prog, [*kc.OPTIONS, "-arch=sm_90a", "-Xptxas=-v"])
+            log = nvrtc.getProgramLog(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+        for entry in re.split(r"Compiling entry function '", log)[1:]:
+            name = entry.split("'", 1)[0]
+            spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
+            usage[name] = int(spills.group(1)) + int(spills.group(2))
+    gemms = {n: s for n, s in usage.items() if re.fullmatch(r"moe_(gate_up|down)_(bf16|int4|fp8)_m\d", n)}
+    assert len(gemms) == 12, sorted(usage)   # 2 kernels x (bf16 x 2 tiles + 2 formats x 2 tiles)
+    assert not any(gemms.values()), gemms
