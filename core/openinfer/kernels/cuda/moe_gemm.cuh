@@ -109,7 +109,9 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
 #pragma unroll
         for (int pp = 0; pp < WP; ++pp)
 #pragma unroll
-            for (int j = 0; j < 2; ++j) acc[mt][pp][j][0] = acc[mt][pp][j][1] = acc[mt][pp][j][2] = acc[mt][pp][j][3] = 0.f;
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[mt][pp][j][i] = 0.f;
     for (int kt = 0; kt < nk; ++kt) {
         cp_async_wait<GEMM_STAGES - 2>();
         __syncthreads();   // stage kt landed everywhere; every warp is done with the stage refilled below (and dq)
@@ -176,7 +178,8 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
                     for (int c = 0; c < 2; ++c) {
                         const int col = n0 + 8 * (pbase + pp) + 2 * tq + c;
                         if (col < N)
-                            hrow[col] = from_f32<bf16>(silu_mul_f32(acc[mt][pp][0][2 * h + c], acc[mt][pp][1][2 * h + c]));
+                            hrow[col] = from_f32<bf16>(silu_mul_f32(acc[mt][pp][0][2 * h + c],
+                                                                    acc[mt][pp][1][2 * h + c]));
                     }
                 } else {
                     const int p = pair_of[row];
