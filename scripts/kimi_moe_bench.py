@@ -1,7 +1,7 @@
 """Kimi-K2's quantized weight paths at the real width on one GPU, against their bytes-moved floor, and the page rows of
 a reduced-depth engine run.
 
-    python scripts/kimi_moe_bench.py ops [--tokens 1,8,32,64,128] [--prefill 1024] [--json OUT.json]
+    python scripts/kimi_moe_bench.py ops [--tokens 1,8,32,64,128] [--prefill 1024,8192] [--json OUT.json]
     python scripts/kimi_moe_bench.py page --ops OUT.json --latency LAT.json --preset kimi-k2-thinking --num-layers N
 
 `ops` times quant.cu as the engine runs it (random weights and routing, bf16 activations):
@@ -11,6 +11,11 @@ a reduced-depth engine run.
   previous one's experts in L2), whose replays are timed with CUDA events. The floor is the bytes of the distinct
   experts the calls' routing selects (each read once) over the copy bandwidth; "% floor" is floor / time.
   The per-kernel rows time the same calls eagerly between CUDA events, each kernel against its own bytes.
+- experts (prefill): moe_experts_quant for a prefill of T tokens (one routing, one call a graph), on the path it picks
+  (quant.expert_tile_rows: the tensor-core GEMM from 16 pairs an expert on average), then each path forced over the
+  same routing ("gemv": quant.cu's GEMV kernels in MOE_CHUNK passes; "mma m2" / "mma m8": the GEMM in 32- / 128-row
+  tiles in MMA_CHUNK passes), so the crossover can be read off; the picked path's kernels are timed one by one too.
+  A summary line gives each prefill's µs and TFLOP/s (2 * T * top-8 * 3 * 7168 * 2048 FLOPs, the real products only).
 - linear: FP8 q_gemv (decode rows) and the dequantize + GEMM path (more rows) at Kimi-K2-Instruct's Linear shapes.
 The copy bandwidth is measured here: bytes read + written per second by a 1 GiB device-to-device copy.
 
@@ -85,8 +90,27 @@ def routings(cp: Any, rng: np.random.Generator, T: int, n: int) -> list[tuple[An
     return out
 
 
+def forced_path(cp: Any, quant: Any, fmt: str, mt: int, x: Any, gate_up: Any, down: Any, ids: Any, w: Any) -> Any:
+    """The routed experts on one path whatever moe_experts_quant would pick: quant.cu's GEMV kernels (mt 0) in
+    MOE_CHUNK passes, or the tensor-core GEMM in row tiles of 16 * mt in MMA_CHUNK passes."""
+    from openinfer.kernels.cuda.module import NULL
+    T = x.shape[0]
+    y = cp.empty_like(x)
+    chunk = quant.MMA_CHUNK if mt else quant.MOE_CHUNK
+    for t0 in range(0, T, chunk):
+        part = slice(t0, min(T, t0 + chunk))
+        args = (x[part], gate_up, down, ids[part], w[part], 0, NULL, y[part])
+        if mt:
+            quant.moe_chunk_mma(fmt, mt, *args)
+        else:
+            quant.moe_chunk_gemv(fmt, *args)
+    return y
+
+
 def per_kernel_ms(cp: Any, quant: Any, calls: list[Callable[[], Any]]) -> dict[str, float]:
-    """Mean ms of each kernel over the calls, run eagerly with CUDA events around every launch."""
+    """Mean ms of each kernel over the calls, run eagerly with CUDA events around every launch (quant.py's launches
+    and those it makes through moe.py: moe_align)."""
+    from openinfer.kernels.cuda import moe
     marks, real = [], quant.launch
 
     def timed(source, name, *args, **kwargs):
@@ -97,12 +121,12 @@ def per_kernel_ms(cp: Any, quant: Any, calls: list[Callable[[], Any]]) -> dict[s
         marks.append((name, start, end))
     for fn in calls:   # warm: the kernels are loaded
         fn()
-    quant.launch = timed
+    quant.launch = moe.launch = timed
     try:
         for fn in calls:
             fn()
     finally:
-        quant.launch = real
+        quant.launch = moe.launch = real
     cp.cuda.Device().synchronize()
     total: dict[str, float] = defaultdict(float)
     for name, start, end in marks:
@@ -125,6 +149,7 @@ def run_ops(args: argparse.Namespace) -> None:
     print(f"{name}; copy bandwidth {bw / 1e9:.0f} GB/s (1 GiB device-to-device copy, read + write); "
           f"floor = bytes to read / that")
     rows: list[dict[str, Any]] = []
+    summary: list[str] = []
 
     def row(op: str, fmt: str, T: int, ms: float, nbytes: float, experts: float | None = None, flops: float = 0.0):
         floor_ms = nbytes / bw * 1e3
@@ -163,8 +188,22 @@ def run_ops(args: argparse.Namespace) -> None:
         for T in args.prefill:
             x = (cp.random.standard_normal((T, D), dtype=cp.float32) * 0.5).astype(BF16)
             (ids, w, n), = routings(cp, rng, T, 1)
+            flops, nbytes = T * K * 3 * D * I * 2, n * sum(eb.values())
+            picked = quant.expert_tile_rows(BF16, min(T, quant.MMA_CHUNK), K, E, D, I) // 16
             ms = graph_ms(lambda: quant.moe_experts_quant(x, gate_up, down, ids, w, 0), repeats=3)
-            row("experts (prefill)", fmt, T, ms, n * sum(eb.values()), n, T * K * 3 * D * I * 2)
+            row("experts (prefill)", fmt, T, ms, nbytes, n, flops)
+            summary.append(f"prefill {fmt} {T:>5} tokens: {ms * 1e3:9.0f} µs {flops / ms / 1e9:7.1f} TFLOP/s "
+                           f"({f'mma m{picked}' if picked else 'gemv'}, picked)")
+            for mt in args.prefill_paths:
+                fms = graph_ms(lambda: forced_path(cp, quant, fmt, mt, x, gate_up, down, ids, w), repeats=3)
+                path = f"mma m{mt}" if mt else "gemv"
+                row(f"  {path}", fmt, T, fms, nbytes, n, flops)
+                summary.append(f"prefill {fmt} {T:>5} tokens: {fms * 1e3:9.0f} µs {flops / fms / 1e9:7.1f} TFLOP/s "
+                               f"({path}, forced)")
+            kernels = per_kernel_ms(cp, quant, [lambda: quant.moe_experts_quant(x, gate_up, down, ids, w, 0)])
+            for kname, kms in kernels.items():
+                part = "gate_up" if "gate_up" in kname else "down" if "down" in kname else None
+                row(f"  {kname}", fmt, T, kms, n * eb[part] if part else 0.0, n)
         gate_up = down = None   # freed before the next format is drawn
         cp.get_default_memory_pool().free_all_blocks()
     for lname, (N, Kin) in FP8_LINEARS.items():
@@ -173,6 +212,7 @@ def run_ops(args: argparse.Namespace) -> None:
             x = (cp.random.standard_normal((M, Kin), dtype=cp.float32) * 0.5).astype(BF16)
             ms = graph_ms(lambda: quant.linear_quant(x, w), calls=CALLS)
             row(f"linear {lname} {N}x{Kin}", "fp8", M, ms, N * Kin * FP8_BYTES, None, 2 * M * N * Kin)
+    print("\n".join(["", f"# routed experts at prefill ({name})", *summary]))
     if args.json:
         args.json.write_text(json.dumps({"device": name, "copy_bytes_per_s": bw, "rows": rows}, indent=1))
 
@@ -248,7 +288,10 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     o = sub.add_parser("ops", help="time the quantized expert and linear paths on the GPU")
     o.add_argument("--tokens", type=_ints, default=[1, 8, 32, 64, 128])
-    o.add_argument("--prefill", type=_ints, default=[1024], help="token counts of a prefill chunk (empty: none)")
+    o.add_argument("--prefill", type=_ints, default=[1024, 8192], help="token counts of a prefill (empty: none)")
+    o.add_argument("--prefill-paths", type=_ints, default=[0, 2, 8],
+                   help="expert paths forced at each prefill size as well: 0 the GEMV kernels, 2 / 8 the tensor-core "
+                        "GEMM's 32- / 128-row tiles (empty: only the picked path)")
     o.add_argument("--linear-rows", type=_ints, default=[1, 16, 32])
     o.add_argument("--json", type=Path, default=None)
     o.set_defaults(func=run_ops)

@@ -2,6 +2,7 @@
 (no GPU needed), the cache works, and importing the package touches neither cupy nor a GPU."""
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -28,18 +29,23 @@ def cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "kernels"
 
 
+MMA_ROW_TILES = {"quant": ("2", "8")}   # the grouped GEMMs' row tiles (16 * mt rows): moe.py's 1 and 8, quant.py's
+
+
 def _launched_names() -> set[str]:
     """Every kernel name the Python wrappers launch (or name in a DecodeKernel), f-string parts expanded."""
     text = "\n".join(p.read_text() for p in WRAPPERS.glob("*.py"))
     names = set()
     for source, name in re.findall(r'(?:launch|DecodeKernel)\("(\w+)", f?"([\w{}.()]+)"', text):
         variants = [name]
+        row_tiles = MMA_ROW_TILES.get(source, ("1", "8"))
         for field, values in (("{suffix(x.dtype)}", ("bf16", "f32")), ("{suffix(q.dtype)}", ("bf16", "f32")),
                               ("{suffix(k.dtype)}", ("bf16", "f32")), ("{suffix(gate_up.dtype)}", ("bf16", "f32")),
                               ("{dtype}", ("bf16", "f32")), ("{suffix(out.dtype)}", ("bf16", "f32")),
+                              ("{suffix(y.dtype)}", ("bf16", "f32")),
                               ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
-                              ("{mt}", ("1", "8")),   # moe.py's row tiles: 16 or 128 rows
+                              ("{mt}", row_tiles),
                               ("{p.name}", ("l32r4u1", "l32r4u2", "l8r2u4")),   # quant.py's expert forms
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
             variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
@@ -208,12 +214,12 @@ def test_precompile_leaves_failures_to_the_launch(broken_source):
         kc.compile_source(broken_source, "sm_90a")
 
 
-def test_quantized_expert_kernels_fit_128_registers_without_spills():
-    """quant.cu's expert kernels on bf16 activations (the served path) keep at most 128 registers a thread, so two
-    blocks of 256 threads share an SM, and spill nothing: a pass's loads stay in registers (ptxas -v through NVRTC)."""
-    _nvrtc_or_skip()
+@functools.cache
+def _ptxas_usage(source: str) -> dict[str, tuple[int, int]]:
+    """{kernel: (registers, spilled bytes stored and loaded)} of a source compiled for sm_90a (ptxas -v via NVRTC),
+    compiled once for the tests that read it."""
     nvrtc = kc._nvrtc()
-    path = kc.source_path("quant")
+    path = kc.source_path(source)
     headers = kc._headers(path.parent)
     prog = nvrtc.createProgram(path.read_text(), path.name, [h.encode() for h in headers.values()],
                                [n.encode() for n in headers])
@@ -228,6 +234,24 @@ def test_quantized_expert_kernels_fit_128_registers_without_spills():
         regs = re.search(r"Used (\d+) registers", entry)
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
         usage[name] = (int(regs.group(1)), int(spills.group(1)) + int(spills.group(2)))
+    return usage
+
+
+def test_quantized_expert_kernels_fit_128_registers_without_spills():
+    """quant.cu's GEMV expert kernels on bf16 activations (the served decode path) keep at most 128 registers a
+    thread, so two blocks of 256 threads share an SM, and spill nothing: a pass's loads stay in registers."""
+    _nvrtc_or_skip()
+    usage = _ptxas_usage("quant")
     experts = {n: u for n, u in usage.items() if n.startswith("moe_q_") and "_bf16_" in n}
     assert len(experts) == 12, sorted(usage)   # 2 kernels x 2 formats x 3 forms
     assert all(regs <= 128 and not spilled for regs, spilled in experts.values()), experts
+
+
+def test_grouped_expert_gemms_spill_nothing():
+    """The tensor-core grouped GEMMs (moe.cu's bf16 ones, quant.cu's INT4 / FP8 ones: a scale group's partial sums
+    beside the accumulators) keep every accumulator in registers: ptxas -v through NVRTC reports no spills."""
+    _nvrtc_or_skip()
+    usage = {**_ptxas_usage("moe"), **_ptxas_usage("quant")}
+    gemms = {n: s for n, (_, s) in usage.items() if re.fullmatch(r"moe_(gate_up|down)_(bf16|int4|fp8)_m\d", n)}
+    assert len(gemms) == 12, sorted(usage)   # 2 kernels x (bf16 x 2 tiles + 2 formats x 2 tiles)
+    assert not any(gemms.values()), gemms

@@ -1,6 +1,7 @@
 """The kernels on quantized weights (quant.cu) against the numpy references on random inputs (GPU only): the INT4
-and FP8 GEMV and its prefill path (transient dequantization + GEMM), and the grouped routed-expert kernels with
-expert-parallel offsets, tokens sharing experts, at Kimi-K2's expert width, and under CUDA-graph capture."""
+and FP8 GEMV and its prefill path (transient dequantization + GEMM), and the grouped routed-expert kernels (the GEMV
+ones at decode sizes, the tensor-core GEMM at prefill sizes) with expert-parallel offsets, tokens sharing experts,
+uneven and empty expert loads, at Kimi-K2's expert width, and under CUDA-graph capture."""
 from __future__ import annotations
 
 import functools
@@ -99,13 +100,16 @@ def test_moe_experts_quant(fmt, T, offset, dt, pdl, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
-def test_moe_experts_quant_at_kimi_width(fmt):
-    """Kimi-K2's expert shapes (hidden 7168, width 2048): the kernels' long rows and large stack offsets."""
-    rng = np.random.default_rng(5)
-    E_local, D, I, T, k = 8, 7168, 2048, 3, 4
+@pytest.mark.parametrize("T,rows", [(3, 0), (32, 32), (128, 128)])
+def test_moe_experts_quant_at_kimi_width(fmt, T, rows):
+    """Kimi-K2's expert shapes (hidden 7168, width 2048): the kernels' long rows and large stack offsets, on the GEMV
+    kernels (3 tokens) and the tensor-core GEMM's 32- and 128-row tiles (112 and 32 k tiles)."""
+    rng = np.random.default_rng(5 + T)
+    E_local, D, I, k = 8, 7168, 2048, 8 if T > 3 else 4
     gate_up, down = _random_codes(rng, fmt, E_local, 2 * I, D), _random_codes(rng, fmt, E_local, D, I)
     x = exact(rnd(rng, T, D), BF16)
     ids = np.stack([rng.choice(E_local, k, replace=False) for _ in range(T)]).astype(np.int32)
+    assert quant.expert_tile_rows(BF16, T, k, E_local, D, I) == rows
     w = rng.random((T, k)).astype(np.float32)
     want = numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, 0)
     got = quant.moe_experts_quant(dev(x, BF16), _device(gate_up, BF16), _device(down, BF16), cp.asarray(ids),
@@ -138,12 +142,20 @@ def test_moe_experts_quant_forms(fmt, D, I, T):
     close(got, want, DTYPES["bfloat16"], scale=4)
 
 
+# (E, D, I, k, T, tile rows): a decode batch on the GEMV kernels, a prefill on the tensor-core GEMM's 128-row tiles
+REPLAYS = {"gemv": (16, 128, 64, 8, 4, 0), "mma": (8, 256, 128, 8, 64, 128)}
+
+
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
-def test_moe_experts_quant_graph_replay(fmt):
-    """Captured once, replayed with other routing: the plan is made on the device, so the replay follows the new ids."""
+@pytest.mark.parametrize("path", list(REPLAYS))
+def test_moe_experts_quant_graph_replay(fmt, path):
+    """Captured once, replayed with other (skewed) routing: the plan / alignment is made on the device, so the replay
+    follows the new ids, to the bit of an eager call."""
     rng = np.random.default_rng(11)
-    E, D, I, k, T = 16, 128, 64, 8, 4
-    gu, dn = _device(_host_weight(rng, fmt, 2 * I, D, stack=E), BF16), _device(_host_weight(rng, fmt, D, I, stack=E), BF16)
+    E, D, I, k, T, rows = REPLAYS[path]
+    assert quant.expert_tile_rows(BF16, T, k, E, D, I) == rows
+    gu = _device(_host_weight(rng, fmt, 2 * I, D, stack=E), BF16)
+    dn = _device(_host_weight(rng, fmt, D, I, stack=E), BF16)
     x = dev(exact(rnd(rng, T, D), BF16), BF16)
     ids = cp.asarray(np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32))
     w = cp.asarray(rng.random((T, k)).astype(np.float32))
@@ -153,10 +165,45 @@ def test_moe_experts_quant_graph_replay(fmt):
         stream.begin_capture()
         y = quant.moe_experts_quant(x, gu, dn, ids, w, 0)
         graph = stream.end_capture()
-    new_ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    new_ids = np.minimum(rng.geometric(0.4, (T, k)) - 1, E - 1).astype(np.int32)   # a few experts take most
     ids[...] = cp.asarray(new_ids)
     cp.cuda.get_current_stream().synchronize()
     graph.launch(stream)
     stream.synchronize()
     want = quant.moe_experts_quant(x, gu, dn, ids, w, 0)
     np.testing.assert_array_equal(host(y), host(want))
+
+
+# (T, local experts, top-k, offset, tile rows): 32-row tiles with one expert in every token (its pairs over several
+# tiles, the last ragged); 128-row tiles over an expert-parallel shard (a third of the pairs on other ranks); 128-row
+# tiles with five of eight experts left empty. D 512 and I 192: eight and three k tiles (the three-stage pipeline's
+# refills and its short end), six gate_up column tiles.
+MMA_CASES = {"m2_uneven": (48, 8, 4, 0, 32), "m8_shard": (300, 8, 4, 4, 128), "m8_empty_experts": (160, 8, 4, 0, 128)}
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+@pytest.mark.parametrize("case", list(MMA_CASES))
+def test_moe_experts_quant_mma(fmt, case, pdl):
+    """The tensor-core expert path (quant.expert_tile_rows picks it) against the numpy reference, with and without
+    the shared experts' addend."""
+    T, E_local, k, offset, rows = MMA_CASES[case]
+    D, I = 512, 192
+    rng = np.random.default_rng(T + E_local + len(fmt))
+    gate_up = _host_weight(rng, fmt, 2 * I, D, stack=E_local)
+    down = _host_weight(rng, fmt, D, I, stack=E_local)
+    x = exact(rnd(rng, T, D), BF16)
+    if case == "m8_empty_experts":
+        ids = np.stack([rng.choice(3, 3, replace=False) for _ in range(T)]).astype(np.int32)
+        ids = np.concatenate([ids, ids[:, :1] + 10], axis=1)   # the fourth slot on another rank
+    else:
+        ids = np.stack([rng.choice(E_local + 4, k, replace=False) for _ in range(T)]).astype(np.int32)
+        if case == "m2_uneven":
+            ids[:, 0] = offset + 3
+    assert quant.expert_tile_rows(BF16, T, k, E_local, D, I) == rows
+    w = rng.random((T, k)).astype(np.float32)
+    args = (_device(gate_up, BF16), _device(down, BF16), cp.asarray(ids), cp.asarray(w), offset)
+    close(quant.moe_experts_quant(dev(x, BF16), *args), numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, offset),
+          DTYPES["bfloat16"], scale=4)
+    shared = exact(rnd(rng, T, D), BF16)
+    close(quant.moe_experts_quant(dev(x, BF16), *args, dev(shared, BF16)),
+          numpy_quant.moe_experts_quant(x, gate_up, down, ids, w, offset, shared), DTYPES["bfloat16"], scale=4)

@@ -61,9 +61,31 @@ def emulate_align(call, rng):
             cursor[e] += 1
 
 
-def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, w, N, K, e, r0, r1, bx, mt, route_w, out,
+class Bf16Rows:
+    """moe_gemm.cuh's Bf16Experts on one expert's flat [rows, K] matrix: a stage holds the W rows' k tile (NaN
+    where nothing was copied), read there by ldmatrix."""
+    group_kk = 0
+
+    def __init__(self, w, K):
+        self.w, self.K = w, K
+        self.sw = np.full((GEMM_STAGES, GEMM_BN, LD), np.nan, np.float32)
+
+    def load(self, stage, k0, rows):
+        for i in range(GEMM_BN * GEMM_BK // 8):
+            r, c = divmod(i, GEMM_BK // 8)
+            k = k0 + c * 8
+            ok = rows[r] >= 0 and k < self.K
+            self.sw[stage, r, c * 8: c * 8 + 8] = self.w[rows[r] * self.K + k:][:8] if ok else 0
+
+    def tile(self, stage):
+        return self.sw[stage].ravel()
+
+
+def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, wsrc, N, K, r0, r1, bx, mt, route_w, out,
                        out_stride):
-    """One moe_gemm block (n tile bx) of one tile; a, w, out flat arrays; w the expert's [rows, K] matrix."""
+    """One moe_gemm block (n tile bx) of one tile; a, out flat arrays; wsrc the weight policy's model at the tile's
+    expert (Bf16Rows here, the INT4 / FP8 one in test_quant_gemm_emulation): load(stage, k0, rows), tile(stage) ->
+    the flat bf16 [64, LD] tile, group_kk and scale(stage, r, g)."""
     BM = 16 * mt
     m = min(BM, r1 - r0)
     n0 = bx * (GEMM_BN // 2 if gate_up else GEMM_BN)
@@ -73,16 +95,15 @@ def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, w, N, K, e, r0,
     w_rows = []
     for r in range(GEMM_BN):
         col = n0 + (r % (GEMM_BN // 2) if gate_up else r)
-        wr = N + col if gate_up and r >= GEMM_BN // 2 else col
-        w_rows.append(wr * K if col < N else None)
-    sm = np.full((GEMM_STAGES, BM + GEMM_BN, LD), np.nan, np.float32)
+        w_rows.append(-1 if col >= N else N + col if gate_up and r >= GEMM_BN // 2 else col)
+    sa = np.full((GEMM_STAGES, BM, LD), np.nan, np.float32)
 
     def load(stage, k0):
-        for i in range((BM + GEMM_BN) * (GEMM_BK // 8)):
+        for i in range(BM * (GEMM_BK // 8)):
             r, c = divmod(i, GEMM_BK // 8)
             k = k0 + c * 8
-            row, src = (a_rows[r], a) if r < BM else (w_rows[r - BM], w)
-            sm[stage, r, c * 8: c * 8 + 8] = src[row + k: row + k + 8] if row is not None and k < K else 0
+            sa[stage, r, c * 8: c * 8 + 8] = a[a_rows[r] + k:][:8] if a_rows[r] is not None and k < K else 0
+        wsrc.load(stage, k0, w_rows)
 
     nk = (K + GEMM_BK - 1) // GEMM_BK
     for s in range(GEMM_STAGES - 1):
@@ -91,24 +112,37 @@ def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, w, N, K, e, r0,
     split_m = mt >= NW
     WM, WP = (mt // NW, GEMM_BN // 16) if split_m else (mt, GEMM_BN // 16 // NW)
     acc = np.zeros((NW, WM, WP, 2, 32, 4))
+    part = np.zeros_like(acc)   # a scale group's sums
     aoff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
     brow = ((LANE >> 4) * (GEMM_BN // 2) if gate_up else (LANE >> 4) * 8) + (LANE & 7)
     pstride = 8 if gate_up else 16
+    gk = wsrc.group_kk
     for kt in range(nk):
         pre = kt + GEMM_STAGES - 1
         if pre < nk:
             load(pre % GEMM_STAGES, pre * GEMM_BK)
-        st = sm[kt % GEMM_STAGES].ravel()
-        ws = BM * LD   # the W rows follow the A rows in a stage
+        st, ws = sa[kt % GEMM_STAGES].ravel(), wsrc.tile(kt % GEMM_STAGES)
         for warp in range(NW):
             mbase, pbase = (warp * WM, 0) if split_m else (0, warp * WP)
             for kk in range(GEMM_BK // 16):
                 af = [ldmatrix_x4(st, (mbase + t) * 16 * LD + aoff + kk * 16) for t in range(WM)]
+                dst = part[warp] if gk else acc[warp]
+                if gk and kk % gk == 0:
+                    dst[...] = 0
                 for pp in range(WP):
-                    b = ldmatrix_x4(st, ws + (pbase + pp) * pstride * LD + brow * LD + ((LANE >> 3) & 1) * 8 + kk * 16)
+                    b = ldmatrix_x4(ws, (pbase + pp) * pstride * LD + brow * LD + ((LANE >> 3) & 1) * 8 + kk * 16)
                     for t in range(WM):
-                        mma(acc[warp, t, pp, 0], af[t], b[:, 0], b[:, 1])
-                        mma(acc[warp, t, pp, 1], af[t], b[:, 2], b[:, 3])
+                        mma(dst[t, pp, 0], af[t], b[:, 0], b[:, 1])
+                        mma(dst[t, pp, 1], af[t], b[:, 2], b[:, 3])
+                if gk and kk % gk == gk - 1:   # the group's sums times each lane's W row scale
+                    for pp in range(WP):
+                        for j in range(2):
+                            for c in range(2):
+                                r = (j * (GEMM_BN // 2) + 8 * (pbase + pp) if gate_up
+                                     else 16 * (pbase + pp) + 8 * j) + 2 * TQ + c
+                                sc = np.array([wsrc.scale(kt % GEMM_STAGES, int(x), kk // gk) for x in r])
+                                for h in range(2):
+                                    acc[warp, :, pp, j, :, 2 * h + c] += sc * part[warp, :, pp, j, :, 2 * h + c]
     for warp in range(NW):
         mbase, pbase = (warp * WM, 0) if split_m else (0, warp * WP)
         for t in range(WM):
@@ -132,22 +166,32 @@ def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, w, N, K, e, r0,
                                         out[p * out_stride + col] = route_w[p] * acc[warp, t, pp, j, ln, 2 * h + c]
 
 
-def emulate_gemm(call):
-    """moe_gate_up / moe_down on their recorded arguments: every used tile's blocks."""
+def emulate_tiles(call, expert_weights):
+    """Every used tile's blocks of a moe_gemm launch (gate_up or down, from its name), its first four and last five
+    arguments as moe.cu's and quant.cu's kernels share them; expert_weights(e, N, K) -> the weight model."""
     gate_up = call.name.startswith("moe_gate_up")
     mt = int(call.name.rsplit("_m", 1)[1])
-    assert call.smem == gemm_smem(mt)
-    a, a_stride, sorted_pairs, topk, w, w_expert_stride, N, K, te, ts, tend, num_tiles = call.args[:12]
+    a, a_stride, sorted_pairs, topk = call.args[:4]
+    N, K, te, ts, tend, num_tiles = call.args[6:12]
     route_w, out, out_stride = (None, *call.args[12:]) if gate_up else call.args[12:]
-    af, wf, srt = flat(a).astype(np.float32), flat(w).astype(np.float32), flat(sorted_pairs)
+    af, srt = flat(a).astype(np.float32), flat(sorted_pairs)
     used = int(flat(num_tiles)[0])
     assert used <= call.grid[1]
     for slot in range(used):
         e, r0, r1 = int(flat(te)[slot]), int(flat(ts)[slot]), int(flat(tend)[slot])
         for bx in range(call.grid[0]):
-            emulate_gemm_block(gate_up, af, int(a_stride), srt, int(topk), wf[e * int(w_expert_stride):], int(N),
-                               int(K), e, r0, r1, bx, mt, None if route_w is None else flat(route_w), flat(out),
+            emulate_gemm_block(gate_up, af, int(a_stride), srt, int(topk), expert_weights(e, int(N), int(K)), int(N),
+                               int(K), r0, r1, bx, mt, None if route_w is None else flat(route_w), flat(out),
                                int(out_stride))
+    return mt
+
+
+def emulate_gemm(call):
+    """moe_gate_up_bf16 / moe_down_bf16 on their recorded arguments."""
+    w, w_expert_stride = call.args[4:6]
+    wf = flat(w).astype(np.float32)
+    mt = emulate_tiles(call, lambda e, N, K: Bf16Rows(wf[e * int(w_expert_stride):], K))
+    assert call.smem == gemm_smem(mt)
 
 
 def emulate_combine(call):

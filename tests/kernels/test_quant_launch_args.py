@@ -148,18 +148,56 @@ def _fp8_expand(words: np.ndarray) -> np.ndarray:
     return np.stack([even[..., 0], odd[..., 0], even[..., 1], odd[..., 1]], axis=-1)
 
 
-def test_int4_bit_decoding_matches_unpacking():
+def _bf16_bits(bits: np.ndarray) -> np.ndarray:
+    """16-bit patterns as the bf16 values they hold (float32)."""
+    return (np.asarray(bits, np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def int4_expand_bf16(words: np.ndarray) -> np.ndarray:
+    """Int4::expand_bf16 of each uint32 word -> float32 [..., 8]: for weights 2p, 2p + 1 the nibbles masked into a
+    bf16 pair 0x4300 | nibble (128 + nibble), then 136 subtracted (a bf16x2 fma, exact: the results are integers)."""
+    words = np.asarray(words, np.uint32)
+    out = []
+    for p in range(4):
+        t = words >> np.uint32(8 * p)
+        biased = (t & np.uint32(0xF)) | ((t << np.uint32(12)) & np.uint32(0xF0000)) | np.uint32(0x43004300)
+        for half in (biased & np.uint32(0xFFFF), biased >> np.uint32(16)):
+            out.append(_bf16_bits(half) - np.float32(136))
+    return np.stack(out, axis=-1)
+
+
+def fp8_expand_bf16(words: np.ndarray) -> np.ndarray:
+    """Fp8::expand_bf16 of each uint32 word (4 e4m3 bytes) -> float32 [..., 4]: byte b's bits placed as a float's
+    (sign on top, exponent and mantissa from bit 20: the weight / 2^120, a denormal for the e4m3 subnormals), times
+    2^120 in float32 (numpy keeps denormals, as the kernels built without flush-to-zero do); the upper half of each
+    product is the bf16 packed (byte_perm), so its lower half must be zero."""
+    words = np.asarray(words, np.uint32)
+    out = []
+    for b in range(4):
+        t = (words.astype(np.uint64) << np.uint64(24 - 8 * b)).astype(np.uint32)
+        bits = (t & np.uint32(0x80000000)) | ((t >> np.uint32(4)) & np.uint32(0x07F00000))
+        f = bits.view(np.float32) * np.float32(2.0 ** 120)
+        assert not (f.view(np.uint32) & np.uint32(0xFFFF)).any(), "a product with bits below the bf16 half"
+        out.append(f)
+    return np.stack(out, axis=-1)
+
+
+@pytest.mark.parametrize("expand", [_int4_expand, int4_expand_bf16])
+def test_int4_bit_decoding_matches_unpacking(expand):
     words = np.random.default_rng(2).integers(0, 2**32, 4096, dtype=np.uint32)   # every nibble at every place
-    np.testing.assert_array_equal(_int4_expand(words).reshape(-1), unpack_int4(words.view(np.int32)))
+    np.testing.assert_array_equal(expand(words).reshape(-1), unpack_int4(words.view(np.int32)))
 
 
-def test_fp8_bit_decoding_matches_the_table():
+@pytest.mark.parametrize("expand,unit", [(_fp8_expand, 256), (fp8_expand_bf16, 1)])
+def test_fp8_bit_decoding_matches_the_table(expand, unit):
+    """Each of the 256 bytes at each place of a word (byte j of word i is b[i - j]); `unit`: what the expansion's
+    values are in (the GEMV's: the weights / 2^8)."""
     b = np.arange(256, dtype=np.uint32)
     words = (b | (np.roll(b, 1) << 8) | (np.roll(b, 2) << 16) | (np.roll(b, 3) << 24)).astype(np.uint32)
-    got = _fp8_expand(words) * np.float32(256)   # byte j of word i is b[i - j]
-    want = e4m3_to_f32(np.stack([np.roll(b, j) for j in range(4)], axis=-1).astype(np.uint8))
-    finite = (np.stack([np.roll(b, j) for j in range(4)], axis=-1) & 0x7F) != 0x7F   # NaN is not produced
-    np.testing.assert_array_equal(got[finite], want[finite])
+    got = expand(words) * np.float32(unit)
+    raw = np.stack([np.roll(b, j) for j in range(4)], axis=-1)
+    finite = (raw & 0x7F) != 0x7F   # NaN is not produced (checkpoints hold none)
+    np.testing.assert_array_equal(got[finite], e4m3_to_f32(raw.astype(np.uint8))[finite])
 
 
 CHUNK = {"int4": 32, "fp8": 16}   # weights of a 16-byte chunk (quant.py's CHUNK_WEIGHTS)

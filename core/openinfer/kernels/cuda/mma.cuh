@@ -1,4 +1,4 @@
-// Tensor-core and async-copy building blocks (sm_80+ PTX): cp.async 16-byte copies, ldmatrix, mma.sync
+// Tensor-core and async-copy building blocks (sm_80+ PTX): cp.async 16- and 4-byte copies, ldmatrix, mma.sync
 // m16n8k16 bf16 -> fp32, ex2.approx and bf16x2 packing, shared by the tensor-core attention kernels.
 #pragma once
 
@@ -9,6 +9,11 @@ __device__ __forceinline__ unsigned int smem_addr(const void* p) {
 // 16-byte global -> shared copy; src_bytes = 0 writes 16 zero bytes and reads nothing.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+// 4-byte global -> shared copy (through L1: a small strided read); src_bytes = 0 writes zeros.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
                  : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -34,6 +39,15 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned int* a, unsign
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c = a * b, the accumulators' old values ignored (the first product of a sum: no zeroing moves).
+__device__ __forceinline__ void mma_bf16_first(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};\n"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
 // x = hi + lo, both TF32 (round to nearest, ties away): the split of 3xTF32, whose products hi*hi + hi*lo + lo*hi

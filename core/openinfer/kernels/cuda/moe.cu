@@ -11,19 +11,14 @@
 //                 (`sorted`: pair ids, an expert's run contiguous) and cuts each run into tiles of BM rows
 //                 (tile_expert / tile_start / tile_end, *num_tiles of them; the GEMM grids are sized for the most
 //                 tiles any routing can give and their extra blocks leave at once).
-//   moe_gemm      block (n tile, row tile): C[BM x 64] = A rows . W_e^T over K, A rows gathered (x rows of the
-//                 tile's tokens for gate_up, the tile's rows of h for down), W_e the expert's [N, K] rows, three
-//                 cp.async stages of 64 columns, ldmatrix + mma.sync m16n8k16; 16-row tiles at decode (the warps
-//                 split the W rows), 128-row tiles for prefill-sized batches (the warps split the rows).
-//                 gate_up: the 64 W rows are 32 gate rows and the 32 matching up rows, so a thread holds gate and
-//                 up of the same outputs and writes h = silu(gate) * up (bf16, in sorted order); down: writes
-//                 weight * (h . W_down^T) in fp32 at the pair's own row.
+//   moe_gemm      the grouped GEMMs (moe_gemm.cuh): gate_up writes h = silu(gate x) * up x (bf16, in sorted order),
+//                 down weight * (h . W_down^T) in fp32 at the pair's own row; 16-row tiles at decode, 128-row tiles
+//                 for prefill-sized batches.
 //   moe_combine   y[t] = sum over the token's slots (local experts only, slot order) of those rows, plus the
 //                 optional addend row (the shared experts' output), in fp32, rounded once.
 //
 // Mirrored in moe.py: the tile sizes, the shared-memory size, the kernel names.
-#include "common.cuh"
-#include "mma.cuh"
+#include "moe_gemm.cuh"
 
 // ---------------------------------------------------------------------------------------------------- router
 constexpr int ROUTE_WARPS = 4, ROUTE_PER_LANE = 16;   // experts of a lane: e = lane + 32 j, so E <= 512
@@ -256,160 +251,21 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(
 }
 
 // ------------------------------------------------------------------------------------------------ grouped GEMM
-constexpr int GEMM_WARPS = 4, GEMM_BN = 64, GEMM_BK = 64, GEMM_STAGES = 3, GEMM_LD = GEMM_BK + 8;
-
-// One stage: BM A rows (a_rows[i]: the row's start, null past the tile: zeros) and the 64 W rows (w_rows[r], null
-// past N: zeros), columns k0 .. k0 + 63 (zeros at or past K; K % 8 == 0). A zero fill reads nothing but still
-// names a global address: `any`.
-template <int BM>
-__device__ __forceinline__ void gemm_load_stage(bf16* as, bf16* ws, const bf16* const* a_rows,
-                                                const bf16* const* w_rows, int k0, int K, const bf16* any) {
-    constexpr int CH = GEMM_BK / 8;
-    for (int i = threadIdx.x; i < (BM + GEMM_BN) * CH; i += GEMM_WARPS * 32) {
-        const int r = i / CH, c = i % CH, k = k0 + c * 8;
-        const bf16* row = r < BM ? a_rows[r] : w_rows[r - BM];
-        const bool ok = row != nullptr && k < K;
-        bf16* dst = r < BM ? as + r * GEMM_LD + c * 8 : ws + (r - BM) * GEMM_LD + c * 8;
-        cp_async16(dst, ok ? row + k : any, ok ? 16 : 0);
-    }
-}
-
-// GATE_UP: a = x [T, K] (row of pair p: token p / topk), w = gate_up [E, 2N, K], out = h [pairs, N] bf16 in sorted
-// order. Down: a = h [pairs, K] in sorted order, w = down [E, N, K], out = y [pairs, N] fp32 at the pair's row,
-// times its routing weight. A block takes BM = 16 * MT rows; each warp WM of its m16 tiles and WP pairs of n8
-// tiles of the 64 W rows: the warps split the W rows (MT = 1: WM 1, WP 1, decode) or the rows (MT = 8: WM 2, WP 4,
-// every B fragment then feeds two mma per m tile, prefill). A pair is (gate tile g, up tile g) for gate_up, so a
-// thread holds gate and up of the same outputs, and (2g, 2g + 1) for down.
-template <int MT, bool GATE_UP>
-__device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, int topk, const bf16* w,
-                         long long w_expert_stride, int N, int K, const int* tile_expert, const int* tile_start,
-                         const int* tile_end, const int* num_tiles, const float* route_w, void* out,
-                         long long out_stride) {
-    constexpr int BM = 16 * MT, STAGE = (BM + GEMM_BN) * GEMM_LD;
-    constexpr bool SPLIT_M = MT >= GEMM_WARPS;
-    constexpr int WM = SPLIT_M ? MT / GEMM_WARPS : MT, WP = SPLIT_M ? GEMM_BN / 16 : GEMM_BN / 16 / GEMM_WARPS;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    __shared__ const bf16* a_rows[BM];
-    __shared__ const bf16* w_rows[GEMM_BN];
-    __shared__ int pair_of[BM];
-    bf16* sm = (bf16*)smem_raw;
-    pdl_wait();   // the trigger follows the main loop (common.cuh)
-    const int slot = blockIdx.y;
-    if (slot >= *num_tiles) return;
-    const int e = tile_expert[slot], r0 = tile_start[slot], m = min(BM, tile_end[slot] - r0);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
-    const int n0 = blockIdx.x * (GATE_UP ? GEMM_BN / 2 : GEMM_BN);   // first output column of the block
-    const int mbase = SPLIT_M ? warp * WM : 0, pbase = SPLIT_M ? 0 : warp * WP;   // the warp's first m tile, pair
-    const bf16* we = w + e * w_expert_stride;
-    for (int i = threadIdx.x; i < BM + GEMM_BN; i += blockDim.x) {
-        if (i < BM) {
-            const int p = i < m ? sorted[r0 + i] : -1;
-            pair_of[i] = p;
-            const long long row = GATE_UP ? p / topk : r0 + i;   // gate_up: the token's x row; down: h in sorted order
-            a_rows[i] = p < 0 ? nullptr : a + row * a_stride;
-        } else {
-            const int r = i - BM, col = n0 + (GATE_UP ? r % (GEMM_BN / 2) : r);
-            const long long wr = GATE_UP && r >= GEMM_BN / 2 ? (long long)N + col : col;
-            w_rows[r] = col < N ? we + wr * K : nullptr;
-        }
-    }
-    __syncthreads();
-    const int nk = (K + GEMM_BK - 1) / GEMM_BK;
-#pragma unroll
-    for (int s = 0; s < GEMM_STAGES - 1; ++s) {
-        if (s < nk)
-            gemm_load_stage<BM>(sm + s * STAGE, sm + s * STAGE + BM * GEMM_LD, a_rows, w_rows, s * GEMM_BK, K, we);
-        cp_async_commit();
-    }
-    // W row of this lane's ldmatrix address for pair pp: gate_up (gate rows, then up rows 32 on), down (2 pp, 2 pp + 1)
-    const int brow = GATE_UP ? (lane >> 4) * (GEMM_BN / 2) + (lane & 7) : (lane >> 4) * 8 + (lane & 7);
-    const int boff = brow * GEMM_LD + ((lane >> 3) & 1) * 8;
-    const int pstride = GATE_UP ? 8 : 16;   // W rows between pairs
-    const int aoff = ((lane & 7) + ((lane >> 3) & 1) * 8) * GEMM_LD + (lane >> 4) * 8;
-    float acc[WM][WP][2][4];
-#pragma unroll
-    for (int mt = 0; mt < WM; ++mt)
-#pragma unroll
-        for (int pp = 0; pp < WP; ++pp)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) acc[mt][pp][j][0] = acc[mt][pp][j][1] = acc[mt][pp][j][2] = acc[mt][pp][j][3] = 0.f;
-    for (int kt = 0; kt < nk; ++kt) {
-        cp_async_wait<GEMM_STAGES - 2>();
-        __syncthreads();   // stage kt landed everywhere; every warp is done with the stage refilled below
-        const int pre = kt + GEMM_STAGES - 1;
-        if (pre < nk) {
-            bf16* st = sm + (pre % GEMM_STAGES) * STAGE;
-            gemm_load_stage<BM>(st, st + BM * GEMM_LD, a_rows, w_rows, pre * GEMM_BK, K, we);
-        }
-        cp_async_commit();
-        const bf16* as = sm + (kt % GEMM_STAGES) * STAGE;
-        const bf16* ws = as + BM * GEMM_LD;
-#pragma unroll
-        for (int kk = 0; kk < GEMM_BK / 16; ++kk) {
-            unsigned int af[WM][4];
-#pragma unroll
-            for (int mt = 0; mt < WM; ++mt) ldmatrix_x4(af[mt], as + (mbase + mt) * 16 * GEMM_LD + aoff + kk * 16);
-#pragma unroll
-            for (int pp = 0; pp < WP; ++pp) {
-                unsigned int b[4];
-                ldmatrix_x4(b, ws + (pbase + pp) * pstride * GEMM_LD + boff + kk * 16);
-#pragma unroll
-                for (int mt = 0; mt < WM; ++mt) {
-                    mma_bf16(acc[mt][pp][0], af[mt], b[0], b[1]);
-                    mma_bf16(acc[mt][pp][1], af[mt], b[2], b[3]);
-                }
-            }
-        }
-    }
-    cp_async_wait<0>();
-    pdl_trigger();
-    // thread's outputs: rows (mbase + mt) * 16 + gid (+ 8), columns 2 tq + {0, 1} of each n8 tile
-#pragma unroll
-    for (int mt = 0; mt < WM; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = (mbase + mt) * 16 + gid + 8 * h;
-            if (row >= m) continue;
-#pragma unroll
-            for (int pp = 0; pp < WP; ++pp) {
-                if constexpr (GATE_UP) {
-                    bf16* hrow = (bf16*)out + (long long)(r0 + row) * out_stride;
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) {
-                        const int col = n0 + 8 * (pbase + pp) + 2 * tq + c;
-                        if (col < N)
-                            hrow[col] = from_f32<bf16>(silu_mul_f32(acc[mt][pp][0][2 * h + c], acc[mt][pp][1][2 * h + c]));
-                    }
-                } else {
-                    const int p = pair_of[row];
-                    const float rw = route_w[p];
-                    float* yrow = (float*)out + (long long)p * out_stride;
-#pragma unroll
-                    for (int j = 0; j < 2; ++j)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            const int col = n0 + 16 * (pbase + pp) + 8 * j + 2 * tq + c;
-                            if (col < N) yrow[col] = rw * acc[mt][pp][j][2 * h + c];
-                        }
-                }
-            }
-        }
-}
-
+// moe_gemm.cuh on bf16 expert stacks
 #define MOE_GEMM_KERNEL(MT)                                                                                        \
     extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32) moe_gate_up_bf16_m##MT(                          \
         const bf16* x, long long x_stride, const int* sorted, int topk, const bf16* w, long long w_expert_stride,   \
         int N, int K, const int* tile_expert, const int* tile_start, const int* tile_end, const int* num_tiles,     \
         bf16* h, long long h_stride) {                                                                             \
-        moe_gemm<MT, true>(x, x_stride, sorted, topk, w, w_expert_stride, N, K, tile_expert, tile_start, tile_end,  \
-                           num_tiles, nullptr, h, h_stride);                                                       \
+        moe_gemm<MT, true>(x, x_stride, sorted, topk, Bf16Experts{w, w_expert_stride}, N, K, tile_expert,           \
+                           tile_start, tile_end, num_tiles, nullptr, h, h_stride);                                 \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32) moe_down_bf16_m##MT(                             \
         const bf16* h, long long h_stride, const int* sorted, int topk, const bf16* w, long long w_expert_stride,   \
         int N, int K, const int* tile_expert, const int* tile_start, const int* tile_end, const int* num_tiles,     \
         const float* route_w, float* y, long long y_stride) {                                                      \
-        moe_gemm<MT, false>(h, h_stride, sorted, topk, w, w_expert_stride, N, K, tile_expert, tile_start,           \
-                            tile_end, num_tiles, route_w, y, y_stride);                                            \
+        moe_gemm<MT, false>(h, h_stride, sorted, topk, Bf16Experts{w, w_expert_stride}, N, K, tile_expert,          \
+                            tile_start, tile_end, num_tiles, route_w, y, y_stride);                                \
     }
 
 MOE_GEMM_KERNEL(1)

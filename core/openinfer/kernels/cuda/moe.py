@@ -24,9 +24,13 @@ GEMM_BN, GEMM_BK, GEMM_STAGES, GEMM_THREADS = 64, 64, 3, 128
 WIDE_ROWS_PER_EXPERT = 64                      # average rows an expert from which the 128-row tiles are used
 
 
-def gemm_smem(mt: int) -> int:
-    """The grouped GEMM's cp.async stages: 16 * mt A rows and 64 W rows of 64 (+ 8 pad) bf16 each."""
-    return GEMM_STAGES * (16 * mt + GEMM_BN) * (GEMM_BK + 8) * 2
+BF16_TILE_BYTES = GEMM_BN * (GEMM_BK + 8) * 2   # moe_gemm.cuh: 64 W rows of 64 (+ 8 pad) bf16
+
+
+def gemm_smem(mt: int, w_stage: int = BF16_TILE_BYTES, w_tile: int = 0) -> int:
+    """The grouped GEMM's dynamic shared memory: cp.async stages of 16 * mt A rows of 64 (+ 8 pad) bf16 and the W
+    policy's `w_stage` bytes (bf16 experts: their rows), then its `w_tile` bytes of scratch (moe_gemm.cuh)."""
+    return GEMM_STAGES * (16 * mt * (GEMM_BK + 8) * 2 + w_stage) + w_tile
 
 
 def row_tiles(pairs: int, experts: int, mt: int) -> int:
@@ -155,15 +159,7 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
     x2, xs = _aligned_rows(x)
     pairs = T * k
     mt = 8 if pairs >= WIDE_ROWS_PER_EXPERT * E else 1
-    tiles = row_tiles(pairs, E, mt)
-    sorted_pairs = cp.empty((pairs,), dtype=cp.int32)
-    tile = cp.empty((3, tiles), dtype=cp.int32)   # expert, first row, end of the expert's rows
-    num_tiles = cp.empty((1,), dtype=cp.int32)
-    launch("moe", "moe_align", (1,), ALIGN_THREADS,
-           (ids, np.int32(pairs), np.int32(E), np.int32(expert_offset), np.int32(16 * mt), sorted_pairs, tile[0],
-            tile[1], tile[2], num_tiles))
-    grouping = (sorted_pairs, np.int32(k))
-    tile_args = (tile[0], tile[1], tile[2], num_tiles)
+    grouping, tile_args, tiles = align_tiles(ids, E, expert_offset, mt)
     h = cp.empty((pairs, I), dtype=BF16)
     launch("moe", f"moe_gate_up_bf16_m{mt}", (-(-I // (GEMM_BN // 2)), tiles), GEMM_THREADS,
            (x2, np.int64(xs), *grouping, gate_up, np.int64(two_i * D), np.int32(I), np.int32(D), *tile_args, h,
@@ -175,6 +171,20 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
     launch("moe", "moe_combine_bf16", (T, min(-(-D // 256), 8)), 256,
            (y_pairs, ids, np.int32(k), np.int32(E), np.int32(expert_offset), np.int32(D), add, y))
     return y
+
+
+def align_tiles(ids: cp.ndarray, E: int, expert_offset: int, mt: int) -> tuple[tuple, tuple, int]:
+    """moe_align of ids [T, k] (int32, packed) for the grouped GEMM's row tiles of 16 * mt rows: the GEMMs'
+    (sorted pairs, top-k) and (tile expert, start, end, count) arguments, and the tile count their grids take."""
+    pairs, k = ids.size, ids.shape[1]
+    tiles = row_tiles(pairs, E, mt)
+    sorted_pairs = cp.empty((pairs,), dtype=cp.int32)
+    tile = cp.empty((3, tiles), dtype=cp.int32)   # expert, first row, end of the expert's rows
+    num_tiles = cp.empty((1,), dtype=cp.int32)
+    launch("moe", "moe_align", (1,), ALIGN_THREADS,
+           (ids, np.int32(pairs), np.int32(E), np.int32(expert_offset), np.int32(16 * mt), sorted_pairs, tile[0],
+            tile[1], tile[2], num_tiles))
+    return (sorted_pairs, np.int32(k)), (tile[0], tile[1], tile[2], num_tiles), tiles
 
 
 def packed_addend(addend: cp.ndarray, y: cp.ndarray) -> cp.ndarray:

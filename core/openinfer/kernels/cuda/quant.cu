@@ -10,9 +10,7 @@
 // f16 -> f32 convert (FP8) per weight: no int -> float conversions, whose unit has a small fraction of the fp32
 // throughput (16 a clock per SM on sm_90) and would cap the weights a warp can consume.
 //
-// INT4: q is int32 [rows, K/8] (nibble i of word w = weight 8w + i, stored as value + 8), scale [rows, K/32] in the
-// activations' dtype (the checkpoint's bf16). FP8: q is uint8 [rows, K] (K % 16 == 0), scale float32
-// [rows, ceil(K/128)] (the 128x128 block scales repeated per row at load).
+// The formats and their exact decoding: quant.cuh.
 //
 // The routed experts of one MoE layer (moe_experts_int4/fp8) run as four launches: moe_plan groups the
 // (token, slot) pairs by local expert (one block); moe_q_gate_up_* computes h = silu(gate x) * up x per pair, a lane
@@ -22,78 +20,15 @@
 // (the shared experts' output). The _l<L>r<R>u<U> variants (quant.py's expert_pass picks one by row length) give a
 // row L lanes (a warp is 32 / L groups, each reading its own R rows: short rows keep more bytes in flight a warp and
 // reduce over log2(L) shuffles, which serve the 32 / L groups at once) and a lane U chunks a row and pass. Grids
-// depend only on the token count, so the launches can be captured.
-#include "common.cuh"
+// depend only on the token count, so the launches can be captured. Prefill-sized batches of bf16 activations take
+// the grouped GEMM on the tensor cores instead (moe_gemm.cuh, instantiated at the end: moe_gate_up_<fmt>_m<MT>,
+// moe_down_<fmt>_m<MT>).
+#include "moe_gemm.cuh"
+#include "quant.cuh"
 
 #define P 8          // activation rows of a q_gemv pass (a linear at decode)
 #define NP 4         // pairs of an expert kernel pass
 #define WARPS 8      // warps per block
-
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {   // read once: no L1 allocation
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ unsigned int word_of(const uint4& v, int j) {
-    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
-}
-
-struct Int4 {
-    static constexpr int WORDS = 4;   // 8-weight words of a chunk
-    static __device__ __forceinline__ int chunks(int K) { return K >> 5; }
-    static __device__ __forceinline__ uint4 load(const void* q, long long row, int K, int c) {
-        return ld_stream(reinterpret_cast<const uint4*>(q) + row * (K >> 5) + c);
-    }
-    template <typename S>
-    static __device__ __forceinline__ float scale(const S* s, long long row, int K, int c) {
-        return to_f32(s[row * (K >> 5) + c]);
-    }
-    // the 8 weights of word j, unscaled (nibble - 8): nibble i (bits 4i.., i < 5) masked in as the mantissa of a
-    // float of exponent 23 - 4i is 2^(23 - 4i) + nibble, from which that power and the 8 are subtracted (exact);
-    // nibbles 5..7 likewise after one shift.
-    static __device__ __forceinline__ void expand(const uint4& raw, int j, float* out) {
-        const unsigned int w = word_of(raw, j), hi = w >> 20;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int b = i < 5 ? i : i - 5;
-            const unsigned int bits = ((i < 5 ? w : hi) & (15u << (4 * b))) | ((150u - 4 * b) << 23);
-            out[i] = __uint_as_float(bits) - (float)((1 << (23 - 4 * b)) + 8);
-        }
-    }
-};
-
-struct Fp8 {
-    static constexpr int WORDS = 2;
-    static __device__ __forceinline__ int chunks(int K) { return K >> 4; }
-    static __device__ __forceinline__ uint4 load(const void* q, long long row, int K, int c) {
-        return ld_stream(reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(q) + row * K) + c);
-    }
-    // times 2^8: expand yields the weights / 2^8
-    template <typename S>
-    static __device__ __forceinline__ float scale(const S* s, long long row, int K, int c) {
-        return to_f32(s[row * ((K + 127) >> 7) + (c >> 3)]) * 256.f;
-    }
-    // f16 bits of two e4m3 bytes at bits 8..15 and 24..31 of v: sign in place, exponent and mantissa one bit right.
-    // The exponent bias stays 7 (f16's is 15), so the half is the weight / 2^8, subnormals included, exactly.
-    static __device__ __forceinline__ unsigned int halves(unsigned int v) {
-        return (v & 0x80008000u) | ((v & 0x7f007f00u) >> 1);
-    }
-    static __device__ __forceinline__ void to_f32x2(unsigned int h, float& lo, float& hi) {
-        asm("{.reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h;}"
-            : "=f"(lo), "=f"(hi) : "r"(h));
-    }
-    // the 8 weights of word j (bytes 8j..8j+7 of the chunk) / 2^8, unscaled
-    static __device__ __forceinline__ void expand(const uint4& raw, int j, float* out) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const unsigned int v = word_of(raw, 2 * j + h);
-            to_f32x2(halves(v), out[4 * h + 1], out[4 * h + 3]);        // bytes 1, 3
-            to_f32x2(halves(v << 8), out[4 * h + 0], out[4 * h + 2]);   // bytes 0, 2
-        }
-    }
-};
 
 // acc[r][p] += sum_k W[row[r], k] act[p][k] for p < np, this lane's share (the caller sums its group of L lanes,
 // an aligned L of the warp's 32): lane l of a group owns chunks l, l + L, ...; a pass loads U of them per row, every
@@ -402,3 +337,77 @@ Q_KERNELS(fp8, Fp8, f32, float, float)
         moe_combine<T>(yk, ids, k, D, E_local, offset, addend, y);                                                 \
     }
 FOR_EACH_DTYPE(COMBINE_KERNEL)
+
+// ----------------------------------------------------------------------------------- grouped GEMM (prefill)
+// moe_gemm.cuh's weight policy for an INT4 / FP8 expert stack (rows W rows an expert, K % 64 == 0) with scales S: a
+// stage holds each W row's packed chunks of the k tile (INT4 2, FP8 4) and, in one 4-byte copy, its scales there
+// (INT4 two bf16 of 32 columns each, FP8 one float of its 128-block). tile() expands the chunks into the bf16 tile
+// the mma reads (F::expand_bf16): the unscaled weights (INT4 nibble - 8, FP8 the e4m3 value), which bf16 holds
+// exactly; the scales then multiply each group's fp32 partial sums, as warp_rows does per chunk, so no rounded
+// weight enters a sum.
+template <class F, typename S>
+struct QuantExperts {
+    const unsigned char* q;
+    const S* s;
+    long long rows;
+    static constexpr int RAW = GEMM_BK / F::CHUNK, NS = F::GROUP < GEMM_BK ? GEMM_BK / F::GROUP : 1;
+    static constexpr int GROUP_KK = GEMM_BK / 16 / NS, SCALES = GEMM_BN * RAW * 16;   // the scales' offset
+    static constexpr int STAGE_BYTES = SCALES + GEMM_BN * 4, COPIES = GEMM_BN * (RAW + 1), TILE_BYTES = GEMM_TILE_BYTES;
+    static_assert(NS * sizeof(S) == 4, "a row's scales of a k tile are one 4-byte copy");
+    static __device__ __forceinline__ long long row_bytes(int K) { return K / F::CHUNK * 16; }
+    __device__ QuantExperts expert(int e, int K) const {
+        return {q + e * rows * row_bytes(K), s + e * rows * F::scale_cols(K), 0};
+    }
+    // copies [0, 64 RAW): chunk i % RAW of row i / RAW; then row i - 64 RAW's scales
+    __device__ void copy(unsigned char* st, int i, const int* w_rows, int k0, int K) const {
+        if (i < GEMM_BN * RAW) {
+            const int r = i / RAW, k = k0 + (i % RAW) * F::CHUNK;
+            const bool ok = w_rows[r] >= 0 && k < K;
+            cp_async16(st + i * 16, ok ? q + w_rows[r] * row_bytes(K) + k / F::CHUNK * 16 : q, ok ? 16 : 0);
+        } else {
+            const int r = i - GEMM_BN * RAW;
+            const bool ok = w_rows[r] >= 0;
+            cp_async4(st + SCALES + r * 4, ok ? s + (long long)w_rows[r] * F::scale_cols(K) + k0 / F::GROUP : s,
+                      ok ? 4 : 0);
+        }
+    }
+    // each thread expands its chunks (row i / RAW, columns (i % RAW) * CHUNK ..) into dq, then the block waits
+    __device__ const bf16* tile(const unsigned char* st, bf16* dq) const {
+        for (int i = threadIdx.x; i < GEMM_BN * RAW; i += GEMM_WARPS * 32) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(st + i * 16);
+            uint4* dst = reinterpret_cast<uint4*>(dq + (i / RAW) * GEMM_LD + (i % RAW) * F::CHUNK);
+#pragma unroll
+            for (int j = 0; j < F::WORDS; ++j) dst[j] = F::expand_bf16(raw, j);
+        }
+        __syncthreads();
+        return dq;
+    }
+    __device__ float scale(const unsigned char* st, int r, int g) const {
+        return to_f32(reinterpret_cast<const S*>(st + SCALES + r * 4)[g]);
+    }
+};
+
+// moe.cu's moe_gate_up_bf16_m<MT> / moe_down_bf16_m<MT> arguments, the stack as its packed words and scales
+#define Q_GEMM_KERNELS(fmt, F, S, MT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32) moe_gate_up_##fmt##_m##MT(                       \
+        const bf16* x, long long x_stride, const int* sorted, int topk, const void* q, const S* scale, int N, int K, \
+        const int* tile_expert, const int* tile_start, const int* tile_end, const int* num_tiles, bf16* h,          \
+        long long h_stride) {                                                                                      \
+        moe_gemm<MT, true>(x, x_stride, sorted, topk,                                                              \
+                           QuantExperts<F, S>{(const unsigned char*)q, scale, 2LL * N}, N, K, tile_expert,          \
+                           tile_start, tile_end, num_tiles, nullptr, h, h_stride);                                 \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32) moe_down_##fmt##_m##MT(                          \
+        const bf16* h, long long h_stride, const int* sorted, int topk, const void* q, const S* scale, int N, int K, \
+        const int* tile_expert, const int* tile_start, const int* tile_end, const int* num_tiles,                  \
+        const float* route_w, float* y, long long y_stride) {                                                      \
+        moe_gemm<MT, false>(h, h_stride, sorted, topk, QuantExperts<F, S>{(const unsigned char*)q, scale, N}, N, K, \
+                            tile_expert, tile_start, tile_end, num_tiles, route_w, y, y_stride);                   \
+    }
+
+// 32-row tiles from a moderate number of rows an expert (a 1k-token prefill chunk of Kimi-K2: ~21), 128-row tiles
+// from WIDE_ROWS_PER_EXPERT (moe.py) on
+Q_GEMM_KERNELS(int4, Int4, bf16, 2)
+Q_GEMM_KERNELS(int4, Int4, bf16, 8)
+Q_GEMM_KERNELS(fp8, Fp8, float, 2)
+Q_GEMM_KERNELS(fp8, Fp8, float, 8)

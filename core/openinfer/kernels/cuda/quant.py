@@ -3,6 +3,12 @@
 
 A linear of at most GEMV_MAX_ROWS rows (decode) streams the packed weight once through q_gemv; more rows (prefill)
 dequantize the weight into a transient dense copy and run the cuBLAS GEMM, so only one Linear is ever expanded.
+
+The routed experts take quant.cu's GEMV kernels while each local expert has few (token, expert) pairs (decode: they
+stream each selected expert's rows once per few pairs), and from MMA_ROWS_PER_EXPERT pairs an expert on average
+(prefill) the grouped GEMM on the tensor cores (moe_gemm.cuh with quant.cu's INT4 / FP8 weight policy): moe.cu's
+moe_align groups the pairs into row tiles, each weight tile is expanded once in shared memory for the tile's 32 or
+128 rows. Both choices depend only on the token count, so either captures into a CUDA graph.
 """
 from __future__ import annotations
 
@@ -14,13 +20,19 @@ import numpy as np
 
 from ...quant import Fp8Weight, Int4Weight
 from .blas import linear
-from .module import NULL, as_index, launch, suffix
-from .moe import packed_addend
+from .module import BF16, NULL, as_index, launch, suffix
+from .moe import (ALIGN_MAX_EXPERTS, BF16_TILE_BYTES, GEMM_BK, GEMM_BN, GEMM_THREADS, WIDE_ROWS_PER_EXPERT,
+                  align_tiles, gemm_smem, packed_addend)
 
 GEMV_MAX_ROWS = 16
 WARPS, P = 8, 8         # quant.cu: warps per block (q_gemv: a weight row each), q_gemv's activation rows per pass
 CHUNK_WEIGHTS = {"int4": 32, "fp8": 16}   # weights of the 16-byte chunk a lane reads
-MOE_CHUNK = 1024        # tokens per pass of the expert path: its float32 per-pair buffers stay ~100s of MB
+MOE_CHUNK = 1024        # tokens per pass of the GEMV expert path: its float32 per-pair buffers stay ~100s of MB
+MMA_CHUNK = 4096        # tokens per pass of the GEMM path (Kimi-K2: 0.9 GB of float32 per-pair outputs, and ~85
+                        # pairs an expert, so the 128-row tiles)
+MMA_ROWS_PER_EXPERT = 16   # average pairs a local expert from which the experts run as the tensor-core GEMM
+MMA_K_MULTIPLE = 64     # its widths (hidden, expert) are whole 64-column k tiles (INT4: each tile's two scales in
+                        # one aligned 4-byte copy)
 _PLAN_THREADS = 1024
 _COMBINE_THREADS = 256  # 4 columns a thread
 
@@ -93,8 +105,9 @@ def linear_quant(x: cp.ndarray, w: Any) -> cp.ndarray:
 
 def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights: Any,
                       expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
-    """The routed experts of one layer on quantized stacks (numpy_quant.moe_experts_quant's contract), MOE_CHUNK
-    tokens at a time (the per-pair float32 intermediates of a long prefill stay bounded)."""
+    """The routed experts of one layer on quantized stacks (numpy_quant.moe_experts_quant's contract), in passes of
+    MOE_CHUNK tokens on the GEMV kernels or MMA_CHUNK on the tensor-core GEMM (the per-pair float32 intermediates of
+    a long prefill stay bounded), each pass on the path its own token count picks (expert_tile_rows)."""
     fmt = _fmt(gate_up)
     if _fmt(down) != fmt:
         raise TypeError("gate_up and down experts must share one format")
@@ -104,14 +117,40 @@ def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights:
     _check(gate_up, x, D)
     _check(down, x, I)
     ids = cp.ascontiguousarray(as_index(ids, np.int32))
-    weights = cp.ascontiguousarray(cp.asarray(weights, dtype=cp.float32))
+    E, k = gate_up.shape[0], ids.shape[1] if ids.ndim == 2 else 1
+    ids = ids.reshape(T, k)
+    weights = cp.ascontiguousarray(cp.asarray(weights, dtype=cp.float32)).reshape(T, k)
     y = cp.empty((T, D), dtype=x.dtype)
     add = None if addend is None else packed_addend(addend, y)
-    for t0 in range(0, T, MOE_CHUNK):
-        t1 = min(T, t0 + MOE_CHUNK)
-        _moe_chunk(fmt, x[t0:t1], gate_up, down, ids[t0:t1], weights[t0:t1], expert_offset,
-                   NULL if add is None else add[t0:t1], y[t0:t1])
+    chunk = MMA_CHUNK if expert_tile_rows(x.dtype, min(T, MMA_CHUNK), k, E, D, I) else MOE_CHUNK
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        args = (x[t0:t1], gate_up, down, ids[t0:t1], weights[t0:t1], expert_offset,
+                NULL if add is None else add[t0:t1], y[t0:t1])
+        mt = expert_tile_rows(x.dtype, t1 - t0, k, E, D, I) // 16
+        if mt:
+            moe_chunk_mma(fmt, mt, *args)
+        else:
+            moe_chunk_gemv(fmt, *args)
     return y
+
+
+def expert_tile_rows(dtype: np.dtype, T: int, k: int, E: int, D: int, I: int) -> int:
+    """Rows of the tensor-core GEMM's tiles for T tokens of top-k over E local experts (hidden D, width I), or 0 for
+    the GEMV kernels: the GEMM from MMA_ROWS_PER_EXPERT pairs an expert on average, with 128-row tiles from moe.py's
+    WIDE_ROWS_PER_EXPERT on and 32-row ones below (a 1k-token chunk of Kimi-K2: ~21 pairs an expert); for bf16
+    activations and widths of whole k tiles."""
+    if np.dtype(dtype) != BF16 or D % MMA_K_MULTIPLE or I % MMA_K_MULTIPLE or not 0 < E <= ALIGN_MAX_EXPERTS:
+        return 0
+    pairs = T * k
+    if pairs < MMA_ROWS_PER_EXPERT * E:
+        return 0
+    return 128 if pairs >= WIDE_ROWS_PER_EXPERT * E else 32
+
+
+def mma_stage_bytes(fmt: str) -> int:
+    """quant.cu's QuantExperts stage: the 64 W rows' packed chunks of a 64-column k tile, a 4-byte scale word each."""
+    return GEMM_BN * (GEMM_BK // CHUNK_WEIGHTS[fmt] * 16 + 4)
 
 
 @dataclass(frozen=True)
@@ -147,14 +186,14 @@ def expert_pass(fmt: str, K: int) -> ExpertPass:
     return ExpertPass(32, 4, 2 if fmt == "int4" else 1)
 
 
-def _moe_chunk(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
-               expert_offset: int, addend: Any, y: cp.ndarray) -> None:
-    """The four launches of quant.cu's expert path for tokens x [T, D] (contiguous rows), into y; `addend` packed
-    [T, D] rows or NULL."""
+def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
+                   expert_offset: int, addend: Any, y: cp.ndarray) -> None:
+    """The four launches of quant.cu's GEMV expert path for tokens x [T, D] (contiguous rows) and ids [T, k], into
+    y; `addend` packed [T, D] rows or NULL."""
     T, D = x.shape
     E_local, I2, _ = gate_up.shape
     I = I2 // 2
-    k = ids.shape[1] if ids.ndim == 2 else 1
+    k = ids.shape[1]
     n = T * k
     slots = min(E_local, n)
     slot_expert = cp.empty(slots, cp.int32)
@@ -173,5 +212,32 @@ def _moe_chunk(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray
     p = expert_pass(fmt, I)
     launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-D // (WARPS * p.warp_rows)), slots),
            32 * WARPS, (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I), yk))
-    launch("quant", f"moe_combine_{suffix(x.dtype)}", (T, -(-D // (4 * _COMBINE_THREADS))), _COMBINE_THREADS,
+    _combine(yk, ids, E_local, expert_offset, addend, y)
+
+
+def moe_chunk_mma(fmt: str, mt: int, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
+                  expert_offset: int, addend: Any, y: cp.ndarray) -> None:
+    """The tensor-core expert path for tokens x [T, D] (bf16, contiguous rows) and ids [T, k], in row tiles of 16 * mt
+    rows (quant.cu's moe_gate_up_<fmt>_m<mt> / moe_down_<fmt>_m<mt>, moe.cu's moe_align), into y; `addend` packed
+    [T, D] rows or NULL. h is bf16 (the mma's input), in the pairs' sorted order."""
+    T, D = x.shape
+    E_local, I2, _ = gate_up.shape
+    I = I2 // 2
+    grouping, tile_args, tiles = align_tiles(ids, E_local, expert_offset, mt)
+    smem = gemm_smem(mt, mma_stage_bytes(fmt), BF16_TILE_BYTES)
+    h = cp.empty((ids.size, I), dtype=BF16)
+    q, s = _arrays(gate_up)
+    launch("quant", f"moe_gate_up_{fmt}_m{mt}", (-(-I // (GEMM_BN // 2)), tiles), GEMM_THREADS,
+           (x, np.int64(D), *grouping, q, s, np.int32(I), np.int32(D), *tile_args, h, np.int64(I)), smem)
+    yk = cp.empty((ids.size, D), dtype=cp.float32)
+    q, s = _arrays(down)
+    launch("quant", f"moe_down_{fmt}_m{mt}", (-(-D // GEMM_BN), tiles), GEMM_THREADS,
+           (h, np.int64(I), *grouping, q, s, np.int32(D), np.int32(I), *tile_args, weights, yk, np.int64(D)), smem)
+    _combine(yk, ids, E_local, expert_offset, addend, y)
+
+
+def _combine(yk: cp.ndarray, ids: cp.ndarray, E_local: int, expert_offset: int, addend: Any, y: cp.ndarray) -> None:
+    """y [T, D] = each token's per-pair rows of yk [T * k, D] (float32) summed in slot order, plus the addend."""
+    (T, D), k = y.shape, ids.shape[1]
+    launch("quant", f"moe_combine_{suffix(y.dtype)}", (T, -(-D // (4 * _COMBINE_THREADS))), _COMBINE_THREADS,
            (yk, ids, np.int32(k), np.int32(D), np.int32(E_local), np.int32(expert_offset), addend, y))
