@@ -126,6 +126,10 @@ def test_register_is_lazy_and_complete():
     for op, module in BF16_OPS.items():   # the MLA and MoE ops: bf16 models only
         assert reg.candidates(op, "cuda", "bfloat16")[0].impl == f"openinfer.kernels.cuda.{module}:{op}"
         assert not reg.candidates(op, "cuda", "float32")
+    experts = reg.candidates("moe_experts", "cuda", "bfloat16")   # cuBLAS for prefill-sized steps first
+    assert [(k.name, k.impl) for k in experts] == [("cublas", "openinfer.kernels.cuda.moe_blas:moe_experts"),
+                                                   ("grouped", "openinfer.kernels.cuda.moe:moe_experts")]
+    assert not reg.candidates("moe_experts", "cuda", "float32")
     assert not reg.candidates("rms_norm", "cuda", "float16")
 
 
