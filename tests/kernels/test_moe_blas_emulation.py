@@ -100,7 +100,7 @@ def _reference(x, gate_up, down, ids, weights, offset, addend):
                            None if addend is None else np.asarray(addend, np.float64))
 
 
-def _routing(case: str, T: int, k: int, n_ids: int, rng, never: int = -1) -> np.ndarray:
+def routing(case: str, T: int, k: int, n_ids: int, rng, never: int = -1) -> np.ndarray:
     """k distinct experts a token, never `never`: spread, or skewed (a geometric law: low experts loaded, high ones
     rarely or never), or every token on the same k experts (the others get no rows)."""
     experts = np.delete(np.arange(n_ids), never) if never >= 0 else np.arange(n_ids)
@@ -124,7 +124,7 @@ def test_moe_experts_cublas_emulation(device, case, with_addend):
     shard; one GemmEx per projection of each expert that has rows, none for the others."""
     T, D, I, E, k, n_ids, offset = CASES[case]
     rng = np.random.default_rng(len(case))
-    ids = _routing(case.removeprefix("ep_shard_"), T, k, n_ids, rng, offset + 1 if offset else -1)
+    ids = routing(case.removeprefix("ep_shard_"), T, k, n_ids, rng, offset + 1 if offset else -1)
     x, gate_up, down, ids_d, weights, addend = _inputs(T, D, I, E, k, ids, len(case), with_addend)
     y = moe_blas.moe_experts_cublas(x, gate_up, down, ids_d, weights, offset, addend)
     local = ids.ravel() - offset
@@ -157,7 +157,7 @@ def test_the_rule(device, monkeypatch, T, capturing, cublas):
     monkeypatch.setattr(moe_blas, "PREFILL_ROWS_PER_EXPERT", 32)
     monkeypatch.setattr(moe_blas, "_capturing", lambda: capturing)
     E, k, D, I = 4, 2, 64, 32   # 64 tokens x 2 = 32 rows x 4 experts
-    ids = _routing("skewed", T, k, E, np.random.default_rng(T))
+    ids = routing("skewed", T, k, E, np.random.default_rng(T))
     x, gate_up, down, ids_d, weights, _ = _inputs(T, D, I, E, k, ids, T)
     assert moe_blas.uses_cublas(T, k, E) == cublas
     y = moe_blas.moe_experts(x, gate_up, down, ids_d, weights, 0)
@@ -172,7 +172,7 @@ def test_v2_lite_widths(device, monkeypatch):
     fit their kernels and sm_90's limits, each expert with rows gets its two GEMMs (not computed here)."""
     monkeypatch.setattr(device.cublas, "compute", False)
     T, D, I, E, k = 700, 2048, 1408, 64, 6
-    ids = _routing("skewed", T, k, E, np.random.default_rng(1))
+    ids = routing("skewed", T, k, E, np.random.default_rng(1))
     x, addend = fake(np.zeros((T, D)), BF16), fake(np.zeros((T, D)), BF16)
     gate_up, down = aligned_empty((E, 2 * I, D), BF16), aligned_empty((E, D, I), BF16)   # never read here
     ids_d, weights = fake(ids.astype(np.int32)), fake(np.ones((T, k), np.float32))
