@@ -233,8 +233,10 @@ def _gemm_ex(handle: Any, ptr: int, m: int, n: int, k: int, x: int, ldx: int, w:
 def grouped_gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, groups: list[tuple[int, int, int]]) -> None:
     """out2[s:e] = x2[s:e] @ w[g].T for each group (g, s, e): x2 [rows, K] and out2 [rows, N] with unit last
     strides, w [G, N, K] packed, x2 and w of one dtype, out2 bf16 or float32. One cublasGemmEx a group, on
-    addresses (no array views made in the loop); the caller read the groups to the host, so no graph captures it."""
-    (rows, k), n = x2.shape, w.shape[1]
+    addresses (no array views made in the loop); the groups are host values (moe_blas.py reads them back)."""
+    if not groups:
+        return
+    (rows, k), n = x2.shape, w.shape[-2]
     if w.ndim != 3 or w.shape[2] != k or out2.shape != (rows, n) or x2.dtype != w.dtype \
             or not w.flags.c_contiguous or x2.strides[1] != x2.itemsize or out2.strides[1] != out2.itemsize:
         raise ValueError(f"grouped_gemm: x {x2.dtype} {x2.shape}, w {w.dtype} {w.shape}, out {out2.shape}: want "
