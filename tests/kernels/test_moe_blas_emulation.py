@@ -113,8 +113,8 @@ def routing(case: str, T: int, k: int, n_ids: int, rng, never: int = -1) -> np.n
 
 
 # T, D, I, local experts, top-k, experts routed over, offset of the local ones; the shard's second expert unused
-CASES = {"spread": (40, 72, 40, 4, 2, 4, 0), "skewed": (60, 64, 48, 6, 3, 6, 0), "same_experts": (20, 64, 32, 5, 2, 5, 0),
-         "ep_shard_spread": (50, 64, 32, 3, 3, 9, 3)}
+CASES = {"spread": (40, 72, 40, 4, 2, 4, 0), "skewed": (60, 64, 48, 6, 3, 6, 0),
+         "same_experts": (20, 64, 32, 5, 2, 5, 0), "ep_shard_spread": (50, 64, 32, 3, 3, 9, 3)}
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -148,6 +148,30 @@ def expert_shapes(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray) -> tuple
 
 
 @dataclass
+class ExpertArgs:
+    """moe_experts' operands checked and packed (ids int32, weights float32, the addend as y's rows), its sizes and
+    its output y [T, D] bf16 to fill."""
+    T: int
+    D: int
+    E: int
+    I: int
+    k: int
+    ids: cp.ndarray
+    weights: cp.ndarray
+    addend: cp.ndarray | None
+    y: cp.ndarray
+
+
+def expert_args(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
+                addend: cp.ndarray | None) -> ExpertArgs:
+    T, D, E, I = expert_shapes(x, gate_up, down)
+    y = cp.empty((T, D), dtype=BF16)
+    return ExpertArgs(T, D, E, I, ids.shape[1], cp.ascontiguousarray(ids, dtype=cp.int32),
+                      cp.ascontiguousarray(weights, dtype=cp.float32),
+                      None if addend is None else packed_addend(addend, y), y)
+
+
+@dataclass
 class Grouping:
     """moe_align's output: the local pairs grouped by expert (`sorted`: pair ids), cut into tiles of `bm` rows,
     `tiles` their most; `meta` holds tile_expert, tile_start, tile_end (`tiles` each) and the tile count, one
@@ -192,19 +216,15 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
     """y [T, D] = sum over each token's slots whose expert lies in [expert_offset, expert_offset + E_local) of
     weight * down_e(silu(gate_e x) * up_e x), plus `addend` [T, D] if given (added in fp32 by the combine);
     gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]. The grouped GEMMs: any batch, graph-safe."""
-    T, D, E, I = expert_shapes(x, gate_up, down)
-    k = ids.shape[1]
-    y = cp.empty((T, D), dtype=BF16)
-    if T == 0:
-        return y
-    addend = None if addend is None else packed_addend(addend, y)
-    ids = cp.ascontiguousarray(ids, dtype=cp.int32)
-    weights = cp.ascontiguousarray(weights, dtype=cp.float32)
+    a = expert_args(x, gate_up, down, ids, weights, addend)
+    if a.T == 0:
+        return a.y
+    T, D, E, I, k = a.T, a.D, a.E, a.I, a.k
     x2, xs = _aligned_rows(x)
     pairs = T * k
     mt = 8 if pairs >= WIDE_ROWS_PER_EXPERT * E else 1
     tiles = row_tiles(pairs, E, mt)
-    g = align(ids, E, expert_offset, 16 * mt, tiles)
+    g = align(a.ids, E, expert_offset, 16 * mt, tiles)
     grouping = (g.sorted, np.int32(k))
     h = cp.empty((pairs, I), dtype=BF16)
     launch("moe", f"moe_gate_up_bf16_m{mt}", (-(-I // (GEMM_BN // 2)), tiles), GEMM_THREADS,
@@ -212,9 +232,9 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
             np.int64(I)), gemm_smem(mt))
     y_pairs = cp.empty((pairs, D), dtype=cp.float32)
     launch("moe", f"moe_down_bf16_m{mt}", (-(-D // GEMM_BN), tiles), GEMM_THREADS,
-           (h, np.int64(I), *grouping, down, np.int64(D * I), np.int32(D), np.int32(I), *g.tile_args, weights,
+           (h, np.int64(I), *grouping, down, np.int64(D * I), np.int32(D), np.int32(I), *g.tile_args, a.weights,
             y_pairs, np.int64(D)), gemm_smem(mt))
-    return combine(y_pairs, ids, E, expert_offset, addend, y)
+    return combine(y_pairs, a.ids, E, expert_offset, a.addend, a.y)
 
 
 def packed_addend(addend: cp.ndarray, y: cp.ndarray) -> cp.ndarray:

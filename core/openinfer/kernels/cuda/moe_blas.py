@@ -4,10 +4,12 @@ alone, for `--kernel moe_experts=grouped`).
 
 The rule, call by call (`uses_cublas`): a step whose T tokens x top-k pairs give at least PREFILL_ROWS_PER_EXPERT rows
 to each local expert on average (T * k >= PREFILL_ROWS_PER_EXPERT * E_local, the form of moe.py's 128-row tile rule)
-and that no CUDA graph is capturing. It depends on the step's shape alone, so an eager engine and a graph engine run
-the same implementation for the same step (their greedy tokens agree); a prefill cut into smaller chunks may land
-below the threshold, where the grouped kernel rounds its sums in another order than cuBLAS: the two agree to bf16
-rounding, not to the bit, as the dense layers' cuBLAS GEMMs already differ with M.
+and that no CUDA graph is capturing. Outside a capture it depends on the step's shape alone, so an eager engine and
+a graph engine run the same implementation for the same step (their greedy tokens agree: decode batches, at most
+max_num_seqs x k / E_local rows an expert, 24 for V2-Lite at 256 sequences, stay far below the threshold). A prefill
+cut into smaller chunks may land below it, where the grouped kernel sums in another order and rounds elsewhere (it
+keeps gate and up in fp32 for the SwiGLU): the two agree to bf16 rounding, not to the bit, as the dense layers'
+cuBLAS GEMMs already differ with M.
 
 The path: moe_align groups the pairs by expert in one tile an expert (and notes each pair's place), the tile list is
 read to the host (the layer's one synchronisation: the cuBLAS calls need each expert's row count on the host), the x
@@ -25,7 +27,7 @@ import numpy as np
 
 from .blas import grouped_gemm
 from .module import BF16
-from .moe import align, combine, expert_shapes, moe_experts as grouped, packed_addend
+from .moe import align, combine, expert_args, expert_shapes, moe_experts as grouped
 from .ops import gather_rows, silu_mul
 
 PREFILL_ROWS_PER_EXPERT = 256   # average rows a local expert from which cuBLAS runs the experts
@@ -53,17 +55,12 @@ def moe_experts_cublas(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids
                        expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
     """moe.moe_experts' contract through cuBLAS, whatever the shape; reads the routing to the host (never inside a
     CUDA graph capture)."""
-    T, D, E, I = expert_shapes(x, gate_up, down)
-    k = ids.shape[1]
-    y = cp.empty((T, D), dtype=BF16)
-    if T == 0:
-        return y
-    addend = None if addend is None else packed_addend(addend, y)
-    ids = cp.ascontiguousarray(ids, dtype=cp.int32)
-    weights = cp.ascontiguousarray(weights, dtype=cp.float32)
-    pairs = T * k
+    a = expert_args(x, gate_up, down, ids, weights, addend)
+    if a.T == 0:
+        return a.y
+    D, E, I, k, pairs = a.D, a.E, a.I, a.k, a.T * a.k
     row_of = cp.empty((pairs,), dtype=cp.int32)
-    g = align(ids, E, expert_offset, pairs, min(E, pairs) + 1, row_of)   # tiles of `pairs` rows: one an expert
+    g = align(a.ids, E, expert_offset, pairs, min(E, pairs) + 1, row_of)   # tiles of `pairs` rows: one an expert
     meta = cp.asnumpy(g.meta)
     used, tiles = int(meta[-1]), g.tiles
     groups = list(zip(*(meta[i * tiles: i * tiles + used].tolist() for i in range(3))))   # (expert, start, end)
@@ -76,4 +73,4 @@ def moe_experts_cublas(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids
     del gu
     ys = cp.empty((n, D), dtype=cp.float32)
     grouped_gemm(h, down, ys, groups)
-    return combine(ys, ids, E, expert_offset, addend, y, row_of, weights)
+    return combine(ys, a.ids, E, expert_offset, a.addend, a.y, row_of, a.weights)
