@@ -20,7 +20,8 @@ CUDA graph, the replay timed with CUDA events (openinfer.testing.cuda.graph_ms),
   (the registry's "grouped": moe.py's grouped GEMMs; "cublas" forced: moe_blas.py's cuBLAS per expert), timed
   eagerly with CUDA events as a prefill step runs them (the cuBLAS path reads the routing to the host, so no graph);
   the routing is the random gate's, computed once. TFLOP/s counts the routed GEMMs (T x 6 x 3 x 2048 x 1408 x 2);
-  `rule` names the implementation the "cublas" entry point picks at that T (moe_blas.PREFILL_ROWS_PER_EXPERT).
+  `rule` names the implementation the "cublas" entry point picks at that T (moe_blas.PREFILL_ROWS_PER_EXPERT); the
+  `its gemms` row times the cuBLAS path's GEMMs alone (one gate_up and one down an expert).
 Compare GB/s with the device's copy rate (~3.35 TB/s H100, ~4.3 TB/s H200) and TFLOP/s with ~700 (bf16 dense).
     python scripts/mla_moe_bench.py [--batches 1,32,128] [--contexts 1024,8192] [--prompts 1024,8192]
                                     [--layer-runs 1024@1024,16384@16384,4096@16384,2048@16384]
@@ -116,10 +117,24 @@ def expert_rows(tokens: list[int]) -> None:
         x = _normal(t, D)
         ids, w = moe.moe_router(x, gate, None, RouterConfig(top_k=K))
         rule = "cublas" if moe_blas.uses_cublas(t, K, E) else "grouped"
+        flops = t * K * 3 * D * I * 2
         for name, fn in impls.items():
             ms = event_ms(lambda: fn(x, gate_up, down, ids, w, 0))
-            flops = t * K * 3 * D * I * 2
             print(f"{name:12} {t:>6} {t * K / E:>8.0f} {ms * 1e3:>9.0f} {flops / ms / 1e9:>8.1f} {rule:>8}")
+        ms = event_ms(cublas_gemms(gate_up, down, ids))
+        print(f"{'  its gemms':12} {t:>6} {t * K / E:>8.0f} {ms * 1e3:>9.0f} {flops / ms / 1e9:>8.1f} {'':>8}")
+
+
+def cublas_gemms(gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray):
+    """The cuBLAS path's two GEMMs an expert alone, on buffers of the routing's sorted rows (no align, host read,
+    gather, SwiGLU or combine): how much of its time the GEMMs take."""
+    counts = np.bincount(cp.asnumpy(ids).ravel(), minlength=E)
+    ends = np.cumsum(counts).tolist()
+    groups = [(e, end - c, end) for e, (c, end) in enumerate(zip(counts.tolist(), ends)) if c]
+    n = ends[-1]
+    xs, h = _normal(n, D), _normal(n, I)
+    gu, ys = cp.empty((n, 2 * I), dtype=BF16), cp.empty((n, D), dtype=cp.float32)
+    return lambda: (blas.grouped_gemm(xs, gate_up, gu, groups), blas.grouped_gemm(h, down, ys, groups))
 
 
 def main() -> None:
