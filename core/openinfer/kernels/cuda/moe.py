@@ -164,6 +164,7 @@ class ExpertArgs:
 
 def expert_args(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
                 addend: cp.ndarray | None) -> ExpertArgs:
+    """moe_experts' arguments checked (expert_shapes, the addend's shape and dtype) and packed for its kernels."""
     T, D, E, I = expert_shapes(x, gate_up, down)
     y = cp.empty((T, D), dtype=BF16)
     return ExpertArgs(T, D, E, I, ids.shape[1], cp.ascontiguousarray(ids, dtype=cp.int32),
@@ -202,12 +203,11 @@ def align(ids: cp.ndarray, E: int, expert_offset: int, bm: int, tiles: int, row_
 def combine(y: cp.ndarray, ids: cp.ndarray, E: int, expert_offset: int, addend: cp.ndarray | None,
             out: cp.ndarray, row_of: Any = NULL, route_w: Any = NULL) -> cp.ndarray:
     """out [T, D] = moe_combine_bf16 of y's rows: the pairs' weighted rows, or (row_of, route_w) sorted unweighted
-    rows; the addend added in fp32."""
+    rows; the addend (packed rows of out's shape: expert_args) added in fp32."""
     T, D = out.shape
-    add = NULL if addend is None else packed_addend(addend, out)
     launch("moe", "moe_combine_bf16", (T, min(-(-D // 256), 8)), 256,
-           (y, ids, np.int32(ids.shape[1]), np.int32(E), np.int32(expert_offset), np.int32(D), add, row_of, route_w,
-            out))
+           (y, ids, np.int32(ids.shape[1]), np.int32(E), np.int32(expert_offset), np.int32(D),
+            NULL if addend is None else addend, row_of, route_w, out))
     return out
 
 
