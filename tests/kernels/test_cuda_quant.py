@@ -113,18 +113,17 @@ def test_moe_experts_quant_at_kimi_width(fmt):
     close(got, want, DTYPES["bfloat16"], scale=4)
 
 
-# (D, I): each expert kernel form (quant.expert_pass): whole-warp rows of one 16-byte chunk a lane and pass (FP8 2064)
-# and two (INT4 4128, 129 chunks), over several passes with idle lanes in the last; rows of 8 lanes (at most 64
-# chunks) over one pass with idle lanes (3 and 2 chunks) and over two (33 chunks); outputs that do not fill the last
-# block (test_quant_launch_args emulates the same).
+# (D, I): rows of one 16-byte chunk a lane and pass (u1: all FP8 rows, INT4 rows up to 64 chunks) and two (u2: INT4
+# 4128, 129 chunks), over one pass and over several with idle lanes in the last (INT4 4128 and 1056, FP8 2064 and
+# 528), outputs that do not fill the last block (test_quant_launch_args emulates the same).
 PASS_WIDTHS = [("int4", 4128, 96), ("int4", 64, 1056), ("fp8", 2064, 48), ("fp8", 64, 528)]
 
 
 @pytest.mark.parametrize("fmt,D,I", PASS_WIDTHS)
 @pytest.mark.parametrize("T", [1, 9])
-def test_moe_experts_quant_forms(fmt, D, I, T):
-    """Each form of the expert kernels (quant.expert_pass), with one expert taking every token at T = 9: its pairs
-    run in several passes of the weight rows."""
+def test_moe_experts_quant_pass_widths(fmt, D, I, T):
+    """Each pass width of the expert kernels (quant.expert_pass), with one expert taking every token at T = 9: its
+    pairs run in several passes of the weight rows."""
     rng = np.random.default_rng(D + I + T)
     E_local, k = 6, 4
     gate_up, down = _random_codes(rng, fmt, E_local, 2 * I, D), _random_codes(rng, fmt, E_local, D, I)

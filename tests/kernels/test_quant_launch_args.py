@@ -47,10 +47,9 @@ def test_quant_launches(launches, fmt, dtype):
     quant.moe_experts_quant(fake(np.zeros((3, 256)), dtype), gu, dn, fake(np.zeros((3, 4), np.int32)),
                             fake(np.ones((3, 4), np.float32)), 2, fake(np.zeros((3, 256)), dtype))
     names = [c.name for c in launches]
-    sfx = module.suffix(dtype)   # rows of 256 and 64 weights (at most 64 chunks): 8 lanes a row, 8 rows a warp
-    assert names == ["moe_plan", f"moe_q_gate_up_{fmt}_{sfx}_l8r2u4", f"moe_q_down_{fmt}_{sfx}_l8r2u4",
-                     f"moe_combine_{sfx}"]
-    assert launches[1].grid == (2, 6) and launches[2].grid == (4, 6)   # slots: min(E_local, T * k)
+    sfx = module.suffix(dtype)   # rows of 256 and 64 weights: one chunk a lane and pass (u1), four rows a warp
+    assert names == ["moe_plan", f"moe_q_gate_up_{fmt}_{sfx}_u1", f"moe_q_down_{fmt}_{sfx}_u1", f"moe_combine_{sfx}"]
+    assert launches[1].grid == (4, 6) and launches[2].grid == (8, 6)   # slots: min(E_local, T * k)
     launches.clear()
     quant.MOE_CHUNK, chunk = 2, quant.MOE_CHUNK
     try:   # 5 tokens in chunks of 2: three passes of the four launches, the last over one token
@@ -61,20 +60,16 @@ def test_quant_launches(launches, fmt, dtype):
     assert [c.name for c in launches] == names * 3 and launches[-1].grid == (1, 1)
 
 
-# Kimi-K2's experts (hidden 7168, width 2048): (gate_up form, grid x), (down form, grid x); a block is 8 warps.
-# INT4 gate_up rows of 224 chunks: whole-warp rows, 4 a warp (2 outputs), 2 chunks a lane and pass; INT4 down rows of
-# 64 chunks: 8 lanes a row, 8 rows a warp; FP8 rows (448 and 128 chunks): whole-warp rows, 4 a warp, one chunk.
-KIMI_GRIDS = {"int4": (("l32r4u2", 2048 // 16), ("l8r2u4", 7168 // 64)),
-              "fp8": (("l32r4u1", 2048 // 16), ("l32r4u1", 7168 // 32))}
+# Kimi-K2's experts (hidden 7168, width 2048): (gate_up kernel, grid x), (down kernel, grid x); a warp reads 4 rows
+# (gate_up: 2 outputs), a block 8 warps. INT4 gate_up rows of 224 chunks take 2 a lane and pass, the down rows of 64
+# chunks one; FP8 rows (448 and 128 chunks) take one.
+KIMI_GRIDS = {"int4": (("u2", 2048 // 16), ("u1", 7168 // 32)), "fp8": (("u1", 2048 // 16), ("u1", 7168 // 32))}
 
 
-def test_expert_pass_forms():
-    """Rows of at most 64 chunks take 8 lanes each, 2 rows a group, 4 chunks a lane and pass; longer rows a whole
-    warp, 4 a warp, with two chunks a lane and pass for INT4 and one for FP8."""
-    forms = [quant.expert_pass("int4", K).name for K in (32, 2048, 2080, 7168)]
-    assert forms == ["l8r2u4", "l8r2u4", "l32r4u2", "l32r4u2"]
-    assert [quant.expert_pass("fp8", K).name for K in (16, 1024, 1040, 7168)] == ["l8r2u4", "l8r2u4"] + ["l32r4u1"] * 2
-    assert [quant.expert_pass("int4", K).warp_rows for K in (2048, 2080)] == [8, 4]
+def test_expert_pass_width():
+    """Two chunks a lane and pass only for INT4 rows of more than 64 chunks (2048 weights), one otherwise."""
+    assert [quant.expert_pass("int4", K) for K in (32, 2048, 2080, 7168)] == [1, 1, 2, 2]
+    assert [quant.expert_pass("fp8", K) for K in (16, 2048, 7168)] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
@@ -177,17 +172,13 @@ def _row_chunks(fmt, q, scale, row, K):
             scale.reshape(-1)[row * nb + np.arange(C) // 8].astype(np.float32) * np.float32(256))
 
 
-def _warp_rows(fmt, q, scale, rows, K, acts, form):
-    """warp_rows for one group of form.lanes lanes: lane l sums the chunks its passes load (l, l + lanes, ... in
-    passes of form.chunks), acc[r, p] = the sum over the lanes of scale * (chunk weights . activations) (float64)."""
-    C, L, U = K // CHUNK[fmt], form.lanes, form.chunks
-    owned = [[c0 + L * u for c0 in range(lane, C, L * U) for u in range(U) if c0 + L * u < C] for lane in range(L)]
+def _warp_rows(fmt, q, scale, rows, K, acts):
+    """warp_rows: acc[r, p] = sum over chunks of scale * (chunk weights . activations) (sums in float64 here)."""
     out = np.zeros((len(rows), len(acts)))
     for i, row in enumerate(rows):
         w, s = _row_chunks(fmt, q, scale, row, K)
         for p, a in enumerate(acts):
-            per_chunk = s * (w.astype(np.float64) * a.reshape(-1, CHUNK[fmt])).sum(axis=1)
-            out[i, p] = sum(per_chunk[c].sum() for c in owned)
+            out[i, p] = (s * (w.astype(np.float64) * a.reshape(-1, CHUNK[fmt])).sum(axis=1)).sum()
     return out
 
 
@@ -216,10 +207,8 @@ def _random_stack(rng, fmt, E, out, inp):
                      rng.uniform(0.5, 1.5, (E, out, -(-inp // 128))).astype(np.float32) / np.sqrt(inp))
 
 
-# (D, I) per format: whole-warp rows over one pass and over several with idle lanes in the last (INT4 4128: 129
-# chunks, two a lane and pass; FP8 2064: 129 chunks, one), rows of 8 lanes over one pass with idle lanes (3 chunks)
-# and over two (33 chunks: 4 a lane in the first, one lane's in the second), and outputs that do not fill the last
-# block.
+# (D, I) per format: rows over one pass and over several with idle lanes in the last (INT4 4128: 129 chunks, two a
+# lane and pass; 1056: 33 chunks, one; FP8 2064: 129 chunks, one), and outputs that do not fill the last block.
 EMULATED = {"int4": [(4128, 96), (64, 1056)], "fp8": [(2064, 48), (64, 528)]}
 
 
@@ -243,43 +232,39 @@ def test_grouped_kernel_emulation(fmt, case):
     dq, ds = vars(down).values()
     h = np.full((T * k, I), np.nan, np.float32)
     yk = np.full((T * k, D), np.nan, np.float32)
-    gu_p, dn_p = quant.expert_pass(fmt, D), quant.expert_pass(fmt, I)
+    dn_r = quant.EXPERT_ROWS
+    O = dn_r // 2   # gate_up: the gate and up rows of O outputs
     for s in range(slots):
         e = slot_expert[s]
         if e < 0:
             continue
         first, last = slot_start[s], slot_start[s + 1]
-        O = gu_p.rows // 2   # gate_up: a group reads the gate and up rows of O outputs
         for p0 in range(first, last, NP):
             n = min(NP, last - p0)
             pairs = [pair_list[p0 + min(p, n - 1)] for p in range(NP)]
-            for block in range(-(-I // (WARPS * gu_p.warp_rows // 2))):
-                for w, g in [(w, g) for w in range(WARPS) for g in range(32 // gu_p.lanes)]:
-                    warp = block * WARPS + w
-                    if warp * gu_p.warp_rows // 2 >= I:   # whole warps past the end return
-                        continue
-                    o0 = (warp * (32 // gu_p.lanes) + g) * O
-                    outs = [min(o0 + i, I - 1) for i in range(O)]
-                    rows = [e * 2 * I + o for o in outs] + [e * 2 * I + I + o for o in outs]
-                    acc = _warp_rows(fmt, gq, gs, rows, D, [x[pr // k] for pr in pairs[:n]], gu_p)
-                    for i in range(O):
-                        if o0 + i < I:
-                            g_, u = acc[i], acc[O + i]
-                            h[pairs[:n], o0 + i] = g_ / (1 + np.exp(-g_)) * u
+            for warp in range(-(-I // (WARPS * O)) * WARPS):   # gate_up: blocks x warps
+                o0 = warp * O
+                if o0 >= I:
+                    continue
+                outs = [min(o0 + i, I - 1) for i in range(O)]
+                rows = [e * 2 * I + o for o in outs] + [e * 2 * I + I + o for o in outs]
+                acc = _warp_rows(fmt, gq, gs, rows, D, [x[pr // k] for pr in pairs[:n]])
+                for i in range(O):
+                    if o0 + i < I:
+                        g, u = acc[i], acc[O + i]
+                        h[pairs[:n], o0 + i] = g / (1 + np.exp(-g)) * u
         for p0 in range(first, last, NP):
             n = min(NP, last - p0)
             pairs = [pair_list[p0 + min(p, n - 1)] for p in range(NP)]
-            for block in range(-(-D // (WARPS * dn_p.warp_rows))):
-                for w, g in [(w, g) for w in range(WARPS) for g in range(32 // dn_p.lanes)]:
-                    warp = block * WARPS + w
-                    if warp * dn_p.warp_rows >= D:
-                        continue
-                    o0 = (warp * (32 // dn_p.lanes) + g) * dn_p.rows
-                    rows = [e * D + min(o0 + r, D - 1) for r in range(dn_p.rows)]
-                    acc = _warp_rows(fmt, dq, ds, rows, I, [h[pr] for pr in pairs[:n]], dn_p)
-                    for r in range(dn_p.rows):
-                        if o0 + r < D:
-                            yk[pairs[:n], o0 + r] = weights.reshape(-1)[pairs[:n]] * acc[r]
+            for warp in range(-(-D // (WARPS * dn_r)) * WARPS):   # down
+                o0 = warp * dn_r
+                if o0 >= D:
+                    continue
+                rows = [e * D + min(o0 + r, D - 1) for r in range(dn_r)]
+                acc = _warp_rows(fmt, dq, ds, rows, I, [h[pr] for pr in pairs[:n]])
+                for r in range(dn_r):
+                    if o0 + r < D:
+                        yk[pairs[:n], o0 + r] = weights.reshape(-1)[pairs[:n]] * acc[r]
     local = (ids - offset >= 0) & (ids - offset < E_local)
     y = np.where(local[..., None], yk.reshape(T, k, D), 0).sum(axis=1)   # a NaN left: a pair's output not written
     np.testing.assert_allclose(y, numpy_quant.moe_experts_quant(x, gate_up, down, ids, weights, offset),

@@ -1,54 +1,35 @@
 // Thread-block clusters (sm_90+): a barrier over every thread of the cluster's CTAs, and loads from another
 // CTA's shared memory (distributed shared memory). Split reductions go through these instead of global
-// partials, fences and arrival counters (gemv.cu's split-K, mla.cu's split decode).
-// A kernel launched without cluster dims runs in clusters of one CTA: the barrier then spans the block. Built for
-// an older GPU (no clusters; the launchers then launch none), every cluster is that one CTA.
+// partials, fences and arrival counters (gemv.cu's split-K, attention_decode.cu's split-KV).
+// A kernel launched without cluster dims runs in clusters of one CTA: the barrier then spans the block.
 #pragma once
 
 __device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __syncthreads();
-#endif
 }
 
 __device__ __forceinline__ unsigned int cluster_size() {   // CTAs in this CTA's cluster
-#if __CUDA_ARCH__ >= 900
     unsigned int n;
     asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
     return n;
-#else
-    return 1;
-#endif
 }
 
-#if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned int cluster_remote(const void* local, int rank) {   // `local`'s twin in CTA `rank`
     const unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(local));
     unsigned int remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
     return remote;
 }
-#endif
 
 __device__ __forceinline__ float ld_cluster(const float* local, int rank) {
-#if __CUDA_ARCH__ >= 900
     float v;
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_remote(local, rank)) : "memory");
     return v;
-#else
-    return *local;
-#endif
 }
 
 __device__ __forceinline__ float4 ld_cluster(const float4* local, int rank) {
-#if __CUDA_ARCH__ >= 900
     float4 v;
     asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_remote(local, rank)) : "memory");
     return v;
-#else
-    return *local;
-#endif
 }

@@ -50,38 +50,37 @@ __device__ __forceinline__ void store_merged_warps(const float* wm, const float*
 
 constexpr int MERGE_UNROLL = 16;   // splits whose partial float4s a thread loads at once (L2 round trips)
 
-// Float4 col4 of partial row `row` (head head0 + row) in the partials of splits s0 .. s0 + MERGE_UNROLL - 1;
-// past the last used split nothing is loaded (those slots are never used).
+// Float4 idx % (D / 4) of output row idx / (D / 4) (head head0 + that row) in the partials of splits s0 ..
+// s0 + MERGE_UNROLL - 1; past the last used split a row is loaded again and never used.
 template <int D>
-__device__ __forceinline__ void load_partial_rows(float4* v, const float* part_o, long long base, int row, int col4,
-                                                  int s0, int used, int num_splits) {
-    const float4* po = reinterpret_cast<const float4*>(part_o + (base + (long long)row * num_splits) * D) + col4;
+__device__ __forceinline__ void load_partial_rows(float4* v, const float* part_o, long long base, int idx, int s0,
+                                                  int used, int num_splits) {
+    constexpr int V = D / 4;
+    const float4* po = reinterpret_cast<const float4*>(part_o + (base + (long long)(idx / V) * num_splits) * D)
+                       + idx % V;
 #pragma unroll
-    for (int u = 0; u < MERGE_UNROLL; ++u)
-        v[u] = s0 + u < used ? __ldcg(po + (long long)(s0 + u) * (D / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int u = 0; u < MERGE_UNROLL; ++u) v[u] = __ldcg(po + (long long)min(s0 + u, used - 1) * V);
 }
 
-// Every used split's block calls this once its partials are stored (used > 1), counting `arrivals` splits
-// (mla.cu: the clusters a CTA took in turn; the last block brings the count to used). It merges columns
-// c0 .. c0 + width - 1 of the rows (all D by default; mla.cu gives each CTA of a cluster its own slice, its own
-// counters and its own m and l). counters: one int per (sequence, head chunk), zero on entry and left zero (the
-// last block resets its own), so a CUDA graph replays cleanly. scratch: shared memory for
+// Every used split's block calls this once its partials are stored (used > 1; the last block is the
+// used-th to arrive). counters: one int per (sequence, head chunk), zero on entry and
+// left zero (the last block resets its own), so a CUDA graph replays cleanly. scratch: shared memory for
 // 2 * gc * used floats, free once the partials are stored (paged_decode caps the splits to fit).
-// The merge: weights w_s = exp2(m_s - M) l_s (M the heads' max),
+// The merge (once a separate kernel, paged_combine): weights w_s = exp2(m_s - M) l_s (M the heads' max),
 // out = sum_s w_s o_s / sum_s w_s summed in split order, so the output is the same bits
 // whichever block came last. Each thread owns float4s of the gc output rows and keeps MERGE_UNROLL
 // splits' loads in flight.
 template <typename T, int D, bool EARLY = false>
 __device__ void merge_splits_if_last(const float* part_o, const float* part_m, const float* part_l, int* counters,
                                      float* scratch, int gc, int head0, int nh, int q0, int b, int used,
-                                     int num_splits, T* out, int c0 = 0, int width = D, int arrivals = 1) {
+                                     int num_splits, T* out) {
     __shared__ int last;
     __shared__ float head_max[16];   // gc <= 16 (DEC_ROWS; attention.cu's GMAX is 8)
     __threadfence();                 // this thread's partials are visible device-wide before the block counts
     __syncthreads();
     if (threadIdx.x == 0) {
         int* counter = counters + (long long)blockIdx.z * gridDim.y + blockIdx.y;
-        last = atomicAdd(counter, arrivals) + arrivals == used;
+        last = atomicAdd(counter, 1) == used - 1;
         if (last) *counter = 0;      // every split has arrived: nobody else touches it in this launch
     }
     __syncthreads();
@@ -90,13 +89,13 @@ __device__ void merge_splits_if_last(const float* part_o, const float* part_m, c
     // (head0 + g, split s) is partial p = base + g * num_splits + s
     const long long base = ((long long)b * nh + head0) * num_splits;
     const int n = gc * used;
-    const int V = width / 4;         // float4s of a row's slice
+    constexpr int V = D / 4;         // float4s of a row
     // EARLY: the thread's first MERGE_UNROLL partial rows are loaded with the m and l below (they do not depend
     // on them), one round trip for both where a thread's output float4 takes one pass (gc * V <= blockDim, used
     // <= 16). It holds 64 more registers through the m and l pass, so only kernels with registers to spare ask.
     float4 first[MERGE_UNROLL];
     if (EARLY && threadIdx.x < gc * V)
-        load_partial_rows<D>(first, part_o, base, threadIdx.x / V, c0 / 4 + threadIdx.x % V, 0, used, num_splits);
+        load_partial_rows<D>(first, part_o, base, threadIdx.x, 0, used, num_splits);
     float* wsm = scratch;            // [gc][used]: m, then the weight
     float* lsm = scratch + n;        // [gc][used]: l
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -127,7 +126,7 @@ __device__ void merge_splits_if_last(const float* part_o, const float* part_m, c
 #pragma unroll
                 for (int u = 0; u < MERGE_UNROLL; ++u) v[u] = first[u];
             } else {
-                load_partial_rows<D>(v, part_o, base, g, c0 / 4 + idx % V, s0, used, num_splits);
+                load_partial_rows<D>(v, part_o, base, idx, s0, used, num_splits);
             }
 #pragma unroll
             for (int u = 0; u < MERGE_UNROLL; ++u) {
@@ -140,7 +139,7 @@ __device__ void merge_splits_if_last(const float* part_o, const float* part_m, c
                 acc.w = fmaf(wu, v[u].w, acc.w);
             }
         }
-        T* o = out + ((long long)q0 * nh + head0 + g) * D + c0 + 4 * (idx % V);
+        T* o = out + ((long long)q0 * nh + head0 + g) * D + 4 * (idx % V);
         o[0] = from_f32<T>(acc.x / lsum);
         o[1] = from_f32<T>(acc.y / lsum);
         o[2] = from_f32<T>(acc.z / lsum);

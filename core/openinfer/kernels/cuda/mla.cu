@@ -8,15 +8,11 @@
 //   rows   a row is a (token, head) pair of a sequence's run, row = token * nh + head, so a decode step's rows
 //          are its heads. A block takes 16 MT rows (MT m16 tiles; zero-padded past the run). Query j of a run of
 //          n sits at position L - n + j and sees keys 0 .. L - n + j (numpy paged_attention's rule).
-//   grid   (cluster x rank, row tile, sequence). Decode (runs of one token; mla_attention_bf16, MT = 1) cuts
-//          each context by its own key count alone: clusters of cs CTAs (cs fixed per device), n = min(cap,
-//          ceil(keys / (cs * split_keys))) clusters, the keys shared evenly over their n * cs CTAs in whole tiles
-//          (the last ones may hold none), so a sequence's arithmetic is the same whatever batch or grid it runs
-//          in (batching and CUDA graphs never change a token). The grid's x holds `groups` clusters a sequence
-//          (x = group * cs + rank), chosen for speed alone: cluster `group` takes the sequence's clusters group,
-//          group + groups, ... in turn (the Q rows loaded once); a grid with more groups than the sequence's
-//          clusters leaves the rest at once. Longer runs (mla_prefill_bf16, MT = 2: each K/V tile read from L2
-//          serves twice the rows) take one CTA, a cluster of one (cap 1).
+//   grid   (split, row tile, sequence). Decode (runs of one token; mla_attention_bf16, MT = 1) splits each
+//          context over the grid's splits in whole tiles (at least min_split keys each), like
+//          attention_decode.cu: splits past a sequence's `used` ones leave at once, each split stores partials and
+//          the last block of a (sequence, row tile) merges them (decode_merge.cuh). Longer runs
+//          (mla_prefill_bf16, MT = 2: each K/V tile read from L2 serves twice the rows) take one split.
 //   tile   MLA_BN = 32 keys, double-buffered by cp.async (tile t + 1 loads while tile t computes). 4 MT warps:
 //          warp w computes S of m tile w / 4 for keys 8 (w % 4) .. + 7 of the tile over all 576 columns (Q from
 //          shared memory by ldmatrix); the row maxima meet in shared memory, so every warp holds the same
@@ -24,21 +20,13 @@
 //          512 / (4 MT) w .. of every m tile (V by ldmatrix.trans of the cached rows, each fragment feeding MT
 //          m tiles). The key warps keep partial row sums (same max, same rescale), summed at the end. Softmax in
 //          the log2 domain (scale * log2(e) folded into `scale`), as attention_mma.cu.
-//   merge  each CTA leaves its state (O unnormalised, m, l of every row) in its shared memory; the cluster's CTAs
-//          merge them over distributed shared memory, rank r taking columns r * 512 / cs .. of every row, so no
-//          single CTA reads every split's 512 columns. With one cluster those are the output; with n, rank r
-//          stores its columns as cluster c's partial (slot c of `slots` a row), and the last rank-r CTA of the
-//          sequence to arrive merges rank r's columns of the n partials in cluster order (decode_merge.cuh,
-//          its own counter, m and l), so the bits do not depend on which cluster finished last.
 //
-// Mirrored in mla.py: the rows and threads of each kernel, MLA_BN, the shared-memory size, the kernel names, the
-// largest cluster, the split rule (decode_clusters), the partials' layout.
+// Mirrored in mla.py: the rows and threads of each kernel, MLA_BN, the shared-memory size, the kernel names.
 #include "common.cuh"
 #include "mma.cuh"
 #include "decode_merge.cuh"
-#include "mla_merge.cuh"   // MLA_R, MLA_MAX_CLUSTER, the cluster merge
 
-constexpr int MLA_P = 64, MLA_D = MLA_R + MLA_P;   // rope width, cache row (the latent's MLA_R first)
+constexpr int MLA_R = 512, MLA_P = 64, MLA_D = MLA_R + MLA_P;   // latent width, rope width, cache row
 constexpr int MLA_BN = 32, MLA_KEY_WARPS = MLA_BN / 8;   // keys of a tile; warps sharing an m tile's S (8 keys each)
 constexpr int MLA_LD = MLA_D + 8;          // smem row stride (bf16): 1168 bytes, ldmatrix rows on distinct banks
 constexpr int MLA_PLD = MLA_BN + 8;        // P row stride (bf16)
@@ -50,9 +38,8 @@ template <int MT> struct Mla {
     static constexpr int ROWS = 16 * MT, WARPS = MLA_KEY_WARPS * MT, VCOLS = MLA_R / WARPS;
     // shared memory (bytes): Q rows, two K/V stages, P, the warps' row maxima
     static constexpr int SMEM = ROWS * MLA_LD * 2 + 2 * MLA_STAGE * 2 + ROWS * MLA_PLD * 2 + MLA_KEY_WARPS * ROWS * 4;
-    // the merge area over the K/V stages: O, m, l, the key warps' l, the cluster's weights and sums of each row
-    static constexpr int MERGE = ROWS * MLA_R + 2 * ROWS + MLA_KEY_WARPS * ROWS + ROWS * MLA_MAX_CLUSTER + ROWS;
-    static_assert(MERGE * 4 <= 2 * MLA_STAGE * 2, "the merge area must fit over the K/V stages");
+    static_assert(ROWS * MLA_R * 4 + 2 * ROWS * 4 + MLA_KEY_WARPS * ROWS * 4 <= 2 * MLA_STAGE * 2,
+                  "the merge area must fit over the K/V stages");
 };
 
 // Keys k0 .. k0 + MLA_BN - 1 of a sequence into a stage; keys at or past kend are zero rows (masked; 0 * V = 0).
@@ -68,14 +55,12 @@ __device__ __forceinline__ void mla_load_tile(bf16* stage, const bf16* cache, co
 
 // Warp w computes S of m tile w / 4 for keys 8 (w % 4) .. + 7 of each tile and accumulates O's columns
 // VCOLS w .. + VCOLS - 1 of every m tile: each V fragment feeds MT m tiles.
-// Partials (a sequence of several clusters): part_o [B, nh, slots, 512] (a cluster's merged rows, normalised),
-// part_m / part_l [cs, B, nh, slots] (rank r's copy; M in log2 units and the sum), counters [cs, B, row tiles].
 template <int MT>
 __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* qp, long long qp_stride,
                               const bf16* cache, long long block_stride, int block_size, const int* tables,
                               int table_stride, const int* qstart, const int* ctx, bf16* out, float* part_o,
-                              float* part_m, float* part_l, int* counters, int nh, float scale, int split_keys,
-                              int cap, int slots, int cs) {
+                              float* part_m, float* part_l, int* counters, int nh, float scale, int num_splits,
+                              int min_split) {
     using C = Mla<MT>;
     constexpr int ROWS = C::ROWS, VCOLS = C::VCOLS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -86,22 +71,21 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
     const int smt = warp / MLA_KEY_WARPS, skw = warp % MLA_KEY_WARPS;   // the warp's S: m tile, key group
-    const int b = blockIdx.z;
+    const int b = blockIdx.z, split = blockIdx.x;
     const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
     const int rows = n * nh, row0 = blockIdx.y * ROWS;
-    if (row0 >= rows) return;   // the whole cluster (it spans x only); empty runs too
+    if (row0 >= rows) return;   // block-uniform (empty runs too)
     const int gc = min(ROWS, rows - row0);
     const int kall = L - n + (row0 + gc - 1) / nh + 1;   // keys any row of the block sees
-    const int rank = blockIdx.x % cs, groups = gridDim.x / cs, group = blockIdx.x / cs;   // clusters (cs, 1, 1)
-    // the sequence's clusters and keys a CTA, from its key count alone (mla.py decode_clusters)
-    const int clusters = max(1, min(min(cap, slots), (kall + cs * split_keys - 1) / (cs * split_keys)));
-    const int split_len = ((kall + clusters * cs - 1) / (clusters * cs) + MLA_BN - 1) / MLA_BN * MLA_BN;
-    const int used = (kall + cs * split_len - 1) / (cs * split_len);   // clusters holding keys
-    if (group >= used) return;   // the whole cluster
+    const int split_len = max(min_split, ((kall + num_splits - 1) / num_splits + MLA_BN - 1) / MLA_BN * MLA_BN);
+    const int used = (kall + split_len - 1) / split_len;
+    if (split >= used) return;
+    const int kbeg = split * split_len, kend = min(kall, kbeg + split_len);
+    const int ntiles = (kend - kbeg + MLA_BN - 1) / MLA_BN;
     const KvLayout kv{block_stride, MLA_D, block_size};
     const int* table = tables + (long long)b * table_stride;
 
-    // Q rows (q_latent || q_pe; zeros past the block's rows): cp.async group 0 with the first cluster's first tile
+    // Q rows (q_latent || q_pe; zeros past the block's rows) and the first tile: cp.async group 0
     for (int i = threadIdx.x; i < ROWS * MLA_CHUNKS; i += blockDim.x) {
         const int r = i / MLA_CHUNKS, c = i % MLA_CHUNKS, row = row0 + r;
         const bf16* src = ql;
@@ -112,6 +96,9 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         }
         cp_async16(qs + r * MLA_LD + c * 8, src, r < gc ? 16 : 0);
     }
+    mla_load_tile(kvs, cache, kv, table, kbeg, kend);
+    cp_async_commit();
+
     // this lane's S rows: smt * 16 + gid, + 8 (h = 0, 1), and their positions (-1: a padding row, sees nothing)
     int qpos[2];
 #pragma unroll
@@ -119,165 +106,138 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         const int r = smt * 16 + gid + 8 * h;
         qpos[h] = r < gc ? L - n + (row0 + r) / nh : -1;
     }
+    // m: the running max of rows mt * 16 + gid (+ 8) of every m tile (all warps agree); l: of the S rows only
+    float o[MT][VCOLS / 8][4], m[MT][2], l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        m[mt][0] = m[mt][1] = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < VCOLS / 8; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+    }
     const int aoff = (smt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * MLA_LD + (lane >> 4) * 8;   // A rows (Q)
     const int poff = ((lane & 7) + ((lane >> 3) & 1) * 8) * MLA_PLD + (lane >> 4) * 8;             // A rows (P)
     const int koff = (8 * skw + (lane & 7)) * MLA_LD + (lane >> 3) * 8;                             // B: 8 keys x 32
     const int voff = ((lane & 7) + ((lane >> 3) & 1) * 8) * MLA_LD + (lane >> 4) * 8 + warp * VCOLS;
-    // rank r's copies of m and l, and its counters: [cs][B][...]
-    const long long ml_off = (long long)rank * gridDim.z * nh * slots;
-    int arrivals = 0;   // this CTA's clusters of the sequence
 
-    for (int clu = group; clu < used; clu += groups, ++arrivals) {
-        const int kbeg = min(kall, (clu * cs + rank) * split_len), kend = min(kall, kbeg + split_len);
-        const int ntiles = (kend - kbeg + MLA_BN - 1) / MLA_BN;   // 0: a CTA past the keys (its state stays empty)
-        mla_load_tile(kvs, cache, kv, table, kbeg, kend);
-        cp_async_commit();
-        // m: the running max of rows mt * 16 + gid (+ 8) of every m tile (all warps agree); l: of the S rows only
-        float o[MT][VCOLS / 8][4], m[MT][2], l[2] = {0.f, 0.f};
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            m[mt][0] = m[mt][1] = NEG_INF;
-#pragma unroll
-            for (int j = 0; j < VCOLS / 8; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
-        }
-
-        for (int t = 0; t < ntiles; ++t) {
-            cp_async_wait<0>();
-            __syncthreads();   // tile t landed for every thread; every warp is done with tile t - 1's stage and P
-            if (t + 1 < ntiles)
-                mla_load_tile(kvs + ((t + 1) & 1) * MLA_STAGE, cache, kv, table, kbeg + (t + 1) * MLA_BN, kend);
-            cp_async_commit();
-            const bf16* kt = kvs + (t & 1) * MLA_STAGE;
-            const int k0 = kbeg + t * MLA_BN;
-
-            // S for this warp's 8 keys: rows gid (s[0], s[1]) and gid + 8 (s[2], s[3]), keys 8 skw + 2 tq + {0, 1}
-            // two accumulators (columns 32 kk .. + 15 and + 16 .. + 31): half the chain of dependent mmas
-            float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 6
-            for (int kk = 0; kk < MLA_D / 32; ++kk) {
-                unsigned int bk[4], a[4];
-                ldmatrix_x4(bk, kt + koff + kk * 32);
-                ldmatrix_x4(a, qs + aoff + kk * 32);
-                mma_bf16(s, a, bk[0], bk[1]);
-                ldmatrix_x4(a, qs + aoff + kk * 32 + 16);
-                mma_bf16(s2, a, bk[2], bk[3]);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[e] += s2[e];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = k0 + 8 * skw + 2 * tq + (e & 1);
-                if (key >= kend || key > qpos[e >> 1]) s[e] = NEG_INF;
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mx = fmaxf(s[2 * h], s[2 * h + 1]);
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                if (tq == 0) red[skw * ROWS + smt * 16 + gid + 8 * h] = mx;
-            }
-            __syncthreads();
-            float alpha[MT][2], base[2], salpha[2];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float mn = m[mt][h];
-#pragma unroll
-                    for (int w = 0; w < MLA_KEY_WARPS; ++w) mn = fmaxf(mn, red[w * ROWS + mt * 16 + gid + 8 * h]);
-                    const float bs = mn == NEG_INF ? 0.f : mn * scale;   // a row that has seen nothing yet
-                    alpha[mt][h] = fast_exp2(m[mt][h] * scale - bs);     // m = -inf: 0
-                    m[mt][h] = mn;
-                    if (mt == smt) { base[h] = bs; salpha[h] = alpha[mt][h]; }
-                }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) l[h] *= salpha[h];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[e] = fast_exp2(fmaf(s[e], scale, -base[e >> 1]));
-                l[e >> 1] += s[e];
-            }
-            unsigned int* prow = (unsigned int*)ps;
-            prow[(((smt * 16 + gid) * MLA_PLD) + 8 * skw + 2 * tq) / 2] = pack_bf16x2(s[0], s[1]);
-            prow[(((smt * 16 + gid + 8) * MLA_PLD) + 8 * skw + 2 * tq) / 2] = pack_bf16x2(s[2], s[3]);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int j = 0; j < VCOLS / 8; ++j) {
-                    o[mt][j][0] *= alpha[mt][0]; o[mt][j][1] *= alpha[mt][0];
-                    o[mt][j][2] *= alpha[mt][1]; o[mt][j][3] *= alpha[mt][1];
-                }
-            __syncthreads();   // P complete
-            // O[:, VCOLS warp ..] += P V over the tile's 32 keys (two k-steps of 16)
-#pragma unroll
-            for (int kk = 0; kk < MLA_BN / 16; ++kk) {
-                unsigned int a[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], ps + poff + mt * 16 * MLA_PLD + kk * 16);
-#pragma unroll
-                for (int dp = 0; dp < VCOLS / 16; ++dp) {
-                    unsigned int bv[4];
-                    ldmatrix_x4_trans(bv, kt + voff + kk * 16 * MLA_LD + dp * 16);
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        mma_bf16(o[mt][2 * dp], a[mt], bv[0], bv[1]);
-                        mma_bf16(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
-                    }
-                }
-            }
-        }
+    for (int t = 0; t < ntiles; ++t) {
         cp_async_wait<0>();
-        __syncthreads();   // every warp is done with the stages: the merge area goes over them
+        __syncthreads();   // tile t landed for every thread; every warp is done with tile t - 1's stage and P
+        if (t + 1 < ntiles)
+            mla_load_tile(kvs + ((t + 1) & 1) * MLA_STAGE, cache, kv, table, kbeg + (t + 1) * MLA_BN, kend);
+        cp_async_commit();
+        const bf16* kt = kvs + (t & 1) * MLA_STAGE;
+        const int k0 = kbeg + t * MLA_BN;
 
-        // the block's state: O [row][512] unnormalised, m (log2 units) per row, l summed over the key warps
-        float* mo = (float*)kvs;
-        float* mm = mo + ROWS * MLA_R;
-        float* ml = mm + ROWS;
-        float* wl = ml + ROWS;                        // [MLA_KEY_WARPS][ROWS]
-        float* cw = wl + MLA_KEY_WARPS * ROWS;        // [ROWS][MLA_MAX_CLUSTER]: mla_merge_cluster's weights
-        float* cl = cw + ROWS * MLA_MAX_CLUSTER;      // [ROWS]: and sums
+        // S for this warp's 8 keys: rows gid (s[0], s[1]) and gid + 8 (s[2], s[3]), keys 8 skw + 2 tq + {0, 1}
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 6
+        for (int kk = 0; kk < MLA_D / 32; ++kk) {
+            unsigned int bk[4], a[4];
+            ldmatrix_x4(bk, kt + koff + kk * 32);
+            ldmatrix_x4(a, qs + aoff + kk * 32);
+            mma_bf16(s, a, bk[0], bk[1]);
+            ldmatrix_x4(a, qs + aoff + kk * 32 + 16);
+            mma_bf16(s, a, bk[2], bk[3]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * skw + 2 * tq + (e & 1);
+            if (key >= kend || key > qpos[e >> 1]) s[e] = NEG_INF;
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-            if (tq == 0) wl[skw * ROWS + smt * 16 + gid + 8 * h] = l[h];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                const int r = mt * 16 + gid + 8 * h;
-#pragma unroll
-                for (int j = 0; j < VCOLS / 8; ++j)
-                    *(float2*)(mo + r * MLA_R + warp * VCOLS + 8 * j + 2 * tq) =
-                        make_float2(o[mt][j][2 * h], o[mt][j][2 * h + 1]);
-                if (tq == 0 && warp == 0) mm[r] = m[mt][h] == NEG_INF ? NEG_INF : m[mt][h] * scale;
-            }
+            float mx = fmaxf(s[2 * h], s[2 * h + 1]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            if (tq == 0) red[skw * ROWS + smt * 16 + gid + 8 * h] = mx;
         }
         __syncthreads();
-        if (threadIdx.x < ROWS) {
-            float sum = 0.f;
+        float alpha[MT][2], base[2], salpha[2];
 #pragma unroll
-            for (int w = 0; w < MLA_KEY_WARPS; ++w) sum += wl[w * ROWS + threadIdx.x];
-            ml[threadIdx.x] = sum;
-        }
-        mla_cluster_sync(cs);   // every CTA of the cluster holds its state
-        const MlaStore st{out, part_o, part_m + ml_off, part_l + ml_off, q0, row0, nh, b, clu, slots, used};
-        if constexpr (MT == 1) {
-            switch (cs) {
-                case 1: mla_merge_cluster<ROWS, 1>(mo, mm, ml, cw, cl, gc, rank, st); break;
-                case 2: mla_merge_cluster<ROWS, 2>(mo, mm, ml, cw, cl, gc, rank, st); break;
-                case 4: mla_merge_cluster<ROWS, 4>(mo, mm, ml, cw, cl, gc, rank, st); break;
-                default: mla_merge_cluster<ROWS, MLA_MAX_CLUSTER>(mo, mm, ml, cw, cl, gc, rank, st);
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mn = m[mt][h];
+#pragma unroll
+                for (int w = 0; w < MLA_KEY_WARPS; ++w) mn = fmaxf(mn, red[w * ROWS + mt * 16 + gid + 8 * h]);
+                const float bs = mn == NEG_INF ? 0.f : mn * scale;   // a row that has seen nothing yet
+                alpha[mt][h] = fast_exp2(m[mt][h] * scale - bs);     // m = -inf: 0
+                m[mt][h] = mn;
+                if (mt == smt) { base[h] = bs; salpha[h] = alpha[mt][h]; }
             }
-        } else {   // runs of several tokens: one CTA
-            mla_merge_cluster<ROWS, 1>(mo, mm, ml, cw, cl, gc, rank, st);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l[h] *= salpha[h];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[e] = fast_exp2(fmaf(s[e], scale, -base[e >> 1]));
+            l[e >> 1] += s[e];
         }
-        mla_cluster_sync(cs);   // the others have read this CTA's state: its shared memory is free
+        unsigned int* prow = (unsigned int*)ps;
+        prow[(((smt * 16 + gid) * MLA_PLD) + 8 * skw + 2 * tq) / 2] = pack_bf16x2(s[0], s[1]);
+        prow[(((smt * 16 + gid + 8) * MLA_PLD) + 8 * skw + 2 * tq) / 2] = pack_bf16x2(s[2], s[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < VCOLS / 8; ++j) {
+                o[mt][j][0] *= alpha[mt][0]; o[mt][j][1] *= alpha[mt][0];
+                o[mt][j][2] *= alpha[mt][1]; o[mt][j][3] *= alpha[mt][1];
+            }
+        __syncthreads();   // P complete
+        // O[:, VCOLS warp ..] += P V over the tile's 32 keys (two k-steps of 16)
+#pragma unroll
+        for (int kk = 0; kk < MLA_BN / 16; ++kk) {
+            unsigned int a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], ps + poff + mt * 16 * MLA_PLD + kk * 16);
+#pragma unroll
+            for (int dp = 0; dp < VCOLS / 16; ++dp) {
+                unsigned int bv[4];
+                ldmatrix_x4_trans(bv, kt + voff + kk * 16 * MLA_LD + dp * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_bf16(o[mt][2 * dp], a[mt], bv[0], bv[1]);
+                    mma_bf16(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+                }
+            }
+        }
     }
-    if constexpr (MT == 1) {   // only decode splits (the merge keeps 16 rows)
-        if (used == 1) return;
-        const int width = MLA_R / cs;
-        merge_splits_if_last<bf16, MLA_R>(part_o, part_m + ml_off, part_l + ml_off,
-                                          counters + rank * gridDim.z * gridDim.y, (float*)smem_raw, gc, row0, nh, q0,
-                                          b, used, slots, out, rank * width, width, arrivals);
+    cp_async_wait<0>();
+    __syncthreads();   // every warp is done with the stages: the merge area goes over them
+
+    // the block's state: O [row][512] unnormalised, m (log2 units) per row, l summed over the key warps
+    float* mo = (float*)kvs;
+    float* mm = mo + ROWS * MLA_R;
+    float* ml = mm + ROWS;
+    float* wl = ml + ROWS;   // [MLA_KEY_WARPS][ROWS]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+        if (tq == 0) wl[skw * ROWS + smt * 16 + gid + 8 * h] = l[h];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const int r = mt * 16 + gid + 8 * h;
+#pragma unroll
+            for (int j = 0; j < VCOLS / 8; ++j)
+                *(float2*)(mo + r * MLA_R + warp * VCOLS + 8 * j + 2 * tq) = make_float2(o[mt][j][2 * h], o[mt][j][2 * h + 1]);
+            if (tq == 0 && warp == 0) mm[r] = m[mt][h] == NEG_INF ? NEG_INF : m[mt][h] * scale;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWS) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < MLA_KEY_WARPS; ++w) sum += wl[w * ROWS + threadIdx.x];
+        ml[threadIdx.x] = sum;
+    }
+    __syncthreads();
+    // row g of the block is output row row0 + g of the run: out[(q0 * nh + row0 + g) * 512 ..]
+    store_merged_warps<bf16, 1, ROWS, MLA_R>(mm, ml, mo, gc, row0, nh, q0, b, split, used, num_splits, out, part_o,
+                                             part_m, part_l);
+    if constexpr (MT == 1) {   // only decode splits (its merge keeps 16 rows)
+        if (used > 1)
+            merge_splits_if_last<bf16, MLA_R>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, row0, nh, q0, b,
+                                              used, num_splits, out);
     }
 }
 
@@ -286,10 +246,9 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         const bf16* ql, long long ql_stride, const bf16* qp, long long qp_stride, const bf16* cache,                \
         long long block_stride, int block_size, const int* tables, int table_stride, const int* qstart,            \
         const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, float scale, \
-        int split_keys, int cap, int slots, int cs) {                                                              \
+        int num_splits, int min_split) {                                                                           \
         mla_attention<MT>(ql, ql_stride, qp, qp_stride, cache, block_stride, block_size, tables, table_stride,     \
-                          qstart, ctx, out, part_o, part_m, part_l, counters, nh, scale, split_keys, cap, slots,   \
-                          cs);                                                                                     \
+                          qstart, ctx, out, part_o, part_m, part_l, counters, nh, scale, num_splits, min_split);   \
     }
 
 MLA_KERNEL(mla_attention_bf16, 1)

@@ -2,13 +2,10 @@
 `mla_rope` and `mla_rope_write` (the latent norm, both RoPEs and the cache write in one launch), and the expanded
 form's gather and packing (`mla_gather_latent`, `mla_pack_heads`; layers/mla_expanded.py).
 
-Decode batches (every run one token) split each context over thread-block clusters so that batch 1 fills the GPU.
-The split of a sequence depends only on its own key count (`decode_clusters`, with the device's fixed cluster size),
-never on the batch, the other sequences or `max_context_len`, so batching and CUDA graphs never change its output;
-the grid (`decode_grid`) only decides how many clusters run each sequence's clusters in turn, and the kernel reads
-only the batch's device fields, so a CUDA graph captured at the longest context serves shorter ones (as
-attention_decode.py). Runs of more tokens (prefill chunks, prefix hits, mixed steps) launch one CTA per (sequence,
-32-row tile).
+Decode batches (every run one token) split each context over the grid so that batch 1 fills the GPU; the grid
+depends only on the batch size, the heads and `max_context_len`, and the kernel reads only the batch's device
+fields, so a CUDA graph captured at the longest context serves shorter ones (as attention_decode.py). Runs of
+more tokens (prefill chunks, prefix hits, mixed steps) launch one split per (sequence, 32-row tile).
 """
 from __future__ import annotations
 
@@ -20,22 +17,21 @@ import numpy as np
 
 from ...engine.batch import ForwardBatch
 from .attention import LOG2E
-from .module import (BF16, COUNTER_SLOTS, NULL, arrival_counters, as_index, blocks_per_sm, clusters_at_once,
-                     clusters_supported, heads3d, launch, rows2d, sm_count)
+from .attention_decode import decode_splits
+from .module import (BF16, COUNTER_SLOTS, NULL, arrival_counters, as_index, blocks_per_sm, heads3d, launch,
+                     rows2d)
 from .ops import norm_suffix
 
 LATENT, ROPE = 512, 64                 # must match mla.cu (MLA_R, MLA_P)
 ROW = LATENT + ROPE
 BN, KEY_WARPS = 32, 4                  # keys of a tile, warps sharing an m tile's scores (mla.cu)
-MAX_CLUSTER = 8                        # CTAs of a decode cluster (mla_merge.cuh MLA_MAX_CLUSTER, portable size)
-SPLIT_KEYS = 128                       # keys of a decode CTA at most, until a sequence has MAX_CLUSTERS clusters
-MAX_CLUSTERS = 16                      # clusters of a decode sequence at most (partials B x heads x 16 x 512)
+SPLIT_KEYS = 64                        # fewest keys of a decode split (whole tiles)
 MAX_TILES = 65535                      # row tiles of one sequence: the grid's y
 GATHER_ROWS = 8                        # rows of a mla_gather_latent block (mla.cu MLA_GATHER_ROWS)
 
 
 def smem(rows: int) -> int:
-    """Mla<MT>::SMEM: Q rows, two K/V stages, P, the warps' row maxima (the merge area lies over the stages)."""
+    """Mla<MT>::SMEM: Q rows, two K/V stages, P, the warps' row maxima."""
     return rows * (ROW + 8) * 2 + 2 * BN * (ROW + 8) * 2 + rows * (BN + 8) * 2 + KEY_WARPS * rows * 4
 
 
@@ -52,42 +48,6 @@ class MlaKernel:
 
 DECODE = MlaKernel("mla_attention_bf16", 16, 128)   # one m16 tile a block: splits merged in the kernel
 PREFILL = MlaKernel("mla_prefill_bf16", 32, 256)    # two: each K/V tile serves twice the rows
-
-
-def decode_cluster_size() -> int:
-    """CTAs of a decode cluster on this device: the largest size up to MAX_CLUSTER of which the GPU runs one (1:
-    no clusters). Fixed per device, not per batch: the cluster merge's rounding is part of each sequence's result."""
-    if not clusters_supported():
-        return 1
-    cs = MAX_CLUSTER
-    while cs > 1 and clusters_at_once("mla", DECODE.name, DECODE.threads, DECODE.smem, cs) < 1:
-        cs //= 2
-    return cs
-
-
-def decode_clusters(keys: int, cs: int) -> tuple[int, int, int]:
-    """(clusters, keys a CTA, clusters holding keys) of a decode sequence of `keys` keys in clusters of cs (mla.cu's
-    split rule): as many clusters as give each CTA at most SPLIT_KEYS keys, at most MAX_CLUSTERS (then longer
-    splits), the keys shared evenly over their CTAs in whole tiles. Only the key count decides: batch 1 at a 1k
-    context takes one cluster of 8 (128 keys a CTA, merged over distributed shared memory alone), 16k 16."""
-    n = max(1, min(MAX_CLUSTERS, -(-keys // (cs * SPLIT_KEYS))))
-    split = -(-(-(-keys // (n * cs))) // BN) * BN
-    return n, split, -(-keys // (cs * split))
-
-
-def decode_grid(num_seqs: int, tiles: int, max_context_len: int) -> tuple[int, int, int]:
-    """(cs, groups, slots): each (sequence, row tile) of a decode step runs on `groups` clusters of cs CTAs, which
-    take the sequence's decode_clusters in turn (so `groups` changes the speed, never the bits); `slots`: partials
-    a row (the most clusters of any sequence up to max_context_len keys; 1: none stored). Enough groups that one
-    wave of the GPU is busy, no more than the longest sequence has clusters: a CUDA graph captured at the model's
-    length launches no more CTAs than its batch fills the GPU with."""
-    cs = decode_cluster_size()
-    slots = decode_clusters(max_context_len, cs)[0]
-    if cs > 1:
-        at_once = clusters_at_once("mla", DECODE.name, DECODE.threads, DECODE.smem, cs)
-    else:
-        at_once = blocks_per_sm("mla", DECODE.name, DECODE.threads, DECODE.smem) * sm_count()
-    return cs, max(1, min(slots, at_once // (num_seqs * tiles))), slots
 
 
 def _check_cache(op: str, cache: cp.ndarray) -> None:
@@ -189,33 +149,24 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
     if tiles > MAX_TILES:
         raise ValueError(f"mla_attention: a run of {batch.max_query_len} tokens x {nh} heads exceeds the grid "
                          f"({MAX_TILES * kernel.rows} rows); prefill in smaller chunks (--max-num-batched-tokens)")
-    common = (ql, np.int64(ql_stride), qp, np.int64(qp_stride), cache, np.int64(cache.strides[0] // 2),
-              np.int32(cache.shape[1]), tables, np.int32(tables.strides[0] // tables.itemsize))
-    if kernel is PREFILL:
-        launch("mla", kernel.name, (1, tiles, B), kernel.threads,
-               (*common, as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32), out, NULL,
-                NULL, NULL, NULL, np.int32(nh), np.float32(scale * LOG2E), np.int32(SPLIT_KEYS), np.int32(1),
-                np.int32(1), np.int32(1)), kernel.smem)
-        return out
-    cs, groups, slots = decode_grid(B, tiles, batch.max_context_len)
-    # asked on every decode so that an eager run sets the counters up before any capture
-    counters = arrival_counters("decode_attention")
-    if counters is None and slots > 1:
-        raise RuntimeError("mla_attention: a decode step captured before any ran eagerly has no arrival counters; "
-                           "run one decode step eagerly before capturing (cuda_graphs.py does)")
-    qstart, ctx = as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32)
-    # each (rank, sequence, row tile) counts on its own counter: sequences in launches that fit them all
-    step = B if slots == 1 else max(1, COUNTER_SLOTS // (cs * tiles))
-    for b0 in range(0, B, step):
-        n = min(step, B - b0)
-        parts = (NULL, NULL, NULL, NULL)
-        if slots > 1:
-            part_ml = cp.empty((2, cs, n, nh, slots), dtype=cp.float32)
-            parts = (cp.empty((n, nh, slots, LATENT), dtype=cp.float32), part_ml[0], part_ml[1], counters)
-        launch("mla", kernel.name, (cs * groups, tiles, n), kernel.threads,
-               (*common[:7], tables[b0:], common[8], qstart[b0:], ctx[b0:], out, *parts, np.int32(nh),
-                np.float32(scale * LOG2E), np.int32(SPLIT_KEYS), np.int32(MAX_CLUSTERS), np.int32(slots),
-                np.int32(cs)), kernel.smem, cluster=(cs, 1, 1) if cs > 1 else None)
+    splits, parts = 1, (NULL, NULL, NULL, NULL)
+    if kernel is DECODE:
+        per_sm = blocks_per_sm("mla", kernel.name, kernel.threads, kernel.smem)
+        splits = decode_splits(B, tiles, batch.max_context_len, SPLIT_KEYS, per_sm)
+        splits = min(splits, kernel.smem // (2 * 4 * kernel.rows))   # the merging block's m and l of every part
+        # asked on every decode so that an eager run sets the counters up before any capture
+        counters = arrival_counters("decode_attention")
+        if counters is None or B * tiles > COUNTER_SLOTS:
+            splits = 1
+        if splits > 1:
+            part_o = cp.empty((B, nh, splits, LATENT), dtype=cp.float32)
+            part_ml = cp.empty((2, B, nh, splits), dtype=cp.float32)
+            parts = (part_o, part_ml[0], part_ml[1], counters)
+    launch("mla", kernel.name, (splits, tiles, B), kernel.threads,
+           (ql, np.int64(ql_stride), qp, np.int64(qp_stride), cache, np.int64(cache.strides[0] // 2),
+            np.int32(cache.shape[1]), tables, np.int32(tables.strides[0] // tables.itemsize),
+            as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32), out, *parts,
+            np.int32(nh), np.float32(scale * LOG2E), np.int32(splits), np.int32(SPLIT_KEYS)), kernel.smem)
     return out
 
 

@@ -22,7 +22,7 @@ _modules: dict[tuple[int, str], Any] = {}
 _functions: dict[tuple[int, str, str], Any] = {}
 _smem_optin: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
-_occupancy: dict[tuple, int] = {}
+_occupancy: dict[tuple[int, str, str, int, int], int] = {}
 _capability: dict[int, int] = {}
 _counters: dict[tuple[int, str], cp.ndarray] = {}
 
@@ -84,16 +84,6 @@ def blocks_per_sm(source: str, name: str, block: int, smem: int = 0) -> int:
     if key not in _occupancy:
         fn = _function_with_smem(source, name, smem)
         _occupancy[key] = max(1, cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, smem))
-    return _occupancy[key]
-
-
-def clusters_at_once(source: str, name: str, block: int, smem: int, cluster: int) -> int:
-    """How many thread-block clusters of `cluster` CTAs of the kernel the GPU runs at once (its SMs' registers and
-    shared memory and their grouping into GPCs counted)."""
-    key = (cp.cuda.Device().id, source, name, block, smem, cluster)
-    if key not in _occupancy:
-        fn = _function_with_smem(source, name, smem)
-        _occupancy[key] = pdl.max_active_clusters(fn.kernel.ptr, block, smem, cluster)
     return _occupancy[key]
 
 

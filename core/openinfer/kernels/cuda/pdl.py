@@ -164,27 +164,3 @@ def launch(function_ptr: int, grid: Sequence[int], block: int, args: tuple, smem
     if status:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status} (grid {tuple(grid)}, block {block}, "
                            f"{smem} bytes of shared memory, PDL {pdl_on}, cluster {cluster})")
-
-
-def max_active_clusters(function_ptr: int, block: int, smem: int, cluster: int) -> int:
-    """How many clusters of `cluster` CTAs (along x) of the CUfunction at `function_ptr` the device runs at once
-    (cuOccupancyMaxActiveClusters: an SM's registers and shared memory and how the SMs group into GPCs count)."""
-    lib = driver()
-    fn = lib.cuOccupancyMaxActiveClusters
-    fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_LaunchConfig)]
-    fn.restype = ctypes.c_int
-    attr = (_LaunchAttr * 1)()
-    attr[0].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr[0].value[0], attr[0].value[1], attr[0].value[2] = cluster, 1, 1
-    cfg = _LaunchConfig()
-    cfg.grid[0], cfg.grid[1], cfg.grid[2] = cluster, 1, 1
-    cfg.block[0], cfg.block[1], cfg.block[2] = block, 1, 1
-    cfg.smem = smem
-    cfg.attrs = ctypes.cast(attr, ctypes.POINTER(_LaunchAttr))
-    cfg.num_attrs = 1
-    n = ctypes.c_int(0)
-    status = fn(ctypes.byref(n), function_ptr, ctypes.byref(cfg))
-    if status:
-        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {status} (clusters of {cluster}, "
-                           f"block {block}, {smem} bytes of shared memory)")
-    return n.value

@@ -15,19 +15,18 @@
 // [rows, ceil(K/128)] (the 128x128 block scales repeated per row at load).
 //
 // The routed experts of one MoE layer (moe_experts_int4/fp8) run as four launches: moe_plan groups the
-// (token, slot) pairs by local expert (one block); moe_q_gate_up_* computes h = silu(gate x) * up x per pair, a lane
-// group per R/2 outputs (their gate and up rows), a block per (WARPS warps, active expert); moe_q_down_* computes
-// weight * down h per pair, a lane group per R rows; each selected expert's rows are read once per NP pairs;
+// (token, slot) pairs by local expert (one block); moe_q_gate_up_* computes h = silu(gate x) * up x per pair, a warp
+// per R/2 outputs (their gate and up rows), a block per (WARPS warps, active expert); moe_q_down_* computes
+// weight * down h per pair, a warp per R rows; each selected expert's rows are read once per NP pairs;
 // moe_combine_* sums each token's pairs in slot order (deterministic: no atomics on values) and the optional addend
-// (the shared experts' output). The _l<L>r<R>u<U> variants (quant.py's expert_pass picks one by row length) give a
-// row L lanes (a warp is 32 / L groups, each reading its own R rows: short rows keep more bytes in flight a warp and
-// reduce over log2(L) shuffles, which serve the 32 / L groups at once) and a lane U chunks a row and pass. Grids
-// depend only on the token count, so the launches can be captured.
+// (the shared experts' output). R = 4 rows a warp; the _u<U> variants differ in U (1 or 2, the host picks it:
+// quant.py's expert_pass). Grids depend only on the token count, so the launches can be captured.
 #include "common.cuh"
 
 #define P 8          // activation rows of a q_gemv pass (a linear at decode)
 #define NP 4         // pairs of an expert kernel pass
 #define WARPS 8      // warps per block
+#define ER 4         // weight rows a warp of an expert kernel (R of warp_rows)
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {   // read once: no L1 allocation
     uint4 v;
@@ -95,29 +94,28 @@ struct Fp8 {
     }
 };
 
-// acc[r][p] += sum_k W[row[r], k] act[p][k] for p < np, this lane's share (the caller sums its group of L lanes,
-// an aligned L of the warp's 32): lane l of a group owns chunks l, l + L, ...; a pass loads U of them per row, every
-// load issued before the first is used.
-template <class F, int L, int R, int U, int N, typename S, typename A>
+// acc[r][p] += sum_k W[row[r], k] act[p][k] for p < np, this lane's share (the caller sums the warp): lane l owns
+// chunks l, l + 32, ...; a pass loads U of them per row, every load issued before the first is used.
+template <class F, int R, int U, int N, typename S, typename A>
 __device__ __forceinline__ void warp_rows(const void* __restrict__ q, const S* __restrict__ scale,
                                           const long long (&row)[R], int K, const A* const (&act)[N], int np,
                                           float (&acc)[R][N]) {
-    const int lane = threadIdx.x % L, C = F::chunks(K);
-    for (int c0 = lane; c0 < C; c0 += L * U) {
+    const int lane = threadIdx.x & 31, C = F::chunks(K);
+    for (int c0 = lane; c0 < C; c0 += 32 * U) {
         uint4 raw[R][U];
         float s[R][U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const bool in = c0 + L * u < C;
-                raw[r][u] = in ? F::load(q, row[r], K, c0 + L * u) : make_uint4(0, 0, 0, 0);
-                s[r][u] = in ? F::scale(scale, row[r], K, c0 + L * u) : 0.f;
+                const bool in = c0 + 32 * u < C;
+                raw[r][u] = in ? F::load(q, row[r], K, c0 + 32 * u) : make_uint4(0, 0, 0, 0);
+                s[r][u] = in ? F::scale(scale, row[r], K, c0 + 32 * u) : 0.f;
             }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int c = c0 + L * u;
+            const int c = c0 + 32 * u;
             if (c >= C) break;
             float part[R][N];
 #pragma unroll
@@ -162,7 +160,7 @@ __device__ void q_gemv(const T* __restrict__ x, long long xs, const void* __rest
     float acc[1][P];
 #pragma unroll
     for (int p = 0; p < P; ++p) { act[p] = x + (long long)(m0 + min(p, rows - 1)) * xs; acc[0][p] = 0.f; }
-    warp_rows<F, 32, 1, 4>(q, scale, row, K, act, rows, acc);
+    warp_rows<F, 1, 4>(q, scale, row, K, act, rows, acc);
 #pragma unroll
     for (int p = 0; p < P; ++p) {
         const float s = warp_sum(acc[0][p]);
@@ -237,30 +235,21 @@ extern "C" __global__ void moe_plan(const int* __restrict__ ids, int n, int E_lo
     }
 }
 
-// The sum of v over the aligned group of L lanes (log2(L) shuffles, serving the warp's 32 / L groups at once).
-template <int L>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // h[pair, o] = silu(gate_e x[t]) * up_e x[t] for the pairs of slot blockIdx.y (t = pair / k): grid
-// (ceil(I / (WARPS * 32 / L * R / 2)), slots), a group of L lanes per R / 2 outputs. q/scale: the expert stack
-// [E_local, 2I, ...] (gate rows first).
-template <class F, int L, int R, int U, typename T, typename S>
+// (ceil(I / (WARPS * R / 2)), slots), a warp per R / 2 outputs. q/scale: the expert stack [E_local, 2I, ...] (gate
+// rows first).
+template <class F, int U, typename T, typename S>
 __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ q, const S* __restrict__ scale,
                               const int* __restrict__ slot_expert, const int* __restrict__ slot_start,
                               const int* __restrict__ pair_list, int k, int D, int I, float* __restrict__ h) {
-    constexpr int O = R / 2, G = 32 / L;
+    constexpr int R = ER, O = R / 2;
     pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int e = slot_expert[blockIdx.y];
-    const int warp = blockIdx.x * WARPS + (threadIdx.x >> 5), sub = threadIdx.x & (L - 1);
-    const int o0 = (warp * G + ((threadIdx.x & 31) / L)) * O;
-    if (e < 0 || warp * G * O >= I) return;   // whole warps only: every lane takes part in the shuffles
+    const int lane = threadIdx.x & 31, o0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * O;
+    if (e < 0 || o0 >= I) return;
     long long row[R];
 #pragma unroll
-    for (int i = 0; i < O; ++i) {   // an output past I reads the last one's rows again and is not stored
+    for (int i = 0; i < O; ++i) {   // an output past I (odd I) reads the last one's rows again and is not stored
         row[i] = (long long)e * 2 * I + min(o0 + i, I - 1);
         row[O + i] = row[i] + I;
     }
@@ -277,33 +266,32 @@ __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ 
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r][p] = 0.f;
         }
-        warp_rows<F, L, R, U>(q, scale, row, D, act, rows, acc);
+        warp_rows<F, R, U>(q, scale, row, D, act, rows, acc);
 #pragma unroll
         for (int i = 0; i < O; ++i)
 #pragma unroll
             for (int p = 0; p < NP; ++p) {
                 if (p < rows) {
-                    const float gs = group_sum<L>(acc[i][p]), us = group_sum<L>(acc[O + i][p]);
-                    if (sub == 0 && o0 + i < I) h[(long long)pair[p] * I + o0 + i] = silu_mul_f32(gs, us);
+                    const float gs = warp_sum(acc[i][p]), us = warp_sum(acc[O + i][p]);
+                    if (lane == 0 && o0 + i < I) h[(long long)pair[p] * I + o0 + i] = silu_mul_f32(gs, us);
                 }
             }
     }
     pdl_trigger();
 }
 
-// yk[pair, o] = weights[pair] * down_e h[pair] for the pairs of slot blockIdx.y: grid (ceil(D / (WARPS * 32 / L *
-// R)), slots), a group of L lanes per R rows.
-template <class F, int L, int R, int U, typename S>
+// yk[pair, o] = weights[pair] * down_e h[pair] for the pairs of slot blockIdx.y: grid (ceil(D / (WARPS * R)),
+// slots), a warp per R rows.
+template <class F, int U, typename S>
 __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__ q, const S* __restrict__ scale,
                            const int* __restrict__ slot_expert, const int* __restrict__ slot_start,
                            const int* __restrict__ pair_list, const float* __restrict__ weights, int D, int I,
                            float* __restrict__ yk) {
-    constexpr int G = 32 / L;
+    constexpr int R = ER;
     pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int e = slot_expert[blockIdx.y];
-    const int warp = blockIdx.x * WARPS + (threadIdx.x >> 5), sub = threadIdx.x & (L - 1);
-    const int o0 = (warp * G + ((threadIdx.x & 31) / L)) * R;
-    if (e < 0 || warp * G * R >= D) return;   // whole warps only: every lane takes part in the shuffles
+    const int lane = threadIdx.x & 31, o0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
+    if (e < 0 || o0 >= D) return;
     long long row[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) row[r] = (long long)e * D + min(o0 + r, D - 1);   // past D: read again, not stored
@@ -320,14 +308,14 @@ __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r][p] = 0.f;
         }
-        warp_rows<F, L, R, U>(q, scale, row, I, act, rows, acc);
+        warp_rows<F, R, U>(q, scale, row, I, act, rows, acc);
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int p = 0; p < NP; ++p) {
                 if (p < rows) {
-                    const float s = group_sum<L>(acc[r][p]);
-                    if (sub == 0 && o0 + r < D) yk[(long long)pair[p] * D + o0 + r] = weights[pair[p]] * s;
+                    const float s = warp_sum(acc[r][p]);
+                    if (lane == 0 && o0 + r < D) yk[(long long)pair[p] * D + o0 + r] = weights[pair[p]] * s;
                 }
             }
     }
@@ -364,20 +352,18 @@ __device__ void moe_combine(const float* __restrict__ yk, const int* __restrict_
     store_f32<4>(y + t * D + d, s);
 }
 
-#define Q_EXPERTS(fmt, F, sfx, T, S, L, R, U)                                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS) moe_q_gate_up_##fmt##_##sfx##_l##L##r##R##u##U(       \
+#define Q_EXPERTS(fmt, F, sfx, T, S, U)                                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) moe_q_gate_up_##fmt##_##sfx##_u##U(                   \
         const T* x, const void* q, const S* scale, const int* slot_expert, const int* slot_start,                 \
         const int* pair_list, int k, int D, int I, float* h) {                                                     \
-        moe_q_gate_up<F, L, R, U, T, S>(x, q, scale, slot_expert, slot_start, pair_list, k, D, I, h);              \
+        moe_q_gate_up<F, U, T, S>(x, q, scale, slot_expert, slot_start, pair_list, k, D, I, h);                    \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS) moe_q_down_##fmt##_##sfx##_l##L##r##R##u##U(          \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) moe_q_down_##fmt##_##sfx##_u##U(                      \
         const float* h, const void* q, const S* scale, const int* slot_expert, const int* slot_start,             \
         const int* pair_list, const float* weights, int D, int I, float* yk) {                                     \
-        moe_q_down<F, L, R, U, S>(h, q, scale, slot_expert, slot_start, pair_list, weights, D, I, yk);             \
+        moe_q_down<F, U, S>(h, q, scale, slot_expert, slot_start, pair_list, weights, D, I, yk);                   \
     }
 
-// the expert forms quant.py's expert_pass picks from: whole-warp rows (4 a warp) of 1 or 2 chunks a lane and pass;
-// rows of at most 64 chunks: 8 lanes a row, 2 rows a group (8 a warp), 4 chunks a lane and pass
 #define Q_KERNELS(fmt, F, sfx, T, S)                                                                               \
     extern "C" __global__ void q_gemv_##fmt##_##sfx(const T* x, long long xs, const void* q, const S* scale, int M, \
                                                     int N, int K, T* y) {                                          \
@@ -386,9 +372,8 @@ __device__ void moe_combine(const float* __restrict__ yk, const int* __restrict_
     extern "C" __global__ void q_dequant_##fmt##_##sfx(const void* q, const S* scale, int K, T* out) {             \
         q_dequant<F, T, S>(q, scale, K, out);                                                                      \
     }                                                                                                              \
-    Q_EXPERTS(fmt, F, sfx, T, S, 32, 4, 1)                                                                         \
-    Q_EXPERTS(fmt, F, sfx, T, S, 32, 4, 2)                                                                         \
-    Q_EXPERTS(fmt, F, sfx, T, S, 8, 2, 4)
+    Q_EXPERTS(fmt, F, sfx, T, S, 1)                                                                                \
+    Q_EXPERTS(fmt, F, sfx, T, S, 2)
 
 // INT4 scales come in the activations' dtype, FP8 scales in float32
 Q_KERNELS(int4, Int4, bf16, bf16, bf16)

@@ -6,7 +6,6 @@ dequantize the weight into a transient dense copy and run the cuBLAS GEMM, so on
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import cupy as cp
@@ -19,6 +18,7 @@ from .moe import packed_addend
 
 GEMV_MAX_ROWS = 16
 WARPS, P = 8, 8         # quant.cu: warps per block (q_gemv: a weight row each), q_gemv's activation rows per pass
+EXPERT_ROWS = 4         # quant.cu's ER: weight rows a warp of the expert kernels (gate_up: 2 outputs' gate and up)
 CHUNK_WEIGHTS = {"int4": 32, "fp8": 16}   # weights of the 16-byte chunk a lane reads
 MOE_CHUNK = 1024        # tokens per pass of the expert path: its float32 per-pair buffers stay ~100s of MB
 _PLAN_THREADS = 1024
@@ -114,37 +114,13 @@ def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights:
     return y
 
 
-@dataclass(frozen=True)
-class ExpertPass:
-    """One form of quant.cu's expert kernels: a row is read by a group of `lanes` lanes (32 / lanes groups a warp),
-    each group reads `rows` rows (gate_up: the gate and up rows of rows / 2 outputs), and a lane loads `chunks`
-    16-byte chunks per row and pass (rows * chunks loads in flight)."""
-    lanes: int
-    rows: int
-    chunks: int
-
-    @property
-    def name(self) -> str:
-        return f"l{self.lanes}r{self.rows}u{self.chunks}"
-
-    @property
-    def warp_rows(self) -> int:
-        return 32 // self.lanes * self.rows
-
-
-SUBWARP_MAX_CHUNKS = 64   # rows of at most this many chunks take the sub-warp form
-
-
-def expert_pass(fmt: str, K: int) -> ExpertPass:
-    """The expert kernel form for rows of K weights. Measured on H100 at Kimi-K2's shapes (1-32 tokens), whole-warp
-    rows (4 a warp): one chunk a lane and pass streams FP8 rows fastest, two INT4 rows of more than 64 chunks (hidden
-    7168: 224 chunks). A row of at most 64 chunks (INT4 width 2048) is only two chunks a lane of a warp, after which
-    the warp spends a 5-step shuffle reduction per row and pair; such rows take 8 lanes each (4 rows at once per
-    3-step reduction) with 2 rows a group and 4 chunks a lane and pass (a warp: 8 rows, 4 KB in flight)."""
-    C = K // CHUNK_WEIGHTS[fmt]
-    if C <= SUBWARP_MAX_CHUNKS:
-        return ExpertPass(8, 2, 4)
-    return ExpertPass(32, 4, 2 if fmt == "int4" else 1)
+def expert_pass(fmt: str, K: int) -> int:
+    """U of quant.cu's expert kernels for rows of K weights: the 16-byte chunks a lane loads per row and pass (a warp
+    reads EXPERT_ROWS rows, so a lane has EXPERT_ROWS * U loads in flight). Measured on H100 at Kimi-K2's shapes
+    (1-32 tokens): U = 1 streams FP8 rows fastest; INT4 rows of more than 64 chunks (hidden 7168: 224) stream a
+    few percent faster with U = 2 at 8-32 tokens, rows of 64 (width 2048) equally fast with either; U = 4 was
+    slower for every row and token count, so it is not built."""
+    return 2 if fmt == "int4" and K // CHUNK_WEIGHTS[fmt] > 64 else 1
 
 
 def _moe_chunk(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
@@ -165,13 +141,13 @@ def _moe_chunk(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray
             pair_list), smem=4 * E_local)
     h = cp.empty((n, I), dtype=cp.float32)
     q, s = _arrays(gate_up)
-    p = expert_pass(fmt, D)
-    launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-I // (WARPS * p.warp_rows // 2)), slots),
-           32 * WARPS, (x, q, s, slot_expert, slot_start, pair_list, np.int32(k), np.int32(D), np.int32(I), h))
+    launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_u{expert_pass(fmt, D)}",
+           (-(-I // (WARPS * EXPERT_ROWS // 2)), slots), 32 * WARPS,
+           (x, q, s, slot_expert, slot_start, pair_list, np.int32(k), np.int32(D), np.int32(I), h))
     yk = cp.empty((n, D), dtype=cp.float32)
     q, s = _arrays(down)
-    p = expert_pass(fmt, I)
-    launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-D // (WARPS * p.warp_rows)), slots),
-           32 * WARPS, (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I), yk))
+    launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_u{expert_pass(fmt, I)}",
+           (-(-D // (WARPS * EXPERT_ROWS)), slots), 32 * WARPS,
+           (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I), yk))
     launch("quant", f"moe_combine_{suffix(x.dtype)}", (T, -(-D // (4 * _COMBINE_THREADS))), _COMBINE_THREADS,
            (yk, ids, np.int32(k), np.int32(D), np.int32(E_local), np.int32(expert_offset), addend, y))
