@@ -3,8 +3,9 @@ GEMMs for every other call. kernels/cuda/__init__.py registers this as "cublas",
 alone, for `--kernel moe_experts=grouped`).
 
 The rule, call by call (`uses_cublas`): a step whose T tokens x top-k pairs give at least PREFILL_ROWS_PER_EXPERT rows
-to each local expert on average (T * k >= PREFILL_ROWS_PER_EXPERT * E_local, the form of moe.py's 128-row tile rule)
-and that no CUDA graph is capturing. Outside a capture it depends on the step's shape alone, so an eager engine and
+to each local expert on average (T * k >= PREFILL_ROWS_PER_EXPERT * E_local, the form of moe.py's 128-row tile rule;
+under expert parallelism every pair counts, so it fires at fewer tokens a rank, as that rule does) and that no CUDA
+graph is capturing. Outside a capture it depends on the step's shape alone, so an eager engine and
 a graph engine run the same implementation for the same step (their greedy tokens agree: decode batches, at most
 max_num_seqs x k / E_local rows an expert, 24 for V2-Lite at 256 sequences, stay far below the threshold). A prefill
 cut into smaller chunks may land below it, where the grouped kernel sums in another order and rounds elsewhere (it
