@@ -16,10 +16,17 @@ CUDA graph, the replay timed with CUDA events (openinfer.testing.cuda.graph_ms),
 - moe decode / prefill: moe_router + moe_experts of one layer for T tokens. GB/s counts the distinct
   experts the routing selects (3 x 2048 x 1408 x 2 bytes each) over its time; TFLOP/s the routed GEMMs
   (T x 6 x 3 x 2048 x 1408 x 2).
+- experts (--experts: this section alone): moe_experts of one layer for T prefill tokens in each CUDA implementation
+  (the registry's "grouped": moe.py's grouped GEMMs; "cublas" forced: moe_blas.py's cuBLAS per expert), timed
+  eagerly with CUDA events as a prefill step runs them (the cuBLAS path reads the routing to the host, so no graph);
+  the routing is the random gate's, computed once. TFLOP/s counts the routed GEMMs (T x 6 x 3 x 2048 x 1408 x 2);
+  `rule` names the implementation the "cublas" entry point picks at that T (moe_blas.PREFILL_ROWS_PER_EXPERT); the
+  `its gemms` row times the cuBLAS path's GEMMs alone (one gate_up and one down an expert).
 Compare GB/s with the device's copy rate (~3.35 TB/s H100, ~4.3 TB/s H200) and TFLOP/s with ~700 (bf16 dense).
     python scripts/mla_moe_bench.py [--batches 1,32,128] [--contexts 1024,8192] [--prompts 1024,8192]
                                     [--layer-runs 1024@1024,16384@16384,4096@16384,2048@16384]
                                     [--tokens 1,8,32,512,2048] [--max-model-len 16384]
+                                    [--experts] [--expert-tokens 1024,8192,16384]
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ import numpy as np
 from types import SimpleNamespace
 
 from openinfer.engine.batch import ForwardBatch
-from openinfer.kernels.cuda import attention, blas, mla, moe
+from openinfer.kernels.cuda import attention, blas, mla, moe, moe_blas
 from openinfer.kernels.cuda.module import BF16
 from openinfer.layers.mla import MLADims
 from openinfer.layers.mla_expanded import expanded_attention
@@ -100,6 +107,36 @@ def mla_layer_ms(run: int, context: int, rng: np.random.Generator) -> tuple[floa
     return event_ms(absorbed), None if expanded() is None else event_ms(expanded)
 
 
+def expert_rows(tokens: list[int]) -> None:
+    """The experts section: both implementations of moe_experts at each prefill size."""
+    gate = cp.random.standard_normal((E, D), dtype=cp.float32) * D ** -0.5
+    gate_up, down = _normal(E, 2 * I, D, scale=D ** -0.5), _normal(E, D, I, scale=I ** -0.5)
+    impls = {"grouped": moe.moe_experts, "cublas": moe_blas.moe_experts_cublas}
+    print(f"{'experts':12} {'tokens':>6} {'rows/e':>8} {'us':>9} {'TFLOP/s':>8} {'rule':>8}")
+    for t in tokens:
+        x = _normal(t, D)
+        ids, w = moe.moe_router(x, gate, None, RouterConfig(top_k=K))
+        rule = "cublas" if moe_blas.uses_cublas(t, K, E) else "grouped"
+        flops = t * K * 3 * D * I * 2
+        for name, fn in impls.items():
+            ms = event_ms(lambda: fn(x, gate_up, down, ids, w, 0))
+            print(f"{name:12} {t:>6} {t * K / E:>8.0f} {ms * 1e3:>9.0f} {flops / ms / 1e9:>8.1f} {rule:>8}")
+        ms = event_ms(cublas_gemms(gate_up, down, ids))
+        print(f"{'  its gemms':12} {t:>6} {t * K / E:>8.0f} {ms * 1e3:>9.0f} {flops / ms / 1e9:>8.1f} {'':>8}")
+
+
+def cublas_gemms(gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray):
+    """The cuBLAS path's two GEMMs an expert alone, on buffers of the routing's sorted rows (no align, host read,
+    gather, SwiGLU or combine): how much of its time the GEMMs take."""
+    counts = np.bincount(cp.asnumpy(ids).ravel(), minlength=E)
+    ends = np.cumsum(counts).tolist()
+    groups = [(e, end - c, end) for e, (c, end) in enumerate(zip(counts.tolist(), ends)) if c]
+    n = ends[-1]
+    xs, h = _normal(n, D), _normal(n, I)
+    gu, ys = cp.empty((n, 2 * I), dtype=BF16), cp.empty((n, D), dtype=cp.float32)
+    return lambda: (blas.grouped_gemm(xs, gate_up, gu, groups), blas.grouped_gemm(h, down, ys, groups))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,32,128")
@@ -109,10 +146,16 @@ def main() -> None:
                     help="RUN@CONTEXT pairs for the mla layer rows: a prefill chunk of RUN tokens ending at CONTEXT")
     ap.add_argument("--tokens", default="1,8,32,512,2048")
     ap.add_argument("--max-model-len", type=int, default=16384)
+    ap.add_argument("--experts", action="store_true", help="only the experts section: both moe_experts implementations")
+    ap.add_argument("--expert-tokens", default="1024,8192,16384")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     scale = (128 + P) ** -0.5
-    print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; V2-Lite shapes, bf16, {CALLS} calls a graph")
+    print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; V2-Lite shapes, bf16, {CALLS} calls a graph "
+          "(experts: eager)")
+    if args.experts:
+        expert_rows([int(t) for t in args.expert_tokens.split(",")])
+        return
     print(f"{'op':12} {'batch':>6} {'context':>8} {'ms':>9} {'GB/s':>8} {'TFLOP/s':>8}")
     for b in map(int, args.batches.split(",")):
         for ctx in map(int, args.contexts.split(",")):
@@ -149,6 +192,7 @@ def main() -> None:
         gbs = experts * 3 * D * I * 2 / ms / 1e6
         flops = t * K * 3 * D * I * 2
         print(f"{'moe':12} {t:>6} {'':>8} {ms:>9.4f} {gbs:>8.0f} {flops / ms / 1e9:>8.1f}")
+    expert_rows([int(t) for t in args.expert_tokens.split(",")])
 
 
 if __name__ == "__main__":

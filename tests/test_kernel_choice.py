@@ -78,6 +78,19 @@ def test_paged_attention_has_three_cuda_implementations():
     assert names("float32", 90) == ["cuda_cores"]
 
 
+def test_moe_experts_has_two_cuda_implementations():
+    """"cublas" (cuBLAS per expert for prefill-sized eager steps, the grouped GEMMs otherwise: moe_blas.py) ahead of
+    "grouped" (always the grouped GEMMs), both bf16 only; `--kernel moe_experts=grouped` picks the second."""
+    reg = KernelRegistry()
+    cuda_kernels.register(reg.register)
+    found = reg.candidates("moe_experts", "cuda", "bfloat16", 90)
+    assert [(k.name, k.impl) for k in found] == [("cublas", "openinfer.kernels.cuda.moe_blas:moe_experts"),
+                                                ("grouped", "openinfer.kernels.cuda.moe:moe_experts")]
+    assert not reg.candidates("moe_experts", "cuda", "float32", 90)
+    plan = reg.resolve(["moe_experts"], "cuda", "bfloat16", 90, {"moe_experts": "grouped"}).describe()
+    assert plan["moe_experts"].startswith("grouped: ") and "also: cublas" in plan["moe_experts"]
+
+
 @pytest.mark.parametrize("command", [["serve"], ["generate", "hi"], ["bench", "latency"], ["plugins"]])
 def test_every_engine_command_takes_kernel_flags(command):
     a = build_parser().parse_args([*command, "--kernel", "paged_attention=mma", "--kernel", "linear=x"])

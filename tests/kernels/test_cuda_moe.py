@@ -1,7 +1,8 @@
 """MoE on the GPU against the numpy reference ops on random inputs (skipped without one): router_logits, moe_route
 (softmax greedy,
 group-limited greedy, sigmoid noaux_tc; ties) and moe_experts (decode- and prefill-sized batches, an expert-parallel
-shard, shapes off the tiles, routing decided on the device and replayed from a CUDA graph)."""
+shard, shapes off the tiles, routing decided on the device and replayed from a CUDA graph), in both implementations:
+the grouped GEMMs (moe.py) and cuBLAS per expert (moe_blas.py, with uneven loads and experts that get no rows)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +11,8 @@ import pytest
 from cuda_cases import (  # noqa: F401  (the fixtures are used by name)
     BF16, DTYPES, after_inputs, captured, close, cp, dev, exact, host, own_stream, pdl, replayed, rnd)
 from openinfer.kernels import numpy_mla_moe as ref
-from openinfer.kernels.cuda import module, moe
+from openinfer.kernels.cuda import module, moe, moe_blas
+from test_moe_blas_emulation import routing
 from test_moe_emulation import route_config
 
 pytestmark = pytest.mark.cuda
@@ -167,3 +169,59 @@ def test_moe_route_and_experts_replay_from_a_graph(T):
             logits.set(new)
             ids, w = ref.moe_route(new, None, cfg)
             close(replayed(graph, stream, got), ref.moe_experts(x, gate_up, down, ids, w, 0), BF)
+
+
+@pytest.mark.parametrize("case", list(EXPERT_CASES))
+def test_moe_experts_cublas(case, pdl):
+    """The cuBLAS path on the grouped kernel's cases: the reference within the same tolerance, deterministic, the
+    addend added by the combine."""
+    T, D, I, E, k, n_ids, offset = EXPERT_CASES[case]
+    x, gate_up, down, ids, weights = _expert_inputs(T, D, I, E, k, n_ids, len(case))
+    args = (dev(x, BF16), dev(gate_up, BF16), dev(down, BF16), cp.asarray(ids), cp.asarray(weights), offset)
+    got = moe_blas.moe_experts_cublas(*args)
+    close(got, ref.moe_experts(x, gate_up, down, ids, weights, offset), BF)
+    np.testing.assert_array_equal(host(moe_blas.moe_experts_cublas(*args)), host(got))
+    shared = exact(np.random.default_rng(len(case)).standard_normal((T, D)).astype(np.float32), BF16)
+    close(moe_blas.moe_experts_cublas(*args, dev(shared, BF16)),
+          ref.moe_experts(x, gate_up, down, ids, weights, offset, shared), BF)
+
+
+@pytest.mark.parametrize("law", ["skewed", "same_experts"])
+@pytest.mark.parametrize("T,E,offset", [(1024, 16, 0), (600, 8, 8), (5, 16, 0)])
+def test_moe_experts_cublas_uneven(law, T, E, offset):
+    """V2-Lite widths, routings that load a few experts heavily and leave others with no rows (an expert-parallel
+    shard too): the reference, and the grouped GEMMs to bf16 rounding."""
+    D, I, k = 2048, 1408, 6
+    rng = np.random.default_rng(T + E)
+    ids = routing(law, T, k, E + offset, rng).astype(np.int32)
+    x, gate_up, down, _, weights = _expert_inputs(T, D, I, E, k, E, T)
+    args = (dev(x, BF16), dev(gate_up, BF16), dev(down, BF16), cp.asarray(ids), cp.asarray(weights), offset)
+    got = moe_blas.moe_experts_cublas(*args)
+    close(got, ref.moe_experts(x, gate_up, down, ids, weights, offset), BF)
+    close(got, host(moe.moe_experts(*args)), BF)
+
+
+def test_moe_experts_choice(monkeypatch):
+    """moe_blas.moe_experts (the registry's "cublas"): cuBLAS at and above the threshold, the grouped GEMMs below it
+    and inside a graph capture, where a replay with other logits still routes on the device."""
+    E, cfg = ROUTERS["v2_lite_greedy"]
+    T, D, I = 256, 256, 128
+    monkeypatch.setattr(moe_blas, "PREFILL_ROWS_PER_EXPERT", T * cfg.top_k // E)   # 24 rows: T tokens exactly
+    x, gate_up, down, _, _ = _expert_inputs(T, D, I, E, cfg.top_k, E, 5)
+    xd, gud, dd = dev(x, BF16), dev(gate_up, BF16), dev(down, BF16)
+    logits = cp.asarray(rnd(np.random.default_rng(5), T, E))
+    ids, w = moe.moe_route(logits, None, cfg)
+    assert moe_blas.uses_cublas(T, cfg.top_k, E) and not moe_blas.uses_cublas(T - 1, cfg.top_k, E)
+    np.testing.assert_array_equal(host(moe_blas.moe_experts(xd, gud, dd, ids, w, 0)),
+                                  host(moe_blas.moe_experts_cublas(xd, gud, dd, ids, w, 0)))
+    np.testing.assert_array_equal(host(moe_blas.moe_experts(xd[1:], gud, dd, ids[1:], w[1:], 0)),
+                                  host(moe.moe_experts(xd[1:], gud, dd, ids[1:], w[1:], 0)))   # also loads them
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with after_inputs(stream):
+        def step():
+            return moe_blas.moe_experts(xd, gud, dd, *moe.moe_route(logits, None, cfg), 0)
+        got, graph = captured(step, stream, pool)   # a host read inside the capture would fail it
+        new = rnd(np.random.default_rng(105), T, E, scale=3.0)
+        logits.set(new)
+        ids, w = ref.moe_route(new, None, cfg)
+        close(replayed(graph, stream, got), ref.moe_experts(x, gate_up, down, ids, w, 0), BF)

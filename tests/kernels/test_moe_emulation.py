@@ -30,7 +30,7 @@ GID, TQ = LANE >> 2, LANE & 3
 def emulate_align(call, rng):
     """moe_align on its recorded arguments: per-lane scans of the counts, the tile lists, the scatter in a random
     order within each expert (as the atomics may give)."""
-    ids, pairs, e_local, e_offset, bm, sorted_pairs, tile_expert, tile_start, tile_end, num_tiles = call.args
+    ids, pairs, e_local, e_offset, bm, sorted_pairs, tile_expert, tile_start, tile_end, num_tiles, row_of = call.args
     pairs, e_local, bm = int(pairs), int(e_local), int(bm)
     local = flat(ids)[:pairs].astype(np.int64) - int(e_offset)
     count = np.bincount(local[(local >= 0) & (local < e_local)], minlength=e_local)
@@ -58,6 +58,8 @@ def emulate_align(call, rng):
         e = int(local[p])
         if 0 <= e < e_local:
             srt[cursor[e]] = p
+            if row_of is not NULL:
+                flat(row_of)[p] = cursor[e]
             cursor[e] += 1
 
 
@@ -195,14 +197,21 @@ def emulate_gemm(call):
 
 
 def emulate_combine(call):
-    y, ids, topk, e_local, e_offset, D, addend, out = call.args
+    """moe_combine_bf16: the pairs' weighted rows, or (row_of and route_w given) sorted rows times their weights."""
+    y, ids, topk, e_local, e_offset, D, addend, row_of, route_w, out = call.args
+    assert (row_of is NULL) == (route_w is NULL)
     yf, idf, of = flat(y), flat(ids), flat(out)
     k, D = int(topk), int(D)
     for t in range(call.grid[0]):
         acc = np.zeros(D, np.float32)
         for j in range(k):
-            if 0 <= idf[t * k + j] - int(e_offset) < int(e_local):
-                acc += yf[(t * k + j) * D:][:D]
+            p = t * k + j
+            if not 0 <= idf[p] - int(e_offset) < int(e_local):
+                continue
+            if row_of is NULL:
+                acc += yf[p * D:][:D]
+            else:
+                acc += flat(route_w)[p] * yf[int(flat(row_of)[p]) * D:][:D]
         if addend is not NULL:
             acc += flat(addend)[t * D:][:D].astype(np.float32)
         of[t * D: (t + 1) * D] = acc

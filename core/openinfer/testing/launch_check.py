@@ -64,7 +64,7 @@ def _ascontiguousarray(a: Any, dtype: Any = None) -> Any:
 
 
 # The part of the cupy namespace the launchers use, on FakeArrays.
-FAKE_CP = SimpleNamespace(empty=aligned_empty, asarray=fake, ascontiguousarray=_ascontiguousarray,
+FAKE_CP = SimpleNamespace(empty=aligned_empty, asarray=fake, ascontiguousarray=_ascontiguousarray, asnumpy=np.array,
                           float32=np.float32, int32=np.int32, int64=np.int64, uint8=np.uint8, ndarray=FakeArray)
 
 

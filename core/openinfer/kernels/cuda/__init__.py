@@ -11,11 +11,14 @@ DTYPES = ("bfloat16", "float32")
 # the MLA and MoE ops (bf16 models): op -> its module
 BF16_OPS = {"mla_rope": "mla", "mla_write_latent": "mla", "mla_rope_write": "mla", "mla_attention": "mla",
             "mla_gather_latent": "mla", "mla_pack_heads": "mla", "per_head_linear": "blas",
-            "router_logits": "moe", "moe_route": "moe", "moe_router": "moe", "moe_experts": "moe"}
+            "router_logits": "moe", "moe_route": "moe", "moe_router": "moe"}
 # paged_attention's implementations (attention.py): name, function, dtypes, priority, GPU generations
 ATTENTION = (("wgmma", "paged_attention", ("bfloat16",), 20, (90,)),
              ("mma", "paged_attention_mma", ("bfloat16",), 10, ()),
              ("cuda_cores", "paged_attention_cuda_cores", DTYPES, 0, ()))
+# moe_experts' implementations: name, "module:function", priority. "cublas" takes prefill-sized eager steps through
+# cuBLAS and hands every other call to the grouped GEMMs (moe_blas.py states the rule); "grouped" runs them always.
+MOE_EXPERTS = (("cublas", "moe_blas:moe_experts", 10), ("grouped", "moe:moe_experts", 0))
 
 
 # ops on quantized weights (quant.py): op name -> its wrapper
@@ -24,12 +27,14 @@ QUANT_OPS = {"linear_int4": "linear_quant", "linear_fp8": "linear_quant", "moe_e
 
 
 def register(register_kernel) -> None:
-    """Registers every op above, and paged_attention's implementations, for backend "cuda" (called through the
-    core's own hookimpl)."""
+    """Registers every op above, and paged_attention's and moe_experts' implementations, for backend "cuda" (called
+    through the core's own hookimpl)."""
     for name in OPS:
         register_kernel(name, "cuda", f"{__name__}.ops:{name}", dtypes=DTYPES)
     for name, module in BF16_OPS.items():
         register_kernel(name, "cuda", f"{__name__}.{module}:{name}", dtypes=("bfloat16",))
+    for name, ref, priority in MOE_EXPERTS:
+        register_kernel("moe_experts", "cuda", f"{__name__}.{ref}", dtypes=("bfloat16",), priority=priority, name=name)
     for name, fn, dtypes, priority, capabilities in ATTENTION:
         register_kernel("paged_attention", "cuda", f"{__name__}.attention:{fn}", dtypes=dtypes, priority=priority,
                         name=name, capabilities=capabilities)

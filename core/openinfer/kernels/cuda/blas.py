@@ -209,13 +209,47 @@ def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     dev = cp.cuda.Device().id
     if x.dtype == BF16 and lt.run(dev, x2, w, out.reshape(m, n_out)):
         return out
-    handle: Any = _handles.get(dev) or _handles.setdefault(dev, _Handle())
-    dt = _DATA_TYPE[x.dtype]
-    _check(handle.lib.cublasGemmEx(
-        handle.bind(cp.cuda.get_current_stream().ptr), _OP_T, _OP_N, n_out, m, k, ctypes.addressof(_ONE),
-        w.data.ptr, dt, w.strides[0] // it, x2.data.ptr, dt, x2.strides[0] // it, ctypes.addressof(_ZERO),
-        out.data.ptr, dt, n_out, _COMPUTE_32F, _GEMM_DEFAULT), "GemmEx")
+    handle, ptr = _bound_handle()
+    _gemm_ex(handle, ptr, m, n_out, k, x2.data.ptr, x2.strides[0] // it, w.data.ptr, w.strides[0] // it,
+             out.data.ptr, n_out, _DATA_TYPE[x.dtype], _DATA_TYPE[x.dtype])
     return out
+
+
+def _bound_handle() -> tuple[Any, int]:
+    """This device's cuBLAS handle and its pointer, bound to the current stream."""
+    dev = cp.cuda.Device().id
+    handle: Any = _handles.get(dev) or _handles.setdefault(dev, _Handle())
+    return handle, handle.bind(cp.cuda.get_current_stream().ptr)
+
+
+def _gemm_ex(handle: Any, ptr: int, m: int, n: int, k: int, x: int, ldx: int, w: int, ldw: int, out: int, ldo: int,
+             in_type: int, out_type: int) -> None:
+    """Row-major out[m, n] = x[m, k] @ w[n, k].T at these addresses and row strides (elements), fp32 accumulation."""
+    _check(handle.lib.cublasGemmEx(ptr, _OP_T, _OP_N, n, m, k, ctypes.addressof(_ONE), w, in_type, ldw, x, in_type,
+                                   ldx, ctypes.addressof(_ZERO), out, out_type, ldo, _COMPUTE_32F, _GEMM_DEFAULT),
+           "GemmEx")
+
+
+def grouped_gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, groups: list[tuple[int, int, int]]) -> None:
+    """out2[s:e] = x2[s:e] @ w[g].T for each group (g, s, e): x2 [rows, K] and out2 [rows, N] with unit last
+    strides, w [G, N, K] packed, x2 and w of one dtype, out2 bf16 or float32. One cublasGemmEx a group, on
+    addresses (no array views made in the loop); the groups are host values (moe_blas.py reads them back)."""
+    if not groups:
+        return
+    (rows, k), n = x2.shape, w.shape[-2]
+    if w.ndim != 3 or w.shape[2] != k or out2.shape != (rows, n) or x2.dtype != w.dtype \
+            or not w.flags.c_contiguous or x2.strides[1] != x2.itemsize or out2.strides[1] != out2.itemsize:
+        raise ValueError(f"grouped_gemm: x {x2.dtype} {x2.shape}, w {w.dtype} {w.shape}, out {out2.shape}: want "
+                         "[rows, K] @ [G, N, K] -> [rows, N], unit last strides, packed weights")
+    handle, ptr = _bound_handle()
+    ix, iw, io = x2.itemsize, w.itemsize, out2.itemsize
+    ldx, ldo = x2.strides[0] // ix, out2.strides[0] // io
+    in_type, out_type = _DATA_TYPE[x2.dtype], _DATA_TYPE[out2.dtype]
+    xp, wp, op, w_stride = x2.data.ptr, w.data.ptr, out2.data.ptr, n * k * iw
+    for g, start, end in groups:
+        if end > start:
+            _gemm_ex(handle, ptr, end - start, n, k, xp + start * ldx * ix, ldx, wp + g * w_stride, k,
+                     op + start * ldo * io, ldo, in_type, out_type)
 
 
 def per_head_linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
@@ -235,11 +269,10 @@ def per_head_linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     out = cp.empty((T, H, n_out), dtype=x.dtype)
     if T == 0 or H == 0 or n_out == 0:
         return out
-    dev = cp.cuda.Device().id
-    handle: Any = _handles.get(dev) or _handles.setdefault(dev, _Handle())
+    handle, ptr = _bound_handle()
     dt = _DATA_TYPE[x.dtype]
     _check(handle.lib.cublasGemmStridedBatchedEx(
-        handle.bind(cp.cuda.get_current_stream().ptr), _OP_T, _OP_N, n_out, T, k, ctypes.addressof(_ONE),
+        ptr, _OP_T, _OP_N, n_out, T, k, ctypes.addressof(_ONE),
         w.data.ptr, dt, w.strides[1] // it, w.strides[0] // it, x.data.ptr, dt, x.strides[0] // it, x.strides[1] // it,
         ctypes.addressof(_ZERO), out.data.ptr, dt, H * n_out, n_out, H, _COMPUTE_32F, _GEMM_DEFAULT),
         "GemmStridedBatchedEx")

@@ -10,12 +10,15 @@
 //   moe_align     one block: counts the (token, slot) pairs of each local expert, lays them out grouped by expert
 //                 (`sorted`: pair ids, an expert's run contiguous) and cuts each run into tiles of BM rows
 //                 (tile_expert / tile_start / tile_end, *num_tiles of them; the GEMM grids are sized for the most
-//                 tiles any routing can give and their extra blocks leave at once).
+//                 tiles any routing can give and their extra blocks leave at once); with `row_of`, each pair's
+//                 place in that order too (moe_blas.py: the combine then reads the rows in sorted order).
 //   moe_gemm      the grouped GEMMs (moe_gemm.cuh): gate_up writes h = silu(gate x) * up x (bf16, in sorted order),
 //                 down weight * (h . W_down^T) in fp32 at the pair's own row; 16-row tiles at decode, 128-row tiles
 //                 for prefill-sized batches.
 //   moe_combine   y[t] = sum over the token's slots (local experts only, slot order) of those rows, plus the
-//                 optional addend row (the shared experts' output), in fp32, rounded once.
+//                 optional addend row (the shared experts' output), in fp32, rounded once. With `row_of` and
+//                 `route_w` (moe_blas.py: cuBLAS wrote the rows unweighted, in sorted order) a slot's row is
+//                 row_of[pair], times its routing weight: the product the down GEMM's epilogue forms otherwise.
 //
 // Mirrored in moe.py: the tile sizes, the shared-memory size, the kernel names.
 #include "moe_gemm.cuh"
@@ -208,7 +211,7 @@ constexpr int ALIGN_THREADS = 1024, ALIGN_MAX_EXPERTS = 1024;
 
 extern "C" __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(
     const int* ids, int pairs, int e_local, int e_offset, int bm, int* sorted, int* tile_expert, int* tile_start,
-    int* tile_end, int* num_tiles) {
+    int* tile_end, int* num_tiles, int* row_of) {
     __shared__ int count[ALIGN_MAX_EXPERTS], cursor[ALIGN_MAX_EXPERTS];
     pdl_begin();
     for (int e = threadIdx.x; e < e_local; e += blockDim.x) count[e] = 0;
@@ -246,7 +249,11 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(
     __syncthreads();
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
         const unsigned int e = (unsigned int)(ids[p] - e_offset);
-        if (e < (unsigned int)e_local) sorted[atomicAdd(&cursor[e], 1)] = p;   // order within an expert is free
+        if (e < (unsigned int)e_local) {
+            const int at = atomicAdd(&cursor[e], 1);   // order within an expert is free
+            sorted[at] = p;
+            if (row_of) row_of[p] = at;
+        }
     }
 }
 
@@ -272,16 +279,21 @@ MOE_GEMM_KERNEL(1)
 MOE_GEMM_KERNEL(8)
 
 // ---------------------------------------------------------------------------------------------------- combine
-// addend: null or [T, D] bf16 (row stride D)
+// addend: null or [T, D] bf16 (row stride D); row_of and route_w: both null (y's rows are the pairs', weighted) or
+// both given (y's rows in sorted order, unweighted)
 extern "C" __global__ void moe_combine_bf16(const float* y, const int* ids, int topk, int e_local, int e_offset,
-                                            int D, const bf16* addend, bf16* out) {
+                                            int D, const bf16* addend, const int* row_of, const float* route_w,
+                                            bf16* out) {
     pdl_begin();
     const int t = blockIdx.x;
     for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < D; c += gridDim.y * blockDim.x) {
         float acc = 0.f;
         for (int j = 0; j < topk; ++j) {
-            const unsigned int e = (unsigned int)(ids[t * topk + j] - e_offset);
-            if (e < (unsigned int)e_local) acc += y[((long long)t * topk + j) * D + c];
+            const int p = t * topk + j;
+            const unsigned int e = (unsigned int)(ids[p] - e_offset);
+            if (e >= (unsigned int)e_local) continue;
+            if (row_of) acc += route_w[p] * y[(long long)row_of[p] * D + c];
+            else acc += y[(long long)p * D + c];
         }
         if (addend) acc += to_f32(addend[(long long)t * D + c]);
         out[(long long)t * D + c] = from_f32<bf16>(acc);

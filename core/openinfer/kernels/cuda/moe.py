@@ -5,10 +5,12 @@ Every launch's shape depends only on the token count, the top-k and the local ex
 back to the host, so a decode step with its MoE layers captures into a CUDA graph. The grouped GEMMs are sized for
 the most row tiles any routing of T tokens can give; the tiles a routing does not use leave at once. At decode
 (few rows an expert) each selected expert's weights stream through once in 16-row tiles; prefill-sized batches
-take 128-row tiles, so each weight tile serves eight times the rows.
+take 128-row tiles, so each weight tile serves eight times the rows. moe_blas.py is the other implementation of
+`moe_experts` (cuBLAS per expert for prefill-sized eager steps); it shares the align and the combine defined here.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import cupy as cp
@@ -132,11 +134,8 @@ def _aligned_rows(x: cp.ndarray) -> tuple[cp.ndarray, int]:
     return x2, stride
 
 
-def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
-                expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
-    """y [T, D] = sum over each token's slots whose expert lies in [expert_offset, expert_offset + E_local) of
-    weight * down_e(silu(gate_e x) * up_e x), plus `addend` [T, D] if given (added in fp32 by the combine);
-    gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]."""
+def expert_shapes(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray) -> tuple[int, int, int, int]:
+    """(T, D, E_local, I) of moe_experts' operands, checked: bf16, weights packed and 16-byte aligned."""
     T, D = x.shape
     E, two_i, d2 = gate_up.shape
     I = two_i // 2
@@ -149,42 +148,101 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
         raise ValueError("moe_experts: expert weights must be packed, 16-byte aligned, with D and I multiples of 8")
     if E > ALIGN_MAX_EXPERTS:
         raise ValueError(f"moe_experts: {E} local experts; the CUDA path takes up to {ALIGN_MAX_EXPERTS}")
-    k = ids.shape[1]
+    return T, D, E, I
+
+
+@dataclass
+class ExpertArgs:
+    """moe_experts' operands checked and packed (ids int32, weights float32, the addend as y's rows), its sizes and
+    its output y [T, D] bf16 to fill."""
+    T: int
+    D: int
+    E: int
+    I: int
+    k: int
+    ids: cp.ndarray
+    weights: cp.ndarray
+    addend: cp.ndarray | None
+    y: cp.ndarray
+
+
+def expert_args(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
+                addend: cp.ndarray | None) -> ExpertArgs:
+    """moe_experts' arguments checked (expert_shapes, the addend's shape and dtype) and packed for its kernels."""
+    T, D, E, I = expert_shapes(x, gate_up, down)
     y = cp.empty((T, D), dtype=BF16)
-    if T == 0:
-        return y
-    add = NULL if addend is None else packed_addend(addend, y)
-    ids = cp.ascontiguousarray(ids, dtype=cp.int32)
-    weights = cp.ascontiguousarray(weights, dtype=cp.float32)
+    return ExpertArgs(T, D, E, I, ids.shape[1], cp.ascontiguousarray(ids, dtype=cp.int32),
+                      cp.ascontiguousarray(weights, dtype=cp.float32),
+                      None if addend is None else packed_addend(addend, y), y)
+
+
+@dataclass
+class Grouping:
+    """moe_align's output: the local pairs grouped by expert (`sorted`: pair ids), cut into tiles of `bm` rows,
+    `tiles` their most; `meta` holds tile_expert, tile_start, tile_end (`tiles` each) and the tile count, one
+    array so that a host copy is one read."""
+    sorted: cp.ndarray
+    meta: cp.ndarray
+    tiles: int
+
+    def tile(self, i: int) -> cp.ndarray:
+        return self.meta[i * self.tiles: (i + 1) * self.tiles]
+
+    @property
+    def tile_args(self) -> tuple:
+        return self.tile(0), self.tile(1), self.tile(2), self.meta[3 * self.tiles:]
+
+
+def align(ids: cp.ndarray, E: int, expert_offset: int, bm: int, tiles: int, row_of: Any = NULL) -> Grouping:
+    """moe_align over ids [T, k] (int32, packed): pairs of experts [offset, offset + E) by expert in tiles of bm
+    rows; `row_of` [T * k] int32, if given, gets each local pair's place in that order."""
+    pairs = ids.size
+    grouping = Grouping(cp.empty((pairs,), dtype=cp.int32), cp.empty((3 * tiles + 1,), dtype=cp.int32), tiles)
+    launch("moe", "moe_align", (1,), ALIGN_THREADS,
+           (ids, np.int32(pairs), np.int32(E), np.int32(expert_offset), np.int32(bm), grouping.sorted,
+            *grouping.tile_args, row_of))
+    return grouping
+
+
+def combine(y: cp.ndarray, ids: cp.ndarray, E: int, expert_offset: int, addend: cp.ndarray | None,
+            out: cp.ndarray, row_of: Any = NULL, route_w: Any = NULL) -> cp.ndarray:
+    """out [T, D] = moe_combine_bf16 of y's rows: the pairs' weighted rows, or (row_of, route_w) sorted unweighted
+    rows; the addend (packed rows of out's shape: expert_args) added in fp32."""
+    T, D = out.shape
+    launch("moe", "moe_combine_bf16", (T, min(-(-D // 256), 8)), 256,
+           (y, ids, np.int32(ids.shape[1]), np.int32(E), np.int32(expert_offset), np.int32(D),
+            NULL if addend is None else addend, row_of, route_w, out))
+    return out
+
+
+def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
+                expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
+    """y [T, D] = sum over each token's slots whose expert lies in [expert_offset, expert_offset + E_local) of
+    weight * down_e(silu(gate_e x) * up_e x), plus `addend` [T, D] if given (added in fp32 by the combine);
+    gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]. The grouped GEMMs: any batch, graph-safe."""
+    a = expert_args(x, gate_up, down, ids, weights, addend)
+    if a.T == 0:
+        return a.y
+    T, D, E, I, k = a.T, a.D, a.E, a.I, a.k
     x2, xs = _aligned_rows(x)
     pairs = T * k
     mt = 8 if pairs >= WIDE_ROWS_PER_EXPERT * E else 1
-    grouping, tile_args, tiles = align_tiles(ids, E, expert_offset, mt)
+    g = align_tiles(a.ids, E, expert_offset, mt)
+    tiles, grouping = g.tiles, (g.sorted, np.int32(k))
     h = cp.empty((pairs, I), dtype=BF16)
     launch("moe", f"moe_gate_up_bf16_m{mt}", (-(-I // (GEMM_BN // 2)), tiles), GEMM_THREADS,
-           (x2, np.int64(xs), *grouping, gate_up, np.int64(two_i * D), np.int32(I), np.int32(D), *tile_args, h,
+           (x2, np.int64(xs), *grouping, gate_up, np.int64(2 * I * D), np.int32(I), np.int32(D), *g.tile_args, h,
             np.int64(I)), gemm_smem(mt))
     y_pairs = cp.empty((pairs, D), dtype=cp.float32)
     launch("moe", f"moe_down_bf16_m{mt}", (-(-D // GEMM_BN), tiles), GEMM_THREADS,
-           (h, np.int64(I), *grouping, down, np.int64(D * I), np.int32(D), np.int32(I), *tile_args, weights, y_pairs,
-            np.int64(D)), gemm_smem(mt))
-    launch("moe", "moe_combine_bf16", (T, min(-(-D // 256), 8)), 256,
-           (y_pairs, ids, np.int32(k), np.int32(E), np.int32(expert_offset), np.int32(D), add, y))
-    return y
+           (h, np.int64(I), *grouping, down, np.int64(D * I), np.int32(D), np.int32(I), *g.tile_args, a.weights,
+            y_pairs, np.int64(D)), gemm_smem(mt))
+    return combine(y_pairs, a.ids, E, expert_offset, a.addend, a.y)
 
 
-def align_tiles(ids: cp.ndarray, E: int, expert_offset: int, mt: int) -> tuple[tuple, tuple, int]:
-    """moe_align of ids [T, k] (int32, packed) for the grouped GEMM's row tiles of 16 * mt rows: the GEMMs'
-    (sorted pairs, top-k) and (tile expert, start, end, count) arguments, and the tile count their grids take."""
-    pairs, k = ids.size, ids.shape[1]
-    tiles = row_tiles(pairs, E, mt)
-    sorted_pairs = cp.empty((pairs,), dtype=cp.int32)
-    tile = cp.empty((3, tiles), dtype=cp.int32)   # expert, first row, end of the expert's rows
-    num_tiles = cp.empty((1,), dtype=cp.int32)
-    launch("moe", "moe_align", (1,), ALIGN_THREADS,
-           (ids, np.int32(pairs), np.int32(E), np.int32(expert_offset), np.int32(16 * mt), sorted_pairs, tile[0],
-            tile[1], tile[2], num_tiles))
-    return (sorted_pairs, np.int32(k)), (tile[0], tile[1], tile[2], num_tiles), tiles
+def align_tiles(ids: cp.ndarray, E: int, expert_offset: int, mt: int) -> Grouping:
+    """`align` for the grouped GEMMs' row tiles of 16 * mt rows, sized for the most tiles any routing gives."""
+    return align(ids, E, expert_offset, 16 * mt, row_tiles(ids.size, E, mt))
 
 
 def packed_addend(addend: cp.ndarray, y: cp.ndarray) -> cp.ndarray:

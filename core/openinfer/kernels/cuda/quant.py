@@ -223,16 +223,17 @@ def moe_chunk_mma(fmt: str, mt: int, x: cp.ndarray, gate_up: Any, down: Any, ids
     T, D = x.shape
     E_local, I2, _ = gate_up.shape
     I = I2 // 2
-    grouping, tile_args, tiles = align_tiles(ids, E_local, expert_offset, mt)
+    g = align_tiles(ids, E_local, expert_offset, mt)
+    tiles, grouping = g.tiles, (g.sorted, np.int32(ids.shape[1]))
     smem = gemm_smem(mt, mma_stage_bytes(fmt), BF16_TILE_BYTES)
     h = cp.empty((ids.size, I), dtype=BF16)
     q, s = _arrays(gate_up)
     launch("quant", f"moe_gate_up_{fmt}_m{mt}", (-(-I // (GEMM_BN // 2)), tiles), GEMM_THREADS,
-           (x, np.int64(D), *grouping, q, s, np.int32(I), np.int32(D), *tile_args, h, np.int64(I)), smem)
+           (x, np.int64(D), *grouping, q, s, np.int32(I), np.int32(D), *g.tile_args, h, np.int64(I)), smem)
     yk = cp.empty((ids.size, D), dtype=cp.float32)
     q, s = _arrays(down)
     launch("quant", f"moe_down_{fmt}_m{mt}", (-(-D // GEMM_BN), tiles), GEMM_THREADS,
-           (h, np.int64(I), *grouping, q, s, np.int32(D), np.int32(I), *tile_args, weights, yk, np.int64(D)), smem)
+           (h, np.int64(I), *grouping, q, s, np.int32(D), np.int32(I), *g.tile_args, weights, yk, np.int64(D)), smem)
     _combine(yk, ids, E_local, expert_offset, addend, y)
 
 
