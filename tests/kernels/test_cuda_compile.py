@@ -218,16 +218,8 @@ def test_precompile_leaves_failures_to_the_launch(broken_source):
 def _ptxas_usage(source: str) -> dict[str, tuple[int, int]]:
     """{kernel: (registers, spilled bytes stored and loaded)} of a source compiled for sm_90a (ptxas -v via NVRTC),
     compiled once for the tests that read it."""
-    nvrtc = kc._nvrtc()
-    path = kc.source_path(source)
-    headers = kc._headers(path.parent)
-    prog = nvrtc.createProgram(path.read_text(), path.name, [h.encode() for h in headers.values()],
-                               [n.encode() for n in headers])
-    try:
-        nvrtc.compileProgram(prog, [*kc.OPTIONS, "-arch=sm_90a", "-Xptxas=-v"])
-        log = nvrtc.getProgramLog(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    from openinfer.testing.launch_check import nvrtc_compiled   # imports cupy, which this file's other tests do not
+    log = nvrtc_compiled(source, ["-arch=sm_90a", "-Xptxas=-v"], lambda nvrtc, prog: nvrtc.getProgramLog(prog))
     usage = {}
     for entry in re.split(r"Compiling entry function '", log)[1:]:
         name = entry.split("'", 1)[0]

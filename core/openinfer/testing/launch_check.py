@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -68,19 +68,25 @@ FAKE_CP = SimpleNamespace(empty=aligned_empty, asarray=fake, ascontiguousarray=_
                           float32=np.float32, int32=np.int32, int64=np.int64, uint8=np.uint8, ndarray=FakeArray)
 
 
-@functools.lru_cache(maxsize=None)
-def ptx_entries(source: str | Path) -> dict[str, tuple[str, str]]:
-    """kernel name -> (its PTX parameter list, its PTX body), for `source` as compile.source_path takes it."""
+def nvrtc_compiled(source: str | Path, options: Sequence[str], read: Callable[[Any, Any], Any]) -> Any:
+    """`read(nvrtc, program)` (its PTX, its log, ...) once NVRTC compiled `source`, as compile.source_path takes it,
+    with the kernels' options and `options`."""
     nvrtc = kc._nvrtc()
     path = kc.source_path(source)
     headers = kc._headers(path.parent)
     prog = nvrtc.createProgram(path.read_text(), path.name, [h.encode() for h in headers.values()],
                                [n.encode() for n in headers])
     try:
-        nvrtc.compileProgram(prog, [*kc.OPTIONS, "-arch=compute_90a"])
-        ptx = nvrtc.getPTX(prog).decode()
+        nvrtc.compileProgram(prog, [*kc.OPTIONS, *options])
+        return read(nvrtc, prog)
     finally:
         nvrtc.destroyProgram(prog)
+
+
+@functools.lru_cache(maxsize=None)
+def ptx_entries(source: str | Path) -> dict[str, tuple[str, str]]:
+    """kernel name -> (its PTX parameter list, its PTX body), for `source` as compile.source_path takes it."""
+    ptx = nvrtc_compiled(source, ["-arch=compute_90a"], lambda nvrtc, prog: nvrtc.getPTX(prog).decode())
     heads = list(re.finditer(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx))
     ends = [h.start() for h in heads[1:]] + [len(ptx)]
     return {h.group(1): (h.group(2), ptx[h.end():end]) for h, end in zip(heads, ends)}
