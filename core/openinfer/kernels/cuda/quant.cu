@@ -4,10 +4,10 @@
 // one 128-block), so each chunk has one scale, applied once per chunk and activation row to an fp32 partial sum.
 // Every sum is fp32.
 //
-// Streaming: a lane issues all R x U chunk loads of a pass (R rows, U chunks each, 32 chunks apart) before it uses
-// any, so a warp has R * U * 512 bytes in flight; the weights bypass L1 (read once), which keeps the activations,
-// reread by every warp of the block, there. Dequantization is integer bit moves plus one fp32 add (INT4) or one
-// f16 -> f32 convert (FP8) per weight: no int -> float conversions, whose unit has a small fraction of the fp32
+// Streaming: a lane issues all R x U chunk loads of a pass (R rows, U chunks each, L chunks apart: a row's L lanes)
+// before it uses any, so a warp has R * U * 512 bytes in flight; the weights bypass L1 (read once), which keeps the
+// activations, reread by every warp of the block, there. Dequantization is integer bit moves plus one fp32 add (INT4)
+// or one f16 -> f32 convert (FP8) per weight: no int -> float conversions, whose unit has a small fraction of the fp32
 // throughput (16 a clock per SM on sm_90) and would cap the weights a warp can consume.
 //
 // The formats and their exact decoding: quant.cuh.
