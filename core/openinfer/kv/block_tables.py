@@ -26,9 +26,9 @@ class BlockTables:
         # apart without reading the table back
         self.held: dict[str, tuple[Request, int, int, int]] = {}
         self.free = list(range(rows - 1, -1, -1))
-        self.rows = np.zeros(0, np.intp)   # the last gather's table rows
-        # the last gather's requests, their block lists and counts then, and rows: what a decode step repeats
-        self.last: tuple[list[Request], list[list[int]], np.ndarray, np.ndarray] = ([], [], self.rows, self.rows)
+        # the last gather's requests, their block lists and counts then, and table rows: what a decode step repeats
+        none = np.zeros(0, np.intp)
+        self.last: tuple[list[Request], list[list[int]], np.ndarray, np.ndarray] = ([], [], none, none)
 
     def gather(self, reqs: Sequence[Request]) -> np.ndarray:
         """[len(reqs), most blocks] int32, each row the request's blocks padded with block 0."""
@@ -36,9 +36,9 @@ class BlockTables:
         last = self.last
         if len(reqs) == len(last[0]) and all(map(is_, reqs, last[0])) and all(map(is_, lists, last[1])):
             return self._regather(reqs, lists)
-        table = self._gather(reqs)
-        self.last = list(reqs), lists, np.array([len(ids) for ids in lists], np.int64), self.rows
-        return table
+        rows, width = self._gather(reqs)
+        self.last = list(reqs), lists, np.array([len(ids) for ids in lists], np.int64), rows
+        return self.table[rows, :width]
 
     def _regather(self, reqs: Sequence[Request], lists: list[list[int]]) -> np.ndarray:
         """The last gather's requests again, in order, with the same block lists (a decode step): only the lists
@@ -51,7 +51,8 @@ class BlockTables:
         counts[:] = now
         return self.table[rows, : max(1, int(now.max(initial=0)))]
 
-    def _gather(self, reqs: Sequence[Request]) -> np.ndarray:
+    def _gather(self, reqs: Sequence[Request]) -> tuple[np.ndarray, int]:
+        """Every request's row brought up to date, rows of requests not in `reqs` given back: (table rows, width)."""
         held, kept = self.held, {}
         rows, width, pop, copy = [], 1, held.pop, self._copy
         for r in reqs:
@@ -67,8 +68,7 @@ class BlockTables:
         for _, row, n, _ in held.values():   # requests this step does not run
             self.table[row, :n] = 0
             self.free.append(row)
-        self.rows = np.array(rows, np.intp)
-        return self.table[self.rows, :width]
+        return np.array(rows, np.intp), width
 
     def _copy(self, r: Request, entry: tuple[Request, int, int, int] | None) -> tuple[Request, int, int, int]:
         """Bring the request's row up to date: a fresh row, the added blocks, or the whole list again."""

@@ -70,12 +70,7 @@ def test_prompt_logits_through_the_emulated_kernels(sparse, emulate):
 
 def test_eager_decode_through_the_emulated_kernels(sparse, emulate):
     """Decode steps without graphs: the batch's own max_context_len sizes the indexer's score rows."""
-    ckpt, _ = sparse
-    ref, eng = engine_for(ckpt, max_num_seqs=4), engine_for(ckpt, max_num_seqs=4)
-    launches = emulate(eng)
-    prompts = _prompts(eng, 4)[2:]
-    assert [t for t, _, _ in generate(eng, prompts, greedy(8))] == [t for t, _, _ in generate(ref, prompts, greedy(8))]
-    assert launches.count("indexer_topk_select") > 20
+    assert _emulated_selects(sparse, emulate, first=2, tokens=8) > 20
 
 
 def test_rows_split_over_clusters_through_the_emulated_kernels(sparse, emulate, monkeypatch):
@@ -83,12 +78,19 @@ def test_rows_split_over_clusters_through_the_emulated_kernels(sparse, emulate, 
     gives the numpy engine's greedy tokens."""
     from openinfer_glm52.cuda import ops as cuda_ops
     monkeypatch.setattr(cuda_ops, "SELECT_KEYS_PER_RANK", 4)
+    assert _emulated_selects(sparse, emulate, first=1, tokens=6) > 10
+
+
+def _emulated_selects(sparse, emulate, first: int, tokens: int) -> int:
+    """Eager greedy decode of prompts[first:] through the emulated kernels gives the numpy engine's tokens; returns
+    how many top-k selects launched."""
     ckpt, _ = sparse
     ref, eng = engine_for(ckpt, max_num_seqs=4), engine_for(ckpt, max_num_seqs=4)
     launches = emulate(eng)
-    prompts = _prompts(eng, 4)[1:]
-    assert [t for t, _, _ in generate(eng, prompts, greedy(6))] == [t for t, _, _ in generate(ref, prompts, greedy(6))]
-    assert launches.count("indexer_topk_select") > 10
+    prompts = _prompts(eng, 4)[first:]
+    want = [t for t, _, _ in generate(ref, prompts, greedy(tokens))]
+    assert [t for t, _, _ in generate(eng, prompts, greedy(tokens))] == want
+    return launches.count("indexer_topk_select")
 
 
 def test_batched_chunked_cached_and_graph_decode_through_the_emulated_kernels(sparse, emulate):
