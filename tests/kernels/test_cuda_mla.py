@@ -54,7 +54,7 @@ CASES = {
     "decode_16": ([(3000, 1), (17, 1), (1, 1), (513, 1), (4100, 1)], 16),
     "decode_64_heads": ([(700, 1), (33, 1)], 64),
     "decode_4_heads": ([(1000, 1), (2, 1), (64, 1)], 4),
-    # batch 1: one cluster of 8 (1k keys), two merged through partials (1k and one), 16 (16k), one partial tile
+    # batch 1: 4 clusters of 2 (1k keys, 128 a CTA; and 1k + 1), 16 of 512-key CTAs (16k), one partial tile
     "decode_batch1_1k": ([(1024, 1)], 16),
     "decode_batch1_1025": ([(1025, 1)], 16),
     "decode_batch1_16k": ([(16001, 1)], 16),

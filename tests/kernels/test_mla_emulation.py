@@ -27,9 +27,10 @@ LD, PLD, CH = D + 8, BN + 8, D // 8
 GID, TQ = LANE >> 2, LANE & 3
 
 
-def split_rule(kall, cs, split_keys, cap, slots):
+def split_rule(kall, cs, split_keys, near, cap, slots):
     """mla.cu's split of a sequence's kall keys: (clusters holding keys, keys a CTA)."""
-    clusters = max(1, min(cap, slots, -(-kall // (cs * split_keys))))
+    short = min(near, -(-kall // (cs * split_keys)))
+    clusters = max(1, min(slots, max(short, min(cap, -(-kall // (cs * split_keys * near))))))
     split_len = -(-(-(-kall // (clusters * cs))) // BN) * BN
     return -(-kall // (cs * split_len)), split_len
 
@@ -180,7 +181,7 @@ def emulate_attention(call):
     (weights exp2(m - M) l in cluster order); rows stored as bf16. The grid's clusters run last one first, so a
     result depending on arrival order would show."""
     (ql, ql_stride, qp, qp_stride, cache, block_stride, bs, tables, table_stride, qstart, ctx, out, part_o, part_m,
-     part_l, counters, nh, scale, split_keys, cap, slots, cs) = call.args
+     part_l, counters, nh, scale, split_keys, near, cap, slots, cs) = call.args
     grid_x, tiles, B = call.grid
     cs, slots = int(cs), int(slots)
     groups = grid_x // cs
@@ -199,7 +200,7 @@ def emulate_attention(call):
             if at is None:
                 continue
             row0, gc, kall = at
-            used, split_len = split_rule(kall, cs, int(split_keys), int(cap), slots)
+            used, split_len = split_rule(kall, cs, int(split_keys), int(near), int(cap), slots)
             heads = slice((q0 * nh + row0) * R, (q0 * nh + row0 + gc) * R)
 
             def cluster(c):
@@ -335,11 +336,11 @@ CASES = {
     # a GPU holding two clusters at once: one cluster of the grid takes the long sequence's 3 clusters in turn
     "decode_clusters_in_turn": ([(600, 1), (90, 1)], 16, 32, None, 8, 16, (8, 1, 3)),
     # a graph's grid: 16 clusters a sequence, the first 3 used by the long one, one by the short one
-    "decode_graph_width": ([(600, 1), (37, 1)], 16, 32, 5000, 8, 256, (8, 16, 16)),
+    "decode_graph_width": ([(600, 1), (37, 1)], 16, 32, 5000, 8, 256, (8, 5, 5)),
     # a device whose GPCs hold no cluster of 8: clusters of 4 merged through partials
     "decode_clusters_of_4": ([(130, 1)], 16, 32, None, 4, 256, (4, 2, 2)),
     # a GPU without clusters: splits of one CTA, every column merged by the last
-    "decode_no_clusters": ([(150, 1), (64, 1)], 16, 32, None, 1, 256, (1, 5, 5)),
+    "decode_no_clusters": ([(150, 1), (64, 1)], 16, 32, None, 1, 256, (1, 4, 4)),
     # runs of several tokens whose row tiles span tokens (4 and 6 heads), an empty run
     "prefill_4_heads": ([(20, 20), (37, 5), (3, 0)], 4, 64, None, 8, 256, (1, 1, 1)),
     "prefill_6_heads": ([(9, 9), (35, 2)], 6, 64, None, 8, 256, (1, 1, 1)),
@@ -363,6 +364,7 @@ def test_mla_attention_emulation(case, launches, monkeypatch):
     numpy_mla_moe.mla_attention."""
     runs, nh, split_keys, graph_context, max_cluster, at_once, (cs, groups, slots) = CASES[case]
     monkeypatch.setattr(mla, "SPLIT_KEYS", split_keys)
+    monkeypatch.setattr(mla, "MAX_CLUSTER", 8)   # the kernel merges clusters of up to 8 (MLA_MAX_CLUSTER): each width
     cluster_device(monkeypatch, mla, max_cluster, at_once)
     ql, qp, cache, batch = _inputs(runs, nh, np.random.default_rng(len(case)))
     if graph_context:
@@ -381,7 +383,7 @@ def test_mla_attention_emulation(case, launches, monkeypatch):
 def _layout(keys, cs, groups, slots):
     """Every CTA of a sequence of `keys` keys in a decode grid of `groups` clusters of cs and `slots` partials a
     row, as emulate_attention runs it: {(cluster, rank): (kbeg, kend)} and the clusters the final merge reads."""
-    used, split_len = split_rule(keys, cs, mla.SPLIT_KEYS, mla.MAX_CLUSTERS, slots)
+    used, split_len = split_rule(keys, cs, mla.SPLIT_KEYS, mla.NEAR_CLUSTERS, mla.MAX_CLUSTERS, slots)
     assert used <= slots
     ctas = {}
     for group in range(min(groups, used)):
@@ -395,13 +397,15 @@ def _layout(keys, cs, groups, slots):
     return ctas, used
 
 
-@pytest.mark.parametrize("max_cluster", [8, 4, 1])
+@pytest.mark.parametrize("max_cluster", [mla.MAX_CLUSTER, 8, 4, 1])
 def test_decode_split_depends_on_the_keys_alone(monkeypatch, max_cluster):
     """A sequence's CTAs, their keys and its merge are the same in the decode grid of any batch size and any
     max_context_len (a CUDA graph's model length): batching and graphs never change its bits. mla.decode_clusters
     (the host's copy of the rule) agrees."""
+    shipped = mla.MAX_CLUSTER
+    monkeypatch.setattr(mla, "MAX_CLUSTER", max_cluster)
     cluster_device(monkeypatch, mla, max_cluster)
-    for keys in (1, 31, 127, 128, 129, 1000, 1025, 5000, 20000):
+    for keys in (1, 31, 127, 128, 129, 1000, 1025, 4096, 5000, 16384, 20000, 70000):
         layouts = set()
         for batch in (1, 2, 7, 32, 128, 300):
             for max_context in {keys, 4096, 20480}:
@@ -413,9 +417,9 @@ def test_decode_split_depends_on_the_keys_alone(monkeypatch, max_cluster):
         ((cs, used, ctas),) = layouts
         n, split, held = mla.decode_clusters(keys, cs)
         assert held == used and dict(ctas)[0, 0] == (0, min(keys, split))
-        if max_cluster == 8:   # 128 keys a CTA at most up to 16 clusters, then longer splits
-            assert cs == 8 and n == min(16, -(-keys // 1024))
-            assert split <= 128 if keys <= 16 * 1024 else split == -(-keys // (16 * 8 * 32)) * 32
+        if max_cluster == shipped == 2:   # 128 keys a CTA up to 4 clusters, then 512 up to 16, then longer
+            assert cs == 2 and n == max(min(4, -(-keys // 256)), min(16, -(-keys // 1024)))
+            assert split <= (128 if keys <= 1024 else 512 if keys <= 16384 else -(-keys // (32 * 32)) * 32)
 
 
 def test_decode_output_bits_depend_on_the_keys_alone(monkeypatch):
@@ -434,6 +438,7 @@ def test_decode_output_bits_depend_on_the_keys_alone(monkeypatch):
                                   context_lens_host=batch.context_lens_host[:seqs],
                                   max_context_len=max_context or int(batch.context_lens_host[:seqs].max()))
         recorded = record_launches(monkeypatch, (mla, module))
+        monkeypatch.setattr(mla, "MAX_CLUSTER", 8)
         cluster_device(monkeypatch, mla, 8, at_once)
         out = mla.mla_attention(ql[:seqs], qp[:seqs], cache, sub, 192 ** -0.5)
         run(recorded, KERNELS)

@@ -61,31 +61,34 @@ def test_mla_attention_launch_args(launches, nh, q_lens, ctx):
     kernel = mla.DECODE if max(q_lens) == 1 else mla.PREFILL
     assert call.name == kernel.name and call.smem == kernel.smem and call.block == kernel.threads and seqs == len(ctx)
     assert tiles == -(-max(q_lens) * nh // kernel.rows)
-    split_keys, cap, slots, cs = (int(a) for a in call.args[-4:])
+    split_keys, near, cap, slots, cs = (int(a) for a in call.args[-5:])
     groups = x // cs
     assert call.cluster == ((cs, 1, 1) if cs > 1 else None) and split_keys == mla.SPLIT_KEYS
     if max(q_lens) > 1:   # runs of several tokens are never split
-        assert x == 1 and call.cluster is None and (cap, slots) == (1, 1) and call.args[-10] is module.NULL
+        assert x == 1 and call.cluster is None and (near, cap, slots) == (1, 1, 1) and call.args[12] is module.NULL
         return
-    # decode: clusters of the device's size (cluster_device: 8) whatever the batch; partial slots for the longest
-    # context's clusters (16 at most); no more groups than slots, nor than one wave of clusters holds
-    assert cs == 8 and cap == mla.MAX_CLUSTERS and slots == min(16, -(-max(ctx) // 1024))
+    # decode: clusters of 2 whatever the batch; partial slots for the longest context's clusters (4 of 128-key CTAs
+    # up to 1k keys, then of 512-key CTAs, 16 at most); no more groups than slots, nor than one wave of clusters holds
+    keys = max(ctx)
+    assert cs == 2 and (near, cap) == (mla.NEAR_CLUSTERS, mla.MAX_CLUSTERS)
+    assert slots == max(min(4, -(-keys // 256)), min(16, -(-keys // 1024)))
     assert groups <= slots and (groups == 1 or groups * seqs * tiles <= 256 // cs)
-    assert (call.args[-10] is module.NULL) == (slots == 1)
+    assert (call.args[12] is module.NULL) == (slots == 1)
     if slots > 1:   # partials: o [B, nh, slots, 512], m and l [cs, B, nh, slots] a rank, cs counters a work item
-        part_o, part_m, part_l = call.args[-10:-7]
+        part_o, part_m, part_l = call.args[12:15]
         assert part_o.shape == (seqs, nh, slots, mla.LATENT) and part_m.shape == part_l.shape == (cs, seqs, nh, slots)
         assert cs * seqs * tiles <= module.COUNTER_SLOTS
-    if (seqs, nh) == (1, 16):
-        assert (groups, slots) == ((5, 5) if max(ctx) == 5000 else (1, 1))   # 1k: one cluster of 128 keys a CTA
-    if (seqs, nh, max(ctx)) in ((32, 16, 1024), (128, 16, 1024)):
-        assert (groups, slots) == (1, 1)
+    if (seqs, nh) == (1, 16):   # one sequence fills the grid with its clusters
+        assert (groups, slots) == ((5, 5) if keys == 5000 else (4, 4))
+    if (seqs, nh, keys) in ((32, 16, 1024), (128, 16, 1024)):   # 128 clusters of 2 at once: fewer groups
+        assert (groups, slots) == ((4, 4) if seqs == 32 else (1, 4))
 
 
-def test_mla_decode_counters_per_launch(launches):
+def test_mla_decode_counters_per_launch(launches, monkeypatch):
     """A decode batch whose (rank, sequence, row tile) counters outnumber COUNTER_SLOTS runs in launches of as many
     sequences as fit them, each on its own slices of the batch's rows (the split, from the keys, is the same)."""
-    nh, ctx, bs = 128, [2000] * 70, 16   # 8 row tiles x 8 ranks: 64 sequences a launch
+    monkeypatch.setattr(mla, "MAX_CLUSTER", 8)
+    nh, ctx, bs = 128, [2000] * 70, 16   # 8 row tiles x clusters of 8: 64 sequences a launch
     ql, qp, cache = _mla_inputs(len(ctx), nh, ctx, bs)
     batch = _batch([1] * len(ctx), ctx, bs)
     mla.mla_attention(ql, qp, cache, batch, 192 ** -0.5)

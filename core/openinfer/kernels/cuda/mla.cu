@@ -9,8 +9,10 @@
 //          are its heads. A block takes 16 MT rows (MT m16 tiles; zero-padded past the run). Query j of a run of
 //          n sits at position L - n + j and sees keys 0 .. L - n + j (numpy paged_attention's rule).
 //   grid   (cluster x rank, row tile, sequence). Decode (runs of one token; mla_attention_bf16, MT = 1) cuts
-//          each context by its own key count alone: clusters of cs CTAs (cs fixed per device), n = min(cap,
-//          ceil(keys / (cs * split_keys))) clusters, the keys shared evenly over their n * cs CTAs in whole tiles
+//          each context by its own key count alone: clusters of cs CTAs (cs fixed per device), n =
+//          max(min(near, ceil(keys / (cs * split_keys))), min(cap, ceil(keys / (cs * near * split_keys))))
+//          clusters (up to `near` clusters of split_keys-key CTAs, then CTAs of near * split_keys keys up to `cap`
+//          clusters, then longer), the keys shared evenly over their n * cs CTAs in whole tiles
 //          (the last ones may hold none), so a sequence's arithmetic is the same whatever batch or grid it runs
 //          in (batching and CUDA graphs never change a token). The grid's x holds `groups` clusters a sequence
 //          (x = group * cs + rank), chosen for speed alone: cluster `group` takes the sequence's clusters group,
@@ -75,7 +77,7 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
                               const bf16* cache, long long block_stride, int block_size, const int* tables,
                               int table_stride, const int* qstart, const int* ctx, bf16* out, float* part_o,
                               float* part_m, float* part_l, int* counters, int nh, float scale, int split_keys,
-                              int cap, int slots, int cs) {
+                              int near, int cap, int slots, int cs) {
     using C = Mla<MT>;
     constexpr int ROWS = C::ROWS, VCOLS = C::VCOLS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -94,7 +96,9 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     const int kall = L - n + (row0 + gc - 1) / nh + 1;   // keys any row of the block sees
     const int rank = blockIdx.x % cs, groups = gridDim.x / cs, group = blockIdx.x / cs;   // clusters (cs, 1, 1)
     // the sequence's clusters and keys a CTA, from its key count alone (mla.py decode_clusters)
-    const int clusters = max(1, min(min(cap, slots), (kall + cs * split_keys - 1) / (cs * split_keys)));
+    const int short_n = min(near, (kall + cs * split_keys - 1) / (cs * split_keys));
+    const int long_n = min(cap, (kall + cs * split_keys * near - 1) / (cs * split_keys * near));
+    const int clusters = max(1, min(slots, max(short_n, long_n)));
     const int split_len = ((kall + clusters * cs - 1) / (clusters * cs) + MLA_BN - 1) / MLA_BN * MLA_BN;
     const int used = (kall + cs * split_len - 1) / (cs * split_len);   // clusters holding keys
     if (group >= used) return;   // the whole cluster
@@ -286,10 +290,10 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         const bf16* ql, long long ql_stride, const bf16* qp, long long qp_stride, const bf16* cache,                \
         long long block_stride, int block_size, const int* tables, int table_stride, const int* qstart,            \
         const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, float scale, \
-        int split_keys, int cap, int slots, int cs) {                                                              \
+        int split_keys, int near, int cap, int slots, int cs) {                                                    \
         mla_attention<MT>(ql, ql_stride, qp, qp_stride, cache, block_stride, block_size, tables, table_stride,     \
-                          qstart, ctx, out, part_o, part_m, part_l, counters, nh, scale, split_keys, cap, slots,   \
-                          cs);                                                                                     \
+                          qstart, ctx, out, part_o, part_m, part_l, counters, nh, scale, split_keys, near, cap,    \
+                          slots, cs);                                                                              \
     }
 
 MLA_KERNEL(mla_attention_bf16, 1)

@@ -27,9 +27,10 @@ from .ops import norm_suffix
 LATENT, ROPE = 512, 64                 # must match mla.cu (MLA_R, MLA_P)
 ROW = LATENT + ROPE
 BN, KEY_WARPS = 32, 4                  # keys of a tile, warps sharing an m tile's scores (mla.cu)
-MAX_CLUSTER = 8                        # CTAs of a decode cluster (mla_merge.cuh MLA_MAX_CLUSTER, portable size)
-SPLIT_KEYS = 128                       # keys of a decode CTA at most, until a sequence has MAX_CLUSTERS clusters
-MAX_CLUSTERS = 16                      # clusters of a decode sequence at most (partials B x heads x 16 x 512)
+MAX_CLUSTER = 2                        # CTAs of a decode cluster (mla_merge.cuh merges up to MLA_MAX_CLUSTER = 8)
+SPLIT_KEYS = 128                       # keys of a decode CTA while a sequence has at most NEAR_CLUSTERS clusters
+NEAR_CLUSTERS = 4                      # then CTAs of NEAR_CLUSTERS * SPLIT_KEYS keys ...
+MAX_CLUSTERS = 16                      # ... up to this many clusters (partials B x heads x 16 x 512), then longer
 MAX_TILES = 65535                      # row tiles of one sequence: the grid's y
 GATHER_ROWS = 8                        # rows of a mla_gather_latent block (mla.cu MLA_GATHER_ROWS)
 
@@ -56,7 +57,9 @@ PREFILL = MlaKernel("mla_prefill_bf16", 32, 256)    # two: each K/V tile serves 
 
 def decode_cluster_size() -> int:
     """CTAs of a decode cluster on this device: the largest size up to MAX_CLUSTER of which the GPU runs one (1:
-    no clusters). Fixed per device, not per batch: the cluster merge's rounding is part of each sequence's result."""
+    no clusters). Fixed per device, not per batch: the cluster merge's rounding is part of each sequence's result.
+    Two, measured on the H100 (docs/benchmarks/deepseek-v2-lite.md): clusters of 8 win at batch 1 but lose under
+    load (eight co-scheduled CTAs, the wider merge), up to twice the time at batch 32 x 16k keys."""
     if not clusters_supported():
         return 1
     cs = MAX_CLUSTER
@@ -67,10 +70,12 @@ def decode_cluster_size() -> int:
 
 def decode_clusters(keys: int, cs: int) -> tuple[int, int, int]:
     """(clusters, keys a CTA, clusters holding keys) of a decode sequence of `keys` keys in clusters of cs (mla.cu's
-    split rule): as many clusters as give each CTA at most SPLIT_KEYS keys, at most MAX_CLUSTERS (then longer
-    splits), the keys shared evenly over their CTAs in whole tiles. Only the key count decides: batch 1 at a 1k
-    context takes one cluster of 8 (128 keys a CTA, merged over distributed shared memory alone), 16k 16."""
-    n = max(1, min(MAX_CLUSTERS, -(-keys // (cs * SPLIT_KEYS))))
+    split rule): up to NEAR_CLUSTERS clusters of SPLIT_KEYS-key CTAs, then CTAs of NEAR_CLUSTERS * SPLIT_KEYS keys
+    up to MAX_CLUSTERS clusters, then longer CTAs; the keys shared evenly over their CTAs in whole tiles. Only the
+    key count decides, so one rule serves batch 1 (which wants many CTAs) and batch 128 (which wants few): a 1k
+    context takes 4 clusters of 2 (128 keys a CTA), 4k 4 of 2 (512), 16k 16 of 2 (512)."""
+    short = min(NEAR_CLUSTERS, -(-keys // (cs * SPLIT_KEYS)))
+    n = max(1, short, min(MAX_CLUSTERS, -(-keys // (cs * SPLIT_KEYS * NEAR_CLUSTERS))))
     split = -(-(-(-keys // (n * cs))) // BN) * BN
     return n, split, -(-keys // (cs * split))
 
@@ -195,7 +200,7 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
         launch("mla", kernel.name, (1, tiles, B), kernel.threads,
                (*common, as_index(batch.query_start, np.int32), as_index(batch.context_lens, np.int32), out, NULL,
                 NULL, NULL, NULL, np.int32(nh), np.float32(scale * LOG2E), np.int32(SPLIT_KEYS), np.int32(1),
-                np.int32(1), np.int32(1)), kernel.smem)
+                np.int32(1), np.int32(1), np.int32(1)), kernel.smem)
         return out
     cs, groups, slots = decode_grid(B, tiles, batch.max_context_len)
     # asked on every decode so that an eager run sets the counters up before any capture
@@ -214,8 +219,8 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
             parts = (cp.empty((n, nh, slots, LATENT), dtype=cp.float32), part_ml[0], part_ml[1], counters)
         launch("mla", kernel.name, (cs * groups, tiles, n), kernel.threads,
                (*common[:7], tables[b0:], common[8], qstart[b0:], ctx[b0:], out, *parts, np.int32(nh),
-                np.float32(scale * LOG2E), np.int32(SPLIT_KEYS), np.int32(MAX_CLUSTERS), np.int32(slots),
-                np.int32(cs)), kernel.smem, cluster=(cs, 1, 1) if cs > 1 else None)
+                np.float32(scale * LOG2E), np.int32(SPLIT_KEYS), np.int32(NEAR_CLUSTERS), np.int32(MAX_CLUSTERS),
+                np.int32(slots), np.int32(cs)), kernel.smem, cluster=(cs, 1, 1) if cs > 1 else None)
     return out
 
 
