@@ -46,7 +46,7 @@ def _launched_names() -> set[str]:
                               ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
                               ("{mt}", row_tiles),
-                              ("{p.name}", ("l32r4u1", "l32r4u2", "l8r2u4")),   # quant.py's expert forms
+                              ("{p.name}", ("l32r4u1", "l32r4u2")),   # quant.py's expert forms
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
             variants = [v.replace(field, val) for v in variants for val in (values if field in v else ("",))]
         names |= {(source, v) for v in variants}
@@ -157,8 +157,8 @@ def test_grouped_expert_gemms_trigger_after_their_main_loop():
     require_nvrtc()
     gemms = {**{n: b for n, (_, b) in ptx_entries("moe").items() if n.startswith(("moe_gate_up", "moe_down"))},
              **{n: b for n, (_, b) in ptx_entries("quant").items() if n.startswith("moe_q_")}}
-    assert len(gemms) == 4 + 24   # moe.cu: 2 kernels x 2 dtypes; quant.cu: 2 x 2 formats x 2 dtypes x 3 forms
-    assert {n.rsplit("_", 1)[1] for n in gemms if n.startswith("moe_q_")} == {"l32r4u1", "l32r4u2", "l8r2u4"}
+    assert len(gemms) == 4 + 16   # moe.cu: 2 kernels x 2 dtypes; quant.cu: 2 x 2 formats x 2 dtypes x 2 forms
+    assert {n.rsplit("_", 1)[1] for n in gemms if n.startswith("moe_q_")} == {"l32r4u1", "l32r4u2"}
     for name, body in gemms.items():
         assert name.startswith(pdl.KERNELS), name
         last_loop = max(body.rfind("mma.sync"), body.rfind("shfl.sync"))
@@ -235,7 +235,7 @@ def test_quantized_expert_kernels_fit_128_registers_without_spills():
     _nvrtc_or_skip()
     usage = _ptxas_usage("quant")
     experts = {n: u for n, u in usage.items() if n.startswith("moe_q_") and "_bf16_" in n}
-    assert len(experts) == 12, sorted(usage)   # 2 kernels x 2 formats x 3 forms
+    assert len(experts) == 8, sorted(usage)   # 2 kernels x 2 formats x 2 forms
     assert all(regs <= 128 and not spilled for regs, spilled in experts.values()), experts
 
 

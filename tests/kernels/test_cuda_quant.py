@@ -117,10 +117,10 @@ def test_moe_experts_quant_at_kimi_width(fmt, T, rows):
     close(got, want, DTYPES["bfloat16"], scale=4)
 
 
-# (D, I): each expert kernel form (quant.expert_pass): whole-warp rows of one 16-byte chunk a lane and pass (FP8 2064)
-# and two (INT4 4128, 129 chunks), over several passes with idle lanes in the last; rows of 8 lanes (at most 64
-# chunks) over one pass with idle lanes (3 and 2 chunks) and over two (33 chunks); outputs that do not fill the last
-# block (test_quant_launch_args emulates the same).
+# (D, I): each expert kernel form (quant.expert_pass): one 16-byte chunk a lane and pass (FP8 2064) and two (INT4
+# 4128, 129 chunks), over several passes with idle lanes in the last; rows of a few chunks (most lanes idle) and of
+# 33 (one lane's chunk in a second pass); outputs that do not fill the last block (test_quant_launch_args emulates
+# the same).
 PASS_WIDTHS = [("int4", 4128, 96), ("int4", 64, 1056), ("fp8", 2064, 48), ("fp8", 64, 528)]
 
 

@@ -212,7 +212,7 @@ def test_passes_choose_their_path(launches, monkeypatch):
     quant.moe_experts_quant(fake(np.zeros((40, 256)), BF16), gu, dn, fake(np.zeros((40, 2), np.int32)),
                             fake(np.ones((40, 2), np.float32)), 0)
     mma = ["moe_align", "moe_gate_up_int4_m2", "moe_down_int4_m2", "moe_combine_bf16"]
-    gemv = ["moe_plan", "moe_q_gate_up_int4_bf16_l8r2u4", "moe_q_down_int4_bf16_l8r2u4", "moe_combine_bf16"]
+    gemv = ["moe_plan", "moe_q_gate_up_int4_bf16_l32r4u1", "moe_q_down_int4_bf16_l32r4u1", "moe_combine_bf16"]
     assert [c.name for c in launches] == mma * 2 + gemv
     assert [c.grid[0] for c in launches if c.name == "moe_combine_bf16"] == [16, 16, 8]
 

@@ -47,10 +47,10 @@ def test_quant_launches(launches, fmt, dtype):
     quant.moe_experts_quant(fake(np.zeros((3, 256)), dtype), gu, dn, fake(np.zeros((3, 4), np.int32)),
                             fake(np.ones((3, 4), np.float32)), 2, fake(np.zeros((3, 256)), dtype))
     names = [c.name for c in launches]
-    sfx = module.suffix(dtype)   # rows of 256 and 64 weights (at most 64 chunks): 8 lanes a row, 8 rows a warp
-    assert names == ["moe_plan", f"moe_q_gate_up_{fmt}_{sfx}_l8r2u4", f"moe_q_down_{fmt}_{sfx}_l8r2u4",
+    sfx = module.suffix(dtype)   # rows of 256 and 64 weights: whole-warp rows, 4 a warp, one chunk a lane and pass
+    assert names == ["moe_plan", f"moe_q_gate_up_{fmt}_{sfx}_l32r4u1", f"moe_q_down_{fmt}_{sfx}_l32r4u1",
                      f"moe_combine_{sfx}"]
-    assert launches[1].grid == (2, 6) and launches[2].grid == (4, 6)   # slots: min(E_local, T * k)
+    assert launches[1].grid == (4, 6) and launches[2].grid == (8, 6)   # slots: min(E_local, T * k)
     launches.clear()
     quant.MOE_CHUNK, chunk = 2, quant.MOE_CHUNK
     try:   # 5 tokens in chunks of 2: three passes of the four launches, the last over one token
@@ -62,19 +62,19 @@ def test_quant_launches(launches, fmt, dtype):
 
 
 # Kimi-K2's experts (hidden 7168, width 2048): (gate_up form, grid x), (down form, grid x); a block is 8 warps.
-# INT4 gate_up rows of 224 chunks: whole-warp rows, 4 a warp (2 outputs), 2 chunks a lane and pass; INT4 down rows of
-# 64 chunks: 8 lanes a row, 8 rows a warp; FP8 rows (448 and 128 chunks): whole-warp rows, 4 a warp, one chunk.
-KIMI_GRIDS = {"int4": (("l32r4u2", 2048 // 16), ("l8r2u4", 7168 // 64)),
+# Whole-warp rows, 4 a warp (gate_up: 2 outputs): INT4 gate_up rows of 224 chunks 2 chunks a lane and pass, INT4 down
+# rows of 64 chunks and FP8 rows (448 and 128 chunks) one.
+KIMI_GRIDS = {"int4": (("l32r4u2", 2048 // 16), ("l32r4u1", 7168 // 32)),
               "fp8": (("l32r4u1", 2048 // 16), ("l32r4u1", 7168 // 32))}
 
 
 def test_expert_pass_forms():
-    """Rows of at most 64 chunks take 8 lanes each, 2 rows a group, 4 chunks a lane and pass; longer rows a whole
-    warp, 4 a warp, with two chunks a lane and pass for INT4 and one for FP8."""
+    """Whole-warp rows, 4 a warp: INT4 rows of more than 64 chunks two chunks a lane and pass, shorter INT4 rows and
+    every FP8 row one."""
     forms = [quant.expert_pass("int4", K).name for K in (32, 2048, 2080, 7168)]
-    assert forms == ["l8r2u4", "l8r2u4", "l32r4u2", "l32r4u2"]
-    assert [quant.expert_pass("fp8", K).name for K in (16, 1024, 1040, 7168)] == ["l8r2u4", "l8r2u4"] + ["l32r4u1"] * 2
-    assert [quant.expert_pass("int4", K).warp_rows for K in (2048, 2080)] == [8, 4]
+    assert forms == ["l32r4u1", "l32r4u1", "l32r4u2", "l32r4u2"]
+    assert [quant.expert_pass("fp8", K).name for K in (16, 1024, 1040, 7168)] == ["l32r4u1"] * 4
+    assert {quant.expert_pass(f, K).warp_rows for f in ("int4", "fp8") for K in (32, 7168)} == {4}
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
@@ -254,10 +254,9 @@ def _random_stack(rng, fmt, E, out, inp):
                      rng.uniform(0.5, 1.5, (E, out, -(-inp // 128))).astype(np.float32) / np.sqrt(inp))
 
 
-# (D, I) per format: whole-warp rows over one pass and over several with idle lanes in the last (INT4 4128: 129
-# chunks, two a lane and pass; FP8 2064: 129 chunks, one), rows of 8 lanes over one pass with idle lanes (3 chunks)
-# and over two (33 chunks: 4 a lane in the first, one lane's in the second), and outputs that do not fill the last
-# block.
+# (D, I) per format: rows over several passes with idle lanes in the last (INT4 4128: 129 chunks, two a lane and
+# pass; FP8 2064: 129 chunks, one), rows of a few chunks (most lanes idle) and of 33 (one lane's chunk in a second
+# pass), and outputs that do not fill the last block.
 EMULATED = {"int4": [(4128, 96), (64, 1056)], "fp8": [(2064, 48), (64, 528)]}
 
 

@@ -17,9 +17,9 @@
 // group per R/2 outputs (their gate and up rows), a block per (WARPS warps, active expert); moe_q_down_* computes
 // weight * down h per pair, a lane group per R rows; each selected expert's rows are read once per NP pairs;
 // moe_combine_* sums each token's pairs in slot order (deterministic: no atomics on values) and the optional addend
-// (the shared experts' output). The _l<L>r<R>u<U> variants (quant.py's expert_pass picks one by row length) give a
-// row L lanes (a warp is 32 / L groups, each reading its own R rows: short rows keep more bytes in flight a warp and
-// reduce over log2(L) shuffles, which serve the 32 / L groups at once) and a lane U chunks a row and pass. Grids
+// (the shared experts' output). The _l<L>r<R>u<U> variants give a row L lanes (a warp is 32 / L groups, each
+// reading its own R rows, reducing over log2(L) shuffles) and a lane U chunks a row and pass; the built forms are
+// whole-warp rows (L = 32, R = 4) with U = 1 or 2, which quant.py's expert_pass picks by row length. Grids
 // depend only on the token count, so the launches can be captured. Prefill-sized batches of bf16 activations take
 // the grouped GEMM on the tensor cores instead (moe_gemm.cuh, instantiated at the end: moe_gate_up_<fmt>_m<MT>,
 // moe_down_<fmt>_m<MT>).
@@ -311,8 +311,9 @@ __device__ void moe_combine(const float* __restrict__ yk, const int* __restrict_
         moe_q_down<F, L, R, U, S>(h, q, scale, slot_expert, slot_start, pair_list, weights, D, I, yk);             \
     }
 
-// the expert forms quant.py's expert_pass picks from: whole-warp rows (4 a warp) of 1 or 2 chunks a lane and pass;
-// rows of at most 64 chunks: 8 lanes a row, 2 rows a group (8 a warp), 4 chunks a lane and pass
+// the expert forms quant.py's expert_pass picks from: whole-warp rows (4 a warp) of 1 or 2 chunks a lane and pass
+// (groups of 8 lanes a row, 2 rows a group, 4 chunks: slower on the H100 at INT4 width 2048, 29 % of the copy rate
+// against 41 %, so not built)
 #define Q_KERNELS(fmt, F, sfx, T, S)                                                                               \
     extern "C" __global__ void q_gemv_##fmt##_##sfx(const T* x, long long xs, const void* q, const S* scale, int M, \
                                                     int N, int K, T* y) {                                          \
@@ -322,8 +323,7 @@ __device__ void moe_combine(const float* __restrict__ yk, const int* __restrict_
         q_dequant<F, T, S>(q, scale, K, out);                                                                      \
     }                                                                                                              \
     Q_EXPERTS(fmt, F, sfx, T, S, 32, 4, 1)                                                                         \
-    Q_EXPERTS(fmt, F, sfx, T, S, 32, 4, 2)                                                                         \
-    Q_EXPERTS(fmt, F, sfx, T, S, 8, 2, 4)
+    Q_EXPERTS(fmt, F, sfx, T, S, 32, 4, 2)
 
 // INT4 scales come in the activations' dtype, FP8 scales in float32
 Q_KERNELS(int4, Int4, bf16, bf16, bf16)
