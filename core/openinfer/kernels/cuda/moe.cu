@@ -148,7 +148,9 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
 }
 
 // The gate in fp32 (router_logits): out[t, e] = x[t] . w[e], x bf16 [T, D] (row stride x_stride), w fp32 [E, D].
-// A warp per expert and ROUTER_TOKENS tokens, so a gate row is read once per ROUTER_TOKENS tokens.
+// A warp per expert and ROUTER_TOKENS tokens, so a gate row is read once per ROUTER_TOKENS tokens. At decode the
+// grid is a few blocks (E / 8), so a warp's time is its loads' latency: where the rows allow, a lane reads 16 bytes of
+// the gate and 8 of each activation row per load, all of a 2048-wide row's in flight at once.
 constexpr int ROUTER_WARPS = 8, ROUTER_TOKENS = 4;
 
 static_assert(ROUTER_TOKENS <= ROUTER_WARPS, "moe_router routes a token group with a warp a token");
@@ -160,14 +162,31 @@ __device__ void router_logits_block(const bf16* x, long long x_stride, const flo
     if (e >= E) return;
     float acc[ROUTER_TOKENS] = {};
     const float* we = w + (long long)e * D;
-    // unrolled so that a lane has 8 iterations' loads in flight: rolled, each waited on its own (a decode step's
-    // few blocks are latency-bound); the sums keep their order
-#pragma unroll 8
-    for (int d = lane; d < D; d += 32) {
-        const float wv = we[d];
+    const bool wide = D % 4 == 0 && x_stride % 4 == 0 && ((size_t)x & 7) == 0 && ((size_t)w & 15) == 0;
+    if (wide) {
+#pragma unroll 16
+        for (int d = 4 * lane; d < D; d += 128) {
+            const float4 wv = __ldg(reinterpret_cast<const float4*>(we + d));
 #pragma unroll
-        for (int i = 0; i < ROUTER_TOKENS; ++i)
-            if (t0 + i < T) acc[i] = fmaf(to_f32(x[(long long)(t0 + i) * x_stride + d]), wv, acc[i]);
+            for (int i = 0; i < ROUTER_TOKENS; ++i) {
+                if (t0 + i >= T) break;
+                const uint2 raw = *reinterpret_cast<const uint2*>(x + (long long)(t0 + i) * x_stride + d);
+                const bf16* xv = reinterpret_cast<const bf16*>(&raw);
+                acc[i] = fmaf(to_f32(xv[0]), wv.x, acc[i]);
+                acc[i] = fmaf(to_f32(xv[1]), wv.y, acc[i]);
+                acc[i] = fmaf(to_f32(xv[2]), wv.z, acc[i]);
+                acc[i] = fmaf(to_f32(xv[3]), wv.w, acc[i]);
+            }
+        }
+    } else {
+        // unrolled so that a lane has 8 iterations' loads in flight (rolled, each is waited on alone)
+#pragma unroll 8
+        for (int d = lane; d < D; d += 32) {
+            const float wv = we[d];
+#pragma unroll
+            for (int i = 0; i < ROUTER_TOKENS; ++i)
+                if (t0 + i < T) acc[i] = fmaf(to_f32(x[(long long)(t0 + i) * x_stride + d]), wv, acc[i]);
+        }
     }
 #pragma unroll
     for (int i = 0; i < ROUTER_TOKENS; ++i) {
