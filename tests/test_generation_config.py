@@ -10,6 +10,7 @@ import pytest
 
 from openinfer.engine.engine import EngineArgs, build_engine
 from openinfer.sampling.sampler import defaults_from_generation_config
+from openinfer.loading.loader import end_ids
 from openinfer.loading.synth import synthesize
 
 QWEN3_4B = {"bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
@@ -55,3 +56,37 @@ def test_the_engine_loads_them_unless_told_not_to(checkpoint: Path, mode: str, w
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown generation_config 'vllm': use auto or none"):
         EngineArgs(generation_config="vllm")
+
+
+def test_end_ids_outside_the_vocabulary_are_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A tokenizer borrowed from another model (--tokenizer) may end sequences at ids the model cannot emit: those
+    are dropped (the grammar engine would refuse them) and named; with none left the load fails, naming them."""
+    with caplog.at_level(logging.WARNING, logger="openinfer"):
+        assert end_ids([151645, 151643], [100001], 102400) == {100001}
+    assert "[151643, 151645] are outside the model's 102400-token vocabulary" in caplog.text
+    assert end_ids([2], 3, 10) == {2, 3} and end_ids([2], None, 10) == {2}
+    with pytest.raises(ValueError, match=r"no end-of-sequence id .* \(\[151645\]\) is inside the model's "
+                                         r"102400-token vocabulary.*--tokenizer"):
+        end_ids([151645], None, 102400)
+
+
+def test_structured_output_with_a_borrowed_tokenizer(tmp_path: Path) -> None:
+    """DeepSeek-V2's tiny model with the demo (Qwen) tokenizer, whose end ids lie past the model's vocabulary: the
+    engine ends sequences at the config's id only, and a grammar request builds and runs (it failed on the foreign
+    ids)."""
+    from importlib.resources import files
+
+    from openinfer.sampling.sampler import SamplingParams
+    from openinfer.sampling.structured import OutputGrammar, compile_grammar
+    from openinfer.testing.engine import collect, run_to_completion
+
+    synthesize("deepseek-v2-lite-tiny", tmp_path, dtype="F32")
+    engine = build_engine(str(tmp_path), EngineArgs(max_model_len=64, kv_cache_memory_gib=0.001,
+                                                     tokenizer=str(files("openinfer_qwen3") / "demo_tokenizer")))
+    assert engine.eos_token_ids == {100001}
+    [c] = compile_grammar(engine, OutputGrammar("choice", ["yes", "no"]), 1)
+    stream = engine.submit(engine.tokenizer.encode("Hello"), SamplingParams(max_tokens=4, temperature=0.0),
+                           constraint=c)
+    run_to_completion(engine, [stream])
+    tokens, _, _ = collect(stream)
+    assert engine.tokenizer.decode(tokens) in ("yes", "no")

@@ -6,6 +6,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import numpy as np
@@ -100,9 +101,8 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
         tokenizer = tokenizer_loaded.result()
     with phase("return freed host heap") as p:   # after the tokenizer: its parse peaks ~95 MB above what it keeps
         p.detail = f"{release_free_heap()} MB of freed heap back to the OS"
-    eos = set(tokenizer.eos_token_ids)
-    gen_eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
-    eos |= set(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
+    vocab_size = line.vocab_size(cfg)
+    eos = end_ids(tokenizer.eos_token_ids, gen_config.get("eos_token_id", config.get("eos_token_id")), vocab_size)
     sampling_defaults: dict[str, float | int] = {}
     if args.generation_config == "auto":
         sampling_defaults, skipped = defaults_from_generation_config(gen_config)
@@ -118,8 +118,25 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
              ranked.num_blocks * ranked.per_block / 2**20, ranked.max_len)
     return Engine(name, Executor(ranked.runner, workers), blocks, args,
                   tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=ranked.max_len,
-                  vocab_size=line.vocab_size(cfg), eos_token_ids=frozenset(eos), host_tier=host_tier,
+                  vocab_size=vocab_size, eos_token_ids=eos, host_tier=host_tier,
                   sampling_defaults=sampling_defaults)
+
+
+def end_ids(tokenizer_eos: Iterable[int], config_eos: int | list[int] | None, vocab_size: int) -> frozenset[int]:
+    """The ids that end a sequence: the tokenizer's and the checkpoint's (generation_config.json, else config.json)
+    that the model can emit. An id past the model's vocabulary (a tokenizer borrowed from another model with
+    --tokenizer) is dropped with a warning: no logit is ever sampled there, and the grammar engine refuses it."""
+    ids = set(tokenizer_eos) | set(config_eos if isinstance(config_eos, list) else () if config_eos is None
+                                   else (config_eos,))
+    outside = sorted(i for i in ids if not 0 <= i < vocab_size)
+    if outside and len(outside) == len(ids):
+        raise ValueError(f"no end-of-sequence id of the tokenizer or the config ({outside}) is inside the model's "
+                         f"{vocab_size}-token vocabulary: the tokenizer belongs to another model; pass this model's "
+                         "own (--tokenizer)")
+    if outside:
+        log.warning("end-of-sequence ids %s are outside the model's %d-token vocabulary (a tokenizer from another "
+                    "model?): the model cannot emit them, so they do not end a sequence", outside, vocab_size)
+    return frozenset(ids.difference(outside))
 
 
 def read_source(model: str | None, args: EngineArgs, plugins: Plugins) -> Source:
