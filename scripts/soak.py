@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -56,7 +57,8 @@ class Server:
         model = ["--model", f"{MODEL}={args.model}"] if args.model else []
         cmd = [sys.executable, "-m", "openinfer", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--api-key", KEYS[0], "--api-key", KEYS[1], "--max-waiting-requests", "32",
-               "--request-read-timeout", "5", "--shutdown-timeout", "3", "--disable-log-stats", *model]
+               "--request-read-timeout", "5", "--shutdown-timeout", "3", "--disable-log-stats", *model,
+               *shlex.split(args.serve_args)]
         self.log = open(args.log, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
@@ -375,6 +377,7 @@ PHASES = {"fuzz": phase_fuzz, "raw": phase_raw, "credentials": phase_credentials
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="a checkpoint folder (default: the demo model)")
+    p.add_argument("--serve-args", default="", help="more `openinfer serve` flags, e.g. \"--ep 2\"")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--bodies", type=int, default=2600, help="fuzz bodies")
     p.add_argument("--soak", type=int, default=1000, help="soak requests")
