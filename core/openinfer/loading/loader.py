@@ -129,13 +129,11 @@ def end_ids(tokenizer_eos: Iterable[int], config_eos: int | list[int] | None, vo
     ids = set(tokenizer_eos) | set(config_eos if isinstance(config_eos, list) else () if config_eos is None
                                    else (config_eos,))
     outside = sorted(i for i in ids if not 0 <= i < vocab_size)
-    if outside and len(outside) == len(ids):
-        raise ValueError(f"no end-of-sequence id of the tokenizer or the config ({outside}) is inside the model's "
-                         f"{vocab_size}-token vocabulary: the tokenizer belongs to another model; pass this model's "
-                         "own (--tokenizer)")
     if outside:
         log.warning("end-of-sequence ids %s are outside the model's %d-token vocabulary (a tokenizer from another "
-                    "model?): the model cannot emit them, so they do not end a sequence", outside, vocab_size)
+                    "model?): the model cannot emit them, so they do not end a sequence%s", outside, vocab_size,
+                    "" if len(outside) < len(ids) else "; none is left, so sequences end at their length limit and "
+                    "structured outputs are refused")
     return frozenset(ids.difference(outside))
 
 

@@ -144,6 +144,9 @@ def compile_grammar(engine: Any, spec: OutputGrammar, count: int,
     compiles may still fail when it first computes a mask or lexes a token); its parser limits bound the work
     per step."""
     import llguidance
+    if not engine.eos_token_ids:
+        raise GrammarError(f"structured outputs need an end-of-sequence token the model can emit, and this "
+                           f"tokenizer has none inside the model's {engine.vocab_size}-token vocabulary")
     tok = grammar_tokenizer(engine.tokenizer, engine.vocab_size, engine.eos_token_ids)
     try:
         grammar = _grammar(spec)

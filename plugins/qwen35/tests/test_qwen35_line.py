@@ -44,7 +44,8 @@ def test_real_layout_skips_vision_and_mtp_tensors(untied, tmp_path, caplog):
     save_safetensors(tmp_path / "mtp.safetensors", shapes, lambda n: np.ones(shapes[n], np.float32), "F32")
     with caplog.at_level(logging.WARNING, logger="openinfer.loading.loader"):
         eng = build_engine(str(tmp_path), EngineArgs())
-    assert not caplog.records
+    # the tiny model's 256 rows hold none of the borrowed tokenizer's end ids: that warning is not about tensors
+    assert not [r for r in caplog.records if "end-of-sequence" not in r.getMessage()]
     ids = [5, 6, 7, 8, 9]
     np.testing.assert_array_equal(prompt_logits(eng, ids), prompt_logits(build_engine(str(ckpt), EngineArgs()), ids))
 
