@@ -18,9 +18,9 @@ from fake_device import flat, run
 from openinfer.engine.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
 from openinfer.kernels.cuda import attention, attention_decode as ad, module
-from openinfer.kernels.cuda.module import BF16, NULL
-from openinfer.testing.launch_check import aligned_empty, fake, record_launches
-from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma, pack, shuffled_tables
+from openinfer.kernels.cuda.module import BF16
+from openinfer.testing.launch_check import fake, record_launches
+from test_attention_mma_emulation import LANE, ldmatrix_x4, mma, pack, shuffled_tables
 
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16
 STAGES = {64: 3, 128: 3, 256: 2}

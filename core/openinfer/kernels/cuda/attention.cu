@@ -262,7 +262,7 @@ __device__ void paged_decode(const T* q, long long q_stride, const T* kc, const 
                                                slots, out, part_o, part_m, part_l);
         __syncthreads();  // the merge area is read before the next split's K tiles land over it
     }
-    if (used > 1)
+    if (used > 1)  // arriving with the splits this block took
         merge_splits_if_last<T, D>(part_o, part_m, part_l, counters, smem, gc, kvh * G + g0, nh, q0, b, used,
                                    slots, out, 0, D, (used - blockIdx.x + gridDim.x - 1) / gridDim.x);
 }

@@ -86,7 +86,8 @@ __device__ __forceinline__ int warp_prologue(bf16* ring, const bf16* kc, const b
     const int ntiles = nall > warp ? (nall - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ntiles) warp_load_kv<D>(ring + s * STAGE, kc, vc, kv, table, kvh, kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend);
+        if (s < ntiles)
+            warp_load_kv<D>(ring + s * STAGE, kc, vc, kv, table, kvh, kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend);
         cp_async_commit();  // possibly empty: wait<STAGES - 1> below always means "tile t has landed"
     }
     return ntiles;
@@ -237,7 +238,8 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         for (int h = 0; h < 2; ++h) {
             const int r = warp * DEC_ROWS + gid + 8 * h;
 #pragma unroll
-            for (int j = 0; j < DT; ++j) *(float2*)(mo + r * D + 8 * j + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
+            for (int j = 0; j < DT; ++j)
+                *(float2*)(mo + r * D + 8 * j + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
             if (tq == 0) {
                 mm[r] = m[h] == NEG_INF ? NEG_INF : m[h] * scale;  // a warp without tiles: -inf, l = 0
                 ml[r] = l[h];
@@ -255,8 +257,8 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         ntiles = warp_prologue<D, STAGES>(ring, kc, vc, kv, table, kvh, kbeg, kend, warp);
     }
     if (used > 1)
-        merge_splits_if_last<bf16, D, D >= 128>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0, b,
-                                              used, slots, out, 0, D, arrivals);
+        merge_splits_if_last<bf16, D, D >= 128>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0,
+                                              b, used, slots, out, 0, D, arrivals);
 }
 
 // (threads, 1): without a residency floor ptxas held d64 to 128 registers and spilled the split loop's state
