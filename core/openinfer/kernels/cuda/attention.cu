@@ -25,7 +25,7 @@ template <typename T, int D>
 __device__ __forceinline__ void warp_load_tile(unsigned int* dst, const T* cache, long long off, int valid) {
     constexpr int VW = D * (int)sizeof(T) / 16;  // 16-byte chunks per row
     const int lane = threadIdx.x & 31;
-#pragma unroll
+#pragma unroll 16  // 16 loads a lane in flight; all 64 of f32 d256 spilled beside the accumulators
     for (int it = 0; it < BN * VW / 32; ++it) {
         const int idx = it * 32 + lane, row = idx / VW, c = idx % VW;
         const long long o = __shfl_sync(0xffffffffu, off, row);
