@@ -24,10 +24,10 @@ import numpy as np
 from .module import COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, sm_count
 
 NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its blocks' warps, key tile, group rows)
-MIN_SPLIT = NWARPS * BN                      # its split: whole passes of the block's warps
+PASS = NWARPS * BN                           # its pass (a key tile of every warp): splits are whole passes
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16      # must match attention_decode.cu
 DEC_STAGES = {64: 3, 128: 3, 256: 2}         # cp.async ring depth per warp (DecTile::STAGES)
-DEC_PASS = DEC_WARPS * DEC_BN
+DEC_PASS = DEC_WARPS * DEC_BN                # its pass
 # The split rule (decode_split; the kernels take these as arguments): up to DECODE_NEAR splits of DECODE_SPLIT_KEYS
 # keys (in whole passes of the kernel), then DECODE_NEAR splits growing to DECODE_NEAR times that, then splits of
 # that length up to DECODE_CAP of them, then longer ones. Batch 1 wants many splits (Qwen3-4B: 8 KV heads x 16
@@ -47,7 +47,7 @@ class DecodeKernel:
     pass_len: int    # splits are whole multiples of this many keys
     smem: int        # dynamic shared memory, bytes
     threads: int     # per block
-    per_sm: int      # blocks per SM the grid should fill before splitting (0: what one SM holds at once)
+    per_sm: int      # blocks per SM one wave of the grid fills (0: what one SM holds at once)
 
 
 def mma_decode_smem(d: int) -> int:
@@ -64,7 +64,7 @@ def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool) -> DecodeKernel:
         return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_d{d}", DEC_ROWS, DEC_PASS,
                             mma_decode_smem(d), 32 * DEC_WARPS, 0)
     words = d * itemsize // 4
-    return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, MIN_SPLIT,
+    return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, PASS,
                         (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 2)
 
 
