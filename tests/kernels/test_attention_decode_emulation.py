@@ -1,11 +1,11 @@
-"""CPU emulation of attention_decode.cu (no GPU), driven by attention_decode.py's recorded launches (fake_device.py):
-the kernel's address arithmetic run lane by lane over NaN-filled numpy "shared memory" (ldmatrix / mma.sync /
-cp.async modelled as in test_attention_mma_emulation), each warp's ring in program order, the warp merge, the split
-rule (decode_merge.cuh decode_split_len), the grid's blocks taking a sequence's splits in turn, and the merge of
-decode_merge.cuh (blocks finishing in a random order at their (sequence, head chunk) counter, the last one merging
-in split order); compared with the numpy reference. Also: a sequence's split layout and its output bits are the
-same in any batch and under any max_context_len (a CUDA graph's). Mirrors the kernel line by line: change both
-together."""
+"""CPU emulation of the split-KV decode kernels (no GPU), driven by attention_decode.py's recorded launches
+(fake_device.py): attention_decode.cu's address arithmetic run lane by lane over NaN-filled numpy "shared memory"
+(ldmatrix / mma.sync / cp.async modelled as in test_attention_mma_emulation), each warp's ring in program order, the
+warp merge; attention.cu's fp32 paged_decode warp by warp in float32; for both the split rule (decode_merge.cuh
+decode_split_len), the grid's blocks taking a sequence's splits in turn, and the merge of decode_merge.cuh (blocks
+finishing in a random order at their (sequence, head chunk) counter, the last one merging in split order); compared
+with the numpy reference. Also: a sequence's split layout and its output bits are the same in any batch and under
+any max_context_len (a CUDA graph's). Mirrors the kernels line by line: change both together."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +23,7 @@ from openinfer.testing.launch_check import fake, record_launches
 from test_attention_mma_emulation import LANE, ldmatrix_x4, mma, pack, shuffled_tables
 
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16
+NWARPS, BN, GMAX = 4, 32, 8   # attention.cu's fp32 decode kernel
 STAGES = {64: 3, 128: 3, 256: 2}
 GID, TQ = LANE >> 2, LANE & 3
 
@@ -170,21 +171,47 @@ def merge_states(states):
     return acc, M, lsum
 
 
-def emulate_decode(call, seed=0, exact=None):
-    """paged_decode_mma_bf16's grid on its recorded arguments: the blocks (group, head chunk, sequence) run in a
-    random order (`seed`); each takes its sequence's splits group, group + groups, ... (split_rule), stores the
-    output (one split) or each split's partial at the kernel's addresses, and counts the splits it took at its
-    counter (left zero); the last to arrive merges the partials in split order: weights exp2(m - M) l, fmaf
-    sums (the product and sum in float64, then float32). Rows are stored as bf16; `exact` (a dict) also gets each
-    (token, head)'s float32 row before that rounding."""
+def fp32_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg, kend, first, scale, D):
+    """One split (keys kbeg .. kend - 1) of a block of attention.cu's paged_decode, in float32: Q scaled, each
+    warp's 32-key tiles (every NWARPS-th from kbeg + 32 warp; lane = key) scored, the online softmax a tile,
+    P V in key order; returns the warps' states merged (merge_warps). (`first` is moot: this kernel waits for
+    its predecessor before anything.)"""
+    qs = np.stack([q[q0 * q_stride + (kvh * G + g0 + g) * D:][:D] for g in range(gc)]) * np.float32(scale)
+    states = []
+    for warp in range(NWARPS):
+        m, l, acc = np.full(gc, -np.inf, np.float32), np.zeros(gc, np.float32), np.zeros((gc, D), np.float32)
+        for k0 in range(kbeg + warp * BN, kend, NWARPS * BN):
+            offs = [offset(t) for t in range(k0, min(k0 + BN, kend))]
+            k = np.stack([kflat[o: o + D] for o in offs])
+            s = np.zeros((gc, len(offs)), np.float32)
+            for i in range(D):
+                s += qs[:, i, None] * k[None, :, i]
+            mn = np.maximum(m, s.max(1))
+            p = np.exp2(s - mn[:, None])
+            alpha = np.exp2(m - mn)
+            l, acc, m = l * alpha + p.sum(1), acc * alpha[:, None], mn
+            for jj, o in enumerate(offs):
+                acc += p[:, jj, None] * vflat[o: o + D]
+        states.append((acc, m, l))
+    return merge_states(states)
+
+
+def emulate_grid(call, rows, pass_len, split_state, seed=0, exact=None):
+    """A decode kernel's grid on its recorded arguments: the blocks (group, head chunk of `rows` query heads,
+    sequence) run in a random order (`seed`); each takes its sequence's splits group, group + groups, ...
+    (split_rule, whole passes of `pass_len` keys; split_state computes one), stores the output (one split) or each
+    split's partial at the kernel's addresses, and counts the splits it took at its counter (left zero); the last
+    to arrive merges the partials in split order: weights exp2(m - M) l, fmaf sums (the product and sum in
+    float64, then float32). Rows are stored in out's dtype; `exact` (a dict) also gets each (token, head)'s float32
+    row before that rounding."""
     (q, q_stride, kc, vc, block_stride, token_stride, bs, tables, table_stride, qstart, ctx, out, part_o, part_m,
      part_l, counters, nh, nkv, scale, split_keys, near, cap, slots) = call.args
     groups, grid_y, B = call.grid
     D = int(call.name.rsplit("_d", 1)[1])
-    assert call.block == 32 * DEC_WARPS and call.smem == ad.mma_decode_smem(D) and call.cluster is None
+    assert call.cluster is None and int(split_keys) % pass_len == 0
     nh, nkv, slots, bs = int(nh), int(nkv), int(slots), int(bs)
     G = nh // nkv
-    chunks = -(-G // DEC_ROWS)
+    chunks = -(-G // rows)
     assert grid_y == nkv * chunks and groups <= slots
     qf, kf, vf = (flat(a).astype(np.float32) for a in (q, kc, vc))
     tab, qs, cx, outf = flat(tables), flat(qstart), flat(ctx), flat(out)
@@ -192,7 +219,7 @@ def emulate_decode(call, seed=0, exact=None):
         po, pm, pl, cnt = flat(part_o), flat(part_m), flat(part_l), flat(counters)
 
     def store(q0, head, row):
-        outf[(q0 * nh + head) * D: (q0 * nh + head + 1) * D] = row   # from_f32<bf16>: round to nearest even
+        outf[(q0 * nh + head) * D: (q0 * nh + head + 1) * D] = row   # from_f32: bf16 rounds to nearest even
         if exact is not None:
             exact[q0, head] = row.copy()
 
@@ -201,11 +228,11 @@ def emulate_decode(call, seed=0, exact=None):
         q0, L = int(qs[b]), int(cx[b])
         if qs[b + 1] == q0:   # no query: every block of it leaves before counting
             continue
-        used, split_len = split_rule(L, int(split_keys), int(near), int(cap), slots, DEC_WARPS * DEC_BN)
+        used, split_len = split_rule(L, int(split_keys), int(near), int(cap), slots, pass_len)
         if group >= used:   # no split left for this block
             continue
-        kvh, g0 = by // chunks, (by % chunks) * DEC_ROWS
-        gc = min(DEC_ROWS, G - g0)
+        kvh, g0 = by // chunks, (by % chunks) * rows
+        gc = min(rows, G - g0)
         table = tab[b * int(table_stride):]
 
         def offset(t):
@@ -215,8 +242,8 @@ def emulate_decode(call, seed=0, exact=None):
         taken = range(group, used, groups)
         for split in taken:
             kbeg = split * split_len
-            o, M, lsum = emulate_split(qf, int(q_stride), kf, vf, offset, q0, L, kvh, g0, gc, G, kbeg,
-                                       min(L, kbeg + split_len), split == group, np.float32(scale), D)
+            o, M, lsum = split_state(qf, int(q_stride), kf, vf, offset, q0, L, kvh, g0, gc, G, kbeg,
+                                     min(L, kbeg + split_len), split == group, np.float32(scale), D)
             for g in range(gc):
                 row = (o[g] / lsum[g]).astype(np.float32)
                 if used == 1:
@@ -243,6 +270,27 @@ def emulate_decode(call, seed=0, exact=None):
             store(q0, head0 + g, acc / lsum)
 
 
+def emulate_mma_decode(call, seed=0, exact=None):
+    """paged_decode_mma_bf16_d*: 16 query heads a block, passes of 64 keys."""
+    D = int(call.name.rsplit("_d", 1)[1])
+    assert call.block == 32 * DEC_WARPS and call.smem == ad.mma_decode_smem(D)
+    emulate_grid(call, DEC_ROWS, DEC_WARPS * DEC_BN, emulate_split, seed, exact)
+
+
+def emulate_fp32_decode(call, seed=0, exact=None):
+    """paged_decode_{bf16,f32}_d*: 8 query heads a block, passes of 128 keys."""
+    D = int(call.name.rsplit("_d", 1)[1])
+    words = D * flat(call.args[0]).itemsize // 4   # a K row's 32-bit words
+    assert call.block == 32 * NWARPS and call.smem == (GMAX * D + NWARPS * BN * (words + 1)) * 4
+    emulate_grid(call, GMAX, NWARPS * BN, fp32_split, seed, exact)
+
+
+def decode_kernels(seed=0, exact=None):
+    """run()'s emulations of both decode kernels (longest name prefix first)."""
+    return {"paged_decode_mma_bf16": functools.partial(emulate_mma_decode, seed=seed, exact=exact),
+            "paged_decode_": functools.partial(emulate_fp32_decode, seed=seed, exact=exact)}
+
+
 @pytest.fixture
 def device(monkeypatch):
     """attention.paged_attention's launchers on host arrays; `device(at_once)` sets the blocks the stand-in GPU
@@ -260,7 +308,7 @@ def device(monkeypatch):
     assert not counters.any()
 
 
-def _inputs(ctx, nh, nkv, D, rng, q_lens=None, layers=2, layer=1, bs=16):
+def _inputs(ctx, nh, nkv, D, rng, q_lens=None, dtype=BF16, layers=2, layer=1, bs=16):
     """q (a strided view of a fused qkv row), a layer's K and V views of the pool, and the batch (block tables
     shuffled over the pool)."""
     need = [-(-L // bs) for L in ctx]
@@ -268,8 +316,8 @@ def _inputs(ctx, nh, nkv, D, rng, q_lens=None, layers=2, layer=1, bs=16):
     tables = shuffled_tables(need, nb, rng)
     qs = np.concatenate([[0], np.cumsum(q_lens or [1] * len(ctx))]).astype(np.int32)
     lens, T = np.array(ctx, np.int32), int(qs[-1])
-    pool = fake(rng.standard_normal((2, nb, layers, bs, nkv, D)), BF16)
-    qkv = fake(rng.standard_normal((T, (nh + 2 * nkv) * D)), BF16)
+    pool = fake(rng.standard_normal((2, nb, layers, bs, nkv, D)), dtype)
+    qkv = fake(rng.standard_normal((T, (nh + 2 * nkv) * D)), dtype)
     q = qkv[:, : nh * D].reshape(T, nh, D)
     batch = ForwardBatch(fake(np.zeros(T, np.int32)), fake(np.zeros(T, np.int32)), fake(np.zeros(T, np.int64)),
                          fake(tables), fake(qs), fake(lens), fake(np.zeros(0, np.int32)), qs, lens, bs, 1,
@@ -298,23 +346,29 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("split_keys", [64, 128])
+# paged_attention's decode kernels: the tensor-core one ("mma": bf16) and the fp32 one ("cuda_cores": bf16, float32)
+IMPLS = {"mma": attention.paged_attention, "cuda_cores": attention.paged_attention_cuda_cores}
+
+
+@pytest.mark.parametrize("impl,dtype,split_keys", [("mma", BF16, 64), ("mma", BF16, 128), ("cuda_cores", BF16, 64),
+                                                   ("cuda_cores", np.float32, 256)])
 @pytest.mark.parametrize("case", list(CASES))
-def test_mma_decode_emulation_matches_reference(case, split_keys, device, monkeypatch):
+def test_decode_emulation_matches_reference(case, impl, dtype, split_keys, device, monkeypatch):
     """paged_attention's decode launch emulated: every split of a context merged through the partials, the
     groups past a context's splits leaving at once, a group taking several splits in turn."""
     ctx, nh, nkv, D, graph_context, q_lens, at_once = CASES[case]
     monkeypatch.setattr(ad, "DECODE_SPLIT_KEYS", split_keys)
     launches = device(at_once)
-    q, k, v, batch = _inputs(ctx, nh, nkv, D, np.random.default_rng(3), q_lens)
+    q, k, v, batch = _inputs(ctx, nh, nkv, D, np.random.default_rng(3), q_lens, dtype)
     if graph_context:
         batch = dataclasses.replace(batch, max_context_len=graph_context)
-    out = attention.paged_attention(q, k, v, batch, D ** -0.5)
+    out = IMPLS[impl](q, k, v, batch, D ** -0.5)
     (call,) = launches
-    assert call.name == f"paged_decode_mma_bf16_d{D}"
-    run(launches, {"paged_decode_mma_bf16": emulate_decode})
+    assert call.name == (f"paged_decode_mma_bf16_d{D}" if impl == "mma" else f"paged_decode_{module.suffix(dtype)}_d{D}")
+    run(launches, decode_kernels())
     want = ref.paged_attention(*(np.asarray(a, np.float32) for a in (q, k, v)), batch, D ** -0.5)
-    np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=2e-2, rtol=2e-2)
+    tol = 2e-2 if dtype == BF16 else 1e-5
+    np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=tol, rtol=tol)
 
 
 def _layout(keys, kernel, groups, slots):
@@ -360,27 +414,32 @@ def test_decode_split_depends_on_the_keys_alone(monkeypatch, mma, d):
             assert (n, length) == (16, 64)
 
 
-def test_decode_output_bits_depend_on_the_keys_alone(device, monkeypatch):
-    """One sequence (1100 keys: 16 splits, 9 of 128 keys holding them, merged through partials) computed alone,
-    in a batch, under a graph's max_context_len, with its splits taken in turn by fewer blocks, and with the blocks
-    finishing in other orders: the same float32 bits. The same sequence under another split rule gives other bits,
-    so the check can fail."""
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_decode_output_bits_depend_on_the_keys_alone(impl, device, monkeypatch):
+    """One sequence (1100 keys: 9 splits of 128 keys on either kernel, merged through partials) computed alone,
+    in a batch, under a graph's max_context_len (up to 131072 keys: 32 partial slots), with its splits taken in
+    turn by fewer blocks, and with the blocks finishing in other orders: the same float32 bits. The same sequence
+    under another split rule gives other bits, so the check can fail."""
     q, k, v, batch = _inputs([1100, 1, 2, 90], 8, 2, 64, np.random.default_rng(5))
 
     def first_row(seqs, max_context_len, at_once, seed):
         launches = device(at_once)
-        attention.paged_attention(q[:seqs], k, v, _first(batch, seqs, max_context_len), 0.125)
+        IMPLS[impl](q[:seqs], k, v, _first(batch, seqs, max_context_len), 0.125)
         rows = {}
-        run(launches, {"paged_decode_mma_bf16": functools.partial(emulate_decode, seed=seed, exact=rows)})
+        run(launches, decode_kernels(seed, rows))
         (call,) = launches
-        return call.grid[0], np.stack([rows[0, h] for h in range(8)])
+        split_keys, near, cap, slots = (int(a) for a in call.args[-4:])
+        used = split_rule(1100, split_keys, near, cap, slots, 64 if impl == "mma" else 128)[0]
+        return call.grid[0], used, np.stack([rows[0, h] for h in range(8)])
 
-    groups, alone = first_row(1, None, 528, 0)
-    assert groups == 16
+    groups, used, alone = first_row(1, None, 528, 0)
+    assert groups >= used == 9
+    in_turn = 0
     for seqs, max_context_len, at_once, seed in ((4, None, 528, 1), (1, 20480, 528, 2), (4, 4096, 528, 3),
-                                                 (4, 20480, 8, 4), (1, None, 6, 5)):
-        groups, row = first_row(seqs, max_context_len, at_once, seed)
+                                                 (1, 131072, 528, 4), (4, 20480, 8, 5), (1, None, 6, 6)):
+        groups, used, row = first_row(seqs, max_context_len, at_once, seed)
         np.testing.assert_array_equal(row, alone)
-    assert groups == 3   # the last: 3 blocks a head took the 9 splits in turn
-    monkeypatch.setattr(ad, "DECODE_NEAR", 4)   # 5 splits of 256 keys
-    assert not np.array_equal(first_row(1, None, 528, 0)[1], alone)
+        in_turn += groups < used
+    assert in_turn   # blocks took several of its splits in turn
+    monkeypatch.setattr(ad, "DECODE_NEAR", 4)   # 3 to 5 longer splits
+    assert not np.array_equal(first_row(1, None, 528, 0)[2], alone)
