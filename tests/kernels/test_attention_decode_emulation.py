@@ -364,7 +364,8 @@ def test_decode_emulation_matches_reference(case, impl, dtype, split_keys, devic
         batch = dataclasses.replace(batch, max_context_len=graph_context)
     out = IMPLS[impl](q, k, v, batch, D ** -0.5)
     (call,) = launches
-    assert call.name == (f"paged_decode_mma_bf16_d{D}" if impl == "mma" else f"paged_decode_{module.suffix(dtype)}_d{D}")
+    kind = "mma_bf16" if impl == "mma" else module.suffix(dtype)
+    assert call.name == f"paged_decode_{kind}_d{D}"
     run(launches, decode_kernels())
     want = ref.paged_attention(*(np.asarray(a, np.float32) for a in (q, k, v)), batch, D ** -0.5)
     tol = 2e-2 if dtype == BF16 else 1e-5
