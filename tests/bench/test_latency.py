@@ -124,3 +124,24 @@ def test_latency_cli_at_reduced_depth() -> None:
                    "--input-lens", "8", "--output-lens", "2", "--num-iters-warmup", "0", "--num-iters", "1") == 0
     names = read_source(None, EngineArgs(load_format="dummy", num_layers=1), get_plugins()).shapes
     assert any(".layers.0." in n for n in names) and not any(".layers.1." in n for n in names)
+
+
+def test_latency_cli_shuts_its_engine_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine (its expert-parallel workers, its threads) stops when the sweep ends, also when it fails."""
+    from openinfer.engine import engine as engine_module
+    built = []
+    real = engine_module.build_engine
+
+    def build(*a, **k):   # noqa: ANN002, ANN003, ANN202
+        eng = real(*a, **k)
+        calls = []
+        monkeypatch.setattr(eng, "shutdown", lambda: calls.append(1))
+        built.append(calls)
+        return eng
+    monkeypatch.setattr(engine_module, "build_engine", build)
+    assert run_cli("bench", "latency", "--batch-sizes", "1", "--input-lens", "4", "--output-lens", "2",
+                   "--num-iters-warmup", "0", "--num-iters", "1") == 0
+    monkeypatch.setattr("openinfer.bench.latency.sweep", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        run_cli("bench", "latency", "--batch-sizes", "1", "--input-lens", "4", "--output-lens", "2")
+    assert built == [[1], [1]]

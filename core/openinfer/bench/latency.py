@@ -136,6 +136,9 @@ def run_latency(args: argparse.Namespace) -> int:
                                                     "max_num_batched_tokens": budget, "points": detail}, indent=2))
 
     print(_HEAD + "\n" + "-" * len(_HEAD), flush=True)
-    sweep(engine, make_params, shapes, args.output_lens, args.vocab_size or engine.vocab_size,
-          args.num_iters_warmup, args.num_iters, args.seed, measured)
+    try:
+        sweep(engine, make_params, shapes, args.output_lens, args.vocab_size or engine.vocab_size,
+              args.num_iters_warmup, args.num_iters, args.seed, measured)
+    finally:   # its expert-parallel workers and threads stop here, not in the interpreter's teardown
+        engine.shutdown()
     return 0
