@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..engine.batch import Array, ForwardBatch
-from ..loading.config import ConfigError, require
+from ..loading.config import ConfigError, optional, require
 from ..kernels.registry import Ops
 from ..kv.pool import StatePools
 from ..contract.model_line import Model
@@ -80,7 +80,7 @@ def parse_mla_moe(c: Mapping[str, Any], router: RouterConfig, line: str, prefix:
                   require(g, "qk_nope_head_dim", int), require(g, "qk_rope_head_dim", int), require(g, "v_head_dim", int))
     if mla.qk_rope_head_dim % 2:
         raise ConfigError(f"qk_rope_head_dim {mla.qk_rope_head_dim} must be even (RoPE turns pairs)")
-    first_dense = int(c.get("first_k_dense_replace", 0))
+    first_dense = optional(g, "first_k_dense_replace", int, 0)
     if not 0 <= first_dense <= layers:
         raise ConfigError(f"first_k_dense_replace {first_dense} must lie in 0 .. num_hidden_layers ({layers})")
     try:
@@ -89,10 +89,10 @@ def parse_mla_moe(c: Mapping[str, Any], router: RouterConfig, line: str, prefix:
         raise ConfigError(f"rope_scaling / rope_parameters: {e}") from None
     return MLAMoEConfig(
         mla.hidden_size, require(g, "intermediate_size", int), require(g, "moe_intermediate_size", int), layers,
-        first_dense, require(g, "n_routed_experts", int), int(c.get("n_shared_experts") or 0),
-        require(g, "vocab_size", int), int(c.get("max_position_embeddings", default_max_position)),
-        float(c.get("rms_norm_eps", 1e-6)), bool(c.get("tie_word_embeddings", False)), mla, router, rope,
-        quant_scheme(c), prefix)
+        first_dense, require(g, "n_routed_experts", int), optional(g, "n_shared_experts", int, 0, minimum=0),
+        require(g, "vocab_size", int), optional(g, "max_position_embeddings", int, default_max_position, minimum=1),
+        optional(g, "rms_norm_eps", float, 1e-6, positive=True), optional(g, "tie_word_embeddings", bool, False),
+        mla, router, rope, quant_scheme(c), prefix)
 
 
 def mla_moe_weight_shapes(cfg: MLAMoEConfig) -> dict[str, tuple[int, ...]]:

@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..loading.config import ConfigError
+
 
 @dataclass(frozen=True)
 class RopeConfig:
@@ -27,16 +29,31 @@ def rope_config(config: Mapping[str, Any], rotary_dim: int) -> RopeConfig:
     params = dict(config.get("rope_parameters") or {})
     scaling = dict(config.get("rope_scaling") or {})
     merged = {**scaling, **params}
-    theta = float(merged.get("rope_theta", config.get("rope_theta", 10000.0)))
+    theta = _positive("rope_theta", merged.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = merged.get("rope_type", merged.get("type", "default"))
     if kind not in ("default", "yarn"):
-        raise ValueError(f"rope type {kind!r} is not supported (default, yarn)")
+        raise ConfigError(f"rope type {kind!r} is not supported (default, yarn)")
     if kind == "default":
         return RopeConfig(theta, rotary_dim)
-    return RopeConfig(theta, rotary_dim, "yarn", float(merged["factor"]),
-                      int(merged.get("original_max_position_embeddings") or config["max_position_embeddings"]),
-                      float(merged.get("beta_fast") or 32.0), float(merged.get("beta_slow") or 1.0),
-                      merged.get("mscale"), merged.get("mscale_all_dim"), merged.get("attention_factor"))
+    original = merged.get("original_max_position_embeddings") or config.get("max_position_embeddings")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ConfigError(f"original_max_position_embeddings {original!r} must be a positive integer")
+    if "factor" not in merged:
+        raise ConfigError("yarn rope scaling lacks its 'factor'")
+    extra = {k: merged.get(k) for k in ("mscale", "mscale_all_dim", "attention_factor")}
+    for k, v in extra.items():
+        if v is not None:
+            _positive(k, v, zero=True)
+    return RopeConfig(theta, rotary_dim, "yarn", _positive("factor", merged["factor"]), original,
+                      _positive("beta_fast", merged.get("beta_fast") or 32.0),
+                      _positive("beta_slow", merged.get("beta_slow") or 1.0), *extra.values())
+
+
+def _positive(key: str, value: Any, zero: bool = False) -> float:
+    """A rope field's number, above zero (or zero too, with `zero`); a ConfigError naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 if zero else value > 0):
+        raise ConfigError(f"{key} {value!r} must be a number {'of at least 0' if zero else 'above 0'}")
+    return float(value)
 
 
 def yarn_mscale(scale: float, m: float = 1.0) -> float:

@@ -35,13 +35,32 @@ def read_generation_config(model_dir: str | Path) -> dict[str, Any]:
     return read_json(path) if path.exists() else {}
 
 
-def require(config: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-    """Fetch a required config.json field with a type check that names it."""
+def require(config: dict[str, Any], key: str, kind: type | tuple[type, ...], minimum: int | None = 1) -> Any:
+    """Fetch a required config.json field with a type check that names it; an integer field (a size or a count) must
+    also be at least `minimum` (None: any)."""
     if key not in config:
         raise ConfigError(f"config.json lacks {key!r}")
-    value = config[key]
+    return _checked(key, config[key], kind, minimum if kind is int else None)
+
+
+def optional(config: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any,
+             minimum: float | None = None, positive: bool = False) -> Any:
+    """An optional config.json field: `default` when absent or null, else checked as `require` checks (an integer
+    where a number is asked is fine), at least `minimum`, and above zero if `positive`."""
+    value = config.get(key)
+    if value is None:
+        return default
+    value = _checked(key, value, (int, float) if kind is float else kind, minimum)
+    if positive and not value > 0:
+        raise ConfigError(f"config.json field {key!r} is {value}; it must be above 0")
+    return value
+
+
+def _checked(key: str, value: Any, kind: type | tuple[type, ...], minimum: float | None) -> Any:
     if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
         raise ConfigError(f"config.json field {key!r} has type {type(value).__name__}, expected {kind}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"config.json field {key!r} is {value}; it must be at least {minimum}")
     return value
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..backends.cuda_graphs import buckets
-from .config import read_generation_config, read_model_config, with_num_layers, with_overrides
+from .config import ConfigError, read_generation_config, read_model_config, with_num_layers, with_overrides
 from ..contract.detect import detect_line, install_hint
 from ..engine.engine import Engine
 from ..engine.engine_args import GPU_MAX_NUM_SEQS, EngineArgs
@@ -126,8 +126,12 @@ def end_ids(tokenizer_eos: Iterable[int], config_eos: int | list[int] | None, vo
     """The ids that end a sequence: the tokenizer's and the checkpoint's (generation_config.json, else config.json)
     that the model can emit. An id past the model's vocabulary (a tokenizer borrowed from another model with
     --tokenizer) is dropped with a warning: no logit is ever sampled there, and the grammar engine refuses it."""
-    ids = set(tokenizer_eos) | set(config_eos if isinstance(config_eos, list) else () if config_eos is None
-                                   else (config_eos,))
+    listed = [*tokenizer_eos, *(config_eos if isinstance(config_eos, list) else () if config_eos is None
+                                else (config_eos,))]
+    if bad := [i for i in listed if isinstance(i, bool) or not isinstance(i, int)]:
+        raise ConfigError(f"end-of-sequence ids {bad!r} are not token ids: check eos_token_id in config.json, "
+                          "generation_config.json and the tokenizer's files")
+    ids = set(listed)
     outside = sorted(i for i in ids if not 0 <= i < vocab_size)
     if outside:
         log.warning("end-of-sequence ids %s are outside the model's %d-token vocabulary (a tokenizer from another "

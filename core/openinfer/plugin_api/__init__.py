@@ -23,7 +23,7 @@ from ..layers.mlp import SwiGLU, load_swiglu, swiglu_shapes
 from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
 from ..layers.quant_linear import QuantOps, load_linear, quant_ops_needed
 from ..layers.rope import RopeConfig, cos_sin, rope_config
-from ..loading.config import ConfigError, require
+from ..loading.config import ConfigError, optional, require
 from ..loading.disk_cache import cache_root, write_atomic
 from ..loading.weights import WeightSource
 from ..parallel import Communicator, expert_shard
@@ -43,7 +43,7 @@ __all__ = [
     "GQAAttention", "KernelRegistry", "Model", "ModelLine", "Ops", "ParsedDelta", "Probe", "ReasoningParser",
     "RopeConfig", "StatePools", "StateGroup", "ThinkTagReasoningParser", "Tokenizer", "ToolCall", "ToolCallDelta",
     "WeightSource", "byte_level_chars", "collect_tool_calls", "cos_sin", "hookimpl", "JSON_DUMPS_LAYOUT", "lark_json",
-    "lark_literal", "partial_suffix_len", "require", "rope_config", "ToolCallParser", "new_call_id",
+    "lark_literal", "partial_suffix_len", "optional", "require", "rope_config", "ToolCallParser", "new_call_id",
     "convert_value", "is_text", "param_types", "schema_types", "with_object_arguments",
     "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
     "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from openinfer.plugin_api import ConfigError, MLAMoEConfig, RouterConfig, parse_mla_moe, require
+from openinfer.plugin_api import ConfigError, MLAMoEConfig, RouterConfig, optional, parse_mla_moe, require
 
 # DeepSeek-V2's MoE gate always scores with a softmax; these are its two routings
 TOPK_METHODS = ("greedy", "group_limited_greedy")
@@ -28,9 +28,11 @@ def parse(c: Mapping[str, Any]) -> MLAMoEConfig:
         # checkpoint sets it, so the line refuses it rather than pick one reading
         raise ConfigError("norm_topk_prob: true is not supported by the deepseek_v2 line (transformers ignores "
                           "it for DeepSeek-V2; every released V2 checkpoint has false)")
-    experts = require(dict(c), "n_routed_experts", int)
-    router = RouterConfig(top_k=require(dict(c), "num_experts_per_tok", int), scoring="softmax", method=method,
-                          n_group=int(c.get("n_group") or 1), topk_group=int(c.get("topk_group") or 1),
-                          norm_topk_prob=False, routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0)))
+    g = dict(c)
+    experts = require(g, "n_routed_experts", int)
+    router = RouterConfig(top_k=require(g, "num_experts_per_tok", int), scoring="softmax", method=method,
+                          n_group=optional(g, "n_group", int, 1, minimum=1),
+                          topk_group=optional(g, "topk_group", int, 1, minimum=1), norm_topk_prob=False,
+                          routed_scaling_factor=optional(g, "routed_scaling_factor", float, 1.0, positive=True))
     router.check(experts)
     return parse_mla_moe(c, router, "deepseek_v2", default_max_position=2048)

@@ -60,6 +60,17 @@ def _copy(ckpt, tmp_path, config_edit=None, tensors_edit=None):
     (lambda c: c.update(num_key_value_heads=2), r"num_key_value_heads 2 differs"),
     (lambda c: c.pop("kv_lora_rank"), r"config.json lacks 'kv_lora_rank'"),
     (lambda c: c.update(moe_layer_freq=2), r"moe_layer_freq 2 is not supported"),
+    # values of the right name and the wrong kind or range, which would load and compute garbage or crash later
+    (lambda c: c.update(kv_lora_rank=0), r"field 'kv_lora_rank' is 0; it must be at least 1"),
+    (lambda c: c.update(max_position_embeddings=0), r"field 'max_position_embeddings' is 0; it must be at least 1"),
+    (lambda c: c.update(rms_norm_eps=-1e-6), r"field 'rms_norm_eps' is -1e-06; it must be above 0"),
+    (lambda c: c.update(routed_scaling_factor=0), r"field 'routed_scaling_factor' is 0; it must be above 0"),
+    (lambda c: c.update(tie_word_embeddings="yes"), r"field 'tie_word_embeddings' has type str"),
+    (lambda c: c.update(n_shared_experts="2"), r"field 'n_shared_experts' has type str"),
+    # (transformers writes the rope fields as rope_parameters)
+    (lambda c: c["rope_parameters"].update(rope_theta=0), r"rope_theta 0 must be a number above 0"),
+    (lambda c: c["rope_parameters"].update(factor="4"), r"factor '4' must be a number above 0"),
+    (lambda c: c.update(eos_token_id="1"), r"end-of-sequence ids \['1'\] are not token ids"),
 ])
 def test_configs_the_line_cannot_serve_fail_at_load_naming_the_field(lite, tmp_path, edit, error):
     with pytest.raises(ConfigError, match=error):

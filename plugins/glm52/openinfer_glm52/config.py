@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from openinfer.plugin_api import ConfigError, QuantScheme, RopeConfig, quant_scheme, require, rope_config
+from openinfer.plugin_api import (ConfigError, QuantScheme, RopeConfig, optional, quant_scheme, require,
+                                  rope_config)
 
 # transformers' GlmMoeDsaPreTrainedModel._keep_in_fp32_modules: never quantized, whatever modules_to_not_convert says
 KEEP_FLOAT = (r"re:.*\.indexer\.weights_proj$",)
@@ -31,8 +32,10 @@ def indexer_schedule(c: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
                 if set(pattern) - {"F", "S"}:
                     raise ConfigError(f"index_topk_pattern {pattern!r} may only hold F (full) and S (shared)")
                 types = [{"F": "full", "S": "shared"}[ch] for ch in pattern]
+            elif isinstance(pattern, list):
+                types = pattern
             else:
-                types = list(pattern)
+                raise ConfigError(f"index_topk_pattern {pattern!r} must be a string of F / S or a list")
         else:
             freq = max(int(c.get("index_topk_freq", 1)), 1)
             offset = int(c.get("index_skip_topk_offset", 2))
@@ -136,7 +139,7 @@ class Glm52Config:
         if c.get("rope_interleave", True) is not True:
             raise ConfigError("rope_interleave: false is not supported by the glm52 line (GLM's MLA rotates "
                               "interleaved pairs)")
-        experts, groups = require(c, "n_routed_experts", int), int(c.get("n_group") or 1)
+        experts, groups = require(c, "n_routed_experts", int), optional(c, "n_group", int, 1, minimum=1)
         if experts % groups:
             raise ConfigError(f"n_routed_experts {experts} is not a multiple of n_group {groups}")
         rope_dim, index_dim = require(c, "qk_rope_head_dim", int), require(c, "index_head_dim", int)
@@ -144,23 +147,23 @@ class Glm52Config:
             raise ConfigError(f"index_head_dim {index_dim} must hold the qk_rope_head_dim {rope_dim} rotary dims "
                               "(an even number)")
         topk = require(c, "index_topk", int)
-        if topk < 1:
-            raise ConfigError(f"index_topk {topk} must be at least 1")
         return cls(
             hidden_size=require(c, "hidden_size", int), intermediate_size=require(c, "intermediate_size", int),
             moe_intermediate_size=require(c, "moe_intermediate_size", int), num_heads=heads,
             q_lora_rank=require(c, "q_lora_rank", int), kv_lora_rank=require(c, "kv_lora_rank", int),
             qk_nope_head_dim=require(c, "qk_nope_head_dim", int), qk_rope_head_dim=rope_dim,
             v_head_dim=require(c, "v_head_dim", int), n_routed_experts=experts,
-            n_shared_experts=int(c.get("n_shared_experts") or 0),
+            n_shared_experts=optional(c, "n_shared_experts", int, 0, minimum=0),
             num_experts_per_tok=require(c, "num_experts_per_tok", int), n_group=groups,
-            topk_group=int(c.get("topk_group") or 1), norm_topk_prob=bool(c.get("norm_topk_prob", True)),
-            routed_scaling_factor=float(c.get("routed_scaling_factor", 2.5)), mlp_layer_types=_mlp_types(c, n),
+            topk_group=optional(c, "topk_group", int, 1, minimum=1),
+            norm_topk_prob=optional(c, "norm_topk_prob", bool, True),
+            routed_scaling_factor=optional(c, "routed_scaling_factor", float, 2.5, positive=True),
+            mlp_layer_types=_mlp_types(c, n),
             index_n_heads=require(c, "index_n_heads", int), index_head_dim=index_dim, index_topk=topk,
             indexer_types=indexer_schedule(c, n),
-            indexer_rope_interleave=bool(c.get("indexer_rope_interleave", True)),
+            indexer_rope_interleave=optional(c, "indexer_rope_interleave", bool, True),
             vocab_size=require(c, "vocab_size", int),
-            max_position_embeddings=int(c.get("max_position_embeddings", 202752)),
-            rms_norm_eps=float(c.get("rms_norm_eps", 1e-5)), tie_word_embeddings=bool(c.get("tie_word_embeddings",
-                                                                                            False)),
-            rope=rope_config(c, rope_dim), num_mtp_layers=int(c.get("num_nextn_predict_layers") or 0), quant=_quant(c))
+            max_position_embeddings=optional(c, "max_position_embeddings", int, 202752, minimum=1),
+            rms_norm_eps=optional(c, "rms_norm_eps", float, 1e-5, positive=True),
+            tie_word_embeddings=optional(c, "tie_word_embeddings", bool, False), rope=rope_config(c, rope_dim),
+            num_mtp_layers=optional(c, "num_nextn_predict_layers", int, 0, minimum=0), quant=_quant(c))

@@ -52,6 +52,12 @@ def test_indexer_types_win_over_the_schedule():
     ({"quantization_config": {"quant_method": "gptq"}}, "quant_method 'gptq'"),
     ({"quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}}, "quantization_config.fmt"),
     ({"attention_bias": True}, "attention_bias"),
+    ({"index_topk_pattern": 3}, "index_topk_pattern"),
+    ({"index_topk": 0}, "'index_topk' is 0"),
+    ({"max_position_embeddings": 0}, "'max_position_embeddings' is 0"),
+    ({"rms_norm_eps": 0}, "'rms_norm_eps' is 0"),
+    ({"topk_group": 0}, "'topk_group' is 0"),
+    ({"norm_topk_prob": "yes"}, "'norm_topk_prob' has type str"),
 ])
 def test_refusals_name_the_field(change, field):
     with pytest.raises(ConfigError, match=field.replace("[", r"\[")):

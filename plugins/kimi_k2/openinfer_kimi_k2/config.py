@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from openinfer.plugin_api import ConfigError, MLAMoEConfig, RouterConfig, parse_mla_moe, require
+from openinfer.plugin_api import ConfigError, MLAMoEConfig, RouterConfig, optional, parse_mla_moe, require
 
 BODY_TYPES = ("kimi_k2", "deepseek_v3")
 WRAPPER_TYPE = "kimi_k25"
@@ -55,10 +55,12 @@ def _router(c: Mapping[str, Any], experts: int) -> RouterConfig:
                           "scores")
     if c.get("topk_method", "noaux_tc") != "noaux_tc":
         raise ConfigError(f"topk_method {c['topk_method']!r}: the DeepSeek-V3 architecture routes with noaux_tc")
-    router = RouterConfig(top_k=require(c, "num_experts_per_tok", int), scoring="sigmoid", method="noaux_tc",
-                          n_group=int(c.get("n_group", 8)), topk_group=int(c.get("topk_group", 4)),
-                          norm_topk_prob=bool(c.get("norm_topk_prob", True)),
-                          routed_scaling_factor=float(c.get("routed_scaling_factor", 2.5)))
+    g = dict(c)
+    router = RouterConfig(top_k=require(g, "num_experts_per_tok", int), scoring="sigmoid", method="noaux_tc",
+                          n_group=optional(g, "n_group", int, 8, minimum=1),
+                          topk_group=optional(g, "topk_group", int, 4, minimum=1),
+                          norm_topk_prob=optional(g, "norm_topk_prob", bool, True),
+                          routed_scaling_factor=optional(g, "routed_scaling_factor", float, 2.5, positive=True))
     router.check(experts)
     return router
 
@@ -71,4 +73,4 @@ def parse(config: Mapping[str, Any]) -> KimiConfig:
         raise ConfigError("rope_interleave: false (rotate-half RoPE on the MLA heads) is not supported; the "
                           "DeepSeek-V3 and Kimi checkpoints use the interleaved pairs")
     model = parse_mla_moe(c, _router(c, require(c, "n_routed_experts", int)), "kimi_k2", prefix)
-    return KimiConfig(model, int(c.get("num_nextn_predict_layers") or 0), prefix == WRAPPER_PREFIX)
+    return KimiConfig(model, optional(dict(c), "num_nextn_predict_layers", int, 0, minimum=0), prefix == WRAPPER_PREFIX)
