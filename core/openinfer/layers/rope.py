@@ -26,8 +26,9 @@ class RopeConfig:
 
 def rope_config(config: Mapping[str, Any], rotary_dim: int) -> RopeConfig:
     """Accepts both `rope_parameters` (transformers 5) and legacy `rope_theta` + `rope_scaling`."""
-    params = dict(config.get("rope_parameters") or {})
-    scaling = dict(config.get("rope_scaling") or {})
+    params, scaling = config.get("rope_parameters") or {}, config.get("rope_scaling") or {}
+    if not isinstance(params, dict) or not isinstance(scaling, dict):
+        raise ConfigError(f"rope_parameters / rope_scaling must be objects (got {params!r}, {scaling!r})")
     merged = {**scaling, **params}
     theta = _positive("rope_theta", merged.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = merged.get("rope_type", merged.get("type", "default"))

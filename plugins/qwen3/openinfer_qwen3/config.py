@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from openinfer.plugin_api import ConfigError, RopeConfig, require, rope_config
+from openinfer.plugin_api import ConfigError, RopeConfig, optional, require, rope_config
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,8 @@ class Qwen3Config:
         c = dict(c)
         heads = require(c, "num_attention_heads", int)
         hidden = require(c, "hidden_size", int)
-        head_dim = c.get("head_dim") or hidden // heads
-        kv = c.get("num_key_value_heads") or heads
+        head_dim = optional(c, "head_dim", int, hidden // heads, minimum=1)
+        kv = optional(c, "num_key_value_heads", int, heads, minimum=1)
         if heads % kv:
             raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
         if c.get("attention_bias"):
@@ -37,6 +37,7 @@ class Qwen3Config:
         if c.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"hidden_act {c.get('hidden_act')!r} is not supported (silu)")
         return cls(hidden, require(c, "intermediate_size", int), require(c, "num_hidden_layers", int), heads, kv,
-                   int(head_dim), require(c, "vocab_size", int), int(c.get("max_position_embeddings", 40960)),
-                   float(c.get("rms_norm_eps", 1e-6)), bool(c.get("tie_word_embeddings", False)),
-                   rope_config(c, int(head_dim)))
+                   head_dim, require(c, "vocab_size", int),
+                   optional(c, "max_position_embeddings", int, 40960, minimum=1),
+                   optional(c, "rms_norm_eps", float, 1e-6, positive=True),
+                   optional(c, "tie_word_embeddings", bool, False), rope_config(c, head_dim))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from openinfer.plugin_api import ConfigError, RopeConfig, require, rope_config
+from openinfer.plugin_api import ConfigError, RopeConfig, optional, require, rope_config
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,11 @@ class Qwen35Config:
         # weights under model.language_model.; a text-only export keeps both at the top level
         vl = isinstance(c.get("text_config"), Mapping)
         t = dict(c["text_config"]) if vl else dict(c)
-        tie = bool(c.get("tie_word_embeddings", t.get("tie_word_embeddings", False)))
+        tie = optional(c, "tie_word_embeddings", bool, optional(t, "tie_word_embeddings", bool, False))
         n = require(t, "num_hidden_layers", int)
         layer_types = t.get("layer_types") or [
-            "full_attention" if (i + 1) % int(t.get("full_attention_interval", 4)) == 0 else "linear_attention"
+            "full_attention" if (i + 1) % optional(t, "full_attention_interval", int, 4, minimum=1) == 0
+            else "linear_attention"
             for i in range(n)]
         if len(layer_types) != n or set(layer_types) - {"linear_attention", "full_attention"}:
             raise ConfigError(f"layer_types must list {n} entries of linear_attention / full_attention")
@@ -61,14 +62,18 @@ class Qwen35Config:
             raise ConfigError("attn_output_gate: false is not supported by the qwen35 line")
         if t.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"hidden_act {t.get('hidden_act')!r} is not supported (silu)")
-        head_dim = int(t.get("head_dim") or require(t, "hidden_size", int) // heads)
+        head_dim = optional(t, "head_dim", int, require(t, "hidden_size", int) // heads, minimum=1)
         params = t.get("rope_parameters") or {}
-        partial = float(params.get("partial_rotary_factor", t.get("partial_rotary_factor", 1.0)))
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"rope_parameters {params!r} must be an object")
+        partial = optional(params, "partial_rotary_factor", float, optional(t, "partial_rotary_factor", float, 1.0),
+                           positive=True)
         rotary_dim = int(head_dim * partial)
         if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
             raise ConfigError(f"partial_rotary_factor {partial} gives an unusable rotary dim {rotary_dim}")
         return cls(require(t, "hidden_size", int), require(t, "intermediate_size", int), tuple(layer_types), heads, kv,
                    head_dim, nk, nv, require(t, "linear_key_head_dim", int), require(t, "linear_value_head_dim", int),
-                   int(t.get("linear_conv_kernel_dim", 4)), require(t, "vocab_size", int),
-                   int(t.get("max_position_embeddings", 262144)), float(t.get("rms_norm_eps", 1e-6)), tie,
+                   optional(t, "linear_conv_kernel_dim", int, 4, minimum=1), require(t, "vocab_size", int),
+                   optional(t, "max_position_embeddings", int, 262144, minimum=1),
+                   optional(t, "rms_norm_eps", float, 1e-6, positive=True), tie,
                    rope_config(t, rotary_dim), "model.language_model." if vl else "model.")
