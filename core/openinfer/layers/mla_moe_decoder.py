@@ -83,16 +83,12 @@ def parse_mla_moe(c: Mapping[str, Any], router: RouterConfig, line: str, prefix:
     first_dense = optional(g, "first_k_dense_replace", int, 0)
     if not 0 <= first_dense <= layers:
         raise ConfigError(f"first_k_dense_replace {first_dense} must lie in 0 .. num_hidden_layers ({layers})")
-    try:
-        rope = rope_config(c, mla.qk_rope_head_dim)
-    except (KeyError, ValueError) as e:
-        raise ConfigError(f"rope_scaling / rope_parameters: {e}") from None
     return MLAMoEConfig(
         mla.hidden_size, require(g, "intermediate_size", int), require(g, "moe_intermediate_size", int), layers,
         first_dense, require(g, "n_routed_experts", int), optional(g, "n_shared_experts", int, 0, minimum=0),
         require(g, "vocab_size", int), optional(g, "max_position_embeddings", int, default_max_position, minimum=1),
         optional(g, "rms_norm_eps", float, 1e-6, positive=True), optional(g, "tie_word_embeddings", bool, False),
-        mla, router, rope, quant_scheme(c), prefix)
+        mla, router, rope_config(c, mla.qk_rope_head_dim), quant_scheme(c), prefix)
 
 
 def mla_moe_weight_shapes(cfg: MLAMoEConfig) -> dict[str, tuple[int, ...]]:

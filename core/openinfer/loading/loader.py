@@ -4,9 +4,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Any, Callable
 
 import numpy as np
