@@ -27,8 +27,9 @@ import cupy as cp
 import numpy as np
 
 from .blas import grouped_gemm
-from .module import BF16
-from .moe import align, combine, expert_args, expert_shapes, moe_experts as grouped
+from .module import BF16, hopper
+from .moe import align, combine, expert_args, expert_shapes
+from .moe import moe_experts as grouped_mma, moe_experts_wgmma as grouped_wgmma
 from .ops import gather_rows, silu_mul
 
 PREFILL_ROWS_PER_EXPERT = 256   # average rows a local expert from which cuBLAS runs the experts
@@ -45,11 +46,12 @@ def uses_cublas(T: int, k: int, E: int) -> bool:
 
 def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
                 expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
-    """moe.moe_experts' contract; cuBLAS per expert where `uses_cublas`, the grouped GEMMs otherwise."""
+    """moe.moe_experts' contract; cuBLAS per expert where `uses_cublas`, the grouped GEMMs otherwise (their 128-row
+    tiles on warpgroup MMA on sm_90)."""
     T, _, E, _ = expert_shapes(x, gate_up, down)
     if T and uses_cublas(T, ids.shape[1], E):
         return moe_experts_cublas(x, gate_up, down, ids, weights, expert_offset, addend)
-    return grouped(x, gate_up, down, ids, weights, expert_offset, addend)
+    return (grouped_wgmma if hopper() else grouped_mma)(x, gate_up, down, ids, weights, expert_offset, addend)
 
 
 def moe_experts_cublas(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
