@@ -22,7 +22,7 @@ CUDA graph, the replay timed with CUDA events (openinfer.testing.cuda.graph_ms),
   eagerly with CUDA events as a prefill step runs them (the cuBLAS path reads the routing to the host, so no graph);
   the routing is the random gate's, computed once. TFLOP/s counts the routed GEMMs (T x 6 x 3 x 2048 x 1408 x 2),
   GB/s the chosen experts' weights (each read at least once) over the time;
-  `rule` names the implementation the "cublas" entry point picks at that T (moe_blas.PREFILL_ROWS_PER_EXPERT); the
+  `rule` names the implementation the "cublas" entry point picks at that T (moe_blas.uses_cublas); the
   `its gemms` row times the cuBLAS path's GEMMs alone (one gate_up and one down an expert).
 Compare GB/s with the device's copy rate (~3.35 TB/s H100, ~4.3 TB/s H200) and TFLOP/s with ~700 (bf16 dense).
     python scripts/mla_moe_bench.py [--batches 1,32,128] [--contexts 1024,8192] [--prompts 1024,8192]
@@ -120,7 +120,7 @@ def expert_rows(tokens: list[int]) -> None:
     for t in tokens:
         x = _normal(t, D)
         ids, w = moe.moe_router(x, gate, None, RouterConfig(top_k=K))
-        rule = "cublas" if moe_blas.uses_cublas(t, K, E) else "grouped"
+        rule = "cublas" if moe_blas.uses_cublas(t, K, E) else "wgmma" if module.hopper() else "grouped"
         flops = t * K * 3 * D * I * 2
         weights = len(np.unique(cp.asnumpy(ids))) * 3 * D * I * 2   # the chosen experts' bytes, read at least once
         for name, fn in [*impls.items(), ("  its gemms", cublas_gemms(gate_up, down, ids))]:

@@ -215,7 +215,8 @@ def test_moe_experts_choice(monkeypatch):
     and inside a graph capture, where a replay with other logits still routes on the device."""
     E, cfg = ROUTERS["v2_lite_greedy"]
     T, D, I = 256, 256, 128
-    monkeypatch.setattr(moe_blas, "PREFILL_ROWS_PER_EXPERT", T * cfg.top_k // E)   # 24 rows: T tokens exactly
+    for name in ("PREFILL_ROWS_PER_EXPERT", "PREFILL_ROWS_PER_EXPERT_SM90"):
+        monkeypatch.setattr(moe_blas, name, T * cfg.top_k // E)   # 24 rows: T tokens exactly
     x, gate_up, down, _, _ = _expert_inputs(T, D, I, E, cfg.top_k, E, 5)
     xd, gud, dd = dev(x, BF16), dev(gate_up, BF16), dev(down, BF16)
     logits = cp.asarray(rnd(np.random.default_rng(5), T, E))

@@ -158,7 +158,8 @@ def test_no_local_rows(device):
 def test_the_rule(device, monkeypatch, T, capturing, cublas):
     """T * k >= PREFILL_ROWS_PER_EXPERT * E_local outside a graph capture: cuBLAS; otherwise the grouped GEMMs
     (moe.moe_experts, all on the device). Both give the reference's output."""
-    monkeypatch.setattr(moe_blas, "PREFILL_ROWS_PER_EXPERT", 32)
+    for name in ("PREFILL_ROWS_PER_EXPERT", "PREFILL_ROWS_PER_EXPERT_SM90"):
+        monkeypatch.setattr(moe_blas, name, 32)
     monkeypatch.setattr(moe_blas, "_capturing", lambda: capturing)
     E, k, D, I = 4, 2, 64, 32   # 64 tokens x 2 = 32 rows x 4 experts
     ids = routing("skewed", T, k, E, np.random.default_rng(T))

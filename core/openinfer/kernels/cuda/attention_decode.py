@@ -32,11 +32,13 @@ DEC_PASS = DEC_WARPS * DEC_BN                # its pass
 # keys (in whole passes of the kernel), then DECODE_NEAR splits growing to DECODE_NEAR times that, then splits of
 # that length up to DECODE_CAP of them, then longer ones. Batch 1 wants many splits (Qwen3-4B: 8 KV heads x 16
 # splits of a 1k context on the tensor-core kernel), large batches few (each split stores a partial that is merged);
-# a rule of the key count alone cannot serve both best. These defaults keep batch 1's 16 splits at 1k keys and await
-# a GPU sweep of batch sizes and context lengths. DECODE_NEAR and DECODE_CAP stay within merge_max_splits.
+# a rule of the key count alone cannot serve both best. Chosen by a sweep of the kernel at Qwen3-4B's shape (H100,
+# cold L2, batch 1-256 x 1k-16k keys; docs/benchmarks/qwen3-4b.md): against 16 / 32, these cost batch 1 at 1k keys
+# 0.9 us (13.6 against 12.7) and save 30 % from batch 32 at 1k keys (67 against 85 us; 401 against 575 at 256).
+# DECODE_NEAR and DECODE_CAP stay within merge_max_splits.
 DECODE_SPLIT_KEYS = 64
-DECODE_NEAR = 16
-DECODE_CAP = 32
+DECODE_NEAR = 4
+DECODE_CAP = 16
 
 
 @dataclass(frozen=True)

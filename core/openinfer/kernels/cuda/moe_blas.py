@@ -1,9 +1,10 @@
 """`moe_experts` with each local expert's projections through cuBLAS, for prefill-sized eager steps; moe.py's grouped
-GEMMs for every other call. kernels/cuda/__init__.py registers this as "cublas", ranked above "grouped" (moe.py
-alone, for `--kernel moe_experts=grouped`).
+GEMMs for every other call (their wide tiles on warpgroup MMA on sm_90). kernels/cuda/__init__.py registers this as
+"cublas", ranked above "wgmma" and "grouped" (moe.py alone, for `--kernel moe_experts=...`).
 
 The rule, call by call (`uses_cublas`): a step whose T tokens x top-k pairs give at least PREFILL_ROWS_PER_EXPERT rows
-to each local expert on average (T * k >= PREFILL_ROWS_PER_EXPERT * E_local, the form of moe.py's 128-row tile rule;
+(PREFILL_ROWS_PER_EXPERT_SM90 on sm_90, where the grouped GEMMs' wide tiles run on warpgroup MMA) to each local expert
+on average (T * k >= PREFILL_ROWS_PER_EXPERT * E_local, the form of moe.py's 128-row tile rule;
 under expert parallelism every pair counts, so it fires at fewer tokens a rank, as that rule does) and that no CUDA
 graph is capturing. Outside a capture it depends on the step's shape alone, so an eager engine and
 a graph engine run the same implementation for the same step (their greedy tokens agree: decode batches, at most
@@ -32,7 +33,11 @@ from .moe import align, combine, expert_args, expert_shapes
 from .moe import moe_experts as grouped_mma, moe_experts_wgmma as grouped_wgmma
 from .ops import gather_rows, silu_mul
 
-PREFILL_ROWS_PER_EXPERT = 256   # average rows a local expert from which cuBLAS runs the experts
+# Average rows a local expert from which cuBLAS runs the experts: beside the grouped GEMMs on mma.sync, and beside
+# their warpgroup-MMA tiles on sm_90 (V2-Lite's widths, H100: wgmma 1.42 ms against cuBLAS 2.18 at 384 rows an expert,
+# 2.65 against 2.49 at 768; docs/benchmarks/deepseek-v2-lite.md).
+PREFILL_ROWS_PER_EXPERT = 256
+PREFILL_ROWS_PER_EXPERT_SM90 = 512
 
 
 def _capturing() -> bool:
@@ -41,7 +46,8 @@ def _capturing() -> bool:
 
 def uses_cublas(T: int, k: int, E: int) -> bool:
     """Whether moe_experts runs T tokens' top-k experts over E local experts through cuBLAS (the module's rule)."""
-    return T * k >= PREFILL_ROWS_PER_EXPERT * E and not _capturing()
+    rows = PREFILL_ROWS_PER_EXPERT_SM90 if hopper() else PREFILL_ROWS_PER_EXPERT
+    return T * k >= rows * E and not _capturing()
 
 
 def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
