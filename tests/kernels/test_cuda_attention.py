@@ -159,13 +159,14 @@ def test_prefill_attention_graph_capture(dt):
 
 def test_decode_grid_fills_one_wave():
     """On this GPU (132 SMs, at least 2 blocks of either decode kernel an SM): batch 1's 4100-key context runs its
-    16 splits on 16 blocks a KV head; 128 sequences x 8 KV heads fill the SMs alone, one block each taking its
-    sequence's splits in turn (20 slots at a 20480-key graph width)."""
+    splits (16 of 64-key passes on the tensor-core kernel, 9 of 128-key passes on the fp32 one) on as many blocks a
+    KV head; 128 sequences x 8 KV heads fill the SMs alone, one block each taking its sequence's splits in turn (16
+    slots, DECODE_CAP, at a 20480-key graph width)."""
     from openinfer.kernels.cuda.attention_decode import decode_grid, decode_kernel
-    for kernel in (decode_kernel("bf16", 128, 2, True), decode_kernel("f32", 128, 4, False)):
-        assert decode_grid(1, 8, 4100, kernel) == (16, 16)
+    for kernel, splits in ((decode_kernel("bf16", 128, 2, True), 16), (decode_kernel("f32", 128, 4, False), 9)):
+        assert decode_grid(1, 8, 4100, kernel) == (splits, splits)
         assert decode_grid(128, 8, 20480, kernel)[0] == 1
-    assert decode_grid(128, 8, 20480, decode_kernel("bf16", 128, 2, True))[1] == 20
+    assert decode_grid(128, 8, 20480, decode_kernel("bf16", 128, 2, True))[1] == 16
 
 
 # decode over ragged contexts (1 .. 20k keys, block size 16): GQA ratios 1/4/8/16, head dims 64/128/256

@@ -34,10 +34,11 @@ from .moe import moe_experts as grouped_mma, moe_experts_wgmma as grouped_wgmma
 from .ops import gather_rows, silu_mul
 
 # Average rows a local expert from which cuBLAS runs the experts: beside the grouped GEMMs on mma.sync, and beside
-# their warpgroup-MMA tiles on sm_90 (V2-Lite's widths, H100: wgmma 1.42 ms against cuBLAS 2.18 at 384 rows an expert,
-# 2.65 against 2.49 at 768; docs/benchmarks/deepseek-v2-lite.md).
+# their warpgroup-MMA tiles on sm_90 (V2-Lite's widths, H100, two machines: wgmma ahead up to 576 rows an expert, at
+# 768 ahead on one (2.79 against 3.82 ms) and behind on the other (2.65 against 2.49), behind at 1,536 (5.0 against
+# 4.1); docs/benchmarks/deepseek-v2-lite.md).
 PREFILL_ROWS_PER_EXPERT = 256
-PREFILL_ROWS_PER_EXPERT_SM90 = 512
+PREFILL_ROWS_PER_EXPERT_SM90 = 1024
 
 
 def _capturing() -> bool:
