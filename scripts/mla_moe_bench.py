@@ -17,10 +17,12 @@ CUDA graph, the replay timed with CUDA events (openinfer.testing.cuda.graph_ms),
   experts the routing selects (3 x 2048 x 1408 x 2 bytes each) over its time; TFLOP/s the routed GEMMs
   (T x 6 x 3 x 2048 x 1408 x 2).
 - experts (--experts: this section alone): moe_experts of one layer for T prefill tokens in each CUDA implementation
-  (the registry's "grouped": moe.py's grouped GEMMs; "cublas" forced: moe_blas.py's cuBLAS per expert), timed
+  (the registry's "grouped": moe.py's grouped GEMMs on mma.sync; "wgmma" on sm_90: their 128-row tiles on warpgroup
+  MMA; "cublas" forced: moe_blas.py's cuBLAS per expert), timed
   eagerly with CUDA events as a prefill step runs them (the cuBLAS path reads the routing to the host, so no graph);
-  the routing is the random gate's, computed once. TFLOP/s counts the routed GEMMs (T x 6 x 3 x 2048 x 1408 x 2);
-  `rule` names the implementation the "cublas" entry point picks at that T (moe_blas.PREFILL_ROWS_PER_EXPERT); the
+  the routing is the random gate's, computed once. TFLOP/s counts the routed GEMMs (T x 6 x 3 x 2048 x 1408 x 2),
+  GB/s the chosen experts' weights (each read at least once) over the time;
+  `rule` names the implementation the "cublas" entry point picks at that T (moe_blas.uses_cublas); the
   `its gemms` row times the cuBLAS path's GEMMs alone (one gate_up and one down an expert).
 Compare GB/s with the device's copy rate (~3.35 TB/s H100, ~4.3 TB/s H200) and TFLOP/s with ~700 (bf16 dense).
     python scripts/mla_moe_bench.py [--batches 1,32,128] [--contexts 1024,8192] [--prompts 1024,8192]
@@ -39,7 +41,7 @@ import numpy as np
 from types import SimpleNamespace
 
 from openinfer.engine.batch import ForwardBatch
-from openinfer.kernels.cuda import attention, blas, mla, moe, moe_blas
+from openinfer.kernels.cuda import attention, blas, mla, module, moe, moe_blas
 from openinfer.kernels.cuda.module import BF16
 from openinfer.layers.mla import MLADims
 from openinfer.layers.mla_expanded import expanded_attention
@@ -112,17 +114,19 @@ def expert_rows(tokens: list[int]) -> None:
     gate = cp.random.standard_normal((E, D), dtype=cp.float32) * D ** -0.5
     gate_up, down = _normal(E, 2 * I, D, scale=D ** -0.5), _normal(E, D, I, scale=I ** -0.5)
     impls = {"grouped": moe.moe_experts, "cublas": moe_blas.moe_experts_cublas}
-    print(f"{'experts':12} {'tokens':>6} {'rows/e':>8} {'us':>9} {'TFLOP/s':>8} {'rule':>8}")
+    if module.hopper():
+        impls["wgmma"] = moe.moe_experts_wgmma
+    print(f"{'experts':12} {'tokens':>6} {'rows/e':>8} {'us':>9} {'TFLOP/s':>8} {'GB/s':>8} {'rule':>8}")
     for t in tokens:
         x = _normal(t, D)
         ids, w = moe.moe_router(x, gate, None, RouterConfig(top_k=K))
-        rule = "cublas" if moe_blas.uses_cublas(t, K, E) else "grouped"
+        rule = "cublas" if moe_blas.uses_cublas(t, K, E) else "wgmma" if module.hopper() else "grouped"
         flops = t * K * 3 * D * I * 2
-        for name, fn in impls.items():
-            ms = event_ms(lambda: fn(x, gate_up, down, ids, w, 0))
-            print(f"{name:12} {t:>6} {t * K / E:>8.0f} {ms * 1e3:>9.0f} {flops / ms / 1e9:>8.1f} {rule:>8}")
-        ms = event_ms(cublas_gemms(gate_up, down, ids))
-        print(f"{'  its gemms':12} {t:>6} {t * K / E:>8.0f} {ms * 1e3:>9.0f} {flops / ms / 1e9:>8.1f} {'':>8}")
+        weights = len(np.unique(cp.asnumpy(ids))) * 3 * D * I * 2   # the chosen experts' bytes, read at least once
+        for name, fn in [*impls.items(), ("  its gemms", cublas_gemms(gate_up, down, ids))]:
+            ms = event_ms(fn if name == "  its gemms" else lambda: fn(x, gate_up, down, ids, w, 0))
+            print(f"{name:12} {t:>6} {t * K / E:>8.0f} {ms * 1e3:>9.0f} {flops / ms / 1e9:>8.1f} "
+                  f"{weights / ms / 1e6:>8.0f} {rule if name == 'grouped' else '':>8}")
 
 
 def cublas_gemms(gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray):
@@ -185,7 +189,7 @@ def main() -> None:
 
         def layer():
             ids, w = moe.moe_router(x, gate, None, cfg)
-            return moe.moe_experts(x, gate_up, down, ids, w, 0)
+            return moe_blas.moe_experts(x, gate_up, down, ids, w, 0)
         ms = graph_ms(layer, calls=CALLS)
         ids, _ = moe.moe_router(x, gate, None, cfg)
         experts = len(np.unique(cp.asnumpy(ids)))

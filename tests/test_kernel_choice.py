@@ -78,14 +78,17 @@ def test_paged_attention_has_three_cuda_implementations():
     assert names("float32", 90) == ["cuda_cores"]
 
 
-def test_moe_experts_has_two_cuda_implementations():
+def test_moe_experts_has_three_cuda_implementations():
     """"cublas" (cuBLAS per expert for prefill-sized eager steps, the grouped GEMMs otherwise: moe_blas.py) ahead of
-    "grouped" (always the grouped GEMMs), both bf16 only; `--kernel moe_experts=grouped` picks the second."""
+    "wgmma" (the grouped GEMMs' wide tiles on warpgroup MMA, sm_90 only) and "grouped" (always the grouped GEMMs on
+    mma.sync), all bf16 only; `--kernel moe_experts=grouped` picks the last."""
     reg = KernelRegistry()
     cuda_kernels.register(reg.register)
     found = reg.candidates("moe_experts", "cuda", "bfloat16", 90)
     assert [(k.name, k.impl) for k in found] == [("cublas", "openinfer.kernels.cuda.moe_blas:moe_experts"),
+                                                ("wgmma", "openinfer.kernels.cuda.moe:moe_experts_wgmma"),
                                                 ("grouped", "openinfer.kernels.cuda.moe:moe_experts")]
+    assert [k.name for k in reg.candidates("moe_experts", "cuda", "bfloat16", 100)] == ["cublas", "grouped"]
     assert not reg.candidates("moe_experts", "cuda", "float32", 90)
     plan = reg.resolve(["moe_experts"], "cuda", "bfloat16", 90, {"moe_experts": "grouped"}).describe()
     assert plan["moe_experts"].startswith("grouped: ") and "also: cublas" in plan["moe_experts"]

@@ -145,3 +145,22 @@ def test_latency_cli_shuts_its_engine_down(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(ZeroDivisionError):
         run_cli("bench", "latency", "--batch-sizes", "1", "--input-lens", "4", "--output-lens", "2")
     assert built == [[1], [1]]
+
+
+@pytest.mark.parametrize("flags,budget", [(["--batch-sizes", "1,4", "--input-lens", "8,16"], 64),
+                                          (["--batch-sizes", "128", "--input-lens", "4096"], 65536),
+                                          (["--batch-sizes", "128", "--input-lens", "4096",
+                                            "--max-num-batched-tokens", "300000"], 300000)])
+def test_latency_budget(monkeypatch: pytest.MonkeyPatch, flags: list, budget: int) -> None:
+    """The step budget: the largest batch x input (prefill in one step) up to 65,536 tokens, whose activation profile
+    fits beside a 4B model on one GPU (128 x 4k in one step did not); --max-num-batched-tokens overrides it."""
+    from openinfer.engine import engine as engine_module
+    seen = []
+
+    def build(model, args, *rest):   # noqa: ANN001, ANN002, ANN202
+        seen.append(args.max_num_batched_tokens)
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(engine_module, "build_engine", build)
+    with pytest.raises(RuntimeError, match="stop here"):
+        run_cli("bench", "latency", *flags)
+    assert seen == [budget]

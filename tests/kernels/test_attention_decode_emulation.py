@@ -1,28 +1,39 @@
-"""CPU emulation of attention_decode.cu's indexing (no GPU): the kernel's address arithmetic run lane by
-lane over NaN-filled numpy "shared memory" (ldmatrix / mma.sync / cp.async modelled as in
-test_attention_mma_emulation), each warp's ring in program order, the warp merge, and the merge of the
-splits of decode_merge.cuh (blocks arriving in a random order at their (sequence, head chunk) counter, the last one
-merging in part order); compared with the numpy reference. Mirrors the kernel line by line: change both together."""
+"""CPU emulation of the split-KV decode kernels (no GPU), driven by attention_decode.py's recorded launches
+(fake_device.py): attention_decode.cu's address arithmetic run lane by lane over NaN-filled numpy "shared memory"
+(ldmatrix / mma.sync / cp.async modelled as in test_attention_mma_emulation), each warp's ring in program order, the
+warp merge; attention.cu's fp32 paged_decode warp by warp in float32; for both the split rule (decode_merge.cuh
+decode_split_len), the grid's blocks taking a sequence's splits in turn, and the merge of decode_merge.cuh (blocks
+finishing in a random order at their (sequence, head chunk) counter, the last one merging in split order); compared
+with the numpy reference. Also: a sequence's split layout and its output bits are the same in any batch and under
+any max_context_len (a CUDA graph's). Mirrors the kernels line by line: change both together."""
 from __future__ import annotations
 
-import math
+import dataclasses
+import functools
 
 import numpy as np
 import pytest
 
+from fake_device import flat, run
 from openinfer.engine.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
-from test_attention_mma_emulation import LANE, bf, ldmatrix_x4, mma, pack, shuffled_tables
+from openinfer.kernels.cuda import attention, attention_decode as ad, module
+from openinfer.kernels.cuda.module import BF16
+from openinfer.testing.launch_check import fake, record_launches
+from test_attention_mma_emulation import LANE, ldmatrix_x4, mma, pack, shuffled_tables
 
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16
+NWARPS, BN, GMAX = 4, 32, 8   # attention.cu's fp32 decode kernel
 STAGES = {64: 3, 128: 3, 256: 2}
 GID, TQ = LANE >> 2, LANE & 3
 
 
-def decode_splits(num_seqs, kv_blocks, max_context_len, sms=132, per_sm=2):
-    """attention_decode.decode_splits with the H200's SM count and the d128 kernel's residency."""
-    want = per_sm * sms // max(1, num_seqs * kv_blocks)
-    return max(1, min(want, math.ceil(max_context_len / (DEC_WARPS * DEC_BN))))
+def split_rule(L, split_keys, near, cap, slots, pass_len):
+    """decode_split_len: (splits holding keys, keys a split) of a sequence of L keys."""
+    short = min(near, -(-L // split_keys))
+    n = max(1, min(slots, max(short, min(cap, -(-L // (near * split_keys))))))
+    length = max(pass_len, -(-(-(-L // n)) // pass_len) * pass_len)
+    return -(-L // length), length
 
 
 def warp_load_kv(smem, stage, kflat, vflat, offset, k0, kend, D):
@@ -50,17 +61,12 @@ def q_fragment(q, lo, hi, kk):
     return a
 
 
-def split_length(L, num_splits, min_split):
-    PASS = DEC_WARPS * DEC_BN
-    return max(min_split, ((L + num_splits - 1) // num_splits + PASS - 1) // PASS * PASS)
-
-
-def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, split, num_splits, min_split, scale, D):
-    """One block: returns its warps' states merged (merge_warps): o [gc, D] unnormalised, M [gc], lsum [gc]."""
+def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg, kend, first, scale, D):
+    """One split (keys kbeg .. kend - 1) of a block, its first one (`first`: copied partly before
+    griddepcontrol.wait) or a later one: returns its warps' states merged (merge_warps): o [gc, D]
+    unnormalised, M [gc], lsum [gc]."""
     LD, KC, DT, S = D + 8, D // 16, D // 8, STAGES[D]
     STAGE, RING = 2 * DEC_BN * LD, S * 2 * DEC_BN * LD
-    split_len = split_length(L, num_splits, min_split)
-    kbeg, kend = split * split_len, min(L, split * split_len + split_len)
     nall = (kend - kbeg + DEC_BN - 1) // DEC_BN if kend > kbeg else 0
     smem = np.full(DEC_WARPS * RING, np.nan, np.float32)
     koff = ((LANE & 7) + ((LANE >> 4) & 1) * 8) * LD + ((LANE >> 3) & 1) * 8
@@ -69,11 +75,13 @@ def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, spli
     lo = [qrow + g * D if g < gc else None for g in GID]
     hi = [qrow + (g + 8) * D if g + 8 < gc else None for g in GID]
     merged = []
-    # Every warp's prologue copies go out before griddepcontrol.wait, while rope_write_kv still writes key L - 1:
-    # they see that row as garbage (NaN here). After the wait the warp holding it in its prologue copies it again.
+    # The first split's prologue copies go out before griddepcontrol.wait, while rope_write_kv still writes key
+    # L - 1: they see that row as garbage (NaN here). After the wait the warp holding it in its prologue copies it
+    # again. A later split's copies all go out after the wait.
     new = offset(L - 1)
     written = kflat[new: new + D].copy(), vflat[new: new + D].copy()
-    kflat[new: new + D] = vflat[new: new + D] = np.nan
+    if first:
+        kflat[new: new + D] = vflat[new: new + D] = np.nan
     ntiles = [(nall - warp + DEC_WARPS - 1) // DEC_WARPS if nall > warp else 0 for warp in range(DEC_WARPS)]
     for warp in range(DEC_WARPS):
         for s in range(S - 1):
@@ -81,7 +89,7 @@ def emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, spli
                 warp_load_kv(smem, warp * RING + s * STAGE, kflat, vflat, offset,
                              kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend, D)
     kflat[new: new + D], vflat[new: new + D] = written   # griddepcontrol.wait: the kernel before has finished
-    if kbeg < kend and kend == L:   # warp_reload_key
+    if first and kend == L:   # warp_reload_key
         tile = (L - 1 - kbeg) // DEC_BN
         warp, s, r = tile % DEC_WARPS, tile // DEC_WARPS, (L - 1 - kbeg) % DEC_BN
         if s < S - 1:
@@ -163,102 +171,277 @@ def merge_states(states):
     return acc, M, lsum
 
 
-def merge_splits(parts, gc, D):
-    """merge_splits_if_last in float32: weights exp2(m - M) l (l = 0 parts skipped), o and l summed in
-    part order, whichever block arrived last."""
-    m = np.array([p[1] for p in parts], np.float32)   # [split, head], as stored (log2 units)
-    l = np.array([p[2] for p in parts], np.float32)
-    M = m.max(0)
-    assert np.isfinite(M).all()
-    w = np.where(l == 0, np.float32(0), np.exp2(m - M) * l).astype(np.float32)
-    out = np.zeros((gc, D), np.float32)
-    for g in range(gc):
-        acc, lsum = np.zeros(D, np.float32), np.float32(0)
-        for s, p in enumerate(parts):
-            if w[s, g] == 0:   # an empty split: its o was never written (NaN here)
-                continue
-            lsum += w[s, g]
-            acc += w[s, g] * p[0][g].astype(np.float32)
-        out[g] = acc / lsum
-    return out
+def fp32_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg, kend, first, scale, D):
+    """One split (keys kbeg .. kend - 1) of a block of attention.cu's paged_decode, in float32: Q scaled, each
+    warp's 32-key tiles (every NWARPS-th from kbeg + 32 warp; lane = key) scored, the online softmax a tile,
+    P V in key order; returns the warps' states merged (merge_warps). (`first` is moot: this kernel waits for
+    its predecessor before anything.)"""
+    qs = np.stack([q[q0 * q_stride + (kvh * G + g0 + g) * D:][:D] for g in range(gc)]) * np.float32(scale)
+    states = []
+    for warp in range(NWARPS):
+        m, l, acc = np.full(gc, -np.inf, np.float32), np.zeros(gc, np.float32), np.zeros((gc, D), np.float32)
+        for k0 in range(kbeg + warp * BN, kend, NWARPS * BN):
+            offs = [offset(t) for t in range(k0, min(k0 + BN, kend))]
+            k = np.stack([kflat[o: o + D] for o in offs])
+            s = np.zeros((gc, len(offs)), np.float32)
+            for i in range(D):
+                s += qs[:, i, None] * k[None, :, i]
+            mn = np.maximum(m, s.max(1))
+            p = np.exp2(s - mn[:, None])
+            alpha = np.exp2(m - mn)
+            l, acc, m = l * alpha + p.sum(1), acc * alpha[:, None], mn
+            for jj, o in enumerate(offs):
+                acc += p[:, jj, None] * vflat[o: o + D]
+        states.append((acc, m, l))
+    return merge_states(states)
 
 
-def emulate(q, q_stride, kflat, vflat, cache_base, block_stride, token_stride, bs, tables, qstart, ctx, nh, nkv,
-            scale, D, num_splits, min_split, rng):
-    G, B = nh // nkv, len(ctx)
-    chunks = (G + DEC_ROWS - 1) // DEC_ROWS
-    grid_y = nkv * chunks
-    counters = np.zeros(4096, np.int32)   # arrival_counters: zero on entry
-    out = np.full((int(qstart[-1]), nh, D), np.nan)
-    merges = 0
-    # the grid's blocks (split, y, sequence) finish in any order; each stores or counts
-    for i in rng.permutation(num_splits * grid_y * B):
-        split, by, b = i % num_splits, i // num_splits % grid_y, i // (num_splits * grid_y)
-        q0, L = int(qstart[b]), int(ctx[b])
-        if qstart[b + 1] == q0:   # no query: every block of it leaves before counting
+def emulate_grid(call, rows, pass_len, split_state, seed=0, exact=None):
+    """A decode kernel's grid on its recorded arguments: the blocks (group, head chunk of `rows` query heads,
+    sequence) run in a random order (`seed`); each takes its sequence's splits group, group + groups, ...
+    (split_rule, whole passes of `pass_len` keys; split_state computes one), stores the output (one split) or each
+    split's partial at the kernel's addresses, and counts the splits it took at its counter (left zero); the last
+    to arrive merges the partials in split order: weights exp2(m - M) l, fmaf sums (the product and sum in
+    float64, then float32). Rows are stored in out's dtype; `exact` (a dict) also gets each (token, head)'s float32
+    row before that rounding."""
+    (q, q_stride, kc, vc, block_stride, token_stride, bs, tables, table_stride, qstart, ctx, out, part_o, part_m,
+     part_l, counters, nh, nkv, scale, split_keys, near, cap, slots) = call.args
+    groups, grid_y, B = call.grid
+    D = int(call.name.rsplit("_d", 1)[1])
+    assert call.cluster is None and int(split_keys) % pass_len == 0
+    nh, nkv, slots, bs = int(nh), int(nkv), int(slots), int(bs)
+    G = nh // nkv
+    chunks = -(-G // rows)
+    assert grid_y == nkv * chunks and groups <= slots
+    qf, kf, vf = (flat(a).astype(np.float32) for a in (q, kc, vc))
+    tab, qs, cx, outf = flat(tables), flat(qstart), flat(ctx), flat(out)
+    if slots > 1:
+        po, pm, pl, cnt = flat(part_o), flat(part_m), flat(part_l), flat(counters)
+
+    def store(q0, head, row):
+        outf[(q0 * nh + head) * D: (q0 * nh + head + 1) * D] = row   # from_f32: bf16 rounds to nearest even
+        if exact is not None:
+            exact[q0, head] = row.copy()
+
+    for i in np.random.default_rng(seed).permutation(groups * grid_y * B):
+        group, by, b = i % groups, i // groups % grid_y, i // (groups * grid_y)
+        q0, L = int(qs[b]), int(cx[b])
+        if qs[b + 1] == q0:   # no query: every block of it leaves before counting
             continue
-        used = -(-L // split_length(L, num_splits, min_split))
-        if split >= used:   # past the context
+        used, split_len = split_rule(L, int(split_keys), int(near), int(cap), slots, pass_len)
+        if group >= used:   # no split left for this block
             continue
-        kvh, g0 = by // chunks, (by % chunks) * DEC_ROWS
-        gc = min(DEC_ROWS, G - g0)
+        kvh, g0 = by // chunks, (by % chunks) * rows
+        gc = min(rows, G - g0)
+        table = tab[b * int(table_stride):]
 
         def offset(t):
-            return cache_base + int(tables[b][t // bs]) * block_stride + (t % bs) * token_stride + kvh * D
+            return int(table[t // bs]) * int(block_stride) + (t % bs) * int(token_stride) + kvh * D
 
-        def stored(p):   # split p's block: its state as store_merged_warps writes it, o / lsum
-            o, M, lsum = emulate_block(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, p, num_splits,
-                                       min_split, scale, D)
-            return o / lsum[:, None], M, lsum
-
-        heads = slice(kvh * G + g0, kvh * G + g0 + gc)
-        if used == 1:   # the one split stores o / lsum itself
-            out[q0, heads] = stored(split)[0]
+        head0 = kvh * G + g0
+        taken = range(group, used, groups)
+        for split in taken:
+            kbeg = split * split_len
+            o, M, lsum = split_state(qf, int(q_stride), kf, vf, offset, q0, L, kvh, g0, gc, G, kbeg,
+                                     min(L, kbeg + split_len), split == group, np.float32(scale), D)
+            for g in range(gc):
+                row = (o[g] / lsum[g]).astype(np.float32)
+                if used == 1:
+                    store(q0, head0 + g, row)
+                    continue
+                p = (b * nh + head0 + g) * slots + split
+                po[p * D: (p + 1) * D] = row if lsum[g] > 0 else 0
+                pm[p], pl[p] = M[g], lsum[g]
+        if used == 1:
             continue
         slot = b * grid_y + by
-        counters[slot] += 1
-        if counters[slot] == used:   # the last to arrive: merges every used split's partials
-            counters[slot] = 0
-            out[q0, heads] = merge_splits([stored(p) for p in range(used)], gc, D)
-            merges += 1
-    assert not counters.any()   # left zero for the next launch
-    return out
+        cnt[slot] += len(taken)
+        if cnt[slot] < used:
+            continue
+        cnt[slot] = 0   # the last to arrive merges every split's partials, in split order
+        for g in range(gc):
+            ps = (b * nh + head0 + g) * slots + np.arange(used)
+            m, ls = pm[ps], pl[ps]
+            w = (np.exp2(m - m.max()) * ls).astype(np.float32)
+            acc, lsum = np.zeros(D, np.float32), np.float32(0)
+            for s, p in enumerate(ps):
+                lsum = np.float32(lsum + w[s])
+                acc = (acc.astype(np.float64) + np.float64(w[s]) * po[p * D: (p + 1) * D]).astype(np.float32)
+            store(q0, head0 + g, acc / lsum)
 
 
-CASES = {
-    # contexts, nh, nkv, d, splits (None: decode_splits for a graph sized for 20480 tokens), query lens
-    "g4_d128_ragged_split": ([1000, 17, 1, 130, 64, 65], 8, 2, 128, None, None),
-    "g1_d64_one_split": ([300, 5, 33], 4, 4, 64, 1, None),
-    "g8_d256_split": ([200, 16, 3], 16, 2, 256, 3, None),
-    "g32_two_chunks_d64": ([90, 40], 32, 1, 64, 2, None),
-    "no_query_sequence": ([500, 300, 70], 8, 2, 64, 5, [1, 0, 1]),   # its blocks never count
-    "one_long_context": ([2000, 1024, 63], 8, 1, 128, 32, None),
-}
+def emulate_mma_decode(call, seed=0, exact=None):
+    """paged_decode_mma_bf16_d*: 16 query heads a block, passes of 64 keys."""
+    D = int(call.name.rsplit("_d", 1)[1])
+    assert call.block == 32 * DEC_WARPS and call.smem == ad.mma_decode_smem(D)
+    emulate_grid(call, DEC_ROWS, DEC_WARPS * DEC_BN, emulate_split, seed, exact)
 
 
-@pytest.mark.parametrize("min_split", [64, 128])
-@pytest.mark.parametrize("case", list(CASES))
-def test_mma_decode_emulation_matches_reference(case, min_split):
-    """Every split of a context is merged through the partials; the splits past a context leave at once."""
-    ctx, nh, nkv, D, splits, q_lens = CASES[case]
-    rng = np.random.default_rng(3)
-    bs, layers, layer = 16, 2, 1
+def emulate_fp32_decode(call, seed=0, exact=None):
+    """paged_decode_{bf16,f32}_d*: 8 query heads a block, passes of 128 keys."""
+    D = int(call.name.rsplit("_d", 1)[1])
+    words = D * flat(call.args[0]).itemsize // 4   # a K row's 32-bit words
+    assert call.block == 32 * NWARPS and call.smem == (GMAX * D + NWARPS * BN * (words + 1)) * 4
+    emulate_grid(call, GMAX, NWARPS * BN, fp32_split, seed, exact)
+
+
+def decode_kernels(seed=0, exact=None):
+    """run()'s emulations of both decode kernels (longest name prefix first)."""
+    return {"paged_decode_mma_bf16": functools.partial(emulate_mma_decode, seed=seed, exact=exact),
+            "paged_decode_": functools.partial(emulate_fp32_decode, seed=seed, exact=exact)}
+
+
+@pytest.fixture
+def device(monkeypatch):
+    """attention.paged_attention's launchers on host arrays; `device(at_once)` sets the blocks the stand-in GPU
+    holds at once (the grid's groups). The arrival counters must be left zero."""
+    recorded = record_launches(monkeypatch, (attention, ad))
+    counters = fake(np.zeros(module.COUNTER_SLOTS, np.int32))
+    monkeypatch.setattr(ad, "arrival_counters", lambda purpose: counters)
+    monkeypatch.setattr(ad, "blocks_per_sm", lambda *a: 1)
+
+    def at_once(blocks: int) -> list:
+        monkeypatch.setattr(ad, "sm_count", lambda: blocks)
+        recorded.clear()
+        return recorded
+    yield at_once
+    assert not counters.any()
+
+
+def _inputs(ctx, nh, nkv, D, rng, q_lens=None, dtype=BF16, layers=2, layer=1, bs=16):
+    """q (a strided view of a fused qkv row), a layer's K and V views of the pool, and the batch (block tables
+    shuffled over the pool)."""
     need = [-(-L // bs) for L in ctx]
     nb = sum(need) + 2
     tables = shuffled_tables(need, nb, rng)
-    B = len(ctx)
-    qs = np.concatenate([[0], np.cumsum(q_lens or [1] * B)]).astype(np.int32)
+    qs = np.concatenate([[0], np.cumsum(q_lens or [1] * len(ctx))]).astype(np.int32)
     lens, T = np.array(ctx, np.int32), int(qs[-1])
-    pool = bf(rng.standard_normal((2, nb, layers, bs, nkv, D)))
-    q_extra = 2 * nkv * D  # q is a strided view of a fused qkv row
-    qbuf = bf(rng.standard_normal((T, nh * D + q_extra)))
-    q = qbuf[:, : nh * D].reshape(T, nh, D)
-    scale = D ** -0.5
-    batch = ForwardBatch(np.zeros(T, np.int32), np.zeros(T, np.int32), np.zeros(T, np.int64), tables, qs, lens,
-                         np.zeros(0, np.int32), qs, lens, bs, 1, int(lens.max()))
-    num_splits = splits or decode_splits(B, nkv * -(-(nh // nkv) // DEC_ROWS), 20480)
-    want = ref.paged_attention(q, pool[0][:, layer], pool[1][:, layer], batch, scale)
-    got = emulate(qbuf.reshape(-1), nh * D + q_extra, pool[0].reshape(-1), pool[1].reshape(-1), layer * bs * nkv * D,
-                  layers * bs * nkv * D, nkv * D, bs, tables, qs, lens, nh, nkv, scale * 1.4426950408889634, D,
-                  num_splits, min_split, rng)
-    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+    pool = fake(rng.standard_normal((2, nb, layers, bs, nkv, D)), dtype)
+    qkv = fake(rng.standard_normal((T, (nh + 2 * nkv) * D)), dtype)
+    q = qkv[:, : nh * D].reshape(T, nh, D)
+    batch = ForwardBatch(fake(np.zeros(T, np.int32)), fake(np.zeros(T, np.int32)), fake(np.zeros(T, np.int64)),
+                         fake(tables), fake(qs), fake(lens), fake(np.zeros(0, np.int32)), qs, lens, bs, 1,
+                         int(lens.max()))
+    return q, pool[0][:, layer], pool[1][:, layer], batch
+
+
+def _first(batch, seqs, max_context_len=None):
+    """The batch's first `seqs` sequences, under `max_context_len` (None: their longest context)."""
+    lens = batch.context_lens_host[:seqs]
+    return dataclasses.replace(batch, block_tables=batch.block_tables[:seqs],
+                               query_start=batch.query_start[: seqs + 1], context_lens=batch.context_lens[:seqs],
+                               query_start_host=batch.query_start_host[: seqs + 1], context_lens_host=lens,
+                               max_context_len=max_context_len or int(lens.max()))
+
+
+CASES = {
+    # contexts, nh, nkv, d, the grid's context (None: the longest; else a CUDA graph's), query lens, blocks the
+    # device holds at once
+    "g4_d128_ragged_split": ([1000, 17, 1, 130, 64, 65], 8, 2, 128, 20480, None, 528),
+    "g1_d64_splits_in_turn": ([300, 5, 33], 4, 4, 64, None, None, 4),   # one block a head takes all 5 splits
+    "g8_d256_split": ([200, 16, 3], 16, 2, 256, None, None, 528),
+    "g32_two_chunks_d64": ([90, 40], 32, 1, 64, None, None, 528),
+    "no_query_sequence": ([500, 300, 70], 8, 2, 64, 4096, [1, 0, 1], 528),   # its blocks never count
+    "one_long_context": ([2000, 1024, 63], 8, 1, 128, None, None, 12),   # 4 groups take 16 splits in turn
+}
+
+
+# paged_attention's decode kernels: the tensor-core one ("mma": bf16) and the fp32 one ("cuda_cores": bf16, float32)
+IMPLS = {"mma": attention.paged_attention, "cuda_cores": attention.paged_attention_cuda_cores}
+
+
+@pytest.mark.parametrize("impl,dtype,split_keys", [("mma", BF16, 64), ("mma", BF16, 128), ("cuda_cores", BF16, 64),
+                                                   ("cuda_cores", np.float32, 256)])
+@pytest.mark.parametrize("case", list(CASES))
+def test_decode_emulation_matches_reference(case, impl, dtype, split_keys, device, monkeypatch):
+    """paged_attention's decode launch emulated: every split of a context merged through the partials, the
+    groups past a context's splits leaving at once, a group taking several splits in turn."""
+    ctx, nh, nkv, D, graph_context, q_lens, at_once = CASES[case]
+    monkeypatch.setattr(ad, "DECODE_SPLIT_KEYS", split_keys)
+    launches = device(at_once)
+    q, k, v, batch = _inputs(ctx, nh, nkv, D, np.random.default_rng(3), q_lens, dtype)
+    if graph_context:
+        batch = dataclasses.replace(batch, max_context_len=graph_context)
+    out = IMPLS[impl](q, k, v, batch, D ** -0.5)
+    (call,) = launches
+    kind = "mma_bf16" if impl == "mma" else module.suffix(dtype)
+    assert call.name == f"paged_decode_{kind}_d{D}"
+    run(launches, decode_kernels())
+    want = ref.paged_attention(*(np.asarray(a, np.float32) for a in (q, k, v)), batch, D ** -0.5)
+    tol = 2e-2 if dtype == BF16 else 1e-5
+    np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=tol, rtol=tol)
+
+
+def _layout(keys, kernel, groups, slots):
+    """Every split of a sequence of `keys` keys in a decode grid of `groups` blocks a (sequence, head chunk) and
+    `slots` partials a row, as the kernels run it: {split: (kbeg, kend)} (a warp's tiles follow from these), and
+    the splits the final merge reads, in its order."""
+    assert ad.decode_split(keys, kernel)[0] <= slots   # the rule is monotonic: no split past the partials
+    used, split_len = split_rule(keys, ad.split_keys(kernel), ad.DECODE_NEAR, ad.DECODE_CAP, slots, kernel.pass_len)
+    splits = {}
+    for group in range(min(groups, used)):
+        for s in range(group, used, groups):
+            assert s not in splits
+            splits[s] = (s * split_len, min(keys, (s + 1) * split_len))
+    assert sorted(splits) == list(range(used)) and splits[used - 1][0] < keys == splits[used - 1][1]
+    return tuple(sorted(splits.items())), tuple(range(used) if used > 1 else ())
+
+
+@pytest.mark.parametrize("mma,d", [(True, 64), (True, 128), (True, 256), (False, 128)])
+def test_decode_split_depends_on_the_keys_alone(monkeypatch, mma, d):
+    """A sequence's splits, their keys and its merge order are the same in the decode grid of any batch size and
+    any max_context_len (a CUDA graph's model length): batching and graphs never change its bits. decode_split
+    (the host's copy of the rule) agrees; on the tensor-core kernel a 1k context takes 4 splits of 256 keys."""
+    monkeypatch.setattr(ad, "sm_count", lambda: 132)
+    monkeypatch.setattr(ad, "blocks_per_sm", lambda *a: 4)
+    kernel = ad.decode_kernel("bf16", d, 2, mma)
+    kv_blocks = 8 * -(-4 // kernel.rows)   # Qwen3-4B: 8 KV heads, 4 query heads each
+    for keys in (1, 31, 63, 64, 65, 127, 1000, 1024, 1025, 4096, 5000, 16384, 20000, 40960, 70000):
+        layouts, widths = set(), set()
+        for batch in (1, 2, 7, 32, 128, 300):
+            for max_context in {keys, 4096, 20480, 131072}:
+                if max_context < keys:
+                    continue
+                groups, slots = ad.decode_grid(batch, kv_blocks, max_context, kernel)
+                layouts.add(_layout(keys, kernel, groups, slots))
+                widths.add(groups)
+        ((splits, merge),) = layouts
+        n, length, held = ad.decode_split(keys, kernel)
+        assert held == len(splits) and splits[0][1] == (0, min(keys, length))
+        assert merge == tuple(range(held)) if held > 1 else merge == ()
+        if keys >= 1024:
+            assert len(widths) > 1   # the grids differed; the layout did not
+        if mma and keys == 1024:
+            assert (n, length) == (4, 256)
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_decode_output_bits_depend_on_the_keys_alone(impl, device, monkeypatch):
+    """One sequence (1100 keys: 5 splits of 256 keys on the tensor-core kernel, 3 of 384 on the fp32 one, merged
+    through partials) computed alone, in a batch, under a graph's max_context_len (up to 131072 keys: 16 partial
+    slots), with its splits taken in
+    turn by fewer blocks, and with the blocks finishing in other orders: the same float32 bits. The same sequence
+    under another split rule gives other bits, so the check can fail."""
+    q, k, v, batch = _inputs([1100, 1, 2, 90], 8, 2, 64, np.random.default_rng(5))
+
+    def first_row(seqs, max_context_len, at_once, seed):
+        launches = device(at_once)
+        IMPLS[impl](q[:seqs], k, v, _first(batch, seqs, max_context_len), 0.125)
+        rows = {}
+        run(launches, decode_kernels(seed, rows))
+        (call,) = launches
+        split_keys, near, cap, slots = (int(a) for a in call.args[-4:])
+        used = split_rule(1100, split_keys, near, cap, slots, 64 if impl == "mma" else 128)[0]
+        return call.grid[0], used, np.stack([rows[0, h] for h in range(8)])
+
+    groups, used, alone = first_row(1, None, 528, 0)
+    assert groups >= used == {"mma": 5, "cuda_cores": 3}[impl]
+    in_turn = 0
+    for seqs, max_context_len, at_once, seed in ((4, None, 528, 1), (1, 20480, 528, 2), (4, 4096, 528, 3),
+                                                 (1, 131072, 528, 4), (4, 20480, 8, 5), (1, None, 6, 6)):
+        groups, used, row = first_row(seqs, max_context_len, at_once, seed)
+        np.testing.assert_array_equal(row, alone)
+        in_turn += groups < used
+    assert in_turn   # blocks took several of its splits in turn
+    monkeypatch.setattr(ad, "DECODE_NEAR", 16)   # 9 shorter splits
+    assert not np.array_equal(first_row(1, None, 528, 0)[2], alone)

@@ -157,12 +157,16 @@ def test_prefill_attention_graph_capture(dt):
     _assert_graph_replays_eager(dt, qd, kc, vc, db, want)
 
 
-def test_decode_splits_cover_long_contexts():
-    from openinfer.kernels.cuda.attention_decode import DEC_PASS, MIN_SPLIT, decode_splits
-    assert 1 < decode_splits(1, 8, 4100) <= -(-4100 // MIN_SPLIT)
-    assert decode_splits(64, 8, 100) == 1
-    assert decode_splits(128, 8, 20480, DEC_PASS, 2) == 1   # batch x KV heads fill the SMs alone
-    assert decode_splits(1, 8, 20480, DEC_PASS, 2) == decode_splits(1, 8, 20480) > 8
+def test_decode_grid_fills_one_wave():
+    """On this GPU (132 SMs, at least 2 blocks of either decode kernel an SM): batch 1's 4100-key context runs its
+    splits (16 of 64-key passes on the tensor-core kernel, 9 of 128-key passes on the fp32 one) on as many blocks a
+    KV head; 128 sequences x 8 KV heads fill the SMs alone, one block each taking its sequence's splits in turn (16
+    slots, DECODE_CAP, at a 20480-key graph width)."""
+    from openinfer.kernels.cuda.attention_decode import decode_grid, decode_kernel
+    for kernel, splits in ((decode_kernel("bf16", 128, 2, True), 16), (decode_kernel("f32", 128, 4, False), 9)):
+        assert decode_grid(1, 8, 4100, kernel) == (splits, splits)
+        assert decode_grid(128, 8, 20480, kernel)[0] == 1
+    assert decode_grid(128, 8, 20480, decode_kernel("bf16", 128, 2, True))[1] == 16
 
 
 # decode over ragged contexts (1 .. 20k keys, block size 16): GQA ratios 1/4/8/16, head dims 64/128/256
@@ -279,9 +283,10 @@ def test_split_decode_with_a_no_query_sequence(dt, kernel, decode_grids):
 @pytest.mark.parametrize("kernel", DECODE_KERNELS)
 @pytest.mark.parametrize("keys", [64, 128, 256, 1024])
 def test_split_decode_with_longer_splits(kernel, keys, decode_grids, monkeypatch):
-    """DECODE_SPLIT_KEYS: each context is cut into splits of at least `keys` keys, the grid's
-    other splits leave without counting; the merge waits for the used ones only. Against the reference,
-    the same bits on a rerun, the counters left zero, in a grid sized for 20480 keys."""
+    """DECODE_SPLIT_KEYS: each context is cut into splits of `keys` keys (in whole passes; then longer ones, by
+    the rule), the grid's blocks past a context's splits leave without counting; the merge waits for the used
+    ones only. Against the reference, the same bits on a rerun, the counters left zero, in a grid sized for
+    20480 keys."""
     import dataclasses
 
     from openinfer.kernels.cuda import attention_decode
@@ -294,6 +299,38 @@ def test_split_decode_with_longer_splits(kernel, keys, decode_grids, monkeypatch
     np.testing.assert_array_equal(host(IMPLS[kernel](qd, kc, vc, db, 128 ** -0.5)), first)
     assert _counters_zero()
     assert decode_grids[0][0] > 1, decode_grids
+
+
+def _first(db, seqs: int):
+    """The device batch's first `seqs` sequences, under their own longest context."""
+    import dataclasses
+    lens = db.context_lens_host[:seqs]
+    return dataclasses.replace(db, block_tables=db.block_tables[:seqs], query_start=db.query_start[: seqs + 1],
+                               context_lens=db.context_lens[:seqs], query_start_host=db.query_start_host[: seqs + 1],
+                               context_lens_host=lens, max_context_len=int(lens.max()))
+
+
+@pytest.mark.parametrize("kernel", DECODE_KERNELS)
+def test_decode_bits_depend_on_the_keys_alone(kernel, decode_grids):
+    """A sequence's splits follow its key count alone; the grid (batch size, max_context_len) only decides how
+    many blocks take them in turn. So every row is the same bits in the batch, under a CUDA graph's 40960-key
+    width (eager and replayed), and in batches of the first sequence (20000 keys) and of the first two."""
+    import dataclasses
+    dt = DTYPES["bfloat16"]
+    qd, kc, vc, db, want = _decode_inputs(dt, [20000, 4096, 1, 333, 1500, 15], 32, 8, 128, 27)
+    run = IMPLS[kernel]
+    full = host(run(qd, kc, vc, db, 128 ** -0.5))
+    close(full, want, dt)
+    wide = dataclasses.replace(db, max_context_len=40960)
+    np.testing.assert_array_equal(host(run(qd, kc, vc, wide, 128 ** -0.5)), full)
+    for seqs in (1, 2):
+        np.testing.assert_array_equal(host(run(qd[:seqs], kc, vc, _first(db, seqs), 128 ** -0.5)), full[:seqs])
+    assert len({g[0] for g in decode_grids}) > 1, decode_grids   # the grids differed
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with after_inputs(stream):
+        run(qd, kc, vc, wide, 128 ** -0.5)   # eagerly first: sets up the arrival counters
+        got, graph = captured(lambda: run(qd, kc, vc, wide, 128 ** -0.5), stream, pool)
+        np.testing.assert_array_equal(replayed(graph, stream, got), full)
 
 
 def test_split_decode_graph_replays_twice(decode_grids):

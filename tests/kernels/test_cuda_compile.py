@@ -247,3 +247,21 @@ def test_grouped_expert_gemms_spill_nothing():
     gemms = {n: s for n, (_, s) in usage.items() if re.fullmatch(r"moe_(gate_up|down)_(bf16|int4|fp8)_m\d", n)}
     assert len(gemms) == 12, sorted(usage)   # 2 kernels x (bf16 x 2 tiles + 2 formats x 2 tiles)
     assert not any(gemms.values()), gemms
+
+
+def test_wgmma_expert_gemms_spill_nothing():
+    """moe_wgmma.cu's two GEMMs hold their 64 accumulators (m64n128 fp32) and the copy addresses in registers."""
+    _nvrtc_or_skip()
+    usage = _ptxas_usage("moe_wgmma")
+    assert sorted(usage) == ["moe_down_bf16_wgmma", "moe_gate_up_bf16_wgmma"]
+    assert not any(spilled for _, spilled in usage.values()), usage
+
+
+def test_decode_attention_kernels_spill_nothing():
+    """Both split-KV decode kernels (attention_decode.cu's tensor-core one, attention.cu's fp32 one, whose blocks
+    take a sequence's splits in turn) keep their state in registers: ptxas -v through NVRTC reports no spills."""
+    _nvrtc_or_skip()
+    usage = {**_ptxas_usage("attention_decode"), **_ptxas_usage("attention")}
+    decode = {n: s for n, (_, s) in usage.items() if n.startswith("paged_decode_")}
+    assert len(decode) == 9, sorted(usage)   # 3 head dims x (the tensor-core kernel, fp32 on bf16 and on f32)
+    assert not any(decode.values()), decode

@@ -39,12 +39,15 @@ def launches(monkeypatch):
 
 
 def test_split_decode_launches_without_clusters(launches):
-    """Split decode launches no thread-block cluster: every split stores a part, merged through the counters."""
+    """Split decode launches no thread-block cluster: every split stores a part, merged through the counters.
+    Qwen3-4B at batch 1 under a 20480-key graph width: 16 splits a KV head (DECODE_CAP, 1280 keys each), one block
+    each."""
     pool = aligned_empty((2, 1 + 64, 1, 16, 8, 128), BF16)
     q = aligned_empty((1, 32, 128), BF16)
     attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [20480], 16, 64), 0.125)
     (call,) = launches
-    assert call.grid == (66, 8, 1) and call.cluster is None and call.args[-6] is not module.NULL
+    assert call.grid == (16, 8, 1) and call.cluster is None and call.args[-8] is not module.NULL
+    assert [int(a) for a in call.args[-4:]] == [64, attention_decode.DECODE_NEAR, attention_decode.DECODE_CAP, 16]
 
 
 def _batch(q_lens, ctx, bs, width) -> ForwardBatch:
@@ -73,57 +76,96 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
     assert str(d) in call.name
     if max(q_lens) == 1:
         assert call.name.startswith("paged_decode_mma" if dtype == BF16 else "paged_decode_"), call.name
-        splits, counters, min_split = call.grid[0], call.args[-6], int(call.args[-1])
-        assert (splits > 1) == (max(ctx) == 5000), call.grid   # only the long context splits
-        parts = splits
-        assert call.cluster is None
-        assert (counters is not module.NULL) == (parts > 1) and int(call.args[-2]) == splits
-        assert min_split % (64 if dtype == BF16 else 128) == 0 and min_split >= attention_decode.DECODE_SPLIT_KEYS
-        assert parts <= attention_decode.merge_max_splits(
-            attention_decode.decode_kernel(module.suffix(dtype), d, np.dtype(dtype).itemsize, dtype == BF16))
+        kernel = attention_decode.decode_kernel(module.suffix(dtype), d, np.dtype(dtype).itemsize, dtype == BF16)
+        groups, counters = call.grid[0], call.args[-8]
+        split_keys, near, cap, slots = (int(a) for a in call.args[-4:])
+        assert slots == attention_decode.decode_split(max(ctx), kernel)[0] and 1 <= groups <= slots
+        assert (slots > 1) == (max(ctx) == 5000), call.args[-4:]   # only the long context splits
+        assert call.cluster is None and (counters is not module.NULL) == (slots > 1)
+        assert split_keys == attention_decode.split_keys(kernel) and split_keys % kernel.pass_len == 0
+        assert (near, cap) == (attention_decode.DECODE_NEAR, attention_decode.DECODE_CAP)
+        assert slots <= attention_decode.merge_max_splits(kernel)
 
 
-def test_decode_splits_capped_by_the_merge(launches):
-    """One sequence on one KV head wants more parts than the merging block's shared memory holds
-    weights for (d64 tensor-core kernel: 432); the launch is capped there."""
-    d, ctx = 64, 40000
-    pool = aligned_empty((2, 1 + -(-ctx // 16), 1, 16, 1, d), BF16)
-    q = aligned_empty((1, 2, d), BF16)
-    attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [ctx], 16, -(-ctx // 16)), 0.125)
+@pytest.mark.parametrize("dtype,mma", [(BF16, True), (BF16, False), (np.float32, False)])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_decode_split_rule_fits_every_merge(launches, monkeypatch, dtype, mma, d):
+    """The rule's most splits (DECODE_CAP, however long the context) fit the weights the merging block keeps in
+    its shared memory; a 100k context at batch 1 launches them. A rule past that is refused, naming the knobs."""
+    kernel = attention_decode.decode_kernel(module.suffix(dtype), d, np.dtype(dtype).itemsize, mma)
+    assert attention_decode.decode_split(10 ** 8, kernel)[0] == attention_decode.DECODE_CAP
+    assert attention_decode.DECODE_CAP <= attention_decode.merge_max_splits(kernel)
+    ctx = 100000
+    pool = aligned_empty((2, 2, 1, 16, 1, d), dtype)
+    impl = attention.paged_attention if mma else attention.paged_attention_cuda_cores
+    impl(aligned_empty((1, 2, d), dtype), pool[0, :, 0], pool[1, :, 0], _batch([1], [ctx], 16, -(-ctx // 16)), 0.125)
     (call,) = launches
-    cap = attention_decode.merge_max_splits(attention_decode.decode_kernel("bf16", d, 2, True))
-    assert cap == 432
-    assert call.grid == (cap, 1, 1) and call.cluster is None
+    assert call.grid == (attention_decode.DECODE_CAP, 1, 1) and int(call.args[-1]) == attention_decode.DECODE_CAP
+    monkeypatch.setattr(attention_decode, "DECODE_CAP", attention_decode.merge_max_splits(kernel) + 1)
+    with pytest.raises(ValueError, match="DECODE_NEAR / DECODE_CAP"):
+        impl(aligned_empty((1, 2, d), dtype), pool[0, :, 0], pool[1, :, 0], _batch([1], [10 ** 8], 16, 1), 0.125)
 
 
-@pytest.mark.parametrize("keys,want", [(1, 64), (64, 64), (100, 128), (256, 256)])
+@pytest.mark.parametrize("keys,want,slots", [(1, 64, (4, 16)), (64, 64, (4, 16)), (100, 128, (4, 16)),
+                                             (512, 512, (2, 10))])
 @pytest.mark.parametrize("width", [1024, 20480])
-def test_decode_split_keys_set_the_shortest_split(launches, monkeypatch, keys, want, width):
-    """DECODE_SPLIT_KEYS reaches the kernel in whole 64-key passes. A CUDA graph's grid (20480
-    keys wide) keeps its one-wave split count whatever the keys, since the kernel leaves the splits a short
-    context does not use; an eager grid for a 1k context launches no more splits than it has."""
+def test_decode_split_keys_set_the_shortest_split(launches, monkeypatch, keys, want, slots, width):
+    """DECODE_SPLIT_KEYS reaches the kernel in whole 64-key passes and, with DECODE_NEAR and DECODE_CAP, sets the
+    partial slots: the splits of a max_context_len context (1024 eager, 20480 a CUDA graph's width). Batch 1
+    launches a block for each slot."""
     monkeypatch.setattr(attention_decode, "DECODE_SPLIT_KEYS", keys)
     pool = aligned_empty((2, 1 + 64, 1, 16, 8, 128), BF16)
     q = aligned_empty((1, 32, 128), BF16)
     attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [width], 16, 64), 0.125)
     (call,) = launches
-    assert int(call.args[-1]) == want
-    assert call.grid[0] == (4 * 132 // 8 if width == 20480 else min(16, 1024 // want))
+    want_slots = slots[width == 20480]
+    assert int(call.args[-4]) == want and int(call.args[-1]) == want_slots
+    assert call.grid[0] == want_slots
 
 
-@pytest.mark.parametrize("seqs,splits", [(1, 16), (5, 13), (32, 2), (66, 1), (128, 1)])
-def test_decode_splits_fill_one_wave(launches, seqs, splits):
-    """Qwen3-4B decode at 1k context (8 KV heads, 4 blocks an SM on 132 SMs: 528 places): the most
-    splits whose blocks fit in one wave, capped by the context's 16 passes; a batch whose blocks already
-    fill the machine does not split."""
+@pytest.mark.parametrize("seqs,groups", [(1, 4), (5, 4), (32, 2), (66, 1), (128, 1)])
+def test_decode_splits_fill_one_wave(launches, seqs, groups):
+    """Qwen3-4B decode at 1k context (8 KV heads, 4 blocks an SM on 132 SMs: 528 places): each sequence has 4
+    splits; the grid runs them on the most blocks that fit in one wave, a block taking several in turn; a batch
+    whose blocks already fill the machine takes one block a (sequence, KV head)."""
     d, ctx, bs = 128, 1024, 16
     width = -(-ctx // bs)
     pool = aligned_empty((2, 1 + seqs * width, 1, bs, 8, d), BF16)
     q = aligned_empty((seqs, 32, d), BF16)
     attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1] * seqs, [ctx] * seqs, bs, width), 0.125)
     (call,) = launches
-    assert call.grid == (splits, 8, seqs) and call.cluster is None
-    assert splits == 1 or splits * 8 * seqs <= 4 * 132
+    assert call.grid == (groups, 8, seqs) and call.cluster is None and int(call.args[-1]) == 4
+    assert groups == 1 or groups * 8 * seqs <= 4 * 132
+
+
+def test_decode_launches_fit_the_counters(launches):
+    """A batch with more (sequence, KV head) pairs than arrival counters (600 x 8 > 4096) is launched in runs of
+    512 sequences, each with its own partials and the block tables, query starts and contexts from its first
+    sequence on; every launch counts from counter 0."""
+    seqs, ctx, bs, d = 600, 100, 16, 64
+    pool = aligned_empty((2, 2, 1, bs, 8, d), BF16)
+    q = aligned_empty((seqs, 32, d), BF16)
+    batch = _batch([1] * seqs, [ctx] * seqs, bs, -(-ctx // bs))
+    attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], batch, 0.125)
+    assert [c.grid for c in launches] == [(1, 8, 512), (1, 8, 88)]
+    for call, b0 in zip(launches, (0, 512)):
+        tables, qstart, ctxs, part_o = call.args[7], call.args[9], call.args[10], call.args[12]
+        assert tables.data.ptr == batch.block_tables[b0:].data.ptr and int(qstart[0]) == b0
+        assert ctxs.data.ptr == batch.context_lens[b0:].data.ptr
+        assert part_o.shape == (call.grid[2], 32, 2, d)   # 100 keys: 2 splits
+
+
+def test_decode_without_counters(launches, monkeypatch):
+    """A decode captured before any ran eagerly has no arrival counters: a context that splits is refused with
+    what to do (running it unsplit would round it unlike every eager step); one that does not split runs."""
+    monkeypatch.setattr(attention_decode, "arrival_counters", lambda purpose: None)
+    pool = aligned_empty((2, 1 + 64, 1, 16, 8, 128), BF16)
+    q = aligned_empty((1, 32, 128), BF16)
+    with pytest.raises(RuntimeError, match="eagerly before capturing"):
+        attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [1024], 16, 64), 0.125)
+    attention.paged_attention(q, pool[0, :, 0], pool[1, :, 0], _batch([1], [64], 16, 64), 0.125)
+    (call,) = launches
+    assert call.grid == (1, 8, 1) and call.args[-8] is module.NULL
 
 
 @pytest.mark.parametrize("d,dtype,hopper", [(128, BF16, True), (64, BF16, True), (128, np.float32, True),

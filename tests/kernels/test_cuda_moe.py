@@ -1,8 +1,9 @@
 """MoE on the GPU against the numpy reference ops on random inputs (skipped without one): router_logits, moe_route
 (softmax greedy,
 group-limited greedy, sigmoid noaux_tc; ties) and moe_experts (decode- and prefill-sized batches, an expert-parallel
-shard, shapes off the tiles, routing decided on the device and replayed from a CUDA graph), in both implementations:
-the grouped GEMMs (moe.py) and cuBLAS per expert (moe_blas.py, with uneven loads and experts that get no rows)."""
+shard, shapes off the tiles, routing decided on the device and replayed from a CUDA graph), in every implementation:
+the grouped GEMMs (moe.py, their 128-row tiles on mma.sync and, on sm_90, on warpgroup MMA) and cuBLAS per expert
+(moe_blas.py, with uneven loads and experts that get no rows)."""
 from __future__ import annotations
 
 import numpy as np
@@ -128,17 +129,25 @@ EXPERT_CASES = {
 }
 
 
+@pytest.fixture(params=["grouped", "wgmma"])
+def grouped(request):
+    """The grouped GEMMs on mma.sync, and with their 128-row tiles on warpgroup MMA (sm_90 only)."""
+    if request.param == "wgmma" and not module.hopper():
+        pytest.skip("warpgroup MMA needs sm_90")
+    return moe.moe_experts_wgmma if request.param == "wgmma" else moe.moe_experts
+
+
 @pytest.mark.parametrize("case", list(EXPERT_CASES))
-def test_moe_experts(case, pdl):
+def test_moe_experts(case, grouped, pdl):
     T, D, I, E, k, n_ids, offset = EXPERT_CASES[case]
     x, gate_up, down, ids, weights = _expert_inputs(T, D, I, E, k, n_ids, len(case))
     want = ref.moe_experts(x, gate_up, down, ids, weights, offset)
     args = (dev(x, BF16), dev(gate_up, BF16), dev(down, BF16), cp.asarray(ids), cp.asarray(weights), offset)
-    got = moe.moe_experts(*args)
+    got = grouped(*args)
     close(got, want, BF)
-    np.testing.assert_array_equal(host(moe.moe_experts(*args)), host(got))   # deterministic
+    np.testing.assert_array_equal(host(grouped(*args)), host(got))   # deterministic
     shared = exact(np.random.default_rng(len(case)).standard_normal((T, D)).astype(np.float32), BF16)
-    with_shared = moe.moe_experts(*args, dev(shared, BF16))   # the shared experts' output, added by the combine
+    with_shared = grouped(*args, dev(shared, BF16))   # the shared experts' output, added by the combine
     close(with_shared, ref.moe_experts(x, gate_up, down, ids, weights, offset, shared), BF)
 
 
@@ -149,8 +158,8 @@ def test_moe_experts_no_token_routed_here():
     np.testing.assert_array_equal(host(got), np.zeros((6, 64), np.float32))
 
 
-@pytest.mark.parametrize("T", [3, 200])
-def test_moe_route_and_experts_replay_from_a_graph(T):
+@pytest.mark.parametrize("T", [3, 200, 700])
+def test_moe_route_and_experts_replay_from_a_graph(T, grouped):
     """Router and experts captured once: replays with other logits route on the device and match the reference."""
     E, cfg = ROUTERS["v2_lite_greedy"]
     D, I = 256, 128
@@ -161,7 +170,7 @@ def test_moe_route_and_experts_replay_from_a_graph(T):
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
     with after_inputs(stream):
         def step():
-            return moe.moe_experts(xd, gud, dd, *moe.moe_route(logits, None, cfg), 0)
+            return grouped(xd, gud, dd, *moe.moe_route(logits, None, cfg), 0)
         step()   # kernels loaded outside the capture
         got, graph = captured(step, stream, pool)
         for seed in range(2):
@@ -188,7 +197,7 @@ def test_moe_experts_cublas(case, pdl):
 
 @pytest.mark.parametrize("law", ["skewed", "same_experts"])
 @pytest.mark.parametrize("T,E,offset", [(1024, 16, 0), (600, 8, 8), (5, 16, 0)])
-def test_moe_experts_cublas_uneven(law, T, E, offset):
+def test_moe_experts_cublas_uneven(law, T, E, offset, grouped):
     """V2-Lite widths, routings that load a few experts heavily and leave others with no rows (an expert-parallel
     shard too): the reference, and the grouped GEMMs to bf16 rounding."""
     D, I, k = 2048, 1408, 6
@@ -198,7 +207,7 @@ def test_moe_experts_cublas_uneven(law, T, E, offset):
     args = (dev(x, BF16), dev(gate_up, BF16), dev(down, BF16), cp.asarray(ids), cp.asarray(weights), offset)
     got = moe_blas.moe_experts_cublas(*args)
     close(got, ref.moe_experts(x, gate_up, down, ids, weights, offset), BF)
-    close(got, host(moe.moe_experts(*args)), BF)
+    close(got, host(grouped(*args)), BF)
 
 
 def test_moe_experts_choice(monkeypatch):
@@ -206,7 +215,8 @@ def test_moe_experts_choice(monkeypatch):
     and inside a graph capture, where a replay with other logits still routes on the device."""
     E, cfg = ROUTERS["v2_lite_greedy"]
     T, D, I = 256, 256, 128
-    monkeypatch.setattr(moe_blas, "PREFILL_ROWS_PER_EXPERT", T * cfg.top_k // E)   # 24 rows: T tokens exactly
+    for name in ("PREFILL_ROWS_PER_EXPERT", "PREFILL_ROWS_PER_EXPERT_SM90"):
+        monkeypatch.setattr(moe_blas, name, T * cfg.top_k // E)   # 24 rows: T tokens exactly
     x, gate_up, down, _, _ = _expert_inputs(T, D, I, E, cfg.top_k, E, 5)
     xd, gud, dd = dev(x, BF16), dev(gate_up, BF16), dev(down, BF16)
     logits = cp.asarray(rnd(np.random.default_rng(5), T, E))
@@ -214,8 +224,9 @@ def test_moe_experts_choice(monkeypatch):
     assert moe_blas.uses_cublas(T, cfg.top_k, E) and not moe_blas.uses_cublas(T - 1, cfg.top_k, E)
     np.testing.assert_array_equal(host(moe_blas.moe_experts(xd, gud, dd, ids, w, 0)),
                                   host(moe_blas.moe_experts_cublas(xd, gud, dd, ids, w, 0)))
+    below = moe.moe_experts_wgmma if module.hopper() else moe.moe_experts
     np.testing.assert_array_equal(host(moe_blas.moe_experts(xd[1:], gud, dd, ids[1:], w[1:], 0)),
-                                  host(moe.moe_experts(xd[1:], gud, dd, ids[1:], w[1:], 0)))   # also loads them
+                                  host(below(xd[1:], gud, dd, ids[1:], w[1:], 0)))   # also loads them
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
     with after_inputs(stream):
         def step():

@@ -166,17 +166,23 @@ def test_moe_route_rejects_what_it_cannot_compute(launches, cfg, E):
 
 @pytest.mark.parametrize("T,E,k,wide", [(1, 64, 6, False), (32, 64, 6, False), (700, 64, 6, True),
                                          (512, 8, 8, True), (3, 4, 2, False)])
-def test_moe_experts_launch_args(launches, T, E, k, wide):
+@pytest.mark.parametrize("impl", ["moe_experts", "moe_experts_wgmma"])
+def test_moe_experts_launch_args(launches, T, E, k, wide, impl):
     D, I = 2048, 1408
     x = aligned_empty((T, D), BF16)
     gate_up, down = aligned_empty((E, 2 * I, D), BF16), aligned_empty((E, D, I), BF16)
-    y = moe.moe_experts(x, gate_up, down, fake(np.zeros((T, k), np.int32)), fake(np.zeros((T, k), np.float32)), 0,
-                        aligned_empty((T, D), BF16))   # the shared experts' output, added by the combine
+    y = getattr(moe, impl)(x, gate_up, down, fake(np.zeros((T, k), np.int32)), fake(np.zeros((T, k), np.float32)),
+                           0, aligned_empty((T, D), BF16))   # the shared experts' output, added by the combine
     assert y.shape == (T, D) and y.dtype == BF16
     align, gate, dn, combine = launches
     mt = 8 if wide else 1
     tiles = moe.row_tiles(T * k, E, mt)
     assert align.name == "moe_align" and combine.name == "moe_combine_bf16"
+    if wide and impl == "moe_experts_wgmma":
+        assert gate.name == "moe_gate_up_bf16_wgmma" and gate.grid == (I // 64, tiles)
+        assert dn.name == "moe_down_bf16_wgmma" and dn.grid == (D // 128, tiles)
+        assert gate.block == dn.block == 256 and gate.smem == dn.smem == moe.wgmma_smem() <= 227 * 1024
+        return
     assert gate.name == f"moe_gate_up_bf16_m{mt}" and gate.grid == (I // 32, tiles)
     assert dn.name == f"moe_down_bf16_m{mt}" and dn.grid == (D // 64, tiles)
     assert gate.smem == dn.smem == moe.gemm_smem(mt)

@@ -15,6 +15,7 @@ from openinfer.kernels.cuda.module import BF16
 from openinfer.kernels.numpy_mla_moe import moe_experts as ref_moe_experts
 from openinfer.testing.launch_check import aligned_empty, fake, record_launches
 from test_moe_emulation import kernels as moe_kernels
+from test_moe_wgmma_emulation import emulate_gemm as emulate_wgmma
 
 CUDA_TYPES = {14: BF16, 0: np.dtype(np.float32)}   # cudaDataType_t
 
@@ -65,12 +66,15 @@ def emulate_silu_mul(call):
         o[r * inter: (r + 1) * inter] = gate / (1 + np.exp(-gate)) * up
 
 
-@pytest.fixture
-def device(monkeypatch):
-    """Launches checked and emulated at once, the fake cuBLAS, and no graph capturing."""
+@pytest.fixture(params=[False, True], ids=["mma", "sm90"])
+def device(monkeypatch, request):
+    """Launches checked and emulated at once, the fake cuBLAS, and no graph capturing; on an sm_90 device or not
+    (the grouped GEMMs' wide tiles on warpgroup MMA or on mma.sync)."""
     recorded = record_launches(monkeypatch, (moe, moe_blas, ops, blas))
+    monkeypatch.setattr(moe_blas, "hopper", lambda: request.param)
     rng = np.random.default_rng(0)
-    table = {**moe_kernels(rng), "gather_rows": emulate_gather, "silu_mul": emulate_silu_mul}
+    table = {**moe_kernels(rng), "moe_gate_up_bf16_wgmma": emulate_wgmma, "moe_down_bf16_wgmma": emulate_wgmma,
+             "gather_rows": emulate_gather, "silu_mul": emulate_silu_mul}
     checked = moe.launch
 
     def launch_now(*args, **kw):
@@ -154,7 +158,8 @@ def test_no_local_rows(device):
 def test_the_rule(device, monkeypatch, T, capturing, cublas):
     """T * k >= PREFILL_ROWS_PER_EXPERT * E_local outside a graph capture: cuBLAS; otherwise the grouped GEMMs
     (moe.moe_experts, all on the device). Both give the reference's output."""
-    monkeypatch.setattr(moe_blas, "PREFILL_ROWS_PER_EXPERT", 32)
+    for name in ("PREFILL_ROWS_PER_EXPERT", "PREFILL_ROWS_PER_EXPERT_SM90"):
+        monkeypatch.setattr(moe_blas, name, 32)
     monkeypatch.setattr(moe_blas, "_capturing", lambda: capturing)
     E, k, D, I = 4, 2, 64, 32   # 64 tokens x 2 = 32 rows x 4 experts
     ids = routing("skewed", T, k, E, np.random.default_rng(T))

@@ -149,7 +149,8 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
                    help="(batch, input length) pairs measured in this order, e.g. 1x8192,32x8192,1x131072, instead "
                         "of every --batch-sizes x --input-lens pair")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="per-step token budget (default: the largest batch x input, so prefill is one step)")
+                   help="per-step token budget (default: the largest batch x input up to 65,536 tokens, so prefill "
+                        "is one step where that fits)")
     add_kernel_option(p)
     add_hf_overrides_option(p)
     p.add_argument("--num-iters-warmup", type=int, default=1)

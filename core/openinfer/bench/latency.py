@@ -107,6 +107,9 @@ def format_row(r: dict[str, Any]) -> str:
             f"{r['decode_tokens_per_s']:>10.1f} {r['median_total_ms']:>10.2f}")
 
 
+DEFAULT_BUDGET_CAP = 65536   # tokens a step when --max-num-batched-tokens is not given
+
+
 def run_latency(args: argparse.Namespace) -> int:
     # Imported here: the engine pulls in the model runtime, which the HTTP benchmarks never need.
     from openinfer.engine.engine import EngineArgs, build_engine
@@ -114,7 +117,8 @@ def run_latency(args: argparse.Namespace) -> int:
     from openinfer.sampling.sampler import SamplingParams
 
     shapes = shapes_of(args)
-    budget = args.max_num_batched_tokens or max(b * i for b, i in shapes)
+    # one prefill step for the largest batch, up to a budget whose activations and profile fit beside the weights
+    budget = args.max_num_batched_tokens or min(max(b * i for b, i in shapes), DEFAULT_BUDGET_CAP)
     engine = build_engine(args.model, EngineArgs(
         device=args.device, load_format=args.load_format, num_layers=args.num_layers, max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory_gib, enforce_eager=args.enforce_eager,

@@ -105,3 +105,23 @@ def graph_ms(fn: Callable[[], Any], repeats: int = 10, calls: int = 1) -> float:
             end.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, end) / calls)
     return float(np.median(times))
+
+
+def cold_us(fn: Callable[[], Any], repeats: int = 50) -> float:
+    """Median µs of one eager fn() between CUDA events with L2 cold: a 512 MB fill before each call flushes it (and
+    gives the host time to enqueue the call before the GPU gets to it), as in a decode step whose layer's operands
+    are not in L2."""
+    import cupy as cp
+    import numpy as np
+    flush = cp.empty(512 << 20, cp.uint8)
+    fn()
+    times = []
+    for _ in range(repeats):
+        flush.fill(1)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
+    return float(np.median(times))

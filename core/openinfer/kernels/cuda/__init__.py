@@ -16,9 +16,11 @@ BF16_OPS = {"mla_rope": "mla", "mla_write_latent": "mla", "mla_rope_write": "mla
 ATTENTION = (("wgmma", "paged_attention", ("bfloat16",), 20, (90,)),
              ("mma", "paged_attention_mma", ("bfloat16",), 10, ()),
              ("cuda_cores", "paged_attention_cuda_cores", DTYPES, 0, ()))
-# moe_experts' implementations: name, "module:function", priority. "cublas" takes prefill-sized eager steps through
-# cuBLAS and hands every other call to the grouped GEMMs (moe_blas.py states the rule); "grouped" runs them always.
-MOE_EXPERTS = (("cublas", "moe_blas:moe_experts", 10), ("grouped", "moe:moe_experts", 0))
+# moe_experts' implementations: name, "module:function", priority, GPU generations. "cublas" takes prefill-sized eager
+# steps through cuBLAS and hands every other call to the grouped GEMMs (moe_blas.py states the rule); "wgmma" runs
+# the grouped GEMMs with their 128-row tiles on warpgroup MMA, "grouped" on mma.sync.
+MOE_EXPERTS = (("cublas", "moe_blas:moe_experts", 10, ()), ("wgmma", "moe:moe_experts_wgmma", 5, (90,)),
+               ("grouped", "moe:moe_experts", 0, ()))
 
 
 # ops on quantized weights (quant.py): op name -> its wrapper
@@ -33,8 +35,9 @@ def register(register_kernel) -> None:
         register_kernel(name, "cuda", f"{__name__}.ops:{name}", dtypes=DTYPES)
     for name, module in BF16_OPS.items():
         register_kernel(name, "cuda", f"{__name__}.{module}:{name}", dtypes=("bfloat16",))
-    for name, ref, priority in MOE_EXPERTS:
-        register_kernel("moe_experts", "cuda", f"{__name__}.{ref}", dtypes=("bfloat16",), priority=priority, name=name)
+    for name, ref, priority, capabilities in MOE_EXPERTS:
+        register_kernel("moe_experts", "cuda", f"{__name__}.{ref}", dtypes=("bfloat16",), priority=priority, name=name,
+                        capabilities=capabilities)
     for name, fn, dtypes, priority, capabilities in ATTENTION:
         register_kernel("paged_attention", "cuda", f"{__name__}.attention:{fn}", dtypes=dtypes, priority=priority,
                         name=name, capabilities=capabilities)

@@ -1,13 +1,15 @@
 // GQA decode attention over paged KV on the tensor cores (bf16 only): one query token per sequence,
 // which sees keys 0 .. L - 1 (L = its context length). Same contract as paged_decode in attention.cu
-// (which still serves float32), and the same split layout and in-kernel merge (decode_merge.cuh).
+// (which still serves float32), and the same split rule and in-kernel merge (decode_merge.cuh).
 //
-//   grid   (split, kv head * head chunk, sequence); DEC_WARPS warps a block. A block owns one KV head
+//   grid   (group, kv head * head chunk, sequence); DEC_WARPS warps a block. A block owns one KV head
 //          and up to 16 of its query heads (the rows of one m16 tile, zero-padded past the group), so
-//          each K/V byte is read from HBM once per step, whatever the GQA ratio. Each sequence divides
-//          its own context over the splits in whole passes (DEC_WARPS * DEC_BN keys), at least min_split
-//          keys each, so a grid sized for the longest context (a CUDA graph's) serves shorter ones: the
-//          splits past the context's `used` ones leave at once, and the merge waits for and reads only those.
+//          each K/V byte is read from HBM once per step, whatever the GQA ratio. Each sequence cuts its
+//          own keys into splits by its key count alone (decode_split_len: split_keys, near, cap), in whole
+//          passes (DEC_WARPS * DEC_BN keys), so its arithmetic is the same in any batch and any grid (a
+//          CUDA graph's, sized for the model's length); block `group` takes the sequence's splits group,
+//          group + groups, ... in turn (Q loaded once), so the grid's x changes the speed, never the bits.
+//          Groups past the sequence's `used` splits leave at once, and the merge waits for and reads only those.
 //   warp   takes every DEC_WARPS-th tile of DEC_BN = 16 keys of the split and streams them through its
 //          own STAGES-deep cp.async ring in shared memory: no block barrier in the loop, STAGES - 1
 //          tiles of every warp in flight, which is what keeps HBM busy. S = Q K^T and O += P V by
@@ -15,11 +17,11 @@
 //          online softmax in the log2 domain (S scaled by scale * log2(e) in fp32), as attention_mma.cu.
 //   merge  the warps' (m, l, O) meet in shared memory (over the rings, once all are drained); the block
 //          stores the normalized row (the context has one split) or its split's partial, and the last
-//          block of a (sequence, head chunk) to finish merges the partials (merge_splits_if_last).
+//          block of a (sequence, head chunk) to finish merges the partials in split order (merge_splits_if_last).
 //          Merging the splits of a thread-block cluster over distributed shared memory instead measured
 //          slower in the engine's decode step on the H100 and the H200, and is not built.
 //
-// Mirrored in attention_decode.py: DEC_WARPS, DEC_BN, DEC_ROWS, STAGES per head dim, the smem size.
+// Mirrored in attention_decode.py: DEC_WARPS, DEC_BN, DEC_ROWS, STAGES per head dim, the smem size, the split rule.
 #include "common.cuh"
 #include "mma.cuh"
 #include "decode_merge.cuh"
@@ -74,6 +76,23 @@ __device__ __forceinline__ void warp_reload_key(bf16* stage, const bf16* kc, con
     __syncwarp();
 }
 
+// This warp's tiles of keys kbeg .. kend - 1 (tiles of DEC_BN keys, every DEC_WARPS-th from tile `warp`), and
+// the first STAGES - 1 of them copied into its ring (one commit group a stage, empty past the last tile).
+template <int D, int STAGES>
+__device__ __forceinline__ int warp_prologue(bf16* ring, const bf16* kc, const bf16* vc, const KvLayout& kv,
+                                             const int* table, int kvh, int kbeg, int kend, int warp) {
+    constexpr int STAGE = 2 * DEC_BN * (D + 8);
+    const int nall = kend > kbeg ? (kend - kbeg + DEC_BN - 1) / DEC_BN : 0;
+    const int ntiles = nall > warp ? (nall - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ntiles)
+            warp_load_kv<D>(ring + s * STAGE, kc, vc, kv, table, kvh, kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend);
+        cp_async_commit();  // possibly empty: wait<STAGES - 1> below always means "tile t has landed"
+    }
+    return ntiles;
+}
+
 // The A fragment of Q rows (heads) for k-step kk: this lane's words of rows gid and gid + 8
 // (null: a padding row, zeros), columns 16 kk + 2 tq (+ 8).
 __device__ __forceinline__ void q_fragment(unsigned int* a, const unsigned int* lo, const unsigned int* hi, int kk, int tq) {
@@ -87,33 +106,26 @@ template <int D>
 __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
                            const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
                            float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv,
-                           float scale, int num_splits, int min_split) {
+                           float scale, int split_keys, int near, int cap, int slots) {
     using C = DecTile<D>;
     constexpr int LD = C::LD, KC = D / 16, DT = D / 8, STAGES = C::STAGES, PASS = DEC_WARPS * DEC_BN;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
-    const int b = blockIdx.z, split = blockIdx.x, G = nh / nkv, chunks = (G + DEC_ROWS - 1) / DEC_ROWS;
+    const int b = blockIdx.z, group = blockIdx.x, G = nh / nkv, chunks = (G + DEC_ROWS - 1) / DEC_ROWS;
     const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * DEC_ROWS, gc = min(DEC_ROWS, G - g0);
     const int q0 = qstart[b], q1 = qstart[b + 1], L = ctx[b];   // loaded together: one round trip, not two
-    if (q1 == q0) return;  // no query this step: every split of it leaves, none counts or merges
-    const int split_len = max(min_split, ((L + num_splits - 1) / num_splits + PASS - 1) / PASS * PASS);
-    const int used = (L + split_len - 1) / split_len;
-    if (split >= used) return;  // past this context: neither stores, counts nor merges
-    const int kbeg = split * split_len, kend = min(L, kbeg + split_len);
+    if (q1 == q0) return;  // no query this step: every block of it leaves, none counts or merges
+    int used;
+    const int split_len = decode_split_len(L, split_keys, near, cap, slots, PASS, used);
+    if (group >= used) return;  // no split of this context left for it: neither stores, counts nor merges
     const int* table = tables + (long long)b * table_stride;
-    // this warp's tiles start at kbeg + (warp + i * DEC_WARPS) * DEC_BN, i < ntiles
-    const int nall = kend > kbeg ? (kend - kbeg + DEC_BN - 1) / DEC_BN : 0;
-    const int ntiles = nall > warp ? (nall - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
     bf16* ring = (bf16*)smem_raw + warp * C::RING;
-    // The prologue's K/V copies go out before griddepcontrol.wait (under PDL, while the kernel before this
-    // one still runs): the keys before L - 1 were written by earlier steps. Key L - 1, this step's, is
-    // being written by that kernel (rope_write_kv), so its row is copied again after the wait.
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ntiles)
-            warp_load_kv<D>(ring + s * C::STAGE, kc, vc, kv, table, kvh, kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend);
-        cp_async_commit();  // possibly empty: wait<STAGES - 1> below always means "tile t has landed"
-    }
+    // The first split's prologue copies go out before griddepcontrol.wait (under PDL, while the kernel before this
+    // one still runs): the keys before L - 1 were written by earlier steps. Key L - 1, this step's, is being
+    // written by that kernel (rope_write_kv), so its row is copied again after the wait. Later splits' copies
+    // all go out after it.
+    int kbeg = group * split_len, kend = min(L, kbeg + split_len);
+    int ntiles = warp_prologue<D, STAGES>(ring, kc, vc, kv, table, kvh, kbeg, kend, warp);
     pdl_begin();
     // Q (the kernel before wrote it) is loaded before key L - 1 is copied again, so that the two reads share
     // one round trip
@@ -125,127 +137,140 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
 #pragma unroll
         for (int kk = 0; kk < KC; ++kk) q_fragment(qf[kk], qlo, qhi, kk, tq);
     }
-    if (kbeg < kend && kend == L) {
+    if (kend == L) {
         const int tile = (L - 1 - kbeg) / DEC_BN, s = tile / DEC_WARPS;
         if (tile % DEC_WARPS == warp && s < STAGES - 1)
             warp_reload_key<D>(ring + s * C::STAGE, kc, vc, kv, table, kvh, L - 1, (L - 1 - kbeg) % DEC_BN);
     }
-    // this lane holds rows gid, gid + 8 (h = 0, 1) and key columns 2 tq + {0, 1} of each 8-key n-tile
-    float o[DT][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     const int koff = ((lane & 7) + ((lane >> 4) & 1) * 8) * LD + ((lane >> 3) & 1) * 8;
     const int voff = ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+    const int head0 = kvh * G + g0;
+    int arrivals = 0;  // the splits this block took
 
-    for (int t = 0; t < ntiles; ++t) {
-        const int pre = t + STAGES - 1;
-        if (pre < ntiles)
-            warp_load_kv<D>(ring + (pre % STAGES) * C::STAGE, kc, vc, kv, table, kvh,
-                            kbeg + (warp + pre * DEC_WARPS) * DEC_BN, kend);
-        cp_async_commit();
-        cp_async_wait<STAGES - 1>();
-        __syncwarp();  // every lane's copies of tile t are visible to the whole warp
-        const bf16* kt = ring + (t % STAGES) * C::STAGE;
-        const bf16* vt = kt + DEC_BN * LD;
-        const int k0 = kbeg + (warp + t * DEC_WARPS) * DEC_BN;
-
-        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    for (int split = group;;) {
+        // this lane holds rows gid, gid + 8 (h = 0, 1) and key columns 2 tq + {0, 1} of each 8-key n-tile
+        float o[DT][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 #pragma unroll
-        for (int kk = 0; kk < KC; ++kk) {
-            unsigned int a[4], bk[4];
-            if constexpr (C::Q_IN_REGS) {
-                a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
-            } else {
-                q_fragment(a, qlo, qhi, kk, tq);
+        for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+
+        for (int t = 0; t < ntiles; ++t) {
+            const int pre = t + STAGES - 1;
+            if (pre < ntiles)
+                warp_load_kv<D>(ring + (pre % STAGES) * C::STAGE, kc, vc, kv, table, kvh,
+                                kbeg + (warp + pre * DEC_WARPS) * DEC_BN, kend);
+            cp_async_commit();
+            cp_async_wait<STAGES - 1>();
+            __syncwarp();  // every lane's copies of tile t are visible to the whole warp
+            const bf16* kt = ring + (t % STAGES) * C::STAGE;
+            const bf16* vt = kt + DEC_BN * LD;
+            const int k0 = kbeg + (warp + t * DEC_WARPS) * DEC_BN;
+
+            float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+            for (int kk = 0; kk < KC; ++kk) {
+                unsigned int a[4], bk[4];
+                if constexpr (C::Q_IN_REGS) {
+                    a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
+                } else {
+                    q_fragment(a, qlo, qhi, kk, tq);
+                }
+                ldmatrix_x4(bk, kt + koff + kk * 16);
+                mma_bf16(s[0], a, bk[0], bk[1]);
+                mma_bf16(s[1], a, bk[2], bk[3]);
             }
-            ldmatrix_x4(bk, kt + koff + kk * 16);
-            mma_bf16(s[0], a, bk[0], bk[1]);
-            mma_bf16(s[1], a, bk[2], bk[3]);
-        }
-        if (k0 + DEC_BN > kend) {  // the split's last tile: keys past its end
+            if (k0 + DEC_BN > kend) {  // the split's last tile: keys past its end
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (k0 + 8 * j + 2 * tq + (e & 1) >= kend) s[j][e] = NEG_INF;
+            }
+            // online softmax: m in raw score units (scale > 0), probabilities exp2(s * scale - m * scale);
+            // key k0 < kend is valid, so every row's max is finite from the first tile on
+            float base[2], alpha[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = fmaxf(m[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                base[h] = mx * scale;
+                alpha[h] = fast_exp2(m[h] * scale - base[h]);  // m = -inf (first tile): 0
+                m[h] = mx;
+                l[h] *= alpha[h];
+            }
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (k0 + 8 * j + 2 * tq + (e & 1) >= kend) s[j][e] = NEG_INF;
+                for (int e = 0; e < 4; ++e) {
+                    s[j][e] = fast_exp2(fmaf(s[j][e], scale, -base[e >> 1]));
+                    l[e >> 1] += s[j][e];
+                }
+#pragma unroll
+            for (int j = 0; j < DT; ++j) {
+                o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+                o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+            }
+            // O += P V: the S accumulators of the two n-tiles are the A fragment of the tile's 16 keys
+            const unsigned int a[4] = {pack_bf16x2(s[0][0], s[0][1]), pack_bf16x2(s[0][2], s[0][3]),
+                                       pack_bf16x2(s[1][0], s[1][1]), pack_bf16x2(s[1][2], s[1][3])};
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                unsigned int bv[4];
+                ldmatrix_x4_trans(bv, vt + voff + dp * 16);
+                mma_bf16(o[2 * dp], a, bv[0], bv[1]);
+                mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+            }
+            __syncwarp();  // the stage is consumed before a later iteration refills it
         }
-        // online softmax: m in raw score units (scale > 0), probabilities exp2(s * scale - m * scale);
-        // key k0 < kend is valid, so every row's max is finite from the first tile on
-        float base[2], alpha[2];
+        cp_async_wait<0>();  // only empty groups remain
+
+        // merge the warps over the drained rings: O [warp][row][D] unnormalized, m (log2 units) and l per row
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float mx = fmaxf(m[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            base[h] = mx * scale;
-            alpha[h] = fast_exp2(m[h] * scale - base[h]);  // m = -inf (first tile): 0
-            m[h] = mx;
-            l[h] *= alpha[h];
+            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
         }
+        __syncthreads();
+        float* mo = (float*)smem_raw;
+        float* mm = mo + DEC_WARPS * DEC_ROWS * D;
+        float* ml = mm + DEC_WARPS * DEC_ROWS;
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp * DEC_ROWS + gid + 8 * h;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = fast_exp2(fmaf(s[j][e], scale, -base[e >> 1]));
-                l[e >> 1] += s[j][e];
+            for (int j = 0; j < DT; ++j)
+                *(float2*)(mo + r * D + 8 * j + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
+            if (tq == 0) {
+                mm[r] = m[h] == NEG_INF ? NEG_INF : m[h] * scale;  // a warp without tiles: -inf, l = 0
+                ml[r] = l[h];
             }
-#pragma unroll
-        for (int j = 0; j < DT; ++j) {
-            o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
         }
-        // O += P V: the S accumulators of the two n-tiles are the A fragment of the tile's 16 keys
-        const unsigned int a[4] = {pack_bf16x2(s[0][0], s[0][1]), pack_bf16x2(s[0][2], s[0][3]),
-                                   pack_bf16x2(s[1][0], s[1][1]), pack_bf16x2(s[1][2], s[1][3])};
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-            unsigned int bv[4];
-            ldmatrix_x4_trans(bv, vt + voff + dp * 16);
-            mma_bf16(o[2 * dp], a, bv[0], bv[1]);
-            mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
-        }
-        __syncwarp();  // the stage is consumed before a later iteration refills it
+        __syncthreads();
+        store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, gc, head0, nh, q0, b, split, used, slots, out,
+                                                        part_o, part_m, part_l);
+        ++arrivals;
+        split += gridDim.x;
+        if (split >= used) break;
+        __syncthreads();  // the merge area is read before the next split's copies land over it
+        kbeg = split * split_len;
+        kend = min(L, kbeg + split_len);
+        ntiles = warp_prologue<D, STAGES>(ring, kc, vc, kv, table, kvh, kbeg, kend, warp);
     }
-    cp_async_wait<0>();  // only empty groups remain
-
-    // merge the warps over the drained rings: O [warp][row][D] unnormalized, m (log2 units) and l per row
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    }
-    __syncthreads();
-    float* mo = (float*)smem_raw;
-    float* mm = mo + DEC_WARPS * DEC_ROWS * D;
-    float* ml = mm + DEC_WARPS * DEC_ROWS;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = warp * DEC_ROWS + gid + 8 * h;
-#pragma unroll
-        for (int j = 0; j < DT; ++j) *(float2*)(mo + r * D + 8 * j + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
-        if (tq == 0) {
-            mm[r] = m[h] == NEG_INF ? NEG_INF : m[h] * scale;  // a warp without tiles: -inf, l = 0
-            ml[r] = l[h];
-        }
-    }
-    __syncthreads();
-    const int head0 = kvh * G + g0;
-    store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, gc, head0, nh, q0, b, split, used, num_splits, out,
-                                                    part_o, part_m, part_l);
     if (used > 1)
-        merge_splits_if_last<bf16, D, D >= 128>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0, b,
-                                              used, num_splits, out);
+        merge_splits_if_last<bf16, D, D >= 128>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0,
+                                              b, used, slots, out, 0, D, arrivals);
 }
 
+// (threads, 1): without a residency floor ptxas held d64 to 128 registers and spilled the split loop's state
 #define DECODE_KERNEL(D)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) paged_decode_mma_bf16_d##D(                    \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 1) paged_decode_mma_bf16_d##D(                 \
         const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
         const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv, \
-        float scale, int num_splits, int min_split) {                                                           \
+        float scale, int split_keys, int near, int cap, int slots) {                                            \
         decode_mma<D>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,            \
                       table_stride, qstart, ctx, out, part_o, part_m, part_l, counters, nh, nkv, scale,         \
-                      num_splits, min_split);                                                                   \
+                      split_keys, near, cap, slots);                                                            \
     }
 
 DECODE_KERNEL(64)

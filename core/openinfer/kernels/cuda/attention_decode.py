@@ -1,13 +1,17 @@
-"""Decode attention on CUDA (one query token per sequence): which kernel and its split-KV grid.
+"""Decode attention on CUDA (one query token per sequence): which kernel, each sequence's split, the grid.
 
 bf16 runs on the tensor-core kernel (attention_decode.cu), float32 (and bf16 that is not 16-byte
-aligned) on the fp32 CUDA-core kernel of attention.cu. Both give a block one split of one sequence's
-context, one KV head and the query heads of its group, so K/V is read once per step; both store
-per-split partials, and the last block of a (sequence, head chunk) to finish merges them
-(decode_merge.cuh), counted on arrival_counters("decode_attention"): one launch per layer. The grid
-depends only on the batch size, the heads and `max_context_len`: each sequence divides its own length
-over the splits (at least `split_keys` keys each), so a CUDA graph captured with the longest context
-stays right for shorter ones: a sequence's splits past its own context leave at once.
+aligned) on the fp32 CUDA-core kernel of attention.cu. Both give a block one KV head and the query heads
+of its group, so K/V is read once per step. A sequence's keys are cut into splits by its own key count
+alone (`decode_split`): how many, which keys each, and the order their partials are merged (split order,
+whichever block finishes last: decode_merge.cuh) never depend on the batch, the other sequences or
+`max_context_len`, so eager steps, CUDA graph replays and every batch round its attention the same. The
+grid (`decode_grid`) only decides how many blocks take a sequence's splits in turn (block g takes splits
+g, g + groups, ...): it changes the speed, never the bits. Splits store partials, and the last block of a
+(sequence, head chunk) to finish merges them, counted on arrival_counters("decode_attention"): one
+launch per layer (more only when the batch has more (sequence, head chunk) pairs than counters). The
+kernel reads only the batch's device fields and the split rule's constants, so a CUDA graph captured at
+the model's length serves shorter contexts: blocks past a sequence's splits leave at once.
 """
 from __future__ import annotations
 
@@ -20,13 +24,21 @@ import numpy as np
 from .module import COUNTER_SLOTS, NULL, arrival_counters, blocks_per_sm, launch, sm_count
 
 NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its blocks' warps, key tile, group rows)
-MIN_SPLIT = NWARPS * BN                      # its split: whole passes of the block's warps
+PASS = NWARPS * BN                           # its pass (a key tile of every warp): splits are whole passes
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16      # must match attention_decode.cu
 DEC_STAGES = {64: 3, 128: 3, 256: 2}         # cp.async ring depth per warp (DecTile::STAGES)
-DEC_PASS = DEC_WARPS * DEC_BN
-# fewest keys a split takes (rounded up to the kernel's pass): fewer, longer splits for short contexts, so
-# fewer partials to store and merge; the grid's split count (set by the longest context) is unchanged
+DEC_PASS = DEC_WARPS * DEC_BN                # its pass
+# The split rule (decode_split; the kernels take these as arguments): up to DECODE_NEAR splits of DECODE_SPLIT_KEYS
+# keys (in whole passes of the kernel), then DECODE_NEAR splits growing to DECODE_NEAR times that, then splits of
+# that length up to DECODE_CAP of them, then longer ones. Batch 1 wants many splits (Qwen3-4B: 8 KV heads x 16
+# splits of a 1k context on the tensor-core kernel), large batches few (each split stores a partial that is merged);
+# a rule of the key count alone cannot serve both best. Chosen by a sweep of the kernel at Qwen3-4B's shape (H100,
+# cold L2, batch 1-256 x 1k-16k keys; docs/benchmarks/qwen3-4b.md): against 16 / 32, these cost batch 1 at 1k keys
+# 0.9 us (13.6 against 12.7) and save 30 % from batch 32 at 1k keys (67 against 85 us; 401 against 575 at 256).
+# DECODE_NEAR and DECODE_CAP stay within merge_max_splits.
 DECODE_SPLIT_KEYS = 64
+DECODE_NEAR = 4
+DECODE_CAP = 16
 
 
 @dataclass(frozen=True)
@@ -37,7 +49,7 @@ class DecodeKernel:
     pass_len: int    # splits are whole multiples of this many keys
     smem: int        # dynamic shared memory, bytes
     threads: int     # per block
-    per_sm: int      # blocks per SM the grid should fill before splitting (0: what one SM holds at once)
+    per_sm: int      # blocks per SM one wave of the grid fills (0: what one SM holds at once)
 
 
 def mma_decode_smem(d: int) -> int:
@@ -48,31 +60,43 @@ def mma_decode_smem(d: int) -> int:
 
 
 def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool) -> DecodeKernel:
-    """The tensor-core kernel (split until one wave of resident blocks is full), or the fp32 one,
-    whose split count keeps its original tuning (two blocks an SM)."""
+    """The tensor-core kernel (groups until one wave of resident blocks is full), or the fp32 one, whose
+    grid keeps its original tuning (two blocks an SM)."""
     if mma:
         return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_d{d}", DEC_ROWS, DEC_PASS,
                             mma_decode_smem(d), 32 * DEC_WARPS, 0)
     words = d * itemsize // 4
-    return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, MIN_SPLIT,
+    return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, PASS,
                         (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 2)
 
 
-def decode_splits(num_seqs: int, kv_blocks: int, max_context_len: int, min_keys: int = MIN_SPLIT,
-                  per_sm: int = 2) -> int:
-    """Splits of each context: the most whose blocks still run in one wave of `per_sm` blocks an SM
-    (none where batch x KV-head blocks alone fill it), never a split under `min_keys` keys. Rounding
-    up instead would start a second, part-empty wave: 32 sequences x 8 KV heads at 4 blocks an SM
-    took 3 splits (768 blocks for 528 places, two waves of a third of the work each) where 2 splits
-    run in one wave of half the work. Splits past a sequence's own context exit at once, but each
-    costs a block launch."""
-    want = per_sm * sm_count() // max(1, num_seqs * kv_blocks)
-    return max(1, min(want, math.ceil(max_context_len / min_keys)))
-
-
 def split_keys(kernel: DecodeKernel) -> int:
-    """The fewest keys one split of `kernel` takes: DECODE_SPLIT_KEYS in whole passes."""
+    """The keys of one of `kernel`'s short splits: DECODE_SPLIT_KEYS in whole passes."""
     return -(-max(DECODE_SPLIT_KEYS, kernel.pass_len) // kernel.pass_len) * kernel.pass_len
+
+
+def decode_split(keys: int, kernel: DecodeKernel) -> tuple[int, int, int]:
+    """(splits, keys a split, splits holding keys) of a decode sequence of `keys` keys on `kernel` (the kernels'
+    decode_split_len, decode_merge.cuh): n = max(1, min(DECODE_NEAR, ceil(keys / u)), min(DECODE_CAP,
+    ceil(keys / (DECODE_NEAR u)))) splits for u = split_keys(kernel), the keys shared evenly in whole passes.
+    Only the key count decides: on the tensor-core kernel a 1k context takes 16 splits of 64 keys, 4k 16 of 256,
+    16k 16 of 1024, 32k 32 of 1024, 64k 32 of 2048."""
+    unit = split_keys(kernel)
+    n = max(1, min(DECODE_NEAR, -(-keys // unit)), min(DECODE_CAP, -(-keys // (unit * DECODE_NEAR))))
+    length = max(kernel.pass_len, -(-(-(-keys // n)) // kernel.pass_len) * kernel.pass_len)
+    return n, length, -(-keys // length)
+
+
+def decode_grid(num_seqs: int, kv_blocks: int, max_context_len: int, kernel: DecodeKernel) -> tuple[int, int]:
+    """(groups, slots): each (sequence, head chunk) runs on `groups` blocks, which take its decode_split splits
+    in turn (so `groups` changes the speed, never the bits); `slots`: partials a row, the splits of
+    `max_context_len` keys (the most of any sequence of the batch: the rule is monotonic in the keys; 1: none
+    stored). As many groups as one wave of resident blocks holds, none past `slots`. Rounding up instead would
+    start a second, part-empty wave: 32 sequences x 8 KV heads at 4 blocks an SM took 3 groups (768 blocks for
+    528 places, two waves of a third of the work each) where 2 run in one wave of half the work."""
+    per_sm = kernel.per_sm or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
+    slots = decode_split(max_context_len, kernel)[0]
+    return max(1, min(slots, per_sm * sm_count() // max(1, num_seqs * kv_blocks))), slots
 
 
 def merge_max_splits(kernel: DecodeKernel) -> int:
@@ -86,19 +110,25 @@ def paged_decode(common: tuple, out: cp.ndarray, num_seqs: int, max_context_len:
     contexts are merged into `out` by the kernel's last block of each (sequence, head chunk)."""
     d = out.shape[-1]
     kv_blocks = nkv * math.ceil(nh // nkv / kernel.rows)
-    per_sm = kernel.per_sm or blocks_per_sm(kernel.source, kernel.name, kernel.threads, kernel.smem)
-    min_split = split_keys(kernel)
-    # at most as many parts as the merging block holds
-    splits = min(decode_splits(num_seqs, kv_blocks, max_context_len, min_split, per_sm), merge_max_splits(kernel))
-    # asked on every decode, split or not, so that an eager run of any batch (cuda_graphs.py runs only
-    # the largest bucket, which may not split) sets them up before a smaller bucket is captured
+    groups, slots = decode_grid(num_seqs, kv_blocks, max_context_len, kernel)
+    if slots > merge_max_splits(kernel):
+        raise ValueError(f"paged_attention: {slots} decode splits exceed the {merge_max_splits(kernel)} that "
+                         f"{kernel.name}'s merge holds; lower DECODE_NEAR / DECODE_CAP")
+    # asked on every decode, split or not, so that an eager run of any batch sets them up before a capture
     counters = arrival_counters("decode_attention")
-    if counters is None or num_seqs * kv_blocks > COUNTER_SLOTS:   # one counter a (sequence, head chunk)
-        splits = 1
-    parts = (NULL, NULL, NULL, NULL)
-    if splits > 1:
-        part_o = cp.empty((num_seqs, nh, splits, d), dtype=cp.float32)
-        part_ml = cp.empty((2, num_seqs, nh, splits), dtype=cp.float32)
-        parts = (part_o, part_ml[0], part_ml[1], counters)
-    launch(kernel.source, kernel.name, (splits, kv_blocks, num_seqs), kernel.threads,
-           (*common, *parts, np.int32(nh), np.int32(nkv), qscale, np.int32(splits), np.int32(min_split)), kernel.smem)
+    if counters is None and slots > 1:
+        raise RuntimeError("paged_attention: a decode step captured before any ran eagerly has no arrival "
+                           "counters; run one decode step eagerly before capturing (cuda_graphs.py does)")
+    head, (tables, table_stride, qstart, ctx) = common[:7], common[7:11]
+    # each (sequence, head chunk) counts on its own counter: sequences in launches that fit them all
+    step = num_seqs if slots == 1 else max(1, COUNTER_SLOTS // kv_blocks)
+    for b0 in range(0, num_seqs, step):
+        n = min(step, num_seqs - b0)
+        parts = (NULL, NULL, NULL, NULL)
+        if slots > 1:
+            part_ml = cp.empty((2, n, nh, slots), dtype=cp.float32)
+            parts = (cp.empty((n, nh, slots, d), dtype=cp.float32), part_ml[0], part_ml[1], counters)
+        launch(kernel.source, kernel.name, (groups, kv_blocks, n), kernel.threads,
+               (*head, tables[b0:], table_stride, qstart[b0:], ctx[b0:], out, *parts, np.int32(nh), np.int32(nkv),
+                qscale, np.int32(split_keys(kernel)), np.int32(DECODE_NEAR), np.int32(DECODE_CAP), np.int32(slots)),
+               kernel.smem)

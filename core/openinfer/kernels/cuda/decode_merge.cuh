@@ -1,13 +1,29 @@
-// The last steps of both split-KV decode kernels (attention.cu, attention_decode.cu), grid (split, head
-// chunk, sequence). store_merged_warps merges the block's NW warps' online-softmax states of its gc query
-// heads and stores the normalised rows (one split) or this split's partials (o, m, l).
-// merge_splits_if_last then, with several splits, counts the block's arrival at its (sequence, head chunk);
-// the last block to arrive merges the partials of every split, so no separate combine kernel is launched.
-// A sequence uses the first `used` of the grid's num_splits splits (the others hold none of its keys and
-// leave before these). Partials: (sequence b, head, split s < used) at p = (b * nh + head) * num_splits + s,
-// part_o[p * D ..], part_m[p] (log2 units), part_l[p]. They are stored and loaded through L2 (__stcg / __ldcg): the merging block
-// reads what other SMs wrote, never a stale line of its own L1.
+// The split rule and the last steps of both split-KV decode kernels (attention.cu, attention_decode.cu), grid
+// (group, head chunk, sequence). decode_split_len cuts a sequence's keys into splits by its key count alone; a
+// block takes the sequence's splits group, group + groups, ... in turn. store_merged_warps merges the block's NW
+// warps' online-softmax states of its gc query heads and stores the normalised rows (one split) or this split's
+// partials (o, m, l). merge_splits_if_last then, with several splits, counts the splits the block took at its
+// (sequence, head chunk); the last block to arrive merges the partials of every split in split order, so no
+// separate combine kernel is launched and the bits do not depend on which block came last.
+// Partials: (sequence b, head, split s < used) at p = (b * nh + head) * slots + s, part_o[p * D ..], part_m[p]
+// (log2 units), part_l[p]. They are stored and loaded through L2 (__stcg / __ldcg): the merging block reads what
+// other SMs wrote, never a stale line of its own L1.
 #pragma once
+
+// A decode sequence of L keys (attention_decode.py decode_split): n = max(1, min(near, ceil(L / split_keys)),
+// min(cap, ceil(L / (near * split_keys)))) splits (up to `near` of split_keys keys, then up to `cap` of
+// near * split_keys, then longer), clamped to the launch's `slots` (the split count of its longest context, so a
+// context past it cannot write past the partials), the keys shared evenly in whole passes of `pass` keys. Returns
+// the keys a split; `used`: the splits holding keys (0 for L = 0).
+__device__ __forceinline__ int decode_split_len(int L, int split_keys, int near, int cap, int slots, int pass,
+                                                int& used) {
+    const int short_n = min(near, (L + split_keys - 1) / split_keys);
+    const int long_n = min(cap, (L + near * split_keys - 1) / (near * split_keys));
+    const int n = max(1, min(slots, max(short_n, long_n)));
+    const int len = max(pass, ((L + n - 1) / n + pass - 1) / pass * pass);
+    used = (L + len - 1) / len;
+    return len;
+}
 
 // The online-softmax states of NW warps, combined: warp w's state of head g sits at row w * ROWS + g: max
 // wm (log2 units), sum wl, unnormalised output wo[row * D ..]. Gives head g's max M, sum lsum and unnormalised
@@ -32,7 +48,7 @@ __device__ __forceinline__ void merge_warps(const float* wm, const float* wl, co
 template <typename T, int NW, int ROWS, int D>
 __device__ __forceinline__ void store_merged_warps(const float* wm, const float* wl, const float* wo, int gc,
                                                    int head0, int nh, int q0, int b, int split, int used,
-                                                   int num_splits, T* out, float* part_o, float* part_m,
+                                                   int slots, T* out, float* part_o, float* part_m,
                                                    float* part_l) {
     for (int idx = threadIdx.x; idx < gc * D; idx += blockDim.x) {
         const int g = idx / D, dd = idx % D, head = head0 + g;
@@ -41,7 +57,7 @@ __device__ __forceinline__ void store_merged_warps(const float* wm, const float*
         if (used == 1) {
             out[((long long)q0 * nh + head) * D + dd] = from_f32<T>(o / lsum);
         } else {
-            const long long p = ((long long)b * nh + head) * num_splits + split;
+            const long long p = ((long long)b * nh + head) * slots + split;
             __stcg(part_o + p * D + dd, lsum > 0.f ? o / lsum : 0.f);
             if (dd == 0) { __stcg(part_m + p, M); __stcg(part_l + p, lsum); }
         }
@@ -54,19 +70,19 @@ constexpr int MERGE_UNROLL = 16;   // splits whose partial float4s a thread load
 // past the last used split nothing is loaded (those slots are never used).
 template <int D>
 __device__ __forceinline__ void load_partial_rows(float4* v, const float* part_o, long long base, int row, int col4,
-                                                  int s0, int used, int num_splits) {
-    const float4* po = reinterpret_cast<const float4*>(part_o + (base + (long long)row * num_splits) * D) + col4;
+                                                  int s0, int used, int slots) {
+    const float4* po = reinterpret_cast<const float4*>(part_o + (base + (long long)row * slots) * D) + col4;
 #pragma unroll
     for (int u = 0; u < MERGE_UNROLL; ++u)
         v[u] = s0 + u < used ? __ldcg(po + (long long)(s0 + u) * (D / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// Every used split's block calls this once its partials are stored (used > 1), counting `arrivals` splits
-// (mla.cu: the clusters a CTA took in turn; the last block brings the count to used). It merges columns
+// Every block that took splits of a sequence calls this once their partials are stored (used > 1), counting the
+// `arrivals` splits it took in turn (mla.cu: clusters; the last block brings the count to used). It merges columns
 // c0 .. c0 + width - 1 of the rows (all D by default; mla.cu gives each CTA of a cluster its own slice, its own
 // counters and its own m and l). counters: one int per (sequence, head chunk), zero on entry and left zero (the
 // last block resets its own), so a CUDA graph replays cleanly. scratch: shared memory for
-// 2 * gc * used floats, free once the partials are stored (paged_decode caps the splits to fit).
+// 2 * gc * used floats, free once the partials are stored (attention_decode.py checks the rule's splits fit).
 // The merge: weights w_s = exp2(m_s - M) l_s (M the heads' max),
 // out = sum_s w_s o_s / sum_s w_s summed in split order, so the output is the same bits
 // whichever block came last. Each thread owns float4s of the gc output rows and keeps MERGE_UNROLL
@@ -74,7 +90,7 @@ __device__ __forceinline__ void load_partial_rows(float4* v, const float* part_o
 template <typename T, int D, bool EARLY = false>
 __device__ void merge_splits_if_last(const float* part_o, const float* part_m, const float* part_l, int* counters,
                                      float* scratch, int gc, int head0, int nh, int q0, int b, int used,
-                                     int num_splits, T* out, int c0 = 0, int width = D, int arrivals = 1) {
+                                     int slots, T* out, int c0 = 0, int width = D, int arrivals = 1) {
     __shared__ int last;
     __shared__ float head_max[16];   // gc <= 16 (DEC_ROWS; attention.cu's GMAX is 8)
     __threadfence();                 // this thread's partials are visible device-wide before the block counts
@@ -87,8 +103,8 @@ __device__ void merge_splits_if_last(const float* part_o, const float* part_m, c
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // (head0 + g, split s) is partial p = base + g * num_splits + s
-    const long long base = ((long long)b * nh + head0) * num_splits;
+    // (head0 + g, split s) is partial p = base + g * slots + s
+    const long long base = ((long long)b * nh + head0) * slots;
     const int n = gc * used;
     const int V = width / 4;         // float4s of a row's slice
     // EARLY: the thread's first MERGE_UNROLL partial rows are loaded with the m and l below (they do not depend
@@ -96,11 +112,11 @@ __device__ void merge_splits_if_last(const float* part_o, const float* part_m, c
     // <= 16). It holds 64 more registers through the m and l pass, so only kernels with registers to spare ask.
     float4 first[MERGE_UNROLL];
     if (EARLY && threadIdx.x < gc * V)
-        load_partial_rows<D>(first, part_o, base, threadIdx.x / V, c0 / 4 + threadIdx.x % V, 0, used, num_splits);
+        load_partial_rows<D>(first, part_o, base, threadIdx.x / V, c0 / 4 + threadIdx.x % V, 0, used, slots);
     float* wsm = scratch;            // [gc][used]: m, then the weight
     float* lsm = scratch + n;        // [gc][used]: l
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const long long p = base + (long long)(i / used) * num_splits + i % used;
+        const long long p = base + (long long)(i / used) * slots + i % used;
         wsm[i] = __ldcg(part_m + p);
         lsm[i] = __ldcg(part_l + p);
     }
@@ -127,7 +143,7 @@ __device__ void merge_splits_if_last(const float* part_o, const float* part_m, c
 #pragma unroll
                 for (int u = 0; u < MERGE_UNROLL; ++u) v[u] = first[u];
             } else {
-                load_partial_rows<D>(v, part_o, base, g, c0 / 4 + idx % V, s0, used, num_splits);
+                load_partial_rows<D>(v, part_o, base, g, c0 / 4 + idx % V, s0, used, slots);
             }
 #pragma unroll
             for (int u = 0; u < MERGE_UNROLL; ++u) {

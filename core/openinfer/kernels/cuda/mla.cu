@@ -58,13 +58,20 @@ template <int MT> struct Mla {
 };
 
 // Keys k0 .. k0 + MLA_BN - 1 of a sequence into a stage; keys at or past kend are zero rows (masked; 0 * V = 0).
+// Lane l of every warp looks up key k0 + l's row (one block-table read, MLA_BN = 32 keys: one a lane) and a chunk's
+// copy takes its row's offset by shuffle, so a thread's copies issue back to back instead of each behind a table
+// read and a division by the block size.
+template <int THREADS>
 __device__ __forceinline__ void mla_load_tile(bf16* stage, const bf16* cache, const KvLayout& kv, const int* table,
                                               int k0, int kend) {
-    for (int i = threadIdx.x; i < MLA_BN * MLA_CHUNKS; i += blockDim.x) {
-        const int r = i / MLA_CHUNKS, c = i % MLA_CHUNKS, key = k0 + r;
-        const bool ok = key < kend;
-        const bf16* src = ok ? cache + kv.offset(table, key, 0, MLA_D) + c * 8 : cache;
-        cp_async16(stage + r * MLA_LD + c * 8, src, ok ? 16 : 0);
+    static_assert(MLA_BN == 32 && MLA_BN * MLA_CHUNKS % THREADS == 0, "a key a lane; whole passes of the block");
+    const int lane = threadIdx.x & 31;
+    const long long off = k0 + lane < kend ? kv.offset(table, k0 + lane, 0, MLA_D) : -1;
+#pragma unroll
+    for (int p = 0; p < MLA_BN * MLA_CHUNKS / THREADS; ++p) {
+        const int i = p * THREADS + threadIdx.x, r = i / MLA_CHUNKS, c = i % MLA_CHUNKS;
+        const long long o = __shfl_sync(0xffffffffu, off, r);
+        cp_async16(stage + r * MLA_LD + c * 8, o >= 0 ? cache + o + c * 8 : cache, o >= 0 ? 16 : 0);
     }
 }
 
@@ -134,7 +141,7 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     for (int clu = group; clu < used; clu += groups, ++arrivals) {
         const int kbeg = min(kall, (clu * cs + rank) * split_len), kend = min(kall, kbeg + split_len);
         const int ntiles = (kend - kbeg + MLA_BN - 1) / MLA_BN;   // 0: a CTA past the keys (its state stays empty)
-        mla_load_tile(kvs, cache, kv, table, kbeg, kend);
+        mla_load_tile<C::WARPS * 32>(kvs, cache, kv, table, kbeg, kend);
         cp_async_commit();
         // m: the running max of rows mt * 16 + gid (+ 8) of every m tile (all warps agree); l: of the S rows only
         float o[MT][VCOLS / 8][4], m[MT][2], l[2] = {0.f, 0.f};
@@ -149,7 +156,8 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
             cp_async_wait<0>();
             __syncthreads();   // tile t landed for every thread; every warp is done with tile t - 1's stage and P
             if (t + 1 < ntiles)
-                mla_load_tile(kvs + ((t + 1) & 1) * MLA_STAGE, cache, kv, table, kbeg + (t + 1) * MLA_BN, kend);
+                mla_load_tile<C::WARPS * 32>(kvs + ((t + 1) & 1) * MLA_STAGE, cache, kv, table, kbeg + (t + 1) * MLA_BN,
+                                             kend);
             cp_async_commit();
             const bf16* kt = kvs + (t & 1) * MLA_STAGE;
             const int k0 = kbeg + t * MLA_BN;

@@ -150,8 +150,8 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
 // The gate in fp32 (router_logits): out[t, e] = x[t] . w[e], x bf16 [T, D] (row stride x_stride), w fp32 [E, D].
 // A warp per expert and ROUTER_TOKENS tokens, so a gate row is read once per ROUTER_TOKENS tokens. At decode the
 // grid is a few blocks (E / 8), so a warp's time is its loads' latency: where the rows allow, a lane reads 16 bytes of
-// the gate and 8 of each activation row per load, all of a 2048-wide row's in flight at once.
-constexpr int ROUTER_WARPS = 8, ROUTER_TOKENS = 4;
+// the gate and 8 of each activation row per load, ROUTER_LOADS of them in flight.
+constexpr int ROUTER_WARPS = 8, ROUTER_TOKENS = 4, ROUTER_LOADS = 8;
 
 static_assert(ROUTER_TOKENS <= ROUTER_WARPS, "moe_router routes a token group with a warp a token");
 
@@ -164,18 +164,33 @@ __device__ void router_logits_block(const bf16* x, long long x_stride, const flo
     const float* we = w + (long long)e * D;
     const bool wide = D % 4 == 0 && x_stride % 4 == 0 && ((size_t)x & 7) == 0 && ((size_t)w & 15) == 0;
     if (wide) {
-#pragma unroll 16
-        for (int d = 4 * lane; d < D; d += 128) {
-            const float4 wv = __ldg(reinterpret_cast<const float4*>(we + d));
+        // ROUTER_LOADS loads of the gate a lane issued before any is used (predicated, not guarded: a guarded
+        // unrolled loop waits on each load in turn), then each token's activations the same way
+        for (int base = 4 * lane; base < D; base += 128 * ROUTER_LOADS) {
+            float4 wv[ROUTER_LOADS];
+#pragma unroll
+            for (int j = 0; j < ROUTER_LOADS; ++j) {
+                const int d = base + 128 * j;
+                wv[j] = d < D ? __ldg(reinterpret_cast<const float4*>(we + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
 #pragma unroll
             for (int i = 0; i < ROUTER_TOKENS; ++i) {
                 if (t0 + i >= T) break;
-                const uint2 raw = *reinterpret_cast<const uint2*>(x + (long long)(t0 + i) * x_stride + d);
-                const bf16* xv = reinterpret_cast<const bf16*>(&raw);
-                acc[i] = fmaf(to_f32(xv[0]), wv.x, acc[i]);
-                acc[i] = fmaf(to_f32(xv[1]), wv.y, acc[i]);
-                acc[i] = fmaf(to_f32(xv[2]), wv.z, acc[i]);
-                acc[i] = fmaf(to_f32(xv[3]), wv.w, acc[i]);
+                const bf16* xt = x + (long long)(t0 + i) * x_stride;
+                uint2 raw[ROUTER_LOADS];
+#pragma unroll
+                for (int j = 0; j < ROUTER_LOADS; ++j) {
+                    const int d = base + 128 * j;
+                    raw[j] = d < D ? *reinterpret_cast<const uint2*>(xt + d) : make_uint2(0u, 0u);
+                }
+#pragma unroll
+                for (int j = 0; j < ROUTER_LOADS; ++j) {
+                    const bf16* xv = reinterpret_cast<const bf16*>(&raw[j]);
+                    acc[i] = fmaf(to_f32(xv[0]), wv[j].x, acc[i]);
+                    acc[i] = fmaf(to_f32(xv[1]), wv[j].y, acc[i]);
+                    acc[i] = fmaf(to_f32(xv[2]), wv[j].z, acc[i]);
+                    acc[i] = fmaf(to_f32(xv[3]), wv[j].w, acc[i]);
+                }
             }
         }
     } else {

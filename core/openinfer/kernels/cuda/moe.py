@@ -5,7 +5,8 @@ Every launch's shape depends only on the token count, the top-k and the local ex
 back to the host, so a decode step with its MoE layers captures into a CUDA graph. The grouped GEMMs are sized for
 the most row tiles any routing of T tokens can give; the tiles a routing does not use leave at once. At decode
 (few rows an expert) each selected expert's weights stream through once in 16-row tiles; prefill-sized batches
-take 128-row tiles, so each weight tile serves eight times the rows. moe_blas.py is the other implementation of
+take 128-row tiles, so each weight tile serves eight times the rows: on warpgroup MMA (moe_wgmma.cu) where the
+registry picks "wgmma" (sm_90), else on mma.sync like the 16-row ones. moe_blas.py is the other implementation of
 `moe_experts` (cuBLAS per expert for prefill-sized eager steps); it shares the align and the combine defined here.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
 ALIGN_THREADS, ALIGN_MAX_EXPERTS = 1024, 1024  # moe.cu
 GEMM_BN, GEMM_BK, GEMM_STAGES, GEMM_THREADS = 64, 64, 3, 128
 WIDE_ROWS_PER_EXPERT = 64                      # average rows an expert from which the 128-row tiles are used
+MW_THREADS, MW_BM, MW_BN, MW_BK, MW_STAGES = 256, 128, 128, 64, 5   # moe_wgmma.cu: 128-row tiles on sm_90
 
 
 BF16_TILE_BYTES = GEMM_BN * (GEMM_BK + 8) * 2   # moe_gemm.cuh: 64 W rows of 64 (+ 8 pad) bf16
@@ -220,6 +222,23 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
     """y [T, D] = sum over each token's slots whose expert lies in [expert_offset, expert_offset + E_local) of
     weight * down_e(silu(gate_e x) * up_e x), plus `addend` [T, D] if given (added in fp32 by the combine);
     gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]. The grouped GEMMs: any batch, graph-safe."""
+    return _grouped(x, gate_up, down, ids, weights, expert_offset, addend, wgmma=False)
+
+
+def moe_experts_wgmma(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
+                      expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
+    """moe_experts with the 128-row tiles of prefill-sized batches on warpgroup MMA (moe_wgmma.cu, sm_90 only)."""
+    return _grouped(x, gate_up, down, ids, weights, expert_offset, addend, wgmma=True)
+
+
+def wgmma_smem() -> int:
+    """moe_wgmma.cu's dynamic shared memory: MW_STAGES stages of 128 A and 128 W rows of 64 bf16, plus 1024 bytes
+    to align the base to the swizzle's 1024-byte pattern."""
+    return MW_STAGES * 2 * MW_BM * MW_BK * 2 + 1024
+
+
+def _grouped(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
+             expert_offset: int, addend: cp.ndarray | None, wgmma: bool) -> cp.ndarray:
     a = expert_args(x, gate_up, down, ids, weights, addend)
     if a.T == 0:
         return a.y
@@ -230,13 +249,19 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
     g = align_tiles(a.ids, E, expert_offset, mt)
     tiles, grouping = g.tiles, (g.sorted, np.int32(k))
     h = cp.empty((pairs, I), dtype=BF16)
-    launch("moe", f"moe_gate_up_bf16_m{mt}", (-(-I // (GEMM_BN // 2)), tiles), GEMM_THREADS,
-           (x2, np.int64(xs), *grouping, gate_up, np.int64(2 * I * D), np.int32(I), np.int32(D), *g.tile_args, h,
-            np.int64(I)), gemm_smem(mt))
     y_pairs = cp.empty((pairs, D), dtype=cp.float32)
-    launch("moe", f"moe_down_bf16_m{mt}", (-(-D // GEMM_BN), tiles), GEMM_THREADS,
-           (h, np.int64(I), *grouping, down, np.int64(D * I), np.int32(D), np.int32(I), *g.tile_args, a.weights,
-            y_pairs, np.int64(D)), gemm_smem(mt))
+    gate_up_args = (x2, np.int64(xs), *grouping, gate_up, np.int64(2 * I * D), np.int32(I), np.int32(D),
+                    *g.tile_args, h, np.int64(I))
+    down_args = (h, np.int64(I), *grouping, down, np.int64(D * I), np.int32(D), np.int32(I), *g.tile_args,
+                 a.weights, y_pairs, np.int64(D))
+    if mt == 8 and wgmma:
+        launch("moe_wgmma", "moe_gate_up_bf16_wgmma", (-(-I // (MW_BN // 2)), tiles), MW_THREADS, gate_up_args,
+               wgmma_smem())
+        launch("moe_wgmma", "moe_down_bf16_wgmma", (-(-D // MW_BN), tiles), MW_THREADS, down_args, wgmma_smem())
+    else:
+        launch("moe", f"moe_gate_up_bf16_m{mt}", (-(-I // (GEMM_BN // 2)), tiles), GEMM_THREADS, gate_up_args,
+               gemm_smem(mt))
+        launch("moe", f"moe_down_bf16_m{mt}", (-(-D // GEMM_BN), tiles), GEMM_THREADS, down_args, gemm_smem(mt))
     return combine(y_pairs, a.ids, E, expert_offset, a.addend, a.y)
 
 

@@ -1,9 +1,10 @@
 """`moe_experts` with each local expert's projections through cuBLAS, for prefill-sized eager steps; moe.py's grouped
-GEMMs for every other call. kernels/cuda/__init__.py registers this as "cublas", ranked above "grouped" (moe.py
-alone, for `--kernel moe_experts=grouped`).
+GEMMs for every other call (their wide tiles on warpgroup MMA on sm_90). kernels/cuda/__init__.py registers this as
+"cublas", ranked above "wgmma" and "grouped" (moe.py alone, for `--kernel moe_experts=...`).
 
 The rule, call by call (`uses_cublas`): a step whose T tokens x top-k pairs give at least PREFILL_ROWS_PER_EXPERT rows
-to each local expert on average (T * k >= PREFILL_ROWS_PER_EXPERT * E_local, the form of moe.py's 128-row tile rule;
+(PREFILL_ROWS_PER_EXPERT_SM90 on sm_90, where the grouped GEMMs' wide tiles run on warpgroup MMA) to each local expert
+on average (T * k >= PREFILL_ROWS_PER_EXPERT * E_local, the form of moe.py's 128-row tile rule;
 under expert parallelism every pair counts, so it fires at fewer tokens a rank, as that rule does) and that no CUDA
 graph is capturing. Outside a capture it depends on the step's shape alone, so an eager engine and
 a graph engine run the same implementation for the same step (their greedy tokens agree: decode batches, at most
@@ -27,11 +28,17 @@ import cupy as cp
 import numpy as np
 
 from .blas import grouped_gemm
-from .module import BF16
-from .moe import align, combine, expert_args, expert_shapes, moe_experts as grouped
+from .module import BF16, hopper
+from .moe import align, combine, expert_args, expert_shapes
+from .moe import moe_experts as grouped_mma, moe_experts_wgmma as grouped_wgmma
 from .ops import gather_rows, silu_mul
 
-PREFILL_ROWS_PER_EXPERT = 256   # average rows a local expert from which cuBLAS runs the experts
+# Average rows a local expert from which cuBLAS runs the experts: beside the grouped GEMMs on mma.sync, and beside
+# their warpgroup-MMA tiles on sm_90 (V2-Lite's widths, H100, two machines: wgmma ahead up to 576 rows an expert, at
+# 768 ahead on one (2.79 against 3.82 ms) and behind on the other (2.65 against 2.49), behind at 1,536 (5.0 against
+# 4.1); docs/benchmarks/deepseek-v2-lite.md).
+PREFILL_ROWS_PER_EXPERT = 256
+PREFILL_ROWS_PER_EXPERT_SM90 = 1024
 
 
 def _capturing() -> bool:
@@ -40,16 +47,18 @@ def _capturing() -> bool:
 
 def uses_cublas(T: int, k: int, E: int) -> bool:
     """Whether moe_experts runs T tokens' top-k experts over E local experts through cuBLAS (the module's rule)."""
-    return T * k >= PREFILL_ROWS_PER_EXPERT * E and not _capturing()
+    rows = PREFILL_ROWS_PER_EXPERT_SM90 if hopper() else PREFILL_ROWS_PER_EXPERT
+    return T * k >= rows * E and not _capturing()
 
 
 def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
                 expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
-    """moe.moe_experts' contract; cuBLAS per expert where `uses_cublas`, the grouped GEMMs otherwise."""
+    """moe.moe_experts' contract; cuBLAS per expert where `uses_cublas`, the grouped GEMMs otherwise (their 128-row
+    tiles on warpgroup MMA on sm_90)."""
     T, _, E, _ = expert_shapes(x, gate_up, down)
     if T and uses_cublas(T, ids.shape[1], E):
         return moe_experts_cublas(x, gate_up, down, ids, weights, expert_offset, addend)
-    return grouped(x, gate_up, down, ids, weights, expert_offset, addend)
+    return (grouped_wgmma if hopper() else grouped_mma)(x, gate_up, down, ids, weights, expert_offset, addend)
 
 
 def moe_experts_cublas(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
