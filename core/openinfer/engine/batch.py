@@ -51,3 +51,33 @@ class ForwardBatch:
     @property
     def is_decode(self) -> bool:
         return self.max_query_len == 1
+
+    def leading_one_token_runs(self) -> int:
+        """How many runs at the front of the batch are one token long: a mixed step's decoding rows, which the
+        scheduler puts before its prompts."""
+        longer = np.flatnonzero(np.diff(self.query_start_host) != 1)
+        return int(longer[0]) if len(longer) else self.num_seqs
+
+    def split(self, n: int) -> tuple[ForwardBatch, ForwardBatch]:
+        """The first n sequences and the rest, each as a batch of its own (the rest's query_start and token rows
+        from its first token), for ops that run per sequence (a recurrent mixer's one-token and chunked kernels).
+        Neither part samples (sample_rows empty); a part of one-token runs carries no checkpoints (a save lies
+        strictly inside a run)."""
+        t = int(self.query_start_host[n])
+        ck = self.checkpoint_lens is not None
+
+        def part(seqs: slice, toks: slice, qs: Array, qs_host: np.ndarray, max_query_len: int,
+                 checkpoints: bool) -> ForwardBatch:
+            return ForwardBatch(
+                self.token_ids[toks], self.positions[toks], self.slot_mapping[toks], self.block_tables[seqs], qs,
+                self.context_lens[seqs], self.sample_rows[:0], qs_host, self.context_lens_host[seqs],
+                self.block_size, max_query_len, self.max_context_len,
+                None if self.state_slots is None else self.state_slots[seqs],
+                self.checkpoint_lens[seqs] if checkpoints else None,
+                self.checkpoint_rows[seqs] if checkpoints else None)
+        head_len = int(np.diff(self.query_start_host[: n + 1]).max(initial=0))
+        head = part(slice(0, n), slice(0, t), self.query_start[: n + 1], self.query_start_host[: n + 1], head_len,
+                    ck and head_len > 1)
+        tail = part(slice(n, None), slice(t, None), self.query_start[n:] - t, self.query_start_host[n:] - t,
+                    self.max_query_len, ck)
+        return head, tail

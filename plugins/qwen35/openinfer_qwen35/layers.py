@@ -3,6 +3,7 @@ with a bounded recurrent state) and gated full attention (core GQA with an outpu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from openinfer.plugin_api import Array, ForwardBatch, GQAAttention, Ops, StatePools
 
@@ -22,16 +23,34 @@ class GDNWeights:
 
 
 class GatedDeltaNet:
-    def __init__(self, ops: Ops, cfg: Qwen35Config, index: int, w: GDNWeights) -> None:
+    def __init__(self, ops: Ops, cfg: Qwen35Config, index: int, w: GDNWeights,
+                 zeros: Callable[[tuple[int, ...]], Array]) -> None:
         self.ops, self.index, self.w = ops, index, w    # index: among the linear-attention layers
+        self.zeros = zeros                              # the backend's, for a mixed step's output
         self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.conv_dim, self.eps = cfg.conv_dim, cfg.rms_norm_eps
 
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        ops, T = self.ops, x.shape[0]
+        T, nv, dv = x.shape[0], self.nv, self.dv
+        proj = self.ops.linear(x, self.w.in_proj)
+        n = 0 if batch.is_decode else batch.leading_one_token_runs()
+        if n:   # a mixed step: its decoding rows on the one-token kernels, as a decode step runs them; its prompts
+            # chunked (a one-token run in the chunked kernels costs a whole chunk's work)
+            head, tail = batch.split(n)
+            t = int(batch.query_start_host[n])
+            o = self.zeros((T, nv, dv))
+            o[:t] = self._mix(proj[:t], head, state)
+            o[t:] = self._mix(proj[t:], tail, state)
+        else:
+            o = self._mix(proj, batch, state)
+        return self.ops.linear(o.reshape(T, nv * dv), self.w.out_proj)
+
+    def _mix(self, proj: Array, batch: ForwardBatch, state: StatePools) -> Array:
+        """o [T, nv, dv] (after the gated output norm) of the fused input projection's rows for `batch`: the
+        one-token ops where every run is one token, the chunked ones otherwise."""
+        ops, T = self.ops, proj.shape[0]
         nk, nv, dk, dv, C = self.nk, self.nv, self.dk, self.dv, self.conv_dim
-        proj = ops.linear(x, self.w.in_proj)
         z = proj[:, C:C + nv * dv].reshape(T, nv, dv)
         b, a = proj[:, C + nv * dv:C + nv * dv + nv], proj[:, C + nv * dv + nv:]
         conv_state = state.layer(GDN_GROUP, "conv", self.index)
@@ -43,13 +62,11 @@ class GatedDeltaNet:
         k = conv[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)
         v = conv[:, 2 * nk * dk:].reshape(T, nv, dv)
         if decode:   # the step computes its gating and the output norm too (one launch a layer on GPUs)
-            o = ops.qwen35_gdn_decode_norm(q, k, v, a, b, self.w.A_log, self.w.dt_bias, ssm_state, batch, z,
-                                           self.w.norm, self.eps)
-        else:
-            g, beta = ops.qwen35_gdn_gating(a, b, self.w.A_log, self.w.dt_bias)
-            o = ops.qwen35_gated_rms_norm(ops.qwen35_gated_delta_rule(q, k, v, g, beta, ssm_state, batch), z,
-                                          self.w.norm, self.eps)
-        return ops.linear(o.reshape(T, nv * dv), self.w.out_proj)
+            return ops.qwen35_gdn_decode_norm(q, k, v, a, b, self.w.A_log, self.w.dt_bias, ssm_state, batch, z,
+                                              self.w.norm, self.eps)
+        g, beta = ops.qwen35_gdn_gating(a, b, self.w.A_log, self.w.dt_bias)
+        return ops.qwen35_gated_rms_norm(ops.qwen35_gated_delta_rule(q, k, v, g, beta, ssm_state, batch), z,
+                                         self.w.norm, self.eps)
 
 
 class GatedAttention(GQAAttention):

@@ -61,7 +61,7 @@ class Qwen35Model(Model):
                     conv=load(la + "conv1d.weight").reshape(cfg.conv_dim, cfg.conv_kernel),
                     A_log=backend.asarray(weights.get(cfg.prefix + la + "A_log"), "float32"),
                     dt_bias=backend.asarray(weights.get(cfg.prefix + la + "dt_bias"), "float32"),
-                    norm=load(la + "norm.weight"), out_proj=load(la + "out_proj.weight")))
+                    norm=load(la + "norm.weight"), out_proj=load(la + "out_proj.weight")), backend.zeros)
                 n_linear += 1
             else:
                 sa = p + "self_attn."

@@ -275,7 +275,7 @@ def test_gdn_layer_decode_launches(launches, monkeypatch, clusters):
         return zeros((x.shape[0], weight.shape[0]), x.dtype)
 
     gdn_ops = SimpleNamespace(linear=linear, **{name: getattr(ops, name) for name in ops.__all__})
-    mixer = layers.GatedDeltaNet(gdn_ops, cfg, 1, w)
+    mixer = layers.GatedDeltaNet(gdn_ops, cfg, 1, w, lambda shape: zeros(shape, BF16))
     b = batch([(0, 1), (7, 1), (3, 1)])
     out = mixer(zeros((3, H), BF16), b, _Pools(zeros((5, 3, K - 1, C), np.float32),
                                                zeros((5, 3, nv, dk, dv), np.float32)))
@@ -288,3 +288,36 @@ def test_gdn_layer_decode_launches(launches, monkeypatch, clusters):
         assert names == ["conv_update_bf16", "gdn_decode_gated_bf16", "gated_rms_norm_bf16"]
     for call in launches:
         check(call, BF16)
+
+
+def test_gdn_layer_mixed_step_launches(launches, monkeypatch):
+    """A mixed step (two decoding rows, then a 40-token prompt chunk and a 1-token prompt): the decoding rows take the
+    decode step's launches over their own rows, sequences and state rows (conv_update, gdn_decode_gated_norm on 2
+    sequences), the prompts the chunked ones over theirs (query starts from their first token)."""
+    monkeypatch.setattr(blas, "clusters_supported", lambda: True)
+    nk, nv, dk, dv, H, K = 2, 4, 32, 32, 16, 4
+    C = 2 * nk * dk + nv * dv
+    cfg = SimpleNamespace(linear_num_key_heads=nk, linear_num_value_heads=nv, linear_key_head_dim=dk,
+                          linear_value_head_dim=dv, conv_dim=C, rms_norm_eps=1e-6)
+    w = layers.GDNWeights(in_proj=zeros((C + nv * dv + 2 * nv, H), BF16), conv=zeros((C, K), BF16),
+                          A_log=zeros(nv, np.float32), dt_bias=zeros(nv, np.float32), norm=zeros(dv, BF16),
+                          out_proj=zeros((H, nv * dv), BF16))
+
+    def linear(x, weight):
+        return zeros((x.shape[0], weight.shape[0]), x.dtype)
+
+    gdn_ops = SimpleNamespace(linear=linear, **{name: getattr(ops, name) for name in ops.__all__})
+    mixer = layers.GatedDeltaNet(gdn_ops, cfg, 1, w, lambda shape: zeros(shape, BF16))
+    b = batch([(9, 1), (4, 1), (0, 40), (0, 1)])
+    out = mixer(zeros((43, H), BF16), b, _Pools(zeros((6, 3, K - 1, C), np.float32),
+                                                zeros((6, 3, nv, dk, dv), np.float32)))
+    assert out.shape == (43, H)
+    names = [c.name for c in launches]
+    assert names[:2] == ["conv_update_bf16", "gdn_decode_gated_norm_bf16"] and launches[1].grid[2] == 2
+    assert names[2] == "conv_prefill_bf16" and launches[2].grid[2] == 2 and "gdn_decode" not in " ".join(names[2:])
+    slots, qs, ctx = (np.asarray(a) for a in launches[2].args[5:8])
+    assert slots.tolist() == [3, 4] and qs.tolist() == [0, 40, 41] and ctx.tolist() == [40, 1]
+    assert np.asarray(launches[0].args[5]).tolist() == [1, 2]   # the decoding rows' state rows
+    for call in launches:
+        check(call, BF16)
+
