@@ -256,12 +256,9 @@ class _Pools:
         return self.parts[part][:, index]
 
 
-@pytest.mark.parametrize("clusters", [True, False], ids=["fold", "without_clusters"])
-def test_gdn_layer_decode_launches(launches, monkeypatch, clusters):
-    """layers.GatedDeltaNet's decode step: conv_update and the one gdn_decode_gated_norm in clusters of a head's 4
-    column tiles; where the device has no clusters, conv_update, gdn_decode_gated and gated_rms_norm."""
-    monkeypatch.setattr(blas, "clusters_supported", lambda: clusters)
-    nk, nv, dk, dv, H, K = 16, 32, 128, 128, 64, 4
+def gdn_layer(nk: int, nv: int, dk: int, dv: int, H: int, K: int) -> tuple:
+    """(layers.GatedDeltaNet on the CUDA ops with zero bf16 weights of these sizes and a stand-in linear, its
+    weights, the weight shapes the linear was called with)."""
     C = 2 * nk * dk + nv * dv
     cfg = SimpleNamespace(linear_num_key_heads=nk, linear_num_value_heads=nv, linear_key_head_dim=dk,
                           linear_value_head_dim=dv, conv_dim=C, rms_norm_eps=1e-6)
@@ -275,7 +272,17 @@ def test_gdn_layer_decode_launches(launches, monkeypatch, clusters):
         return zeros((x.shape[0], weight.shape[0]), x.dtype)
 
     gdn_ops = SimpleNamespace(linear=linear, **{name: getattr(ops, name) for name in ops.__all__})
-    mixer = layers.GatedDeltaNet(gdn_ops, cfg, 1, w, lambda shape: zeros(shape, BF16))
+    return layers.GatedDeltaNet(gdn_ops, cfg, 1, w, lambda shape: zeros(shape, BF16)), w, linears
+
+
+@pytest.mark.parametrize("clusters", [True, False], ids=["fold", "without_clusters"])
+def test_gdn_layer_decode_launches(launches, monkeypatch, clusters):
+    """layers.GatedDeltaNet's decode step: conv_update and the one gdn_decode_gated_norm in clusters of a head's 4
+    column tiles; where the device has no clusters, conv_update, gdn_decode_gated and gated_rms_norm."""
+    monkeypatch.setattr(blas, "clusters_supported", lambda: clusters)
+    nk, nv, dk, dv, H, K = 16, 32, 128, 128, 64, 4
+    mixer, w, linears = gdn_layer(nk, nv, dk, dv, H, K)
+    C = 2 * nk * dk + nv * dv
     b = batch([(0, 1), (7, 1), (3, 1)])
     out = mixer(zeros((3, H), BF16), b, _Pools(zeros((5, 3, K - 1, C), np.float32),
                                                zeros((5, 3, nv, dk, dv), np.float32)))
@@ -296,18 +303,8 @@ def test_gdn_layer_mixed_step_launches(launches, monkeypatch):
     sequences), the prompts the chunked ones over theirs (query starts from their first token)."""
     monkeypatch.setattr(blas, "clusters_supported", lambda: True)
     nk, nv, dk, dv, H, K = 2, 4, 32, 32, 16, 4
+    mixer, _, _ = gdn_layer(nk, nv, dk, dv, H, K)
     C = 2 * nk * dk + nv * dv
-    cfg = SimpleNamespace(linear_num_key_heads=nk, linear_num_value_heads=nv, linear_key_head_dim=dk,
-                          linear_value_head_dim=dv, conv_dim=C, rms_norm_eps=1e-6)
-    w = layers.GDNWeights(in_proj=zeros((C + nv * dv + 2 * nv, H), BF16), conv=zeros((C, K), BF16),
-                          A_log=zeros(nv, np.float32), dt_bias=zeros(nv, np.float32), norm=zeros(dv, BF16),
-                          out_proj=zeros((H, nv * dv), BF16))
-
-    def linear(x, weight):
-        return zeros((x.shape[0], weight.shape[0]), x.dtype)
-
-    gdn_ops = SimpleNamespace(linear=linear, **{name: getattr(ops, name) for name in ops.__all__})
-    mixer = layers.GatedDeltaNet(gdn_ops, cfg, 1, w, lambda shape: zeros(shape, BF16))
     b = batch([(9, 1), (4, 1), (0, 40), (0, 1)])
     out = mixer(zeros((43, H), BF16), b, _Pools(zeros((6, 3, K - 1, C), np.float32),
                                                 zeros((6, 3, nv, dk, dv), np.float32)))
