@@ -40,7 +40,8 @@ class FakeCublas:
         assert (ta, tb, compute, at, bt) == (1, 0, 68, 14, 14) and min(m, n, k) > 0
         assert ctypes.c_float.from_address(alpha).value == 1 and ctypes.c_float.from_address(beta).value == 0
         self.calls.append((m, n, k))
-        if not self.compute:
+        if not self.compute:   # zeros, so what reads C next computes on numbers, not on uninitialised memory
+            _matrix(c, CUDA_TYPES[ct], n, m, ldc)[...] = 0
             return 0
         w = _matrix(a, BF16, m, k, lda).astype(np.float32)      # op_T(A): row i of w is A's column i
         x = _matrix(b, BF16, n, k, ldb).astype(np.float32)      # B's columns are x's rows
