@@ -13,6 +13,7 @@ a sequence has state before its run exactly when context_lens[i] > query_start[i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,13 @@ class ForwardBatch:
         scheduler puts before its prompts."""
         longer = np.flatnonzero(np.diff(self.query_start_host) != 1)
         return int(longer[0]) if len(longer) else self.num_seqs
+
+    @cached_property
+    def one_token_split(self) -> tuple[ForwardBatch, ForwardBatch] | None:
+        """`split` after a mixed step's leading one-token runs, None where there is nothing to cut (a decode step, or
+        one that starts with a longer run); made once a step, however many layers ask."""
+        n = 0 if self.is_decode else self.leading_one_token_runs()
+        return self.split(n) if n else None
 
     def split(self, n: int) -> tuple[ForwardBatch, ForwardBatch]:
         """The first n sequences and the rest, each as a batch of its own (the rest's query_start and token rows

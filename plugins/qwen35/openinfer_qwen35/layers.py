@@ -34,11 +34,11 @@ class GatedDeltaNet:
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         T, nv, dv = x.shape[0], self.nv, self.dv
         proj = self.ops.linear(x, self.w.in_proj)
-        n = 0 if batch.is_decode else batch.leading_one_token_runs()
-        if n:   # a mixed step: its decoding rows on the one-token kernels, as a decode step runs them; its prompts
-            # chunked (a one-token run in the chunked kernels costs a whole chunk's work)
-            head, tail = batch.split(n)
-            t = int(batch.query_start_host[n])
+        parts = batch.one_token_split
+        if parts is not None:   # a mixed step: its decoding rows on the one-token kernels, as a decode step runs
+            # them; its prompts chunked (a one-token run in the chunked kernels costs a whole chunk's work)
+            head, tail = parts
+            t = head.num_tokens
             o = self.zeros((T, nv, dv))
             o[:t] = self._mix(proj[:t], head, state)
             o[t:] = self._mix(proj[t:], tail, state)

@@ -24,18 +24,11 @@
 // in tests/kernels/test_attention_wgmma_emulation.py: change them together.
 #include "common.cuh"
 #include "mma.cuh"     // cp.async, ex2, bf16x2 packing
-#include "wgmma.cuh"   // descriptors, fences, wgmma shapes
+#include "wgmma.cuh"   // descriptors, fences, wgmma shapes, the swizzled layout
 constexpr int WG_D = 128;                // head dim
 constexpr int WG_GROUPS = 2;             // warpgroups per block, 64 rows each
 constexpr int WG_THREADS = 128 * WG_GROUPS;
 constexpr int WG_BM = 64 * WG_GROUPS;    // rows per block
-constexpr int SW_ROW = 128;              // bytes of one swizzled row (64 bf16)
-
-// Byte offset of the 16 bytes holding elements (r, c .. c + 7), c % 8 == 0, of a [R][128] bf16 tile
-// stored as two [R][64] halves with 128-byte swizzle (chunk c / 8 of row r at chunk (c / 8) ^ (r % 8)).
-__device__ __forceinline__ int sw128_offset(int r, int c, int R) {
-    return (c >> 6) * R * SW_ROW + r * SW_ROW + ((((c >> 3) & 7) ^ (r & 7)) << 4);
-}
 
 // One K/V tile (keys k0 .. k0 + BN - 1) into a stage. Chunk i = pass * WG_THREADS + threadIdx.x is
 // (row i / 16, 16-byte column i % 16), so warp w copies rows pass * 16 + 2w + {0, 1}; lane l < 2 * PASSES

@@ -18,19 +18,19 @@
 // Mirrored in moe.py (MW_* constants, the shared-memory size).
 #include "common.cuh"
 #include "mma.cuh"     // cp.async, smem_addr, bf16x2 packing
-#include "wgmma.cuh"   // descriptors, fences, m64n128k16
+#include "wgmma.cuh"   // descriptors, fences, m64n128k16, the swizzled layout
 
 constexpr int MW_THREADS = 256, MW_BM = 128, MW_BN = 128, MW_BK = 64, MW_STAGES = 5;
 constexpr int MW_TILE = 128 * 128;          // bytes of [128][64] bf16 (A or W) in a stage
 constexpr int MW_STAGE = 2 * MW_TILE;
 
-// Chunk i of 128 rows x 8 chunks into a swizzled [128][64] tile: row i / 8, 16-byte chunk i % 8 at chunk
-// (i % 8) ^ (row % 8); rows[r] null or k at or past K: zeros (the copy names `any`, reads nothing).
+// Chunk i of 128 rows x 8 chunks into a swizzled [128][64] tile (wgmma.cuh's layout): row i / 8, 16-byte chunk
+// i % 8; rows[r] null or k at or past K: zeros (the copy names `any`, reads nothing).
 __device__ __forceinline__ void copy_chunk(unsigned char* tile, int i, const bf16* const* rows, int k0, int K,
                                            const bf16* any) {
     const int r = i >> 3, c = i & 7, k = k0 + c * 8;
     const bool ok = rows[r] != nullptr && k < K;
-    cp_async16(tile + r * 128 + ((c ^ (r & 7)) << 4), ok ? rows[r] + k : any, ok ? 16 : 0);
+    cp_async16(tile + sw128_offset(r, c * 8, MW_BM), ok ? rows[r] + k : any, ok ? 16 : 0);
 }
 
 template <bool GATE_UP>

@@ -1,6 +1,6 @@
-// Hopper warpgroup MMA building blocks (sm_90a only: wgmma needs the arch-specific target): shared-memory
-// matrix descriptors for the 128-byte-swizzle canonical layout, the fence / commit / wait protocol and the
-// three wgmma shapes the prefill kernel issues (attention_wgmma.cu). Facts from the PTX ISA
+// Hopper warpgroup MMA building blocks (sm_90a only: wgmma needs the arch-specific target): the swizzled tile
+// layout, shared-memory matrix descriptors for the 128-byte-swizzle canonical layout, the fence / commit / wait
+// protocol and the wgmma shapes the prefill kernels issue (attention_wgmma.cu, moe_wgmma.cu). Facts from the PTX ISA
 // ("Asynchronous Warpgroup Level Matrix Shared Memory Layout", "Matrix Descriptor Format"):
 //   descriptor bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
 //   49-51 base offset (0: every swizzle pattern starts 1024-byte aligned), 62-63 swizzle (1 = 128 B).
@@ -14,6 +14,15 @@
 // 8 columns as the mma.sync m16n8 C fragment (d[4j .. 4j + 3] = rows g, g, g + 8, g + 8 of columns
 // 8j + 2 (lane % 4) + {0, 1}, g = lane / 4). Emulated in tests/kernels/test_attention_wgmma_emulation.py.
 #pragma once
+
+constexpr int SW_ROW = 128;   // bytes of one swizzled row (64 bf16)
+
+// Byte offset of the 16 bytes holding elements (r, c .. c + 7), c % 8 == 0, of a [R][C] bf16 tile stored as
+// [R][64] column halves one after the other, each with the 128-byte swizzle (chunk c / 8 % 8 of row r at
+// chunk (c / 8 % 8) ^ (r % 8)). The tile must start 1024-byte aligned.
+__device__ __forceinline__ int sw128_offset(int r, int c, int R) {
+    return (c >> 6) * R * SW_ROW + r * SW_ROW + ((((c >> 3) & 7) ^ (r & 7)) << 4);
+}
 
 __device__ __forceinline__ unsigned long long wgmma_desc_sw128(unsigned int smem_byte_addr, unsigned int lbo,
                                                                 unsigned int sbo) {
