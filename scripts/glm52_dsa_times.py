@@ -106,7 +106,7 @@ def time_shape(B: int, L: int, bw: float) -> None:
         sweep.append(f"{ranks}: {1e3 * graph_ms(lambda: nvrtc.select_topk(scores, batch, out), calls=20):.1f}")
     nvrtc.select_ranks = select_ranks
     print(f"{'  nvrtc top-k by ranks':<24}{B:>6}{L:>8}  {', '.join(sweep)} us in CUDA-graph replays "
-          f"(picked: {select_ranks(B, L, tilelang._sms())})")
+          f"(picked: {select_ranks(B, L, nvrtc.sm_count())})")
     dense = bench(lambda: mla_attention(ql, qp, latents, batch, 0.0625))   # the core's MLA over every key
     floor = B * L * (R + P) * 2 / bw * 1e6
     sparse_floor = (B * L * DI * 2 + B * min(L, TOPK) * (R + P) * 2) / bw * 1e6
@@ -114,12 +114,12 @@ def time_shape(B: int, L: int, bw: float) -> None:
           f"{'':>11}  sparse layer (indexer + attention, fastest of each) {best:.1f} us: {dense / best:.1f}x faster "
           f"than dense, {best / sparse_floor:.2f}x its floor ({sparse_floor:.1f} us)")
     sweep = []
-    for splits in SPLITS:   # the TileLang attention's split count (splits_for picks one per shape)
+    for splits in SPLITS:   # the TileLang attention's split count (splits_for: one per SPLIT_KEYS keys), replayed
         tilelang.splits_for = lambda *_, s=splits: s
-        sweep.append(f"{splits}: {bench(lambda: attention(tilelang)):.1f}")
+        sweep.append(f"{splits}: {1e3 * graph_ms(lambda: attention(tilelang), calls=10):.1f}")
     tilelang.splits_for = splits_for
-    print(f"{'  tilelang MLA by splits':<24}{B:>6}{L:>8}  {', '.join(sweep)} us "
-          f"(picked: {splits_for(B, H, TOPK, tilelang._sms())})")
+    print(f"{'  tilelang MLA by splits':<24}{B:>6}{L:>8}  {', '.join(sweep)} us in CUDA-graph replays "
+          f"(picked: {splits_for(TOPK)})")
     # As a decode step runs them: replays of a CUDA graph, no host launch cost between the kernels
     g_index, g_att = 1e3 * graph_ms(paired, calls=10), 1e3 * graph_ms(lambda: attention(tilelang), calls=10)
     g_dense = 1e3 * graph_ms(lambda: mla_attention(ql, qp, latents, batch, 0.0625), calls=10)

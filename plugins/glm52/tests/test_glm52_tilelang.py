@@ -78,7 +78,6 @@ def test_launches_match_the_metadata(monkeypatch, runs):
     fake_cp = SimpleNamespace(**vars(FAKE_CP), arange=lambda *a, **k: fake(np.arange(*a, **k)),
                               searchsorted=lambda a, v, side: fake(np.searchsorted(a, v, side=side)))
     monkeypatch.setattr(tilelang_ops, "cp", fake_cp)
-    monkeypatch.setattr(tilelang_ops, "_sms", lambda: 132)
     launches = []
 
     def launch(name, grid, values):
@@ -109,7 +108,7 @@ def test_launches_match_the_metadata(monkeypatch, runs):
     seqs = np.repeat(np.arange(len(runs)), [n for _, n in runs])
     np.testing.assert_array_equal(rows["TokenSeq"], seqs)
     assert rows["block_rows"] == layers * 64 and mla["kv_rows"] == (blocks - 1) * layers * 64 + 64
-    assert scores["width"] == b.max_context_len and mla["splits"] == tilelang_ops.splits_for(T, H, 2048, 132)
+    assert scores["width"] == b.max_context_len and mla["splits"] == tilelang_ops.splits_for(2048) == 8
     assert select["width"] == b.max_context_len and select["topk"] == 2048
     assert [c.name for c in nvrtc] == ["indexer_topk_select"]   # "tilelang+nvrtc": the hand-written select
 

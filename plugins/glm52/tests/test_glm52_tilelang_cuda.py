@@ -92,6 +92,55 @@ def test_sparse_mla_attention_at_decode_shapes():
     check_sparse_mla(rng, host, dev, exact(rng, (blocks, 2, 64, 576), BF16), 1, 64, 2048)
 
 
+def _rows_of(host: ForwardBatch, rows: list[int], extra: int = 0):
+    """The device decode batch of `rows` of a host decode batch; with extra > 0, sequence rows[0]'s last extra + 1
+    tokens as one prefill run instead (the last is its decode token)."""
+    tables, lens = host.block_tables[rows], host.context_lens_host[rows].astype(np.int32)
+    if extra:
+        pos = np.arange(lens[0] - 1 - extra, lens[0], dtype=np.int32)
+        qs = np.asarray([0, extra + 1], np.int32)
+    else:
+        pos, qs = lens - 1, np.arange(len(rows) + 1, dtype=np.int32)
+    z = np.zeros(1, np.int32)
+    fields = [cp.asarray(f) for f in (z, pos, np.zeros(len(pos), np.int64), tables, qs, lens, z)]
+    return ForwardBatch(*fields, qs, lens, host.block_size, int(np.diff(qs).max()), int(lens.max()))
+
+
+@pytest.mark.usefixtures("no_hand_written_fallback")
+def test_sparse_mla_bits_do_not_depend_on_the_batch():
+    """A token's attention is the same bits computed alone, in decode batches of 3 and 24 among other sequences, and
+    as the last token of a prefill run: the split follows from the selection's width alone, so batching and chunking
+    never move a greedy token."""
+    rng = np.random.default_rng(12)
+    lens = [int(x) for x in rng.integers(60, 3000, 24)]
+    lens[:3] = [5, 2048, 2900]
+    host, _ = decode_batches(lens, 64, 24 * 47)
+    pool = cp.asarray(exact(rng, (24 * 47, 1, 64, 576), BF16).astype(BF16))[:, 0]
+    n = len(lens)
+    ql = cp.asarray(exact(rng, (n, 64, 512), BF16, 0.1).astype(BF16))
+    qp = cp.asarray(exact(rng, (n, 64, 64), BF16, 0.1).astype(BF16))
+    sel = cp.asarray(random_selection(rng, host.positions, 2048))
+
+    def attend(rows, batch, q_latent=None, q_pe=None, selection=None):
+        return cp.asnumpy(tilelang_ops.glm52_sparse_mla_attention(
+            ql[rows] if q_latent is None else q_latent, qp[rows] if q_pe is None else q_pe, pool,
+            sel[rows] if selection is None else selection, batch, 0.06))
+
+    alone = [attend([i], _rows_of(host, [i]))[0] for i in range(n)]
+    for size in (3, n):
+        rows = [int(r) for r in rng.permutation(n)[:size]]
+        got = attend(rows, _rows_of(host, rows))
+        for j, r in enumerate(rows):
+            np.testing.assert_array_equal(got[j], alone[r], err_msg=f"sequence {r}, decode batch of {size}")
+    for i in (1, 2, 5):
+        extra = min(7, lens[i] - 1)
+        before = random_selection(rng, np.arange(lens[i] - 1 - extra, lens[i] - 1), 2048)
+        q_latent = cp.concatenate([cp.asarray(exact(rng, (extra, 64, 512), BF16, 0.1).astype(BF16)), ql[i:i + 1]])
+        q_pe = cp.concatenate([cp.asarray(exact(rng, (extra, 64, 64), BF16, 0.1).astype(BF16)), qp[i:i + 1]])
+        got = attend(None, _rows_of(host, [i], extra), q_latent, q_pe, cp.concatenate([cp.asarray(before), sel[i:i + 1]]))
+        np.testing.assert_array_equal(got[-1], alone[i], err_msg=f"sequence {i}, last token of a prefill run")
+
+
 def run_indexer(rng, host, dev, cache, topk, op):
     """op's selection and the score rows it selected from, against the reference's."""
     T, Hi, Di = host.num_tokens, 32, 128

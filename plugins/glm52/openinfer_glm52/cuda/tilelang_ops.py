@@ -3,8 +3,9 @@ kernels): the numpy reference signatures (../ops.py) on CuPy arrays. They take b
 512 + rope 64; indexer 32 heads of 128 dims) and hand every other call to the hand-written kernels of ops.py.
 
 - Sparse MLA: sparse_rows turns each selected key position into its cache row (-1: none), sparse_mla attends over
-  the selection split in `splits` parts (flash-decoding: enough blocks for the GPU at decode batch sizes), and
-  sparse_mla_combine merges the parts into bf16.
+  the selection split in `splits` parts (flash-decoding: blocks for the GPU at small decode batches), and
+  sparse_mla_combine merges the parts into bf16. The split follows from the selection's width alone, never from the
+  batch, so a token's output bits (and greedy output) do not depend on what it is batched or chunked with.
 - Indexer: indexer_scores writes every key's score (-inf where not visible), topk_select picks each token's exact
   top-k (radix select, then one block scan a chunk of keys to place them in order). "tilelang+nvrtc" pairs the
   TileLang scores with the hand-written select.
@@ -26,22 +27,16 @@ __all__ = ["glm52_indexer_topk", "glm52_indexer_topk_nvrtc_select", "glm52_spars
 BF16 = np.dtype(ml_dtypes.bfloat16)
 R, P, HEAD_BLOCK, BI, ROWS_THREADS = 512, 64, 64, 64, 128     # kernels_src/programs.py
 INDEX_HEADS, INDEX_DIM, BN = 32, 128, 128
-PARTIAL_BYTES = 64 << 20   # the split outputs of one pass stay under this (longer prefills go in passes)
-_sm_count: dict[int, int] = {}
+SPLIT_KEYS = 256           # selected keys a split (splits_for)
+PARTIAL_BYTES = 128 << 20  # the split outputs of one pass stay under this (longer prefills go in passes)
 
 
-def _sms() -> int:
-    dev = cp.cuda.Device().id
-    if dev not in _sm_count:
-        _sm_count[dev] = cp.cuda.Device(dev).attributes["MultiProcessorCount"]
-    return _sm_count[dev]
-
-
-def splits_for(tokens: int, heads: int, topk: int, sms: int) -> int:
-    """How many parts each token's selection is split into: as many blocks as fit the GPU in one wave (a block an SM,
-    at sparse_mla's shared memory), at least one tile of BI keys a part."""
-    blocks = tokens * -(-heads // HEAD_BLOCK)
-    return max(1, min(-(-topk // BI), sms // blocks))
+def splits_for(topk: int) -> int:
+    """How many parts each token's selection is split into: one per SPLIT_KEYS keys of the selection's width (8 at
+    GLM-5's top-2048). A function of the width alone keeps the bits batch-invariant; its size weighs decode at batch
+    1 (more blocks) against prefill (each part writes a float32 output row a head), by a sweep of
+    scripts/glm52_dsa_times.py."""
+    return max(1, -(-topk // SPLIT_KEYS))
 
 
 def token_sequences(batch: ForwardBatch) -> cp.ndarray:
@@ -81,7 +76,7 @@ def glm52_sparse_mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp
                 block_rows=paging["block_rows"], n_seq=paging["n_seq"], t_n=T, topk=topk,
                 width=paging["BlockTable"].shape[1], Rows=rows))
     ql, qp = cp.ascontiguousarray(q_latent), cp.ascontiguousarray(q_pe)
-    splits = splits_for(T, H, topk, _sms())
+    splits = splits_for(topk)
     step = max(1, PARTIAL_BYTES // (splits * H * R * 4))
     for t0 in range(0, T, step):
         n = min(step, T - t0)
