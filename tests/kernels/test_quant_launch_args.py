@@ -92,6 +92,42 @@ def test_kimi_expert_launches(launches, fmt):
     slots = min(E, T * k)   # fixed by the token count: the launches can be captured per batch size
     assert [(c.name, c.grid, c.block) for c in launches[1:3]] == [
         (f"moe_q_gate_up_{fmt}_bf16_{gu_u}", (gu_x, slots), 256), (f"moe_q_down_{fmt}_bf16_{dn_u}", (dn_x, slots), 256)]
+    # the pass's staged activations: one pair (one token), bf16 x of 7168 and float32 h of 2048, 16 bytes a chunk more
+    chunk = quant.CHUNK_WEIGHTS[fmt]
+    assert [c.smem for c in launches[1:3]] == [D // chunk * (2 * chunk + 16), I // chunk * (4 * chunk + 16)]
+    assert quant.stage_bytes(fmt, D, 2, 32) <= 227 * 1024   # four pairs at Kimi's hidden width fit an SM
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_staged_activations_emulation(fmt, itemsize):
+    """quant.cu's stage_rows and warp_rows' reads of the stage as they index: every chunk's values come back from
+    where warp_rows reads them (c * SC + 8 * j), and a warp's 16-byte reads of one chunk-word (lane l: chunk l) fall
+    in the eight distinct 16-byte bank groups of each quarter warp (no bank conflict)."""
+    chunk, K, n = quant.CHUNK_WEIGHTS[fmt], 4 * 1024, 3
+    V, C = 16 // itemsize, K // quant.CHUNK_WEIGHTS[fmt]
+    SC = chunk + 16 // itemsize        # staged_chunk<F, A>
+    rows = np.arange(n * K).reshape(n, K)
+    stage = np.full(n * C * SC, -1)
+    words = K // V
+    for i in range(n * words):          # one thread's 16-byte word per i
+        p, w = divmod(i, words)
+        c = w // (chunk // V)
+        at = (p * C + c) * SC + V * w - c * chunk
+        stage[at:at + V] = rows[p, V * w:V * w + V]
+    assert quant.stage_bytes(fmt, K, itemsize, n) == n * C * SC * itemsize
+    for p in range(n):
+        act = p * C * SC
+        for c in range(C):
+            for j in range(chunk // 8):
+                np.testing.assert_array_equal(stage[act + c * SC + 8 * j: act + c * SC + 8 * j + 8],
+                                              rows[p, c * chunk + 8 * j: c * chunk + 8 * j + 8])
+        for j in range(chunk // 8):     # lanes 0..31 read chunks c0 + lane, word j, 16 bytes at a time
+            for part in range(8 * itemsize // 16):
+                byte = [((act + lane * SC + 8 * j) * itemsize + 16 * part) for lane in range(32)]
+                for quarter in range(4):
+                    groups = {(b // 16) % 8 for b in byte[8 * quarter: 8 * quarter + 8]}
+                    assert len(groups) == 8, (j, part, quarter)
 
 
 def test_quant_refuses_misshapen_weights(launches):
