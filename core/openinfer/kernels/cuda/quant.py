@@ -181,11 +181,17 @@ def expert_pass(fmt: str, K: int) -> ExpertPass:
     return ExpertPass(32, 4, 2 if fmt == "int4" and K // CHUNK_WEIGHTS[fmt] > 64 else 1)
 
 
-def stage_bytes(fmt: str, K: int, itemsize: int, tokens: int) -> int:
-    """quant.cu's expert kernels' dynamic shared memory: a pass's activation rows of K values (at most one pair a
-    token per expert, at most EXPERT_PAIRS), each chunk of CHUNK_WEIGHTS values followed by 16 bytes of padding."""
+def stage_pairs(tokens: int) -> int:
+    """The pairs a pass of quant.cu's down kernel stages: as many as an expert's pairs usually are (a router picks
+    an expert once a token), at most EXPERT_PAIRS; more pairs (repeated ids) take more passes."""
+    return min(EXPERT_PAIRS, tokens)
+
+
+def stage_bytes(fmt: str, K: int, itemsize: int, pairs: int) -> int:
+    """The down kernel's dynamic shared memory: `pairs` activation rows of K values, each chunk of CHUNK_WEIGHTS
+    values followed by 16 bytes of padding."""
     chunk = CHUNK_WEIGHTS[fmt]
-    return min(EXPERT_PAIRS, tokens) * (K // chunk) * (chunk * itemsize + 16)
+    return pairs * (K // chunk) * (chunk * itemsize + 16)
 
 
 def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
@@ -205,17 +211,17 @@ def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.nda
            (ids, np.int32(n), np.int32(E_local), np.int32(expert_offset), np.int32(slots), slot_expert, slot_start,
             pair_list), smem=4 * E_local)
     h = cp.empty((n, I), dtype=cp.float32)
+    staged = stage_pairs(T)
     q, s = _arrays(gate_up)
     p = expert_pass(fmt, D)
     launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-I // (WARPS * p.warp_rows // 2)), slots),
-           32 * WARPS, (x, q, s, slot_expert, slot_start, pair_list, np.int32(k), np.int32(D), np.int32(I), h),
-           smem=stage_bytes(fmt, D, x.dtype.itemsize, T))
+           32 * WARPS, (x, q, s, slot_expert, slot_start, pair_list, np.int32(k), np.int32(D), np.int32(I), h))
     yk = cp.empty((n, D), dtype=cp.float32)
     q, s = _arrays(down)
     p = expert_pass(fmt, I)
     launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-D // (WARPS * p.warp_rows)), slots),
-           32 * WARPS, (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I), yk),
-           smem=stage_bytes(fmt, I, 4, T))
+           32 * WARPS, (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I),
+                        np.int32(staged), yk), smem=stage_bytes(fmt, I, 4, staged))
     _combine(yk, ids, E_local, expert_offset, addend, y)
 
 
