@@ -92,6 +92,41 @@ def test_kimi_expert_launches(launches, fmt):
     slots = min(E, T * k)   # fixed by the token count: the launches can be captured per batch size
     assert [(c.name, c.grid, c.block) for c in launches[1:3]] == [
         (f"moe_q_gate_up_{fmt}_bf16_{gu_u}", (gu_x, slots), 256), (f"moe_q_down_{fmt}_bf16_{dn_u}", (dn_x, slots), 256)]
+    # down stages its pass's float32 h rows: one pair (one token) of 2048, 16 bytes a chunk more
+    chunk = quant.CHUNK_WEIGHTS[fmt]
+    assert [c.smem for c in launches[1:3]] == [0, I // chunk * (4 * chunk + 16)]
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_staged_activations_emulation(fmt, itemsize):
+    """quant.cu's stage_rows and warp_rows' reads of the stage (the down kernel's) as they index: every chunk's values come back from
+    where warp_rows reads them (c * SC + 8 * j), and a warp's 16-byte reads of one chunk-word (lane l: chunk l) fall
+    in the eight distinct 16-byte bank groups of each quarter warp (no bank conflict)."""
+    chunk, K, n = quant.CHUNK_WEIGHTS[fmt], 4 * 1024, 3
+    V, C = 16 // itemsize, K // quant.CHUNK_WEIGHTS[fmt]
+    SC = chunk + 16 // itemsize        # staged_chunk<F, A>
+    rows = np.arange(n * K).reshape(n, K)
+    stage = np.full(n * C * SC, -1)
+    words = K // V
+    for i in range(n * words):          # one thread's 16-byte word per i
+        p, w = divmod(i, words)
+        c = w // (chunk // V)
+        at = (p * C + c) * SC + V * w - c * chunk
+        stage[at:at + V] = rows[p, V * w:V * w + V]
+    assert quant.stage_bytes(fmt, K, itemsize, n) == n * C * SC * itemsize
+    for p in range(n):
+        act = p * C * SC
+        for c in range(C):
+            for j in range(chunk // 8):
+                np.testing.assert_array_equal(stage[act + c * SC + 8 * j: act + c * SC + 8 * j + 8],
+                                              rows[p, c * chunk + 8 * j: c * chunk + 8 * j + 8])
+        for j in range(chunk // 8):     # lanes 0..31 read chunks c0 + lane, word j, 16 bytes at a time
+            for part in range(8 * itemsize // 16):
+                byte = [((act + lane * SC + 8 * j) * itemsize + 16 * part) for lane in range(32)]
+                for quarter in range(4):
+                    groups = {(b // 16) % 8 for b in byte[8 * quarter: 8 * quarter + 8]}
+                    assert len(groups) == 8, (j, part, quarter)
 
 
 def test_quant_refuses_misshapen_weights(launches):
@@ -242,7 +277,7 @@ def _plan(ids, E_local, offset, slots):
     return slot_expert, slot_start, pair_list
 
 
-WARPS, NP = quant.WARPS, 4   # quant.cu: warps per block, pairs per pass
+WARPS, NP = quant.WARPS, quant.EXPERT_PAIRS   # quant.cu: warps per block, pairs of a pass's accumulators
 
 
 def _random_stack(rng, fmt, E, out, inp):
@@ -264,11 +299,13 @@ EMULATED = {"int4": [(4128, 96), (64, 1056)], "fp8": [(2064, 48), (64, 528)]}
 @pytest.mark.parametrize("case", [0, 1])
 def test_grouped_kernel_emulation(fmt, case):
     """moe_q_gate_up / moe_q_down as their blocks and warps index: the rows a warp reads (gate and up of R / 2
-    outputs; R down rows), the clamped rows past the end that are read and not stored, the pairs in passes of NP, and
-    the combine's slot order, against the numpy reference."""
+    outputs; R down rows), the clamped rows past the end that are read and not stored, the pairs in passes of NP
+    (down: of the staged pairs, at T = 2 fewer than an expert's pairs: repeated ids), and the combine's slot order,
+    against the numpy reference."""
     rng = np.random.default_rng(1 + case)
     D, I = EMULATED[fmt][case]
-    E_local, T, k, offset = 3, 4, 3, 1
+    E_local, T, k, offset = 3, (4, 2)[case], 3, 1
+    staged = quant.stage_pairs(T)
     gate_up, down = _random_stack(rng, fmt, E_local, 2 * I, D), _random_stack(rng, fmt, E_local, D, I)
     x = rng.standard_normal((T, D)).astype(np.float32)
     ids = rng.integers(0, 5, (T, k)).astype(np.int32)
@@ -303,8 +340,8 @@ def test_grouped_kernel_emulation(fmt, case):
                         if o0 + i < I:
                             g_, u = acc[i], acc[O + i]
                             h[pairs[:n], o0 + i] = g_ / (1 + np.exp(-g_)) * u
-        for p0 in range(first, last, NP):
-            n = min(NP, last - p0)
+        for p0 in range(first, last, staged):   # passes of the staged pairs
+            n = min(staged, last - p0)
             pairs = [pair_list[p0 + min(p, n - 1)] for p in range(NP)]
             for block in range(-(-D // (WARPS * dn_p.warp_rows))):
                 for w, g in [(w, g) for w in range(WARPS) for g in range(32 // dn_p.lanes)]:

@@ -32,8 +32,9 @@
 
 // acc[r][p] += sum_k W[row[r], k] act[p][k] for p < np, this lane's share (the caller sums its group of L lanes,
 // an aligned L of the warp's 32): lane l of a group owns chunks l, l + L, ...; a pass loads U of them per row, every
-// load issued before the first is used.
-template <class F, int L, int R, int U, int N, typename S, typename A>
+// load issued before the first is used. Chunk c's activations start at act[p] + c * CS (CS = F::CHUNK: a packed row;
+// more: a row staged with padding, staged_chunk).
+template <class F, int L, int R, int U, int CS, int N, typename S, typename A>
 __device__ __forceinline__ void warp_rows(const void* __restrict__ q, const S* __restrict__ scale,
                                           const long long (&row)[R], int K, const A* const (&act)[N], int np,
                                           float (&acc)[R][N]) {
@@ -68,7 +69,7 @@ __device__ __forceinline__ void warp_rows(const void* __restrict__ q, const S* _
                 for (int p = 0; p < N; ++p) {
                     if (p < np) {
                         float xv[8];
-                        load_f32<8>(act[p] + 8 * (c * F::WORDS + j), xv);
+                        load_f32<8>(act[p] + c * CS + 8 * j, xv);
 #pragma unroll
                         for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -97,7 +98,7 @@ __device__ void q_gemv(const T* __restrict__ x, long long xs, const void* __rest
     float acc[1][P];
 #pragma unroll
     for (int p = 0; p < P; ++p) { act[p] = x + (long long)(m0 + min(p, rows - 1)) * xs; acc[0][p] = 0.f; }
-    warp_rows<F, 32, 1, 4>(q, scale, row, K, act, rows, acc);
+    warp_rows<F, 32, 1, 4, F::CHUNK>(q, scale, row, K, act, rows, acc);
 #pragma unroll
     for (int p = 0; p < P; ++p) {
         const float s = warp_sum(acc[0][p]);
@@ -180,6 +181,28 @@ __device__ __forceinline__ float group_sum(float v) {
     return v;
 }
 
+// The down kernel reads its pairs' activations (h, float32) from shared memory: lane l of a row's group reads chunk
+// l's F::CHUNK values, and from global memory those 32 lanes' reads fall in 32 different 128-byte lines, an L1
+// wavefront each (INT4: 8 such loads a chunk), which held the INT4 down rows to 39-45 % of the copy rate. Staged
+// with 16 bytes of padding after each chunk, a warp's 16-byte reads fall in distinct banks. gate_up reads its bf16
+// x from global memory: staging it (half the wavefronts a weight byte to save, 4x the bytes to stage) measured slower.
+template <class F, typename A>
+constexpr int staged_chunk() { return F::CHUNK + 16 / (int)sizeof(A); }   // elements a staged chunk takes
+
+// Row pairs[p] of src [., K] for p < n (a pass's activations) into stage + p * chunks(K) * staged_chunk, by the
+// block.
+template <class F, typename A>
+__device__ __forceinline__ void stage_rows(A* stage, const A* __restrict__ src, const int* __restrict__ pairs, int n,
+                                           int K) {
+    constexpr int V = 16 / sizeof(A), PER = F::CHUNK / V;   // values a 16-byte word, words a chunk
+    const int words = K / V;
+    for (int i = threadIdx.x; i < n * words; i += blockDim.x) {
+        const int p = i / words, w = i - p * words, c = w / PER;
+        const uint4 v = reinterpret_cast<const uint4*>(src + (long long)pairs[p] * K)[w];
+        *reinterpret_cast<uint4*>(stage + (long long)(p * F::chunks(K) + c) * staged_chunk<F, A>() + V * w - c * F::CHUNK) = v;
+    }
+}
+
 // h[pair, o] = silu(gate_e x[t]) * up_e x[t] for the pairs of slot blockIdx.y (t = pair / k): grid
 // (ceil(I / (WARPS * 32 / L * R / 2)), slots), a group of L lanes per R / 2 outputs. q/scale: the expert stack
 // [E_local, 2I, ...] (gate rows first).
@@ -212,7 +235,7 @@ __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ 
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r][p] = 0.f;
         }
-        warp_rows<F, L, R, U>(q, scale, row, D, act, rows, acc);
+        warp_rows<F, L, R, U, F::CHUNK>(q, scale, row, D, act, rows, acc);
 #pragma unroll
         for (int i = 0; i < O; ++i)
 #pragma unroll
@@ -227,35 +250,43 @@ __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ 
 }
 
 // yk[pair, o] = weights[pair] * down_e h[pair] for the pairs of slot blockIdx.y: grid (ceil(D / (WARPS * 32 / L *
-// R)), slots), a group of L lanes per R rows.
+// R)), slots), a group of L lanes per R rows. Dynamic shared memory: stage_pairs (<= NP) staged rows of I, the
+// pairs of a pass (more pairs than that take more passes).
 template <class F, int L, int R, int U, typename S>
 __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__ q, const S* __restrict__ scale,
                            const int* __restrict__ slot_expert, const int* __restrict__ slot_start,
                            const int* __restrict__ pair_list, const float* __restrict__ weights, int D, int I,
-                           float* __restrict__ yk) {
-    constexpr int G = 32 / L;
+                           int stage_pairs, float* __restrict__ yk) {
+    constexpr int G = 32 / L, SC = staged_chunk<F, float>();
+    extern __shared__ uint4 stage_words[];
+    float* stage = reinterpret_cast<float*>(stage_words);
     pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int e = slot_expert[blockIdx.y];
     const int warp = blockIdx.x * WARPS + (threadIdx.x >> 5), sub = threadIdx.x & (L - 1);
     const int o0 = (warp * G + ((threadIdx.x & 31) / L)) * R;
-    if (e < 0 || warp * G * R >= D) return;   // whole warps only: every lane takes part in the shuffles
+    if (e < 0) return;   // the whole block
+    const bool works = warp * G * R < D;   // whole warps: every lane takes part in the shuffles
     long long row[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) row[r] = (long long)e * D + min(o0 + r, D - 1);   // past D: read again, not stored
     const int first = slot_start[blockIdx.y], last = slot_start[blockIdx.y + 1];
-    for (int p0 = first; p0 < last; p0 += NP) {
-        const int rows = min(NP, last - p0);
+    for (int p0 = first; p0 < last; p0 += stage_pairs) {
+        const int rows = min(stage_pairs, last - p0);
         int pair[NP];
         const float* act[NP];
         float acc[R][NP];
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
             pair[p] = pair_list[p0 + min(p, rows - 1)];
-            act[p] = h + (long long)pair[p] * I;
+            act[p] = stage + (long long)min(p, rows - 1) * F::chunks(I) * SC;
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r][p] = 0.f;
         }
-        warp_rows<F, L, R, U>(q, scale, row, I, act, rows, acc);
+        __syncthreads();   // the previous pass's reads of the stage are done
+        stage_rows<F>(stage, h, pair_list + p0, rows, I);
+        __syncthreads();
+        if (!works) continue;
+        warp_rows<F, L, R, U, SC>(q, scale, row, I, act, rows, acc);
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -307,8 +338,8 @@ __device__ void moe_combine(const float* __restrict__ yk, const int* __restrict_
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * WARPS) moe_q_down_##fmt##_##sfx##_l##L##r##R##u##U(          \
         const float* h, const void* q, const S* scale, const int* slot_expert, const int* slot_start,             \
-        const int* pair_list, const float* weights, int D, int I, float* yk) {                                     \
-        moe_q_down<F, L, R, U, S>(h, q, scale, slot_expert, slot_start, pair_list, weights, D, I, yk);             \
+        const int* pair_list, const float* weights, int D, int I, int stage_pairs, float* yk) {                    \
+        moe_q_down<F, L, R, U, S>(h, q, scale, slot_expert, slot_start, pair_list, weights, D, I, stage_pairs, yk);\
     }
 
 // the expert forms quant.py's expert_pass picks from: whole-warp rows (4 a warp) of 1 or 2 chunks a lane and pass

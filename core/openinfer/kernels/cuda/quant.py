@@ -27,6 +27,7 @@ from .moe import (ALIGN_MAX_EXPERTS, BF16_TILE_BYTES, GEMM_BK, GEMM_BN, GEMM_THR
 GEMV_MAX_ROWS = 16
 WARPS, P = 8, 8         # quant.cu: warps per block (q_gemv: a weight row each), q_gemv's activation rows per pass
 CHUNK_WEIGHTS = {"int4": 32, "fp8": 16}   # weights of the 16-byte chunk a lane reads
+EXPERT_PAIRS = 4        # quant.cu NP: pairs of an expert kernel pass
 MOE_CHUNK = 1024        # tokens per pass of the GEMV expert path: its float32 per-pair buffers stay ~100s of MB
 MMA_CHUNK = 4096        # tokens per pass of the GEMM path (Kimi-K2: 0.9 GB of float32 per-pair outputs, and ~85
                         # pairs an expert, so the 128-row tiles)
@@ -180,6 +181,19 @@ def expert_pass(fmt: str, K: int) -> ExpertPass:
     return ExpertPass(32, 4, 2 if fmt == "int4" and K // CHUNK_WEIGHTS[fmt] > 64 else 1)
 
 
+def stage_pairs(tokens: int) -> int:
+    """The pairs a pass of quant.cu's down kernel stages: as many as an expert's pairs usually are (a router picks
+    an expert once a token), at most EXPERT_PAIRS; more pairs (repeated ids) take more passes."""
+    return min(EXPERT_PAIRS, tokens)
+
+
+def stage_bytes(fmt: str, K: int, itemsize: int, pairs: int) -> int:
+    """The down kernel's dynamic shared memory: `pairs` activation rows of K values, each chunk of CHUNK_WEIGHTS
+    values followed by 16 bytes of padding."""
+    chunk = CHUNK_WEIGHTS[fmt]
+    return pairs * (K // chunk) * (chunk * itemsize + 16)
+
+
 def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
                    expert_offset: int, addend: Any, y: cp.ndarray) -> None:
     """The four launches of quant.cu's GEMV expert path for tokens x [T, D] (contiguous rows) and ids [T, k], into
@@ -197,6 +211,7 @@ def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.nda
            (ids, np.int32(n), np.int32(E_local), np.int32(expert_offset), np.int32(slots), slot_expert, slot_start,
             pair_list), smem=4 * E_local)
     h = cp.empty((n, I), dtype=cp.float32)
+    staged = stage_pairs(T)
     q, s = _arrays(gate_up)
     p = expert_pass(fmt, D)
     launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-I // (WARPS * p.warp_rows // 2)), slots),
@@ -205,7 +220,8 @@ def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.nda
     q, s = _arrays(down)
     p = expert_pass(fmt, I)
     launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-D // (WARPS * p.warp_rows)), slots),
-           32 * WARPS, (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I), yk))
+           32 * WARPS, (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I),
+                        np.int32(staged), yk), smem=stage_bytes(fmt, I, 4, staged))
     _combine(yk, ids, E_local, expert_offset, addend, y)
 
 
