@@ -53,8 +53,10 @@ def sparse_rows():
 
 
 def sparse_mla():
-    """Partial attention of split `bz` of each token's selection (tiles bz, bz + splits, ...): OPart [splits, T, H,
-    R] float32 normalised within the split, LsePart [splits, T, H] log2-sum-exp (-inf when the split saw no key)."""
+    """Partial attention of each split s of each token's selection (tiles s, s + splits, ...): OPart [splits, T, H,
+    R] float32 normalised within the split, LsePart [splits, T, H] log2-sum-exp (-inf when the split saw no key).
+    Block bz takes splits bz * per .. bz * per + per - 1 in turn (per divides splits), each from fresh accumulators:
+    a split's arithmetic is the same whatever per, so the grid can fit the batch without moving a bit."""
     t_n, heads, topk = T.dynamic("t_n"), T.dynamic("heads"), T.dynamic("topk")
     kv_rows, splits = T.dynamic("kv_rows"), T.dynamic("splits")
     D = R + P
@@ -62,8 +64,9 @@ def sparse_mla():
     @T.prim_func
     def main(QL: T.Tensor((t_n, heads, R), T.bfloat16), QP: T.Tensor((t_n, heads, P), T.bfloat16),
              KV: T.Tensor((kv_rows, D), T.bfloat16), Rows: T.Tensor((t_n, topk), T.int32), scale: T.float32,
-             OPart: T.Tensor((splits, t_n, heads, R), T.float32), LsePart: T.Tensor((splits, t_n, heads), T.float32)):
-        with T.Kernel(t_n, T.ceildiv(heads, HEAD_BLOCK), splits, threads=MLA_THREADS) as (bx, by, bz):
+             per: T.int32, OPart: T.Tensor((splits, t_n, heads, R), T.float32),
+             LsePart: T.Tensor((splits, t_n, heads), T.float32)):
+        with T.Kernel(t_n, T.ceildiv(heads, HEAD_BLOCK), T.ceildiv(splits, per), threads=MLA_THREADS) as (bx, by, bz):
             Q_shared = T.alloc_shared([HEAD_BLOCK, R], T.bfloat16)
             QP_shared = T.alloc_shared([HEAD_BLOCK, P], T.bfloat16)
             KV_shared = T.alloc_shared([BI, R], T.bfloat16)
@@ -80,50 +83,52 @@ def sparse_mla():
             sm = scale * LOG2E
             h0 = by * HEAD_BLOCK
 
-            T.fill(acc_o, 0)
-            T.fill(sumexp, 0)
-            T.fill(m_i, -(2**30))   # finite: a tile with no key must not give -inf - -inf
             for h, d in T.Parallel(HEAD_BLOCK, R):
                 Q_shared[h, d] = T.if_then_else(h0 + h < heads, QL[bx, T.min(h0 + h, heads - 1), d], 0)
             for h, d in T.Parallel(HEAD_BLOCK, P):
                 QP_shared[h, d] = T.if_then_else(h0 + h < heads, QP[bx, T.min(h0 + h, heads - 1), d], 0)
 
             tiles = T.ceildiv(topk, BI)
-            for j in T.Pipelined(T.ceildiv(tiles - bz, splits), num_stages=MLA_STAGES):
-                base = (bz + j * splits) * BI
-                for i in T.Parallel(BI):
-                    mask[i] = (base + i < topk) and (Rows[bx, T.min(base + i, topk - 1)] >= 0)
-                for i, d in T.Parallel(BI, R):
-                    KV_shared[i, d] = KV[T.max(Rows[bx, T.min(base + i, topk - 1)], 0), d]
-                for i, d in T.Parallel(BI, P):
-                    KP_shared[i, d] = KV[T.max(Rows[bx, T.min(base + i, topk - 1)], 0), R + d]
-                for h, i in T.Parallel(HEAD_BLOCK, BI):
-                    acc_s[h, i] = T.if_then_else(mask[i], 0, -T.infinity(T.float32))
-                T.gemm(Q_shared, KV_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.gemm(QP_shared, KP_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(m_i, m_i_prev)
-                T.reduce_max(acc_s, m_i, dim=1, clear=False)
-                for h in T.Parallel(HEAD_BLOCK):
-                    m_i[h] = T.max(m_i[h], m_i_prev[h])
-                for h in T.Parallel(HEAD_BLOCK):
-                    alpha[h] = T.exp2((m_i_prev[h] - m_i[h]) * sm)
-                for h, i in T.Parallel(HEAD_BLOCK, BI):
-                    acc_s[h, i] = T.exp2(acc_s[h, i] * sm - m_i[h] * sm)
-                T.reduce_sum(acc_s, sumexp_i, dim=1)
-                for h in T.Parallel(HEAD_BLOCK):
-                    sumexp[h] = sumexp[h] * alpha[h] + sumexp_i[h]
-                for h, d in T.Parallel(HEAD_BLOCK, R):
-                    acc_o[h, d] = acc_o[h, d] * alpha[h]
-                T.copy(acc_s, S_shared)
-                T.gemm(S_shared, KV_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+            for sp in T.serial(per):
+                split = bz * per + sp
+                T.fill(acc_o, 0)
+                T.fill(sumexp, 0)
+                T.fill(m_i, -(2**30))   # finite: a tile with no key must not give -inf - -inf
+                for j in T.Pipelined(T.ceildiv(tiles - split, splits), num_stages=MLA_STAGES):
+                    base = (split + j * splits) * BI
+                    for i in T.Parallel(BI):
+                        mask[i] = (base + i < topk) and (Rows[bx, T.min(base + i, topk - 1)] >= 0)
+                    for i, d in T.Parallel(BI, R):
+                        KV_shared[i, d] = KV[T.max(Rows[bx, T.min(base + i, topk - 1)], 0), d]
+                    for i, d in T.Parallel(BI, P):
+                        KP_shared[i, d] = KV[T.max(Rows[bx, T.min(base + i, topk - 1)], 0), R + d]
+                    for h, i in T.Parallel(HEAD_BLOCK, BI):
+                        acc_s[h, i] = T.if_then_else(mask[i], 0, -T.infinity(T.float32))
+                    T.gemm(Q_shared, KV_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.gemm(QP_shared, KP_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.copy(m_i, m_i_prev)
+                    T.reduce_max(acc_s, m_i, dim=1, clear=False)
+                    for h in T.Parallel(HEAD_BLOCK):
+                        m_i[h] = T.max(m_i[h], m_i_prev[h])
+                    for h in T.Parallel(HEAD_BLOCK):
+                        alpha[h] = T.exp2((m_i_prev[h] - m_i[h]) * sm)
+                    for h, i in T.Parallel(HEAD_BLOCK, BI):
+                        acc_s[h, i] = T.exp2(acc_s[h, i] * sm - m_i[h] * sm)
+                    T.reduce_sum(acc_s, sumexp_i, dim=1)
+                    for h in T.Parallel(HEAD_BLOCK):
+                        sumexp[h] = sumexp[h] * alpha[h] + sumexp_i[h]
+                    for h, d in T.Parallel(HEAD_BLOCK, R):
+                        acc_o[h, d] = acc_o[h, d] * alpha[h]
+                    T.copy(acc_s, S_shared)
+                    T.gemm(S_shared, KV_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
-            for h, d in T.Parallel(HEAD_BLOCK, R):
-                if h0 + h < heads:
-                    OPart[bz, bx, h0 + h, d] = T.if_then_else(sumexp[h] > 0, acc_o[h, d] / sumexp[h], 0)
-            for h in T.Parallel(HEAD_BLOCK):
-                if h0 + h < heads:
-                    LsePart[bz, bx, h0 + h] = T.if_then_else(sumexp[h] > 0, T.log2(sumexp[h]) + m_i[h] * sm,
-                                                             -T.infinity(T.float32))
+                for h, d in T.Parallel(HEAD_BLOCK, R):
+                    if h0 + h < heads:
+                        OPart[split, bx, h0 + h, d] = T.if_then_else(sumexp[h] > 0, acc_o[h, d] / sumexp[h], 0)
+                for h in T.Parallel(HEAD_BLOCK):
+                    if h0 + h < heads:
+                        LsePart[split, bx, h0 + h] = T.if_then_else(sumexp[h] > 0, T.log2(sumexp[h]) + m_i[h] * sm,
+                                                                    -T.infinity(T.float32))
 
     return main
 

@@ -78,6 +78,7 @@ def test_launches_match_the_metadata(monkeypatch, runs):
     fake_cp = SimpleNamespace(**vars(FAKE_CP), arange=lambda *a, **k: fake(np.arange(*a, **k)),
                               searchsorted=lambda a, v, side: fake(np.searchsorted(a, v, side=side)))
     monkeypatch.setattr(tilelang_ops, "cp", fake_cp)
+    monkeypatch.setattr(tilelang_ops, "sm_count", lambda: 132)
     launches = []
 
     def launch(name, grid, values):
@@ -109,6 +110,7 @@ def test_launches_match_the_metadata(monkeypatch, runs):
     np.testing.assert_array_equal(rows["TokenSeq"], seqs)
     assert rows["block_rows"] == layers * 64 and mla["kv_rows"] == (blocks - 1) * layers * 64 + 64
     assert scores["width"] == b.max_context_len and mla["splits"] == tilelang_ops.splits_for(2048) == 8
+    assert mla["per"] == tilelang_ops.splits_per_block(8, T, 132)
     assert select["width"] == b.max_context_len and select["topk"] == 2048
     assert [c.name for c in nvrtc] == ["indexer_topk_select"]   # "tilelang+nvrtc": the hand-written select
 
@@ -231,3 +233,12 @@ def test_registered_above_the_hand_written_kernels_on_sm90():
         assert tl[0].impl == f"openinfer_glm52.cuda.tilelang_ops:{op}"
     [both] = [k for k in reg.candidates("glm52_indexer_topk", "cuda", "bfloat16", 90) if k.name == "tilelang+nvrtc"]
     assert both.impl.endswith("tilelang_ops:glm52_indexer_topk_nvrtc_select")
+
+
+def test_a_block_takes_as_many_splits_as_keep_the_grid_in_one_wave():
+    """sparse_mla's blocks a token's parts take in turn: a divisor of the split count, the fewest that fit one wave
+    of a block an SM (the parts, and so the bits, stay the same)."""
+    pytest.importorskip("cupy")
+    from openinfer_glm52.cuda.tilelang_ops import splits_per_block
+    assert [splits_per_block(8, blocks, 132) for blocks in (1, 16, 17, 33, 34, 67, 1000)] == [1, 1, 2, 2, 4, 8, 8]
+    assert splits_per_block(1, 500, 132) == 1 and splits_per_block(6, 30, 132) == 2

@@ -5,7 +5,8 @@ kernels): the numpy reference signatures (../ops.py) on CuPy arrays. They take b
 - Sparse MLA: sparse_rows turns each selected key position into its cache row (-1: none), sparse_mla attends over
   the selection split in `splits` parts (flash-decoding: blocks for the GPU at small decode batches), and
   sparse_mla_combine merges the parts into bf16. The split follows from the selection's width alone, never from the
-  batch, so a token's output bits (and greedy output) do not depend on what it is batched or chunked with.
+  batch, so a token's output bits (and greedy output) do not depend on what it is batched or chunked with; the batch
+  decides only how many of a token's parts one block takes in turn (splits_per_block).
 - Indexer: indexer_scores writes every key's score (-inf where not visible), topk_select picks each token's exact
   top-k (radix select, then one block scan a chunk of keys to place them in order). "tilelang+nvrtc" pairs the
   TileLang scores with the hand-written select.
@@ -17,7 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from openinfer.plugin_api import ForwardBatch
-from openinfer.plugin_api.cuda import as_index
+from openinfer.plugin_api.cuda import as_index, sm_count
 
 from . import ops as nvrtc
 from .tilelang_module import launch
@@ -37,6 +38,16 @@ def splits_for(topk: int) -> int:
     1 (more blocks) against prefill (each part writes a float32 output row a head), by a sweep of
     scripts/glm52_dsa_times.py."""
     return max(1, -(-topk // SPLIT_KEYS))
+
+
+def splits_per_block(splits: int, blocks: int, sms: int) -> int:
+    """How many of a token's `splits` parts one sparse_mla block computes in turn (a divisor of splits), for `blocks`
+    blocks a part: the fewest that keep the grid in one wave of a block an SM (sparse_mla's shared memory holds one).
+    Each part starts from fresh accumulators, so this changes the grid, not a bit."""
+    for per in range(1, splits + 1):
+        if splits % per == 0 and blocks * (splits // per) <= sms:
+            return per
+    return splits
 
 
 def token_sequences(batch: ForwardBatch) -> cp.ndarray:
@@ -82,9 +93,10 @@ def glm52_sparse_mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp
         n = min(step, T - t0)
         part = cp.empty((splits, n, H, R), dtype=np.float32)
         lse = cp.empty((splits, n, H), dtype=np.float32)
-        launch("sparse_mla", (n, -(-H // HEAD_BLOCK), splits),
-               dict(QL=ql[t0:t0 + n], QP=qp[t0:t0 + n], KV=cache, Rows=rows[t0:t0 + n], scale=scale, OPart=part,
-                    LsePart=lse, heads=H, kv_rows=paging["kv_rows"], splits=splits, t_n=n, topk=topk))
+        per = splits_per_block(splits, n * -(-H // HEAD_BLOCK), sm_count())
+        launch("sparse_mla", (n, -(-H // HEAD_BLOCK), splits // per),
+               dict(QL=ql[t0:t0 + n], QP=qp[t0:t0 + n], KV=cache, Rows=rows[t0:t0 + n], scale=scale, per=per,
+                    OPart=part, LsePart=lse, heads=H, kv_rows=paging["kv_rows"], splits=splits, t_n=n, topk=topk))
         launch("sparse_mla_combine", (n, H), dict(OPart=part, LsePart=lse, Out=out[t0:t0 + n], heads=H,
                                                   splits=splits, t_n=n))
     return out
