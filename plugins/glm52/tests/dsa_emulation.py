@@ -121,7 +121,7 @@ def indexer_scores(grid, args) -> None:
 
 
 def indexer_topk_select(grid, args) -> None:
-    scores, width, query_start, context_lens, num_seqs, topk, ranks, out = args
+    scores, width, query_start, context_lens, num_seqs, topk, ranks, staged_keys, out = args
     ranks, width, topk = int(ranks), int(width), int(topk)
     assert grid[0] % ranks == 0, f"grid {grid} is not whole rows of {ranks} ranks"
     T = grid[0] // ranks

@@ -144,7 +144,8 @@ def select_inputs(rng, runs, kind: str):
 def test_select_topk_is_the_reference_selection(monkeypatch, ranks, kind):
     """The select on given scores, a row on one CTA or split over a cluster (None: the launcher's pick, 2 CTAs on an
     H100 here): exactly the reference's keys in its order, ties at the cut to the earlier ones, for decode rows of
-    different lengths and a prefill run."""
+    different lengths and a prefill run. One CTA's segment of the 128k-wide batch is too long for shared memory
+    (every pass reads the row); 3 and 8 ranks' segments are staged there."""
     if ranks is not None:
         monkeypatch.setattr(ops, "select_ranks", lambda *_: ranks)
     rng = np.random.default_rng(8)

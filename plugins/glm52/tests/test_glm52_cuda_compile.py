@@ -137,8 +137,9 @@ def test_launchers_refuse_a_batch_the_kernels_would_index_outside_of(monkeypatch
 
 def emulate_select(scores: np.ndarray, visible: int, topk: int, ranks: int = 1, threads: int = 1024) -> np.ndarray:
     """indexer_topk_select's algorithm in numpy, [topk] int32: order keys; four 8-bit radix passes over the summed
-    histograms of the ranks' segments find the k-th largest key; each thread's contiguous run of its rank's segment
-    writes its keys above the cut, and the earliest at it, after the counts of the runs before it."""
+    histograms of the ranks' segments find the k-th largest key; each warp's contiguous run of its rank's segment
+    (whole steps of 32 keys) writes its keys above the cut, and the earliest at it, after the counts of the runs
+    before it."""
     if visible <= topk:
         return np.array([i if i < visible else -1 for i in range(topk)], np.int32)
     x = np.where(scores[:visible] == 0, np.float32(0), scores[:visible]).astype(np.float32)
@@ -156,9 +157,10 @@ def emulate_select(scores: np.ndarray, visible: int, topk: int, ranks: int = 1, 
             above += hist[b]
             b -= 1
         prefix, need, mask = prefix | (b << shift), need - above, mask | (0xFF << shift)
-    run = -(-(hi - lo) // threads)
-    first = (lo[:, None] + np.arange(threads) * run[:, None]).ravel()   # (rank, thread) order
-    last = np.minimum(first + np.repeat(run, threads), np.repeat(hi, threads))
+    warps = threads // 32
+    run = -(-(-(-(hi - lo) // warps)) // 32) * 32
+    first = (lo[:, None] + np.arange(warps) * run[:, None]).ravel()   # (rank, warp) order
+    last = np.minimum(first + np.repeat(run, warps), np.repeat(hi, warps))
     first, last = first[last > first], last[last > first]
     assert first[0] == 0 and last[-1] == visible and (first[1:] == last[:-1]).all(), "the runs tile the row in order"
     above_before = np.concatenate([[0], np.cumsum(keys > prefix)])     # counts of the runs before, then the run's own
@@ -189,6 +191,15 @@ def test_the_top_k_kernel_s_algorithm_is_the_reference_selection():
         visible, ranks, threads = int(rng.integers(1, L + 1)), int(rng.integers(1, 9)), int(rng.choice([32, 64]))
         np.testing.assert_array_equal(emulate_select(s, visible, topk, ranks, threads),
                                       ops.select_topk(s, visible, topk))
+
+
+def test_select_keeps_a_segment_in_shared_memory_where_it_fits():
+    pytest.importorskip("cupy")
+    from openinfer_glm52.cuda import ops as cuda_ops
+    assert cuda_ops.select_staged_keys(131072, 8) == 16384     # 64 KB a CTA at 128k over a cluster of 8
+    assert cuda_ops.select_staged_keys(202752, 8) == 25344     # GLM's longest context: 99 KB
+    assert cuda_ops.select_staged_keys(131072, 1) == 0         # 512 KB: every pass reads the row
+    assert 4 * cuda_ops.select_staged_keys(49152, 1) <= cuda_ops.SELECT_STAGE_BYTES
 
 
 def test_select_ranks_split_long_rows_over_a_cluster(monkeypatch):

@@ -120,10 +120,12 @@ __device__ void indexer_scores(const T* q, const float* w, const T* cache, long 
 // to the earlier position (the reference's rule). +0 and -0 are one value, as they compare equal.
 // A row is split over `ranks` CTAs, one thread-block cluster (sm_90+; ranks 1 is one block, any GPU): each rank
 // takes a contiguous segment of the visible keys, histograms it in every pass, and all ranks sum the cluster's
-// histograms over distributed shared memory, so every rank finds the same digit with no global workspace. Then
-// each rank counts the keys above and at the cut in its segment, learns the counts of the ranks before it, and
-// writes its taken keys at their final places: a thread a contiguous run, so the output comes out ascending.
-// grid (T * ranks), cluster (ranks, 1, 1), SELECT_THREADS threads.
+// histograms over distributed shared memory, so every rank finds the same digit with no global workspace. The first
+// pass keeps the segment's order keys in dynamic shared memory when it fits (staged_keys), and the later passes read
+// them there instead of the row again. Then each warp counts the keys above and at the cut in its run of the
+// segment (32 consecutive keys a step), learns the counts of the warps and ranks before it, and writes its taken
+// keys at their final places in order, so the output comes out ascending.
+// grid (T * ranks), cluster (ranks, 1, 1), SELECT_THREADS threads, 4 * staged_keys bytes of dynamic shared memory.
 constexpr int SELECT_THREADS = 1024, SELECT_UNROLL = 8, MAX_SELECT_RANKS = 8, RADIX = 256;
 
 __device__ __forceinline__ unsigned int order_key(float x) {
@@ -216,22 +218,10 @@ __device__ __forceinline__ void threshold_digit(const unsigned int* count, unsig
     }
 }
 
-// f(s, order key of s) for the keys s = first .. last-1 of a row in order, SELECT_UNROLL loads in flight.
-template <typename F>
-__device__ __forceinline__ void for_each_key(const float* row, int first, int last, F f) {
-    for (int base = first; base < last; base += SELECT_UNROLL) {
-        float v[SELECT_UNROLL];
-#pragma unroll
-        for (int j = 0; j < SELECT_UNROLL; ++j) v[j] = base + j < last ? row[base + j] : 0.f;
-#pragma unroll
-        for (int j = 0; j < SELECT_UNROLL; ++j)
-            if (base + j < last) f(base + j, order_key(v[j]));
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(SELECT_THREADS)
 indexer_topk_select(const float* scores, int width, const int* query_start, const int* context_lens, int num_seqs,
-                    int topk, int ranks, int* out) {
+                    int topk, int ranks, int staged_keys, int* out) {
+    extern __shared__ unsigned int seg_keys[];   // the segment's order keys, where it fits
     __shared__ unsigned int hist[2][RADIX];   // this rank's counts, a pass's and the next one's
     __shared__ unsigned int total[RADIX];     // the cluster's counts of the pass
     __shared__ unsigned int found[2];         // the pass's digit, the count still to take inside it
@@ -247,23 +237,41 @@ indexer_topk_select(const float* scores, int width, const int* query_start, cons
     }
     const int seg = (visible + ranks - 1) / ranks;
     const int lo = min(rank * seg, visible), hi = min(lo + seg, visible);
+    const bool staged = hi - lo <= staged_keys;
+    auto key_at = [&](int s) { return staged ? seg_keys[s - lo] : order_key(row[s]); };
     for (int i = tid; i < 2 * RADIX; i += blockDim.x) (&hist[0][0])[i] = 0u;
     __syncthreads();
     unsigned int prefix = 0, mask = 0, need = topk;
     for (int pass = 0; pass < 4; ++pass) {
         const int shift = 24 - 8 * pass;
+        const bool from_row = pass == 0 || !staged;
         unsigned int* h = hist[pass & 1];
         for (int base = lo; base < hi; base += SELECT_UNROLL * blockDim.x) {   // the same trip count in every thread
-            float v[SELECT_UNROLL];
+            unsigned int key[SELECT_UNROLL];
+            if (from_row) {
+                float v[SELECT_UNROLL];
 #pragma unroll
-            for (int j = 0; j < SELECT_UNROLL; ++j) {
-                const int s = base + j * blockDim.x + tid;
-                v[j] = s < hi ? row[s] : 0.f;
+                for (int j = 0; j < SELECT_UNROLL; ++j) {
+                    const int s = base + j * blockDim.x + tid;
+                    v[j] = s < hi ? row[s] : 0.f;
+                }
+#pragma unroll
+                for (int j = 0; j < SELECT_UNROLL; ++j) {
+                    const int s = base + j * blockDim.x + tid;
+                    key[j] = order_key(v[j]);
+                    if (staged && s < hi) seg_keys[s - lo] = key[j];   // read back by this thread only
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < SELECT_UNROLL; ++j) {
+                    const int s = base + j * blockDim.x + tid;
+                    key[j] = s < hi ? seg_keys[s - lo] : 0u;
+                }
             }
 #pragma unroll
             for (int j = 0; j < SELECT_UNROLL; ++j) {
-                const unsigned int key = order_key(v[j]), digit = (key >> shift) & (RADIX - 1);
-                const bool in = base + j * (int)blockDim.x + tid < hi && (key & mask) == prefix;
+                const unsigned int digit = (key[j] >> shift) & (RADIX - 1);
+                const bool in = base + j * (int)blockDim.x + tid < hi && (key[j] & mask) == prefix;
                 // one atomic per distinct digit of the warp: scores crowd into few digits
                 const unsigned int active = __ballot_sync(0xffffffffu, in);
                 if (in) {
@@ -289,26 +297,39 @@ indexer_topk_select(const float* scores, int width, const int* query_start, cons
         need = found[1];
         mask |= (RADIX - 1u) << shift;
     }
-    // prefix is the k-th largest key; `need` of the keys equal to it are taken, the earliest ones. A thread counts
-    // its run's keys above and at the cut; their prefix over the block and the ranks before places each taken key.
-    const int run = (hi - lo + blockDim.x - 1) / blockDim.x;
-    const int first = lo + tid * run, last = min(first + run, hi);
+    // prefix is the k-th largest key; `need` of the keys equal to it are taken, the earliest ones. A warp counts its
+    // run's keys above and at the cut; their prefix over the warps and the ranks before places each taken key.
+    const int nwarps = blockDim.x >> 5;
+    const int wrun = ((hi - lo + nwarps - 1) / nwarps + 31) & ~31;
+    const int first = lo + (tid >> 5) * wrun, last = min(first + wrun, hi);
     unsigned int above = 0, equal = 0;
-    for_each_key(row, first, last, [&](int, unsigned int key) {
-        above += key > prefix;
-        equal += key == prefix;
-    });
+    for (int base = first; base < last; base += 32) {   // warp-uniform trips
+        const int s = base + lane;
+        const unsigned int key = s < last ? key_at(s) : 0u;
+        above += __popc(__ballot_sync(0xffffffffu, s < last && key > prefix));
+        equal += __popc(__ballot_sync(0xffffffffu, s < last && key == prefix));
+    }
     unsigned long long block_total;
-    unsigned long long before = block_exclusive_sum(((unsigned long long)above << 32) | equal, &block_total);
+    unsigned long long before = block_exclusive_sum(lane == 0 ? ((unsigned long long)above << 32) | equal : 0ull,
+                                                    &block_total);
+    before = __shfl_sync(0xffffffffu, before, 0);   // lane 0's: the warps before this one
     if (tid == 0) seg_counts = block_total;
     ranks_sync();
     for (int r = 0; r < rank; ++r) before += ld_rank(&seg_counts, r);
     above = (unsigned int)(before >> 32);
     equal = (unsigned int)before;
-    for_each_key(row, first, last, [&](int pos, unsigned int key) {
-        if (key > prefix) dst[above++ + min(equal, need)] = pos;
-        else if (key == prefix && equal++ < need) dst[above + equal - 1] = pos;
-    });
+    const unsigned int lanes_before = (1u << lane) - 1u;
+    for (int base = first; base < last; base += 32) {
+        const int s = base + lane;
+        const unsigned int key = s < last ? key_at(s) : 0u;
+        const bool a = s < last && key > prefix, q = s < last && key == prefix;
+        const unsigned int ab = __ballot_sync(0xffffffffu, a), qb = __ballot_sync(0xffffffffu, q);
+        const unsigned int at_a = above + __popc(ab & lanes_before), at_q = equal + __popc(qb & lanes_before);
+        if (a) dst[at_a + min(at_q, need)] = s;
+        else if (q && at_q < need) dst[at_a + at_q] = s;
+        above += __popc(ab);
+        equal += __popc(qb);
+    }
     ranks_sync();   // no rank leaves while another may still read its seg_counts
 }
 

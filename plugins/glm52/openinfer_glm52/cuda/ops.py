@@ -22,6 +22,7 @@ SOURCE = Path(__file__).with_name("dsa.cu")
 ROPE_THREADS, SCORE_THREADS = 128, 128
 SELECT_THREADS, MAX_SELECT_RANKS = 1024, 8        # dsa.cu: indexer_topk_select's block and largest cluster
 SELECT_KEYS_PER_RANK = 4096                       # a row is split in segments of at least this many keys
+SELECT_STAGE_BYTES = 192 * 1024                   # a segment's order keys up to this size stay in shared memory
 MAX_INDEX_HEADS, MAX_ROPE_DIM = 64, 1024          # dsa.cu: MAX_INDEX_HEADS, kn[1024]
 HG, KT, SPARSE_THREADS, R_PER_THREAD = 16, 32, 256, 32   # dsa.cu: sparse_mla_attention's tiling
 
@@ -125,6 +126,13 @@ def select_ranks(tokens: int, width: int, sms: int) -> int:
     return max(1, min(MAX_SELECT_RANKS, width // SELECT_KEYS_PER_RANK, sms // max(tokens, 1)))
 
 
+def select_staged_keys(width: int, ranks: int) -> int:
+    """The order keys a select CTA keeps in shared memory: its longest segment's where they fit SELECT_STAGE_BYTES
+    (GLM's longest context, ~200k keys, over 8 ranks: 99 KB), else none (every radix pass reads the row)."""
+    seg = -(-width // ranks)
+    return seg if 4 * seg <= SELECT_STAGE_BYTES else 0
+
+
 def select_topk(scores: cp.ndarray, batch: ForwardBatch, out: cp.ndarray) -> cp.ndarray:
     """Each token's exact causal top-k of its score row (scores [T, width] float32) into out [T, topk] int32
     (ascending key positions, -1 padded; the reference's tie rule). The grid depends on the shapes only (a
@@ -138,9 +146,10 @@ def select_topk(scores: cp.ndarray, batch: ForwardBatch, out: cp.ndarray) -> cp.
         return out
     _, _, qstart, lens, B = _sequences(batch)
     ranks = select_ranks(T, width, sm_count())
+    staged = select_staged_keys(width, ranks)
     launch(SOURCE, "indexer_topk_select", (T * ranks,), SELECT_THREADS,
-           (scores, np.int32(width), qstart, lens, B, np.int32(out.shape[1]), np.int32(ranks), out),
-           cluster=(ranks, 1, 1) if ranks > 1 else None)
+           (scores, np.int32(width), qstart, lens, B, np.int32(out.shape[1]), np.int32(ranks), np.int32(staged), out),
+           smem=4 * staged, cluster=(ranks, 1, 1) if ranks > 1 else None)
     return out
 
 
