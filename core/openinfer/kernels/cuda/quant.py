@@ -28,6 +28,8 @@ GEMV_MAX_ROWS = 16
 WARPS, P = 8, 8         # quant.cu: warps per block (q_gemv: a weight row each), q_gemv's activation rows per pass
 CHUNK_WEIGHTS = {"int4": 32, "fp8": 16}   # weights of the 16-byte chunk a lane reads
 EXPERT_PAIRS = 4        # quant.cu NP: pairs of an expert kernel pass
+MMA_WARPS, MMA_PAIRS = 8, 8   # quant_mma.cu: warps a block, pairs a pass (the mma's n)
+MMA_STAGE_PAD = 4       # quant_mma.cu PAIR_PAD: words after a staged pair
 MOE_CHUNK = 1024        # tokens per pass of the GEMV expert path: its float32 per-pair buffers stay ~100s of MB
 MMA_CHUNK = 4096        # tokens per pass of the GEMM path (Kimi-K2: 0.9 GB of float32 per-pair outputs, and ~85
                         # pairs an expert, so the 128-row tiles)
@@ -181,6 +183,19 @@ def expert_pass(fmt: str, K: int) -> ExpertPass:
     return ExpertPass(32, 4, 2 if fmt == "int4" and K // CHUNK_WEIGHTS[fmt] > 64 else 1)
 
 
+def tensor_core_gemv(fmt: str, dtype: np.dtype) -> bool:
+    """Decode-sized INT4 experts on bf16 activations take quant_mma.cu's kernels (the multiply-adds on the tensor
+    cores: quant.cu's GEMV kernels were bound by the ~3 instructions an INT4 weight costs them); FP8 rows (one weight
+    a byte, 69-89 % of the copy rate on CUDA cores) and float32 activations keep quant.cu's."""
+    return fmt == "int4" and np.dtype(dtype) == BF16
+
+
+def mma_stage_bytes_down(I: int, pairs: int) -> int:
+    """quant_mma.cu's down stage: `pairs` rows of h, each I / 32 chunks of 4 lanes x 8 words (bf16 hi and lo parts)
+    and MMA_STAGE_PAD words."""
+    return pairs * (32 * (I // 32) + MMA_STAGE_PAD) * 4
+
+
 def stage_pairs(tokens: int) -> int:
     """The pairs a pass of quant.cu's down kernel stages: as many as an expert's pairs usually are (a router picks
     an expert once a token), at most EXPERT_PAIRS; more pairs (repeated ids) take more passes."""
@@ -211,17 +226,28 @@ def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.nda
            (ids, np.int32(n), np.int32(E_local), np.int32(expert_offset), np.int32(slots), slot_expert, slot_start,
             pair_list), smem=4 * E_local)
     h = cp.empty((n, I), dtype=cp.float32)
-    staged = stage_pairs(T)
-    q, s = _arrays(gate_up)
-    p = expert_pass(fmt, D)
-    launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-I // (WARPS * p.warp_rows // 2)), slots),
-           32 * WARPS, (x, q, s, slot_expert, slot_start, pair_list, np.int32(k), np.int32(D), np.int32(I), h))
     yk = cp.empty((n, D), dtype=cp.float32)
-    q, s = _arrays(down)
-    p = expert_pass(fmt, I)
-    launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-D // (WARPS * p.warp_rows)), slots),
-           32 * WARPS, (h, q, s, slot_expert, slot_start, pair_list, weights, np.int32(D), np.int32(I),
-                        np.int32(staged), yk), smem=stage_bytes(fmt, I, 4, staged))
+    plan = (slot_expert, slot_start, pair_list)
+    if tensor_core_gemv(fmt, x.dtype):
+        staged = min(MMA_PAIRS, T)
+        q, s = _arrays(gate_up)
+        launch("quant_mma", "moe_q_mma_gate_up_int4", (-(-I // (8 * MMA_WARPS)), slots), 32 * MMA_WARPS,
+               (x, q, s, *plan, np.int32(k), np.int32(D), np.int32(I), h))
+        q, s = _arrays(down)
+        launch("quant_mma", "moe_q_mma_down_int4", (-(-D // (16 * MMA_WARPS)), slots), 32 * MMA_WARPS,
+               (h, q, s, *plan, weights, np.int32(D), np.int32(I), np.int32(staged), yk),
+               smem=mma_stage_bytes_down(I, staged))
+    else:
+        staged = stage_pairs(T)
+        q, s = _arrays(gate_up)
+        p = expert_pass(fmt, D)
+        launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-I // (WARPS * p.warp_rows // 2)), slots),
+               32 * WARPS, (x, q, s, *plan, np.int32(k), np.int32(D), np.int32(I), h))
+        q, s = _arrays(down)
+        p = expert_pass(fmt, I)
+        launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-D // (WARPS * p.warp_rows)), slots),
+               32 * WARPS, (h, q, s, *plan, weights, np.int32(D), np.int32(I), np.int32(staged), yk),
+               smem=stage_bytes(fmt, I, 4, staged))
     _combine(yk, ids, E_local, expert_offset, addend, y)
 
 

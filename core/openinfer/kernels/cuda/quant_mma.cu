@@ -1,0 +1,177 @@
+// The INT4 routed experts at decode on the tensor cores: the same grouping and outputs as quant.cu's GEMV kernels
+// (moe_plan's slots and pairs in, h and yk out), with each weight tile's multiply-adds done by mma.sync m16n8k16.
+// On CUDA cores an INT4 weight costs ~3 instructions (two to become an fp32, an FMA per pair), and an INT4 byte holds
+// two weights, so those kernels were bound by instruction issue, not by the bytes they stream. Here two nibbles
+// become a bf16 pair in three instructions (shift, mask-or, one bf16x2 fma), and the products and sums are the mma's.
+//
+// Tiles: a warp takes 16 weight rows (gate_up: the gate and up rows of 8 outputs) and up to 8 pairs (the mma's n).
+// Lane (g, t) = (lane / 4, lane % 4) reads word t of each 16-byte chunk of rows g and g + 8 (the quad reads the
+// chunk's 16 bytes). A chunk is one scale group of 32 weights and two mmas: mma m takes the bf16 pairs (nibble 2m,
+// nibble 2m + 4) and (2m + 1, 2m + 5) of each lane's word as its k pairs (2t, 2t + 1) and (2t + 8, 2t + 9). The dot
+// product does not care which physical k a logical k is, as long as the activations (B, column g = pair g) follow
+// the same map: b0 = (x[8t + 2m], x[8t + 2m + 4]), b1 = (x[8t + 2m + 1], x[8t + 2m + 5]) of the chunk. The chunk's
+// two mmas start from zero and its fp32 sums are scaled once, as the GEMV kernels scale a chunk's partial sums.
+//
+// gate_up reads x (bf16) from global memory. down's h is float32: the block stages each pair's h as two bf16 parts,
+// hi = bf16(h) and lo = bf16(h - hi), already in the b0/b1 order, and runs both through the mma (the weights are exact
+// in bf16), so a product keeps ~16 bits of h (relative error ~2^-17), near the fp32 GEMV's.
+#include "common.cuh"
+#include "mma.cuh"
+#include "quant.cuh"
+
+constexpr int MMA_WARPS = 8;     // warps a block
+constexpr int MMA_PAIRS = 8;     // pairs a pass: the mma's n
+constexpr int MMA_CHUNKS = 8;    // chunks a lane loads (per row) before the first is used
+constexpr int PAIR_PAD = 4;      // words after a staged pair: a quarter warp's two pairs in distinct banks
+
+// The 4 bf16 pairs (nibble j, nibble j + 4) of an INT4 word, unscaled (nibble - 8), exactly: each nibble masked into
+// the mantissa of a bf16 of exponent 7 is 128 + nibble (0x4300 | nibble), from which one bf16x2 fma takes 136.
+__device__ __forceinline__ void int4_pairs(unsigned int w, unsigned int (&p)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const unsigned int biased = ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(p[j]) : "r"(biased), "r"(0x3f803f80u), "r"(0xc308c308u));
+    }
+}
+
+// The B words of a chunk's two mmas from a lane's 8 bf16 activations v (positions 8t .. 8t + 7 of the chunk, 2 a
+// word): b[m] = {b0, b1} = {(v[2m], v[2m + 4]), (v[2m + 1], v[2m + 5])}, the lower position in the low half.
+__device__ __forceinline__ void chunk_b(const uint4& v, unsigned int (&b)[2][4]) {
+    b[0][0] = __byte_perm(v.x, v.z, 0x5410);
+    b[0][1] = __byte_perm(v.x, v.z, 0x7632);
+    b[1][0] = __byte_perm(v.y, v.w, 0x5410);
+    b[1][1] = __byte_perm(v.y, v.w, 0x7632);
+}
+
+// acc (the C fragment: rows g, g + 8 x pairs 2t, 2t + 1) += this warp's 16 rows times the pass's activations, over
+// the K / 32 chunks of rows row_g and row_g8. b_words(c, b) gives chunk c's B words: b[m][0..1] for mma m, and with
+// LO b[m][2..3], the lo parts, whose products are added too.
+template <bool LO, typename S, typename B>
+__device__ __forceinline__ void mma_rows(const void* __restrict__ q, const S* __restrict__ scale, long long row_g,
+                                         long long row_g8, int K, B b_words, float (&acc)[4]) {
+    const int t = threadIdx.x & 3, C = K >> 5;
+    const unsigned int* wg = reinterpret_cast<const unsigned int*>(q) + row_g * (K >> 3) + t;
+    const unsigned int* wg8 = reinterpret_cast<const unsigned int*>(q) + row_g8 * (K >> 3) + t;
+    for (int c0 = 0; c0 < C; c0 += MMA_CHUNKS) {
+        unsigned int w[2][MMA_CHUNKS];
+        float s[2][MMA_CHUNKS];
+#pragma unroll
+        for (int u = 0; u < MMA_CHUNKS; ++u) {
+            const bool in = c0 + u < C;
+            w[0][u] = in ? __ldg(wg + 4 * (c0 + u)) : 0u;   // read once per row: through L1 only as a sector
+            w[1][u] = in ? __ldg(wg8 + 4 * (c0 + u)) : 0u;
+            s[0][u] = in ? to_f32(scale[row_g * C + c0 + u]) : 0.f;
+            s[1][u] = in ? to_f32(scale[row_g8 * C + c0 + u]) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < MMA_CHUNKS; ++u) {
+            if (c0 + u >= C) break;
+            unsigned int pg[4], pg8[4];
+            int4_pairs(w[0][u], pg);
+            int4_pairs(w[1][u], pg8);
+            unsigned int b[2][4];
+            b_words(c0 + u, b);
+            float part[4];
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                const unsigned int a[4] = {pg[2 * m], pg8[2 * m], pg[2 * m + 1], pg8[2 * m + 1]};
+                if (m == 0) mma_bf16_first(part, a, b[m][0], b[m][1]);
+                else mma_bf16(part, a, b[m][0], b[m][1]);
+                if (LO) mma_bf16(part, a, b[m][2], b[m][3]);
+            }
+            acc[0] = fmaf(s[0][u], part[0], acc[0]);
+            acc[1] = fmaf(s[0][u], part[1], acc[1]);
+            acc[2] = fmaf(s[1][u], part[2], acc[2]);
+            acc[3] = fmaf(s[1][u], part[3], acc[3]);
+        }
+    }
+}
+
+// h[pair, o] = silu(gate_e x[t]) * up_e x[t] for the pairs of slot blockIdx.y (t = pair / k): grid (ceil(I / (8 *
+// MMA_WARPS)), slots); a warp's rows g and g + 8 are the gate and up rows of output o0 + g. q/scale: the expert stack
+// [E_local, 2I, ...] (gate rows first), x bf16 [T, D].
+extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_gate_up_int4(
+    const bf16* __restrict__ x, const void* __restrict__ q, const bf16* __restrict__ scale,
+    const int* __restrict__ slot_expert, const int* __restrict__ slot_start, const int* __restrict__ pair_list,
+    int k, int D, int I, float* __restrict__ h) {
+    pdl_wait();   // the trigger follows the main loop (common.cuh)
+    const int e = slot_expert[blockIdx.y];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int o0 = (blockIdx.x * MMA_WARPS + (threadIdx.x >> 5)) * 8;
+    if (e < 0 || o0 >= I) return;   // whole warps: every lane takes part in the mmas
+    const int o = min(o0 + g, I - 1);   // an output past I reads the last one's rows again and is not stored
+    const long long gate_row = (long long)e * 2 * I + o, up_row = gate_row + I;
+    const int first = slot_start[blockIdx.y], last = slot_start[blockIdx.y + 1];
+    for (int p0 = first; p0 < last; p0 += MMA_PAIRS) {
+        const int n = min(MMA_PAIRS, last - p0);
+        const bf16* xg = x + (long long)(pair_list[p0 + min(g, n - 1)] / k) * D + 8 * t;   // column g's token
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_rows<false>(q, scale, gate_row, up_row, D, [&](int c, unsigned int (&b)[2][4]) {
+            chunk_b(*reinterpret_cast<const uint4*>(xg + 32 * c), b);
+        }, acc);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {   // pairs 2t and 2t + 1 of the pass: acc[j] the gate, acc[2 + j] the up sum
+            const int p = 2 * t + j;
+            if (p < n && o0 + g < I) h[(long long)pair_list[p0 + p] * I + o0 + g] = silu_mul_f32(acc[j], acc[2 + j]);
+        }
+    }
+    pdl_trigger();
+}
+
+// yk[pair, r] = weights[pair] * down_e h[pair] for the pairs of slot blockIdx.y: grid (ceil(D / (16 * MMA_WARPS)),
+// slots), a warp per 16 rows. Dynamic shared memory: stage_pairs (<= MMA_PAIRS) pairs' h, each as I / 32 chunks of
+// 4 lanes x 8 words (mma 0's hi b0, b1, lo b0, b1, then mma 1's), PAIR_PAD words after each pair.
+extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_down_int4(
+    const float* __restrict__ h, const void* __restrict__ q, const bf16* __restrict__ scale,
+    const int* __restrict__ slot_expert, const int* __restrict__ slot_start, const int* __restrict__ pair_list,
+    const float* __restrict__ weights, int D, int I, int stage_pairs, float* __restrict__ yk) {
+    extern __shared__ uint4 stage_words[];
+    unsigned int* stage = reinterpret_cast<unsigned int*>(stage_words);
+    pdl_wait();   // h is gate_up's; the trigger follows the main loop
+    const int e = slot_expert[blockIdx.y];
+    if (e < 0) return;   // the whole block
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = (blockIdx.x * MMA_WARPS + (threadIdx.x >> 5)) * 16;
+    const bool works = r0 < D;   // whole warps: every lane takes part in the mmas
+    const long long row_g = (long long)e * D + min(r0 + g, D - 1), row_g8 = (long long)e * D + min(r0 + g + 8, D - 1);
+    const int C = I >> 5, pair_words = 32 * C + PAIR_PAD;
+    const int first = slot_start[blockIdx.y], last = slot_start[blockIdx.y + 1];
+    for (int p0 = first; p0 < last; p0 += stage_pairs) {
+        const int n = min(stage_pairs, last - p0);
+        __syncthreads();   // the previous pass's reads of the stage are done
+        // a thread per (pair, chunk, lane t): its 8 values of h, split, as the 4 words lane t reads
+        for (int i = threadIdx.x; i < n * C * 4; i += blockDim.x) {
+            const int p = i / (C * 4), c = (i >> 2) % C, tt = i & 3;
+            float v[8];
+            load_f32<8>(h + (long long)pair_list[p0 + p] * I + 32 * c + 8 * tt, v);
+            float lo[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) lo[j] = v[j] - to_f32(from_f32<bf16>(v[j]));
+            uint4* dst = reinterpret_cast<uint4*>(stage + p * pair_words + 32 * c + 8 * tt);
+#pragma unroll
+            for (int m = 0; m < 2; ++m)   // b0 = (v[2m], v[2m + 4]), b1 = (v[2m + 1], v[2m + 5])
+                dst[m] = make_uint4(pack_bf16x2(v[2 * m], v[2 * m + 4]), pack_bf16x2(v[2 * m + 1], v[2 * m + 5]),
+                                    pack_bf16x2(lo[2 * m], lo[2 * m + 4]), pack_bf16x2(lo[2 * m + 1], lo[2 * m + 5]));
+        }
+        __syncthreads();
+        if (!works) continue;
+        const uint4* col = reinterpret_cast<const uint4*>(stage + min(g, n - 1) * pair_words + 8 * t);   // pair g
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_rows<true>(q, scale, row_g, row_g8, I, [&](int c, unsigned int (&b)[2][4]) {
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                const uint4 v = col[8 * c + m];
+                b[m][0] = v.x; b[m][1] = v.y; b[m][2] = v.z; b[m][3] = v.w;
+            }
+        }, acc);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {   // acc: (row g | g + 8) x (pair 2t | 2t + 1)
+            const int p = 2 * t + (j & 1), r = r0 + g + 8 * (j >> 1);
+            if (p < n && r < D) {
+                const int pair = pair_list[p0 + p];
+                yk[(long long)pair * D + r] = weights[pair] * acc[j];
+            }
+        }
+    }
+    pdl_trigger();
+}
