@@ -156,9 +156,11 @@ def test_grouped_expert_gemms_trigger_after_their_main_loop():
     from openinfer.testing.launch_check import ptx_entries, require_nvrtc
     require_nvrtc()
     gemms = {**{n: b for n, (_, b) in ptx_entries("moe").items() if n.startswith(("moe_gate_up", "moe_down"))},
-             **{n: b for n, (_, b) in ptx_entries("quant").items() if n.startswith("moe_q_")}}
-    assert len(gemms) == 4 + 16   # moe.cu: 2 kernels x 2 dtypes; quant.cu: 2 x 2 formats x 2 dtypes x 2 forms
-    assert {n.rsplit("_", 1)[1] for n in gemms if n.startswith("moe_q_")} == {"l32r4u1", "l32r4u2"}
+             **{n: b for n, (_, b) in ptx_entries("quant").items() if n.startswith("moe_q_")},
+             **{n: b for n, (_, b) in ptx_entries("quant_mma").items()}}
+    # moe.cu: 2 kernels x 2 dtypes; quant.cu: 2 x 2 formats x 2 dtypes x 2 forms; quant_mma.cu: 2
+    assert len(gemms) == 4 + 16 + 2
+    assert {n.rsplit("_", 1)[1] for n in gemms if n.startswith("moe_q_") and "_mma_" not in n} == {"l32r4u1", "l32r4u2"}
     for name, body in gemms.items():
         assert name.startswith(pdl.KERNELS), name
         last_loop = max(body.rfind("mma.sync"), body.rfind("shfl.sync"))
