@@ -30,6 +30,7 @@ CHUNK_WEIGHTS = {"int4": 32, "fp8": 16}   # weights of the 16-byte chunk a lane 
 EXPERT_PAIRS = 4        # quant.cu NP: pairs of an expert kernel pass
 MMA_WARPS, MMA_PAIRS = 8, 8   # quant_mma.cu: warps a block, pairs a pass (the mma's n)
 MMA_STAGE_PAD = 4       # quant_mma.cu PAIR_PAD: words after a staged pair
+MMA_GEMV_FROM = {"gate_up": 32, "down": 8}   # tokens of a pass from which INT4 decode runs on the tensor cores
 MOE_CHUNK = 1024        # tokens per pass of the GEMV expert path: its float32 per-pair buffers stay ~100s of MB
 MMA_CHUNK = 4096        # tokens per pass of the GEMM path (Kimi-K2: 0.9 GB of float32 per-pair outputs, and ~85
                         # pairs an expert, so the 128-row tiles)
@@ -183,11 +184,16 @@ def expert_pass(fmt: str, K: int) -> ExpertPass:
     return ExpertPass(32, 4, 2 if fmt == "int4" and K // CHUNK_WEIGHTS[fmt] > 64 else 1)
 
 
-def tensor_core_gemv(fmt: str, dtype: np.dtype) -> bool:
-    """Decode-sized INT4 experts on bf16 activations take quant_mma.cu's kernels (the multiply-adds on the tensor
-    cores: quant.cu's GEMV kernels were bound by the ~3 instructions an INT4 weight costs them); FP8 rows (one weight
-    a byte, 69-89 % of the copy rate on CUDA cores) and float32 activations keep quant.cu's."""
-    return fmt == "int4" and np.dtype(dtype) == BF16
+def tensor_core_gemv(kernel: str, fmt: str, dtype: np.dtype, tokens: int) -> bool:
+    """Whether `kernel` ("gate_up" / "down") of a decode-sized pass of INT4 experts on bf16 activations runs on the
+    tensor cores (quant_mma.cu) rather than quant.cu's GEMV kernels, from MMA_GEMV_FROM tokens. Measured on H100 at
+    Kimi-K2's shapes: the GEMV kernels are bound by the ~3 instructions an INT4 weight costs them and re-read an
+    expert's rows every 4 pairs, the tensor-core ones by their few warps at one token (gate_up 36 % of the copy rate
+    there against 55 %); down is faster on the tensor cores from 8 tokens (52 against 49 %), gate_up about even at
+    32 (59 / 60 %) and far ahead at 128 (58 against 42 %), and the 7-layer model's decode step at batch 32 took 10.4
+    ms on them against 14.7. FP8 rows (one weight a byte, 69-89 % on CUDA cores) and float32 activations keep
+    quant.cu's kernels."""
+    return fmt == "int4" and np.dtype(dtype) == BF16 and tokens >= MMA_GEMV_FROM[kernel]
 
 
 def mma_stage_bytes_down(I: int, pairs: int) -> int:
@@ -228,22 +234,22 @@ def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.nda
     h = cp.empty((n, I), dtype=cp.float32)
     yk = cp.empty((n, D), dtype=cp.float32)
     plan = (slot_expert, slot_start, pair_list)
-    if tensor_core_gemv(fmt, x.dtype):
-        staged = min(MMA_PAIRS, T)
-        q, s = _arrays(gate_up)
+    q, s = _arrays(gate_up)
+    if tensor_core_gemv("gate_up", fmt, x.dtype, T):
         launch("quant_mma", "moe_q_mma_gate_up_int4", (-(-I // (8 * MMA_WARPS)), slots), 32 * MMA_WARPS,
                (x, q, s, *plan, np.int32(k), np.int32(D), np.int32(I), h))
-        q, s = _arrays(down)
+    else:
+        p = expert_pass(fmt, D)
+        launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-I // (WARPS * p.warp_rows // 2)), slots),
+               32 * WARPS, (x, q, s, *plan, np.int32(k), np.int32(D), np.int32(I), h))
+    q, s = _arrays(down)
+    if tensor_core_gemv("down", fmt, x.dtype, T):
+        staged = min(MMA_PAIRS, T)
         launch("quant_mma", "moe_q_mma_down_int4", (-(-D // (16 * MMA_WARPS)), slots), 32 * MMA_WARPS,
                (h, q, s, *plan, weights, np.int32(D), np.int32(I), np.int32(staged), yk),
                smem=mma_stage_bytes_down(I, staged))
     else:
         staged = stage_pairs(T)
-        q, s = _arrays(gate_up)
-        p = expert_pass(fmt, D)
-        launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-I // (WARPS * p.warp_rows // 2)), slots),
-               32 * WARPS, (x, q, s, *plan, np.int32(k), np.int32(D), np.int32(I), h))
-        q, s = _arrays(down)
         p = expert_pass(fmt, I)
         launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-D // (WARPS * p.warp_rows)), slots),
                32 * WARPS, (h, q, s, *plan, weights, np.int32(D), np.int32(I), np.int32(staged), yk),
