@@ -1,14 +1,16 @@
-"""CUDA wrappers of the ops on quantized weights (quant.cu), with the numpy references' signatures
+"""CUDA wrappers of the ops on quantized weights (quant.cu, quant_mma.cu), with the numpy references' signatures
 (kernels/numpy_quant.py): linear_int4 / linear_fp8 and moe_experts_int4 / moe_experts_fp8.
 
 A linear of at most GEMV_MAX_ROWS rows (decode) streams the packed weight once through q_gemv; more rows (prefill)
 dequantize the weight into a transient dense copy and run the cuBLAS GEMM, so only one Linear is ever expanded.
 
-The routed experts take quant.cu's GEMV kernels while each local expert has few (token, expert) pairs (decode: they
-stream each selected expert's rows once per few pairs), and from MMA_ROWS_PER_EXPERT pairs an expert on average
-(prefill) the grouped GEMM on the tensor cores (moe_gemm.cuh with quant.cu's INT4 / FP8 weight policy): moe.cu's
-moe_align groups the pairs into row tiles, each weight tile is expanded once in shared memory for the tile's 32 or
-128 rows. Both choices depend only on the token count, so either captures into a CUDA graph.
+The routed experts take decode kernels while each local expert has few (token, expert) pairs (they stream each
+selected expert's rows once per few pairs): quant.cu's GEMV kernels, or for INT4 on bf16 from a few tokens
+quant_mma.cu's, which do the multiply-adds on the tensor cores (tensor_core_gemv); and from MMA_ROWS_PER_EXPERT
+pairs an expert on average (prefill) the grouped GEMM on the tensor cores (moe_gemm.cuh with quant.cu's INT4 / FP8
+weight policy): moe.cu's moe_align groups the pairs into row tiles, each weight tile is expanded once in shared
+memory for the tile's 32 or 128 rows. Every choice depends only on the token count, so each captures into a CUDA
+graph.
 """
 from __future__ import annotations
 
@@ -217,8 +219,9 @@ def stage_bytes(fmt: str, K: int, itemsize: int, pairs: int) -> int:
 
 def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
                    expert_offset: int, addend: Any, y: cp.ndarray) -> None:
-    """The four launches of quant.cu's GEMV expert path for tokens x [T, D] (contiguous rows) and ids [T, k], into
-    y; `addend` packed [T, D] rows or NULL."""
+    """The four launches of the decode expert path for tokens x [T, D] (contiguous rows) and ids [T, k], into y (the
+    plan, gate_up and down each on quant.cu's GEMV kernels or quant_mma.cu's, the combine); `addend` packed [T, D]
+    rows or NULL."""
     T, D = x.shape
     E_local, I2, _ = gate_up.shape
     I = I2 // 2
