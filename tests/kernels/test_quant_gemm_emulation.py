@@ -205,14 +205,14 @@ def test_kimi_width_launches(launches, fmt):
 
 def test_passes_choose_their_path(launches, monkeypatch):
     """Tokens beyond MMA_CHUNK run in passes, each on the path its own token count picks: two full passes on the
-    GEMM, a short last one (8 tokens) on the decode kernels (INT4 down on the tensor cores from 8 tokens)."""
+    GEMM, a short last one on the decode kernels (INT4 on bf16: quant_mma.cu's)."""
     monkeypatch.setattr(quant, "MMA_CHUNK", 16)
     gu, dn = (_device_stack(_random_stack(np.random.default_rng(0), "int4", 2, r, c)) for r, c in ((256, 256),
                                                                                                   (256, 128)))
     quant.moe_experts_quant(fake(np.zeros((40, 256)), BF16), gu, dn, fake(np.zeros((40, 2), np.int32)),
                             fake(np.ones((40, 2), np.float32)), 0)
     mma = ["moe_align", "moe_gate_up_int4_m2", "moe_down_int4_m2", "moe_combine_bf16"]
-    gemv = ["moe_plan", "moe_q_gate_up_int4_bf16_l32r4u1", "moe_q_mma_down_int4", "moe_combine_bf16"]
+    gemv = ["moe_plan", "moe_q_mma_gate_up_int4", "moe_q_mma_down_int4", "moe_combine_bf16"]
     assert [c.name for c in launches] == mma * 2 + gemv
     assert [c.grid[0] for c in launches if c.name == "moe_combine_bf16"] == [16, 16, 8]
 

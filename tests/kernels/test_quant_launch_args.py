@@ -48,9 +48,13 @@ def test_quant_launches(launches, fmt, dtype):
                             fake(np.ones((3, 4), np.float32)), 2, fake(np.zeros((3, 256)), dtype))
     names = [c.name for c in launches]
     sfx = module.suffix(dtype)   # rows of 256 and 64 weights: whole-warp rows, 4 a warp, one chunk a lane and pass
-    assert names == ["moe_plan", f"moe_q_gate_up_{fmt}_{sfx}_l32r4u1", f"moe_q_down_{fmt}_{sfx}_l32r4u1",
-                     f"moe_combine_{sfx}"]
-    assert launches[1].grid == (4, 6) and launches[2].grid == (8, 6)   # slots: min(E_local, T * k)
+    if quant.tensor_core_gemv(fmt, dtype):   # INT4 on bf16: 8 outputs (gate_up) and 16 rows (down) a warp
+        assert names == ["moe_plan", "moe_q_mma_gate_up_int4", "moe_q_mma_down_int4", f"moe_combine_{sfx}"]
+        assert launches[1].grid == (1, 6) and launches[2].grid == (2, 6)
+    else:
+        assert names == ["moe_plan", f"moe_q_gate_up_{fmt}_{sfx}_l32r4u1", f"moe_q_down_{fmt}_{sfx}_l32r4u1",
+                         f"moe_combine_{sfx}"]
+        assert launches[1].grid == (4, 6) and launches[2].grid == (8, 6)   # slots: min(E_local, T * k)
     launches.clear()
     quant.MOE_CHUNK, chunk = 2, quant.MOE_CHUNK
     try:   # 5 tokens in chunks of 2: three passes of the four launches, the last over one token
@@ -61,10 +65,10 @@ def test_quant_launches(launches, fmt, dtype):
     assert [c.name for c in launches] == names * 3 and launches[-1].grid == (1, 1)
 
 
-# Kimi-K2's experts (hidden 7168, width 2048) at one token: (gate_up kernel, grid x), (down kernel, grid x); a block
-# is 8 warps. Whole-warp rows, 4 a warp (gate_up: 2 outputs): INT4 gate_up rows of 224 chunks 2 chunks a lane and
-# pass, INT4 down rows of 64 chunks and FP8 rows (448 and 128 chunks) one.
-KIMI_GRIDS = {"int4": (("moe_q_gate_up_int4_bf16_l32r4u2", 2048 // 16), ("moe_q_down_int4_bf16_l32r4u1", 7168 // 32)),
+# Kimi-K2's experts (hidden 7168, width 2048): (gate_up kernel, grid x), (down kernel, grid x); a block is 8 warps.
+# INT4: quant_mma.cu's, 8 outputs and 16 rows a warp. FP8: whole-warp rows, 4 a warp (gate_up: 2 outputs), one chunk
+# a lane and pass.
+KIMI_GRIDS = {"int4": (("moe_q_mma_gate_up_int4", 2048 // 64), ("moe_q_mma_down_int4", 7168 // 128)),
               "fp8": (("moe_q_gate_up_fp8_bf16_l32r4u1", 2048 // 16), ("moe_q_down_fp8_bf16_l32r4u1", 7168 // 32))}
 
 
@@ -92,28 +96,11 @@ def test_kimi_expert_launches(launches, fmt):
     slots = min(E, T * k)   # fixed by the token count: the launches can be captured per batch size
     assert [(c.name, c.grid, c.block) for c in launches[1:3]] == [(gu_name, (gu_x, slots), 256),
                                                                   (dn_name, (dn_x, slots), 256)]
-    # down stages its pass's float32 h rows: one pair (one token) of 2048, 16 bytes a chunk more
+    # down stages its pass's float32 h rows: one pair (one token) of 2048; INT4 as bf16 hi and lo parts, 4 words
+    # more; FP8 16 bytes a chunk more
     chunk = quant.CHUNK_WEIGHTS[fmt]
-    assert [c.smem for c in launches[1:3]] == [0, I // chunk * (4 * chunk + 16)]
-
-
-def test_int4_decode_kernels_by_batch(launches):
-    """INT4 on bf16 at decode: both GEMV kernels at 1 token, down on the tensor cores from 8 (16 rows a warp; h staged
-    as bf16 hi and lo parts, 4 words more a pair), gate_up too from 32 (8 outputs a warp); 40 experts keep the
-    batches on the decode path."""
-    D, I, E, k = 256, 128, 40, 8
-    gu = Int4Weight(fake(np.zeros((E, 2 * I, D // 8), np.int32)), fake(np.zeros((E, 2 * I, D // 32)), BF16))
-    dn = Int4Weight(fake(np.zeros((E, D, I // 8), np.int32)), fake(np.zeros((E, D, I // 32)), BF16))
-    for T in (1, 8, 32):
-        quant.moe_experts_quant(fake(np.zeros((T, D)), BF16), gu, dn, fake(np.zeros((T, k), np.int32)),
-                                fake(np.ones((T, k), np.float32)), 0)
-    assert [c.name for c in launches if "gate_up" in c.name or "down" in c.name] == [
-        "moe_q_gate_up_int4_bf16_l32r4u1", "moe_q_down_int4_bf16_l32r4u1",
-        "moe_q_gate_up_int4_bf16_l32r4u1", "moe_q_mma_down_int4",
-        "moe_q_mma_gate_up_int4", "moe_q_mma_down_int4"]
-    d8, g32, d32 = launches[6], launches[9], launches[10]
-    assert d8.grid == (D // 128, E) and d8.smem == 8 * (I * 4 + 16)
-    assert g32.grid == (I // 64, E) and d32.smem == 8 * (I * 4 + 16)
+    staged = (I * 4 + 16) if fmt == "int4" else I // chunk * (4 * chunk + 16)
+    assert [c.smem for c in launches[1:3]] == [0, staged]
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])

@@ -5,12 +5,11 @@ A linear of at most GEMV_MAX_ROWS rows (decode) streams the packed weight once t
 dequantize the weight into a transient dense copy and run the cuBLAS GEMM, so only one Linear is ever expanded.
 
 The routed experts take decode kernels while each local expert has few (token, expert) pairs (they stream each
-selected expert's rows once per few pairs): quant.cu's GEMV kernels, or for INT4 on bf16 from a few tokens
-quant_mma.cu's, which do the multiply-adds on the tensor cores (tensor_core_gemv); and from MMA_ROWS_PER_EXPERT
-pairs an expert on average (prefill) the grouped GEMM on the tensor cores (moe_gemm.cuh with quant.cu's INT4 / FP8
-weight policy): moe.cu's moe_align groups the pairs into row tiles, each weight tile is expanded once in shared
-memory for the tile's 32 or 128 rows. Every choice depends only on the token count, so each captures into a CUDA
-graph.
+selected expert's rows once per few pairs): quant.cu's GEMV kernels, or for INT4 on bf16 quant_mma.cu's, which do the
+multiply-adds on the tensor cores (tensor_core_gemv); and from MMA_ROWS_PER_EXPERT pairs an expert on average
+(prefill) the grouped GEMM on the tensor cores (moe_gemm.cuh with quant.cu's INT4 / FP8 weight policy): moe.cu's
+moe_align groups the pairs into row tiles, each weight tile is expanded once in shared memory for the tile's 32 or
+128 rows. Every choice depends only on the token count, so each captures into a CUDA graph.
 """
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ CHUNK_WEIGHTS = {"int4": 32, "fp8": 16}   # weights of the 16-byte chunk a lane 
 EXPERT_PAIRS = 4        # quant.cu NP: pairs of an expert kernel pass
 MMA_WARPS, MMA_PAIRS = 8, 8   # quant_mma.cu: warps a block, pairs a pass (the mma's n)
 MMA_STAGE_PAD = 4       # quant_mma.cu PAIR_PAD: words after a staged pair
-MMA_GEMV_FROM = {"gate_up": 32, "down": 8}   # tokens of a pass from which INT4 decode runs on the tensor cores
 MOE_CHUNK = 1024        # tokens per pass of the GEMV expert path: its float32 per-pair buffers stay ~100s of MB
 MMA_CHUNK = 4096        # tokens per pass of the GEMM path (Kimi-K2: 0.9 GB of float32 per-pair outputs, and ~85
                         # pairs an expert, so the 128-row tiles)
@@ -186,16 +184,16 @@ def expert_pass(fmt: str, K: int) -> ExpertPass:
     return ExpertPass(32, 4, 2 if fmt == "int4" and K // CHUNK_WEIGHTS[fmt] > 64 else 1)
 
 
-def tensor_core_gemv(kernel: str, fmt: str, dtype: np.dtype, tokens: int) -> bool:
-    """Whether `kernel` ("gate_up" / "down") of a decode-sized pass of INT4 experts on bf16 activations runs on the
-    tensor cores (quant_mma.cu) rather than quant.cu's GEMV kernels, from MMA_GEMV_FROM tokens. Measured on H100 at
-    Kimi-K2's shapes: the GEMV kernels are bound by the ~3 instructions an INT4 weight costs them and re-read an
-    expert's rows every 4 pairs, the tensor-core ones by their few warps at one token (gate_up 36 % of the copy rate
-    there against 55 %); down is faster on the tensor cores from 8 tokens (52 against 49 %), gate_up about even at
-    32 (59 / 60 %) and far ahead at 128 (58 against 42 %), and the 7-layer model's decode step at batch 32 took 10.4
-    ms on them against 14.7. FP8 rows (one weight a byte, 69-89 % on CUDA cores) and float32 activations keep
-    quant.cu's kernels."""
-    return fmt == "int4" and np.dtype(dtype) == BF16 and tokens >= MMA_GEMV_FROM[kernel]
+def tensor_core_gemv(fmt: str, dtype: np.dtype) -> bool:
+    """Whether decode-sized passes of these experts run on the tensor cores (quant_mma.cu) rather than quant.cu's GEMV
+    kernels: INT4 on bf16 activations. Measured on H100 at Kimi-K2's shapes, the GEMV kernels are bound by the ~3
+    instructions an INT4 weight costs them and re-read an expert's rows every 4 pairs: the tensor-core kernels stream
+    the whole call at 55 / 58 / 56 % of the copy rate at 8 / 32 / 128 tokens against 58 / 54 / 38 %, and the 7-layer
+    model's decode step at batch 32 took 10.4 ms against 14.7. At one token they are slower (37 against 51 %; 3.26
+    against 3.03 ms a step): gate_up has too few warps streaming. The choice does not follow the token count: a
+    pair's sums are then the same whatever it is batched with, so batching does not move greedy tokens. FP8 rows (one
+    weight a byte, 69-89 % on CUDA cores) and float32 activations keep quant.cu's kernels."""
+    return fmt == "int4" and np.dtype(dtype) == BF16
 
 
 def mma_stage_bytes_down(I: int, pairs: int) -> int:
@@ -220,8 +218,8 @@ def stage_bytes(fmt: str, K: int, itemsize: int, pairs: int) -> int:
 def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.ndarray, weights: cp.ndarray,
                    expert_offset: int, addend: Any, y: cp.ndarray) -> None:
     """The four launches of the decode expert path for tokens x [T, D] (contiguous rows) and ids [T, k], into y (the
-    plan, gate_up and down each on quant.cu's GEMV kernels or quant_mma.cu's, the combine); `addend` packed [T, D]
-    rows or NULL."""
+    plan, gate_up and down on quant.cu's GEMV kernels or quant_mma.cu's, the combine); `addend` packed [T, D] rows or
+    NULL."""
     T, D = x.shape
     E_local, I2, _ = gate_up.shape
     I = I2 // 2
@@ -237,22 +235,22 @@ def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.nda
     h = cp.empty((n, I), dtype=cp.float32)
     yk = cp.empty((n, D), dtype=cp.float32)
     plan = (slot_expert, slot_start, pair_list)
-    q, s = _arrays(gate_up)
-    if tensor_core_gemv("gate_up", fmt, x.dtype, T):
+    if tensor_core_gemv(fmt, x.dtype):
+        staged = min(MMA_PAIRS, T)
+        q, s = _arrays(gate_up)
         launch("quant_mma", "moe_q_mma_gate_up_int4", (-(-I // (8 * MMA_WARPS)), slots), 32 * MMA_WARPS,
                (x, q, s, *plan, np.int32(k), np.int32(D), np.int32(I), h))
-    else:
-        p = expert_pass(fmt, D)
-        launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-I // (WARPS * p.warp_rows // 2)), slots),
-               32 * WARPS, (x, q, s, *plan, np.int32(k), np.int32(D), np.int32(I), h))
-    q, s = _arrays(down)
-    if tensor_core_gemv("down", fmt, x.dtype, T):
-        staged = min(MMA_PAIRS, T)
+        q, s = _arrays(down)
         launch("quant_mma", "moe_q_mma_down_int4", (-(-D // (16 * MMA_WARPS)), slots), 32 * MMA_WARPS,
                (h, q, s, *plan, weights, np.int32(D), np.int32(I), np.int32(staged), yk),
                smem=mma_stage_bytes_down(I, staged))
     else:
         staged = stage_pairs(T)
+        q, s = _arrays(gate_up)
+        p = expert_pass(fmt, D)
+        launch("quant", f"moe_q_gate_up_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-I // (WARPS * p.warp_rows // 2)), slots),
+               32 * WARPS, (x, q, s, *plan, np.int32(k), np.int32(D), np.int32(I), h))
+        q, s = _arrays(down)
         p = expert_pass(fmt, I)
         launch("quant", f"moe_q_down_{fmt}_{suffix(x.dtype)}_{p.name}", (-(-D // (WARPS * p.warp_rows)), slots),
                32 * WARPS, (h, q, s, *plan, weights, np.int32(D), np.int32(I), np.int32(staged), yk),
