@@ -352,15 +352,20 @@ __device__ void moe_combine(const float* __restrict__ yk, const int* __restrict_
     }                                                                                                              \
     extern "C" __global__ void q_dequant_##fmt##_##sfx(const void* q, const S* scale, int K, T* out) {             \
         q_dequant<F, T, S>(q, scale, K, out);                                                                      \
-    }                                                                                                              \
+    }
+#define Q_EXPERT_FORMS(fmt, F, sfx, T, S)                                                                          \
     Q_EXPERTS(fmt, F, sfx, T, S, 32, 4, 1)                                                                         \
     Q_EXPERTS(fmt, F, sfx, T, S, 32, 4, 2)
 
-// INT4 scales come in the activations' dtype, FP8 scales in float32
+// INT4 scales come in the activations' dtype, FP8 scales in float32. INT4 experts on bf16 activations run on the
+// tensor cores at decode (quant_mma.cu), so their GEMV forms are not built.
 Q_KERNELS(int4, Int4, bf16, bf16, bf16)
 Q_KERNELS(int4, Int4, f32, float, float)
 Q_KERNELS(fp8, Fp8, bf16, bf16, float)
 Q_KERNELS(fp8, Fp8, f32, float, float)
+Q_EXPERT_FORMS(int4, Int4, f32, float, float)
+Q_EXPERT_FORMS(fp8, Fp8, bf16, bf16, float)
+Q_EXPERT_FORMS(fp8, Fp8, f32, float, float)
 
 #define COMBINE_KERNEL(sfx, T)                                                                                     \
     extern "C" __global__ void moe_combine_##sfx(const float* yk, const int* ids, int k, int D, int E_local,      \
