@@ -121,6 +121,7 @@ class Workers:
             try:
                 c.send(step)
             except OSError as e:
+                self.check(DEATH_NOTICE_S)   # a closed pipe is a rank that died: the watchdog's word names how
                 raise RankFailed(f"expert-parallel rank {rank} is gone ({type(e).__name__})") from None
 
     def check(self, wait_s: float = 0.0) -> None:
