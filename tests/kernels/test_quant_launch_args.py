@@ -106,9 +106,9 @@ def test_kimi_expert_launches(launches, fmt):
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
 @pytest.mark.parametrize("itemsize", [2, 4])
 def test_staged_activations_emulation(fmt, itemsize):
-    """quant.cu's stage_rows and warp_rows' reads of the stage (the down kernel's) as they index: every chunk's values come back from
-    where warp_rows reads them (c * SC + 8 * j), and a warp's 16-byte reads of one chunk-word (lane l: chunk l) fall
-    in the eight distinct 16-byte bank groups of each quarter warp (no bank conflict)."""
+    """quant.cu's stage_rows and warp_rows' reads of the stage (the down kernel's) as they index: every chunk's values
+    come back from where warp_rows reads them (c * SC + 8 * j), and a warp's 16-byte reads of one chunk-word (lane l:
+    chunk l) fall in the eight distinct 16-byte bank groups of each quarter warp (no bank conflict)."""
     chunk, K, n = quant.CHUNK_WEIGHTS[fmt], 4 * 1024, 3
     V, C = 16 // itemsize, K // quant.CHUNK_WEIGHTS[fmt]
     SC = chunk + 16 // itemsize        # staged_chunk<F, A>
