@@ -20,6 +20,14 @@ __device__ __forceinline__ unsigned int word_of(const uint4& v, int j) {
     return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
+// A bf16 pair whose halves are 0x4300 | nibble (exponent 7: 128 + nibble, exactly) -> the pair of nibble - 8, the
+// unscaled INT4 weights, exactly and with no conversion instruction: one bf16x2 fma subtracts 136.
+__device__ __forceinline__ unsigned int int4_biased_to_bf16x2(unsigned int biased) {
+    unsigned int out;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(biased), "r"(0x3f803f80u), "r"(0xc308c308u));
+    return out;
+}
+
 struct Int4 {
     static constexpr int WORDS = 4;   // 8-weight words of a chunk
     static constexpr int CHUNK = 32;  // weights of a chunk
@@ -45,16 +53,15 @@ struct Int4 {
             out[i] = __uint_as_float(bits) - (float)((1 << (23 - 4 * b)) + 8);
         }
     }
-    // the same 8 weights as bf16 (a 16-byte word), exactly and with no conversion instruction: the nibbles of
-    // weights 2p and 2p + 1 masked into the mantissas of a bf16 pair of exponent 7 make 128 + nibble each (0x4300 |
-    // nibble), from which one bf16x2 fma subtracts 136.
+    // the same 8 weights as bf16 (a 16-byte word): the nibbles of weights 2p and 2p + 1 masked into a bf16 pair's
+    // mantissas (int4_biased_to_bf16x2).
     static __device__ __forceinline__ uint4 expand_bf16(const uint4& raw, int j) {
         const unsigned int w = word_of(raw, j);
         unsigned int out[4];
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
-            const unsigned int t = w >> (8 * p), biased = (t & 0xfu) | ((t << 12) & 0xf0000u) | 0x43004300u;
-            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out[p]) : "r"(biased), "r"(0x3f803f80u), "r"(0xc308c308u));
+            const unsigned int t = w >> (8 * p);
+            out[p] = int4_biased_to_bf16x2((t & 0xfu) | ((t << 12) & 0xf0000u) | 0x43004300u);
         }
         return make_uint4(out[0], out[1], out[2], out[3]);
     }

@@ -197,9 +197,9 @@ def tensor_core_gemv(fmt: str, dtype: np.dtype) -> bool:
 
 
 def mma_stage_bytes_down(I: int, pairs: int) -> int:
-    """quant_mma.cu's down stage: `pairs` rows of h, each I / 32 chunks of 4 lanes x 8 words (bf16 hi and lo parts)
-    and MMA_STAGE_PAD words."""
-    return pairs * (32 * (I // 32) + MMA_STAGE_PAD) * 4
+    """quant_mma.cu's down stage: `pairs` rows of h, each I / 32 chunks of 4 lanes x 8 words (bf16 hi and lo parts:
+    a word a value) and MMA_STAGE_PAD words."""
+    return pairs * (I + MMA_STAGE_PAD) * 4
 
 
 def stage_pairs(tokens: int) -> int:

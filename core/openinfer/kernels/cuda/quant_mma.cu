@@ -24,14 +24,11 @@ constexpr int MMA_PAIRS = 8;     // pairs a pass: the mma's n
 constexpr int MMA_CHUNKS = 8;    // chunks a lane loads (per row) before the first is used
 constexpr int PAIR_PAD = 4;      // words after a staged pair: a quarter warp's two pairs in distinct banks
 
-// The 4 bf16 pairs (nibble j, nibble j + 4) of an INT4 word, unscaled (nibble - 8), exactly: each nibble masked into
-// the mantissa of a bf16 of exponent 7 is 128 + nibble (0x4300 | nibble), from which one bf16x2 fma takes 136.
+// The 4 bf16 pairs (nibble j, nibble j + 4) of an INT4 word, unscaled (nibble - 8), exactly: nibble j sits at bit
+// 4j and nibble j + 4 at bit 16 + 4j, so one shift and mask put both in a bf16 pair's mantissas.
 __device__ __forceinline__ void int4_pairs(unsigned int w, unsigned int (&p)[4]) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const unsigned int biased = ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(p[j]) : "r"(biased), "r"(0x3f803f80u), "r"(0xc308c308u));
-    }
+    for (int j = 0; j < 4; ++j) p[j] = int4_biased_to_bf16x2(((w >> (4 * j)) & 0x000f000fu) | 0x43004300u);
 }
 
 // The B words of a chunk's two mmas from a lane's 8 bf16 activations v (positions 8t .. 8t + 7 of the chunk, 2 a
@@ -58,7 +55,7 @@ __device__ __forceinline__ void mma_rows(const void* __restrict__ q, const S* __
 #pragma unroll
         for (int u = 0; u < MMA_CHUNKS; ++u) {
             const bool in = c0 + u < C;
-            w[0][u] = in ? __ldg(wg + 4 * (c0 + u)) : 0u;   // read once per row: through L1 only as a sector
+            w[0][u] = in ? __ldg(wg + 4 * (c0 + u)) : 0u;   // through L1: a 32-byte sector holds two chunks
             w[1][u] = in ? __ldg(wg8 + 4 * (c0 + u)) : 0u;
             s[0][u] = in ? to_f32(scale[row_g * C + c0 + u]) : 0.f;
             s[1][u] = in ? to_f32(scale[row_g8 * C + c0 + u]) : 0.f;
