@@ -223,7 +223,7 @@ def dispatch(monkeypatch):
     cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=0), get_current_stream=lambda: SimpleNamespace(ptr=7))
     monkeypatch.setattr(blas, "cp", SimpleNamespace(**vars(FAKE_CP), cuda=cuda))
     gemm_ex = SimpleNamespace(cublasGemmEx=lambda handle, ta, tb, n, m, *a: calls.append(("gemm_ex", m)) or 0)
-    monkeypatch.setattr(blas, "_handles", {0: SimpleNamespace(lib=gemm_ex, bind=lambda stream: 1)})
+    monkeypatch.setattr(blas, "_handles", {(0, "default"): SimpleNamespace(lib=gemm_ex, bind=lambda stream: 1)})
     monkeypatch.setattr(blas, "gemv", lambda x2, w, out2: calls.append(("gemv", x2.shape[0])))
     return calls
 

@@ -223,7 +223,7 @@ def test_per_head_linear_cublas_arguments(launches, monkeypatch):
     calls = []
     lib = SimpleNamespace(cublasGemmStridedBatchedEx=lambda *a: calls.append(a) or 0)
     handle = SimpleNamespace(lib=lib, bind=lambda stream: 1)
-    monkeypatch.setattr(blas, "_handles", {0: handle})
+    monkeypatch.setattr(blas, "_handles", {(0, "default"): handle})
     monkeypatch.setattr(blas.cp, "cuda", SimpleNamespace(Device=lambda: SimpleNamespace(id=0),
                                                          get_current_stream=lambda: SimpleNamespace(ptr=0)),
                         raising=False)

@@ -56,8 +56,7 @@ class ForwardBatch:
     def leading_one_token_runs(self) -> int:
         """How many runs at the front of the batch are one token long: a mixed step's decoding rows, which the
         scheduler puts before its prompts."""
-        longer = np.flatnonzero(np.diff(self.query_start_host) != 1)
-        return int(longer[0]) if len(longer) else self.num_seqs
+        return leading_one_token_runs(self.query_start_host)
 
     @cached_property
     def one_token_split(self) -> tuple[ForwardBatch, ForwardBatch] | None:
@@ -89,3 +88,9 @@ class ForwardBatch:
         tail = part(slice(n, None), slice(t, None), self.query_start[n:] - t, self.query_start_host[n:] - t,
                     self.max_query_len, ck)
         return head, tail
+
+
+def leading_one_token_runs(query_start: np.ndarray) -> int:
+    """How many runs at the front of a batch with these query starts ([B + 1]) are one token long."""
+    longer = np.flatnonzero(np.diff(query_start) != 1)
+    return int(longer[0]) if len(longer) else len(query_start) - 1

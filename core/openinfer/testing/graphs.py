@@ -28,6 +28,7 @@ class EmulatedGraphs:
         self.inputs = GraphInputs(np, self.sizes[-1], -(-max_model_len // block_size))
         self.batches = {b: self.inputs.batch(b, block_size, max_model_len, state_slots) for b in self.sizes}
         self.replays: list[int] = []    # the bucket of every replay, for tests to check the path ran
+        self.beside: list[int] = []     # the decode rows of every replay beside a mixed step's eager part
         self.outputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # bucket -> (logits, tokens)
 
     bucket = DecodeGraphs.bucket   # the real graphs' choice (it reads only self.sizes)
@@ -51,6 +52,14 @@ class EmulatedGraphs:
             self.outputs[b] = np.empty_like(logits), np.empty_like(tokens)
         self.outputs[b][0][...], self.outputs[b][1][...] = logits, tokens
         return self.outputs[b]
+
+    def replay_beside(self, h: HostBatch, rest: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
+        """The real graphs' result: the sampled rows of h's replay, then rest()'s."""
+        logits, tokens = self.replay(h)
+        self.beside.append(len(h.token_ids))
+        rest_logits, rest_tokens = rest()
+        rows = h.sample_rows
+        return np.concatenate([logits[rows], rest_logits]), np.concatenate([tokens[rows], rest_tokens])
 
 
 def emulate_graphs(engine: Engine) -> EmulatedGraphs:

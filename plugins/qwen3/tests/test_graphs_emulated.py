@@ -18,3 +18,23 @@ def test_emulated_graph_decode_matches_eager(untied):
         want = [t for t, _, _ in generate(eager, batch, greedy(12))]
         assert [t for t, _, _ in generate(graph, batch, greedy(12))] == want, f"batch of {len(batch)}"
     assert {1, 4} <= set(graphs.replays) and graphs.batches[4].state_slots is None
+
+
+def test_mixed_steps_replay_their_decode_rows_beside_the_prompts(untied, monkeypatch):
+    """A mixed step's decode rows replay their (emulated) graph beside its prompt runs' eager forward, here from
+    two rows (model_runner.BESIDE_MIN_ROWS): prompts chunked and finished beside running rows, a row asking for
+    logprobs among them; every stream's events equal the eager engine's."""
+    from openinfer.engine import model_runner
+    from openinfer.testing.pipelined import run_script, submit
+    monkeypatch.setattr(model_runner, "BESIDE_MIN_ROWS", 2)
+    ckpt, _ = untied
+    eager = engine_for(ckpt, max_num_seqs=8, max_num_batched_tokens=24)
+    prompts = _prompts(eager, 8)
+    script = {0: [submit(f"r{i}", p, greedy(16)) for i, p in enumerate(prompts[:3])],
+              3: [submit("late", prompts[7], greedy(10))],
+              5: [submit("scored", prompts[6], greedy(6, logprobs=2)), submit("last", prompts[5], greedy(4))]}
+    want = run_script(eager, script)
+    eng = engine_for(ckpt, max_num_seqs=8, max_num_batched_tokens=24)
+    graphs = emulate_graphs(eng)
+    assert run_script(eng, script) == want
+    assert len(graphs.beside) >= 3 and min(graphs.beside) >= 2

@@ -13,7 +13,8 @@ CuPy's own cuBLAS wrappers refuse CUDA-graph capture; direct cublasGemmEx calls 
 replay bit-identically. Four entry points are all we need, so they are
 bound with ctypes rather than through a bindings package (nvmath-python loads every CUDA math
 library at import and, with torch installed, torch too). One handle per device, bound to the
-current stream at each call, with a preallocated workspace so capture never allocates.
+current stream at each call, with a preallocated workspace so capture never allocates; one handle and workspace per
+lane (lanes.py), which cuBLASLt's calls (lt.py) share, so a graph replay and an eager forward never share one.
 Row-major y[T, out] = x[T, in] @ w[out, in].T is, column-major, y^T = op_T(w) @ op_N(x^T).
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from . import lt
+from . import lanes, lt
 from .module import BF16, blocks_per_sm, clusters_supported, launch, sm_count
 
 WORKSPACE_BYTES = 32 << 20
@@ -81,7 +82,7 @@ class _Handle:
         if status:
             raise RuntimeError(f"cublasCreate failed with status {status}: is the GPU usable? {INSTALL_HINT}")
         self.ptr = ptr.value
-        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
+        self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)   # lt.py's calls in this lane use it too
         _check(self.lib.cublasSetWorkspace_v2(self.ptr, self.workspace.data.ptr, WORKSPACE_BYTES), "SetWorkspace")
         self.stream = -1
 
@@ -97,7 +98,7 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"cublas{what} failed with status {status}")
 
 
-_handles: dict[int, _Handle] = {}
+_handles: dict[tuple[int, str], _Handle] = {}   # (device, lane) -> its handle
 
 
 # --- the small-M GEMV path (gemv.cu) ---------------------------------------------------------
@@ -215,11 +216,21 @@ def linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     return out
 
 
+def _handle() -> Any:
+    """This device's cuBLAS handle in the current lane."""
+    key = (cp.cuda.Device().id, lanes.current())
+    return _handles.get(key) or _handles.setdefault(key, _Handle())
+
+
 def _bound_handle() -> tuple[Any, int]:
-    """This device's cuBLAS handle and its pointer, bound to the current stream."""
-    dev = cp.cuda.Device().id
-    handle: Any = _handles.get(dev) or _handles.setdefault(dev, _Handle())
+    """This device's cuBLAS handle in the current lane and its pointer, bound to the current stream."""
+    handle = _handle()
     return handle, handle.bind(cp.cuda.get_current_stream().ptr)
+
+
+def workspace() -> cp.ndarray:
+    """The current lane's workspace (WORKSPACE_BYTES) on this device."""
+    return _handle().workspace
 
 
 def _gemm_ex(handle: Any, ptr: int, m: int, n: int, k: int, x: int, ldx: int, w: int, ldw: int, out: int, ldo: int,

@@ -102,14 +102,14 @@ def layouts(lib: ctypes.CDLL, m: int, n: int, k: int) -> tuple[ctypes.c_void_p, 
 
 
 class Lt:
-    """A cuBLASLt handle with the one matmul descriptor, the heuristic preference and a workspace."""
+    """A cuBLASLt handle with the one matmul descriptor and the heuristic preference; a matmul uses the current
+    lane's workspace (blas.workspace)."""
 
     def __init__(self) -> None:
         self.lib = load_lt()
         self.handle = ctypes.c_void_p()
         blas._check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "LtCreate")
         self.desc, self.pref = matmul_desc(self.lib), preference(self.lib)
-        self.workspace = cp.empty(blas.WORKSPACE_BYTES, dtype=cp.uint8)
 
     def heuristics(self, lay: tuple[ctypes.c_void_p, ...], count: int) -> list[HeuristicResult]:
         """Up to `count` algorithms, cuBLASLt's best guess first; each has its own state (0 = usable)."""
@@ -135,7 +135,7 @@ class Lt:
         blas._check(self.lib.cublasLtMatmul(
             self.handle, self.desc, ctypes.addressof(blas._ONE), w.data.ptr, a, x.data.ptr, b,
             ctypes.addressof(blas._ZERO), y.data.ptr, c, y.data.ptr, c, ctypes.byref(algo),
-            self.workspace.data.ptr, blas.WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr), "LtMatmul")
+            blas.workspace().data.ptr, blas.WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr), "LtMatmul")
 
 
 @dataclass(frozen=True)

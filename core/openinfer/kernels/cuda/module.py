@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from ...loading.phases import phase
-from . import pdl
+from . import lanes, pdl
 from .compile import arch_for, compile_source
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -24,7 +24,7 @@ _smem_optin: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
 _occupancy: dict[tuple, int] = {}
 _capability: dict[int, int] = {}
-_counters: dict[tuple[int, str], cp.ndarray] = {}
+_counters: dict[tuple[int, str, str], cp.ndarray] = {}   # (device, lane, purpose) -> its counters
 
 
 def suffix(dtype: np.dtype) -> str:
@@ -129,13 +129,14 @@ def arrival_counters(purpose: str) -> cp.ndarray | None:
     """COUNTER_SLOTS int32 counters of the current device for kernels whose last block to arrive finishes
     the work (split-KV decode heads): zeroed once,
     and each launch leaves its slots zero again. Each purpose (COUNTER_PURPOSES) has its own region, so
-    two kinds of kernels never share a slot. Raw device memory outside any pool (a graph's private pool
-    may go away). Every purpose's region is allocated at the first call outside a capture, whichever
+    two kinds of kernels never share a slot, and each lane (lanes.py) its own set, so a graph replay and an
+    eager forward running at once never do. Raw device memory outside any pool (a graph's private pool
+    may go away). Every purpose's region is allocated at the lane's first call outside a capture, whichever
     purpose asks (a graph may capture a kernel that never ran eagerly); None when that first call is
     inside one (the caller then runs unsplit / unfused: correct, but slower; run the forward once eagerly
     before capturing, as cuda_graphs.py does)."""
-    dev = cp.cuda.Device().id
-    c = _counters.get((dev, purpose))
+    dev, lane = cp.cuda.Device().id, lanes.current()
+    c = _counters.get((dev, lane, purpose))
     if c is None:
         if purpose not in COUNTER_PURPOSES:
             raise ValueError(f"arrival counters for {purpose!r}: add it to COUNTER_PURPOSES")
@@ -147,8 +148,9 @@ def arrival_counters(purpose: str) -> cp.ndarray | None:
         cp.cuda.runtime.memsetAsync(mem.ptr, 0, nbytes, stream.ptr)
         stream.synchronize()
         for i, p in enumerate(COUNTER_PURPOSES):
-            _counters[(dev, p)] = cp.ndarray((COUNTER_SLOTS,), cp.int32, cp.cuda.MemoryPointer(mem, i * COUNTER_SLOTS * 4))
-        c = _counters[(dev, purpose)]
+            _counters[(dev, lane, p)] = cp.ndarray((COUNTER_SLOTS,), cp.int32,
+                                                   cp.cuda.MemoryPointer(mem, i * COUNTER_SLOTS * 4))
+        c = _counters[(dev, lane, purpose)]
     return c
 
 
