@@ -75,3 +75,26 @@ def test_pipelined_decode_streams_match_serial(untied):
         assert bool(launches) == pipelined and not eng.scheduler.running
     assert events[1] == events[0]
     assert events[0]["turn2"][0].cached_tokens == 48   # the rolling checkpoint after 48 tokens
+
+
+def test_mixed_steps_replay_their_decode_rows_beside_the_prompts(untied, monkeypatch):
+    """A mixed step's decode rows (their state rows) replay the emulated graph beside the prompts' chunked prefill
+    (from two rows: model_runner.BESIDE_MIN_ROWS), prompts crossing block boundaries (their state checkpoints go with
+    the prompts' part) and a second turn hitting one: every stream's events equal the eager engine's."""
+    from openinfer.engine import model_runner
+    from openinfer.testing.pipelined import run_script, submit
+    monkeypatch.setattr(model_runner, "BESIDE_MIN_ROWS", 2)
+    ckpt, _ = untied
+    prompts = [tokens(9 + 11 * i, seed=30 + i) for i in range(5)]
+    script = {0: [submit(f"r{i}", p, greedy(24)) for i, p in enumerate(prompts[:3])],
+              3: [submit("late", prompts[3], greedy(12))],
+              6: [submit("later", prompts[4], greedy(8)), submit("turn2", prompts[2] + prompts[0], greedy(6))],
+              12: [submit("turn3", prompts[3] + prompts[1], greedy(6))]}   # hits "late"'s, saved beside the rows
+    events, beside = [], []
+    for graphs in (False, True):
+        eng = engine_for(ckpt, max_num_seqs=8, block_size=16, max_num_batched_tokens=24)
+        if graphs:
+            beside = emulate_graphs(eng).beside
+        events.append(run_script(eng, script))
+    assert events[1] == events[0] and events[0]["turn3"][0].cached_tokens == 32
+    assert len(beside) >= 3 and min(beside) >= 2
