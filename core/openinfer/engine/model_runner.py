@@ -5,8 +5,8 @@ are sampled on the device where the backend can (CUDA: only ids and asked-for lo
 elsewhere their float32 logits rows go to the host sampler.
 Prompt rows of requests that score their prompt (prompt logprobs) get their logits too, after the
 sampled rows', and are scored on the device against the prompt's next token.
-Decode-only steps replay a captured CUDA graph when the backend has them; a mixed step of at least
-BESIDE_MIN_ROWS decode rows replays their graph beside its prompt runs' eager forward (cuda_graphs.py,
+Decode-only steps replay a captured CUDA graph when the backend has them; a mixed step whose decode rows
+read enough KV cache (BESIDE_READ_RATIO) replays their graph beside its prompt runs' eager forward (cuda_graphs.py,
 `replay_beside`). A step is launched and collected apart, so a pipelined engine can queue the next decode step in
 between (pipeline.py).
 """
@@ -28,11 +28,13 @@ from ..sampling.batch import ROW, SamplingBatch
 from .scheduler import StepPlan
 
 
-# A mixed step replays its decode rows' graph beside the prompts' eager forward from this many rows. On an H100
-# (Qwen3-4B, 1k contexts) 248 rows beside one 1k prompt took 32.6 ms against 38.6 as one eager forward, and beside
-# seven 116.7 against 118.3; 72 rows took 22.2 against 21.8 and 106.2 against 103.5: below ~100 rows the rows'
-# second read of the weights costs what running them beside the prompts saves.
-BESIDE_MIN_ROWS = 128
+# A mixed step replays its decode rows' graph beside the prompts' eager forward when the rows read at least this many
+# times the model's weight bytes of KV cache and state: the graph reads the weights a second time, which one eager
+# forward shares with the prompts. On an H100 (Qwen3-4B, 8 GB of weights, 1k contexts): 248 rows (40 GB of KV)
+# beside one 1k prompt took 32.6 ms against 38.6 as one eager forward, beside seven 116.7 against 118.3; 72 rows
+# (12 GB) took 22.2 against 21.8 and 106.2 against 103.5. A MoE model's weights are all its experts, so its decode rows
+# run beside only where their KV dwarfs them.
+BESIDE_READ_RATIO = 2.0
 
 
 @dataclass
@@ -127,10 +129,19 @@ def slot_mapping(table: np.ndarray, rows: np.ndarray, pos: np.ndarray, block_siz
     return table[rows, pos // block_size].astype(np.int64) * block_size + pos % block_size
 
 
+@dataclass(frozen=True)
+class ReadBytes:
+    """What a decode step reads: the weights once, each context token's KV, each row's bounded state."""
+    weights: int = 0
+    per_token: int = 0
+    per_row: int = 0
+
+
 class ModelRunner:
-    def __init__(self, model: Model, backend: Backend, pools: StatePools, block_size: int) -> None:
+    def __init__(self, model: Model, backend: Backend, pools: StatePools, block_size: int,
+                 reads: ReadBytes = ReadBytes()) -> None:
         self.model, self.backend, self.pools = model, backend, pools
-        self.block_size = block_size
+        self.block_size, self.reads = block_size, reads
         self.graphs: Any = None
         self.tables = BlockTables()
 
@@ -269,13 +280,17 @@ class ModelRunner:
         return Launched(h, logits, tokens, rows, samples, graph, scores=scores)
 
     def _beside_rows(self, h: HostBatch) -> int:
-        """The leading decode rows of a mixed step to replay on their graph beside the rest, or 0: none, too few, no
-        graph for them, a step that scores prompt rows, or expert-parallel ranks (their collectives pair up in
-        order, so a rank runs one forward at a time)."""
+        """The leading decode rows of a mixed step to replay on their graph beside the rest, or 0: none, too little KV
+        read (BESIDE_READ_RATIO), no graph for them, a step that scores prompt rows, or expert-parallel ranks (their
+        collectives pair up in order, so a rank runs one forward at a time)."""
         if self.graphs is None or h.scored is not None or self.backend.comm is not None:
             return 0
         n = leading_one_token_runs(h.query_start)
-        return n if BESIDE_MIN_ROWS <= n < len(h.context_lens) and self.graphs.bucket(n) is not None else 0
+        if not 0 < n < len(h.context_lens) or self.graphs.bucket(n) is None:
+            return 0
+        r = self.reads
+        read = int(h.context_lens[:n].sum()) * r.per_token + n * r.per_row
+        return n if read >= BESIDE_READ_RATIO * r.weights else 0
 
     def _replay_next(self, h: HostBatch, prev: Launched) -> Launched:
         """Its input ids are prev's greedy tokens (rank 0's, on every rank), copied on the device; prev's

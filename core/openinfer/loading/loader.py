@@ -25,7 +25,7 @@ from ..kv.hybrid import HybridBlockManager, num_state_rows
 from ..kv.pool import StatePools, bytes_per_block, bytes_per_state_row
 from .memory_plan import check_fits, memory_need
 from ..contract.model_line import ModelLine, StateGroup
-from ..engine.model_runner import ModelRunner
+from ..engine.model_runner import ModelRunner, ReadBytes
 from ..parallel.communicator import Communicator
 from .phases import in_background, phase, release_free_heap
 from ..contract.plugins import Plugins, get_plugins
@@ -246,7 +246,8 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
             num_blocks = _fewest(backend, num_blocks)
         pools = StatePools(backend, groups, num_blocks, args.block_size, rows)
         p.detail = f"{num_blocks} blocks of {args.block_size} tokens, {num_blocks * per_block / 2**30:.2f} GiB"
-    runner = ModelRunner(built, backend, pools, args.block_size)
+    runner = ModelRunner(built, backend, pools, args.block_size, ReadBytes(nbytes, per_block // args.block_size,
+                                                                           state_row))
     if backend.name == "cuda" and not args.enforce_eager:
         with phase("graph capture"):
             runner.capture_graphs(args.max_num_seqs, max_len)

@@ -21,12 +21,12 @@ def test_emulated_graph_decode_matches_eager(untied):
 
 
 def test_mixed_steps_replay_their_decode_rows_beside_the_prompts(untied, monkeypatch):
-    """A mixed step's decode rows replay their (emulated) graph beside its prompt runs' eager forward, here from
-    two rows (model_runner.BESIDE_MIN_ROWS): prompts chunked and finished beside running rows, a row asking for
-    logprobs among them; every stream's events equal the eager engine's."""
+    """A mixed step's decode rows replay their (emulated) graph beside its prompt runs' eager forward, here whatever
+    they read (model_runner.BESIDE_READ_RATIO 0): prompts chunked and finished beside running rows, a row asking
+    for logprobs among them; every stream's events equal the eager engine's."""
     from openinfer.engine import model_runner
     from openinfer.testing.pipelined import run_script, submit
-    monkeypatch.setattr(model_runner, "BESIDE_MIN_ROWS", 2)
+    monkeypatch.setattr(model_runner, "BESIDE_READ_RATIO", 0.0)
     ckpt, _ = untied
     eager = engine_for(ckpt, max_num_seqs=8, max_num_batched_tokens=24)
     prompts = _prompts(eager, 8)
