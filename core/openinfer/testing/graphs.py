@@ -11,12 +11,14 @@ real graph would bake in.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ..backends.cuda_graphs import DecodeGraphs, Forward, buckets
 from ..backends.graph_inputs import GraphInputs
+from ..engine import model_runner
 from ..engine.engine import Engine
 from ..engine.model_runner import HostBatch
 
@@ -69,3 +71,14 @@ def emulate_graphs(engine: Engine) -> EmulatedGraphs:
                             bool(runner.pools.slots))
     runner.graphs = graphs
     return graphs
+
+
+@contextmanager
+def beside_read_ratio(ratio: float) -> Iterator[None]:
+    """Inside the block, a mixed step's decode rows replay beside its prompts when they read `ratio` times the
+    weights (model_runner.BESIDE_READ_RATIO): 0 whenever there are any, inf never."""
+    before, model_runner.BESIDE_READ_RATIO = model_runner.BESIDE_READ_RATIO, ratio
+    try:
+        yield
+    finally:
+        model_runner.BESIDE_READ_RATIO = before

@@ -193,24 +193,24 @@ def test_pipelined_decode_streams_match_serial(untied):
     assert piped.blocks.reserved == 0 and not piped.scheduler.running
 
 
-def test_mixed_steps_replay_their_decode_rows_beside_the_prompts(untied, monkeypatch):
+def test_mixed_steps_replay_their_decode_rows_beside_the_prompts(untied):
     """The real graphs: a mixed step's decode rows replay on the graphs' stream while its prompt runs eagerly on the
     step stream (whatever the rows read: model_runner.BESIDE_READ_RATIO 0); every stream's tokens equal those of the
     engine that runs each mixed step as one eager forward, prompts chunked and a logprobs row among the decode rows."""
-    from openinfer.engine import model_runner
+    from openinfer.testing.graphs import beside_read_ratio
     from openinfer.testing.pipelined import run_script, submit
     eng = gpu_engine(untied[0], dtype="float32", max_num_batched_tokens=24)
     prompts = _prompts(eng, 8)
     script = {0: [submit(f"r{i}", p, greedy(16)) for i, p in enumerate(prompts[:3])],
               3: [submit("late", prompts[7], greedy(10))],
               5: [submit("scored", prompts[6], greedy(6, logprobs=2)), submit("last", prompts[5], greedy(4))]}
-    monkeypatch.setattr(model_runner, "BESIDE_READ_RATIO", float("inf"))
-    want = run_script(eng, script)
-    monkeypatch.setattr(model_runner, "BESIDE_READ_RATIO", 0.0)
+    with beside_read_ratio(float("inf")):
+        want = run_script(eng, script)
     eng = gpu_engine(untied[0], dtype="float32", max_num_batched_tokens=24)
     beside, replay_beside = [], eng.runner.graphs.replay_beside
     eng.runner.graphs.replay_beside = lambda h, rest: beside.append(len(h.token_ids)) or replay_beside(h, rest)
-    got = run_script(eng, script)
+    with beside_read_ratio(0.0):
+        got = run_script(eng, script)
     assert len(beside) >= 3
     for rid, events in want.items():   # logprobs equal to float32 rounding across the two GEMM shapes
         assert [getattr(e, "token_ids", None) for e in got[rid]] == [getattr(e, "token_ids", None) for e in events], rid

@@ -20,13 +20,12 @@ def test_emulated_graph_decode_matches_eager(untied):
     assert {1, 4} <= set(graphs.replays) and graphs.batches[4].state_slots is None
 
 
-def test_mixed_steps_replay_their_decode_rows_beside_the_prompts(untied, monkeypatch):
+def test_mixed_steps_replay_their_decode_rows_beside_the_prompts(untied):
     """A mixed step's decode rows replay their (emulated) graph beside its prompt runs' eager forward, here whatever
     they read (model_runner.BESIDE_READ_RATIO 0): prompts chunked and finished beside running rows, a row asking
     for logprobs among them; every stream's events equal the eager engine's."""
-    from openinfer.engine import model_runner
+    from openinfer.testing.graphs import beside_read_ratio
     from openinfer.testing.pipelined import run_script, submit
-    monkeypatch.setattr(model_runner, "BESIDE_READ_RATIO", 0.0)
     ckpt, _ = untied
     eager = engine_for(ckpt, max_num_seqs=8, max_num_batched_tokens=24)
     prompts = _prompts(eager, 8)
@@ -36,5 +35,6 @@ def test_mixed_steps_replay_their_decode_rows_beside_the_prompts(untied, monkeyp
     want = run_script(eager, script)
     eng = engine_for(ckpt, max_num_seqs=8, max_num_batched_tokens=24)
     graphs = emulate_graphs(eng)
-    assert run_script(eng, script) == want
+    with beside_read_ratio(0.0):
+        assert run_script(eng, script) == want
     assert len(graphs.beside) >= 3 and min(graphs.beside) >= 2
