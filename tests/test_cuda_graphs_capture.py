@@ -103,60 +103,55 @@ def test_capture_runs_one_eager_forward_and_never_waits_on_the_host_before_the_e
     assert sorted(graphs.graphs) == [1, 2, 4, 8, 16]
 
 
-def test_replay_restages_after_the_last_upload_and_writes_pipelined_ids_before_the_launch(monkeypatch):
-    log: list = []
-    step = _Stream(log, "step")
-    cp = _fake_cp(log)
-    graphs = DecodeGraphs(cp, step, None, max_num_seqs=4, max_model_len=64, block_size=16)
+def _replaying_graphs(log: list, outputs: tuple, monkeypatch) -> DecodeGraphs:
+    """Graphs of up to 4 rows on the recording cupy whose launches log their stream and the staged token ids, and
+    whose uploads log their stream (None: the step stream) and copy the host mirrors."""
+    graphs = DecodeGraphs(_fake_cp(log), _Stream(log, "step"), None, max_num_seqs=4, max_model_len=64, block_size=16)
 
     class Graph:
         def launch(self, stream: _Stream) -> None:
             log.append(("launch on", stream.name, graphs.inputs.meta[2 * 4: 2 * 4 + 2].tolist()))
-    graphs.graphs = {b: (Graph(), "logits", "tokens") for b in graphs.sizes}
+    graphs.graphs = {b: (Graph(), *outputs) for b in graphs.sizes}
 
-    def upload(self, width: int) -> None:
-        log.append(("upload",))
+    def upload(self, width: int, stream: _Stream | None = None) -> None:
+        log.append(("upload on", stream and stream.name))
         self.inputs.meta[:] = self.inputs.host
     monkeypatch.setattr(DecodeGraphs, "_upload", upload)
-    h = HostBatch(np.array([7, 8], np.int32), np.array([3, 5], np.int32), np.array([19, 37], np.int64),
-                  np.array([[1], [2]], np.int32), np.arange(3, dtype=np.int32), np.array([4, 6], np.int32),
-                  np.arange(2, dtype=np.int32))
+    return graphs
+
+
+def _two_rows(sample_rows: list[int]) -> HostBatch:
+    return HostBatch(np.array([7, 8], np.int32), np.array([3, 5], np.int32), np.array([19, 37], np.int64),
+                     np.array([[1], [2]], np.int32), np.arange(3, dtype=np.int32), np.array([4, 6], np.int32),
+                     np.array(sample_rows, np.int32))
+
+
+def test_replay_restages_after_the_last_upload_and_writes_pipelined_ids_before_the_launch(monkeypatch):
+    log: list = []
+    graphs = _replaying_graphs(log, ("logits", "tokens"), monkeypatch)
+    h = _two_rows([0, 1])
     graphs.replay(h)
     tokens = np.array([42, 43], np.int32).view(_DeviceArray)
     wait = graphs.fetch(tokens)
     graphs.replay(h, ids=tokens)
     wait()
-    assert log == [("host waits for the event on", None), ("upload",), ("record on", "step"),
+    assert log == [("host waits for the event on", None), ("upload on", None), ("record on", "step"),
                    ("launch on", "step", [7, 8]),
                    ("copy to the host on", "step"), ("record on", "step"),
-                   ("host waits for the event on", "step"), ("upload",), ("record on", "step"),
+                   ("host waits for the event on", "step"), ("upload on", None), ("record on", "step"),
                    ("launch on", "step", [42, 43]),
                    ("host waits for the event on", "step")]
 
 
 def test_a_replay_beside_an_eager_part_runs_on_the_graphs_stream_and_the_step_stream_waits_for_it(monkeypatch):
     log: list = []
-    step = _Stream(log, "step")
-    cp = _fake_cp(log)
-    graphs = DecodeGraphs(cp, step, None, max_num_seqs=4, max_model_len=64, block_size=16)
-
-    class Graph:
-        def launch(self, stream: _Stream) -> None:
-            log.append(("launch on", stream.name, graphs.inputs.meta[2 * 4: 2 * 4 + 2].tolist()))
     logits = np.arange(4 * 3, dtype=np.float32).reshape(4, 3)
-    graphs.graphs = {b: (Graph(), logits, np.array([5, 6, 7, 8], np.int32)) for b in graphs.sizes}
-
-    def upload(self, width: int, stream: _Stream) -> None:
-        log.append(("upload on", stream.name))
-        self.inputs.meta[:] = self.inputs.host
-    monkeypatch.setattr(DecodeGraphs, "_upload", upload)
+    graphs = _replaying_graphs(log, (logits, np.array([5, 6, 7, 8], np.int32)), monkeypatch)
 
     def rest():
         log.append(("eager part",))
         return np.full((1, 3), -1, np.float32), np.array([9], np.int32)
-    h = HostBatch(np.array([7, 8], np.int32), np.array([3, 5], np.int32), np.array([19, 37], np.int64),
-                  np.array([[1], [2]], np.int32), np.arange(3, dtype=np.int32), np.array([4, 6], np.int32),
-                  np.array([1], np.int32))   # of the two decode rows, only the second samples
+    h = _two_rows([1])   # of the two decode rows, only the second samples
     got_logits, got_tokens = graphs.replay_beside(h, rest)
     assert log == [("host waits for the event on", None), ("record on", "step"), ("capture", "waits for", "step"),
                    ("upload on", "capture"), ("record on", "capture"), ("launch on", "capture", [7, 8]),
