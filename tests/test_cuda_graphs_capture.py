@@ -12,6 +12,7 @@ import contextlib
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from openinfer.backends.cuda_graphs import DecodeGraphs
 from openinfer.kernels.cuda import lanes
@@ -159,3 +160,14 @@ def test_a_replay_beside_an_eager_part_runs_on_the_graphs_stream_and_the_step_st
                    ("concatenate", [1, 1]), ("concatenate", [1, 1])]
     np.testing.assert_array_equal(got_logits, [[3, 4, 5], [-1, -1, -1]])
     np.testing.assert_array_equal(got_tokens, [6, 9])
+
+
+def test_the_step_stream_waits_for_the_replay_even_when_the_eager_part_fails(monkeypatch):
+    log: list = []
+    graphs = _replaying_graphs(log, (np.zeros((4, 3), np.float32), np.zeros(4, np.int32)), monkeypatch)
+
+    def rest():
+        raise RuntimeError("the eager part failed")
+    with pytest.raises(RuntimeError, match="eager part failed"):
+        graphs.replay_beside(_two_rows([0, 1]), rest)
+    assert log[-1] == ("step", "waits for", "capture")

@@ -144,8 +144,10 @@ class DecodeGraphs:
         self._uploaded.record(self.side)
         graph.launch(self.side)
         self._replayed.record(self.side)
-        rest_logits, rest_tokens = rest()
-        self.stream.wait_event(self._replayed)
+        try:
+            rest_logits, rest_tokens = rest()
+        finally:   # even when the eager part fails: nothing later on the step stream may overlap the replay
+            self.stream.wait_event(self._replayed)
         with self.device, self.stream:
             n = len(h.sample_rows)
             rows = (slice(0, n) if n == len(h.token_ids) or not n or h.sample_rows[-1] == n - 1
