@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("cupy")
 from openinfer.backends.cuda_backend import CudaBackend  # noqa: E402
 from openinfer.backends.cuda_graphs import buckets  # noqa: E402
-from openinfer.kernels.cuda import blas, lt, lt_tune  # noqa: E402
+from openinfer.kernels.cuda import blas, lanes, lt, lt_tune  # noqa: E402
 from openinfer.kernels.cuda import tuning as tuning_cache  # noqa: E402  (`tuning` is this file's fixture)
 from openinfer.testing.launch_check import FAKE_CP, aligned_empty  # noqa: E402
 
@@ -201,11 +201,13 @@ def test_backend_tunes_every_decode_bucket(monkeypatch):
     tuned for the same weights; the scratch is released."""
     from openinfer.kernels.cuda import gemv_tune
     calls = []
-    monkeypatch.setattr(lt_tune, "tune", lambda ms, shapes: calls.append((ms, shapes)) or lt_tune.Tuned(90, 5, 95))
+    monkeypatch.setattr(lt_tune, "tune", lambda ms, shapes: calls.append((ms, shapes, lanes.current()))
+                        or lt_tune.Tuned(90, 5, 95))
     monkeypatch.setattr(gemv_tune, "tune", lambda shapes: calls.append(shapes) or gemv_tune.Tuned(3, 2, ("64x32 2->1",)))
-    backend = SimpleNamespace(device=contextlib.nullcontext(), release_cached=lambda: calls.append("released"))
+    backend = SimpleNamespace(device=contextlib.nullcontext(), release_cached=lambda: calls.append("released"),
+                              lane="cuda:0#7")
     detail = CudaBackend.tune_gemms(backend, SHAPES, 256)
-    assert calls == [(buckets(256), SHAPES), SHAPES, "released"]
+    assert calls == [(buckets(256), SHAPES, "cuda:0#7"), SHAPES, "released"]   # in the backend's lane
     assert len([m for m in buckets(256) if m > blas.GEMV_MAX_M]) == 19   # 95 GEMMs for Qwen3-4B's 5 weights
     assert detail == ("95 decode GEMM shapes on cuBLASLt (90 from the cache, 5 timed); GEMV split-K for 5 (3 from the "
                       f"cache, 2 timed; off the rule: 64x32 2->1); of {len(SHAPES)} weight shapes")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
+from ..kernels.cuda import lanes
 from ..sampling.sampler import SampleResult
 from ..sampling.batch import LOGPROBS, NUM_FIELDS, SamplingBatch, to_results
 from .block_copy import BlockCopier
@@ -60,6 +61,7 @@ class CudaBackend(Backend):
         self.utilization = gpu_memory_utilization
         self._dtypes = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
         self.device = cp.cuda.Device(index)
+        self.lane = lanes.new(f"cuda:{index}")
         with self.device:
             # blocking (synchronizes with the legacy default stream), so work launched by a thread
             # that never called activate() still orders correctly against our copies
@@ -76,10 +78,12 @@ class CudaBackend(Backend):
         precompile(arch_for(int(cc[:-1]), int(cc[-1])))
 
     def activate(self) -> None:
-        """Make this GPU and the step stream current for the calling thread (CuPy keeps both per
-        thread): call it at the start of the thread that runs forward passes or captures graphs."""
+        """Make this GPU, the step stream and this backend's kernel lane (kernels/cuda/lanes.py) current for the
+        calling thread (CuPy keeps the first two per thread): call it at the start of the thread that runs forward
+        passes or captures graphs."""
         self.device.use()
         self.stream.use()
+        lanes.use(self.lane)
 
     @contextmanager
     def current(self) -> Iterator[None]:
@@ -87,8 +91,9 @@ class CudaBackend(Backend):
         kernels launch on the thread's current stream while its uploads and downloads go on the step stream, so the
         step must run here: in a thread where another backend was activated last (two engines in one process, as
         tests build them) its kernels would otherwise queue on that backend's stream, unordered with its own
-        uploads (buffers reused while the kernels still read them) and token downloads (read before written)."""
-        with self.device, self.stream:
+        uploads (buffers reused while the kernels still read them) and token downloads (read before written). The
+        kernels run in this backend's lane: another model's engine on the same GPU steps at the same time."""
+        with self.device, self.stream, lanes.lane(self.lane):
             yield
 
     def _np_dtype(self, dtype: str | None) -> np.dtype:
@@ -188,7 +193,7 @@ class CudaBackend(Backend):
                 return forward(batch)
         with self.device:
             graphs = DecodeGraphs(self.xp, self.stream, capture_forward, max_num_seqs, max_model_len, block_size,
-                                  state_slots)
+                                  state_slots, lane=lanes.graphs_of(self.lane))
             graphs.capture()
         return graphs
 
@@ -206,7 +211,7 @@ class CudaBackend(Backend):
         start-up log says about it."""
         from ..kernels.cuda import gemv_tune, lt_tune
         from .cuda_graphs import buckets
-        with self.device:
+        with self.device, lanes.lane(self.lane):
             tuned = lt_tune.tune(buckets(max_num_seqs), shapes)
             splits = gemv_tune.tune(shapes)
         self.release_cached()   # the timing scratch, held by CuPy's pool on the tuning streams

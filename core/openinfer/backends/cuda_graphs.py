@@ -15,8 +15,8 @@ they never run at the same time.
 A mixed step (decode rows and prompt runs) replays its decode rows' graph on the graphs' own stream beside the
 prompts' eager forward on the step stream (`replay_beside`): on an H100, 248 decode rows of Qwen3-4B beside a 1k
 prompt took 32.6 ms that way against 38.6 ms as one eager forward (the rows' own graph step is 19.6 ms, the prompt
-alone 15.0). So the graphs capture in their own lane (kernels/cuda/lanes.py): the cuBLAS workspace and arrival
-counters they bake in are not the ones an eager forward uses.
+alone 15.0). So the graphs capture in a lane of their own (kernels/cuda/lanes.py): the cuBLAS workspace and
+arrival counters they bake in are not the ones an eager forward uses.
 """
 from __future__ import annotations
 
@@ -49,9 +49,10 @@ def buckets(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, cp: Any, stream: Any, forward: Forward, max_num_seqs: int, max_model_len: int,
-                 block_size: int, state_slots: bool = False) -> None:
-        """`state_slots`: the model has bounded per-request state (its batches carry state_slots)."""
-        self.cp, self.stream, self.forward = cp, stream, forward
+                 block_size: int, state_slots: bool = False, lane: str = lanes.GRAPHS) -> None:
+        """`state_slots`: the model has bounded per-request state (its batches carry state_slots). `lane`: the
+        kernel lane the graphs capture in (their backend's graphs lane, lanes.graphs_of)."""
+        self.cp, self.stream, self.forward, self.lane = cp, stream, forward, lane
         self.sizes = buckets(max_num_seqs)
         self.block_size, self.max_model_len, self.state_slots = block_size, max_model_len, state_slots
         n = self.sizes[-1]
@@ -89,7 +90,7 @@ class DecodeGraphs:
         queued.record(self.stream)
         capture_stream = self.side
         capture_stream.wait_event(queued)
-        with cp.cuda.using_allocator(self.pool.malloc), capture_stream, lanes.lane(lanes.GRAPHS):
+        with cp.cuda.using_allocator(self.pool.malloc), capture_stream, lanes.lane(self.lane):
             for b in reversed(self.sizes):
                 batch = self.inputs.batch(b, self.block_size, self.max_model_len, self.state_slots)
                 if b == self.sizes[-1]:

@@ -1,18 +1,21 @@
 """Lanes: the device scratch that kernels keep from one call to the next, one set per lane.
 
-cuBLAS's workspace and the arrival counters of split kernels (module.arrival_counters) are written by one call and
-reused by the next. Two forwards may run on one GPU at the same time: a mixed step's decode rows replay their CUDA
-graph on the graphs' own stream while its prompt runs eagerly on the step stream (engine/model_runner.py). So the
-graphs are captured in the "graphs" lane and everything else runs in the default one; what a graph bakes in is
-never what an eager forward writes.
+cuBLAS's handle and workspace and the arrival counters of split kernels (module.arrival_counters) are written by one
+call and reused by the next, so two forwards running at once on one GPU must not share them. Each CUDA backend (a
+model: several may share a GPU, each stepping in its engine's thread) runs its kernels in a lane of its own, and its
+decode graphs capture in another: a mixed step's decode rows replay their graph on the graphs' stream while its
+prompts run eagerly on the step stream (engine/model_runner.py). Kernels called outside any backend (tests,
+benchmarks) run in the default lane.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from contextlib import contextmanager
 from typing import Iterator
 
 DEFAULT, GRAPHS = "default", "graphs"
+_numbers = itertools.count()
 
 
 class _Current(threading.local):
@@ -27,6 +30,11 @@ def current() -> str:
     return _current.name
 
 
+def use(name: str) -> None:
+    """Make `name` the calling thread's lane (until the next use or lane block)."""
+    _current.name = name
+
+
 @contextmanager
 def lane(name: str) -> Iterator[None]:
     """Run the block's kernel calls in lane `name` (on this thread)."""
@@ -35,3 +43,13 @@ def lane(name: str) -> Iterator[None]:
         yield
     finally:
         _current.name = before
+
+
+def new(owner: str) -> str:
+    """A lane no one else has, named after its owner (for logs and errors)."""
+    return f"{owner}#{next(_numbers)}"
+
+
+def graphs_of(name: str) -> str:
+    """The lane the decode graphs of the owner of lane `name` capture in."""
+    return f"{name}/{GRAPHS}"
