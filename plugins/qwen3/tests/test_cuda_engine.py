@@ -214,3 +214,22 @@ def test_mixed_steps_replay_their_decode_rows_beside_the_prompts(untied):
     assert len(beside) >= 3
     for rid, events in want.items():   # logprobs equal to float32 rounding across the two GEMM shapes
         assert [getattr(e, "token_ids", None) for e in got[rid]] == [getattr(e, "token_ids", None) for e in events], rid
+
+
+def test_two_models_on_one_gpu_step_at_once(untied):
+    """A multi-model host's engines on one GPU, each stepping in its own thread at the same time: every request's
+    tokens equal those of an engine run alone (each backend's kernels keep their own cuBLAS handle, workspace and
+    arrival counters: kernels/cuda/lanes.py)."""
+    from openinfer.testing.engine import collect
+    alone = gpu_engine(untied[0], dtype="float32")
+    prompts = _prompts(alone, 8)
+    want = [t for t, _, _ in generate(alone, prompts, greedy(24))]
+    engines = [gpu_engine(untied[0], dtype="float32").start() for _ in range(2)]
+    try:
+        for _ in range(3):
+            streams = [[e.submit(list(p), greedy(24)) for p in prompts] for e in engines]
+            for per_engine in streams:
+                assert [collect(s)[0] for s in per_engine] == want
+    finally:
+        for e in engines:
+            e.shutdown()
