@@ -49,3 +49,11 @@ def test_blas_keeps_a_handle_per_device_and_lane(monkeypatch):
         a = blas.workspace()
         assert blas.workspace() is a
     assert blas.workspace() is first and a is not first and len(made) == 2
+
+
+def test_release_drops_a_lanes_entries_and_its_graphs_lanes_only():
+    store = lanes.per_lane({})
+    a, b = lanes.new("cuda:0"), lanes.new("cuda:0")
+    store.update({(0, a): 1, (0, lanes.graphs_of(a), "decode_attention"): 2, (0, b): 3, (0, lanes.DEFAULT): 4})
+    lanes.release(a)
+    assert store == {(0, b): 3, (0, lanes.DEFAULT): 4}

@@ -5,6 +5,7 @@ CI can import the package. Every failure to start says what is missing and what 
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
@@ -62,6 +63,7 @@ class CudaBackend(Backend):
         self._dtypes = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
         self.device = cp.cuda.Device(index)
         self.lane = lanes.new(f"cuda:{index}")
+        weakref.finalize(self, lanes.release, self.lane)   # its cuBLAS handles, workspaces and counters go with it
         with self.device:
             # blocking (synchronizes with the legacy default stream), so work launched by a thread
             # that never called activate() still orders correctly against our copies

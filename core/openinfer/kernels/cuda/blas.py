@@ -20,6 +20,7 @@ Row-major y[T, out] = x[T, in] @ w[out, in].T is, column-major, y^T = op_T(w) @ 
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any
 
 import cupy as cp
@@ -57,14 +58,15 @@ def load_cublas(name: str = "cublas") -> ctypes.CDLL:
 def _bind(lib: ctypes.CDLL) -> None:
     vp, i32 = ctypes.c_void_p, ctypes.c_int
     lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasDestroy_v2.argtypes = [vp]
     lib.cublasSetStream_v2.argtypes = [vp, vp]
     lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
     lib.cublasGemmEx.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, vp, i32, i32, vp, vp, i32, i32, i32, i32]
     i64 = ctypes.c_longlong
     lib.cublasGemmStridedBatchedEx.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, i64, vp, i32, i32, i64,
                                                vp, vp, i32, i32, i64, i32, i32, i32]
-    for fn in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx,
-               lib.cublasGemmStridedBatchedEx):
+    for fn in (lib.cublasCreate_v2, lib.cublasDestroy_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2,
+               lib.cublasGemmEx, lib.cublasGemmStridedBatchedEx):
         fn.restype = i32
 
 
@@ -86,6 +88,10 @@ class _Handle:
         _check(self.lib.cublasSetWorkspace_v2(self.ptr, self.workspace.data.ptr, WORKSPACE_BYTES), "SetWorkspace")
         self.stream = -1
 
+    def __del__(self) -> None:   # a released lane's (lanes.release); its workspace goes back with the array
+        if getattr(self, "ptr", None) and not sys.is_finalizing():   # (at exit the driver may be gone first)
+            self.lib.cublasDestroy_v2(self.ptr)
+
     def bind(self, stream: int) -> int:
         if stream != self.stream:
             _check(self.lib.cublasSetStream_v2(self.ptr, stream), "SetStream")
@@ -98,7 +104,7 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"cublas{what} failed with status {status}")
 
 
-_handles: dict[tuple[int, str], _Handle] = {}   # (device, lane) -> its handle
+_handles: dict[tuple[int, str], _Handle] = lanes.per_lane({})   # (device, lane) -> its handle
 
 
 # --- the small-M GEMV path (gemv.cu) ---------------------------------------------------------

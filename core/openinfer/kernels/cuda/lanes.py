@@ -16,6 +16,7 @@ from typing import Iterator
 
 DEFAULT, GRAPHS = "default", "graphs"
 _numbers = itertools.count()
+_stores: list[dict] = []   # dicts keyed (device, lane, ...), registered by per_lane
 
 
 class _Current(threading.local):
@@ -53,3 +54,18 @@ def new(owner: str) -> str:
 def graphs_of(name: str) -> str:
     """The lane the decode graphs of the owner of lane `name` capture in."""
     return f"{name}/{GRAPHS}"
+
+
+def per_lane(store: dict) -> dict:
+    """Register `store`, a dict keyed (device, lane, ...), so that `release` drops a lane's entries."""
+    _stores.append(store)
+    return store
+
+
+def release(name: str) -> None:
+    """Drop what every per-lane store holds for lane `name` and its graphs lane: a backend that is gone (its graphs
+    with it) hands its handles, workspaces and counters back."""
+    gone = (name, graphs_of(name))
+    for store in _stores:
+        for key in [k for k in store if k[1] in gone]:
+            del store[key]

@@ -24,7 +24,7 @@ _smem_optin: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
 _occupancy: dict[tuple, int] = {}
 _capability: dict[int, int] = {}
-_counters: dict[tuple[int, str, str], cp.ndarray] = {}   # (device, lane, purpose) -> its counters
+_counters: dict[tuple[int, str, str], cp.ndarray] = lanes.per_lane({})   # (device, lane, purpose) -> its counters
 
 
 def suffix(dtype: np.dtype) -> str:
