@@ -67,5 +67,5 @@ def release(name: str) -> None:
     with it) hands its handles, workspaces and counters back."""
     gone = (name, graphs_of(name))
     for store in _stores:
-        for key in [k for k in store if k[1] in gone]:
-            del store[key]
+        for key in [k for k in list(store) if k[1] in gone]:   # (list: a snapshot, whatever other threads add)
+            store.pop(key, None)
