@@ -312,7 +312,7 @@ def test_cublas_gemm_ex_binding():
     """cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C,
     Ctype, ldc, computeType, algo): 19 parameters, as bound; cublasGemmStridedBatchedEx adds strideA, strideB,
     strideC (64-bit) and batchCount: 23."""
-    lib = SimpleNamespace(**{n: SimpleNamespace() for n in ("cublasCreate_v2", "cublasSetStream_v2",
+    lib = SimpleNamespace(**{n: SimpleNamespace() for n in ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2",
                                                            "cublasSetWorkspace_v2", "cublasGemmEx",
                                                            "cublasGemmStridedBatchedEx")})
     blas._bind(lib)
