@@ -12,10 +12,9 @@ Intermediates are allocated from a memory pool of the graphs' own, kept for thei
 buffer baked into a graph must never be handed to anything else. Graphs share that pool because
 they never run at the same time.
 
-A mixed step (decode rows and prompt runs) replays its decode rows' graph on the graphs' own stream beside the
-prompts' eager forward on the step stream (`replay_beside`): on an H100, 248 decode rows of Qwen3-4B beside a 1k
-prompt took 32.6 ms that way against 38.6 ms as one eager forward (the rows' own graph step is 19.6 ms, the prompt
-alone 15.0). So the graphs capture in a lane of their own (kernels/cuda/lanes.py): the cuBLAS workspace and
+A mixed step (decode rows and prompt runs) may replay its decode rows' graph on the graphs' own stream beside the
+prompts' eager forward on the step stream (`replay_beside`; when, and what it measured: model_runner.py,
+BESIDE_READ_RATIO). So the graphs capture in a lane of their own (kernels/cuda/lanes.py): the cuBLAS workspace and
 arrival counters they bake in are not the ones an eager forward uses.
 """
 from __future__ import annotations
@@ -150,9 +149,8 @@ class DecodeGraphs:
         finally:   # even when the eager part fails: nothing later on the step stream may overlap the replay
             self.stream.wait_event(self._replayed)
         with self.device, self.stream:
-            n = len(h.sample_rows)
-            rows = (slice(0, n) if n == len(h.token_ids) or not n or h.sample_rows[-1] == n - 1
-                    else cp.asarray(h.sample_rows))   # (sample rows ascend: a prefix when the last is n - 1)
+            n = len(h.sample_rows)   # (sample rows ascend: a prefix when none or the last is n - 1)
+            rows = slice(0, n) if not n or h.sample_rows[-1] == n - 1 else cp.asarray(h.sample_rows)
             return cp.concatenate([logits[rows], rest_logits]), cp.concatenate([tokens[rows], rest_tokens])
 
     def fetch(self, tokens: Any) -> Callable[[], np.ndarray]:
