@@ -44,7 +44,8 @@ def arrival_counters_left_zero():
     yield
     from openinfer.kernels.cuda.module import COUNTER_PURPOSES, _counters
     cp.cuda.Device().synchronize()
-    left = {purpose: np.flatnonzero(cp.asnumpy(c))[:8].tolist() for (dev, purpose), c in _counters.items()
+    left = {f"{purpose} (lane {lane})": np.flatnonzero(cp.asnumpy(c))[:8].tolist()
+            for (dev, lane, purpose), c in list(_counters.items())
             if dev == cp.cuda.Device().id and purpose in COUNTER_PURPOSES and c.any()}
     assert not left, f"arrival counters left non-zero (purpose: first slots): {left}"
 
