@@ -72,6 +72,7 @@ def _bind(lib: ctypes.CDLL) -> None:
 
 class _Handle:
     lib: ctypes.CDLL | None = None
+    _exiting = staticmethod(sys.is_finalizing)   # held here: at exit the module's globals may already be None
 
     def __init__(self) -> None:
         if _Handle.lib is None:
@@ -89,7 +90,7 @@ class _Handle:
         self.stream = -1
 
     def __del__(self) -> None:   # a released lane's (lanes.release); its workspace goes back with the array
-        if getattr(self, "ptr", None) and not sys.is_finalizing():   # (at exit the driver may be gone first)
+        if getattr(self, "ptr", None) and not self._exiting():   # (at exit the driver may be gone first)
             self.lib.cublasDestroy_v2(self.ptr)
 
     def bind(self, stream: int) -> int:
