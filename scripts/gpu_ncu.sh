@@ -11,7 +11,7 @@ PY=${PYTHON:-python3}
 NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}
 mkdir -p "$OUT"
 for scenario in "$@"; do
-    name=$(echo "$scenario" | tr ' ' '_')
+    name=$(echo "$scenario" | tr ' /' '__')   # a path among its arguments (--tokenizer DIR) stays in the name
     timeout ${NCU_S:-120} "$NCU" --clock-control none --graph-profiling node \
         --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_$name.csv" \
         $PY scripts/gpu_kernel_times.py $scenario >"$OUT/ncu_$name.log" 2>&1
