@@ -259,17 +259,23 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
         scratch[at] = np.broadcast_to(np.asarray(values, F32), np.asarray(i).shape).ravel()
 
     sm = Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L))
-    for r in range(L // WARPS):                                  # 1. a warp per token
+    for r in range(L * DK_MAX // THREADS):                       # 0. the block stages q, k, v, beta
+        e = TID + THREADS * r
+        t, i = e // DK_MAX, e % DK_MAX
+        tok, col = s0 + c0 + np.minimum(t, nc - 1), np.minimum(i, dk - 1)   # clamped: always read
+        m = (t < nc) & (i < dk)
+        sm.write("Q", t * KP + i, np.where(m, q[tok, kh, col], 0).astype(F32))
+        sm.write("K", t * KP + i, np.where(m, k[tok, kh, col], 0).astype(F32))
+    ev = np.arange(L * dv)                                       # v rows as stored: [row, column]
+    vs = v[s0 + c0 + np.minimum(ev // dv, nc - 1), h, ev % dv].reshape(L, dv)
+    tb = TID[TID < L]
+    sm.write("bet", tb, np.where(tb < nc, beta[s0 + c0 + np.minimum(tb, nc - 1), h], 0))
+    for r in range(L // WARPS):                                  # 1. a warp per token, normalised in place
         t = WARP + WARPS * r
-        tok = np.minimum(s0 + c0 + t, s0 + n - 1)                # (only read where t < nc)
         qq, kk = np.zeros(THREADS, F32), np.zeros(THREADS, F32)
         for u in range(DK_MAX // 32):
             i = LANE + 32 * u
-            m = (t < nc) & (i < dk)
-            qi = np.where(m, q[tok, kh, np.minimum(i, dk - 1)], 0).astype(F32)
-            ki = np.where(m, k[tok, kh, np.minimum(i, dk - 1)], 0).astype(F32)
-            sm.write("Q", t * KP + i, qi)
-            sm.write("K", t * KP + i, ki)
+            qi, ki = sm.read("Q", t * KP + i), sm.read("K", t * KP + i)
             qq, kk = qq + qi * qi, kk + ki * ki
         qq, kk = (np.repeat(x.reshape(WARPS, 32).sum(1), 32) for x in (qq, kk))   # warp_sum
         qs, ks = F32(dk ** -0.5) / np.sqrt(qq + F32(1e-6)), 1 / np.sqrt(kk + F32(1e-6))
@@ -277,7 +283,6 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
             i = LANE + 32 * u
             sm.mem[sm.idx("Q", t * KP + i)] *= qs
             sm.mem[sm.idx("K", t * KP + i)] *= ks
-        sm.write("bet", t, np.where(t < nc, beta[tok, h], 0), LANE == 0)
     gl = np.where(np.arange(L) < nc, g[np.minimum(s0 + c0 + np.arange(L), s0 + n - 1), h], 0).astype(F32)
     gam = np.cumsum(gl, dtype=F32)                               # warp 0's scan
     sm.write("gam", np.arange(L), gam)
@@ -302,10 +307,9 @@ def prep_block(q, k, v, g, beta, scratch, b: ForwardBatch, c: int, h: int, seq: 
     cols = np.arange(DK_MAX + dv)                                # 3. a thread per column, X in registers
     isw, rows = cols < DK_MAX, np.arange(L)[:, None]
     vcol = np.minimum(np.maximum(cols - DK_MAX, 0), dv - 1)
-    vtok = np.minimum(s0 + c0 + rows, s0 + n - 1)
     kw = sm.read("K", rows * KP + np.minimum(cols, DK_MAX - 1))
     X = np.where(isw, sm.read("bet", rows) * np.exp(sm.read("gam", rows)) * kw,
-                 np.where(rows < nc, sm.read("bet", rows) * v[vtok, h, vcol], 0)).astype(F32)   # [row, column]
+                 np.where(rows < nc, sm.read("bet", rows) * vs[rows, vcol], 0)).astype(F32)   # [row, column]
     assert AP % 4 == 0 and sm.off["A"] % 4 == 0
     for r in range(1, L):
         X[r] -= sm.read("A", r * AP + np.arange(r)) @ X[:r]
@@ -468,7 +472,8 @@ def test_launcher_sizes_match_the_emulated_layouts():
     pytest.importorskip("ml_dtypes")
     from openinfer_qwen35.cuda import delta_rule as dr
     assert (dr.CHUNK, dr.BV, dr.DK_MAX, dr.CHUNK_THREADS, dr.STATE_THREADS) == (L, BV, DK_MAX, THREADS, 32 * TC_WARPS)
-    assert dr.PREP_SMEM == 4 * Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L)).mem.size
+    floats = 4 * Smem(dict(Q=L * KP, K=L * KP, A=L * AP, gam=L, bet=L, tail=L)).mem.size   # then v rows as stored
+    assert all(dr.prep_smem(dv, size) == floats + L * dv * size for dv in (16, 48, 128) for size in (2, 4))
     tc = dict(W=L * TC_WQ, Qg=L * TC_WQ, Kt=L * TC_KT, P=L * TC_P, S=DK_MAX * TC_SV, V=L * TC_SV)
     assert dr.STATE_SMEM == 4 * Smem(tc).mem.size
     assert all(dr.record_floats(dv) == record(dv)["total"] for dv in (16, 48, 128))

@@ -236,6 +236,7 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
     pdl_begin();
     extern __shared__ float smem[];
     float *Qs = smem, *Ks = Qs + L * KP, *As = Ks + L * KP, *gam = As + L * AP, *bet = gam + L, *tail = bet + L;
+    T* Vs = reinterpret_cast<T*>(tail + L);   // the chunk's v rows of this head, [L][dv], as stored
     const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / (nv / nk);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int s0 = query_start[b], n = query_start[b + 1] - s0;
@@ -244,22 +245,38 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
     const int c0 = chunks.start(c), nc = chunks.size(c, n);
     const Rec rec(dv);
     float* R = scratch + (rec_index(query_start, ckpt_lens, b, c) * nv + h) * rec.total;
-    // 1. normalised q, k (a warp per token; zero past dk and past the run), beta, gamma
+    // 0. the chunk's raw q and k rows of this key head (float, zero past dk and past the run), its v rows (as
+    // stored) and beta, by the whole block at once: the loads are unconditional (rows past the run read its last
+    // row) and independent, so they are in flight together instead of each waiting in a branch of its own
+#pragma unroll 8
+    for (int e = tid; e < L * DK_MAX; e += CH_THREADS) {
+        const int t = e / DK_MAX, i = e % DK_MAX;
+        const long long tok = s0 + c0 + min(t, nc - 1), col = (long long)kh * dk + min(i, dk - 1);
+        const float qi = to_f32(q[tok * q_stride + col]), ki = to_f32(k[tok * k_stride + col]);
+        const bool in = t < nc && i < dk;
+        Qs[t * KP + i] = in ? qi : 0.f;
+        Ks[t * KP + i] = in ? ki : 0.f;
+    }
+#pragma unroll 8
+    for (int e = tid; e < L * dv; e += CH_THREADS) {
+        const int t = e / dv;
+        Vs[e] = v[(s0 + c0 + min(t, nc - 1)) * v_stride + (long long)h * dv + e % dv];   // rows past the run: unused
+    }
+    if (tid < L) {
+        const float bt = beta[(long long)(s0 + c0 + min(tid, nc - 1)) * nv + h];
+        bet[tid] = tid < nc ? bt : 0.f;
+    }
+    __syncthreads();
+    // 1. q, k normalised in place (a warp per token)
     for (int t = warp; t < L; t += CH_WARPS) {
-        const long long tok = s0 + c0 + t;
         float qq = 0.f, kk = 0.f;
         for (int i = lane; i < DK_MAX; i += 32) {
-            const bool in = t < nc && i < dk;
-            const float qi = in ? to_f32(q[tok * q_stride + (long long)kh * dk + i]) : 0.f;
-            const float ki = in ? to_f32(k[tok * k_stride + (long long)kh * dk + i]) : 0.f;
-            Qs[t * KP + i] = qi;
-            Ks[t * KP + i] = ki;
+            const float qi = Qs[t * KP + i], ki = Ks[t * KP + i];
             qq += qi * qi;
             kk += ki * ki;
         }
         const float qs = rsqrtf((float)dk) / sqrtf(warp_sum(qq) + 1e-6f), ks = 1.f / sqrtf(warp_sum(kk) + 1e-6f);
         for (int i = lane; i < DK_MAX; i += 32) { Qs[t * KP + i] *= qs; Ks[t * KP + i] *= ks; }
-        if (lane == 0) bet[t] = t < nc ? beta[tok * nv + h] : 0.f;
     }
     if (warp == 0) {   // inclusive scan of g over the chunk: lane holds tokens lane and lane + 32
         float g0 = lane < nc ? g[(long long)(s0 + c0 + lane) * nv + h] : 0.f;
@@ -325,9 +342,7 @@ __device__ void gdn_chunk_prep(const T* q, long long q_stride, const T* k, long 
 #pragma unroll
         for (int i = 0; i < L; ++i)
             X[i] = isw ? bet[i] * expf(gam[i]) * Ks[i * KP + col]
-                       : (i < nc ? bet[i] * to_f32(v[(long long)(s0 + c0 + i) * v_stride + (long long)h * dv
-                                                     + col - DK_MAX])
-                                 : 0.f);
+                       : (i < nc ? bet[i] * to_f32(Vs[i * dv + col - DK_MAX]) : 0.f);
 #pragma unroll
         for (int i = 1; i < L; ++i) {
             float acc[4] = {X[i], 0.f, 0.f, 0.f};

@@ -20,10 +20,15 @@ from openinfer.plugin_api.cuda import NULL, as_index, blas, heads3d, launch, row
 SOURCE = Path(__file__).with_name("delta_rule.cu")
 DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match delta_rule.cu
 STATE_THREADS = 32 * 16   # gdn_chunk_state's block: TC_WARPS warps
-PREP_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (CHUNK + 4) + 3 * CHUNK)   # gdn_chunk_prep: Q, K, A, gamma...
 # gdn_chunk_state: W, Qg rows padded to 132 floats, Kt to 136, P to 68, S and V' to 40
 STATE_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (DK_MAX + 8) + CHUNK * (CHUNK + 4) + (DK_MAX + CHUNK) * (BV + 8))
 NORM_TILES_MAX = 8   # gdn_decode_gated_norm: a head's column tiles in one cluster (the portable size): dv <= 256
+
+
+def prep_smem(dv: int, itemsize: int) -> int:
+    """gdn_chunk_prep's shared memory: Q, K (rows padded to DK_MAX + 4 floats), A (CHUNK + 4), gamma, beta, tail,
+    then the chunk's v rows as stored (CHUNK x dv of `itemsize` bytes)."""
+    return 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (CHUNK + 4) + 3 * CHUNK) + CHUNK * dv * itemsize
 
 
 def record_floats(dv: int) -> int:
@@ -89,7 +94,7 @@ def qwen35_gated_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.n
         sfx = suffix(v.dtype)
         launch(SOURCE, f"gdn_chunk_prep_{sfx}", (-(-batch.max_query_len // CHUNK) + m - 1, int(nv), B),
                CHUNK_THREADS, (q3, qs, k3, ks, v3, vs, g32, b32, query_start, ck_lens, scratch, nk, nv, dk, dv),
-               PREP_SMEM)
+               prep_smem(int(dv), v.dtype.itemsize))
         launch(SOURCE, f"gdn_chunk_state_{sfx}", grid, STATE_THREADS,
                (scratch, state, state_stride, slots, query_start, ctx, ck_lens, ck_rows, out, nv, dk, dv), STATE_SMEM)
     return out
