@@ -342,7 +342,13 @@ extern "C" __global__ void mla_rope_bf16(const bf16* q, long long q_stride, long
 // mla_rope_bf16, rms_norm of the latent and mla_write_latent_bf16 in one launch (numpy_mla_moe.mla_rope_write): kv
 // [T, 576] (row stride kv_stride) is kv_a_proj_with_mqa's output, c = kv[:, :512] normalised with norm_w (bf16 or
 // fp32) and the rotated k_pe = kv[:, 512:] go to cache row slots[t] (skipped where negative); q [T, nh, P] rotated
-// into q_out. A block per token: the latent's sum of squares (block_sum), then rms_norm's x * inv * w per element.
+// into q_out. A block of ROPE_WRITE_THREADS per token: the latent's sum of squares (block_sum), then rms_norm's
+// x * inv * w per element. At decode one block does it all, so its time is its loads' latency: the latent and its
+// weights are loaded first, the rotations (which do not wait for the norm) run while they land, and the norm's
+// products are formed from those registers, in the same order as ever.
+constexpr int ROPE_WRITE_THREADS = 128, ROPE_WRITE_PER = MLA_R / ROPE_WRITE_THREADS;
+static_assert(MLA_R % ROPE_WRITE_THREADS == 0, "each thread holds the same number of latent values");
+
 template <typename W>
 __device__ void mla_rope_write(const bf16* q, long long q_stride, long long q_head, const bf16* kv, long long kv_stride,
                                const W* norm_w, float eps, const int* positions, const float* cos, const float* sin,
@@ -351,18 +357,16 @@ __device__ void mla_rope_write(const bf16* q, long long q_stride, long long q_he
     pdl_begin();
     const int t = blockIdx.x;
     const bf16* row = kv + t * kv_stride;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < MLA_R; i += blockDim.x) {
-        const float v = to_f32(row[i]);
-        ss += v * v;
+    const long long pos = positions[t], slot = slots[t];
+    float x[ROPE_WRITE_PER], w[ROPE_WRITE_PER];   // element threadIdx.x + ROPE_WRITE_THREADS i of the latent
+#pragma unroll
+    for (int i = 0; i < ROPE_WRITE_PER; ++i) {
+        x[i] = to_f32(row[threadIdx.x + ROPE_WRITE_THREADS * i]);
+        w[i] = to_f32(norm_w[threadIdx.x + ROPE_WRITE_THREADS * i]);
     }
-    const float inv = 1.f / sqrtf(block_sum(ss) / MLA_R + eps);
-    const long long slot = slots[t];
-    bf16* dst = slot < 0 ? nullptr : cache + (slot / block_size) * block_stride + (slot % block_size) * (long long)MLA_D;
-    if (dst)
-        for (int i = threadIdx.x; i < MLA_R; i += blockDim.x) dst[i] = from_f32<bf16>(to_f32(row[i]) * inv * to_f32(norm_w[i]));
-    const long long pos = positions[t];
-    for (int i = threadIdx.x; i < (nh + 1) * half; i += blockDim.x) {
+    bf16* dst = slot < 0 ? nullptr
+                         : cache + (slot / block_size) * block_stride + (slot % block_size) * (long long)MLA_D;
+    for (int i = threadIdx.x; i < (nh + 1) * half; i += ROPE_WRITE_THREADS) {
         const int head = i / half, j = i % half;
         const bf16* src = head < nh ? q + t * q_stride + head * q_head : row + MLA_R;
         bf16* out = head < nh ? q_out + ((long long)t * nh + head) * 2 * half : dst + MLA_R;
@@ -372,10 +376,19 @@ __device__ void mla_rope_write(const bf16* q, long long q_stride, long long q_he
         out[2 * j] = from_f32<bf16>(x0 * c - x1 * s);
         out[2 * j + 1] = from_f32<bf16>(x1 * c + x0 * s);
     }
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < ROPE_WRITE_PER; ++i) ss += x[i] * x[i];
+    const float inv = 1.f / sqrtf(block_sum(ss) / MLA_R + eps);
+    if (dst) {
+#pragma unroll
+        for (int i = 0; i < ROPE_WRITE_PER; ++i)
+            dst[threadIdx.x + ROPE_WRITE_THREADS * i] = from_f32<bf16>(x[i] * inv * w[i]);
+    }
 }
 
 #define MLA_ROPE_WRITE(sfx, W)                                                                                     \
-    extern "C" __global__ void mla_rope_write_##sfx(                                                              \
+    extern "C" __global__ void __launch_bounds__(ROPE_WRITE_THREADS) mla_rope_write_##sfx(                        \
         const bf16* q, long long q_stride, long long q_head, const bf16* kv, long long kv_stride, const W* norm_w,  \
         float eps, const int* positions, const float* cos, const float* sin, int half, int nh, bf16* cache,       \
         long long block_stride, int block_size, const long long* slots, bf16* q_out) {                            \

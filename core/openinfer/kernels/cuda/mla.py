@@ -33,6 +33,7 @@ NEAR_CLUSTERS = 4                      # then CTAs of NEAR_CLUSTERS * SPLIT_KEYS
 MAX_CLUSTERS = 16                      # ... up to this many clusters (partials B x heads x 16 x 512), then longer
 MAX_TILES = 65535                      # row tiles of one sequence: the grid's y
 GATHER_ROWS = 8                        # rows of a mla_gather_latent block (mla.cu MLA_GATHER_ROWS)
+ROPE_WRITE_THREADS = 128               # threads of a mla_rope_write block (mla.cu)
 
 
 def smem(rows: int) -> int:
@@ -154,7 +155,7 @@ def mla_rope_write(q_pe: cp.ndarray, kv: cp.ndarray, norm_w: cp.ndarray, eps: fl
     kv2, ks = rows2d(kv)
     q_out = cp.empty((T, nh, p), dtype=BF16)
     if T:
-        launch("mla", f"mla_rope_write_{norm_suffix(kv.dtype, norm_w.dtype)}", (T,), 128,
+        launch("mla", f"mla_rope_write_{norm_suffix(kv.dtype, norm_w.dtype)}", (T,), ROPE_WRITE_THREADS,
                (q_pe, np.int64(q_pe.strides[0] // 2), np.int64(q_pe.strides[1] // 2), kv2, np.int64(ks),
                 cp.ascontiguousarray(norm_w), np.float32(eps), as_index(positions, np.int32),
                 cp.ascontiguousarray(cos, dtype=cp.float32), cp.ascontiguousarray(sin, dtype=cp.float32),
