@@ -323,7 +323,8 @@ G, T4 = LANES >> 2, LANES & 3
 
 
 def tf32(x) -> np.ndarray:
-    """cvt.rna.tf32.f32: the 13 low mantissa bits rounded off, ties away from zero."""
+    """split_tf32's rounding (cvt.rna.tf32.f32's for finite x): half an ulp added to the bits, the 13 low mantissa bits
+    then dropped, as the tensor cores drop them."""
     u = np.asarray(x, F32).view(np.uint32)
     return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(F32)
 
