@@ -345,7 +345,7 @@ extern "C" __global__ void mla_rope_bf16(const bf16* q, long long q_stride, long
 // into q_out. A block of ROPE_WRITE_THREADS per token: the latent's sum of squares (block_sum), then rms_norm's
 // x * inv * w per element. At decode one block does it all, so its time is its loads' latency: the latent and its
 // weights are loaded first, the rotations (which do not wait for the norm) run while they land, and the norm's
-// products are formed from those registers, in the same order as ever.
+// products are formed from those registers (x * inv * w, rms_norm's order).
 constexpr int ROPE_WRITE_THREADS = 128, ROPE_WRITE_PER = MLA_R / ROPE_WRITE_THREADS;
 static_assert(MLA_R % ROPE_WRITE_THREADS == 0, "each thread holds the same number of latent values");
 

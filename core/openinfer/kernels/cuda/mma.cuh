@@ -52,9 +52,9 @@ __device__ __forceinline__ void mma_bf16_first(float* c, const unsigned int* a, 
 
 // x = hi + lo, both TF32 (round to nearest, ties away): the split of 3xTF32, whose products hi*hi + hi*lo + lo*hi
 // keep close to fp32's accuracy on the tensor cores (lo*lo, ~2^-22 relative, is left out). The tensor cores ignore a
-// TF32 operand's 13 low bits, so half an ulp added to the bits rounds as cvt.rna.tf32.f32 does for every finite x;
-// cvt.rna's own SASS adds an infinity test (3 instructions a value), which made the splits most of the issue slots of
-// the 3xTF32 loops. 4 instructions a split here against 8.
+// TF32 operand's 13 low bits, so half an ulp added to the bits rounds as cvt.rna.tf32.f32 does for every finite x,
+// without the infinity test cvt.rna compiles to (3 instructions a value): 4 instructions a split instead of 8, in
+// loops (the GDN state walk) that are bound by instruction issue.
 __device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
     hi = __float_as_uint(x) + 0x1000u;
     lo = __float_as_uint(x - __uint_as_float(hi & 0xffffe000u)) + 0x1000u;
