@@ -59,8 +59,9 @@ def stacks(cp: Any, fmt: str) -> tuple[Any, Any]:
 
     def one(rows: int, cols: int) -> Any:
         if fmt == "int4":
-            packed = random_words(cp, (E, rows, cols // 8)).view(cp.int32)
-            return Int4Weight(packed, cp.full((E, rows, cols // 32), INT4_SCALE, cp.float32).astype(BF16))
+            packed = random_words(cp, (E, rows // 16, cols // 32, 16, 4)).view(cp.int32)   # the staged tiles
+            scale = cp.full((E, rows // 16, -(-cols // 64), 16, 2), INT4_SCALE, cp.float32).astype(BF16)
+            return Int4Weight(packed, scale, tiled=True)
         return Fp8Weight(fp8_bytes(cp, (E, rows, cols)), cp.full((E, rows, -(-cols // 128)), FP8_SCALE, cp.float32))
     return one(2 * I, D), one(D, I)
 

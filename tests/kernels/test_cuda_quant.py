@@ -31,8 +31,9 @@ def _host_weight(rng, fmt, out, inp, stack=None):
             parts.append(Fp8Weight(q, row_scales(s, out)))
     if stack is None:
         return parts[0]
-    return type(parts[0])(*(np.stack(a) for a in zip(*((p.packed, p.scale) if fmt == "int4" else (p.data, p.scale)
-                                                          for p in parts))))
+    stacked = type(parts[0])(*(np.stack(a) for a in zip(*((p.packed, p.scale) if fmt == "int4" else (p.data, p.scale)
+                                                            for p in parts))))
+    return stacked.tiles() if fmt == "int4" else stacked   # INT4 experts as staged
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,14 +48,14 @@ def _random_codes(rng, fmt, E, out, inp):
     if fmt == "int4":
         packed = rng.integers(0, 2**32, (E, out, inp // 8), dtype=np.uint32).view(np.int32)
         scale = rng.uniform(0.5, 1.5, (E, out, inp // 32)) / (4.6 * np.sqrt(inp))
-        return Int4Weight(packed, exact(scale, BF16))
+        return Int4Weight(packed, exact(scale, BF16)).tiles()
     data = rng.integers(0, 256, (E, out, inp), dtype=np.uint8) & 0xBF
     return Fp8Weight(data, rng.uniform(0.5, 1.5, (E, out, -(-inp // 128))).astype(np.float32) / np.sqrt(inp))
 
 
 def _device(w, dtype):
     if isinstance(w, Int4Weight):
-        return Int4Weight(cp.asarray(w.packed), cp.asarray(w.scale.astype(dtype)))
+        return Int4Weight(cp.asarray(w.packed), cp.asarray(w.scale.astype(dtype)), w.tiled)
     return Fp8Weight(cp.asarray(w.data), cp.asarray(w.scale.astype(np.float32)))
 
 

@@ -17,6 +17,7 @@ from openinfer.kernels import numpy_quant  # noqa: E402
 from openinfer.kernels.cuda import module, moe, quant  # noqa: E402
 from openinfer.kernels.cuda.moe import BF16_TILE_BYTES, GEMM_BK, GEMM_BN, GEMM_STAGES, gemm_smem  # noqa: E402
 from openinfer.quant import Fp8Weight, Int4Weight  # noqa: E402
+from openinfer.quant.int4 import tile_position  # noqa: E402
 from openinfer.testing.launch_check import fake, record_launches  # noqa: E402
 from test_attention_mma_emulation import bf  # noqa: E402
 from test_moe_emulation import LD, emulate_align, emulate_tiles  # noqa: E402
@@ -32,11 +33,13 @@ class QuantRows:
     scale word a row), tile() expands them into a NaN-initialised bf16 [64, LD] tile."""
 
     def __init__(self, fmt, q, s, e, rows, K, ref):
-        self.fmt, self.K, self.ref = fmt, K, ref    # ref: the expert's dequantized [rows, K] float32 weights
+        self.fmt, self.K, self.ref, self.n = fmt, K, ref, rows   # ref: the expert's dequantized [rows, K] weights
         self.raw = GEMM_BK // CHUNK[fmt]
         ns = max(1, GEMM_BK // GROUP[fmt])
         self.group_kk = GEMM_BK // 16 // ns
         self.row_bytes, self.scale_cols = K // CHUNK[fmt] * 16, -(-K // GROUP[fmt])
+        if fmt == "int4":   # Int4Tiles: chunk pairs of scales
+            self.scale_cols = 2 * -(-self.scale_cols // 2)
         self.q = flat(q).view(np.uint8)[e * rows * self.row_bytes:]
         self.ssize = s.itemsize
         self.s = flat(s).view(np.uint8)[e * rows * self.scale_cols * self.ssize:]
@@ -51,15 +54,28 @@ class QuantRows:
             r, c = divmod(i, self.raw)
             k = k0 + c * CHUNK[self.fmt]
             ok = rows[r] >= 0 and k < self.K
-            src = rows[r] * self.row_bytes + k // CHUNK[self.fmt] * 16
+            src = self._chunk_index(rows[r], k // CHUNK[self.fmt]) * 16
             self.st[stage, i * 16: i * 16 + 16] = self.q[src: src + 16] if ok else 0
             self.written[stage, i * 16: i * 16 + 16] = True
         for r in range(GEMM_BN):   # then each row's scale word
-            src = (rows[r] * self.scale_cols + k0 // GROUP[self.fmt]) * self.ssize
+            src = self._scale_index(rows[r], k0 // CHUNK[self.fmt]) * self.ssize
             at = self.scales + r * 4
             assert src % 4 == 0, "a 4-byte cp.async reads an aligned word"
             self.st[stage, at: at + 4] = self.s[src: src + 4] if rows[r] >= 0 else 0
             self.written[stage, at: at + 4] = True
+
+    def _chunk_index(self, row, c):
+        """Int4Tiles / Fp8 chunk_index of the expert's row `row` (quant.cuh)."""
+        if self.fmt == "fp8":
+            return row * (self.K // 16) + c
+        tile, i = tile_position(row, self.n)
+        return (tile * (self.K // 32) + c) * 16 + i
+
+    def _scale_index(self, row, c):
+        if self.fmt == "fp8":
+            return row * self.scale_cols + c // 8
+        tile, i = tile_position(row, self.n)
+        return (tile * self.scale_cols + c - c % 2) * 16 + 2 * i + c % 2
 
     def tile(self, stage):
         dq = np.full((GEMM_BN, LD), np.nan, np.float32)
@@ -123,12 +139,13 @@ def launches(monkeypatch):
 def _device_stack(w):
     """A host stack as the kernels get it: INT4 scales in bf16 (their reference values too), FP8 as they are."""
     if isinstance(w, Int4Weight):
-        return Int4Weight(fake(w.packed), fake(w.scale, BF16))
+        w = w.tiles()
+        return Int4Weight(fake(w.packed), fake(w.scale, BF16), True)
     return Fp8Weight(fake(w.data), fake(w.scale, np.float32))
 
 
 def _host_stack(w):
-    return type(w)(*(np.asarray(a) for a in vars(w).values()))
+    return type(w)(*(np.asarray(a) if hasattr(a, "shape") else a for a in vars(w).values()))
 
 
 # T tokens, top-k, local experts, offset, expected row tile: 32-row tiles (>= 16 pairs an expert on average) with
@@ -170,8 +187,8 @@ def test_quant_gemm_emulation(fmt, case, launches):
 def _kimi_stacks(fmt, E):
     D, I = 7168, 2048
     if fmt == "int4":
-        return (Int4Weight(fake(np.zeros((E, 2 * I, D // 8), np.int32)), fake(np.zeros((E, 2 * I, D // 32)), BF16)),
-                Int4Weight(fake(np.zeros((E, D, I // 8), np.int32)), fake(np.zeros((E, D, I // 32)), BF16)))
+        return (_device_stack(Int4Weight(np.zeros((E, 2 * I, D // 8), np.int32), np.zeros((E, 2 * I, D // 32)))),
+                _device_stack(Int4Weight(np.zeros((E, D, I // 8), np.int32), np.zeros((E, D, I // 32)))))
     return (Fp8Weight(fake(np.zeros((E, 2 * I, D), np.uint8)), fake(np.zeros((E, 2 * I, D // 128), np.float32))),
             Fp8Weight(fake(np.zeros((E, D, I), np.uint8)), fake(np.zeros((E, D, I // 128), np.float32))))
 

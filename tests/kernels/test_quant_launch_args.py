@@ -10,7 +10,7 @@ pytest.importorskip("cupy")
 from openinfer.kernels import numpy_quant  # noqa: E402
 from openinfer.kernels.cuda import module, moe, quant  # noqa: E402
 from openinfer.quant import Fp8Weight, Int4Weight, e4m3_to_f32, quantize_fp8, quantize_int4, row_scales  # noqa: E402
-from openinfer.quant.int4 import unpack_int4  # noqa: E402
+from openinfer.quant.int4 import tile_int4, tile_position, unpack_int4  # noqa: E402
 from openinfer.testing.launch_check import fake, record_launches  # noqa: E402
 
 BF16 = module.BF16
@@ -28,6 +28,8 @@ def _weights(fmt, out, inp, stack, dtype):
     w = rng.standard_normal((stack, out, inp))
     if fmt == "int4":
         q, s = quantize_int4(w)
+        if stack > 1:   # an expert stack, staged tiled
+            return Int4Weight(*(fake(a, dt) for a, dt in zip(tile_int4(q, s), (None, dtype))), True)
         return Int4Weight(fake(q), fake(s, dtype))
     qs = [quantize_fp8(m) for m in w]
     return Fp8Weight(fake(np.stack([q for q, _ in qs])), fake(np.stack([row_scales(s, out) for _, s in qs])))
@@ -85,8 +87,8 @@ def test_expert_pass_forms():
 def test_kimi_expert_launches(launches, fmt):
     D, I, E, k, T = 7168, 2048, 3, 8, 1   # three experts: the grid's x depends only on the shape
     if fmt == "int4":
-        gu = Int4Weight(fake(np.zeros((E, 2 * I, D // 8), np.int32)), fake(np.zeros((E, 2 * I, D // 32)), BF16))
-        dn = Int4Weight(fake(np.zeros((E, D, I // 8), np.int32)), fake(np.zeros((E, D, I // 32)), BF16))
+        gu, dn = (Int4Weight(fake(np.zeros((E, N // 16, K // 32, 16, 4), np.int32)),
+                             fake(np.zeros((E, N // 16, K // 64, 16, 2)), BF16), True) for N, K in ((2 * I, D), (D, I)))
     else:
         gu = Fp8Weight(fake(np.zeros((E, 2 * I, D), np.uint8)), fake(np.zeros((E, 2 * I, D // 128), np.float32)))
         dn = Fp8Weight(fake(np.zeros((E, D, I), np.uint8)), fake(np.zeros((E, D, I // 128), np.float32)))
@@ -154,7 +156,7 @@ def test_quant_reads_aligned_rows(launches, fmt):
     x = fake(np.arange(264, dtype=np.float32).reshape(1, 264), BF16)[:, 4:260]   # 8 bytes past an aligned start
     assert x.flags.c_contiguous and x.data.ptr % 16 == 8
     lin = _weights(fmt, 96, 256, 1, BF16)
-    lin = type(lin)(*(a[0] for a in vars(lin).values()))
+    lin = type(lin)(*(a[0] for a in quant._arrays(lin)))
     quant.linear_quant(x, lin)
     gu, dn = _weights(fmt, 2 * 64, 256, 6, BF16), _weights(fmt, 256, 64, 6, BF16)
     quant.moe_experts_quant(x, gu, dn, fake(np.zeros((1, 4), np.int32)), fake(np.ones((1, 4), np.float32)), 0)
@@ -244,13 +246,24 @@ def test_fp8_bit_decoding_matches_the_table(expand, unit):
 CHUNK = {"int4": 32, "fp8": 16}   # weights of a 16-byte chunk (quant.py's CHUNK_WEIGHTS)
 
 
+def _stack_row(fmt, e, r, N):
+    """F::stack_row: row r of expert e (N rows an expert); INT4 stacks are staged tiled (Int4Tiles)."""
+    if fmt == "fp8":
+        return e * N + r
+    tile, i = tile_position(r, N)
+    return (e * (N // 16) + tile) * 16 + i
+
+
 def _row_chunks(fmt, q, scale, row, K):
-    """Weight row `row` of a flat stack as warp_rows reads it: (unscaled weights [C, CHUNK], scale [C]), chunk c
-    from the 16 bytes at index row * C + c of the stack seen as 16-byte words, its scale at F::scale's index."""
+    """Stack row `row` of a flat stack as warp_rows reads it: (unscaled weights [C, CHUNK], scale [C]), chunk c
+    from the 16 bytes at F::chunk_index of the stack seen as 16-byte words, its scale at F::scale_index."""
     C = K // CHUNK[fmt]
+    if fmt == "int4":   # Int4Tiles
+        c = np.arange(C)
+        words = q.reshape(-1).view(np.uint32).reshape(-1, 4)[((row >> 4) * C + c) * 16 + (row & 15)]
+        at = ((row >> 4) * 2 * -(-C // 2) + c - c % 2) * 16 + 2 * (row & 15) + c % 2
+        return _int4_expand(words).reshape(C, 32), scale.reshape(-1)[at].astype(np.float32)
     words = q.reshape(-1).view(np.uint32).reshape(-1, 4)[row * C: row * C + C]
-    if fmt == "int4":
-        return _int4_expand(words).reshape(C, 32), scale.reshape(-1)[row * C: row * C + C].astype(np.float32)
     nb = -(-K // 128)
     return (_fp8_expand(words).reshape(C, 16),
             scale.reshape(-1)[row * nb + np.arange(C) // 8].astype(np.float32) * np.float32(256))
@@ -313,14 +326,15 @@ def test_grouped_kernel_emulation(fmt, case):
     E_local, T, k, offset = 3, (4, 2)[case], 3, 1
     staged = quant.stage_pairs(T)
     gate_up, down = _random_stack(rng, fmt, E_local, 2 * I, D), _random_stack(rng, fmt, E_local, D, I)
+    if fmt == "int4":
+        gate_up, down = gate_up.tiles(), down.tiles()
     x = rng.standard_normal((T, D)).astype(np.float32)
     ids = rng.integers(0, 5, (T, k)).astype(np.int32)
     ids[:, 0] = offset   # one expert with every token: more pairs than one pass takes
     weights = rng.random((T, k)).astype(np.float32)
     slots = min(E_local, T * k)
     slot_expert, slot_start, pair_list = _plan(ids, E_local, offset, slots)
-    gq, gs = vars(gate_up).values()
-    dq, ds = vars(down).values()
+    (gq, gs), (dq, ds) = (quant._arrays(w) for w in (gate_up, down))
     h = np.full((T * k, I), np.nan, np.float32)
     yk = np.full((T * k, D), np.nan, np.float32)
     gu_p, dn_p = quant.expert_pass(fmt, D), quant.expert_pass(fmt, I)
@@ -340,7 +354,8 @@ def test_grouped_kernel_emulation(fmt, case):
                         continue
                     o0 = (warp * (32 // gu_p.lanes) + g) * O
                     outs = [min(o0 + i, I - 1) for i in range(O)]
-                    rows = [e * 2 * I + o for o in outs] + [e * 2 * I + I + o for o in outs]
+                    rows = [_stack_row(fmt, e, o, 2 * I) for o in outs] + [_stack_row(fmt, e, I + o, 2 * I)
+                                                                             for o in outs]
                     acc = _warp_rows(fmt, gq, gs, rows, D, [x[pr // k] for pr in pairs[:n]], gu_p)
                     for i in range(O):
                         if o0 + i < I:
@@ -355,7 +370,7 @@ def test_grouped_kernel_emulation(fmt, case):
                     if warp * dn_p.warp_rows >= D:
                         continue
                     o0 = (warp * (32 // dn_p.lanes) + g) * dn_p.rows
-                    rows = [e * D + min(o0 + r, D - 1) for r in range(dn_p.rows)]
+                    rows = [_stack_row(fmt, e, min(o0 + r, D - 1), D) for r in range(dn_p.rows)]
                     acc = _warp_rows(fmt, dq, ds, rows, I, [h[pr] for pr in pairs[:n]], dn_p)
                     for r in range(dn_p.rows):
                         if o0 + r < D:

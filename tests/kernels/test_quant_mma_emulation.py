@@ -55,18 +55,29 @@ def c_of(C: np.ndarray, lane: int) -> list[float]:
     return [C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1]]
 
 
-def mma_rows(words, scales, rows, K, b_of) -> np.ndarray:
-    """quant_mma.cu's mma_rows for one warp: rows[g] = (row of lane group g, row g + 8); b_of(lane, c)[m] -> the
-    lane's B registers of chunk c's mma m, one (b0, b1) per part (gate_up: one; down: hi, lo), each b a (lo, hi) pair
-    of values; returns acc [32, 4] (lane: C rows g, g + 8 x columns 2t, 2t + 1), each chunk's sums scaled once."""
+def mma_rows(q, s, tile, K, b_of) -> np.ndarray:
+    """quant_mma.cu's mma_rows for the warp of tile `tile` of the staged stack (q words, s bf16 scales, read at the
+    kernel's addresses); b_of(lane, c)[m] -> the lane's B registers of chunk c's mma m, one (b0, b1) per part
+    (gate_up: one; down: hi, lo), each b a (lo, hi) pair of values; returns acc [32, 4] (lane: C rows g, g + 8 x
+    columns 2t, 2t + 1), each chunk's sums scaled once."""
+    words, scales = flat(q).view(np.uint32), flat(s).view(np.uint16).astype(np.uint32)
+    C, pairs = K // 32, -(-K // 64)
+
+    def word(i, c, t):   # wg + 64 c (+ 32 for row g + 8): word t of tile row i's chunk c
+        return int(words[(tile * C * 16 + i) * 4 + t + 64 * c])
+
+    def scale(i, c):     # half c % 2 of the bf16x2 word sg + 16 (c / 2) (+ 8 for row g + 8)
+        at = 2 * (tile * pairs * 16 + 16 * (c // 2) + i) + c % 2
+        return float((scales[at] << 16).astype(np.uint32).view(np.float32))
+
     acc = np.zeros((32, 4))
-    for c in range(K // 32):
+    for c in range(C):
         part = np.zeros((32, 4))
         for m in range(2):
             a_regs = []
             for lane in range(32):
                 g, t = divmod(lane, 4)
-                pg, pg8 = (int4_pairs(int(words[r][4 * c + t])) for r in rows[g])
+                pg, pg8 = (int4_pairs(word(i, c, t)) for i in (g, g + 8))
                 a_regs.append((pg[2 * m], pg8[2 * m], pg[2 * m + 1], pg8[2 * m + 1]))
             b = [b_of(lane, c)[m] for lane in range(32)]
             for i in range(len(b[0])):
@@ -74,7 +85,7 @@ def mma_rows(words, scales, rows, K, b_of) -> np.ndarray:
                 part += [c_of(prod, lane) for lane in range(32)]
         for lane in range(32):
             g = lane // 4
-            s0, s1 = (scales[r][c] for r in rows[g])
+            s0, s1 = scale(g, c), scale(g + 8, c)
             acc[lane] += np.array([s0, s0, s1, s1]) * part[lane]
     return acc
 
@@ -90,12 +101,6 @@ def _plan_of(call):
     return slot_expert, slot_start, pair_list
 
 
-def _stack_rows(q, s, K, rows):
-    words, scales = flat(q).view(np.uint32), flat(s).astype(np.float32)
-    return ({r: words[r * (K // 8): (r + 1) * (K // 8)] for pair in rows for r in pair},
-            {r: scales[r * (K // 32): (r + 1) * (K // 32)] for pair in rows for r in pair})
-
-
 def emulate_gate_up(call):
     x, q, s, _, _, _, k, D, I, h = call.args
     k, D, I = int(k), int(D), int(I)
@@ -107,11 +112,10 @@ def emulate_gate_up(call):
         if e < 0:
             continue
         first, last = int(slot_start[slot]), int(slot_start[slot + 1])
-        for o0 in range(0, call.grid[0] * WARPS * 8, 8):
+        for j in range(call.grid[0] * WARPS):
+            o0 = 8 * j
             if o0 >= I:   # the whole warp returns
                 continue
-            rows = [(e * 2 * I + min(o0 + g, I - 1), e * 2 * I + I + min(o0 + g, I - 1)) for g in range(8)]
-            words, scales = _stack_rows(q, s, D, rows)
             for p0 in range(first, last, PAIRS):
                 n = min(PAIRS, last - p0)
 
@@ -119,13 +123,13 @@ def emulate_gate_up(call):
                     g, t = divmod(lane, 4)
                     at = int(pair_list[p0 + min(g, n - 1)]) // k * D + 32 * c + 8 * t
                     return [[b] for b in b_pairs(X[at: at + 8])]
-                acc = mma_rows(words, scales, rows, D, b_of)
+                acc = mma_rows(q, s, e * (I // 8) + j, D, b_of)   # tile rows g, g + 8: output o0 + g's gate, up
                 for lane in range(32):
                     g, t = divmod(lane, 4)
-                    for j in range(2):
-                        if 2 * t + j < n and o0 + g < I:
-                            gate, up = acc[lane][j], acc[lane][2 + j]
-                            flat(h)[int(pair_list[p0 + 2 * t + j]) * I + o0 + g] = gate / (1 + np.exp(-gate)) * up
+                    for i in range(2):
+                        if 2 * t + i < n:
+                            gate, up = acc[lane][i], acc[lane][2 + i]
+                            flat(h)[int(pair_list[p0 + 2 * t + i]) * I + o0 + g] = gate / (1 + np.exp(-gate)) * up
 
 
 def emulate_down(call):
@@ -155,11 +159,9 @@ def emulate_down(call):
                 for m in range(2):
                     (h0, h1), (l0, l1) = b_pairs(hi)[m], b_pairs(lo)[m]
                     stage[base + 4 * m: base + 4 * m + 4] = [h0, h1, l0, l1]
-            for r0 in range(0, call.grid[0] * WARPS * 16, 16):
-                if r0 >= D:
+            for j in range(call.grid[0] * WARPS):
+                if 16 * j >= D:
                     continue
-                rows = [(e * D + min(r0 + g, D - 1), e * D + min(r0 + g + 8, D - 1)) for g in range(8)]
-                words, scales = _stack_rows(q, s, I, rows)
 
                 def b_of(lane, c, n=n):
                     g, t = divmod(lane, 4)
@@ -168,14 +170,14 @@ def emulate_down(call):
                     assert not np.isnan(w).any(), "a staged word read before it is written"
                     return [[(tuple(w[4 * m]), tuple(w[4 * m + 1])), (tuple(w[4 * m + 2]), tuple(w[4 * m + 3]))]
                             for m in range(2)]   # mma m: the hi part's (b0, b1), the lo part's
-                acc = mma_rows(words, scales, rows, I, b_of)
+                acc = mma_rows(q, s, e * (D // 16) + j, I, b_of)
                 for lane in range(32):
                     g, t = divmod(lane, 4)
-                    for j in range(4):
-                        p, r = 2 * t + (j & 1), r0 + g + 8 * (j >> 1)
-                        if p < n and r < D:
+                    for i in range(4):   # tile rows g and g + 8: rows 8j + g and D/2 + 8j + g
+                        p, r = 2 * t + (i & 1), 8 * j + g + (i >> 1) * (D // 2)
+                        if p < n:
                             pair = int(pair_list[p0 + p])
-                            flat(yk)[pair * D + r] = W[pair] * acc[lane][j]
+                            flat(yk)[pair * D + r] = W[pair] * acc[lane][i]
 
 
 def emulate_plan(call):
@@ -201,9 +203,9 @@ CASES = {"one_token": (1, 4, 6, 0, 64, 64), "passes": (9, 3, 4, 1, 96, 96)}
 def test_tensor_core_expert_emulation(case, launches):
     T, k, E, offset, D, I = CASES[case]
     rng = np.random.default_rng(len(case))
-    gate_up, down = _random_stack(rng, "int4", E, 2 * I, D), _random_stack(rng, "int4", E, D, I)
-    dev = [Int4Weight(fake(w.packed), fake(w.scale, BF16)) for w in (gate_up, down)]
-    host = [Int4Weight(np.asarray(w.packed), np.asarray(w.scale, np.float32)) for w in dev]
+    gate_up, down = (_random_stack(rng, "int4", E, *shape).tiles() for shape in ((2 * I, D), (D, I)))
+    dev = [Int4Weight(fake(w.packed), fake(w.scale, BF16), True) for w in (gate_up, down)]
+    host = [Int4Weight(np.asarray(w.packed), np.asarray(w.scale, np.float32), True) for w in dev]
     x = fake(rng.standard_normal((T, D)), BF16)
     ids = np.argsort(rng.random((T, E + 2)), axis=-1)[:, :k].astype(np.int32)   # some experts on another rank
     if case == "passes":

@@ -189,8 +189,10 @@ def test_stack_takes_experts_one_at_a_time():
     from openinfer.backends.numpy_backend import NumpyBackend
     rng = np.random.default_rng(6)
     ws = [Int4Weight(*quantize_int4(rng.standard_normal((16, 64)))) for _ in range(3)]
-    stack = stack_to_backend(NumpyBackend(), iter(ws), 3)
-    np.testing.assert_array_equal(stack.packed, np.stack([w.packed for w in ws]))
+    stack = stack_to_backend(NumpyBackend(), iter(ws), 3)   # INT4 experts staged tiled
+    assert stack.tiled and stack.shape == (3, 16, 64)
+    np.testing.assert_array_equal(stack.packed, np.stack([w.tiles().packed for w in ws]))
+    np.testing.assert_array_equal(stack.dequant(1), ws[1].dequant())
     with pytest.raises(ValueError, match="different formats"):
         stack_to_backend(NumpyBackend(), iter([ws[0], np.zeros((16, 64), np.float32)]), 2)
     with pytest.raises(ValueError, match="2 experts given for a stack of 3"):

@@ -6,6 +6,14 @@ A Linear `<p>` [out, in] is stored as
   <p>.weight_shape   int   [2] = [out, in]
   W[o, c] = (nibble - 8) * weight_scale[o, c // 32]       (no zero point)
 which is compressed-tensors' pack_to_int32 of a symmetric group quantization.
+
+Expert stacks are staged in a tiled layout (`tile_int4`), the order in which the GPU expert kernels stream them: an
+expert's rows [N, K] in tiles of 16, tile j holding rows 8j .. 8j + 7 (tile rows 0..7) and N/2 + 8j .. N/2 + 8j + 7
+(tile rows 8..15), the pair of rows one lane group of a tensor-core warp reads (gate_up: an output's gate and up
+rows). A tile is stored chunk by chunk (a chunk: 32 weights, 16 bytes, one scale), each chunk's 16 rows together:
+  packed [E, N/16, K/32, 16, 4] int32       scale [E, N/16, ceil(K/64), 16, 2]
+the scales of chunks 2p and 2p + 1 of a row side by side (one 4-byte read). A warp's 4-byte reads of 8 rows' chunk
+then cover one 128-byte line, where in the checkpoint's layout they touch 8.
 """
 from __future__ import annotations
 
@@ -21,20 +29,78 @@ _SHIFTS = np.arange(0, 32, 4, dtype=np.uint32)
 @dataclass
 class Int4Weight:
     """Packed INT4 weights of one Linear ([out, in/8], [out, in/32]) or a stack of experts ([E, out, in/8],
-    [E, out, in/32]), backend arrays."""
+    [E, out, in/32], or with `tiled` the tile_int4 layout), backend arrays."""
     packed: Any
     scale: Any
+    tiled: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The dequantized shape ([.., out, in])."""
+        if self.tiled:
+            *lead, tiles, chunks, rows, words = self.packed.shape
+            return (*lead, tiles * rows, chunks * words * 8)
         return (*self.packed.shape[:-1], self.packed.shape[-1] * 8)
 
     def dequant(self, index: int | None = None) -> np.ndarray:
         """float32 weights (host arrays only): all of them, or expert `index` of a stack."""
         packed, scale = (self.packed, self.scale) if index is None else (self.packed[index], self.scale[index])
-        return unpack_int4(np.asarray(packed)).astype(np.float32) * np.repeat(
-            np.asarray(scale, dtype=np.float32), INT4_GROUP, axis=-1)
+        packed, scale = np.asarray(packed), np.asarray(scale, dtype=np.float32)
+        if self.tiled:
+            packed, scale = untile_int4(packed, scale)
+        return unpack_int4(packed).astype(np.float32) * np.repeat(scale, INT4_GROUP, axis=-1)
+
+    def tiles(self) -> "Int4Weight":
+        """This stack (host arrays) in the tiled layout the GPU expert kernels read."""
+        return self if self.tiled else Int4Weight(*tile_int4(np.asarray(self.packed), np.asarray(self.scale)), True)
+
+
+def tile_position(row: int, rows: int) -> tuple[int, int]:
+    """(tile, tile row) of row `row` of an expert of `rows` rows in the tiled layout."""
+    half = rows // 2
+    upper, r = divmod(row, half)
+    return r // 8, 8 * upper + r % 8
+
+
+def tiled_shapes(rows: int, cols: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The tiled layout's (words, scales) shapes of one expert's [rows, cols] weights."""
+    if rows % 16:
+        raise ValueError(f"INT4 expert rows come in tiles of 16: {rows} rows")
+    chunks = cols // INT4_GROUP
+    return (rows // 16, chunks, 16, 4), (rows // 16, -(-chunks // 2), 16, 2)
+
+
+def tile_into(words: Any, scales: Any, packed: Any, scale: Any) -> None:
+    """One expert's [N, K/8] words and [N, K/32] scales into zeroed arrays of tiled_shapes (module docstring), by
+    strided copies only, so numpy and CuPy arrays alike (the CUDA backend tiles on the device)."""
+    T, C = words.shape[:2]
+    words[...] = packed.reshape(2, T, 8, C, 4).transpose(1, 3, 0, 2, 4).reshape(words.shape)
+    src = scale.reshape(2, T, 8, C).transpose(1, 3, 0, 2)        # tile, chunk, half, row in half
+    dst = scales.reshape(T, -1, 2, 8, 2)                          # tile, chunk pair, half, row in half, chunk
+    dst[..., 0] = src[:, 0::2]
+    dst[:, : C // 2, ..., 1] = src[:, 1::2]
+
+
+def tile_int4(packed: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[..., N, K/8] words and [..., N, K/32] scales (an expert or a stack) -> the tiled layout (host arrays). N must
+    be a multiple of 16, as every INT4 expert's is (its other projection's input, K % 32 == 0)."""
+    *lead, N, W = packed.shape
+    wshape, sshape = tiled_shapes(N, 8 * W)
+    words, scales = np.zeros((*lead, *wshape), packed.dtype), np.zeros((*lead, *sshape), scale.dtype)
+    for i in np.ndindex(*lead):
+        tile_into(words[i], scales[i], packed[i], scale[i])
+    return words, scales
+
+
+def untile_int4(packed: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of tile_int4."""
+    *lead, T, C, _, _ = packed.shape
+    a = len(lead)
+    lead_axes = tuple(range(a))
+    order = (*lead_axes, a + 2, a, a + 3, a + 1, a + 4)   # back to half, tile, row in half, chunk (pair), word
+    words = packed.reshape(*lead, T, C, 2, 8, 4).transpose(order).reshape(*lead, 16 * T, 4 * C)
+    s = scale.reshape(*lead, T, -1, 2, 8, 2).transpose(order).reshape(*lead, 16 * T, -1)[..., :C]
+    return np.ascontiguousarray(words), np.ascontiguousarray(s)
 
 
 def unpack_int4(packed: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .fp8 import Fp8Weight
-from .int4 import Int4Weight
+from .int4 import Int4Weight, tile_into, tiled_shapes
 
 HostLinear = np.ndarray | Int4Weight | Fp8Weight
 
@@ -21,7 +21,7 @@ def _parts(w: HostLinear) -> tuple[np.ndarray, ...]:
 
 def _rebuild(like: HostLinear, parts: Sequence[Any]) -> Any:
     if isinstance(like, Int4Weight):
-        return Int4Weight(*parts)
+        return Int4Weight(*parts, like.tiled)
     if isinstance(like, Fp8Weight):
         return Fp8Weight(*parts)
     return parts[0]
@@ -58,18 +58,24 @@ def to_backend(backend: Any, w: HostLinear) -> Any:
 
 def stack_to_backend(backend: Any, ws: Iterable[HostLinear], count: int) -> Any:
     """`count` experts' Linears as one device stack [E, ...] in their format, copied one expert at a time as `ws`
-    yields them, so the host holds one expert's arrays at a time (a Kimi-K2 layer's 384 INT4 experts are 8 GB)."""
-    it = iter(ws)
-    head = next(it)
-    first = [backend.asarray(p, dt) for p, dt in zip(_parts(head), _dtypes(head))]
-    stacks = [backend.zeros((count, *a.shape), str(a.dtype)) for a in first]
-    for s, a in zip(stacks, first):
-        s[0] = a
-    e = 0
-    for e, w in enumerate(it, 1):
+    yields them, so the host holds one expert's arrays at a time (a Kimi-K2 layer's 384 INT4 experts are 8 GB).
+    INT4 experts are tiled on the device as they arrive (int4.tile_into: the expert kernels' layout)."""
+    stacks: list[Any] = []
+    head = None
+    e = -1
+    for e, w in enumerate(ws):
+        head = w if head is None else head
         _same_format([head, w])
-        for s, p, dt in zip(stacks, _parts(w), _dtypes(w)):
-            s[e] = backend.asarray(p, dt)
+        parts = [backend.asarray(p, dt) for p, dt in zip(_parts(w), _dtypes(w))]
+        tiled = isinstance(w, Int4Weight)
+        if not stacks:
+            shapes = tiled_shapes(*w.shape) if tiled else [p.shape for p in parts]
+            stacks = [backend.zeros((count, *shape), str(p.dtype)) for shape, p in zip(shapes, parts)]
+        if tiled:
+            tile_into(stacks[0][e], stacks[1][e], *parts)
+        else:
+            for s, p in zip(stacks, parts):
+                s[e] = p
     if e + 1 != count:
         raise ValueError(f"stack_to_backend: {e + 1} experts given for a stack of {count}")
-    return _rebuild(head, stacks)
+    return _rebuild(head, stacks) if not isinstance(head, Int4Weight) else Int4Weight(*stacks, tiled=True)

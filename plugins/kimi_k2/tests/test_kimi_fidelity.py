@@ -48,7 +48,8 @@ def test_quantized_experts_stay_packed(kimi_int4, kimi_fp8):
     from openinfer.testing import Fp8Weight, Int4Weight
     moe = engine_for(kimi_int4[0]).runner.model.layers[1].mlp
     assert isinstance(moe.w.gate_up, Int4Weight) and moe.w.gate_up.packed.dtype == np.int32
-    assert moe.w.gate_up.packed.shape == (16, 128, 8) and moe.w.down.scale.shape == (16, 64, 2)
+    assert moe.w.gate_up.tiled and moe.w.gate_up.shape == (16, 128, 64) and moe.w.down.shape == (16, 64, 64)
+    assert moe.w.gate_up.packed.shape == (16, 8, 2, 16, 4) and moe.w.down.scale.shape == (16, 4, 1, 16, 2)
     layer = engine_for(kimi_fp8[0]).runner.model.layers[1]
     assert isinstance(layer.mlp.w.down, Fp8Weight) and layer.mlp.w.down.data.dtype == np.uint8
     assert isinstance(layer.attn.w.o, Fp8Weight)

@@ -219,8 +219,8 @@ __device__ void moe_q_gate_up(const T* __restrict__ x, const void* __restrict__ 
     long long row[R];
 #pragma unroll
     for (int i = 0; i < O; ++i) {   // an output past I reads the last one's rows again and is not stored
-        row[i] = (long long)e * 2 * I + min(o0 + i, I - 1);
-        row[O + i] = row[i] + I;
+        row[i] = F::stack_row(e, min(o0 + i, I - 1), 2 * I);
+        row[O + i] = F::stack_row(e, I + min(o0 + i, I - 1), 2 * I);
     }
     const int first = slot_start[blockIdx.y], last = slot_start[blockIdx.y + 1];
     for (int p0 = first; p0 < last; p0 += NP) {
@@ -268,7 +268,7 @@ __device__ void moe_q_down(const float* __restrict__ h, const void* __restrict__
     const bool works = warp * G * R < D;   // whole warps: every lane takes part in the shuffles
     long long row[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) row[r] = (long long)e * D + min(o0 + r, D - 1);   // past D: read again, not stored
+    for (int r = 0; r < R; ++r) row[r] = F::stack_row(e, min(o0 + r, D - 1), D);   // past D: read again, not stored
     const int first = slot_start[blockIdx.y], last = slot_start[blockIdx.y + 1];
     for (int p0 = first; p0 < last; p0 += stage_pairs) {
         const int rows = min(stage_pairs, last - p0);
@@ -363,7 +363,7 @@ Q_KERNELS(int4, Int4, bf16, bf16, bf16)
 Q_KERNELS(int4, Int4, f32, float, float)
 Q_KERNELS(fp8, Fp8, bf16, bf16, float)
 Q_KERNELS(fp8, Fp8, f32, float, float)
-Q_EXPERT_FORMS(int4, Int4, f32, float, float)
+Q_EXPERT_FORMS(int4, Int4Tiles, f32, float, float)
 Q_EXPERT_FORMS(fp8, Fp8, bf16, bf16, float)
 Q_EXPERT_FORMS(fp8, Fp8, f32, float, float)
 
@@ -385,26 +385,27 @@ template <class F, typename S>
 struct QuantExperts {
     const unsigned char* q;
     const S* s;
-    long long rows;
+    int rows;   // an expert's
     static constexpr int RAW = GEMM_BK / F::CHUNK, NS = F::GROUP < GEMM_BK ? GEMM_BK / F::GROUP : 1;
     static constexpr int GROUP_KK = GEMM_BK / 16 / NS, SCALES = GEMM_BN * RAW * 16;   // the scales' offset
     static constexpr int STAGE_BYTES = SCALES + GEMM_BN * 4, COPIES = GEMM_BN * (RAW + 1), TILE_BYTES = GEMM_TILE_BYTES;
     static_assert(NS * sizeof(S) == 4, "a row's scales of a k tile are one 4-byte copy");
-    static __device__ __forceinline__ long long row_bytes(int K) { return K / F::CHUNK * 16; }
+    static __device__ __forceinline__ long long row_bytes(int K) { return K / F::CHUNK * 16LL; }
     __device__ QuantExperts expert(int e, int K) const {
-        return {q + e * rows * row_bytes(K), s + e * rows * F::scale_cols(K), 0};
+        return {q + e * rows * row_bytes(K), s + (long long)e * rows * F::scale_cols(K), rows};
     }
     // copies [0, 64 RAW): chunk i % RAW of row i / RAW; then row i - 64 RAW's scales
     __device__ void copy(unsigned char* st, int i, const int* w_rows, int k0, int K) const {
         if (i < GEMM_BN * RAW) {
             const int r = i / RAW, k = k0 + (i % RAW) * F::CHUNK;
             const bool ok = w_rows[r] >= 0 && k < K;
-            cp_async16(st + i * 16, ok ? q + w_rows[r] * row_bytes(K) + k / F::CHUNK * 16 : q, ok ? 16 : 0);
+            const long long row = F::stack_row(0, max(w_rows[r], 0), rows);
+            cp_async16(st + i * 16, ok ? q + F::chunk_index(row, K, k / F::CHUNK) * 16 : q, ok ? 16 : 0);
         } else {
             const int r = i - GEMM_BN * RAW;
             const bool ok = w_rows[r] >= 0;
-            cp_async4(st + SCALES + r * 4, ok ? s + (long long)w_rows[r] * F::scale_cols(K) + k0 / F::GROUP : s,
-                      ok ? 4 : 0);
+            const long long row = F::stack_row(0, max(w_rows[r], 0), rows);
+            cp_async4(st + SCALES + r * 4, ok ? s + F::scale_index(row, K, k0 / F::CHUNK) : s, ok ? 4 : 0);
         }
     }
     // each thread expands its chunks (row i / RAW, columns (i % RAW) * CHUNK ..) into dq, then the block waits
@@ -430,7 +431,7 @@ struct QuantExperts {
         const int* tile_expert, const int* tile_start, const int* tile_end, const int* num_tiles, bf16* h,          \
         long long h_stride) {                                                                                      \
         moe_gemm<MT, true>(x, x_stride, sorted, topk,                                                              \
-                           QuantExperts<F, S>{(const unsigned char*)q, scale, 2LL * N}, N, K, tile_expert,          \
+                           QuantExperts<F, S>{(const unsigned char*)q, scale, 2 * N}, N, K, tile_expert,          \
                            tile_start, tile_end, num_tiles, nullptr, h, h_stride);                                 \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32) moe_down_##fmt##_m##MT(                          \
@@ -443,7 +444,7 @@ struct QuantExperts {
 
 // 32-row tiles from a moderate number of rows an expert (a 1k-token prefill chunk of Kimi-K2: ~21), 128-row tiles
 // from WIDE_ROWS_PER_EXPERT (moe.py) on
-Q_GEMM_KERNELS(int4, Int4, bf16, 2)
-Q_GEMM_KERNELS(int4, Int4, bf16, 8)
+Q_GEMM_KERNELS(int4, Int4Tiles, bf16, 2)
+Q_GEMM_KERNELS(int4, Int4Tiles, bf16, 8)
 Q_GEMM_KERNELS(fp8, Fp8, float, 2)
 Q_GEMM_KERNELS(fp8, Fp8, float, 8)

@@ -34,12 +34,19 @@ struct Int4 {
     static constexpr int GROUP = 32;  // weights a scale covers along a row
     static __device__ __forceinline__ int chunks(int K) { return K >> 5; }
     static __device__ __forceinline__ int scale_cols(int K) { return K >> 5; }
+    // the stack row of row r of expert e (N rows an expert), which load and scale take
+    static __device__ __forceinline__ long long stack_row(int e, int r, int N) { return (long long)e * N + r; }
+    // chunk c of stack row `row`: its 16-byte index, its scale's index
+    static __device__ __forceinline__ long long chunk_index(long long row, int K, int c) { return row * (K >> 5) + c; }
+    static __device__ __forceinline__ long long scale_index(long long row, int K, int c) {
+        return row * scale_cols(K) + c;
+    }
     static __device__ __forceinline__ uint4 load(const void* q, long long row, int K, int c) {
-        return ld_stream(reinterpret_cast<const uint4*>(q) + row * (K >> 5) + c);
+        return ld_stream(reinterpret_cast<const uint4*>(q) + chunk_index(row, K, c));
     }
     template <typename S>
     static __device__ __forceinline__ float scale(const S* s, long long row, int K, int c) {
-        return to_f32(s[row * scale_cols(K) + c]);
+        return to_f32(s[scale_index(row, K, c)]);
     }
     // the 8 weights of word j, unscaled (nibble - 8): nibble i (bits 4i.., i < 5) masked in as the mantissa of a
     // float of exponent 23 - 4i is 2^(23 - 4i) + nibble, from which that power and the 8 are subtracted (exact);
@@ -73,13 +80,18 @@ struct Fp8 {
     static constexpr int GROUP = 128;
     static __device__ __forceinline__ int chunks(int K) { return K >> 4; }
     static __device__ __forceinline__ int scale_cols(int K) { return (K + 127) >> 7; }
+    static __device__ __forceinline__ long long stack_row(int e, int r, int N) { return (long long)e * N + r; }
+    static __device__ __forceinline__ long long chunk_index(long long row, int K, int c) { return row * (K >> 4) + c; }
+    static __device__ __forceinline__ long long scale_index(long long row, int K, int c) {
+        return row * scale_cols(K) + (c >> 3);
+    }
     static __device__ __forceinline__ uint4 load(const void* q, long long row, int K, int c) {
-        return ld_stream(reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(q) + row * K) + c);
+        return ld_stream(reinterpret_cast<const uint4*>(q) + chunk_index(row, K, c));
     }
     // times 2^8: expand yields the weights / 2^8
     template <typename S>
     static __device__ __forceinline__ float scale(const S* s, long long row, int K, int c) {
-        return to_f32(s[row * scale_cols(K) + (c >> 3)]) * 256.f;
+        return to_f32(s[scale_index(row, K, c)]) * 256.f;
     }
     // f16 bits of two e4m3 bytes at bits 8..15 and 24..31 of v: sign in place, exponent and mantissa one bit right.
     // The exponent bias stays 7 (f16's is 15), so the half is the weight / 2^8, subnormals included, exactly.
@@ -118,5 +130,30 @@ struct Fp8 {
             out[2 * h + 1] = __byte_perm(f[2], f[3], 0x7632);
         }
         return make_uint4(out[0], out[1], out[2], out[3]);
+    }
+};
+
+// INT4 expert stacks as staged (openinfer/quant/int4.py, tile_int4): an expert's rows in tiles of 16, tile j holding
+// rows 8j .. 8j + 7 and N/2 + 8j .. N/2 + 8j + 7 (tile rows 0..7, 8..15), stored chunk by chunk with each chunk's 16
+// rows together; the scales likewise by chunk pairs, a row's two side by side. A stack row here is tile * 16 + tile
+// row, so an expert's tiles follow one another as its rows did, and a 16-byte chunk of one row stays contiguous.
+struct Int4Tiles : Int4 {
+    static __device__ __forceinline__ int scale_cols(int K) { return ((K >> 5) + 1) & ~1; }   // chunk pairs x 2
+    static __device__ __forceinline__ long long stack_row(int e, int r, int N) {
+        const int half = N >> 1, upper = r >= half, rr = r - upper * half;
+        return ((long long)e * (N >> 4) + (rr >> 3)) * 16 + 8 * upper + (rr & 7);
+    }
+    static __device__ __forceinline__ long long chunk_index(long long row, int K, int c) {
+        return ((row >> 4) * (K >> 5) + c) * 16 + (row & 15);
+    }
+    static __device__ __forceinline__ long long scale_index(long long row, int K, int c) {
+        return ((row >> 4) * scale_cols(K) + (c & ~1)) * 16 + 2 * (row & 15) + (c & 1);
+    }
+    static __device__ __forceinline__ uint4 load(const void* q, long long row, int K, int c) {
+        return ld_stream(reinterpret_cast<const uint4*>(q) + chunk_index(row, K, c));
+    }
+    template <typename S>
+    static __device__ __forceinline__ float scale(const S* s, long long row, int K, int c) {
+        return to_f32(s[scale_index(row, K, c)]);
     }
 };

@@ -92,6 +92,8 @@ def dequantize(w: Any, dtype: np.dtype) -> cp.ndarray:
 
 def linear_quant(x: cp.ndarray, w: Any) -> cp.ndarray:
     """x [M, in] @ W.T for a quantized W [out, in]."""
+    if getattr(w, "tiled", False):
+        raise TypeError("a tiled INT4 stack is an expert stack, not a Linear")
     N, K = w.shape
     x = _rows(x)
     M = x.shape[0]
@@ -115,6 +117,9 @@ def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights:
     fmt = _fmt(gate_up)
     if _fmt(down) != fmt:
         raise TypeError("gate_up and down experts must share one format")
+    if fmt == "int4" and not (gate_up.tiled and down.tiled):
+        raise TypeError("INT4 expert stacks are read in the tiled layout: stage them with quant.staging."
+                        "stack_to_backend or Int4Weight.tiles()")
     x = _rows(x)
     T, D = x.shape
     I = gate_up.shape[1] // 2

@@ -4,9 +4,11 @@
 // two weights, so those kernels were bound by instruction issue, not by the bytes they stream. Here two nibbles
 // become a bf16 pair in three instructions (shift, mask-or, one bf16x2 fma), and the products and sums are the mma's.
 //
-// Tiles: a warp takes 16 weight rows (gate_up: the gate and up rows of 8 outputs) and up to 8 pairs (the mma's n).
-// Lane (g, t) = (lane / 4, lane % 4) reads word t of each 16-byte chunk of rows g and g + 8 (the quad reads the
-// chunk's 16 bytes). A chunk is one scale group of 32 weights and two mmas: mma m takes the bf16 pairs (nibble 2m,
+// Tiles: a warp takes one 16-row tile of the staged stack (quant.cuh's Int4Tiles: gate_up, the gate and up rows of 8
+// outputs; down, rows 8j .. 8j + 7 and D/2 + 8j ..) and up to 8 pairs (the mma's n). Lane (g, t) = (lane / 4,
+// lane % 4) reads word t of each 16-byte chunk of tile rows g and g + 8 (the quad reads the chunk's 16 bytes): as the
+// tile stores a chunk's 16 rows together, each of a warp's weight loads reads one whole 128-byte line, and a pass of
+// 8 chunks reads 2 KB in a row (in the checkpoint's row layout a load took 16 bytes of each of 8 rows' lines). A chunk is one scale group of 32 weights and two mmas: mma m takes the bf16 pairs (nibble 2m,
 // nibble 2m + 4) and (2m + 1, 2m + 5) of each lane's word as its k pairs (2t, 2t + 1) and (2t + 8, 2t + 9). The dot
 // product does not care which physical k a logical k is, as long as the activations (B, column g = pair g) follow
 // the same map: b0 = (x[8t + 2m], x[8t + 2m + 4]), b1 = (x[8t + 2m + 1], x[8t + 2m + 5]) of the chunk. The chunk's
@@ -31,6 +33,11 @@ __device__ __forceinline__ void int4_pairs(unsigned int w, unsigned int (&p)[4])
     for (int j = 0; j < 4; ++j) p[j] = int4_biased_to_bf16x2(((w >> (4 * j)) & 0x000f000fu) | 0x43004300u);
 }
 
+// The float of the bf16 in half `hi` of a word (the low half first: the lower chunk of a scale pair)
+__device__ __forceinline__ float bf16_half(unsigned int w, int hi) {
+    return __uint_as_float(hi ? w & 0xffff0000u : w << 16);
+}
+
 // The B words of a chunk's two mmas from a lane's 8 bf16 activations v (positions 8t .. 8t + 7 of the chunk, 2 a
 // word): b[m] = {b0, b1} = {(v[2m], v[2m + 4]), (v[2m + 1], v[2m + 5])}, the lower position in the low half.
 __device__ __forceinline__ void chunk_b(const uint4& v, unsigned int (&b)[2][4]) {
@@ -40,25 +47,28 @@ __device__ __forceinline__ void chunk_b(const uint4& v, unsigned int (&b)[2][4])
     b[1][1] = __byte_perm(v.y, v.w, 0x7632);
 }
 
-// acc (the C fragment: rows g, g + 8 x pairs 2t, 2t + 1) += this warp's 16 rows times the pass's activations, over
-// the K / 32 chunks of rows row_g and row_g8. b_words(c, b) gives chunk c's B words: b[m][0..1] for mma m, and with
-// LO b[m][2..3], the lo parts, whose products are added too.
-template <bool LO, typename S, typename B>
-__device__ __forceinline__ void mma_rows(const void* __restrict__ q, const S* __restrict__ scale, long long row_g,
-                                         long long row_g8, int K, B b_words, float (&acc)[4]) {
-    const int t = threadIdx.x & 3, C = K >> 5;
-    const unsigned int* wg = reinterpret_cast<const unsigned int*>(q) + row_g * (K >> 3) + t;
-    const unsigned int* wg8 = reinterpret_cast<const unsigned int*>(q) + row_g8 * (K >> 3) + t;
+// acc (the C fragment: rows g, g + 8 x pairs 2t, 2t + 1) += tile `tile`'s 16 rows times the pass's activations,
+// over its K / 32 chunks. b_words(c, b) gives chunk c's B words: b[m][0..1] for mma m, and with LO b[m][2..3], the
+// lo parts, whose products are added too. A lane's scales of a chunk pair are one bf16x2 word a row.
+template <bool LO, typename B>
+__device__ __forceinline__ void mma_rows(const void* __restrict__ q, const bf16* __restrict__ scale, long long tile,
+                                         int K, B b_words, float (&acc)[4]) {
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3, C = K >> 5;
+    const unsigned int* wg = reinterpret_cast<const unsigned int*>(q) + (tile * C * 16 + g) * 4 + t;   // + 32: g + 8
+    const unsigned int* sg = reinterpret_cast<const unsigned int*>(scale) + tile * Int4Tiles::scale_cols(K) * 8 + g;
     for (int c0 = 0; c0 < C; c0 += MMA_CHUNKS) {
-        unsigned int w[2][MMA_CHUNKS];
-        float s[2][MMA_CHUNKS];
+        unsigned int w[2][MMA_CHUNKS], sw[2][MMA_CHUNKS / 2];
 #pragma unroll
         for (int u = 0; u < MMA_CHUNKS; ++u) {
             const bool in = c0 + u < C;
-            w[0][u] = in ? __ldg(wg + 4 * (c0 + u)) : 0u;   // through L1: a 32-byte sector holds two chunks
-            w[1][u] = in ? __ldg(wg8 + 4 * (c0 + u)) : 0u;
-            s[0][u] = in ? to_f32(scale[row_g * C + c0 + u]) : 0.f;
-            s[1][u] = in ? to_f32(scale[row_g8 * C + c0 + u]) : 0.f;
+            w[0][u] = in ? __ldg(wg + 64 * (c0 + u)) : 0u;   // a warp reads one whole 128-byte line a load
+            w[1][u] = in ? __ldg(wg + 64 * (c0 + u) + 32) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < MMA_CHUNKS / 2; ++u) {   // chunks c0 + 2u and c0 + 2u + 1 (c0 is even)
+            const bool in = c0 + 2 * u < C;
+            sw[0][u] = in ? __ldg(sg + 16 * (c0 / 2 + u)) : 0u;
+            sw[1][u] = in ? __ldg(sg + 16 * (c0 / 2 + u) + 8) : 0u;
         }
 #pragma unroll
         for (int u = 0; u < MMA_CHUNKS; ++u) {
@@ -76,17 +86,19 @@ __device__ __forceinline__ void mma_rows(const void* __restrict__ q, const S* __
                 else mma_bf16(part, a, b[m][0], b[m][1]);
                 if (LO) mma_bf16(part, a, b[m][2], b[m][3]);
             }
-            acc[0] = fmaf(s[0][u], part[0], acc[0]);
-            acc[1] = fmaf(s[0][u], part[1], acc[1]);
-            acc[2] = fmaf(s[1][u], part[2], acc[2]);
-            acc[3] = fmaf(s[1][u], part[3], acc[3]);
+            const float s0 = bf16_half(sw[0][u >> 1], u & 1), s1 = bf16_half(sw[1][u >> 1], u & 1);
+            acc[0] = fmaf(s0, part[0], acc[0]);
+            acc[1] = fmaf(s0, part[1], acc[1]);
+            acc[2] = fmaf(s1, part[2], acc[2]);
+            acc[3] = fmaf(s1, part[3], acc[3]);
         }
     }
 }
 
 // h[pair, o] = silu(gate_e x[t]) * up_e x[t] for the pairs of slot blockIdx.y (t = pair / k): grid (ceil(I / (8 *
-// MMA_WARPS)), slots); a warp's rows g and g + 8 are the gate and up rows of output o0 + g. q/scale: the expert stack
-// [E_local, 2I, ...] (gate rows first), x bf16 [T, D].
+// MMA_WARPS)), slots); a warp's tile j holds the gate and up rows of outputs o0 = 8j .. o0 + 7 (I % 8 == 0), its
+// tile rows g and g + 8 those of output o0 + g. q/scale: the staged expert stack [E_local, 2I, D] (Int4Tiles, gate
+// rows first), x bf16 [T, D].
 extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_gate_up_int4(
     const bf16* __restrict__ x, const void* __restrict__ q, const bf16* __restrict__ scale,
     const int* __restrict__ slot_expert, const int* __restrict__ slot_start, const int* __restrict__ pair_list,
@@ -94,30 +106,30 @@ extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_gate_up_i
     pdl_wait();   // the trigger follows the main loop (common.cuh)
     const int e = slot_expert[blockIdx.y];
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int o0 = (blockIdx.x * MMA_WARPS + (threadIdx.x >> 5)) * 8;
+    const int j = blockIdx.x * MMA_WARPS + (threadIdx.x >> 5), o0 = 8 * j;
     if (e < 0 || o0 >= I) return;   // whole warps: every lane takes part in the mmas
-    const int o = min(o0 + g, I - 1);   // an output past I reads the last one's rows again and is not stored
-    const long long gate_row = (long long)e * 2 * I + o, up_row = gate_row + I;
+    const long long tile = (long long)e * (I >> 3) + j;
     const int first = slot_start[blockIdx.y], last = slot_start[blockIdx.y + 1];
     for (int p0 = first; p0 < last; p0 += MMA_PAIRS) {
         const int n = min(MMA_PAIRS, last - p0);
         const bf16* xg = x + (long long)(pair_list[p0 + min(g, n - 1)] / k) * D + 8 * t;   // column g's token
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_rows<false>(q, scale, gate_row, up_row, D, [&](int c, unsigned int (&b)[2][4]) {
+        mma_rows<false>(q, scale, tile, D, [&](int c, unsigned int (&b)[2][4]) {
             chunk_b(*reinterpret_cast<const uint4*>(xg + 32 * c), b);
         }, acc);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {   // pairs 2t and 2t + 1 of the pass: acc[j] the gate, acc[2 + j] the up sum
-            const int p = 2 * t + j;
-            if (p < n && o0 + g < I) h[(long long)pair_list[p0 + p] * I + o0 + g] = silu_mul_f32(acc[j], acc[2 + j]);
+        for (int i = 0; i < 2; ++i) {   // pairs 2t and 2t + 1 of the pass: acc[i] the gate, acc[2 + i] the up sum
+            const int p = 2 * t + i;
+            if (p < n) h[(long long)pair_list[p0 + p] * I + o0 + g] = silu_mul_f32(acc[i], acc[2 + i]);
         }
     }
     pdl_trigger();
 }
 
 // yk[pair, r] = weights[pair] * down_e h[pair] for the pairs of slot blockIdx.y: grid (ceil(D / (16 * MMA_WARPS)),
-// slots), a warp per 16 rows. Dynamic shared memory: stage_pairs (<= MMA_PAIRS) pairs' h, each as I / 32 chunks of
-// 4 lanes x 8 words (mma 0's hi b0, b1, lo b0, b1, then mma 1's), PAIR_PAD words after each pair.
+// slots), a warp per tile j of the staged stack (Int4Tiles): tile rows g and g + 8 are rows 8j + g and D/2 + 8j + g
+// (D % 16 == 0). Dynamic shared memory: stage_pairs (<= MMA_PAIRS) pairs' h, each as I / 32 chunks of 4 lanes x 8
+// words (mma 0's hi b0, b1, lo b0, b1, then mma 1's), PAIR_PAD words after each pair.
 extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_down_int4(
     const float* __restrict__ h, const void* __restrict__ q, const bf16* __restrict__ scale,
     const int* __restrict__ slot_expert, const int* __restrict__ slot_start, const int* __restrict__ pair_list,
@@ -128,9 +140,9 @@ extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_down_int4
     const int e = slot_expert[blockIdx.y];
     if (e < 0) return;   // the whole block
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = (blockIdx.x * MMA_WARPS + (threadIdx.x >> 5)) * 16;
-    const bool works = r0 < D;   // whole warps: every lane takes part in the mmas
-    const long long row_g = (long long)e * D + min(r0 + g, D - 1), row_g8 = (long long)e * D + min(r0 + g + 8, D - 1);
+    const int j = blockIdx.x * MMA_WARPS + (threadIdx.x >> 5);
+    const bool works = 16 * j < D;   // whole warps: every lane takes part in the syncs
+    const long long tile = (long long)e * (D >> 4) + j;
     const int C = I >> 5, pair_words = 32 * C + PAIR_PAD;
     const int first = slot_start[blockIdx.y], last = slot_start[blockIdx.y + 1];
     for (int p0 = first; p0 < last; p0 += stage_pairs) {
@@ -143,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_down_int4
             load_f32<8>(h + (long long)pair_list[p0 + p] * I + 32 * c + 8 * tt, v);
             float lo[8];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) lo[j] = v[j] - to_f32(from_f32<bf16>(v[j]));
+            for (int i = 0; i < 8; ++i) lo[i] = v[i] - to_f32(from_f32<bf16>(v[i]));
             uint4* dst = reinterpret_cast<uint4*>(stage + p * pair_words + 32 * c + 8 * tt);
 #pragma unroll
             for (int m = 0; m < 2; ++m)   // b0 = (v[2m], v[2m + 4]), b1 = (v[2m + 1], v[2m + 5])
@@ -154,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_down_int4
         if (!works) continue;
         const uint4* col = reinterpret_cast<const uint4*>(stage + min(g, n - 1) * pair_words + 8 * t);   // pair g
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_rows<true>(q, scale, row_g, row_g8, I, [&](int c, unsigned int (&b)[2][4]) {
+        mma_rows<true>(q, scale, tile, I, [&](int c, unsigned int (&b)[2][4]) {
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
                 const uint4 v = col[8 * c + m];
@@ -162,11 +174,11 @@ extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_down_int4
             }
         }, acc);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {   // acc: (row g | g + 8) x (pair 2t | 2t + 1)
-            const int p = 2 * t + (j & 1), r = r0 + g + 8 * (j >> 1);
-            if (p < n && r < D) {
+        for (int i = 0; i < 4; ++i) {   // acc: (tile row g | g + 8) x (pair 2t | 2t + 1)
+            const int p = 2 * t + (i & 1), r = 8 * j + g + (i >> 1) * (D >> 1);
+            if (p < n) {
                 const int pair = pair_list[p0 + p];
-                yk[(long long)pair * D + r] = weights[pair] * acc[j];
+                yk[(long long)pair * D + r] = weights[pair] * acc[i];
             }
         }
     }
