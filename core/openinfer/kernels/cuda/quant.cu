@@ -1,5 +1,5 @@
-// Kernels on quantized weights read in their checkpoint form: INT4 pack-quantized (group 32, symmetric) and FP8
-// e4m3 with 128x128 block scales (openinfer/quant). Decode-oriented: a warp streams a few weight rows once for up to
+// Kernels on quantized weights read in their checkpoint form: INT4 pack-quantized (group 32, symmetric; expert stacks
+// reordered into 16-row tiles at load, quant.cuh's Int4Tiles) and FP8 e4m3 with 128x128 block scales (openinfer/quant). Decode-oriented: a warp streams a few weight rows once for up to
 // NP activation rows (warp_rows). A lane reads 16-byte "chunks" (INT4: one group of 32 weights, FP8: 16 weights of
 // one 128-block), so each chunk has one scale, applied once per chunk and activation row to an fp32 partial sum.
 // Every sum is fp32.

@@ -4,8 +4,9 @@
 // kernels (a warp streams rows from global memory) and moe_gemm.cuh's grouped GEMM (chunks staged in shared memory).
 //
 // INT4: q is int32 [rows, K/8] (nibble i of word w = weight 8w + i, stored as value + 8), scale [rows, K/32] in the
-// activations' dtype (the checkpoint's bf16). FP8: q is uint8 [rows, K] (K % 16 == 0), scale float32
-// [rows, ceil(K/128)] (the 128x128 block scales repeated per row at load).
+// activations' dtype (the checkpoint's bf16); expert stacks in 16-row tiles (Int4Tiles, at the end). FP8: q is
+// uint8 [rows, K] (K % 16 == 0), scale float32 [rows, ceil(K/128)] (the 128x128 block scales repeated per row at
+// load).
 #pragma once
 #include "common.cuh"
 
