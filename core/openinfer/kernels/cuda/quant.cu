@@ -1,8 +1,8 @@
 // Kernels on quantized weights read in their checkpoint form: INT4 pack-quantized (group 32, symmetric; expert stacks
-// reordered into 16-row tiles at load, quant.cuh's Int4Tiles) and FP8 e4m3 with 128x128 block scales (openinfer/quant). Decode-oriented: a warp streams a few weight rows once for up to
-// NP activation rows (warp_rows). A lane reads 16-byte "chunks" (INT4: one group of 32 weights, FP8: 16 weights of
-// one 128-block), so each chunk has one scale, applied once per chunk and activation row to an fp32 partial sum.
-// Every sum is fp32.
+// reordered into 16-row tiles at load, quant.cuh's Int4Tiles) and FP8 e4m3 with 128x128 block scales (openinfer/quant).
+// Decode-oriented: a warp streams a few weight rows once for up to NP activation rows (warp_rows). A lane reads 16-byte
+// "chunks" (INT4: one group of 32 weights, FP8: 16 weights of one 128-block), so each chunk has one scale, applied once
+// per chunk and activation row to an fp32 partial sum. Every sum is fp32.
 //
 // Streaming: a lane issues all R x U chunk loads of a pass (R rows, U chunks each, L chunks apart: a row's L lanes)
 // before it uses any, so a warp has R * U * 512 bytes in flight; the weights bypass L1 (read once), which keeps the

@@ -5,14 +5,15 @@
 // become a bf16 pair in three instructions (shift, mask-or, one bf16x2 fma), and the products and sums are the mma's.
 //
 // Tiles: a warp takes one 16-row tile of the staged stack (quant.cuh's Int4Tiles: gate_up, the gate and up rows of 8
-// outputs; down, rows 8j .. 8j + 7 and D/2 + 8j ..) and up to 8 pairs (the mma's n). Lane (g, t) = (lane / 4,
-// lane % 4) reads word t of each 16-byte chunk of tile rows g and g + 8 (the quad reads the chunk's 16 bytes): as the
-// tile stores a chunk's 16 rows together, each of a warp's weight loads reads one whole 128-byte line, and a pass of
-// 8 chunks reads 2 KB in a row (in the checkpoint's row layout a load took 16 bytes of each of 8 rows' lines). A chunk is one scale group of 32 weights and two mmas: mma m takes the bf16 pairs (nibble 2m,
-// nibble 2m + 4) and (2m + 1, 2m + 5) of each lane's word as its k pairs (2t, 2t + 1) and (2t + 8, 2t + 9). The dot
-// product does not care which physical k a logical k is, as long as the activations (B, column g = pair g) follow
-// the same map: b0 = (x[8t + 2m], x[8t + 2m + 4]), b1 = (x[8t + 2m + 1], x[8t + 2m + 5]) of the chunk. The chunk's
-// two mmas start from zero and its fp32 sums are scaled once, as the GEMV kernels scale a chunk's partial sums.
+// outputs; down, rows 8j .. 8j + 7 and D/2 + 8j ..) and up to 8 pairs (the mma's n). Lane (g, t) = (lane / 4, lane % 4)
+// reads word t of each 16-byte chunk of tile rows g and g + 8 (the quad reads the chunk's 16 bytes): as the tile stores
+// a chunk's 16 rows together, each of a warp's weight loads reads one whole 128-byte line, and a pass of 8 chunks reads
+// 2 KB in a row (in the checkpoint's row layout a load took 16 bytes of each of 8 rows' lines). A chunk is one scale
+// group of 32 weights and two mmas: mma m takes the bf16 pairs (nibble 2m, nibble 2m + 4) and (2m + 1, 2m + 5) of each
+// lane's word as its k pairs (2t, 2t + 1) and (2t + 8, 2t + 9). The dot product does not care which physical k a
+// logical k is, as long as the activations (B, column g = pair g) follow the same map:
+// b0 = (x[8t + 2m], x[8t + 2m + 4]), b1 = (x[8t + 2m + 1], x[8t + 2m + 5]) of the chunk. The chunk's two mmas start
+// from zero and its fp32 sums are scaled once, as the GEMV kernels scale a chunk's partial sums.
 //
 // gate_up reads x (bf16) from global memory. down's h is float32: the block stages each pair's h as two bf16 parts,
 // hi = bf16(h) and lo = bf16(h - hi), already in the b0/b1 order, and runs both through the mma (the weights are exact
