@@ -97,5 +97,6 @@ def test_result_keys_match_vllm() -> None:
     assert "input_lens" not in result_dict(m, 2.0, outs, detailed=False)
     table = format_table(res)
     assert "Successful requests:                     3" in table
+    assert "  1 x HTTP 500: injected" in table   # the failure's reason, not only the count
     assert "Request goodput (req/s):                 1.00" in table
     assert "P99.9 TTFT (ms):" in table and "Mean E2EL (ms):" in table

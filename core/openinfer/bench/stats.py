@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -12,6 +13,7 @@ from openinfer.bench.client import RequestOutput
 METRIC_NAMES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
                 "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+FAILURE_REASONS = 3    # distinct errors of failed requests the table names
 
 
 @dataclass
@@ -168,6 +170,9 @@ def format_table(res: dict[str, Any], title: str = "Serving Benchmark Result") -
 
     row("Successful requests:", res["completed"])
     row("Failed requests:", res["failed"])
+    reasons = Counter(e for e in res.get("errors", ()) if e)   # why they failed: a count is not a diagnosis
+    for error, n in reasons.most_common(FAILURE_REASONS):
+        lines.append(f"  {n} x {error[:200]}")
     if res.get("max_concurrency") is not None:
         row("Maximum request concurrency:", res["max_concurrency"])
     if "request_rate" in res:
