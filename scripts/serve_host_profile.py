@@ -89,7 +89,9 @@ def stubbed_engine(max_num_seqs: int, pipelined: bool = True, kv_gib: float = 1.
     eng = build_engine("qwen3-tiny", EngineArgs(device="cpu", load_format="dummy", max_num_seqs=max_num_seqs,
                                                  max_model_len=2048, max_num_batched_tokens=8192,
                                                  kv_cache_memory_gib=kv_gib, pipelined_decode=pipelined))
-    eng.runner._forward = lambda batch: (None, np.full(len(batch.sample_rows), 7, np.int64))
+    # logits of one column: the step's rows are selected from them (a mixed step's decode rows beside its prompt)
+    eng.runner._forward = lambda batch: (np.zeros((len(batch.sample_rows), 1), np.float32),
+                                         np.full(len(batch.sample_rows), 7, np.int64))
     emulate_graphs(eng)
     return eng
 
