@@ -10,7 +10,7 @@ the engine's bookkeeping) is on the critical path exactly where it would be on t
 tokens per second are the modelled device's figure times the share of it the host keeps busy.
 
 `openinfer bench serve` drives it (600 prompts of 1024 random ids, 128 tokens out, unbounded rate) at each
---concurrency; per point it prints output tok/s, TTFT / TPOT p50, the engine steps, the share of steps pipelined,
+--concurrency; per point it prints the failed requests, output tok/s, TTFT / TPOT p50, the engine steps, the share of steps pipelined,
 the CPU time of the engine thread per step and of the event loop (the HTTP side) per output token, and the bench
 client's CPU time per output token (on a machine of few cores the client competes with the server).
 --profile writes the event loop's cProfile (the HTTP side: uvicorn, SSE, JSON, detokenizing) of the whole run,
@@ -243,7 +243,7 @@ def main() -> None:
     try:
         print(f"max_num_seqs {a.max_num_seqs}, pipelined decode {'off' if a.no_pipelined_decode else 'on'}; "
               f"modelled device: decode {DECODE_MS} (batch, ms), prefill {PREFILL_MS_PER_TOKEN * 1e3:.1f} us/token")
-        print(f"{'conc':>5} {'out tok/s':>9} {'of model':>8} {'TTFT p50':>9} {'TPOT p50':>9} {'steps':>6} "
+        print(f"{'conc':>5} {'failed':>6} {'out tok/s':>9} {'of model':>8} {'TTFT p50':>9} {'TPOT p50':>9} {'steps':>6} "
               f"{'piped':>6} {'engine ms/step':>14} {'loop us/token':>13} {'client us/token':>15}")
         for c in a.concurrency:
             out = Path(f"/tmp/serve-host-profile-{os.getpid()}-{c}.json")
@@ -263,7 +263,7 @@ def main() -> None:
             out.unlink()
             d = {k: after[k] - before[k] for k in after}
             ideal = modelled_throughput(c, a.max_num_seqs, a.num_prompts, a.input_len, a.output_len)
-            print(f"{c:>5} {r['output_throughput']:>9.0f} {r['output_throughput'] / ideal:>8.0%} "
+            print(f"{c:>5} {r['failed']:>6} {r['output_throughput']:>9.0f} {r['output_throughput'] / ideal:>8.0%} "
                   f"{r['median_ttft_ms']:>9.1f} {r['median_tpot_ms']:>9.2f} {d['steps']:>6} "
                   f"{d['pipelined'] / max(d['steps'], 1):>6.0%} {1e3 * d['engine_cpu'] / max(d['steps'], 1):>14.3f} "
                   f"{1e6 * d['loop_cpu'] / max(d['tokens'], 1):>13.1f} {1e6 * client_cpu / max(d['tokens'], 1):>15.1f}",
