@@ -10,11 +10,11 @@ the engine's bookkeeping) is on the critical path exactly where it would be on t
 tokens per second are the modelled device's figure times the share of it the host keeps busy.
 
 `openinfer bench serve` drives it (600 prompts of 1024 random ids, 128 tokens out, unbounded rate) at each
---concurrency; per point it prints the failed requests, output tok/s, TTFT / TPOT p50, the engine steps, the share of steps pipelined,
-the CPU time of the engine thread per step and of the event loop (the HTTP side) per output token, and the bench
-client's CPU time per output token (on a machine of few cores the client competes with the server).
---profile writes the event loop's cProfile (the HTTP side: uvicorn, SSE, JSON, detokenizing) of the whole run,
-top functions by own time, to stderr.
+--concurrency; per point it prints the failed requests, output tok/s, TTFT / TPOT p50, the engine steps, the share of
+steps pipelined, the CPU time of the engine thread per step and of the event loop (the HTTP side) per output token,
+and the bench client's CPU time per output token (on a machine of few cores the client competes with the server).
+--profile writes the event loop's cProfile (the HTTP side: uvicorn, SSE, JSON, detokenizing) of the whole run, top
+functions by own time, to stderr.
 
 --engine-steps ROWS... times the engine thread's own work instead, in process and with no device model: the same
 stubbed engine with ROWS requests of --input-len random ids running, then `Engine.step()` wall time, median, quartiles
@@ -243,7 +243,8 @@ def main() -> None:
     try:
         print(f"max_num_seqs {a.max_num_seqs}, pipelined decode {'off' if a.no_pipelined_decode else 'on'}; "
               f"modelled device: decode {DECODE_MS} (batch, ms), prefill {PREFILL_MS_PER_TOKEN * 1e3:.1f} us/token")
-        print(f"{'conc':>5} {'failed':>6} {'out tok/s':>9} {'of model':>8} {'TTFT p50':>9} {'TPOT p50':>9} {'steps':>6} "
+        print(f"{'conc':>5} {'failed':>6} {'out tok/s':>9} {'of model':>8} {'TTFT p50':>9} {'TPOT p50':>9} "
+              f"{'steps':>6} "
               f"{'piped':>6} {'engine ms/step':>14} {'loop us/token':>13} {'client us/token':>15}")
         for c in a.concurrency:
             out = Path(f"/tmp/serve-host-profile-{os.getpid()}-{c}.json")
