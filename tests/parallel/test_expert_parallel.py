@@ -1,5 +1,5 @@
-"""Expert parallelism on the CPU with the MoE stand-in line: EP = 2 and 4 give EP = 1's logits and greedy
-tokens; worker processes run the engine's steps; a dead rank kills the engine; bad --ep values are refused
+"""Expert parallelism on the CPU with the MoE stand-in line: EP = 2, 4 and 8 give EP = 1's logits and greedy
+tokens; worker processes (2 and 8) run the engine's steps; a dead rank kills the engine; bad --ep values are refused
 before anything loads."""
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def ep1(standin_plugins):
     return steps, tokens
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_in_process_ranks_give_ep1_logits(standin_plugins, ep1, world_size):
     steps, _ = ep1
     per_rank, recorders = replay_on_ranks(NAME, ARGS, standin_plugins, steps, world_size)
@@ -66,10 +66,11 @@ def test_pipelined_graph_decode_on_ranks(standin_plugins):
     assert [r.broadcasts for r in recorders] == [follows, follows]
 
 
-def test_worker_processes_give_ep1_tokens(standin_plugins, ep1):
-    engine = build_engine(NAME, EngineArgs(**{**vars(ARGS), "ep": 2}), standin_plugins)
+@pytest.mark.parametrize("ep", [2, 8])
+def test_worker_processes_give_ep1_tokens(standin_plugins, ep1, ep):
+    engine = build_engine(NAME, EngineArgs(**{**vars(ARGS), "ep": ep}), standin_plugins)
     try:
-        assert engine.executor.world_size == 2
+        assert engine.executor.world_size == ep
         steps = record_steps(engine)
         assert _run(engine) == ep1[1]
         assert_logits_match([w for _, w in ep1[0]], [g for _, g in steps])

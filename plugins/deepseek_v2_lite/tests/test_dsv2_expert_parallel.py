@@ -1,4 +1,4 @@
-"""Expert parallelism on the DeepSeek-V2 line (CPU): EP = 2 and EP = 4 give EP = 1's logits and greedy tokens,
+"""Expert parallelism on the DeepSeek-V2 line (CPU): EP = 2, 4 and 8 give EP = 1's logits and greedy tokens,
 step for step, through batching, chunked prefill and a prefix-cache hit; with ranks as threads of one
 process (the in-process group) and with EP = 2 as worker processes (the engine's executor)."""
 from __future__ import annotations
@@ -43,7 +43,7 @@ def ep1(request):
     return _ep1(request.getfixturevalue(request.param)[0])
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_ep_ranks_give_ep1_logits(ep1, world_size):
     ckpt, steps, _ = ep1
     per_rank, recorders = replay_on_ranks(ckpt, ARGS, get_plugins(), steps, world_size)

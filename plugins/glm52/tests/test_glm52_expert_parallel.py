@@ -43,9 +43,9 @@ def ep1(sparse):
     return str(ckpt), steps, tokens, prompts
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_expert_parallel_in_process_equals_one_rank(ep1, world_size):
-    """EP = 2 / 4 ranks as threads of this process: every rank's logits equal, close to EP = 1's step by step, and
+    """EP = 2 / 4 / 8 ranks as threads of this process: every rank's logits equal, close to EP = 1's step by step, and
     each rank summed a share of the experts of its own."""
     ckpt, steps, _, _ = ep1
     per_rank, recorders = replay_on_ranks(ckpt, EP_ARGS, get_plugins(), steps, world_size)

@@ -1,5 +1,5 @@
 """Expert parallelism on the kimi_k2 line (CPU, ranks as threads of one process joined by the in-process group):
-EP = 2 and EP = 4 give EP = 1's logits and greedy tokens step for step, through batching, chunked prefill and a
+EP = 2, 4 and 8 give EP = 1's logits and greedy tokens step for step, through batching, chunked prefill and a
 prefix-cache hit, with INT4-packed experts sharded per rank and with DeepSeek-V3's grouped routing."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def ep1(request, vocab):
     return str(ckpt), steps
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_ep_ranks_give_ep1_logits(ep1, world_size):
     ckpt, steps = ep1
     per_rank, recorders = replay_on_ranks(ckpt, ARGS, get_plugins(), steps, world_size)
