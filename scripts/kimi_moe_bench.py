@@ -56,12 +56,13 @@ def stacks(cp: Any, fmt: str) -> tuple[Any, Any]:
     from openinfer.kernels.cuda.module import BF16
     from openinfer.quant import Fp8Weight, Int4Weight
     from openinfer.quant.dummy import FP8_SCALE, INT4_SCALE
+    from openinfer.quant.int4 import tiled_shapes
 
     def one(rows: int, cols: int) -> Any:
         if fmt == "int4":
-            packed = random_words(cp, (E, rows // 16, cols // 32, 16, 4)).view(cp.int32)   # the staged tiles
-            scale = cp.full((E, rows // 16, -(-cols // 64), 16, 2), INT4_SCALE, cp.float32).astype(BF16)
-            return Int4Weight(packed, scale, tiled=True)
+            words, scales = tiled_shapes(rows, cols)   # the staged tiles
+            packed = random_words(cp, (E, *words)).view(cp.int32)
+            return Int4Weight(packed, cp.full((E, *scales), INT4_SCALE, cp.float32).astype(BF16), tiled=True)
         return Fp8Weight(fp8_bytes(cp, (E, rows, cols)), cp.full((E, rows, -(-cols // 128)), FP8_SCALE, cp.float32))
     return one(2 * I, D), one(D, I)
 

@@ -10,7 +10,7 @@ pytest.importorskip("cupy")
 from openinfer.kernels import numpy_quant  # noqa: E402
 from openinfer.kernels.cuda import module, moe, quant  # noqa: E402
 from openinfer.quant import Fp8Weight, Int4Weight, e4m3_to_f32, quantize_fp8, quantize_int4, row_scales  # noqa: E402
-from openinfer.quant.int4 import tile_int4, tile_position, unpack_int4  # noqa: E402
+from openinfer.quant.int4 import tile_int4, tile_position, tiled_shapes, unpack_int4  # noqa: E402
 from openinfer.testing.launch_check import fake, record_launches  # noqa: E402
 
 BF16 = module.BF16
@@ -87,8 +87,8 @@ def test_expert_pass_forms():
 def test_kimi_expert_launches(launches, fmt):
     D, I, E, k, T = 7168, 2048, 3, 8, 1   # three experts: the grid's x depends only on the shape
     if fmt == "int4":
-        gu, dn = (Int4Weight(fake(np.zeros((E, N // 16, K // 32, 16, 4), np.int32)),
-                             fake(np.zeros((E, N // 16, K // 64, 16, 2)), BF16), True) for N, K in ((2 * I, D), (D, I)))
+        gu, dn = (Int4Weight(*(fake(np.zeros((E, *shape), dt)) for shape, dt in
+                               zip(tiled_shapes(N, K), (np.int32, BF16))), True) for N, K in ((2 * I, D), (D, I)))
     else:
         gu = Fp8Weight(fake(np.zeros((E, 2 * I, D), np.uint8)), fake(np.zeros((E, 2 * I, D // 128), np.float32)))
         dn = Fp8Weight(fake(np.zeros((E, D, I), np.uint8)), fake(np.zeros((E, D, I // 128), np.float32)))

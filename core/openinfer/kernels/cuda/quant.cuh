@@ -4,7 +4,7 @@
 // kernels (a warp streams rows from global memory) and moe_gemm.cuh's grouped GEMM (chunks staged in shared memory).
 //
 // INT4: q is int32 [rows, K/8] (nibble i of word w = weight 8w + i, stored as value + 8), scale [rows, K/32] in the
-// activations' dtype (the checkpoint's bf16); expert stacks in 16-row tiles (Int4Tiles, at the end). FP8: q is
+// activations' dtype (the checkpoint's bf16); expert stacks in 16-row tiles (Int4Tiles: Int4Layout). FP8: q is
 // uint8 [rows, K] (K % 16 == 0), scale float32 [rows, ceil(K/128)] (the 128x128 block scales repeated per row at
 // load).
 #pragma once
@@ -29,18 +29,32 @@ __device__ __forceinline__ unsigned int int4_biased_to_bf16x2(unsigned int biase
     return out;
 }
 
-struct Int4 {
+// INT4 in the checkpoint's row layout (TILES false: Linears), or as expert stacks are staged (TILES true;
+// openinfer/quant/int4.py, tile_int4): an expert's rows in tiles of 16, tile j holding rows 8j .. 8j + 7 and
+// N/2 + 8j .. N/2 + 8j + 7 (tile rows 0..7, 8..15), stored chunk by chunk with each chunk's 16 rows together; the
+// scales likewise by chunk pairs, a row's two side by side. A tiled stack row is tile * 16 + tile row, so an expert's
+// tiles follow one another as its rows did, and a 16-byte chunk of one row stays contiguous.
+template <bool TILES>
+struct Int4Layout {
     static constexpr int WORDS = 4;   // 8-weight words of a chunk
     static constexpr int CHUNK = 32;  // weights of a chunk
     static constexpr int GROUP = 32;  // weights a scale covers along a row
     static __device__ __forceinline__ int chunks(int K) { return K >> 5; }
-    static __device__ __forceinline__ int scale_cols(int K) { return K >> 5; }
+    static __device__ __forceinline__ int scale_cols(int K) { return TILES ? ((K >> 5) + 1) & ~1 : K >> 5; }
     // the stack row of row r of expert e (N rows an expert), which load and scale take
-    static __device__ __forceinline__ long long stack_row(int e, int r, int N) { return (long long)e * N + r; }
+    static __device__ __forceinline__ long long stack_row(int e, int r, int N) {
+        if constexpr (!TILES) return (long long)e * N + r;
+        const int half = N >> 1, upper = r >= half, rr = r - upper * half;
+        return ((long long)e * (N >> 4) + (rr >> 3)) * 16 + 8 * upper + (rr & 7);
+    }
     // chunk c of stack row `row`: its 16-byte index, its scale's index
-    static __device__ __forceinline__ long long chunk_index(long long row, int K, int c) { return row * (K >> 5) + c; }
+    static __device__ __forceinline__ long long chunk_index(long long row, int K, int c) {
+        if constexpr (!TILES) return row * (K >> 5) + c;
+        return ((row >> 4) * (K >> 5) + c) * 16 + (row & 15);
+    }
     static __device__ __forceinline__ long long scale_index(long long row, int K, int c) {
-        return row * scale_cols(K) + c;
+        if constexpr (!TILES) return row * scale_cols(K) + c;
+        return ((row >> 4) * scale_cols(K) + (c & ~1)) * 16 + 2 * (row & 15) + (c & 1);
     }
     static __device__ __forceinline__ uint4 load(const void* q, long long row, int K, int c) {
         return ld_stream(reinterpret_cast<const uint4*>(q) + chunk_index(row, K, c));
@@ -74,6 +88,9 @@ struct Int4 {
         return make_uint4(out[0], out[1], out[2], out[3]);
     }
 };
+
+using Int4 = Int4Layout<false>;
+using Int4Tiles = Int4Layout<true>;
 
 struct Fp8 {
     static constexpr int WORDS = 2;
@@ -131,30 +148,5 @@ struct Fp8 {
             out[2 * h + 1] = __byte_perm(f[2], f[3], 0x7632);
         }
         return make_uint4(out[0], out[1], out[2], out[3]);
-    }
-};
-
-// INT4 expert stacks as staged (openinfer/quant/int4.py, tile_int4): an expert's rows in tiles of 16, tile j holding
-// rows 8j .. 8j + 7 and N/2 + 8j .. N/2 + 8j + 7 (tile rows 0..7, 8..15), stored chunk by chunk with each chunk's 16
-// rows together; the scales likewise by chunk pairs, a row's two side by side. A stack row here is tile * 16 + tile
-// row, so an expert's tiles follow one another as its rows did, and a 16-byte chunk of one row stays contiguous.
-struct Int4Tiles : Int4 {
-    static __device__ __forceinline__ int scale_cols(int K) { return ((K >> 5) + 1) & ~1; }   // chunk pairs x 2
-    static __device__ __forceinline__ long long stack_row(int e, int r, int N) {
-        const int half = N >> 1, upper = r >= half, rr = r - upper * half;
-        return ((long long)e * (N >> 4) + (rr >> 3)) * 16 + 8 * upper + (rr & 7);
-    }
-    static __device__ __forceinline__ long long chunk_index(long long row, int K, int c) {
-        return ((row >> 4) * (K >> 5) + c) * 16 + (row & 15);
-    }
-    static __device__ __forceinline__ long long scale_index(long long row, int K, int c) {
-        return ((row >> 4) * scale_cols(K) + (c & ~1)) * 16 + 2 * (row & 15) + (c & 1);
-    }
-    static __device__ __forceinline__ uint4 load(const void* q, long long row, int K, int c) {
-        return ld_stream(reinterpret_cast<const uint4*>(q) + chunk_index(row, K, c));
-    }
-    template <typename S>
-    static __device__ __forceinline__ float scale(const S* s, long long row, int K, int c) {
-        return to_f32(s[scale_index(row, K, c)]);
     }
 };
