@@ -118,6 +118,28 @@ def test_moe_experts_quant_at_kimi_width(fmt, T, rows):
     close(got, want, DTYPES["bfloat16"], scale=4)
 
 
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+@pytest.mark.parametrize("D,I", [(256, 96), (7168, 2048)])
+def test_moe_experts_quant_decode_bits_do_not_follow_the_batch(fmt, D, I):
+    """A token's routed-expert output at decode is the same bits alone (every expert pass of one column: quant_mma.cu
+    hands the activations between lanes) as batched with tokens that share its experts (passes of several columns),
+    and as from a batch that holds it twice."""
+    rng = np.random.default_rng(D + I)
+    E_local, k, T = 8, 4, 6
+    gate_up, down = _random_codes(rng, fmt, E_local, 2 * I, D), _random_codes(rng, fmt, E_local, D, I)
+    gu, dn = _device(gate_up, BF16), _device(down, BF16)
+    x = dev(exact(rnd(rng, T, D), BF16), BF16)
+    ids = np.stack([rng.choice(E_local, k, replace=False) for _ in range(T)]).astype(np.int32)
+    ids[1:, :2] = ids[0, :2]   # the other tokens share two of token 0's experts
+    w = rng.random((T, k)).astype(np.float32)
+    batched = host(quant.moe_experts_quant(x, gu, dn, cp.asarray(ids), cp.asarray(w), 0))
+    for t in range(T):
+        alone = host(quant.moe_experts_quant(x[t:t + 1], gu, dn, cp.asarray(ids[t:t + 1]), cp.asarray(w[t:t + 1]), 0))
+        np.testing.assert_array_equal(alone[0], batched[t])
+    twice = host(quant.moe_experts_quant(x[[0, 0]], gu, dn, cp.asarray(ids[[0, 0]]), cp.asarray(w[[0, 0]]), 0))
+    np.testing.assert_array_equal(twice, batched[[0, 0]])
+
+
 # (D, I): each expert kernel form (quant.expert_pass): one 16-byte chunk a lane and pass (FP8 2064) and two (INT4
 # 4128, 129 chunks), over several passes with idle lanes in the last; rows of a few chunks (most lanes idle) and of
 # 33 (one lane's chunk in a second pass); outputs that do not fill the last block (test_quant_launch_args emulates

@@ -17,6 +17,12 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {   // read once: no 
     return v;
 }
 
+__device__ __forceinline__ unsigned int ld_stream(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ unsigned int word_of(const uint4& v, int j) {
     return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }

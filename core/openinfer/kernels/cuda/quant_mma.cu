@@ -15,7 +15,10 @@
 // b0 = (x[8t + 2m], x[8t + 2m + 4]), b1 = (x[8t + 2m + 1], x[8t + 2m + 5]) of the chunk. The chunk's two mmas start
 // from zero and its fp32 sums are scaled once, as the GEMV kernels scale a chunk's partial sums.
 //
-// gate_up reads x (bf16) from global memory. down's h is float32: the block stages each pair's h as two bf16 parts,
+// gate_up reads x (bf16) from global memory: at each chunk's mmas, or where a pass has one column (an expert with one
+// pair: every expert at batch 1, most at small batches) each lane loads one chunk's 16 bytes of the pass's window
+// with the weights and the chunks pass between lanes by shuffles, so no load waits at a chunk. The weights and scales
+// are read without L1 allocation (each load takes whole lines once). down's h is float32: the block stages each pair's h as two bf16 parts,
 // hi = bf16(h) and lo = bf16(h - hi), already in the b0/b1 order, and runs both through the mma (the weights are exact
 // in bf16), so a product keeps ~16 bits of h (relative error ~2^-17), near the fp32 GEMV's.
 #include "common.cuh"
@@ -48,28 +51,70 @@ __device__ __forceinline__ void chunk_b(const uint4& v, unsigned int (&b)[2][4])
     b[1][1] = __byte_perm(v.y, v.w, 0x7632);
 }
 
+// The B sources of mma_rows: fetch(c0, C) runs after a pass's weight and scale loads are issued, words(u, c, b) gives
+// chunk c's (the pass's u-th) B words: b[m][0..1] for mma m and, for down, b[m][2..3], the lo parts.
+
+// gate_up, one column: every lane's column is the same token. Lane (g, t) holds words 8t .. 8t + 7 of the pass's
+// chunk c0 + g; chunk u's come from lane (u, t).
+struct XOneColumn {
+    const bf16* xt;   // the token's row + 8t
+    uint4 v;
+    __device__ __forceinline__ void fetch(int c0, int C) {
+        const int c = min(c0 + ((threadIdx.x & 31) >> 2), C - 1);
+        v = *reinterpret_cast<const uint4*>(xt + 32 * c);
+    }
+    __device__ __forceinline__ void words(int u, int, unsigned int (&b)[2][4]) const {
+        const int src = 4 * u + (threadIdx.x & 3);
+        chunk_b(make_uint4(__shfl_sync(~0u, v.x, src), __shfl_sync(~0u, v.y, src), __shfl_sync(~0u, v.z, src),
+                           __shfl_sync(~0u, v.w, src)), b);
+    }
+};
+
+// gate_up, up to 8 columns: lane (g, t) reads words 8t .. 8t + 7 of column g's token at each chunk.
+struct XColumns {
+    const bf16* xg;   // column g's token's row + 8t
+    __device__ __forceinline__ void fetch(int, int) {}
+    __device__ __forceinline__ void words(int, int c, unsigned int (&b)[2][4]) const {
+        chunk_b(*reinterpret_cast<const uint4*>(xg + 32 * c), b);
+    }
+};
+
+// down: pair g's staged h words in shared memory, hi and lo parts already in the mma's order.
+struct StagedH {
+    const uint4* col;
+    __device__ __forceinline__ void fetch(int, int) {}
+    __device__ __forceinline__ void words(int, int c, unsigned int (&b)[2][4]) const {
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+            const uint4 v = col[8 * c + m];
+            b[m][0] = v.x; b[m][1] = v.y; b[m][2] = v.z; b[m][3] = v.w;
+        }
+    }
+};
+
 // acc (the C fragment: rows g, g + 8 x pairs 2t, 2t + 1) += tile `tile`'s 16 rows times the pass's activations,
-// over its K / 32 chunks. b_words(c, b) gives chunk c's B words: b[m][0..1] for mma m, and with LO b[m][2..3], the
-// lo parts, whose products are added too. A lane's scales of a chunk pair are one bf16x2 word a row.
-template <bool LO, typename B>
+// over its K / 32 chunks, the B words from src (LO: their lo parts' products are added too). A lane's scales of a
+// chunk pair are one bf16x2 word a row.
+template <bool LO, typename Src>
 __device__ __forceinline__ void mma_rows(const void* __restrict__ q, const bf16* __restrict__ scale, long long tile,
-                                         int K, B b_words, float (&acc)[4]) {
+                                         int K, Src& src, float (&acc)[4]) {
     const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3, C = K >> 5;
     const unsigned int* wg = reinterpret_cast<const unsigned int*>(q) + (tile * C * 16 + g) * 4 + t;   // + 32: g + 8
     const unsigned int* sg = reinterpret_cast<const unsigned int*>(scale) + tile * Int4Tiles::scale_cols(K) * 8 + g;
     for (int c0 = 0; c0 < C; c0 += MMA_CHUNKS) {
         unsigned int w[2][MMA_CHUNKS], sw[2][MMA_CHUNKS / 2];
+        src.fetch(c0, C);
 #pragma unroll
         for (int u = 0; u < MMA_CHUNKS; ++u) {
             const bool in = c0 + u < C;
-            w[0][u] = in ? __ldg(wg + 64 * (c0 + u)) : 0u;   // a warp reads one whole 128-byte line a load
-            w[1][u] = in ? __ldg(wg + 64 * (c0 + u) + 32) : 0u;
+            w[0][u] = in ? ld_stream(wg + 64 * (c0 + u)) : 0u;   // a warp reads one whole 128-byte line a load
+            w[1][u] = in ? ld_stream(wg + 64 * (c0 + u) + 32) : 0u;
         }
 #pragma unroll
         for (int u = 0; u < MMA_CHUNKS / 2; ++u) {   // chunks c0 + 2u and c0 + 2u + 1 (c0 is even)
             const bool in = c0 + 2 * u < C;
-            sw[0][u] = in ? __ldg(sg + 16 * (c0 / 2 + u)) : 0u;
-            sw[1][u] = in ? __ldg(sg + 16 * (c0 / 2 + u) + 8) : 0u;
+            sw[0][u] = in ? ld_stream(sg + 16 * (c0 / 2 + u)) : 0u;
+            sw[1][u] = in ? ld_stream(sg + 16 * (c0 / 2 + u) + 8) : 0u;
         }
 #pragma unroll
         for (int u = 0; u < MMA_CHUNKS; ++u) {
@@ -78,7 +123,7 @@ __device__ __forceinline__ void mma_rows(const void* __restrict__ q, const bf16*
             int4_pairs(w[0][u], pg);
             int4_pairs(w[1][u], pg8);
             unsigned int b[2][4];
-            b_words(c0 + u, b);
+            src.words(u, c0 + u, b);
             float part[4];
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
@@ -100,7 +145,7 @@ __device__ __forceinline__ void mma_rows(const void* __restrict__ q, const bf16*
 // MMA_WARPS)), slots); a warp's tile j holds the gate and up rows of outputs o0 = 8j .. o0 + 7 (I % 8 == 0), its
 // tile rows g and g + 8 those of output o0 + g. q/scale: the staged expert stack [E_local, 2I, D] (Int4Tiles, gate
 // rows first), x bf16 [T, D].
-extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_gate_up_int4(
+extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 3) moe_q_mma_gate_up_int4(
     const bf16* __restrict__ x, const void* __restrict__ q, const bf16* __restrict__ scale,
     const int* __restrict__ slot_expert, const int* __restrict__ slot_start, const int* __restrict__ pair_list,
     int k, int D, int I, float* __restrict__ h) {
@@ -115,9 +160,13 @@ extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_gate_up_i
         const int n = min(MMA_PAIRS, last - p0);
         const bf16* xg = x + (long long)(pair_list[p0 + min(g, n - 1)] / k) * D + 8 * t;   // column g's token
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_rows<false>(q, scale, tile, D, [&](int c, unsigned int (&b)[2][4]) {
-            chunk_b(*reinterpret_cast<const uint4*>(xg + 32 * c), b);
-        }, acc);
+        if (n == 1) {
+            XOneColumn src{xg};
+            mma_rows<false>(q, scale, tile, D, src, acc);
+        } else {
+            XColumns src{xg};
+            mma_rows<false>(q, scale, tile, D, src, acc);
+        }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {   // pairs 2t and 2t + 1 of the pass: acc[i] the gate, acc[2 + i] the up sum
             const int p = 2 * t + i;
@@ -165,15 +214,9 @@ extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_down_int4
         }
         __syncthreads();
         if (!works) continue;
-        const uint4* col = reinterpret_cast<const uint4*>(stage + min(g, n - 1) * pair_words + 8 * t);   // pair g
+        StagedH src{reinterpret_cast<const uint4*>(stage + min(g, n - 1) * pair_words + 8 * t)};   // pair g
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_rows<true>(q, scale, tile, I, [&](int c, unsigned int (&b)[2][4]) {
-#pragma unroll
-            for (int m = 0; m < 2; ++m) {
-                const uint4 v = col[8 * c + m];
-                b[m][0] = v.x; b[m][1] = v.y; b[m][2] = v.z; b[m][3] = v.w;
-            }
-        }, acc);
+        mma_rows<true>(q, scale, tile, I, src, acc);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {   // acc: (tile row g | g + 8) x (pair 2t | 2t + 1)
             const int p = 2 * t + (i & 1), r = 8 * j + g + (i >> 1) * (D >> 1);
