@@ -242,11 +242,12 @@ def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.nda
     plan = (slot_expert, slot_start, pair_list)
     if tensor_core_gemv(fmt, x.dtype):
         staged = min(MMA_PAIRS, T)
+        form = "_one" if T == 1 else ""   # the one-token forms: the same products, their passes pipelined
         q, s = _arrays(gate_up)
-        launch("quant_mma", "moe_q_mma_gate_up_int4", (-(-I // (8 * MMA_WARPS)), slots), 32 * MMA_WARPS,
+        launch("quant_mma", f"moe_q_mma_gate_up_int4{form}", (-(-I // (8 * MMA_WARPS)), slots), 32 * MMA_WARPS,
                (x, q, s, *plan, np.int32(k), np.int32(D), np.int32(I), h))
         q, s = _arrays(down)
-        launch("quant_mma", "moe_q_mma_down_int4", (-(-D // (16 * MMA_WARPS)), slots), 32 * MMA_WARPS,
+        launch("quant_mma", f"moe_q_mma_down_int4{form}", (-(-D // (16 * MMA_WARPS)), slots), 32 * MMA_WARPS,
                (h, q, s, *plan, weights, np.int32(D), np.int32(I), np.int32(staged), yk),
                smem=mma_stage_bytes_down(I, staged))
     else:
