@@ -47,6 +47,7 @@ def _launched_names() -> set[str]:
                               ("{suffix(y.dtype)}", ("bf16", "f32")),
                               ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
+                              ("{form}", ("", "_one")),   # quant.py's one-token forms
                               ("{mt}", row_tiles),
                               ("{p.name}", ("l32r4u1", "l32r4u2")),   # quant.py's expert forms
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
