@@ -16,11 +16,14 @@
 // from zero and its fp32 sums are scaled once, as the GEMV kernels scale a chunk's partial sums.
 //
 // gate_up reads x (bf16) from global memory: at each chunk's mmas, or where a pass has one column (an expert with one
-// pair: every expert at batch 1, most at small batches) each lane loads one chunk's 16 bytes of the pass's window
-// with the weights and the chunks pass between lanes by shuffles, so no load waits at a chunk. The weights and scales
-// are read without L1 allocation (each load takes whole lines once). down's h is float32: the block stages each pair's h as two bf16 parts,
-// hi = bf16(h) and lo = bf16(h - hi), already in the b0/b1 order, and runs both through the mma (the weights are exact
-// in bf16), so a product keeps ~16 bits of h (relative error ~2^-17), near the fp32 GEMV's.
+// pair: every expert at one token, most at small batches) each lane loads one chunk's 16 bytes of the pass's window
+// right after the weights and the chunks pass between lanes by shuffles, so no chunk waits on a load of x. At one
+// token gate_up has one block an SM's worth of warps or fewer, and its one-token form keeps two passes in flight
+// (the next one's loads issued before this one's mmas). The weights and scales are read without L1 allocation (each
+// load takes whole lines once). down's h is float32: the block stages each pair's h as two bf16 parts, hi = bf16(h)
+// and lo = bf16(h - hi), already in the b0/b1 order, and runs both through the mma (the weights are exact in bf16),
+// so a product keeps ~16 bits of h (relative error ~2^-17), near the fp32 GEMV's. Every form gives a pair the same
+// products in the same order, so its bits do not depend on what it is batched with.
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant.cuh"
@@ -185,7 +188,7 @@ __device__ __forceinline__ void mma_rows(const void* __restrict__ q, const bf16*
 // MMA_WARPS)), slots); a warp's tile j holds the gate and up rows of outputs o0 = 8j .. o0 + 7 (I % 8 == 0), its
 // tile rows g and g + 8 those of output o0 + g. q/scale: the staged expert stack [E_local, 2I, D] (Int4Tiles, gate
 // rows first), x bf16 [T, D].
-// ONE: the one-token form (every slot one pair), its passes pipelined.
+// ONE: the one-token form (every column is the token's), its passes pipelined.
 template <bool ONE>
 __device__ __forceinline__ void gate_up_int4(
     const bf16* __restrict__ x, const void* __restrict__ q, const bf16* __restrict__ scale,
@@ -222,6 +225,8 @@ __device__ __forceinline__ void gate_up_int4(
     const bf16* __restrict__ x, const void* __restrict__ q, const bf16* __restrict__ scale,                          \
         const int* __restrict__ slot_expert, const int* __restrict__ slot_start, const int* __restrict__ pair_list, \
         int k, int D, int I, float* __restrict__ h
+// Launch bounds: 3 blocks an SM caps registers at 85 (64 used), under which ptxas issues a pass's loads before its
+// first chunk's mmas (with no minimum it sank some below them); the one-token form's 256 blocks (Kimi-K2) fit 2 an SM.
 extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 3) moe_q_mma_gate_up_int4(GATE_UP_ARGS) {
     gate_up_int4<false>(x, q, scale, slot_expert, slot_start, pair_list, k, D, I, h);
 }
@@ -233,9 +238,7 @@ extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 2) moe_q_mma_gate_u
 // slots), a warp per tile j of the staged stack (Int4Tiles): tile rows g and g + 8 are rows 8j + g and D/2 + 8j + g
 // (D % 16 == 0). Dynamic shared memory: stage_pairs (<= MMA_PAIRS) pairs' h, each as I / 32 chunks of 4 lanes x 8
 // words (mma 0's hi b0, b1, lo b0, b1, then mma 1's), PAIR_PAD words after each pair.
-// ONE: the one-token form, its passes pipelined.
-template <bool ONE>
-__device__ __forceinline__ void down_int4(
+extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_down_int4(
     const float* __restrict__ h, const void* __restrict__ q, const bf16* __restrict__ scale,
     const int* __restrict__ slot_expert, const int* __restrict__ slot_start, const int* __restrict__ pair_list,
     const float* __restrict__ weights, int D, int I, int stage_pairs, float* __restrict__ yk) {
@@ -271,7 +274,7 @@ __device__ __forceinline__ void down_int4(
         if (!works) continue;
         StagedH src{reinterpret_cast<const uint4*>(stage + min(g, n - 1) * pair_words + 8 * t)};   // pair g
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_rows<true, ONE>(q, scale, tile, I, src, acc);
+        mma_rows<true, false>(q, scale, tile, I, src, acc);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {   // acc: (tile row g | g + 8) x (pair 2t | 2t + 1)
             const int p = 2 * t + (i & 1), r = 8 * j + g + (i >> 1) * (D >> 1);
@@ -282,15 +285,4 @@ __device__ __forceinline__ void down_int4(
         }
     }
     pdl_trigger();
-}
-
-#define DOWN_ARGS                                                                                               \
-    const float* __restrict__ h, const void* __restrict__ q, const bf16* __restrict__ scale,                       \
-        const int* __restrict__ slot_expert, const int* __restrict__ slot_start, const int* __restrict__ pair_list, \
-        const float* __restrict__ weights, int D, int I, int stage_pairs, float* __restrict__ yk
-extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_down_int4(DOWN_ARGS) {
-    down_int4<false>(h, q, scale, slot_expert, slot_start, pair_list, weights, D, I, stage_pairs, yk);
-}
-extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 2) moe_q_mma_down_int4_one(DOWN_ARGS) {
-    down_int4<true>(h, q, scale, slot_expert, slot_start, pair_list, weights, D, I, stage_pairs, yk);
 }
