@@ -148,8 +148,8 @@ struct TilePass {
 };
 
 // acc += tile `tile`'s 16 rows times src's activations over its K / 32 chunks, a pass of MMA_CHUNKS at a time.
-// PIPELINED: the next pass's loads are issued before this pass's mmas (two passes' words in registers: for the
-// kernels' one-token forms, whose few warps an SM leave registers to spare); the same products in the same order.
+// PIPELINED: the next pass's loads are issued before this pass's mmas (two passes' words in registers: for gate_up's
+// one-token form, whose few warps an SM leave registers to spare); the same products in the same order.
 template <bool LO, bool PIPELINED, typename Src>
 __device__ __forceinline__ void mma_rows(const void* __restrict__ q, const bf16* __restrict__ scale, long long tile,
                                          int K, Src& src, float (&acc)[4]) {
