@@ -194,9 +194,9 @@ def tensor_core_gemv(fmt: str, dtype: np.dtype) -> bool:
     kernels: INT4 on bf16 activations. Measured on H100 at Kimi-K2's shapes, the GEMV kernels are bound by the ~3
     instructions an INT4 weight costs them and re-read an expert's rows every 4 pairs: the tensor-core kernels stream
     the whole call at 55 / 58 / 56 % of the copy rate at 8 / 32 / 128 tokens against 58 / 54 / 38 %, and the 7-layer
-    model's decode step at batch 32 took 10.4 ms against 14.7. At one token they were slower (37 against 51 %; 3.26
-    against 3.03 ms a step), gate_up's few warps each waiting on its activations at every chunk: one-column passes
-    now hand those between lanes, and gate_up's one-token form pipelines its passes (the same products). The choice
+    model's decode step at batch 32 took 10.4 ms against 14.7. At one token gate_up has few warps an SM, each of
+    which waited on its activations at every chunk (37 against 51 %; 3.26 against 3.03 ms a step): one-column passes
+    hand those between lanes, and gate_up's one-token form pipelines its passes (the same products). The choice
     does not follow the token count: a pair's sums are then the same whatever it is batched with, so batching does
     not move greedy tokens. FP8 rows (one weight a byte, 69-89 % on CUDA cores) and float32 activations keep
     quant.cu's kernels."""
