@@ -242,11 +242,13 @@ def test_mla_rope_write(T, nh, w_dtype, pdl):
     np.testing.assert_allclose(host(pool_d), host(unfused), rtol=2 ** -7, atol=0)
 
 
-@pytest.mark.parametrize("T,H,n_in,n_out", [(1, 16, 128, 512), (9, 16, 512, 128), (40, 4, 16, 512)])
+@pytest.mark.parametrize("T,H,n_in,n_out", [(1, 16, 128, 512), (3, 16, 512, 128), (8, 16, 128, 512),
+                                            (9, 16, 512, 128), (40, 4, 16, 512)])
 def test_per_head_linear(T, H, n_in, n_out, pdl):
-    """x as a strided slice (q_nope of q [T, H, dn + P]); MLA's W_UK^T and W_UV shapes."""
+    """x as a strided slice (q_nope of q [T, H, dn + P]), w as one too (W_UV of kv_b_proj [H, 64 + n_out, n_in]);
+    MLA's W_UK^T and W_UV shapes, on the per-head GEMV (up to 8 tokens) and on cuBLAS."""
     rng = np.random.default_rng(n_in)
     wide = exact(rnd(rng, T, H, n_in + 64), BF16)
-    w = exact(rnd(rng, H, n_out, n_in, scale=n_in ** -0.5), BF16)
-    got = blas.per_head_linear(dev(wide, BF16)[:, :, :n_in], dev(w, BF16))
-    close(got, ref.per_head_linear(wide[:, :, :n_in], w), BF)
+    kv_b = exact(rnd(rng, H, 64 + n_out, n_in, scale=n_in ** -0.5), BF16)
+    got = blas.per_head_linear(dev(wide, BF16)[:, :, :n_in], dev(kv_b, BF16)[:, 64:])
+    close(got, ref.per_head_linear(wide[:, :, :n_in], kv_b[:, 64:]), BF)

@@ -217,9 +217,29 @@ def test_router_logits_launch_args(launches):
     assert call.grid == (64 // moe.ROUTER_WARPS, -(-9 // moe.ROUTER_TOKENS)) and out.shape == (9, 64)
 
 
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_per_head_linear_gemv_launch_args(launches, T):
+    """Up to GEMV_MAX_M tokens: gemv.cu's per-head GEMV, one CTA per 16 output rows of a head (grid z: the heads),
+    x's token and head strides (q_nope, a slice of q), W_UV's row and head strides (a view of kv_b_proj)."""
+    H, dn, P, R, dv = 16, 128, 64, 512, 128
+    q = aligned_empty((T, H, dn + P), BF16)
+    w_uk_t = aligned_empty((H, R, dn), BF16)
+    q_latent = blas.per_head_linear(q[:, :, :dn], w_uk_t)
+    kv_b = aligned_empty((H, dn + dv, R), BF16)
+    out = blas.per_head_linear(aligned_empty((T, H, R), BF16), kv_b[:, dn:])
+    uk, uv = launches
+    assert q_latent.shape == (T, H, R) and out.shape == (T, H, dv)
+    assert [(c.source, c.name) for c in launches] == [("gemv", "gemv_heads_bf16")] * 2
+    assert uk.grid == (R // 16, 1, H) and uv.grid == (dv // 16, 1, H) and uk.block == 128
+    assert [int(a) for a in uk.args[1:3] + uk.args[4:8] + uk.args[9:]] == [H * (dn + P), dn + P, dn, R * dn, T,
+                                                                            dn // 8, H * R, R, R]
+    assert [int(a) for a in uv.args[1:3] + uv.args[4:8] + uv.args[9:]] == [H * R, R, R, (dn + dv) * R, T, R // 8,
+                                                                            H * dv, dv, dv]
+
+
 def test_per_head_linear_cublas_arguments(launches, monkeypatch):
-    """y_h^T [out, T] = op_T(w_h) [out, in] @ x_h^T: m = out, n = T, k = in; x's token and head strides as ldb and
-    strideB; y [T, H, out] packed: ldc = H * out, strideC = out."""
+    """Past GEMV_MAX_M tokens: y_h^T [out, T] = op_T(w_h) [out, in] @ x_h^T: m = out, n = T, k = in; x's token and
+    head strides as ldb and strideB; y [T, H, out] packed: ldc = H * out, strideC = out."""
     calls = []
     lib = SimpleNamespace(cublasGemmStridedBatchedEx=lambda *a: calls.append(a) or 0)
     handle = SimpleNamespace(lib=lib, bind=lambda stream: 1)
@@ -227,11 +247,12 @@ def test_per_head_linear_cublas_arguments(launches, monkeypatch):
     monkeypatch.setattr(blas.cp, "cuda", SimpleNamespace(Device=lambda: SimpleNamespace(id=0),
                                                          get_current_stream=lambda: SimpleNamespace(ptr=0)),
                         raising=False)
-    T, H, dn, P, R = 3, 16, 128, 64, 512
+    T, H, dn, P, R = blas.GEMV_MAX_M + 1, 16, 128, 64, 512
     q = aligned_empty((T, H, dn + P), BF16)
     w = aligned_empty((H, R, dn), BF16)
     out = blas.per_head_linear(q[:, :, :dn], w)
     (a,) = calls
+    assert not launches
     assert out.shape == (T, H, R)
     assert a[1:6] == (1, 0, R, T, dn)                                   # op_T(w), op_N(x): m, n, k
     assert (a[9], a[10]) == (dn, R * dn)                                # lda, strideA

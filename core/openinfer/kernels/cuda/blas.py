@@ -270,10 +270,21 @@ def grouped_gemm(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray, groups: list[t
                      op + start * ldo * io, ldo, in_type, out_type)
 
 
+def _per_head_gemv_usable(x: cp.ndarray, w: cp.ndarray) -> bool:
+    """The per-head GEMV's conditions: bf16, at most GEMV_MAX_M tokens, every row of x and w and every head's start
+    on 16 bytes (x's token stride only matters past one token)."""
+    T, _, k = x.shape
+    return (x.dtype == BF16 and 1 <= T <= GEMV_MAX_M and k % 8 == 0 and (T == 1 or x.strides[0] % 16 == 0)
+            and x.strides[1] % 16 == 0 and w.strides[0] % 16 == 0 and w.strides[1] % 16 == 0
+            and x.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
+
+
 def per_head_linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     """A linear map of its own per head: x [T, H, in] (any token and head strides, unit last stride), w [H, out, in]
-    (any head and row strides, unit last stride: W_UV is a view of kv_b_proj) -> [T, H, out], one strided-batched
-    cublasGemmEx (head h: y_h^T = op_T(w_h) @ op_N(x_h^T), column-major)."""
+    (any head and row strides, unit last stride: W_UV is a view of kv_b_proj) -> [T, H, out]. bf16 with at most
+    GEMV_MAX_M tokens and 16-byte aligned rows and heads runs gemv.cu's per-head GEMV (a decode step's W_UK and W_UV,
+    on PDL with the kernels around them); anything else one strided-batched cublasGemmEx (head h: y_h^T =
+    op_T(w_h) @ op_N(x_h^T), column-major)."""
     T, H, k = x.shape
     n_out = w.shape[1]
     if w.shape != (H, n_out, k) or x.dtype != w.dtype or x.dtype not in _DATA_TYPE:
@@ -286,6 +297,12 @@ def per_head_linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
         w = cp.ascontiguousarray(w)
     out = cp.empty((T, H, n_out), dtype=x.dtype)
     if T == 0 or H == 0 or n_out == 0:
+        return out
+    if _per_head_gemv_usable(x, w):
+        launch("gemv", "gemv_heads_bf16", (-(-n_out // 16), 1, H), 128,
+               (x, np.int64(x.strides[0] // it), np.int64(x.strides[1] // it), w, np.int64(w.strides[1] // it),
+                np.int64(w.strides[0] // it), np.int32(T), np.int32(k // 8), out, np.int64(H * n_out), np.int64(n_out),
+                np.int32(n_out)))
         return out
     handle, ptr = _bound_handle()
     dt = _DATA_TYPE[x.dtype]

@@ -237,3 +237,12 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 GEMV_KERNEL(gemv_bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
 // tiles = inter / 8 (w: [2 inter, K])
 GEMV_KERNEL(gemv_silu_bf16, (SiluMul{out, ldo, inter}), bf16* __restrict__ out, long long ldo, int inter)
+
+// A linear map of its own per head (MLA's W_UK and W_UV at decode): grid (ceil(n / 16), 1, heads), head h = blockIdx.z
+// reading x, w and y from h times their head strides; one split (a head's K, 128 or 512, is under a split's depth).
+extern "C" __global__ void __launch_bounds__(128, 1) gemv_heads_bf16(
+    const bf16* x, long long ldx, long long x_head, const bf16* __restrict__ w, long long ldw, long long w_head, int M,
+    int chunks, bf16* __restrict__ y, long long ldy, long long y_head, int n) {
+    const long long h = blockIdx.z;
+    gemv_tile<4, LoadX>(x + h * x_head, ldx, w + h * w_head, ldw, M, chunks, StoreY{y + h * y_head, ldy, n});
+}
