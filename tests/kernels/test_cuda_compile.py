@@ -48,6 +48,7 @@ def _launched_names() -> set[str]:
                               ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
                               ("{form}", ("", "_one")),   # quant.py's one-token form of gate_up
+                              ("{gemm}", ("m1", "m8", "m1_s6")),   # moe.py's grouped GEMMs: row tiles, stages
                               ("{mt}", row_tiles),
                               ("{p.name}", ("l32r4u1", "l32r4u2")),   # quant.py's expert forms
                               ("{tiles}", ("", "_n64", "_nostagger", "_ov", "_n64ov"))):
@@ -161,9 +162,9 @@ def test_grouped_expert_gemms_trigger_after_their_main_loop():
     gemms = {**{n: b for n, (_, b) in ptx_entries("moe").items() if n.startswith(("moe_gate_up", "moe_down"))},
              **{n: b for n, (_, b) in ptx_entries("quant").items() if n.startswith("moe_q_")},
              **{n: b for n, (_, b) in ptx_entries("quant_mma").items()}}
-    # moe.cu: 2 kernels x 2 dtypes; quant.cu: 2 x 2 forms x (FP8 on 2 dtypes, INT4 on float32); quant_mma.cu: 2 and
-    # gate_up's one-token form
-    assert len(gemms) == 4 + 12 + 3
+    # moe.cu: 2 kernels x 3 forms (16-row tiles at three and six stages, 128-row tiles); quant.cu: 2 x 2 forms x (FP8
+    # on 2 dtypes, INT4 on float32); quant_mma.cu: 2 and gate_up's one-token form
+    assert len(gemms) == 6 + 12 + 3
     assert {n.rsplit("_", 1)[1] for n in gemms if n.startswith("moe_q_") and "_mma_" not in n} == {"l32r4u1", "l32r4u2"}
     for name, body in gemms.items():
         assert name.startswith(pdl.KERNELS), name

@@ -164,8 +164,8 @@ def test_moe_route_rejects_what_it_cannot_compute(launches, cfg, E):
         moe.moe_route(aligned_empty((2, E), np.float32), None, cfg)
 
 
-@pytest.mark.parametrize("T,E,k,wide", [(1, 64, 6, False), (32, 64, 6, False), (700, 64, 6, True),
-                                         (512, 8, 8, True), (3, 4, 2, False)])
+@pytest.mark.parametrize("T,E,k,wide", [(1, 64, 6, False), (32, 64, 6, False), (33, 64, 6, False),
+                                         (700, 64, 6, True), (512, 8, 8, True), (3, 4, 2, False)])
 @pytest.mark.parametrize("impl", ["moe_experts", "moe_experts_wgmma"])
 def test_moe_experts_launch_args(launches, T, E, k, wide, impl):
     D, I = 2048, 1408
@@ -183,9 +183,11 @@ def test_moe_experts_launch_args(launches, T, E, k, wide, impl):
         assert dn.name == "moe_down_bf16_wgmma" and dn.grid == (D // 128, tiles)
         assert gate.block == dn.block == 256 and gate.smem == dn.smem == moe.wgmma_smem() <= 227 * 1024
         return
-    assert gate.name == f"moe_gate_up_bf16_m{mt}" and gate.grid == (I // 32, tiles)
-    assert dn.name == f"moe_down_bf16_m{mt}" and dn.grid == (D // 64, tiles)
-    assert gate.smem == dn.smem == moe.gemm_smem(mt)
+    stages = 6 if T <= 32 and not wide else 3   # six stages for the 16-row tiles up to 32 tokens
+    form = f"m{mt}" + ("_s6" if stages == 6 else "")
+    assert gate.name == f"moe_gate_up_bf16_{form}" and gate.grid == (I // 32, tiles)
+    assert dn.name == f"moe_down_bf16_{form}" and dn.grid == (D // 64, tiles)
+    assert gate.smem == dn.smem == moe.gemm_smem(mt, stages=stages) <= 227 * 1024
 
 
 def test_moe_experts_rejects_mismatched_weights(launches):

@@ -68,9 +68,9 @@ class Bf16Rows:
     where nothing was copied), read there by ldmatrix."""
     group_kk = 0
 
-    def __init__(self, w, K):
+    def __init__(self, w, K, stages=GEMM_STAGES):
         self.w, self.K = w, K
-        self.sw = np.full((GEMM_STAGES, GEMM_BN, LD), np.nan, np.float32)
+        self.sw = np.full((stages, GEMM_BN, LD), np.nan, np.float32)
 
     def load(self, stage, k0, rows):
         for i in range(GEMM_BN * GEMM_BK // 8):
@@ -84,10 +84,10 @@ class Bf16Rows:
 
 
 def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, wsrc, N, K, r0, r1, bx, mt, route_w, out,
-                       out_stride):
-    """One moe_gemm block (n tile bx) of one tile; a, out flat arrays; wsrc the weight policy's model at the tile's
-    expert (Bf16Rows here, the INT4 / FP8 one in test_quant_gemm_emulation): load(stage, k0, rows), tile(stage) ->
-    the flat bf16 [64, LD] tile, group_kk and scale(stage, r, g)."""
+                       out_stride, stages=GEMM_STAGES):
+    """One moe_gemm block (n tile bx) of one tile, its cp.async ring of `stages`; a, out flat arrays; wsrc the weight
+    policy's model at the tile's expert (Bf16Rows here, the INT4 / FP8 one in test_quant_gemm_emulation):
+    load(stage, k0, rows), tile(stage) -> the flat bf16 [64, LD] tile, group_kk and scale(stage, r, g)."""
     BM = 16 * mt
     m = min(BM, r1 - r0)
     n0 = bx * (GEMM_BN // 2 if gate_up else GEMM_BN)
@@ -98,7 +98,7 @@ def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, wsrc, N, K, r0,
     for r in range(GEMM_BN):
         col = n0 + (r % (GEMM_BN // 2) if gate_up else r)
         w_rows.append(-1 if col >= N else N + col if gate_up and r >= GEMM_BN // 2 else col)
-    sa = np.full((GEMM_STAGES, BM, LD), np.nan, np.float32)
+    sa = np.full((stages, BM, LD), np.nan, np.float32)
 
     def load(stage, k0):
         for i in range(BM * (GEMM_BK // 8)):
@@ -108,7 +108,7 @@ def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, wsrc, N, K, r0,
         wsrc.load(stage, k0, w_rows)
 
     nk = (K + GEMM_BK - 1) // GEMM_BK
-    for s in range(GEMM_STAGES - 1):
+    for s in range(stages - 1):
         if s < nk:
             load(s, s * GEMM_BK)
     split_m = mt >= NW
@@ -120,10 +120,10 @@ def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, wsrc, N, K, r0,
     pstride = 8 if gate_up else 16
     gk = wsrc.group_kk
     for kt in range(nk):
-        pre = kt + GEMM_STAGES - 1
+        pre = kt + stages - 1
         if pre < nk:
-            load(pre % GEMM_STAGES, pre * GEMM_BK)
-        st, ws = sa[kt % GEMM_STAGES].ravel(), wsrc.tile(kt % GEMM_STAGES)
+            load(pre % stages, pre * GEMM_BK)
+        st, ws = sa[kt % stages].ravel(), wsrc.tile(kt % stages)
         for warp in range(NW):
             mbase, pbase = (warp * WM, 0) if split_m else (0, warp * WP)
             for kk in range(GEMM_BK // 16):
@@ -168,11 +168,17 @@ def emulate_gemm_block(gate_up, a, a_stride, sorted_pairs, topk, wsrc, N, K, r0,
                                         out[p * out_stride + col] = route_w[p] * acc[warp, t, pp, j, ln, 2 * h + c]
 
 
+def kernel_form(name):
+    """(MT, stages) of a moe_gemm kernel's name: ..._m<MT>[_s<stages>]."""
+    mt, _, stages = name.rsplit("_m", 1)[1].partition("_s")
+    return int(mt), int(stages or GEMM_STAGES)
+
+
 def emulate_tiles(call, expert_weights):
     """Every used tile's blocks of a moe_gemm launch (gate_up or down, from its name), its first four and last five
-    arguments as moe.cu's and quant.cu's kernels share them; expert_weights(e, N, K) -> the weight model."""
+    arguments as moe.cu's and quant.cu's kernels share them; expert_weights(e, N, K, stages) -> the weight model."""
     gate_up = call.name.startswith("moe_gate_up")
-    mt = int(call.name.rsplit("_m", 1)[1])
+    mt, stages = kernel_form(call.name)
     a, a_stride, sorted_pairs, topk = call.args[:4]
     N, K, te, ts, tend, num_tiles = call.args[6:12]
     route_w, out, out_stride = (None, *call.args[12:]) if gate_up else call.args[12:]
@@ -182,9 +188,9 @@ def emulate_tiles(call, expert_weights):
     for slot in range(used):
         e, r0, r1 = int(flat(te)[slot]), int(flat(ts)[slot]), int(flat(tend)[slot])
         for bx in range(call.grid[0]):
-            emulate_gemm_block(gate_up, af, int(a_stride), srt, int(topk), expert_weights(e, int(N), int(K)), int(N),
-                               int(K), r0, r1, bx, mt, None if route_w is None else flat(route_w), flat(out),
-                               int(out_stride))
+            emulate_gemm_block(gate_up, af, int(a_stride), srt, int(topk), expert_weights(e, int(N), int(K), stages),
+                               int(N), int(K), r0, r1, bx, mt, None if route_w is None else flat(route_w), flat(out),
+                               int(out_stride), stages)
     return mt
 
 
@@ -192,8 +198,8 @@ def emulate_gemm(call):
     """moe_gate_up_bf16 / moe_down_bf16 on their recorded arguments."""
     w, w_expert_stride = call.args[4:6]
     wf = flat(w).astype(np.float32)
-    mt = emulate_tiles(call, lambda e, N, K: Bf16Rows(wf[e * int(w_expert_stride):], K))
-    assert call.smem == gemm_smem(mt)
+    mt = emulate_tiles(call, lambda e, N, K, stages: Bf16Rows(wf[e * int(w_expert_stride):], K, stages))
+    assert call.smem == gemm_smem(mt, stages=kernel_form(call.name)[1])
 
 
 def emulate_combine(call):
@@ -263,7 +269,10 @@ def kernels(rng):
 # T, D, I, local experts, top-k, experts routed over, offset: two k tiles with a ragged last one (D 72 = 64 + 8,
 # I 40), outputs off the n tiles, an expert-parallel shard, 128-row tiles (>= 64 rows an expert on average, two
 # tiles an expert)
-CASES = {"narrow": (5, 72, 40, 3, 2, 3, 0), "shard": (6, 64, 32, 2, 3, 6, 2), "wide": (150, 72, 40, 2, 2, 2, 0)}
+# T, D, I, E, k, ids' range, expert offset; the 16-row tiles at six stages up to 32 tokens, at three past them
+CASES = {"narrow": (5, 72, 40, 3, 2, 3, 0), "shard": (6, 64, 32, 2, 3, 6, 2), "batch": (40, 72, 40, 4, 2, 4, 0),
+         "wide": (150, 72, 40, 2, 2, 2, 0)}
+FORMS = {"narrow": "m1_s6", "shard": "m1_s6", "batch": "m1", "wide": "m8"}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -281,7 +290,7 @@ def test_moe_experts_emulation(case, with_addend, launches):
     weights = fake(rng.random((T, k)).astype(np.float32))
     addend = fake(rng.standard_normal((T, D)), BF16) if with_addend else None
     y = moe.moe_experts(x, gate_up, down, ids, weights, offset, addend)
-    assert [c.name for c in launches][1] == f"moe_gate_up_bf16_m{8 if case == 'wide' else 1}"
+    assert [c.name for c in launches][1:3] == [f"moe_gate_up_bf16_{FORMS[case]}", f"moe_down_bf16_{FORMS[case]}"]
     run(launches, kernels(rng))
     f64 = [np.asarray(a, np.float64) for a in (x, gate_up, down)]
     want = ref_moe_experts(*f64, np.asarray(ids), np.asarray(weights), offset,

@@ -145,4 +145,4 @@ def test_small_batches_keep_the_16_row_tiles(launches):
                           fake(rng.standard_normal((E, D, I)), BF16),
                           fake(np.argsort(rng.random((T, E)), axis=-1)[:, :k].astype(np.int32)),
                           fake(rng.random((T, k)).astype(np.float32)), 0)
-    assert [c.name for c in launches][1:3] == ["moe_gate_up_bf16_m1", "moe_down_bf16_m1"]
+    assert [c.name for c in launches][1:3] == ["moe_gate_up_bf16_m1_s6", "moe_down_bf16_m1_s6"]

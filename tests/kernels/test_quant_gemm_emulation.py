@@ -32,7 +32,7 @@ class QuantRows:
     """quant.cu's QuantExperts<F, S> at expert e of a stack: a stage is bytes (64 rows x RAW chunks, then a 4-byte
     scale word a row), tile() expands them into a NaN-initialised bf16 [64, LD] tile."""
 
-    def __init__(self, fmt, q, s, e, rows, K, ref):
+    def __init__(self, fmt, q, s, e, rows, K, ref, stages=GEMM_STAGES):
         self.fmt, self.K, self.ref, self.n = fmt, K, ref, rows   # ref: the expert's dequantized [rows, K] weights
         self.raw = GEMM_BK // CHUNK[fmt]
         ns = max(1, GEMM_BK // GROUP[fmt])
@@ -44,9 +44,9 @@ class QuantRows:
         self.ssize = s.itemsize
         self.s = flat(s).view(np.uint8)[e * rows * self.scale_cols * self.ssize:]
         self.scales = GEMM_BN * self.raw * 16
-        self.st = np.zeros((GEMM_STAGES, self.scales + GEMM_BN * 4), np.uint8)
+        self.st = np.zeros((stages, self.scales + GEMM_BN * 4), np.uint8)
         self.written = np.zeros(self.st.shape, bool)
-        self.rows, self.k0 = [None] * GEMM_STAGES, [None] * GEMM_STAGES
+        self.rows, self.k0 = [None] * stages, [None] * stages
 
     def load(self, stage, k0, rows):
         self.rows[stage], self.k0[stage] = list(rows), k0
@@ -113,7 +113,7 @@ def emulate_qgemm(call, stacks):
     q, s = call.args[4:6]
     host = stacks["gate_up" if gate_up else "down"]
     rows = host.shape[1]
-    mt = emulate_tiles(call, lambda e, N, K: QuantRows(fmt, q, s, e, rows, K, host.dequant(e)))
+    mt = emulate_tiles(call, lambda e, N, K, stages: QuantRows(fmt, q, s, e, rows, K, host.dequant(e), stages))
     assert call.smem == gemm_smem(mt, quant.mma_stage_bytes(fmt), BF16_TILE_BYTES)
     assert call.block == moe.GEMM_THREADS
 

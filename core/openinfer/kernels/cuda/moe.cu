@@ -292,25 +292,28 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS) moe_align(
 }
 
 // ------------------------------------------------------------------------------------------------ grouped GEMM
-// moe_gemm.cuh on bf16 expert stacks
-#define MOE_GEMM_KERNEL(MT)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32) moe_gate_up_bf16_m##MT(                          \
+// moe_gemm.cuh on bf16 expert stacks, MT m16 tiles a block; SUFFIX names a stage count other than GEMM_STAGES
+#define MOE_GEMM_KERNEL(MT, STAGES, SUFFIX)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32) moe_gate_up_bf16_m##MT##SUFFIX(                  \
         const bf16* x, long long x_stride, const int* sorted, int topk, const bf16* w, long long w_expert_stride,   \
         int N, int K, const int* tile_expert, const int* tile_start, const int* tile_end, const int* num_tiles,     \
         bf16* h, long long h_stride) {                                                                             \
-        moe_gemm<MT, true>(x, x_stride, sorted, topk, Bf16Experts{w, w_expert_stride}, N, K, tile_expert,           \
-                           tile_start, tile_end, num_tiles, nullptr, h, h_stride);                                 \
+        moe_gemm<MT, true, Bf16Experts, STAGES>(x, x_stride, sorted, topk, Bf16Experts{w, w_expert_stride}, N, K,  \
+                                                tile_expert, tile_start, tile_end, num_tiles, nullptr, h, h_stride); \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32) moe_down_bf16_m##MT(                             \
+    extern "C" __global__ void __launch_bounds__(GEMM_WARPS * 32) moe_down_bf16_m##MT##SUFFIX(                     \
         const bf16* h, long long h_stride, const int* sorted, int topk, const bf16* w, long long w_expert_stride,   \
         int N, int K, const int* tile_expert, const int* tile_start, const int* tile_end, const int* num_tiles,     \
         const float* route_w, float* y, long long y_stride) {                                                      \
-        moe_gemm<MT, false>(h, h_stride, sorted, topk, Bf16Experts{w, w_expert_stride}, N, K, tile_expert,          \
-                            tile_start, tile_end, num_tiles, route_w, y, y_stride);                                \
+        moe_gemm<MT, false, Bf16Experts, STAGES>(h, h_stride, sorted, topk, Bf16Experts{w, w_expert_stride}, N, K, \
+                                                 tile_expert, tile_start, tile_end, num_tiles, route_w, y,         \
+                                                 y_stride);                                                        \
     }
 
-MOE_GEMM_KERNEL(1)
-MOE_GEMM_KERNEL(8)
+MOE_GEMM_KERNEL(1, GEMM_STAGES, )
+MOE_GEMM_KERNEL(8, GEMM_STAGES, )
+// decode tiles of a few tokens: six stages in flight (moe.py gemm_stages; the same arithmetic)
+MOE_GEMM_KERNEL(1, 6, _s6)
 
 // ---------------------------------------------------------------------------------------------------- combine
 // addend: null or [T, D] bf16 (row stride D); row_of and route_w: both null (y's rows are the pairs', weighted) or

@@ -3,7 +3,7 @@
 // ones (a weight policy W, below and in quant.cu).
 //
 //   block (n tile, row tile): C[BM x 64] = A rows . W_e^T over K, A rows gathered (x rows of the tile's tokens for
-//   gate_up, the tile's rows of h for down), W_e the expert's [N, K] rows, three cp.async stages of 64 columns,
+//   gate_up, the tile's rows of h for down), W_e the expert's [N, K] rows, STAGES cp.async stages of 64 columns,
 //   ldmatrix + mma.sync m16n8k16; BM = 16 * MT rows: below MT = 4 the warps split the W rows, from MT = 4 on the
 //   rows. gate_up: the 64 W rows are 32 gate rows and the 32 matching up rows, so a thread holds gate and up of the
 //   same outputs and writes h = silu(gate) * up (bf16, in sorted order); down: writes weight * (h . W_down^T) in
@@ -45,7 +45,7 @@ struct Bf16Experts {
 // tiles of the 64 W rows: the warps split the W rows (MT < 4: WM = MT, WP 1) or the rows (MT = 8: WM 2, WP 4,
 // every B fragment then feeds two mma per m tile). A pair is (gate tile g, up tile g) for gate_up, so a thread
 // holds gate and up of the same outputs, and (2g, 2g + 1) for down.
-template <int MT, bool GATE_UP, class W>
+template <int MT, bool GATE_UP, class W, int STAGES = GEMM_STAGES>
 __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, int topk, const W& w, int N, int K,
                          const int* tile_expert, const int* tile_start, const int* tile_end, const int* num_tiles,
                          const float* route_w, void* out, long long out_stride) {
@@ -93,11 +93,11 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
     };
     const int nk = (K + GEMM_BK - 1) / GEMM_BK;
 #pragma unroll
-    for (int s = 0; s < GEMM_STAGES - 1; ++s) {
+    for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nk) load_stage(smem_raw + s * STAGE, s * GEMM_BK);
         cp_async_commit();
     }
-    bf16* dq = reinterpret_cast<bf16*>(smem_raw + GEMM_STAGES * STAGE);   // W::TILE_BYTES
+    bf16* dq = reinterpret_cast<bf16*>(smem_raw + STAGES * STAGE);   // W::TILE_BYTES
     // W row of this lane's ldmatrix address for pair pp: gate_up (gate rows, then up rows 32 on), down (2 pp, 2 pp + 1)
     const int brow = GATE_UP ? (lane >> 4) * (GEMM_BN / 2) + (lane & 7) : (lane >> 4) * 8 + (lane & 7);
     const int boff = brow * GEMM_LD + ((lane >> 3) & 1) * 8;
@@ -113,12 +113,12 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[mt][pp][j][i] = 0.f;
     for (int kt = 0; kt < nk; ++kt) {
-        cp_async_wait<GEMM_STAGES - 2>();
+        cp_async_wait<STAGES - 2>();
         __syncthreads();   // stage kt landed everywhere; every warp is done with the stage refilled below (and dq)
-        const int pre = kt + GEMM_STAGES - 1;
-        if (pre < nk) load_stage(smem_raw + (pre % GEMM_STAGES) * STAGE, pre * GEMM_BK);
+        const int pre = kt + STAGES - 1;
+        if (pre < nk) load_stage(smem_raw + (pre % STAGES) * STAGE, pre * GEMM_BK);
         cp_async_commit();
-        const unsigned char* st = smem_raw + (kt % GEMM_STAGES) * STAGE;
+        const unsigned char* st = smem_raw + (kt % STAGES) * STAGE;
         const bf16* as = reinterpret_cast<const bf16*>(st);
         const bf16* ws = we.tile(st + A_BYTES, dq);
 #pragma unroll
