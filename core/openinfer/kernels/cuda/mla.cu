@@ -92,13 +92,12 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     bf16* kvs = qs + ROWS * MLA_LD;                    // [2][MLA_BN][MLA_LD]
     bf16* ps = kvs + 2 * MLA_STAGE;                    // [ROWS][MLA_PLD]
     float* red = (float*)(ps + ROWS * MLA_PLD);        // [MLA_KEY_WARPS][ROWS]
-    pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
     const int smt = warp / MLA_KEY_WARPS, skw = warp % MLA_KEY_WARPS;   // the warp's S: m tile, key group
     const int b = blockIdx.z;
     const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
     const int rows = n * nh, row0 = blockIdx.y * ROWS;
-    if (row0 >= rows) return;   // the whole cluster (it spans x only); empty runs too
+    if (row0 >= rows) return;   // the whole cluster (it spans x only); empty runs too (CTA 0 of run 0 stays)
     const int gc = min(ROWS, rows - row0);
     const int kall = L - n + (row0 + gc - 1) / nh + 1;   // keys any row of the block sees
     const int rank = blockIdx.x % cs, groups = gridDim.x / cs, group = blockIdx.x / cs;   // clusters (cs, 1, 1)
@@ -111,6 +110,13 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     if (group >= used) return;   // the whole cluster
     const KvLayout kv{block_stride, MLA_D, block_size};
     const int* table = tables + (long long)b * table_stride;
+    // The first cluster's first tile goes out before griddepcontrol.wait (under PDL, while the kernel before this one
+    // still runs) where all its keys were written by earlier steps (common.cuh's rule); a tile holding any of this
+    // step's keys (L - n on, written by mla_rope_write) is copied after the wait.
+    const int kbeg0 = min(kall, (group * cs + rank) * split_len);
+    const bool early = kbeg0 < kall && kbeg0 + MLA_BN <= L - n;
+    if (early) mla_load_tile<C::WARPS * 32>(kvs, cache, kv, table, kbeg0, min(kall, kbeg0 + split_len));
+    pdl_begin();
 
     // Q rows (q_latent || q_pe; zeros past the block's rows): cp.async group 0 with the first cluster's first tile
     for (int i = threadIdx.x; i < ROWS * MLA_CHUNKS; i += blockDim.x) {
@@ -141,7 +147,7 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     for (int clu = group; clu < used; clu += groups, ++arrivals) {
         const int kbeg = min(kall, (clu * cs + rank) * split_len), kend = min(kall, kbeg + split_len);
         const int ntiles = (kend - kbeg + MLA_BN - 1) / MLA_BN;   // 0: a CTA past the keys (its state stays empty)
-        mla_load_tile<C::WARPS * 32>(kvs, cache, kv, table, kbeg, kend);
+        if (!(early && clu == group)) mla_load_tile<C::WARPS * 32>(kvs, cache, kv, table, kbeg, kend);
         cp_async_commit();
         // m: the running max of rows mt * 16 + gid (+ 8) of every m tile (all warps agree); l: of the S rows only
         float o[MT][VCOLS / 8][4], m[MT][2], l[2] = {0.f, 0.f};
