@@ -150,29 +150,39 @@ extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_f32(
 // The gate in fp32 (router_logits): out[t, e] = x[t] . w[e], x bf16 [T, D] (row stride x_stride), w fp32 [E, D].
 // A warp per expert and ROUTER_TOKENS tokens, so a gate row is read once per ROUTER_TOKENS tokens. At decode the
 // grid is a few blocks (E / 8), so a warp's time is its loads' latency: where the rows allow, a lane reads 16 bytes of
-// the gate and 8 of each activation row per load, ROUTER_LOADS of them in flight.
-constexpr int ROUTER_WARPS = 8, ROUTER_TOKENS = 4, ROUTER_LOADS = 8;
+// the gate and 8 of each activation row per load, ROUTER_LOADS of them in flight (2,048 of a row's columns a round:
+// DeepSeek-V2-Lite's whole row), the first round's gate loads before griddepcontrol.wait (the gate is a weight).
+// A lane sums its columns in the same order whatever ROUTER_LOADS is.
+constexpr int ROUTER_WARPS = 8, ROUTER_TOKENS = 4, ROUTER_LOADS = 16;
 
 static_assert(ROUTER_TOKENS <= ROUTER_WARPS, "moe_router routes a token group with a warp a token");
 
+// ROUTER_LOADS loads of gate row we from column base on, issued before any is used (predicated, not guarded: a
+// guarded unrolled loop waits on each load in turn)
+__device__ __forceinline__ void router_gate_round(float4 (&wv)[ROUTER_LOADS], const float* we, int base, int D) {
+#pragma unroll
+    for (int j = 0; j < ROUTER_LOADS; ++j) {
+        const int d = base + 128 * j;
+        wv[j] = d < D ? __ldg(reinterpret_cast<const float4*>(we + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+// Calls pdl_begin() for its kernel: every thread waits, after the first round of gate loads.
 __device__ void router_logits_block(const bf16* x, long long x_stride, const float* w, int T, int E, int D,
                                     float* out) {
     const int lane = threadIdx.x & 31, e = blockIdx.x * ROUTER_WARPS + (threadIdx.x >> 5);
     const int t0 = blockIdx.y * ROUTER_TOKENS;
-    if (e >= E) return;
-    float acc[ROUTER_TOKENS] = {};
     const float* we = w + (long long)e * D;
     const bool wide = D % 4 == 0 && x_stride % 4 == 0 && ((size_t)x & 7) == 0 && ((size_t)w & 15) == 0;
+    float4 wv[ROUTER_LOADS];
+    if (wide && e < E) router_gate_round(wv, we, 4 * lane, D);
+    pdl_begin();
+    if (e >= E) return;
+    float acc[ROUTER_TOKENS] = {};
     if (wide) {
-        // ROUTER_LOADS loads of the gate a lane issued before any is used (predicated, not guarded: a guarded
-        // unrolled loop waits on each load in turn), then each token's activations the same way
+        // each round's gate loads, then each token's activations the same way
         for (int base = 4 * lane; base < D; base += 128 * ROUTER_LOADS) {
-            float4 wv[ROUTER_LOADS];
-#pragma unroll
-            for (int j = 0; j < ROUTER_LOADS; ++j) {
-                const int d = base + 128 * j;
-                wv[j] = d < D ? __ldg(reinterpret_cast<const float4*>(we + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
+            if (base != 4 * lane) router_gate_round(wv, we, base, D);
 #pragma unroll
             for (int i = 0; i < ROUTER_TOKENS; ++i) {
                 if (t0 + i >= T) break;
@@ -212,7 +222,6 @@ __device__ void router_logits_block(const bf16* x, long long x_stride, const flo
 
 extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) router_logits_bf16(
     const bf16* x, long long x_stride, const float* w, int T, int E, int D, float* out) {
-    pdl_begin();
     router_logits_block(x, x_stride, w, T, E, D, out);
 }
 
@@ -223,7 +232,6 @@ extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32) moe_router_bf16(
     const float* bias, int k, int sigmoid, int method, int n_group, int topk_group, int norm, float routed_scale,
     int* ids, float* weights) {
     __shared__ int last;
-    pdl_begin();
     router_logits_block(x, x_stride, w, T, E, D, logits);
     __threadfence();   // this block's logits are visible device-wide before it counts
     __syncthreads();
