@@ -11,10 +11,11 @@ import re
 import pytest
 
 from openinfer.testing import EngineArgs, build_engine
-from openinfer.testing import ModelHost, create_app
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")   # the server app's framework
+from openinfer.testing import ModelHost, create_app  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}}, "required": ["city"],
