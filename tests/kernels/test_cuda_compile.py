@@ -47,7 +47,6 @@ def _launched_names() -> set[str]:
                               ("{suffix(y.dtype)}", ("bf16", "f32")),
                               ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
-                              ("{form}", ("", "_one")),   # quant.py's one-token form of gate_up
                               ("{gemm}", ("m1", "m8", "m1_s6")),   # moe.py's grouped GEMMs: row tiles, stages
                               ("{mt}", row_tiles),
                               ("{p.name}", ("l32r4u1", "l32r4u2")),   # quant.py's expert forms
@@ -163,8 +162,8 @@ def test_grouped_expert_gemms_trigger_after_their_main_loop():
              **{n: b for n, (_, b) in ptx_entries("quant").items() if n.startswith("moe_q_")},
              **{n: b for n, (_, b) in ptx_entries("quant_mma").items()}}
     # moe.cu: 2 kernels x 3 forms (16-row tiles at three and six stages, 128-row tiles); quant.cu: 2 x 2 forms x (FP8
-    # on 2 dtypes, INT4 on float32); quant_mma.cu: 2 and gate_up's one-token form
-    assert len(gemms) == 6 + 12 + 3
+    # on 2 dtypes, INT4 on float32); quant_mma.cu: 2
+    assert len(gemms) == 6 + 12 + 2
     assert {n.rsplit("_", 1)[1] for n in gemms if n.startswith("moe_q_") and "_mma_" not in n} == {"l32r4u1", "l32r4u2"}
     for name, body in gemms.items():
         assert name.startswith(pdl.KERNELS), name

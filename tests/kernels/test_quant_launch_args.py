@@ -64,14 +64,13 @@ def test_quant_launches(launches, fmt, dtype):
                                 fake(np.ones((5, 4), np.float32)), 0)
     finally:
         quant.MOE_CHUNK = chunk
-    last = [n.replace("int4", "int4_one") if "q_mma_gate_up" in n else n for n in names]   # gate_up's one-token form
-    assert [c.name for c in launches] == names * 2 + last and launches[-1].grid == (1, 1)
+    assert [c.name for c in launches] == names * 3 and launches[-1].grid == (1, 1)
 
 
 # Kimi-K2's experts (hidden 7168, width 2048) at one token: (gate_up kernel, grid x), (down kernel, grid x); a block
-# is 8 warps. INT4: quant_mma.cu's (gate_up's one-token form), 8 outputs and 16 rows a warp. FP8: whole-warp rows, 4
-# a warp (gate_up: 2 outputs), one chunk a lane and pass.
-KIMI_GRIDS = {"int4": (("moe_q_mma_gate_up_int4_one", 2048 // 64), ("moe_q_mma_down_int4", 7168 // 128)),
+# is 8 warps. INT4: quant_mma.cu's, 8 outputs and 16 rows a warp. FP8: whole-warp rows, 4 a warp (gate_up: 2
+# outputs), one chunk a lane and pass.
+KIMI_GRIDS = {"int4": (("moe_q_mma_gate_up_int4", 2048 // 64), ("moe_q_mma_down_int4", 7168 // 128)),
               "fp8": (("moe_q_gate_up_fp8_bf16_l32r4u1", 2048 // 16), ("moe_q_down_fp8_bf16_l32r4u1", 7168 // 32))}
 
 

@@ -191,15 +191,12 @@ def expert_pass(fmt: str, K: int) -> ExpertPass:
 
 def tensor_core_gemv(fmt: str, dtype: np.dtype) -> bool:
     """Whether decode-sized passes of these experts run on the tensor cores (quant_mma.cu) rather than quant.cu's GEMV
-    kernels: INT4 on bf16 activations. Measured on H100 at Kimi-K2's shapes, the GEMV kernels are bound by the ~3
-    instructions an INT4 weight costs them and re-read an expert's rows every 4 pairs: the tensor-core kernels stream
-    the whole call at 55 / 58 / 56 % of the copy rate at 8 / 32 / 128 tokens against 58 / 54 / 38 %, and the 7-layer
-    model's decode step at batch 32 took 10.4 ms against 14.7. At one token gate_up has few warps an SM, each of
-    which waited on its activations at every chunk (37 against 51 %; 3.26 against 3.03 ms a step): one-column passes
-    hand those between lanes, and gate_up's one-token form pipelines its passes (the same products). The choice
-    does not follow the token count: a pair's sums are then the same whatever it is batched with, so batching does
-    not move greedy tokens. FP8 rows (one weight a byte, 69-89 % on CUDA cores) and float32 activations keep
-    quant.cu's kernels."""
+    kernels: INT4 on bf16 activations. The GEMV kernels are bound by the ~3 instructions an INT4 weight costs them
+    and re-read an expert's rows every 4 pairs; on an H100 at Kimi-K2's shapes the tensor-core kernels, over the
+    tiled stacks with one-column passes handing x between lanes, stream the whole expert call at 72 / 90 / 92 / 87 %
+    of the copy rate at 1 / 8 / 32 / 128 tokens (docs/benchmarks/kimi-k2.md). The choice does not follow the token
+    count: a pair's sums are then the same whatever it is batched with, so batching does not move greedy tokens.
+    FP8 rows (one weight a byte, 69-89 % on CUDA cores) and float32 activations keep quant.cu's kernels."""
     return fmt == "int4" and np.dtype(dtype) == BF16
 
 
@@ -244,9 +241,8 @@ def moe_chunk_gemv(fmt: str, x: cp.ndarray, gate_up: Any, down: Any, ids: cp.nda
     plan = (slot_expert, slot_start, pair_list)
     if tensor_core_gemv(fmt, x.dtype):
         staged = min(MMA_PAIRS, T)
-        form = "_one" if T == 1 else ""   # gate_up's one-token form: the same products, its passes pipelined
         q, s = _arrays(gate_up)
-        launch("quant_mma", f"moe_q_mma_gate_up_int4{form}", (-(-I // (8 * MMA_WARPS)), slots), 32 * MMA_WARPS,
+        launch("quant_mma", "moe_q_mma_gate_up_int4", (-(-I // (8 * MMA_WARPS)), slots), 32 * MMA_WARPS,
                (x, q, s, *plan, np.int32(k), np.int32(D), np.int32(I), h))
         q, s = _arrays(down)
         launch("quant_mma", "moe_q_mma_down_int4", (-(-D // (16 * MMA_WARPS)), slots), 32 * MMA_WARPS,

@@ -17,10 +17,8 @@
 //
 // gate_up reads x (bf16) from global memory: at each chunk's mmas, or where a pass has one column (an expert with one
 // pair: every expert at one token, most at small batches) each lane loads one chunk's 16 bytes of the pass's window
-// right after the weights and the chunks pass between lanes by shuffles, so no chunk waits on a load of x. At one
-// token gate_up has one block an SM's worth of warps or fewer, and its one-token form keeps two passes in flight
-// (the next one's loads issued before this one's mmas). The weights and scales are read without L1 allocation (each
-// load takes whole lines once). down's h is float32: the block stages each pair's h as two bf16 parts, hi = bf16(h)
+// right after the weights and the chunks pass between lanes by shuffles, so no chunk waits on a load of x. The
+// weights and scales are read without L1 allocation (each load takes whole lines once). down's h is float32: the block stages each pair's h as two bf16 parts, hi = bf16(h)
 // and lo = bf16(h - hi), already in the b0/b1 order, and runs both through the mma (the weights are exact in bf16),
 // so a product keeps ~16 bits of h (relative error ~2^-17), near the fp32 GEMV's. Every form gives a pair the same
 // products in the same order, so its bits do not depend on what it is batched with.
@@ -54,32 +52,30 @@ __device__ __forceinline__ void chunk_b(const uint4& v, unsigned int (&b)[2][4])
     b[1][1] = __byte_perm(v.y, v.w, 0x7632);
 }
 
-// The B sources of mma_rows: fetch(c0, C, slot) runs after a pass's weight and scale loads are issued (slot: which of
-// the pipelined form's two passes in flight), words(slot, u, c, b) gives chunk c's (the pass's u-th) B words:
-// b[m][0..1] for mma m and, for down, b[m][2..3], the lo parts.
+// The B sources of mma_rows: fetch(c0, C) runs after a pass's weight and scale loads are issued, words(u, c, b) gives
+// chunk c's (the pass's u-th) B words: b[m][0..1] for mma m and, for down, b[m][2..3], the lo parts.
 
 // gate_up, one column: every lane's column is the same token. Lane (g, t) holds words 8t .. 8t + 7 of the pass's
 // chunk c0 + g; chunk u's come from lane (u, t).
 struct XOneColumn {
     const bf16* xt;   // the token's row + 8t
-    uint4 v[2];
-    __device__ __forceinline__ void fetch(int c0, int C, int slot) {
+    uint4 v;
+    __device__ __forceinline__ void fetch(int c0, int C) {
         const int c = min(c0 + ((threadIdx.x & 31) >> 2), C - 1);
-        v[slot] = *reinterpret_cast<const uint4*>(xt + 32 * c);
+        v = *reinterpret_cast<const uint4*>(xt + 32 * c);
     }
-    __device__ __forceinline__ void words(int slot, int u, int, unsigned int (&b)[2][4]) const {
+    __device__ __forceinline__ void words(int u, int, unsigned int (&b)[2][4]) const {
         const int src = 4 * u + (threadIdx.x & 3);
-        const uint4& w = v[slot];
-        chunk_b(make_uint4(__shfl_sync(~0u, w.x, src), __shfl_sync(~0u, w.y, src), __shfl_sync(~0u, w.z, src),
-                           __shfl_sync(~0u, w.w, src)), b);
+        chunk_b(make_uint4(__shfl_sync(~0u, v.x, src), __shfl_sync(~0u, v.y, src), __shfl_sync(~0u, v.z, src),
+                           __shfl_sync(~0u, v.w, src)), b);
     }
 };
 
 // gate_up, up to 8 columns: lane (g, t) reads words 8t .. 8t + 7 of column g's token at each chunk.
 struct XColumns {
     const bf16* xg;   // column g's token's row + 8t
-    __device__ __forceinline__ void fetch(int, int, int) {}
-    __device__ __forceinline__ void words(int, int, int c, unsigned int (&b)[2][4]) const {
+    __device__ __forceinline__ void fetch(int, int) {}
+    __device__ __forceinline__ void words(int, int c, unsigned int (&b)[2][4]) const {
         chunk_b(*reinterpret_cast<const uint4*>(xg + 32 * c), b);
     }
 };
@@ -87,8 +83,8 @@ struct XColumns {
 // down: pair g's staged h words in shared memory, hi and lo parts already in the mma's order.
 struct StagedH {
     const uint4* col;
-    __device__ __forceinline__ void fetch(int, int, int) {}
-    __device__ __forceinline__ void words(int, int, int c, unsigned int (&b)[2][4]) const {
+    __device__ __forceinline__ void fetch(int, int) {}
+    __device__ __forceinline__ void words(int, int c, unsigned int (&b)[2][4]) const {
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
             const uint4 v = col[8 * c + m];
@@ -121,7 +117,7 @@ struct TilePass {
     // acc (the C fragment: rows g, g + 8 x pairs 2t, 2t + 1) += the pass's chunks times src's B words (LO: their lo
     // parts' products are added too); each chunk's two mmas start from zero and are scaled once.
     template <bool LO, typename Src>
-    __device__ __forceinline__ void mma(const Src& src, int slot, int c0, int C, float (&acc)[4]) const {
+    __device__ __forceinline__ void mma(const Src& src, int c0, int C, float (&acc)[4]) const {
 #pragma unroll
         for (int u = 0; u < MMA_CHUNKS; ++u) {
             if (c0 + u >= C) break;
@@ -129,7 +125,7 @@ struct TilePass {
             int4_pairs(w[0][u], pg);
             int4_pairs(w[1][u], pg8);
             unsigned int b[2][4];
-            src.words(slot, u, c0 + u, b);
+            src.words(u, c0 + u, b);
             float part[4];
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
@@ -148,49 +144,26 @@ struct TilePass {
 };
 
 // acc += tile `tile`'s 16 rows times src's activations over its K / 32 chunks, a pass of MMA_CHUNKS at a time.
-// PIPELINED: the next pass's loads are issued before this pass's mmas (two passes' words in registers: for gate_up's
-// one-token form, whose few warps an SM leave registers to spare); the same products in the same order.
-template <bool LO, bool PIPELINED, typename Src>
+template <bool LO, typename Src>
 __device__ __forceinline__ void mma_rows(const void* __restrict__ q, const bf16* __restrict__ scale, long long tile,
                                          int K, Src& src, float (&acc)[4]) {
     const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3, C = K >> 5;
     const unsigned int* wg = reinterpret_cast<const unsigned int*>(q) + (tile * C * 16 + g) * 4 + t;   // + 32: g + 8
     const unsigned int* sg = reinterpret_cast<const unsigned int*>(scale) + tile * Int4Tiles::scale_cols(K) * 8 + g;
-    if constexpr (!PIPELINED) {
-        for (int c0 = 0; c0 < C; c0 += MMA_CHUNKS) {
-            TilePass pass;
-            pass.load(wg, sg, c0, C);
-            src.fetch(c0, C, 0);
-            pass.mma<LO>(src, 0, c0, C, acc);
-        }
-    } else {
-        TilePass pass[2];
-        pass[0].load(wg, sg, 0, C);
-        src.fetch(0, C, 0);
-        for (int c0 = 0; c0 < C; c0 += 2 * MMA_CHUNKS) {
-            const int c1 = c0 + MMA_CHUNKS;
-            if (c1 < C) {
-                pass[1].load(wg, sg, c1, C);
-                src.fetch(c1, C, 1);
-            }
-            pass[0].mma<LO>(src, 0, c0, C, acc);
-            if (c1 >= C) break;
-            if (c1 + MMA_CHUNKS < C) {
-                pass[0].load(wg, sg, c1 + MMA_CHUNKS, C);
-                src.fetch(c1 + MMA_CHUNKS, C, 0);
-            }
-            pass[1].mma<LO>(src, 1, c1, C, acc);
-        }
+    for (int c0 = 0; c0 < C; c0 += MMA_CHUNKS) {
+        TilePass pass;
+        pass.load(wg, sg, c0, C);
+        src.fetch(c0, C);
+        pass.mma<LO>(src, c0, C, acc);
     }
 }
 
 // h[pair, o] = silu(gate_e x[t]) * up_e x[t] for the pairs of slot blockIdx.y (t = pair / k): grid (ceil(I / (8 *
 // MMA_WARPS)), slots); a warp's tile j holds the gate and up rows of outputs o0 = 8j .. o0 + 7 (I % 8 == 0), its
 // tile rows g and g + 8 those of output o0 + g. q/scale: the staged expert stack [E_local, 2I, D] (Int4Tiles, gate
-// rows first), x bf16 [T, D].
-// ONE: the one-token form (every column is the token's), its passes pipelined.
-template <bool ONE>
-__device__ __forceinline__ void gate_up_int4(
+// rows first), x bf16 [T, D]. Launch bounds: 3 blocks an SM caps registers at 85 (64 used), under which ptxas issues
+// a pass's loads before its first chunk's mmas (with no minimum it sank some below them).
+extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 3) moe_q_mma_gate_up_int4(
     const bf16* __restrict__ x, const void* __restrict__ q, const bf16* __restrict__ scale,
     const int* __restrict__ slot_expert, const int* __restrict__ slot_start, const int* __restrict__ pair_list,
     int k, int D, int I, float* __restrict__ h) {
@@ -205,12 +178,12 @@ __device__ __forceinline__ void gate_up_int4(
         const int n = min(MMA_PAIRS, last - p0);
         const bf16* xg = x + (long long)(pair_list[p0 + min(g, n - 1)] / k) * D + 8 * t;   // column g's token
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (ONE || n == 1) {
+        if (n == 1) {
             XOneColumn src{xg};
-            mma_rows<false, ONE>(q, scale, tile, D, src, acc);
+            mma_rows<false>(q, scale, tile, D, src, acc);
         } else {
             XColumns src{xg};
-            mma_rows<false, false>(q, scale, tile, D, src, acc);
+            mma_rows<false>(q, scale, tile, D, src, acc);
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {   // pairs 2t and 2t + 1 of the pass: acc[i] the gate, acc[2 + i] the up sum
@@ -219,19 +192,6 @@ __device__ __forceinline__ void gate_up_int4(
         }
     }
     pdl_trigger();
-}
-
-#define GATE_UP_ARGS                                                                                            \
-    const bf16* __restrict__ x, const void* __restrict__ q, const bf16* __restrict__ scale,                          \
-        const int* __restrict__ slot_expert, const int* __restrict__ slot_start, const int* __restrict__ pair_list, \
-        int k, int D, int I, float* __restrict__ h
-// Launch bounds: 3 blocks an SM caps registers at 85 (64 used), under which ptxas issues a pass's loads before its
-// first chunk's mmas (with no minimum it sank some below them); the one-token form's 256 blocks (Kimi-K2) fit 2 an SM.
-extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 3) moe_q_mma_gate_up_int4(GATE_UP_ARGS) {
-    gate_up_int4<false>(x, q, scale, slot_expert, slot_start, pair_list, k, D, I, h);
-}
-extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 2) moe_q_mma_gate_up_int4_one(GATE_UP_ARGS) {
-    gate_up_int4<true>(x, q, scale, slot_expert, slot_start, pair_list, k, D, I, h);
 }
 
 // yk[pair, r] = weights[pair] * down_e h[pair] for the pairs of slot blockIdx.y: grid (ceil(D / (16 * MMA_WARPS)),
@@ -274,7 +234,7 @@ extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) moe_q_mma_down_int4
         if (!works) continue;
         StagedH src{reinterpret_cast<const uint4*>(stage + min(g, n - 1) * pair_words + 8 * t)};   // pair g
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_rows<true, false>(q, scale, tile, I, src, acc);
+        mma_rows<true>(q, scale, tile, I, src, acc);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {   // acc: (tile row g | g + 8) x (pair 2t | 2t + 1)
             const int p = 2 * t + (i & 1), r = 8 * j + g + (i >> 1) * (D >> 1);
