@@ -25,8 +25,8 @@ METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
 ALIGN_THREADS, ALIGN_MAX_EXPERTS = 1024, 1024  # moe.cu
 GEMM_BN, GEMM_BK, GEMM_STAGES, GEMM_THREADS = 64, 64, 3, 128
 # The 16-row tiles up to DEEP_MAX_TOKENS tokens keep DEEP_STAGES cp.async stages in flight (moe.cu's _s6 kernels: the
-# same arithmetic, so the same bits). In DeepSeek-V2-Lite's decode step on an H100: 2.5 % faster at batch 1, 0.7 % at
-# 32, 3.6 % slower at 128, where the deeper stages' shared memory halves the CTAs an SM.
+# same arithmetic, so the same bits). In DeepSeek-V2-Lite's decode step on an H100: about 2 % faster at batch 1 and
+# 32, 1.4 % slower at 128, where the deeper stages' shared memory halves the CTAs an SM.
 DEEP_STAGES, DEEP_MAX_TOKENS = 6, 32
 WIDE_ROWS_PER_EXPERT = 64                      # average rows an expert from which the 128-row tiles are used
 MW_THREADS, MW_BM, MW_BN, MW_BK, MW_STAGES = 256, 128, 128, 64, 5   # moe_wgmma.cu: 128-row tiles on sm_90
