@@ -18,10 +18,11 @@
 // gate_up reads x (bf16) from global memory: at each chunk's mmas, or where a pass has one column (an expert with one
 // pair: every expert at one token, most at small batches) each lane loads one chunk's 16 bytes of the pass's window
 // right after the weights and the chunks pass between lanes by shuffles, so no chunk waits on a load of x. The
-// weights and scales are read without L1 allocation (each load takes whole lines once). down's h is float32: the block stages each pair's h as two bf16 parts, hi = bf16(h)
-// and lo = bf16(h - hi), already in the b0/b1 order, and runs both through the mma (the weights are exact in bf16),
-// so a product keeps ~16 bits of h (relative error ~2^-17), near the fp32 GEMV's. Every form gives a pair the same
-// products in the same order, so its bits do not depend on what it is batched with.
+// weights and scales are read without L1 allocation (each load takes whole lines once). down's h is float32: the
+// block stages each pair's h as two bf16 parts, hi = bf16(h) and lo = bf16(h - hi), already in the b0/b1 order, and
+// runs both through the mma (the weights are exact in bf16), so a product keeps ~16 bits of h (relative error
+// ~2^-17), near the fp32 GEMV's. One column or several, a pair gets the same products in the same order, so its
+// bits do not depend on what it is batched with.
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant.cuh"
