@@ -94,13 +94,18 @@ struct StagedH {
     }
 };
 
-// A lane's words of one pass of a 16-row tile (MMA_CHUNKS chunks from c0): its two rows' weight words and, a
-// bf16x2 word a row, the scales of each chunk pair.
-struct TilePass {
-    unsigned int w[2][MMA_CHUNKS], sw[2][MMA_CHUNKS / 2];
-
-    // wg, sg: the lane's first weight word and scale word of the tile (mma_rows)
-    __device__ __forceinline__ void load(const unsigned int* wg, const unsigned int* sg, int c0, int C) {
+// acc (the C fragment: rows g, g + 8 x pairs 2t, 2t + 1) += tile `tile`'s 16 rows times src's activations, over
+// its K / 32 chunks, a pass of MMA_CHUNKS at a time: the pass's weight words of both rows and its scales (a bf16x2
+// word a row and chunk pair) are loaded, then src fetches, then each chunk's two mmas start from zero and are scaled
+// once (LO: the lo parts' products are added too).
+template <bool LO, typename Src>
+__device__ __forceinline__ void mma_rows(const void* __restrict__ q, const bf16* __restrict__ scale, long long tile,
+                                         int K, Src& src, float (&acc)[4]) {
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3, C = K >> 5;
+    const unsigned int* wg = reinterpret_cast<const unsigned int*>(q) + (tile * C * 16 + g) * 4 + t;   // + 32: g + 8
+    const unsigned int* sg = reinterpret_cast<const unsigned int*>(scale) + tile * Int4Tiles::scale_cols(K) * 8 + g;
+    for (int c0 = 0; c0 < C; c0 += MMA_CHUNKS) {
+        unsigned int w[2][MMA_CHUNKS], sw[2][MMA_CHUNKS / 2];
 #pragma unroll
         for (int u = 0; u < MMA_CHUNKS; ++u) {
             const bool in = c0 + u < C;
@@ -113,12 +118,7 @@ struct TilePass {
             sw[0][u] = in ? ld_stream(sg + 16 * (c0 / 2 + u)) : 0u;
             sw[1][u] = in ? ld_stream(sg + 16 * (c0 / 2 + u) + 8) : 0u;
         }
-    }
-
-    // acc (the C fragment: rows g, g + 8 x pairs 2t, 2t + 1) += the pass's chunks times src's B words (LO: their lo
-    // parts' products are added too); each chunk's two mmas start from zero and are scaled once.
-    template <bool LO, typename Src>
-    __device__ __forceinline__ void mma(const Src& src, int c0, int C, float (&acc)[4]) const {
+        src.fetch(c0, C);
 #pragma unroll
         for (int u = 0; u < MMA_CHUNKS; ++u) {
             if (c0 + u >= C) break;
@@ -141,21 +141,6 @@ struct TilePass {
             acc[2] = fmaf(s1, part[2], acc[2]);
             acc[3] = fmaf(s1, part[3], acc[3]);
         }
-    }
-};
-
-// acc += tile `tile`'s 16 rows times src's activations over its K / 32 chunks, a pass of MMA_CHUNKS at a time.
-template <bool LO, typename Src>
-__device__ __forceinline__ void mma_rows(const void* __restrict__ q, const bf16* __restrict__ scale, long long tile,
-                                         int K, Src& src, float (&acc)[4]) {
-    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3, C = K >> 5;
-    const unsigned int* wg = reinterpret_cast<const unsigned int*>(q) + (tile * C * 16 + g) * 4 + t;   // + 32: g + 8
-    const unsigned int* sg = reinterpret_cast<const unsigned int*>(scale) + tile * Int4Tiles::scale_cols(K) * 8 + g;
-    for (int c0 = 0; c0 < C; c0 += MMA_CHUNKS) {
-        TilePass pass;
-        pass.load(wg, sg, c0, C);
-        src.fetch(c0, C);
-        pass.mma<LO>(src, c0, C, acc);
     }
 }
 
