@@ -6,8 +6,8 @@ pointer or a 64-bit integer, .u32/.s32: a 32-bit integer, .f32: a float). The la
 host stand-ins for cupy arrays (numpy arrays with a `.data.ptr`) with `launch` recording instead
 of launching, and each launch is checked as it is recorded: the argument count, each argument's
 size, floats where the kernel takes a float, no Python int or float (CuPy would pass it at a
-size of its choosing), the 8-byte slots a programmatic dependent launch packs (pdl.py), and the grid, block,
-shared-memory and cluster limits of sm_90. A wrong argument
+size of its choosing), the 8-byte slots a programmatic dependent launch packs (pdl.py), that a kernel launched
+`dependent` waits in griddepcontrol, and the grid, block, shared-memory and cluster limits of sm_90. A wrong argument
 tuple otherwise shows only on a GPU, as a crash or garbage."""
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def entries(source: str | Path) -> dict[str, list[tuple[str, int]]]:
 
 @dataclass(frozen=True)
 class Launch:
-    """One recorded `launch(source, name, grid, block, args, smem)` call."""
+    """One recorded `launch(source, name, grid, block, args, smem, cluster, dependent)` call."""
     source: str | Path
     name: str
     grid: tuple[int, ...]
@@ -108,12 +108,15 @@ class Launch:
     args: tuple
     smem: int = 0
     cluster: tuple[int, int, int] | None = None
+    dependent: bool = False
 
 
 def check_launch(call: Launch) -> None:
     """Assert that `call` matches its kernel's PTX parameter list and the launch limits of sm_90."""
     name, args = call.name, call.args
     params = entries(call.source)[name]
+    if call.dependent:   # launched with PDL outside pdl.KERNELS: it must wait before it reads the previous output
+        assert "griddepcontrol.wait" in ptx_entries(call.source)[name][1], f"{name}: launched dependent, never waits"
     assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)} parameters"
     for i, (a, (ptype, size)) in enumerate(zip(args, params)):
         where = f"{name} argument {i} ({ptype})"
@@ -145,8 +148,8 @@ def record_launches(monkeypatch: Any, modules: Iterable[ModuleType]) -> list[Lau
     recorded: list[Launch] = []
 
     def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0,
-               cluster: tuple[int, int, int] | None = None) -> None:
-        call = Launch(source, name, tuple(int(g) for g in grid), block, args, smem, cluster)
+               cluster: tuple[int, int, int] | None = None, dependent: bool = False) -> None:
+        call = Launch(source, name, tuple(int(g) for g in grid), block, args, smem, cluster, dependent)
         check_launch(call)
         recorded.append(call)
 

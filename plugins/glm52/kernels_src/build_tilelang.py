@@ -1,7 +1,7 @@
 """Rebuilds the glm52 TileLang kernels that ship in openinfer_glm52/cuda/tilelang/: lowers each program of
 programs.py to CUDA for sm_90a with TileLang, compiles the source to a cubin with nvcc, and writes the launch
-metadata (kernel name, parameter order and types, block, dynamic shared memory, grid expressions) to
-kernels.json. Serving loads the cubins through CuPy and never imports tilelang.
+metadata (kernel name, parameter order and types, block, dynamic shared memory, grid expressions, whether it
+takes programmatic dependent launch) to kernels.json. Serving loads the cubins through CuPy and never imports tilelang.
 
 Build environment only (tilelang 0.1.15 pulls torch): `pip install tilelang==0.1.15`, nvcc 13.0 on PATH; no GPU
 is needed. Run from anywhere:
@@ -69,6 +69,7 @@ def lower(name: str) -> tuple[str, dict]:
         "grid": [str(extents.get(f"blockIdx.{a}", 1)) for a in "xyz"],
         "block": [int(extents.get(f"threadIdx.{a}", 1)) for a in "xyz"],
         "smem": smem,
+        "pdl": "has_cuda_pdl_sync" in dev.attrs,   # it waits in griddepcontrol: launch it with the attribute
     }
     source = art.kernel_source.replace(kernel, name)
     return source, meta

@@ -31,6 +31,15 @@ INDEX_HEADS, INDEX_DIM, BN, INDEX_THREADS = 32, 128, 128, 128
 SELECT_THREADS = 1024
 
 
+@T.macro
+def dependent_launch():
+    """A kernel's first statement: wait for the previous kernel of the stream to complete and its writes to be
+    visible, then let the next one launch (programmatic dependent launch; kernels.json marks the kernels that call it,
+    and the launcher gives them the attribute). Nothing is read before the wait."""
+    T.pdl_sync()
+    T.pdl_trigger()
+
+
 def sparse_rows():
     """Rows[t, k] = the flat cache row of Indices[t, k], or -1 when it is -1 or past the token's position."""
     t_n, topk, n_seq, width = T.dynamic("t_n"), T.dynamic("topk"), T.dynamic("n_seq"), T.dynamic("width")
@@ -40,6 +49,7 @@ def sparse_rows():
              TokenSeq: T.Tensor((t_n,), T.int32), BlockTable: T.Tensor((n_seq, width), T.int32),
              block_size: T.int32, block_rows: T.int32, Rows: T.Tensor((t_n, topk), T.int32)):
         with T.Kernel(t_n, T.ceildiv(topk, ROWS_THREADS), threads=ROWS_THREADS) as (bx, by):
+            dependent_launch()
             for i in T.Parallel(ROWS_THREADS):
                 k = by * ROWS_THREADS + i
                 if k < topk:
@@ -67,6 +77,7 @@ def sparse_mla():
              per: T.int32, OPart: T.Tensor((splits, t_n, heads, R), T.float32),
              LsePart: T.Tensor((splits, t_n, heads), T.float32)):
         with T.Kernel(t_n, T.ceildiv(heads, HEAD_BLOCK), T.ceildiv(splits, per), threads=MLA_THREADS) as (bx, by, bz):
+            dependent_launch()
             Q_shared = T.alloc_shared([HEAD_BLOCK, R], T.bfloat16)
             QP_shared = T.alloc_shared([HEAD_BLOCK, P], T.bfloat16)
             KV_shared = T.alloc_shared([BI, R], T.bfloat16)
@@ -142,6 +153,7 @@ def sparse_mla_combine():
     def main(OPart: T.Tensor((splits, t_n, heads, R), T.float32), LsePart: T.Tensor((splits, t_n, heads), T.float32),
              Out: T.Tensor((t_n, heads, R), T.bfloat16)):
         with T.Kernel(t_n, heads, threads=COMBINE_THREADS) as (bx, by):
+            dependent_launch()
             acc = T.alloc_fragment([R], T.float32)
             top = T.alloc_var(T.float32)
             total = T.alloc_var(T.float32)
@@ -173,6 +185,7 @@ def indexer_scores():
              TokenSeq: T.Tensor((t_n,), T.int32), BlockTable: T.Tensor((n_seq, tw), T.int32), block_size: T.int32,
              block_rows: T.int32, scale: T.float32, Scores: T.Tensor((t_n, width), T.float32)):
         with T.Kernel(t_n, T.ceildiv(width, BN), threads=INDEX_THREADS) as (bx, by):
+            dependent_launch()
             Q_shared = T.alloc_shared([INDEX_HEADS, INDEX_DIM], T.bfloat16)
             K_shared = T.alloc_shared([BN, INDEX_DIM], T.bfloat16)
             rows = T.alloc_shared([BN], T.int32)
@@ -219,6 +232,7 @@ def topk_select():
     def topk_select(Scores: T.Tensor((t_n, width), T.float32), Positions: T.Tensor((t_n,), T.int32),
                     Out: T.Tensor((t_n, topk), T.int32)):
         with T.Kernel(t_n, threads=N) as bx:
+            dependent_launch()
             tx = T.get_thread_binding()
             hist = T.alloc_shared([256], T.int32)
             found = T.alloc_shared([2], T.uint32)

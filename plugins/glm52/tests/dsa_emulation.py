@@ -162,9 +162,10 @@ KERNELS: dict[str, Callable] = {"indexer_rope_write": indexer_rope_write, "index
                                 "sparse_mla_attention": sparse_mla_attention}
 
 
-def emulated_launch(source, name: str, grid, block: int, args: tuple, smem: int = 0, cluster=None) -> None:
+def emulated_launch(source, name: str, grid, block: int, args: tuple, smem: int = 0, cluster=None,
+                    dependent: bool = False) -> None:
     """module.launch for dsa.cu on the host: the launch checked against the compiled parameters, then emulated."""
-    call = Launch(source, name, tuple(int(g) for g in grid), block, args, smem, cluster)
+    call = Launch(source, name, tuple(int(g) for g in grid), block, args, smem, cluster, dependent)
     check_launch(call)
     kernel = name.rsplit("_", 1)[0] if name.endswith(("_bf16", "_f32")) else name
     if kernel == "indexer_topk_select":   # a row's ranks are one cluster

@@ -136,10 +136,11 @@ def test_launchers_refuse_a_batch_the_kernels_would_index_outside_of(monkeypatch
 
 
 def emulate_select(scores: np.ndarray, visible: int, topk: int, ranks: int = 1, threads: int = 1024) -> np.ndarray:
-    """indexer_topk_select's algorithm in numpy, [topk] int32: order keys; four 8-bit radix passes over the summed
-    histograms of the ranks' segments find the k-th largest key; each warp's contiguous run of its rank's segment
-    (whole steps of 32 keys) writes its keys above the cut, and the earliest at it, after the counts of the runs
-    before it."""
+    """indexer_topk_select's algorithm in numpy, [topk] int32: order keys; radix passes of 11, 11 and 10 bits over
+    the summed histograms of the ranks' segments find the k-th largest key (the kernel's candidate list changes
+    where the last pass reads its keys, not its counts); each warp's contiguous run of its rank's segment (whole
+    steps of 32 keys) writes its keys above the cut, and the earliest at it, after the counts of the runs before
+    it."""
     if visible <= topk:
         return np.array([i if i < visible else -1 for i in range(topk)], np.int32)
     x = np.where(scores[:visible] == 0, np.float32(0), scores[:visible]).astype(np.float32)
@@ -149,14 +150,15 @@ def emulate_select(scores: np.ndarray, visible: int, topk: int, ranks: int = 1, 
     lo = np.minimum(np.arange(ranks) * seg, visible)
     hi = np.minimum(lo + seg, visible)
     prefix, mask, need = 0, 0, topk
-    for shift in (24, 16, 8, 0):
-        hist = sum(np.bincount((k[(k & mask) == prefix] >> shift) & 255, minlength=256)
+    for shift, bits in ((21, 11), (10, 11), (0, 10)):
+        digits = (1 << bits) - 1
+        hist = sum(np.bincount((k[(k & mask) == prefix] >> shift) & digits, minlength=digits + 1)
                    for k in (keys[a:b] for a, b in zip(lo, hi)))
-        above, b = 0, 255
+        above, b = 0, digits
         while b > 0 and above + hist[b] < need:
             above += hist[b]
             b -= 1
-        prefix, need, mask = prefix | (b << shift), need - above, mask | (0xFF << shift)
+        prefix, need, mask = prefix | (b << shift), need - above, mask | (digits << shift)
     warps = threads // 32
     run = -(-(-(-(hi - lo) // warps)) // 32) * 32
     first = (lo[:, None] + np.arange(warps) * run[:, None]).ravel()   # (rank, warp) order

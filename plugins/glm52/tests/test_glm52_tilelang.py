@@ -65,6 +65,18 @@ def test_metadata_matches_the_kernel_signature(name):
     assert got == META["kernels"][name]["params"]
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_every_kernel_waits_for_the_previous_one_first(name):
+    """Marked for programmatic dependent launch, each kernel's first statements wait for the previous kernel and
+    then let the next one launch (programs.py dependent_launch), before any load of its own."""
+    body = (KERNEL_DIR / f"{name}.cu").read_text().split("void __launch_bounds__", 1)[1]
+    wait = body.index("cudaGridDependencySynchronize();")
+    assert META["kernels"][name]["pdl"] is True and wait < body.index("cudaTriggerProgrammaticLaunchCompletion")
+    before = body[:wait].split("{", 1)[1]
+    pointers = [p["name"] for p in META["kernels"][name]["params"] if p["type"].startswith("ptr:")]
+    assert not [p for p in pointers if re.search(rf"\b{p}\[", before)], "a load before the wait"
+
+
 @pytest.mark.parametrize("runs", [[(0, 40), (7, 1), (300, 1)], [(5000, 1)] * 3])
 def test_launches_match_the_metadata(monkeypatch, runs):
     pytest.importorskip("cupy")

@@ -65,13 +65,14 @@ def _function_with_smem(source: str | Path, name: str, smem: int) -> Any:
 
 
 def launch(source: str | Path, name: str, grid: Sequence[int], block: int, args: tuple, smem: int = 0,
-           cluster: tuple[int, int, int] | None = None) -> None:
+           cluster: tuple[int, int, int] | None = None, dependent: bool = False) -> None:
     """Launch kernel `name` of `source` (a core source's name or a plugin's .cu path, see
     compile.source_path) on the current stream (so CUDA-graph capture sees it), with programmatic
-    dependent launch where it is on and the device has it (pdl.py), in thread-block clusters of
-    `cluster` CTAs (sm_90+) if given."""
+    dependent launch where it is on and the device has it (pdl.py) for the core's kernels of pdl.KERNELS and
+    any kernel launched `dependent` (it keeps the rule of common.cuh: it waits before reading what the previous
+    kernel writes), in thread-block clusters of `cluster` CTAs (sm_90+) if given."""
     fn = _function_with_smem(source, name, smem)
-    on = pdl.enabled(name)
+    on = pdl.available() if dependent else pdl.enabled(name)
     if on or cluster:
         pdl.launch(fn.kernel.ptr, grid, block, args, smem, pdl_on=on, cluster=cluster)
     else:

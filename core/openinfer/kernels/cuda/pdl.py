@@ -92,11 +92,15 @@ def suspended(yes: bool = True) -> Iterator[None]:
 
 
 def enabled(kernel: str = "") -> bool:
-    """PDL is on for this kernel name (it starts with one of KERNELS), not suspended on this thread, the
-    current device has it (sm_90+) and the current stream is not the legacy default stream (whose implicit
-    synchronisation PDL does not promise to keep)."""
-    if (not ENABLED or _suspended.depth or not kernel.startswith(KERNELS)
-            or cp.cuda.get_current_stream().ptr == 0):
+    """PDL is on for this kernel name (it starts with one of KERNELS) and available()."""
+    return kernel.startswith(KERNELS) and available()
+
+
+def available() -> bool:
+    """A launch may take PDL now: it is on, not suspended on this thread, the current device has it (sm_90+) and the
+    current stream is not the legacy default stream (whose implicit synchronisation PDL does not promise to keep).
+    Kernels outside KERNELS that keep common.cuh's rule (a plugin's, launched with `dependent=True`) take it then."""
+    if not ENABLED or _suspended.depth or cp.cuda.get_current_stream().ptr == 0:
         return False
     dev = cp.cuda.Device().id
     if dev not in _supported:

@@ -115,9 +115,14 @@ __device__ void indexer_scores(const T* q, const float* w, const T* cache, long 
 }
 
 // The exact top-k of one token's visible scores: out [T, topk] int32 key positions, ascending, -1 padded. At most
-// topk visible keys: all of them. Else a radix select over order-preserving integer keys (4 passes of 8 bits) finds
-// the k-th largest score; every larger one is taken, and of those equal to it the earliest, so ties at the cut go
-// to the earlier position (the reference's rule). +0 and -0 are one value, as they compare equal.
+// topk visible keys: all of them. Else a radix select over order-preserving integer keys finds the k-th largest
+// score; every larger one is taken, and of those equal to it the earliest, so ties at the cut go to the earlier
+// position (the reference's rule). +0 and -0 are one value, as they compare equal.
+// Three passes of 11, 11 and 10 bits. The first histograms every key by its top 11 bits (sign, exponent, two
+// mantissa bits); only the keys of the digit that holds the cut go on, and the second pass, while it histograms
+// them, copies them to a short candidate list, which the third pass reads instead of the segment (where they do
+// not fit, it reads the segment again). Wide digits spread the keys over many counters, so a plain shared-memory
+// atomic per key counts them (the keys of a warp seldom share one).
 // A row is split over `ranks` CTAs, one thread-block cluster (sm_90+; ranks 1 is one block, any GPU): each rank
 // takes a contiguous segment of the visible keys, histograms it in every pass, and all ranks sum the cluster's
 // histograms over distributed shared memory, so every rank finds the same digit with no global workspace. The first
@@ -126,7 +131,8 @@ __device__ void indexer_scores(const T* q, const float* w, const T* cache, long 
 // segment (32 consecutive keys a step), learns the counts of the warps and ranks before it, and writes its taken
 // keys at their final places in order, so the output comes out ascending.
 // grid (T * ranks), cluster (ranks, 1, 1), SELECT_THREADS threads, 4 * staged_keys bytes of dynamic shared memory.
-constexpr int SELECT_THREADS = 1024, SELECT_UNROLL = 8, MAX_SELECT_RANKS = 8, RADIX = 256;
+constexpr int SELECT_THREADS = 1024, SELECT_UNROLL = 8, MAX_SELECT_RANKS = 8;
+constexpr int SELECT_BINS = 2048, SELECT_CANDIDATES = 2048;   // the widest digit's counters; a rank's candidates
 
 __device__ __forceinline__ unsigned int order_key(float x) {
     const unsigned int u = __float_as_uint(x == 0.f ? 0.f : x);
@@ -163,24 +169,26 @@ __device__ __forceinline__ unsigned long long ld_rank(const unsigned long long* 
 #endif
 }
 
-// Exclusive prefix sum of v over the block, and the block's total. Called once a launch (its shared array is
-// not reused). blockDim.x a multiple of 32.
-__device__ __forceinline__ unsigned long long block_exclusive_sum(unsigned long long v, unsigned long long* total) {
-    __shared__ unsigned long long warp_sums[32];
+// Exclusive prefix sum of v over the block, and the block's total. blockDim.x a multiple of 32; every thread calls
+// it (it syncs the block), as often as it likes.
+template <typename U>
+__device__ __forceinline__ U block_exclusive_sum(U v, U* total) {
+    __shared__ U warp_sums[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    unsigned long long x = v;
+    U x = v;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-        const unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+        const U y = __shfl_up_sync(0xffffffffu, x, o);
         if (lane >= o) x += y;
     }
+    __syncthreads();   // a previous call's readers are done with warp_sums
     if (lane == 31) warp_sums[warp] = x;
     __syncthreads();
     if (warp == 0) {
-        unsigned long long w = lane < nwarps ? warp_sums[lane] : 0ull;
+        U w = lane < nwarps ? warp_sums[lane] : U(0);
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            const unsigned long long y = __shfl_up_sync(0xffffffffu, w, o);
+            const U y = __shfl_up_sync(0xffffffffu, w, o);
             if (lane >= o) w += y;
         }
         __syncwarp();
@@ -188,28 +196,36 @@ __device__ __forceinline__ unsigned long long block_exclusive_sum(unsigned long 
     }
     __syncthreads();
     *total = warp_sums[nwarps - 1];
-    return (warp > 0 ? warp_sums[warp - 1] : 0ull) + x - v;
+    return (warp > 0 ? warp_sums[warp - 1] : U(0)) + x - v;
 }
 
-// Warp 0: the digit (scanning from 255 down) at which the counts reach `need`, and how many of that digit are
-// still to take. Lane l holds digits 255 - 8 l .. 248 - 8 l; the counts sum to at least need, so one lane has it.
-__device__ __forceinline__ void threshold_digit(const unsigned int* count, unsigned int need, unsigned int* found) {
-    const int lane = threadIdx.x & 31;
-    unsigned int c[RADIX / 32], mine = 0;
+// The digit of a BINS-counter pass at which the cluster's counts, summed from the top digit down, reach `need`, and
+// how many keys of that digit are still to take: found[0], found[1]. Thread i holds digits BINS-1 - B i .. down
+// (B = BINS / SELECT_THREADS), each summed over the ranks' histograms `count`; the counts sum to at least need, so
+// one thread finds it. Every thread calls it; read found after a __syncthreads.
+template <int BINS>
+__device__ __forceinline__ void threshold_digit(const unsigned int* count, int ranks, unsigned int need,
+                                                unsigned int* found) {
+    constexpr int B = BINS / SELECT_THREADS;
+    static_assert(B >= 1 && B * SELECT_THREADS == BINS, "whole digits a thread");
+    unsigned int c[B], mine = 0, total;
 #pragma unroll
-    for (int j = 0; j < RADIX / 32; ++j) mine += c[j] = count[RADIX - 1 - (RADIX / 32) * lane - j];
-    unsigned int incl = mine;
+    for (int j = 0; j < B; ++j) {
+        const int digit = BINS - 1 - B * (int)threadIdx.x - j;
+        unsigned int part[MAX_SELECT_RANKS];
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const unsigned int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
+        for (int r = 0; r < MAX_SELECT_RANKS; ++r) part[r] = r < ranks ? ld_rank(&count[digit], r) : 0u;
+        c[j] = 0;
+#pragma unroll
+        for (int r = 0; r < MAX_SELECT_RANKS; ++r) c[j] += part[r];
+        mine += c[j];
     }
-    unsigned int above = incl - mine;
-    if (above < need && need <= incl) {
+    unsigned int above = block_exclusive_sum(mine, &total);
+    if (above < need && need <= above + mine) {
 #pragma unroll
-        for (int j = 0; j < RADIX / 32; ++j) {
+        for (int j = 0; j < B; ++j) {
             if (above + c[j] >= need) {
-                found[0] = RADIX - 1 - (RADIX / 32) * lane - j;
+                found[0] = BINS - 1 - B * threadIdx.x - j;
                 found[1] = need - above;
                 break;
             }
@@ -221,11 +237,12 @@ __device__ __forceinline__ void threshold_digit(const unsigned int* count, unsig
 extern "C" __global__ void __launch_bounds__(SELECT_THREADS)
 indexer_topk_select(const float* scores, int width, const int* query_start, const int* context_lens, int num_seqs,
                     int topk, int ranks, int staged_keys, int* out) {
-    extern __shared__ unsigned int seg_keys[];   // the segment's order keys, where it fits
-    __shared__ unsigned int hist[2][RADIX];   // this rank's counts, a pass's and the next one's
-    __shared__ unsigned int total[RADIX];     // the cluster's counts of the pass
-    __shared__ unsigned int found[2];         // the pass's digit, the count still to take inside it
-    __shared__ unsigned long long seg_counts; // this rank's keys above the cut << 32 | keys at it
+    extern __shared__ unsigned int seg_keys[];            // the segment's order keys, where it fits
+    __shared__ unsigned int hist[2][SELECT_BINS];         // this rank's counts, a pass's and the next one's
+    __shared__ unsigned int candidates[SELECT_CANDIDATES];
+    __shared__ unsigned int num_candidates;
+    __shared__ unsigned int found[2];                     // the pass's digit, the count still to take inside it
+    __shared__ unsigned long long seg_counts;             // this rank's keys above the cut << 32 | keys at it
     pdl_begin();
     const int t = blockIdx.x / ranks, rank = blockIdx.x % ranks, tid = threadIdx.x, lane = tid & 31;
     const int visible = token_seq_pos(query_start, context_lens, num_seqs, t).y + 1;
@@ -239,63 +256,68 @@ indexer_topk_select(const float* scores, int width, const int* query_start, cons
     const int lo = min(rank * seg, visible), hi = min(lo + seg, visible);
     const bool staged = hi - lo <= staged_keys;
     auto key_at = [&](int s) { return staged ? seg_keys[s - lo] : order_key(row[s]); };
-    for (int i = tid; i < 2 * RADIX; i += blockDim.x) (&hist[0][0])[i] = 0u;
+    for (int i = tid; i < 2 * SELECT_BINS; i += blockDim.x) (&hist[0][0])[i] = 0u;
+    if (tid == 0) num_candidates = 0u;
     __syncthreads();
+    const unsigned int lanes_before = (1u << lane) - 1u;
     unsigned int prefix = 0, mask = 0, need = topk;
-    for (int pass = 0; pass < 4; ++pass) {
-        const int shift = 24 - 8 * pass;
-        const bool from_row = pass == 0 || !staged;
+    bool listed = false;   // the third pass reads the candidate list
+    for (int pass = 0; pass < 3; ++pass) {
+        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+        const unsigned int digits = pass == 2 ? 1023u : 2047u;
         unsigned int* h = hist[pass & 1];
-        for (int base = lo; base < hi; base += SELECT_UNROLL * blockDim.x) {   // the same trip count in every thread
-            unsigned int key[SELECT_UNROLL];
-            if (from_row) {
-                float v[SELECT_UNROLL];
-#pragma unroll
-                for (int j = 0; j < SELECT_UNROLL; ++j) {
-                    const int s = base + j * blockDim.x + tid;
-                    v[j] = s < hi ? row[s] : 0.f;
-                }
-#pragma unroll
-                for (int j = 0; j < SELECT_UNROLL; ++j) {
-                    const int s = base + j * blockDim.x + tid;
-                    key[j] = order_key(v[j]);
-                    if (staged && s < hi) seg_keys[s - lo] = key[j];   // read back by this thread only
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < SELECT_UNROLL; ++j) {
-                    const int s = base + j * blockDim.x + tid;
-                    key[j] = s < hi ? seg_keys[s - lo] : 0u;
-                }
+        if (pass == 2 && listed) {
+            for (int i = tid; i < num_candidates; i += blockDim.x) {
+                const unsigned int key = candidates[i];
+                if ((key & mask) == prefix) atomicAdd(&h[key & digits], 1u);
             }
+        } else {
+            for (int base = lo; base < hi; base += SELECT_UNROLL * blockDim.x) {   // the same trip count everywhere
+                unsigned int key[SELECT_UNROLL];
+                if (pass == 0 || !staged) {
+                    float v[SELECT_UNROLL];
 #pragma unroll
-            for (int j = 0; j < SELECT_UNROLL; ++j) {
-                const unsigned int digit = (key[j] >> shift) & (RADIX - 1);
-                const bool in = base + j * (int)blockDim.x + tid < hi && (key[j] & mask) == prefix;
-                // one atomic per distinct digit of the warp: scores crowd into few digits
-                const unsigned int active = __ballot_sync(0xffffffffu, in);
-                if (in) {
-                    const unsigned int peers = __match_any_sync(active, digit);
-                    if (lane == __ffs(peers) - 1) atomicAdd(&h[digit], __popc(peers));
+                    for (int j = 0; j < SELECT_UNROLL; ++j) {
+                        const int s = base + j * blockDim.x + tid;
+                        v[j] = s < hi ? row[s] : 0.f;
+                    }
+#pragma unroll
+                    for (int j = 0; j < SELECT_UNROLL; ++j) {
+                        const int s = base + j * blockDim.x + tid;
+                        key[j] = order_key(v[j]);
+                        if (pass == 0 && staged && s < hi) seg_keys[s - lo] = key[j];   // read back by this thread
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < SELECT_UNROLL; ++j) {
+                        const int s = base + j * blockDim.x + tid;
+                        key[j] = s < hi ? seg_keys[s - lo] : 0u;
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < SELECT_UNROLL; ++j) {
+                    const bool in = base + j * (int)blockDim.x + tid < hi && (key[j] & mask) == prefix;
+                    if (in) atomicAdd(&h[(key[j] >> shift) & digits], 1u);
+                    if (pass == 1) {   // the cut's first digit: onto the candidate list, a warp's keys in one go
+                        const unsigned int taken = __ballot_sync(0xffffffffu, in);
+                        unsigned int at = 0;
+                        if (lane == 0 && taken) at = atomicAdd(&num_candidates, __popc(taken));
+                        at = __shfl_sync(0xffffffffu, at, 0) + __popc(taken & lanes_before);
+                        if (in && at < SELECT_CANDIDATES) candidates[at] = key[j];
+                    }
                 }
             }
         }
         ranks_sync();   // every rank's counts of this pass are complete and visible to the cluster
-        if (tid < RADIX) {
-            unsigned int part[MAX_SELECT_RANKS], sum = 0;
-#pragma unroll
-            for (int r = 0; r < MAX_SELECT_RANKS; ++r) part[r] = r < ranks ? ld_rank(&h[tid], r) : 0u;
-#pragma unroll
-            for (int r = 0; r < MAX_SELECT_RANKS; ++r) sum += part[r];
-            total[tid] = sum;
-            hist[(pass + 1) & 1][tid] = 0u;   // the next pass's: every rank read it before the barrier above
-        }
-        __syncthreads();
-        if (tid < 32) threshold_digit(total, need, found);
+        if (pass == 2) threshold_digit<SELECT_BINS / 2>(h, ranks, need, found);
+        else threshold_digit<SELECT_BINS>(h, ranks, need, found);
+        for (int i = tid; i < SELECT_BINS; i += blockDim.x)
+            hist[(pass + 1) & 1][i] = 0u;   // the next pass's: every rank read it before the barrier above
         __syncthreads();
         prefix |= found[0] << shift;
         need = found[1];
-        mask |= (RADIX - 1u) << shift;
+        mask |= digits << shift;
+        listed = num_candidates <= SELECT_CANDIDATES;
     }
     // prefix is the k-th largest key; `need` of the keys equal to it are taken, the earliest ones. A warp counts its
     // run's keys above and at the cut; their prefix over the warps and the ranks before places each taken key.
@@ -318,7 +340,6 @@ indexer_topk_select(const float* scores, int width, const int* query_start, cons
     for (int r = 0; r < rank; ++r) before += ld_rank(&seg_counts, r);
     above = (unsigned int)(before >> 32);
     equal = (unsigned int)before;
-    const unsigned int lanes_before = (1u << lane) - 1u;
     for (int base = first; base < last; base += 32) {
         const int s = base + lane;
         const unsigned int key = s < last ? key_at(s) : 0u;

@@ -5,6 +5,8 @@ ForwardBatch fields read on the device: query_start, context_lens, block_tables 
 by a binary search over query_start); on the host: num_seqs and max_context_len, which sizes the indexer's
 score rows (a decode graph's batch carries the model's length there, so the graph's buffers fit any step).
 These kernels use the CUDA cores only: a first, correct implementation to be measured, not a tuned one.
+Every kernel of dsa.cu waits for the previous kernel's writes before it reads them (pdl_begin), so all launch with
+programmatic dependent launch where the device has it.
 """
 from __future__ import annotations
 
@@ -87,7 +89,7 @@ def glm52_indexer_rope_write(q: cp.ndarray, k: cp.ndarray, norm_w: cp.ndarray, n
            (q3, np.int64(q_stride), k2, np.int64(k_stride), cp.ascontiguousarray(norm_w),
             cp.ascontiguousarray(norm_b), as_index(positions, np.int32), cos, sin, np.int32(cos.shape[1]), cache,
             np.int64(block_stride), np.int32(cache.shape[1]), as_index(slot_mapping, np.int64), out,
-            np.int32(heads), np.int32(dim), np.int32(bool(interleave))))
+            np.int32(heads), np.int32(dim), np.int32(bool(interleave))), dependent=True)
     return out
 
 
@@ -107,7 +109,7 @@ def indexer_scores(q: cp.ndarray, weights: cp.ndarray, cache: cp.ndarray, batch:
     launch(SOURCE, f"indexer_scores_{suffix(q.dtype)}", (T, -(-width // SCORE_THREADS)), SCORE_THREADS,
            (cp.ascontiguousarray(q), cp.ascontiguousarray(weights, dtype=np.float32), cache, np.int64(block_stride),
             np.int32(cache.shape[1]), tables, table_stride, qstart, lens, B, scores, np.int32(width), np.int32(heads),
-            np.int32(dim), np.float32(scale)), smem=4 * (heads * dim + heads))
+            np.int32(dim), np.float32(scale)), smem=4 * (heads * dim + heads), dependent=True)
     return scores
 
 
@@ -149,7 +151,7 @@ def select_topk(scores: cp.ndarray, batch: ForwardBatch, out: cp.ndarray) -> cp.
     staged = select_staged_keys(width, ranks)
     launch(SOURCE, "indexer_topk_select", (T * ranks,), SELECT_THREADS,
            (scores, np.int32(width), qstart, lens, B, np.int32(out.shape[1]), np.int32(ranks), np.int32(staged), out),
-           smem=4 * staged, cluster=(ranks, 1, 1) if ranks > 1 else None)
+           smem=4 * staged, cluster=(ranks, 1, 1) if ranks > 1 else None, dependent=True)
     return out
 
 
@@ -172,5 +174,5 @@ def glm52_sparse_mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp
            (cp.ascontiguousarray(q_latent), cp.ascontiguousarray(q_pe), cache, np.int64(block_stride),
             np.int32(cache.shape[1]), tables, table_stride, qstart, lens, B, as_index(indices, np.int32),
             np.int32(indices.shape[1]), out, np.int32(heads), np.int32(R), np.int32(P), np.float32(scale)),
-           smem=sparse_mla_smem(R, P))
+           smem=sparse_mla_smem(R, P), dependent=True)
     return out

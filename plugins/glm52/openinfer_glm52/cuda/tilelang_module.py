@@ -13,6 +13,8 @@ import cupy as cp
 import ml_dtypes
 import numpy as np
 
+from openinfer.plugin_api.cuda import pdl
+
 KERNEL_DIR = Path(__file__).with_name("tilelang")
 _DEFAULT_SMEM = 48 * 1024   # above this a kernel must opt in to more dynamic shared memory
 _DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
@@ -65,7 +67,13 @@ def _function(name: str) -> Any:
 
 def launch(name: str, grid: Sequence[int], values: Mapping[str, Any]) -> None:
     """Launch TileLang kernel `name` on the current stream (so CUDA-graph capture sees it) with its block and
-    shared memory from kernels.json and `values` by parameter name."""
+    shared memory from kernels.json and `values` by parameter name; with programmatic dependent launch where
+    kernels.json says the kernel waits for it (it then starts while the previous kernel drains) and it is
+    available (plugin_api.cuda.pdl)."""
     meta = kernels()[name]
-    _function(name)(tuple(int(g) for g in grid), tuple(meta["block"]), arguments(name, values),
-                    shared_mem=meta["smem"])
+    fn, args, grid = _function(name), arguments(name, values), tuple(int(g) for g in grid)
+    block = tuple(meta["block"])
+    if meta.get("pdl") and block[1:] == (1, 1) and pdl.available():
+        pdl.launch(fn.kernel.ptr, grid, block[0], args, meta["smem"])
+    else:
+        fn(grid, block, args, shared_mem=meta["smem"])

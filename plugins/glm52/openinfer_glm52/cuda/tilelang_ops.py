@@ -53,8 +53,8 @@ def splits_per_block(splits: int, blocks: int, sms: int) -> int:
 def token_sequences(batch: ForwardBatch) -> cp.ndarray:
     """[T] int32: the sequence of each token of the flat batch."""
     T = batch.num_tokens
-    if batch.max_query_len == 1 and T == batch.num_seqs:   # decode: token i is sequence i
-        return cp.arange(T, dtype=np.int32)
+    if batch.max_query_len == 1 and T == batch.num_seqs:   # decode: token i is sequence i, query_start[i] is i
+        return as_index(batch.query_start, np.int32)[:T]
     ends = as_index(batch.query_start, np.int32)[1:]
     return cp.searchsorted(ends, cp.arange(T, dtype=np.int32), side="right").astype(np.int32)
 

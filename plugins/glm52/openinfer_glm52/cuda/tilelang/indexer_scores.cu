@@ -18,8 +18,8 @@
 #include <tl_templates/cuda/cuda_bf16_fallbacks.cuh>
 #endif
 
-extern "C" __global__ void indexer_scores(const int* __restrict__ BlockTable, const bfloat16_t* __restrict__ K, const int* __restrict__ Positions, const bfloat16_t* __restrict__ Q, float* __restrict__ Scores, const int* __restrict__ TokenSeq, const float* __restrict__ W, int block_rows, int block_size, int kv_rows, int n_seq, float scale, int t_n, int tw, int width);
-extern "C" __global__ void __launch_bounds__(128, 1) indexer_scores(const int* __restrict__ BlockTable, const bfloat16_t* __restrict__ K, const int* __restrict__ Positions, const bfloat16_t* __restrict__ Q, float* __restrict__ Scores, const int* __restrict__ TokenSeq, const float* __restrict__ W, int block_rows, int block_size, int kv_rows, int n_seq, float scale, int t_n, int tw, int width) {
+extern "C" __global__ void indexer_scores(const int* BlockTable, const bfloat16_t* K, const int* Positions, const bfloat16_t* Q, float* Scores, const int* TokenSeq, const float* W, int block_rows, int block_size, int kv_rows, int n_seq, float scale, int t_n, int tw, int width);
+extern "C" __global__ void __launch_bounds__(128, 1) indexer_scores(const int* BlockTable, const bfloat16_t* K, const int* Positions, const bfloat16_t* Q, float* Scores, const int* TokenSeq, const float* W, int block_rows, int block_size, int kv_rows, int n_seq, float scale, int t_n, int tw, int width) {
   extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
   void* Q_shared = ((void*)((char*)buf_dyn_shmem + 0));
   void* w_shared = ((void*)((char*)buf_dyn_shmem + 8192));
@@ -27,6 +27,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) indexer_scores(const int* _
   void* K_shared = ((void*)((char*)buf_dyn_shmem + 9216));
   float acc[32];
   float score[4];
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
   int pos = Positions[((int64_t)((int)blockIdx.x))];
   int seq = TokenSeq[((int64_t)((int)blockIdx.x))];
   #pragma unroll

@@ -19,8 +19,8 @@
 #include <tl_templates/cuda/cuda_bf16_fallbacks.cuh>
 #endif
 
-extern "C" __global__ void sparse_mla(const bfloat16_t* __restrict__ KV, float* __restrict__ LsePart, float* __restrict__ OPart, const bfloat16_t* __restrict__ QL, const bfloat16_t* __restrict__ QP, const int* __restrict__ Rows, int heads, int kv_rows, int per, float scale, int splits, int t_n, int topk);
-extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla(const bfloat16_t* __restrict__ KV, float* __restrict__ LsePart, float* __restrict__ OPart, const bfloat16_t* __restrict__ QL, const bfloat16_t* __restrict__ QP, const int* __restrict__ Rows, int heads, int kv_rows, int per, float scale, int splits, int t_n, int topk) {
+extern "C" __global__ void sparse_mla(const bfloat16_t* KV, float* LsePart, float* OPart, const bfloat16_t* QL, const bfloat16_t* QP, const int* Rows, int heads, int kv_rows, int per, float scale, int splits, int t_n, int topk);
+extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla(const bfloat16_t* KV, float* LsePart, float* OPart, const bfloat16_t* QL, const bfloat16_t* QP, const int* Rows, int heads, int kv_rows, int per, float scale, int splits, int t_n, int topk) {
   extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
   void* Q_shared = ((void*)((char*)buf_dyn_shmem + 0));
   void* QP_shared = ((void*)((char*)buf_dyn_shmem + 65536));
@@ -41,6 +41,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla(const bfloat16_t
   float sumexp_i[2];
   float m_i_clear[2];
   float m_i_clear_1[2];
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
   #pragma unroll
   for (int i = 0; i < 16; ++i) {
     bfloat16_t broadcast_var = bfloat16_t(0x0p+0f/*0.000000e+00*/);
@@ -166,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla(const bfloat16_t
           m_i_clear[i_8] = max(m_i_clear[i_8], acc_s[((((rv & 3) * 4) + (i_8 * 2)) + (rv >> 2))]);
         }
         __syncthreads();
-        m_i_clear[i_8] = tl::AllReduce<tl::MaxOp, 256, 128, 0, tl::NamedBarrier<256>>::run(m_i_clear[i_8], (&(((float*)workspace_1)[0])));
+        m_i_clear[i_8] = tl::AllReduce<tl::MaxOp, 256, 128, 0, tl::NamedBarrier<256>>::run(m_i_clear[i_8], (&(((float*)workspace_3)[0])));
         m_i_clear[i_8] = tl::AllReduce<tl::MaxOp, 4, 1, 0, tl::NamedBarrier<256>>::run(m_i_clear[i_8]);
         m_i[i_8] = max(m_i[i_8], m_i_clear[i_8]);
       }
@@ -213,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla(const bfloat16_t
           sumexp_i[i_10] = (sumexp_i[i_10] + acc_s[((((rv_1 & 3) * 4) + (i_10 * 2)) + (rv_1 >> 2))]);
         }
         __syncthreads();
-        sumexp_i[i_10] = tl::AllReduce<tl::SumOp, 256, 128, 0, tl::NamedBarrier<256>>::run(sumexp_i[i_10], (&(((float*)workspace_3)[0])));
+        sumexp_i[i_10] = tl::AllReduce<tl::SumOp, 256, 128, 0, tl::NamedBarrier<256>>::run(sumexp_i[i_10], (&(((float*)workspace_1)[0])));
         sumexp_i[i_10] = tl::AllReduce<tl::SumOp, 4, 1, 0, tl::NamedBarrier<256>>::run(sumexp_i[i_10]);
       }
       float2 __8;

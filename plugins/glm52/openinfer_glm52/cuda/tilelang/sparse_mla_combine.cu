@@ -15,11 +15,13 @@
 #include <tl_templates/cuda/cuda_bf16_fallbacks.cuh>
 #endif
 
-extern "C" __global__ void sparse_mla_combine(const float* __restrict__ LsePart, const float* __restrict__ OPart, bfloat16_t* __restrict__ Out, int heads, int splits, int t_n);
-extern "C" __global__ void __launch_bounds__(128, 1) sparse_mla_combine(const float* __restrict__ LsePart, const float* __restrict__ OPart, bfloat16_t* __restrict__ Out, int heads, int splits, int t_n) {
+extern "C" __global__ void sparse_mla_combine(const float* LsePart, const float* OPart, bfloat16_t* Out, int heads, int splits, int t_n);
+extern "C" __global__ void __launch_bounds__(128, 1) sparse_mla_combine(const float* LsePart, const float* OPart, bfloat16_t* Out, int heads, int splits, int t_n) {
   float top = 0x0p+0f/*0.000000e+00*/;
   float total = 0x0p+0f/*0.000000e+00*/;
   float acc[4];
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
   top = -CUDART_INF_F;
   total = 0x0p+0f/*0.000000e+00*/;
   for (int s = 0; s < splits; ++s) {

@@ -14,8 +14,10 @@
 #include <tl_templates/cuda/cuda_bf16_fallbacks.cuh>
 #endif
 
-extern "C" __global__ void sparse_rows(const int* __restrict__ BlockTable, const int* __restrict__ Indices, const int* __restrict__ Positions, int* __restrict__ Rows, const int* __restrict__ TokenSeq, int block_rows, int block_size, int n_seq, int t_n, int topk, int width);
-extern "C" __global__ void __launch_bounds__(128, 1) sparse_rows(const int* __restrict__ BlockTable, const int* __restrict__ Indices, const int* __restrict__ Positions, int* __restrict__ Rows, const int* __restrict__ TokenSeq, int block_rows, int block_size, int n_seq, int t_n, int topk, int width) {
+extern "C" __global__ void sparse_rows(const int* BlockTable, const int* Indices, const int* Positions, int* Rows, const int* TokenSeq, int block_rows, int block_size, int n_seq, int t_n, int topk, int width);
+extern "C" __global__ void __launch_bounds__(128, 1) sparse_rows(const int* BlockTable, const int* Indices, const int* Positions, int* Rows, const int* TokenSeq, int block_rows, int block_size, int n_seq, int t_n, int topk, int width) {
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
   if (((((int)blockIdx.y) * 128) + ((int)threadIdx.x)) < topk) {
     int condval;
     if (((0 <= Indices[(((((int64_t)((int)blockIdx.y)) * (int64_t)128) + (((int64_t)((int)blockIdx.x)) * ((int64_t)topk))) + ((int64_t)((int)threadIdx.x)))]) && (Indices[(((((int64_t)((int)blockIdx.y)) * (int64_t)128) + (((int64_t)((int)blockIdx.x)) * ((int64_t)topk))) + ((int64_t)((int)threadIdx.x)))] <= Positions[((int64_t)((int)blockIdx.x))]))) {

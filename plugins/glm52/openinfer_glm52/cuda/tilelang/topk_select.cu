@@ -15,8 +15,8 @@
 #include <tl_templates/cuda/cuda_bf16_fallbacks.cuh>
 #endif
 
-extern "C" __global__ void topk_select(int* __restrict__ Out, const int* __restrict__ Positions, const float* __restrict__ Scores, int t_n, int topk, int width);
-extern "C" __global__ void __launch_bounds__(1024, 1) topk_select(int* __restrict__ Out, const int* __restrict__ Positions, const float* __restrict__ Scores, int t_n, int topk, int width) {
+extern "C" __global__ void topk_select(int* Out, const int* Positions, const float* Scores, int t_n, int topk, int width);
+extern "C" __global__ void __launch_bounds__(1024, 1) topk_select(int* Out, const int* Positions, const float* Scores, int t_n, int topk, int width) {
   extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
   void* counts = ((void*)((char*)buf_dyn_shmem + 0));
   void* hist = ((void*)((char*)buf_dyn_shmem + 4096));
@@ -29,6 +29,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1) topk_select(int* __restric
   int above = 0;
   int bin_ = 0;
   int done = 0;
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
   int visible = (Positions[((int64_t)((int)blockIdx.x))] + 1);
   if (visible <= topk) {
     for (int i = 0; i < ((topk + 1023) >> 10); ++i) {
