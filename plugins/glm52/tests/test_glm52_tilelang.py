@@ -127,6 +127,31 @@ def test_launches_match_the_metadata(monkeypatch, runs):
     assert [c.name for c in nvrtc] == ["indexer_topk_select"]   # "tilelang+nvrtc": the hand-written select
 
 
+def test_a_kernel_that_waits_launches_with_pdl_where_it_is_available(monkeypatch):
+    """kernels.json's "pdl" sends a launch through cuLaunchKernelEx with the attribute (plugin_api.cuda.pdl) while PDL
+    is available on the stream, and through CuPy otherwise."""
+    pytest.importorskip("cupy")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from openinfer.plugin_api.cuda import pdl
+    from openinfer_glm52.cuda import tilelang_module
+    calls = []
+
+    class Kernel:
+        kernel = SimpleNamespace(ptr=1234)
+
+        def __call__(self, grid, block, args, shared_mem):
+            calls.append(("cupy", grid, block, shared_mem))
+
+    monkeypatch.setattr(tilelang_module, "_function", lambda name: Kernel())
+    monkeypatch.setattr(pdl, "launch", lambda ptr, grid, block, args, smem: calls.append(("pdl", ptr, grid, block)))
+    values = dict(OPart=np.zeros((8, 2, 64, 512), np.float32), LsePart=np.zeros((8, 2, 64), np.float32),
+                  Out=np.zeros((2, 64, 512), ml_dtypes.bfloat16), heads=64, splits=8, t_n=2)
+    for available in (True, False):
+        monkeypatch.setattr(pdl, "available", lambda: available)
+        tilelang_module.launch("sparse_mla_combine", (2, 64), values)
+    assert calls == [("pdl", 1234, (2, 64), 128), ("cupy", (2, 64), (128, 1, 1), 0)]
+
+
 def test_serving_imports_neither_tilelang_nor_torch():
     pytest.importorskip("cupy")
     code = ("import sys, openinfer_glm52.cuda.tilelang_ops, openinfer_glm52.cuda.tilelang_module as tm; "
