@@ -206,6 +206,25 @@ def test_pdl_names_kernels(monkeypatch):
     assert not pdl.enabled("gemv_bf16")
 
 
+def test_a_dependent_launch_takes_pdl_whatever_its_name(monkeypatch):
+    """launch(..., dependent=True), a plugin's kernel outside pdl.KERNELS that waits first: through cuLaunchKernelEx
+    with PDL where it is available; the same kernel launched plainly goes through CuPy."""
+    seen = []
+
+    class Kernel:
+        kernel = SimpleNamespace(ptr=9)
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            seen.append("cupy")
+
+    monkeypatch.setattr(module, "_function_with_smem", lambda *_: Kernel())
+    monkeypatch.setattr(pdl, "available", lambda: True)
+    monkeypatch.setattr(pdl, "launch", lambda *_, pdl_on, cluster: seen.append(("pdl", pdl_on)))
+    module.launch("dsa", "indexer_scores_bf16", (1,), 32, (), dependent=True)
+    module.launch("dsa", "indexer_scores_bf16", (1,), 32, ())
+    assert seen == [("pdl", True), "cupy"]
+
+
 @pytest.mark.parametrize("pdl_on,cluster", [(True, None), (False, (1, 4, 1)), (True, (1, 8, 1))])
 def test_launch_ex_attributes(monkeypatch, pdl_on, cluster):
     """pdl.launch hands cuLaunchKernelEx one attribute per feature asked for: programmatic stream serialization

@@ -153,7 +153,7 @@ def record_launches(monkeypatch: Any, modules: Iterable[ModuleType]) -> list[Lau
         check_launch(call)
         recorded.append(call)
 
-    monkeypatch.setattr(pdl, "enabled", lambda kernel="": False)   # it asks the (absent) GPU
+    monkeypatch.setattr(pdl, "available", lambda: False)   # it asks the (absent) GPU
     for mod in (*modules, module):
         monkeypatch.setattr(mod, "cp", FAKE_CP)
         if hasattr(mod, "launch"):
