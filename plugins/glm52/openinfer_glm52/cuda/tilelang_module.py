@@ -25,7 +25,8 @@ _functions: dict[tuple[int, str], Any] = {}
 @functools.cache
 def kernels() -> dict[str, dict]:
     """kernel name -> its metadata: params [{name, type}] in compiled order ("ptr:<dtype>", "int32" or
-    "float32"), block [x, y, z], smem (bytes of dynamic shared memory), grid (TileLang's expressions)."""
+    "float32"), block [x, y, z], smem (bytes of dynamic shared memory), grid (TileLang's expressions), pdl (the
+    kernel waits in griddepcontrol first: it may take programmatic dependent launch)."""
     return json.loads((KERNEL_DIR / "kernels.json").read_text())["kernels"]
 
 
@@ -73,7 +74,7 @@ def launch(name: str, grid: Sequence[int], values: Mapping[str, Any]) -> None:
     meta = kernels()[name]
     fn, args, grid = _function(name), arguments(name, values), tuple(int(g) for g in grid)
     block = tuple(meta["block"])
-    if meta.get("pdl") and block[1:] == (1, 1) and pdl.available():
+    if meta["pdl"] and block[1:] == (1, 1) and pdl.available():
         pdl.launch(fn.kernel.ptr, grid, block[0], args, meta["smem"])
     else:
         fn(grid, block, args, shared_mem=meta["smem"])
