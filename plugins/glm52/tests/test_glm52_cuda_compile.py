@@ -212,8 +212,9 @@ def test_select_ranks_split_long_rows_over_a_cluster(monkeypatch):
     monkeypatch.setattr(cuda_ops, "clusters_supported", lambda: True)
     assert cuda_ops.select_ranks(1, 131072, 132) == 8
     assert cuda_ops.select_ranks(1, 2048, 132) == 1
+    assert cuda_ops.select_ranks(1, 8192, 132) == 1
     assert cuda_ops.select_ranks(32, 32768, 132) == 4
-    assert cuda_ops.select_ranks(1, 16384, 132) == 4
+    assert cuda_ops.select_ranks(1, 16384, 132) == 2
     assert cuda_ops.select_ranks(512, 131072, 132) == 1
     monkeypatch.setattr(cuda_ops, "clusters_supported", lambda: False)
     assert cuda_ops.select_ranks(1, 131072, 132) == 1

@@ -200,24 +200,33 @@ __device__ __forceinline__ U block_exclusive_sum(U v, U* total) {
 }
 
 // The digit of a BINS-counter pass at which the cluster's counts, summed from the top digit down, reach `need`, and
-// how many keys of that digit are still to take: found[0], found[1]. Thread i holds digits BINS-1 - B i .. down
-// (B = BINS / SELECT_THREADS), each summed over the ranks' histograms `count`; the counts sum to at least need, so
-// one thread finds it. Every thread calls it; read found after a __syncthreads.
+// how many keys of that digit are still to take: found[0], found[1]. Each rank first sums its slice of the digits
+// over the ranks' histograms `count` into `sums`, so the cluster moves each counter once (a rank reading every
+// rank's whole histogram made the distributed-shared-memory traffic grow with the ranks); then thread i reads
+// digits BINS-1 - B i .. down (B = BINS / SELECT_THREADS) from their slices' ranks. The counts sum to at least
+// need, so one thread finds it. Every thread of every rank calls it; read found after a __syncthreads.
 template <int BINS>
-__device__ __forceinline__ void threshold_digit(const unsigned int* count, int ranks, unsigned int need,
-                                                unsigned int* found) {
+__device__ __forceinline__ void threshold_digit(const unsigned int* count, unsigned int* sums, int ranks, int rank,
+                                                unsigned int need, unsigned int* found) {
     constexpr int B = BINS / SELECT_THREADS;
     static_assert(B >= 1 && B * SELECT_THREADS == BINS, "whole digits a thread");
+    const int slice = (BINS + ranks - 1) / ranks;
+    if (ranks > 1) {
+        for (int d = rank * slice + threadIdx.x; d < min(BINS, (rank + 1) * slice); d += blockDim.x) {
+            unsigned int part[MAX_SELECT_RANKS], sum = 0;
+#pragma unroll
+            for (int r = 0; r < MAX_SELECT_RANKS; ++r) part[r] = r < ranks ? ld_rank(&count[d], r) : 0u;
+#pragma unroll
+            for (int r = 0; r < MAX_SELECT_RANKS; ++r) sum += part[r];
+            sums[d] = sum;
+        }
+        ranks_sync();   // every slice summed
+    }
     unsigned int c[B], mine = 0, total;
 #pragma unroll
     for (int j = 0; j < B; ++j) {
         const int digit = BINS - 1 - B * (int)threadIdx.x - j;
-        unsigned int part[MAX_SELECT_RANKS];
-#pragma unroll
-        for (int r = 0; r < MAX_SELECT_RANKS; ++r) part[r] = r < ranks ? ld_rank(&count[digit], r) : 0u;
-        c[j] = 0;
-#pragma unroll
-        for (int r = 0; r < MAX_SELECT_RANKS; ++r) c[j] += part[r];
+        c[j] = ranks > 1 ? ld_rank(&sums[digit], digit / slice) : count[digit];
         mine += c[j];
     }
     unsigned int above = block_exclusive_sum(mine, &total);
@@ -239,6 +248,7 @@ indexer_topk_select(const float* scores, int width, const int* query_start, cons
                     int topk, int ranks, int staged_keys, int* out) {
     extern __shared__ unsigned int seg_keys[];            // the segment's order keys, where it fits
     __shared__ unsigned int hist[2][SELECT_BINS];         // this rank's counts, a pass's and the next one's
+    __shared__ unsigned int sums[SELECT_BINS];            // the cluster's counts of this rank's slice of the digits
     __shared__ unsigned int candidates[SELECT_CANDIDATES];
     __shared__ unsigned int num_candidates;
     __shared__ unsigned int found[2];                     // the pass's digit, the count still to take inside it
@@ -308,9 +318,9 @@ indexer_topk_select(const float* scores, int width, const int* query_start, cons
                 }
             }
         }
-        ranks_sync();   // every rank's counts of this pass are complete and visible to the cluster
-        if (pass == 2) threshold_digit<SELECT_BINS / 2>(h, ranks, need, found);
-        else threshold_digit<SELECT_BINS>(h, ranks, need, found);
+        ranks_sync();   // every rank's counts of this pass are complete, and its reads of the last pass's sums done
+        if (pass == 2) threshold_digit<SELECT_BINS / 2>(h, sums, ranks, rank, need, found);
+        else threshold_digit<SELECT_BINS>(h, sums, ranks, rank, need, found);
         for (int i = tid; i < SELECT_BINS; i += blockDim.x)
             hist[(pass + 1) & 1][i] = 0u;   // the next pass's: every rank read it before the barrier above
         __syncthreads();

@@ -23,9 +23,9 @@ __all__ = ["glm52_indexer_rope_write", "glm52_indexer_topk", "glm52_sparse_mla_a
 SOURCE = Path(__file__).with_name("dsa.cu")
 ROPE_THREADS, SCORE_THREADS = 128, 128
 SELECT_THREADS, MAX_SELECT_RANKS = 1024, 8        # dsa.cu: indexer_topk_select's block and largest cluster
-SELECT_KEYS_PER_RANK = 4096                       # a row is split in segments of at least this many keys
+SELECT_KEYS_PER_RANK = 8192                       # a row is split in segments of at least this many keys
 SELECT_STAGE_BYTES = 192 * 1024                   # a segment's order keys up to this size stay in shared memory
-                                                  # (with the select's 25 KB of static: under a block's 227 KB)
+                                                  # (with the select's 33 KB of static: under a block's 227 KB)
 MAX_INDEX_HEADS, MAX_ROPE_DIM = 64, 1024          # dsa.cu: MAX_INDEX_HEADS, kn[1024]
 HG, KT, SPARSE_THREADS, R_PER_THREAD = 16, 32, 256, 32   # dsa.cu: sparse_mla_attention's tiling
 
