@@ -225,6 +225,20 @@ def test_a_dependent_launch_takes_pdl_whatever_its_name(monkeypatch):
     assert seen == [("pdl", True), "cupy"]
 
 
+@pytest.mark.parametrize("static,dynamic,opted_in", [(33184, 32768, 32768), (33184, 8192, None), (0, 49152, None),
+                                                     (0, 65536, 65536), (60000, 0, None)])
+def test_a_kernel_opts_in_where_static_and_dynamic_shared_memory_pass_the_default(monkeypatch, static, dynamic,
+                                                                                   opted_in):
+    """Past 48 KB of static and dynamic shared memory together a launch fails unless the kernel opted in to its
+    dynamic size (a select's 33 KB of counters and 32 KB of staged keys); under it nothing is set."""
+    fn = SimpleNamespace(shared_size_bytes=static)
+    monkeypatch.setattr(module, "_function", lambda *_: fn)
+    monkeypatch.setattr(module, "_smem_optin", {})
+    monkeypatch.setattr(module.cp.cuda, "Device", lambda: SimpleNamespace(id=0))
+    assert module._function_with_smem("dsa", "indexer_topk_select", dynamic) is fn
+    assert getattr(fn, "max_dynamic_shared_size_bytes", None) == opted_in
+
+
 @pytest.mark.parametrize("pdl_on,cluster", [(True, None), (False, (1, 4, 1)), (True, (1, 8, 1))])
 def test_launch_ex_attributes(monkeypatch, pdl_on, cluster):
     """pdl.launch hands cuLaunchKernelEx one attribute per feature asked for: programmatic stream serialization

@@ -14,7 +14,7 @@ from .compile import arch_for, compile_source
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 _SUFFIX = {BF16: "bf16", np.dtype(np.float32): "f32"}
-_DEFAULT_SMEM = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
+_DEFAULT_SMEM = 48 * 1024  # past this, static and dynamic together, a kernel must opt in to more shared memory
 NULL = np.uint64(0)        # a null pointer argument
 COUNTER_SLOTS = 4096       # arrival counters of one purpose (arrival_counters)
 
@@ -54,9 +54,10 @@ def _function(source: str | Path, name: str) -> Any:
 
 
 def _function_with_smem(source: str | Path, name: str, smem: int) -> Any:
-    """The kernel, opted in to `smem` bytes of dynamic shared memory where that exceeds the default."""
+    """The kernel, opted in to `smem` bytes of dynamic shared memory where that and its static shared memory
+    exceed the default (a launch past it without the opt-in fails)."""
     fn = _function(source, name)
-    if smem > _DEFAULT_SMEM:
+    if smem and smem + fn.shared_size_bytes > _DEFAULT_SMEM:
         key = (cp.cuda.Device().id, source, name)
         if _smem_optin.get(key, 0) < smem:
             fn.max_dynamic_shared_size_bytes = smem
