@@ -10,7 +10,9 @@
 #   bash scripts/gpu_throughput.sh    (on the GPU machine, from the repo root, carrying .whl)
 # (The user-facing form of one server's sweep: openinfer bench serve --num-prompts 600 --sweep-concurrency 64,128,256.)
 # Knobs (env): PROMPTS (600), CONC ("64 256"), SEATS (64: the --max-num-seqs of the Qwen3-4B comparison run; empty
-# skips it), MODELS ("qwen3-4b qwen3.5-4b"), MIXED (1; 0 skips the mixed-step probe). The transformers peer at an unbounded rate: NUM_PROMPTS=200 RATES=inf
+# skips it), MODELS ("qwen3-4b qwen3.5-4b"), MIXED (1; 0 skips the mixed-step probe), ENGINE_FLAGS (added to every
+# server and latency run, e.g. "--kv-cache-dtype fp8"; their rows are labelled with TAG, e.g. "-fp8").
+# The transformers peer at an unbounded rate: NUM_PROMPTS=200 RATES=inf
 # bash scripts/gpu_serve_compare.sh, a call of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,9 +30,9 @@ say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(git r
 OI="python3 -m openinfer"
 lat() {  # name seconds flags...: one bench latency run, its table into the summary
     local name=$1 t=$2; shift 2
-    timeout $t $OI bench latency --load-format dummy --device cuda --max-model-len 20480 "$@" \
+    timeout $t $OI bench latency --load-format dummy --device cuda --max-model-len 20480 "$@" ${ENGINE_FLAGS:-} \
         --output-json $L/$name.json > $L/$name.log 2>&1
-    say "$name:"; grep -A4 "^batch" $L/$name.log | tee -a $S || tail -2 $L/$name.log | tee -a $S
+    say "$name${TAG:-}:"; grep -A4 "^batch" $L/$name.log | tee -a $S || tail -2 $L/$name.log | tee -a $S
 }
 Q3B1="--model qwen3-4b --batch-sizes 1 --input-lens 1024 --output-lens 64 --num-iters 3"
 PROMPTS=${PROMPTS:-600}
@@ -43,9 +45,10 @@ mkdir -p $J
 python3 -c "import starlette, uvicorn" 2>/dev/null || { say "no starlette/uvicorn: run scripts/gpu_wheels.sh here and carry .whl"; exit 1; }
 
 serve_points() {  # label model [serve flags...]: start the server, bench each concurrency, stop it
-    local label=$1 model=$2 t0=$SECONDS
+    local label=$1${TAG:-} model=$2 t0=$SECONDS
     shift 2
-    $OI serve --model $model --load-format dummy --device ${DEVICE:-cuda} --port $PORT "$@" > $L/${label}_server.log 2>&1 &
+    $OI serve --model $model --load-format dummy --device ${DEVICE:-cuda} --port $PORT "$@" ${ENGINE_FLAGS:-} \
+        > $L/${label}_server.log 2>&1 &
     local pid=$!
     for _ in $(seq 240); do
         curl -sf localhost:$PORT/v1/models > /dev/null && break

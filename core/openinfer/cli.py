@@ -52,6 +52,10 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
                         "vLLM's; a running request is never preempted (its KV was reserved at admission)")
     p.add_argument("--kv-offload-host-gib", type=float, default=8.0,
                    help="host memory for --kv-offload (pinned on CUDA)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                   help="fp8: keep attention keys and values as e4m3 bytes (saturating at +-448, no scale), half the "
+                        "memory and decode reads of the model dtype; outputs change by fp8 rounding (lines whose "
+                        "kernels read it: qwen3, qwen3.5; CUDA needs bf16 and sm_89+)")
     p.add_argument("--ep", type=int, default=1, metavar="N",
                    help="expert parallelism: shard a MoE model's routed experts over N processes, one per GPU "
                         "(--device cuda:i uses GPUs i..i+N-1; on the CPU, N processes); N must divide the expert count")
@@ -67,7 +71,8 @@ def _engine_args(a: argparse.Namespace, name: str | None = None) -> EngineArgs:
                       prefix_cache_hash=a.prefix_cache_hash,
                       num_state_checkpoints=a.num_state_checkpoints, served_model_name=name, seed=a.seed, num_layers=a.num_layers,
                       enforce_eager=a.enforce_eager, pipelined_decode=a.pipelined_decode, kv_offload=a.kv_offload,
-                      kv_offload_host_gib=a.kv_offload_host_gib, generation_config=a.generation_config,
+                      kv_offload_host_gib=a.kv_offload_host_gib, kv_cache_dtype=a.kv_cache_dtype,
+                      generation_config=a.generation_config,
                       scheduling_policy=a.scheduling_policy, ep=a.ep, tokenizer=a.tokenizer,
                       kernels=parse_kernel_overrides(a.kernel), hf_overrides=a.hf_overrides)
 

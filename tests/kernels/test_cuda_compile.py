@@ -264,10 +264,11 @@ def test_wgmma_expert_gemms_spill_nothing():
 
 
 def test_decode_attention_kernels_spill_nothing():
-    """Both split-KV decode kernels (attention_decode.cu's tensor-core one, attention.cu's fp32 one, whose blocks
-    take a sequence's splits in turn) keep their state in registers: ptxas -v through NVRTC reports no spills."""
+    """Both split-KV decode kernels (attention_decode.cu's tensor-core one and its fp8-cache form, attention.cu's fp32
+    one, whose blocks take a sequence's splits in turn) keep their state in registers: ptxas -v through NVRTC
+    reports no spills."""
     _nvrtc_or_skip()
     usage = {**_ptxas_usage("attention_decode"), **_ptxas_usage("attention")}
     decode = {n: s for n, (_, s) in usage.items() if n.startswith("paged_decode_")}
-    assert len(decode) == 9, sorted(usage)   # 3 head dims x (the tensor-core kernel, fp32 on bf16 and on f32)
+    assert len(decode) == 12, sorted(usage)   # 3 head dims x (tensor-core on bf16 and fp8 caches, fp32 on bf16, f32)
     assert not any(decode.values()), decode

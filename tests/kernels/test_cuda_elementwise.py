@@ -203,3 +203,37 @@ def test_write_kv_into_strided_pool(dt):
     np.testing.assert_array_equal(host(pool_k[:, 1]), want_k)
     np.testing.assert_array_equal(host(pool_v[:, 1]), want_v)
     assert not host(pool_k[:, 0]).any() and not host(pool_k[:, 2]).any()
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_fp8_cache_writes_are_the_rounded_bf16_writes(dt, norm):
+    """write_kv and rope_write_kv into e4m3 caches store e4m3(the value the model-dtype cache stores): nearest,
+    ties to even, saturated at +-448 (numpy's to_e4m3); padded slots skipped; rope_write_kv's q unchanged."""
+    from openinfer.quant.fp8 import to_e4m3
+    rng = np.random.default_rng(11)
+    T, nh, nkv, d, max_pos, nb, layers, bs = 9, 8, 2, 128, 64, 8, 3, 4
+    half = d // 2
+    ang = np.arange(max_pos)[:, None] * (1e4 ** (-np.arange(half) / half))[None]
+    cos, sin = cp.asarray(np.cos(ang).astype(np.float32)), cp.asarray(np.sin(ang).astype(np.float32))
+    raw = rnd(rng, T, (nh + 2 * nkv) * d, scale=4.0)
+    raw[:, -5:] *= 400.0                        # values past the e4m3 range
+    qkv = dev(raw, dt[0])
+    q, k, v = (qkv[:, a * d: b * d].reshape(T, -1, d) for a, b in ((0, nh), (nh, nh + nkv), (nh + nkv, nh + 2 * nkv)))
+    pos = cp.asarray(rng.integers(0, max_pos, T).astype(np.int32))
+    slots = rng.permutation(nb * bs)[:T].astype(np.int64)
+    slots[4] = -1
+    slots = cp.asarray(slots)
+    w = (dev(rnd(rng, d), dt[0]), dev(rnd(rng, d), dt[0])) if norm else (None, None)
+    wide = [cp.zeros((nb, layers, bs, nkv, d), dtype=dt[0]) for _ in range(2)]
+    fp8 = [cp.zeros((nb, layers, bs, nkv, d), dtype=cp.uint8) for _ in range(4)]
+    q_want = ops.rope_write_kv(q, k, v, *w, 1e-6, pos, cos, sin, wide[0][:, 1], wide[1][:, 1], slots)
+    q_got = ops.rope_write_kv(q, k, v, *w, 1e-6, pos, cos, sin, fp8[0][:, 1], fp8[1][:, 1], slots)
+    np.testing.assert_array_equal(host(q_got), host(q_want))
+    for got, model_dtype in zip(fp8[:2], wide):
+        np.testing.assert_array_equal(cp.asnumpy(got), to_e4m3(host(model_dtype)))
+    ops.write_kv(fp8[2][:, 1], fp8[3][:, 1], k, v, slots)
+    keep = cp.asnumpy(slots) >= 0
+    stored = cp.asnumpy(fp8[3][:, 1]).reshape(nb * bs, nkv, d)[cp.asnumpy(slots)[keep]]
+    np.testing.assert_array_equal(stored, to_e4m3(host(v)[keep]))
+    assert (stored == 0x7E).any() or (stored == 0xFE).any()   # some saturated
+    assert not cp.asnumpy(fp8[2][:, 0]).any()

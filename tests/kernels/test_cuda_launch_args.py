@@ -87,6 +87,52 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
         assert slots <= attention_decode.merge_max_splits(kernel)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("q_lens,ctx", [([1, 1, 1], [5000, 17, 900]), ([7, 1, 33], [7, 40, 300])])
+@pytest.mark.parametrize("impl", ["wgmma", "mma", "cuda_cores"])
+def test_fp8_cache_attention_launch_args(launches, monkeypatch, d, q_lens, ctx, impl):
+    """fp8 caches (e4m3 bytes) take the tensor-core kernels' kv8 forms in every implementation, their shared
+    memory sized for the fp8 stages and the converted bf16 tile."""
+    monkeypatch.setattr(attention, "hopper", lambda: True)
+    nh, nkv, bs, layers = 16, 4, 16, 3
+    width = -(-max(ctx) // bs)
+    pool = aligned_empty((2, 1 + len(ctx) * width, layers, bs, nkv, d), np.uint8)
+    T = sum(q_lens)
+    q = aligned_empty((T, (nh + 2 * nkv) * d), BF16)[:, : nh * d].reshape(T, nh, d)
+    fn = {"wgmma": attention.paged_attention, "mma": attention.paged_attention_mma,
+          "cuda_cores": attention.paged_attention_cuda_cores}[impl]
+    fn(q, pool[0, :, 1], pool[1, :, 1], _batch(q_lens, ctx, bs, width), 0.125)
+    (call,) = launches
+    decode = max(q_lens) == 1
+    assert call.name == f"paged_{'decode' if decode else 'prefill'}_mma_bf16_kv8_d{d}", call.name
+    assert call.smem == (attention_decode.mma_decode_smem(d, kv8=True) if decode
+                         else attention.mma_prefill_smem(d, kv8=True))
+    assert int(call.args[4]) == pool[0, :, 1].strides[0]   # the block stride in elements: bytes
+    with pytest.raises(ValueError, match="an fp8 KV cache needs bf16 activations"):
+        fn(q.astype(np.float32), pool[0, :, 1], pool[1, :, 1], _batch(q_lens, ctx, bs, width), 0.125)
+
+
+def test_fp8_cache_writes(launches):
+    """Into fp8 caches write_kv takes its e4m3 kernel (two elements a thread), and rope_write_kv runs as the
+    rope (QK-norm) kernel and that write."""
+    T, nh, nkv, d, bs = 5, 8, 2, 128, 16
+    qkv = aligned_empty((T, (nh + 2 * nkv) * d), BF16)
+    q = qkv[:, : nh * d].reshape(T, nh, d)
+    k = qkv[:, nh * d: (nh + nkv) * d].reshape(T, nkv, d)
+    v = qkv[:, (nh + nkv) * d:].reshape(T, nkv, d)
+    pool = aligned_empty((2, 9, 3, bs, nkv, d), np.uint8)
+    cos = sin = aligned_empty((64, 32), np.float32)
+    pos, slots = np.arange(T, dtype=np.int32), np.arange(T, dtype=np.int64)
+    w = aligned_empty((d,), BF16)
+    ops.write_kv(pool[0, :, 1], pool[1, :, 1], k, v, slots)
+    ops.rope_write_kv(q, k, v, w, w, 1e-6, pos, cos, sin, pool[0, :, 1], pool[1, :, 1], slots)
+    ops.rope_write_kv(q, k, v, None, None, 0.0, pos, cos, sin, pool[0, :, 1], pool[1, :, 1], slots)
+    names = [c.name for c in launches]
+    assert names[::2] == ["write_kv_fp8_bf16"] * 3, names
+    assert names[1].startswith("qk_norm_rope_") and names[3].startswith("qk_norm_rope_"), names   # rope: no weights
+    assert launches[0].block == nkv * d // 2
+
+
 @pytest.mark.parametrize("dtype,mma", [(BF16, True), (BF16, False), (np.float32, False)])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_decode_split_rule_fits_every_merge(launches, monkeypatch, dtype, mma, d):

@@ -37,6 +37,7 @@ class StateGroup:
     parts: Mapping[str, tuple[int, ...]]
     dtype: str = "model"               # "model": the compute dtype; or an explicit one ("float32")
     checkpointable: bool = True
+    fp8: bool = False                  # the line's kernels also read this group as e4m3 bytes (--kv-cache-dtype fp8)
 
     def elements_per_unit(self) -> int:
         """Elements per token (paged) or per request (slots), over all layers and parts."""

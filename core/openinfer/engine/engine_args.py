@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..kv.block_manager import BLOCK_HASHES
+from ..kv.pool import KV_CACHE_DTYPES
 
 
 # Per-step token budget when none is given. On a GPU a long prompt's prefill is GEMM-bound: 1k-token chunks
@@ -51,6 +52,7 @@ class EngineArgs:
     pipelined_decode: bool = True           # queue decode step N+1 before step N's host work (pipeline.py)
     kv_offload: bool = False                # save evicted KV blocks to host memory, restore them at admission
     kv_offload_host_gib: float = 8.0        # the host tier's size (pinned memory on CUDA)
+    kv_cache_dtype: str = "auto"            # auto: the model dtype; fp8: e4m3 bytes where the line reads them
     generation_config: str = "auto"         # auto: generation_config.json's sampling fields are the defaults; none
     scheduling_policy: str = "fcfs"         # fcfs, or priority: waiting requests admitted by their priority first
     ep: int = 1                             # expert-parallel ranks: one process per device, experts sharded
@@ -84,6 +86,8 @@ class EngineArgs:
                              "--num-layers`")
         if self.num_layers is not None and self.num_layers < 1:
             raise ValueError("num_layers must be >= 1")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}: use one of {', '.join(KV_CACHE_DTYPES)}")
         if self.kv_offload and self.kv_offload_host_gib <= 0:
             raise ValueError("kv_offload_host_gib must be > 0")
         if self.kv_offload and not self.enable_prefix_caching:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.batch import ForwardBatch
+from ..quant.fp8 import e4m3_to_f32, to_e4m3
 
 
 def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -63,11 +64,22 @@ def linear_silu_mul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
-    """Scatter k/v [T, nkv, d] into paged caches [num_blocks, block_size, nkv, d] at the slots."""
+    """Scatter k/v [T, nkv, d] into paged caches [num_blocks, block_size, nkv, d] at the slots (fp8 caches,
+    uint8 e4m3 bytes: each value rounded to e4m3, kv_to_cache)."""
     nb, bs = k_cache.shape[:2]
     blocks, offsets = np.divmod(slot_mapping, bs)
-    k_cache[blocks, offsets] = k
-    v_cache[blocks, offsets] = v
+    k_cache[blocks, offsets] = kv_to_cache(k, k_cache.dtype)
+    v_cache[blocks, offsets] = kv_to_cache(v, v_cache.dtype)
+
+
+def kv_to_cache(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Keys or values as a cache of `dtype` stores them: e4m3 bytes for an fp8 cache (uint8), else as they are."""
+    return to_e4m3(x) if dtype == np.uint8 else x
+
+
+def kv_from_cache(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Cache rows as attention reads them, in the activation `dtype` (an fp8 cache's e4m3 bytes decoded)."""
+    return e4m3_to_f32(x).astype(dtype) if x.dtype == np.uint8 else x
 
 
 def rope_write_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_w: np.ndarray | None, k_w: np.ndarray | None,
@@ -97,8 +109,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, bat
     out = np.empty_like(q)
     for start, end, L, blocks in sequence_runs(batch, k_cache.shape[1]):
         n = end - start
-        k = k_cache[blocks].reshape(-1, nkv, d)[:L]
-        v = v_cache[blocks].reshape(-1, nkv, d)[:L]
+        k = kv_from_cache(k_cache[blocks].reshape(-1, nkv, d)[:L], q.dtype)
+        v = kv_from_cache(v_cache[blocks].reshape(-1, nkv, d)[:L], q.dtype)
         scores = np.einsum("nkgd,lkd->kgnl", q[start:end].reshape(n, nkv, group, d), k) * scale
         out[start:end] = np.einsum("kgnl,lkd->nkgd", causal_softmax(scores), v).reshape(n, nh, d)
     return out

@@ -1,9 +1,26 @@
 """The device arrays of every state group, allocated once at load."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterable
 
 from ..contract.model_line import StateGroup
+
+FP8 = "fp8_e4m3"                       # a group's dtype under --kv-cache-dtype fp8: e4m3 bytes, stored as uint8
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def with_kv_cache_dtype(groups: list[StateGroup], kv_cache_dtype: str) -> list[StateGroup]:
+    """The groups as the engine allocates them: under "fp8" every group its line reads in fp8 (StateGroup.fp8)
+    holds e4m3 bytes, half a bf16 cache; "auto" keeps the line's dtypes."""
+    if kv_cache_dtype == "auto":
+        return groups
+    return [replace(g, dtype=FP8) if g.fp8 else g for g in groups]
+
+
+def group_itemsize(group: StateGroup, model_itemsize: int) -> int:
+    """Bytes of one element of the group's arrays."""
+    return 4 if group.dtype == "float32" else 1 if group.dtype == FP8 else model_itemsize
 
 
 def bytes_per_block(groups: list[StateGroup], block_size: int, itemsize: dict[str, int]) -> int:
@@ -32,7 +49,7 @@ class StatePools:
         self.paged: dict[str, dict[str, Any]] = {}
         self.slots: dict[str, dict[str, Any]] = {}
         for g in groups:
-            dtype = None if g.dtype == "model" else g.dtype
+            dtype = None if g.dtype == "model" else "uint8" if g.dtype == FP8 else g.dtype
             if g.kind == "paged":
                 lead: tuple[int, ...] = (num_blocks, g.layers, block_size)
                 target = self.paged

@@ -22,7 +22,7 @@ from ..kernels.registry import KernelRegistry
 from ..kv.block_manager import BlockManager
 from ..kv.host_tier import HostTier, offloadable_arrays
 from ..kv.hybrid import HybridBlockManager, num_state_rows
-from ..kv.pool import StatePools, bytes_per_block, bytes_per_state_row
+from ..kv.pool import StatePools, bytes_per_block, bytes_per_state_row, group_itemsize, with_kv_cache_dtype
 from .memory_plan import check_fits, memory_need
 from ..contract.model_line import ModelLine, StateGroup
 from ..engine.model_runner import ModelRunner, ReadBytes
@@ -208,6 +208,7 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
                                   args.kernels)
         overrides = "".join(f", --kernel {op}={name}" for op, name in args.kernels.items())
         p.detail = f"{backend.name} {backend.dtype}{overrides}"
+        check_kv_cache_dtype(line, cfg, backend, args.kv_cache_dtype)
     with phase("weights") as p:
         t_weights = time.perf_counter()
         built = line.build(cfg, src.weights, backend, ops)
@@ -216,9 +217,9 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
         nbytes = sum(math.prod(s) for s in shapes.values()) * _itemsize(backend.dtype)
         p.detail = f"{nbytes / 1e9:.2f} GB at {nbytes / 1e9 / max(t_weights, 1e-9):.1f} GB/s"
     src.weights = None  # a checkpoint's file maps close with it: nothing of it stays in host memory
-    groups = line.state_spec(cfg)
+    groups = with_kv_cache_dtype(line.state_spec(cfg), args.kv_cache_dtype)
     max_len = min(args.max_model_len or line.max_model_len(cfg), line.max_model_len(cfg))
-    itemsize = {g.name: (4 if g.dtype == "float32" else _itemsize(backend.dtype)) for g in groups}
+    itemsize = {g.name: group_itemsize(g, _itemsize(backend.dtype)) for g in groups}
     per_block = bytes_per_block(groups, args.block_size, itemsize)
     state_row = bytes_per_state_row(groups, itemsize)
     if auto_seqs:   # the most the budget could seat before the activations are measured (the profile needs a count)
@@ -252,6 +253,18 @@ def load_rank(src: Source, args: EngineArgs, rank: int,
         with phase("graph capture"):
             runner.capture_graphs(args.max_num_seqs, max_len)
     return RankModel(runner, groups, num_blocks, per_block, rows, checkpoints, max_len, t_weights, args.max_num_seqs)
+
+
+def check_kv_cache_dtype(line: ModelLine, cfg: Any, backend: Backend, kv_cache_dtype: str) -> None:
+    """Refuse an fp8 KV cache the line or the device cannot read, before the weights load."""
+    if kv_cache_dtype == "auto":
+        return
+    if not any(g.fp8 for g in line.state_spec(cfg)):
+        raise LoadError(f"--kv-cache-dtype {kv_cache_dtype}: the {line.name} line keeps its cache in the model dtype "
+                        "(its attention reads no fp8 cache); serve it without the flag")
+    if backend.name == "cuda" and (backend.dtype != "bfloat16" or (backend.compute_capability or 0) < 89):
+        raise LoadError(f"--kv-cache-dtype {kv_cache_dtype} on CUDA needs bfloat16 activations on a GPU of compute "
+                        f"capability 8.9 or later (this one: {backend.dtype}, sm_{backend.compute_capability})")
 
 
 def auto_max_num_seqs(budget: int, per_block: int, block_size: int, state_bytes: Callable[[int], int]) -> int:
@@ -314,7 +327,7 @@ def _check_memory(line: ModelLine, cfg: Any, shapes: dict[str, tuple[int, ...]],
         return
     max_len = min(args.max_model_len or line.max_model_len(cfg), line.max_model_len(cfg))
     need = memory_need(line, cfg, shapes, weights, _itemsize(args.dtype or "bfloat16"), args.ep, max_len,
-                       args.block_size)
+                       args.block_size, args.kv_cache_dtype)
     try:
         check_fits(name, need, gpu, args.gpu_memory_utilization, args.ep)
     except MemoryError as e:

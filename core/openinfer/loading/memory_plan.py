@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..kv.pool import bytes_per_block
+from ..kv.pool import bytes_per_block, group_itemsize, with_kv_cache_dtype
 from ..contract.model_line import ModelLine
 from ..quant.dummy import quantized_kind
 from .weights import Checkpoint
@@ -29,7 +29,7 @@ class MemoryNeed:
 
 
 def memory_need(line: ModelLine, cfg: Any, shapes: Mapping[str, tuple[int, ...]], weights: Any, itemsize: int,
-                ep: int, max_len: int, block_size: int) -> MemoryNeed:
+                ep: int, max_len: int, block_size: int, kv_cache_dtype: str = "auto") -> MemoryNeed:
     """`itemsize`: bytes of the model dtype. Tensor dtypes come from the checkpoint's headers (dummy weights: the
     model dtype)."""
     per_rank = 0
@@ -38,8 +38,8 @@ def memory_need(line: ModelLine, cfg: Any, shapes: Mapping[str, tuple[int, ...]]
         kind = weights.raw(name)[0] if isinstance(weights, Checkpoint) else quantized_kind(name, shapes) or "BF16"
         size = n * (itemsize if kind in _FLOATS else _STORED.get(kind, itemsize))
         per_rank += size / ep if line.expert_sharded(cfg, name) else size
-    groups = line.state_spec(cfg)
-    sizes = {g.name: 4 if g.dtype == "float32" else itemsize for g in groups}
+    groups = with_kv_cache_dtype(line.state_spec(cfg), kv_cache_dtype)
+    sizes = {g.name: group_itemsize(g, itemsize) for g in groups}
     kv = bytes_per_block(groups, block_size, sizes) * -(-max_len // block_size)
     return MemoryNeed(int(per_rank), kv, max_len)
 

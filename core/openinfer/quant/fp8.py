@@ -57,14 +57,18 @@ class Fp8Weight:
         return e4m3_to_f32(data) * cols
 
 
-def _to_e4m3(x: np.ndarray) -> np.ndarray:
-    """Round float32 values (within +-448) to the nearest e4m3fn byte."""
+def to_e4m3(x: np.ndarray) -> np.ndarray:
+    """e4m3fn bytes of float values: the nearest value, ties to the even one, beyond +-448 saturated to it, NaN
+    kept (what the GPU's cvt.rn.satfinite gives)."""
+    x = np.asarray(x, dtype=np.float32)
     finite = E4M3_VALUES[:0x7F]                       # the 127 non-negative finite values, increasing
-    mag = np.abs(x)
+    mag = np.minimum(np.abs(x), E4M3_MAX)
     i = np.clip(np.searchsorted(finite, mag), 1, len(finite) - 1)
     lo, hi = finite[i - 1], finite[i]
-    nearest = np.where(mag - lo <= hi - mag, i - 1, i)
-    return (nearest | np.where(x < 0, 0x80, 0)).astype(np.uint8)
+    below, above = mag - lo, hi - mag
+    nearest = np.where((below < above) | ((below == above) & (i % 2 == 1)), i - 1, i)   # a tie: the even code
+    nearest = np.where(np.isnan(x), 0x7F, nearest)
+    return (nearest | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
 
 
 def quantize_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -78,4 +82,4 @@ def quantize_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     blocks = np.abs(padded.reshape(nr, FP8_BLOCK, nc, FP8_BLOCK)).max(axis=(1, 3))
     scale_inv = np.where(blocks == 0, 1.0, blocks / E4M3_MAX).astype(np.float32)
     full = np.repeat(row_scales(scale_inv, rows), FP8_BLOCK, axis=-1)[:, :cols]
-    return _to_e4m3(w / full), scale_inv
+    return to_e4m3(w / full), scale_inv

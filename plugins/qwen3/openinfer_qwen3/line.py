@@ -67,7 +67,7 @@ class Qwen3Line(ModelLine):
 
     def state_spec(self, cfg: Qwen3Config) -> list[StateGroup]:
         kv = (cfg.num_kv_heads, cfg.head_dim)
-        return [StateGroup("kv", "paged", cfg.num_layers, {"k": kv, "v": kv})]
+        return [StateGroup("kv", "paged", cfg.num_layers, {"k": kv, "v": kv}, fp8=True)]
 
     def kernel_plan(self, cfg: Qwen3Config) -> list[str]:
         return ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "rope_write_kv",

@@ -79,6 +79,28 @@ def test_graph_replay_matches_eager(untied, dtype):
     assert hit == generate(eager, [prompts[7]], greedy(24))[0][0]
 
 
+def test_fp8_kv_cache_keeps_greedy_in_graphs_and_prefix_hits(untied):
+    """--kv-cache-dtype fp8: e4m3 pools in twice the blocks of bf16 for the same memory; graph-replayed steps
+    give the eager engine's greedy tokens, batched, and a prefix hit its cold run's; logits stay near the bf16
+    cache's (fp8 rounding moves them)."""
+    ckpt, _ = untied
+    eager = gpu_engine(ckpt, dtype="bfloat16", enforce_eager=True, kv_cache_dtype="fp8")
+    graph = gpu_engine(ckpt, dtype="bfloat16", kv_cache_dtype="fp8")
+    plain = gpu_engine(ckpt, dtype="bfloat16")
+    assert graph.runner.pools.paged["kv"]["k"].dtype == np.uint8
+    assert graph.blocks.num_blocks >= 2 * plain.blocks.num_blocks - 1
+    prompts = _prompts(graph, 8)
+    assert_graphs_replay_eager(eager, graph, prompts, 24)
+    fresh = [int(t) for t in np.random.default_rng(9).integers(0, 151000, 40)]
+    [(cold, _, cached0)] = generate(eager, [fresh], greedy(16))
+    [(hit, fin, cached)] = generate(eager, [fresh], greedy(16))
+    assert cached0 == 0
+    assert cached > 0 and fin.cached_tokens == cached and hit == cold
+    got, want = prompt_logits(graph, prompts[7]), prompt_logits(plain, prompts[7])
+    assert 0 < np.abs(got - want).max() < 0.1 * np.abs(want).max()
+    assert (got.argmax(1) == want.argmax(1)).mean() >= 0.8
+
+
 def test_programmatic_dependent_launch_keeps_every_token(untied, monkeypatch):
     """Every kernel launched with PDL against none at all: the same greedy
     tokens, eager and in graphs, batched, and bit-identical logits (PDL changes when a kernel starts,

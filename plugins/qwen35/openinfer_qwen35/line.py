@@ -89,7 +89,7 @@ class Qwen35Line(ModelLine):
         kv = (cfg.num_kv_heads, cfg.head_dim)
         gdn = {"conv": (cfg.conv_kernel - 1, cfg.conv_dim),
                "ssm": (cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)}
-        return [StateGroup("kv", "paged", n_full, {"k": kv, "v": kv}),
+        return [StateGroup("kv", "paged", n_full, {"k": kv, "v": kv}, fp8=True),
                 StateGroup(GDN_GROUP, "slots", cfg.num_layers - n_full, gdn, dtype="float32")]
 
     def kernel_plan(self, cfg: Qwen35Config) -> list[str]:

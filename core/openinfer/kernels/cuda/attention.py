@@ -6,7 +6,9 @@ kernel for everything else, with the kernels' launch constants mirrored here. Th
 - "mma" (bf16; the default elsewhere): the tensor-core decode kernel and mma.sync prefill (attention_mma.cu).
 - "cuda_cores" (bf16 and float32; float32's only one): the fp32 flash-style kernels of attention.cu.
 
-A call the tensor-core kernels cannot take (rows not 16-byte aligned) runs the CUDA-core kernels."""
+A call the tensor-core kernels cannot take (rows not 16-byte aligned) runs the CUDA-core kernels. fp8 caches
+(uint8 e4m3 bytes, --kv-cache-dtype fp8) run on the tensor-core kernels' fp8 forms in every implementation:
+the decode kernel and mma.sync prefill, each converting its K/V tiles to bf16 in shared memory (fp8.cuh)."""
 from __future__ import annotations
 
 import math
@@ -19,6 +21,7 @@ from .attention_decode import BN, NWARPS, decode_kernel, paged_decode
 from .module import as_index, heads3d, hopper, launch, suffix
 
 ROWS = 8                               # must match attention.cu (paged_prefill rows per warp)
+KV8 = np.dtype(np.uint8)               # an fp8 KV cache's storage: e4m3 bytes (fp8.cuh)
 HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634
 MMA_WARPS = 4                          # must match attention_mma.cu
@@ -33,8 +36,11 @@ def mma_rows_per_block(d: int) -> int:
     return 16 * MMA_WARPS * MMA_MT[d]
 
 
-def mma_prefill_smem(d: int) -> int:
-    """Bytes of shared memory of the mma prefill kernel: Q and two K/V stages, rows padded by 8 bf16."""
+def mma_prefill_smem(d: int, kv8: bool = False) -> int:
+    """Bytes of shared memory of the mma prefill kernel: Q and two K/V stages, rows padded by 8 bf16 (`kv8`: two
+    fp8 K/V stages as stored and one converted bf16 K/V tile)."""
+    if kv8:
+        return (mma_rows_per_block(d) + 2 * MMA_BN[d]) * (d + 8) * 2 + 4 * MMA_BN[d] * d
     return (mma_rows_per_block(d) + 4 * MMA_BN[d]) * (d + 8) * 2
 
 
@@ -47,7 +53,8 @@ def wgmma_prefill_smem() -> int:
 def _aligned16(q3: cp.ndarray, q_stride: int, k_cache: cp.ndarray, v_cache: cp.ndarray) -> bool:
     """The mma kernel copies Q, K and V rows in 16-byte units."""
     it = q3.itemsize
-    return not ((q3.data.ptr | q_stride * it | k_cache.data.ptr | v_cache.data.ptr | k_cache.strides[0]) % 16)
+    return not ((q3.data.ptr | q_stride * it | k_cache.data.ptr | v_cache.data.ptr | k_cache.strides[0]
+                 | k_cache.shape[-1] * k_cache.itemsize) % 16)
 
 
 def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, batch: ForwardBatch,
@@ -72,7 +79,7 @@ def _paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ba
                      impl: str) -> cp.ndarray:
     T, nh, d = q.shape
     nb, bs, nkv, _ = k_cache.shape
-    it = q.itemsize
+    it, kv8 = k_cache.itemsize, k_cache.dtype == KV8
     if d not in HEAD_DIMS:
         raise ValueError(f"paged_attention: head dim {d} not compiled (have {HEAD_DIMS})")
     if nh % nkv:
@@ -85,16 +92,25 @@ def _paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ba
     if T == 0 or B == 0:
         return out
     tables = as_index(batch.block_tables, np.int32)
-    dtype, words = suffix(q.dtype), d * it // 4
+    dtype, words = suffix(q.dtype), d * q.itemsize // 4
     qstart = as_index(batch.query_start, np.int32)
     common = (q3, np.int64(q_stride), k_cache, v_cache, np.int64(k_cache.strides[0] // it),
               np.int64(nkv * d), np.int32(bs), tables, np.int32(tables.strides[0] // tables.itemsize),
               qstart, as_index(batch.context_lens, np.int32), out)
     qscale = np.float32(scale * LOG2E)
     G = nh // nkv
-    tensor_cores = impl != "cuda_cores" and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache)
+    tensor_cores = (impl != "cuda_cores" or kv8) and dtype == "bf16" and _aligned16(q3, q_stride, k_cache, v_cache)
+    if kv8 and not tensor_cores:
+        raise ValueError(f"paged_attention: an fp8 KV cache needs bf16 activations and 16-byte aligned rows "
+                         f"(got {q.dtype}, head dim {d})")
     if batch.max_query_len == 1:
-        paged_decode(common, out, B, batch.max_context_len, nh, nkv, qscale, decode_kernel(dtype, d, it, tensor_cores))
+        paged_decode(common, out, B, batch.max_context_len, nh, nkv, qscale,
+                     decode_kernel(dtype, d, q.itemsize, tensor_cores, kv8))
+        return out
+    if kv8:
+        launch("attention_mma", f"paged_prefill_mma_bf16_kv8_d{d}",
+               (math.ceil(batch.max_query_len * G / mma_rows_per_block(d)), nkv, B), MMA_WARPS * 32,
+               (*common, np.int32(nh), np.int32(nkv), qscale), mma_prefill_smem(d, kv8=True))
         return out
     if tensor_cores and impl == "wgmma" and d == 128 and hopper():
         launch("attention_wgmma", "paged_prefill_wgmma_bf16_d128",

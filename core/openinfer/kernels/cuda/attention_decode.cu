@@ -25,24 +25,31 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "decode_merge.cuh"
+#include "fp8.cuh"
 
 constexpr int DEC_WARPS = 4, DEC_BN = 16, DEC_ROWS = 16;
 
-template <int D> struct DecTile {
+// E: the cache's element, bf16 or an fp8 byte (fp8.cuh). An fp8 ring holds the tiles as stored (rows of D bytes,
+// read only by the conversion); each warp converts its current tile into a bf16 tile of its own, which the
+// tensor-core fragments read as they read a bf16 ring's stage.
+template <int D, typename E = bf16> struct DecTile {
+    static constexpr bool KV8 = sizeof(E) == 1;
     static constexpr int LD = D + 8;                      // smem row stride (bf16): the pad keeps ldmatrix conflict-free
+    static constexpr int ROW = KV8 ? D : LD;              // a ring row's elements
     static constexpr int STAGES = D <= 128 ? 3 : 2;       // d256: two blocks of three stages would not fit an SM
-    static constexpr int STAGE = 2 * DEC_BN * LD;         // K rows then V rows of one tile
-    static constexpr int RING = STAGES * STAGE;           // one warp's ring, bf16 elements
+    static constexpr int STAGE = 2 * DEC_BN * ROW;        // K rows then V rows of one tile
+    static constexpr int RING = STAGES * STAGE;           // one warp's ring, elements
+    static constexpr int WARP_BYTES = RING * sizeof(E) + (KV8 ? 2 * DEC_BN * LD * 2 : 0);   // ring (+ bf16 tile)
     static constexpr bool Q_IN_REGS = D <= 128;           // d256: o[] alone takes 128 registers
 };
 
 // One warp copies the K and V rows of keys k0 .. k0 + 15 into a stage. Lane l (and l + 16) looks up
-// key k0 + l % 16 (one block-table read); rows then move as 16-byte cp.async, half a warp per 256
-// bytes. Keys at or past kend are zero rows (masked below; 0 * V stays finite).
-template <int D>
-__device__ __forceinline__ void warp_load_kv(bf16* stage, const bf16* kc, const bf16* vc, const KvLayout& kv,
+// key k0 + l % 16 (one block-table read); rows then move as 16-byte cp.async. Keys at or past kend are
+// zero rows (masked below; 0 * V stays finite).
+template <int D, typename E>
+__device__ __forceinline__ void warp_load_kv(E* stage, const E* kc, const E* vc, const KvLayout& kv,
                                              const int* table, int kvh, int k0, int kend) {
-    constexpr int LD = D + 8, VW = D / 8;
+    constexpr int LD = DecTile<D, E>::ROW, CH = 16 / sizeof(E), VW = D / CH;   // CH elements a 16-byte chunk
     static_assert((DEC_BN * VW) % 32 == 0, "a tile's chunks must split evenly over the lanes");
     const int lane = threadIdx.x & 31, key = k0 + (lane & (DEC_BN - 1));
     const long long off = key < kend ? kv.offset(table, key, kvh, D) : -1;
@@ -51,18 +58,18 @@ __device__ __forceinline__ void warp_load_kv(bf16* stage, const bf16* kc, const 
         const int idx = it * 32 + lane, r = idx / VW, c = idx % VW;
         const long long o = __shfl_sync(0xffffffffu, off, r);
         const int bytes = o >= 0 ? 16 : 0;
-        const long long src = o >= 0 ? o + c * 8 : 0;
-        cp_async16(stage + r * LD + c * 8, kc + src, bytes);
-        cp_async16(stage + (DEC_BN + r) * LD + c * 8, vc + src, bytes);
+        const long long src = o >= 0 ? o + c * CH : 0;
+        cp_async16(stage + r * LD + c * CH, kc + src, bytes);
+        cp_async16(stage + (DEC_BN + r) * LD + c * CH, vc + src, bytes);
     }
 }
 
 // Key `key` (row r of a stage the prologue filled before griddepcontrol.wait) copied again, by plain
 // coherent loads once the copies in flight have landed: the kernel before this one wrote it.
-template <int D>
-__device__ __forceinline__ void warp_reload_key(bf16* stage, const bf16* kc, const bf16* vc, const KvLayout& kv,
+template <int D, typename E>
+__device__ __forceinline__ void warp_reload_key(E* stage, const E* kc, const E* vc, const KvLayout& kv,
                                                 const int* table, int kvh, int key, int r) {
-    constexpr int LD = D + 8, VW = D / 8;
+    constexpr int LD = DecTile<D, E>::ROW, CH = 16 / sizeof(E), VW = D / CH;
     const int lane = threadIdx.x & 31;
     const long long off = kv.offset(table, key, kvh, D);
     cp_async_wait<0>();
@@ -70,27 +77,40 @@ __device__ __forceinline__ void warp_reload_key(bf16* stage, const bf16* kc, con
     for (int idx = lane; idx < 2 * VW; idx += 32) {
         const int c = idx % VW;
         const bool is_v = idx >= VW;
-        const uint4 val = __ldcg(reinterpret_cast<const uint4*>((is_v ? vc : kc) + off + c * 8));
-        *reinterpret_cast<uint4*>(stage + ((is_v ? DEC_BN : 0) + r) * LD + c * 8) = val;
+        const uint4 val = __ldcg(reinterpret_cast<const uint4*>((is_v ? vc : kc) + off + c * CH));
+        *reinterpret_cast<uint4*>(stage + ((is_v ? DEC_BN : 0) + r) * LD + c * CH) = val;
     }
     __syncwarp();
 }
 
 // This warp's tiles of keys kbeg .. kend - 1 (tiles of DEC_BN keys, every DEC_WARPS-th from tile `warp`), and
 // the first STAGES - 1 of them copied into its ring (one commit group a stage, empty past the last tile).
-template <int D, int STAGES>
-__device__ __forceinline__ int warp_prologue(bf16* ring, const bf16* kc, const bf16* vc, const KvLayout& kv,
+template <int D, typename E>
+__device__ __forceinline__ int warp_prologue(E* ring, const E* kc, const E* vc, const KvLayout& kv,
                                              const int* table, int kvh, int kbeg, int kend, int warp) {
-    constexpr int STAGE = 2 * DEC_BN * (D + 8);
+    constexpr int STAGE = DecTile<D, E>::STAGE, STAGES = DecTile<D, E>::STAGES;
     const int nall = kend > kbeg ? (kend - kbeg + DEC_BN - 1) / DEC_BN : 0;
     const int ntiles = nall > warp ? (nall - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < ntiles)
-            warp_load_kv<D>(ring + s * STAGE, kc, vc, kv, table, kvh, kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend);
+            warp_load_kv<D, E>(ring + s * STAGE, kc, vc, kv, table, kvh, kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend);
         cp_async_commit();  // possibly empty: wait<STAGES - 1> below always means "tile t has landed"
     }
     return ntiles;
+}
+
+// An fp8 stage's K and V rows converted by the warp into its bf16 tile [2 * DEC_BN][D + 8].
+template <int D>
+__device__ __forceinline__ void warp_convert_tile(bf16* tile, const unsigned char* stage) {
+    constexpr int LD = D + 8, W = D / 8;   // 8-element words a row
+    const int lane = threadIdx.x & 31;
+#pragma unroll 4
+    for (int idx = lane; idx < 2 * DEC_BN * W; idx += 32) {
+        const int r = idx / W, c = idx % W;
+        *reinterpret_cast<uint4*>(tile + r * LD + c * 8) =
+            e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>(stage + r * D + c * 8));
+    }
 }
 
 // The A fragment of Q rows (heads) for k-step kk: this lane's words of rows gid and gid + 8
@@ -102,12 +122,12 @@ __device__ __forceinline__ void q_fragment(unsigned int* a, const unsigned int* 
     a[3] = hi ? hi[kk * 8 + 4 + tq] : 0u;
 }
 
-template <int D>
-__device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
+template <int D, typename E>
+__device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const E* vc, KvLayout kv,
                            const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
                            float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv,
                            float scale, int split_keys, int near, int cap, int slots) {
-    using C = DecTile<D>;
+    using C = DecTile<D, E>;
     constexpr int LD = C::LD, KC = D / 16, DT = D / 8, STAGES = C::STAGES, PASS = DEC_WARPS * DEC_BN;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
@@ -119,13 +139,14 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     const int split_len = decode_split_len(L, split_keys, near, cap, slots, PASS, used);
     if (group >= used) return;  // no split of this context left for it: neither stores, counts nor merges
     const int* table = tables + (long long)b * table_stride;
-    bf16* ring = (bf16*)smem_raw + warp * C::RING;
+    E* ring = (E*)(smem_raw + warp * C::WARP_BYTES);
+    bf16* tile = (bf16*)(ring + C::RING);   // KV8: this warp's converted tile
     // The first split's prologue copies go out before griddepcontrol.wait (under PDL, while the kernel before this
     // one still runs): the keys before L - 1 were written by earlier steps. Key L - 1, this step's, is being
     // written by that kernel (rope_write_kv), so its row is copied again after the wait. Later splits' copies
     // all go out after it.
     int kbeg = group * split_len, kend = min(L, kbeg + split_len);
-    int ntiles = warp_prologue<D, STAGES>(ring, kc, vc, kv, table, kvh, kbeg, kend, warp);
+    int ntiles = warp_prologue<D, E>(ring, kc, vc, kv, table, kvh, kbeg, kend, warp);
     pdl_begin();
     // Q (the kernel before wrote it) is loaded before key L - 1 is copied again, so that the two reads share
     // one round trip
@@ -140,7 +161,7 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
     if (kend == L) {
         const int tile = (L - 1 - kbeg) / DEC_BN, s = tile / DEC_WARPS;
         if (tile % DEC_WARPS == warp && s < STAGES - 1)
-            warp_reload_key<D>(ring + s * C::STAGE, kc, vc, kv, table, kvh, L - 1, (L - 1 - kbeg) % DEC_BN);
+            warp_reload_key<D, E>(ring + s * C::STAGE, kc, vc, kv, table, kvh, L - 1, (L - 1 - kbeg) % DEC_BN);
     }
     const int koff = ((lane & 7) + ((lane >> 4) & 1) * 8) * LD + ((lane >> 3) & 1) * 8;
     const int voff = ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
@@ -156,12 +177,19 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         for (int t = 0; t < ntiles; ++t) {
             const int pre = t + STAGES - 1;
             if (pre < ntiles)
-                warp_load_kv<D>(ring + (pre % STAGES) * C::STAGE, kc, vc, kv, table, kvh,
+                warp_load_kv<D, E>(ring + (pre % STAGES) * C::STAGE, kc, vc, kv, table, kvh,
                                 kbeg + (warp + pre * DEC_WARPS) * DEC_BN, kend);
             cp_async_commit();
             cp_async_wait<STAGES - 1>();
             __syncwarp();  // every lane's copies of tile t are visible to the whole warp
-            const bf16* kt = ring + (t % STAGES) * C::STAGE;
+            const bf16* kt;
+            if constexpr (C::KV8) {
+                warp_convert_tile<D>(tile, ring + (t % STAGES) * C::STAGE);
+                __syncwarp();
+                kt = tile;
+            } else {
+                kt = ring + (t % STAGES) * C::STAGE;
+            }
             const bf16* vt = kt + DEC_BN * LD;
             const int k0 = kbeg + (warp + t * DEC_WARPS) * DEC_BN;
 
@@ -220,7 +248,7 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
                 mma_bf16(o[2 * dp], a, bv[0], bv[1]);
                 mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
             }
-            __syncwarp();  // the stage is consumed before a later iteration refills it
+            __syncwarp();  // the stage (and tile) is consumed before a later iteration refills it
         }
         cp_async_wait<0>();  // only empty groups remain
 
@@ -254,25 +282,29 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const bf16* kc, co
         __syncthreads();  // the merge area is read before the next split's copies land over it
         kbeg = split * split_len;
         kend = min(L, kbeg + split_len);
-        ntiles = warp_prologue<D, STAGES>(ring, kc, vc, kv, table, kvh, kbeg, kend, warp);
+        ntiles = warp_prologue<D, E>(ring, kc, vc, kv, table, kvh, kbeg, kend, warp);
     }
     if (used > 1)
         merge_splits_if_last<bf16, D, D >= 128>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0,
                                               b, used, slots, out, 0, D, arrivals);
 }
 
-// (threads, 1): without a residency floor ptxas held d64 to 128 registers and spilled the split loop's state
-#define DECODE_KERNEL(D)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 1) paged_decode_mma_bf16_d##D(                 \
-        const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
+// (threads, 1): without a residency floor ptxas held d64 to 128 registers and spilled the split loop's state.
+// paged_decode_mma_bf16_d<D> reads bf16 caches, paged_decode_mma_bf16_kv8_d<D> fp8 ones.
+#define DECODE_KERNEL(D, NAME, E)                                                                               \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 1) paged_decode_mma_bf16_##NAME(               \
+        const bf16* q, long long q_stride, const E* kc, const E* vc, long long block_stride,                     \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
         const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv, \
         float scale, int split_keys, int near, int cap, int slots) {                                            \
-        decode_mma<D>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,            \
+        decode_mma<D, E>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,         \
                       table_stride, qstart, ctx, out, part_o, part_m, part_l, counters, nh, nkv, scale,         \
                       split_keys, near, cap, slots);                                                            \
     }
 
-DECODE_KERNEL(64)
-DECODE_KERNEL(128)
-DECODE_KERNEL(256)
+DECODE_KERNEL(64, d64, bf16)
+DECODE_KERNEL(128, d128, bf16)
+DECODE_KERNEL(256, d256, bf16)
+DECODE_KERNEL(64, kv8_d64, unsigned char)
+DECODE_KERNEL(128, kv8_d128, unsigned char)
+DECODE_KERNEL(256, kv8_d256, unsigned char)

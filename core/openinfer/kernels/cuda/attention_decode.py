@@ -52,19 +52,21 @@ class DecodeKernel:
     per_sm: int      # blocks per SM one wave of the grid fills (0: what one SM holds at once)
 
 
-def mma_decode_smem(d: int) -> int:
-    """The warps' K/V rings (rows padded by 8 bf16), or the fp32 merge area laid over them if larger."""
-    rings = DEC_WARPS * DEC_STAGES[d] * 2 * DEC_BN * (d + 8) * 2
+def mma_decode_smem(d: int, kv8: bool = False) -> int:
+    """The warps' K/V rings (bf16 rows padded by 8; fp8 rows as stored, plus each warp's converted bf16 tile), or
+    the fp32 merge area laid over them if larger."""
+    tile = 2 * DEC_BN * (d + 8) * 2
+    rings = DEC_WARPS * (DEC_STAGES[d] * 2 * DEC_BN * d + tile if kv8 else DEC_STAGES[d] * tile)
     merge = DEC_WARPS * DEC_ROWS * (d + 2) * 4
     return max(rings, merge)
 
 
-def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool) -> DecodeKernel:
-    """The tensor-core kernel (groups until one wave of resident blocks is full), or the fp32 one, whose
-    grid keeps its original tuning (two blocks an SM)."""
+def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool, kv8: bool = False) -> DecodeKernel:
+    """The tensor-core kernel (groups until one wave of resident blocks is full; `kv8`: its fp8-cache form), or
+    the fp32 one, whose grid keeps its original tuning (two blocks an SM)."""
     if mma:
-        return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_d{d}", DEC_ROWS, DEC_PASS,
-                            mma_decode_smem(d), 32 * DEC_WARPS, 0)
+        return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_{'kv8_' if kv8 else ''}d{d}", DEC_ROWS,
+                            DEC_PASS, mma_decode_smem(d, kv8), 32 * DEC_WARPS, 0)
     words = d * itemsize // 4
     return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, PASS,
                         (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 2)

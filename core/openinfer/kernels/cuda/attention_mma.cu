@@ -17,6 +17,7 @@
 // Mirrored in attention.py: MMA_WARPS, MT and BN per head dim, the shared-memory size, the kernel names.
 #include "common.cuh"
 #include "mma.cuh"   // cp.async, ldmatrix, mma.sync, ex2 and bf16x2 wrappers
+#include "fp8.cuh"
 constexpr int MMA_WARPS = 4;
 
 // MT m-tiles of 16 rows per warp (2: every K/V fragment feeds two mma, halving the ldmatrix traffic
@@ -30,13 +31,14 @@ template <int D, int MT_> struct MmaTile {
     static constexpr int LD = D + 8;                 // smem row stride in bf16 elements
 };
 
-// One K/V tile (keys k0 .. k0 + BN - 1) into a stage. Warp w copies rows w * RPW .. + RPW - 1; lane
-// l looks up the row start of key k0 + w * RPW + l % RPW (one block-table read) and the warp shares
-// them by shuffle. Keys at or past kend are zero rows (masked; 0 * V stays finite).
-template <int D>
-__device__ __forceinline__ void load_kv_tile(bf16* ks, bf16* vs, const bf16* kc, const bf16* vc, const KvLayout& kv,
+// One K/V tile (keys k0 .. k0 + BN - 1) into a stage of rows of LD elements E (bf16, or fp8 bytes: fp8.cuh).
+// Warp w copies rows w * RPW .. + RPW - 1; lane l looks up the row start of key k0 + w * RPW + l % RPW (one
+// block-table read) and the warp shares them by shuffle. Keys at or past kend are zero rows (masked; 0 * V
+// stays finite).
+template <int D, typename E, int LD>
+__device__ __forceinline__ void load_kv_tile(E* ks, E* vs, const E* kc, const E* vc, const KvLayout& kv,
                                              const int* table, int kvh, int k0, int kend) {
-    constexpr int BN = MmaTile<D, 1>::BN, LD = MmaTile<D, 1>::LD, VW = D / 8, RPW = BN / MMA_WARPS;
+    constexpr int BN = MmaTile<D, 1>::BN, CH = 16 / sizeof(E), VW = D / CH, RPW = BN / MMA_WARPS;
     static_assert(RPW <= 32 && (RPW * VW) % 32 == 0, "tile rows must split evenly over the lanes");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int key = k0 + warp * RPW + lane % RPW;
@@ -46,23 +48,41 @@ __device__ __forceinline__ void load_kv_tile(bf16* ks, bf16* vs, const bf16* kc,
         const int idx = it * 32 + lane, r = idx / VW, c = idx % VW;
         const long long o = __shfl_sync(0xffffffffu, off, r);
         const int srow = warp * RPW + r, bytes = o >= 0 ? 16 : 0;
-        const long long src = o >= 0 ? o + c * 8 : 0;
-        cp_async16(ks + srow * LD + c * 8, kc + src, bytes);
-        cp_async16(vs + srow * LD + c * 8, vc + src, bytes);
+        const long long src = o >= 0 ? o + c * CH : 0;
+        cp_async16(ks + srow * LD + c * CH, kc + src, bytes);
+        cp_async16(vs + srow * LD + c * CH, vc + src, bytes);
     }
 }
 
-template <int D, int MT_>
-__device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
+// An fp8 stage's K and V rows (BN rows of D bytes each) converted by the block into the bf16 tiles kt, vt.
+template <int D>
+__device__ __forceinline__ void convert_kv_tile(bf16* kt, bf16* vt, const unsigned char* k8, const unsigned char* v8) {
+    constexpr int BN = MmaTile<D, 1>::BN, LD = MmaTile<D, 1>::LD, W = D / 8;   // 8-element words a row
+    for (int idx = threadIdx.x; idx < 2 * BN * W; idx += blockDim.x) {
+        const bool is_v = idx >= BN * W;
+        const int j = idx - (is_v ? BN * W : 0), r = j / W, c = j % W;
+        *reinterpret_cast<uint4*>((is_v ? vt : kt) + r * LD + c * 8) =
+            e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>((is_v ? v8 : k8) + r * D + c * 8));
+    }
+}
+
+// E: the cache's element. bf16: K and V in two bf16 stages. fp8 bytes: two fp8 stages as stored, and one bf16
+// K and V tile that the block converts the current stage into (the fragments then read it as a bf16 stage).
+template <int D, int MT_, typename E>
+__device__ void prefill_mma(const bf16* q, long long q_stride, const E* kc, const E* vc, KvLayout kv,
                             const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
                             int nh, int nkv, float scale) {
     using C = MmaTile<D, MT_>;
     constexpr int MT = C::MT, WR = 16 * MT, BM = C::BM, BN = C::BN, LD = C::LD;
     constexpr int VW = D / 8, NT = BN / 8, DT = D / 8, KC = D / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* qs = (bf16*)smem_raw;   // [BM][LD]
-    bf16* ks = qs + BM * LD;      // [2][BN][LD]
-    bf16* vs = ks + 2 * BN * LD;  // [2][BN][LD]
+    constexpr bool KV8 = sizeof(E) == 1;
+    constexpr int SLD = KV8 ? D : LD;   // a stage row's elements
+    bf16* qs = (bf16*)smem_raw;         // [BM][LD]
+    E* ks = (E*)(qs + BM * LD);         // [2][BN][SLD]
+    E* vs = ks + 2 * BN * SLD;          // [2][BN][SLD]
+    bf16* kc16 = (bf16*)(vs + 2 * BN * SLD);   // KV8: the converted tiles, [BN][LD] each
+    bf16* vc16 = kc16 + BN * LD;
     const int b = blockIdx.z, kvh = blockIdx.y, G = nh / nkv;
     const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
     const int rows = n * G, row0 = (gridDim.x - 1 - blockIdx.x) * BM;  // the longest tiles start first
@@ -79,7 +99,7 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
         if (row < rows) src = q + (long long)(q0 + row / G) * q_stride + (long long)(kvh * G + row % G) * D + c * 8;
         cp_async16(qs + r * LD + c * 8, src, row < rows ? 16 : 0);
     }
-    load_kv_tile<D>(ks, vs, kc, vc, kv, table, kvh, 0, kend);
+    load_kv_tile<D, E, SLD>(ks, vs, kc, vc, kv, table, kvh, 0, kend);
     cp_async_commit();
 
     // The warp's rows wrow .. wrow + WR - 1 form MT m-tiles of 16; in m-tile mt this thread holds rows
@@ -113,7 +133,8 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
     for (int t = 0; t < ntiles; ++t) {
         const int k0 = t * BN, st = t & 1;
         if (t + 1 < ntiles)
-            load_kv_tile<D>(ks + (st ^ 1) * BN * LD, vs + (st ^ 1) * BN * LD, kc, vc, kv, table, kvh, k0 + BN, kend);
+            load_kv_tile<D, E, SLD>(ks + (st ^ 1) * BN * SLD, vs + (st ^ 1) * BN * SLD, kc, vc, kv, table, kvh,
+                                    k0 + BN, kend);
         cp_async_commit();  // possibly empty, so that wait<1> always means "tile t has landed"
         cp_async_wait<1>();
         __syncthreads();
@@ -123,8 +144,17 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
 #pragma unroll
                 for (int kk = 0; kk < KC; ++kk) ldmatrix_x4(qf[mt][kk], qa + mt * 16 * LD + kk * 16);
         }
-        const bf16* kt = ks + st * BN * LD;
-        const bf16* vt = vs + st * BN * LD;
+        const bf16* kt;
+        const bf16* vt;
+        if constexpr (KV8) {
+            convert_kv_tile<D>(kc16, vc16, ks + st * BN * SLD, vs + st * BN * SLD);
+            __syncthreads();
+            kt = kc16;
+            vt = vc16;
+        } else {
+            kt = ks + st * BN * LD;
+            vt = vs + st * BN * LD;
+        }
 
         float s[MT][NT][4];
 #pragma unroll
@@ -217,7 +247,7 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
                 }
             }
         }
-        __syncthreads();  // stage st is consumed before the next iteration refills it
+        __syncthreads();  // stage st (and the converted tiles) consumed before the next iteration refills it
     }
     cp_async_wait<0>();  // only empty groups remain; keeps the tail tidy
 
@@ -246,16 +276,20 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const bf16* kc, c
     }
 }
 
-// paged_prefill_mma_bf16_d<D>: MT m-tiles of 16 rows per warp (attention.py's MMA_MT)
-#define MMA_KERNEL(D, MT)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) paged_prefill_mma_bf16_d##D(                   \
-        const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,               \
+// paged_prefill_mma_bf16_d<D> (bf16 caches), paged_prefill_mma_bf16_kv8_d<D> (fp8 caches): MT m-tiles of 16 rows
+// per warp (attention.py's MMA_MT)
+#define MMA_KERNEL(D, MT, NAME, E)                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) paged_prefill_mma_bf16_##NAME(                 \
+        const bf16* q, long long q_stride, const E* kc, const E* vc, long long block_stride,                     \
         long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,        \
         const int* ctx, bf16* out, int nh, int nkv, float scale) { pdl_begin();                                \
-        prefill_mma<D, MT>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,        \
-                           table_stride, qstart, ctx, out, nh, nkv, scale);                                    \
+        prefill_mma<D, MT, E>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,     \
+                              table_stride, qstart, ctx, out, nh, nkv, scale);                                 \
     }
 
-MMA_KERNEL(64, 2)
-MMA_KERNEL(128, 2)
-MMA_KERNEL(256, 1)
+MMA_KERNEL(64, 2, d64, bf16)
+MMA_KERNEL(128, 2, d128, bf16)
+MMA_KERNEL(256, 1, d256, bf16)
+MMA_KERNEL(64, 2, kv8_d64, unsigned char)
+MMA_KERNEL(128, 2, kv8_d128, unsigned char)
+MMA_KERNEL(256, 1, kv8_d256, unsigned char)

@@ -161,15 +161,18 @@ def _check_caches(op: str, k_cache: cp.ndarray, v_cache: cp.ndarray) -> None:
 
 
 def write_kv(k_cache: cp.ndarray, v_cache: cp.ndarray, k: cp.ndarray, v: cp.ndarray, slot_mapping) -> None:
-    """Scatter k/v [T, nkv, d] into [num_blocks, block_size, nkv, d] caches; negative slots are skipped."""
+    """Scatter k/v [T, nkv, d] into [num_blocks, block_size, nkv, d] caches; negative slots are skipped. fp8
+    caches (uint8) store each value rounded to e4m3 (fp8.cuh)."""
     _check_caches("write_kv", k_cache, v_cache)
     nb, bs, nkv, d = k_cache.shape
     it = k_cache.itemsize
     k3, ks = heads3d(k)
     v3, vs = heads3d(v)
     T = k.shape[0]
+    kv8 = k_cache.dtype == np.uint8
     if T:
-        launch("kv", f"write_kv_{suffix(k.dtype)}", (T,), _threads(nkv * d, 256),
+        launch("kv", f"write_kv_{'fp8_' if kv8 else ''}{suffix(k.dtype)}", (T,),
+               _threads(nkv * d // 2 if kv8 else nkv * d, 256),
                (k_cache, v_cache, np.int64(k_cache.strides[0] // it), np.int32(bs), k3, np.int64(ks), v3,
                 np.int64(vs), as_index(slot_mapping, np.int64), np.int32(nkv * d)))
 
@@ -178,8 +181,12 @@ def rope_write_kv(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_w: cp.ndarray |
                   eps: float, positions, cos: cp.ndarray, sin: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray,
                   slot_mapping) -> cp.ndarray:
     """qk_norm_rope (rope when q_w is None) + write_kv in one launch: returns q; k and v land only in
-    their cache slots (bitwise what the two ops store)."""
+    their cache slots (bitwise what the two ops store). Into fp8 caches it runs as those two ops."""
     _check_caches("rope_write_kv", k_cache, v_cache)
+    if k_cache.dtype == np.uint8:
+        q, k = _norm_rope(q, k, q_w, k_w, eps, positions, cos, sin)
+        write_kv(k_cache, v_cache, k, v, slot_mapping)
+        return q
     if any(w is not None and w.dtype != q.dtype for w in (q_w, k_w)):
         raise TypeError("rope_write_kv takes norm weights of the activation dtype; use qk_norm_rope + write_kv")
     nb, bs, nkv, d = k_cache.shape
