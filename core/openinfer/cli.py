@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from .engine.engine_args import EngineArgs, add_hf_overrides_option, add_kernel_option
+from .engine.engine_args import (EngineArgs, add_hf_overrides_option, add_kernel_option,
+                                 add_kv_cache_dtype_option)
 from .kernels.registry import parse_kernel_overrides
 from .kv.block_manager import BLOCK_HASHES
 
@@ -52,10 +53,7 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
                         "vLLM's; a running request is never preempted (its KV was reserved at admission)")
     p.add_argument("--kv-offload-host-gib", type=float, default=8.0,
                    help="host memory for --kv-offload (pinned on CUDA)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
-                   help="fp8: keep attention keys and values as e4m3 bytes (saturating at +-448, no scale), half the "
-                        "memory and decode reads of the model dtype; outputs change by fp8 rounding (lines whose "
-                        "kernels read it: qwen3, qwen3.5; CUDA needs bf16 and sm_89+)")
+    add_kv_cache_dtype_option(p)
     p.add_argument("--ep", type=int, default=1, metavar="N",
                    help="expert parallelism: shard a MoE model's routed experts over N processes, one per GPU "
                         "(--device cuda:i uses GPUs i..i+N-1; on the CPU, N processes); N must divide the expert count")

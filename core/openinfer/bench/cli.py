@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..engine.engine_args import add_hf_overrides_option, add_kernel_option
+from ..engine.engine_args import add_hf_overrides_option, add_kernel_option, add_kv_cache_dtype_option
 
 
 def _floats(text: str) -> list[float]:
@@ -153,6 +153,7 @@ def _latency_args(p: argparse.ArgumentParser) -> None:
                         "is one step where that fits)")
     add_kernel_option(p)
     add_hf_overrides_option(p)
+    add_kv_cache_dtype_option(p)
     p.add_argument("--num-iters-warmup", type=int, default=1)
     p.add_argument("--num-iters", type=int, default=3)
     p.add_argument("--vocab-size", type=int, default=None, help="token ids are drawn below this (default: the model's vocabulary)")

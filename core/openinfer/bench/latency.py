@@ -124,7 +124,7 @@ def run_latency(args: argparse.Namespace) -> int:
         kv_cache_memory_gib=args.kv_cache_memory_gib, enforce_eager=args.enforce_eager,
         pipelined_decode=args.pipelined_decode, max_num_batched_tokens=budget,
         max_num_seqs=max(b for b, _ in shapes), tokenizer=args.tokenizer, kernels=parse_kernel_overrides(args.kernel),
-        hf_overrides=args.hf_overrides))
+        hf_overrides=args.hf_overrides, kv_cache_dtype=args.kv_cache_dtype))
 
     def make_params(max_tokens: int) -> Any:
         return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, ignore_eos=True, seed=args.seed)

@@ -124,6 +124,14 @@ def parse_hf_overrides(text: str) -> dict[str, Any]:
     return value
 
 
+def add_kv_cache_dtype_option(p: argparse.ArgumentParser) -> None:
+    """`--kv-cache-dtype`: EngineArgs.kv_cache_dtype."""
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="fp8: keep attention keys and values as e4m3 bytes (saturating at +-448, no scale), half the "
+                        "memory and decode reads of the model dtype; outputs change by fp8 rounding (lines whose "
+                        "kernels read it: qwen3, qwen3.5; CUDA needs bf16 and sm_89+)")
+
+
 def add_hf_overrides_option(p: argparse.ArgumentParser) -> None:
     """`--hf-overrides JSON`: EngineArgs.hf_overrides (loading.config.with_overrides applies them)."""
     p.add_argument("--hf-overrides", type=parse_hf_overrides, default={}, metavar="JSON",
