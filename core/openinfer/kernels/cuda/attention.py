@@ -8,7 +8,8 @@ kernel for everything else, with the kernels' launch constants mirrored here. Th
 
 A call the tensor-core kernels cannot take (rows not 16-byte aligned) runs the CUDA-core kernels. fp8 caches
 (uint8 e4m3 bytes, --kv-cache-dtype fp8) run on the tensor-core kernels' fp8 forms in every implementation:
-the decode kernel and mma.sync prefill, each converting its K/V tiles to bf16 in shared memory (fp8.cuh)."""
+the decode kernel and mma.sync prefill, each converting its K/V tiles to f16 in shared memory and multiplying in
+f16 (fp8.cuh)."""
 from __future__ import annotations
 
 import math
@@ -38,7 +39,7 @@ def mma_rows_per_block(d: int) -> int:
 
 def mma_prefill_smem(d: int, kv8: bool = False) -> int:
     """Bytes of shared memory of the mma prefill kernel: Q and two K/V stages, rows padded by 8 bf16 (`kv8`: two
-    fp8 K/V stages as stored and one converted bf16 K/V tile)."""
+    fp8 K/V stages as stored and one converted f16 K/V tile)."""
     if kv8:
         return (mma_rows_per_block(d) + 2 * MMA_BN[d]) * (d + 8) * 2 + 4 * MMA_BN[d] * d
     return (mma_rows_per_block(d) + 4 * MMA_BN[d]) * (d + 8) * 2

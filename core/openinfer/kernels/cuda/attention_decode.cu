@@ -30,8 +30,8 @@
 constexpr int DEC_WARPS = 4, DEC_BN = 16, DEC_ROWS = 16;
 
 // E: the cache's element, bf16 or an fp8 byte (fp8.cuh). An fp8 ring holds the tiles as stored (rows of D bytes,
-// read only by the conversion); each warp converts its current tile into a bf16 tile of its own, which the
-// tensor-core fragments read as they read a bf16 ring's stage.
+// read only by the conversion); each warp converts its current tile into an f16 tile of its own, which the
+// tensor-core fragments read as they read a bf16 ring's stage, and its products run in f16 (Q rounded to f16).
 template <int D, typename E = bf16> struct DecTile {
     static constexpr bool KV8 = sizeof(E) == 1;
     static constexpr int LD = D + 8;                      // smem row stride (bf16): the pad keeps ldmatrix conflict-free
@@ -39,7 +39,7 @@ template <int D, typename E = bf16> struct DecTile {
     static constexpr int STAGES = D <= 128 ? 3 : 2;       // d256: two blocks of three stages would not fit an SM
     static constexpr int STAGE = 2 * DEC_BN * ROW;        // K rows then V rows of one tile
     static constexpr int RING = STAGES * STAGE;           // one warp's ring, elements
-    static constexpr int WARP_BYTES = RING * sizeof(E) + (KV8 ? 2 * DEC_BN * LD * 2 : 0);   // ring (+ bf16 tile)
+    static constexpr int WARP_BYTES = RING * sizeof(E) + (KV8 ? 2 * DEC_BN * LD * 2 : 0);   // ring (+ f16 tile)
     static constexpr bool Q_IN_REGS = D <= 128;           // d256: o[] alone takes 128 registers
 };
 
@@ -100,7 +100,7 @@ __device__ __forceinline__ int warp_prologue(E* ring, const E* kc, const E* vc, 
     return ntiles;
 }
 
-// An fp8 stage's K and V rows converted by the warp into its bf16 tile [2 * DEC_BN][D + 8].
+// An fp8 stage's K and V rows converted by the warp into its f16 tile [2 * DEC_BN][D + 8].
 template <int D>
 __device__ __forceinline__ void warp_convert_tile(bf16* tile, const unsigned char* stage) {
     constexpr int LD = D + 8, W = D / 8;   // 8-element words a row
@@ -109,17 +109,23 @@ __device__ __forceinline__ void warp_convert_tile(bf16* tile, const unsigned cha
     for (int idx = lane; idx < 2 * DEC_BN * W; idx += 32) {
         const int r = idx / W, c = idx % W;
         *reinterpret_cast<uint4*>(tile + r * LD + c * 8) =
-            e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>(stage + r * D + c * 8));
+            e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>(stage + r * D + c * 8));
     }
 }
 
 // The A fragment of Q rows (heads) for k-step kk: this lane's words of rows gid and gid + 8
-// (null: a padding row, zeros), columns 16 kk + 2 tq (+ 8).
-__device__ __forceinline__ void q_fragment(unsigned int* a, const unsigned int* lo, const unsigned int* hi, int kk, int tq) {
+// (null: a padding row, zeros), columns 16 kk + 2 tq (+ 8); F16: rounded to f16 (a kernel over fp8 caches).
+template <bool F16 = false>
+__device__ __forceinline__ void q_fragment(unsigned int* a, const unsigned int* lo, const unsigned int* hi, int kk,
+                                           int tq) {
     a[0] = lo ? lo[kk * 8 + tq] : 0u;
     a[1] = hi ? hi[kk * 8 + tq] : 0u;
     a[2] = lo ? lo[kk * 8 + 4 + tq] : 0u;
     a[3] = hi ? hi[kk * 8 + 4 + tq] : 0u;
+    if constexpr (F16) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = bf16x2_to_f16x2(a[i]);
+    }
 }
 
 template <int D, typename E>
@@ -156,7 +162,7 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
     unsigned int qf[C::Q_IN_REGS ? KC : 1][4];
     if constexpr (C::Q_IN_REGS) {
 #pragma unroll
-        for (int kk = 0; kk < KC; ++kk) q_fragment(qf[kk], qlo, qhi, kk, tq);
+        for (int kk = 0; kk < KC; ++kk) q_fragment<C::KV8>(qf[kk], qlo, qhi, kk, tq);
     }
     if (kend == L) {
         const int tile = (L - 1 - kbeg) / DEC_BN, s = tile / DEC_WARPS;
@@ -200,11 +206,11 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
                 if constexpr (C::Q_IN_REGS) {
                     a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
                 } else {
-                    q_fragment(a, qlo, qhi, kk, tq);
+                    q_fragment<C::KV8>(a, qlo, qhi, kk, tq);
                 }
                 ldmatrix_x4(bk, kt + koff + kk * 16);
-                mma_bf16(s[0], a, bk[0], bk[1]);
-                mma_bf16(s[1], a, bk[2], bk[3]);
+                mma16<C::KV8>(s[0], a, bk[0], bk[1]);
+                mma16<C::KV8>(s[1], a, bk[2], bk[3]);
             }
             if (k0 + DEC_BN > kend) {  // the split's last tile: keys past its end
 #pragma unroll
@@ -239,14 +245,14 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
                 o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
             }
             // O += P V: the S accumulators of the two n-tiles are the A fragment of the tile's 16 keys
-            const unsigned int a[4] = {pack_bf16x2(s[0][0], s[0][1]), pack_bf16x2(s[0][2], s[0][3]),
-                                       pack_bf16x2(s[1][0], s[1][1]), pack_bf16x2(s[1][2], s[1][3])};
+            const unsigned int a[4] = {pack16<C::KV8>(s[0][0], s[0][1]), pack16<C::KV8>(s[0][2], s[0][3]),
+                                       pack16<C::KV8>(s[1][0], s[1][1]), pack16<C::KV8>(s[1][2], s[1][3])};
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 unsigned int bv[4];
                 ldmatrix_x4_trans(bv, vt + voff + dp * 16);
-                mma_bf16(o[2 * dp], a, bv[0], bv[1]);
-                mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+                mma16<C::KV8>(o[2 * dp], a, bv[0], bv[1]);
+                mma16<C::KV8>(o[2 * dp + 1], a, bv[2], bv[3]);
             }
             __syncwarp();  // the stage (and tile) is consumed before a later iteration refills it
         }

@@ -53,7 +53,7 @@ class DecodeKernel:
 
 
 def mma_decode_smem(d: int, kv8: bool = False) -> int:
-    """The warps' K/V rings (bf16 rows padded by 8; fp8 rows as stored, plus each warp's converted bf16 tile), or
+    """The warps' K/V rings (bf16 rows padded by 8; fp8 rows as stored, plus each warp's converted f16 tile), or
     the fp32 merge area laid over them if larger."""
     tile = 2 * DEC_BN * (d + 8) * 2
     rings = DEC_WARPS * (DEC_STAGES[d] * 2 * DEC_BN * d + tile if kv8 else DEC_STAGES[d] * tile)

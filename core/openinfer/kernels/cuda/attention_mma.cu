@@ -54,7 +54,7 @@ __device__ __forceinline__ void load_kv_tile(E* ks, E* vs, const E* kc, const E*
     }
 }
 
-// An fp8 stage's K and V rows (BN rows of D bytes each) converted by the block into the bf16 tiles kt, vt.
+// An fp8 stage's K and V rows (BN rows of D bytes each) converted by the block into the f16 tiles kt, vt.
 template <int D>
 __device__ __forceinline__ void convert_kv_tile(bf16* kt, bf16* vt, const unsigned char* k8, const unsigned char* v8) {
     constexpr int BN = MmaTile<D, 1>::BN, LD = MmaTile<D, 1>::LD, W = D / 8;   // 8-element words a row
@@ -62,12 +62,13 @@ __device__ __forceinline__ void convert_kv_tile(bf16* kt, bf16* vt, const unsign
         const bool is_v = idx >= BN * W;
         const int j = idx - (is_v ? BN * W : 0), r = j / W, c = j % W;
         *reinterpret_cast<uint4*>((is_v ? vt : kt) + r * LD + c * 8) =
-            e4m3x8_to_bf16x8(*reinterpret_cast<const uint2*>((is_v ? v8 : k8) + r * D + c * 8));
+            e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>((is_v ? v8 : k8) + r * D + c * 8));
     }
 }
 
-// E: the cache's element. bf16: K and V in two bf16 stages. fp8 bytes: two fp8 stages as stored, and one bf16
-// K and V tile that the block converts the current stage into (the fragments then read it as a bf16 stage).
+// E: the cache's element. bf16: K and V in two bf16 stages. fp8 bytes: two fp8 stages as stored, and one f16
+// K and V tile that the block converts the current stage into (the fragments then read it as a bf16 stage); the
+// products then run in f16, Q rounded to f16 in shared memory once it lands.
 template <int D, int MT_, typename E>
 __device__ void prefill_mma(const bf16* q, long long q_stride, const E* kc, const E* vc, KvLayout kv,
                             const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
@@ -81,7 +82,7 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const E* kc, cons
     bf16* qs = (bf16*)smem_raw;         // [BM][LD]
     E* ks = (E*)(qs + BM * LD);         // [2][BN][SLD]
     E* vs = ks + 2 * BN * SLD;          // [2][BN][SLD]
-    bf16* kc16 = (bf16*)(vs + 2 * BN * SLD);   // KV8: the converted tiles, [BN][LD] each
+    bf16* kc16 = (bf16*)(vs + 2 * BN * SLD);   // KV8: the converted (f16) tiles, [BN][LD] each
     bf16* vc16 = kc16 + BN * LD;
     const int b = blockIdx.z, kvh = blockIdx.y, G = nh / nkv;
     const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
@@ -138,6 +139,13 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const E* kc, cons
         cp_async_commit();  // possibly empty, so that wait<1> always means "tile t has landed"
         cp_async_wait<1>();
         __syncthreads();
+        if constexpr (KV8) if (t == 0) {   // Q, landed with tile 0, to f16 in place
+            for (int i = threadIdx.x; i < BM * D / 2; i += blockDim.x) {
+                unsigned int* w = reinterpret_cast<unsigned int*>(qs + (i / (D / 2)) * LD) + i % (D / 2);
+                *w = bf16x2_to_f16x2(*w);
+            }
+            __syncthreads();
+        }
         if constexpr (C::Q_IN_REGS) if (t == 0) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -179,8 +187,8 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const E* kc, cons
                 ldmatrix_x4(bk, kt + jp * 16 * LD + koff + kk * 16);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    mma_bf16(s[mt][2 * jp], a[mt], bk[0], bk[1]);
-                    mma_bf16(s[mt][2 * jp + 1], a[mt], bk[2], bk[3]);
+                    mma16<KV8>(s[mt][2 * jp], a[mt], bk[0], bk[1]);
+                    mma16<KV8>(s[mt][2 * jp + 1], a[mt], bk[2], bk[3]);
                 }
             }
         }
@@ -231,10 +239,10 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const E* kc, cons
             unsigned int a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                a[mt][0] = pack_bf16x2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                a[mt][1] = pack_bf16x2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                a[mt][2] = pack_bf16x2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                a[mt][3] = pack_bf16x2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                a[mt][0] = pack16<KV8>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack16<KV8>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack16<KV8>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack16<KV8>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
             }
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
@@ -242,8 +250,8 @@ __device__ void prefill_mma(const bf16* q, long long q_stride, const E* kc, cons
                 ldmatrix_x4_trans(bv, vt + kk * 16 * LD + voff + dp * 16);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    mma_bf16(o[mt][2 * dp], a[mt], bv[0], bv[1]);
-                    mma_bf16(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+                    mma16<KV8>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
+                    mma16<KV8>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
                 }
             }
         }

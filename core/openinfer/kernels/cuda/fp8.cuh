@@ -1,17 +1,17 @@
 // The fp8 KV cache's element: OCP e4m3 (finite, saturating at +-448, no scale), one byte. Written from the
-// activation's value (rounded to nearest even, saturated), read back as bf16, which holds every e4m3 value
-// exactly: attention over an fp8 cache is the bf16 kernels' arithmetic on the rounded keys and values.
-// The conversions are sm_89+ instructions; below, the kernels that use them trap (the loader refuses an fp8
-// cache there first).
+// activation's value (rounded to nearest even, saturated). The attention kernels read it as f16 (one instruction
+// converts two bytes; f16 holds every e4m3 value exactly) and run their tensor-core products in f16 over it, the
+// query rounded to f16 once: a bf16 detour would take four instructions a pair, and measured, made the decode
+// kernel issue-bound. The conversions are sm_89+ instructions; below, the kernels that use them trap (the loader
+// refuses an fp8 cache there first).
 #pragma once
+#include "mma.cuh"   // mma_bf16, pack_bf16x2
 
-// Two e4m3 bytes (the low one first) as a bf16x2 word (its low half first).
-__device__ __forceinline__ unsigned int e4m3x2_to_bf16x2(unsigned int two) {
+// Two e4m3 bytes (the low one first) as an f16x2 word (its low half first).
+__device__ __forceinline__ unsigned int e4m3x2_to_f16x2(unsigned int two) {
 #if __CUDA_ARCH__ >= 890
     unsigned int r;
-    asm("{\n .reg .b16 p, lo, hi;\n .reg .f32 flo, fhi;\n cvt.u16.u32 p, %1;\n"
-        " cvt.rn.f16x2.e4m3x2 %0, p;\n mov.b32 {lo, hi}, %0;\n cvt.f32.f16 flo, lo;\n cvt.f32.f16 fhi, hi;\n"
-        " cvt.rn.bf16x2.f32 %0, fhi, flo;\n}" : "=r"(r) : "r"(two));
+    asm("{\n .reg .b16 p;\n cvt.u16.u32 p, %1;\n cvt.rn.f16x2.e4m3x2 %0, p;\n}" : "=r"(r) : "r"(two));
     return r;
 #else
     __trap();
@@ -19,13 +19,49 @@ __device__ __forceinline__ unsigned int e4m3x2_to_bf16x2(unsigned int two) {
 #endif
 }
 
-// Eight e4m3 bytes (8-byte word) as eight bf16 (16-byte word), in order.
-__device__ __forceinline__ uint4 e4m3x8_to_bf16x8(uint2 v) {
-    return make_uint4(e4m3x2_to_bf16x2(v.x & 0xffffu), e4m3x2_to_bf16x2(v.x >> 16), e4m3x2_to_bf16x2(v.y & 0xffffu),
-                      e4m3x2_to_bf16x2(v.y >> 16));
+// Eight e4m3 bytes (8-byte word) as eight f16 (16-byte word), in order.
+__device__ __forceinline__ uint4 e4m3x8_to_f16x8(uint2 v) {
+    return make_uint4(e4m3x2_to_f16x2(v.x & 0xffffu), e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y & 0xffffu),
+                      e4m3x2_to_f16x2(v.y >> 16));
 }
 
-// e4m3 bytes of two floats, x0 in the low byte: round to nearest even, saturate to +-448 (NaN stays NaN).
+// A bf16x2 word rounded to f16x2 (the query of an fp8-cache kernel).
+__device__ __forceinline__ unsigned int bf16x2_to_f16x2(unsigned int w) {
+    unsigned int r;
+    const float hi = __uint_as_float(w & 0xffff0000u), lo = __uint_as_float(w << 16);
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ unsigned int pack_f16x2(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// c += a * b on the tensor cores, f16 inputs (m16n8k16, fp32 accumulators), as mma_bf16.
+__device__ __forceinline__ void mma_f16(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The products and the probabilities' packing of a kernel over bf16 caches (F16 false) or fp8 ones (true).
+template <bool F16>
+__device__ __forceinline__ void mma16(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    if constexpr (F16) mma_f16(c, a, b0, b1);
+    else mma_bf16(c, a, b0, b1);
+}
+
+template <bool F16>
+__device__ __forceinline__ unsigned int pack16(float lo, float hi) {
+    if constexpr (F16) return pack_f16x2(lo, hi);
+    else return pack_bf16x2(lo, hi);
+}
+
+// f32x2 of two floats as e4m3 bytes, x0 in the low byte: round to nearest even, saturate to +-448 (NaN stays NaN).
 __device__ __forceinline__ unsigned short f32x2_to_e4m3x2(float x0, float x1) {
 #if __CUDA_ARCH__ >= 890
     unsigned short r;
