@@ -159,3 +159,23 @@ def test_prefix_hits_under_slot_and_checkpoint_pressure(untied):
         assert [out for out, _, _ in got] == [out for out, _, _ in generate(plain, wave, greedy(10))]
         hits += sum(c for _, _, c in got)
     assert hits > 0
+
+
+def test_fp8_kv_cache_keeps_greedy_across_chunks_batches_and_prefix_hits(untied):
+    """--kv-cache-dtype fp8 rounds the full-attention layers' keys and values to e4m3 (the Gated DeltaNet state
+    stays float32): each prompt's greedy tokens are the same alone, batched, in chunks that cross a conv window,
+    and on a prefix hit that restores the recurrent state; logits stay near the float32 cache's."""
+    ckpt, _ = untied
+    eng = engine_for(ckpt, kv_cache_dtype="fp8", block_size=16)
+    assert eng.runner.pools.paged["kv"]["k"].dtype == np.uint8
+    prompts = [tokens(6 + 13 * i, seed=40 + i) for i in range(4)]
+    alone = [generate(eng, [p], greedy(12))[0][0] for p in prompts]
+    assert [t for t, _, _ in generate(eng, prompts, greedy(12))] == alone
+    chunked = engine_for(ckpt, kv_cache_dtype="fp8", max_num_batched_tokens=7, enable_prefix_caching=False)
+    assert [t for t, _, _ in generate(chunked, prompts, greedy(12))] == alone
+    ids = tokens(45, seed=6)
+    [(first, _, _)] = generate(eng, [ids], greedy(8))
+    [(again, _, cached)] = generate(eng, [ids], greedy(8))
+    assert cached == 32 and again == first
+    got, want = prompt_logits(eng, ids), prompt_logits(engine_for(ckpt), ids)
+    assert 0 < np.abs(got - want).max() < 0.1 * np.abs(want).max()
