@@ -89,23 +89,33 @@ def test_norms_with_float32_weights_beside_bfloat16():
         ops.rms_norm(dev(x, np.float32), dev(w, BF16), 1e-6)
 
 
+def rope_write_inputs(rng, dtype, d: int, half: int, norm: bool, big: bool = False) -> tuple:
+    """(q, k, v, positions, slots, norm weights, cos, sin) of 9 tokens, 8 query and 2 KV heads of d, `half`
+    rotated pairs: q/k/v views of one fused qkv row, slots in a pool of 8 blocks of 4 with token 4 padded (-1);
+    big: values of 4 sigma and a few of the last v head's past e4m3's range."""
+    T, nh, nkv, max_pos, nb, bs = 9, 8, 2, 64, 8, 4
+    ang = np.arange(max_pos)[:, None] * (1e4 ** (-np.arange(half) / half))[None]
+    cos, sin = cp.asarray(np.cos(ang).astype(np.float32)), cp.asarray(np.sin(ang).astype(np.float32))
+    raw = rnd(rng, T, (nh + 2 * nkv) * d, scale=4.0 if big else 1.0)
+    if big:
+        raw[:, -5:] *= 400.0
+    qkv = dev(raw, dtype)
+    q, k, v = (qkv[:, a * d: b * d].reshape(T, -1, d) for a, b in ((0, nh), (nh, nh + nkv), (nh + nkv, nh + 2 * nkv)))
+    pos = cp.asarray(rng.integers(0, max_pos, T).astype(np.int32))
+    slots = rng.permutation(nb * bs)[:T].astype(np.int64)
+    slots[4] = -1
+    w = (dev(rnd(rng, d), dtype), dev(rnd(rng, d), dtype)) if norm else (None, None)
+    return q, k, v, pos, cp.asarray(slots), w, cos, sin
+
+
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("d,rot", [(128, "full"), (64, "partial"), (256, "partial")])
 def test_rope_write_kv_is_rope_then_write_kv(dt, norm, d, rot):
     """The fused op stores exactly what qk_norm_rope / rope + write_kv store (a strided pool layer,
     q/k/v views of one fused qkv row, a padded slot skipped) and returns the same q."""
-    rng = np.random.default_rng(d)
-    T, nh, nkv, max_pos, nb, layers, bs = 9, 8, 2, 64, 8, 3, 4
-    half = d // 2 if rot == "full" else d // 4
-    ang = np.arange(max_pos)[:, None] * (1e4 ** (-np.arange(half) / half))[None]
-    cos, sin = cp.asarray(np.cos(ang).astype(np.float32)), cp.asarray(np.sin(ang).astype(np.float32))
-    qkv = dev(rnd(rng, T, (nh + 2 * nkv) * d), dt[0])
-    q, k, v = (qkv[:, a * d: b * d].reshape(T, -1, d) for a, b in ((0, nh), (nh, nh + nkv), (nh + nkv, nh + 2 * nkv)))
-    pos = cp.asarray(rng.integers(0, max_pos, T).astype(np.int32))
-    slots = rng.permutation(nb * bs)[:T].astype(np.int64)
-    slots[4] = -1
-    slots = cp.asarray(slots)
-    w = (dev(rnd(rng, d), dt[0]), dev(rnd(rng, d), dt[0])) if norm else (None, None)
+    nb, layers, bs, nkv = 8, 3, 4, 2
+    q, k, v, pos, slots, w, cos, sin = rope_write_inputs(np.random.default_rng(d), dt[0], d,
+                                                         d // 2 if rot == "full" else d // 4, norm)
     pools = [cp.zeros((nb, layers, bs, nkv, d), dtype=dt[0]) for _ in range(4)]
     if norm:
         q_want, k_roped = ops.qk_norm_rope(q, k, *w, 1e-6, pos, cos, sin)
@@ -210,20 +220,8 @@ def test_fp8_cache_writes_are_the_rounded_bf16_writes(dt, norm):
     """write_kv and rope_write_kv into e4m3 caches store e4m3(the value the model-dtype cache stores): nearest,
     ties to even, saturated at +-448 (numpy's to_e4m3); padded slots skipped; rope_write_kv's q unchanged."""
     from openinfer.quant.fp8 import to_e4m3
-    rng = np.random.default_rng(11)
-    T, nh, nkv, d, max_pos, nb, layers, bs = 9, 8, 2, 128, 64, 8, 3, 4
-    half = d // 2
-    ang = np.arange(max_pos)[:, None] * (1e4 ** (-np.arange(half) / half))[None]
-    cos, sin = cp.asarray(np.cos(ang).astype(np.float32)), cp.asarray(np.sin(ang).astype(np.float32))
-    raw = rnd(rng, T, (nh + 2 * nkv) * d, scale=4.0)
-    raw[:, -5:] *= 400.0                        # values past the e4m3 range
-    qkv = dev(raw, dt[0])
-    q, k, v = (qkv[:, a * d: b * d].reshape(T, -1, d) for a, b in ((0, nh), (nh, nh + nkv), (nh + nkv, nh + 2 * nkv)))
-    pos = cp.asarray(rng.integers(0, max_pos, T).astype(np.int32))
-    slots = rng.permutation(nb * bs)[:T].astype(np.int64)
-    slots[4] = -1
-    slots = cp.asarray(slots)
-    w = (dev(rnd(rng, d), dt[0]), dev(rnd(rng, d), dt[0])) if norm else (None, None)
+    nb, layers, bs, nkv, d = 8, 3, 4, 2, 128
+    q, k, v, pos, slots, w, cos, sin = rope_write_inputs(np.random.default_rng(11), dt[0], d, d // 2, norm, big=True)
     wide = [cp.zeros((nb, layers, bs, nkv, d), dtype=dt[0]) for _ in range(2)]
     fp8 = [cp.zeros((nb, layers, bs, nkv, d), dtype=cp.uint8) for _ in range(4)]
     q_want = ops.rope_write_kv(q, k, v, *w, 1e-6, pos, cos, sin, wide[0][:, 1], wide[1][:, 1], slots)

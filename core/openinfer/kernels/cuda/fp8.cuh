@@ -5,7 +5,7 @@
 // kernel issue-bound. The conversions are sm_89+ instructions; below, the kernels that use them trap (the loader
 // refuses an fp8 cache there first).
 #pragma once
-#include "mma.cuh"   // mma_bf16, pack_bf16x2
+#include "mma.cuh"   // mma_bf16 / mma_f16, pack_bf16x2 / pack_f16x2
 
 // Two e4m3 bytes (the low one first) as an f16x2 word (its low half first).
 __device__ __forceinline__ unsigned int e4m3x2_to_f16x2(unsigned int two) {
@@ -27,25 +27,7 @@ __device__ __forceinline__ uint4 e4m3x8_to_f16x8(uint2 v) {
 
 // A bf16x2 word rounded to f16x2 (the query of an fp8-cache kernel).
 __device__ __forceinline__ unsigned int bf16x2_to_f16x2(unsigned int w) {
-    unsigned int r;
-    const float hi = __uint_as_float(w & 0xffff0000u), lo = __uint_as_float(w << 16);
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ unsigned int pack_f16x2(float lo, float hi) {
-    unsigned int r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// c += a * b on the tensor cores, f16 inputs (m16n8k16, fp32 accumulators), as mma_bf16.
-__device__ __forceinline__ void mma_f16(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    return pack_f16x2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
 
 // The products and the probabilities' packing of a kernel over bf16 caches (F16 false) or fp8 ones (true).

@@ -32,14 +32,17 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned int* r, const void* p
                  : "r"(smem_addr(p)));
 }
 
-// c += a (16x16, row) * b (16x8, col): bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// c += a (16x16, row) * b (16x8, col), fp32 accumulators: mma_bf16 on bf16 inputs, mma_f16 on f16 ones (the
+// attention kernels over fp8 caches, fp8.cuh).
+#define MMA_M16N8K16(NAME, TYPE)                                                                                \
+    __device__ __forceinline__ void NAME(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {    \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, "          \
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                                          \
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                           \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                           \
+    }
+MMA_M16N8K16(mma_bf16, "bf16")
+MMA_M16N8K16(mma_f16, "f16")
 
 // c = a * b, the accumulators' old values ignored (the first product of a sum: no zeroing moves).
 __device__ __forceinline__ void mma_bf16_first(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
@@ -81,5 +84,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
     unsigned int r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ unsigned int pack_f16x2(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
