@@ -392,6 +392,20 @@ def test_cold_device_hit_and_host_restore_give_identical_tokens(caplog, n, cache
     assert f'openinfer:kv_offload_saved_ahead_blocks_total{{model_name="demo"}} {stats.saved_ahead_blocks:.1f}' in text
 
 
+def test_an_fp8_cache_saves_and_restores_its_bytes():
+    """--kv-cache-dtype fp8: the host tier holds the e4m3 bytes (a block a quarter of float32's), and a restore
+    gives the cold run's tokens."""
+    engine = build_engine(None, EngineArgs(max_model_len=512, kv_cache_memory_gib=demo_kv_gib(24, itemsize=1),
+                                           kv_offload=True, kv_offload_host_gib=demo_kv_gib(64, itemsize=1),
+                                           kv_cache_dtype="fp8"))
+    assert engine.blocks.usable_blocks == 23 and engine.host_tier.stats.capacity_blocks == 64
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 150000, 83)]
+    res = ladder(engine, prompt)
+    cold = res["cold"][0]
+    assert [res[t] for t in res] == [(cold, 0), (cold, 80), (cold, 80), (cold, 80)]
+    assert engine.stats().offload.restored_blocks == 5
+
+
 def test_a_whole_prompt_restore_steps_through_the_decode_graph():
     """Through CPU-emulated decode graphs: after restoring every block of an 80-token prompt, its
     first step is its last token alone, so every step of the request replays the batch-1 graph."""
