@@ -19,10 +19,9 @@ import numpy as np
 
 from ...engine.batch import ForwardBatch
 from .attention_decode import BN, NWARPS, decode_kernel, paged_decode
-from .module import as_index, heads3d, hopper, launch, suffix
+from .module import KV8, as_index, heads3d, hopper, launch, suffix
 
 ROWS = 8                               # must match attention.cu (paged_prefill rows per warp)
-KV8 = np.dtype(np.uint8)               # an fp8 KV cache's storage: e4m3 bytes (fp8.cuh)
 HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634
 MMA_WARPS = 4                          # must match attention_mma.cu
