@@ -112,10 +112,11 @@ def load_engine(model: str | None, args: EngineArgs, plugins: Plugins | None = N
             log.info("sampling defaults from generation_config.json (a request's own values win; "
                      "--generation-config none drops them): %s",
                      ", ".join(f"{k}={v}" for k, v in sampling_defaults.items()))
-    log.info("loaded %s (%s line) on %s%s in %.2fs (weights %.2fs): %d KV blocks of %d tokens (%.1f MiB), "
+    log.info("loaded %s (%s line) on %s%s in %.2fs (weights %.2fs): %d KV blocks of %d tokens (%.1f MiB%s), "
              "max_model_len %d", name, line.name, args.device, f" with {args.ep} expert-parallel ranks" * (args.ep > 1),
              time.perf_counter() - t0, ranked.weight_seconds, ranked.num_blocks, args.block_size,
-             ranked.num_blocks * ranked.per_block / 2**20, ranked.max_len)
+             ranked.num_blocks * ranked.per_block / 2**20, ", fp8 keys and values" * (args.kv_cache_dtype == "fp8"),
+             ranked.max_len)
     return Engine(name, Executor(ranked.runner, workers), blocks, args,
                   tokenizer=tokenizer, chat_format=line.chat_format(), max_model_len=ranked.max_len,
                   vocab_size=vocab_size, eos_token_ids=eos, host_tier=host_tier,
