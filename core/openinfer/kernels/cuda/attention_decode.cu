@@ -1,6 +1,6 @@
-// GQA decode attention over paged KV on the tensor cores (bf16 only): one query token per sequence,
-// which sees keys 0 .. L - 1 (L = its context length). Same contract as paged_decode in attention.cu
-// (which still serves float32), and the same split rule and in-kernel merge (decode_merge.cuh).
+// GQA decode attention over paged KV on the tensor cores (bf16 activations; bf16 or fp8 caches, DecTile): one
+// query token per sequence, which sees keys 0 .. L - 1 (L = its context length). Same contract as paged_decode
+// in attention.cu (which still serves float32), and the same split rule and in-kernel merge (decode_merge.cuh).
 //
 //   grid   (group, kv head * head chunk, sequence); DEC_WARPS warps a block. A block owns one KV head
 //          and up to 16 of its query heads (the rows of one m16 tile, zero-padded past the group), so

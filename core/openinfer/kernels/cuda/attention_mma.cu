@@ -1,4 +1,5 @@
-// Causal GQA prefill attention over paged KV on the tensor cores (bf16 only), FlashAttention-2 style.
+// Causal GQA prefill attention over paged KV on the tensor cores (bf16 activations; bf16 or fp8 caches, see
+// prefill_mma), FlashAttention-2 style.
 // Same semantics as paged_prefill in attention.cu: query j of a run of n tokens sits at position
 // L - n + j (L = context length) and sees keys 0 .. L - n + j.
 //
