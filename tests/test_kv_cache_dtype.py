@@ -112,3 +112,14 @@ def test_lines_and_devices_that_cannot_read_fp8_are_refused():
                                  "fp8")
     with pytest.raises(ValueError, match="unknown kv_cache_dtype 'int8'"):
         EngineArgs(kv_cache_dtype="int8")
+
+
+def test_the_flag_reaches_serve_and_bench_latency(capsys):
+    from openinfer.cli import _engine_args, build_parser
+    serve = build_parser().parse_args(["serve", "--kv-cache-dtype", "fp8"])
+    assert _engine_args(serve).kv_cache_dtype == "fp8"
+    assert _engine_args(build_parser().parse_args(["serve"])).kv_cache_dtype == "auto"
+    assert build_parser().parse_args(["bench", "latency", "--kv-cache-dtype", "fp8"]).kv_cache_dtype == "fp8"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--kv-cache-dtype", "int8"])
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
