@@ -201,9 +201,9 @@ __device__ __forceinline__ U block_exclusive_sum(U v, U* total) {
 
 // The digit of a BINS-counter pass at which the cluster's counts, summed from the top digit down, reach `need`, and
 // how many keys of that digit are still to take: found[0], found[1]. Each rank first sums its slice of the digits
-// over the ranks' histograms `count` into `sums`, so the cluster moves each counter once (a rank reading every
-// rank's whole histogram made the distributed-shared-memory traffic grow with the ranks); then thread i reads
-// digits BINS-1 - B i .. down (B = BINS / SELECT_THREADS) from their slices' ranks. The counts sum to at least
+// over the ranks' histograms `count` into `sums`, so each counter crosses distributed shared memory once, not
+// once a rank (at 8 ranks that traffic, not the keys, set the select's time); then thread i reads digits
+// BINS-1 - B i .. down (B = BINS / SELECT_THREADS) from their slices' ranks. The counts sum to at least
 // need, so one thread finds it. Every thread of every rank calls it; read found after a __syncthreads.
 template <int BINS>
 __device__ __forceinline__ void threshold_digit(const unsigned int* count, unsigned int* sums, int ranks, int rank,
