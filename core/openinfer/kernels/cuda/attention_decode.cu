@@ -101,16 +101,18 @@ __device__ __forceinline__ int warp_prologue(E* ring, const E* kc, const E* vc, 
 }
 
 // An fp8 stage's K and V rows converted by the warp into its f16 tile [2 * DEC_BN][D + 8].
+// Lane l takes word l % W of rows l / W, + 32 / W, ...: fixed strides, so the unrolled loop's addresses are
+// immediate offsets (no index arithmetic a word).
 template <int D>
 __device__ __forceinline__ void warp_convert_tile(bf16* tile, const unsigned char* stage) {
-    constexpr int LD = D + 8, W = D / 8;   // 8-element words a row
-    const int lane = threadIdx.x & 31;
-#pragma unroll 4
-    for (int idx = lane; idx < 2 * DEC_BN * W; idx += 32) {
-        const int r = idx / W, c = idx % W;
-        *reinterpret_cast<uint4*>(tile + r * LD + c * 8) =
-            e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>(stage + r * D + c * 8));
-    }
+    constexpr int LD = D + 8, W = D / 8, STEP = 32 / W;   // 8-element words a row; rows a pass of the warp
+    static_assert(W <= 32 && 32 % W == 0 && (2 * DEC_BN) % STEP == 0, "whole rows a pass");
+    const int lane = threadIdx.x & 31, r0 = lane / W, c = lane % W;
+    const unsigned char* src = stage + r0 * D + c * 8;
+    bf16* dst = tile + r0 * LD + c * 8;
+#pragma unroll
+    for (int r = 0; r < 2 * DEC_BN; r += STEP)
+        *reinterpret_cast<uint4*>(dst + r * LD) = e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>(src + r * D));
 }
 
 // The A fragment of Q rows (heads) for k-step kk: this lane's words of rows gid and gid + 8

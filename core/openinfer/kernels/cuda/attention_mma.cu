@@ -55,15 +55,19 @@ __device__ __forceinline__ void load_kv_tile(E* ks, E* vs, const E* kc, const E*
     }
 }
 
-// An fp8 stage's K and V rows (BN rows of D bytes each) converted by the block into the f16 tiles kt, vt.
+// An fp8 stage's K and V rows (BN rows of D bytes each) converted by the block into the f16 tiles kt, vt. Thread
+// i takes word i % W of rows i / W, + STEP, ...: fixed strides, immediate offsets in the unrolled loop.
 template <int D>
 __device__ __forceinline__ void convert_kv_tile(bf16* kt, bf16* vt, const unsigned char* k8, const unsigned char* v8) {
-    constexpr int BN = MmaTile<D, 1>::BN, LD = MmaTile<D, 1>::LD, W = D / 8;   // 8-element words a row
-    for (int idx = threadIdx.x; idx < 2 * BN * W; idx += blockDim.x) {
-        const bool is_v = idx >= BN * W;
-        const int j = idx - (is_v ? BN * W : 0), r = j / W, c = j % W;
-        *reinterpret_cast<uint4*>((is_v ? vt : kt) + r * LD + c * 8) =
-            e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>((is_v ? v8 : k8) + r * D + c * 8));
+    constexpr int BN = MmaTile<D, 1>::BN, LD = MmaTile<D, 1>::LD, W = D / 8, STEP = MMA_WARPS * 32 / W;
+    static_assert(W <= MMA_WARPS * 32 && BN % STEP == 0, "whole rows a pass of the block");
+    const int r0 = threadIdx.x / W, c = threadIdx.x % W;
+#pragma unroll
+    for (int r = r0; r < BN; r += STEP) {
+        const uint2 k = *reinterpret_cast<const uint2*>(k8 + r * D + c * 8);
+        const uint2 v = *reinterpret_cast<const uint2*>(v8 + r * D + c * 8);
+        *reinterpret_cast<uint4*>(kt + r * LD + c * 8) = e4m3x8_to_f16x8(k);
+        *reinterpret_cast<uint4*>(vt + r * LD + c * 8) = e4m3x8_to_f16x8(v);
     }
 }
 

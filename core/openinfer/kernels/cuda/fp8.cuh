@@ -7,22 +7,20 @@
 #pragma once
 #include "mma.cuh"   // mma_bf16 / mma_f16, pack_bf16x2 / pack_f16x2
 
-// Two e4m3 bytes (the low one first) as an f16x2 word (its low half first).
-__device__ __forceinline__ unsigned int e4m3x2_to_f16x2(unsigned int two) {
+// Eight e4m3 bytes (8-byte word) as eight f16 (16-byte word), in order (a 16-bit half's low byte to its low
+// half): the 32-bit words split into their 16-bit halves by register (no masks or shifts), one conversion a pair.
+__device__ __forceinline__ uint4 e4m3x8_to_f16x8(uint2 v) {
 #if __CUDA_ARCH__ >= 890
-    unsigned int r;
-    asm("{\n .reg .b16 p;\n cvt.u16.u32 p, %1;\n cvt.rn.f16x2.e4m3x2 %0, p;\n}" : "=r"(r) : "r"(two));
+    uint4 r;
+    asm("{\n .reg .b16 a, b, c, d;\n mov.b32 {a, b}, %4;\n mov.b32 {c, d}, %5;\n"
+        " cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n"
+        " cvt.rn.f16x2.e4m3x2 %2, c;\n cvt.rn.f16x2.e4m3x2 %3, d;\n}"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(v.x), "r"(v.y));
     return r;
 #else
     __trap();
-    return 0u;
+    return make_uint4(0u, 0u, 0u, 0u);
 #endif
-}
-
-// Eight e4m3 bytes (8-byte word) as eight f16 (16-byte word), in order.
-__device__ __forceinline__ uint4 e4m3x8_to_f16x8(uint2 v) {
-    return make_uint4(e4m3x2_to_f16x2(v.x & 0xffffu), e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y & 0xffffu),
-                      e4m3x2_to_f16x2(v.y >> 16));
 }
 
 // A bf16x2 word rounded to f16x2 (the query of an fp8-cache kernel).
