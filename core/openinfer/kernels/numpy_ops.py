@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.batch import ForwardBatch
-from ..quant.fp8 import e4m3_to_f32, to_e4m3
+from ..quant.fp8 import E4M3, e4m3_to_f32, to_e4m3
 
 
 def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -65,7 +65,7 @@ def linear_silu_mul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
     """Scatter k/v [T, nkv, d] into paged caches [num_blocks, block_size, nkv, d] at the slots (fp8 caches,
-    uint8 e4m3 bytes: each value rounded to e4m3, kv_to_cache)."""
+    E4M3 bytes: each value rounded to e4m3, kv_to_cache)."""
     nb, bs = k_cache.shape[:2]
     blocks, offsets = np.divmod(slot_mapping, bs)
     k_cache[blocks, offsets] = kv_to_cache(k, k_cache.dtype)
@@ -73,13 +73,13 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
 
 
 def kv_to_cache(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Keys or values as a cache of `dtype` stores them: e4m3 bytes for an fp8 cache (uint8), else as they are."""
-    return to_e4m3(x) if dtype == np.uint8 else x
+    """Keys or values as a cache of `dtype` stores them: e4m3 bytes for an fp8 cache (E4M3), else as they are."""
+    return to_e4m3(x) if dtype == E4M3 else x
 
 
 def kv_from_cache(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Cache rows as attention reads them, in the activation `dtype` (an fp8 cache's e4m3 bytes decoded)."""
-    return e4m3_to_f32(x).astype(dtype) if x.dtype == np.uint8 else x
+    return e4m3_to_f32(x).astype(dtype) if x.dtype == E4M3 else x
 
 
 def rope_write_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_w: np.ndarray | None, k_w: np.ndarray | None,

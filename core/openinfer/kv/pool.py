@@ -5,8 +5,9 @@ from dataclasses import replace
 from typing import Any, Iterable
 
 from ..contract.model_line import StateGroup
+from ..quant.fp8 import E4M3
 
-FP8 = "fp8_e4m3"                       # a group's dtype under --kv-cache-dtype fp8: e4m3 bytes, stored as uint8
+FP8 = "fp8_e4m3"                       # a group's dtype under --kv-cache-dtype fp8: e4m3 values, held as E4M3
 KV_CACHE_DTYPES = ("auto", "fp8")
 
 
@@ -49,7 +50,7 @@ class StatePools:
         self.paged: dict[str, dict[str, Any]] = {}
         self.slots: dict[str, dict[str, Any]] = {}
         for g in groups:
-            dtype = None if g.dtype == "model" else "uint8" if g.dtype == FP8 else g.dtype
+            dtype = None if g.dtype == "model" else E4M3.name if g.dtype == FP8 else g.dtype
             if g.kind == "paged":
                 lead: tuple[int, ...] = (num_blocks, g.layers, block_size)
                 target = self.paged

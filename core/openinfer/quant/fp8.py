@@ -13,6 +13,7 @@ import numpy as np
 
 FP8_BLOCK = 128
 E4M3_MAX = 448.0
+E4M3 = np.dtype(np.uint8)   # how e4m3 values are held (weights' bytes, an fp8 KV cache's arrays)
 
 
 def _e4m3_table() -> np.ndarray:

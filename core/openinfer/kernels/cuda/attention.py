@@ -18,8 +18,9 @@ import cupy as cp
 import numpy as np
 
 from ...engine.batch import ForwardBatch
+from ...quant.fp8 import E4M3
 from .attention_decode import BN, NWARPS, decode_kernel, paged_decode
-from .module import KV8, as_index, heads3d, hopper, launch, suffix
+from .module import as_index, heads3d, hopper, launch, suffix
 
 ROWS = 8                               # must match attention.cu (paged_prefill rows per warp)
 HEAD_DIMS = (64, 128, 256)
@@ -53,8 +54,7 @@ def wgmma_prefill_smem() -> int:
 def _aligned16(q3: cp.ndarray, q_stride: int, k_cache: cp.ndarray, v_cache: cp.ndarray) -> bool:
     """The mma kernel copies Q, K and V rows in 16-byte units."""
     it = q3.itemsize
-    return not ((q3.data.ptr | q_stride * it | k_cache.data.ptr | v_cache.data.ptr | k_cache.strides[0]
-                 | k_cache.shape[-1] * k_cache.itemsize) % 16)
+    return not ((q3.data.ptr | q_stride * it | k_cache.data.ptr | v_cache.data.ptr | k_cache.strides[0]) % 16)
 
 
 def paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, batch: ForwardBatch,
@@ -79,7 +79,7 @@ def _paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ba
                      impl: str) -> cp.ndarray:
     T, nh, d = q.shape
     nb, bs, nkv, _ = k_cache.shape
-    it, kv8 = k_cache.itemsize, k_cache.dtype == KV8
+    it, kv8 = k_cache.itemsize, k_cache.dtype == E4M3
     if d not in HEAD_DIMS:
         raise ValueError(f"paged_attention: head dim {d} not compiled (have {HEAD_DIMS})")
     if nh % nkv:

@@ -13,7 +13,6 @@ from . import lanes, pdl
 from .compile import arch_for, compile_source
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-KV8 = np.dtype(np.uint8)   # an fp8 KV cache's storage: e4m3 bytes (fp8.cuh)
 _SUFFIX = {BF16: "bf16", np.dtype(np.float32): "f32"}
 _DEFAULT_SMEM = 48 * 1024  # past this, static and dynamic together, a kernel must opt in to more shared memory
 NULL = np.uint64(0)        # a null pointer argument

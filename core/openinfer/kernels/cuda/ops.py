@@ -9,8 +9,9 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from ...quant.fp8 import E4M3
 from .blas import gemv_silu_mul, linear
-from .module import KV8, NULL, as_index, heads3d, launch, rows2d, suffix
+from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
 __all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "linear_silu_mul",
            "write_kv", "rope_write_kv", "gather_rows", "argmax", "top_logprobs"]
@@ -169,7 +170,7 @@ def write_kv(k_cache: cp.ndarray, v_cache: cp.ndarray, k: cp.ndarray, v: cp.ndar
     k3, ks = heads3d(k)
     v3, vs = heads3d(v)
     T = k.shape[0]
-    kv8 = k_cache.dtype == KV8
+    kv8 = k_cache.dtype == E4M3
     if T:
         launch("kv", f"write_kv_{'fp8_' if kv8 else ''}{suffix(k.dtype)}", (T,),
                _threads(nkv * d // 2 if kv8 else nkv * d, 256),
@@ -183,7 +184,7 @@ def rope_write_kv(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, q_w: cp.ndarray |
     """qk_norm_rope (rope when q_w is None) + write_kv in one launch: returns q; k and v land only in
     their cache slots (bitwise what the two ops store). Into fp8 caches it runs as those two ops."""
     _check_caches("rope_write_kv", k_cache, v_cache)
-    if k_cache.dtype == KV8:
+    if k_cache.dtype == E4M3:
         q, k = _norm_rope(q, k, q_w, k_w, eps, positions, cos, sin)
         write_kv(k_cache, v_cache, k, v, slot_mapping)
         return q
