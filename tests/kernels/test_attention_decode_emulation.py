@@ -4,7 +4,9 @@
 warp merge; attention.cu's fp32 paged_decode warp by warp in float32; for both the split rule (decode_merge.cuh
 decode_split_len), the grid's blocks taking a sequence's splits in turn, and the merge of decode_merge.cuh (blocks
 finishing in a random order at their (sequence, head chunk) counter, the last one merging in split order); compared
-with the numpy reference. Also: a sequence's split layout and its output bits are the same in any batch and under
+with the numpy reference. The fp8-cache form's rings keep the bytes' values at their swizzled places (kv8_chunk), its
+lanes' fragment reads (whole words of a row, byte permutes for V) and its permuted head dims are modelled as the
+kernel addresses them. Also: a sequence's split layout and its output bits are the same in any batch and under
 any max_context_len (a CUDA graph's). Mirrors the kernels line by line: change both together."""
 from __future__ import annotations
 
@@ -19,13 +21,47 @@ from openinfer.engine.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
 from openinfer.kernels.cuda import attention, attention_decode as ad, module
 from openinfer.kernels.cuda.module import BF16
+from openinfer.quant.fp8 import E4M3, e4m3_to_f32, to_e4m3
 from openinfer.testing.launch_check import fake, record_launches
 from test_attention_mma_emulation import LANE, ldmatrix_x4, mma, pack, shuffled_tables
 
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16
 NWARPS, BN, GMAX = 4, 32, 8   # attention.cu's fp32 decode kernel
 STAGES = {64: 3, 128: 3, 256: 2}
+STAGES_KV8 = {64: 6, 128: 6, 256: 3}
 GID, TQ = LANE >> 2, LANE & 3
+
+
+def kv8_chunk(r, c, D):
+    """Where an fp8 ring row r keeps its 16-byte chunk c."""
+    return c ^ ((((r & 1) << 2) ^ (r & 6)) & (D // 16 - 1))
+
+
+def kv8_w(D):
+    """Bytes a lane reads of a value row (kv8_pv), per 8 W dims."""
+    return 16 if D >= 128 else 8
+
+
+def kv8_dim(t, n, D):
+    """The head dim of O's n-tile t, column n, over an fp8 ring."""
+    W = kv8_w(D)
+    return 8 * W * (t // W) + W * n + t % W
+
+
+def f16(x):
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def lds(smem, addr, nbytes, ways=1):
+    """Each lane's `nbytes` from its byte address (an fp8 ring); a phase's lanes (128 bytes a phase) meet a bank at
+    most `ways` times (a word read by several lanes counts once)."""
+    assert (addr % nbytes == 0).all()
+    per = 128 // nbytes
+    for p in range(0, 32, per):
+        words = {(int(a) + i) // 4 for a in addr[p: p + per] for i in range(0, nbytes, 4)}
+        banks = np.bincount([w % 32 for w in words], minlength=32)
+        assert banks.max() <= ways, f"fp8 fragment read: {banks.max()}-way bank conflict"
+    return np.stack([smem[a: a + nbytes] for a in addr])
 
 
 def split_rule(L, split_keys, near, cap, slots, pass_len):
@@ -36,8 +72,9 @@ def split_rule(L, split_keys, near, cap, slots, pass_len):
     return -(-L // length), length
 
 
-def warp_load_kv(smem, stage, kflat, vflat, offset, k0, kend, D):
-    LD, VW = D + 8, D // 8
+def warp_load_kv(smem, stage, kflat, vflat, offset, k0, kend, D, kv8=False):
+    LD, CH = (D, 16) if kv8 else (D + 8, 8)
+    VW = D // CH
     key = k0 + (LANE & (DEC_BN - 1))
     off = np.array([offset(k) if k < kend else -1 for k in key])
     for it in range(DEC_BN * VW // 32):
@@ -45,9 +82,9 @@ def warp_load_kv(smem, stage, kflat, vflat, offset, k0, kend, D):
         r, c = idx // VW, idx % VW
         o = off[r]  # __shfl_sync(off, r)
         for ln in range(32):
+            at = (kv8_chunk(r[ln], c[ln], D) if kv8 else c[ln]) * CH
             for base, src in ((stage + r[ln] * LD, kflat), (stage + (DEC_BN + r[ln]) * LD, vflat)):
-                dst = base + c[ln] * 8
-                smem[dst: dst + 8] = src[o[ln] + c[ln] * 8: o[ln] + c[ln] * 8 + 8] if o[ln] >= 0 else 0
+                smem[base + at: base + at + CH] = src[o[ln] + c[ln] * CH: o[ln] + (c[ln] + 1) * CH] if o[ln] >= 0 else 0
 
 
 def q_fragment(q, lo, hi, kk):
@@ -61,11 +98,53 @@ def q_fragment(q, lo, hi, kk):
     return a
 
 
-def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg, kend, first, scale, D):
+def q_fragment_kv8(q, lo, hi, kk):
+    """[32, 4, 2]: q_fragment over an fp8 ring's dim order (k-step kk = 4 qd + i: dims 64 qd + 16 tq + 4 i + 0..3),
+    rounded to f16."""
+    a = np.zeros((32, 4, 2), np.float32)
+    for ln in range(32):
+        e = (kk >> 2) * 64 + 16 * TQ[ln] + 4 * (kk & 3)
+        for i, (row, col) in enumerate(((lo[ln], 0), (hi[ln], 0), (lo[ln], 2), (hi[ln], 2))):
+            if row is not None:
+                a[ln, i] = f16(q[row + e + col: row + e + col + 2])
+    return a
+
+
+def kv8_scores(smem, kt, qf, D):
+    """kv8_scores: S [32, 2, 4] from an fp8 stage's K rows (byte values at their swizzled places)."""
+    s = np.zeros((32, 2, 4))
+    for qd in range(D // 64):
+        at = np.array([kv8_chunk(g, 4 * qd + t, D) for g, t in zip(GID, TQ)]) * 16
+        k0 = lds(smem, kt + GID * D + at, 16)
+        k1 = lds(smem, kt + (GID + 8) * D + at, 16)
+        for i in range(4):
+            for j, k in enumerate((k0, k1)):
+                mma(s[:, j], qf[4 * qd + i], k[:, 4 * i: 4 * i + 2], k[:, 4 * i + 2: 4 * i + 4])
+    return s
+
+
+def kv8_pv(smem, vt, o, a, D):
+    """kv8_pv: o [32, D / 8, 4] += P V over an fp8 stage's V rows."""
+    W = kv8_w(D)
+    for b in range(D // (8 * W)):
+        dim = 8 * W * b + W * GID
+        rows = []
+        for k in range(4):
+            r = 2 * TQ + (k & 1) + (k >> 1) * 8
+            at = np.array([kv8_chunk(rr, d // 16, D) for rr, d in zip(r, dim)]) * 16 + dim % 16
+            # d64: rows 0, 2, 4, 6 of 64 bytes span half the banks, so their 8-byte reads pair up
+            rows.append(lds(smem, vt + r * D + at, W, 1 if D >= 128 else 2))
+        for e in range(W):   # byte e: n-tile W b + e (the byte permutes pair rows 0 / 1 and 2 / 3)
+            b0 = np.stack([rows[0][:, e], rows[1][:, e]], 1)
+            b1 = np.stack([rows[2][:, e], rows[3][:, e]], 1)
+            mma(o[:, W * b + e], a, b0, b1)
+
+
+def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg, kend, first, scale, D, kv8=False):
     """One split (keys kbeg .. kend - 1) of a block, its first one (`first`: copied partly before
     griddepcontrol.wait) or a later one: returns its warps' states merged (merge_warps): o [gc, D]
-    unnormalised, M [gc], lsum [gc]."""
-    LD, KC, DT, S = D + 8, D // 16, D // 8, STAGES[D]
+    unnormalised, M [gc], lsum [gc]. `kv8`: the fp8-cache form (kflat, vflat: the bytes' values)."""
+    LD, KC, DT, S = (D if kv8 else D + 8), D // 16, D // 8, (STAGES_KV8 if kv8 else STAGES)[D]
     STAGE, RING = 2 * DEC_BN * LD, S * 2 * DEC_BN * LD
     nall = (kend - kbeg + DEC_BN - 1) // DEC_BN if kend > kbeg else 0
     smem = np.full(DEC_WARPS * RING, np.nan, np.float32)
@@ -87,32 +166,38 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
         for s in range(S - 1):
             if s < ntiles[warp]:
                 warp_load_kv(smem, warp * RING + s * STAGE, kflat, vflat, offset,
-                             kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend, D)
+                             kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend, D, kv8)
     kflat[new: new + D], vflat[new: new + D] = written   # griddepcontrol.wait: the kernel before has finished
     if first and kend == L:   # warp_reload_key
         tile = (L - 1 - kbeg) // DEC_BN
         warp, s, r = tile % DEC_WARPS, tile // DEC_WARPS, (L - 1 - kbeg) % DEC_BN
         if s < S - 1:
             stage = warp * RING + s * STAGE
-            smem[stage + r * LD: stage + r * LD + D] = kflat[new: new + D]
-            smem[stage + (DEC_BN + r) * LD: stage + (DEC_BN + r) * LD + D] = vflat[new: new + D]
+            CH = 16 if kv8 else 8
+            for c in range(D // CH):
+                at = (kv8_chunk(r, c, D) if kv8 else c) * CH
+                for base, src in ((stage + r * LD, kflat), (stage + (DEC_BN + r) * LD, vflat)):
+                    smem[base + at: base + at + CH] = src[new + c * CH: new + (c + 1) * CH]
     for warp in range(DEC_WARPS):
         ring = warp * RING
-        qf = [q_fragment(q, lo, hi, kk) for kk in range(KC)]
+        qf = [(q_fragment_kv8 if kv8 else q_fragment)(q, lo, hi, kk) for kk in range(KC)]
         o, m, l = np.zeros((32, DT, 4)), np.full((32, 2), -np.inf), np.zeros((32, 2))
         for t in range(ntiles[warp]):
             pre = t + S - 1
             if pre < ntiles[warp]:
                 warp_load_kv(smem, ring + (pre % S) * STAGE, kflat, vflat, offset,
-                             kbeg + (warp + pre * DEC_WARPS) * DEC_BN, kend, D)
+                             kbeg + (warp + pre * DEC_WARPS) * DEC_BN, kend, D, kv8)
             kt = ring + (t % S) * STAGE
             vt = kt + DEC_BN * LD
             k0 = kbeg + (warp + t * DEC_WARPS) * DEC_BN
-            s_ = np.zeros((32, 2, 4))
-            for kk in range(KC):
-                bk = ldmatrix_x4(smem, kt + koff + kk * 16)
-                mma(s_[:, 0], qf[kk], bk[:, 0], bk[:, 1])
-                mma(s_[:, 1], qf[kk], bk[:, 2], bk[:, 3])
+            if kv8:
+                s_ = kv8_scores(smem, kt, qf, D)
+            else:
+                s_ = np.zeros((32, 2, 4))
+                for kk in range(KC):
+                    bk = ldmatrix_x4(smem, kt + koff + kk * 16)
+                    mma(s_[:, 0], qf[kk], bk[:, 0], bk[:, 1])
+                    mma(s_[:, 1], qf[kk], bk[:, 2], bk[:, 3])
             if k0 + DEC_BN > kend:
                 for j in range(2):
                     for e in range(4):
@@ -128,8 +213,12 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
             p = np.exp2(s_ * scale - np.repeat(base, 2, axis=1)[:, None, :])
             l += np.stack([p[:, :, :2].sum((1, 2)), p[:, :, 2:].sum((1, 2))], 1)
             o *= np.repeat(alpha, 2, axis=1)[:, None, :]
-            a = np.stack([pack(p[:, 0, 0], p[:, 0, 1]), pack(p[:, 0, 2], p[:, 0, 3]),
-                          pack(p[:, 1, 0], p[:, 1, 1]), pack(p[:, 1, 2], p[:, 1, 3])], 1)
+            pk = (lambda lo, hi: np.stack([f16(lo), f16(hi)], axis=-1)) if kv8 else pack
+            a = np.stack([pk(p[:, 0, 0], p[:, 0, 1]), pk(p[:, 0, 2], p[:, 0, 3]),
+                          pk(p[:, 1, 0], p[:, 1, 1]), pk(p[:, 1, 2], p[:, 1, 3])], 1)
+            if kv8:
+                kv8_pv(smem, vt, o, a, D)
+                continue
             for dp in range(D // 16):
                 bv = ldmatrix_x4(smem, vt + voff + dp * 16, trans=True)
                 mma(o[:, 2 * dp], a, bv[:, 0], bv[:, 1])
@@ -146,8 +235,9 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
             r = warp * DEC_ROWS + GID + 8 * h
             for j in range(DT):
                 for ln in range(32):
-                    at = r[ln] * D + 8 * j + 2 * TQ[ln]
-                    mo[at: at + 2] = o[ln, j, 2 * h: 2 * h + 2]
+                    for e in range(2):
+                        col = kv8_dim(j, 2 * TQ[ln] + e, D) if kv8 else 8 * j + 2 * TQ[ln] + e
+                        mo[r[ln] * D + col] = o[ln, j, 2 * h + e]
             first = TQ == 0
             mm[r[first]] = np.where(m[first, h] == -np.inf, -np.inf, m[first, h] * scale)
             ml[r[first]] = l[first, h]
@@ -213,7 +303,8 @@ def emulate_grid(call, rows, pass_len, split_state, seed=0, exact=None):
     G = nh // nkv
     chunks = -(-G // rows)
     assert grid_y == nkv * chunks and groups <= slots
-    qf, kf, vf = (flat(a).astype(np.float32) for a in (q, kc, vc))
+    qf = flat(q).astype(np.float32)
+    kf, vf = (e4m3_to_f32(flat(a)) if a.dtype == E4M3 else flat(a).astype(np.float32) for a in (kc, vc))
     tab, qs, cx, outf = flat(tables), flat(qstart), flat(ctx), flat(out)
     if slots > 1:
         po, pm, pl, cnt = flat(part_o), flat(part_m), flat(part_l), flat(counters)
@@ -271,10 +362,10 @@ def emulate_grid(call, rows, pass_len, split_state, seed=0, exact=None):
 
 
 def emulate_mma_decode(call, seed=0, exact=None):
-    """paged_decode_mma_bf16_d*: 16 query heads a block, passes of 64 keys."""
-    D = int(call.name.rsplit("_d", 1)[1])
-    assert call.block == 32 * DEC_WARPS and call.smem == ad.mma_decode_smem(D)
-    emulate_grid(call, DEC_ROWS, DEC_WARPS * DEC_BN, emulate_split, seed, exact)
+    """paged_decode_mma_bf16_d* and its fp8-cache form _kv8_d*: 16 query heads a block, passes of 64 keys."""
+    D, kv8 = int(call.name.rsplit("_d", 1)[1]), "_kv8_" in call.name
+    assert call.block == 32 * DEC_WARPS and call.smem == ad.mma_decode_smem(D, kv8)
+    emulate_grid(call, DEC_ROWS, DEC_WARPS * DEC_BN, functools.partial(emulate_split, kv8=kv8), seed, exact)
 
 
 def emulate_fp32_decode(call, seed=0, exact=None):
@@ -370,6 +461,26 @@ def test_decode_emulation_matches_reference(case, impl, dtype, split_keys, devic
     want = ref.paged_attention(*(np.asarray(a, np.float32) for a in (q, k, v)), batch, D ** -0.5)
     tol = 2e-2 if dtype == BF16 else 1e-5
     np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fp8_cache_decode_emulation_matches_reference(case, device, monkeypatch):
+    """The fp8-cache form (paged_decode_mma_bf16_kv8_d*) emulated over e4m3 caches: its swizzled rings, whole-word
+    fragment reads without bank conflicts, byte-permuted value pairs and permuted head dims give attention over the
+    cache's values (Q and P rounded to f16)."""
+    ctx, nh, nkv, D, graph_context, q_lens, at_once = CASES[case]
+    launches = device(at_once)
+    q, k, v, batch = _inputs(ctx, nh, nkv, D, np.random.default_rng(4), q_lens)
+    k8, v8 = (fake(to_e4m3(np.asarray(a, np.float32) * 4)) for a in (k, v))   # spread over the e4m3 range
+    if graph_context:
+        batch = dataclasses.replace(batch, max_context_len=graph_context)
+    out = attention.paged_attention(q, k8, v8, batch, D ** -0.5)
+    (call,) = launches
+    assert call.name == f"paged_decode_mma_bf16_kv8_d{D}"
+    run(launches, decode_kernels())
+    kv = [e4m3_to_f32(np.asarray(a)) for a in (k8, v8)]
+    want = ref.paged_attention(np.asarray(q, np.float32), *kv, batch, D ** -0.5)
+    np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=2e-2, rtol=2e-2)
 
 
 def _layout(keys, kernel, groups, slots):

@@ -92,7 +92,7 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
 @pytest.mark.parametrize("impl", ["wgmma", "mma", "cuda_cores"])
 def test_fp8_cache_attention_launch_args(launches, monkeypatch, d, q_lens, ctx, impl):
     """fp8 caches (e4m3 bytes) take the tensor-core kernels' kv8 forms in every implementation, their shared
-    memory sized for the fp8 stages and the converted bf16 tile."""
+    memory sized for their fp8 stages (and the prefill kernel's converted f16 tile)."""
     monkeypatch.setattr(attention, "hopper", lambda: True)
     nh, nkv, bs, layers = 16, 4, 16, 3
     width = -(-max(ctx) // bs)

@@ -30,18 +30,27 @@
 constexpr int DEC_WARPS = 4, DEC_BN = 16, DEC_ROWS = 16;
 
 // E: the cache's element, bf16 or an fp8 byte (fp8.cuh). An fp8 ring holds the tiles as stored (rows of D bytes,
-// read only by the conversion); each warp converts its current tile into an f16 tile of its own, which the
-// tensor-core fragments read as they read a bf16 ring's stage, and its products run in f16 (Q rounded to f16).
+// 16-byte chunks swizzled: kv8_chunk), half a bf16 ring's bytes a stage, so twice the stages stay in flight. Its
+// lanes read their tensor-core fragments from it directly, converting each byte pair to f16 (kv8_scores, kv8_pv),
+// and its products run in f16 (Q rounded to f16).
 template <int D, typename E = bf16> struct DecTile {
     static constexpr bool KV8 = sizeof(E) == 1;
     static constexpr int LD = D + 8;                      // smem row stride (bf16): the pad keeps ldmatrix conflict-free
     static constexpr int ROW = KV8 ? D : LD;              // a ring row's elements
-    static constexpr int STAGES = D <= 128 ? 3 : 2;       // d256: two blocks of three stages would not fit an SM
+    // bf16 d256: two blocks of three stages would not fit an SM; fp8: the bf16 ring's bytes hold twice the stages
+    static constexpr int STAGES = (D <= 128 ? 3 : 2) * (KV8 ? 2 : 1) - (KV8 && D > 128 ? 1 : 0);
     static constexpr int STAGE = 2 * DEC_BN * ROW;        // K rows then V rows of one tile
     static constexpr int RING = STAGES * STAGE;           // one warp's ring, elements
-    static constexpr int WARP_BYTES = RING * sizeof(E) + (KV8 ? 2 * DEC_BN * LD * 2 : 0);   // ring (+ f16 tile)
+    static constexpr int WARP_BYTES = RING * sizeof(E);
     static constexpr bool Q_IN_REGS = D <= 128;           // d256: o[] alone takes 128 registers
 };
+
+// Where an fp8 ring row r (0 .. 15 of its K or V rows) keeps its 16-byte chunk c: the chunk index XOR-ed with bits
+// of r, so that the fragment reads of kv8_scores (rows 2p, 2p + 1, chunks 4 q .. 4 q + 3 a quarter-warp) and of
+// kv8_pv (rows 0, 2, 4, 6 or 1, 3, 5, 7, chunks 2p, 2p + 1) meet no bank twice.
+template <int D> __device__ __forceinline__ int kv8_chunk(int r, int c) {
+    return c ^ ((((r & 1) << 2) ^ (r & 6)) & (D / 16 - 1));
+}
 
 // One warp copies the K and V rows of keys k0 .. k0 + 15 into a stage. Lane l (and l + 16) looks up
 // key k0 + l % 16 (one block-table read); rows then move as 16-byte cp.async. Keys at or past kend are
@@ -59,8 +68,9 @@ __device__ __forceinline__ void warp_load_kv(E* stage, const E* kc, const E* vc,
         const long long o = __shfl_sync(0xffffffffu, off, r);
         const int bytes = o >= 0 ? 16 : 0;
         const long long src = o >= 0 ? o + c * CH : 0;
-        cp_async16(stage + r * LD + c * CH, kc + src, bytes);
-        cp_async16(stage + (DEC_BN + r) * LD + c * CH, vc + src, bytes);
+        const int at = (sizeof(E) == 1 ? kv8_chunk<D>(r, c) : c) * CH;
+        cp_async16(stage + r * LD + at, kc + src, bytes);
+        cp_async16(stage + (DEC_BN + r) * LD + at, vc + src, bytes);
     }
 }
 
@@ -78,7 +88,8 @@ __device__ __forceinline__ void warp_reload_key(E* stage, const E* kc, const E* 
         const int c = idx % VW;
         const bool is_v = idx >= VW;
         const uint4 val = __ldcg(reinterpret_cast<const uint4*>((is_v ? vc : kc) + off + c * CH));
-        *reinterpret_cast<uint4*>(stage + ((is_v ? DEC_BN : 0) + r) * LD + c * CH) = val;
+        const int at = (sizeof(E) == 1 ? kv8_chunk<D>(r, c) : c) * CH;
+        *reinterpret_cast<uint4*>(stage + ((is_v ? DEC_BN : 0) + r) * LD + at) = val;
     }
     __syncwarp();
 }
@@ -100,33 +111,101 @@ __device__ __forceinline__ int warp_prologue(E* ring, const E* kc, const E* vc, 
     return ntiles;
 }
 
-// An fp8 stage's K and V rows converted by the warp into its f16 tile [2 * DEC_BN][D + 8].
-// Lane l takes word l % W of rows l / W, + 32 / W, ...: fixed strides, so the unrolled loop's addresses are
-// immediate offsets (no index arithmetic a word).
-template <int D>
-__device__ __forceinline__ void warp_convert_tile(bf16* tile, const unsigned char* stage) {
-    constexpr int LD = D + 8, W = D / 8, STEP = 32 / W;   // 8-element words a row; rows a pass of the warp
-    static_assert(W <= 32 && 32 % W == 0 && (2 * DEC_BN) % STEP == 0, "whole rows a pass");
-    const int lane = threadIdx.x & 31, r0 = lane / W, c = lane % W;
-    const unsigned char* src = stage + r0 * D + c * 8;
-    bf16* dst = tile + r0 * LD + c * 8;
-#pragma unroll
-    for (int r = 0; r < 2 * DEC_BN; r += STEP)
-        *reinterpret_cast<uint4*>(dst + r * LD) = e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>(src + r * D));
-}
-
 // The A fragment of Q rows (heads) for k-step kk: this lane's words of rows gid and gid + 8
-// (null: a padding row, zeros), columns 16 kk + 2 tq (+ 8); F16: rounded to f16 (a kernel over fp8 caches).
-template <bool F16 = false>
+// (null: a padding row, zeros), columns 16 kk + 2 tq (+ 8).
 __device__ __forceinline__ void q_fragment(unsigned int* a, const unsigned int* lo, const unsigned int* hi, int kk,
                                            int tq) {
     a[0] = lo ? lo[kk * 8 + tq] : 0u;
     a[1] = hi ? hi[kk * 8 + tq] : 0u;
     a[2] = lo ? lo[kk * 8 + 4 + tq] : 0u;
     a[3] = hi ? hi[kk * 8 + 4 + tq] : 0u;
-    if constexpr (F16) {
+}
+
+// Over an fp8 ring the head dims of S = Q K^T are taken in the order that gives each lane whole words of a key row:
+// k-step kk = 4 q + i of the products takes, at its positions 2 tq, 2 tq + 1, 2 tq + 8, 2 tq + 9, dims
+// 64 q + 16 tq + 4 i + 0 .. 3 (a sum over all of them in another order: the same S up to rounding). The A fragment
+// of Q rows (heads) for k-step kk in that order, rounded to f16.
+__device__ __forceinline__ void q_fragment_kv8(unsigned int* a, const unsigned int* lo, const unsigned int* hi,
+                                               int kk, int tq) {
+    const int w = (kk >> 2) * 32 + tq * 8 + (kk & 3) * 2;
+    a[0] = lo ? bf16x2_to_f16x2(lo[w]) : 0u;
+    a[1] = hi ? bf16x2_to_f16x2(hi[w]) : 0u;
+    a[2] = lo ? bf16x2_to_f16x2(lo[w + 1]) : 0u;
+    a[3] = hi ? bf16x2_to_f16x2(hi[w + 1]) : 0u;
+}
+
+// s[j] += Q K^T over an fp8 stage's keys 8 j .. 8 j + 7 (lane: key gid + 8 j): one 16-byte read a 64-dim quarter of
+// a key row gives four k-steps' B fragments, two conversions each. qf: Q's fragments (Q_IN_REGS), else read from
+// qlo / qhi.
+template <int D, bool Q_IN_REGS>
+__device__ __forceinline__ void kv8_scores(float (*s)[4], const unsigned char* kt, const unsigned int (*qf)[4],
+                                           const unsigned int* qlo, const unsigned int* qhi, int gid, int tq) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = bf16x2_to_f16x2(a[i]);
+    for (int qd = 0; qd < D / 64; ++qd) {
+        const int at = kv8_chunk<D>(gid, 4 * qd + tq) * 16;
+        const uint4 k0 = *reinterpret_cast<const uint4*>(kt + gid * D + at);
+        const uint4 k1 = *reinterpret_cast<const uint4*>(kt + (gid + 8) * D + at);
+        const unsigned int w0[4] = {k0.x, k0.y, k0.z, k0.w}, w1[4] = {k1.x, k1.y, k1.z, k1.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned int a[4], b0, b1;
+            if constexpr (Q_IN_REGS) {
+                a[0] = qf[4 * qd + i][0]; a[1] = qf[4 * qd + i][1]; a[2] = qf[4 * qd + i][2]; a[3] = qf[4 * qd + i][3];
+            } else {
+                q_fragment_kv8(a, qlo, qhi, 4 * qd + i, tq);
+            }
+            e4m3x4_to_f16x4(w0[i], b0, b1);
+            mma_f16(s[0], a, b0, b1);
+            e4m3x4_to_f16x4(w1[i], b0, b1);
+            mma_f16(s[1], a, b0, b1);
+        }
+    }
+}
+
+// Over an fp8 ring O's head dims are spread over the n-tiles so that a lane reads whole words of value rows: lane
+// gid reads W bytes (dims 8 W b + W gid ..) of rows 2 tq, 2 tq + 1, 2 tq + 8, 2 tq + 9, and byte e of them is
+// n-tile W b + e's column gid. kv8_dim: the head dim of n-tile t's column n.
+template <int D> struct Kv8Pv {
+    static constexpr int W = D >= 128 ? 16 : 8;   // bytes a lane reads of a value row, per 8 W dims
+};
+template <int D> __device__ __forceinline__ int kv8_dim(int t, int n) {
+    constexpr int W = Kv8Pv<D>::W;
+    return 8 * W * (t / W) + W * n + t % W;
+}
+
+// o += P V over an fp8 stage's values (vt: its V rows), P the A fragment of the tile's 16 keys: the byte pairs a
+// B fragment needs (keys 2 tq, 2 tq + 1 of one dim; 2 tq + 8, 2 tq + 9) gathered by byte permutes of two rows'
+// words, one conversion a pair.
+template <int D>
+__device__ __forceinline__ void kv8_pv(float (*o)[4], const unsigned char* vt, const unsigned int* a, int gid,
+                                       int tq) {
+    constexpr int W = Kv8Pv<D>::W, NW = W / 4;
+#pragma unroll
+    for (int b = 0; b < D / (8 * W); ++b) {
+        const int dim = 8 * W * b + W * gid;
+        unsigned int rows[4][NW];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int r = 2 * tq + (k & 1) + (k >> 1) * 8;
+            const unsigned char* p = vt + r * D + kv8_chunk<D>(r, dim / 16) * 16 + dim % 16;
+            if constexpr (W == 16) {
+                const uint4 v = *reinterpret_cast<const uint4*>(p);
+                rows[k][0] = v.x; rows[k][1] = v.y; rows[k][2] = v.z; rows[k][3] = v.w;
+            } else {
+                const uint2 v = *reinterpret_cast<const uint2*>(p);
+                rows[k][0] = v.x; rows[k][1] = v.y;
+            }
+        }
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            unsigned int b0[4], b1[4];   // n-tiles W b + 4 w + 0 .. 3
+            e4m3x4_to_f16x4(__byte_perm(rows[0][w], rows[1][w], 0x5140), b0[0], b0[1]);
+            e4m3x4_to_f16x4(__byte_perm(rows[0][w], rows[1][w], 0x7362), b0[2], b0[3]);
+            e4m3x4_to_f16x4(__byte_perm(rows[2][w], rows[3][w], 0x5140), b1[0], b1[1]);
+            e4m3x4_to_f16x4(__byte_perm(rows[2][w], rows[3][w], 0x7362), b1[2], b1[3]);
+#pragma unroll
+            for (int x = 0; x < 4; ++x) mma_f16(o[W * b + 4 * w + x], a, b0[x], b1[x]);
+        }
     }
 }
 
@@ -148,7 +227,6 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
     if (group >= used) return;  // no split of this context left for it: neither stores, counts nor merges
     const int* table = tables + (long long)b * table_stride;
     E* ring = (E*)(smem_raw + warp * C::WARP_BYTES);
-    bf16* tile = (bf16*)(ring + C::RING);   // KV8: this warp's converted tile
     // The first split's prologue copies go out before griddepcontrol.wait (under PDL, while the kernel before this
     // one still runs): the keys before L - 1 were written by earlier steps. Key L - 1, this step's, is being
     // written by that kernel (rope_write_kv), so its row is copied again after the wait. Later splits' copies
@@ -164,7 +242,10 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
     unsigned int qf[C::Q_IN_REGS ? KC : 1][4];
     if constexpr (C::Q_IN_REGS) {
 #pragma unroll
-        for (int kk = 0; kk < KC; ++kk) q_fragment<C::KV8>(qf[kk], qlo, qhi, kk, tq);
+        for (int kk = 0; kk < KC; ++kk) {
+            if constexpr (C::KV8) q_fragment_kv8(qf[kk], qlo, qhi, kk, tq);
+            else q_fragment(qf[kk], qlo, qhi, kk, tq);
+        }
     }
     if (kend == L) {
         const int tile = (L - 1 - kbeg) / DEC_BN, s = tile / DEC_WARPS;
@@ -190,29 +271,26 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
             cp_async_commit();
             cp_async_wait<STAGES - 1>();
             __syncwarp();  // every lane's copies of tile t are visible to the whole warp
-            const bf16* kt;
-            if constexpr (C::KV8) {
-                warp_convert_tile<D>(tile, ring + (t % STAGES) * C::STAGE);
-                __syncwarp();
-                kt = tile;
-            } else {
-                kt = ring + (t % STAGES) * C::STAGE;
-            }
-            const bf16* vt = kt + DEC_BN * LD;
+            const E* kt = ring + (t % STAGES) * C::STAGE;
+            const E* vt = kt + DEC_BN * C::ROW;
             const int k0 = kbeg + (warp + t * DEC_WARPS) * DEC_BN;
 
             float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            if constexpr (C::KV8) {
+                kv8_scores<D, C::Q_IN_REGS>(s, kt, qf, qlo, qhi, gid, tq);
+            } else {
 #pragma unroll
-            for (int kk = 0; kk < KC; ++kk) {
-                unsigned int a[4], bk[4];
-                if constexpr (C::Q_IN_REGS) {
-                    a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
-                } else {
-                    q_fragment<C::KV8>(a, qlo, qhi, kk, tq);
+                for (int kk = 0; kk < KC; ++kk) {
+                    unsigned int a[4], bk[4];
+                    if constexpr (C::Q_IN_REGS) {
+                        a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
+                    } else {
+                        q_fragment(a, qlo, qhi, kk, tq);
+                    }
+                    ldmatrix_x4(bk, kt + koff + kk * 16);
+                    mma_bf16(s[0], a, bk[0], bk[1]);
+                    mma_bf16(s[1], a, bk[2], bk[3]);
                 }
-                ldmatrix_x4(bk, kt + koff + kk * 16);
-                mma16<C::KV8>(s[0], a, bk[0], bk[1]);
-                mma16<C::KV8>(s[1], a, bk[2], bk[3]);
             }
             if (k0 + DEC_BN > kend) {  // the split's last tile: keys past its end
 #pragma unroll
@@ -249,14 +327,18 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
             // O += P V: the S accumulators of the two n-tiles are the A fragment of the tile's 16 keys
             const unsigned int a[4] = {pack16<C::KV8>(s[0][0], s[0][1]), pack16<C::KV8>(s[0][2], s[0][3]),
                                        pack16<C::KV8>(s[1][0], s[1][1]), pack16<C::KV8>(s[1][2], s[1][3])};
+            if constexpr (C::KV8) {
+                kv8_pv<D>(o, vt, a, gid, tq);
+            } else {
 #pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                unsigned int bv[4];
-                ldmatrix_x4_trans(bv, vt + voff + dp * 16);
-                mma16<C::KV8>(o[2 * dp], a, bv[0], bv[1]);
-                mma16<C::KV8>(o[2 * dp + 1], a, bv[2], bv[3]);
+                for (int dp = 0; dp < D / 16; ++dp) {
+                    unsigned int bv[4];
+                    ldmatrix_x4_trans(bv, vt + voff + dp * 16);
+                    mma_bf16(o[2 * dp], a, bv[0], bv[1]);
+                    mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+                }
             }
-            __syncwarp();  // the stage (and tile) is consumed before a later iteration refills it
+            __syncwarp();  // the stage is consumed before a later iteration refills it
         }
         cp_async_wait<0>();  // only empty groups remain
 
@@ -274,8 +356,14 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
         for (int h = 0; h < 2; ++h) {
             const int r = warp * DEC_ROWS + gid + 8 * h;
 #pragma unroll
-            for (int j = 0; j < DT; ++j)
-                *(float2*)(mo + r * D + 8 * j + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
+            for (int j = 0; j < DT; ++j) {
+                if constexpr (C::KV8) {   // n-tile j's columns 2 tq, 2 tq + 1 are the dims kv8_dim names
+                    mo[r * D + kv8_dim<D>(j, 2 * tq)] = o[j][2 * h];
+                    mo[r * D + kv8_dim<D>(j, 2 * tq + 1)] = o[j][2 * h + 1];
+                } else {
+                    *(float2*)(mo + r * D + 8 * j + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
+                }
+            }
             if (tq == 0) {
                 mm[r] = m[h] == NEG_INF ? NEG_INF : m[h] * scale;  // a warp without tiles: -inf, l = 0
                 ml[r] = l[h];

@@ -27,6 +27,7 @@ NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its bloc
 PASS = NWARPS * BN                           # its pass (a key tile of every warp): splits are whole passes
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16      # must match attention_decode.cu
 DEC_STAGES = {64: 3, 128: 3, 256: 2}         # cp.async ring depth per warp (DecTile::STAGES)
+DEC_STAGES_KV8 = {64: 6, 128: 6, 256: 3}     # the same over fp8 caches (rows of half the bytes)
 DEC_PASS = DEC_WARPS * DEC_BN                # its pass
 # The split rule (decode_split; the kernels take these as arguments): up to DECODE_NEAR splits of DECODE_SPLIT_KEYS
 # keys (in whole passes of the kernel), then DECODE_NEAR splits growing to DECODE_NEAR times that, then splits of
@@ -53,10 +54,9 @@ class DecodeKernel:
 
 
 def mma_decode_smem(d: int, kv8: bool = False) -> int:
-    """The warps' K/V rings (bf16 rows padded by 8; fp8 rows as stored, plus each warp's converted f16 tile), or
-    the fp32 merge area laid over them if larger."""
-    tile = 2 * DEC_BN * (d + 8) * 2
-    rings = DEC_WARPS * (DEC_STAGES[d] * 2 * DEC_BN * d + tile if kv8 else DEC_STAGES[d] * tile)
+    """The warps' K/V rings (bf16 rows padded by 8; fp8 rows as stored), or the fp32 merge area laid over them if
+    larger."""
+    rings = DEC_WARPS * (DEC_STAGES_KV8[d] * 2 * DEC_BN * d if kv8 else DEC_STAGES[d] * 2 * DEC_BN * (d + 8) * 2)
     merge = DEC_WARPS * DEC_ROWS * (d + 2) * 4
     return max(rings, merge)
 

@@ -7,20 +7,24 @@
 #pragma once
 #include "mma.cuh"   // mma_bf16 / mma_f16, pack_bf16x2 / pack_f16x2
 
-// Eight e4m3 bytes (8-byte word) as eight f16 (16-byte word), in order (a 16-bit half's low byte to its low
-// half): the 32-bit words split into their 16-bit halves by register (no masks or shifts), one conversion a pair.
-__device__ __forceinline__ uint4 e4m3x8_to_f16x8(uint2 v) {
+// Four e4m3 bytes (a 32-bit word) as two f16x2 words: bytes 0, 1 to `lo`, bytes 2, 3 to `hi`, each byte pair's low
+// byte to its low half. The word splits into its 16-bit halves by register (no masks or shifts), one conversion a pair.
+__device__ __forceinline__ void e4m3x4_to_f16x4(unsigned int v, unsigned int& lo, unsigned int& hi) {
 #if __CUDA_ARCH__ >= 890
-    uint4 r;
-    asm("{\n .reg .b16 a, b, c, d;\n mov.b32 {a, b}, %4;\n mov.b32 {c, d}, %5;\n"
-        " cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n"
-        " cvt.rn.f16x2.e4m3x2 %2, c;\n cvt.rn.f16x2.e4m3x2 %3, d;\n}"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(v.x), "r"(v.y));
-    return r;
+    asm("{\n .reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}"
+        : "=r"(lo), "=r"(hi) : "r"(v));
 #else
     __trap();
-    return make_uint4(0u, 0u, 0u, 0u);
+    lo = hi = 0u;
 #endif
+}
+
+// Eight e4m3 bytes (8-byte word) as eight f16 (16-byte word), in order.
+__device__ __forceinline__ uint4 e4m3x8_to_f16x8(uint2 v) {
+    uint4 r;
+    e4m3x4_to_f16x4(v.x, r.x, r.y);
+    e4m3x4_to_f16x4(v.y, r.z, r.w);
+    return r;
 }
 
 // A bf16x2 word rounded to f16x2 (the query of an fp8-cache kernel).
