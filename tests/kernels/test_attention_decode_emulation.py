@@ -42,10 +42,13 @@ def kv8_w(D):
     return 16 if D >= 128 else 8
 
 
-def kv8_dim(t, n, D):
-    """The head dim of O's n-tile t, column n, over an fp8 ring."""
-    W = kv8_w(D)
-    return 8 * W * (t // W) + W * n + t % W
+def dec_cols(dd, D, kv8):
+    """DecCols: where the warp merge area keeps head dim dd (n-tile t's column n stored at 8 t + n holds dim
+    8 W (t / W) + W n + t % W over an fp8 ring)."""
+    if not kv8:
+        return dd
+    W, rem = kv8_w(D), dd % (8 * kv8_w(D))
+    return 8 * (W * (dd // (8 * W)) + rem % W) + rem // W
 
 
 def f16(x):
@@ -235,13 +238,14 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
             r = warp * DEC_ROWS + GID + 8 * h
             for j in range(DT):
                 for ln in range(32):
-                    for e in range(2):
-                        col = kv8_dim(j, 2 * TQ[ln] + e, D) if kv8 else 8 * j + 2 * TQ[ln] + e
-                        mo[r[ln] * D + col] = o[ln, j, 2 * h + e]
+                    at = r[ln] * D + 8 * j + 2 * TQ[ln]
+                    mo[at: at + 2] = o[ln, j, 2 * h: 2 * h + 2]
             first = TQ == 0
             mm[r[first]] = np.where(m[first, h] == -np.inf, -np.inf, m[first, h] * scale)
             ml[r[first]] = l[first, h]
-    return merge_states([(mo[(w * DEC_ROWS + np.arange(gc)[:, None]) * D + np.arange(D)],
+    cols = dec_cols(np.arange(D), D, kv8)
+    assert sorted(cols) == list(range(D))
+    return merge_states([(mo[(w * DEC_ROWS + np.arange(gc)[:, None]) * D + cols],
                           mm[w * DEC_ROWS + np.arange(gc)], ml[w * DEC_ROWS + np.arange(gc)]) for w in range(DEC_WARPS)])
 
 

@@ -164,14 +164,21 @@ __device__ __forceinline__ void kv8_scores(float (*s)[4], const unsigned char* k
 
 // Over an fp8 ring O's head dims are spread over the n-tiles so that a lane reads whole words of value rows: lane
 // gid reads W bytes (dims 8 W b + W gid ..) of rows 2 tq, 2 tq + 1, 2 tq + 8, 2 tq + 9, and byte e of them is
-// n-tile W b + e's column gid. kv8_dim: the head dim of n-tile t's column n.
+// n-tile W b + e's column gid (DecCols).
 template <int D> struct Kv8Pv {
     static constexpr int W = D >= 128 ? 16 : 8;   // bytes a lane reads of a value row, per 8 W dims
 };
-template <int D> __device__ __forceinline__ int kv8_dim(int t, int n) {
-    constexpr int W = Kv8Pv<D>::W;
-    return 8 * W * (t / W) + W * n + t % W;
-}
+
+// Where the warp merge keeps head dim dd of a row (decode_merge.cuh): a lane stores n-tile t's columns n = 2 tq,
+// 2 tq + 1 at 8 t + n, which over a bf16 ring are dims 8 t + n, over an fp8 ring dims 8 W (t / W) + W n + t % W.
+template <int D, bool KV8> struct DecCols {
+    __device__ static int of(int dd) {
+        if constexpr (!KV8) return dd;
+        constexpr int W = Kv8Pv<D>::W;
+        const int rem = dd % (8 * W);
+        return 8 * (W * (dd / (8 * W)) + rem % W) + rem / W;
+    }
+};
 
 // o += P V over an fp8 stage's values (vt: its V rows), P the A fragment of the tile's 16 keys: the byte pairs a
 // B fragment needs (keys 2 tq, 2 tq + 1 of one dim; 2 tq + 8, 2 tq + 9) gathered by byte permutes of two rows'
@@ -356,22 +363,16 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
         for (int h = 0; h < 2; ++h) {
             const int r = warp * DEC_ROWS + gid + 8 * h;
 #pragma unroll
-            for (int j = 0; j < DT; ++j) {
-                if constexpr (C::KV8) {   // n-tile j's columns 2 tq, 2 tq + 1 are the dims kv8_dim names
-                    mo[r * D + kv8_dim<D>(j, 2 * tq)] = o[j][2 * h];
-                    mo[r * D + kv8_dim<D>(j, 2 * tq + 1)] = o[j][2 * h + 1];
-                } else {
-                    *(float2*)(mo + r * D + 8 * j + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
-                }
-            }
+            for (int j = 0; j < DT; ++j)
+                *(float2*)(mo + r * D + 8 * j + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
             if (tq == 0) {
                 mm[r] = m[h] == NEG_INF ? NEG_INF : m[h] * scale;  // a warp without tiles: -inf, l = 0
                 ml[r] = l[h];
             }
         }
         __syncthreads();
-        store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D>(mm, ml, mo, gc, head0, nh, q0, b, split, used, slots, out,
-                                                        part_o, part_m, part_l);
+        store_merged_warps<bf16, DEC_WARPS, DEC_ROWS, D, DecCols<D, C::KV8>>(mm, ml, mo, gc, head0, nh, q0, b, split,
+                                                                            used, slots, out, part_o, part_m, part_l);
         ++arrivals;
         split += gridDim.x;
         if (split >= used) break;

@@ -25,10 +25,15 @@ __device__ __forceinline__ int decode_split_len(int L, int split_keys, int near,
     return len;
 }
 
+// Where a warp's output row keeps head dim dd: at dd (a kernel may keep its dims in another order: its own Cols).
+struct SameCols {
+    __device__ static int of(int dd) { return dd; }
+};
+
 // The online-softmax states of NW warps, combined: warp w's state of head g sits at row w * ROWS + g: max
-// wm (log2 units), sum wl, unnormalised output wo[row * D ..]. Gives head g's max M, sum lsum and unnormalised
-// output column dd, all relative to M (M = -inf, lsum = o = 0 where no warp saw a key).
-template <int NW, int ROWS, int D>
+// wm (log2 units), sum wl, unnormalised output wo[row * D + Cols::of(dd)] of head dim dd. Gives head g's max M,
+// sum lsum and unnormalised output column dd, all relative to M (M = -inf, lsum = o = 0 where no warp saw a key).
+template <int NW, int ROWS, int D, typename Cols = SameCols>
 __device__ __forceinline__ void merge_warps(const float* wm, const float* wl, const float* wo, int g, int dd,
                                             float& M, float& lsum, float& o) {
     M = NEG_INF, lsum = 0.f, o = 0.f;
@@ -39,13 +44,13 @@ __device__ __forceinline__ void merge_warps(const float* wm, const float* wl, co
         for (int w = 0; w < NW; ++w) {
             const float f = exp2f(wm[w * ROWS + g] - M);
             lsum += f * wl[w * ROWS + g];
-            o += f * wo[(w * ROWS + g) * D + dd];
+            o += f * wo[(w * ROWS + g) * D + Cols::of(dd)];
         }
 }
 
 // The warps' states merged (merge_warps), then stored: the normalised rows when the sequence has one split,
 // else this split's partials. Call after a __syncthreads().
-template <typename T, int NW, int ROWS, int D>
+template <typename T, int NW, int ROWS, int D, typename Cols = SameCols>
 __device__ __forceinline__ void store_merged_warps(const float* wm, const float* wl, const float* wo, int gc,
                                                    int head0, int nh, int q0, int b, int split, int used,
                                                    int slots, T* out, float* part_o, float* part_m,
@@ -53,7 +58,7 @@ __device__ __forceinline__ void store_merged_warps(const float* wm, const float*
     for (int idx = threadIdx.x; idx < gc * D; idx += blockDim.x) {
         const int g = idx / D, dd = idx % D, head = head0 + g;
         float M, lsum, o;
-        merge_warps<NW, ROWS, D>(wm, wl, wo, g, dd, M, lsum, o);
+        merge_warps<NW, ROWS, D, Cols>(wm, wl, wo, g, dd, M, lsum, o);
         if (used == 1) {
             out[((long long)q0 * nh + head) * D + dd] = from_f32<T>(o / lsum);
         } else {
