@@ -28,7 +28,7 @@ from test_attention_mma_emulation import LANE, ldmatrix_x4, mma, pack, shuffled_
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16
 NWARPS, BN, GMAX = 4, 32, 8   # attention.cu's fp32 decode kernel
 STAGES = {64: 3, 128: 3, 256: 2}
-STAGES_KV8 = {64: 6, 128: 6, 256: 3}
+STAGES_KV8 = {64: 3, 128: 3, 256: 3}
 GID, TQ = LANE >> 2, LANE & 3
 
 

@@ -27,7 +27,7 @@ NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its bloc
 PASS = NWARPS * BN                           # its pass (a key tile of every warp): splits are whole passes
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16      # must match attention_decode.cu
 DEC_STAGES = {64: 3, 128: 3, 256: 2}         # cp.async ring depth per warp (DecTile::STAGES)
-DEC_STAGES_KV8 = {64: 6, 128: 6, 256: 3}     # the same over fp8 caches (rows of half the bytes)
+DEC_STAGES_KV8 = {64: 3, 128: 3, 256: 3}     # the same over fp8 caches (rows of half the bytes)
 DEC_PASS = DEC_WARPS * DEC_BN                # its pass
 # The split rule (decode_split; the kernels take these as arguments): up to DECODE_NEAR splits of DECODE_SPLIT_KEYS
 # keys (in whole passes of the kernel), then DECODE_NEAR splits growing to DECODE_NEAR times that, then splits of
