@@ -43,6 +43,9 @@ template <int D, typename E = bf16> struct DecTile {
     static constexpr int RING = STAGES * STAGE;           // one warp's ring, elements
     static constexpr int WARP_BYTES = RING * sizeof(E);
     static constexpr bool Q_IN_REGS = D <= 128;           // d256: o[] alone takes 128 registers
+    // fp8: the warps' merge area lies past the rings (two blocks still share an SM), so a block's next split's
+    // copies go out before it merges the current one; bf16: laid over the rings (apart, one block an SM).
+    static constexpr int MERGE_AT = KV8 ? DEC_WARPS * WARP_BYTES : 0;
 };
 
 // Where an fp8 ring row r (0 .. 15 of its K or V rows) keeps its 16-byte chunk c: the chunk index XOR-ed with bits
@@ -348,15 +351,22 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
             __syncwarp();  // the stage is consumed before a later iteration refills it
         }
         cp_async_wait<0>();  // only empty groups remain
+        if constexpr (C::MERGE_AT > 0) {   // the rings are drained and the merge area lies apart
+            if (split + (int)gridDim.x < used) {
+                kbeg = (split + gridDim.x) * split_len;
+                kend = min(L, kbeg + split_len);
+                ntiles = warp_prologue<D, E>(ring, kc, vc, kv, table, kvh, kbeg, kend, warp);
+            }
+        }
 
-        // merge the warps over the drained rings: O [warp][row][D] unnormalized, m (log2 units) and l per row
+        // merge the warps (over the drained rings, or apart): O [warp][row][D] unnormalized, m (log2 units) and l
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
             l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
         }
         __syncthreads();
-        float* mo = (float*)smem_raw;
+        float* mo = (float*)(smem_raw + C::MERGE_AT);
         float* mm = mo + DEC_WARPS * DEC_ROWS * D;
         float* ml = mm + DEC_WARPS * DEC_ROWS;
 #pragma unroll
@@ -376,10 +386,12 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
         ++arrivals;
         split += gridDim.x;
         if (split >= used) break;
-        __syncthreads();  // the merge area is read before the next split's copies land over it
-        kbeg = split * split_len;
-        kend = min(L, kbeg + split_len);
-        ntiles = warp_prologue<D, E>(ring, kc, vc, kv, table, kvh, kbeg, kend, warp);
+        if constexpr (C::MERGE_AT == 0) {
+            __syncthreads();  // the merge area is read before the next split's copies land over it
+            kbeg = split * split_len;
+            kend = min(L, kbeg + split_len);
+            ntiles = warp_prologue<D, E>(ring, kc, vc, kv, table, kvh, kbeg, kend, warp);
+        }
     }
     if (used > 1)
         merge_splits_if_last<bf16, D, D >= 128>(part_o, part_m, part_l, counters, (float*)smem_raw, gc, head0, nh, q0,

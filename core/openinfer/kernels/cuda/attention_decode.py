@@ -54,11 +54,11 @@ class DecodeKernel:
 
 
 def mma_decode_smem(d: int, kv8: bool = False) -> int:
-    """The warps' K/V rings (bf16 rows padded by 8; fp8 rows as stored), or the fp32 merge area laid over them if
-    larger."""
+    """The warps' K/V rings (bf16 rows padded by 8; fp8 rows as stored) and the fp32 merge area: laid over the
+    rings (bf16), or past them (fp8: DecTile::MERGE_AT)."""
     rings = DEC_WARPS * (DEC_STAGES_KV8[d] * 2 * DEC_BN * d if kv8 else DEC_STAGES[d] * 2 * DEC_BN * (d + 8) * 2)
     merge = DEC_WARPS * DEC_ROWS * (d + 2) * 4
-    return max(rings, merge)
+    return rings + merge if kv8 else max(rings, merge)
 
 
 def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool, kv8: bool = False) -> DecodeKernel:
