@@ -13,9 +13,11 @@
 //   warp   takes every DEC_WARPS-th tile of DEC_BN = 16 keys of the split and streams them through its
 //          own STAGES-deep cp.async ring in shared memory: no block barrier in the loop, STAGES - 1
 //          tiles of every warp in flight, which is what keeps HBM busy. S = Q K^T and O += P V by
-//          mma.sync m16n8k16 (fragments by ldmatrix, .trans for V; Q fragments straight from global),
-//          online softmax in the log2 domain (S scaled by scale * log2(e) in fp32), as attention_mma.cu.
-//   merge  the warps' (m, l, O) meet in shared memory (over the rings, once all are drained); the block
+//          mma.sync m16n8k16 (fragments by ldmatrix, .trans for V; Q fragments straight from global; over
+//          fp8 caches read from the bytes, kv8_scores / kv8_pv), online softmax in the log2 domain (S scaled
+//          by scale * log2(e) in fp32), as attention_mma.cu.
+//   merge  the warps' (m, l, O) meet in shared memory (over the rings once all are drained; fp8: past them,
+//          while the block's next split's copies land); the block
 //          stores the normalized row (the context has one split) or its split's partial, and the last
 //          block of a (sequence, head chunk) to finish merges the partials in split order (merge_splits_if_last).
 //          Merging the splits of a thread-block cluster over distributed shared memory instead measured
