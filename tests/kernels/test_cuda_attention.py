@@ -359,7 +359,7 @@ FP8_CASES = ["prefill_varlen_prefix", "prefill_mha_d64", "prefill_long_g2_d256",
 @pytest.mark.parametrize("case", FP8_CASES)
 def test_fp8_cache_attention_is_attention_over_the_rounded_cache(case, impl):
     """Caches of e4m3 bytes (keys past +-448 among them, saturated) in every implementation: the numpy reference's
-    attention over the rounded values, within bf16 tolerance (the kernels convert their tiles to f16, which holds
+    attention over the rounded values, within bf16 tolerance (the kernels convert the bytes to f16, which holds
     every e4m3 value, and multiply in f16 with Q rounded to f16), and the same bits from every implementation."""
     from openinfer.quant.fp8 import e4m3_to_f32, to_e4m3
     runs, nh, nkv, d = ATTN_CASES[case]
