@@ -5,7 +5,8 @@ warp merge; attention.cu's fp32 paged_decode warp by warp in float32; for both t
 decode_split_len), the grid's blocks taking a sequence's splits in turn, and the merge of decode_merge.cuh (blocks
 finishing in a random order at their (sequence, head chunk) counter, the last one merging in split order); compared
 with the numpy reference; the fp8-cache form's fragment reads as decode_kv8_emulation.py models them. Also: a
-sequence's split layout and its output bits are the same in any batch and under any max_context_len (a CUDA graph's). Mirrors the kernels line by line: change both together."""
+sequence's split layout and its output bits are the same in any batch and under any max_context_len (a CUDA graph's).
+Mirrors the kernels line by line: change both together."""
 from __future__ import annotations
 
 import dataclasses
