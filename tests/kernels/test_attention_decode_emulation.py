@@ -167,8 +167,9 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
             ml[r[first]] = l[first, h]
     cols = dec_cols(np.arange(D), D, kv8)
     assert sorted(cols) == list(range(D))
-    return merge_states([(mo[(w * DEC_ROWS + np.arange(gc)[:, None]) * D + cols],
-                          mm[w * DEC_ROWS + np.arange(gc)], ml[w * DEC_ROWS + np.arange(gc)]) for w in range(DEC_WARPS)])
+    rows = np.arange(gc)
+    return merge_states([(mo[(w * DEC_ROWS + rows[:, None]) * D + cols], mm[w * DEC_ROWS + rows], ml[w * DEC_ROWS + rows])
+                         for w in range(DEC_WARPS)])
 
 
 def merge_states(states):
