@@ -167,9 +167,8 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
             ml[r[first]] = l[first, h]
     cols = dec_cols(np.arange(D), D, kv8)
     assert sorted(cols) == list(range(D))
-    rows = np.arange(gc)
-    return merge_states([(mo[(w * DEC_ROWS + rows[:, None]) * D + cols], mm[w * DEC_ROWS + rows], ml[w * DEC_ROWS + rows])
-                         for w in range(DEC_WARPS)])
+    rows = [w * DEC_ROWS + np.arange(gc) for w in range(DEC_WARPS)]
+    return merge_states([(mo[r[:, None] * D + cols], mm[r], ml[r]) for r in rows])
 
 
 def merge_states(states):
