@@ -5,7 +5,8 @@ empty marker kernels that scripts/ncu_table.py cuts the log at. Run it under ncu
     ncu --graph-profiling node --metrics gpu__time_duration.sum --csv \
         python scripts/gpu_kernel_times.py qwen3-4b decode 1
 Scenarios: `decode B` (one graph-replayed decode step, B rows at --context tokens each),
-`eager B` (the same step eagerly), `prefill N` (one cold prefill of an N-token prompt).
+`eager B` (the same step eagerly), `prefill N` (one cold prefill of an N-token prompt; with --prompts K, of K such
+prompts in one step, as a saturated server runs them). --kv-cache-dtype fp8 profiles the step over an fp8 KV cache.
 """
 from __future__ import annotations
 
@@ -25,21 +26,25 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--device", default="cuda", help="cpu only to check this script without a GPU")
     ap.add_argument("--tokenizer", default=None, help="a tokenizer folder, for a preset of a line that ships none")
+    ap.add_argument("--prompts", type=int, default=1, help="prefill: prompts of `size` tokens in the one step")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
     a = ap.parse_args()
-    rows = a.size if a.scenario != "prefill" else 1
-    eng = build_engine(a.model, EngineArgs(device=a.device, load_format="dummy", tokenizer=a.tokenizer, max_num_seqs=max(rows, 8),
-                                           max_model_len=max(4 * a.context, 2 * a.size),
-                                           max_num_batched_tokens=max(8192, a.size),
-                                           enforce_eager=a.scenario == "eager"))
+    rows = a.size if a.scenario != "prefill" else a.prompts
+    eng = build_engine(a.model, EngineArgs(device=a.device, load_format="dummy", tokenizer=a.tokenizer,
+                                           max_num_seqs=max(rows, 8), max_model_len=max(4 * a.context, 2 * a.size),
+                                           max_num_batched_tokens=max(8192, a.size * a.prompts),
+                                           enforce_eager=a.scenario == "eager", kv_cache_dtype=a.kv_cache_dtype))
     rng = np.random.default_rng(0)
     vocab = min(150000, eng.vocab_size)   # token ids any of the lines' vocabularies holds
     params = SamplingParams(max_tokens=a.context, temperature=0.0, ignore_eos=True)
     if a.scenario == "prefill":
-        warm = eng.submit(rng.integers(0, vocab, a.size).tolist(), params)   # the same shape once, unprofiled
+        warm = [eng.submit(rng.integers(0, vocab, a.size).tolist(), params) for _ in range(a.prompts)]
+        eng.step()   # the same shapes once, unprofiled
+        for w in warm:
+            eng.abort(w.request_id)
         eng.step()
-        eng.abort(warm.request_id)
-        eng.step()
-        eng.submit(rng.integers(0, vocab, a.size).tolist(), params)
+        for _ in range(a.prompts):
+            eng.submit(rng.integers(0, vocab, a.size).tolist(), params)
     else:
         for _ in range(rows):
             eng.submit(rng.integers(0, vocab, a.context).tolist(), params)
@@ -67,7 +72,7 @@ def main() -> None:
 
 def check(stats, a: argparse.Namespace) -> None:
     """The profiled step must be the scenario's (a rejected or finished request leaves an empty step)."""
-    rows, tokens = (1, a.size) if a.scenario == "prefill" else (a.size, a.size)
+    rows, tokens = (a.prompts, a.size * a.prompts) if a.scenario == "prefill" else (a.size, a.size)
     if stats.num_seqs != rows or stats.num_tokens != tokens:   # (the budget holds the whole prompt)
         raise SystemExit(f"the profiled step ran {stats.num_seqs} rows and {stats.num_tokens} tokens, "
                          f"not {rows} and {tokens}")
