@@ -7,9 +7,9 @@ kernel for everything else, with the kernels' launch constants mirrored here. Th
 - "cuda_cores" (bf16 and float32; float32's only one): the fp32 flash-style kernels of attention.cu.
 
 A call the tensor-core kernels cannot take (rows not 16-byte aligned) runs the CUDA-core kernels. fp8 caches
-(uint8 e4m3 bytes, --kv-cache-dtype fp8) run on the tensor-core kernels' fp8 forms in every implementation:
-the decode kernel and mma.sync prefill, each converting its K/V tiles to f16 in shared memory and multiplying in
-f16 (fp8.cuh)."""
+(uint8 e4m3 bytes, --kv-cache-dtype fp8) run on the tensor-core kernels' fp8 forms in every implementation, which
+multiply in f16 (fp8.cuh): the decode kernel converting the bytes as it reads its fragments, mma.sync prefill
+converting each K/V tile to f16 in shared memory."""
 from __future__ import annotations
 
 import math
