@@ -8,7 +8,8 @@ import numpy as np
 
 from test_attention_mma_emulation import LANE, mma
 
-STAGES_KV8 = {64: 3, 128: 3, 256: 3}
+STAGES_KV8 = {64: 2, 128: 2, 256: 3}
+BN_KV8 = {64: 32, 128: 32, 256: 16}   # keys a tile
 GID, TQ = LANE >> 2, LANE & 3
 
 
@@ -59,16 +60,16 @@ def q_fragment_kv8(q, lo, hi, kk):
     return a
 
 
-def kv8_scores(smem, kt, qf, D):
-    """kv8_scores: S [32, 2, 4] from an fp8 stage's K rows (byte values at their swizzled places)."""
-    s = np.zeros((32, 2, 4))
+def kv8_scores(smem, kt, qf, D, NJ):
+    """kv8_scores: S [32, NJ, 4] from an fp8 stage's K rows (byte values at their swizzled places; rows gid + 8 j
+    share gid's swizzle)."""
+    s = np.zeros((32, NJ, 4))
     for qd in range(D // 64):
         at = np.array([kv8_chunk(g, 4 * qd + t, D) for g, t in zip(GID, TQ)]) * 16
-        k0 = lds(smem, kt + GID * D + at, 16)
-        k1 = lds(smem, kt + (GID + 8) * D + at, 16)
+        k = [lds(smem, kt + (GID + 8 * j) * D + at, 16) for j in range(NJ)]
         for i in range(4):
-            for j, k in enumerate((k0, k1)):
-                mma(s[:, j], qf[4 * qd + i], k[:, 4 * i: 4 * i + 2], k[:, 4 * i + 2: 4 * i + 4])
+            for j in range(NJ):
+                mma(s[:, j], qf[4 * qd + i], k[j][:, 4 * i: 4 * i + 2], k[j][:, 4 * i + 2: 4 * i + 4])
     return s
 
 

@@ -22,7 +22,7 @@ from openinfer.kernels.cuda import attention, attention_decode as ad, module
 from openinfer.kernels.cuda.module import BF16
 from openinfer.quant.fp8 import E4M3, e4m3_to_f32, to_e4m3
 from openinfer.testing.launch_check import fake, record_launches
-from decode_kv8_emulation import STAGES_KV8, dec_cols, f16, kv8_chunk, kv8_pv, kv8_scores, q_fragment_kv8
+from decode_kv8_emulation import BN_KV8, STAGES_KV8, dec_cols, f16, kv8_chunk, kv8_pv, kv8_scores, q_fragment_kv8
 from test_attention_mma_emulation import LANE, ldmatrix_x4, mma, pack, shuffled_tables
 
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16
@@ -39,18 +39,23 @@ def split_rule(L, split_keys, near, cap, slots, pass_len):
     return -(-L // length), length
 
 
+def tile_keys(D, kv8):
+    """DecTile::BN: keys a tile."""
+    return BN_KV8[D] if kv8 else DEC_BN
+
+
 def warp_load_kv(smem, stage, kflat, vflat, offset, k0, kend, D, kv8=False):
-    LD, CH = (D, 16) if kv8 else (D + 8, 8)
+    LD, CH, BN = (D, 16, BN_KV8[D]) if kv8 else (D + 8, 8, DEC_BN)
     VW = D // CH
-    key = k0 + (LANE & (DEC_BN - 1))
+    key = k0 + (LANE & (BN - 1))
     off = np.array([offset(k) if k < kend else -1 for k in key])
-    for it in range(DEC_BN * VW // 32):
+    for it in range(BN * VW // 32):
         idx = it * 32 + LANE
         r, c = idx // VW, idx % VW
         o = off[r]  # __shfl_sync(off, r)
         for ln in range(32):
             at = (kv8_chunk(r[ln], c[ln], D) if kv8 else c[ln]) * CH
-            for base, src in ((stage + r[ln] * LD, kflat), (stage + (DEC_BN + r[ln]) * LD, vflat)):
+            for base, src in ((stage + r[ln] * LD, kflat), (stage + (BN + r[ln]) * LD, vflat)):
                 smem[base + at: base + at + CH] = src[o[ln] + c[ln] * CH: o[ln] + (c[ln] + 1) * CH] if o[ln] >= 0 else 0
 
 
@@ -70,8 +75,10 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
     griddepcontrol.wait) or a later one: returns its warps' states merged (merge_warps): o [gc, D]
     unnormalised, M [gc], lsum [gc]. `kv8`: the fp8-cache form (kflat, vflat: the bytes' values)."""
     LD, KC, DT, S = (D if kv8 else D + 8), D // 16, D // 8, (STAGES_KV8 if kv8 else STAGES)[D]
-    STAGE, RING = 2 * DEC_BN * LD, S * 2 * DEC_BN * LD
-    nall = (kend - kbeg + DEC_BN - 1) // DEC_BN if kend > kbeg else 0
+    BN = tile_keys(D, kv8)
+    NJ = BN // 8
+    STAGE, RING = 2 * BN * LD, S * 2 * BN * LD
+    nall = (kend - kbeg + BN - 1) // BN if kend > kbeg else 0
     smem = np.full(DEC_WARPS * RING, np.nan, np.float32)
     koff = ((LANE & 7) + ((LANE >> 4) & 1) * 8) * LD + ((LANE >> 3) & 1) * 8
     voff = ((LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
@@ -91,17 +98,17 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
         for s in range(S - 1):
             if s < ntiles[warp]:
                 warp_load_kv(smem, warp * RING + s * STAGE, kflat, vflat, offset,
-                             kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend, D, kv8)
+                             kbeg + (warp + s * DEC_WARPS) * BN, kend, D, kv8)
     kflat[new: new + D], vflat[new: new + D] = written   # griddepcontrol.wait: the kernel before has finished
     if first and kend == L:   # warp_reload_key
-        tile = (L - 1 - kbeg) // DEC_BN
-        warp, s, r = tile % DEC_WARPS, tile // DEC_WARPS, (L - 1 - kbeg) % DEC_BN
+        tile = (L - 1 - kbeg) // BN
+        warp, s, r = tile % DEC_WARPS, tile // DEC_WARPS, (L - 1 - kbeg) % BN
         if s < S - 1:
             stage = warp * RING + s * STAGE
             CH = 16 if kv8 else 8
             for c in range(D // CH):
                 at = (kv8_chunk(r, c, D) if kv8 else c) * CH
-                for base, src in ((stage + r * LD, kflat), (stage + (DEC_BN + r) * LD, vflat)):
+                for base, src in ((stage + r * LD, kflat), (stage + (BN + r) * LD, vflat)):
                     smem[base + at: base + at + CH] = src[new + c * CH: new + (c + 1) * CH]
     for warp in range(DEC_WARPS):
         ring = warp * RING
@@ -111,20 +118,20 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
             pre = t + S - 1
             if pre < ntiles[warp]:
                 warp_load_kv(smem, ring + (pre % S) * STAGE, kflat, vflat, offset,
-                             kbeg + (warp + pre * DEC_WARPS) * DEC_BN, kend, D, kv8)
+                             kbeg + (warp + pre * DEC_WARPS) * BN, kend, D, kv8)
             kt = ring + (t % S) * STAGE
-            vt = kt + DEC_BN * LD
-            k0 = kbeg + (warp + t * DEC_WARPS) * DEC_BN
+            vt = kt + BN * LD
+            k0 = kbeg + (warp + t * DEC_WARPS) * BN
             if kv8:
-                s_ = kv8_scores(smem, kt, qf, D)
+                s_ = kv8_scores(smem, kt, qf, D, NJ)
             else:
                 s_ = np.zeros((32, 2, 4))
                 for kk in range(KC):
                     bk = ldmatrix_x4(smem, kt + koff + kk * 16)
                     mma(s_[:, 0], qf[kk], bk[:, 0], bk[:, 1])
                     mma(s_[:, 1], qf[kk], bk[:, 2], bk[:, 3])
-            if k0 + DEC_BN > kend:
-                for j in range(2):
+            if k0 + BN > kend:
+                for j in range(NJ):
                     for e in range(4):
                         s_[:, j, e] = np.where(k0 + 8 * j + 2 * TQ + (e & 1) >= kend, -np.inf, s_[:, j, e])
             mx = np.stack([np.maximum(m[:, 0], s_[:, :, :2].max(axis=(1, 2))),
@@ -139,11 +146,14 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
             l += np.stack([p[:, :, :2].sum((1, 2)), p[:, :, 2:].sum((1, 2))], 1)
             o *= np.repeat(alpha, 2, axis=1)[:, None, :]
             pk = (lambda lo, hi: np.stack([f16(lo), f16(hi)], axis=-1)) if kv8 else pack
-            a = np.stack([pk(p[:, 0, 0], p[:, 0, 1]), pk(p[:, 0, 2], p[:, 0, 3]),
-                          pk(p[:, 1, 0], p[:, 1, 1]), pk(p[:, 1, 2], p[:, 1, 3])], 1)
-            if kv8:
-                kv8_pv(smem, vt, o, a, D)
+            a = [np.stack([pk(p[:, 2 * ks, 0], p[:, 2 * ks, 1]), pk(p[:, 2 * ks, 2], p[:, 2 * ks, 3]),
+                           pk(p[:, 2 * ks + 1, 0], p[:, 2 * ks + 1, 1]), pk(p[:, 2 * ks + 1, 2], p[:, 2 * ks + 1, 3])], 1)
+                 for ks in range(BN // 16)]
+            if kv8:   # keys 16 ks .. 16 ks + 15: V rows from 16 ks on
+                for ks in range(BN // 16):
+                    kv8_pv(smem, vt + 16 * ks * D, o, a[ks], D)
                 continue
+            a = a[0]
             for dp in range(D // 16):
                 bv = ldmatrix_x4(smem, vt + voff + dp * 16, trans=True)
                 mma(o[:, 2 * dp], a, bv[:, 0], bv[:, 1])
@@ -291,7 +301,8 @@ def emulate_mma_decode(call, seed=0, exact=None):
     """paged_decode_mma_bf16_d* and its fp8-cache form _kv8_d*: 16 query heads a block, passes of 64 keys."""
     D, kv8 = int(call.name.rsplit("_d", 1)[1]), "_kv8_" in call.name
     assert call.block == 32 * DEC_WARPS and call.smem == ad.mma_decode_smem(D, kv8)
-    emulate_grid(call, DEC_ROWS, DEC_WARPS * DEC_BN, functools.partial(emulate_split, kv8=kv8), seed, exact)
+    emulate_grid(call, DEC_ROWS, DEC_WARPS * tile_keys(D, kv8), functools.partial(emulate_split, kv8=kv8), seed,
+                 exact)
 
 
 def emulate_fp32_decode(call, seed=0, exact=None):

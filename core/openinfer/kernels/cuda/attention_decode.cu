@@ -39,9 +39,11 @@ template <int D, typename E = bf16> struct DecTile {
     static constexpr bool KV8 = sizeof(E) == 1;
     static constexpr int LD = D + 8;                      // smem row stride (bf16): the pad keeps ldmatrix conflict-free
     static constexpr int ROW = KV8 ? D : LD;              // a ring row's elements
-    // bf16 d256: two blocks of three stages would not fit an SM. fp8: three (six measured no faster at 256 x 1k)
-    static constexpr int STAGES = KV8 || D <= 128 ? 3 : 2;
-    static constexpr int STAGE = 2 * DEC_BN * ROW;        // K rows then V rows of one tile
+    // keys a tile: fp8 rows up to d128 take 32 (a tile's fixed work, the softmax and O's rescale, over twice the keys)
+    static constexpr int BN = KV8 && D <= 128 ? 32 : DEC_BN;
+    // bf16 d256: two blocks of three stages would not fit an SM; fp8: the bytes of three 16-key stages
+    static constexpr int STAGES = KV8 ? (BN == 32 ? 2 : 3) : D <= 128 ? 3 : 2;
+    static constexpr int STAGE = 2 * BN * ROW;            // K rows then V rows of one tile
     static constexpr int RING = STAGES * STAGE;           // one warp's ring, elements
     static constexpr int WARP_BYTES = RING * sizeof(E);
     static constexpr bool Q_IN_REGS = D <= 128;           // d256: o[] alone takes 128 registers
@@ -64,18 +66,19 @@ template <int D, typename E>
 __device__ __forceinline__ void warp_load_kv(E* stage, const E* kc, const E* vc, const KvLayout& kv,
                                              const int* table, int kvh, int k0, int kend) {
     constexpr int LD = DecTile<D, E>::ROW, CH = 16 / sizeof(E), VW = D / CH;   // CH elements a 16-byte chunk
-    static_assert((DEC_BN * VW) % 32 == 0, "a tile's chunks must split evenly over the lanes");
-    const int lane = threadIdx.x & 31, key = k0 + (lane & (DEC_BN - 1));
+    constexpr int BN = DecTile<D, E>::BN;
+    static_assert((BN * VW) % 32 == 0 && BN <= 32, "a tile's chunks must split evenly over the lanes");
+    const int lane = threadIdx.x & 31, key = k0 + (lane & (BN - 1));
     const long long off = key < kend ? kv.offset(table, key, kvh, D) : -1;
 #pragma unroll
-    for (int it = 0; it < DEC_BN * VW / 32; ++it) {
+    for (int it = 0; it < BN * VW / 32; ++it) {
         const int idx = it * 32 + lane, r = idx / VW, c = idx % VW;
         const long long o = __shfl_sync(0xffffffffu, off, r);
         const int bytes = o >= 0 ? 16 : 0;
         const long long src = o >= 0 ? o + c * CH : 0;
         const int at = (sizeof(E) == 1 ? kv8_chunk<D>(r, c) : c) * CH;
         cp_async16(stage + r * LD + at, kc + src, bytes);
-        cp_async16(stage + (DEC_BN + r) * LD + at, vc + src, bytes);
+        cp_async16(stage + (BN + r) * LD + at, vc + src, bytes);
     }
 }
 
@@ -94,23 +97,24 @@ __device__ __forceinline__ void warp_reload_key(E* stage, const E* kc, const E* 
         const bool is_v = idx >= VW;
         const uint4 val = __ldcg(reinterpret_cast<const uint4*>((is_v ? vc : kc) + off + c * CH));
         const int at = (sizeof(E) == 1 ? kv8_chunk<D>(r, c) : c) * CH;
-        *reinterpret_cast<uint4*>(stage + ((is_v ? DEC_BN : 0) + r) * LD + at) = val;
+        *reinterpret_cast<uint4*>(stage + ((is_v ? DecTile<D, E>::BN : 0) + r) * LD + at) = val;
     }
     __syncwarp();
 }
 
-// This warp's tiles of keys kbeg .. kend - 1 (tiles of DEC_BN keys, every DEC_WARPS-th from tile `warp`), and
+// This warp's tiles of keys kbeg .. kend - 1 (tiles of BN keys, every DEC_WARPS-th from tile `warp`), and
 // the first STAGES - 1 of them copied into its ring (one commit group a stage, empty past the last tile).
 template <int D, typename E>
 __device__ __forceinline__ int warp_prologue(E* ring, const E* kc, const E* vc, const KvLayout& kv,
                                              const int* table, int kvh, int kbeg, int kend, int warp) {
     constexpr int STAGE = DecTile<D, E>::STAGE, STAGES = DecTile<D, E>::STAGES;
-    const int nall = kend > kbeg ? (kend - kbeg + DEC_BN - 1) / DEC_BN : 0;
+    constexpr int BN = DecTile<D, E>::BN;
+    const int nall = kend > kbeg ? (kend - kbeg + BN - 1) / BN : 0;
     const int ntiles = nall > warp ? (nall - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < ntiles)
-            warp_load_kv<D, E>(ring + s * STAGE, kc, vc, kv, table, kvh, kbeg + (warp + s * DEC_WARPS) * DEC_BN, kend);
+            warp_load_kv<D, E>(ring + s * STAGE, kc, vc, kv, table, kvh, kbeg + (warp + s * DEC_WARPS) * BN, kend);
         cp_async_commit();  // possibly empty: wait<STAGES - 1> below always means "tile t has landed"
     }
     return ntiles;
@@ -139,18 +143,21 @@ __device__ __forceinline__ void q_fragment_kv8(unsigned int* a, const unsigned i
     a[3] = hi ? bf16x2_to_f16x2(hi[w + 1]) : 0u;
 }
 
-// s[j] += Q K^T over an fp8 stage's keys 8 j .. 8 j + 7 (lane: key gid + 8 j): one 16-byte read a 64-dim quarter of
-// a key row gives four k-steps' B fragments, two conversions each. qf: Q's fragments (Q_IN_REGS), else read from
-// qlo / qhi.
-template <int D, bool Q_IN_REGS>
+// s[j] += Q K^T over an fp8 stage's keys 8 j .. 8 j + 7, j < NJ (lane: key gid + 8 j): one 16-byte read a 64-dim
+// quarter of a key row gives four k-steps' B fragments, two conversions each. qf: Q's fragments (Q_IN_REGS), else
+// read from qlo / qhi.
+template <int D, int NJ, bool Q_IN_REGS>
 __device__ __forceinline__ void kv8_scores(float (*s)[4], const unsigned char* kt, const unsigned int (*qf)[4],
                                            const unsigned int* qlo, const unsigned int* qhi, int gid, int tq) {
 #pragma unroll
     for (int qd = 0; qd < D / 64; ++qd) {
-        const int at = kv8_chunk<D>(gid, 4 * qd + tq) * 16;
-        const uint4 k0 = *reinterpret_cast<const uint4*>(kt + gid * D + at);
-        const uint4 k1 = *reinterpret_cast<const uint4*>(kt + (gid + 8) * D + at);
-        const unsigned int w0[4] = {k0.x, k0.y, k0.z, k0.w}, w1[4] = {k1.x, k1.y, k1.z, k1.w};
+        const int at = kv8_chunk<D>(gid, 4 * qd + tq) * 16;   // rows gid + 8 j share gid's swizzle
+        unsigned int w[NJ][4];
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const uint4 k = *reinterpret_cast<const uint4*>(kt + (gid + 8 * j) * D + at);
+            w[j][0] = k.x; w[j][1] = k.y; w[j][2] = k.z; w[j][3] = k.w;
+        }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             unsigned int a[4], b0, b1;
@@ -159,10 +166,11 @@ __device__ __forceinline__ void kv8_scores(float (*s)[4], const unsigned char* k
             } else {
                 q_fragment_kv8(a, qlo, qhi, 4 * qd + i, tq);
             }
-            e4m3x4_to_f16x4(w0[i], b0, b1);
-            mma_f16(s[0], a, b0, b1);
-            e4m3x4_to_f16x4(w1[i], b0, b1);
-            mma_f16(s[1], a, b0, b1);
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                e4m3x4_to_f16x4(w[j][i], b0, b1);
+                mma_f16(s[j], a, b0, b1);
+            }
         }
     }
 }
@@ -227,7 +235,8 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
                            float* part_o, float* part_m, float* part_l, int* counters, int nh, int nkv,
                            float scale, int split_keys, int near, int cap, int slots) {
     using C = DecTile<D, E>;
-    constexpr int LD = C::LD, KC = D / 16, DT = D / 8, STAGES = C::STAGES, PASS = DEC_WARPS * DEC_BN;
+    constexpr int LD = C::LD, KC = D / 16, DT = D / 8, STAGES = C::STAGES, BN = C::BN, NJ = BN / 8;
+    constexpr int PASS = DEC_WARPS * BN;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
     const int b = blockIdx.z, group = blockIdx.x, G = nh / nkv, chunks = (G + DEC_ROWS - 1) / DEC_ROWS;
@@ -260,9 +269,9 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
         }
     }
     if (kend == L) {
-        const int tile = (L - 1 - kbeg) / DEC_BN, s = tile / DEC_WARPS;
+        const int tile = (L - 1 - kbeg) / BN, s = tile / DEC_WARPS;
         if (tile % DEC_WARPS == warp && s < STAGES - 1)
-            warp_reload_key<D, E>(ring + s * C::STAGE, kc, vc, kv, table, kvh, L - 1, (L - 1 - kbeg) % DEC_BN);
+            warp_reload_key<D, E>(ring + s * C::STAGE, kc, vc, kv, table, kvh, L - 1, (L - 1 - kbeg) % BN);
     }
     const int koff = ((lane & 7) + ((lane >> 4) & 1) * 8) * LD + ((lane >> 3) & 1) * 8;
     const int voff = ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
@@ -279,17 +288,19 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
             const int pre = t + STAGES - 1;
             if (pre < ntiles)
                 warp_load_kv<D, E>(ring + (pre % STAGES) * C::STAGE, kc, vc, kv, table, kvh,
-                                kbeg + (warp + pre * DEC_WARPS) * DEC_BN, kend);
+                                kbeg + (warp + pre * DEC_WARPS) * BN, kend);
             cp_async_commit();
             cp_async_wait<STAGES - 1>();
             __syncwarp();  // every lane's copies of tile t are visible to the whole warp
             const E* kt = ring + (t % STAGES) * C::STAGE;
-            const E* vt = kt + DEC_BN * C::ROW;
-            const int k0 = kbeg + (warp + t * DEC_WARPS) * DEC_BN;
+            const E* vt = kt + BN * C::ROW;
+            const int k0 = kbeg + (warp + t * DEC_WARPS) * BN;
 
-            float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            float s[NJ][4];
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
             if constexpr (C::KV8) {
-                kv8_scores<D, C::Q_IN_REGS>(s, kt, qf, qlo, qhi, gid, tq);
+                kv8_scores<D, NJ, C::Q_IN_REGS>(s, kt, qf, qlo, qhi, gid, tq);
             } else {
 #pragma unroll
                 for (int kk = 0; kk < KC; ++kk) {
@@ -304,9 +315,9 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
                     mma_bf16(s[1], a, bk[2], bk[3]);
                 }
             }
-            if (k0 + DEC_BN > kend) {  // the split's last tile: keys past its end
+            if (k0 + BN > kend) {  // the split's last tile: keys past its end
 #pragma unroll
-                for (int j = 0; j < 2; ++j)
+                for (int j = 0; j < NJ; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
                         if (k0 + 8 * j + 2 * tq + (e & 1) >= kend) s[j][e] = NEG_INF;
@@ -317,6 +328,8 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float mx = fmaxf(m[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
+#pragma unroll
+                for (int j = 2; j < NJ; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 base[h] = mx * scale;
@@ -325,7 +338,7 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
                 l[h] *= alpha[h];
             }
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
+            for (int j = 0; j < NJ; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     s[j][e] = fast_exp2(fmaf(s[j][e], scale, -base[e >> 1]));
@@ -336,12 +349,19 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
                 o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
                 o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
             }
-            // O += P V: the S accumulators of the two n-tiles are the A fragment of the tile's 16 keys
-            const unsigned int a[4] = {pack16<C::KV8>(s[0][0], s[0][1]), pack16<C::KV8>(s[0][2], s[0][3]),
-                                       pack16<C::KV8>(s[1][0], s[1][1]), pack16<C::KV8>(s[1][2], s[1][3])};
+            // O += P V: the S accumulators of n-tiles 2 ks, 2 ks + 1 are the A fragment of keys 16 ks .. 16 ks + 15
             if constexpr (C::KV8) {
-                kv8_pv<D>(o, vt, a, gid, tq);
+#pragma unroll
+                for (int ks = 0; ks < BN / 16; ++ks) {
+                    const unsigned int a[4] = {pack_f16x2(s[2 * ks][0], s[2 * ks][1]),
+                                               pack_f16x2(s[2 * ks][2], s[2 * ks][3]),
+                                               pack_f16x2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                               pack_f16x2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+                    kv8_pv<D>(o, vt + 16 * ks * D, a, gid, tq);
+                }
             } else {
+                const unsigned int a[4] = {pack_bf16x2(s[0][0], s[0][1]), pack_bf16x2(s[0][2], s[0][3]),
+                                           pack_bf16x2(s[1][0], s[1][1]), pack_bf16x2(s[1][2], s[1][3])};
 #pragma unroll
                 for (int dp = 0; dp < D / 16; ++dp) {
                     unsigned int bv[4];

@@ -27,7 +27,8 @@ NWARPS, BN, GMAX = 4, 32, 8                  # must match attention.cu (its bloc
 PASS = NWARPS * BN                           # its pass (a key tile of every warp): splits are whole passes
 DEC_WARPS, DEC_BN, DEC_ROWS = 4, 16, 16      # must match attention_decode.cu
 DEC_STAGES = {64: 3, 128: 3, 256: 2}         # cp.async ring depth per warp (DecTile::STAGES)
-DEC_STAGES_KV8 = {64: 3, 128: 3, 256: 3}     # the same over fp8 caches (rows of half the bytes)
+DEC_STAGES_KV8 = {64: 2, 128: 2, 256: 3}     # the same over fp8 caches (rows of half the bytes)
+DEC_BN_KV8 = {64: 32, 128: 32, 256: 16}      # keys a tile over fp8 caches (DecTile::BN)
 DEC_PASS = DEC_WARPS * DEC_BN                # its pass
 # The split rule (decode_split; the kernels take these as arguments): up to DECODE_NEAR splits of DECODE_SPLIT_KEYS
 # keys (in whole passes of the kernel), then DECODE_NEAR splits growing to DECODE_NEAR times that, then splits of
@@ -56,7 +57,7 @@ class DecodeKernel:
 def mma_decode_smem(d: int, kv8: bool = False) -> int:
     """The warps' K/V rings (bf16 rows padded by 8; fp8 rows as stored) and the fp32 merge area: laid over the
     rings (bf16), or past them (fp8: DecTile::MERGE_AT)."""
-    rings = DEC_WARPS * (DEC_STAGES_KV8[d] * 2 * DEC_BN * d if kv8 else DEC_STAGES[d] * 2 * DEC_BN * (d + 8) * 2)
+    rings = DEC_WARPS * (DEC_STAGES_KV8[d] * 2 * DEC_BN_KV8[d] * d if kv8 else DEC_STAGES[d] * 2 * DEC_BN * (d + 8) * 2)
     merge = DEC_WARPS * DEC_ROWS * (d + 2) * 4
     return rings + merge if kv8 else max(rings, merge)
 
@@ -66,7 +67,7 @@ def decode_kernel(dtype: str, d: int, itemsize: int, mma: bool, kv8: bool = Fals
     the fp32 one, whose grid keeps its original tuning (two blocks an SM)."""
     if mma:
         return DecodeKernel("attention_decode", f"paged_decode_mma_bf16_{'kv8_' if kv8 else ''}d{d}", DEC_ROWS,
-                            DEC_PASS, mma_decode_smem(d, kv8), 32 * DEC_WARPS, 0)
+                            DEC_WARPS * DEC_BN_KV8[d] if kv8 else DEC_PASS, mma_decode_smem(d, kv8), 32 * DEC_WARPS, 0)
     words = d * itemsize // 4
     return DecodeKernel("attention", f"paged_decode_{dtype}_d{d}", GMAX, PASS,
                         (GMAX * d + NWARPS * BN * (words + 1)) * 4, 32 * NWARPS, 2)
