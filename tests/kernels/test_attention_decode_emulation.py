@@ -146,9 +146,9 @@ def emulate_split(q, q_stride, kflat, vflat, offset, q0, L, kvh, g0, gc, G, kbeg
             l += np.stack([p[:, :, :2].sum((1, 2)), p[:, :, 2:].sum((1, 2))], 1)
             o *= np.repeat(alpha, 2, axis=1)[:, None, :]
             pk = (lambda lo, hi: np.stack([f16(lo), f16(hi)], axis=-1)) if kv8 else pack
-            a = [np.stack([pk(p[:, 2 * ks, 0], p[:, 2 * ks, 1]), pk(p[:, 2 * ks, 2], p[:, 2 * ks, 3]),
-                           pk(p[:, 2 * ks + 1, 0], p[:, 2 * ks + 1, 1]), pk(p[:, 2 * ks + 1, 2], p[:, 2 * ks + 1, 3])], 1)
-                 for ks in range(BN // 16)]
+            a = [np.stack([pk(p[:, j, 0], p[:, j, 1]), pk(p[:, j, 2], p[:, j, 3]),
+                           pk(p[:, j + 1, 0], p[:, j + 1, 1]), pk(p[:, j + 1, 2], p[:, j + 1, 3])], 1)
+                 for j in range(0, NJ, 2)]   # keys 16 ks .. 16 ks + 15: n-tiles j = 2 ks, 2 ks + 1
             if kv8:   # keys 16 ks .. 16 ks + 15: V rows from 16 ks on
                 for ks in range(BN // 16):
                     kv8_pv(smem, vt + 16 * ks * D, o, a[ks], D)
