@@ -350,24 +350,22 @@ __device__ void decode_mma(const bf16* q, long long q_stride, const E* kc, const
                 o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
             }
             // O += P V: the S accumulators of n-tiles 2 ks, 2 ks + 1 are the A fragment of keys 16 ks .. 16 ks + 15
-            if constexpr (C::KV8) {
 #pragma unroll
-                for (int ks = 0; ks < BN / 16; ++ks) {
-                    const unsigned int a[4] = {pack_f16x2(s[2 * ks][0], s[2 * ks][1]),
-                                               pack_f16x2(s[2 * ks][2], s[2 * ks][3]),
-                                               pack_f16x2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                               pack_f16x2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+            for (int ks = 0; ks < BN / 16; ++ks) {
+                const unsigned int a[4] = {pack16<C::KV8>(s[2 * ks][0], s[2 * ks][1]),
+                                           pack16<C::KV8>(s[2 * ks][2], s[2 * ks][3]),
+                                           pack16<C::KV8>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                           pack16<C::KV8>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+                if constexpr (C::KV8) {
                     kv8_pv<D>(o, vt + 16 * ks * D, a, gid, tq);
-                }
-            } else {
-                const unsigned int a[4] = {pack_bf16x2(s[0][0], s[0][1]), pack_bf16x2(s[0][2], s[0][3]),
-                                           pack_bf16x2(s[1][0], s[1][1]), pack_bf16x2(s[1][2], s[1][3])};
+                } else {
 #pragma unroll
-                for (int dp = 0; dp < D / 16; ++dp) {
-                    unsigned int bv[4];
-                    ldmatrix_x4_trans(bv, vt + voff + dp * 16);
-                    mma_bf16(o[2 * dp], a, bv[0], bv[1]);
-                    mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+                    for (int dp = 0; dp < D / 16; ++dp) {
+                        unsigned int bv[4];
+                        ldmatrix_x4_trans(bv, vt + voff + dp * 16);
+                        mma_bf16(o[2 * dp], a, bv[0], bv[1]);
+                        mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+                    }
                 }
             }
             __syncwarp();  // the stage is consumed before a later iteration refills it
