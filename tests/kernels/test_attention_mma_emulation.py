@@ -14,6 +14,7 @@ import pytest
 
 from openinfer.engine.batch import ForwardBatch
 from openinfer.kernels import numpy_ops as ref
+from openinfer.quant.fp8 import e4m3_to_f32, to_e4m3
 
 NW = 4
 LANE = np.arange(32)
@@ -244,7 +245,8 @@ class PrefillCase:
     layer: int = 1
 
 
-def prefill_case(runs, nh: int, nkv: int, D: int, rng: np.random.Generator) -> PrefillCase:
+def prefill_case(runs, nh: int, nkv: int, D: int, rng: np.random.Generator, kv8: bool = False) -> PrefillCase:
+    """`kv8`: the caches hold e4m3 values (an fp8 cache's bytes as the kernels convert them)."""
     bs, layers, layer = 16, 2, 1
     need = [max(1, -(-L // bs)) for L, _ in runs]
     nb = sum(need) + 2
@@ -253,6 +255,8 @@ def prefill_case(runs, nh: int, nkv: int, D: int, rng: np.random.Generator) -> P
     lens = np.array([L for L, _ in runs], np.int32)
     T = int(qs[-1])
     pool = bf(rng.standard_normal((2, nb, layers, bs, nkv, D)))
+    if kv8:
+        pool = e4m3_to_f32(to_e4m3(2 * pool))
     q_row = nh * D + 3 * D
     qbuf = bf(rng.standard_normal((T, q_row)))
     q = qbuf[:, : nh * D].reshape(T, nh, D)

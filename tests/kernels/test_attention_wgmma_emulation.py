@@ -13,6 +13,11 @@ import pytest
 
 from test_attention_mma_emulation import bf, prefill_case
 
+
+def f16(x):
+    """Round to f16 (nearest even) and back: pack_f16x2, bf16x2_to_f16x2."""
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
 D, BM, THREADS, SW_ROW = 128, 128, 256, 128
 TID = np.arange(THREADS)
 LANE, WARP, WG = TID & 31, (TID >> 5) & 3, TID >> 7
@@ -77,21 +82,47 @@ def cp_async16(smem, dst, src, flat, valid):
     smem[dst[:, None] + e] = np.where(valid[:, None], flat[np.where(valid, src, 0)[:, None] + e], 0)
 
 
-def load_kv_tile(smem, ks, vs, kflat, vflat, offset, kend, k0, BN):
-    """load_kv_tile_sw<BN>: every thread's cp.async chunks (row, 16-byte column) of every pass."""
-    passes = BN * 16 // THREADS
-    key = k0 + (LANE >> 1) * 16 + 2 * (TID >> 5) + (LANE & 1)
-    off = np.array([offset(k) if ln < 2 * passes and k < kend else -1 for k, ln in zip(key, LANE)])
+def load_kv_tile(smem, ks, vs, kflat, vflat, offset, kend, k0, BN, kv8=False):
+    """load_kv_tile_sw<BN, E>: every thread's cp.async chunks (row, 16-byte column) of every pass. bf16 (16 chunks
+    a row) into the swizzled tile of the element-indexed smem; e4m3 (8 chunks, `kv8`) into a byte-indexed stage
+    as stored."""
+    ch = 8 if kv8 else 16
+    rw, passes = 32 // ch, BN * ch // THREADS
+    key = k0 + (LANE // rw) * 8 * rw + rw * (TID >> 5) + LANE % rw
+    off = np.array([offset(k) if ln < rw * passes and k < kend else -1 for k, ln in zip(key, LANE)])
     for p in range(passes):
-        o = off[(TID & ~31) + 2 * p + (LANE >> 4)]   # __shfl_sync(off, 2p + lane / 16)
-        r, c = p * 16 + 2 * (TID >> 5) + (LANE >> 4), (LANE & 15) * 8
-        dst = sw128_offset(r, c, BN) // 2
-        cp_async16(smem, ks + dst, o + c, kflat, o >= 0)
-        cp_async16(smem, vs + dst, o + c, vflat, o >= 0)
+        o = off[(TID & ~31) + rw * p + LANE // ch]   # __shfl_sync(off, RW p + lane / CH)
+        r, c = p * 8 * rw + rw * (TID >> 5) + LANE // ch, (LANE % ch) * (16 // (2 - kv8))
+        copy = cp_async_bytes16 if kv8 else cp_async16
+        dst = r * D + c if kv8 else sw128_offset(r, c, BN) // 2
+        copy(smem, ks + dst, o + c, kflat, o >= 0)
+        copy(smem, vs + dst, o + c, vflat, o >= 0)
 
 
-def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, scale, T_out, BN):
-    """q: flat bf16 values; offset(table, key, kvh): a key's element offset in the flat caches."""
+def cp_async_bytes16(stage, dst, src, flat, valid):
+    """cp_async16 of e4m3 bytes into a byte-indexed stage (16 elements a copy)."""
+    e = np.arange(16)
+    stage[dst[:, None] + e] = np.where(valid[:, None], flat[np.where(valid, src, 0)[:, None] + e], 0)
+
+
+def convert_kv_tile(smem, kf, vf, stage, ks, vs, BN):
+    """convert_kv_tile<BN>: each thread's 16 bytes of row i / 8 at byte 16 (i % 8) into two 8-element f16 chunks
+    of the swizzled tiles kf, vf (element offsets); asserts that a warp's 16-byte stores of one instruction meet
+    each bank group of 16 bytes at most 4 times (512 bytes: the 4 wavefronts any such store takes)."""
+    for p in range(BN * 8 // THREADS):
+        i = p * THREADS + TID
+        r, c = i >> 3, (i & 7) * 16
+        for half in range(2):
+            dst = sw128_offset(r, c + 8 * half, BN)
+            for w in range(THREADS // 32):
+                assert np.bincount((dst[32 * w: 32 * w + 32] >> 4) & 7, minlength=8).max() == 4
+            for tile, src in ((kf, ks), (vf, vs)):
+                smem[tile + dst[:, None] // 2 + np.arange(8)] = stage[src + 16 * i[:, None] + 8 * half + np.arange(8)]
+
+
+def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, scale, T_out, BN, kv8=False):
+    """q: flat bf16 values; offset(table, key, kvh): a key's element offset in the flat caches. `kv8`: the caches
+    are e4m3 values (the _kv8 kernel: byte stages, converted f16 tiles, Q and P in f16)."""
     NS, TILE = BN // 2, BN * D                        # accumulators per thread; elements of a K/V stage
     STAGES = 2
     AHEAD = STAGES - 1
@@ -107,14 +138,17 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
         kend = L - n + (min(row0 + BM, rows) - 1) // G + 1
         ntiles = (kend + BN - 1) // BN
         smem = np.full((BM * D + 2 * STAGES * TILE), np.nan)    # element-indexed; qs at 0 (1024-byte aligned)
-        ks, vs = BM * D, BM * D + STAGES * TILE
+        ks, vs = BM * D, BM * D + STAGES * TILE                  # bf16 stages; kv8: the converted f16 tiles
+        stage = np.full(2 * STAGES * TILE, np.nan)               # kv8: the e4m3 stages, byte-indexed
+        stage_ks, stage_vs = 0, STAGES * TILE
         for p in range(BM * 16 // THREADS):
             r, c = p * 16 + (TID >> 4), (TID & 15) * 8
             row = row0 + r
             src = (q0 + row // G) * q_stride + (kvh * G + row % G) * D + c
             cp_async16(smem, sw128_offset(r, c, BM) // 2, src, q, row < rows)
         key_off = lambda k: offset(tables[b], k, kvh)  # noqa: E731
-        load_kv_tile(smem, ks, vs, kflat, vflat, key_off, kend, 0, BN)
+        into = (stage, stage_ks, stage_vs) if kv8 else (smem, ks, vs)
+        load_kv_tile(*into, kflat, vflat, key_off, kend, 0, BN, kv8)
         kcol = 2 * (LANE & 3)
         wrow = WG * 64 + WARP * 16
         qpos = np.stack([np.where(r < rows, L - n + r // G, -1) for r in
@@ -136,7 +170,13 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
             k0, st = t * BN, t % STAGES
             if t + AHEAD < ntiles:
                 sa = (t + AHEAD) % STAGES
-                load_kv_tile(smem, ks + sa * TILE, vs + sa * TILE, kflat, vflat, key_off, kend, k0 + AHEAD * BN, BN)
+                load_kv_tile(into[0], into[1] + sa * TILE, into[2] + sa * TILE, kflat, vflat, key_off, kend,
+                             k0 + AHEAD * BN, BN, kv8)
+            if kv8:
+                if t == 0:
+                    smem[: BM * D] = f16(smem[: BM * D])
+                convert_kv_tile(smem, ks, vs, stage, stage_ks + st * TILE, stage_vs + st * TILE, BN)
+                st = 0
             vaddr = 2 * (vs + st * TILE)
             s = issue_qk(2 * (ks + st * TILE))
             i = np.arange(NS)
@@ -156,7 +196,7 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
             s = np.exp2(s * scale - base[:, (i >> 1) & 1])
             l_ += np.stack([s[:, half[h]].sum(1) for h in range(2)], 1)
             o *= alpha[:, (np.arange(64) >> 1) & 1]
-            pa = bf(s).reshape(THREADS, BN // 16, 4, 2)   # pack_bf16x2 of s[8kk + 2r], s[8kk + 2r + 1]
+            pa = (f16 if kv8 else bf)(s).reshape(THREADS, BN // 16, 4, 2)   # pack16 of s[8kk + 2r], s[8kk + 2r + 1]
             for wg in range(2):
                 O = np.zeros((64, D))
                 for kk in range(BN // 16):
@@ -207,25 +247,26 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("kv8", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
-def test_wgmma_prefill_emulation_matches_reference(case):
+def test_wgmma_prefill_emulation_matches_reference(case, kv8):
     runs, nh, nkv = CASES[case]
-    c = prefill_case(runs, nh, nkv, D, np.random.default_rng(7))
+    c = prefill_case(runs, nh, nkv, D, np.random.default_rng(7), kv8)
     plane, row = c.layers * c.bs * nkv * D, nkv * D
 
     def offset(table, k, kvh):
         return c.layer * c.bs * row + int(table[k // c.bs]) * plane + (k % c.bs) * row + kvh * D
 
     got = emulate(c.qbuf.reshape(-1), c.q_row, c.pool[0].reshape(-1), c.pool[1].reshape(-1), offset, c.tables,
-                  c.qs, c.lens, nh, nkv, c.scale * 1.4426950408889634, int(c.qs[-1]), 128)
+                  c.qs, c.lens, nh, nkv, c.scale * 1.4426950408889634, int(c.qs[-1]), 128, kv8)
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, c.want, atol=2e-2, rtol=2e-2)
 
 
 def test_sm90a_build_keeps_the_wgmma_body():
     """The kernel body sits under __CUDA_ARCH_FEAT_SM90_ALL (wgmma needs sm_90a): the Hopper build must keep
-    it, all 8 + 8 wgmma of a 128-key K/V tile."""
+    it, all 8 + 8 wgmma of a 128-key K/V tile, in both cache forms."""
     from openinfer.testing.launch_check import ptx_entries, require_nvrtc
     require_nvrtc()
     counts = {name: body.count("wgmma.mma_async") for name, (_, body) in ptx_entries("attention_wgmma").items()}
-    assert counts == {"paged_prefill_wgmma_bf16_d128": 16}
+    assert counts == {"paged_prefill_wgmma_bf16_d128": 16, "paged_prefill_wgmma_bf16_kv8_d128": 16}

@@ -90,10 +90,12 @@ def test_paged_attention_launch_args(launches, dtype, d, q_lens, ctx):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("q_lens,ctx", [([1, 1, 1], [5000, 17, 900]), ([7, 1, 33], [7, 40, 300])])
 @pytest.mark.parametrize("impl", ["wgmma", "mma", "cuda_cores"])
-def test_fp8_cache_attention_launch_args(launches, monkeypatch, d, q_lens, ctx, impl):
+@pytest.mark.parametrize("hopper", [True, False])
+def test_fp8_cache_attention_launch_args(launches, monkeypatch, d, q_lens, ctx, impl, hopper):
     """fp8 caches (e4m3 bytes) take the tensor-core kernels' kv8 forms in every implementation, their shared
-    memory sized for their fp8 stages (and the prefill kernel's converted f16 tile)."""
-    monkeypatch.setattr(attention, "hopper", lambda: True)
+    memory sized for their fp8 stages (and the prefill kernels' converted f16 tiles): d128 prefill on warpgroup MMA
+    on sm_90, mma.sync elsewhere."""
+    monkeypatch.setattr(attention, "hopper", lambda: hopper)
     nh, nkv, bs, layers = 16, 4, 16, 3
     width = -(-max(ctx) // bs)
     pool = aligned_empty((2, 1 + len(ctx) * width, layers, bs, nkv, d), np.uint8)
@@ -103,10 +105,14 @@ def test_fp8_cache_attention_launch_args(launches, monkeypatch, d, q_lens, ctx, 
           "cuda_cores": attention.paged_attention_cuda_cores}[impl]
     fn(q, pool[0, :, 1], pool[1, :, 1], _batch(q_lens, ctx, bs, width), 0.125)
     (call,) = launches
-    decode = max(q_lens) == 1
-    assert call.name == f"paged_{'decode' if decode else 'prefill'}_mma_bf16_kv8_d{d}", call.name
-    assert call.smem == (attention_decode.mma_decode_smem(d, kv8=True) if decode
-                         else attention.mma_prefill_smem(d, kv8=True))
+    decode, wgmma = max(q_lens) == 1, max(q_lens) > 1 and d == 128 and hopper
+    if wgmma:
+        assert call.name == "paged_prefill_wgmma_bf16_kv8_d128" and call.block == 256
+        assert call.grid == (-(-33 * 4 // 128), nkv, 3) and call.smem == attention.wgmma_prefill_smem(kv8=True)
+    else:
+        assert call.name == f"paged_{'decode' if decode else 'prefill'}_mma_bf16_kv8_d{d}", call.name
+        assert call.smem == (attention_decode.mma_decode_smem(d, kv8=True) if decode
+                             else attention.mma_prefill_smem(d, kv8=True))
     assert int(call.args[4]) == pool[0, :, 1].strides[0]   # the block stride in elements: bytes
     with pytest.raises(ValueError, match="an fp8 KV cache needs bf16 activations"):
         fn(q.astype(np.float32), pool[0, :, 1], pool[1, :, 1], _batch(q_lens, ctx, bs, width), 0.125)

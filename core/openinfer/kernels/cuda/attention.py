@@ -8,8 +8,8 @@ kernel for everything else, with the kernels' launch constants mirrored here. Th
 
 A call the tensor-core kernels cannot take (rows not 16-byte aligned) runs the CUDA-core kernels. fp8 caches
 (uint8 e4m3 bytes, --kv-cache-dtype fp8) run on the tensor-core kernels' fp8 forms in every implementation, which
-multiply in f16 (fp8.cuh): the decode kernel converting the bytes as it reads its fragments, mma.sync prefill
-converting each K/V tile to f16 in shared memory."""
+multiply in f16 (fp8.cuh): the decode kernel converting the bytes as it reads its fragments, prefill converting
+each K/V tile to f16 in shared memory (on warpgroup MMA at d128 on sm_90, mma.sync elsewhere)."""
 from __future__ import annotations
 
 import math
@@ -45,9 +45,12 @@ def mma_prefill_smem(d: int, kv8: bool = False) -> int:
     return (mma_rows_per_block(d) + 4 * MMA_BN[d]) * (d + 8) * 2
 
 
-def wgmma_prefill_smem() -> int:
-    """Bytes of shared memory of the wgmma prefill kernel: Q and the K/V stages of [rows][128] bf16, plus
-    1024 bytes to align the base to the 128-byte swizzle's 1024-byte pattern."""
+def wgmma_prefill_smem(kv8: bool = False) -> int:
+    """Bytes of shared memory of the wgmma prefill kernel: Q and the K/V stages of [rows][128] bf16 (`kv8`: fp8
+    stages as stored and one converted f16 K/V tile), plus 1024 bytes to align the base to the 128-byte swizzle's
+    1024-byte pattern."""
+    if kv8:
+        return WGMMA_BM * 128 * 2 + 2 * WGMMA_STAGES * WGMMA_BN * 128 + 2 * WGMMA_BN * 128 * 2 + 1024
     return (WGMMA_BM + 2 * WGMMA_STAGES * WGMMA_BN) * 128 * 2 + 1024
 
 
@@ -107,20 +110,16 @@ def _paged_attention(q: cp.ndarray, k_cache: cp.ndarray, v_cache: cp.ndarray, ba
         paged_decode(common, out, B, batch.max_context_len, nh, nkv, qscale,
                      decode_kernel(dtype, d, q.itemsize, tensor_cores, kv8))
         return out
-    if kv8:
-        launch("attention_mma", f"paged_prefill_mma_bf16_kv8_d{d}",
-               (math.ceil(batch.max_query_len * G / mma_rows_per_block(d)), nkv, B), MMA_WARPS * 32,
-               (*common, np.int32(nh), np.int32(nkv), qscale), mma_prefill_smem(d, kv8=True))
-        return out
-    if tensor_cores and impl == "wgmma" and d == 128 and hopper():
-        launch("attention_wgmma", "paged_prefill_wgmma_bf16_d128",
+    form = "kv8_" if kv8 else ""
+    if tensor_cores and (impl == "wgmma" or kv8) and d == 128 and hopper():
+        launch("attention_wgmma", f"paged_prefill_wgmma_bf16_{form}d128",
                (math.ceil(batch.max_query_len * G / WGMMA_BM), nkv, B), WGMMA_THREADS,
-               (*common, np.int32(nh), np.int32(nkv), qscale), wgmma_prefill_smem())
+               (*common, np.int32(nh), np.int32(nkv), qscale), wgmma_prefill_smem(kv8))
         return out
     if tensor_cores:
-        launch("attention_mma", f"paged_prefill_mma_bf16_d{d}",
+        launch("attention_mma", f"paged_prefill_mma_bf16_{form}d{d}",
                (math.ceil(batch.max_query_len * G / mma_rows_per_block(d)), nkv, B), MMA_WARPS * 32,
-               (*common, np.int32(nh), np.int32(nkv), qscale), mma_prefill_smem(d))
+               (*common, np.int32(nh), np.int32(nkv), qscale), mma_prefill_smem(d, kv8))
         return out
     rows_per_block = NWARPS * ROWS
     smem = (rows_per_block * d + BN * (words + 1) + BN * words) * 4

@@ -19,45 +19,69 @@
 //         128-key tiles timed faster than 64-key tiles, than both warpgroups issuing freely, and than
 //         FlashAttention-3's intra-warpgroup overlap (S of tile t + 1 during the softmax of tile t).
 //   out   normalized rows are staged in the warp's own (swizzled) Q rows and stored as 16-byte words.
+//   fp8   caches of e4m3 bytes (the _kv8 kernel): the stages hold K/V rows as stored, and the block converts each
+//         landed tile into one f16 K and V tile of the bf16 stages' layout; Q is rounded to f16 in place once, P
+//         packed to f16, the products f16 (fp8.cuh): the numbers of attention_mma.cu's fp8 form.
 //
 // Mirrored in attention.py (WGMMA_* constants, the shared-memory size, the kernel names) and emulated
 // in tests/kernels/test_attention_wgmma_emulation.py: change them together.
 #include "common.cuh"
 #include "mma.cuh"     // cp.async, ex2, bf16x2 packing
 #include "wgmma.cuh"   // descriptors, fences, wgmma shapes, the swizzled layout
+#include "fp8.cuh"     // e4m3 to f16, the f16 packing of an fp8-cache kernel
 constexpr int WG_D = 128;                // head dim
 constexpr int WG_GROUPS = 2;             // warpgroups per block, 64 rows each
 constexpr int WG_THREADS = 128 * WG_GROUPS;
 constexpr int WG_BM = 64 * WG_GROUPS;    // rows per block
 
-// One K/V tile (keys k0 .. k0 + BN - 1) into a stage. Chunk i = pass * WG_THREADS + threadIdx.x is
-// (row i / 16, 16-byte column i % 16), so warp w copies rows pass * 16 + 2w + {0, 1}; lane l < 2 * PASSES
-// looks up the cache offset of row (l / 2) * 16 + 2w + l % 2 (one block-table read) and the warp shares
-// them by shuffle. Keys at or past kend are zero rows (masked; 0 * V stays finite).
-template <int BN>
-__device__ __forceinline__ void load_kv_tile_sw(unsigned char* ks, unsigned char* vs, const bf16* kc, const bf16* vc,
+// One K/V tile (keys k0 .. k0 + BN - 1) into a stage: a key row is CH 16-byte chunks (16 of bf16, 8 of e4m3
+// bytes), so chunk i = pass * WG_THREADS + threadIdx.x is (row i / CH, chunk i % CH) and warp w copies rows
+// pass * 8 RW + RW w + {0 .. RW - 1} (RW = 32 / CH rows a warp); lane l < RW * PASSES looks up the cache offset of
+// row (l / RW) * 8 RW + RW w + l % RW (one block-table read) and the warp shares them by shuffle. bf16 rows land
+// swizzled (sw128_offset), the wgmma operand; e4m3 rows as stored, [BN][128] bytes, for convert_kv_tile. Keys at or
+// past kend are zero rows (masked; 0 * V stays finite).
+template <int BN, typename E>
+__device__ __forceinline__ void load_kv_tile_sw(unsigned char* ks, unsigned char* vs, const E* kc, const E* vc,
                                                 const KvLayout& kv, const int* table, int kvh, int k0, int kend) {
-    constexpr int PASSES = BN * 16 / WG_THREADS;
-    static_assert(PASSES * WG_THREADS == BN * 16 && 2 * PASSES <= 32, "tile rows must split over the passes");
+    constexpr int CH = WG_D * sizeof(E) / 16, RW = 32 / CH, PASSES = BN * CH / WG_THREADS;
+    static_assert(PASSES * WG_THREADS == BN * CH && RW * PASSES <= 32, "tile rows must split over the passes");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     long long off = -1;
-    if (lane < 2 * PASSES) {
-        const int key = k0 + (lane >> 1) * 16 + 2 * warp + (lane & 1);
+    if (lane < RW * PASSES) {
+        const int key = k0 + (lane / RW) * 8 * RW + RW * warp + lane % RW;
         if (key < kend) off = kv.offset(table, key, kvh, WG_D);
     }
 #pragma unroll
     for (int p = 0; p < PASSES; ++p) {
-        const long long o = __shfl_sync(0xffffffffu, off, 2 * p + (lane >> 4));
-        const int r = p * 16 + 2 * warp + (lane >> 4), c = (lane & 15) * 8, dst = sw128_offset(r, c, BN);
+        const long long o = __shfl_sync(0xffffffffu, off, RW * p + lane / CH);
+        const int r = p * 8 * RW + RW * warp + lane / CH, c = (lane % CH) * (16 / sizeof(E));
+        const int dst = sizeof(E) == 1 ? r * WG_D + c : sw128_offset(r, c, BN);
         const long long src = o >= 0 ? o + c : 0;
         cp_async16(ks + dst, kc + src, o >= 0 ? 16 : 0);
         cp_async16(vs + dst, vc + src, o >= 0 ? 16 : 0);
     }
 }
 
+// An e4m3 K/V stage (convert_kv_tile's input: [BN][128] bytes as stored) to f16 tiles laid out as the bf16 stages
+// (sw128_offset). Chunk i = pass * WG_THREADS + threadIdx.x is 16 bytes of row i / 8 at byte 16 (i % 8): a warp reads
+// 512 contiguous bytes and writes each 16-byte half of its conversion to a different bank group of 8 (the swizzle).
+template <int BN>
+__device__ __forceinline__ void convert_kv_tile(unsigned char* kf, unsigned char* vf, const unsigned char* ks,
+                                                const unsigned char* vs) {
+#pragma unroll
+    for (int p = 0; p < BN * 8 / WG_THREADS; ++p) {
+        const int i = p * WG_THREADS + threadIdx.x, r = i >> 3, c = (i & 7) * 16;
+        const uint4 k = *reinterpret_cast<const uint4*>(ks + 16 * i), v = *reinterpret_cast<const uint4*>(vs + 16 * i);
+        *reinterpret_cast<uint4*>(kf + sw128_offset(r, c, BN)) = e4m3x8_to_f16x8(make_uint2(k.x, k.y));
+        *reinterpret_cast<uint4*>(kf + sw128_offset(r, c + 8, BN)) = e4m3x8_to_f16x8(make_uint2(k.z, k.w));
+        *reinterpret_cast<uint4*>(vf + sw128_offset(r, c, BN)) = e4m3x8_to_f16x8(make_uint2(v.x, v.y));
+        *reinterpret_cast<uint4*>(vf + sw128_offset(r, c + 8, BN)) = e4m3x8_to_f16x8(make_uint2(v.z, v.w));
+    }
+}
+
 // S = Q K^T for one warpgroup (issued, not waited for): k-step kk reads columns 16kk .. 16kk + 15, 32 bytes
 // into a swizzled row of half kk / 4 of the warpgroup's Q rows (qaddr) and of the K stage (kaddr).
-template <int BN>
+template <int BN, bool F16>
 __device__ __forceinline__ void issue_qk(float* s, unsigned int qaddr, unsigned int kaddr) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
@@ -66,19 +90,21 @@ __device__ __forceinline__ void issue_qk(float* s, unsigned int qaddr, unsigned 
     for (int kk = 0; kk < WG_D / 16; ++kk) {
         const unsigned long long da = wgmma_desc_sw128(qaddr + (kk >> 2) * WG_BM * SW_ROW + (kk & 3) * 32, 16, 1024);
         const unsigned long long db = wgmma_desc_sw128(kaddr + (kk >> 2) * BN * SW_ROW + (kk & 3) * 32, 16, 1024);
-        if constexpr (BN == 128) wgmma_m64n128k16_ss(s, da, db, 1);
-        else wgmma_m64n64k16_ss(s, da, db, 1);
+        if constexpr (BN == 128) wgmma_m64n128k16_ss<F16>(s, da, db, 1);
+        else wgmma_m64n64k16_ss<F16>(s, da, db, 1);
     }
     wgmma_commit();
 }
 
-template <int BN>
-__device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, KvLayout kv,
+template <int BN, typename E>
+__device__ void prefill_wgmma(const bf16* q, long long q_stride, const E* kc, const E* vc, KvLayout kv,
                               const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out,
                               int nh, int nkv, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int D = WG_D, BM = WG_BM, NS = BN / 2;
-    constexpr int TILE = BN * D * 2;            // bytes of one K (or V) stage
+    constexpr bool KV8 = sizeof(E) == 1;       // an fp8 cache: stages as stored, converted to f16 tiles
+    constexpr int TILE = BN * D * 2;            // bytes of one bf16 / f16 K (or V) tile
+    constexpr int STAGE = BN * D * sizeof(E);   // bytes of one K (or V) stage
     constexpr int STAGES = 2;
     constexpr int AHEAD = STAGES - 1;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -86,7 +112,9 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
     // launcher adds 1024 bytes of slack)
     unsigned char* qs = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);   // [2][BM][64]
     unsigned char* ks = qs + BM * D * 2;                                                // [STAGES][2][BN][64]
-    unsigned char* vs = ks + STAGES * TILE;                                             // [STAGES][2][BN][64]
+    unsigned char* vs = ks + STAGES * STAGE;                                            // [STAGES][2][BN][64]
+    unsigned char* kf = vs + STAGES * STAGE;                                            // KV8: [2][BN][64] f16
+    unsigned char* vf = kf + TILE;
     const int b = blockIdx.z, kvh = blockIdx.y, G = nh / nkv;
     const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
     const int rows = n * G, row0 = (gridDim.x - 1 - blockIdx.x) * BM;  // the longest tiles start first
@@ -104,7 +132,7 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
         if (row < rows) src = q + (long long)(q0 + row / G) * q_stride + (long long)(kvh * G + row % G) * D + c;
         cp_async16(qs + sw128_offset(r, c, BM), src, row < rows ? 16 : 0);
     }
-    load_kv_tile_sw<BN>(ks, vs, kc, vc, kv, table, kvh, 0, kend);
+    load_kv_tile_sw<BN, E>(ks, vs, kc, vc, kv, table, kvh, 0, kend);
     cp_async_commit();
 
     // The warp's rows wrow .. wrow + 15 (of the block); this thread holds rows g = lane / 4 and g + 8
@@ -128,16 +156,24 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
         const int k0 = t * BN, st = t % STAGES;
         if (t + AHEAD < ntiles) {
             const int sa = (t + AHEAD) % STAGES;
-            load_kv_tile_sw<BN>(ks + sa * TILE, vs + sa * TILE, kc, vc, kv, table, kvh, k0 + AHEAD * BN, kend);
+            load_kv_tile_sw<BN, E>(ks + sa * STAGE, vs + sa * STAGE, kc, vc, kv, table, kvh, k0 + AHEAD * BN, kend);
         }
         cp_async_commit();  // possibly empty, so that wait<1> always means "tile t + AHEAD - 1 has landed"
         cp_async_wait<1>();
-        fence_proxy_async_smem();  // cp.async wrote through the generic proxy, wgmma reads through the async one
+        if constexpr (KV8) {   // (the previous tile's products are done: every thread waited for them)
+            __syncthreads();
+            if (t == 0)        // Q, landed with tile 0, to f16 in place
+                for (int i = threadIdx.x; i < BM * D / 2; i += WG_THREADS)
+                    reinterpret_cast<unsigned int*>(qs)[i] = bf16x2_to_f16x2(reinterpret_cast<unsigned int*>(qs)[i]);
+            convert_kv_tile<BN>(kf, vf, ks + st * STAGE, vs + st * STAGE);
+        }
+        fence_proxy_async_smem();  // cp.async (and KV8's stores) wrote through the generic proxy, wgmma reads
+                                   // through the async one
         __syncthreads();
-        const unsigned int vaddr = smem_addr(vs + st * TILE);
+        const unsigned int vaddr = smem_addr(KV8 ? vf : vs + st * STAGE);
 
         if (wg == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory");
-        issue_qk<BN>(s, qaddr, smem_addr(ks + st * TILE));
+        issue_qk<BN, KV8>(s, qaddr, smem_addr(KV8 ? kf : ks + st * STAGE));
         wgmma_wait<0>();
         wgmma_pin<NS>(s);
         if (wg == 0) asm volatile("bar.arrive 1, %0;\n" ::"n"(WG_THREADS) : "memory");
@@ -174,19 +210,18 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
         unsigned int pa[BN / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            pa[kk][0] = pack_bf16x2(s[8 * kk], s[8 * kk + 1]);
-            pa[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) pa[kk][r] = pack16<KV8>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
         }
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_m64n128k16_rs_tb(o, pa[kk], wgmma_desc_sw128(vaddr + kk * 16 * SW_ROW, BN * SW_ROW, 1024));
+            wgmma_m64n128k16_rs_tb<KV8>(o, pa[kk], wgmma_desc_sw128(vaddr + kk * 16 * SW_ROW, BN * SW_ROW, 1024));
         wgmma_commit();
         wgmma_wait<0>();  // P V of tile t
         wgmma_pin<64>(o);
-        __syncthreads();  // stage st is consumed before a later iteration refills it
+        if constexpr (!KV8) __syncthreads();  // stage st is consumed before a later iteration refills it (KV8: the
+                                              // converted tiles are, by the next iteration's first barrier)
     }
     cp_async_wait<0>();  // only empty groups remain; keeps the tail tidy
 
@@ -215,12 +250,16 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const bf16* kc,
 #endif
 }
 
-// paged_prefill_wgmma_bf16_d128: 128-key tiles (attention.py's WGMMA_BN)
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) paged_prefill_wgmma_bf16_d128(
-    const bf16* q, long long q_stride, const bf16* kc, const bf16* vc, long long block_stride,
-    long long token_stride, int block_size, const int* tables, int table_stride, const int* qstart,
-    const int* ctx, bf16* out, int nh, int nkv, float scale) {
-    pdl_begin();
-    prefill_wgmma<128>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables, table_stride,
-                       qstart, ctx, out, nh, nkv, scale);
-}
+// paged_prefill_wgmma_bf16_d128 (bf16 caches), paged_prefill_wgmma_bf16_kv8_d128 (fp8 caches): 128-key tiles
+// (attention.py's WGMMA_BN)
+#define WGMMA_KERNEL(NAME, E)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) paged_prefill_wgmma_bf16_##NAME(                    \
+        const bf16* q, long long q_stride, const E* kc, const E* vc, long long block_stride, long long token_stride, \
+        int block_size, const int* tables, int table_stride, const int* qstart, const int* ctx, bf16* out, int nh,  \
+        int nkv, float scale) {                                                                                     \
+        pdl_begin();                                                                                                \
+        prefill_wgmma<128, E>(q, q_stride, kc, vc, KvLayout{block_stride, token_stride, block_size}, tables,       \
+                              table_stride, qstart, ctx, out, nh, nkv, scale);                                      \
+    }
+WGMMA_KERNEL(d128, bf16)
+WGMMA_KERNEL(kv8_d128, unsigned char)
