@@ -45,7 +45,8 @@ def _launched_names() -> set[str]:
                               ("{suffix(k.dtype)}", ("bf16", "f32")), ("{suffix(gate_up.dtype)}", ("bf16", "f32")),
                               ("{dtype}", ("bf16", "f32")), ("{suffix(out.dtype)}", ("bf16", "f32")),
                               ("{suffix(y.dtype)}", ("bf16", "f32")),
-                              ("{fmt}", ("int4", "fp8")), ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
+                              ("{fmt}", ("int4", "fp8")), ("{form}", ("", "kv8_")),
+                              ("{sfx}", ("bf16", "f32", "bf16_wf32")), ("{d}", ("64", "128", "256")),
                               ("{unit}", ("16", "4", "2", "1")), ("{variant}", ("", "_m1")),
                               ("{gemm}", ("m1", "m8", "m1_s6")),   # moe.py's grouped GEMMs: row tiles, stages
                               ("{mt}", row_tiles),
