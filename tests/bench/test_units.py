@@ -150,3 +150,17 @@ def test_client_group_keeps_each_pool_small() -> None:
             got.append(all(c.is_closed for c in clients))
         return got
     assert asyncio.run(sizes()) == [1, True, 1, True, 2, True, 8, True]
+
+
+def test_the_bench_client_drops_idle_connections_before_servers_close_them() -> None:
+    """A request sent on a connection the server is closing fails with a reset: the client's pool lets idle
+    connections go sooner than uvicorn's and vLLM's keep-alive (5 s) and openinfer's (KEEP_ALIVE_S)."""
+    import asyncio
+
+    from openinfer.bench.client import make_client
+    from openinfer.server.run import KEEP_ALIVE_S
+
+    async def expiry() -> float:
+        async with make_client("http://127.0.0.1:9") as client:
+            return client._transport._pool._keepalive_expiry
+    assert asyncio.run(expiry()) < min(5.0, KEEP_ALIVE_S)

@@ -11,6 +11,7 @@ import uvicorn
 
 from openinfer.server import ModelHost, create_app
 from openinfer.server.limits import ServerLimits
+from openinfer.server.run import uvicorn_config
 
 
 class LiveServer:
@@ -26,7 +27,7 @@ class LiveServer:
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         app = create_app(host, api_keys, allowed_origins, limits)
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
     def __enter__(self) -> str:

@@ -4,6 +4,7 @@ shutdown grace period reaching uvicorn."""
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from typing import Iterator
@@ -158,6 +159,18 @@ def test_a_dead_engine_ends_the_server_with_exit_status_1(caplog: pytest.LogCapt
     assert any("engine died ('doomed': simulated crash)" in r.getMessage() for r in caplog.records)
 
 
+def test_an_idle_keep_alive_connection_outlives_the_clients_pool_expiry(keyed: str) -> None:
+    """A connection idle past httpx's pool expiry (5 s, the OpenAI SDK's too) still takes a request: the server must
+    not be closing it just as such a client reuses it (uvicorn's default keep-alive is those same 5 s)."""
+    host, port = keyed.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        for wait in (0.0, 5.5):
+            time.sleep(wait)
+            sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            head = sock.recv(4096)
+            assert head.startswith(b"HTTP/1.1 200"), head
+
+
 def test_a_waiting_limit_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_waiting_requests must be at least 1"):
         ModelHost(max_waiting_requests=0)
@@ -177,6 +190,7 @@ def test_serve_passes_the_keys_and_the_grace_period(monkeypatch: pytest.MonkeyPa
                      "--generation-config", "none"]) == 0
     assert seen["keys"] == ["sk-a", "sk-env"]
     assert seen["config"].timeout_graceful_shutdown == 12.5 + server_run.LAST_WORDS_S
+    assert seen["config"].timeout_keep_alive == server_run.KEEP_ALIVE_S
     assert seen["origins"] == ["*"] and seen["limits"] == ServerLimits()
     assert cli.main(["serve", "--max-request-body-mib", "2", "--request-read-timeout", "7", "--max-stored-response-mib",
                      "1", "--public-metrics", "--shared-prefix-cache"]) == 0

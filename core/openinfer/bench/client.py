@@ -163,8 +163,14 @@ def _on_event(out: RequestOutput, data: str, chat: bool, t0: float, now: float, 
     return now if chat else last
 
 
+# Idle connections are dropped before servers commonly close them (uvicorn's default and vLLM's keep-alive: 5 s), so a
+# request never goes out on a connection the server is closing (a reset: httpx ReadError, a failed request).
+KEEPALIVE_EXPIRY_S = 4.0
+
+
 def make_client(base_url: str, max_connections: int | None = None) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=max_connections or 10_000, max_keepalive_connections=max_connections or 10_000)
+    most = max_connections or 10_000
+    limits = httpx.Limits(max_connections=most, max_keepalive_connections=most, keepalive_expiry=KEEPALIVE_EXPIRY_S)
     # No read timeout: a long prefill under load is a measurement, not an error.
     timeout = httpx.Timeout(None, connect=30.0)
     return httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=auth_headers(), limits=limits, timeout=timeout)

@@ -29,6 +29,10 @@ log = logging.getLogger("openinfer.server")
 ENGINE_DIED = 1   # serve()'s exit status when an engine died
 # after the grace period, the time the interrupted requests get to send their errors before uvicorn cancels them
 LAST_WORDS_S = 2.0
+# How long an idle keep-alive connection stays open: above the idle expiry of clients' connection pools (httpx, the
+# OpenAI SDK's transport: 5 s; aiohttp: 15 s), so that a client never sends a request on a connection the server is
+# closing at that moment (it would see the connection reset). uvicorn's default is httpx's 5 s.
+KEEP_ALIVE_S = 75.0
 
 
 def shutting_down() -> APIError:
@@ -61,6 +65,11 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def uvicorn_config(app: object, **options: object) -> uvicorn.Config:
+    """uvicorn's settings for the app (no lifespan events: serve() starts and stops the engines; KEEP_ALIVE_S)."""
+    return uvicorn.Config(app, lifespan="off", timeout_keep_alive=KEEP_ALIVE_S, **options)
+
+
 def serve(host: ModelHost, address: str, port: int, log_level: str = "info", api_keys: Sequence[str] = (),
           shutdown_timeout: float = 5.0, allowed_origins: Sequence[str] = ("*",), log_stats: bool = True,
           limits: ServerLimits = ServerLimits()) -> int:
@@ -78,7 +87,7 @@ def serve(host: ModelHost, address: str, port: int, log_level: str = "info", api
     stop, died = threading.Event(), []
     try:
         app = create_app(host, api_keys, allowed_origins, limits)
-        config = uvicorn.Config(app, host=address, port=port, log_level=log_level, lifespan="off",
+        config = uvicorn_config(app, host=address, port=port, log_level=log_level,
                                 timeout_graceful_shutdown=shutdown_timeout + LAST_WORDS_S)
         server = DrainingServer(config, host, shutdown_timeout)
         watch = threading.Thread(target=_watch, args=(host, server, stop, died), name="engine-watch", daemon=True)
