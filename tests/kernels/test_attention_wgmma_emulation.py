@@ -85,9 +85,9 @@ def cp_async16(smem, dst, src, flat, valid):
 def load_kv_tile(smem, ks, vs, kflat, vflat, offset, kend, k0, BN, kv8=False):
     """load_kv_tile_sw<BN, E>: every thread's cp.async chunks (row, 16-byte column) of every pass. bf16 (16 chunks
     a row) into the swizzled tile of the element-indexed smem; e4m3 (8 chunks, `kv8`) into a byte-indexed stage
-    as stored."""
+    as stored. Returns each pass's stage offsets of the threads' chunks [passes][THREADS]."""
     ch = 8 if kv8 else 16
-    rw, passes = 32 // ch, BN * ch // THREADS
+    rw, passes, owned = 32 // ch, BN * ch // THREADS, []
     key = k0 + (LANE // rw) * 8 * rw + rw * (TID >> 5) + LANE % rw
     off = np.array([offset(k) if ln < rw * passes and k < kend else -1 for k, ln in zip(key, LANE)])
     for p in range(passes):
@@ -97,6 +97,8 @@ def load_kv_tile(smem, ks, vs, kflat, vflat, offset, kend, k0, BN, kv8=False):
         dst = r * D + c if kv8 else sw128_offset(r, c, BN) // 2
         copy(smem, ks + dst, o + c, kflat, o >= 0)
         copy(smem, vs + dst, o + c, vflat, o >= 0)
+        owned.append(dst)
+    return np.stack(owned)
 
 
 def cp_async_bytes16(stage, dst, src, flat, valid):
@@ -105,13 +107,15 @@ def cp_async_bytes16(stage, dst, src, flat, valid):
     stage[dst[:, None] + e] = np.where(valid[:, None], flat[np.where(valid, src, 0)[:, None] + e], 0)
 
 
-def convert_kv_tile(smem, kf, vf, stage, ks, vs, BN):
+def convert_kv_tile(smem, kf, vf, stage, ks, vs, BN, copied):
     """convert_kv_tile<BN>: each thread's 16 bytes of row i / 8 at byte 16 (i % 8) into two 8-element f16 chunks
-    of the swizzled tiles kf, vf (element offsets); asserts that a warp's 16-byte stores of one instruction meet
-    each bank group of 16 bytes at most 4 times (512 bytes: the 4 wavefronts any such store takes)."""
+    of the swizzled tiles kf, vf (element offsets). Asserts that these are the chunks the thread copied (`copied`,
+    load_kv_tile's map: its own cp.async wait is all it waits for) and that a warp's 16-byte stores of one
+    instruction meet each bank group of 16 bytes at most 4 times (512 bytes: the 4 wavefronts any such store takes)."""
     for p in range(BN * 8 // THREADS):
         i = p * THREADS + TID
         r, c = i >> 3, (i & 7) * 16
+        np.testing.assert_array_equal(16 * i, copied[p])
         for half in range(2):
             dst = sw128_offset(r, c + 8 * half, BN)
             for w in range(THREADS // 32):
@@ -138,7 +142,7 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
         kend = L - n + (min(row0 + BM, rows) - 1) // G + 1
         ntiles = (kend + BN - 1) // BN
         smem = np.full((BM * D + 2 * STAGES * TILE), np.nan)    # element-indexed; qs at 0 (1024-byte aligned)
-        ks, vs = BM * D, BM * D + STAGES * TILE                  # bf16 stages; kv8: the converted f16 tiles
+        ks, vs = BM * D, BM * D + STAGES * TILE    # bf16 stages; kv8: buffer j's converted K, V at ks + 2 j TILE
         stage = np.full(2 * STAGES * TILE, np.nan)               # kv8: the e4m3 stages, byte-indexed
         stage_ks, stage_vs = 0, STAGES * TILE
         for p in range(BM * 16 // THREADS):
@@ -148,7 +152,12 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
             cp_async16(smem, sw128_offset(r, c, BM) // 2, src, q, row < rows)
         key_off = lambda k: offset(tables[b], k, kvh)  # noqa: E731
         into = (stage, stage_ks, stage_vs) if kv8 else (smem, ks, vs)
-        load_kv_tile(*into, kflat, vflat, key_off, kend, 0, BN, kv8)
+        copied = load_kv_tile(*into, kflat, vflat, key_off, kend, 0, BN, kv8)
+        if kv8:   # tile 1's copies too; Q (each thread its own chunks) and tile 0 converted before the loop
+            if 1 < ntiles:
+                load_kv_tile(stage, stage_ks + TILE, stage_vs + TILE, kflat, vflat, key_off, kend, BN, BN, kv8)
+            smem[: BM * D] = f16(smem[: BM * D])
+            convert_kv_tile(smem, ks, ks + TILE, stage, stage_ks, stage_vs, BN, copied)
         kcol = 2 * (LANE & 3)
         wrow = WG * 64 + WARP * 16
         qpos = np.stack([np.where(r < rows, L - n + r // G, -1) for r in
@@ -168,17 +177,24 @@ def emulate(q, q_stride, kflat, vflat, offset, tables, qstart, ctx, nh, nkv, sca
 
         for t in range(ntiles):
             k0, st = t * BN, t % STAGES
-            if t + AHEAD < ntiles:
-                sa = (t + AHEAD) % STAGES
-                load_kv_tile(into[0], into[1] + sa * TILE, into[2] + sa * TILE, kflat, vflat, key_off, kend,
-                             k0 + AHEAD * BN, BN, kv8)
-            if kv8:
-                if t == 0:
-                    smem[: BM * D] = f16(smem[: BM * D])
-                convert_kv_tile(smem, ks, vs, stage, stage_ks + st * TILE, stage_vs + st * TILE, BN)
-                st = 0
-            vaddr = 2 * (vs + st * TILE)
-            s = issue_qk(2 * (ks + st * TILE))
+            if kv8:   # tile t + 2 into tile t's stage; S of tile t from buffer t % 2 while tile t + 1 converts
+                if t + 2 < ntiles:
+                    load_kv_tile(stage, stage_ks + st * TILE, stage_vs + st * TILE, kflat, vflat, key_off, kend,
+                                 k0 + 2 * BN, BN, kv8)
+                kt = ks + (t & 1) * 2 * TILE
+                vaddr = 2 * (kt + TILE)
+                s = issue_qk(2 * kt)
+                if t + 1 < ntiles:
+                    nxt = ks + ((t + 1) & 1) * 2 * TILE
+                    convert_kv_tile(smem, nxt, nxt + TILE, stage, stage_ks + (st ^ 1) * TILE,
+                                    stage_vs + (st ^ 1) * TILE, BN, copied)
+            else:
+                if t + AHEAD < ntiles:
+                    sa = (t + AHEAD) % STAGES
+                    load_kv_tile(smem, ks + sa * TILE, vs + sa * TILE, kflat, vflat, key_off, kend, k0 + AHEAD * BN,
+                                 BN)
+                vaddr = 2 * (vs + st * TILE)
+                s = issue_qk(2 * (ks + st * TILE))
             i = np.arange(NS)
             for wg in range(2):
                 sel = WG == wg

@@ -47,10 +47,10 @@ def mma_prefill_smem(d: int, kv8: bool = False) -> int:
 
 def wgmma_prefill_smem(kv8: bool = False) -> int:
     """Bytes of shared memory of the wgmma prefill kernel: Q and the K/V stages of [rows][128] bf16 (`kv8`: fp8
-    stages as stored and one converted f16 K/V tile), plus 1024 bytes to align the base to the 128-byte swizzle's
-    1024-byte pattern."""
+    stages as stored and two buffers of converted f16 K/V tiles), plus 1024 bytes to align the base to the 128-byte
+    swizzle's 1024-byte pattern."""
     if kv8:
-        return WGMMA_BM * 128 * 2 + 2 * WGMMA_STAGES * WGMMA_BN * 128 + 2 * WGMMA_BN * 128 * 2 + 1024
+        return WGMMA_BM * 128 * 2 + 2 * WGMMA_STAGES * WGMMA_BN * 128 + 2 * 2 * WGMMA_BN * 128 * 2 + 1024
     return (WGMMA_BM + 2 * WGMMA_STAGES * WGMMA_BN) * 128 * 2 + 1024
 
 

@@ -19,9 +19,12 @@
 //         128-key tiles timed faster than 64-key tiles, than both warpgroups issuing freely, and than
 //         FlashAttention-3's intra-warpgroup overlap (S of tile t + 1 during the softmax of tile t).
 //   out   normalized rows are staged in the warp's own (swizzled) Q rows and stored as 16-byte words.
-//   fp8   caches of e4m3 bytes (the _kv8 kernel): the stages hold K/V rows as stored, and the block converts each
-//         landed tile into one f16 K and V tile of the bf16 stages' layout; Q is rounded to f16 in place once, P
-//         packed to f16, the products f16 (fp8.cuh): the numbers of attention_mma.cu's fp8 form.
+//   fp8   caches of e4m3 bytes (the _kv8 kernel): two stages hold K/V rows as stored, and two buffers their f16
+//         conversions in the bf16 stages' layout: each thread converts tile t + 1 while its S = Q K^T of tile t
+//         runs on the tensor cores, and only the chunks it copied itself (load_kv_tile_sw's and convert_kv_tile's
+//         mappings are one), so its own cp.async wait is all the conversion waits for; tile t + 2's copies then
+//         refill that stage. Q is rounded to f16 in place once, P packed to f16, the products f16 (fp8.cuh): the
+//         numbers of attention_mma.cu's fp8 form.
 //
 // Mirrored in attention.py (WGMMA_* constants, the shared-memory size, the kernel names) and emulated
 // in tests/kernels/test_attention_wgmma_emulation.py: change them together.
@@ -63,8 +66,9 @@ __device__ __forceinline__ void load_kv_tile_sw(unsigned char* ks, unsigned char
 }
 
 // An e4m3 K/V stage (convert_kv_tile's input: [BN][128] bytes as stored) to f16 tiles laid out as the bf16 stages
-// (sw128_offset). Chunk i = pass * WG_THREADS + threadIdx.x is 16 bytes of row i / 8 at byte 16 (i % 8): a warp reads
-// 512 contiguous bytes and writes each 16-byte half of its conversion to a different bank group of 8 (the swizzle).
+// (sw128_offset). Chunk i = pass * WG_THREADS + threadIdx.x is 16 bytes of row i / 8 at byte 16 (i % 8), the chunk
+// this thread copied (load_kv_tile_sw, CH = 8): a warp reads 512 contiguous bytes and writes each 16-byte half of its
+// conversion to a different bank group of 8 (the swizzle).
 template <int BN>
 __device__ __forceinline__ void convert_kv_tile(unsigned char* kf, unsigned char* vf, const unsigned char* ks,
                                                 const unsigned char* vs) {
@@ -113,8 +117,7 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const E* kc, co
     unsigned char* qs = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);   // [2][BM][64]
     unsigned char* ks = qs + BM * D * 2;                                                // [STAGES][2][BN][64]
     unsigned char* vs = ks + STAGES * STAGE;                                            // [STAGES][2][BN][64]
-    unsigned char* kf = vs + STAGES * STAGE;                                            // KV8: [2][BN][64] f16
-    unsigned char* vf = kf + TILE;
+    unsigned char* kf = vs + STAGES * STAGE;   // KV8: two buffers of converted f16 K, V tiles, each [2][BN][64]
     const int b = blockIdx.z, kvh = blockIdx.y, G = nh / nkv;
     const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
     const int rows = n * G, row0 = (gridDim.x - 1 - blockIdx.x) * BM;  // the longest tiles start first
@@ -134,6 +137,19 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const E* kc, co
     }
     load_kv_tile_sw<BN, E>(ks, vs, kc, vc, kv, table, kvh, 0, kend);
     cp_async_commit();
+    if constexpr (KV8) {   // tile 1's copies go out too; Q and tile 0 are converted before the loop
+        if (1 < ntiles) load_kv_tile_sw<BN, E>(ks + STAGE, vs + STAGE, kc, vc, kv, table, kvh, BN, kend);
+        cp_async_commit();
+        cp_async_wait<1>();
+#pragma unroll
+        for (int p = 0; p < BM * 16 / WG_THREADS; ++p) {   // this thread's Q chunks, to f16 in place
+            uint4* w = reinterpret_cast<uint4*>(qs + sw128_offset(p * 16 + (threadIdx.x >> 4), (threadIdx.x & 15) * 8,
+                                                                   BM));
+            *w = make_uint4(bf16x2_to_f16x2(w->x), bf16x2_to_f16x2(w->y), bf16x2_to_f16x2(w->z),
+                            bf16x2_to_f16x2(w->w));
+        }
+        convert_kv_tile<BN>(kf, kf + TILE, ks, vs);
+    }
 
     // The warp's rows wrow .. wrow + 15 (of the block); this thread holds rows g = lane / 4 and g + 8
     // (h = 0, 1) and columns 2 * (lane % 4) + {0, 1} of every 8-column group of the accumulators.
@@ -154,26 +170,32 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const E* kc, co
 
     for (int t = 0; t < ntiles; ++t) {
         const int k0 = t * BN, st = t % STAGES;
-        if (t + AHEAD < ntiles) {
-            const int sa = (t + AHEAD) % STAGES;
-            load_kv_tile_sw<BN, E>(ks + sa * STAGE, vs + sa * STAGE, kc, vc, kv, table, kvh, k0 + AHEAD * BN, kend);
+        if constexpr (KV8) {   // tile t + 2 into tile t's stage, which this thread converted (its own chunks)
+            if (t + 2 < ntiles)
+                load_kv_tile_sw<BN, E>(ks + st * STAGE, vs + st * STAGE, kc, vc, kv, table, kvh, k0 + 2 * BN, kend);
+            cp_async_commit();  // possibly empty, so that wait<1> always means "tile t + 1 has landed"
+        } else {
+            if (t + AHEAD < ntiles) {
+                const int sa = (t + AHEAD) % STAGES;
+                load_kv_tile_sw<BN, E>(ks + sa * STAGE, vs + sa * STAGE, kc, vc, kv, table, kvh, k0 + AHEAD * BN,
+                                       kend);
+            }
+            cp_async_commit();  // possibly empty, so that wait<1> always means "tile t + AHEAD - 1 has landed"
+            cp_async_wait<1>();
         }
-        cp_async_commit();  // possibly empty, so that wait<1> always means "tile t + AHEAD - 1 has landed"
-        cp_async_wait<1>();
-        if constexpr (KV8) {   // (the previous tile's products are done: every thread waited for them)
-            __syncthreads();
-            if (t == 0)        // Q, landed with tile 0, to f16 in place
-                for (int i = threadIdx.x; i < BM * D / 2; i += WG_THREADS)
-                    reinterpret_cast<unsigned int*>(qs)[i] = bf16x2_to_f16x2(reinterpret_cast<unsigned int*>(qs)[i]);
-            convert_kv_tile<BN>(kf, vf, ks + st * STAGE, vs + st * STAGE);
-        }
-        fence_proxy_async_smem();  // cp.async (and KV8's stores) wrote through the generic proxy, wgmma reads
+        fence_proxy_async_smem();  // cp.async (and KV8's conversions) wrote through the generic proxy, wgmma reads
                                    // through the async one
-        __syncthreads();
-        const unsigned int vaddr = smem_addr(KV8 ? vf : vs + st * STAGE);
+        __syncthreads();           // (KV8: every thread's products of tile t - 1 are done, its buffer free)
+        unsigned char* kt = KV8 ? kf + (t & 1) * 2 * TILE : ks + st * STAGE;
+        const unsigned int vaddr = smem_addr(KV8 ? kt + TILE : vs + st * STAGE);
 
         if (wg == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory");
-        issue_qk<BN, KV8>(s, qaddr, smem_addr(KV8 ? kf : ks + st * STAGE));
+        issue_qk<BN, KV8>(s, qaddr, smem_addr(kt));
+        if constexpr (KV8) if (t + 1 < ntiles) {   // tile t + 1 converted while the tensor cores run S = Q K^T
+            cp_async_wait<1>();
+            unsigned char* next = kf + ((t + 1) & 1) * 2 * TILE;
+            convert_kv_tile<BN>(next, next + TILE, ks + (st ^ 1) * STAGE, vs + (st ^ 1) * STAGE);
+        }
         wgmma_wait<0>();
         wgmma_pin<NS>(s);
         if (wg == 0) asm volatile("bar.arrive 1, %0;\n" ::"n"(WG_THREADS) : "memory");
@@ -221,7 +243,7 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const E* kc, co
         wgmma_wait<0>();  // P V of tile t
         wgmma_pin<64>(o);
         if constexpr (!KV8) __syncthreads();  // stage st is consumed before a later iteration refills it (KV8: the
-                                              // converted tiles are, by the next iteration's first barrier)
+                                              // next iteration's barrier guards the converted buffer)
     }
     cp_async_wait<0>();  // only empty groups remain; keeps the tail tidy
 
