@@ -3,7 +3,9 @@
 # one ncu process per scenario, each summed by scripts/ncu_table.py into $OUT/ncu_<name>.txt.
 #   bash scripts/gpu_ncu.sh "qwen3-4b decode 1" "qwen3-4b decode 32" "qwen3.5-4b prefill 1024"
 # Assumes openinfer is installed (scripts/gpu_bench.sh and gpu_test.sh do that). Clocks are left alone
-# (--clock-control none).
+# (--clock-control none). Each scenario first runs once without the profiler: start-up times GEMM and GEMV candidates
+# for the shapes not yet in the on-disk cache, launches Nsight Compute would profile one by one; the profiled start
+# finds them cached.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/openinfer-gpu}
@@ -12,6 +14,7 @@ NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null |
 mkdir -p "$OUT"
 for scenario in "$@"; do
     name=$(echo "$scenario" | tr ' /' '__')   # a path among its arguments (--tokenizer DIR) stays in the name
+    $PY scripts/gpu_kernel_times.py $scenario >"$OUT/ncu_$name.warm.log" 2>&1
     timeout ${NCU_S:-120} "$NCU" --clock-control none --graph-profiling node \
         --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_$name.csv" \
         $PY scripts/gpu_kernel_times.py $scenario >"$OUT/ncu_$name.log" 2>&1
