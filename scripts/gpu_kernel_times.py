@@ -15,6 +15,7 @@ import argparse
 import numpy as np
 
 from openinfer.engine.engine import EngineArgs, build_engine
+from openinfer.engine.engine_args import add_kv_cache_dtype_option
 from openinfer.sampling.sampler import SamplingParams
 
 
@@ -27,7 +28,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu only to check this script without a GPU")
     ap.add_argument("--tokenizer", default=None, help="a tokenizer folder, for a preset of a line that ships none")
     ap.add_argument("--prompts", type=int, default=1, help="prefill: prompts of `size` tokens in the one step")
-    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    add_kv_cache_dtype_option(ap)
     a = ap.parse_args()
     rows = a.size if a.scenario != "prefill" else a.prompts
     eng = build_engine(a.model, EngineArgs(device=a.device, load_format="dummy", tokenizer=a.tokenizer,

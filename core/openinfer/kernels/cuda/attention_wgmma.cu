@@ -171,8 +171,9 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const E* kc, co
     for (int t = 0; t < ntiles; ++t) {
         const int k0 = t * BN, st = t % STAGES;
         if constexpr (KV8) {   // tile t + 2 into tile t's stage, which this thread converted (its own chunks)
-            if (t + 2 < ntiles)
-                load_kv_tile_sw<BN, E>(ks + st * STAGE, vs + st * STAGE, kc, vc, kv, table, kvh, k0 + 2 * BN, kend);
+            if (t + STAGES < ntiles)
+                load_kv_tile_sw<BN, E>(ks + st * STAGE, vs + st * STAGE, kc, vc, kv, table, kvh, k0 + STAGES * BN,
+                                       kend);
             cp_async_commit();  // possibly empty, so that wait<1> always means "tile t + 1 has landed"
         } else {
             if (t + AHEAD < ntiles) {
@@ -194,7 +195,8 @@ __device__ void prefill_wgmma(const bf16* q, long long q_stride, const E* kc, co
         if constexpr (KV8) if (t + 1 < ntiles) {   // tile t + 1 converted while the tensor cores run S = Q K^T
             cp_async_wait<1>();
             unsigned char* next = kf + ((t + 1) & 1) * 2 * TILE;
-            convert_kv_tile<BN>(next, next + TILE, ks + (st ^ 1) * STAGE, vs + (st ^ 1) * STAGE);
+            const int sn = (t + 1) % STAGES;
+            convert_kv_tile<BN>(next, next + TILE, ks + sn * STAGE, vs + sn * STAGE);
         }
         wgmma_wait<0>();
         wgmma_pin<NS>(s);
