@@ -489,3 +489,72 @@ def test_device_sampler_launch_args(launches, dtype):
     logits = aligned_empty((4, vocab), dtype)
     sampler.sample(logits, params, edits, b.top_k, np.flatnonzero(b.params[:, 1] > 0))
     assert launches[-1].name.startswith("sample_rows_")
+
+
+def _prefetched(calls) -> list[tuple[int, int]]:
+    """The byte ranges prefetch.cu's loop issues for recorded prefetch_l2 launches, thread by thread, merged."""
+    issued = []
+    for call in calls:
+        count, args = int(call.args[0]), call.args[1:]
+        ptrs, sizes = [int(a) for a in args[0::2]], [int(a) for a in args[1::2]]
+        stride = call.grid[0] * call.block
+        for g in range(stride):
+            chunk, first = g, 0
+            for r in range(min(count, ops.PREFETCH_RANGES)):
+                chunks = -(-sizes[r] // ops.PREFETCH_CHUNK)
+                while chunk < first + chunks:
+                    off = (chunk - first) * ops.PREFETCH_CHUNK
+                    n = min(ops.PREFETCH_CHUNK, sizes[r] - off)
+                    assert (ptrs[r] + off) % 16 == 0 and n % 16 == 0 and 0 < n <= 2**20   # UBLKPF's limits
+                    issued.append((ptrs[r] + off, ptrs[r] + off + n))
+                    chunk += stride
+                first += chunks
+    merged = []
+    for lo, hi in sorted(issued):
+        assert not merged or lo >= merged[-1][1], "a chunk prefetched twice"
+        if merged and lo == merged[-1][1]:
+            merged[-1] = (merged[-1][0], hi)
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def test_prefetch_covers_the_weights_in_order_up_to_its_share_of_l2(launches, monkeypatch):
+    """Whole arrays, a strided view (its span), a quantized weight's arrays (a dataclass), trimmed to 16-byte words
+    inside each; ten ranges take two launches of at most eight; the L2 share cuts the last range short and drops the
+    rest; every chunk is issued once, by the kernel's own loop."""
+    from openinfer.quant import Fp8Weight
+    monkeypatch.setattr(ops, "l2_bytes", lambda: 2**20)
+    monkeypatch.setattr(ops, "sm_count", lambda: 4)
+    kv_b = aligned_empty((8, 32, 40), BF16)
+    view = kv_b[:, 16:, :]                                   # W_UV of a kv_b: rows 16.. of each head
+    odd = aligned_empty((1000,), np.uint8)[3:997]            # not on 16-byte bounds at either end
+    q = Fp8Weight(aligned_empty((64, 256), np.uint8), aligned_empty((64, 2), np.float32))
+    small = [aligned_empty((100,), np.float32) for _ in range(6)]
+    big = aligned_empty((2**20,), np.uint8)
+    ops.prefetch([view, odd, q, *small, big, aligned_empty((64,), np.float32)])
+    want = [(view.data.ptr, view.data.ptr + 8 * 32 * 40 * 2 - 16 * 40 * 2), (odd.data.ptr + 13, odd.data.ptr + 989),
+            (q.data.data.ptr, q.data.data.ptr + q.data.nbytes), (q.scale.data.ptr, q.scale.data.ptr + 512)]
+    want += [(a.data.ptr, a.data.ptr + 400 // 16 * 16) for a in small]
+    used = sum(hi - lo for lo, hi in want)
+    cap = int(ops.PREFETCH_L2_SHARE * 2**20) // 16 * 16
+    want.append((big.data.ptr, big.data.ptr + (cap - used) // 16 * 16))
+    assert [c.name for c in launches] == ["prefetch_l2"] * 2 and [int(c.args[0]) for c in launches] == [8, 3]
+    assert all(c.block == 32 and 1 <= c.grid[0] <= 4 for c in launches)
+    assert _prefetched(launches) == sorted(_merge_adjacent(sorted(want)))
+
+
+def _merge_adjacent(ranges):
+    out = []
+    for lo, hi in ranges:
+        if out and lo == out[-1][1]:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def test_prefetch_of_nothing_launches_nothing(launches, monkeypatch):
+    monkeypatch.setattr(ops, "l2_bytes", lambda: 2**20)
+    ops.prefetch([aligned_empty((0,), BF16), aligned_empty((8,), np.uint8)])   # empty; under one 16-byte word
+    assert launches == []
