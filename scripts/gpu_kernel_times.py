@@ -18,6 +18,8 @@ from openinfer.engine.engine import EngineArgs, build_engine
 from openinfer.engine.engine_args import add_kv_cache_dtype_option
 from openinfer.sampling.sampler import SamplingParams
 
+NVTX_RANGE = "openinfer_step"   # gpu_ncu.sh's --nvtx-include
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -59,15 +61,17 @@ def main() -> None:
         return
     import cupy as cp
 
-    # ncu profiles the whole run: these two one-thread kernels bracket the step for ncu_table.py
-    # (a cudaProfilerStart/Stop range caught no graph-replayed kernels on the H200)
+    # these two one-thread kernels bracket the step for ncu_table.py, inside an NVTX range (NVTX_RANGE) that ncu's
+    # --nvtx-include can keep to (a cudaProfilerStart/Stop range caught no graph-replayed kernels on the H200)
     marker = cp.RawModule(code='extern "C" __global__ void openinfer_step_begin() {}\n'
                                'extern "C" __global__ void openinfer_step_end() {}')
     stream = eng.runner.backend.stream
+    cp.cuda.nvtx.RangePush(NVTX_RANGE)
     marker.get_function("openinfer_step_begin")((1,), (1,), (), stream=stream)
     stats = eng.step()
     marker.get_function("openinfer_step_end")((1,), (1,), (), stream=stream)
     stream.synchronize()
+    cp.cuda.nvtx.RangePop()
     check(stats, a)   # a prefill's one step ends with its first token (no cut at the last full block)
 
 
