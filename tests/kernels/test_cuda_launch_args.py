@@ -509,9 +509,14 @@ def _prefetched(calls) -> list[tuple[int, int]]:
                     issued.append((ptrs[r] + off, ptrs[r] + off + n))
                     chunk += stride
                 first += chunks
-    issued.sort()
-    assert all(a[1] <= b[0] for a, b in zip(issued, issued[1:])), "a chunk prefetched twice"
-    return _merge_adjacent(issued)
+    merged = []
+    for lo, hi in sorted(issued):
+        assert not merged or lo >= merged[-1][1], "a chunk prefetched twice"
+        if merged and lo == merged[-1][1]:
+            merged[-1] = (merged[-1][0], hi)
+        else:
+            merged.append((lo, hi))
+    return merged
 
 
 def test_prefetch_covers_the_weights_in_order_up_to_its_share_of_l2(launches, monkeypatch):
@@ -536,11 +541,10 @@ def test_prefetch_covers_the_weights_in_order_up_to_its_share_of_l2(launches, mo
     want.append((big.data.ptr, big.data.ptr + (cap - used) // 16 * 16))
     assert [c.name for c in launches] == ["prefetch_l2"] * 2 and [int(c.args[0]) for c in launches] == [8, 3]
     assert all(c.block == 32 and 1 <= c.grid[0] <= 4 for c in launches)
-    assert _prefetched(launches) == _merge_adjacent(sorted(want))
+    assert _prefetched(launches) == sorted(_merge_adjacent(sorted(want)))
 
 
 def _merge_adjacent(ranges):
-    """Sorted [lo, hi) ranges with each run of touching ones joined."""
     out = []
     for lo, hi in ranges:
         if out and lo == out[-1][1]:
