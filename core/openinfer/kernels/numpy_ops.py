@@ -140,13 +140,8 @@ def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return x[rows]
 
 
-def prefetch(weights) -> None:
-    """A hint to start reading `weights` into the GPU's L2 cache (kernels/cuda/ops.py); host memory has no such
-    cache to warm, so there is nothing to do."""
-
-
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
     for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
-                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "prefetch"):
+                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

@@ -136,9 +136,6 @@ class MLAttention:
                  w: MLAWeights) -> None:
         self.ops, self.layer, self.dims = ops, layer, dims
         self.scale, self.cos, self.sin, self.w = scale, cos, sin, w
-        # weights the layer reads after its attention, in order (its decoder fills it in): a decode step starts
-        # pulling them into the GPU's L2 while the latency-bound latent attention leaves the memory bus idle
-        self.read_after: list[Any] = []
 
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
         q_nope, q_pe, _ = self.project_heads(x, batch, state)
@@ -150,8 +147,6 @@ class MLAttention:
     def absorbed(self, q_nope: Array, q_pe: Array, batch: ForwardBatch, state: StatePools) -> Array:
         """Attention in the absorbed form: W_UK into the query, attention over the latents, W_UV: [T, H, dv]."""
         q_latent = self.ops.per_head_linear(q_nope, self.w.w_uk_t)
-        if self.read_after:
-            self.ops.prefetch(self.read_after)
         attn = self.ops.mla_attention(q_latent, q_pe, self.cache(state), batch, self.scale)
         return self.ops.per_head_linear(attn, self.w.w_uv)
 

@@ -17,7 +17,7 @@ from ..contract.model_line import Model
 from ..quant import QuantScheme, quant_scheme
 from ..quant.scheme import DENSE
 from .mla import MLADims, MLAttention, load_mla_weights, mla_softmax_scale, mla_weight_shapes
-from .mlp import SwiGLU, load_swiglu, swiglu_shapes
+from .mlp import load_swiglu, swiglu_shapes
 from .moe import MoE, RouterConfig, load_moe_weights, moe_weight_shapes
 from .quant_linear import QuantOps, quant_ops_needed
 from .rope import RopeConfig, cos_sin, rope_config
@@ -113,18 +113,10 @@ def mla_moe_weight_shapes(cfg: MLAMoEConfig) -> dict[str, tuple[int, ...]]:
 def mla_moe_kernel_plan(cfg: MLAMoEConfig) -> list[str]:
     plan = ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows",
             "mla_rope_write", "mla_attention", "per_head_linear", "mla_gather_latent", "mla_pack_heads",
-            "paged_attention", "prefetch"]
+            "paged_attention"]
     if cfg.has_moe:
         plan += ["moe_router", "moe_experts"]
     return plan + quant_ops_needed(cfg.quant, cfg.has_moe)
-
-
-def mlp_weights_in_order(mlp: SwiGLU | MoE) -> list[Any]:
-    """The weights an MLP block reads before its routed experts (the experts a step routes to are not known before its
-    router has run): the router's gate first, small and read by a latency-bound kernel, then in the order read."""
-    if isinstance(mlp, SwiGLU):
-        return [mlp.gate_up, mlp.down]
-    return [mlp.w.gate] + ([mlp.w.shared.gate_up, mlp.w.shared.down] if mlp.w.shared is not None else [])
 
 
 @dataclass
@@ -169,7 +161,6 @@ class MLAMoEDecoder(Model):
                 mlp: Callable[[Array], Array] = MoE(self.ops, cfg.router, w, offset, comm)
             else:
                 mlp = load_swiglu(self.ops, backend, weights, p + "mlp.", scheme)
-            attn.read_after = [attn.w.w_uv, attn.w.o, *mlp_weights_in_order(mlp)]
             self.layers.append(_Layer(load(f"model.layers.{i}.input_layernorm.weight"),
                                       load(f"model.layers.{i}.post_attention_layernorm.weight"), attn, mlp))
 

@@ -6,7 +6,7 @@ Importing this package touches neither cupy nor the GPU: ops are registered as l
 from __future__ import annotations
 
 OPS = ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "linear_silu_mul",
-       "write_kv", "rope_write_kv", "gather_rows", "argmax", "top_logprobs", "prefetch")
+       "write_kv", "rope_write_kv", "gather_rows", "argmax", "top_logprobs")
 DTYPES = ("bfloat16", "float32")
 # the MLA and MoE ops (bf16 models): op -> its module
 BF16_OPS = {"mla_rope": "mla", "mla_write_latent": "mla", "mla_rope_write": "mla", "mla_attention": "mla",

@@ -22,7 +22,6 @@ _modules: dict[tuple[int, str], Any] = {}
 _functions: dict[tuple[int, str, str], Any] = {}
 _smem_optin: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
-_l2_bytes: dict[int, int] = {}
 _occupancy: dict[tuple, int] = {}
 _capability: dict[int, int] = {}
 _counters: dict[tuple[int, str, str], cp.ndarray] = lanes.per_lane({})   # (device, lane, purpose) -> its counters
@@ -123,14 +122,6 @@ def sm_count() -> int:
     if dev not in _sm_count:
         _sm_count[dev] = cp.cuda.Device(dev).attributes["MultiProcessorCount"]
     return _sm_count[dev]
-
-
-def l2_bytes() -> int:
-    """The current device's L2 cache size in bytes."""
-    dev = cp.cuda.Device().id
-    if dev not in _l2_bytes:
-        _l2_bytes[dev] = cp.cuda.Device(dev).attributes["L2CacheSize"]
-    return _l2_bytes[dev]
 
 
 COUNTER_PURPOSES = ("decode_attention", "moe_router")   # split-KV decode heads, moe.py's fused router

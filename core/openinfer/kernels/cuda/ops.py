@@ -6,23 +6,15 @@ views (a slice of the fused qkv output, a layer's slice of the KV pool) are used
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Sequence
-
 import cupy as cp
 import numpy as np
 
 from ...quant.fp8 import E4M3
 from .blas import gemv_silu_mul, linear
-from .module import NULL, as_index, heads3d, l2_bytes, launch, rows2d, sm_count, suffix
+from .module import NULL, as_index, heads3d, launch, rows2d, suffix
 
 __all__ = ["embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul", "linear_silu_mul",
-           "write_kv", "rope_write_kv", "gather_rows", "argmax", "top_logprobs", "prefetch"]
-
-# prefetch fills at most this share of the L2: what it brings in must still be there when the kernels after the one
-# it runs beside read it
-PREFETCH_L2_SHARE = 0.75
-PREFETCH_RANGES, PREFETCH_CHUNK = 8, 8192   # prefetch.cu's
+           "write_kv", "rope_write_kv", "gather_rows", "argmax", "top_logprobs"]
 
 
 def _threads(n: int, cap: int = 1024) -> int:
@@ -270,43 +262,3 @@ def score_rows(logits: cp.ndarray, targets: cp.ndarray, k: int
                (x, np.int64(stride), np.int32(n), as_index(targets, np.int32), values, ids, np.int32(kk),
                 logprob, rank))
     return logprob, rank, values, ids
-
-
-def _device_arrays(w: Any) -> list[cp.ndarray]:
-    """The device arrays of a weight: itself, or a quantized weight's (a dataclass of arrays)."""
-    if isinstance(w, cp.ndarray):
-        return [w]
-    if dataclasses.is_dataclass(w):
-        return [a for f in dataclasses.fields(w) for a in _device_arrays(getattr(w, f.name))]
-    return []
-
-
-def _span(a: cp.ndarray) -> tuple[int, int]:
-    """The bytes [start, end) an array (a strided view too) reads."""
-    lo = hi = a.data.ptr
-    for n, s in zip(a.shape, a.strides):
-        lo, hi = (lo + (n - 1) * s, hi) if s < 0 else (lo, hi + (n - 1) * s)
-    return lo, hi + a.itemsize
-
-
-def prefetch(weights: Sequence[Any]) -> None:
-    """Start reading `weights` (arrays or quantized weights), in order, into the L2 cache, up to PREFETCH_L2_SHARE of
-    it, and return at once: a hint for the kernels that read them next (prefetch.cu). Each range is trimmed to whole
-    16-byte words inside it."""
-    budget, ranges = int(PREFETCH_L2_SHARE * l2_bytes()), []
-    for a in (a for w in weights for a in _device_arrays(w) if a.size):
-        lo, hi = _span(a)
-        lo, hi = -(-lo // 16) * 16, hi // 16 * 16
-        n = min(hi - lo, budget // 16 * 16)
-        if n <= 0:
-            continue
-        ranges.append((lo, n))
-        budget -= n
-    for i in range(0, len(ranges), PREFETCH_RANGES):
-        group = ranges[i: i + PREFETCH_RANGES]
-        chunks = sum(-(-n // PREFETCH_CHUNK) for _, n in group)
-        args = [np.int32(len(group))]
-        for j in range(PREFETCH_RANGES):
-            ptr, n = group[j] if j < len(group) else (0, 0)
-            args += [np.uint64(ptr), np.int64(n)]
-        launch("prefetch", "prefetch_l2", (max(1, min(sm_count(), -(-chunks // 32))),), 32, tuple(args))

@@ -37,11 +37,10 @@ import cupy as cp
 import numpy as np
 
 # kernel-name prefixes launched with PDL (then Qwen3.5's GDN decode kernels, then MLA's and the MoE kernels: router,
-# routing, grouping, the grouped expert GEMMs (bf16 and quantized; they trigger after their main loop) and combines,
-# then the L2 prefetch of weights issued before MLA attention)
+# routing, grouping, the grouped expert GEMMs (bf16 and quantized; they trigger after their main loop) and combines)
 KERNELS = ("gemv", "paged_decode", "rope", "add_rms_norm", "rms_norm",
            "conv_update", "gdn_gating", "gdn_decode", "gated_rms_norm", "sigmoid_gate",
-           "mla_", "router_logits", "moe_", "prefetch_l2")
+           "mla_", "router_logits", "moe_")
 ENABLED = True                # off: every kernel through CuPy (the launch tests and the benches compare both)
 MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)
 MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
