@@ -1,5 +1,5 @@
 """The decode GEMMs against the numpy reference on random inputs (GPU only; skipped elsewhere): linear
-(cuBLAS), the GEMV of 1..32 rows with its variants, tuned splits, PDL and graph capture, and its SiLU epilogue.
+(cuBLAS), the GEMV of 1..8 rows with its variants, tuned splits, PDL and graph capture, and its SiLU epilogue.
 """
 from __future__ import annotations
 
@@ -36,11 +36,8 @@ def gemv_calls(monkeypatch):
     return calls
 
 
-GEMV_ROWS = [*range(1, 9), 9, 13, 16, 17, 32]   # each width of the kernels (blas.GEMV_WIDTHS), full and partial
-
-
 @pytest.mark.parametrize("n,k", GEMV_SHAPES)
-@pytest.mark.parametrize("m", GEMV_ROWS)
+@pytest.mark.parametrize("m", range(1, 9))
 def test_linear_gemv(m, n, k, gemv_calls):
     rng = np.random.default_rng(1000 * m + n + k)
     x, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
@@ -51,29 +48,15 @@ def test_linear_gemv(m, n, k, gemv_calls):
     np.testing.assert_array_equal(host(ops.linear(xd, wd)), host(got))  # split-K sums in a fixed order
 
 
-@pytest.mark.parametrize("n,k", [(2560, 4096), (3648, 2048), (77, 1000)])
-def test_a_rows_gemv_bits_do_not_depend_on_the_batch(n, k, gemv_kernels):
-    """Each width of the GEMV (8, 16, 32 rows) gives a row of x the same bits, plain and with the SiLU epilogue: a
-    sequence decodes alike at every batch size the GEMV takes."""
-    rng = np.random.default_rng(n + k)
-    xd = dev(rnd(rng, 32, k), BF16)
-    wd = dev(rnd(rng, 2 * (n // 2), k, scale=k ** -0.5), BF16)
-    full, fused = host(ops.linear(xd, wd)), host(ops.linear_silu_mul(xd, wd))
-    for m in (1, 5, 8, 9, 16, 17, 31):
-        np.testing.assert_array_equal(host(ops.linear(xd[:m], wd)), full[:m])
-        np.testing.assert_array_equal(host(ops.linear_silu_mul(xd[:m], wd)), fused[:m])
-
-
 def test_gemv_kernel_with_and_without_pdl(pdl, gemv_calls):
     """The GEMV eager with and without PDL, split-K and tails."""
     from openinfer.kernels.cuda import pdl as pdl_mod
     rng = np.random.default_rng(3)
     assert pdl_mod.enabled() == pdl
-    for m, n, k in ((1, 2560, 4096), (8, 2560, 9728), (3, 77, 1000), (6, 1000, 2056), (16, 2560, 9728),
-                    (27, 1000, 2056)):
+    for m, n, k in ((1, 2560, 4096), (8, 2560, 9728), (3, 77, 1000), (6, 1000, 2056)):
         x, w = exact(rnd(rng, m, k), BF16), exact(rnd(rng, n, k, scale=k ** -0.5), BF16)
         close(ops.linear(dev(x, BF16), dev(w, BF16)), ref.linear(x, w), DTYPES["bfloat16"], scale=2)
-    assert len(gemv_calls) == 6
+    assert len(gemv_calls) == 4
 
 
 def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
@@ -94,13 +77,13 @@ def test_linear_gemv_layouts_and_fallbacks(gemv_calls):
     close(ops.linear(dev(wide[:2, :256], BF16), wd[40:200]), ref.linear(wide[:2, :256], w[40:200]), dt, scale=2)
     assert gemv_calls[-1] == (2, 256)
     n_gemv = len(gemv_calls)
-    # cuBLAS fallbacks, still correct: a row stride that breaks 16-byte alignment, K % 8 != 0, M > 32
+    # cuBLAS fallbacks, still correct: a row stride that breaks 16-byte alignment, K % 8 != 0, M > 8
     close(ops.linear(dev(wide, BF16)[:, 3:259], wd), ref.linear(wide[:, 3:259], w), dt, scale=2)
     xk = exact(rnd(rng, 4, 100), BF16)
     wk = exact(rnd(rng, 64, 100, scale=0.1), BF16)
     close(ops.linear(dev(xk, BF16), dev(wk, BF16)), ref.linear(xk, wk), dt, scale=2)
-    x33 = exact(rnd(rng, 33, 256), BF16)
-    close(ops.linear(dev(x33, BF16), wd), ref.linear(x33, w), dt, scale=2)
+    x9 = exact(rnd(rng, 9, 256), BF16)
+    close(ops.linear(dev(x9, BF16), wd), ref.linear(x9, w), dt, scale=2)
     assert len(gemv_calls) == n_gemv
 
 
@@ -179,7 +162,7 @@ def _fused_inputs(rng, m, n, k):
 
 
 @pytest.mark.parametrize("n,k", [*FUSED_SHAPES, (208, 264)])
-@pytest.mark.parametrize("m", GEMV_ROWS)
+@pytest.mark.parametrize("m", range(1, 9))
 def test_linear_silu_mul_is_bitwise_the_two_ops(m, n, k, gemv_kernels):
     rng = np.random.default_rng(100 * m + n + k)
     x, w = _fused_inputs(rng, m, n, k)
@@ -213,7 +196,7 @@ def test_fused_gemv_graph_capture_replays(pdl, gemv_kernels):
         h = ops.linear_silu_mul(x, gate_up)
         return ops.linear(h, down), h
 
-    for m in (1, 8, 32):
+    for m in (1, 8):
         x = dev(rnd(rng, m, H), BF16)
         with after_inputs(stream):
             eager = host(mlp(x)[0])  # sets up the counters

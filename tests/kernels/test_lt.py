@@ -136,39 +136,39 @@ def _restart(monkeypatch) -> None:
 
 
 def test_tune_times_then_reads_the_cache(tuning, monkeypatch, tmp_path):
-    got = lt_tune.tune(buckets(56), SHAPES)   # buckets 1 .. 32 stay on the GEMV
+    got = lt_tune.tune(buckets(32), SHAPES)   # buckets 1, 2, 4, 8 stay on the GEMV
     assert got == lt_tune.Tuned(cached=0, timed=6, lt=6)
-    assert sorted(lt.plans) == sorted((0, m, n, k) for n, k in SHAPES for m in (40, 48, 56))
+    assert sorted(lt.plans) == sorted((0, m, n, k) for n, k in SHAPES for m in (16, 24, 32))
     assert all(p.algo.data[0] == 3 and p.lay == ("layout", *key[1:]) for key, p in lt.plans.items())
     (path,) = (tmp_path / "gemm_algos").iterdir()
     saved = json.loads(path.read_text())
     assert saved["key"] == tuning.key and sorted(saved["choices"]) == sorted(
-        f"{m},{n},{k},bf16" for n, k in SHAPES for m in (40, 48, 56))
-    assert bytes.fromhex(saved["choices"]["40,64,32,bf16"]) == bytes(lt.plans[(0, 40, 64, 32)].algo)
-    assert lt_tune.tune(buckets(56), SHAPES) == lt_tune.Tuned(0, 0, 6)   # planned shapes are kept as they are
+        f"{m},{n},{k},bf16" for n, k in SHAPES for m in (16, 24, 32))
+    assert bytes.fromhex(saved["choices"]["16,64,32,bf16"]) == bytes(lt.plans[(0, 16, 64, 32)].algo)
+    assert lt_tune.tune(buckets(32), SHAPES) == lt_tune.Tuned(0, 0, 6)   # planned shapes are kept as they are
 
     _restart(monkeypatch)
     tuning.timed.clear()
-    assert lt_tune.tune(buckets(56), SHAPES) == lt_tune.Tuned(cached=6, timed=0, lt=6)
+    assert lt_tune.tune(buckets(32), SHAPES) == lt_tune.Tuned(cached=6, timed=0, lt=6)
     assert tuning.timed == [] and lt_tune._lts[0].heuristic_calls == 0   # warm: no timing, no heuristic
     assert all(p.algo.data[0] == 3 and p.algo.data[7] == 1003 for p in lt.plans.values())
 
 
 def test_a_saved_algorithm_failing_the_check_is_timed_again(tuning, monkeypatch, tmp_path):
-    lt_tune.tune([40], SHAPES)
+    lt_tune.tune([16], SHAPES)
     _restart(monkeypatch)
     monkeypatch.setattr(FakeLt, "usable", lambda self, algo, lay: lay[2:] != (128, 64))
     tuning.timed.clear()
-    assert lt_tune.tune([40], SHAPES) == lt_tune.Tuned(cached=1, timed=1, lt=2)
+    assert lt_tune.tune([16], SHAPES) == lt_tune.Tuned(cached=1, timed=1, lt=2)
     assert tuning.timed == [0, 3, 4, 5]
 
 
 @pytest.mark.parametrize("change", ["gpu", "sms", "cublaslt"])
 def test_another_gpu_or_library_times_again(tuning, monkeypatch, change):
-    lt_tune.tune([40], SHAPES)
+    lt_tune.tune([16], SHAPES)
     _restart(monkeypatch)
     tuning.key[change] = "other" if change == "gpu" else tuning.key[change] + 1
-    assert lt_tune.tune([40], SHAPES) == lt_tune.Tuned(cached=0, timed=2, lt=2)
+    assert lt_tune.tune([16], SHAPES) == lt_tune.Tuned(cached=0, timed=2, lt=2)
 
 
 def test_cache_key_and_unreadable_files(monkeypatch, tmp_path):
@@ -208,20 +208,20 @@ def test_backend_tunes_every_decode_bucket(monkeypatch):
                               lane="cuda:0#7")
     detail = CudaBackend.tune_gemms(backend, SHAPES, 256)
     assert calls == [(buckets(256), SHAPES, "cuda:0#7"), SHAPES, "released"]   # in the backend's lane
-    assert len([m for m in buckets(256) if m > blas.GEMV_MAX_M]) == 16   # 80 GEMMs for Qwen3-4B's 5 weights
+    assert len([m for m in buckets(256) if m > blas.GEMV_MAX_M]) == 19   # 95 GEMMs for Qwen3-4B's 5 weights
     assert detail == ("95 decode GEMM shapes on cuBLASLt (90 from the cache, 5 timed); GEMV split-K for 5 (3 from the "
                       f"cache, 2 timed; off the rule: 64x32 2->1); of {len(SHAPES)} weight shapes")
 
 
 @pytest.fixture
 def dispatch(monkeypatch):
-    """blas.linear on host stand-ins: a plan for (M=40, N=64, K=32) on FakeLt; GemmEx and the GEMV recorded."""
+    """blas.linear on host stand-ins: a plan for (M=16, N=64, K=32) on FakeLt; GemmEx and the GEMV recorded."""
     calls = []
     fake_lt = FakeLt()
     fake_lt.matmul = lambda algo, lay, x, w, y: calls.append(("lt", x.shape[0], algo.data[0]))
     algo = lt.MatmulAlgo()
     algo.data[0] = 3
-    monkeypatch.setattr(lt, "plans", {(0, 40, 64, 32): lt.Plan(fake_lt, algo, ("layout",))})
+    monkeypatch.setattr(lt, "plans", {(0, 16, 64, 32): lt.Plan(fake_lt, algo, ("layout",))})
     cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=0), get_current_stream=lambda: SimpleNamespace(ptr=7))
     monkeypatch.setattr(blas, "cp", SimpleNamespace(**vars(FAKE_CP), cuda=cuda))
     gemm_ex = SimpleNamespace(cublasGemmEx=lambda handle, ta, tb, n, m, *a: calls.append(("gemm_ex", m)) or 0)
@@ -232,26 +232,26 @@ def dispatch(monkeypatch):
 
 def test_linear_takes_cublaslt_only_for_tuned_shapes(dispatch):
     w = aligned_empty((64, 32), BF16)
-    blas.linear(aligned_empty((40, 32), BF16), w)
-    blas.linear(aligned_empty((48, 32), BF16), w)                              # M not tuned
-    blas.linear(aligned_empty((40, 32), BF16), aligned_empty((72, 32), BF16))  # N not tuned
-    blas.linear(aligned_empty((40, 32), np.float32), aligned_empty((64, 32), np.float32))
-    blas.linear(aligned_empty((4, 32), BF16), w)                               # M <= 32: the GEMV
-    blas.linear(aligned_empty((40, 48), BF16)[:, :32], w)                     # strided rows: not ld K
-    blas.linear(aligned_empty((40 * 32 + 8,), BF16)[8:].reshape(40, 32), w)    # 16 bytes off the 256
-    blas.linear(aligned_empty((5, 8, 32), BF16), w)                            # [..., K] rows: M = 40
-    assert dispatch == [("lt", 40, 3), ("gemm_ex", 48), ("gemm_ex", 40), ("gemm_ex", 40), ("gemv", 4),
-                        ("gemm_ex", 40), ("gemm_ex", 40), ("lt", 40, 3)]
+    blas.linear(aligned_empty((16, 32), BF16), w)
+    blas.linear(aligned_empty((24, 32), BF16), w)                              # M not tuned
+    blas.linear(aligned_empty((16, 32), BF16), aligned_empty((72, 32), BF16))  # N not tuned
+    blas.linear(aligned_empty((16, 32), np.float32), aligned_empty((64, 32), np.float32))
+    blas.linear(aligned_empty((4, 32), BF16), w)                               # M <= 8: the GEMV
+    blas.linear(aligned_empty((16, 48), BF16)[:, :32], w)                     # strided rows: not ld K
+    blas.linear(aligned_empty((16 * 32 + 8,), BF16)[8:].reshape(16, 32), w)    # 16 bytes off the 256
+    blas.linear(aligned_empty((2, 8, 32), BF16), w)                            # [..., K] rows: M = 16
+    assert dispatch == [("lt", 16, 3), ("gemm_ex", 24), ("gemm_ex", 16), ("gemm_ex", 16), ("gemv", 4),
+                        ("gemm_ex", 16), ("gemm_ex", 16), ("lt", 16, 3)]
 
 
 def test_linear_records_bf16_weight_shapes(dispatch):
     w = aligned_empty((64, 32), BF16)
     with lt.recording() as shapes:
-        blas.linear(aligned_empty((40, 32), BF16), w)
+        blas.linear(aligned_empty((16, 32), BF16), w)
         blas.linear(aligned_empty((1, 32), BF16), aligned_empty((72, 32), BF16))     # the GEMV's M too
-        blas.linear(aligned_empty((40, 32), np.float32), aligned_empty((96, 32), np.float32))
-        blas.linear(aligned_empty((40, 32), BF16), aligned_empty((80, 64), BF16)[:, :32])   # rows not packed
-        assert blas.gemv_silu_mul(aligned_empty((40, 32), BF16), aligned_empty((112, 32), BF16)) is None  # recorded
+        blas.linear(aligned_empty((16, 32), np.float32), aligned_empty((96, 32), np.float32))
+        blas.linear(aligned_empty((16, 32), BF16), aligned_empty((80, 64), BF16)[:, :32])   # rows not packed
+        assert blas.gemv_silu_mul(aligned_empty((16, 32), BF16), aligned_empty((112, 32), BF16)) is None  # recorded
     assert shapes == {(64, 32), (72, 32), (112, 32)} and lt.recorded is None
-    blas.linear(aligned_empty((40, 32), BF16), aligned_empty((88, 32), BF16))
+    blas.linear(aligned_empty((16, 32), BF16), aligned_empty((88, 32), BF16))
     assert shapes == {(64, 32), (72, 32), (112, 32)}

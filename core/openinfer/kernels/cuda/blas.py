@@ -1,7 +1,7 @@
-"""`linear`: a tensor-core GEMV kernel (gemv.cu) for bf16 with M <= 32 rows, cublasGemmEx otherwise.
+"""`linear`: a tensor-core GEMV kernel (gemv.cu) for bf16 with M <= 8 rows, cublasGemmEx otherwise.
 
 The GEMV path (decode at small batch is weight-bandwidth bound, where cuBLAS reached ~72 % of HBM
-bandwidth): bf16, 1..32 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strides); split-K by a
+bandwidth): bf16, 1..8 rows, K % 8 == 0, 16-byte aligned x/w rows (any row strides); split-K by a
 factor per weight timed at start-up (gemv_tune.py; else one resident wave), the splits of a tile reduced in a thread-
 block cluster (bit-deterministic, graph-safe). Under programmatic dependent launch
 (pdl.py) its first weights are loaded while the previous kernel drains.
@@ -109,8 +109,7 @@ _handles: dict[tuple[int, str], _Handle] = lanes.per_lane({})   # (device, lane)
 
 
 # --- the small-M GEMV path (gemv.cu) ---------------------------------------------------------
-GEMV_MAX_M = 32
-GEMV_WIDTHS = ((8, ""), (16, "_m16"), (32, "_m32"))   # the rows of x each width of a gemv.cu kernel takes, its suffix
+GEMV_MAX_M = 8
 GEMV_FILL = 1.0              # split K until the CTAs fill this fraction of the resident CTA slots (one wave)
 GEMV_MIN_SPLIT_K = 1024      # ... but never below this many k per split (256 per warp)
 _resident: dict[tuple[int, str], int] = {}
@@ -137,11 +136,6 @@ def gemv_splits(n: int, k: int, resident: int) -> int:
     return max(1, min(int(resident * GEMV_FILL) // tiles, k // GEMV_MIN_SPLIT_K, GEMV_MAX_SPLITS))
 
 
-def gemv_kernel(name: str, m: int) -> str:
-    """The width of gemv.cu's kernel `name` for m rows of x (every width sums a row's products in one order)."""
-    return name + next(suffix for rows, suffix in GEMV_WIDTHS if m <= rows)
-
-
 def _gemv_usable(x2: cp.ndarray, w: cp.ndarray, m: int, k: int) -> bool:
     return (x2.dtype == BF16 and 1 <= m <= GEMV_MAX_M and k % 8 == 0 and k > 0
             and (m == 1 or (x2.strides[0] >= 0 and x2.strides[0] % 16 == 0)) and w.strides[0] % 16 == 0
@@ -159,13 +153,13 @@ def launch_gemv(kernel: str, x2: cp.ndarray, w: cp.ndarray, epilogue: tuple) -> 
     if not clusters_supported():
         splits = 1
     ldx = x2.strides[0] // 2 if m > 1 else 0
-    launch("gemv", gemv_kernel(kernel, m), (-(-n // 16), splits), 128,
+    launch("gemv", kernel, (-(-n // 16), splits), 128,
            (x2, np.int64(ldx), w, np.int64(w.strides[0] // 2), np.int32(m), np.int32(k // 8), *epilogue),
            cluster=(1, splits, 1) if splits > 1 else None)
 
 
 def gemv(x2: cp.ndarray, w: cp.ndarray, out2: cp.ndarray) -> None:
-    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= GEMV_MAX_M; caller checked _gemv_usable)."""
+    """out2[M, N] = x2[M, K] @ w[N, K].T through gemv.cu (bf16, M <= 8; caller checked _gemv_usable)."""
     launch_gemv("gemv_bf16", x2, w, (out2, np.int64(out2.strides[0] // 2), np.int32(w.shape[0])))
 
 
@@ -302,7 +296,7 @@ def per_head_linear(x: cp.ndarray, w: cp.ndarray) -> cp.ndarray:
     if T == 0 or H == 0 or n_out == 0:
         return out
     if _per_head_gemv_usable(x, w):
-        launch("gemv", gemv_kernel("gemv_heads_bf16", T), (-(-n_out // 16), 1, H), 128,
+        launch("gemv", "gemv_heads_bf16", (-(-n_out // 16), 1, H), 128,
                (x, np.int64(x.strides[0] // it), np.int64(x.strides[1] // it), w, np.int64(w.strides[1] // it),
                 np.int64(w.strides[0] // it), np.int32(T), np.int32(k // 8), out, np.int64(H * n_out), np.int64(n_out),
                 np.int32(n_out)))

@@ -1,17 +1,14 @@
 // Skinny GEMM for small-batch decode: y[M, N] = x[M, K] @ w[N, K]^T in bf16 with fp32
-// accumulation, M <= 32. Weight-bandwidth bound, so the whole design is about keeping HBM busy:
+// accumulation, M <= 8. Weight-bandwidth bound, so the whole design is about keeping HBM busy:
 //
 // * One CTA = 4 warps = one 16-row tile of w (rows n0..n0+15) over one K range ("split");
 //   the 4 warps split that range again and reduce through shared memory.
 // * The math runs on the tensor cores (mma.sync m16n8k16 bf16 -> fp32): A = 16 rows of w,
-//   B = x^T (its 8 columns are 8 rows of x; columns past M repeat row M-1, never stored). Thread
+//   B = x^T (its 8 columns are the M <= 8 rows of x; columns past M repeat row M-1, never stored). Thread
 //   (g = lane/4, q = lane%4) loads one 16-byte chunk of w rows g and g+8 and the same chunk of
 //   x row g; since a k-sum may be taken in any order, a chunk's 8 physical k values serve as the
 //   logical k slots {2q, 2q+1, 2q+8, 2q+9} of two mma k-steps. Loads are exactly the 16-byte
 //   vectors the memory wants; no shuffles, no shared-memory staging, 4 fp32 accumulators.
-// * Past 8 rows of x, NT = 2 or 4 B tiles (x rows 8j + g) share each weight chunk: the same A fragments feed NT
-//   mma pairs, so the weights are still read once. A row's sums do not depend on NT or M (an mma's column takes
-//   only its own B column), so a sequence's bits are the same at every batch size the GEMV takes.
 // * U chunks per thread per iteration: 2U independent 16-byte weight loads in flight
 //   (ld.global.nc, no L1 allocation: w is streamed once), x by ordinary loads through L1 (it is
 //   tiny and read by every CTA).
@@ -37,7 +34,7 @@
 //   the o / down projections was tried there too (the grid's last CTA normalising the M rows) and taken
 //   out: its one-CTA tail cost more than the kernel boundary it saved (o at M = 1: 12.5 vs 11.5 us, M = 8:
 //   26.1 vs 12.0 us on the H200).
-// Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8 NT.
+// Requirements (checked by the wrapper): K % 8 == 0, w/x/rows 16-byte aligned, M <= 8.
 #include "common.cuh"
 #include "cluster.cuh"   // cluster_sync, ld_cluster
 
@@ -61,7 +58,6 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
 // One 16-byte chunk c (8 consecutive k) of the B operand, from the x row of this lane's group.
 struct LoadX {
     const uint4* row;
-    __device__ LoadX() {}
     __device__ LoadX(const bf16* x, int) : row(reinterpret_cast<const uint4*>(x)) {}
     __device__ uint4 operator()(int c) const { return ld_x(row + c); }
 };
@@ -78,8 +74,7 @@ __device__ __forceinline__ void mma_bf16(float* c, const uint4& a, const uint4& 
 }
 
 // --- epilogues. row(tile, r): the w row a tile takes as its row r (lane group g loads rows g and g + 8);
-// store(s, M, tile, g, m0): the tile's final fp32 sums s = (row g: x rows m0, m0 + 1 | row g + 8: x rows m0, m0 + 1),
-// m0 = 8j + 2q for B tile j.
+// store(s, ...): the tile's final fp32 sums s = (row g: x rows 2q, 2q + 1 | row g + 8: x rows 2q, 2q + 1).
 
 // y[M, n] in bf16: tile t = rows 16t .. 16t + 15; rows past n repeat n - 1 and are not stored.
 struct StoreY {
@@ -87,8 +82,8 @@ struct StoreY {
     long long ldy;
     int n;
     __device__ int row(int tile, int r) const { return min(tile * 16 + r, n - 1); }
-    __device__ void store(float4 s, int M, int tile, int g, int m0) const {
-        const int m1 = m0 + 1, r0 = tile * 16 + g, r1 = r0 + 8;
+    __device__ void store(float4 s, int M, int tile, int g, int q) const {
+        const int m0 = 2 * q, m1 = 2 * q + 1, r0 = tile * 16 + g, r1 = r0 + 8;
         if (r0 < n) {
             if (m0 < M) y[m0 * ldy + r0] = from_f32<bf16>(s.x);
             if (m1 < M) y[m1 * ldy + r0] = from_f32<bf16>(s.y);
@@ -104,15 +99,15 @@ __device__ __forceinline__ float round_bf16(float v) { return to_f32(from_f32<bf
 
 // out[M, inter] = silu(gate) * up for w = [gate; up] ([2 inter, K], inter % 8 == 0): tile t takes gate rows
 // 8t .. 8t + 7 as its rows 0..7 and the matching up rows as 8..15, so a lane holds both factors of
-// out[m0, 8t + g] (s.x, s.z) and of out[m0 + 1, 8t + g] (s.y, s.w). Both are rounded to bf16 as linear
+// out[2q, 8t + g] (s.x, s.z) and of out[2q + 1, 8t + g] (s.y, s.w). Both are rounded to bf16 as linear
 // stores them and combined as silu_mul does: the bits of silu_mul(linear(x, w)).
 struct SiluMul {
     bf16* out;
     long long ldo;
     int inter;
     __device__ int row(int tile, int r) const { return r < 8 ? tile * 8 + r : inter + tile * 8 + r - 8; }
-    __device__ void store(float4 s, int M, int tile, int g, int m0) const {
-        const int m1 = m0 + 1, j = tile * 8 + g;
+    __device__ void store(float4 s, int M, int tile, int g, int q) const {
+        const int m0 = 2 * q, m1 = 2 * q + 1, j = tile * 8 + g;
         if (m0 < M) out[m0 * ldo + j] = from_f32<bf16>(silu_mul_f32(round_bf16(s.x), round_bf16(s.z)));
         if (m1 < M) out[m1 * ldo + j] = from_f32<bf16>(silu_mul_f32(round_bf16(s.y), round_bf16(s.w)));
     }
@@ -124,7 +119,7 @@ struct SiluMul {
 // the other CTAs, and their shared memory, alive until it has. No workspace, counters or global round trips.
 constexpr int WARPS = 4;
 
-template <int U, int NT, typename XLoad, typename Epi>
+template <int U, typename XLoad, typename Epi>
 __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw,
                                           int M, int chunks, const Epi& epi) {
     const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
@@ -134,16 +129,14 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
     const int lo = s_lo + (s_hi - s_lo) * warp / WARPS, hi = s_lo + (s_hi - s_lo) * (warp + 1) / WARPS;
     const uint4* wa = reinterpret_cast<const uint4*>(w + (long long)epi.row(tile, g) * ldw);
     const uint4* wb = reinterpret_cast<const uint4*>(w + (long long)epi.row(tile, g + 8) * ldw);
-    // B tile j's column g is output row m = 8j + g: rows m >= M read row M-1 and their columns are never stored
+    // B column g is output row m = g: groups g >= M read row M-1 and their columns are never stored
     // (branch-free loads keep the weight loads of one iteration in flight together)
-    XLoad xr[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) xr[j] = XLoad(x + (long long)min(8 * j + g, M - 1) * ldx, chunks);
+    const XLoad xr(x + (long long)min(g, M - 1) * ldx, chunks);
 
     // The first iteration's weights are loaded into registers before griddepcontrol.wait: they do not depend
     // on the previous kernel, so under PDL their latency hides behind its tail (without PDL the wait is a
     // no-op and this is the loop's first iteration, the same operations in the same order).
-    float acc[NT][4] = {};
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     int base = lo;
     const bool first = base + 4 * U <= hi;
@@ -159,35 +152,27 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     if (first) {
-        uint4 xv[U][NT];
+        uint4 xv[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u) xv[u] = xr(base + 4 * u + q);
 #pragma unroll
-            for (int j = 0; j < NT; ++j) xv[u][j] = xr[j](base + 4 * u + q);
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) mma_bf16(acc[j], a0[u], b0[u], xv[u][j]);
+        for (int u = 0; u < U; ++u) mma_bf16(acc, a0[u], b0[u], xv[u]);
         base += 4 * U;
     }
     for (; base + 4 * U <= hi; base += 4 * U) {
-        uint4 a[U], b[U], xv[U][NT];
+        uint4 a[U], b[U], xv[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             a[u] = ld_stream(wa + base + 4 * u + q);
             b[u] = ld_stream(wb + base + 4 * u + q);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u) xv[u] = xr(base + 4 * u + q);
 #pragma unroll
-            for (int j = 0; j < NT; ++j) xv[u][j] = xr[j](base + 4 * u + q);
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) mma_bf16(acc[j], a[u], b[u], xv[u][j]);
+        for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
     }
     if (base < hi) {  // the last < 4U chunks: predicated loads, every lane still takes part in the mma
-        uint4 a[U], b[U], xv[U][NT];
+        uint4 a[U], b[U], xv[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             // the load asm is not volatile, so the compiler may execute it unconditionally:
@@ -197,52 +182,38 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
             const int cc = ok ? c : lo;
             a[u] = ld_stream(wa + cc);
             b[u] = ld_stream(wb + cc);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) xv[u][j] = xr[j](cc);
-            if (!ok) {
-                a[u] = b[u] = zero;
-#pragma unroll
-                for (int j = 0; j < NT; ++j) xv[u][j] = zero;
-            }
+            xv[u] = xr(cc);
+            if (!ok) a[u] = b[u] = xv[u] = zero;
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) mma_bf16(acc[j], a[u], b[u], xv[u][j]);
+        for (int u = 0; u < U; ++u) mma_bf16(acc, a[u], b[u], xv[u]);
     }
 
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-    __shared__ float4 red[WARPS][NT][32];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) red[warp][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    __shared__ float4 red[WARPS][32];
+    red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
     if (warp == 0) {
+        float4 s = red[0][lane];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            float4 s = red[0][j][lane];
-#pragma unroll
-            for (int i = 1; i < WARPS; ++i) {  // fixed order: bit-identical across runs
-                const float4 t = red[i][j][lane];
-                s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
-            }
-            if (splits == 1) epi.store(s, M, tile, g, 8 * j + 2 * q);
-            red[0][j][lane] = s;   // this split's partial sums, for rank 0 (each lane rewrites only what it read)
+        for (int i = 1; i < WARPS; ++i) {  // fixed order: bit-identical across runs
+            const float4 t = red[i][lane];
+            s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
         }
+        if (splits == 1) epi.store(s, M, tile, g, q);
+        red[0][lane] = s;   // this split's partial sums, for rank 0 (each lane rewrites only what it read)
     }
     if (splits == 1) return;
     cluster_sync();
     if (split == 0 && warp == 0) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-            for (int i = 0; i < splits; ++i) {
-                const float4 t = ld_cluster(&red[0][j][lane], i);
-                s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
-            }
-            epi.store(s, M, tile, g, 8 * j + 2 * q);
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int i = 0; i < splits; ++i) {
+            const float4 t = ld_cluster(&red[0][lane], i);
+            s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
         }
+        epi.store(s, M, tile, g, q);
     }
     cluster_sync();
 }
@@ -254,18 +225,13 @@ __device__ __forceinline__ void gemv_tile(const bf16* x, long long ldx, const bf
 // CTA per SM in the launch bounds, so ptxas keeps all of an iteration's loads in flight (with the default it sank
 // them between the mmas, ~3 in flight): in the engine's decode step this beat 2 and 8 chunks, and 4 capped at 64
 // registers for 8 CTAs an SM, though the last was faster on some weights alone.
-// EPI: the epilogue built from the trailing parameters. Each kernel comes in three widths: NAME for up to 8 rows of x,
-// NAME_m16 and NAME_m32 (NT = 2, 4 B tiles) for up to 16 and 32.
-#define GEMV_KERNEL_NT(NAME, NT, EPI, ...)                                                                 \
+// EPI: the epilogue built from the trailing parameters.
+#define GEMV_KERNEL(NAME, EPI, ...)                                                                        \
     extern "C" __global__ void __launch_bounds__(128, 1) NAME(                                             \
         const bf16* x, long long ldx, const bf16* __restrict__ w, long long ldw, int M, int chunks,        \
         __VA_ARGS__) {                                                                                     \
-        gemv_tile<4, NT, LoadX>(x, ldx, w, ldw, M, chunks, EPI);                                           \
+        gemv_tile<4, LoadX>(x, ldx, w, ldw, M, chunks, EPI);                                               \
     }
-#define GEMV_KERNEL(NAME, EPI, ...)                   \
-    GEMV_KERNEL_NT(NAME, 1, EPI, __VA_ARGS__)         \
-    GEMV_KERNEL_NT(NAME##_m16, 2, EPI, __VA_ARGS__)   \
-    GEMV_KERNEL_NT(NAME##_m32, 4, EPI, __VA_ARGS__)
 
 // tiles = ceil(n / 16)
 GEMV_KERNEL(gemv_bf16, (StoreY{y, ldy, n}), bf16* __restrict__ y, long long ldy, int n)
@@ -274,14 +240,9 @@ GEMV_KERNEL(gemv_silu_bf16, (SiluMul{out, ldo, inter}), bf16* __restrict__ out, 
 
 // A linear map of its own per head (MLA's W_UK and W_UV at decode): grid (ceil(n / 16), 1, heads), head h = blockIdx.z
 // reading x, w and y from h times their head strides; one split (a head's K, 128 or 512, is under a split's depth).
-#define GEMV_HEADS_KERNEL(NAME, NT)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(128, 1) NAME(                                                        \
-        const bf16* x, long long ldx, long long x_head, const bf16* __restrict__ w, long long ldw, long long w_head,   \
-        int M, int chunks, bf16* __restrict__ y, long long ldy, long long y_head, int n) {                            \
-        const long long h = blockIdx.z;                                                                               \
-        gemv_tile<4, NT, LoadX>(x + h * x_head, ldx, w + h * w_head, ldw, M, chunks,                                  \
-                                StoreY{y + h * y_head, ldy, n});                                                      \
-    }
-GEMV_HEADS_KERNEL(gemv_heads_bf16, 1)
-GEMV_HEADS_KERNEL(gemv_heads_bf16_m16, 2)
-GEMV_HEADS_KERNEL(gemv_heads_bf16_m32, 4)
+extern "C" __global__ void __launch_bounds__(128, 1) gemv_heads_bf16(
+    const bf16* x, long long ldx, long long x_head, const bf16* __restrict__ w, long long ldw, long long w_head, int M,
+    int chunks, bf16* __restrict__ y, long long ldy, long long y_head, int n) {
+    const long long h = blockIdx.z;
+    gemv_tile<4, LoadX>(x + h * x_head, ldx, w + h * w_head, ldw, M, chunks, StoreY{y + h * y_head, ldy, n});
+}
