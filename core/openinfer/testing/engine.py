@@ -217,10 +217,11 @@ def assert_prefix_hit(engine: Engine, ids: list[int], max_tokens: int) -> list[i
 
 
 def assert_graphs_replay_eager(eager: Engine, graph: Engine, prompts: Sequence[list[int]], max_tokens: int) -> None:
-    """Greedy runs of 1, 2, 4 and 8 of `prompts` (at least 8; batch sizes that are graph buckets, so eager steps
-    and replays run the same shapes) give the same tokens on an engine with CUDA graphs as on an eager one."""
-    assert graph.runner.graphs is not None and eager.runner.graphs is None
-    for batch in ([prompts[3]], prompts[:2], prompts[:4], prompts[:8]):
+    """Greedy runs of 1, 2, 4, 8, 16, 24 and 32 of `prompts` (at least 8; as many of those sizes as there are
+    prompts; batch sizes that are graph buckets, so eager steps and replays run the same shapes) give the same
+    tokens on an engine with CUDA graphs as on an eager one."""
+    assert graph.runner.graphs is not None and eager.runner.graphs is None and len(prompts) >= 8
+    for batch in [[prompts[3]]] + [prompts[:n] for n in (2, 4, 8, 16, 24, 32) if n <= len(prompts)]:
         want = [t for t, _, _ in generate(eager, batch, greedy(max_tokens))]
         got = [t for t, _, _ in generate(graph, batch, greedy(max_tokens))]
         assert got == want, f"batch of {len(batch)}"

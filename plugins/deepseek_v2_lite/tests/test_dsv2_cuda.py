@@ -83,8 +83,8 @@ def test_decode_follows_the_cpu_engine(lite, context):
 def test_graph_replay_matches_eager(which, request):
     """Batch sizes that are graph buckets, so eager and replay run the same shapes: the same greedy tokens."""
     ckpt, _ = request.getfixturevalue(which)
-    graph = gpu_engine(ckpt)
-    assert_graphs_replay_eager(gpu_engine(ckpt, enforce_eager=True), graph, _prompts(graph, 8), 24)
+    graph = gpu_engine(ckpt, max_num_seqs=32)
+    assert_graphs_replay_eager(gpu_engine(ckpt, enforce_eager=True, max_num_seqs=32), graph, _prompts(graph, 32), 24)
 
 
 def test_long_context_replays_like_eager(lite):

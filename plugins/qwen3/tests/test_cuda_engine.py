@@ -69,9 +69,9 @@ def test_bfloat16_against_transformers_on_the_gpu(bf16):
 def test_graph_replay_matches_eager(untied, dtype):
     """Batch sizes that are graph buckets, so eager and replay run the same GEMM shapes."""
     ckpt, _ = untied
-    eager = gpu_engine(ckpt, dtype=dtype, enforce_eager=True)
-    graph = gpu_engine(ckpt, dtype=dtype)
-    prompts = _prompts(graph, 8)
+    eager = gpu_engine(ckpt, dtype=dtype, enforce_eager=True, max_num_seqs=32)
+    graph = gpu_engine(ckpt, dtype=dtype, max_num_seqs=32)
+    prompts = _prompts(graph, 32)
     assert_graphs_replay_eager(eager, graph, prompts, 24)
     # a prefix-cache hit replays too, with the same tokens
     [(hit, fin, cached)] = generate(graph, [prompts[7]], greedy(24))

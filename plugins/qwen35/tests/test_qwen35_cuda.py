@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from openinfer.testing.cuda import require_gpu
-from openinfer.testing.engine import generate, greedy, prompt_logits
+from openinfer.testing.engine import assert_graphs_replay_eager, generate, greedy, prompt_logits
 from openinfer.testing.hf_reference import assert_within_bf16_noise, hf_greedy_stepwise, hf_logits
 
 from conftest import _build
@@ -92,14 +92,12 @@ def test_graph_replay_matches_eager(untied, dtype):
     """Batch sizes that are graph buckets, so eager and replay run the same GEMM shapes; one-token
     prompts decode their first token through a graph with no state before it."""
     ckpt, _ = untied
-    eager = gpu_engine(ckpt, dtype=dtype, enforce_eager=True)
-    graph = gpu_engine(ckpt, dtype=dtype)
-    assert graph.runner.graphs is not None and eager.runner.graphs is None
-    prompts = [tokens(3 + 11 * i, seed=10 + i) for i in range(8)]
-    for batch in ([prompts[3]], prompts[:2], prompts[:4], prompts, [tokens(1, seed=2), tokens(1, seed=3)]):
-        want = [t for t, _, _ in generate(eager, batch, greedy(24))]
-        got = [t for t, _, _ in generate(graph, batch, greedy(24))]
-        assert got == want, f"batch of {len(batch)}"
+    eager = gpu_engine(ckpt, dtype=dtype, enforce_eager=True, max_num_seqs=32)
+    graph = gpu_engine(ckpt, dtype=dtype, max_num_seqs=32)
+    assert_graphs_replay_eager(eager, graph, [tokens(3 + 11 * i, seed=10 + i) for i in range(32)], 24)
+    one_token = [tokens(1, seed=2), tokens(1, seed=3)]
+    assert [t for t, _, _ in generate(graph, one_token, greedy(24))] == \
+        [t for t, _, _ in generate(eager, one_token, greedy(24))]
     # a prefix hit restores a state checkpoint, then replays: the same tokens
     again = tokens(45, seed=6)
     first = generate(graph, [again], greedy(24))[0][0]
