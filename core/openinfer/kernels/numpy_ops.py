@@ -5,6 +5,8 @@ they favour clarity over speed. Shapes: T tokens, H hidden, nh query heads, nkv 
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
 from ..engine.batch import ForwardBatch
@@ -140,8 +142,14 @@ def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return x[rows]
 
 
+def beside(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args), which the CUDA backend runs on a side stream beside the ops after it (kernels/cuda/beside.py); on
+    the CPU ops run one after another."""
+    return fn(*args)
+
+
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
     for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
-                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows"):
+                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "beside"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

@@ -18,7 +18,7 @@ from ..quant import QuantScheme, quant_scheme
 from ..quant.scheme import DENSE
 from .mla import MLADims, MLAttention, load_mla_weights, mla_softmax_scale, mla_weight_shapes
 from .mlp import load_swiglu, swiglu_shapes
-from .moe import MoE, RouterConfig, load_moe_weights, moe_weight_shapes
+from .moe import OPS as MOE_OPS, MoE, RouterConfig, load_moe_weights, moe_weight_shapes
 from .quant_linear import QuantOps, quant_ops_needed
 from .rope import RopeConfig, cos_sin, rope_config
 
@@ -115,7 +115,7 @@ def mla_moe_kernel_plan(cfg: MLAMoEConfig) -> list[str]:
             "mla_rope_write", "mla_attention", "per_head_linear", "mla_gather_latent", "mla_pack_heads",
             "paged_attention"]
     if cfg.has_moe:
-        plan += ["moe_router", "moe_experts"]
+        plan += list(MOE_OPS)
     return plan + quant_ops_needed(cfg.quant, cfg.has_moe)
 
 

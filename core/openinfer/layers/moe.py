@@ -1,8 +1,10 @@
 """DeepSeekMoE: a float32 router picks the top-k of E routed experts per token, their SwiGLU outputs are
 summed with the router's weights, and shared experts (a plain dense MLP) are added. Written against the op
-registry (moe_router: router_logits then moe_route as one op; moe_experts), so it runs on every backend. The shared experts run first and
-moe_experts takes their output as its `addend`, added to the routed sum in float32 before the one rounding to the
-model dtype (on CUDA inside the combine kernel, so the add costs no launch of its own).
+registry (moe_router: router_logits then moe_route as one op; moe_experts), so it runs on every backend. The shared
+experts run `beside` the router and the routed experts (on CUDA a side stream: at decode batches each of these
+kernels leaves most of the GPU idle) and moe_experts takes their output as its `addend`, added to the routed sum in
+float32 before the one rounding to the model dtype (on CUDA inside the combine kernel, which joins the side stream,
+so the add costs no launch of its own).
 
 Expert weights stay stacked, gate_up [E_local, 2I, D] (gate rows first) and down [E_local, D, I], for
 grouped kernels. Expert parallelism: a rank holds experts [expert_offset, expert_offset + E_local) and
@@ -24,6 +26,7 @@ from .mlp import SwiGLU, load_swiglu, swiglu_shapes
 from .quant_linear import load_expert_stack
 
 SCORINGS = ("softmax", "sigmoid")
+OPS = ("moe_router", "moe_experts", "beside")   # what MoE calls: a kernel plan with MoE layers names them
 METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 
 
@@ -74,10 +77,14 @@ class MoE:
 
     def __call__(self, x: Array) -> Array:
         ops, w = self.ops, self.w
+        if self.comm is None:
+            # the shared experts beside the router and the routed experts (a side stream on CUDA), joined by the
+            # combine that adds them
+            shared = ops.beside(w.shared, x) if w.shared is not None else None
+            ids, weights = ops.moe_router(x, w.gate, w.bias, self.router)
+            return ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset, shared)
         shared = w.shared(x) if w.shared is not None else None
         ids, weights = ops.moe_router(x, w.gate, w.bias, self.router)
-        if self.comm is None:
-            return ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset, shared)
         y = self.comm.all_reduce(ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset))
         return y if shared is None else y + shared
 

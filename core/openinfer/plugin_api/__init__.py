@@ -20,7 +20,7 @@ from ..layers.mla import (MLADims, MLAttention, MLAWeights, load_mla_weights, ml
 from ..layers.mla_moe_decoder import (MLAMoEConfig, MLAMoEDecoder, mla_moe_kernel_plan, mla_moe_weight_shapes,
                                       parse_mla_moe)
 from ..layers.mlp import SwiGLU, load_swiglu, swiglu_shapes
-from ..layers.moe import MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
+from ..layers.moe import OPS as MOE_OPS, MoE, MoEWeights, RouterConfig, load_moe_weights, moe_weight_shapes
 from ..layers.quant_linear import QuantOps, load_linear, quant_ops_needed
 from ..layers.rope import RopeConfig, cos_sin, rope_config
 from ..loading.config import ConfigError, optional, require
@@ -45,8 +45,9 @@ __all__ = [
     "WeightSource", "byte_level_chars", "collect_tool_calls", "cos_sin", "hookimpl", "JSON_DUMPS_LAYOUT", "lark_json",
     "lark_literal", "partial_suffix_len", "optional", "require", "rope_config", "ToolCallParser", "new_call_id",
     "convert_value", "is_text", "param_types", "schema_types", "with_object_arguments",
-    "MLADims", "MLAttention", "MLAWeights", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights", "load_moe_weights",
-    "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU", "load_swiglu",
+    "MLADims", "MLAttention", "MLAWeights", "MOE_OPS", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights",
+    "load_moe_weights", "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU",
+    "load_swiglu",
     "MLAMoEConfig", "MLAMoEDecoder", "mla_moe_kernel_plan", "mla_moe_weight_shapes", "parse_mla_moe", "QuantScheme",
     "QuantizedTensorError", "quant_scheme", "SteppedToolCallParser", "bpe_tokenizer_json", "cache_root", "load_ranks",
     "write_atomic", "Communicator", "expert_shard", "sequence_runs",

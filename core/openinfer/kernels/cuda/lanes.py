@@ -56,6 +56,11 @@ def graphs_of(name: str) -> str:
     return f"{name}/{GRAPHS}"
 
 
+def side_of(name: str) -> str:
+    """The lane of the side stream beside lane `name`'s (beside.py)."""
+    return f"{name}/side"
+
+
 def per_lane(store: dict) -> dict:
     """Register `store`, a dict keyed (device, lane, ...), so that `release` drops a lane's entries."""
     _stores.append(store)
@@ -63,9 +68,9 @@ def per_lane(store: dict) -> dict:
 
 
 def release(name: str) -> None:
-    """Drop what every per-lane store holds for lane `name` and its graphs lane: a backend that is gone (its graphs
-    with it) hands its handles, workspaces and counters back."""
-    gone = (name, graphs_of(name))
+    """Drop what every per-lane store holds for lane `name`, its graphs lane and their side lanes: a backend that is
+    gone (its graphs with it) hands its handles, workspaces and counters back."""
+    gone = (name, graphs_of(name), side_of(name), side_of(graphs_of(name)))
     for store in _stores:
         for key in [k for k in list(store) if k[1] in gone]:   # (list: a snapshot, whatever other threads add)
             store.pop(key, None)

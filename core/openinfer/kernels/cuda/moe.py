@@ -17,6 +17,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
+from .beside import Beside, ready
 from .module import BF16, COUNTER_SLOTS, NULL, arrival_counters, launch, rows2d
 
 ROUTER_WARPS, ROUTER_TOKENS = 8, 4             # must match moe.cu: experts and tokens of a router_logits block
@@ -173,12 +174,12 @@ class ExpertArgs:
     k: int
     ids: cp.ndarray
     weights: cp.ndarray
-    addend: cp.ndarray | None
+    addend: cp.ndarray | Beside | None
     y: cp.ndarray
 
 
 def expert_args(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
-                addend: cp.ndarray | None) -> ExpertArgs:
+                addend: cp.ndarray | Beside | None) -> ExpertArgs:
     """moe_experts' arguments checked (expert_shapes, the addend's shape and dtype) and packed for its kernels."""
     T, D, E, I = expert_shapes(x, gate_up, down)
     y = cp.empty((T, D), dtype=BF16)
@@ -215,11 +216,12 @@ def align(ids: cp.ndarray, E: int, expert_offset: int, bm: int, tiles: int, row_
     return grouping
 
 
-def combine(y: cp.ndarray, ids: cp.ndarray, E: int, expert_offset: int, addend: cp.ndarray | None,
+def combine(y: cp.ndarray, ids: cp.ndarray, E: int, expert_offset: int, addend: cp.ndarray | Beside | None,
             out: cp.ndarray, row_of: Any = NULL, route_w: Any = NULL) -> cp.ndarray:
     """out [T, D] = moe_combine_bf16 of y's rows: the pairs' weighted rows, or (row_of, route_w) sorted unweighted
-    rows; the addend (packed rows of out's shape: expert_args) added in fp32."""
+    rows; the addend (packed rows of out's shape: expert_args; joined here if it runs beside) added in fp32."""
     T, D = out.shape
+    addend = ready(addend)
     launch("moe", "moe_combine_bf16", (T, min(-(-D // 256), 8)), 256,
            (y, ids, np.int32(ids.shape[1]), np.int32(E), np.int32(expert_offset), np.int32(D),
             NULL if addend is None else addend, row_of, route_w, out))
@@ -227,7 +229,7 @@ def combine(y: cp.ndarray, ids: cp.ndarray, E: int, expert_offset: int, addend: 
 
 
 def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
-                expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
+                expert_offset: int, addend: cp.ndarray | Beside | None = None) -> cp.ndarray:
     """y [T, D] = sum over each token's slots whose expert lies in [expert_offset, expert_offset + E_local) of
     weight * down_e(silu(gate_e x) * up_e x), plus `addend` [T, D] if given (added in fp32 by the combine);
     gate_up [E_local, 2I, D] (gate rows first), down [E_local, D, I]. The grouped GEMMs: any batch, graph-safe."""
@@ -235,7 +237,7 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
 
 
 def moe_experts_wgmma(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
-                      expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
+                      expert_offset: int, addend: cp.ndarray | Beside | None = None) -> cp.ndarray:
     """moe_experts with the 128-row tiles of prefill-sized batches on warpgroup MMA (moe_wgmma.cu, sm_90 only)."""
     return _grouped(x, gate_up, down, ids, weights, expert_offset, addend, wgmma=True)
 
@@ -247,7 +249,7 @@ def wgmma_smem() -> int:
 
 
 def _grouped(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
-             expert_offset: int, addend: cp.ndarray | None, wgmma: bool) -> cp.ndarray:
+             expert_offset: int, addend: cp.ndarray | Beside | None, wgmma: bool) -> cp.ndarray:
     a = expert_args(x, gate_up, down, ids, weights, addend)
     if a.T == 0:
         return a.y
@@ -281,9 +283,12 @@ def align_tiles(ids: cp.ndarray, E: int, expert_offset: int, mt: int) -> Groupin
     return align(ids, E, expert_offset, 16 * mt, row_tiles(ids.size, E, mt))
 
 
-def packed_addend(addend: cp.ndarray, y: cp.ndarray) -> cp.ndarray:
-    """moe_experts' addend as packed rows of y's shape and dtype (the combine kernels read it at row stride D)."""
+def packed_addend(addend: cp.ndarray | Beside, y: cp.ndarray) -> cp.ndarray | Beside:
+    """moe_experts' addend as packed rows of y's shape and dtype (the combine kernels read it at row stride D); one
+    still computing beside (packed already) stays so, for the combine to join."""
     if addend.shape != y.shape or addend.dtype != y.dtype:
         raise ValueError(f"moe_experts: the addend must be {y.dtype} {y.shape} like the output (got {addend.dtype} "
                          f"{addend.shape})")
-    return cp.ascontiguousarray(addend)
+    if isinstance(addend, Beside) and addend.value.flags.c_contiguous:
+        return addend
+    return cp.ascontiguousarray(ready(addend))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from .beside import Beside
 from .blas import grouped_gemm
 from .module import BF16, hopper
 from .moe import align, combine, expert_args, expert_shapes
@@ -52,7 +53,7 @@ def uses_cublas(T: int, k: int, E: int) -> bool:
 
 
 def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
-                expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
+                expert_offset: int, addend: cp.ndarray | Beside | None = None) -> cp.ndarray:
     """moe.moe_experts' contract; cuBLAS per expert where `uses_cublas`, the grouped GEMMs otherwise (their 128-row
     tiles on warpgroup MMA on sm_90)."""
     T, _, E, _ = expert_shapes(x, gate_up, down)
@@ -62,7 +63,7 @@ def moe_experts(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.nd
 
 
 def moe_experts_cublas(x: cp.ndarray, gate_up: cp.ndarray, down: cp.ndarray, ids: cp.ndarray, weights: cp.ndarray,
-                       expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
+                       expert_offset: int, addend: cp.ndarray | Beside | None = None) -> cp.ndarray:
     """moe.moe_experts' contract through cuBLAS, whatever the shape; reads the routing to the host (never inside a
     CUDA graph capture)."""
     a = expert_args(x, gate_up, down, ids, weights, addend)

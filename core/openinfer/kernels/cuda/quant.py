@@ -20,6 +20,7 @@ import cupy as cp
 import numpy as np
 
 from ...quant import Fp8Weight, Int4Weight
+from .beside import Beside, ready
 from .blas import linear
 from .module import BF16, NULL, as_index, launch, suffix
 from .moe import (ALIGN_MAX_EXPERTS, BF16_TILE_BYTES, GEMM_BK, GEMM_BN, GEMM_THREADS, WIDE_ROWS_PER_EXPERT,
@@ -110,7 +111,7 @@ def linear_quant(x: cp.ndarray, w: Any) -> cp.ndarray:
 
 
 def moe_experts_quant(x: cp.ndarray, gate_up: Any, down: Any, ids: Any, weights: Any,
-                      expert_offset: int, addend: cp.ndarray | None = None) -> cp.ndarray:
+                      expert_offset: int, addend: cp.ndarray | Beside | None = None) -> cp.ndarray:
     """The routed experts of one layer on quantized stacks (numpy_quant.moe_experts_quant's contract), in passes of
     MOE_CHUNK tokens on the GEMV kernels or MMA_CHUNK on the tensor-core GEMM (the per-pair float32 intermediates of
     a long prefill stay bounded), each pass on the path its own token count picks (expert_tile_rows)."""
@@ -287,5 +288,6 @@ def moe_chunk_mma(fmt: str, mt: int, x: cp.ndarray, gate_up: Any, down: Any, ids
 def _combine(yk: cp.ndarray, ids: cp.ndarray, E_local: int, expert_offset: int, addend: Any, y: cp.ndarray) -> None:
     """y [T, D] = each token's per-pair rows of yk [T * k, D] (float32) summed in slot order, plus the addend."""
     (T, D), k = y.shape, ids.shape[1]
+    addend = ready(addend)   # an addend computed beside: joined here
     launch("quant", f"moe_combine_{suffix(y.dtype)}", (T, -(-D // (4 * _COMBINE_THREADS))), _COMBINE_THREADS,
            (yk, ids, np.int32(k), np.int32(D), np.int32(E_local), np.int32(expert_offset), addend, y))
