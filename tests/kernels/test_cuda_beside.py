@@ -14,30 +14,31 @@ from openinfer.kernels.cuda.beside import Beside, beside, ready
 pytestmark = pytest.mark.cuda
 
 
-def _slow(x: "cp.ndarray", rounds: int = 40) -> "cp.ndarray":
-    """Enough dependent kernels that a reader not joined behind them would see the result unwritten."""
+def _slow(x: "cp.ndarray", rounds: int = 100) -> "cp.ndarray":
+    """Enough dependent kernels (elementwise: a graph captures them) that a reader not joined behind them would see
+    the result unwritten."""
     y = x
     for _ in range(rounds):
-        y = cp.tanh(y @ x * 0.01) + x
+        y = cp.sin(y) * 0.5 + x
     return y
 
 
-def _want(x: np.ndarray, rounds: int = 40) -> np.ndarray:
+def _want(x: np.ndarray, rounds: int = 100) -> np.ndarray:
     y = x
     for _ in range(rounds):
-        y = np.tanh(y @ x * 0.01) + x
+        y = np.sin(y) * 0.5 + x
     return y
 
 
 def test_the_result_is_joined_where_it_is_read():
-    x = cp.asarray(rnd(np.random.default_rng(0), 512, 512))
+    x = cp.asarray(rnd(np.random.default_rng(0), 2048, 1024))
     lane_seen = []
 
     def side(a):
         lane_seen.append(lanes.current())
         return _slow(a)
     b = beside(side, x)
-    assert isinstance(b, Beside) and b.shape == (512, 512) and b.dtype == x.dtype
+    assert isinstance(b, Beside) and b.shape == (2048, 1024) and b.dtype == x.dtype
     got = ready(b) + 1   # queued on the main stream behind the side's kernels
     np.testing.assert_allclose(cp.asnumpy(got), _want(cp.asnumpy(x)) + 1, rtol=1e-4, atol=1e-4)
     assert lane_seen == [lanes.side_of(lanes.current())]
@@ -45,14 +46,14 @@ def test_the_result_is_joined_where_it_is_read():
 
 
 def test_a_slice_joins_on_its_own():
-    x = cp.asarray(rnd(np.random.default_rng(1), 256, 256))
+    x = cp.asarray(rnd(np.random.default_rng(1), 2048, 1024))
     b = beside(_slow, x)
-    got = ready(b[64:128]) * 2
-    np.testing.assert_allclose(cp.asnumpy(got), _want(cp.asnumpy(x))[64:128] * 2, rtol=1e-4, atol=1e-4)
+    got = ready(b[64:1024]) * 2
+    np.testing.assert_allclose(cp.asnumpy(got), _want(cp.asnumpy(x))[64:1024] * 2, rtol=1e-4, atol=1e-4)
 
 
 def test_a_captured_graph_replays_both_branches_and_the_join():
-    x = cp.asarray(rnd(np.random.default_rng(2), 384, 384))
+    x = cp.asarray(rnd(np.random.default_rng(2), 2048, 1024))
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
     cp.cuda.get_current_stream().synchronize()
 
@@ -79,7 +80,7 @@ def test_moe_experts_add_an_addend_computed_beside(T):
     shared_w = (rnd(rng, D, D) * 0.05).astype(BF16).astype(np.float32)
     ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
     weights = rng.random((T, k)).astype(np.float32)
-    busy, wd = cp.asarray(rnd(rng, 512, 512)), dev(shared_w, BF16)
+    busy, wd = cp.asarray(rnd(rng, 2048, 1024)), dev(shared_w, BF16)
 
     def shared_experts(a):
         _slow(busy)
