@@ -112,3 +112,24 @@ def test_block_tables_repeat_the_last_requests_copying_only_what_grew():
     b.block_ids.append(14)
     check(a, b, c)
     assert tables.held["b"][2:] == (2, 14)
+
+
+def test_graphs_capture_with_the_models_pdl_rows():
+    """The backend captures decode graphs with PDL up to the model's pdl_decode_rows: 8 by default, every graph
+    (None) for the lines measured faster so (the DeepSeek-V3 decoder, Qwen3.5)."""
+    from types import SimpleNamespace
+
+    from openinfer.contract.model_line import Model
+    from openinfer.layers.mla_moe_decoder import MLAMoEDecoder
+    from openinfer_qwen35.model import Qwen35Model
+    from openinfer_qwen3.model import Qwen3Model
+    asked = []
+
+    class Backend:
+        def decode_graphs(self, forward, max_num_seqs, max_model_len, block_size, state_slots=False, pdl_rows=None):
+            asked.append(pdl_rows)
+    for model in (Qwen3Model, MLAMoEDecoder, Qwen35Model):
+        runner = ModelRunner(model=model.__new__(model), backend=Backend(), pools=SimpleNamespace(slots=None),
+                             block_size=BS)
+        runner.capture_graphs(16, 256)
+    assert asked == [8, None, None] and Model.pdl_decode_rows == 8

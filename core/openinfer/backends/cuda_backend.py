@@ -186,12 +186,12 @@ class CudaBackend(Backend):
             return score_rows(logits, self.asarray(targets), k)
 
     def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int,
-                      state_slots: bool = False) -> Any:
+                      state_slots: bool = False, pdl_rows: int | None = None) -> Any:
         from ..kernels.cuda import pdl
         from .cuda_graphs import DecodeGraphs
 
-        def capture_forward(batch: Any) -> Any:   # PDL only in graphs of few rows (pdl.MAX_DECODE_ROWS)
-            with pdl.suspended(batch.num_seqs > pdl.MAX_DECODE_ROWS):
+        def capture_forward(batch: Any) -> Any:   # PDL in graphs of up to pdl_rows rows
+            with pdl.suspended(pdl_rows is not None and batch.num_seqs > pdl_rows):
                 return forward(batch)
         with self.device:
             graphs = DecodeGraphs(self.xp, self.stream, capture_forward, max_num_seqs, max_model_len, block_size,

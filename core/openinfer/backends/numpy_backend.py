@@ -61,9 +61,10 @@ class Backend(ABC):
         return score_rows(self.to_host(logits), targets, k)
 
     def decode_graphs(self, forward: Any, max_num_seqs: int, max_model_len: int, block_size: int,
-                      state_slots: bool = False) -> Any:
+                      state_slots: bool = False, pdl_rows: int | None = None) -> Any:
         """Captured decode steps (see backends/cuda_graphs.py), or None where a backend has none.
-        `state_slots`: the model's batches carry state rows (bounded per-request state)."""
+        `state_slots`: the model's batches carry state rows (bounded per-request state); `pdl_rows`: graphs of up
+        to this many rows capture with programmatic dependent launch, None: every one (Model.pdl_decode_rows)."""
         return None
 
     def pool_bytes(self) -> int:

@@ -147,7 +147,8 @@ class ModelRunner:
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         self.graphs = self.backend.decode_graphs(self._forward, max_num_seqs, max_model_len, self.block_size,
-                                                 state_slots=bool(self.pools.slots))
+                                                 state_slots=bool(self.pools.slots),
+                                                 pdl_rows=self.model.pdl_decode_rows)
 
     def _forward(self, batch: ForwardBatch) -> tuple[Any, Any]:
         logits = self.model.forward(batch, self.pools)

@@ -29,6 +29,10 @@ class Layer:
 
 
 class Qwen35Model(Model):
+    # every decode graph on PDL: Qwen3.5-4B's steps of 16 and 32 rows measured ~1 % faster with it, 128 alike
+    # (docs/benchmarks/qwen35-4b.md)
+    pdl_decode_rows = None
+
     def __init__(self, cfg: Qwen35Config, weights: WeightSource, backend, ops: Ops) -> None:
         self.cfg, self.ops = cfg, ops
 

@@ -14,9 +14,9 @@ its own bytes; each one gets an 8-byte slot in a reused buffer (the driver copie
 launch, so reuse is safe).
 
 PDL is used for the kernels whose names start with one of KERNELS (the GEMVs and the small kernels between them)
-and for a plugin's kernels launched `dependent` (module.launch), in eager steps and in decode graphs of at most
-MAX_DECODE_ROWS rows (the CUDA backend captures larger ones inside `suspended()`); every other kernel launches
-through CuPy. Measured on the H200 in the decode step:
+and for a plugin's kernels launched `dependent` (module.launch), in eager steps and in decode graphs of up to the
+model's `pdl_decode_rows` (contract/model_line.py; the CUDA backend captures larger ones inside `suspended()`); every
+other kernel launches through CuPy. Measured on the H200 in the decode step:
 - Qwen3-4B, batch 1: 3.30–3.31 ms with PDL for the small kernels against 3.38–3.40 ms with none, and 3.96 against
   3.70 ms with PDL for every kernel; at batch 32 4.61–4.69 ms with and 4.46–4.47 ms without; at 128 no difference;
 - batch 1 with the GEMVs too: 3.27 ms (Qwen3-4B) and 3.14 ms (Qwen3.5-4B) against 3.37 and 3.26 without, once the
@@ -42,7 +42,6 @@ KERNELS = ("gemv", "paged_decode", "rope", "add_rms_norm", "rms_norm",
            "conv_update", "gdn_gating", "gdn_decode", "gated_rms_norm", "sigmoid_gate",
            "mla_", "router_logits", "moe_")
 ENABLED = True                # off: every kernel through CuPy (the launch tests and the benches compare both)
-MAX_DECODE_ROWS = 8           # decode graphs of more rows capture without PDL (batch 32 was 0.15 ms slower with it)
 MIN_COMPUTE_CAPABILITY = 90   # griddepcontrol is sm_90+
 MAX_ARGS = 32
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
