@@ -26,8 +26,8 @@ from .mlp import SwiGLU, load_swiglu, swiglu_shapes
 from .quant_linear import load_expert_stack
 
 SCORINGS = ("softmax", "sigmoid")
-OPS = ("moe_router", "moe_experts", "beside")   # what MoE calls: a kernel plan with MoE layers names them
 METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+OPS = ("moe_router", "moe_experts", "beside")   # what MoE calls: a kernel plan with MoE layers names them
 
 
 @dataclass(frozen=True)
@@ -77,14 +77,12 @@ class MoE:
 
     def __call__(self, x: Array) -> Array:
         ops, w = self.ops, self.w
-        if self.comm is None:
-            # the shared experts beside the router and the routed experts (a side stream on CUDA), joined by the
-            # combine that adds them
-            shared = ops.beside(w.shared, x) if w.shared is not None else None
-            ids, weights = ops.moe_router(x, w.gate, w.bias, self.router)
-            return ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset, shared)
-        shared = w.shared(x) if w.shared is not None else None
+        # the shared experts beside the router and the routed experts (a side stream on CUDA), joined by the combine
+        # that adds them; under expert parallelism they are added after the all-reduce
+        shared = None if w.shared is None else ops.beside(w.shared, x) if self.comm is None else w.shared(x)
         ids, weights = ops.moe_router(x, w.gate, w.bias, self.router)
+        if self.comm is None:
+            return ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset, shared)
         y = self.comm.all_reduce(ops.moe_experts(x, w.gate_up, w.down, ids, weights, self.expert_offset))
         return y if shared is None else y + shared
 
