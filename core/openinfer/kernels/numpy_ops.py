@@ -148,8 +148,14 @@ def beside(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
+def joined(x: Any) -> Any:
+    """x, once what computes it `beside` is done (the CUDA backend's current stream waits for it there)."""
+    return x
+
+
 def register(register_kernel) -> None:
     """Registers every op above for the numpy backend (called through the core's own hookimpl)."""
     for name in ("embedding", "linear", "rms_norm", "add_rms_norm", "rope", "qk_norm_rope", "silu_mul",
-                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "beside"):
+                 "linear_silu_mul", "write_kv", "rope_write_kv", "paged_attention", "gather_rows", "beside",
+                 "joined"):
         register_kernel(name, "numpy", globals()[name], dtypes=("float32",))

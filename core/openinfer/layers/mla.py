@@ -138,9 +138,10 @@ class MLAttention:
         self.scale, self.cos, self.sin, self.w = scale, cos, sin, w
 
     def __call__(self, x: Array, batch: ForwardBatch, state: StatePools) -> Array:
-        q_nope, q_pe, _ = self.project_heads(x, batch, state)
         if batch.max_query_len == 1:
-            return self.o_proj(self.absorbed(q_nope, q_pe, batch, state))
+            q_latent, q_pe, _ = self.project(x, batch, state)
+            return self.output(self.ops.mla_attention(q_latent, q_pe, self.cache(state), batch, self.scale))
+        q_nope, q_pe, _ = self.project_heads(x, batch, state)
         return self.o_proj(prefill_attention(self.ops, self.dims, q_nope, q_pe, self.cache(state), self.w.kv_b, batch,
                                              self.scale, lambda qn, qp, b: self.absorbed(qn, qp, b, state)))
 
@@ -155,18 +156,25 @@ class MLAttention:
         return state.layer(STATE_GROUP, "latent", self.layer)
 
     def project(self, x: Array, batch: ForwardBatch, state: StatePools) -> tuple[Array, Array, Array | None]:
-        """project_heads with the query absorbed: q_latent [T, H, R], q_pe, the q-LoRA activation."""
-        q_nope, q_pe, q_resid = self.project_heads(x, batch, state)
-        return self.ops.per_head_linear(q_nope, self.w.w_uk_t), q_pe, q_resid
+        """project_heads with the query absorbed: q_latent [T, H, R], q_pe, the q-LoRA activation. W_UK needs only
+        the projections, so it runs `beside` the latents' write (on CUDA a side stream), joined before it returns."""
+        q, kv, q_resid = self._projections(x)
+        q_latent = self.ops.beside(self.ops.per_head_linear, q[:, :, :self.dims.qk_nope_head_dim], self.w.w_uk_t)
+        q_pe = self._write_latents(q, kv, batch, state)
+        return self.ops.joined(q_latent), q_pe, q_resid
 
     def project_heads(self, x: Array, batch: ForwardBatch, state: StatePools) -> tuple[Array, Array, Array | None]:
         """Write the step's latents to the cache; return q_nope [T, H, dn], the rotated q_pe [T, H, P] and the
         normalised q-LoRA activation [T, q_lora] (None without q-LoRA), which sparse attention's indexer reads too."""
+        q, kv, q_resid = self._projections(x)
+        return q[:, :, :self.dims.qk_nope_head_dim], self._write_latents(q, kv, batch, state), q_resid
+
+    def _projections(self, x: Array) -> tuple[Array, Array, Array | None]:
+        """q [T, H, dn + P], the compressed kv [T, R + P] and the normalised q-LoRA activation (or None)."""
         ops, w, d = self.ops, self.w, self.dims
-        T, H, dn = x.shape[0], d.num_heads, d.qk_nope_head_dim
         if len(w.x_proj) == 1:
             q_kv = ops.linear(x, w.x_proj[0])
-            width = H * d.qk_head_dim if d.q_lora_rank is None else d.q_lora_rank
+            width = d.num_heads * d.qk_head_dim if d.q_lora_rank is None else d.q_lora_rank
             q, kv = q_kv[:, :width], q_kv[:, width:]
         else:
             q, kv = (ops.linear(x, p) for p in w.x_proj)
@@ -174,10 +182,12 @@ class MLAttention:
         if d.q_lora_rank is not None:
             q_resid = ops.rms_norm(q, w.q_a_norm, LATENT_NORM_EPS)
             q = ops.linear(q_resid, w.q_b)
-        q = q.reshape(T, H, d.qk_head_dim)
-        q_pe = ops.mla_rope_write(q[:, :, dn:], kv, w.kv_a_norm, LATENT_NORM_EPS, batch.positions, self.cos,
-                                  self.sin, self.cache(state), batch.slot_mapping)
-        return q[:, :, :dn], q_pe, q_resid
+        return q.reshape(x.shape[0], d.num_heads, d.qk_head_dim), kv, q_resid
+
+    def _write_latents(self, q: Array, kv: Array, batch: ForwardBatch, state: StatePools) -> Array:
+        """The latent norm, both RoPEs and the cache write (one op); returns the rotated q_pe [T, H, P]."""
+        return self.ops.mla_rope_write(q[:, :, self.dims.qk_nope_head_dim:], kv, self.w.kv_a_norm, LATENT_NORM_EPS,
+                                       batch.positions, self.cos, self.sin, self.cache(state), batch.slot_mapping)
 
     def output(self, attn: Array) -> Array:
         """The attention's latent output [T, H, R] through W_UV and o_proj: [T, D]."""

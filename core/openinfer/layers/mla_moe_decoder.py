@@ -113,7 +113,7 @@ def mla_moe_weight_shapes(cfg: MLAMoEConfig) -> dict[str, tuple[int, ...]]:
 def mla_moe_kernel_plan(cfg: MLAMoEConfig) -> list[str]:
     plan = ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows",
             "mla_rope_write", "mla_attention", "per_head_linear", "mla_gather_latent", "mla_pack_heads",
-            "paged_attention"]
+            "paged_attention", "beside", "joined"]
     if cfg.has_moe:
         plan += list(MOE_OPS)
     return plan + quant_ops_needed(cfg.quant, cfg.has_moe)

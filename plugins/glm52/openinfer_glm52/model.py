@@ -21,7 +21,7 @@ from .config import Glm52Config
 from .indexer import Indexer, load_indexer_weights
 
 _KERNEL_PLAN = ("embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows",
-               "mla_rope_write", "mla_attention", "per_head_linear",
+               "mla_rope_write", "mla_attention", "per_head_linear", "beside", "joined",
                "router_logits", *MOE_OPS, "glm52_indexer_rope_write", "glm52_indexer_topk",
                "glm52_sparse_mla_attention")
 

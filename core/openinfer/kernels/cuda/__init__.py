@@ -29,8 +29,8 @@ QUANT_OPS = {"linear_int4": "linear_quant", "linear_fp8": "linear_quant", "moe_e
 
 
 def register(register_kernel) -> None:
-    """Registers every op above, paged_attention's and moe_experts' implementations and `beside` (a side stream), for
-    backend "cuda" (called through the core's own hookimpl)."""
+    """Registers every op above, paged_attention's and moe_experts' implementations and `beside` / `joined` (a side
+    stream), for backend "cuda" (called through the core's own hookimpl)."""
     for name in OPS:
         register_kernel(name, "cuda", f"{__name__}.ops:{name}", dtypes=DTYPES)
     for name, module in BF16_OPS.items():
@@ -42,5 +42,6 @@ def register(register_kernel) -> None:
         register_kernel("paged_attention", "cuda", f"{__name__}.attention:{fn}", dtypes=dtypes, priority=priority,
                         name=name, capabilities=capabilities)
     register_kernel("beside", "cuda", f"{__name__}.beside:beside", dtypes=DTYPES)
+    register_kernel("joined", "cuda", f"{__name__}.beside:ready", dtypes=DTYPES)
     for name, impl in QUANT_OPS.items():
         register_kernel(name, "cuda", f"{__name__}.quant:{impl}", dtypes=DTYPES)
