@@ -145,7 +145,8 @@ def test_mla_decode_bits_depend_on_the_keys_alone():
     """Each sequence's output rows are the same bits computed alone (batch 1, its own length as max_context_len),
     in batches of 2 .. 300 among sequences of other lengths, under a CUDA graph's max_context_len (4096 where it
     covers the batch, 20480), and replayed from a graph captured at 20480: a sequence's split depends on its own
-    key count alone, so batching and CUDA graphs never change a greedy token."""
+    key count alone, so batching and CUDA graphs never change a greedy token. Batches up to mla.W8_MAX_TILES run the
+    eight-warp kernel, larger ones the four-warp one: the same bits."""
     rng = np.random.default_rng(11)
     runs = [(L, 1) for L in (*KEY_COUNTS, *(int(x) for x in rng.integers(1, 300, 300)))]
     qld, qpd, cache, db, scale, _ = _inputs(runs, 16, 12, reference=False)

@@ -45,11 +45,12 @@ def block_rows(mt_count, n, L, nh, ty):
 
 
 def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, bs, table, q0, n, L, nh, scale,
-                  ty, kbeg, kend):
-    """One CTA of mla_attention<MT> (row tile ty of one sequence) over keys kbeg .. kend - 1: (o [gc, 512]
-    unnormalised, m [gc] in log2 units, l [gc])."""
+                  ty, kbeg, kend, chains=1):
+    """One CTA of mla_attention<MT, KS = chains> (row tile ty of one sequence) over keys kbeg .. kend - 1: (o [gc,
+    512] unnormalised, m [gc] in log2 units, l [gc])."""
     MT = mt_count
-    ROWS, NW = 16 * MT, KW * MT
+    ROWS, SW = 16 * MT, KW * MT
+    NW = SW * chains
     VCOLS = R // NW
     row0, gc, _ = block_rows(MT, n, L, nh, ty)
     ntiles = (kend - kbeg + BN - 1) // BN
@@ -57,6 +58,7 @@ def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, b
     kvs = np.full(2 * BN * LD, np.nan, np.float32)
     ps = np.full(ROWS * PLD, np.nan, np.float32)
     red = np.full(KW * ROWS, np.nan, np.float32)
+    xch = np.full(SW * 32 * 4, np.nan)   # the second chains' sums (KS = 2), as wide as the emulated accumulators
     for i in range(ROWS * CH):
         r, c = divmod(i, CH)
         row = row0 + r
@@ -80,7 +82,9 @@ def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, b
                 dst[:] = 0
 
     load_tile(0, kbeg)
-    smt, skw = [w // KW for w in range(NW)], [w % KW for w in range(NW)]
+    sw = [w % SW for w in range(NW)]
+    chain = [w // SW for w in range(NW)]
+    smt, skw = [sw[w] // KW for w in range(NW)], [sw[w] % KW for w in range(NW)]
     qpos = [np.stack([np.where(smt[w] * 16 + GID + 8 * h < gc, L - n + (row0 + smt[w] * 16 + GID + 8 * h) // nh, -1)
                       for h in range(2)], 1) for w in range(NW)]
     o = np.zeros((NW, MT, 32, VCOLS // 8, 4))
@@ -92,13 +96,21 @@ def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, b
             load_tile((t + 1) & 1, kbeg + (t + 1) * BN)
         kt, k0 = (t & 1) * BN * LD, kbeg + t * BN
         s, s2 = np.zeros((NW, 32, 4)), np.zeros((NW, 32, 4))
-        for w in range(NW):
+        for w in sorted(range(NW), key=lambda w: -chain[w]):   # the second chains first: they hand their sums over
             aoff = (smt[w] * 16 + (LANE & 7) + ((LANE >> 3) & 1) * 8) * LD + (LANE >> 4) * 8
             koff = (8 * skw[w] + (LANE & 7)) * LD + (LANE >> 3) * 8
             for kk in range(D // 32):
                 bk = ldmatrix_x4(kvs, kt + koff + kk * 32)
-                mma(s[w], ldmatrix_x4(qs, aoff + kk * 32), bk[:, 0], bk[:, 1])
-                mma(s2[w], ldmatrix_x4(qs, aoff + kk * 32 + 16), bk[:, 2], bk[:, 3])
+                if chains == 1 or chain[w] == 0:
+                    mma(s[w], ldmatrix_x4(qs, aoff + kk * 32), bk[:, 0], bk[:, 1])
+                if chains == 1 or chain[w] == 1:
+                    mma(s2[w], ldmatrix_x4(qs, aoff + kk * 32 + 16), bk[:, 2], bk[:, 3])
+            if chains == 2 and chain[w] == 1:
+                for ln in range(32):
+                    xch[(sw[w] * 32 + ln) * 4: (sw[w] * 32 + ln) * 4 + 4] = s2[w][ln]
+                continue
+            if chains == 2:
+                s2[w] = xch[(sw[w] * 32 + LANE[:, None]) * 4 + np.arange(4)]
             s[w] += s2[w]
             for e in range(4):
                 key = k0 + 8 * skw[w] + 2 * TQ + (e & 1)
@@ -120,14 +132,15 @@ def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, b
                     with np.errstate(invalid="ignore"):
                         alpha[mt][:, h] = np.exp2(m[w, mt][:, h] * scale - base[mt][:, h])
                     m[w, mt][:, h] = mn
-            lsum[w] *= alpha[smt[w]]
-            for e in range(4):
-                s[w][:, e] = np.exp2(s[w][:, e] * scale - base[smt[w]][:, e >> 1])
-                lsum[w][:, e >> 1] += s[w][:, e]
-            for ln in range(32):
-                for h in range(2):
-                    at = (smt[w] * 16 + GID[ln] + 8 * h) * PLD + 8 * skw[w] + 2 * TQ[ln]
-                    ps[at: at + 2] = bf(s[w][ln, 2 * h: 2 * h + 2])
+            if chain[w] == 0:   # the softmax, l and P: the warps holding a whole S
+                lsum[w] *= alpha[smt[w]]
+                for e in range(4):
+                    s[w][:, e] = np.exp2(s[w][:, e] * scale - base[smt[w]][:, e >> 1])
+                    lsum[w][:, e >> 1] += s[w][:, e]
+                for ln in range(32):
+                    for h in range(2):
+                        at = (smt[w] * 16 + GID[ln] + 8 * h) * PLD + 8 * skw[w] + 2 * TQ[ln]
+                        ps[at: at + 2] = bf(s[w][ln, 2 * h: 2 * h + 2])
             for mt in range(MT):
                 o[w, mt] *= np.repeat(alpha[mt], 2, axis=1)[:, None, :]
         for w in range(NW):
@@ -147,7 +160,7 @@ def emulate_block(mt_count, ql, ql_stride, qp, qp_stride, cache, block_stride, b
         lw = lw + lw[LANE ^ 2]
         for ln in range(32):
             for h in range(2):
-                if TQ[ln] == 0:
+                if TQ[ln] == 0 and chain[w] == 0:
                     wl[skw[w], smt[w] * 16 + GID[ln] + 8 * h] = lw[ln, h]
                 for mt in range(MT):
                     r = mt * 16 + GID[ln] + 8 * h
@@ -185,8 +198,8 @@ def emulate_attention(call):
     grid_x, tiles, B = call.grid
     cs, slots = int(cs), int(slots)
     groups = grid_x // cs
-    kernel = {k.name: k for k in (mla.DECODE, mla.PREFILL)}[call.name]
-    assert call.smem == kernel.smem and call.block == kernel.threads and (grid_x == 1 or kernel is mla.DECODE)
+    kernel = {k.name: k for k in (mla.DECODE, mla.DECODE_W8, mla.PREFILL)}[call.name]
+    assert call.smem == kernel.smem and call.block == kernel.threads and (grid_x == 1 or kernel is not mla.PREFILL)
     assert call.cluster == ((cs, 1, 1) if cs > 1 else None) and cs <= mla.MAX_CLUSTER and grid_x % cs == 0
     qlf, qpf, cf = (flat(a).astype(np.float32) for a in (ql, qp, cache))
     tab, qs, cx, outf = flat(tables), flat(qstart), flat(ctx), flat(out)
@@ -206,7 +219,8 @@ def emulate_attention(call):
             def cluster(c):
                 return [emulate_block(kernel.rows // 16, qlf, int(ql_stride), qpf, int(qp_stride), cf,
                                       int(block_stride), int(bs), tab[b * int(table_stride):], q0, n, L, nh,
-                                      float(scale), ty, min(kall, x * split_len), min(kall, (x + 1) * split_len))
+                                      float(scale), ty, min(kall, x * split_len), min(kall, (x + 1) * split_len),
+                                      kernel.chains)
                         for x in range(c * cs, (c + 1) * cs)]
             if used == 1:
                 merged = [merge_cluster(cluster(0), rank, cs) for rank in range(cs)]
@@ -288,7 +302,8 @@ def emulate_rope_write(call):
             cf[dst + R: dst + D] = k_rot[t]
 
 
-KERNELS = {"mla_attention_bf16": emulate_attention, "mla_prefill_bf16": emulate_attention,
+KERNELS = {"mla_attention_bf16": emulate_attention, "mla_attention_w8_bf16": emulate_attention,
+           "mla_prefill_bf16": emulate_attention,
            "mla_write_latent_bf16": emulate_write_latent,
            "mla_rope_bf16": emulate_rope, "mla_rope_write": emulate_rope_write}
 
@@ -372,7 +387,7 @@ def test_mla_attention_emulation(case, launches, monkeypatch):
     out = mla.mla_attention(ql, qp, cache, batch, 192 ** -0.5)
     (call,) = launches
     assert call.grid[0] == cs * groups and [int(a) for a in call.args[-3:]] == [
-        mla.MAX_CLUSTERS if call.name == mla.DECODE.name else 1, slots, cs]
+        mla.MAX_CLUSTERS if call.name != mla.PREFILL.name else 1, slots, cs]
     assert (call.args[12] is NULL) == (slots == 1)
     run(launches, KERNELS)
     f32 = [np.asarray(a, np.float32) for a in (ql, qp, cache)]
@@ -424,14 +439,18 @@ def test_decode_split_depends_on_the_keys_alone(monkeypatch, max_cluster):
 
 def test_decode_output_bits_depend_on_the_keys_alone(monkeypatch):
     """One sequence (two clusters merged through partials) computed alone, among other sequences under a graph's
-    max_context_len, and on a GPU holding fewer clusters at once (its clusters taken in turn): the same bits."""
+    max_context_len, on a GPU holding fewer clusters at once (its clusters taken in turn), and by the four-warp
+    kernel instead of the eight-warp one small batches take: the same bits."""
     monkeypatch.setattr(mla, "SPLIT_KEYS", 64)
     counters = fake(np.zeros(module.COUNTER_SLOTS, np.int32))
     monkeypatch.setattr(mla, "arrival_counters", lambda purpose: counters)
     rng = np.random.default_rng(7)
     ql, qp, cache, batch = _inputs([(600, 1), (1, 1), (2, 1)], 16, rng)
     rows = []
-    for seqs, max_context, at_once in ((1, None, 256), (3, 4096, 256), (1, 20480, 256), (3, None, 8)):
+    kernels = []
+    for seqs, max_context, at_once, w8_tiles in ((1, None, 256, 8), (3, 4096, 256, 8), (1, 20480, 256, 8),
+                                                 (3, None, 8, 8), (1, None, 256, 0), (3, 4096, 256, 0)):
+        monkeypatch.setattr(mla, "W8_MAX_TILES", w8_tiles)
         sub = dataclasses.replace(batch, query_start=batch.query_start[: seqs + 1],
                                   context_lens=batch.context_lens[:seqs], block_tables=batch.block_tables[:seqs],
                                   query_start_host=batch.query_start_host[: seqs + 1],
@@ -443,7 +462,8 @@ def test_decode_output_bits_depend_on_the_keys_alone(monkeypatch):
         out = mla.mla_attention(ql[:seqs], qp[:seqs], cache, sub, 192 ** -0.5)
         run(recorded, KERNELS)
         rows.append(np.asarray(out[0], np.float32))
-    assert not counters.any()
+        kernels.append(recorded[0].name)
+    assert not counters.any() and set(kernels) == {mla.DECODE.name, mla.DECODE_W8.name}
     for other in rows[1:]:
         np.testing.assert_array_equal(other, rows[0])
 

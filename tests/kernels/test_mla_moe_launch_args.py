@@ -58,7 +58,7 @@ def test_mla_attention_launch_args(launches, nh, q_lens, ctx):
     mla.mla_attention(ql, qp, cache, _batch(q_lens, ctx, bs), 192 ** -0.5)
     (call,) = launches
     x, tiles, seqs = call.grid
-    kernel = mla.DECODE if max(q_lens) == 1 else mla.PREFILL
+    kernel = mla.PREFILL if max(q_lens) > 1 else mla.DECODE_W8 if seqs * tiles <= mla.W8_MAX_TILES else mla.DECODE
     assert call.name == kernel.name and call.smem == kernel.smem and call.block == kernel.threads and seqs == len(ctx)
     assert tiles == -(-max(q_lens) * nh // kernel.rows)
     split_keys, near, cap, slots, cs = (int(a) for a in call.args[-5:])

@@ -25,7 +25,10 @@
 //          running max of every row; P goes to shared memory as bf16 and warp w accumulates O's columns
 //          512 / (4 MT) w .. of every m tile (V by ldmatrix.trans of the cached rows, each fragment feeding MT
 //          m tiles). The key warps keep partial row sums (same max, same rescale), summed at the end. Softmax in
-//          the log2 domain (scale * log2(e) folded into `scale`), as attention_mma.cu.
+//          the log2 domain (scale * log2(e) folded into `scale`), as attention_mma.cu. The decode kernel's
+//          eight-warp form (mla_attention_w8_bf16, KS = 2; mla.py gives it small batches) puts each S tile's two
+//          accumulator chains on a warp each, the second's sums added by the first through shared memory in the
+//          same order, and O's columns 512 / 8 a warp: the same arithmetic, so the same bits, in twice the warps.
 //   merge  each CTA leaves its state (O unnormalised, m, l of every row) in its shared memory; the cluster's CTAs
 //          merge them over distributed shared memory, rank r taking columns r * 512 / cs .. of every row, so no
 //          single CTA reads every split's 512 columns. With one cluster those are the output; with n, rank r
@@ -47,11 +50,14 @@ constexpr int MLA_PLD = MLA_BN + 8;        // P row stride (bf16)
 constexpr int MLA_CHUNKS = MLA_D / 8;      // 16-byte chunks of a row
 constexpr int MLA_STAGE = MLA_BN * MLA_LD;     // one K/V tile, bf16 elements
 
-// MT m16 tiles of rows a block (1: decode, split and merged; 2: longer runs, one split), 4 MT warps
-template <int MT> struct Mla {
-    static constexpr int ROWS = 16 * MT, WARPS = MLA_KEY_WARPS * MT, VCOLS = MLA_R / WARPS;
-    // shared memory (bytes): Q rows, two K/V stages, P, the warps' row maxima
-    static constexpr int SMEM = ROWS * MLA_LD * 2 + 2 * MLA_STAGE * 2 + ROWS * MLA_PLD * 2 + MLA_KEY_WARPS * ROWS * 4;
+// MT m16 tiles of rows a block (1: decode, split and merged; 2: longer runs, one split); KS warps share each S (1:
+// a warp runs both of its accumulator chains; 2: a warp each, the second's sums passed through shared memory),
+// 4 MT KS warps; O's columns are spread over all of them.
+template <int MT, int KS = 1> struct Mla {
+    static constexpr int SWARPS = MLA_KEY_WARPS * MT, WARPS = SWARPS * KS, ROWS = 16 * MT, VCOLS = MLA_R / WARPS;
+    // shared memory (bytes): Q rows, two K/V stages, P, the warps' row maxima, the second chains' sums (KS = 2)
+    static constexpr int SMEM = ROWS * MLA_LD * 2 + 2 * MLA_STAGE * 2 + ROWS * MLA_PLD * 2 + MLA_KEY_WARPS * ROWS * 4 +
+                                (KS - 1) * SWARPS * 32 * 4 * 4;
     // the merge area over the K/V stages: O, m, l, the key warps' l, the cluster's weights and sums of each row
     static constexpr int MERGE = ROWS * MLA_R + 2 * ROWS + MLA_KEY_WARPS * ROWS + ROWS * MLA_MAX_CLUSTER + ROWS;
     static_assert(MERGE * 4 <= 2 * MLA_STAGE * 2, "the merge area must fit over the K/V stages");
@@ -79,21 +85,25 @@ __device__ __forceinline__ void mla_load_tile(bf16* stage, const bf16* cache, co
 // VCOLS w .. + VCOLS - 1 of every m tile: each V fragment feeds MT m tiles.
 // Partials (a sequence of several clusters): part_o [B, nh, slots, 512] (a cluster's merged rows, normalised),
 // part_m / part_l [cs, B, nh, slots] (rank r's copy; M in log2 units and the sum), counters [cs, B, row tiles].
-template <int MT>
+template <int MT, int KS>
 __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* qp, long long qp_stride,
                               const bf16* cache, long long block_stride, int block_size, const int* tables,
                               int table_stride, const int* qstart, const int* ctx, bf16* out, float* part_o,
                               float* part_m, float* part_l, int* counters, int nh, float scale, int split_keys,
                               int near, int cap, int slots, int cs) {
-    using C = Mla<MT>;
+    using C = Mla<MT, KS>;
     constexpr int ROWS = C::ROWS, VCOLS = C::VCOLS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* qs = (bf16*)smem_raw;                        // [ROWS][MLA_LD]
     bf16* kvs = qs + ROWS * MLA_LD;                    // [2][MLA_BN][MLA_LD]
     bf16* ps = kvs + 2 * MLA_STAGE;                    // [ROWS][MLA_PLD]
     float* red = (float*)(ps + ROWS * MLA_PLD);        // [MLA_KEY_WARPS][ROWS]
+    float* xch = red + MLA_KEY_WARPS * ROWS;           // [SWARPS][32 lanes][4]: the second chains' sums (KS = 2)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tq = lane & 3;
-    const int smt = warp / MLA_KEY_WARPS, skw = warp % MLA_KEY_WARPS;   // the warp's S: m tile, key group
+    // the warp's S: m tile, key group, and accumulator chain (0: columns 32 kk .. + 15 of each 32, 1: + 16 .. + 31;
+    // with KS = 1 a warp runs both); chain 0 holds the whole S after the exchange and runs the softmax
+    const int sw = KS == 1 ? warp : warp % C::SWARPS, chain = KS == 1 ? 0 : warp / C::SWARPS;
+    const int smt = sw / MLA_KEY_WARPS, skw = sw % MLA_KEY_WARPS;
     const int b = blockIdx.z;
     const int q0 = qstart[b], n = qstart[b + 1] - q0, L = ctx[b];
     const int rows = n * nh, row0 = blockIdx.y * ROWS;
@@ -171,14 +181,40 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
             // S for this warp's 8 keys: rows gid (s[0], s[1]) and gid + 8 (s[2], s[3]), keys 8 skw + 2 tq + {0, 1}
             // two accumulators (columns 32 kk .. + 15 and + 16 .. + 31): half the chain of dependent mmas
             float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+            if constexpr (KS == 1) {
 #pragma unroll 6
-            for (int kk = 0; kk < MLA_D / 32; ++kk) {
-                unsigned int bk[4], a[4];
-                ldmatrix_x4(bk, kt + koff + kk * 32);
-                ldmatrix_x4(a, qs + aoff + kk * 32);
-                mma_bf16(s, a, bk[0], bk[1]);
-                ldmatrix_x4(a, qs + aoff + kk * 32 + 16);
-                mma_bf16(s2, a, bk[2], bk[3]);
+                for (int kk = 0; kk < MLA_D / 32; ++kk) {
+                    unsigned int bk[4], a[4];
+                    ldmatrix_x4(bk, kt + koff + kk * 32);
+                    ldmatrix_x4(a, qs + aoff + kk * 32);
+                    mma_bf16(s, a, bk[0], bk[1]);
+                    ldmatrix_x4(a, qs + aoff + kk * 32 + 16);
+                    mma_bf16(s2, a, bk[2], bk[3]);
+                }
+            } else if (chain == 0) {   // this warp's chain alone; chain 1 hands its sums to chain 0
+#pragma unroll 6
+                for (int kk = 0; kk < MLA_D / 32; ++kk) {
+                    unsigned int bk[4], a[4];
+                    ldmatrix_x4(bk, kt + koff + kk * 32);
+                    ldmatrix_x4(a, qs + aoff + kk * 32);
+                    mma_bf16(s, a, bk[0], bk[1]);
+                }
+            } else {
+#pragma unroll 6
+                for (int kk = 0; kk < MLA_D / 32; ++kk) {
+                    unsigned int bk[4], a[4];
+                    ldmatrix_x4(bk, kt + koff + kk * 32);
+                    ldmatrix_x4(a, qs + aoff + kk * 32 + 16);
+                    mma_bf16(s2, a, bk[2], bk[3]);
+                }
+            }
+            if constexpr (KS == 2) {
+                if (chain) *(float4*)(xch + (sw * 32 + lane) * 4) = make_float4(s2[0], s2[1], s2[2], s2[3]);
+                __syncthreads();
+                if (!chain) {
+                    const float4 x = *(const float4*)(xch + (sw * 32 + lane) * 4);
+                    s2[0] = x.x, s2[1] = x.y, s2[2] = x.z, s2[3] = x.w;
+                }
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[e] += s2[e];
@@ -192,7 +228,7 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
                 float mx = fmaxf(s[2 * h], s[2 * h + 1]);
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                if (tq == 0) red[skw * ROWS + smt * 16 + gid + 8 * h] = mx;
+                if (tq == 0 && chain == 0) red[skw * ROWS + smt * 16 + gid + 8 * h] = mx;
             }
             __syncthreads();
             float alpha[MT][2], base[2], salpha[2];
@@ -215,9 +251,11 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
                 s[e] = fast_exp2(fmaf(s[e], scale, -base[e >> 1]));
                 l[e >> 1] += s[e];
             }
-            unsigned int* prow = (unsigned int*)ps;
-            prow[(((smt * 16 + gid) * MLA_PLD) + 8 * skw + 2 * tq) / 2] = pack_bf16x2(s[0], s[1]);
-            prow[(((smt * 16 + gid + 8) * MLA_PLD) + 8 * skw + 2 * tq) / 2] = pack_bf16x2(s[2], s[3]);
+            if (chain == 0) {
+                unsigned int* prow = (unsigned int*)ps;
+                prow[(((smt * 16 + gid) * MLA_PLD) + 8 * skw + 2 * tq) / 2] = pack_bf16x2(s[0], s[1]);
+                prow[(((smt * 16 + gid + 8) * MLA_PLD) + 8 * skw + 2 * tq) / 2] = pack_bf16x2(s[2], s[3]);
+            }
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -258,7 +296,7 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
         for (int h = 0; h < 2; ++h) {
             l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
             l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-            if (tq == 0) wl[skw * ROWS + smt * 16 + gid + 8 * h] = l[h];
+            if (tq == 0 && chain == 0) wl[skw * ROWS + smt * 16 + gid + 8 * h] = l[h];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 const int r = mt * 16 + gid + 8 * h;
@@ -299,19 +337,20 @@ __device__ void mla_attention(const bf16* ql, long long ql_stride, const bf16* q
     }
 }
 
-#define MLA_KERNEL(NAME, MT)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(Mla<MT>::WARPS * 32) NAME(                                         \
+#define MLA_KERNEL(NAME, MT, KS)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(Mla<MT, KS>::WARPS * 32) NAME(                                     \
         const bf16* ql, long long ql_stride, const bf16* qp, long long qp_stride, const bf16* cache,                \
         long long block_stride, int block_size, const int* tables, int table_stride, const int* qstart,            \
         const int* ctx, bf16* out, float* part_o, float* part_m, float* part_l, int* counters, int nh, float scale, \
         int split_keys, int near, int cap, int slots, int cs) {                                                    \
-        mla_attention<MT>(ql, ql_stride, qp, qp_stride, cache, block_stride, block_size, tables, table_stride,     \
+        mla_attention<MT, KS>(ql, ql_stride, qp, qp_stride, cache, block_stride, block_size, tables, table_stride, \
                           qstart, ctx, out, part_o, part_m, part_l, counters, nh, scale, split_keys, near, cap,    \
                           slots, cs);                                                                              \
     }
 
-MLA_KERNEL(mla_attention_bf16, 1)
-MLA_KERNEL(mla_prefill_bf16, 2)
+MLA_KERNEL(mla_attention_bf16, 1, 1)
+MLA_KERNEL(mla_attention_w8_bf16, 1, 2)   // the same bits as mla_attention_bf16, twice the warps: small batches
+MLA_KERNEL(mla_prefill_bf16, 2, 1)
 
 // cache [num_blocks, block_size, 576] (any block stride): row slot = c[t] || k_pe[t]; negative slots are skipped.
 extern "C" __global__ void mla_write_latent_bf16(bf16* cache, long long block_stride, int block_size, const bf16* c,

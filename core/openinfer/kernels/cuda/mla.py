@@ -36,9 +36,11 @@ GATHER_ROWS = 8                        # rows of a mla_gather_latent block (mla.
 ROPE_WRITE_THREADS = 128               # threads of a mla_rope_write block (mla.cu)
 
 
-def smem(rows: int) -> int:
-    """Mla<MT>::SMEM: Q rows, two K/V stages, P, the warps' row maxima (the merge area lies over the stages)."""
-    return rows * (ROW + 8) * 2 + 2 * BN * (ROW + 8) * 2 + rows * (BN + 8) * 2 + KEY_WARPS * rows * 4
+def smem(rows: int, chains: int = 1) -> int:
+    """Mla<MT, KS>::SMEM: Q rows, two K/V stages, P, the warps' row maxima, the second chains' sums (the merge area
+    lies over the stages)."""
+    exchange = (chains - 1) * KEY_WARPS * (rows // 16) * 32 * 4 * 4
+    return rows * (ROW + 8) * 2 + 2 * BN * (ROW + 8) * 2 + rows * (BN + 8) * 2 + KEY_WARPS * rows * 4 + exchange
 
 
 @dataclass(frozen=True)
@@ -46,13 +48,18 @@ class MlaKernel:
     name: str
     rows: int      # rows (token, head) of a block
     threads: int
+    chains: int = 1   # warps sharing each score tile (mla.cu's KS)
 
     @property
     def smem(self) -> int:
-        return smem(self.rows)
+        return smem(self.rows, self.chains)
 
 
 DECODE = MlaKernel("mla_attention_bf16", 16, 128)   # one m16 tile a block: splits merged in the kernel
+# the same arithmetic on twice the warps (each score tile's two accumulator chains on a warp each, half of O's
+# columns a warp): the same bits, so small decode batches, whose few CTAs each walk their tiles in series, take it
+DECODE_W8 = MlaKernel("mla_attention_w8_bf16", 16, 256, chains=2)
+W8_MAX_TILES = 8                                    # (sequence, row tile) pairs of a decode step up to which it runs
 PREFILL = MlaKernel("mla_prefill_bf16", 32, 256)    # two: each K/V tile serves twice the rows
 
 
@@ -81,18 +88,23 @@ def decode_clusters(keys: int, cs: int) -> tuple[int, int, int]:
     return n, split, -(-keys // (cs * split))
 
 
+def decode_kernel(num_seqs: int, tiles: int) -> MlaKernel:
+    """The decode kernel of a step: eight warps a CTA for small batches (W8_MAX_TILES), four above; the same bits."""
+    return DECODE_W8 if num_seqs * tiles <= W8_MAX_TILES else DECODE
+
+
 def decode_grid(num_seqs: int, tiles: int, max_context_len: int) -> tuple[int, int, int]:
     """(cs, groups, slots): each (sequence, row tile) of a decode step runs on `groups` clusters of cs CTAs, which
     take the sequence's decode_clusters in turn (so `groups` changes the speed, never the bits); `slots`: partials
     a row (the most clusters of any sequence up to max_context_len keys; 1: none stored). Enough groups that one
     wave of the GPU is busy, no more than the longest sequence has clusters: a CUDA graph captured at the model's
     length launches no more CTAs than its batch fills the GPU with."""
-    cs = decode_cluster_size()
+    cs, k = decode_cluster_size(), decode_kernel(num_seqs, tiles)
     slots = decode_clusters(max_context_len, cs)[0]
     if cs > 1:
-        at_once = clusters_at_once("mla", DECODE.name, DECODE.threads, DECODE.smem, cs)
+        at_once = clusters_at_once("mla", k.name, k.threads, k.smem, cs)
     else:
-        at_once = blocks_per_sm("mla", DECODE.name, DECODE.threads, DECODE.smem) * sm_count()
+        at_once = blocks_per_sm("mla", k.name, k.threads, k.smem) * sm_count()
     return cs, max(1, min(slots, at_once // (num_seqs * tiles))), slots
 
 
@@ -192,6 +204,8 @@ def mla_attention(q_latent: cp.ndarray, q_pe: cp.ndarray, cache: cp.ndarray, bat
     tables = as_index(batch.block_tables, np.int32)
     kernel = DECODE if batch.max_query_len == 1 else PREFILL
     tiles = math.ceil(batch.max_query_len * nh / kernel.rows)
+    if kernel is DECODE:
+        kernel = decode_kernel(B, tiles)
     if tiles > MAX_TILES:
         raise ValueError(f"mla_attention: a run of {batch.max_query_len} tokens x {nh} heads exceeds the grid "
                          f"({MAX_TILES * kernel.rows} rows); prefill in smaller chunks (--max-num-batched-tokens)")
