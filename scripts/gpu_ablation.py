@@ -6,6 +6,8 @@ marginal cost of a family where it runs: between its neighbours, in the graph, w
 GEMVs alone (the weight stream); "gemv" drops them (what everything else costs).
 
     python scripts/gpu_ablation.py qwen3-4b [--batch 1] [--context 1024] [--families gemv,paged_decode,...]
+    python scripts/gpu_ablation.py deepseek-v2-lite --tokenizer plugins/qwen3/openinfer_qwen3/demo_tokenizer \
+        --families "$(python scripts/gpu_ablation.py --mla-moe-families)"
 """
 from __future__ import annotations
 
@@ -23,6 +25,12 @@ from openinfer.sampling.sampler import SamplingParams
 
 FAMILIES = ("gemv", "paged_decode", "rope", "add_rms_norm", "rms_norm", "conv_update", "gdn_gating", "gdn_decode",
             "gated_rms_norm", "sigmoid_gate", "gather_rows", "argmax", "all but gemv")
+# The MLA + MoE lines' kernels. On these lines a dropped kernel's garbage reaches the routers after it, and the
+# experts they pick (a NaN top-k collapses onto few) set what the step reads: a row is a bound, not a cost, unless
+# the expert GEMMs' own rows stay near their Nsight Compute times. The router and the grouping come last: without
+# them the expert GEMMs read routes and tile lists the step never wrote, which may name no expert at all.
+MLA_MOE_FAMILIES = ("gemv_heads", "gemv_silu", "gemv", "mla_attention", "mla_rope_write", "add_rms_norm",
+                    "moe_gate_up", "moe_down", "moe_combine", "all but gemv", "moe_router", "moe_align")
 
 
 @contextmanager
@@ -59,19 +67,24 @@ def replay_ms(graphs, h, stream, n: int = 50) -> float:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--mla-moe-families"]:
+        print(",".join(MLA_MOE_FAMILIES))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("model", help="a preset, e.g. qwen3-4b or qwen3.5-4b")
+    ap.add_argument("--tokenizer", help="a tokenizer folder, for a line that ships none (deepseek-v2-lite)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--families", default=",".join(FAMILIES))
     a = ap.parse_args()
     eng = build_engine(a.model, EngineArgs(device="cuda", load_format="dummy", max_num_seqs=a.batch,
+                                           tokenizer=a.tokenizer,
                                            max_model_len=4 * a.context, gpu_memory_utilization=0.5,
                                            pipelined_decode=False))   # no step left in flight to schedule around
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=2 * a.context, temperature=0.0, ignore_eos=True)
     for _ in range(a.batch):
-        eng.submit(rng.integers(0, 150000, a.context).tolist(), params)
+        eng.submit(rng.integers(0, min(150000, eng.vocab_size), a.context).tolist(), params)
     # submit() only queues; the step loop admits. Step until every prompt is prefilled and has its first token.
     while len(eng.scheduler.running) < a.batch or any(r.num_computed < r.num_tokens - 1 for r in eng.scheduler.running):
         eng.step()
