@@ -1,6 +1,6 @@
-"""MLA on CUDA: `mla_attention` over the paged latent cache (mla.cu, tensor cores, bf16), `mla_write_latent`,
+"""MLA on CUDA: `mla_attention` over the paged latent cache (mla.cu, tensor cores, bf16); `mla_write_latent`,
 `mla_rope` and `mla_rope_write` (the latent norm, both RoPEs and the cache write in one launch), and the expanded
-form's gather and packing (`mla_gather_latent`, `mla_pack_heads`; layers/mla_expanded.py).
+form's gather and packing (`mla_gather_latent`, `mla_pack_heads`; layers/mla_expanded.py), all in mla_latent.cu.
 
 Decode batches (every run one token) split each context over thread-block clusters so that batch 1 fills the GPU.
 The split of a sequence depends only on its own key count (`decode_clusters`, with the device's fixed cluster size),
@@ -24,7 +24,7 @@ from .module import (BF16, COUNTER_SLOTS, NULL, arrival_counters, as_index, bloc
                      clusters_supported, heads3d, launch, rows2d, sm_count)
 from .ops import norm_suffix
 
-LATENT, ROPE = 512, 64                 # must match mla.cu (MLA_R, MLA_P)
+LATENT, ROPE = 512, 64                 # must match mla_row.cuh (MLA_R, MLA_P)
 ROW = LATENT + ROPE
 BN, KEY_WARPS = 32, 4                  # keys of a tile, warps sharing an m tile's scores (mla.cu)
 MAX_CLUSTER = 2                        # CTAs of a decode cluster (mla_merge.cuh merges up to MLA_MAX_CLUSTER = 8)
@@ -32,8 +32,8 @@ SPLIT_KEYS = 128                       # keys of a decode CTA while a sequence h
 NEAR_CLUSTERS = 4                      # then CTAs of NEAR_CLUSTERS * SPLIT_KEYS keys ...
 MAX_CLUSTERS = 16                      # ... up to this many clusters (partials B x heads x 16 x 512), then longer
 MAX_TILES = 65535                      # row tiles of one sequence: the grid's y
-GATHER_ROWS = 8                        # rows of a mla_gather_latent block (mla.cu MLA_GATHER_ROWS)
-ROPE_WRITE_THREADS = 128               # threads of a mla_rope_write block (mla.cu)
+GATHER_ROWS = 8                        # rows of a mla_gather_latent block (mla_latent.cu MLA_GATHER_ROWS)
+ROPE_WRITE_THREADS = 128               # threads of a mla_rope_write block (mla_latent.cu)
 
 
 def smem(rows: int, chains: int = 1) -> int:
@@ -123,7 +123,7 @@ def mla_write_latent(cache: cp.ndarray, c: cp.ndarray, k_pe: cp.ndarray, slot_ma
     p2, ps = rows2d(k_pe)
     T = c2.shape[0]
     if T:
-        launch("mla", "mla_write_latent_bf16", (T,), 192,
+        launch("mla_latent", "mla_write_latent_bf16", (T,), 192,
                (cache, np.int64(cache.strides[0] // 2), np.int32(cache.shape[1]), c2, np.int64(cs), p2, np.int64(ps),
                 as_index(slot_mapping, np.int64)))
 
@@ -143,7 +143,7 @@ def mla_rope(q_pe: cp.ndarray, k_pe: cp.ndarray, positions, cos: cp.ndarray, sin
     if T:
         cos = cp.ascontiguousarray(cos, dtype=cp.float32)   # tables are built float32; converting copies
         sin = cp.ascontiguousarray(sin, dtype=cp.float32)
-        launch("mla", "mla_rope_bf16", (T,), 128,
+        launch("mla_latent", "mla_rope_bf16", (T,), 128,
                (q_pe, np.int64(q_pe.strides[0] // 2), np.int64(q_pe.strides[1] // 2), k_pe,
                 np.int64(k_pe.strides[0] // 2), as_index(positions, np.int32), cos, sin, np.int32(half),
                 np.int32(nh), q_out, k_out))
@@ -167,7 +167,7 @@ def mla_rope_write(q_pe: cp.ndarray, kv: cp.ndarray, norm_w: cp.ndarray, eps: fl
     kv2, ks = rows2d(kv)
     q_out = cp.empty((T, nh, p), dtype=BF16)
     if T:
-        launch("mla", f"mla_rope_write_{norm_suffix(kv.dtype, norm_w.dtype)}", (T,), ROPE_WRITE_THREADS,
+        launch("mla_latent", f"mla_rope_write_{norm_suffix(kv.dtype, norm_w.dtype)}", (T,), ROPE_WRITE_THREADS,
                (q_pe, np.int64(q_pe.strides[0] // 2), np.int64(q_pe.strides[1] // 2), kv2, np.int64(ks),
                 cp.ascontiguousarray(norm_w), np.float32(eps), as_index(positions, np.int32),
                 cp.ascontiguousarray(cos, dtype=cp.float32), cp.ascontiguousarray(sin, dtype=cp.float32),
@@ -252,7 +252,7 @@ def mla_gather_latent(cache: cp.ndarray, batch: ForwardBatch) -> tuple[cp.ndarra
     out_tables = cp.empty((len(lens), width), dtype=cp.int32)
     if width:
         tables = as_index(batch.block_tables, np.int32)
-        launch("mla", "mla_gather_latent_bf16", (-(-width // GATHER_ROWS), len(lens)), GATHER_ROWS * ROW // 8,
+        launch("mla_latent", "mla_gather_latent_bf16", (-(-width // GATHER_ROWS), len(lens)), GATHER_ROWS * ROW // 8,
                (cache, np.int64(cache.strides[0] // 2), np.int32(cache.shape[1]), tables,
                 np.int32(tables.strides[0] // tables.itemsize), as_index(batch.context_lens, np.int32),
                 as_index(starts, np.int64), out, out_tables, np.int32(width)))
@@ -285,7 +285,7 @@ def mla_pack_heads(parts: list[tuple[cp.ndarray, cp.ndarray | None]], width: int
         b_args = (NULL, np.int64(0), np.int64(0)) if b is None else \
             (b, np.int64(b.strides[0] // 2 // v), np.int64((b.strides[1] // 2 if b.ndim == 3 else 0) // v))
         if n and heads:
-            launch("mla", f"mla_pack_heads_{'v_' if v > 1 else ''}bf16", (n,), 256,
+            launch("mla_latent", f"mla_pack_heads_{'v_' if v > 1 else ''}bf16", (n,), 256,
                    (a, np.int64(a.strides[0] // 2 // v), np.int64(a.strides[1] // 2 // v), np.int32(da // v), *b_args,
                     np.int32(db // v), dst, np.int64(out.strides[0] // 2 // v), np.int32(heads), np.int32(width // v)))
         h0 += heads

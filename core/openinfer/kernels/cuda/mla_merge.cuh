@@ -6,8 +6,8 @@
 #include "common.cuh"
 #include "mma.cuh"       // pack_bf16x2
 #include "cluster.cuh"
+#include "mla_row.cuh"   // MLA_R
 
-constexpr int MLA_R = 512;             // latent width: V's columns, an output row
 constexpr int MLA_MAX_CLUSTER = 8;     // CTAs of a decode cluster (the portable cluster size)
 
 // A barrier over the cluster's CTAs, or the block's alone where the launch has no clusters (cs = 1)
