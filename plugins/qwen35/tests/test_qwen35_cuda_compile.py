@@ -19,7 +19,8 @@ from openinfer_qwen35.ops import OPS
 
 KERNEL_DIR = Path(cuda.__file__).parent
 PLUGIN_ROOT = KERNEL_DIR.parents[1]
-SOURCES = {"SOURCE": "delta_rule", "CONV": "conv", "GATES": "gates"}   # launcher constants -> .cu stem
+# launcher constants -> .cu stem
+SOURCES = {"SOURCE": "delta_rule", "CHUNK_SOURCE": "delta_rule_chunk", "CONV": "conv", "GATES": "gates"}
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def cubins(tmp_path, monkeypatch) -> dict[str, bytes]:
 
 
 def test_every_source_compiles_to_sm90a_cubin(cubins):
-    assert set(cubins) == {"conv", "delta_rule", "gates"}
+    assert set(cubins) == {"conv", "delta_rule", "delta_rule_chunk", "gates"}
     assert all(data[:4] == b"\x7fELF" for data in cubins.values())
 
 

@@ -1,4 +1,4 @@
-"""CPU emulation of the blocking the Qwen3.5 CUDA kernels use (no GPU): delta_rule.cu's chunked
+"""CPU emulation of the blocking the Qwen3.5 CUDA kernels use (no GPU): delta_rule_chunk.cu's chunked
 prefill (64-token chunks with zero rows past a run's end, 32-column state tiles, gamma as an
 in-chunk cumsum, row-by-row forward substitution for [W | U], the state carried across chunks)
 and conv.cu's token blocks and state save, each in float32, against the sequential numpy
@@ -17,7 +17,7 @@ from openinfer_qwen35 import ops
 
 from test_qwen35_ops import batch
 
-L, BV, DK_MAX, CONV_K, CONV_TOK = 64, 32, 128, 4, 16   # delta_rule.cu, conv.cu
+L, BV, DK_MAX, CONV_K, CONV_TOK = 64, 32, 128, 4, 16   # delta_rule_chunk.cu, conv.cu
 F32 = np.float32
 
 
@@ -30,7 +30,7 @@ def _l2(x: np.ndarray, scale: float = 1.0) -> np.ndarray:
 
 
 def checkpoint(b: ForwardBatch, i: int) -> tuple[int, int]:
-    """(tokens of run i before its checkpoint, its row); (0, 0): none (delta_rule.cu's Chunks.split)."""
+    """(tokens of run i before its checkpoint, its row); (0, 0): none (delta_rule_chunk.cu's Chunks.split)."""
     if b.checkpoint_lens is None:
         return 0, 0
     n, t = int(b.query_start[i + 1] - b.query_start[i]), int(b.checkpoint_lens[i])
@@ -38,7 +38,7 @@ def checkpoint(b: ForwardBatch, i: int) -> tuple[int, int]:
 
 
 def chunk_grid(b: ForwardBatch, i: int) -> list[tuple[int, int]]:
-    """(start, size) of run i's chunks: Chunks in delta_rule.cu, restarted at a checkpoint."""
+    """(start, size) of run i's chunks: Chunks in delta_rule_chunk.cu, restarted at a checkpoint."""
     n, split = int(b.query_start[i + 1] - b.query_start[i]), checkpoint(b, i)[0]
     return [(c0, min(L, end - c0)) for lo, end in ((0, split), (split, n)) for c0 in range(lo, end, L)]
 
@@ -192,7 +192,7 @@ THREADS, WARPS = 256, 8   # gdn_chunk_prep's block
 TC_WARPS = 16             # gdn_chunk_state's warps
 TID = np.arange(THREADS)
 LANE, WARP = TID & 31, TID >> 5
-KP, AP = DK_MAX + 4, L + 4   # delta_rule.cu: prep's q/k and A row strides
+KP, AP = DK_MAX + 4, L + 4   # delta_rule_chunk.cu: prep's q/k and A row strides
 
 
 class Smem:
@@ -220,14 +220,14 @@ class Smem:
 
 
 def record(dv: int) -> dict[str, int]:
-    """Rec in delta_rule.cu: float offsets of one (chunk, head) record and its size."""
+    """Rec in delta_rule_chunk.cu: float offsets of one (chunk, head) record and its size."""
     W, Qg, Kt, P = 0, L * DK_MAX, 2 * L * DK_MAX, 3 * L * DK_MAX
     U = P + L * L
     return dict(W=W, Qg=Qg, Kt=Kt, P=P, U=U, dec=U + L * dv, total=U + L * dv + 4)
 
 
 def per_seq(b: ForwardBatch) -> int:
-    """m of delta_rule.cu's record index m b + s_b // L + c: 2 when the batch has checkpoints."""
+    """m of delta_rule_chunk.cu's record index m b + s_b // L + c: 2 when the batch has checkpoints."""
     return 1 if b.checkpoint_lens is None else 2
 
 

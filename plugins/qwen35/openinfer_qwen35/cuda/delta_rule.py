@@ -1,5 +1,5 @@
-"""Launchers of the gated delta rule (delta_rule.cu): the chunked prefill and the one-token decode
-step, with the q/k L2 norm, the dk^-0.5 scale and the value-head -> key-head mapping fused in.
+"""Launchers of the gated delta rule: the chunked prefill (delta_rule_chunk.cu) and the one-token decode
+step (delta_rule.cu), with the q/k L2 norm, the dk^-0.5 scale and the value-head -> key-head mapping fused in.
 
 Device reads: `batch.state_slots`, `batch.query_start` and `batch.context_lens` (a sequence's
 state row is live iff context_lens[i] > query_start[i+1] - query_start[i]). On the host the decode
@@ -18,7 +18,8 @@ from openinfer.plugin_api import ForwardBatch
 from openinfer.plugin_api.cuda import NULL, as_index, blas, heads3d, launch, rows2d, suffix
 
 SOURCE = Path(__file__).with_name("delta_rule.cu")
-DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match delta_rule.cu
+CHUNK_SOURCE = Path(__file__).with_name("delta_rule_chunk.cu")
+DK_MAX, BV, CHUNK, CHUNK_THREADS, DECODE_THREADS = 128, 32, 64, 256, 128   # must match gdn.cuh and the two .cu
 STATE_THREADS = 32 * 16   # gdn_chunk_state's block: TC_WARPS warps
 # gdn_chunk_state: W, Qg rows padded to 132 floats, Kt to 136, P to 68, S and V' to 40
 STATE_SMEM = 4 * (2 * CHUNK * (DK_MAX + 4) + CHUNK * (DK_MAX + 8) + CHUNK * (CHUNK + 4) + (DK_MAX + CHUNK) * (BV + 8))
@@ -32,7 +33,7 @@ def prep_smem(dv: int, itemsize: int) -> int:
 
 
 def record_floats(dv: int) -> int:
-    """Floats of one (chunk, value head) record of the prefill scratch (Rec in delta_rule.cu)."""
+    """Floats of one (chunk, value head) record of the prefill scratch (Rec in delta_rule_chunk.cu)."""
     return 3 * CHUNK * DK_MAX + CHUNK * CHUNK + CHUNK * dv + 4
 
 
@@ -74,7 +75,7 @@ def _args(q, k, v, gates: tuple, state, batch: ForwardBatch) -> tuple[tuple, tup
 def qwen35_gated_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.ndarray, beta: cp.ndarray,
                             state: cp.ndarray, batch: ForwardBatch) -> cp.ndarray:
     """Every sequence's run (any length) in chunks of 64 tokens (restarted at a checkpoint, whose
-    state also goes to its row: delta_rule.cu). gdn_chunk_prep does every chunk's
+    state also goes to its row: delta_rule_chunk.cu). gdn_chunk_prep does every chunk's
     state-free part at once (grid: the longest run's chunks x value heads x sequences) into a
     scratch record per (chunk, head); then one gdn_chunk_state block per (32 state columns, value
     head, sequence) carries the state tile through its run's chunks. Eager only: the grid and the
@@ -92,10 +93,10 @@ def qwen35_gated_delta_rule(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, g: cp.n
         # a record per (chunk, head); run b's chunk c is record m b + s_b // 64 + c: T // 64 + m B cover all
         scratch = cp.empty((T // CHUNK + m * B) * int(nv) * record_floats(int(dv)), dtype=cp.float32)
         sfx = suffix(v.dtype)
-        launch(SOURCE, f"gdn_chunk_prep_{sfx}", (-(-batch.max_query_len // CHUNK) + m - 1, int(nv), B),
+        launch(CHUNK_SOURCE, f"gdn_chunk_prep_{sfx}", (-(-batch.max_query_len // CHUNK) + m - 1, int(nv), B),
                CHUNK_THREADS, (q3, qs, k3, ks, v3, vs, g32, b32, query_start, ck_lens, scratch, nk, nv, dk, dv),
                prep_smem(int(dv), v.dtype.itemsize))
-        launch(SOURCE, f"gdn_chunk_state_{sfx}", grid, STATE_THREADS,
+        launch(CHUNK_SOURCE, f"gdn_chunk_state_{sfx}", grid, STATE_THREADS,
                (scratch, state, state_stride, slots, query_start, ctx, ck_lens, ck_rows, out, nv, dk, dv), STATE_SMEM)
     return out
 

@@ -1,6 +1,9 @@
 // Helpers shared by the Qwen3.5 Gated DeltaNet kernels (included after common.cuh).
 #pragma once
 
+constexpr int DK_MAX = 128;  // dk of every Qwen3.5 / Qwen3-Next checkpoint; the launchers check it
+constexpr int BV = 32;       // state columns per block (the delta rule's kernels): one per lane
+
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 
 // The sequence has tokens before this run, so its state row is live; a run starting at position 0
