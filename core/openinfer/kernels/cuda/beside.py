@@ -2,10 +2,10 @@
 
 A decode step at small batch is a chain of kernels that each leave most of the GPU idle: DeepSeekMoE's shared
 experts (two GEMVs) need nothing from the router or the routed experts, and MLA's W_UK nothing from the latents'
-write, so run beside them they share the GPU instead of queuing behind them. `beside(fn, *args)` forks a side stream of the current one (an event recorded
-here, waited for there), runs `fn` there and returns a `Beside` holding its result; `ready(x)` (the op `joined`,
-or a kernel wrapper taking the Beside as it is) makes the current stream wait for that result before handing it
-over (any other value passes through). Under CUDA-graph capture the
+write, so run beside them they share the GPU instead of queuing behind them. `beside(fn, *args)` forks a side
+stream of the current one (an event recorded here, waited for there), runs `fn` there and returns a `Beside`
+holding its result; `ready(x)` (the op `joined`, or a kernel wrapper taking the Beside as it is) makes the current
+stream wait for that result before handing it over (any other value passes through). Under CUDA-graph capture the
 fork and the join are the graph's edges, so replays run the two branches side by side too.
 
 The side stream's kernels run in a lane of their own (lanes.side_of): the cuBLAS workspace and the arrival
