@@ -36,6 +36,8 @@ from .rope import RopeConfig, yarn_mscale
 # q_a_layernorm and kv_a_layernorm are built without the config's eps in every reference implementation
 LATENT_NORM_EPS = 1e-6
 STATE_GROUP = "mla"
+# what the absorbed form calls (project, the latent attention, output): a kernel plan with MLA layers names them
+OPS = ("mla_rope_write", "mla_attention", "per_head_linear", "beside", "joined")
 
 
 @dataclass(frozen=True)

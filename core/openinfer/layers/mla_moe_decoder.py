@@ -16,7 +16,7 @@ from ..kv.pool import StatePools
 from ..contract.model_line import Model
 from ..quant import QuantScheme, quant_scheme
 from ..quant.scheme import DENSE
-from .mla import MLADims, MLAttention, load_mla_weights, mla_softmax_scale, mla_weight_shapes
+from .mla import OPS as MLA_OPS, MLADims, MLAttention, load_mla_weights, mla_softmax_scale, mla_weight_shapes
 from .mlp import load_swiglu, swiglu_shapes
 from .moe import OPS as MOE_OPS, MoE, RouterConfig, load_moe_weights, moe_weight_shapes
 from .quant_linear import QuantOps, quant_ops_needed
@@ -111,9 +111,8 @@ def mla_moe_weight_shapes(cfg: MLAMoEConfig) -> dict[str, tuple[int, ...]]:
 
 
 def mla_moe_kernel_plan(cfg: MLAMoEConfig) -> list[str]:
-    plan = ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows",
-            "mla_rope_write", "mla_attention", "per_head_linear", "mla_gather_latent", "mla_pack_heads",
-            "paged_attention", "beside", "joined"]
+    plan = ["embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows", *MLA_OPS,
+            "mla_gather_latent", "mla_pack_heads", "paged_attention"]   # the last three: the expanded prefill
     if cfg.has_moe:
         plan += list(MOE_OPS)
     return plan + quant_ops_needed(cfg.quant, cfg.has_moe)

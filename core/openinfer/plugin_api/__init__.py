@@ -15,8 +15,8 @@ from ..kernels.numpy_ops import sequence_runs
 from ..kernels.registry import KernelRegistry, Ops
 from ..kv.pool import StatePools
 from ..layers.attention import AttentionWeights, GQAAttention
-from ..layers.mla import (MLADims, MLAttention, MLAWeights, load_mla_weights, mla_softmax_scale, mla_state_group,
-                          mla_weight_shapes)
+from ..layers.mla import (OPS as MLA_OPS, MLADims, MLAttention, MLAWeights, load_mla_weights, mla_softmax_scale,
+                          mla_state_group, mla_weight_shapes)
 from ..layers.mla_moe_decoder import (MLAMoEConfig, MLAMoEDecoder, mla_moe_kernel_plan, mla_moe_weight_shapes,
                                       parse_mla_moe)
 from ..layers.mlp import SwiGLU, load_swiglu, swiglu_shapes
@@ -45,9 +45,9 @@ __all__ = [
     "WeightSource", "byte_level_chars", "collect_tool_calls", "cos_sin", "hookimpl", "JSON_DUMPS_LAYOUT", "lark_json",
     "lark_literal", "partial_suffix_len", "optional", "require", "rope_config", "ToolCallParser", "new_call_id",
     "convert_value", "is_text", "param_types", "schema_types", "with_object_arguments",
-    "MLADims", "MLAttention", "MLAWeights", "MOE_OPS", "MoE", "MoEWeights", "RouterConfig", "load_mla_weights",
-    "load_moe_weights", "mla_softmax_scale", "mla_state_group", "mla_weight_shapes", "moe_weight_shapes", "SwiGLU",
-    "load_swiglu",
+    "MLA_OPS", "MLADims", "MLAttention", "MLAWeights", "MOE_OPS", "MoE", "MoEWeights", "RouterConfig",
+    "load_mla_weights", "load_moe_weights", "mla_softmax_scale", "mla_state_group", "mla_weight_shapes",
+    "moe_weight_shapes", "SwiGLU", "load_swiglu",
     "MLAMoEConfig", "MLAMoEDecoder", "mla_moe_kernel_plan", "mla_moe_weight_shapes", "parse_mla_moe", "QuantScheme",
     "QuantizedTensorError", "quant_scheme", "SteppedToolCallParser", "bpe_tokenizer_json", "cache_root", "load_ranks",
     "write_atomic", "Communicator", "expert_shard", "sequence_runs",

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from openinfer.plugin_api import (MOE_OPS, Array, ForwardBatch, MLADims, MLAttention, Model, MoE, Ops, QuantOps,
-                                  RouterConfig, StatePools, SwiGLU, WeightSource, cos_sin, expert_shard,
+from openinfer.plugin_api import (MLA_OPS, MOE_OPS, Array, ForwardBatch, MLADims, MLAttention, Model, MoE, Ops,
+                                  QuantOps, RouterConfig, StatePools, SwiGLU, WeightSource, cos_sin, expert_shard,
                                   load_mla_weights, load_moe_weights, load_swiglu, mla_softmax_scale,
                                   quant_ops_needed)
 
@@ -21,8 +21,7 @@ from .config import Glm52Config
 from .indexer import Indexer, load_indexer_weights
 
 _KERNEL_PLAN = ("embedding", "rms_norm", "add_rms_norm", "linear", "linear_silu_mul", "gather_rows",
-               "mla_rope_write", "mla_attention", "per_head_linear", "beside", "joined",
-               "router_logits", *MOE_OPS, "glm52_indexer_rope_write", "glm52_indexer_topk",
+               *MLA_OPS, "router_logits", *MOE_OPS, "glm52_indexer_rope_write", "glm52_indexer_topk",
                "glm52_sparse_mla_attention")
 
 
