@@ -12,7 +12,8 @@
 // A weight policy W says what a stage holds of the 64 W rows and how the mma gets their bf16 tile:
 //   STAGE_BYTES, COPIES  a stage's bytes for W, the copies (cp.async) that fill it
 //   expert(e, K)         the policy at expert e's weights
-//   copy(st, i, rows, k0, K)  copy i of the stage at columns k0.. of W rows `rows` (-1: zeros)
+//   Src, src(i, rows, K) what copy i reads of W rows `rows` (-1: zeros), found once a tile: the stages add k0
+//   copy(st, i, src, k0, K)  copy i of the stage at columns k0..
 //   tile(st, dq)         the bf16 [64][GEMM_LD] tile the mma reads (dq: TILE_BYTES of scratch), block-wide
 //   GROUP_KK, scale(st, r, g)  k16 steps per scale group (0: no scales) and the scale of W row r, group g: each
 //                        group's products are summed apart and added to the outputs times their scale (fp32)
@@ -29,11 +30,16 @@ struct Bf16Experts {
     long long expert_stride;
     static constexpr int GROUP_KK = 0, STAGE_BYTES = GEMM_TILE_BYTES, COPIES = GEMM_BN * GEMM_BK / 8, TILE_BYTES = 0;
     __device__ Bf16Experts expert(int e, int) const { return {w + e * expert_stride, 0}; }
-    // row i / 8, its 16-byte chunk i % 8 (zeros at or past K; K % 8 == 0)
-    __device__ void copy(unsigned char* st, int i, const int* rows, int k0, int K) const {
-        const int r = i >> 3, c = i & 7, k = k0 + c * 8;
-        const bool ok = rows[r] >= 0 && k < K;
-        cp_async16(st + (r * GEMM_LD + c * 8) * 2, ok ? w + (long long)rows[r] * K + k : w, ok ? 16 : 0);
+    // row i / 8, its 16-byte chunk i % 8 (zeros at or past K; K % 8 == 0): the chunk's column 0 address, or null
+    using Src = const bf16*;
+    __device__ Src src(int i, const int* rows, int K) const {
+        const int r = rows[i >> 3];
+        return r < 0 ? nullptr : w + (long long)r * K + (i & 7) * 8;
+    }
+    __device__ void copy(unsigned char* st, int i, Src at, int k0, int K) const {
+        const int c = i & 7;
+        const bool ok = at != nullptr && k0 + c * 8 < K;
+        cp_async16(st + ((i >> 3) * GEMM_LD + c * 8) * 2, ok ? at + k0 : w, ok ? 16 : 0);
     }
     __device__ const bf16* tile(const unsigned char* st, bf16*) const { return reinterpret_cast<const bf16*>(st); }
     __device__ float scale(const unsigned char*, int, int) const { return 1.f; }
@@ -78,17 +84,38 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
         }
     }
     __syncthreads();
+    // A thread's copies are the same every stage but for the columns: their sources are found once (a row's chunk
+    // c of 8 bf16, null past the tile's rows), so a stage's copies are a compare and a cp.async each, where finding
+    // them per stage cost ~40 instructions a copy in the k loop.
+    constexpr int THREADS = GEMM_WARPS * 32, A_PER = (A_COPIES + THREADS - 1) / THREADS;
+    constexpr int W_PER = (W::COPIES + THREADS - 1) / THREADS;
+    const bf16* a_at[A_PER];
+    typename W::Src w_at[W_PER];
+#pragma unroll
+    for (int j = 0; j < A_PER; ++j) {
+        const int i = threadIdx.x + j * THREADS;
+        a_at[j] = i < A_COPIES && a_rows[i >> 3] != nullptr ? a_rows[i >> 3] + (i & 7) * 8 : nullptr;
+    }
+#pragma unroll
+    for (int j = 0; j < W_PER; ++j) {
+        const int i = threadIdx.x + j * THREADS;
+        if (i < W::COPIES) w_at[j] = we.src(i, w_rows, K);
+    }
     // one stage: the BM A rows (null past the tile: zeros) and W's copies, columns k0 .. k0 + 63 (zeros at or past
     // K). A zero fill reads nothing but still names a global address: `a`.
     auto load_stage = [&](unsigned char* st, int k0) {
-        for (int i = threadIdx.x; i < A_COPIES + W::COPIES; i += GEMM_WARPS * 32) {
-            if (i < A_COPIES) {
-                const int r = i >> 3, c = i & 7, k = k0 + c * 8;
-                const bool ok = a_rows[r] != nullptr && k < K;
-                cp_async16(st + (r * GEMM_LD + c * 8) * 2, ok ? a_rows[r] + k : a, ok ? 16 : 0);
-            } else {
-                we.copy(st + A_BYTES, i - A_COPIES, w_rows, k0, K);
-            }
+#pragma unroll
+        for (int j = 0; j < A_PER; ++j) {
+            const int i = threadIdx.x + j * THREADS, c = i & 7;
+            if (A_COPIES % THREADS != 0 && i >= A_COPIES) break;
+            const bool ok = a_at[j] != nullptr && k0 + c * 8 < K;
+            cp_async16(st + ((i >> 3) * GEMM_LD + c * 8) * 2, ok ? a_at[j] + k0 : a, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int j = 0; j < W_PER; ++j) {
+            const int i = threadIdx.x + j * THREADS;
+            if (W::COPIES % THREADS != 0 && i >= W::COPIES) break;
+            we.copy(st + A_BYTES, i, w_at[j], k0, K);
         }
     };
     const int nk = (K + GEMM_BK - 1) / GEMM_BK;

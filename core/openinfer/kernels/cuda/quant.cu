@@ -394,17 +394,21 @@ struct QuantExperts {
     __device__ QuantExperts expert(int e, int K) const {
         return {q + e * rows * row_bytes(K), s + (long long)e * rows * F::scale_cols(K), rows};
     }
-    // copies [0, 64 RAW): chunk i % RAW of row i / RAW; then row i - 64 RAW's scales
-    __device__ void copy(unsigned char* st, int i, const int* w_rows, int k0, int K) const {
+    // copies [0, 64 RAW): chunk i % RAW of row i / RAW; then row i - 64 RAW's scales. Src: the copy's row in the
+    // stack (-1: zeros)
+    using Src = long long;
+    __device__ Src src(int i, const int* w_rows, int) const {
+        const int r = w_rows[i < GEMM_BN * RAW ? i / RAW : i - GEMM_BN * RAW];
+        return r < 0 ? -1 : F::stack_row(0, r, rows);
+    }
+    __device__ void copy(unsigned char* st, int i, Src row, int k0, int K) const {
         if (i < GEMM_BN * RAW) {
-            const int r = i / RAW, k = k0 + (i % RAW) * F::CHUNK;
-            const bool ok = w_rows[r] >= 0 && k < K;
-            const long long row = F::stack_row(0, max(w_rows[r], 0), rows);
+            const int k = k0 + (i % RAW) * F::CHUNK;
+            const bool ok = row >= 0 && k < K;
             cp_async16(st + i * 16, ok ? q + F::chunk_index(row, K, k / F::CHUNK) * 16 : q, ok ? 16 : 0);
         } else {
             const int r = i - GEMM_BN * RAW;
-            const bool ok = w_rows[r] >= 0;
-            const long long row = F::stack_row(0, max(w_rows[r], 0), rows);
+            const bool ok = row >= 0;
             cp_async4(st + SCALES + r * 4, ok ? s + F::scale_index(row, K, k0 / F::CHUNK) : s, ok ? 4 : 0);
         }
     }
