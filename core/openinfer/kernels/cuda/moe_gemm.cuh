@@ -85,8 +85,8 @@ __device__ void moe_gemm(const bf16* a, long long a_stride, const int* sorted, i
     }
     __syncthreads();
     // A thread's copies are the same every stage but for the columns: their sources are found once (a row's chunk
-    // c of 8 bf16, null past the tile's rows), so a stage's copies are a compare and a cp.async each, where finding
-    // them per stage cost ~40 instructions a copy in the k loop.
+    // c of 8 bf16, null past the tile's rows), so a stage's copies are a compare and a cp.async each in the k loop
+    // (finding a source is ~40 instructions: a shared-memory row read, 64-bit arithmetic, branches).
     constexpr int THREADS = GEMM_WARPS * 32, A_PER = (A_COPIES + THREADS - 1) / THREADS;
     constexpr int W_PER = (W::COPIES + THREADS - 1) / THREADS;
     const bf16* a_at[A_PER];
