@@ -113,7 +113,10 @@ class KernelRegistry:
 
     def resolve(self, plan: list[str] | tuple[str, ...], backend: str, dtype: str, capability: int | None = None,
                 overrides: Mapping[str, str] | None = None) -> Ops:
-        """Each op of `plan` -> its highest-priority applicable implementation, or the one `overrides` names."""
+        """Each op of `plan` -> its highest-priority applicable implementation, or the one `overrides` names. An op
+        that two of a model's layer kinds call (`beside`: MLA's and MoE's) may stand in the plan twice; it resolves
+        once."""
+        plan = list(dict.fromkeys(plan))
         overrides = dict(overrides or {})
         unused = sorted(set(overrides) - set(plan))
         if unused:
